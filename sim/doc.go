@@ -1,0 +1,51 @@
+// Package sim is a seeded, deterministic discrete-event simulator of an LLM
+// serving cluster, used to compare routing policies by time to first token
+// (TTFT), prefix-cache hit rate and load balance without a GPU.
+//
+// Each simulated replica runs continuous batching (FCFS admission up to a
+// maximum number of running sequences, chunked prefill within a per-step token
+// budget) over a KV cache of a fixed number of blocks; blocks that no running
+// request uses are evicted least recently used first. A prefill step costs
+// a + b·tokens + c·((p+n)² − p²) for a chunk of n uncached tokens after p
+// tokens of context, and a decode step costs more as the batch and its context
+// grow (see Preset for every coefficient and its source).
+//
+// The routing decisions are made online by the real gateway (package
+// github.com/examlops/gateway): one gateway.Gateway per policy, with the
+// simulated clock injected, load signals refreshed from the replicas every
+// Config.RefreshInterval, FirstToken and Done reported as they happen, and,
+// in exact-index mode, cache events applied as the simulated replicas store
+// and evict blocks. What a replica really holds is the simulation's truth; the
+// router only sees its own index.
+//
+// Requests are streamed from a Workload, so memory is bounded by the cache
+// capacities and the requests in flight, not by the number of requests.
+// Beside every policy the report gives two bounds computed on the same
+// requests: one pooled LRU cache of the cluster's total capacity, and one
+// unbounded cache (the ceiling on hit rate).
+//
+// Usage:
+//
+//	rep, err := sim.Run(sim.Config{
+//		Workload: sim.DefaultWorkload(),     // or sim.TraceFile(path, sim.TraceOptions{Speed: 1})
+//		Preset:   sim.MustPreset("8b-h100"), // zero value = default preset
+//		Replicas: 8,
+//		Seed:     1,
+//		Progress: func(p sim.Progress) { /* draw a bar */ },
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	rep.WriteTable(os.Stdout) // aligned text table, one row per policy plus the bounds
+//	rep.WriteJSON(w)          // the same figures as JSON
+//	rep.WriteSVG(w)           // TTFT CDF per policy and hit rate per policy
+//
+// Policies default to DefaultPolicies(): the gateway's own modes
+// (round_robin, load_aware, cache_aware) and the reference policies of
+// package reference (sglang, dynamo, chwbl, p2c, prefix_affinity).
+// PolicyByName resolves the names a command line passes.
+//
+// Run is deterministic: the same Config (including Seed) gives the same
+// Report. Policies are simulated concurrently, each on its own copy of the
+// request stream.
+package sim
