@@ -1,0 +1,110 @@
+package gateway
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Disaggregated routes prefill and decode to two independently scaled
+// pools (R4): prefill cache-aware over the prefill pool, where a cached
+// prefix saves compute, and decode load-aware over the decode pool, where
+// the work is memory-bound and the KV cache arrives by transfer. Create one
+// with NewDisaggregated. Safe for concurrent use.
+type Disaggregated struct {
+	// Prefill and Decode are the two pools' gateways.
+	Prefill, Decode *Gateway
+}
+
+// NewDisaggregated returns a router over a prefill pool and a decode pool.
+// opts apply to both gateways, after the default modes (cache-aware for
+// prefill, load-aware for decode), so WithMode or WithPolicy in opts
+// overrides both.
+func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disaggregated, error) {
+	if len(prefillPool) == 0 {
+		return nil, fmt.Errorf("%w: empty prefill pool", ErrNoReplicas)
+	}
+	if len(decodePool) == 0 {
+		return nil, fmt.Errorf("%w: empty decode pool", ErrNoReplicas)
+	}
+	p, err := New(prefillPool, append([]Option{WithMode(ModeCacheAware)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("prefill pool: %w", err)
+	}
+	d, err := New(decodePool, append([]Option{WithMode(ModeLoadAware)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("decode pool: %w", err)
+	}
+	return &Disaggregated{Prefill: p, Decode: d}, nil
+}
+
+// DisaggDecision is a pair of decisions: where to prefill and where to
+// decode. The caller reports each side's completion on its own Decision.
+type DisaggDecision struct {
+	Prefill, Decode Decision
+}
+
+// Route picks a prefill replica and a decode replica for key.
+func (r *Disaggregated) Route(key Key) (DisaggDecision, error) {
+	p, err := r.Prefill.Route(key)
+	if err != nil {
+		return DisaggDecision{}, fmt.Errorf("prefill pool: %w", err)
+	}
+	d, err := r.Decode.Route(key)
+	if err != nil {
+		p.Done(DoneInfo{Err: err})
+		return DisaggDecision{}, fmt.Errorf("decode pool: %w", err)
+	}
+	return DisaggDecision{Prefill: p, Decode: d}, nil
+}
+
+// DisaggResult is what DisaggregatedRoute returns.
+type DisaggResult struct {
+	// PrefillReplica and DecodeReplica are the chosen replicas' names.
+	PrefillReplica, DecodeReplica string
+	// IdenticalOutput reports whether the reference engine, run on a prompt
+	// derived from the key, generated the same tokens with prefill and
+	// decode split (KV cache serialised and handed over) as co-located.
+	IdenticalOutput bool
+	// Output is the co-located generation; KVBytes the size of the KV
+	// transfer.
+	Output  []uint32
+	KVBytes int
+}
+
+// DisaggOutputTokens is how many tokens DisaggregatedRoute generates on
+// each path to compare them.
+const DisaggOutputTokens = 16
+
+// DisaggregatedRoute routes key once across a prefill pool and a decode
+// pool and checks the split is a scheduling concern only: it runs a small
+// deterministic reference engine both co-located and split, with the
+// prefill's KV cache serialised and handed to the decode side, and
+// compares the outputs token for token.
+func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResult, error) {
+	if len(key) == 0 {
+		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrEmptyKey)
+	}
+	r, err := NewDisaggregated(prefillPool, decodePool)
+	if err != nil {
+		return DisaggResult{}, err
+	}
+	dd, err := r.Route(key)
+	if err != nil {
+		return DisaggResult{}, err
+	}
+	defer dd.Prefill.Done(DoneInfo{})
+	defer dd.Decode.Done(DoneInfo{})
+	prompt := promptOf(key, refModel.vocab)
+	co := refModel.colocated(prompt, DisaggOutputTokens)
+	sp, n, err := refModel.split(prompt, DisaggOutputTokens)
+	if err != nil {
+		return DisaggResult{}, err
+	}
+	return DisaggResult{
+		PrefillReplica:  dd.Prefill.Replica,
+		DecodeReplica:   dd.Decode.Replica,
+		IdenticalOutput: slices.Equal(co, sp),
+		Output:          co,
+		KVBytes:         n,
+	}, nil
+}

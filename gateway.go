@@ -1,0 +1,352 @@
+package gateway
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Gateway routes requests across a table of replicas with a Policy. Create
+// one with New. All methods are safe for concurrent use.
+type Gateway struct {
+	policy Policy
+	slo    time.Duration
+	ttl    time.Duration
+	index  IndexMode
+	clock  func() time.Time
+	blocks int
+
+	snap atomic.Pointer[table]
+
+	mu    sync.Mutex // guards idx, the scratch below, and table changes
+	idx   *index
+	match []int32
+	cands []Candidate
+	owner []*replicaState
+	req   Request
+
+	stats counters
+}
+
+// table is an immutable snapshot of the replica set; changes publish a new
+// one, so signal updates find replicas without taking the routing lock.
+type table struct {
+	list   []*replicaState
+	byName map[string]*replicaState
+}
+
+// New returns a Gateway routing across replicas. It needs at least one
+// replica, each with a distinct, non-empty name.
+func New(replicas []Replica, opts ...Option) (*Gateway, error) {
+	if len(replicas) == 0 {
+		return nil, fmt.Errorf("%w: New needs at least one replica", ErrNoReplicas)
+	}
+	c := config{ttl: DefaultLatencyTTL, weights: DefaultLoadWeights, defaultBlocks: DefaultCacheBlocks}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	g := &Gateway{
+		policy: c.policy,
+		slo:    c.slo,
+		ttl:    c.ttl,
+		index:  c.index,
+		clock:  c.clock,
+		blocks: c.defaultBlocks,
+		idx:    newIndex(),
+	}
+	if g.clock == nil {
+		g.clock = time.Now
+	}
+	if g.policy == nil {
+		switch c.mode {
+		case ModeCacheAware:
+			g.policy = &CacheAware{}
+		case ModeLoadAware:
+			g.policy = &LoadAware{Weights: c.weights}
+		default:
+			g.policy = &RoundRobin{}
+		}
+	}
+	g.snap.Store(&table{byName: map[string]*replicaState{}})
+	for _, r := range replicas {
+		if err := g.AddReplica(r); err != nil {
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// Policy returns the gateway's routing policy.
+func (g *Gateway) Policy() Policy { return g.policy }
+
+// AddReplica adds a replica to the table, healthy unless r.Unhealthy.
+func (g *Gateway) AddReplica(r Replica) error {
+	if r.Name == "" {
+		return fmt.Errorf("%w: empty Name", ErrInvalidReplica)
+	}
+	if r.CacheBlocks < 0 || r.CacheBlocks > MaxCacheBlocks {
+		return fmt.Errorf("%w: replica %q: CacheBlocks %d, want 0..%d", ErrInvalidReplica, r.Name, r.CacheBlocks, MaxCacheBlocks)
+	}
+	if r.CacheBlocks == 0 {
+		r.CacheBlocks = g.blocks
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.snap.Load()
+	if _, ok := old.byName[r.Name]; ok {
+		return fmt.Errorf("%w: %q", ErrDuplicateReplica, r.Name)
+	}
+	if len(old.list) >= MaxReplicas {
+		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalidReplica, r.Name, MaxReplicas)
+	}
+	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock}
+	rs.healthy.Store(!r.Unhealthy)
+	rs.slot = g.idx.addReplica(r.CacheBlocks)
+	if n := len(g.idx.reps); n > len(g.match) {
+		g.match = make([]int32, n)
+	}
+	t := &table{list: append(old.list[:len(old.list):len(old.list)], rs), byName: make(map[string]*replicaState, len(old.list)+1)}
+	for _, x := range t.list {
+		t.byName[x.name] = x
+	}
+	g.snap.Store(t)
+	return nil
+}
+
+// RemoveReplica removes a replica and drops its cache index. Decisions
+// already made for it stay valid: their Done still works.
+func (g *Gateway) RemoveReplica(name string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.snap.Load()
+	rs, ok := old.byName[name]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownReplica, name)
+	}
+	g.idx.removeReplica(rs.slot)
+	t := &table{list: make([]*replicaState, 0, len(old.list)-1), byName: make(map[string]*replicaState, len(old.list))}
+	for _, x := range old.list {
+		if x != rs {
+			t.list = append(t.list, x)
+			t.byName[x.name] = x
+		}
+	}
+	g.snap.Store(t)
+	return nil
+}
+
+func (g *Gateway) lookup(name string) (*replicaState, error) {
+	rs, ok := g.snap.Load().byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownReplica, name)
+	}
+	return rs, nil
+}
+
+// SetHealthy marks a replica healthy or unhealthy. Unhealthy replicas are
+// never chosen.
+func (g *Gateway) SetHealthy(name string, healthy bool) error {
+	rs, err := g.lookup(name)
+	if err != nil {
+		return err
+	}
+	rs.healthy.Store(healthy)
+	return nil
+}
+
+// UpdateLoad records the load signals a replica reports. Negative counts,
+// a NaN or out-of-range KV utilisation and a negative latency are errors
+// wrapping ErrInvalidSignal, and change nothing.
+func (g *Gateway) UpdateLoad(name string, l Load) error {
+	if err := l.validate(name); err != nil {
+		return err
+	}
+	rs, err := g.lookup(name)
+	if err != nil {
+		return err
+	}
+	rs.queue.Store(int64(l.QueueDepth))
+	rs.running.Store(int64(l.Running))
+	rs.kv.Store(mathFloat64bits(l.KVUtilization))
+	if l.Latency > 0 {
+		rs.latency.Store(int64(l.Latency))
+		rs.latencyAt.Store(g.clock().UnixNano())
+	}
+	return nil
+}
+
+// Replicas returns the status of every replica, in the order they were
+// added.
+func (g *Gateway) Replicas() []ReplicaStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	t := g.snap.Load()
+	out := make([]ReplicaStatus, len(t.list))
+	for i, rs := range t.list {
+		out[i] = ReplicaStatus{
+			Name:           rs.name,
+			Address:        rs.addr,
+			Healthy:        rs.healthy.Load(),
+			Load:           rs.load(),
+			InFlight:       int(rs.inflight.Load()),
+			PendingPrefill: int(rs.pending.Load()),
+			Routed:         rs.routed.Load(),
+			Hits:           rs.hits.Load(),
+			CachedBlocks:   g.idx.cached(rs.slot),
+			CacheBlocks:    rs.cacheBlocks,
+		}
+	}
+	return out
+}
+
+// breaches reports whether a replica's smoothed latency is over the SLO
+// and recent enough to count.
+func (g *Gateway) breaches(rs *replicaState, now int64) bool {
+	lat := rs.latency.Load()
+	if lat <= int64(g.slo) {
+		return false
+	}
+	return g.ttl == 0 || now-rs.latencyAt.Load() < int64(g.ttl)
+}
+
+// Route chooses a replica for a request whose prefix is key. It never
+// chooses an unhealthy replica, nor one over the latency SLO while a
+// healthy one is within it; if every healthy replica breaches the SLO it
+// chooses among them and the decision's Fallback says so. With no healthy
+// replica it returns an error wrapping ErrNoHealthyReplica.
+//
+// In IndexApproximate mode the chosen replica is recorded as holding key.
+// The caller should call the decision's Done when the request finishes.
+func (g *Gateway) Route(key Key) (Decision, error) {
+	if len(key) == 0 {
+		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block", ErrEmptyKey)
+	}
+	var now int64
+	if g.slo > 0 {
+		now = g.clock().UnixNano()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	t := g.snap.Load()
+	g.idx.match(key, g.match)
+	cands, owner := g.cands[:0], g.owner[:0]
+	healthy, excluded := 0, 0
+	for _, rs := range t.list {
+		if !rs.healthy.Load() {
+			continue
+		}
+		healthy++
+		if g.slo > 0 && g.breaches(rs, now) {
+			excluded++
+			continue
+		}
+		cands, owner = append(cands, g.candidate(rs)), append(owner, rs)
+	}
+	var fb Fallback
+	if len(cands) == 0 {
+		if healthy == 0 {
+			g.cands, g.owner = cands, owner
+			g.stats.noHealthy.Add(1)
+			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
+		}
+		fb = FallbackSLO
+		for _, rs := range t.list {
+			if rs.healthy.Load() {
+				cands, owner = append(cands, g.candidate(rs)), append(owner, rs)
+			}
+		}
+	}
+	g.cands, g.owner = cands, owner
+	maxMatched := 0
+	for i := range cands {
+		maxMatched = max(maxMatched, cands[i].Matched)
+	}
+	g.req = Request{Key: key, MaxMatched: maxMatched}
+	ch := g.policy.Pick(&g.req, cands)
+	g.req.Key = nil
+	if ch.Index < 0 || ch.Index >= len(cands) {
+		return Decision{}, fmt.Errorf("%w: index %d of %d candidates", ErrBadChoice, ch.Index, len(cands))
+	}
+	rs := owner[ch.Index]
+	matched := cands[ch.Index].Matched
+	if g.index == IndexApproximate {
+		g.idx.store(rs.slot, key)
+	}
+	d := Decision{
+		Replica:  rs.name,
+		Address:  rs.addr,
+		Kind:     ch.Kind,
+		Hit:      matched == len(key),
+		Matched:  matched,
+		Blocks:   len(key),
+		Fallback: ch.Fallback | fb,
+		rs:       rs,
+	}
+	rs.inflight.Add(1)
+	rs.pending.Add(int64(len(key) - matched))
+	rs.routed.Add(1)
+	if d.Hit {
+		rs.hits.Add(1)
+	}
+	d.t, d.gen = newTicket()
+	g.stats.record(&d, excluded)
+	return d, nil
+}
+
+func (g *Gateway) candidate(rs *replicaState) Candidate {
+	return Candidate{
+		Name:           rs.name,
+		Matched:        int(g.match[rs.slot]),
+		Load:           rs.load(),
+		InFlight:       int(rs.inflight.Load()),
+		PendingPrefill: int(rs.pending.Load()),
+		CacheBlocks:    rs.cacheBlocks,
+	}
+}
+
+// CacheEventKind is the kind of a CacheEvent.
+type CacheEventKind int
+
+// The kinds of cache event, after vLLM's KV events.
+const (
+	// BlocksStored: the replica cached Blocks, a chain from the root.
+	BlocksStored CacheEventKind = iota
+	// BlocksRemoved: the replica evicted Blocks.
+	BlocksRemoved
+	// AllCleared: the replica dropped its whole prefix cache.
+	AllCleared
+)
+
+// CacheEvent reports a change in a replica's prefix cache.
+type CacheEvent struct {
+	Kind CacheEventKind
+	// Blocks are the block hashes concerned; unused for AllCleared.
+	Blocks Key
+}
+
+// ApplyEvent updates the cache index with an event from a replica's engine.
+// It works in either index mode; in IndexExact mode it is the only way the
+// index changes.
+func (g *Gateway) ApplyEvent(name string, ev CacheEvent) error {
+	if ev.Kind < BlocksStored || ev.Kind > AllCleared {
+		return fmt.Errorf("%w: replica %q: kind %d", ErrInvalidEvent, name, int(ev.Kind))
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rs, ok := g.snap.Load().byName[name]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownReplica, name)
+	}
+	switch ev.Kind {
+	case BlocksStored:
+		g.idx.store(rs.slot, ev.Blocks)
+	case BlocksRemoved:
+		g.idx.remove(rs.slot, ev.Blocks)
+	case AllCleared:
+		g.idx.clear(rs.slot)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package gateway
+
+import (
+	"fmt"
+	"time"
+)
+
+// Option configures a Gateway in New.
+type Option func(*config) error
+
+// IndexMode says how the gateway keeps its cache index current.
+// The zero value is IndexApproximate.
+type IndexMode int
+
+const (
+	// IndexApproximate: routing a request records its blocks as cached on
+	// the chosen replica, the way the engine will cache them once it serves
+	// it. Needs no engine cooperation.
+	IndexApproximate IndexMode = iota
+	// IndexExact: the index changes only through ApplyEvent, fed by the
+	// engines' KV-cache events (blocks stored, blocks removed, all cleared).
+	IndexExact
+)
+
+// DefaultLatencyTTL is how long a latency sample counts against the SLO:
+// 30 seconds. A replica excluded for breaching the SLO gets no traffic and
+// so no new samples; once its last sample is this old it is eligible again
+// and its next requests measure it afresh.
+const DefaultLatencyTTL = 30 * time.Second
+
+type config struct {
+	policy        Policy
+	mode          Mode
+	slo           time.Duration
+	ttl           time.Duration
+	weights       LoadWeights
+	index         IndexMode
+	clock         func() time.Time
+	defaultBlocks int
+}
+
+// WithMode selects a built-in policy. The default is ModeRoundRobin.
+func WithMode(m Mode) Option {
+	return func(c *config) error {
+		if m < ModeRoundRobin || m > ModeLoadAware {
+			return fmt.Errorf("%w: mode %d", ErrInvalidOption, int(m))
+		}
+		c.mode = m
+		return nil
+	}
+}
+
+// WithPolicy routes with p instead of a built-in mode. It overrides
+// WithMode.
+func WithPolicy(p Policy) Option {
+	return func(c *config) error {
+		if p == nil {
+			return fmt.Errorf("%w: nil policy", ErrInvalidOption)
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithSLOLatency excludes replicas whose smoothed latency exceeds d, unless
+// every healthy replica does. Zero, the default, disables the SLO.
+func WithSLOLatency(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: SLO latency %v is negative", ErrInvalidOption, d)
+		}
+		c.slo = d
+		return nil
+	}
+}
+
+// WithLatencyTTL sets how long a latency sample counts against the SLO.
+// The default is DefaultLatencyTTL; zero means forever.
+func WithLatencyTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: latency TTL %v is negative", ErrInvalidOption, d)
+		}
+		c.ttl = d
+		return nil
+	}
+}
+
+// WithLoadWeights sets the weights of ModeLoadAware. The default is
+// DefaultLoadWeights.
+func WithLoadWeights(w LoadWeights) Option {
+	return func(c *config) error {
+		if err := w.validate(); err != nil {
+			return err
+		}
+		c.weights = w
+		return nil
+	}
+}
+
+// WithIndex selects how the cache index is kept current. The default is
+// IndexApproximate.
+func WithIndex(m IndexMode) Option {
+	return func(c *config) error {
+		if m != IndexApproximate && m != IndexExact {
+			return fmt.Errorf("%w: index mode %d", ErrInvalidOption, int(m))
+		}
+		c.index = m
+		return nil
+	}
+}
+
+// WithClock sets the clock the gateway reads to age latency samples. The
+// default is time.Now; simulations and tests inject their own.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) error {
+		if now == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		c.clock = now
+		return nil
+	}
+}
+
+// WithDefaultCacheBlocks sets the capacity of replicas whose CacheBlocks is
+// zero. The default is DefaultCacheBlocks.
+func WithDefaultCacheBlocks(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > MaxCacheBlocks {
+			return fmt.Errorf("%w: default cache blocks %d, want 1..%d", ErrInvalidOption, n, MaxCacheBlocks)
+		}
+		c.defaultBlocks = n
+		return nil
+	}
+}

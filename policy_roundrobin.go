@@ -1,0 +1,20 @@
+package gateway
+
+import "sync/atomic"
+
+// RoundRobin rotates across eligible replicas, the default policy (R3).
+// It ignores prefixes and load. As replicas come and go the rotation
+// continues over whichever are eligible, so each gets an equal share of
+// requests over any window of traffic in which the set is stable.
+// The zero value is ready to use and safe for concurrent use.
+type RoundRobin struct {
+	next atomic.Uint64
+}
+
+var _ Policy = (*RoundRobin)(nil)
+
+// Pick returns the next candidate in rotation.
+func (p *RoundRobin) Pick(_ *Request, cands []Candidate) Choice {
+	n := p.next.Add(1) - 1
+	return Choice{Index: int(n % uint64(len(cands))), Kind: KindRoundRobin}
+}

@@ -1,0 +1,143 @@
+package gateway
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultCacheBlocks is the prefix-cache capacity, in blocks, of a Replica
+// whose CacheBlocks is zero: 16,384 blocks, about 4 GiB of KV cache for an
+// 8B model at 16 tokens a block.
+const DefaultCacheBlocks = 16384
+
+// Replica describes one model-server replica. The zero value is not valid:
+// Name is required.
+type Replica struct {
+	// Name identifies the replica; unique within a Gateway.
+	Name string
+	// Address is where the replica serves, for callers that proxy to it
+	// (for example "http://10.0.0.7:8000"). Optional; the router ignores it.
+	Address string
+	// CacheBlocks is how many prefix blocks the router's index remembers
+	// for this replica, evicting least recently used blocks beyond it.
+	// Zero means the gateway's default (DefaultCacheBlocks unless
+	// WithDefaultCacheBlocks says otherwise); at most MaxCacheBlocks.
+	CacheBlocks int
+	// Unhealthy starts the replica out of rotation. The zero value is
+	// healthy.
+	Unhealthy bool
+}
+
+// Load holds the load signals a model server reports, usually scraped from
+// its metrics endpoint. The zero value is an idle replica.
+type Load struct {
+	// QueueDepth is the number of requests waiting to be scheduled
+	// (vLLM's num_requests_waiting).
+	QueueDepth int
+	// Running is the number of requests in the running batch
+	// (vLLM's num_requests_running).
+	Running int
+	// KVUtilization is the fraction of KV-cache memory in use, 0..1
+	// (vLLM's kv_cache_usage_perc).
+	KVUtilization float64
+	// Latency, when positive, replaces the replica's smoothed latency, the
+	// signal compared with the SLO. Zero leaves it as it was.
+	Latency time.Duration
+}
+
+func (l Load) validate(name string) error {
+	switch {
+	case l.QueueDepth < 0:
+		return fmt.Errorf("%w: replica %q: QueueDepth %d is negative", ErrInvalidSignal, name, l.QueueDepth)
+	case l.Running < 0:
+		return fmt.Errorf("%w: replica %q: Running %d is negative", ErrInvalidSignal, name, l.Running)
+	case math.IsNaN(l.KVUtilization) || l.KVUtilization < 0 || l.KVUtilization > 1:
+		return fmt.Errorf("%w: replica %q: KVUtilization %v is outside 0..1", ErrInvalidSignal, name, l.KVUtilization)
+	case l.Latency < 0:
+		return fmt.Errorf("%w: replica %q: Latency %v is negative", ErrInvalidSignal, name, l.Latency)
+	}
+	return nil
+}
+
+// ReplicaStatus is a point-in-time view of one replica, as Gateway.Replicas
+// returns it.
+type ReplicaStatus struct {
+	Name    string
+	Address string
+	Healthy bool
+	// Load is the last reported load, with Latency the smoothed latency.
+	Load Load
+	// InFlight counts requests routed here whose Done has not been called.
+	InFlight int
+	// PendingPrefill counts uncached prefix blocks routed here whose first
+	// token has not been reported.
+	PendingPrefill int
+	// Routed counts every request routed here; Hits those whose whole
+	// prefix was cached here.
+	Routed, Hits uint64
+	// CachedBlocks is how many blocks the index records for this replica;
+	// CacheBlocks its capacity.
+	CachedBlocks, CacheBlocks int
+}
+
+// latencyAlpha is the weight of a new latency sample in the smoothed
+// latency (an exponentially weighted moving average).
+const latencyAlpha = 0.3
+
+// replicaState is a replica's live state. Its identity fields never change;
+// its signals are atomics, so load updates never contend with routing.
+type replicaState struct {
+	name, addr  string
+	slot        uint32
+	cacheBlocks int
+	clock       func() time.Time
+
+	healthy   atomic.Bool
+	queue     atomic.Int64
+	running   atomic.Int64
+	kv        atomic.Uint64 // float64 bits
+	latency   atomic.Int64  // smoothed, nanoseconds
+	latencyAt atomic.Int64  // clock of the last latency sample, Unix nanoseconds
+	inflight  atomic.Int64
+	pending   atomic.Int64
+	routed    atomic.Uint64
+	hits      atomic.Uint64
+}
+
+func (rs *replicaState) load() Load {
+	return Load{
+		QueueDepth:    int(rs.queue.Load()),
+		Running:       int(rs.running.Load()),
+		KVUtilization: math.Float64frombits(rs.kv.Load()),
+		Latency:       time.Duration(rs.latency.Load()),
+	}
+}
+
+// observeLatency folds a latency sample into the smoothed latency.
+func (rs *replicaState) observeLatency(d time.Duration, now time.Time) {
+	for {
+		old := rs.latency.Load()
+		nv := int64(d)
+		if old > 0 {
+			nv = old + int64(latencyAlpha*float64(int64(d)-old))
+		}
+		if rs.latency.CompareAndSwap(old, nv) {
+			break
+		}
+	}
+	rs.latencyAt.Store(now.UnixNano())
+}
+
+// addClamped adds d to v without letting it fall below zero, so a stray
+// report cannot make load negative.
+func addClamped(v *atomic.Int64, d int64) {
+	for {
+		old := v.Load()
+		nv := max(old+d, 0)
+		if v.CompareAndSwap(old, nv) {
+			return
+		}
+	}
+}
