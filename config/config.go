@@ -1,0 +1,316 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// Version is the file format version written by this package. Files with
+// another version are rejected as corrupt.
+const Version = 1
+
+// Mode names accepted in [Model.Mode]. They are the String values of the
+// gateway package's routing modes.
+const (
+	ModeRoundRobin = "round_robin"
+	ModeCacheAware = "cache_aware"
+	ModeLoadAware  = "load_aware"
+)
+
+// Default pool names, used by the CLI when disaggregation is switched on
+// without naming the pools.
+const (
+	DefaultPrefillPool = "prefill"
+	DefaultDecodePool  = "decode"
+)
+
+// Modes lists the accepted mode names, default first.
+var Modes = []string{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
+
+// Errors returned by this package; they are wrapped with the file, field and
+// value concerned, so test them with errors.Is.
+var (
+	// ErrCorrupt reports a configuration file that cannot be decoded.
+	ErrCorrupt = errors.New("gateway: corrupt config file")
+	// ErrInvalid reports a configuration value that is out of range or
+	// otherwise not acceptable.
+	ErrInvalid = errors.New("gateway: invalid config value")
+	// ErrUnknownModel reports a model that has no stored configuration.
+	ErrUnknownModel = errors.New("gateway: unknown model")
+)
+
+// FieldError describes one invalid value. It unwraps to [ErrInvalid].
+// The zero value is not meaningful.
+type FieldError struct {
+	// Field is the dotted JSON path of the value, e.g. "models.JPCP.mode".
+	Field string
+	// Value is the offending value as text.
+	Value string
+	// Reason says what is wrong, e.g. "want round_robin, cache_aware or load_aware".
+	Reason string
+	// File is the configuration file holding the value; "" when the value
+	// did not come from a file.
+	File string
+}
+
+// Error returns a one-line message naming the field, value and file.
+func (e *FieldError) Error() string {
+	if e.File != "" {
+		return fmt.Sprintf("gateway: invalid %s %q in %s: %s", e.Field, e.Value, e.File, e.Reason)
+	}
+	return fmt.Sprintf("gateway: invalid %s %q: %s", e.Field, e.Value, e.Reason)
+}
+
+// Unwrap returns [ErrInvalid].
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+// File is the whole routing configuration. The zero value is an empty
+// configuration (no models); [Load] returns one with Version set when the
+// file does not exist yet.
+type File struct {
+	// Version is the format version; 0 is read as [Version].
+	Version int `json:"version"`
+	// Models maps a model name (as clients send it in requests) to its
+	// routing configuration. Nil means no models.
+	Models map[string]Model `json:"models"`
+}
+
+// Model is the routing configuration of one model. The zero value is
+// round-robin routing with no SLO, default load weights, no
+// disaggregation and no replicas.
+type Model struct {
+	// Mode is round_robin, cache_aware or load_aware; "" means round_robin.
+	Mode string `json:"mode,omitempty"`
+	// SLOLatencyMS is the latency SLO in milliseconds; 0 means none.
+	SLOLatencyMS int64 `json:"slo_latency_ms,omitempty"`
+	// LoadWeights are the load-aware score weights; nil means the gateway's defaults.
+	LoadWeights *LoadWeights `json:"load_weights,omitempty"`
+	// Disaggregate switches prefill/decode disaggregation on; default off.
+	Disaggregate bool `json:"disaggregate,omitempty"`
+	// PrefillPool names the pool (a key of Pools) that runs prefill when
+	// Disaggregate is true; "" when unset.
+	PrefillPool string `json:"prefill_pool,omitempty"`
+	// DecodePool names the pool that runs decode when Disaggregate is
+	// true; "" when unset.
+	DecodePool string `json:"decode_pool,omitempty"`
+	// Replicas serve the model when it is not disaggregated; nil means none configured.
+	Replicas []Replica `json:"replicas,omitempty"`
+	// Pools maps a pool name to its replicas; nil means no pools.
+	Pools map[string][]Replica `json:"pools,omitempty"`
+}
+
+// LoadWeights are the weights of the load-aware score. A nil *LoadWeights
+// in [Model] means the gateway's defaults; a zero weight switches that
+// signal off.
+type LoadWeights struct {
+	// Queue weighs the engine's waiting requests.
+	Queue float64 `json:"queue"`
+	// Running weighs the engine's running requests.
+	Running float64 `json:"running"`
+	// KVUtilization weighs the engine's KV-cache utilisation (0..1).
+	KVUtilization float64 `json:"kv_utilization"`
+	// Latency weighs the smoothed measured latency.
+	Latency float64 `json:"latency"`
+}
+
+// Replica is one engine serving a model. The zero value is invalid: Name
+// and Address are required.
+type Replica struct {
+	// Name identifies the replica; unique within a model's replicas or pool.
+	Name string `json:"name"`
+	// Address is where the engine listens, usually an http(s) base URL.
+	Address string `json:"address"`
+	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
+	CacheBlocks int `json:"cache_blocks,omitempty"`
+}
+
+// ModeName returns the model's mode with the default filled in.
+func (m Model) ModeName() string {
+	if m.Mode == "" {
+		return ModeRoundRobin
+	}
+	return m.Mode
+}
+
+// SLOLatency returns the latency SLO as a duration; 0 means none.
+func (m Model) SLOLatency() time.Duration {
+	return time.Duration(m.SLOLatencyMS) * time.Millisecond
+}
+
+// Pool returns the replicas of the named pool, nil if it has none.
+func (m Model) Pool(name string) []Replica { return m.Pools[name] }
+
+// Clone returns a deep copy of m.
+func (m Model) Clone() Model {
+	c := m
+	if m.LoadWeights != nil {
+		w := *m.LoadWeights
+		c.LoadWeights = &w
+	}
+	c.Replicas = slices.Clone(m.Replicas)
+	if m.Pools != nil {
+		c.Pools = make(map[string][]Replica, len(m.Pools))
+		for k, v := range m.Pools {
+			c.Pools[k] = slices.Clone(v)
+		}
+	}
+	return c
+}
+
+// Clone returns a deep copy of f.
+func (f *File) Clone() *File {
+	c := &File{Version: f.Version}
+	if f.Models != nil {
+		c.Models = make(map[string]Model, len(f.Models))
+		for k, v := range f.Models {
+			c.Models[k] = v.Clone()
+		}
+	}
+	return c
+}
+
+// Model returns the configuration of the named model, or an error wrapping
+// [ErrUnknownModel].
+func (f *File) Model(name string) (Model, error) {
+	m, ok := f.Models[name]
+	if !ok {
+		return Model{}, fmt.Errorf("%w %q", ErrUnknownModel, name)
+	}
+	return m, nil
+}
+
+// Names returns the model names in sorted order.
+func (f *File) Names() []string {
+	return slices.Sorted(maps.Keys(f.Models))
+}
+
+// ParseMode checks a mode name and returns it canonical ("" becomes
+// round_robin). The error is a [*FieldError] for field "mode".
+func ParseMode(s string) (string, error) {
+	if s == "" {
+		return ModeRoundRobin, nil
+	}
+	if slices.Contains(Modes, s) {
+		return s, nil
+	}
+	return "", &FieldError{Field: "mode", Value: s, Reason: "want round_robin, cache_aware or load_aware"}
+}
+
+// ValidateModelName reports whether name can be used as a model name: not
+// empty, no surrounding spaces, no control characters.
+func ValidateModelName(name string) error {
+	switch {
+	case name == "":
+		return &FieldError{Field: "model", Value: name, Reason: "must not be empty"}
+	case strings.TrimSpace(name) != name:
+		return &FieldError{Field: "model", Value: name, Reason: "must not start or end with spaces"}
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return &FieldError{Field: "model", Value: name, Reason: "must not contain control characters"}
+	}
+	return nil
+}
+
+// Validate checks every field of the model. Field names in errors are
+// relative to the model ("mode", "pools.prefill[0].address", ...).
+func (m Model) Validate() error {
+	if _, err := ParseMode(m.Mode); err != nil {
+		return err
+	}
+	if m.SLOLatencyMS < 0 {
+		return &FieldError{Field: "slo_latency_ms", Value: fmt.Sprint(m.SLOLatencyMS), Reason: "must not be negative"}
+	}
+	if w := m.LoadWeights; w != nil {
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"queue", w.Queue}, {"running", w.Running}, {"kv_utilization", w.KVUtilization}, {"latency", w.Latency}} {
+			if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+				return &FieldError{Field: "load_weights." + f.name, Value: fmt.Sprint(f.v), Reason: "must be a finite number, not negative"}
+			}
+		}
+	}
+	if m.Disaggregate {
+		if m.PrefillPool == "" {
+			return &FieldError{Field: "prefill_pool", Value: "", Reason: "required when disaggregate is true"}
+		}
+		if m.DecodePool == "" {
+			return &FieldError{Field: "decode_pool", Value: "", Reason: "required when disaggregate is true"}
+		}
+		if m.PrefillPool == m.DecodePool {
+			return &FieldError{Field: "decode_pool", Value: m.DecodePool, Reason: "must differ from prefill_pool"}
+		}
+	}
+	if err := validateReplicas("replicas", m.Replicas); err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(m.Pools)) {
+		if err := validatePoolName(name); err != nil {
+			return err
+		}
+		if err := validateReplicas("pools."+name, m.Pools[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validatePoolName rejects empty or badly formed pool names.
+func validatePoolName(name string) error {
+	if name == "" || strings.TrimSpace(name) != name || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		return &FieldError{Field: "pool", Value: name, Reason: "must be non-empty without surrounding spaces or control characters"}
+	}
+	return nil
+}
+
+// validateReplicas checks names, addresses and uniqueness of a replica list.
+func validateReplicas(field string, rs []Replica) error {
+	seen := make(map[string]bool, len(rs))
+	for i, r := range rs {
+		at := fmt.Sprintf("%s[%d]", field, i)
+		if r.Name == "" || strings.TrimSpace(r.Name) != r.Name || strings.IndexFunc(r.Name, unicode.IsControl) >= 0 {
+			return &FieldError{Field: at + ".name", Value: r.Name, Reason: "must be non-empty without surrounding spaces or control characters"}
+		}
+		if seen[r.Name] {
+			return &FieldError{Field: at + ".name", Value: r.Name, Reason: "duplicate replica name"}
+		}
+		seen[r.Name] = true
+		if r.Address == "" || strings.ContainsFunc(r.Address, unicode.IsSpace) {
+			return &FieldError{Field: at + ".address", Value: r.Address, Reason: "must be non-empty without spaces"}
+		}
+		if r.CacheBlocks < 0 {
+			return &FieldError{Field: at + ".cache_blocks", Value: fmt.Sprint(r.CacheBlocks), Reason: "must not be negative"}
+		}
+	}
+	return nil
+}
+
+// Validate checks the version, every model name and every model. Field
+// names in errors are full paths ("models.JPCP.mode").
+func (f *File) Validate() error {
+	if f.Version != Version {
+		return &FieldError{Field: "version", Value: fmt.Sprint(f.Version), Reason: fmt.Sprintf("want %d", Version)}
+	}
+	for _, name := range f.Names() {
+		if err := ValidateModelName(name); err != nil {
+			var fe *FieldError
+			if errors.As(err, &fe) {
+				fe.Field = "models"
+			}
+			return err
+		}
+		if err := f.Models[name].Validate(); err != nil {
+			var fe *FieldError
+			if errors.As(err, &fe) {
+				fe.Field = "models." + name + "." + fe.Field
+			}
+			return err
+		}
+	}
+	return nil
+}

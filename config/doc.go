@@ -1,0 +1,75 @@
+// Package config is the routing configuration store shared by the exa
+// command line (`exa serve routing set|get|list`) and the HTTP gateway
+// (`exa serve gateway --config FILE`).
+//
+// # Location
+//
+// The configuration is one JSON file. [Path] returns its location: the value
+// of the EXA_CONFIG environment variable when it is set and non-empty,
+// otherwise routing.json in the "exa" directory under [os.UserConfigDir]
+// (for example ~/.config/exa/routing.json on Linux). Files the CLI keeps
+// beside it, such as the latest simulation result per model, live in the
+// same directory (see [StatsDir]).
+//
+// # Format
+//
+// The file is indented JSON with map keys sorted, so it is stable under
+// rewriting and easy to read and diff:
+//
+//	{
+//	  "version": 1,
+//	  "models": {
+//	    "JPCP": {
+//	      "mode": "cache_aware",
+//	      "slo_latency_ms": 500,
+//	      "load_weights": {"queue": 1, "running": 0.5, "kv_utilization": 2, "latency": 1},
+//	      "disaggregate": true,
+//	      "prefill_pool": "prefill",
+//	      "decode_pool": "decode",
+//	      "replicas": [
+//	        {"name": "r0", "address": "http://10.0.0.1:8000"},
+//	        {"name": "r1", "address": "http://10.0.0.2:8000", "cache_blocks": 8192}
+//	      ],
+//	      "pools": {
+//	        "prefill": [{"name": "p0", "address": "http://10.0.1.1:8000"}],
+//	        "decode":  [{"name": "d0", "address": "http://10.0.2.1:8000"}]
+//	      }
+//	    }
+//	  }
+//	}
+//
+// Fields of a model (see [Model]):
+//
+//   - mode: round_robin (the default when absent or empty), cache_aware or
+//     load_aware; the same strings as the gateway package's Mode.
+//   - slo_latency_ms: latency SLO in whole milliseconds; 0 or absent means
+//     no SLO. Never negative.
+//   - load_weights: weights of the load-aware score; absent means the
+//     gateway's defaults. Each weight is finite and not negative.
+//   - disaggregate: prefill/decode disaggregation on or off (default off).
+//   - prefill_pool, decode_pool: names of the pools used when disaggregate
+//     is true; both must then be set and differ. They are kept, inactive,
+//     when disaggregation is switched off.
+//   - replicas: the replicas serving the model when it is not
+//     disaggregated, each with a unique name and an address (usually an
+//     http:// or https:// base URL); cache_blocks is optional (0 means the
+//     gateway's default).
+//   - pools: named replica pools, for example the prefill and decode pools.
+//
+// Unknown fields, a syntax error, trailing data or a version other than 1
+// make the file corrupt ([ErrCorrupt]); a well-formed file with an invalid
+// value (an unknown mode, a negative SLO, ...) is rejected with
+// [ErrInvalid]. In both cases the error names the file and the offending
+// field, and nothing is written.
+//
+// # Concurrency and durability
+//
+// [Load] reads the file without locking: writes are atomic renames, so a
+// reader sees either the old or the new file, never a torn one. [Update]
+// serialises writers across processes with an exclusive flock(2) on a lock
+// file beside the configuration (routing.json.lock), re-reads the file
+// under the lock, applies the change and writes the result to a temporary
+// file in the same directory, fsyncs it, renames it over the configuration
+// and fsyncs the directory. Two concurrent updates therefore never lose
+// each other's changes.
+package config
