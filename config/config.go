@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/examlops/gateway"
 )
 
 // Version is the file format version written by this package. Files with
@@ -105,18 +107,22 @@ type Model struct {
 	Pools map[string][]Replica `json:"pools,omitempty"`
 }
 
-// LoadWeights are the weights of the load-aware score. A nil *LoadWeights
-// in [Model] means the gateway's defaults; a zero weight switches that
-// signal off.
+// LoadWeights are the weights of the load-aware score, mirroring
+// gateway.LoadWeights. A nil *LoadWeights in [Model] means
+// gateway.DefaultLoadWeights; a zero weight switches that signal off, but
+// not all three may be zero.
 type LoadWeights struct {
-	// Queue weighs the engine's waiting requests.
+	// Queue weighs outstanding requests.
 	Queue float64 `json:"queue"`
-	// Running weighs the engine's running requests.
-	Running float64 `json:"running"`
-	// KVUtilization weighs the engine's KV-cache utilisation (0..1).
-	KVUtilization float64 `json:"kv_utilization"`
+	// KV weighs KV-cache utilisation (0..1).
+	KV float64 `json:"kv"`
 	// Latency weighs the smoothed measured latency.
 	Latency float64 `json:"latency"`
+}
+
+// Gateway returns the weights as gateway.LoadWeights.
+func (w LoadWeights) Gateway() gateway.LoadWeights {
+	return gateway.LoadWeights{Queue: w.Queue, KV: w.KV, Latency: w.Latency}
 }
 
 // Replica is one engine serving a model. The zero value is invalid: Name
@@ -128,6 +134,47 @@ type Replica struct {
 	Address string `json:"address"`
 	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
 	CacheBlocks int `json:"cache_blocks,omitempty"`
+}
+
+// Gateway returns the replica as a gateway.Replica (healthy).
+func (r Replica) Gateway() gateway.Replica {
+	return gateway.Replica{Name: r.Name, Address: r.Address, CacheBlocks: r.CacheBlocks}
+}
+
+// GatewayReplicas converts a replica list for gateway.New.
+func GatewayReplicas(rs []Replica) []gateway.Replica {
+	out := make([]gateway.Replica, len(rs))
+	for i, r := range rs {
+		out[i] = r.Gateway()
+	}
+	return out
+}
+
+// GatewayMode returns the model's mode as a gateway.Mode; an invalid mode
+// (which Validate rejects) yields an error wrapping [ErrInvalid].
+func (m Model) GatewayMode() (gateway.Mode, error) {
+	name, err := ParseMode(m.Mode)
+	if err != nil {
+		return 0, err
+	}
+	return gateway.ParseMode(name)
+}
+
+// Options returns the gateway options the model's configuration implies:
+// its mode, its SLO (when set) and its load weights (when set).
+func (m Model) Options() ([]gateway.Option, error) {
+	mode, err := m.GatewayMode()
+	if err != nil {
+		return nil, err
+	}
+	opts := []gateway.Option{gateway.WithMode(mode)}
+	if m.SLOLatencyMS > 0 {
+		opts = append(opts, gateway.WithSLOLatency(m.SLOLatency()))
+	}
+	if m.LoadWeights != nil {
+		opts = append(opts, gateway.WithLoadWeights(m.LoadWeights.Gateway()))
+	}
+	return opts, nil
 }
 
 // ModeName returns the model's mode with the default filled in.
@@ -190,16 +237,18 @@ func (f *File) Names() []string {
 	return slices.Sorted(maps.Keys(f.Models))
 }
 
-// ParseMode checks a mode name and returns it canonical ("" becomes
-// round_robin). The error is a [*FieldError] for field "mode".
+// ParseMode checks a mode name with gateway.ParseMode and returns it in
+// canonical form ("" becomes round_robin, "cache-aware" cache_aware). The
+// error is a [*FieldError] for field "mode".
 func ParseMode(s string) (string, error) {
 	if s == "" {
 		return ModeRoundRobin, nil
 	}
-	if slices.Contains(Modes, s) {
-		return s, nil
+	m, err := gateway.ParseMode(s)
+	if err != nil {
+		return "", &FieldError{Field: "mode", Value: s, Reason: "want round_robin, cache_aware or load_aware"}
 	}
-	return "", &FieldError{Field: "mode", Value: s, Reason: "want round_robin, cache_aware or load_aware"}
+	return m.String(), nil
 }
 
 // ValidateModelName reports whether name can be used as a model name: not
@@ -219,8 +268,10 @@ func ValidateModelName(name string) error {
 // Validate checks every field of the model. Field names in errors are
 // relative to the model ("mode", "pools.prefill[0].address", ...).
 func (m Model) Validate() error {
-	if _, err := ParseMode(m.Mode); err != nil {
+	if name, err := ParseMode(m.Mode); err != nil {
 		return err
+	} else if m.Mode != "" && name != m.Mode {
+		return &FieldError{Field: "mode", Value: m.Mode, Reason: "write it " + name}
 	}
 	if m.SLOLatencyMS < 0 {
 		return &FieldError{Field: "slo_latency_ms", Value: fmt.Sprint(m.SLOLatencyMS), Reason: "must not be negative"}
@@ -229,10 +280,13 @@ func (m Model) Validate() error {
 		for _, f := range []struct {
 			name string
 			v    float64
-		}{{"queue", w.Queue}, {"running", w.Running}, {"kv_utilization", w.KVUtilization}, {"latency", w.Latency}} {
+		}{{"queue", w.Queue}, {"kv", w.KV}, {"latency", w.Latency}} {
 			if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 				return &FieldError{Field: "load_weights." + f.name, Value: fmt.Sprint(f.v), Reason: "must be a finite number, not negative"}
 			}
+		}
+		if w.Queue+w.KV+w.Latency == 0 {
+			return &FieldError{Field: "load_weights", Value: "queue=0,kv=0,latency=0", Reason: "not all weights may be zero"}
 		}
 	}
 	if m.Disaggregate {
@@ -283,8 +337,8 @@ func validateReplicas(field string, rs []Replica) error {
 		if r.Address == "" || strings.ContainsFunc(r.Address, unicode.IsSpace) {
 			return &FieldError{Field: at + ".address", Value: r.Address, Reason: "must be non-empty without spaces"}
 		}
-		if r.CacheBlocks < 0 {
-			return &FieldError{Field: at + ".cache_blocks", Value: fmt.Sprint(r.CacheBlocks), Reason: "must not be negative"}
+		if r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
+			return &FieldError{Field: at + ".cache_blocks", Value: fmt.Sprint(r.CacheBlocks), Reason: fmt.Sprintf("want 0..%d", gateway.MaxCacheBlocks)}
 		}
 	}
 	return nil

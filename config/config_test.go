@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -17,7 +18,7 @@ func sample() Model {
 	return Model{
 		Mode:         ModeCacheAware,
 		SLOLatencyMS: 500,
-		LoadWeights:  &LoadWeights{Queue: 1, Running: 0.5, KVUtilization: 2, Latency: 1},
+		LoadWeights:  &LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25},
 		Disaggregate: true,
 		PrefillPool:  "prefill",
 		DecodePool:   "decode",
@@ -85,7 +86,10 @@ func TestModelValidate(t *testing.T) {
 	}{
 		{"unknown mode", func(m *Model) { m.Mode = "fastest" }, "mode"},
 		{"negative slo", func(m *Model) { m.SLOLatencyMS = -1 }, "slo_latency_ms"},
-		{"negative weight", func(m *Model) { m.LoadWeights.KVUtilization = -2 }, "load_weights.kv_utilization"},
+		{"negative weight", func(m *Model) { m.LoadWeights.KV = -2 }, "load_weights.kv"},
+		{"zero weights", func(m *Model) { *m.LoadWeights = LoadWeights{} }, "load_weights"},
+		{"hyphenated mode", func(m *Model) { m.Mode = "cache-aware" }, "mode"},
+		{"huge cache", func(m *Model) { m.Replicas[0].CacheBlocks = 1 << 40 }, "replicas[0].cache_blocks"},
 		{"missing prefill pool", func(m *Model) { m.PrefillPool = "" }, "prefill_pool"},
 		{"missing decode pool", func(m *Model) { m.DecodePool = "" }, "decode_pool"},
 		{"same pools", func(m *Model) { m.DecodePool = m.PrefillPool }, "decode_pool"},
@@ -108,6 +112,28 @@ func TestModelValidate(t *testing.T) {
 	assert.NoError(t, sample().Validate())
 	assert.NoError(t, Model{}.Validate())
 	assert.Equal(t, ModeRoundRobin, Model{}.ModeName())
+}
+
+func TestGatewayConversion(t *testing.T) {
+	m := sample()
+	mode, err := m.GatewayMode()
+	require.NoError(t, err)
+	assert.Equal(t, gateway.ModeCacheAware, mode)
+	opts, err := m.Options()
+	require.NoError(t, err)
+	assert.Len(t, opts, 3)
+	g, err := gateway.New(GatewayReplicas(m.Replicas), opts...)
+	require.NoError(t, err)
+	assert.Equal(t, gateway.ModeCacheAware.String(), "cache_aware")
+	assert.Len(t, g.Replicas(), 2)
+
+	opts, err = Model{}.Options()
+	require.NoError(t, err)
+	assert.Len(t, opts, 1)
+
+	c, err := ParseMode("load-aware")
+	require.NoError(t, err)
+	assert.Equal(t, ModeLoadAware, c)
 }
 
 func TestValidateModelName(t *testing.T) {
@@ -208,4 +234,31 @@ func TestEncodeDecodeProperty(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, string(data), string(again))
 	})
+}
+
+func TestStatsStore(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "routing.json")
+	_, err := LoadStats(cfg, "org/model")
+	require.ErrorIs(t, err, ErrNoStats)
+
+	g, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}}, gateway.WithMode(gateway.ModeCacheAware))
+	require.NoError(t, err)
+	_, err = gateway.MeasureHitRate(g, []gateway.Key{gateway.PrefixKey("sys", "", ""), gateway.PrefixKey("sys", "", "")})
+	require.NoError(t, err)
+	rec := StatsFromGateway("org/model", SourceSimulated, gateway.ModeCacheAware, g.Stats(), g.Replicas())
+	assert.Equal(t, uint64(2), rec.Requests)
+	assert.Equal(t, uint64(1), rec.Hits)
+	assert.InDelta(t, 0.5, rec.HitRate, 1e-9)
+	require.Len(t, rec.Replicas, 2)
+	assert.InDelta(t, 1.0, rec.Replicas[0].Share+rec.Replicas[1].Share, 1e-9)
+
+	require.NoError(t, SaveStats(cfg, rec))
+	assert.FileExists(t, filepath.Join(filepath.Dir(cfg), "stats", "org%2Fmodel.json"))
+	got, err := LoadStats(cfg, "org/model")
+	require.NoError(t, err)
+	assert.Equal(t, rec, got)
+
+	require.NoError(t, os.WriteFile(StatsPath(cfg, "bad"), []byte("{"), 0o644))
+	_, err = LoadStats(cfg, "bad")
+	assert.ErrorIs(t, err, ErrCorrupt)
 }

@@ -22,7 +22,7 @@
 //	    "JPCP": {
 //	      "mode": "cache_aware",
 //	      "slo_latency_ms": 500,
-//	      "load_weights": {"queue": 1, "running": 0.5, "kv_utilization": 2, "latency": 1},
+//	      "load_weights": {"queue": 1, "kv": 0.5, "latency": 0.25},
 //	      "disaggregate": true,
 //	      "prefill_pool": "prefill",
 //	      "decode_pool": "decode",
@@ -44,8 +44,9 @@
 //     load_aware; the same strings as the gateway package's Mode.
 //   - slo_latency_ms: latency SLO in whole milliseconds; 0 or absent means
 //     no SLO. Never negative.
-//   - load_weights: weights of the load-aware score; absent means the
-//     gateway's defaults. Each weight is finite and not negative.
+//   - load_weights: weights of the load-aware score (queue, kv, latency, as
+//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights.
+//     Each weight is finite and not negative, and not all are zero.
 //   - disaggregate: prefill/decode disaggregation on or off (default off).
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate
 //     is true; both must then be set and differ. They are kept, inactive,
@@ -53,7 +54,7 @@
 //   - replicas: the replicas serving the model when it is not
 //     disaggregated, each with a unique name and an address (usually an
 //     http:// or https:// base URL); cache_blocks is optional (0 means the
-//     gateway's default).
+//     gateway's default, at most gateway.MaxCacheBlocks).
 //   - pools: named replica pools, for example the prefill and decode pools.
 //
 // Unknown fields, a syntax error, trailing data or a version other than 1
@@ -61,6 +62,10 @@
 // value (an unknown mode, a negative SLO, ...) is rejected with
 // [ErrInvalid]. In both cases the error names the file and the offending
 // field, and nothing is written.
+//
+// The gateway side turns a [Model] into gateway options with
+// [Model.Options] and its replicas into gateway.Replica values with
+// [GatewayReplicas].
 //
 // # Concurrency and durability
 //

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/examlops/gateway"
+)
+
+// Sources of a [RoutingStats] document.
+const (
+	// SourceGateway marks statistics of a running gateway.
+	SourceGateway = "gateway"
+	// SourceSimulated marks statistics of a simulation.
+	SourceSimulated = "simulated"
+)
+
+// ErrNoStats reports that no statistics are stored for a model.
+var ErrNoStats = errors.New("gateway: no routing statistics")
+
+// RoutingStats is one model's routing statistics as JSON: what the HTTP
+// gateway serves at GET /stats (inside a [StatsDocument]) and what
+// `exa serve routing simulate` saves for `exa serve routing stats`. The
+// zero value is an empty record.
+type RoutingStats struct {
+	// Model is the model name.
+	Model string `json:"model"`
+	// Source is SourceGateway or SourceSimulated.
+	Source string `json:"source"`
+	// Mode is the routing mode the figures were taken under (a gateway
+	// mode name, or for simulations the policy name); "" if unknown.
+	Mode string `json:"mode,omitempty"`
+	// Workload describes a simulated workload in one line; "" for a gateway.
+	Workload string `json:"workload,omitempty"`
+	// Requests counts routed requests; Hits those whose chosen replica
+	// held the whole prefix.
+	Requests uint64 `json:"requests"`
+	Hits     uint64 `json:"hits"`
+	// HitRate is Hits/Requests (0 with no requests).
+	HitRate float64 `json:"hit_rate"`
+	// Decisions counts decisions by kind: round_robin, affinity, load_aware.
+	Decisions map[string]uint64 `json:"decisions"`
+	// SLOExcluded counts replicas left out of decisions for breaching the
+	// SLO; SLOFallbacks decisions routed within the healthy set because
+	// every healthy replica breached it.
+	SLOExcluded  uint64 `json:"slo_excluded"`
+	SLOFallbacks uint64 `json:"slo_fallbacks"`
+	// NoMatch and LoadGuard count cache-aware fallbacks to load-aware
+	// routing (nothing matched; the best match was too loaded).
+	NoMatch   uint64 `json:"no_match"`
+	LoadGuard uint64 `json:"load_guard"`
+	// NoHealthy counts requests that failed for want of a healthy replica.
+	NoHealthy uint64 `json:"no_healthy"`
+	// Replicas gives each replica's routed requests and share, by name.
+	Replicas []ReplicaStats `json:"replicas"`
+	// Simulation, for simulated records, holds the simulator's fuller
+	// report (JSON, as the simulator writes it); nil otherwise.
+	Simulation json.RawMessage `json:"simulation,omitempty"`
+}
+
+// ReplicaStats is one replica's share of a model's requests.
+type ReplicaStats struct {
+	// Name is the replica's name.
+	Name string `json:"name"`
+	// Routed counts requests routed to it; Hits those fully cached there.
+	Routed uint64 `json:"routed"`
+	Hits   uint64 `json:"hits"`
+	// Share is Routed over all routed requests (0 with none).
+	Share float64 `json:"share"`
+	// Healthy is false for an ejected replica; simulations report true.
+	Healthy bool `json:"healthy"`
+}
+
+// StatsDocument is the body of the HTTP gateway's GET /stats: statistics
+// of every model it serves, keyed by model name.
+type StatsDocument struct {
+	// Models maps a model name to its statistics.
+	Models map[string]RoutingStats `json:"models"`
+}
+
+// StatsFromGateway builds a model's record from a live gateway's counters
+// and replica statuses; source is usually SourceGateway.
+func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, rs []gateway.ReplicaStatus) RoutingStats {
+	out := RoutingStats{
+		Model: model, Source: source, Mode: mode.String(),
+		Requests: s.Routed, Hits: s.Hits, HitRate: s.HitRate(),
+		Decisions:    map[string]uint64{},
+		SLOExcluded:  s.SLOExcluded,
+		SLOFallbacks: s.SLOFallbacks,
+		NoMatch:      s.NoMatch, LoadGuard: s.LoadGuard, NoHealthy: s.NoHealthy,
+		Replicas: []ReplicaStats{},
+	}
+	for k, v := range s.ByKind {
+		out.Decisions[k] = v
+	}
+	var total uint64
+	for _, r := range rs {
+		total += r.Routed
+	}
+	for _, r := range rs {
+		share := 0.0
+		if total > 0 {
+			share = float64(r.Routed) / float64(total)
+		}
+		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: share, Healthy: r.Healthy})
+	}
+	slices.SortFunc(out.Replicas, func(a, b ReplicaStats) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// StatsPath returns the file in which the statistics of model are kept,
+// beside the configuration file at configPath: stats/<escaped model>.json.
+// The model name is path-escaped, so names with slashes are safe.
+func StatsPath(configPath, model string) string {
+	return filepath.Join(StatsDir(configPath), url.PathEscape(model)+".json")
+}
+
+// SaveStats stores rec as the latest statistics of rec.Model beside the
+// configuration file at configPath, atomically.
+func SaveStats(configPath string, rec RoutingStats) error {
+	if err := ValidateModelName(rec.Model); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("gateway: encode stats: %w", err)
+	}
+	return WriteFileAtomic(StatsPath(configPath, rec.Model), append(data, '\n'))
+}
+
+// LoadStats returns the stored statistics of model, an error wrapping
+// [ErrNoStats] if there are none, or one wrapping [ErrCorrupt] naming the
+// file if they cannot be decoded.
+func LoadStats(configPath, model string) (RoutingStats, error) {
+	path := StatsPath(configPath, model)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return RoutingStats{}, fmt.Errorf("%w for model %q", ErrNoStats, model)
+	}
+	if err != nil {
+		return RoutingStats{}, fmt.Errorf("gateway: read stats: %w", err)
+	}
+	var rec RoutingStats
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&rec); err != nil {
+		return RoutingStats{}, fmt.Errorf("%w %s: %v", ErrCorrupt, path, err)
+	}
+	return rec, nil
+}
