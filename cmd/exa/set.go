@@ -1,0 +1,195 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/spf13/cobra"
+)
+
+// setFlags holds the flags of "routing set".
+type setFlags struct {
+	mode          modeValue
+	slo           msValue
+	weights       weightsValue
+	disaggregate  bool
+	prefillPool   string
+	decodePool    string
+	replicas      replicasValue
+	pools         poolsValue
+	clearReplicas bool
+	removePools   []string
+}
+
+func newSetCmd() *cobra.Command {
+	var sf setFlags
+	cmd := &cobra.Command{
+		Use:   "set MODEL [flags]",
+		Short: "Store a model's routing configuration (flags not given are left as they are)",
+		Long: `Store a model's routing configuration.
+
+Only the fields whose flags are given change; the rest keep their stored values
+(or the defaults for a new model: round_robin, no SLO, default load weights,
+no disaggregation, no replicas). The file is rewritten atomically under a lock,
+so concurrent "set" commands never lose each other's changes.`,
+		Example: `  # Opt a model into cache-aware routing with a latency SLO:
+  exa serve routing set JPCP --mode cache_aware --slo-latency-ms 500
+  # Enable prefill/decode disaggregation:
+  exa serve routing set JPCP --disaggregate --prefill-pool prefill --decode-pool decode
+  # Name the replicas the HTTP gateway proxies to:
+  exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
+  # Fill the pools:
+  exa serve routing set JPCP --pool prefill:p0=http://10.0.1.1:8000 --pool decode:d0=http://10.0.2.1:8000`,
+		Args:              modelArg,
+		ValidArgsFunction: completeModels,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runSet(cmd, args[0], &sf)
+		},
+	}
+	f := cmd.Flags()
+	f.Var(&sf.mode, "mode", "routing mode: round_robin (default), cache_aware or load_aware")
+	f.Var(&sf.slo, "slo-latency-ms", "latency SLO in milliseconds; replicas slower than this are avoided (0 = none)")
+	f.Var(&sf.weights, "load-weights", fmt.Sprintf("load-aware weights, e.g. queue=1,kv=0.5,latency=0.25 (defaults queue=%g,kv=%g,latency=%g)",
+		gateway.DefaultLoadWeights.Queue, gateway.DefaultLoadWeights.KV, gateway.DefaultLoadWeights.Latency))
+	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
+	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
+	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
+	f.Var(&sf.replicas, "replica", "replica NAME=ADDRESS; repeat for several; replaces the stored replica list")
+	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
+	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
+	f.StringSliceVar(&sf.removePools, "remove-pool", nil, "remove the named pool; repeat for several")
+	cmd.MarkFlagsMutuallyExclusive("replica", "clear-replicas")
+	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
+	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "replica", "pool", "remove-pool"} {
+		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
+	}
+	return cmd
+}
+
+// runSet applies the given flags to the stored model under the file lock.
+func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
+	path, err := configPath()
+	if err != nil {
+		return err
+	}
+	changed := cmd.Flags().Changed
+	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
+		if changed(flag.name) && strings.TrimSpace(flag.value) == "" {
+			return usagef("invalid --%s %q: must not be empty", flag.name, flag.value)
+		}
+	}
+	for _, p := range sf.removePools {
+		if _, ok := sf.pools.pools[p]; ok {
+			return usagef("invalid --remove-pool %q: the same command also sets its members with --pool", p)
+		}
+	}
+	var stored config.Model
+	err = config.Update(path, func(f *config.File) error {
+		m := f.Models[name].Clone()
+		if changed("mode") {
+			m.Mode = sf.mode.mode
+		} else if m.Mode == "" {
+			m.Mode = config.ModeRoundRobin
+		}
+		if changed("slo-latency-ms") {
+			m.SLOLatencyMS = sf.slo.ms
+		}
+		if changed("load-weights") {
+			w := config.LoadWeights(gateway.DefaultLoadWeights)
+			if m.LoadWeights != nil {
+				w = *m.LoadWeights
+			}
+			sf.weights.apply(&w)
+			m.LoadWeights = &w
+		}
+		if changed("disaggregate") {
+			m.Disaggregate = sf.disaggregate
+		}
+		for _, flag := range []struct {
+			name, value string
+			field       *string
+		}{{"prefill-pool", sf.prefillPool, &m.PrefillPool}, {"decode-pool", sf.decodePool, &m.DecodePool}} {
+			if !changed(flag.name) {
+				continue
+			}
+			if !m.Disaggregate {
+				return usagef("--%s %q requires --disaggregate (model %q is not disaggregated)", flag.name, flag.value, name)
+			}
+			*flag.field = flag.value
+		}
+		if m.Disaggregate {
+			if m.PrefillPool == "" {
+				m.PrefillPool = config.DefaultPrefillPool
+			}
+			if m.DecodePool == "" {
+				m.DecodePool = config.DefaultDecodePool
+			}
+		}
+		if sf.clearReplicas {
+			m.Replicas = nil
+		}
+		if changed("replica") {
+			m.Replicas = sf.replicas.list
+		}
+		for _, p := range sf.removePools {
+			if _, ok := m.Pools[p]; !ok {
+				return usagef("invalid --remove-pool %q: model %q has no such pool", p, name)
+			}
+			delete(m.Pools, p)
+		}
+		for p, rs := range sf.pools.pools {
+			if m.Pools == nil {
+				m.Pools = map[string][]config.Replica{}
+			}
+			m.Pools[p] = rs
+		}
+		if len(m.Pools) == 0 {
+			m.Pools = nil
+		}
+		if err := m.Validate(); err != nil {
+			return modelFieldError(err)
+		}
+		f.Models[name] = m
+		stored = m
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "saved %s in %s\n", name, path)
+	describe(out, name, stored)
+	return nil
+}
+
+// flagOfField names the set flag that controls a config field.
+var flagOfField = map[string]string{
+	"mode":           "mode",
+	"slo_latency_ms": "slo-latency-ms",
+	"load_weights":   "load-weights",
+	"prefill_pool":   "prefill-pool",
+	"decode_pool":    "decode-pool",
+	"replicas":       "replica",
+	"pools":          "pool",
+	"pool":           "pool",
+}
+
+// modelFieldError turns a Model.Validate error into a usage error naming
+// the flag, the field and the value.
+func modelFieldError(err error) error {
+	var fe *config.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	head := fe.Field
+	if i := strings.IndexAny(head, ".["); i >= 0 {
+		head = head[:i]
+	}
+	if flag, ok := flagOfField[head]; ok {
+		return usagef("invalid --%s: %s %q: %s", flag, fe.Field, fe.Value, fe.Reason)
+	}
+	return &usageError{err}
+}
