@@ -22,7 +22,10 @@ type Gateway struct {
 	mu    sync.Mutex // guards idx, the scratch below, and table changes
 	idx   *index
 	match []int32
-	cands []Candidate
+	all   []Candidate // one per replica of built, refreshed per Route
+	built *table
+	state []uint8     // eligibility per replica of built, this Route
+	cands []Candidate // eligible subset of all, when not all are eligible
 	owner []*replicaState
 	req   Request
 
@@ -232,34 +235,55 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	defer g.mu.Unlock()
 	t := g.snap.Load()
 	g.idx.match(key, g.match)
-	cands, owner := g.cands[:0], g.owner[:0]
-	healthy, excluded := 0, 0
-	for _, rs := range t.list {
-		if !rs.healthy.Load() {
-			continue
+	if g.built != t { // the replica set changed: rebuild the static fields
+		g.all = g.all[:0]
+		for _, rs := range t.list {
+			g.all = append(g.all, Candidate{Name: rs.name, CacheBlocks: rs.cacheBlocks})
 		}
-		healthy++
-		if g.slo > 0 && g.breaches(rs, now) {
-			excluded++
-			continue
-		}
-		cands, owner = append(cands, g.candidate(rs)), append(owner, rs)
+		g.state = make([]uint8, len(t.list))
+		g.built = t
 	}
+	// Refresh every replica's signals; when all are eligible (the usual
+	// case) the policy sees g.all itself, else a compacted copy.
+	healthy, excluded := 0, 0
+	for i, rs := range t.list {
+		c := &g.all[i]
+		c.Matched = int(g.match[rs.slot])
+		c.Load = rs.load()
+		c.InFlight = int(rs.inflight.Load())
+		c.PendingPrefill = int(rs.pending.Load())
+		switch {
+		case !rs.healthy.Load():
+			g.state[i] = stateUnhealthy
+		case g.slo > 0 && g.breaches(rs, now):
+			g.state[i] = stateOverSLO
+			healthy++
+			excluded++
+		default:
+			g.state[i] = stateEligible
+			healthy++
+		}
+	}
+	cands, owner := g.all, t.list
 	var fb Fallback
-	if len(cands) == 0 {
+	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
-			g.cands, g.owner = cands, owner
 			g.stats.noHealthy.Add(1)
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
 		}
-		fb = FallbackSLO
-		for _, rs := range t.list {
-			if rs.healthy.Load() {
-				cands, owner = append(cands, g.candidate(rs)), append(owner, rs)
-			}
+		slo := excluded < healthy // some healthy replica is within the SLO
+		if !slo {
+			fb = FallbackSLO
 		}
+		cands, owner = g.cands[:0], g.owner[:0]
+		for i, rs := range t.list {
+			if st := g.state[i]; st == stateUnhealthy || (st == stateOverSLO && slo) {
+				continue
+			}
+			cands, owner = append(cands, g.all[i]), append(owner, rs)
+		}
+		g.cands, g.owner = cands, owner
 	}
-	g.cands, g.owner = cands, owner
 	maxMatched := 0
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
@@ -273,7 +297,7 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	rs := owner[ch.Index]
 	matched := cands[ch.Index].Matched
 	if g.index == IndexApproximate {
-		g.idx.store(rs.slot, key)
+		g.idx.storeMatched(rs.slot, key, matched)
 	}
 	d := Decision{
 		Replica:  rs.name,
@@ -296,16 +320,12 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	return d, nil
 }
 
-func (g *Gateway) candidate(rs *replicaState) Candidate {
-	return Candidate{
-		Name:           rs.name,
-		Matched:        int(g.match[rs.slot]),
-		Load:           rs.load(),
-		InFlight:       int(rs.inflight.Load()),
-		PendingPrefill: int(rs.pending.Load()),
-		CacheBlocks:    rs.cacheBlocks,
-	}
-}
+// Eligibility of a replica in one Route call.
+const (
+	stateEligible uint8 = iota
+	stateOverSLO
+	stateUnhealthy
+)
 
 // CacheEventKind is the kind of a CacheEvent.
 type CacheEventKind int

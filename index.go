@@ -46,6 +46,13 @@ type index struct {
 	reps   []*repCache // by replica slot; nil where free
 	active []uint64    // w words: replica slots in use
 	alive  []uint64    // scratch for match
+
+	// found holds the table slots of the blocks the last match walked,
+	// valid while moves still equals foundAt: deletions and resizes move
+	// slots.
+	found   []int32
+	moves   uint64
+	foundAt uint64
 }
 
 type repCache struct {
@@ -168,6 +175,7 @@ func (ix *index) insert(h uint64) int {
 // resize rehashes the table into n slots (at least enough for its blocks).
 func (ix *index) resize(n int) {
 	n = max(n, int(float64(ix.used+1)/maxLoad)+1)
+	ix.moves++
 	oldK, oldH, oldB := ix.keys, ix.heads, ix.bits
 	ix.keys = make([]uint64, n)
 	ix.heads = make([]uint32, n)
@@ -213,6 +221,7 @@ func (ix *index) del(i int) {
 	ix.heads[i] = nilRef
 	clear(ix.bits[i*w : (i+1)*w])
 	ix.used--
+	ix.moves++
 }
 
 func (ix *index) holds(pos int, slot uint32) bool {
@@ -225,8 +234,10 @@ func (ix *index) match(key Key, out []int32) int {
 	alive := ix.alive
 	copy(alive, ix.active)
 	w := ix.w
+	ix.found, ix.foundAt = ix.found[:0], ix.moves
 	for i, h := range key {
 		pos := ix.find(h)
+		ix.found = append(ix.found, int32(pos))
 		any := false
 		for wi, a := range alive {
 			if a == 0 {
@@ -258,11 +269,18 @@ func (ix *index) match(key Key, out []int32) int {
 // its most recently used, the root last, and evicting least recently used
 // blocks beyond its capacity.
 func (ix *index) store(slot uint32, key Key) {
+	ix.storeMatched(slot, key, 0)
+}
+
+// storeMatched is store for a key whose first matched blocks the replica
+// holds, as the last call to match found: those it refreshes without
+// probing the table again.
+func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	r := ix.reps[slot]
 	if r.cap == 0 {
 		return
 	}
-	for i := len(key) - 1; i >= 0; i-- {
+	for i := len(key) - 1; i >= matched; i-- {
 		h := key[i]
 		if pos := ix.find(h); pos >= 0 && ix.holds(pos, slot) {
 			r.toFront(ix.node(pos, slot))
@@ -278,6 +296,13 @@ func (ix *index) store(slot uint32, key Key) {
 		ix.heads[pos] = slot<<localBits | local
 		ix.bits[pos*ix.w+int(slot/64)] |= 1 << (slot % 64)
 		r.pushFront(local)
+	}
+	for i := matched - 1; i >= 0; i-- {
+		pos := int(ix.found[i])
+		if ix.moves != ix.foundAt {
+			pos = ix.find(key[i])
+		}
+		r.toFront(ix.node(pos, slot))
 	}
 }
 

@@ -8,8 +8,9 @@ import "fmt"
 //
 // Pick is called with only eligible candidates (healthy, and within the
 // latency SLO unless none is), never with an empty slice, and in a fixed
-// order (the order replicas were added). Pick must not block, must not keep
-// req or cands after it returns, and must be safe for concurrent use.
+// order (the order replicas were added). Pick must not block, must not
+// modify req or cands nor keep them after it returns, and must be safe for
+// concurrent use.
 type Policy interface {
 	Pick(req *Request, cands []Candidate) Choice
 }
