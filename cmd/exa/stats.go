@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/examlops/gateway/config"
+	"github.com/spf13/cobra"
+)
+
+// gatewayEnv names the environment variable that supplies --gateway's default.
+const gatewayEnv = "EXA_GATEWAY"
+
+// statsTimeout bounds the request to a gateway's /stats.
+const statsTimeout = 5 * time.Second
+
+func newStatsCmd() *cobra.Command {
+	var (
+		gatewayURL string
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "stats MODEL",
+		Short: "Show a model's configuration and routing statistics (live or simulated)",
+		Long: `Show a model's routing configuration and its routing statistics: decisions by
+kind (affinity, load_aware, round_robin), hit rate, share of requests per
+replica, SLO exclusions and fallbacks.
+
+The statistics come from a running gateway when --gateway (default
+$EXA_GATEWAY) names one that answers GET URL/stats; otherwise from the latest
+"exa serve routing simulate MODEL", labelled simulated. If neither exists the
+command says so.`,
+		Example:           "  exa serve routing stats JPCP\n  exa serve routing stats JPCP --gateway http://127.0.0.1:8080\n  exa serve routing stats JPCP --json",
+		Args:              modelArg,
+		ValidArgsFunction: completeModels,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runStats(cmd, args[0], gatewayURL, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&gatewayURL, "gateway", os.Getenv(gatewayEnv), "base URL of a running gateway to read live statistics from (default $"+gatewayEnv+")")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the configuration and statistics as JSON")
+	_ = cmd.RegisterFlagCompletionFunc("gateway", cobra.NoFileCompletions)
+	return cmd
+}
+
+// statsOutput is the --json form of stats.
+type statsOutput struct {
+	Model      string               `json:"model"`
+	Configured bool                 `json:"configured"`
+	Config     config.Model         `json:"config"`
+	Stats      *config.RoutingStats `json:"stats"`
+	// Note explains missing or fallback statistics; "" otherwise.
+	Note string `json:"note,omitempty"`
+}
+
+func runStats(cmd *cobra.Command, model, gatewayURL string, asJSON bool) error {
+	path, f, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	m, configured := f.Models[model]
+	out := statsOutput{Model: model, Configured: configured, Config: m}
+
+	var notes []string
+	if gatewayURL != "" {
+		rec, err := fetchGatewayStats(cmd.Context(), gatewayURL, model)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		if err == nil {
+			out.Stats = &rec
+		} else {
+			notes = append(notes, fmt.Sprintf("no live statistics from gateway %s: %v", gatewayURL, err))
+		}
+	}
+	if out.Stats == nil {
+		rec, err := config.LoadStats(path, model)
+		switch {
+		case err == nil:
+			out.Stats = &rec
+		case errors.Is(err, config.ErrNoStats):
+			if gatewayURL == "" {
+				notes = append(notes, "no gateway given (--gateway URL or $"+gatewayEnv+")")
+			}
+			notes = append(notes, fmt.Sprintf("no simulation of %s yet (run: exa serve routing simulate %s)", model, model))
+		default:
+			return err
+		}
+	}
+	out.Note = strings.Join(notes, "; ")
+
+	w := cmd.OutOrStdout()
+	if asJSON {
+		return writeJSON(w, out)
+	}
+	if configured {
+		describe(w, model, m)
+	} else {
+		fmt.Fprintf(w, "model %s has no stored routing configuration in %s (defaults apply: round_robin, no SLO)\n", model, path)
+	}
+	fmt.Fprintln(w)
+	if out.Stats == nil {
+		fmt.Fprintf(w, "no routing statistics for %s: %s\n", model, out.Note)
+		return nil
+	}
+	if out.Note != "" {
+		fmt.Fprintf(w, "note: %s\n", out.Note)
+	}
+	writeStats(w, *out.Stats, gatewayURL)
+	return nil
+}
+
+// fetchGatewayStats reads GET base/stats and returns the model's record.
+// The body is a config.StatsDocument, or a single config.RoutingStats.
+func fetchGatewayStats(ctx context.Context, base, model string) (config.RoutingStats, error) {
+	u, err := url.Parse(strings.TrimRight(base, "/") + "/stats")
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return config.RoutingStats{}, usagef("invalid --gateway %q: want an http:// or https:// URL", base)
+	}
+	q := u.Query()
+	q.Set("model", model)
+	u.RawQuery = q.Encode()
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return config.RoutingStats{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return config.RoutingStats{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return config.RoutingStats{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return config.RoutingStats{}, fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	var doc struct {
+		Models map[string]config.RoutingStats `json:"models"`
+		Model  *string                        `json:"model"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return config.RoutingStats{}, fmt.Errorf("GET %s: bad JSON: %v", u, err)
+	}
+	if doc.Models == nil && doc.Model != nil {
+		var rec config.RoutingStats
+		if err := json.Unmarshal(body, &rec); err != nil {
+			return config.RoutingStats{}, fmt.Errorf("GET %s: bad JSON: %v", u, err)
+		}
+		doc.Models = map[string]config.RoutingStats{rec.Model: rec}
+	}
+	rec, ok := doc.Models[model]
+	if !ok {
+		return config.RoutingStats{}, fmt.Errorf("the gateway does not serve model %q", model)
+	}
+	if rec.Source == "" {
+		rec.Source = config.SourceGateway
+	}
+	rec.Model = model
+	return rec, nil
+}
+
+// writeStats prints a statistics record.
+func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
+	switch s.Source {
+	case config.SourceGateway:
+		fmt.Fprintf(w, "routing statistics (live, from gateway %s):\n", gatewayURL)
+	default:
+		fmt.Fprintf(w, "routing statistics (simulated; run \"exa serve routing simulate\" again to refresh):\n")
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	if s.Workload != "" {
+		fmt.Fprintf(tw, "workload:\t%s\n", s.Workload)
+	}
+	if s.Mode != "" {
+		fmt.Fprintf(tw, "policy:\t%s\n", s.Mode)
+	}
+	fmt.Fprintf(tw, "requests:\t%d\n", s.Requests)
+	fmt.Fprintf(tw, "hit rate:\t%s (%d of %d)\n", pct(s.HitRate), s.Hits, s.Requests)
+	var parts []string
+	for _, k := range []string{"affinity", "load_aware", "round_robin"} {
+		parts = append(parts, fmt.Sprintf("%s %d (%s)", k, s.Decisions[k], pct(ratio(s.Decisions[k], s.Requests))))
+	}
+	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
+	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
+	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	_ = tw.Flush()
+	if len(s.Replicas) == 0 {
+		fmt.Fprintln(w, "replicas: none")
+		return
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\t")
+	for _, r := range s.Replicas {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
+	}
+	_ = tw.Flush()
+}
+
+func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
+
+func ratio(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func init() {
+	routingCmd.AddCommand(newStatsCmd())
+}
