@@ -1,0 +1,357 @@
+package gateway
+
+import (
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+// modelCache is the naive reference for one replica's slice of the index:
+// an LRU list of block hashes, most recently used first.
+type modelCache struct {
+	cap int
+	lru []uint64
+}
+
+func (m *modelCache) has(h uint64) bool { return slices.Contains(m.lru, h) }
+
+func (m *modelCache) drop(h uint64) {
+	if i := slices.Index(m.lru, h); i >= 0 {
+		m.lru = slices.Delete(m.lru, i, i+1)
+	}
+}
+
+// store makes every block of key most recently used, the root last,
+// evicting the least recently used block whenever a new one does not fit.
+func (m *modelCache) store(key Key) {
+	for i := len(key) - 1; i >= 0; i-- {
+		h := key[i]
+		if m.has(h) {
+			m.drop(h)
+		} else if len(m.lru) == m.cap {
+			m.lru = m.lru[:len(m.lru)-1]
+		}
+		m.lru = slices.Insert(m.lru, 0, h)
+	}
+}
+
+func (m *modelCache) remove(key Key) {
+	for _, h := range key {
+		m.drop(h)
+	}
+}
+
+// match counts the leading blocks of key the replica holds.
+func (m *modelCache) match(key Key) int {
+	n := 0
+	for n < len(key) && m.has(key[n]) {
+		n++
+	}
+	return n
+}
+
+// checkIndex verifies the index's internal consistency: table slots,
+// holder lists, bit sets, LRU lists and counts all agree.
+func checkIndex(t require.TestingT, ix *index) {
+	used := 0
+	for i, hd := range ix.heads {
+		if hd == nilRef {
+			for wi := range ix.w {
+				require.Zero(t, ix.bits[i*ix.w+wi], "empty table slot %d has holder bits", i)
+			}
+			continue
+		}
+		used++
+		require.Equal(t, i, ix.find(ix.keys[i]), "block %x is not found at its slot", ix.keys[i])
+		holders := make([]uint64, ix.w)
+		for ref := hd; ref != nilRef; {
+			s, l := ref>>localBits, ref&MaxCacheBlocks
+			require.Less(t, int(s), len(ix.reps))
+			r := ix.reps[s]
+			require.NotNil(t, r, "holder list names freed replica slot %d", s)
+			require.Equal(t, ix.keys[i], r.hash[l], "holder node hash")
+			require.Zero(t, holders[s/64]&(1<<(s%64)), "replica slot %d twice in a holder list", s)
+			holders[s/64] |= 1 << (s % 64)
+			ref = r.nextH[l]
+		}
+		require.Equal(t, holders, ix.bits[i*ix.w:(i+1)*ix.w], "holder bits of block %x", ix.keys[i])
+		for wi := range ix.w {
+			require.Zero(t, holders[wi]&^ix.active[wi], "inactive replica holds block %x", ix.keys[i])
+		}
+	}
+	require.Equal(t, used, ix.used, "used table slots")
+	for s, r := range ix.reps {
+		if r == nil {
+			require.Zero(t, ix.active[s/64]&(1<<(s%64)), "free replica slot %d is active", s)
+			continue
+		}
+		n := 0
+		prev := nilRef
+		for l := r.mru; l != nilRef; l = r.next[l] {
+			require.Equal(t, prev, r.prev[l], "LRU back link")
+			pos := ix.find(r.hash[l])
+			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", r.hash[l])
+			require.True(t, ix.holds(pos, uint32(s)), "cached block %x lacks its holder bit", r.hash[l])
+			prev = l
+			n++
+			require.LessOrEqual(t, n, r.cap, "LRU list longer than capacity")
+		}
+		require.Equal(t, prev, r.lru, "LRU tail")
+		require.Equal(t, n, r.n, "node count of replica slot %d", s)
+		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", s)
+	}
+}
+
+// modelKeys draws keys from a small universe of chains over ids 0..2, so
+// that keys share prefixes often.
+func drawModelKey(t *rapid.T, label string) Key {
+	return KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(0, 2), 1, 6).Draw(t, label))
+}
+
+// TestPropIndexMatchesModel drives the index with random store, remove,
+// clear, add and remove-replica operations and checks every match against
+// the naive model and the index's invariants after every step.
+func TestPropIndexMatchesModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := newIndex()
+		model := map[uint32]*modelCache{}
+		active := func() []uint32 {
+			var s []uint32
+			for k := range model {
+				s = append(s, k)
+			}
+			slices.Sort(s)
+			return s
+		}
+		out := make([]int32, 0)
+		for range rapid.IntRange(1, 60).Draw(t, "steps") {
+			op := rapid.IntRange(0, 9).Draw(t, "op")
+			if len(model) == 0 {
+				op = 0
+			}
+			switch {
+			case op == 0 && len(model) < 6: // add a replica
+				c := rapid.IntRange(1, 6).Draw(t, "cap")
+				s := ix.addReplica(c)
+				_, dup := model[s]
+				require.False(t, dup, "slot %d handed out twice", s)
+				model[s] = &modelCache{cap: c}
+			case op == 1 && len(model) > 1: // remove a replica
+				s := rapid.SampledFrom(active()).Draw(t, "slot")
+				ix.removeReplica(s)
+				delete(model, s)
+			case op <= 5: // store
+				s := rapid.SampledFrom(active()).Draw(t, "slot")
+				k := drawModelKey(t, "key")
+				ix.store(s, k)
+				model[s].store(k)
+			case op == 6: // remove blocks, any subset of a key
+				s := rapid.SampledFrom(active()).Draw(t, "slot")
+				k := drawModelKey(t, "key")
+				lo := rapid.IntRange(0, len(k)-1).Draw(t, "from")
+				ix.remove(s, k[lo:])
+				model[s].remove(k[lo:])
+			case op == 7: // clear
+				s := rapid.SampledFrom(active()).Draw(t, "slot")
+				ix.clear(s)
+				model[s].lru = nil
+			}
+			checkIndex(t, ix)
+			// Every step ends with a match checked against the model.
+			k := drawModelKey(t, "probe")
+			if n := len(ix.reps); len(out) < n {
+				out = make([]int32, n)
+			}
+			got := ix.match(k, out)
+			want := 0
+			for s, m := range model {
+				require.Equal(t, m.match(k), int(out[s]), "replica slot %d", s)
+				require.Equal(t, len(m.lru), ix.cached(s))
+				want = max(want, m.match(k))
+			}
+			require.Equal(t, want, got, "longest match")
+		}
+	})
+}
+
+// TestIndexManyReplicasMatchesModel runs the model check with more than 64
+// replicas, so bit sets span several words and slots are reused.
+func TestIndexManyReplicasMatchesModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ix := newIndex()
+	model := map[uint32]*modelCache{}
+	for range 130 {
+		c := 1 + rng.IntN(8)
+		model[ix.addReplica(c)] = &modelCache{cap: c}
+	}
+	key := func() Key {
+		ids := make([]uint64, 1+rng.IntN(8))
+		for i := range ids {
+			ids[i] = uint64(rng.IntN(3))
+		}
+		return KeyFromHashes(ids)
+	}
+	slots := func() []uint32 {
+		var s []uint32
+		for k := range model {
+			s = append(s, k)
+		}
+		slices.Sort(s)
+		return s
+	}
+	out := make([]int32, 256)
+	for step := range 4000 {
+		ss := slots()
+		s := ss[rng.IntN(len(ss))]
+		switch r := rng.IntN(20); {
+		case r == 0 && len(model) > 60:
+			ix.removeReplica(s)
+			delete(model, s)
+		case r == 1 && len(model) < 200:
+			c := 1 + rng.IntN(8)
+			model[ix.addReplica(c)] = &modelCache{cap: c}
+		case r == 2:
+			ix.clear(s)
+			model[s].lru = nil
+		case r == 3:
+			k := key()
+			ix.remove(s, k)
+			model[s].remove(k)
+		default:
+			k := key()
+			ix.store(s, k)
+			model[s].store(k)
+		}
+		if step%500 == 0 {
+			checkIndex(t, ix)
+		}
+		if n := len(ix.reps); len(out) < n {
+			out = make([]int32, n)
+		}
+		k := key()
+		got := ix.match(k, out)
+		want := 0
+		for s, m := range model {
+			require.Equal(t, m.match(k), int(out[s]), "step %d replica slot %d", step, s)
+			want = max(want, m.match(k))
+		}
+		require.Equal(t, want, got)
+	}
+	checkIndex(t, ix)
+	require.Greater(t, ix.w, 1, "test must span several bit-set words")
+}
+
+// TestPropGatewayIndexMatchesModel checks the same model through the public
+// API: Route warms the chosen replica (IndexApproximate), ApplyEvent
+// stores, removes and clears, replicas come and go. Every decision's
+// Matched and Hit, and every replica's CachedBlocks, must equal the model,
+// and CachedBlocks never exceeds CacheBlocks.
+func TestPropGatewayIndexMatchesModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		mode := rapid.SampledFrom([]Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}).Draw(t, "mode")
+		var reps []Replica
+		model := map[string]*modelCache{}
+		for i := range rapid.IntRange(1, 4).Draw(t, "n") {
+			c := rapid.IntRange(1, 6).Draw(t, "cap")
+			reps = append(reps, Replica{Name: fmt.Sprintf("r%d", i), CacheBlocks: c})
+			model[reps[i].Name] = &modelCache{cap: c}
+		}
+		g, err := New(reps, WithMode(mode))
+		require.NoError(t, err)
+		next := len(reps)
+		names := func() []string {
+			var s []string
+			for _, r := range g.Replicas() {
+				s = append(s, r.Name)
+			}
+			return s
+		}
+		for range rapid.IntRange(1, 50).Draw(t, "steps") {
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op <= 4:
+				k := drawModelKey(t, "key")
+				d, err := g.Route(k)
+				require.NoError(t, err)
+				m := model[d.Replica]
+				require.Equal(t, m.match(k), d.Matched, "Matched on %s", d.Replica)
+				require.Equal(t, m.match(k) == len(k), d.Hit)
+				require.Equal(t, len(k), d.Blocks)
+				m.store(k)
+				d.Done(DoneInfo{})
+			case op == 5:
+				name := rapid.SampledFrom(names()).Draw(t, "name")
+				k := drawModelKey(t, "key")
+				require.NoError(t, g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: k}))
+				model[name].store(k)
+			case op == 6:
+				name := rapid.SampledFrom(names()).Draw(t, "name")
+				k := drawModelKey(t, "key")
+				require.NoError(t, g.ApplyEvent(name, CacheEvent{Kind: BlocksRemoved, Blocks: k}))
+				model[name].remove(k)
+			case op == 7:
+				name := rapid.SampledFrom(names()).Draw(t, "name")
+				require.NoError(t, g.ApplyEvent(name, CacheEvent{Kind: AllCleared}))
+				model[name].lru = nil
+			case op == 8 && len(model) > 1:
+				name := rapid.SampledFrom(names()).Draw(t, "name")
+				require.NoError(t, g.RemoveReplica(name))
+				delete(model, name)
+			case op == 9:
+				c := rapid.IntRange(1, 6).Draw(t, "cap")
+				name := fmt.Sprintf("r%d", next)
+				next++
+				require.NoError(t, g.AddReplica(Replica{Name: name, CacheBlocks: c}))
+				model[name] = &modelCache{cap: c}
+			}
+			for _, st := range g.Replicas() {
+				require.Equal(t, len(model[st.Name].lru), st.CachedBlocks, "CachedBlocks of %s", st.Name)
+				require.LessOrEqual(t, st.CachedBlocks, st.CacheBlocks)
+			}
+			g.mu.Lock()
+			checkIndex(t, g.idx)
+			g.mu.Unlock()
+		}
+	})
+}
+
+// TestIndexCapacityAndPrefixClosure: a key longer than a replica's
+// capacity leaves exactly its first capacity blocks cached (leaves are
+// evicted first, so the cached set stays closed under prefixes).
+func TestIndexCapacityAndPrefixClosure(t *testing.T) {
+	for _, c := range []int{1, 2, 5, 64} {
+		t.Run(fmt.Sprint(c), func(t *testing.T) {
+			ix := newIndex()
+			s := ix.addReplica(c)
+			ids := make([]uint64, 100)
+			for i := range ids {
+				ids[i] = uint64(i)
+			}
+			k := KeyFromHashes(ids)
+			ix.store(s, k)
+			require.Equal(t, c, ix.cached(s))
+			out := make([]int32, 1)
+			require.Equal(t, c, ix.match(k, out))
+			checkIndex(t, ix)
+		})
+	}
+}
+
+// TestIndexTableStaysBounded: churning far more distinct blocks through a
+// replica than it holds keeps the table within its limit.
+func TestIndexTableStaysBounded(t *testing.T) {
+	ix := newIndex()
+	s := ix.addReplica(100)
+	for i := range uint64(20000) {
+		ix.store(s, KeyFromHashes([]uint64{i, i + 1}))
+	}
+	require.Equal(t, 100, ix.cached(s))
+	require.LessOrEqual(t, len(ix.heads), max(16, ix.limit))
+	require.Equal(t, 100, ix.used)
+	checkIndex(t, ix)
+	require.Equal(t, 0, bits.OnesCount64(ix.active[0])-1)
+}
