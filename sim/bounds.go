@@ -1,0 +1,133 @@
+package sim
+
+import (
+	"io"
+
+	"github.com/examlops/gateway"
+)
+
+// Bound is a hit-rate bound computed on the same requests as the policies.
+type Bound struct {
+	// Name is "pooled-lru" or "unbounded".
+	Name string `json:"name"`
+	// CacheBlocks is the capacity of the one cache, 0 for unbounded.
+	CacheBlocks int `json:"cache_blocks"`
+	// TokenHitRate is the fraction of prompt tokens served from cache.
+	TokenHitRate float64 `json:"token_hit_rate"`
+	// RequestHitRate is the fraction of requests with any cached block.
+	RequestHitRate float64 `json:"request_hit_rate"`
+}
+
+// bounds computes, in arrival order and without timing, the hit rates of
+// one LRU cache of capacity blocks (the whole cluster's cache pooled) and
+// of one unbounded cache. A request's cached tokens are counted as in the
+// simulation: its leading cached blocks, at most all tokens but one.
+// Answers (Request.OutBlocks) are cached after their prompt.
+func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err error) {
+	lru := newKVCache(capacity)
+	seen := newHashSet()
+	var req Request
+	var key, ids []uint64
+	var in, lruTok, unbTok int64
+	var n, lruReq, unbReq int
+	for {
+		if err = st.Next(&req); err == io.EOF {
+			break
+		} else if err != nil {
+			return pooled, unb, err
+		}
+		tick()
+		if req.InputTokens < 1 || len(req.Blocks) == 0 {
+			continue
+		}
+		n++
+		ids = append(append(ids[:0], req.Blocks...), req.OutBlocks...)
+		key = gateway.AppendHashKey(key[:0], ids)
+		prompt := key[:len(req.Blocks)]
+		in += int64(req.InputTokens)
+		if m := lru.match(prompt); m > 0 {
+			lruReq++
+			lruTok += int64(min(m*bt, req.InputTokens-1))
+		}
+		m := 0
+		for m < len(prompt) && seen.has(prompt[m]) {
+			m++
+		}
+		if m > 0 {
+			unbReq++
+			unbTok += int64(min(m*bt, req.InputTokens-1))
+		}
+		if len(key) > len(prompt) {
+			lru.touch(key[len(prompt):])
+		}
+		lru.touch(prompt)
+		lru.evicted = lru.evicted[:0]
+		for _, h := range key {
+			seen.add(h)
+		}
+	}
+	pooled = Bound{Name: "pooled-lru", CacheBlocks: capacity}
+	unb = Bound{Name: "unbounded"}
+	if in > 0 {
+		pooled.TokenHitRate = float64(lruTok) / float64(in)
+		unb.TokenHitRate = float64(unbTok) / float64(in)
+	}
+	if n > 0 {
+		pooled.RequestHitRate = float64(lruReq) / float64(n)
+		unb.RequestHitRate = float64(unbReq) / float64(n)
+	}
+	return pooled, unb, nil
+}
+
+// hashSet is an open-addressing set of block hashes, 8 bytes a slot at
+// most half full. Hash 0 is stored aside.
+type hashSet struct {
+	slots []uint64
+	n     int
+	zero  bool
+}
+
+func newHashSet() *hashSet { return &hashSet{slots: make([]uint64, 1024)} }
+
+func (s *hashSet) has(h uint64) bool {
+	if h == 0 {
+		return s.zero
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := mix(h) & mask; ; i = (i + 1) & mask {
+		switch s.slots[i] {
+		case h:
+			return true
+		case 0:
+			return false
+		}
+	}
+}
+
+func (s *hashSet) add(h uint64) {
+	if h == 0 {
+		s.zero = true
+		return
+	}
+	if 2*(s.n+1) > len(s.slots) {
+		old := s.slots
+		s.slots = make([]uint64, 2*len(old))
+		s.n = 0
+		for _, x := range old {
+			if x != 0 {
+				s.add(x)
+			}
+		}
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := mix(h) & mask; ; i = (i + 1) & mask {
+		switch s.slots[i] {
+		case h:
+			return
+		case 0:
+			s.slots[i] = h
+			s.n++
+			return
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+// Config configures Run. The zero value simulates DefaultWorkload on 8
+// replicas of DefaultPreset with DefaultPolicies.
+type Config struct {
+	// Workload is the request source; nil means DefaultWorkload().
+	Workload Workload
+	// Preset is the replica model; the zero value means DefaultPreset().
+	Preset Preset
+	// Replicas is the number of replicas; 0 means 8.
+	Replicas int
+	// Policies to compare, each simulated on the same requests; nil means
+	// DefaultPolicies().
+	Policies []Policy
+	// Index is how the gateway's cache index is kept current: the zero
+	// value, gateway.IndexApproximate, warms it at Route;
+	// gateway.IndexExact feeds it the simulated replicas' cache events.
+	Index gateway.IndexMode
+	// RefreshInterval is how often the replicas' load signals (queue depth,
+	// running, KV utilisation) are pushed to the gateway; 0 means
+	// DefaultRefreshInterval.
+	RefreshInterval time.Duration
+	// SLO is the time-to-first-token objective that SLO attainment counts
+	// against; 0 means DefaultSLO.
+	SLO time.Duration
+	// RouterSLO, when positive, is passed to gateway.WithSLOLatency: the
+	// gateway avoids replicas whose smoothed time to first token exceeds
+	// it. Zero disables it.
+	RouterSLO time.Duration
+	// MaxQueue, when positive, caps each replica's waiting queue; requests
+	// routed to a full queue are shed and counted as dropped. Zero means
+	// unbounded.
+	MaxQueue int
+	// Seed seeds the workload and the randomised policies; the same Config
+	// gives the same Report.
+	Seed uint64
+	// Parallel is how many policies are simulated at once; 0 means
+	// runtime.GOMAXPROCS(0).
+	Parallel int
+	// Progress, if set, is called as the run advances, at most a few
+	// hundred times, never concurrently.
+	Progress func(Progress)
+}
+
+// Defaults of Config.
+const (
+	// DefaultReplicas is the replica count when Config.Replicas is 0.
+	DefaultReplicas = 8
+	// DefaultRefreshInterval is 50 ms, the metrics refresh interval of the
+	// Kubernetes Gateway API Inference Extension's endpoint picker.
+	DefaultRefreshInterval = 50 * time.Millisecond
+	// DefaultSLO is a 2 s time-to-first-token objective.
+	DefaultSLO = 2 * time.Second
+)
+
+// Progress reports how far a Run has got. Done counts requests simulated
+// so far over all policies and the bounds pass; Total is the number it
+// will simulate in all, or 0 when the workload does not say.
+type Progress struct {
+	Done, Total int
+}
+
+func (c *Config) fill() error {
+	if c.Workload == nil {
+		c.Workload = DefaultWorkload()
+	}
+	if c.Preset == (Preset{}) {
+		c.Preset = DefaultPreset()
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if c.Policies == nil {
+		c.Policies = DefaultPolicies()
+	}
+	if c.RefreshInterval == 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
+	if c.SLO == 0 {
+		c.SLO = DefaultSLO
+	}
+	switch {
+	case c.Replicas < 0 || c.Replicas > gateway.MaxReplicas:
+		return fmt.Errorf("%w: Replicas %d, want 1..%d", ErrInvalidConfig, c.Replicas, gateway.MaxReplicas)
+	case len(c.Policies) == 0:
+		return fmt.Errorf("%w: Policies is empty", ErrInvalidConfig)
+	case c.RefreshInterval < 0:
+		return fmt.Errorf("%w: RefreshInterval %v is negative", ErrInvalidConfig, c.RefreshInterval)
+	case c.SLO < 0:
+		return fmt.Errorf("%w: SLO %v is negative", ErrInvalidConfig, c.SLO)
+	case c.RouterSLO < 0:
+		return fmt.Errorf("%w: RouterSLO %v is negative", ErrInvalidConfig, c.RouterSLO)
+	case c.MaxQueue < 0:
+		return fmt.Errorf("%w: MaxQueue %d is negative", ErrInvalidConfig, c.MaxQueue)
+	case c.Parallel < 0:
+		return fmt.Errorf("%w: Parallel %d is negative", ErrInvalidConfig, c.Parallel)
+	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
+		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
+	}
+	if err := c.Preset.validate(); err != nil {
+		return err
+	}
+	bt := c.Workload.BlockTokens()
+	if bt < 1 {
+		return fmt.Errorf("%w: workload block size %d tokens", ErrInvalidConfig, bt)
+	}
+	if blocks := c.Preset.KVTokens / bt; blocks < 1 || blocks > gateway.MaxCacheBlocks {
+		return fmt.Errorf("%w: preset %q: %d KV tokens make %d blocks of %d tokens, want 1..%d",
+			ErrInvalidConfig, c.Preset.Name, c.Preset.KVTokens, blocks, bt, gateway.MaxCacheBlocks)
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Policies {
+		if p.Name == "" {
+			return fmt.Errorf("%w: Policies[%d] has no Name", ErrInvalidConfig, i)
+		}
+		if seen[p.Name] {
+			return fmt.Errorf("%w: policy %q listed twice", ErrInvalidConfig, p.Name)
+		}
+		seen[p.Name] = true
+	}
+	return nil
+}

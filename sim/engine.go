@@ -1,0 +1,574 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+var (
+	errShed     = errors.New("gateway: sim: shed, queue full")
+	errTooLarge = errors.New("gateway: sim: request larger than a replica's KV cache")
+)
+
+// seq is a request in flight on a replica.
+type seq struct {
+	id       uint64
+	arrival  int64
+	in, out  int
+	key      gateway.Key // prompt blocks, chained
+	outKey   gateway.Key // answer blocks cached at completion
+	buf      gateway.Key // backing store of key and outKey
+	private  int         // blocks reserved beyond the prompt
+	m        int         // leading blocks cached at admission
+	left     int         // prompt tokens still to prefill
+	pos      int         // tokens of context before the next chunk
+	chunk    int         // tokens prefilled in the current step
+	ttft     int64
+	finish   int64 // step at which the last token is produced
+	ctxBase  int64 // context at step s is ctxBase + s
+	d        gateway.Decision
+	heapSlot int
+}
+
+type replica struct {
+	name    string
+	cache   *kvCache
+	waiting fifo
+	prefill []*seq
+	decode  seqHeap
+	nChunk  int
+
+	step    int64 // steps done
+	sumBase int64 // Σ ctxBase over decode
+
+	busy      bool
+	ver       uint32
+	stepStart int64
+	stepK     int64
+	u, v      float64 // a macro step of k decode steps takes k·u + v·k(k−1)/2
+
+	prefillTokens int64
+}
+
+func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
+
+type event struct {
+	t   int64
+	seq uint64
+	rep int32 // -1: load refresh
+	ver uint32
+}
+
+type engine struct {
+	cfg   *Config
+	p     Preset
+	bt    int
+	cap   int
+	reps  []*replica
+	byNm  map[string]int32
+	g     *gateway.Gateway
+	exact bool
+
+	now    int64
+	events []event
+	evSeq  uint64
+	nextID uint64
+	pool   []*seq
+	ids    []uint64
+
+	inflight int
+
+	res      Result
+	ttft     hist
+	e2e      hist
+	inTok    int64
+	cachedTk int64
+	routerTk int64
+	hitReqs  int
+	sloMet   int
+	outTok   int64
+	first    int64
+	last     int64
+}
+
+func newEngine(cfg *Config, pol Policy) (*engine, error) {
+	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
+	e.cap = e.p.KVTokens / e.bt
+	e.exact = cfg.Index == gateway.IndexExact
+	reps := make([]gateway.Replica, cfg.Replicas)
+	for i := range reps {
+		name := "r" + strconv.Itoa(i)
+		reps[i] = gateway.Replica{Name: name, CacheBlocks: e.cap}
+		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap)})
+		e.byNm[name] = int32(i)
+	}
+	opts := []gateway.Option{
+		gateway.WithClock(func() time.Time { return time.Unix(0, e.now) }),
+		gateway.WithIndex(cfg.Index),
+	}
+	if pol.New != nil {
+		opts = append(opts, gateway.WithPolicy(pol.New(cfg.Seed)))
+	} else {
+		opts = append(opts, gateway.WithMode(pol.Mode))
+	}
+	if cfg.RouterSLO > 0 {
+		opts = append(opts, gateway.WithSLOLatency(cfg.RouterSLO))
+	}
+	g, err := gateway.New(reps, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q: %w", pol.Name, err)
+	}
+	e.g = g
+	e.res.Policy = pol.Name
+	return e, nil
+}
+
+// run simulates the whole stream. tick is called after every arrival.
+func (e *engine) run(st Stream, tick func()) error {
+	var req Request
+	have := false
+	next := func() error {
+		err := st.Next(&req)
+		if err == io.EOF {
+			have = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		have = true
+		return nil
+	}
+	if err := next(); err != nil {
+		return err
+	}
+	if have {
+		e.push(event{t: int64(req.Arrival), rep: -1})
+	}
+	for {
+		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].t) {
+			e.now = max(e.now, int64(req.Arrival))
+			e.arrive(&req)
+			tick()
+			if err := next(); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(e.events) == 0 {
+			break
+		}
+		ev := e.pop()
+		e.now = ev.t
+		if ev.rep < 0 {
+			e.refresh()
+			if have || e.inflight > 0 {
+				e.push(event{t: e.now + int64(e.cfg.RefreshInterval), rep: -1})
+			}
+			continue
+		}
+		r := e.reps[ev.rep]
+		if ev.ver != r.ver || !r.busy {
+			continue
+		}
+		e.stepEnd(int(ev.rep))
+	}
+	return nil
+}
+
+func (e *engine) refresh() {
+	for _, r := range e.reps {
+		_ = e.g.UpdateLoad(r.name, gateway.Load{
+			QueueDepth:    r.waiting.len(),
+			Running:       r.running(),
+			KVUtilization: min(1, float64(r.cache.used())/float64(e.cap)),
+		})
+	}
+}
+
+func (e *engine) newSeq() *seq {
+	if n := len(e.pool); n > 0 {
+		s := e.pool[n-1]
+		e.pool = e.pool[:n-1]
+		return s
+	}
+	return &seq{}
+}
+
+func (e *engine) arrive(req *Request) {
+	e.res.Requests++
+	if e.first < 0 {
+		e.first = e.now
+	}
+	s := e.newSeq()
+	e.nextID++
+	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
+	e.ids = append(append(e.ids[:0], req.Blocks...), req.OutBlocks...)
+	s.buf = gateway.AppendHashKey(s.buf[:0], e.ids)
+	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
+	s.private = max(0, blocksOf(s.in+s.out, e.bt)-len(s.key), len(s.outKey))
+	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
+		e.res.Failed++
+		e.pool = append(e.pool, s)
+		return
+	}
+	d, err := e.g.Route(s.key)
+	if err != nil {
+		e.res.Failed++
+		e.pool = append(e.pool, s)
+		return
+	}
+	s.d = d
+	e.routerTk += int64(min(d.Matched*e.bt, s.in-1))
+	ri := e.byNm[d.Replica]
+	r := e.reps[ri]
+	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
+		d.Done(gateway.DoneInfo{Err: errShed})
+		e.res.Dropped++
+		e.pool = append(e.pool, s)
+		return
+	}
+	e.inflight++
+	r.waiting.push(s)
+	switch {
+	case !r.busy:
+		e.plan(int(ri))
+	case r.stepK > 1 && r.running() < e.p.MaxRunning:
+		h := r.waiting.front()
+		if r.cache.fits(h.key, r.cache.match(h.key), h.private) {
+			e.truncate(int(ri))
+		}
+	}
+}
+
+// macro returns the time in ns of the first k steps of r's decode run.
+func (r *replica) macro(k int64) int64 {
+	kf := float64(k)
+	return max(1, int64(math.Round((kf*r.u+r.v*kf*(kf-1)/2)*1e9)))
+}
+
+// truncate ends r's decode run at the end of the step in progress, so that
+// a waiting request is admitted there.
+func (e *engine) truncate(ri int) {
+	r := e.reps[ri]
+	el := e.now - r.stepStart
+	E := float64(el) / 1e9
+	var j int64
+	if r.v > 0 {
+		a, b := r.v/2, r.u-r.v/2
+		j = int64(math.Ceil((-b + math.Sqrt(b*b+4*a*E)) / (2 * a)))
+	} else {
+		j = int64(math.Ceil(E / r.u))
+	}
+	j = min(max(j, 1), r.stepK)
+	for j > 1 && r.macro(j-1) >= el {
+		j--
+	}
+	for j < r.stepK && r.macro(j) < el {
+		j++
+	}
+	if j >= r.stepK {
+		return
+	}
+	r.stepK = j
+	r.ver++
+	e.push(event{t: r.stepStart + r.macro(j), rep: int32(ri), ver: r.ver})
+}
+
+// plan admits waiting requests and starts r's next step, if it has work.
+func (e *engine) plan(ri int) {
+	r := e.reps[ri]
+	r.busy = false
+	p := &e.p
+	for r.waiting.len() > 0 && r.running() < p.MaxRunning {
+		s := r.waiting.front()
+		m := r.cache.match(s.key)
+		if !r.cache.fits(s.key, m, s.private) {
+			break
+		}
+		r.waiting.pop()
+		r.cache.admit(s.key, m, s.private)
+		e.flushEvictions(r)
+		s.m = m
+		cached := min(m*e.bt, s.in-1)
+		s.pos, s.left = cached, s.in-cached
+		e.inTok += int64(s.in)
+		e.cachedTk += int64(cached)
+		if m > 0 {
+			e.hitReqs++
+		}
+		r.prefill = append(r.prefill, s)
+	}
+	B := int64(len(r.decode))
+	C0 := float64(r.sumBase + B*r.step)
+	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
+	r.nChunk = 0
+	switch {
+	case len(r.prefill) > 0:
+		budget := p.MaxBatchTokens - int(B)
+		cost := fixed
+		for _, s := range r.prefill {
+			if budget <= 0 {
+				break
+			}
+			n := min(s.left, budget)
+			s.chunk = n
+			cost += p.prefillCost(s.pos, n)
+			budget -= n
+			r.nChunk++
+		}
+		r.stepK = 1
+		r.stepStart = e.now
+		r.busy = true
+		r.ver++
+		e.push(event{t: e.now + max(1, int64(math.Round(cost*1e9))), rep: int32(ri), ver: r.ver})
+	case B > 0:
+		r.u, r.v = fixed, p.DecodePerContextToken*float64(B)
+		r.stepK = r.decode[0].finish - r.step
+		r.stepStart = e.now
+		r.busy = true
+		r.ver++
+		e.push(event{t: e.now + r.macro(r.stepK), rep: int32(ri), ver: r.ver})
+	}
+}
+
+func (e *engine) stepEnd(ri int) {
+	r := e.reps[ri]
+	r.step += r.stepK
+	if r.nChunk > 0 {
+		keep := r.prefill[:0]
+		for i, s := range r.prefill {
+			if i < r.nChunk {
+				s.left -= s.chunk
+				s.pos += s.chunk
+				r.prefillTokens += int64(s.chunk)
+				s.chunk = 0
+				if s.left == 0 {
+					e.firstToken(r, s)
+					continue
+				}
+			}
+			keep = append(keep, s)
+		}
+		clear(r.prefill[len(keep):])
+		r.prefill = keep
+		r.nChunk = 0
+	}
+	for len(r.decode) > 0 && r.decode[0].finish <= r.step {
+		s := r.decode.pop()
+		r.sumBase -= s.ctxBase
+		e.complete(r, s)
+	}
+	e.plan(ri)
+}
+
+func (e *engine) firstToken(r *replica, s *seq) {
+	s.ttft = e.now - s.arrival
+	s.d.FirstToken()
+	r.cache.commit(s.key, s.m)
+	if e.exact {
+		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key})
+	}
+	t := float64(s.ttft) / 1e9
+	e.ttft.add(t)
+	if s.ttft <= int64(e.cfg.SLO) {
+		e.sloMet++
+	}
+	if s.out <= 1 {
+		e.complete(r, s)
+		return
+	}
+	s.finish = r.step + int64(s.out) - 1
+	s.ctxBase = int64(s.in) + 1 - r.step
+	r.sumBase += s.ctxBase
+	r.decode.push(s)
+}
+
+func (e *engine) complete(r *replica, s *seq) {
+	r.cache.release(s.key, s.private, s.outKey)
+	e.flushEvictions(r)
+	if e.exact && len(s.outKey) > 0 {
+		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.outKey})
+	}
+	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)})
+	s.d = gateway.Decision{}
+	e.e2e.add(float64(e.now-s.arrival) / 1e9)
+	e.res.Completed++
+	e.outTok += int64(s.out)
+	e.last = max(e.last, e.now)
+	e.inflight--
+	e.pool = append(e.pool, s)
+}
+
+func (e *engine) flushEvictions(r *replica) {
+	if len(r.cache.evicted) == 0 {
+		return
+	}
+	if e.exact {
+		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: r.cache.evicted})
+	}
+	r.cache.evicted = r.cache.evicted[:0]
+}
+
+// result finishes the run's figures.
+func (e *engine) result() Result {
+	res := e.res
+	res.Dropped += e.inflight // unreachable in a finished run; counted rather than lost
+	if e.inTok > 0 {
+		res.TokenHitRate = float64(e.cachedTk) / float64(e.inTok)
+		res.RouterTokenHitRate = float64(e.routerTk) / float64(e.inTok)
+	}
+	if admitted := res.Completed; admitted > 0 {
+		res.RequestHitRate = float64(e.hitReqs) / float64(admitted)
+		res.SLOAttainment = float64(e.sloMet) / float64(res.Requests)
+	}
+	res.TTFT = latencyOf(&e.ttft)
+	res.E2E = latencyOf(&e.e2e)
+	if e.last > e.first && e.first >= 0 {
+		res.Duration = float64(e.last-e.first) / 1e9
+		res.Throughput = float64(e.outTok) / res.Duration
+		res.RequestRate = float64(res.Completed) / res.Duration
+	}
+	var sum, mx int64
+	for _, r := range e.reps {
+		res.PrefillTokens = append(res.PrefillTokens, r.prefillTokens)
+		sum += r.prefillTokens
+		mx = max(mx, r.prefillTokens)
+	}
+	if sum > 0 {
+		res.Imbalance = float64(mx) / (float64(sum) / float64(len(e.reps)))
+	}
+	st := e.g.Stats()
+	res.Decisions = st.ByKind
+	res.ttft = &e.ttft
+	return res
+}
+
+func latencyOf(h *hist) Latency {
+	return Latency{Mean: h.mean(), P50: h.quantile(0.5), P90: h.quantile(0.9), P99: h.quantile(0.99), Max: h.max}
+}
+
+// event heap ordered by (t, seq).
+
+func (e *engine) push(ev event) {
+	e.evSeq++
+	ev.seq = e.evSeq
+	h := append(e.events, ev)
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !evLess(&h[i], &h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+	e.events = h
+}
+
+func (e *engine) pop() event {
+	h := e.events
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		c := l
+		if r := l + 1; r < n && evLess(&h[r], &h[l]) {
+			c = r
+		}
+		if !evLess(&h[c], &h[i]) {
+			break
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+	e.events = h
+	return top
+}
+
+func evLess(a, b *event) bool { return a.t < b.t || (a.t == b.t && a.seq < b.seq) }
+
+// seqHeap orders decoding sequences by (finish, id).
+type seqHeap []*seq
+
+func seqLess(a, b *seq) bool { return a.finish < b.finish || (a.finish == b.finish && a.id < b.id) }
+
+func (h *seqHeap) push(s *seq) {
+	*h = append(*h, s)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !seqLess(q[i], q[p]) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *seqHeap) pop() *seq {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q[n] = nil
+	q = q[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		c := l
+		if r := l + 1; r < n && seqLess(q[r], q[l]) {
+			c = r
+		}
+		if !seqLess(q[c], q[i]) {
+			break
+		}
+		q[i], q[c] = q[c], q[i]
+		i = c
+	}
+	*h = q
+	return top
+}
+
+// fifo is a ring-buffer queue of sequences.
+type fifo struct {
+	buf        []*seq
+	head, size int
+}
+
+func (f *fifo) len() int { return f.size }
+
+func (f *fifo) front() *seq { return f.buf[f.head] }
+
+func (f *fifo) push(s *seq) {
+	if f.size == len(f.buf) {
+		nb := make([]*seq, max(16, 2*len(f.buf)))
+		for i := range f.size {
+			nb[i] = f.buf[(f.head+i)%len(f.buf)]
+		}
+		f.buf, f.head = nb, 0
+	}
+	f.buf[(f.head+f.size)%len(f.buf)] = s
+	f.size++
+}
+
+func (f *fifo) pop() *seq {
+	s := f.buf[f.head]
+	f.buf[f.head] = nil
+	f.head = (f.head + 1) % len(f.buf)
+	f.size--
+	return s
+}

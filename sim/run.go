@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/examlops/gateway"
+)
+
+// Run simulates every policy of cfg on the same requests, computes the
+// bounds, and returns the report. It is deterministic: the same cfg gives
+// the same Report. Errors wrap ErrInvalidConfig or, for a bad trace line,
+// ErrMalformedTrace.
+func Run(cfg Config) (*Report, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	bt := cfg.Workload.BlockTokens()
+	capacity := cfg.Preset.KVTokens / bt
+	rep := &Report{
+		Workload:        cfg.Workload.Name(),
+		Preset:          cfg.Preset,
+		Replicas:        cfg.Replicas,
+		BlockTokens:     bt,
+		CacheBlocks:     capacity,
+		Index:           indexName(cfg.Index),
+		RefreshInterval: cfg.RefreshInterval.Seconds(),
+		SLO:             cfg.SLO.Seconds(),
+		Seed:            cfg.Seed,
+		Results:         make([]Result, len(cfg.Policies)),
+	}
+
+	var pmu sync.Mutex
+	done, total := 0, 0
+	if st, err := cfg.Workload.Open(cfg.Seed); err == nil {
+		if n := st.Len(); n > 0 {
+			total = n * (len(cfg.Policies) + 1)
+			rep.Requests = n
+		}
+		st.Close()
+	}
+	lastShown := -1
+	tick := func() {}
+	if cfg.Progress != nil {
+		step := max(1, total/200)
+		if total == 0 {
+			step = 4096
+		}
+		tick = func() {
+			pmu.Lock()
+			done++
+			if done/step != lastShown {
+				lastShown = done / step
+				cfg.Progress(Progress{Done: done, Total: total})
+			}
+			pmu.Unlock()
+		}
+	}
+
+	par := cfg.Parallel
+	if par == 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	jobs := make(chan int)
+	errs := make([]error, len(cfg.Policies)+1)
+	var wg sync.WaitGroup
+	for range min(par, len(cfg.Policies)+1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				errs[j] = runJob(&cfg, j, rep, capacity, tick)
+			}
+		}()
+	}
+	for j := range len(cfg.Policies) + 1 {
+		jobs <- j
+	}
+	close(jobs)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	if rep.Requests == 0 && len(rep.Results) > 0 {
+		rep.Requests = rep.Results[0].Requests
+	}
+	if cfg.Progress != nil {
+		cfg.Progress(Progress{Done: done, Total: max(total, done)})
+	}
+	return rep, nil
+}
+
+// runJob runs job j: policy j, or the bounds for j == len(Policies).
+func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
+	st, err := cfg.Workload.Open(cfg.Seed)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if j == len(cfg.Policies) {
+		pooled, unb, err := bounds(st, cfg.Workload.BlockTokens(), capacity*cfg.Replicas, tick)
+		if err != nil {
+			return err
+		}
+		rep.PooledLRU, rep.Unbounded = pooled, unb
+		return nil
+	}
+	pol := cfg.Policies[j]
+	e, err := newEngine(cfg, pol)
+	if err != nil {
+		return err
+	}
+	if err := e.run(st, tick); err != nil {
+		return fmt.Errorf("policy %q: %w", pol.Name, err)
+	}
+	rep.Results[j] = e.result()
+	return nil
+}
+
+func indexName(m gateway.IndexMode) string {
+	if m == gateway.IndexExact {
+		return "exact"
+	}
+	return "approximate"
+}

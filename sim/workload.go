@@ -1,0 +1,131 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Request is one request of a workload.
+type Request struct {
+	// Arrival is when the request reaches the gateway, from the start of
+	// the run.
+	Arrival time.Duration
+	// InputTokens and OutputTokens are the prompt and completion lengths.
+	InputTokens, OutputTokens int
+	// Blocks has one id per block of the prompt (ceil(InputTokens /
+	// BlockTokens) of them). Two prompts share KV cache for exactly as many
+	// leading blocks as their lists agree on (ids are chained again before
+	// use, so small integers work, as in Mooncake traces).
+	Blocks []uint64
+	// OutBlocks, optional, continues Blocks with the ids of the full blocks
+	// of the answer; they are cached when the request completes, so a later
+	// prompt that extends this one (the next turn of a chat) can reuse them.
+	OutBlocks []uint64
+}
+
+// Workload is a reproducible source of requests.
+type Workload interface {
+	// Name describes the workload in one line.
+	Name() string
+	// BlockTokens is the number of tokens per block of Request.Blocks.
+	BlockTokens() int
+	// Open starts a fresh stream of the workload's requests; the same seed
+	// gives the same requests.
+	Open(seed uint64) (Stream, error)
+}
+
+// Stream yields a workload's requests in order of arrival.
+type Stream interface {
+	// Next fills r with the next request and returns nil, or returns
+	// io.EOF at the end. r's slices may be reused by the next call.
+	Next(r *Request) error
+	// Len returns the number of requests the stream yields in all, or -1
+	// if it does not know.
+	Len() int
+	// Close releases the stream's resources.
+	Close() error
+}
+
+// Arrivals, shared by the generated workloads: Poisson at rate per second.
+type poisson struct {
+	rng  *rand.Rand
+	rate float64
+	t    float64
+}
+
+func (p *poisson) next() time.Duration {
+	if p.rate > 0 {
+		p.t += p.rng.ExpFloat64() / p.rate
+	}
+	return time.Duration(p.t * 1e9)
+}
+
+func newRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
+
+func blocksOf(tokens, bt int) int { return (tokens + bt - 1) / bt }
+
+// mix is a 64-bit finaliser (splitmix64) used to derive block ids.
+func mix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// appendIDs appends n block ids derived from (space, item) to dst.
+func appendIDs(dst []uint64, space, item uint64, n int) []uint64 {
+	base := mix(space<<56 ^ mix(item))
+	for i := range n {
+		dst = append(dst, mix(base+uint64(i)))
+	}
+	return dst
+}
+
+func checkGen(name string, requests int, rate float64, fields ...any) error {
+	if requests < 0 {
+		return fmt.Errorf("%w: %s: Requests %d is negative", ErrInvalidConfig, name, requests)
+	}
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
+		return fmt.Errorf("%w: %s: Rate %v must be a finite value >= 0", ErrInvalidConfig, name, rate)
+	}
+	for i := 0; i+1 < len(fields); i += 2 {
+		if v, ok := fields[i+1].(int); ok && v < 0 {
+			return fmt.Errorf("%w: %s: %s %d is negative", ErrInvalidConfig, name, fields[i], v)
+		}
+	}
+	return nil
+}
+
+func def(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func deff(v, d float64) float64 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// genStream is a Stream over a generator function.
+type genStream struct {
+	n, i int
+	gen  func(r *Request)
+}
+
+func (s *genStream) Next(r *Request) error {
+	if s.i >= s.n {
+		return io.EOF
+	}
+	s.i++
+	s.gen(r)
+	return nil
+}
+func (s *genStream) Len() int     { return s.n }
+func (s *genStream) Close() error { return nil }
