@@ -1,0 +1,595 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func replicaNames(n int) []Replica {
+	r := make([]Replica, n)
+	for i := range r {
+		r[i] = Replica{Name: fmt.Sprintf("r%d", i)}
+	}
+	return r
+}
+
+func nameIndex(name string) int {
+	var i int
+	if _, err := fmt.Sscanf(name, "r%d", &i); err != nil {
+		panic(err)
+	}
+	return i
+}
+
+// drawKey draws a key from a universe of hash-id chains; a wide id space
+// makes fresh keys, a narrow one shared prefixes.
+func drawKey(t *rapid.T, label string, ids uint64, maxLen int) Key {
+	return KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
+}
+
+// drawLoads gives every replica random queue and running counts.
+func drawLoads(t *rapid.T, g *Gateway, n int) []Load {
+	loads := make([]Load, n)
+	for i := range n {
+		loads[i] = Load{
+			QueueDepth:    rapid.IntRange(0, 6).Draw(t, "queue"),
+			Running:       rapid.IntRange(0, 6).Draw(t, "running"),
+			KVUtilization: rapid.Float64Range(0, 1).Draw(t, "kv"),
+		}
+		require.NoError(t, g.UpdateLoad(fmt.Sprintf("r%d", i), loads[i]))
+	}
+	return loads
+}
+
+// TestPropAffinityAfterWarmup (R1): once a cache-aware gateway has served
+// a key, the same key goes back to the replica that served it, as a full
+// hit by affinity, whatever the other traffic and load signals were.
+func TestPropAffinityAfterWarmup(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 8).Draw(t, "replicas")
+		g, err := New(replicaNames(n), WithMode(ModeCacheAware))
+		require.NoError(t, err)
+		drawLoads(t, g, n)
+		var open []Decision // other requests still in flight
+		for range rapid.IntRange(0, 20).Draw(t, "warmup") {
+			d, err := g.Route(drawKey(t, "other", 8, 6))
+			require.NoError(t, err)
+			if rapid.Bool().Draw(t, "keepOpen") {
+				open = append(open, d)
+			} else {
+				d.Done(DoneInfo{})
+			}
+		}
+		k := drawKey(t, "key", 1<<20, 12)
+		first, err := g.Route(k)
+		require.NoError(t, err)
+		first.Done(DoneInfo{})
+		again, err := g.Route(k)
+		require.NoError(t, err)
+		require.Equal(t, first.Replica, again.Replica, "repeated key left the replica that served it")
+		require.True(t, again.Hit)
+		require.Equal(t, len(k), again.Matched)
+		require.Equal(t, KindAffinity, again.Kind)
+		require.Zero(t, again.Fallback)
+		again.Done(DoneInfo{})
+		for _, d := range open {
+			d.Done(DoneInfo{})
+		}
+	})
+}
+
+// TestPropLongestMatchWins: with equal loads the cache-aware policy picks
+// the replica holding the longest prefix of the key (the earliest such
+// replica on a tie), by affinity. Fails today: BUG 1.
+func TestPropLongestMatchWins(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 8).Draw(t, "replicas")
+		g, err := New(replicaNames(n), WithMode(ModeCacheAware), WithIndex(IndexExact))
+		require.NoError(t, err)
+		k := drawKey(t, "key", 1<<20, 10)
+		held := make([]int, n)
+		for i := range n {
+			held[i] = rapid.IntRange(0, len(k)).Draw(t, "held")
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: k[:held[i]]}))
+			// Unrelated blocks do not count.
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes([]uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
+		}
+		longest := slices.Max(held)
+		d, err := g.Route(k)
+		require.NoError(t, err)
+		require.Equal(t, longest, d.Matched, "held %v", held)
+		require.Equal(t, fmt.Sprintf("r%d", slices.Index(held, longest)), d.Replica, "held %v", held)
+		if longest > 0 {
+			require.Equal(t, KindAffinity, d.Kind)
+			require.Zero(t, d.Fallback)
+		} else {
+			require.Equal(t, KindLoadAware, d.Kind)
+			require.Equal(t, FallbackNoMatch, d.Fallback)
+		}
+	})
+}
+
+// TestPropLoadFallbackNoMatch (R2): when no replica holds any of the key,
+// cache-aware routing picks the least loaded replica (fewest outstanding
+// requests, the earliest on a tie), reports load_aware and no_match.
+// Fails today: BUG 1.
+func TestPropLoadFallbackNoMatch(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 8).Draw(t, "replicas")
+		g, err := New(replicaNames(n), WithMode(ModeCacheAware))
+		require.NoError(t, err)
+		loads := drawLoads(t, g, n)
+		out := make([]int, n)
+		for i, l := range loads {
+			out[i] = l.QueueDepth + l.Running
+		}
+		d, err := g.Route(drawKey(t, "key", 1<<20, 8))
+		require.NoError(t, err)
+		require.Equal(t, KindLoadAware, d.Kind)
+		require.Equal(t, FallbackNoMatch, d.Fallback)
+		require.Zero(t, d.Matched)
+		require.False(t, d.Hit)
+		require.Equal(t, fmt.Sprintf("r%d", slices.Index(out, slices.Min(out))), d.Replica, "outstanding %v", out)
+	})
+}
+
+// TestPropLoadAwareScore (R2): load-aware routing picks the replica with
+// the lowest weighted, normalised score: weights.Queue·outstanding/max +
+// weights.KV·kv + weights.Latency·latency/max, per LoadWeights' doc.
+func TestPropLoadAwareScore(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "replicas")
+		w := DefaultLoadWeights
+		if rapid.Bool().Draw(t, "customWeights") {
+			w = LoadWeights{
+				Queue:   float64(rapid.IntRange(0, 4).Draw(t, "wq")),
+				KV:      float64(rapid.IntRange(0, 4).Draw(t, "wkv")),
+				Latency: float64(rapid.IntRange(1, 4).Draw(t, "wl")),
+			}
+		}
+		g, err := New(replicaNames(n), WithMode(ModeLoadAware), WithLoadWeights(w))
+		require.NoError(t, err)
+		loads := drawLoads(t, g, n)
+		for i := range loads {
+			loads[i].Latency = time.Duration(rapid.IntRange(1, 5).Draw(t, "latency")) * 100 * time.Millisecond
+			require.NoError(t, g.UpdateLoad(fmt.Sprintf("r%d", i), loads[i]))
+		}
+		qmax, lmax := 0, time.Duration(0)
+		for _, l := range loads {
+			qmax, lmax = max(qmax, l.QueueDepth+l.Running), max(lmax, l.Latency)
+		}
+		best, bestScore := -1, math.Inf(1)
+		for i, l := range loads {
+			s := w.KV*l.KVUtilization + w.Latency*float64(l.Latency)/float64(lmax)
+			if qmax > 0 {
+				s += w.Queue * float64(l.QueueDepth+l.Running) / float64(qmax)
+			}
+			if s < bestScore {
+				best, bestScore = i, s
+			}
+		}
+		d, err := g.Route(drawKey(t, "key", 1<<20, 4))
+		require.NoError(t, err)
+		require.Equal(t, KindLoadAware, d.Kind)
+		require.Equal(t, fmt.Sprintf("r%d", best), d.Replica, "loads %+v", loads)
+	})
+}
+
+// TestPropRoundRobinFair (R3): over k·n requests each of the n eligible
+// replicas gets exactly k, in every window, while replicas are added,
+// removed and marked unhealthy between windows.
+func TestPropRoundRobinFair(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n0 := rapid.IntRange(1, 6).Draw(t, "replicas")
+		g, err := New(replicaNames(n0))
+		require.NoError(t, err)
+		healthy := map[string]bool{}
+		for i := range n0 {
+			healthy[fmt.Sprintf("r%d", i)] = true
+		}
+		next := n0
+		for range rapid.IntRange(1, 6).Draw(t, "windows") {
+			// Change the replica set between windows.
+			for range rapid.IntRange(0, 3).Draw(t, "changes") {
+				names := sortedKeys(healthy)
+				switch rapid.IntRange(0, 2).Draw(t, "change") {
+				case 0:
+					name := fmt.Sprintf("r%d", next)
+					next++
+					require.NoError(t, g.AddReplica(Replica{Name: name}))
+					healthy[name] = true
+				case 1:
+					if len(names) > 1 {
+						name := rapid.SampledFrom(names).Draw(t, "remove")
+						require.NoError(t, g.RemoveReplica(name))
+						delete(healthy, name)
+					}
+				case 2:
+					name := rapid.SampledFrom(names).Draw(t, "toggle")
+					healthy[name] = !healthy[name]
+					require.NoError(t, g.SetHealthy(name, healthy[name]))
+				}
+			}
+			eligible := 0
+			for _, h := range healthy {
+				if h {
+					eligible++
+				}
+			}
+			if eligible == 0 {
+				_, err := g.Route(drawKey(t, "key", 1<<20, 4))
+				require.ErrorIs(t, err, ErrNoHealthyReplica)
+				continue
+			}
+			k := rapid.IntRange(1, 5).Draw(t, "k")
+			counts := map[string]int{}
+			for range k * eligible {
+				d, err := g.Route(drawKey(t, "key", 16, 4))
+				require.NoError(t, err)
+				require.Equal(t, KindRoundRobin, d.Kind)
+				require.True(t, healthy[d.Replica], "routed to ineligible %s", d.Replica)
+				counts[d.Replica]++
+				d.Done(DoneInfo{})
+			}
+			require.Len(t, counts, eligible, "counts %v", counts)
+			for name, c := range counts {
+				require.Equal(t, k, c, "replica %s in window of %d·%d: %v", name, k, eligible, counts)
+			}
+		}
+	})
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	s := make([]string, 0, len(m))
+	for k := range m {
+		s = append(s, k)
+	}
+	slices.Sort(s)
+	return s
+}
+
+var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
+
+// TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica;
+// with none healthy, Route fails with ErrNoHealthyReplica.
+func TestPropNeverUnhealthy(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		reps := replicaNames(n)
+		healthy := make([]bool, n)
+		for i := range reps {
+			reps[i].Unhealthy = rapid.Bool().Draw(t, "startUnhealthy")
+			healthy[i] = !reps[i].Unhealthy
+		}
+		g, err := New(reps, WithMode(rapid.SampledFrom(allModes).Draw(t, "mode")))
+		require.NoError(t, err)
+		var open []Decision
+		for range rapid.IntRange(1, 40).Draw(t, "steps") {
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			case 0:
+				i := rapid.IntRange(0, n-1).Draw(t, "replica")
+				healthy[i] = rapid.Bool().Draw(t, "healthy")
+				require.NoError(t, g.SetHealthy(reps[i].Name, healthy[i]))
+			case 1:
+				if len(open) > 0 {
+					j := rapid.IntRange(0, len(open)-1).Draw(t, "done")
+					open[j].Done(DoneInfo{})
+					open = slices.Delete(open, j, j+1)
+				}
+			default:
+				d, err := g.Route(drawKey(t, "key", 4, 5))
+				if !slices.Contains(healthy, true) {
+					require.ErrorIs(t, err, ErrNoHealthyReplica)
+					continue
+				}
+				require.NoError(t, err)
+				require.True(t, healthy[nameIndex(d.Replica)], "routed to unhealthy %s", d.Replica)
+				open = append(open, d)
+			}
+		}
+	})
+}
+
+// TestPropSLO (R6): no replica over the latency SLO is chosen while a
+// healthy one within it exists; when every healthy replica breaches, the
+// gateway routes within the healthy set and says so with FallbackSLO.
+// Latency comes from UpdateLoad and from Done, and samples older than the
+// TTL stop counting (fake clock).
+func TestPropSLO(t *testing.T) {
+	const slo = 100 * time.Millisecond
+	const ttl = 10 * time.Second
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		clk := newFakeClock()
+		g, err := New(replicaNames(n),
+			WithMode(rapid.SampledFrom(allModes).Draw(t, "mode")),
+			WithSLOLatency(slo), WithLatencyTTL(ttl), WithClock(clk.Now))
+		require.NoError(t, err)
+		healthy := make([]bool, n)
+		for i := range healthy {
+			healthy[i] = true
+		}
+		sampleAt := make([]time.Time, n)
+		latencies := []time.Duration{50 * time.Millisecond, slo, slo + 1, 150 * time.Millisecond, time.Second}
+		var open []Decision
+		for range rapid.IntRange(1, 40).Draw(t, "steps") {
+			switch rapid.IntRange(0, 5).Draw(t, "op") {
+			case 0:
+				i := rapid.IntRange(0, n-1).Draw(t, "replica")
+				require.NoError(t, g.UpdateLoad(fmt.Sprintf("r%d", i), Load{Latency: rapid.SampledFrom(latencies).Draw(t, "latency")}))
+				sampleAt[i] = clk.Now()
+			case 1:
+				i := rapid.IntRange(0, n-1).Draw(t, "replica")
+				healthy[i] = rapid.Bool().Draw(t, "healthy")
+				require.NoError(t, g.SetHealthy(fmt.Sprintf("r%d", i), healthy[i]))
+			case 2:
+				clk.Advance(time.Duration(rapid.IntRange(0, 12).Draw(t, "advanceSeconds")) * time.Second)
+			case 3:
+				if len(open) > 0 {
+					j := rapid.IntRange(0, len(open)-1).Draw(t, "done")
+					info := DoneInfo{Latency: rapid.SampledFrom(latencies).Draw(t, "doneLatency")}
+					if rapid.Bool().Draw(t, "failed") {
+						info.Err = errors.New("upstream failed")
+					} else {
+						sampleAt[nameIndex(open[j].Replica)] = clk.Now()
+					}
+					open[j].Done(info)
+					open = slices.Delete(open, j, j+1)
+				}
+			default:
+				breach := make([]bool, n)
+				within := false
+				for _, st := range g.Replicas() {
+					i := nameIndex(st.Name)
+					breach[i] = st.Load.Latency > slo && clk.Now().Sub(sampleAt[i]) < ttl
+					within = within || (healthy[i] && !breach[i])
+				}
+				d, err := g.Route(drawKey(t, "key", 4, 5))
+				if !slices.Contains(healthy, true) {
+					require.ErrorIs(t, err, ErrNoHealthyReplica)
+					continue
+				}
+				require.NoError(t, err)
+				i := nameIndex(d.Replica)
+				require.True(t, healthy[i], "routed to unhealthy %s", d.Replica)
+				if within {
+					require.False(t, breach[i], "routed to %s over the SLO while one within it is healthy", d.Replica)
+					require.Zero(t, d.Fallback&FallbackSLO)
+				} else {
+					require.NotZero(t, d.Fallback&FallbackSLO, "every healthy replica breaches: decision must say slo")
+				}
+				open = append(open, d)
+			}
+		}
+	})
+}
+
+// decisionView is the public part of a Decision, for comparing gateways.
+type decisionView struct {
+	Replica  string
+	Kind     Kind
+	Hit      bool
+	Matched  int
+	Blocks   int
+	Fallback Fallback
+	Err      string
+}
+
+// TestPropDeterministic: two gateways built identically and fed the same
+// sequence of operations make the same decisions.
+func TestPropDeterministic(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "replicas")
+		reps := replicaNames(n)
+		for i := range reps {
+			reps[i].CacheBlocks = rapid.IntRange(1, 20).Draw(t, "cap")
+		}
+		mode := rapid.SampledFrom(allModes).Draw(t, "mode")
+		idx := rapid.SampledFrom([]IndexMode{IndexApproximate, IndexExact}).Draw(t, "index")
+		var gs [2]*Gateway
+		var clks [2]*fakeClock
+		for j := range gs {
+			clks[j] = newFakeClock()
+			var err error
+			gs[j], err = New(reps, WithMode(mode), WithIndex(idx), WithSLOLatency(100*time.Millisecond), WithClock(clks[j].Now))
+			require.NoError(t, err)
+		}
+		var open [2][]Decision
+		next := n
+		for range rapid.IntRange(1, 60).Draw(t, "steps") {
+			op := rapid.IntRange(0, 9).Draw(t, "op")
+			var names []string
+			for _, st := range gs[0].Replicas() {
+				names = append(names, st.Name)
+			}
+			var name string
+			if len(names) > 0 {
+				name = rapid.SampledFrom(names).Draw(t, "name")
+			}
+			var l Load
+			var ev CacheEvent
+			var doneAt int
+			var info DoneInfo
+			switch op {
+			case 1:
+				l = Load{QueueDepth: rapid.IntRange(0, 5).Draw(t, "q"), KVUtilization: rapid.Float64Range(0, 1).Draw(t, "kv"),
+					Latency: time.Duration(rapid.IntRange(0, 200).Draw(t, "ms")) * time.Millisecond}
+			case 3:
+				ev = CacheEvent{Kind: CacheEventKind(rapid.IntRange(0, 2).Draw(t, "ev")), Blocks: drawKey(t, "blocks", 6, 6)}
+			case 4:
+				if len(open[0]) > 0 {
+					doneAt = rapid.IntRange(0, len(open[0])-1).Draw(t, "doneAt")
+					info = DoneInfo{Latency: time.Duration(rapid.IntRange(0, 200).Draw(t, "doneMs")) * time.Millisecond}
+				}
+			}
+			key := drawKey(t, "key", 6, 6)
+			first := rapid.Bool().Draw(t, "firstToken")
+			var adv time.Duration
+			if op == 6 {
+				adv = time.Duration(rapid.IntRange(0, 40).Draw(t, "adv")) * time.Second
+			}
+			var views [2]decisionView
+			for j, g := range gs {
+				switch op {
+				case 1:
+					if name != "" {
+						require.NoError(t, g.UpdateLoad(name, l))
+					}
+				case 2:
+					if name != "" {
+						require.NoError(t, g.SetHealthy(name, first))
+					}
+				case 3:
+					if name != "" {
+						require.NoError(t, g.ApplyEvent(name, ev))
+					}
+				case 4:
+					if len(open[j]) > 0 {
+						open[j][doneAt].Done(info)
+						open[j] = slices.Delete(open[j], doneAt, doneAt+1)
+					}
+				case 5:
+					if len(names) > 1 {
+						require.NoError(t, g.RemoveReplica(name))
+					} else {
+						require.NoError(t, g.AddReplica(Replica{Name: fmt.Sprintf("r%d", next), CacheBlocks: 8}))
+					}
+				case 6:
+					clks[j].Advance(adv)
+				default:
+					d, err := g.Route(key)
+					views[j] = decisionView{d.Replica, d.Kind, d.Hit, d.Matched, d.Blocks, d.Fallback, fmt.Sprint(err)}
+					if err == nil {
+						if first {
+							d.FirstToken()
+						}
+						open[j] = append(open[j], d)
+					}
+				}
+			}
+			if op == 5 {
+				if len(names) <= 1 {
+					next++
+				}
+			}
+			require.Equal(t, views[0], views[1])
+		}
+		require.Equal(t, gs[0].Replicas(), gs[1].Replicas())
+		s0, s1 := gs[0].Stats(), gs[1].Stats()
+		require.Equal(t, s0, s1)
+	})
+}
+
+// sharedFirstBlockKey is request i of a stream whose requests all share
+// block 0 (one system prompt) followed by 1..8 blocks of their own.
+func sharedFirstBlockKey(i int) Key {
+	ids := []uint64{0}
+	for b := range 1 + i%8 {
+		ids = append(ids, uint64(i)<<8|uint64(b+1))
+	}
+	return KeyFromHashes(ids)
+}
+
+// TestPropNoCollapseSharedFirstBlock: on a stream where every request
+// shares its first block and the rest is distinct, completed first-in
+// first-out with C requests in flight, cache-aware routing spreads the
+// requests: max/mean requests per replica ≤ 1.25 (DefaultLoadFactor).
+// Affinity alone would send all of them to the first replica that cached
+// block 0.
+//
+// The bound is stated for C a multiple of 4n, where the bounded-load cap
+// ⌈1.25·C/n⌉ is exactly 1.25× the mean in-flight count; with FIFO
+// completion every request lives for C routes, so routed counts follow
+// in-flight counts. For smaller C the integer cap allows more (2× at C = n;
+// see TestPropBoundedLoad for the invariant that holds at every C).
+func TestPropNoCollapseSharedFirstBlock(t *testing.T) {
+	const bound = 1.25
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 16).Draw(t, "replicas")
+		c := 4 * n * rapid.IntRange(1, 2).Draw(t, "concurrencyPer4Replicas")
+		firstToken := rapid.Bool().Draw(t, "firstToken")
+		g, err := New(replicaNames(n), WithMode(ModeCacheAware))
+		require.NoError(t, err)
+		counts := make([]int, n)
+		var open []Decision
+		total := 64 * n
+		for i := range total {
+			if len(open) == c {
+				open[0].Done(DoneInfo{})
+				open = open[1:]
+			}
+			d, err := g.Route(sharedFirstBlockKey(i))
+			require.NoError(t, err)
+			if firstToken {
+				d.FirstToken()
+			}
+			counts[nameIndex(d.Replica)]++
+			open = append(open, d)
+		}
+		for _, d := range open {
+			d.Done(DoneInfo{})
+		}
+		mean := float64(total) / float64(n)
+		ratio := float64(slices.Max(counts)) / mean
+		require.LessOrEqual(t, ratio, bound, "per-replica counts %v (C=%d)", counts, c)
+		for _, st := range g.Replicas() {
+			require.Zero(t, st.InFlight)
+			require.Zero(t, st.PendingPrefill)
+		}
+	})
+}
+
+// TestPropBoundedLoad: the cache-aware load guard's invariant, at every
+// decision, for any concurrency and completion order: the chosen replica's
+// in-flight count after the decision is at most ⌈LoadFactor × total
+// in flight / replicas⌉ (bounded loads, Mirrokni et al.). Fails today:
+// BUG 1 (with no candidate within the un-rounded bound it picks the first).
+func TestPropBoundedLoad(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 12).Draw(t, "replicas")
+		c := rapid.IntRange(1, 8*n).Draw(t, "concurrency")
+		lf := rapid.SampledFrom([]float64{0, 1, 1.1, 1.25, 2}).Draw(t, "loadFactor")
+		g, err := New(replicaNames(n), WithPolicy(&CacheAware{LoadFactor: lf}))
+		require.NoError(t, err)
+		if lf < 1 {
+			lf = DefaultLoadFactor
+		}
+		inflight := make([]int, n)
+		var open []Decision
+		for i := range 16 * n {
+			if len(open) == c {
+				j := rapid.IntRange(0, len(open)-1).Draw(t, "complete")
+				open[j].Done(DoneInfo{})
+				inflight[nameIndex(open[j].Replica)]--
+				open = slices.Delete(open, j, j+1)
+			}
+			d, err := g.Route(sharedFirstBlockKey(i))
+			require.NoError(t, err)
+			r := nameIndex(d.Replica)
+			inflight[r]++
+			open = append(open, d)
+			capacity := math.Ceil(lf * float64(len(open)) / float64(n))
+			require.LessOrEqual(t, float64(inflight[r]), capacity, "in flight %v after routing to r%d", inflight, r)
+		}
+	})
+}
