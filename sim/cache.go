@@ -203,3 +203,29 @@ func (c *kvCache) pushMRU(s int32) {
 	c.tail = s
 	c.lruN++
 }
+
+// check panics if the cache's bookkeeping is inconsistent or over capacity;
+// a test hook.
+func (c *kvCache) check() {
+	if len(c.idx)+c.reserved > c.cap {
+		panic("sim: KV cache over capacity")
+	}
+	pinned, lru := 0, 0
+	for _, s := range c.idx {
+		if c.ref[s] < 0 {
+			panic("sim: negative reference count")
+		}
+		if c.ref[s] > 0 {
+			pinned++
+		}
+	}
+	for s := c.head; s >= 0; s = c.next[s] {
+		if c.ref[s] != 0 {
+			panic("sim: pinned block on the LRU list")
+		}
+		lru++
+	}
+	if pinned != c.pinned || lru != c.lruN || pinned+lru != len(c.idx) || c.reserved < 0 {
+		panic("sim: KV cache counts inconsistent")
+	}
+}

@@ -11,6 +11,10 @@ import (
 	"github.com/examlops/gateway"
 )
 
+// Test hooks: checkInvariants verifies every replica's cache after each
+// step; noMacro simulates decode one step per event.
+var checkInvariants, noMacro bool
+
 var (
 	errShed     = errors.New("gateway: sim: shed, queue full")
 	errTooLarge = errors.New("gateway: sim: request larger than a replica's KV cache")
@@ -33,7 +37,6 @@ type seq struct {
 	finish   int64 // step at which the last token is produced
 	ctxBase  int64 // context at step s is ctxBase + s
 	d        gateway.Decision
-	heapSlot int
 }
 
 type replica struct {
@@ -331,6 +334,9 @@ func (e *engine) plan(ri int) {
 	case B > 0:
 		r.u, r.v = fixed, p.DecodePerContextToken*float64(B)
 		r.stepK = r.decode[0].finish - r.step
+		if noMacro {
+			r.stepK = 1
+		}
 		r.stepStart = e.now
 		r.busy = true
 		r.ver++
@@ -364,6 +370,9 @@ func (e *engine) stepEnd(ri int) {
 		s := r.decode.pop()
 		r.sumBase -= s.ctxBase
 		e.complete(r, s)
+	}
+	if checkInvariants {
+		r.cache.check()
 	}
 	e.plan(ri)
 }
