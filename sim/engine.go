@@ -22,21 +22,21 @@ var (
 
 // seq is a request in flight on a replica.
 type seq struct {
-	id       uint64
-	arrival  int64
-	in, out  int
-	key      gateway.Key // prompt blocks, chained
-	outKey   gateway.Key // answer blocks cached at completion
-	buf      gateway.Key // backing store of key and outKey
-	private  int         // blocks reserved beyond the prompt
-	m        int         // leading blocks cached at admission
-	left     int         // prompt tokens still to prefill
-	pos      int         // tokens of context before the next chunk
-	chunk    int         // tokens prefilled in the current step
-	ttft     int64
-	finish   int64 // step at which the last token is produced
-	ctxBase  int64 // context at step s is ctxBase + s
-	d        gateway.Decision
+	id      uint64
+	arrival int64
+	in, out int
+	key     gateway.Key // prompt blocks, chained
+	outKey  gateway.Key // answer blocks cached at completion
+	buf     gateway.Key // backing store of key and outKey
+	private int         // blocks reserved beyond the prompt
+	m       int         // leading blocks cached at admission
+	left    int         // prompt tokens still to prefill
+	pos     int         // tokens of context before the next chunk
+	chunk   int         // tokens prefilled in the current step
+	ttft    int64
+	finish  int64 // step at which the last token is produced
+	ctxBase int64 // context at step s is ctxBase + s
+	d       gateway.Decision
 }
 
 type replica struct {
