@@ -45,6 +45,15 @@ type RoutingStats struct {
 	Hits     uint64 `json:"hits"`
 	// HitRate is Hits/Requests (0 with no requests).
 	HitRate float64 `json:"hit_rate"`
+	// Blocks sums the prefix blocks routed and MatchedBlocks those the
+	// chosen replicas held according to the router's index; BlockHitRate
+	// is their ratio (0 with no blocks).
+	Blocks        uint64  `json:"blocks"`
+	MatchedBlocks uint64  `json:"matched_blocks"`
+	BlockHitRate  float64 `json:"block_hit_rate"`
+	// TokenHitRate, for simulations, is the fraction of prompt tokens the
+	// simulated engines served from their caches; 0 for a gateway.
+	TokenHitRate float64 `json:"token_hit_rate,omitempty"`
 	// Decisions counts decisions by kind: round_robin, affinity, load_aware.
 	Decisions map[string]uint64 `json:"decisions"`
 	// SLOExcluded counts replicas left out of decisions for breaching the
@@ -76,6 +85,9 @@ type ReplicaStats struct {
 	Share float64 `json:"share"`
 	// Healthy is false for an ejected replica; simulations report true.
 	Healthy bool `json:"healthy"`
+	// PrefillTokens, for simulations, counts the prompt tokens the replica
+	// computed (not served from cache); 0 for a gateway.
+	PrefillTokens int64 `json:"prefill_tokens,omitempty"`
 }
 
 // StatsDocument is the body of the HTTP gateway's GET /stats: statistics
@@ -91,6 +103,7 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 	out := RoutingStats{
 		Model: model, Source: source, Mode: mode.String(),
 		Requests: s.Routed, Hits: s.Hits, HitRate: s.HitRate(),
+		Blocks: s.Blocks, MatchedBlocks: s.MatchedBlocks, BlockHitRate: fraction(s.MatchedBlocks, s.Blocks),
 		Decisions:    map[string]uint64{},
 		SLOExcluded:  s.SLOExcluded,
 		SLOFallbacks: s.SLOFallbacks,
@@ -105,11 +118,7 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 		total += r.Routed
 	}
 	for _, r := range rs {
-		share := 0.0
-		if total > 0 {
-			share = float64(r.Routed) / float64(total)
-		}
-		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: share, Healthy: r.Healthy})
+		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: fraction(r.Routed, total), Healthy: r.Healthy})
 	}
 	slices.SortFunc(out.Replicas, func(a, b ReplicaStats) int {
 		if a.Name < b.Name {
@@ -161,4 +170,12 @@ func LoadStats(configPath, model string) (RoutingStats, error) {
 		return RoutingStats{}, fmt.Errorf("%w %s: %v", ErrCorrupt, path, err)
 	}
 	return rec, nil
+}
+
+// fraction returns a/b, or 0 when b is 0.
+func fraction(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }

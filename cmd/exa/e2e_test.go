@@ -1,0 +1,379 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/examlops/gateway/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// exaBin is the exa binary built once for the package's tests.
+var exaBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "exa-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exaBin = filepath.Join(dir, "exa")
+	build := exec.Command("go", "build", "-o", exaBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building exa:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is one run of the binary.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// exa runs the binary with EXA_CONFIG=cfg and returns what it printed and
+// its exit status.
+func exa(t testing.TB, cfg string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(exaBin, args...)
+	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee), "running exa: %v", err)
+		code = ee.ExitCode()
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+// ok runs the binary and requires success.
+func ok(t testing.TB, cfg string, args ...string) string {
+	t.Helper()
+	r := exa(t, cfg, args...)
+	require.Equal(t, 0, r.code, "exa %v: stderr %q", args, r.stderr)
+	return r.stdout
+}
+
+func newConfig(t *testing.T) string {
+	return filepath.Join(t.TempDir(), "exa", "routing.json")
+}
+
+// getModel reads a model through "get --json".
+func getModel(t *testing.T, cfg, model string) config.Model {
+	t.Helper()
+	var m config.Model
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "get", model, "--json")), &m))
+	return m
+}
+
+func TestSetGetRoundTrip(t *testing.T) {
+	cfg := newConfig(t)
+	out := ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware", "--slo-latency-ms", "500")
+	assert.Contains(t, out, "saved JPCP in "+cfg)
+	out = ok(t, cfg, "serve", "routing", "set", "JPCP", "--disaggregate", "--prefill-pool", "prefill", "--decode-pool", "decode")
+	assert.Contains(t, out, `disaggregate: on (prefill pool "prefill", decode pool "decode")`)
+	ok(t, cfg, "serve", "routing", "set", "JPCP",
+		"--replica", "r0=http://127.0.0.1:8000", "--replica", "r1=http://127.0.0.1:8001",
+		"--pool", "prefill:p0=http://127.0.0.1:9000", "--pool", "decode:d0=http://127.0.0.1:9100",
+		"--load-weights", "queue=2,kv=1,latency=0.5")
+	ok(t, cfg, "serve", "routing", "set", "org/other-model", "--mode", "load-aware")
+
+	want := config.Model{
+		Mode: "cache_aware", SLOLatencyMS: 500,
+		LoadWeights:  &config.LoadWeights{Queue: 2, KV: 1, Latency: 0.5},
+		Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode",
+		Replicas: []config.Replica{{Name: "r0", Address: "http://127.0.0.1:8000"}, {Name: "r1", Address: "http://127.0.0.1:8001"}},
+		Pools: map[string][]config.Replica{
+			"prefill": {{Name: "p0", Address: "http://127.0.0.1:9000"}},
+			"decode":  {{Name: "d0", Address: "http://127.0.0.1:9100"}},
+		},
+	}
+	assert.Equal(t, want, getModel(t, cfg, "JPCP"))
+	assert.Equal(t, config.Model{Mode: "load_aware"}, getModel(t, cfg, "org/other-model"))
+
+	// The file is what the config package reads, and human-readable.
+	f, err := config.Load(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, want, f.Models["JPCP"])
+	raw, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), "\n      \"mode\": \"cache_aware\",\n")
+
+	human := ok(t, cfg, "serve", "routing", "get", "JPCP")
+	for _, line := range []string{
+		"mode:         cache_aware", "slo latency:  500ms", "load weights: queue=2 kv=1 latency=0.5",
+		"replicas:     r0=http://127.0.0.1:8000, r1=http://127.0.0.1:8001", "pool prefill: p0=http://127.0.0.1:9000",
+	} {
+		assert.Contains(t, human, line)
+	}
+	list := ok(t, cfg, "serve", "routing", "list")
+	assert.Regexp(t, `(?m)^JPCP\s+cache_aware\s+500ms\s+on\s+2\s+decode,prefill$`, list)
+	assert.Regexp(t, `(?m)^org/other-model\s+load_aware\s+none\s+off\s+0\s+-$`, list)
+
+	var all map[string]config.Model
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "list", "--json")), &all))
+	assert.Len(t, all, 2)
+
+	ok(t, cfg, "serve", "routing", "delete", "org/other-model")
+	r := exa(t, cfg, "serve", "routing", "get", "org/other-model")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, `no routing configuration for model "org/other-model"`)
+}
+
+func TestEmptyList(t *testing.T) {
+	cfg := newConfig(t)
+	assert.Equal(t, "no models configured in "+cfg+"\n", ok(t, cfg, "serve", "routing", "list"))
+	_, err := os.Stat(cfg)
+	assert.ErrorIs(t, err, os.ErrNotExist, "reading must not create the file")
+}
+
+func TestPartialUpdates(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "M", "--mode", "cache_aware", "--slo-latency-ms", "250", "--replica", "a=http://a:1")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want func(*config.Model)
+	}{
+		{"no flags changes nothing", nil, func(*config.Model) {}},
+		{"slo only", []string{"--slo-latency-ms", "900"}, func(m *config.Model) { m.SLOLatencyMS = 900 }},
+		{"mode only", []string{"--mode", "load_aware"}, func(m *config.Model) { m.Mode = "load_aware" }},
+		{"one weight starts from the defaults", []string{"--load-weights", "kv=2"}, func(m *config.Model) {
+			m.LoadWeights = &config.LoadWeights{Queue: 1, KV: 2, Latency: 0.25}
+		}},
+		{"another weight keeps the first", []string{"--load-weights", "latency=0"}, func(m *config.Model) { m.LoadWeights.Latency = 0 }},
+		{"disaggregate fills default pools", []string{"--disaggregate"}, func(m *config.Model) {
+			m.Disaggregate, m.PrefillPool, m.DecodePool = true, "prefill", "decode"
+		}},
+		{"rename prefill pool of a disaggregated model", []string{"--prefill-pool", "pp"}, func(m *config.Model) { m.PrefillPool = "pp" }},
+		{"switching off keeps the pool names", []string{"--disaggregate=false"}, func(m *config.Model) { m.Disaggregate = false }},
+		{"pool members", []string{"--pool", "pp:x=http://x:1"}, func(m *config.Model) {
+			m.Pools = map[string][]config.Replica{"pp": {{Name: "x", Address: "http://x:1"}}}
+		}},
+		{"replicas replaced", []string{"--replica", "b=http://b:1", "--replica", "c=http://c:1"}, func(m *config.Model) {
+			m.Replicas = []config.Replica{{Name: "b", Address: "http://b:1"}, {Name: "c", Address: "http://c:1"}}
+		}},
+		{"remove pool", []string{"--remove-pool", "pp"}, func(m *config.Model) { m.Pools = nil }},
+		{"clear replicas", []string{"--clear-replicas"}, func(m *config.Model) { m.Replicas = nil }},
+		{"slo zero means none", []string{"--slo-latency-ms", "0"}, func(m *config.Model) { m.SLOLatencyMS = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := getModel(t, cfg, "M")
+			tc.want(&want)
+			ok(t, cfg, append([]string{"serve", "routing", "set", "M"}, tc.args...)...)
+			assert.Equal(t, want, getModel(t, cfg, "M"))
+		})
+	}
+}
+
+func TestConcurrentSetsLoseNoUpdate(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "shared")
+	const procs, each = 8, 3
+	var wg sync.WaitGroup
+	errs := make(chan string, procs*each)
+	for p := range procs {
+		wg.Go(func() {
+			for i := range each {
+				// Every process updates its own pool of the same model (a
+				// read-modify-write of one entry) and its own model.
+				for _, args := range [][]string{
+					{"serve", "routing", "set", "shared", "--pool", fmt.Sprintf("pool%d:r%d=http://h%d:%d", p, i, p, i)},
+					{"serve", "routing", "set", fmt.Sprintf("m%d", p), "--slo-latency-ms", fmt.Sprint(i + 1)},
+				} {
+					if r := exa(t, cfg, args...); r.code != 0 {
+						errs <- r.stderr
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("concurrent set failed: %s", e)
+	}
+	f, err := config.Load(cfg)
+	require.NoError(t, err)
+	require.Len(t, f.Models, procs+1)
+	shared := f.Models["shared"]
+	require.Len(t, shared.Pools, procs, "an update was lost")
+	for p := range procs {
+		assert.Equal(t, []config.Replica{{Name: fmt.Sprintf("r%d", each-1), Address: fmt.Sprintf("http://h%d:%d", p, each-1)}}, shared.Pools[fmt.Sprintf("pool%d", p)])
+		assert.Equal(t, int64(each), f.Models[fmt.Sprintf("m%d", p)].SLOLatencyMS)
+	}
+	entries, err := os.ReadDir(filepath.Dir(cfg))
+	require.NoError(t, err)
+	for _, e := range entries {
+		assert.False(t, strings.Contains(e.Name(), ".tmp-"), "temporary file left behind: %s", e.Name())
+	}
+}
+
+func TestBadInputLeavesFileUntouched(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware", "--slo-latency-ms", "500", "--replica", "r0=http://a:1")
+	before, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"unknown mode", []string{"set", "JPCP", "--mode", "fastest"}, `invalid --mode "fastest": want round_robin, cache_aware or load_aware`},
+		{"empty mode", []string{"set", "JPCP", "--mode", ""}, `invalid --mode "": want round_robin, cache_aware or load_aware`},
+		{"negative slo", []string{"set", "JPCP", "--slo-latency-ms", "-5"}, `invalid --slo-latency-ms "-5": must not be negative`},
+		{"non-numeric slo", []string{"set", "JPCP", "--slo-latency-ms", "fast"}, `invalid --slo-latency-ms "fast": want a whole number of milliseconds`},
+		{"fractional slo", []string{"set", "JPCP", "--slo-latency-ms", "1.5"}, `invalid --slo-latency-ms "1.5"`},
+		{"prefill pool without disaggregate", []string{"set", "JPCP", "--prefill-pool", "prefill"}, `--prefill-pool "prefill" requires --disaggregate`},
+		{"decode pool without disaggregate", []string{"set", "JPCP", "--decode-pool", "decode"}, `--decode-pool "decode" requires --disaggregate`},
+		{"prefill pool with disaggregate off", []string{"set", "JPCP", "--disaggregate=false", "--prefill-pool", "p"}, `--prefill-pool "p" requires --disaggregate`},
+		{"same pools", []string{"set", "JPCP", "--disaggregate", "--prefill-pool", "x", "--decode-pool", "x"}, `invalid --decode-pool: decode_pool "x": must differ from prefill_pool`},
+		{"empty model name", []string{"set", ""}, `invalid MODEL "": must not be empty`},
+		{"blank model name", []string{"set", " JPCP"}, `invalid MODEL " JPCP": must not start or end with spaces`},
+		{"missing model", []string{"set"}, `exactly one MODEL argument, got 0`},
+		{"two models", []string{"get", "a", "b"}, `exactly one MODEL argument, got 2`},
+		{"bad weight key", []string{"set", "JPCP", "--load-weights", "speed=1"}, `invalid --load-weights "speed=1"`},
+		{"negative weight", []string{"set", "JPCP", "--load-weights", "kv=-1"}, `invalid --load-weights "kv=-1"`},
+		{"all weights zero", []string{"set", "JPCP", "--load-weights", "queue=0,kv=0,latency=0"}, `not all weights may be zero`},
+		{"bad replica", []string{"set", "JPCP", "--replica", "noaddress"}, `invalid --replica "noaddress": want NAME=ADDRESS`},
+		{"duplicate replica", []string{"set", "JPCP", "--replica", "a=http://x", "--replica", "a=http://y"}, `replicas[1].name "a": duplicate replica name`},
+		{"bad pool", []string{"set", "JPCP", "--pool", "a=b"}, `invalid --pool "a=b": want POOL:NAME=ADDRESS`},
+		{"remove unknown pool", []string{"set", "JPCP", "--remove-pool", "nope"}, `invalid --remove-pool "nope": model "JPCP" has no such pool`},
+		{"unknown flag", []string{"set", "JPCP", "--colour", "red"}, `unknown flag: --colour`},
+		{"unknown subcommand", []string{"frobnicate"}, `unknown command "frobnicate" for "exa serve routing"`},
+		{"bad gateway url", []string{"stats", "JPCP", "--gateway", "ftp://x"}, `invalid --gateway "ftp://x"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := exa(t, cfg, append([]string{"serve", "routing"}, tc.args...)...)
+			assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			assert.Contains(t, r.stderr, tc.msg)
+			assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+			assert.True(t, strings.HasPrefix(r.stderr, "exa: "), r.stderr)
+			assert.Empty(t, r.stdout)
+			after, err := os.ReadFile(cfg)
+			require.NoError(t, err)
+			assert.Equal(t, string(before), string(after))
+		})
+	}
+}
+
+func TestCorruptConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, msg string
+	}{
+		{"syntax", "{\"version\": 1, \"models\": {\"JPCP\": {\"mode\": \"cache_aware\",}}}\n", "corrupt config file"},
+		{"truncated", `{"version": 1, "models": {"JP`, "corrupt config file"},
+		{"unknown field", `{"version": 1, "modelz": {}}`, `unknown field "modelz"`},
+		{"invalid value", `{"version": 1, "models": {"JPCP": {"slo_latency_ms": -3}}}`, `invalid models.JPCP.slo_latency_ms "-3"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := newConfig(t)
+			require.NoError(t, os.MkdirAll(filepath.Dir(cfg), 0o755))
+			require.NoError(t, os.WriteFile(cfg, []byte(tc.content), 0o644))
+			for _, args := range [][]string{
+				{"set", "JPCP", "--mode", "round_robin"},
+				{"get", "JPCP"},
+				{"list"},
+				{"stats", "JPCP"},
+				{"delete", "JPCP"},
+			} {
+				r := exa(t, cfg, append([]string{"serve", "routing"}, args...)...)
+				assert.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+				assert.Contains(t, r.stderr, tc.msg)
+				assert.Contains(t, r.stderr, cfg, "the error names the file")
+				assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+				got, err := os.ReadFile(cfg)
+				require.NoError(t, err)
+				assert.Equal(t, tc.content, string(got))
+			}
+		})
+	}
+}
+
+func TestStatsFromGateway(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
+	doc := config.StatsDocument{Models: map[string]config.RoutingStats{"JPCP": {
+		Model: "JPCP", Source: config.SourceGateway, Mode: "cache_aware", Requests: 10, Hits: 7, HitRate: 0.7,
+		Decisions:   map[string]uint64{"affinity": 8, "load_aware": 2},
+		SLOExcluded: 3, SLOFallbacks: 1, NoMatch: 2,
+		Replicas: []config.ReplicaStats{{Name: "r0", Routed: 6, Hits: 5, Share: 0.6, Healthy: true}, {Name: "r1", Routed: 4, Hits: 2, Share: 0.4}},
+	}}}
+	var (
+		mu              sync.Mutex
+		gotPath, gotMdl string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		gotPath, gotMdl = r.URL.Path, r.URL.Query().Get("model")
+		mu.Unlock()
+		_ = json.NewEncoder(w).Encode(doc)
+	}))
+	defer srv.Close()
+
+	out := ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL)
+	mu.Lock()
+	assert.Equal(t, "/stats", gotPath)
+	assert.Equal(t, "JPCP", gotMdl)
+	mu.Unlock()
+	for _, want := range []string{
+		"mode:         cache_aware",
+		"routing statistics (live, from gateway " + srv.URL + "):",
+		"hit rate:       70.0% (7 of 10)",
+		"decisions:      affinity 8 (80.0%), load_aware 2 (20.0%), round_robin 0 (0.0%)",
+		"slo exclusions: 3",
+		"fallbacks:      slo 1, no match 2, load guard 0, no healthy replica 0",
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s*$`, out)
+
+	// A gateway that does not serve the model: say so and fall back.
+	out = ok(t, cfg, "serve", "routing", "stats", "other", "--gateway", srv.URL)
+	assert.Contains(t, out, `the gateway does not serve model "other"`)
+	assert.Contains(t, out, "no routing statistics for other")
+}
+
+func TestHelpAndCompletion(t *testing.T) {
+	cfg := newConfig(t)
+	for _, args := range [][]string{
+		{"--help"}, {"serve", "--help"}, {"serve", "routing", "--help"},
+		{"serve", "routing", "set", "--help"}, {"serve", "routing", "get", "--help"},
+		{"serve", "routing", "list", "--help"}, {"serve", "routing", "delete", "--help"},
+		{"serve", "routing", "simulate", "--help"}, {"serve", "routing", "stats", "--help"},
+		{"completion", "--help"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			out := ok(t, cfg, args...)
+			assert.Contains(t, out, "Usage:")
+		})
+	}
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "set", "--help"), "--slo-latency-ms")
+	assert.Contains(t, ok(t, cfg, "completion", "bash"), "__start_exa")
+	assert.Contains(t, ok(t, cfg, "completion", "zsh"), "#compdef exa")
+
+	ok(t, cfg, "serve", "routing", "set", "JPCP")
+	assert.Contains(t, ok(t, cfg, "__complete", "serve", "routing", "get", ""), "JPCP")
+	assert.Contains(t, ok(t, cfg, "__complete", "serve", "routing", "set", "JPCP", "--mode", ""), "cache_aware")
+}

@@ -1,0 +1,409 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/sim"
+	"github.com/spf13/cobra"
+)
+
+// simFlags holds the flags of "routing simulate".
+type simFlags struct {
+	replicas             int
+	requests             int
+	rate                 float64
+	workload             string
+	sharedPrefixRequests int
+	trace                string
+	traceSpeed           float64
+	seed                 uint64
+	policies             []string
+	preset               string
+	index                string
+	asJSON               bool
+	plot                 string
+	progress             string
+}
+
+// The two policies whose hit rates the spec's lines compare.
+const (
+	cacheAwarePolicy = "cache_aware"
+	roundRobinPolicy = "round_robin"
+)
+
+func newSimulateCmd() *cobra.Command {
+	var sf simFlags
+	cmd := &cobra.Command{
+		Use:   "simulate [MODEL] [flags]",
+		Short: "Compare routing policies in simulation (runs the default workload with no other input)",
+		Long: `Simulate a cluster of model-server replicas serving a workload, routed by the
+real gateway under each policy, and compare them.
+
+With no flags it runs the embedded default workload: 20,000 requests over 256
+shared 4,096-token system prompts that do not all fit in every replica's cache,
+the situation in which routing matters, on 8 simulated replicas. The output
+states the workload in one line, then the cache-aware and round-robin hit
+rates (the share of prompt tokens the simulated engines served from their
+prefix caches), then the simulator's full table: hit rates, time to first
+token, balance, SLO attainment, and the pooled-LRU and unbounded-cache bounds.
+
+Given a MODEL, the model's stored configuration applies (its replica count
+unless --replicas is given, its latency SLO as the router's SLO, its load
+weights) and the result under the model's mode is saved for
+"exa serve routing stats MODEL". Same flags, same output: the run is
+deterministic for a seed.`,
+		Example: `  # The main job: the default workload, all policies:
+  exa serve routing simulate JPCP
+  # A shared-prefix stream on 4 replicas, cache-aware vs round-robin:
+  exa serve routing simulate JPCP --replicas 4 --shared-prefix-requests 100
+  # Replay a Mooncake trace, two policies, with a plot:
+  exa serve routing simulate JPCP --trace mooncake_trace.jsonl --policies cache_aware,round_robin --plot ttft.svg
+  # Machine-readable:
+  exa serve routing simulate JPCP --workload chat --requests 2000 --json`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			return modelArg(cmd, args)
+		},
+		ValidArgsFunction: completeModels,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			model := ""
+			if len(args) == 1 {
+				model = args[0]
+			}
+			return runSimulate(cmd, model, &sf)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&sf.replicas, "replicas", sim.DefaultReplicas, "number of simulated replicas (default: the model's stored replica count, else 8)")
+	f.IntVar(&sf.requests, "requests", 0, "number of requests (default: the workload's own; for a trace, replay only the first N)")
+	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
+	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
+	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, "simulate a shared-prefix stream of N requests (the shared-prefix workload with its request count set)")
+	f.StringVar(&sf.trace, "trace", "", "replay a Mooncake-format JSONL trace file instead of a generated workload")
+	f.Float64Var(&sf.traceSpeed, "trace-speed", 1, "replay the trace this many times faster than recorded")
+	f.Uint64Var(&sf.seed, "seed", 1, "random seed of the workload and the randomised policies")
+	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"); cache_aware and round_robin are always included")
+	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
+	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
+	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
+	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file")
+	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
+	cmd.MarkFlagsMutuallyExclusive("trace", "workload")
+	cmd.MarkFlagsMutuallyExclusive("trace", "shared-prefix-requests")
+	cmd.MarkFlagsMutuallyExclusive("workload", "shared-prefix-requests")
+	cmd.MarkFlagsMutuallyExclusive("requests", "shared-prefix-requests")
+	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions([]string{"approximate", "exact"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("progress", cobra.FixedCompletions([]string{"auto", "always", "never"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.MarkFlagFilename("trace", "jsonl", "json")
+	_ = cmd.MarkFlagFilename("plot", "svg")
+	return cmd
+}
+
+func policyNames() []string {
+	var names []string
+	for _, p := range sim.DefaultPolicies() {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// simOutput is the --json form of simulate.
+type simOutput struct {
+	Model string `json:"model,omitempty"`
+	// Workload is the one-line description printed first.
+	Workload string `json:"workload"`
+	// CacheAwareHitRate and RoundRobinHitRate are the token hit rates of
+	// the two policies the spec compares.
+	CacheAwareHitRate float64     `json:"cache_aware_hit_rate"`
+	RoundRobinHitRate float64     `json:"round_robin_hit_rate"`
+	Report            *sim.Report `json:"report"`
+}
+
+// buildSimConfig turns flags and the model's stored configuration into a
+// sim.Config. It returns the policy (if any) whose run is recorded for the
+// model's statistics.
+func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, *recorder, string, error) {
+	changed := cmd.Flags().Changed
+	var cfg sim.Config
+	cfg.Seed = sf.seed
+
+	cfg.Replicas = sim.DefaultReplicas
+	if changed("replicas") {
+		if sf.replicas < 1 || sf.replicas > gateway.MaxReplicas {
+			return cfg, nil, "", usagef("invalid --replicas %d: want 1..%d", sf.replicas, gateway.MaxReplicas)
+		}
+		cfg.Replicas = sf.replicas
+	} else if n := len(m.Replicas); n > 0 {
+		cfg.Replicas = n
+	}
+	if changed("requests") && sf.requests < 1 {
+		return cfg, nil, "", usagef("invalid --requests %d: want at least 1", sf.requests)
+	}
+	if sf.rate < 0 || sf.rate != sf.rate {
+		return cfg, nil, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+	}
+
+	var err error
+	switch {
+	case sf.trace != "":
+		if sf.traceSpeed <= 0 {
+			return cfg, nil, "", usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
+		}
+		cfg.Workload, err = sim.TraceFile(sf.trace, sim.TraceOptions{Speed: sf.traceSpeed, Rate: sf.rate, Limit: sf.requests})
+		if err != nil {
+			return cfg, nil, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+		}
+	case changed("shared-prefix-requests"):
+		if sf.sharedPrefixRequests < 1 {
+			return cfg, nil, "", usagef("invalid --shared-prefix-requests %d: want at least 1", sf.sharedPrefixRequests)
+		}
+		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
+	default:
+		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
+			return cfg, nil, "", usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
+		}
+		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
+	}
+	if err != nil {
+		return cfg, nil, "", &usageError{err}
+	}
+
+	cfg.Preset, err = sim.PresetByName(sf.preset)
+	if err != nil {
+		return cfg, nil, "", usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
+	}
+	switch sf.index {
+	case "approximate":
+		cfg.Index = gateway.IndexApproximate
+	case "exact":
+		cfg.Index = gateway.IndexExact
+	default:
+		return cfg, nil, "", usagef("invalid --index %q: want approximate or exact", sf.index)
+	}
+
+	names := []string{roundRobinPolicy, cacheAwarePolicy}
+	if changed("policies") {
+		names = names[:0]
+		for _, p := range sf.policies {
+			p = strings.TrimSpace(p)
+			pol, err := sim.PolicyByName(p)
+			if err != nil {
+				return cfg, nil, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
+			}
+			if !slices.Contains(names, pol.Name) {
+				names = append(names, pol.Name)
+			}
+		}
+		for _, must := range []string{cacheAwarePolicy, roundRobinPolicy} {
+			if !slices.Contains(names, must) {
+				names = append([]string{must}, names...)
+			}
+		}
+	} else {
+		names = policyNames()
+	}
+
+	// The model's own mode is the one recorded for its statistics; its
+	// load weights apply to the load-aware policy.
+	modeName := ""
+	var rec *recorder
+	if model != "" {
+		modeName = m.ModeName()
+	}
+	for _, n := range names {
+		pol, _ := sim.PolicyByName(n)
+		var build func() gateway.Policy
+		switch {
+		case n == config.ModeLoadAware && m.LoadWeights != nil:
+			w := m.LoadWeights.Gateway()
+			build = func() gateway.Policy { return &gateway.LoadAware{Weights: w} }
+		case n == config.ModeLoadAware:
+			build = func() gateway.Policy { return &gateway.LoadAware{} }
+		case n == config.ModeCacheAware:
+			build = func() gateway.Policy { return &gateway.CacheAware{} }
+		case n == config.ModeRoundRobin:
+			build = func() gateway.Policy { return &gateway.RoundRobin{} }
+		}
+		if n == modeName && build != nil {
+			rec = newRecorder(nil, cfg.Replicas)
+			r, b := rec, build
+			pol.New = func(uint64) gateway.Policy { r.inner = b(); return r }
+		} else if build != nil && pol.New == nil && n == config.ModeLoadAware {
+			b := build
+			pol.New = func(uint64) gateway.Policy { return b() }
+		}
+		cfg.Policies = append(cfg.Policies, pol)
+	}
+	if m.SLOLatencyMS > 0 {
+		cfg.RouterSLO = m.SLOLatency()
+	}
+	return cfg, rec, modeName, nil
+}
+
+func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
+	var (
+		path string
+		m    config.Model
+	)
+	if model != "" {
+		var f *config.File
+		var err error
+		path, f, err = loadConfig()
+		if err != nil {
+			return err
+		}
+		m = f.Models[model]
+	}
+	switch sf.progress {
+	case "auto", "always", "never":
+	default:
+		return usagef("invalid --progress %q: want auto, always or never", sf.progress)
+	}
+	cfg, rec, modeName, err := buildSimConfig(cmd, sf, model, m)
+	if err != nil {
+		return err
+	}
+	stderr := cmd.ErrOrStderr()
+	if sf.progress == "always" || (sf.progress == "auto" && isTerminal(stderr)) {
+		bar := &progressBar{w: stderr}
+		cfg.Progress = bar.update
+		defer bar.finish()
+	}
+	rep, err := sim.Run(cfg)
+	if err != nil {
+		if errors.Is(err, sim.ErrInvalidConfig) || errors.Is(err, sim.ErrMalformedTrace) {
+			return &usageError{err}
+		}
+		return err
+	}
+	ca, _ := rep.Result(cacheAwarePolicy)
+	rr, _ := rep.Result(roundRobinPolicy)
+
+	line := workloadLine(rep, model, m)
+	if sf.plot != "" {
+		var buf bytes.Buffer
+		if err := rep.WriteSVG(&buf); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		if err := config.WriteFileAtomic(sf.plot, buf.Bytes()); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
+	if model != "" && rec != nil {
+		if err := saveSimStats(path, model, modeName, line, rep, rec); err != nil {
+			return err
+		}
+	}
+
+	out := cmd.OutOrStdout()
+	if sf.asJSON {
+		return writeJSON(out, simOutput{Model: model, Workload: line, CacheAwareHitRate: ca.TokenHitRate, RoundRobinHitRate: rr.TokenHitRate, Report: rep})
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "workload: %s\n", line)
+	fmt.Fprintf(out, "cache-aware hit rate: %.1f%%\n", 100*ca.TokenHitRate)
+	fmt.Fprintf(out, "round-robin hit rate: %.1f%%\n", 100*rr.TokenHitRate)
+	fmt.Fprintln(out)
+	// The table opens with its own workload line, already printed above.
+	body := table.String()
+	if first, rest, ok := strings.Cut(body, "\n"); ok && strings.HasPrefix(first, "workload:") {
+		body = rest
+	}
+	_, err = io.WriteString(out, body)
+	if err == nil && sf.plot != "" {
+		fmt.Fprintf(out, "plot written to %s\n", sf.plot)
+	}
+	return err
+}
+
+// workloadLine states the workload and setup in one line.
+func workloadLine(rep *sim.Report, model string, m config.Model) string {
+	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
+	if model != "" && m.SLOLatencyMS > 0 {
+		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)
+	}
+	return s
+}
+
+// saveSimStats stores the recorded policy's figures as the model's latest
+// statistics.
+func saveSimStats(path, model, mode, line string, rep *sim.Report, rec *recorder) error {
+	res, ok := rep.Result(mode)
+	if !ok {
+		return nil
+	}
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("encode simulation: %w", err)
+	}
+	st := config.RoutingStats{
+		Model: model, Source: config.SourceSimulated, Mode: mode, Workload: line,
+		Decisions: res.Decisions, TokenHitRate: res.TokenHitRate, Simulation: raw,
+	}
+	names := make([]string, rep.Replicas)
+	for i := range names {
+		names[i] = "r" + strconv.Itoa(i) // the simulator's replica names
+	}
+	rec.stats(&st, names, res.PrefillTokens)
+	return config.SaveStats(path, st)
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar draws a one-line progress bar, redrawn in place.
+type progressBar struct {
+	w     io.Writer
+	start time.Time
+	drawn bool
+}
+
+func (b *progressBar) update(p sim.Progress) {
+	if b.start.IsZero() {
+		b.start = time.Now()
+	}
+	const width = 30
+	frac := 0.0
+	if p.Total > 0 {
+		frac = min(1, float64(p.Done)/float64(p.Total))
+	}
+	n := int(frac * width)
+	fmt.Fprintf(b.w, "\rsimulating [%s%s] %3.0f%% %s ", strings.Repeat("=", n), strings.Repeat(" ", width-n), 100*frac, time.Since(b.start).Round(100*time.Millisecond))
+	b.drawn = true
+}
+
+func (b *progressBar) finish() {
+	if b.drawn {
+		fmt.Fprintf(b.w, "\r%s\r", strings.Repeat(" ", 60))
+	}
+}
+
+func init() {
+	routingCmd.AddCommand(newSimulateCmd())
+}
