@@ -259,6 +259,7 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 		{"duplicate replica", []string{"set", "JPCP", "--replica", "a=http://x", "--replica", "a=http://y"}, `replicas[1].name "a": duplicate replica name`},
 		{"bad pool", []string{"set", "JPCP", "--pool", "a=b"}, `invalid --pool "a=b": want POOL:NAME=ADDRESS`},
 		{"remove unknown pool", []string{"set", "JPCP", "--remove-pool", "nope"}, `invalid --remove-pool "nope": model "JPCP" has no such pool`},
+		{"replica and clear-replicas", []string{"set", "JPCP", "--replica", "a=b", "--clear-replicas"}, `--replica and --clear-replicas cannot be used together`},
 		{"unknown flag", []string{"set", "JPCP", "--colour", "red"}, `unknown flag: --colour`},
 		{"unknown subcommand", []string{"frobnicate"}, `unknown command "frobnicate" for "exa serve routing"`},
 		{"bad gateway url", []string{"stats", "JPCP", "--gateway", "ftp://x"}, `invalid --gateway "ftp://x"`},
@@ -314,7 +315,7 @@ func TestStatsFromGateway(t *testing.T) {
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
 	doc := config.StatsDocument{Models: map[string]config.RoutingStats{"JPCP": {
-		Model: "JPCP", Source: config.SourceGateway, Mode: "cache_aware", Requests: 10, Hits: 7, HitRate: 0.7,
+		Model: "JPCP", Source: config.SourceGateway, Mode: "cache_aware", Requests: 10, Hits: 7, HitRate: 0.7, Blocks: 20, MatchedBlocks: 15, BlockHitRate: 0.75,
 		Decisions:   map[string]uint64{"affinity": 8, "load_aware": 2},
 		SLOExcluded: 3, SLOFallbacks: 1, NoMatch: 2,
 		Replicas: []config.ReplicaStats{{Name: "r0", Routed: 6, Hits: 5, Share: 0.6, Healthy: true}, {Name: "r1", Routed: 4, Hits: 2, Share: 0.4}},
@@ -339,7 +340,8 @@ func TestStatsFromGateway(t *testing.T) {
 	for _, want := range []string{
 		"mode:         cache_aware",
 		"routing statistics (live, from gateway " + srv.URL + "):",
-		"hit rate:       70.0% (7 of 10)",
+		"hit rate:       70.0% (7 of 10 requests",
+		"block hit rate: 75.0% (15 of 20 prompt blocks",
 		"decisions:      affinity 8 (80.0%), load_aware 2 (20.0%), round_robin 0 (0.0%)",
 		"slo exclusions: 3",
 		"fallbacks:      slo 1, no match 2, load guard 0, no healthy replica 0",

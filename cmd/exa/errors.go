@@ -81,3 +81,13 @@ func groupRun(cmd *cobra.Command, args []string) error {
 	}
 	return cmd.Help()
 }
+
+// exclusive returns a usage error if both flags of any pair were given.
+func exclusive(cmd *cobra.Command, pairs [][2]string) error {
+	for _, p := range pairs {
+		if cmd.Flags().Changed(p[0]) && cmd.Flags().Changed(p[1]) {
+			return usagef("--%s and --%s cannot be used together", p[0], p[1])
+		}
+	}
+	return nil
+}

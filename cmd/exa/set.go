@@ -61,7 +61,6 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
 	f.StringSliceVar(&sf.removePools, "remove-pool", nil, "remove the named pool; repeat for several")
-	cmd.MarkFlagsMutuallyExclusive("replica", "clear-replicas")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "replica", "pool", "remove-pool"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
@@ -76,6 +75,9 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		return err
 	}
 	changed := cmd.Flags().Changed
+	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}}); err != nil {
+		return err
+	}
 	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
 		if changed(flag.name) && strings.TrimSpace(flag.value) == "" {
 			return usagef("invalid --%s %q: must not be empty", flag.name, flag.value)

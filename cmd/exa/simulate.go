@@ -101,10 +101,6 @@ deterministic for a seed.`,
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
-	cmd.MarkFlagsMutuallyExclusive("trace", "workload")
-	cmd.MarkFlagsMutuallyExclusive("trace", "shared-prefix-requests")
-	cmd.MarkFlagsMutuallyExclusive("workload", "shared-prefix-requests")
-	cmd.MarkFlagsMutuallyExclusive("requests", "shared-prefix-requests")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
@@ -142,6 +138,12 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	changed := cmd.Flags().Changed
 	var cfg sim.Config
 	cfg.Seed = sf.seed
+	if err := exclusive(cmd, [][2]string{
+		{"trace", "workload"}, {"trace", "shared-prefix-requests"},
+		{"workload", "shared-prefix-requests"}, {"requests", "shared-prefix-requests"},
+	}); err != nil {
+		return cfg, nil, "", err
+	}
 
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
@@ -379,20 +381,30 @@ func isTerminal(w io.Writer) bool {
 
 // progressBar draws a one-line progress bar, redrawn in place.
 type progressBar struct {
-	w     io.Writer
-	start time.Time
-	drawn bool
+	w        io.Writer
+	start    time.Time
+	drawn    bool
+	lastPct  int
+	lastDraw time.Time
 }
 
 func (b *progressBar) update(p sim.Progress) {
+	now := time.Now()
 	if b.start.IsZero() {
-		b.start = time.Now()
+		b.start = now
 	}
 	const width = 30
 	frac := 0.0
 	if p.Total > 0 {
 		frac = min(1, float64(p.Done)/float64(p.Total))
 	}
+	// Redraw when the percentage changes, or every second when the total
+	// is unknown.
+	pc := int(100 * frac)
+	if b.drawn && pc == b.lastPct && now.Sub(b.lastDraw) < time.Second {
+		return
+	}
+	b.lastPct, b.lastDraw = pc, now
 	n := int(frac * width)
 	fmt.Fprintf(b.w, "\rsimulating [%s%s] %3.0f%% %s ", strings.Repeat("=", n), strings.Repeat(" ", width-n), 100*frac, time.Since(b.start).Round(100*time.Millisecond))
 	b.drawn = true

@@ -189,23 +189,38 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 		fmt.Fprintf(tw, "policy:\t%s\n", s.Mode)
 	}
 	fmt.Fprintf(tw, "requests:\t%d\n", s.Requests)
-	fmt.Fprintf(tw, "hit rate:\t%s (%d of %d)\n", pct(s.HitRate), s.Hits, s.Requests)
+	fmt.Fprintf(tw, "hit rate:\t%s (%d of %d requests found their whole prompt cached)\n", pct(s.HitRate), s.Hits, s.Requests)
+	fmt.Fprintf(tw, "block hit rate:\t%s (%d of %d prompt blocks matched in the router's index)\n", pct(s.BlockHitRate), s.MatchedBlocks, s.Blocks)
+	if s.Source == config.SourceSimulated {
+		fmt.Fprintf(tw, "token hit rate:\t%s (prompt tokens the simulated engines served from cache)\n", pct(s.TokenHitRate))
+	}
 	var parts []string
 	for _, k := range []string{"affinity", "load_aware", "round_robin"} {
 		parts = append(parts, fmt.Sprintf("%s %d (%s)", k, s.Decisions[k], pct(ratio(s.Decisions[k], s.Requests))))
 	}
 	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
 	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
-	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	if s.Source == config.SourceSimulated {
+		fmt.Fprintf(tw, "fallbacks:\tno match %d, load guard %d (slo fallbacks are not recorded in simulation)\n", s.NoMatch, s.LoadGuard)
+	} else {
+		fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	}
 	_ = tw.Flush()
 	if len(s.Replicas) == 0 {
 		fmt.Fprintln(w, "replicas: none")
 		return
 	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\t")
-	for _, r := range s.Replicas {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
+	if s.Source == config.SourceSimulated {
+		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tPREFILL TOKENS\t")
+		for _, r := range s.Replicas {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, r.PrefillTokens)
+		}
+	} else {
+		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\t")
+		for _, r := range s.Replicas {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
+		}
 	}
 	_ = tw.Flush()
 }

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/examlops/gateway/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./cmd/exa -run %s -update to create it", t.Name())
+	assert.Equal(t, string(want), got)
+}
+
+// specLines checks the first three lines of simulate's text output and
+// returns the two hit rates.
+func specLines(t *testing.T, out string) (ca, rr float64) {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	require.GreaterOrEqual(t, len(lines), 4, out)
+	assert.True(t, strings.HasPrefix(lines[0], "workload: "), lines[0])
+	re := regexp.MustCompile(`^(cache-aware|round-robin) hit rate: (\d{1,3}\.\d)%$`)
+	m1, m2 := re.FindStringSubmatch(lines[1]), re.FindStringSubmatch(lines[2])
+	require.NotNil(t, m1, lines[1])
+	require.NotNil(t, m2, lines[2])
+	assert.Equal(t, "cache-aware", m1[1])
+	assert.Equal(t, "round-robin", m2[1])
+	ca, _ = strconv.ParseFloat(m1[2], 64)
+	rr, _ = strconv.ParseFloat(m2[2], 64)
+	return ca, rr
+}
+
+func TestSimulateSpecCommandGolden(t *testing.T) {
+	cfg := newConfig(t)
+	args := []string{"serve", "routing", "simulate", "JPCP", "--replicas", "4", "--shared-prefix-requests", "100"}
+	out := ok(t, cfg, args...)
+	golden(t, "simulate_shared_prefix_100.golden", out)
+	ca, rr := specLines(t, out)
+	assert.Greater(t, ca, rr, "cache-aware must beat round-robin on a shared-prefix stream")
+	assert.Contains(t, out, "shared-prefix: 100 requests")
+	assert.Contains(t, out, "4 replicas")
+
+	// Deterministic: a second run, in another config dir, prints the same.
+	assert.Equal(t, out, ok(t, newConfig(t), args...))
+	// Without a terminal there is no progress bar on stderr.
+	r := exa(t, cfg, args...)
+	assert.Empty(t, r.stderr)
+}
+
+func TestSimulateMainJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the full default workload takes a while; skipped with -short")
+	}
+	cfg := newConfig(t)
+	out := ok(t, cfg, "serve", "routing", "simulate", "JPCP")
+	golden(t, "simulate_default.golden", out)
+	ca, rr := specLines(t, out)
+	assert.Greater(t, ca, rr)
+	assert.Contains(t, out, "20000 requests")
+}
+
+func TestSimulateOptions(t *testing.T) {
+	cfg := newConfig(t)
+	trace := filepath.Join(t.TempDir(), "trace.jsonl")
+	var b strings.Builder
+	for i := range 60 {
+		// Three conversations that grow turn by turn, interleaved.
+		conv := i % 3
+		n := 2 + i/3
+		ids := make([]string, n)
+		for j := range n {
+			ids[j] = strconv.Itoa(conv*1000 + j)
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 20, "hash_ids": [%s]}`+"\n", 100*i, 512*n, strings.Join(ids, ", "))
+	}
+	require.NoError(t, os.WriteFile(trace, []byte(b.String()), 0o644))
+	plot := filepath.Join(t.TempDir(), "out", "plot.svg")
+
+	out := ok(t, cfg, "serve", "routing", "simulate", "--trace", trace, "--policies", "p2c,load-aware", "--replicas", "3", "--seed", "7", "--plot", plot)
+	specLines(t, out)
+	assert.Contains(t, out, "3 replicas")
+	assert.Contains(t, out, "seed 7")
+	assert.Contains(t, out, "plot written to "+plot)
+	for _, p := range []string{"cache_aware", "round_robin", "p2c", "load_aware"} {
+		assert.Regexp(t, `(?m)^\s*`+p+`\s+\d`, out)
+	}
+	assert.NotRegexp(t, `(?m)^\s*sglang\s`, out)
+	svg, err := os.ReadFile(plot)
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
+
+	// --json carries the same rates as the text.
+	var js simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "200", "--replicas", "2", "--json")), &js))
+	require.NotNil(t, js.Report)
+	assert.Equal(t, 200, js.Report.Requests)
+	ca, ok := js.Report.Result("cache_aware")
+	require.True(t, ok)
+	assert.Equal(t, ca.TokenHitRate, js.CacheAwareHitRate)
+	text := ok2(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "200", "--replicas", "2")
+	caText, _ := specLines(t, text)
+	assert.InDelta(t, 100*js.CacheAwareHitRate, caText, 0.05)
+}
+
+// ok2 is ok under another name, for use where ok is shadowed.
+func ok2(t *testing.T, cfg string, args ...string) string { t.Helper(); return ok(t, cfg, args...) }
+
+func TestSimulateBadInput(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
+	before, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"zero replicas", []string{"--replicas", "0"}, `invalid --replicas 0`},
+		{"non-numeric replicas", []string{"--replicas", "four"}, `invalid --replicas "four"`},
+		{"zero requests", []string{"--requests", "0"}, `invalid --requests 0`},
+		{"zero shared-prefix requests", []string{"--shared-prefix-requests", "0"}, `invalid --shared-prefix-requests 0`},
+		{"unknown workload", []string{"--workload", "tweets"}, `invalid --workload "tweets"`},
+		{"workload and shared-prefix", []string{"--workload", "chat", "--shared-prefix-requests", "5"}, `--workload and --shared-prefix-requests cannot be used together`},
+		{"requests and shared-prefix", []string{"--requests", "9", "--shared-prefix-requests", "5"}, `--requests and --shared-prefix-requests cannot be used together`},
+		{"trace and workload", []string{"--trace", "x", "--workload", "chat"}, `--trace and --workload cannot be used together`},
+		{"unknown policy", []string{"--policies", "cache_aware,fastest"}, `invalid --policies "fastest"`},
+		{"unknown preset", []string{"--preset", "tpu"}, `invalid --preset "tpu"`},
+		{"unknown index", []string{"--index", "psychic"}, `invalid --index "psychic"`},
+		{"missing trace", []string{"--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
+		{"negative seed", []string{"--seed", "-1"}, `invalid --seed "-1"`},
+		{"bad progress", []string{"--progress", "sometimes"}, `invalid --progress "sometimes"`},
+		{"empty model", []string{""}, `invalid MODEL ""`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := exa(t, cfg, append([]string{"serve", "routing", "simulate", "JPCP"}, tc.args...)...)
+			if tc.name == "empty model" {
+				r = exa(t, cfg, "serve", "routing", "simulate", "")
+			}
+			assert.Equal(t, 2, r.code, r.stderr)
+			assert.Contains(t, r.stderr, tc.msg)
+			assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+			after, err := os.ReadFile(cfg)
+			require.NoError(t, err)
+			assert.Equal(t, string(before), string(after))
+			_, err = os.Stat(config.StatsPath(cfg, "JPCP"))
+			assert.ErrorIs(t, err, os.ErrNotExist, "a failed simulate saves nothing")
+		})
+	}
+
+	// A malformed trace line is bad input too, named by line number.
+	trace := filepath.Join(t.TempDir(), "bad.jsonl")
+	require.NoError(t, os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}`+"\n{oops\n"), 0o644))
+	r := exa(t, cfg, "serve", "routing", "simulate", "--trace", trace)
+	assert.Equal(t, 2, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "line 2")
+}
+
+func TestStatsBeforeAndAfterSimulate(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware", "--slo-latency-ms", "500")
+
+	before := ok(t, cfg, "serve", "routing", "stats", "JPCP")
+	assert.Contains(t, before, "mode:         cache_aware")
+	assert.Contains(t, before, "no routing statistics for JPCP")
+	assert.Contains(t, before, "no simulation of JPCP yet (run: exa serve routing simulate JPCP)")
+	var js statsOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "stats", "JPCP", "--json")), &js))
+	assert.Nil(t, js.Stats)
+	assert.True(t, js.Configured)
+
+	// An unconfigured model says so too.
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "stats", "nobody"), "model nobody has no stored routing configuration")
+
+	sim := ok(t, cfg, "serve", "routing", "simulate", "JPCP", "--replicas", "4", "--shared-prefix-requests", "100")
+	assert.Contains(t, sim, "router SLO 500ms from JPCP's configuration")
+	caRate, _ := specLines(t, sim)
+
+	after := ok(t, cfg, "serve", "routing", "stats", "JPCP")
+	assert.Contains(t, after, "mode:         cache_aware")
+	assert.Contains(t, after, "routing statistics (simulated")
+	assert.Contains(t, after, "policy:         cache_aware")
+	assert.Contains(t, after, "requests:       100\n")
+	assert.Contains(t, after, fmt.Sprintf("token hit rate: %.1f%%", caRate))
+	for i := range 4 {
+		assert.Regexp(t, fmt.Sprintf(`(?m)^\s*r%d\s+\d+\s+\d+\.\d%%`, i), after)
+	}
+
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "stats", "JPCP", "--json")), &js))
+	require.NotNil(t, js.Stats)
+	st := *js.Stats
+	assert.Equal(t, config.SourceSimulated, st.Source)
+	assert.Equal(t, "cache_aware", st.Mode)
+	assert.Equal(t, uint64(100), st.Requests)
+	var routed, decided uint64
+	var share float64
+	for _, r := range st.Replicas {
+		routed += r.Routed
+		share += r.Share
+	}
+	for _, n := range st.Decisions {
+		decided += n
+	}
+	assert.Equal(t, st.Requests, routed)
+	assert.Equal(t, st.Requests, decided)
+	assert.InDelta(t, 1, share, 1e-9)
+	assert.InDelta(t, caRate/100, st.TokenHitRate, 0.0005)
+	assert.NotEmpty(t, st.Simulation)
+
+	// A later simulate replaces the record.
+	ok(t, cfg, "serve", "routing", "simulate", "JPCP", "--replicas", "2", "--shared-prefix-requests", "50")
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "stats", "JPCP", "--json")), &js))
+	assert.Equal(t, uint64(50), js.Stats.Requests)
+	assert.Len(t, js.Stats.Replicas, 2)
+}
