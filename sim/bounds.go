@@ -28,6 +28,7 @@ func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err er
 	seen := newHashSet()
 	var req Request
 	var key, ids []uint64
+	var slots []int32
 	var in, lruTok, unbTok int64
 	var n, lruReq, unbReq int
 	for {
@@ -45,7 +46,10 @@ func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err er
 		key = gateway.AppendHashKey(key[:0], ids)
 		prompt := key[:len(req.Blocks)]
 		in += int64(req.InputTokens)
-		if m := lru.match(prompt); m > 0 {
+		if cap(slots) < len(prompt) {
+			slots = make([]int32, 2*len(prompt))
+		}
+		if m := lru.match(prompt, slots); m > 0 {
 			lruReq++
 			lruTok += int64(min(m*bt, req.InputTokens-1))
 		}

@@ -14,7 +14,7 @@ type kvCache struct {
 	cap      int
 	reserved int
 	pinned   int
-	idx      map[uint64]int32
+	idx      blockTable
 	hash     []uint64
 	ref      []int32
 	prev     []int32 // LRU links; -1 ends. head is least recently used.
@@ -27,97 +27,102 @@ type kvCache struct {
 }
 
 func newKVCache(capacity int) *kvCache {
-	return &kvCache{cap: capacity, idx: make(map[uint64]int32, min(capacity, 1<<16)), head: -1, tail: -1, free: -1}
+	return &kvCache{cap: capacity, idx: newBlockTable(capacity), head: -1, tail: -1, free: -1}
 }
 
-func (c *kvCache) entries() int { return len(c.idx) }
+func (c *kvCache) entries() int { return c.idx.n }
 
 // used is the number of blocks held by running requests, pinned or
 // reserved: what vLLM reports as KV-cache usage.
 func (c *kvCache) used() int { return c.pinned + c.reserved }
 
-// match returns how many leading blocks of key are cached.
-func (c *kvCache) match(key []uint64) int {
+// match returns how many leading blocks of key are cached, and writes
+// their slots to slots[:m] (slots must have room for key).
+func (c *kvCache) match(key []uint64, slots []int32) int {
 	for i, h := range key {
-		if _, ok := c.idx[h]; !ok {
+		s, ok := c.idx.get(h)
+		if !ok {
 			return i
 		}
+		slots[i] = s
 	}
 	return len(key)
 }
 
-// fits reports whether a request whose first m blocks of key are cached can
-// be admitted with extra more blocks of its own.
-func (c *kvCache) fits(key []uint64, m, extra int) bool {
+// fits reports whether a request whose first m blocks of key are cached, at
+// slots, can be admitted with extra more blocks of its own.
+func (c *kvCache) fits(key []uint64, slots []int32, m, extra int) bool {
 	need := len(key) - m + extra
-	avail := c.cap - len(c.idx) - c.reserved + c.lruN
+	avail := c.cap - c.idx.n - c.reserved + c.lruN
 	if avail < need {
 		return false
 	}
-	for _, h := range key[:m] {
-		if c.ref[c.idx[h]] == 0 {
+	for _, s := range slots[:m] {
+		if c.ref[s] == 0 {
 			avail--
 		}
 	}
 	return avail >= need
 }
 
-// admit pins the first m blocks of key and reserves the rest plus extra,
-// evicting LRU blocks as needed; fits must have said yes. Evicted hashes are
-// appended to c.evicted.
-func (c *kvCache) admit(key []uint64, m, extra int) {
-	for _, h := range key[:m] {
-		c.pin(c.idx[h])
+// admit pins the first m blocks of key, at slots, and reserves the rest
+// plus extra, evicting LRU blocks as needed; fits must have said yes.
+// Evicted hashes are appended to c.evicted.
+func (c *kvCache) admit(key []uint64, slots []int32, m, extra int) {
+	for _, s := range slots[:m] {
+		c.pin(s)
 	}
 	c.reserved += len(key) - m + extra
-	for len(c.idx)+c.reserved > c.cap {
+	for c.idx.n+c.reserved > c.cap {
 		c.evictLRU()
 	}
 }
 
 // commit turns the reservation of blocks m.. of key into cached, pinned
-// blocks once their prefill is done.
-func (c *kvCache) commit(key []uint64, m int) {
-	for _, h := range key[m:] {
+// blocks once their prefill is done, recording their slots.
+func (c *kvCache) commit(key []uint64, slots []int32, m int) {
+	for i, h := range key[m:] {
 		c.reserved--
-		if s, ok := c.idx[h]; ok {
+		if s, ok := c.idx.get(h); ok {
 			c.pin(s)
+			slots[m+i] = s
 			continue
 		}
 		s := c.alloc(h)
 		c.ref[s] = 1
 		c.pinned++
+		slots[m+i] = s
 	}
 }
 
-// release unpins key (all of it committed) and frees extra reserved blocks,
-// caching the blocks of out (the answer) unpinned. Blocks are released
-// leaves first, so the root of the prompt ends most recently used and LRU
-// evicts leaves first.
-func (c *kvCache) release(key []uint64, extra int, out []uint64) {
+// release unpins the blocks at slots (all of the prompt, committed) and
+// frees extra reserved blocks, caching the blocks of out (the answer)
+// unpinned. Blocks are released leaves first, so the root of the prompt
+// ends most recently used and LRU evicts leaves first.
+func (c *kvCache) release(slots []int32, extra int, out []uint64) {
 	c.reserved -= extra
 	for i := len(out) - 1; i >= 0; i-- {
 		h := out[i]
-		if s, ok := c.idx[h]; ok {
+		if s, ok := c.idx.get(h); ok {
 			if c.ref[s] == 0 {
 				c.unlink(s)
 				c.pushMRU(s)
 			}
 			continue
 		}
-		for len(c.idx)+c.reserved >= c.cap {
+		for c.idx.n+c.reserved >= c.cap {
 			if c.lruN == 0 {
 				break
 			}
 			c.evictLRU()
 		}
-		if len(c.idx)+c.reserved >= c.cap {
+		if c.idx.n+c.reserved >= c.cap {
 			continue
 		}
 		c.pushMRU(c.alloc(h))
 	}
-	for i := len(key) - 1; i >= 0; i-- {
-		s := c.idx[key[i]]
+	for i := len(slots) - 1; i >= 0; i-- {
+		s := slots[i]
 		c.ref[s]--
 		if c.ref[s] == 0 {
 			c.pinned--
@@ -131,12 +136,12 @@ func (c *kvCache) release(key []uint64, extra int, out []uint64) {
 func (c *kvCache) touch(key []uint64) {
 	for i := len(key) - 1; i >= 0; i-- {
 		h := key[i]
-		if s, ok := c.idx[h]; ok {
+		if s, ok := c.idx.get(h); ok {
 			c.unlink(s)
 			c.pushMRU(s)
 			continue
 		}
-		if len(c.idx) >= c.cap {
+		if c.idx.n >= c.cap {
 			c.evictLRU()
 		}
 		c.pushMRU(c.alloc(h))
@@ -164,14 +169,14 @@ func (c *kvCache) alloc(h uint64) int32 {
 		c.next = append(c.next, -1)
 	}
 	c.hash[s], c.ref[s], c.prev[s], c.next[s] = h, 0, -1, -1
-	c.idx[h] = s
+	c.idx.put(h, s)
 	return s
 }
 
 func (c *kvCache) evictLRU() {
 	s := c.head
 	c.unlink(s)
-	delete(c.idx, c.hash[s])
+	c.idx.del(c.hash[s])
 	c.evicted = append(c.evicted, c.hash[s])
 	c.next[s] = c.free
 	c.free = s
@@ -207,11 +212,17 @@ func (c *kvCache) pushMRU(s int32) {
 // check panics if the cache's bookkeeping is inconsistent or over capacity;
 // a test hook.
 func (c *kvCache) check() {
-	if len(c.idx)+c.reserved > c.cap {
+	if c.idx.n+c.reserved > c.cap {
 		panic("sim: KV cache over capacity")
 	}
 	pinned, lru := 0, 0
-	for _, s := range c.idx {
+	for i, s := range c.idx.vals {
+		if s < 0 {
+			continue
+		}
+		if c.hash[s] != c.idx.keys[i] {
+			panic("sim: block table points at the wrong slot")
+		}
 		if c.ref[s] < 0 {
 			panic("sim: negative reference count")
 		}
@@ -225,7 +236,76 @@ func (c *kvCache) check() {
 		}
 		lru++
 	}
-	if pinned != c.pinned || lru != c.lruN || pinned+lru != len(c.idx) || c.reserved < 0 {
+	if pinned != c.pinned || lru != c.lruN || pinned+lru != c.idx.n || c.reserved < 0 {
 		panic("sim: KV cache counts inconsistent")
 	}
+}
+
+// blockTable maps block hashes to cache slots: open addressing with linear
+// probing and backward-shift deletion, sized once for the cache's capacity
+// at most half full. Block hashes are already well mixed.
+type blockTable struct {
+	keys  []uint64
+	vals  []int32 // -1: empty
+	mask  uint64
+	shift uint
+	n     int
+}
+
+func newBlockTable(capacity int) blockTable {
+	size, shift := 16, uint(60)
+	for size < 2*capacity {
+		size, shift = size*2, shift-1
+	}
+	t := blockTable{keys: make([]uint64, size), vals: make([]int32, size), mask: uint64(size - 1), shift: shift}
+	for i := range t.vals {
+		t.vals[i] = -1
+	}
+	return t
+}
+
+func (t *blockTable) home(h uint64) uint64 { return (h * 0x9e3779b97f4a7c15) >> t.shift }
+
+func (t *blockTable) get(h uint64) (int32, bool) {
+	for i := t.home(h); ; i = (i + 1) & t.mask {
+		v := t.vals[i]
+		if v < 0 {
+			return -1, false
+		}
+		if t.keys[i] == h {
+			return v, true
+		}
+	}
+}
+
+// put inserts h, which must be absent.
+func (t *blockTable) put(h uint64, v int32) {
+	i := t.home(h)
+	for t.vals[i] >= 0 {
+		i = (i + 1) & t.mask
+	}
+	t.keys[i], t.vals[i] = h, v
+	t.n++
+}
+
+// del removes h, which must be present.
+func (t *blockTable) del(h uint64) {
+	i := t.home(h)
+	for t.keys[i] != h || t.vals[i] < 0 {
+		i = (i + 1) & t.mask
+	}
+	for j := i; ; {
+		j = (j + 1) & t.mask
+		if t.vals[j] < 0 {
+			break
+		}
+		k := t.home(t.keys[j])
+		// Move j into the hole at i unless its home lies cyclically in (i, j].
+		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
+			t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
+			i = j
+		}
+	}
+	t.vals[i] = -1
+	t.n--
 }

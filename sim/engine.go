@@ -28,6 +28,7 @@ type seq struct {
 	key     gateway.Key // prompt blocks, chained
 	outKey  gateway.Key // answer blocks cached at completion
 	buf     gateway.Key // backing store of key and outKey
+	slots   []int32     // cache slots of key's blocks once pinned
 	private int         // blocks reserved beyond the prompt
 	m       int         // leading blocks cached at admission
 	left    int         // prompt tokens still to prefill
@@ -215,6 +216,10 @@ func (e *engine) arrive(req *Request) {
 	e.ids = append(append(e.ids[:0], req.Blocks...), req.OutBlocks...)
 	s.buf = gateway.AppendHashKey(s.buf[:0], e.ids)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
+	if cap(s.slots) < len(s.key) {
+		s.slots = make([]int32, len(s.key), 2*len(s.key))
+	}
+	s.slots = s.slots[:len(s.key)]
 	s.private = max(0, blocksOf(s.in+s.out, e.bt)-len(s.key), len(s.outKey))
 	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
 		e.res.Failed++
@@ -244,7 +249,7 @@ func (e *engine) arrive(req *Request) {
 		e.plan(int(ri))
 	case r.stepK > 1 && r.running() < e.p.MaxRunning:
 		h := r.waiting.front()
-		if r.cache.fits(h.key, r.cache.match(h.key), h.private) {
+		if r.cache.fits(h.key, h.slots, r.cache.match(h.key, h.slots), h.private) {
 			e.truncate(int(ri))
 		}
 	}
@@ -291,12 +296,12 @@ func (e *engine) plan(ri int) {
 	p := &e.p
 	for r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
-		m := r.cache.match(s.key)
-		if !r.cache.fits(s.key, m, s.private) {
+		m := r.cache.match(s.key, s.slots)
+		if !r.cache.fits(s.key, s.slots, m, s.private) {
 			break
 		}
 		r.waiting.pop()
-		r.cache.admit(s.key, m, s.private)
+		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
 		s.m = m
 		cached := min(m*e.bt, s.in-1)
@@ -380,7 +385,7 @@ func (e *engine) stepEnd(ri int) {
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	s.d.FirstToken()
-	r.cache.commit(s.key, s.m)
+	r.cache.commit(s.key, s.slots, s.m)
 	if e.exact {
 		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key})
 	}
@@ -400,7 +405,7 @@ func (e *engine) firstToken(r *replica, s *seq) {
 }
 
 func (e *engine) complete(r *replica, s *seq) {
-	r.cache.release(s.key, s.private, s.outKey)
+	r.cache.release(s.slots, s.private, s.outKey)
 	e.flushEvictions(r)
 	if e.exact && len(s.outKey) > 0 {
 		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.outKey})
