@@ -145,7 +145,18 @@ func fetchGatewayStats(ctx context.Context, base, model string) (config.RoutingS
 	if err != nil {
 		return config.RoutingStats{}, err
 	}
+	if resp.StatusCode == http.StatusNotFound {
+		return config.RoutingStats{}, fmt.Errorf("the gateway does not serve model %q", model)
+	}
 	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+			return config.RoutingStats{}, fmt.Errorf("GET %s: %s: %s", u, resp.Status, e.Error.Message)
+		}
 		return config.RoutingStats{}, fmt.Errorf("GET %s: %s", u, resp.Status)
 	}
 	var doc struct {
