@@ -67,6 +67,18 @@
 // [Model.Options] and its replicas into gateway.Replica values with
 // [GatewayReplicas].
 //
+// # Routing statistics
+//
+// [RoutingStats] is the JSON record of one model's routing statistics:
+// decisions by kind, hit rates, share of requests per replica, SLO
+// exclusions and fallbacks. The HTTP gateway serves a [StatsDocument]
+// (models keyed by name) at GET /stats, built with [StatsFromGateway];
+// `exa serve routing simulate MODEL` saves the latest simulated record of a
+// model in stats/<model>.json beside the configuration file ([SaveStats],
+// [LoadStats], [StatsPath]; the model name is path-escaped), and
+// `exa serve routing stats MODEL` shows the live record when a gateway is
+// reachable and the saved one otherwise.
+//
 // # Concurrency and durability
 //
 // [Load] reads the file without locking: writes are atomic renames, so a
