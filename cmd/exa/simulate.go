@@ -221,12 +221,15 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		names = policyNames()
 	}
 
-	// The model's own mode is the one recorded for its statistics; its
-	// load weights apply to the load-aware policy.
+	// The model's own mode is the one recorded for its statistics, so it
+	// is always simulated; its load weights apply to the load-aware policy.
 	modeName := ""
 	var rec *recorder
 	if model != "" {
 		modeName = m.ModeName()
+		if !slices.Contains(names, modeName) {
+			names = append(names, modeName)
+		}
 	}
 	for _, n := range names {
 		pol, _ := sim.PolicyByName(n)

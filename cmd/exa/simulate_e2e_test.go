@@ -60,6 +60,11 @@ func TestSimulateSpecCommandGolden(t *testing.T) {
 
 	// Deterministic: a second run, in another config dir, prints the same.
 	assert.Equal(t, out, ok(t, newConfig(t), args...))
+	// Recording the model's policy for its statistics does not change the
+	// simulation: no model, or a cache-aware model, prints the same.
+	assert.Equal(t, out, ok(t, cfg, "serve", "routing", "simulate", "--replicas", "4", "--shared-prefix-requests", "100"))
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
+	assert.Equal(t, out, ok(t, cfg, args...))
 	// Without a terminal there is no progress bar on stderr.
 	r := exa(t, cfg, args...)
 	assert.Empty(t, r.stderr)
