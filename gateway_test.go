@@ -445,9 +445,10 @@ func TestNames(t *testing.T) {
 
 // warmGateway builds a cache-aware gateway of n replicas in which every
 // replica holds a shared system prompt and others prefixes, and each of
-// the returned prompts is held in full by one or two replicas.
-func warmGateway(t testing.TB, n, others int, allHold bool) (*Gateway, []string) {
-	g := mustNew(t, replicaNames(n), WithMode(ModeCacheAware))
+// the returned prompts is held in full by one or two replicas (by every
+// replica if allHold). opts follow WithMode(ModeCacheAware).
+func warmGateway(t testing.TB, n, others int, allHold bool, opts ...Option) (*Gateway, []string) {
+	g := mustNew(t, replicaNames(n), append([]Option{WithMode(ModeCacheAware)}, opts...)...)
 	system := strings.Repeat("You are a careful assistant. Answer briefly and cite sources. ", 17)[:1024]
 	doc := func(i int) string {
 		return fmt.Sprintf("%08d", i) + strings.Repeat(fmt.Sprintf(" document %d line of retrieved context;", i), 100)
