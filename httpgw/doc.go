@@ -1,0 +1,139 @@
+// Package httpgw is an embeddable OpenAI-compatible HTTP gateway that
+// routes requests across model-server replicas (vLLM, SGLang, or anything
+// speaking the OpenAI API and exposing vLLM's Prometheus metrics) with the
+// routing library github.com/examlops/gateway. `exa serve gateway` runs it;
+// other Go servers can mount a *Server as an http.Handler.
+//
+//	srv, err := httpgw.New(httpgw.Options{ConfigPath: "/etc/exa/routing.json"})
+//	if err != nil { ... }
+//	go srv.Run(ctx) // reloads, /health probes, /metrics scrapes
+//	http.ListenAndServe("127.0.0.1:8080", srv)
+//
+// # Endpoints
+//
+//   - POST /v1/chat/completions, POST /v1/completions: forwarded unchanged
+//     to the replica the model's policy picks. Streamed (SSE) answers are
+//     relayed chunk by chunk, flushed as they arrive; a client that goes
+//     away cancels the upstream request. Responses carry X-Exa-Replica (the
+//     replica) and X-Exa-Decision (kind and prefix match, e.g.
+//     "affinity; matched=12/14").
+//   - GET /v1/models: the configured models, in OpenAI's list format.
+//   - GET /stats: routing statistics as JSON (schema below); ?model=NAME
+//     narrows it to one model.
+//   - GET /metrics: the gateway's Prometheus metrics (list below).
+//   - GET /healthz: 200 while the process serves.
+//
+// # Configuration
+//
+// The models, their routing options (mode, latency SLO, load weights) and
+// their replicas come from the file of package config, the one that
+// `exa serve routing set` writes. Run polls its size and modification time
+// every ReloadInterval and applies a changed file without dropping
+// traffic (see Server.Apply): requests in flight finish where they were
+// sent, a model whose routing options are unchanged keeps its cache
+// index, and an invalid file is logged and ignored. A model marked
+// disaggregate is proxied over its replicas, or over its prefill and
+// decode pools together; the HTTP gateway does not split the phases.
+//
+// # Prefix key
+//
+// Each request's prefix key is built with gateway.Hasher.AppendSegment
+// (Options.BlockSize bytes per block, default 64), one segment per part,
+// each part tagged by kind so that equal text in different roles differs.
+// The parts, in order:
+//
+//  1. the system prompt: every message whose role is "system" or
+//     "developer", in order, wherever it stands in the conversation;
+//  2. the session: the X-Session-ID header, or else the body's "user" field;
+//  3. the RAG context: the X-RAG-Context header, an opaque name for the
+//     retrieved context the prompt embeds (a document set id, a corpus
+//     version, a hash of the passages);
+//  4. the conversation: every other message in order, each tagged with its
+//     role (user, assistant, tool; other roles share one tag) — or, for
+//     /v1/completions, the prompt (a string; a list of strings joined by
+//     newlines; token arrays by their JSON text).
+//
+// Message content is its text: a string as is, a list of parts as its text
+// parts concatenated (non-text parts contribute their JSON). Every turn of
+// a chat therefore extends the key of the turn before, and the replica
+// that served the earlier turns holds their prefix. Empty parts add
+// nothing; a request with no text at all gets a one-block key naming the
+// model.
+//
+// # Engine signals
+//
+// Health: every ProbeInterval each engine address gets GET /health; after
+// EjectAfter consecutive failures (failed probes, 5xx answers, transport
+// errors; a refused connection ejects at once) the engine is ejected from
+// every model that uses it, and after ReadmitAfter consecutive successful
+// probes it is readmitted. Load: every ScrapeInterval each engine's
+// /metrics is parsed with the Prometheus text parser (ParseEngineMetrics)
+// and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
+// and time to first byte feeds each replica's smoothed latency through
+// Decision.Done. Decision.FirstToken is called at the first response byte.
+//
+// # Failures
+//
+// Malformed JSON, a missing model, messages or prompt: 400. Unknown model:
+// 404. Body over MaxBodyBytes: 413. No healthy replica, or a model with no
+// replicas: 503. All as OpenAI error objects
+// {"error": {"message", "type", "param", "code"}}. An engine that fails
+// before sending a byte (transport error or 5xx) is retried once on
+// another replica; if that fails too the client gets the engine's 5xx, or
+// 502. An engine that fails mid-answer ends a stream with a final event
+// "data: {"error": {...,"code":"upstream_error"}}" and cuts a plain
+// answer's connection, so a client never mistakes a partial answer for a
+// whole one. Every request is counted in exa_gateway_requests_total with
+// the status sent, or stream_error, aborted or client_canceled.
+//
+// # Metrics
+//
+// All names start with exa_gateway_:
+//
+//	requests_total{model,endpoint,code}        every request and its outcome
+//	decisions_total{model,kind}                routing decisions by kind
+//	routed_total{model}, prefix_hits_total{model}
+//	prefix_blocks_total{model}, prefix_matched_blocks_total{model}
+//	prefix_hit_rate{model}                     hits/routed of the current routing table
+//	replica_requests_total{model,replica}      forwards per replica (retries included)
+//	request_duration_seconds{model,endpoint}   histogram, receipt to end of answer
+//	time_to_first_byte_seconds{model,endpoint} histogram, receipt to first upstream byte
+//	retries_total{model}
+//	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
+//	probe_failures_total{address}, scrape_errors_total{address}
+//	config_reloads_total{result}, in_flight_requests
+//
+// # /stats schema
+//
+// GET /stats returns a Stats value: config.StatsDocument's "models" (so
+// `exa serve routing stats MODEL --gateway URL` decodes it with package
+// config) plus "engines":
+//
+//	{
+//	  "models": {
+//	    "JPCP": {
+//	      "model": "JPCP", "source": "gateway", "mode": "cache_aware",
+//	      "requests": 120, "hits": 96, "hit_rate": 0.8,
+//	      "decisions": {"affinity": 96, "load_aware": 20, "round_robin": 4},
+//	      "slo_excluded": 0, "slo_fallbacks": 0, "no_match": 12, "load_guard": 8,
+//	      "no_healthy": 0,
+//	      "replicas": [
+//	        {"name": "r0", "routed": 61, "hits": 50, "share": 0.508, "healthy": true},
+//	        {"name": "r1", "routed": 59, "hits": 46, "share": 0.492, "healthy": true}
+//	      ]
+//	    }
+//	  },
+//	  "engines": [
+//	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
+//	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41}},
+//	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
+//	     "scrape_error": "gateway: scrape engine metrics: ... connection refused"}
+//	  ]
+//	}
+//
+// Model figures are the routing library's counters (gateway.Stats) for the
+// model's current routing table: they restart when a reload changes the
+// model's routing options. "requests" counts routing decisions, a retried
+// request counting twice; the Prometheus counters are cumulative over the
+// process's life.
+package httpgw

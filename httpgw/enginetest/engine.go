@@ -1,0 +1,387 @@
+// Package enginetest provides an in-process fake model server that speaks
+// enough of vLLM's HTTP API for gateway tests: /v1/chat/completions and
+// /v1/completions (plain and streamed), /v1/models, /health and a /metrics
+// page with vLLM's metric names, backed by a prefix cache over
+// whitespace-separated words. It answers at once; tests steer it with
+// failure switches and gates rather than timing.
+package enginetest
+
+import (
+	"container/list"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Options configures an Engine. The zero value is usable.
+type Options struct {
+	// Name labels the engine in responses (header X-Engine); default
+	// the listen address.
+	Name string
+	// Model is the served model name; "" accepts any model.
+	Model string
+	// BlockWords is how many prompt words make one cache block; default 4.
+	BlockWords int
+	// CacheBlocks is the prefix cache's capacity in blocks (least recently
+	// used blocks are evicted); default 65536.
+	CacheBlocks int
+	// Chunks is how many content chunks a streamed answer has; default 3.
+	Chunks int
+}
+
+// Engine is a fake vLLM server on a loopback port. Its methods are safe
+// for concurrent use.
+type Engine struct {
+	opts Options
+	addr string
+
+	mu      sync.Mutex
+	srv     *httptest.Server
+	cache   map[uint64]*list.Element
+	lru     *list.List
+	waiting int
+	running int
+	kv      float64
+	gate    chan struct{}
+
+	seed      maphash.Seed
+	healthy   atomic.Bool
+	fail5xx   atomic.Int32
+	breakAt   atomic.Int32
+	requests  atomic.Int64
+	hitTokens atomic.Int64
+	queries   atomic.Int64
+	canceled  atomic.Int64
+	gated     chan struct{}
+	cancelCh  chan struct{}
+}
+
+// New starts an Engine on 127.0.0.1 and returns it; Close stops it.
+func New(opts Options) *Engine {
+	if opts.BlockWords <= 0 {
+		opts.BlockWords = 4
+	}
+	if opts.CacheBlocks <= 0 {
+		opts.CacheBlocks = 65536
+	}
+	if opts.Chunks <= 0 {
+		opts.Chunks = 3
+	}
+	e := &Engine{opts: opts, cache: map[uint64]*list.Element{}, lru: list.New(), seed: maphash.MakeSeed(),
+		gated: make(chan struct{}, 1024), cancelCh: make(chan struct{}, 1024)}
+	e.healthy.Store(true)
+	e.start("127.0.0.1:0")
+	return e
+}
+
+func (e *Engine) start(addr string) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		panic(fmt.Sprintf("enginetest: listen %s: %v", addr, err))
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(e.serve))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	e.mu.Lock()
+	e.srv = srv
+	e.addr = l.Addr().String()
+	if e.opts.Name == "" {
+		e.opts.Name = e.addr
+	}
+	e.mu.Unlock()
+}
+
+// URL returns the engine's base URL, e.g. http://127.0.0.1:41234.
+func (e *Engine) URL() string { return "http://" + e.addr }
+
+// Name returns the engine's name.
+func (e *Engine) Name() string { return e.opts.Name }
+
+// Close stops the engine, cutting open connections.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	srv := e.srv
+	e.srv = nil
+	e.mu.Unlock()
+	if srv != nil {
+		srv.CloseClientConnections()
+		srv.Close()
+	}
+}
+
+// Restart starts a stopped engine again on the same address, with its
+// cache emptied, as a restarted model server would be.
+func (e *Engine) Restart() {
+	e.mu.Lock()
+	e.cache = map[uint64]*list.Element{}
+	e.lru.Init()
+	e.mu.Unlock()
+	e.start(e.addr)
+}
+
+// SetHealthy makes /health answer 200 (true) or 503 (false).
+func (e *Engine) SetHealthy(ok bool) { e.healthy.Store(ok) }
+
+// FailNext makes the next n inference requests answer 500.
+func (e *Engine) FailNext(n int) { e.fail5xx.Store(int32(n)) }
+
+// BreakStreams makes answers stop after n chunks by cutting the
+// connection (n >= 1); 0 turns it off.
+func (e *Engine) BreakStreams(n int) { e.breakAt.Store(int32(n)) }
+
+// SetLoad sets the values /metrics reports for vllm:num_requests_waiting,
+// vllm:num_requests_running and vllm:kv_cache_usage_perc.
+func (e *Engine) SetLoad(waiting, running int, kv float64) {
+	e.mu.Lock()
+	e.waiting, e.running, e.kv = waiting, running, kv
+	e.mu.Unlock()
+}
+
+// Gate makes streamed answers pause after their first chunk until the
+// returned function is called. Gated returns a channel that receives once
+// per request reaching the gate.
+func (e *Engine) Gate() (release func()) {
+	ch := make(chan struct{})
+	e.mu.Lock()
+	e.gate = ch
+	e.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(ch)
+			e.mu.Lock()
+			if e.gate == ch {
+				e.gate = nil
+			}
+			e.mu.Unlock()
+		})
+	}
+}
+
+// Gated receives once for each streamed request waiting at the gate.
+func (e *Engine) Gated() <-chan struct{} { return e.gated }
+
+// Requests counts inference requests received.
+func (e *Engine) Requests() int64 { return e.requests.Load() }
+
+// PrefixHits is vllm:prefix_cache_hits: prompt tokens found in the cache.
+func (e *Engine) PrefixHits() int64 { return e.hitTokens.Load() }
+
+// PrefixQueries is vllm:prefix_cache_queries: prompt tokens looked up.
+func (e *Engine) PrefixQueries() int64 { return e.queries.Load() }
+
+// Canceled counts requests whose client went away before the answer was
+// complete.
+func (e *Engine) Canceled() int64 { return e.canceled.Load() }
+
+// CanceledC receives once for each request whose client went away before
+// the answer was complete.
+func (e *Engine) CanceledC() <-chan struct{} { return e.cancelCh }
+
+func (e *Engine) noteCanceled() {
+	e.canceled.Add(1)
+	select {
+	case e.cancelCh <- struct{}{}:
+	default:
+	}
+}
+
+func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/health":
+		if !e.healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case "/metrics":
+		e.serveMetrics(w)
+	case "/v1/models":
+		name := e.opts.Model
+		if name == "" {
+			name = "any"
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm"}}})
+	case "/v1/chat/completions", "/v1/completions":
+		e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (e *Engine) serveMetrics(w http.ResponseWriter) {
+	e.mu.Lock()
+	waiting, running, kv := e.waiting, e.running, e.kv
+	e.mu.Unlock()
+	m := e.opts.Model
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", m, waiting)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n", m, running)
+	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits{model_name=%q} %d\n", m, e.hitTokens.Load())
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries{model_name=%q} %d\n", m, e.queries.Load())
+}
+
+type request struct {
+	Model    string `json:"model"`
+	Stream   bool   `json:"stream"`
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+	Prompt json.RawMessage `json:"prompt"`
+}
+
+func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat bool) {
+	e.requests.Add(1)
+	w.Header().Set("X-Engine", e.opts.Name)
+	if n := e.fail5xx.Load(); n > 0 && e.fail5xx.CompareAndSwap(n, n-1) {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{"message": "injected failure", "type": "server_error"}})
+		return
+	}
+	var req request
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": err.Error(), "type": "invalid_request_error"}})
+		return
+	}
+	if e.opts.Model != "" && req.Model != e.opts.Model {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": "model " + req.Model + " not found", "type": "not_found_error"}})
+		return
+	}
+	var text strings.Builder
+	for _, m := range req.Messages {
+		text.WriteString(m.Role)
+		text.WriteString(": ")
+		var s string
+		if json.Unmarshal(m.Content, &s) == nil {
+			text.WriteString(s)
+		} else {
+			text.Write(m.Content)
+		}
+		text.WriteString("\n")
+	}
+	if len(req.Prompt) > 0 {
+		var s string
+		if json.Unmarshal(req.Prompt, &s) == nil {
+			text.WriteString(s)
+		} else {
+			text.Write(req.Prompt)
+		}
+	}
+	words := strings.Fields(text.String())
+	cached := e.lookupAndStore(words)
+	e.queries.Add(int64(len(words)))
+	e.hitTokens.Add(int64(cached))
+
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+	}
+	usage := map[string]any{"prompt_tokens": len(words), "completion_tokens": e.opts.Chunks,
+		"total_tokens": len(words) + e.opts.Chunks, "prompt_tokens_details": map[string]any{"cached_tokens": cached}}
+	breakAt := int(e.breakAt.Load())
+	if !req.Stream {
+		body, _ := json.Marshal(map[string]any{"id": "fake-1", "object": object, "model": req.Model,
+			"choices": []any{choice(chat, "ok", false)}, "usage": usage})
+		if breakAt > 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(body[:len(body)/2])
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	e.mu.Lock()
+	gate := e.gate
+	e.mu.Unlock()
+	for i := 0; i < e.opts.Chunks; i++ {
+		if breakAt > 0 && i == breakAt {
+			panic(http.ErrAbortHandler)
+		}
+		chunk, _ := json.Marshal(map[string]any{"id": "fake-1", "object": object + ".chunk", "model": req.Model,
+			"choices": []any{choice(chat, fmt.Sprintf("tok%d ", i), true)}})
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", chunk); err != nil {
+			e.noteCanceled()
+			return
+		}
+		_ = rc.Flush()
+		if i == 0 && gate != nil {
+			e.gated <- struct{}{}
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				e.noteCanceled()
+				return
+			}
+		}
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	_ = rc.Flush()
+}
+
+func choice(chat bool, text string, delta bool) map[string]any {
+	c := map[string]any{"index": 0, "finish_reason": "stop"}
+	switch {
+	case chat && delta:
+		c["delta"] = map[string]any{"content": text}
+	case chat:
+		c["message"] = map[string]any{"role": "assistant", "content": text}
+	default:
+		c["text"] = text
+	}
+	return c
+}
+
+// lookupAndStore returns how many leading words of the prompt are cached
+// in whole blocks, then caches all of its whole blocks.
+func (e *Engine) lookupAndStore(words []string) int {
+	bw := e.opts.BlockWords
+	var h maphash.Hash
+	h.SetSeed(e.seed)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cached, matching := 0, true
+	for i := 0; i+bw <= len(words); i += bw {
+		for _, w := range words[i : i+bw] {
+			h.WriteString(w)
+			h.WriteByte(0)
+		}
+		k := h.Sum64()
+		if el, ok := e.cache[k]; ok {
+			e.lru.MoveToFront(el)
+			if matching {
+				cached += bw
+			}
+			continue
+		}
+		matching = false
+		e.cache[k] = e.lru.PushFront(k)
+		for e.lru.Len() > e.opts.CacheBlocks {
+			old := e.lru.Back()
+			e.lru.Remove(old)
+			delete(e.cache, old.Value.(uint64))
+		}
+	}
+	return cached
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

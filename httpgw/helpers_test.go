@@ -1,0 +1,138 @@
+package httpgw
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+)
+
+const testModel = "m1"
+
+// fixture is a gateway in front of fake engines.
+type fixture struct {
+	t       *testing.T
+	srv     *Server
+	http    *httptest.Server
+	engines []*enginetest.Engine
+	reg     *prometheus.Registry
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newFixture starts n fake engines and a gateway serving testModel over
+// them in the given mode.
+func newFixture(t *testing.T, n int, mode string, eopts enginetest.Options) *fixture {
+	t.Helper()
+	f := &fixture{t: t, reg: prometheus.NewRegistry()}
+	var reps []config.Replica
+	for i := range n {
+		o := eopts
+		o.Model = testModel
+		o.Name = "e" + string(rune('0'+i))
+		e := enginetest.New(o)
+		t.Cleanup(e.Close)
+		f.engines = append(f.engines, e)
+		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
+	}
+	s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
+	f.srv = s
+	f.http = httptest.NewServer(s)
+	t.Cleanup(f.http.Close)
+	return f
+}
+
+func chatBody(model string, stream bool, msgs ...string) string {
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var ms []msg
+	for i, m := range msgs {
+		role := "user"
+		switch {
+		case i == 0:
+			role = "system"
+		case i%2 == 0:
+			role = "assistant"
+		}
+		ms = append(ms, msg{role, m})
+	}
+	b, _ := json.Marshal(map[string]any{"model": model, "messages": ms, "stream": stream, "max_tokens": 4})
+	return string(b)
+}
+
+func (f *fixture) post(path, body string, hdr ...string) *http.Response {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.http.URL+path, strings.NewReader(body))
+	require.NoError(f.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(f.t, err)
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
+}
+
+// counter returns the value of a counter series from the fixture's
+// registry, 0 when absent.
+func (f *fixture) counter(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	fams, err := f.reg.Gather()
+	require.NoError(f.t, err)
+	total := 0.0
+	for _, fam := range fams {
+		if fam.GetName() != name {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			if matches(m, labels) {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func matches(m *dto.Metric, labels map[string]string) bool {
+	for k, v := range labels {
+		found := false
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == k && lp.GetValue() == v {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func decodeError(t *testing.T, b []byte) apiError {
+	t.Helper()
+	var eb errorBody
+	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
+	return eb.Error
+}

@@ -1,0 +1,86 @@
+package httpgw
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics holds the gateway's Prometheus collectors. Counters are the
+// gateway's own and survive configuration reloads; the routing library's
+// counters (which restart when a model's gateway is rebuilt) back /stats.
+type metrics struct {
+	requests     *prometheus.CounterVec   // model, endpoint, code
+	decisions    *prometheus.CounterVec   // model, kind
+	routed       *prometheus.CounterVec   // model
+	hits         *prometheus.CounterVec   // model
+	blocks       *prometheus.CounterVec   // model
+	matched      *prometheus.CounterVec   // model
+	replicaReqs  *prometheus.CounterVec   // model, replica
+	duration     *prometheus.HistogramVec // model, endpoint
+	ttfb         *prometheus.HistogramVec // model, endpoint
+	retries      *prometheus.CounterVec   // model
+	ejections    *prometheus.CounterVec   // address
+	readmissions *prometheus.CounterVec   // address
+	healthy      *prometheus.GaugeVec     // address
+	probeFails   *prometheus.CounterVec   // address
+	scrapeErrors *prometheus.CounterVec   // address
+	reloads      *prometheus.CounterVec   // result
+	inFlight     prometheus.Gauge
+	hitRate      *prometheus.GaugeVec // model
+}
+
+// latencyBuckets span 1 ms to about 65 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns = "exa_gateway"
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
+			Help: "Requests received, by model, endpoint (chat, completions, models) and outcome code: the HTTP status sent, or stream_error / client_canceled."},
+			[]string{"model", "endpoint", "code"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decisions_total",
+			Help: "Routing decisions by model and kind (affinity, load_aware, round_robin)."}, []string{"model", "kind"}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_total",
+			Help: "Routing decisions made, by model (first attempts and retries)."}, []string{"model"}),
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_hits_total",
+			Help: "Decisions whose chosen replica held the whole prefix, by model."}, []string{"model"}),
+		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_blocks_total",
+			Help: "Prefix blocks routed, by model."}, []string{"model"}),
+		matched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_matched_blocks_total",
+			Help: "Prefix blocks the chosen replica held, by model."}, []string{"model"}),
+		replicaReqs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "replica_requests_total",
+			Help: "Requests forwarded to each replica, by model and replica."}, []string{"model", "replica"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_duration_seconds",
+			Help: "Time from receiving a request to the end of its response, by model and endpoint.", Buckets: latencyBuckets},
+			[]string{"model", "endpoint"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "time_to_first_byte_seconds",
+			Help: "Time from receiving a request to the first upstream response byte (time to first token when streaming).", Buckets: latencyBuckets},
+			[]string{"model", "endpoint"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
+			Help: "Requests retried on another replica after an upstream failure before any response byte."}, []string{"model"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "ejections_total",
+			Help: "Times an engine address was ejected as unhealthy."}, []string{"address"}),
+		readmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "readmissions_total",
+			Help: "Times an ejected engine address was readmitted."}, []string{"address"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "endpoint_healthy",
+			Help: "1 if the engine address is in rotation, 0 if ejected."}, []string{"address"}),
+		probeFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "probe_failures_total",
+			Help: "Failed active /health probes, by engine address."}, []string{"address"}),
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scrape_errors_total",
+			Help: "Failed /metrics scrapes, by engine address."}, []string{"address"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "config_reloads_total",
+			Help: "Configuration loads, by result (ok, error)."}, []string{"result"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight_requests",
+			Help: "Inference requests being served."}),
+		hitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "prefix_hit_rate",
+			Help: "Fraction of decisions whose chosen replica held the whole prefix, by model, since the model's routing table was built."},
+			[]string{"model"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.decisions, m.routed, m.hits, m.blocks, m.matched,
+		m.replicaReqs, m.duration, m.ttfb, m.retries, m.ejections, m.readmissions, m.healthy, m.probeFails,
+		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,364 @@
+package httpgw
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+// Response headers the gateway adds to proxied responses.
+const (
+	// HeaderReplica names the replica that served the request.
+	HeaderReplica = "X-Exa-Replica"
+	// HeaderDecision gives the routing decision's kind and prefix match,
+	// e.g. "affinity; matched=12/14".
+	HeaderDecision = "X-Exa-Decision"
+)
+
+// Outcome codes of exa_gateway_requests_total besides HTTP statuses.
+const (
+	codeClientCanceled = "client_canceled"
+	codeStreamError    = "stream_error"
+	codeAborted        = "aborted"
+)
+
+// outcome is what one request came to, for the request counter.
+type outcome struct {
+	model    string
+	endpoint string
+	code     string
+}
+
+// errUpstreamStatus marks a 5xx answer from an engine.
+var errUpstreamStatus = errors.New("gateway: engine answered with a server error")
+
+// hopHeaders are connection-level headers a proxy must not forward.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// serveInference handles /v1/chat/completions and /v1/completions.
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
+	start := s.opts.Clock()
+	s.metrics.inFlight.Inc()
+	oc := outcome{endpoint: kind.String()}
+	defer func() {
+		s.metrics.inFlight.Dec()
+		s.metrics.requests.WithLabelValues(oc.model, oc.endpoint, oc.code).Inc()
+		if oc.model != "" {
+			s.metrics.duration.WithLabelValues(oc.model, oc.endpoint).Observe(s.opts.Clock().Sub(start).Seconds())
+		}
+	}()
+	fail := func(status int, typ, code, param, msg string) {
+		oc.code = strconv.Itoa(status)
+		writeError(w, status, typ, code, param, msg)
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			fail(http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
+				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
+			return
+		}
+		fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		return
+	}
+	req, err := parseRequest(kind, body)
+	if err != nil {
+		var re *requestError
+		param := ""
+		if errors.As(err, &re) {
+			param = re.field
+		}
+		fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
+		return
+	}
+	st := s.state.Load()
+	ms, ok := st.models[*req.Model]
+	if !ok {
+		fail(http.StatusNotFound, typeNotFound, "model_not_found", "model",
+			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, *req.Model))
+		return
+	}
+	oc.model = ms.name
+	if ms.noReps {
+		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
+		return
+	}
+	kp := s.keyPool.Get().(*gateway.Key)
+	key := appendKey(s.hasher, (*kp)[:0], req, r.Header)
+	defer func() { *kp = key[:0]; s.keyPool.Put(kp) }()
+
+	s.proxy(w, r, ms, key, body, start, &oc)
+}
+
+// proxy routes and forwards one parsed request, retrying once on another
+// replica when the first fails before sending any response byte.
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, key gateway.Key, body []byte, start time.Time, oc *outcome) {
+	var lastErr error
+	var failed string
+	for try := 0; try < 2; try++ {
+		d, err := ms.gw.Route(key)
+		if err != nil {
+			if errors.Is(err, gateway.ErrNoHealthyReplica) {
+				oc.code = strconv.Itoa(http.StatusServiceUnavailable)
+				msg := fmt.Sprintf("gateway: no healthy replica for model %q", ms.name)
+				if lastErr != nil {
+					msg += "; last upstream error: " + lastErr.Error()
+				}
+				writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", msg)
+				return
+			}
+			oc.code = strconv.Itoa(http.StatusInternalServerError)
+			writeError(w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
+			return
+		}
+		name := d.Replica
+		dec := &d
+		if try > 0 && name == failed {
+			// The policy chose the failed replica again (it is not ejected
+			// yet): release the decision and take the next healthy one.
+			d.Done(gateway.DoneInfo{Err: lastErr})
+			dec = nil
+			name = s.alternative(ms, failed)
+			if name == "" {
+				oc.code = strconv.Itoa(http.StatusBadGateway)
+				writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
+					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+				return
+			}
+		}
+		if try > 0 {
+			s.metrics.retries.WithLabelValues(ms.name).Inc()
+		}
+		if dec != nil {
+			s.countDecision(ms.name, dec)
+		}
+		s.metrics.replicaReqs.WithLabelValues(ms.name, name).Inc()
+		ep := ms.byName[name]
+		retry, err := s.forward(w, r, ms, name, ep, dec, body, start, try == 0, oc)
+		if !retry {
+			return
+		}
+		lastErr, failed = err, name
+	}
+	oc.code = strconv.Itoa(http.StatusBadGateway)
+	writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
+		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
+}
+
+// alternative returns a healthy replica of ms other than not, starting
+// after it in configuration order, or "".
+func (s *Server) alternative(ms *modelState, not string) string {
+	at := 0
+	for i, n := range ms.order {
+		if n == not {
+			at = i
+		}
+	}
+	for i := 1; i < len(ms.order); i++ {
+		n := ms.order[(at+i)%len(ms.order)]
+		if ep := ms.byName[n]; ep != nil && ep.health.healthy() {
+			return n
+		}
+	}
+	return ""
+}
+
+func (s *Server) countDecision(model string, d *gateway.Decision) {
+	s.metrics.routed.WithLabelValues(model).Inc()
+	s.metrics.decisions.WithLabelValues(model, d.Kind.String()).Inc()
+	if d.Hit {
+		s.metrics.hits.WithLabelValues(model).Inc()
+	}
+	s.metrics.blocks.WithLabelValues(model).Add(float64(d.Blocks))
+	s.metrics.matched.WithLabelValues(model).Add(float64(d.Matched))
+}
+
+// forward sends the request to one replica and relays the answer. It
+// returns retry=true, with the cause, when the replica failed before any
+// byte was sent to the client and canRetry allowed it; otherwise it has
+// answered the client (or the client is gone) and set oc.code.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState, name string, ep *endpoint,
+	d *gateway.Decision, body []byte, start time.Time, canRetry bool, oc *outcome) (retry bool, cause error) {
+	done := func(lat time.Duration, err error) {
+		if d != nil {
+			d.Done(gateway.DoneInfo{Latency: lat, Err: err})
+		}
+	}
+	ctx := r.Context()
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.base+r.URL.RequestURI(), newBodyReader(body))
+	if err != nil {
+		done(0, err)
+		oc.code = strconv.Itoa(http.StatusBadGateway)
+		writeError(w, http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: replica %q: %v", ErrUpstream, name, err))
+		return false, nil
+	}
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
+	copyHeaders(out.Header, r.Header)
+	resp, err := s.client.Do(out)
+	if err != nil {
+		if ctx.Err() != nil {
+			done(0, ctx.Err())
+			oc.code = codeClientCanceled
+			return false, nil
+		}
+		s.observe(ep, ep.health.failure(isDialError(err)))
+		err = fmt.Errorf("replica %q (%s): %w", name, ep.base, err)
+		done(0, err)
+		if canRetry {
+			return true, err
+		}
+		oc.code = strconv.Itoa(http.StatusBadGateway)
+		writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		return false, nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		s.observe(ep, ep.health.failure(false))
+		if canRetry {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			err := fmt.Errorf("replica %q (%s): %w: status %d", name, ep.base, errUpstreamStatus, resp.StatusCode)
+			done(0, err)
+			return true, err
+		}
+	} else {
+		s.observe(ep, ep.health.success(false))
+	}
+
+	h := w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderReplica, name)
+	if d != nil {
+		h.Set(HeaderDecision, d.Kind.String()+"; matched="+strconv.Itoa(d.Matched)+"/"+strconv.Itoa(d.Blocks))
+	} else {
+		h.Set(HeaderDecision, "retry")
+	}
+	w.WriteHeader(resp.StatusCode)
+	status := strconv.Itoa(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	rc := http.NewResponseController(w)
+	if sse {
+		_ = rc.Flush()
+	}
+
+	bp := s.bufPool.Get().(*[]byte)
+	defer s.bufPool.Put(bp)
+	buf := *bp
+	var ttfb time.Duration
+	first := true
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				ttfb = s.opts.Clock().Sub(start)
+				if d != nil {
+					d.FirstToken()
+				}
+				s.metrics.ttfb.WithLabelValues(ms.name, oc.endpoint).Observe(ttfb.Seconds())
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				// The client is gone; returning cancels the upstream request.
+				done(0, werr)
+				oc.code = codeClientCanceled
+				return false, nil
+			}
+			if sse {
+				_ = rc.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			if resp.StatusCode >= 500 {
+				done(0, fmt.Errorf("%w: status %d", errUpstreamStatus, resp.StatusCode))
+			} else {
+				done(ttfb, nil)
+			}
+			oc.code = status
+			return false, nil
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				done(0, ctx.Err())
+				oc.code = codeClientCanceled
+				return false, nil
+			}
+			s.observe(ep, ep.health.failure(false))
+			err := fmt.Errorf("%w: replica %q (%s) failed mid-response: %v", ErrUpstream, name, ep.base, rerr)
+			done(0, err)
+			if sse {
+				_, _ = w.Write(streamErrorEvent(err.Error()))
+				_ = rc.Flush()
+				oc.code = codeStreamError
+				return false, nil
+			}
+			// A plain JSON body cannot carry an error once begun: cut the
+			// connection so the client sees a failure, not a short body.
+			oc.code = codeAborted
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// bodyReader is a resettable reader over a request body, so a retry can
+// resend it.
+type bodyReader struct {
+	b []byte
+	i int
+}
+
+func newBodyReader(b []byte) *bodyReader { return &bodyReader{b: b} }
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func (r *bodyReader) Close() error { return nil }
+
+// copyHeaders copies end-to-end headers from src to dst.
+func copyHeaders(dst, src http.Header) {
+	var conn []string
+	if c := src.Get("Connection"); c != "" {
+		conn = strings.Split(c, ",")
+	}
+next:
+	for k, vv := range src {
+		for _, h := range hopHeaders {
+			if strings.EqualFold(k, h) {
+				continue next
+			}
+		}
+		for _, c := range conn {
+			if strings.EqualFold(k, strings.TrimSpace(c)) {
+				continue next
+			}
+		}
+		dst[k] = append(dst[k][:0:0], vv...)
+	}
+}
+
+// isDialError reports whether err is a failure to connect (the engine is
+// not listening), which ejects the engine at once.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}

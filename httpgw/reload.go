@@ -1,0 +1,243 @@
+package httpgw
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+)
+
+// Apply installs a routing configuration. Requests already being served
+// finish on the routing table they started with; new requests use the new
+// one at once, so no request is dropped. A model whose mode, SLO and load
+// weights are unchanged keeps its gateway (and so its cache index and
+// counters), with replicas added and removed as the configuration says;
+// a model whose routing options changed gets a fresh gateway. Engines are
+// shared by address across models and keep their health state.
+//
+// A model with disaggregate set is proxied over its replicas, or when it
+// has none over the replicas of its prefill and decode pools together
+// (named pool/replica): the HTTP gateway does not split prefill from
+// decode. An invalid configuration is an error and changes nothing.
+func (s *Server) Apply(f *config.File) error {
+	if f == nil {
+		f = &config.File{Version: config.Version}
+	}
+	f = f.Clone()
+	if f.Version == 0 {
+		f.Version = config.Version
+	}
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.state.Load()
+	next := &state{file: f, models: make(map[string]*modelState, len(f.Models)), endpoints: map[string]*endpoint{}}
+	for _, name := range f.Names() {
+		ms, err := s.buildModel(name, f.Models[name], old, next)
+		if err != nil {
+			return err
+		}
+		next.models[name] = ms
+	}
+	s.state.Store(next)
+	return nil
+}
+
+// modelReplicas returns the replicas a model is proxied over.
+func modelReplicas(cfg config.Model) []config.Replica {
+	if !cfg.Disaggregate || len(cfg.Replicas) > 0 {
+		return cfg.Replicas
+	}
+	var out []config.Replica
+	for _, pool := range []string{cfg.PrefillPool, cfg.DecodePool} {
+		for _, r := range cfg.Pools[pool] {
+			r.Name = pool + "/" + r.Name
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// sameRouting reports whether two model configurations route alike, so a
+// gateway built for a can serve b once its replicas are synced.
+func sameRouting(a, b config.Model) bool {
+	if a.ModeName() != b.ModeName() || a.SLOLatencyMS != b.SLOLatencyMS {
+		return false
+	}
+	if (a.LoadWeights == nil) != (b.LoadWeights == nil) {
+		return false
+	}
+	return a.LoadWeights == nil || *a.LoadWeights == *b.LoadWeights
+}
+
+func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
+	if ep, ok := next.endpoints[addr]; ok {
+		return ep
+	}
+	ep, ok := old.endpoints[addr]
+	if !ok {
+		ep = &endpoint{base: addr}
+		ep.health.ejectAfter = s.opts.EjectAfter
+		ep.health.readmitAfter = s.opts.ReadmitAfter
+	}
+	next.endpoints[addr] = ep
+	return ep
+}
+
+func (s *Server) buildModel(name string, cfg config.Model, old, next *state) (*modelState, error) {
+	reps := modelReplicas(cfg)
+	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(reps)), disaggr: cfg.Disaggregate}
+	mode, err := cfg.GatewayMode()
+	if err != nil {
+		return nil, err
+	}
+	ms.mode = mode
+	want := make([]gateway.Replica, 0, len(reps))
+	for _, r := range reps {
+		ep := s.endpointFor(NormalizeAddress(r.Address), old, next)
+		ms.byName[r.Name] = ep
+		ms.order = append(ms.order, r.Name)
+		g := r.Gateway()
+		g.Name = r.Name
+		g.Address = ep.base
+		g.Unhealthy = !ep.health.healthy()
+		want = append(want, g)
+	}
+	if len(want) == 0 {
+		ms.noReps = true
+		return ms, nil
+	}
+	if prev, ok := old.models[name]; ok && prev.gw != nil && sameRouting(prev.cfg, cfg) {
+		if err := syncReplicas(prev.gw, want); err != nil {
+			return nil, fmt.Errorf("gateway: model %q: %w", name, err)
+		}
+		ms.gw = prev.gw
+		return ms, nil
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, s.opts.GatewayOptions...)
+	gw, err := gateway.New(want, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: model %q: %w", name, err)
+	}
+	ms.gw = gw
+	return ms, nil
+}
+
+// syncReplicas makes gw's replica table match want: replicas gone or
+// changed (address, capacity) are removed, new ones added, and every
+// replica's health set.
+func syncReplicas(gw *gateway.Gateway, want []gateway.Replica) error {
+	have := map[string]gateway.ReplicaStatus{}
+	for _, r := range gw.Replicas() {
+		have[r.Name] = r
+	}
+	wanted := map[string]gateway.Replica{}
+	for _, r := range want {
+		wanted[r.Name] = r
+	}
+	// Add before removing, so the table never goes empty.
+	for _, r := range want {
+		h, ok := have[r.Name]
+		if ok && h.Address == r.Address && (r.CacheBlocks == 0 || h.CacheBlocks == r.CacheBlocks) {
+			continue
+		}
+		if ok {
+			if err := gw.RemoveReplica(r.Name); err != nil {
+				return err
+			}
+		}
+		if err := gw.AddReplica(r); err != nil {
+			return err
+		}
+	}
+	for name := range have {
+		if _, ok := wanted[name]; !ok {
+			if err := gw.RemoveReplica(name); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range want {
+		if err := gw.SetHealthy(r.Name, !r.Unhealthy); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NormalizeAddress turns a configured replica address into a base URL:
+// "host:port" gets an http:// scheme and a trailing slash is dropped.
+func NormalizeAddress(addr string) string {
+	addr = strings.TrimRight(strings.TrimSpace(addr), "/")
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return addr
+}
+
+// Reload loads the configuration file (Options.ConfigPath) if it changed
+// since the last load (by size or modification time) and applies
+// it. It reports whether it applied a new configuration. A corrupt or
+// invalid file is an error and the running configuration stays; so does a
+// file that disappears after it was loaded. Run calls Reload every
+// ReloadInterval; tests and embedders may call it directly.
+func (s *Server) Reload() (bool, error) {
+	path := s.opts.ConfigPath
+	if path == "" {
+		return false, nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		s.mu.Lock()
+		seen := s.fileSeen
+		s.mu.Unlock()
+		if seen {
+			return false, nil // keep serving the last good configuration
+		}
+		return false, s.applyCounted(&config.File{Version: config.Version})
+	case err != nil:
+		s.metrics.reloads.WithLabelValues("error").Inc()
+		return false, fmt.Errorf("gateway: config %s: %w", path, err)
+	}
+	s.mu.Lock()
+	unchanged := s.fileSeen && fi.ModTime().Equal(s.fileMod) && fi.Size() == s.fileSize
+	s.mu.Unlock()
+	if unchanged {
+		return false, nil
+	}
+	f, err := config.Load(path)
+	s.mu.Lock()
+	s.fileSeen, s.fileMod, s.fileSize = true, fi.ModTime(), fi.Size()
+	s.mu.Unlock()
+	if err != nil {
+		s.metrics.reloads.WithLabelValues("error").Inc()
+		s.log.Error("gateway: config reload failed; keeping the running configuration", "file", path, "err", err)
+		return false, err
+	}
+	if err := s.applyCounted(f); err != nil {
+		s.log.Error("gateway: config reload failed; keeping the running configuration", "file", path, "err", err)
+		return false, err
+	}
+	s.log.Info("gateway: configuration loaded", "file", path, "models", len(f.Models))
+	return true, nil
+}
+
+func (s *Server) applyCounted(f *config.File) error {
+	if err := s.Apply(f); err != nil {
+		s.metrics.reloads.WithLabelValues("error").Inc()
+		return err
+	}
+	s.metrics.reloads.WithLabelValues("ok").Inc()
+	return nil
+}

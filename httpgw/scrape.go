@@ -1,0 +1,118 @@
+package httpgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+
+	"github.com/examlops/gateway"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Engine metric names read from each engine's /metrics (vLLM's names; the
+// llm-d inference simulator uses the same).
+const (
+	metricWaiting    = "vllm:num_requests_waiting"
+	metricRunning    = "vllm:num_requests_running"
+	metricKVUsage    = "vllm:kv_cache_usage_perc"
+	metricKVUsageOld = "vllm:gpu_cache_usage_perc"
+)
+
+// ErrScrape reports an engine /metrics page that could not be fetched or
+// parsed.
+var ErrScrape = errors.New("gateway: scrape engine metrics")
+
+// maxMetricsBytes bounds the /metrics page read from an engine.
+const maxMetricsBytes = 8 << 20
+
+// ParseEngineMetrics parses a Prometheus text exposition, as vLLM serves
+// it at /metrics, into a gateway.Load: QueueDepth is the sum of
+// vllm:num_requests_waiting over its series (one per model_name),
+// Running the sum of vllm:num_requests_running, KVUtilization the largest
+// vllm:kv_cache_usage_perc (or, from older vLLM versions,
+// vllm:gpu_cache_usage_perc), clamped to 0..1. Missing metrics read as
+// zero; Latency is left zero so the gateway keeps its own measurement.
+// A page that does not parse is an error wrapping ErrScrape.
+func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return gateway.Load{}, fmt.Errorf("%w: %v", ErrScrape, err)
+	}
+	var l gateway.Load
+	l.QueueDepth = int(math.Round(sumFamily(fams[metricWaiting])))
+	l.Running = int(math.Round(sumFamily(fams[metricRunning])))
+	kv, ok := maxFamily(fams[metricKVUsage])
+	if !ok {
+		kv, _ = maxFamily(fams[metricKVUsageOld])
+	}
+	l.KVUtilization = min(max(kv, 0), 1)
+	l.QueueDepth = max(l.QueueDepth, 0)
+	l.Running = max(l.Running, 0)
+	return l, nil
+}
+
+// sampleValue returns the value of a gauge, counter or untyped sample; NaN
+// and infinities read as zero.
+func sampleValue(m *dto.Metric) float64 {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0
+	}
+	return v
+}
+
+func sumFamily(f *dto.MetricFamily) float64 {
+	var s float64
+	for _, m := range f.GetMetric() {
+		s += sampleValue(m)
+	}
+	return s
+}
+
+func maxFamily(f *dto.MetricFamily) (float64, bool) {
+	if len(f.GetMetric()) == 0 {
+		return 0, false
+	}
+	best := math.Inf(-1)
+	for _, m := range f.GetMetric() {
+		best = max(best, sampleValue(m))
+	}
+	return best, true
+}
+
+// scrape fetches and parses one engine's /metrics.
+func scrape(ctx context.Context, client *http.Client, base string) (gateway.Load, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return gateway.Load{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := client.Do(req)
+	if err != nil {
+		return gateway.Load{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return gateway.Load{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
+	}
+	l, err := ParseEngineMetrics(io.LimitReader(resp.Body, maxMetricsBytes))
+	if err != nil {
+		return gateway.Load{}, fmt.Errorf("%s: %w", base, err)
+	}
+	return l, nil
+}

@@ -1,0 +1,269 @@
+package httpgw
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Defaults of Options fields left zero.
+const (
+	DefaultReloadInterval = time.Second
+	DefaultProbeInterval  = time.Second
+	DefaultProbeTimeout   = time.Second
+	DefaultScrapeInterval = time.Second
+	DefaultEjectAfter     = 2
+	DefaultReadmitAfter   = 2
+	DefaultMaxBodyBytes   = 8 << 20
+)
+
+// Options configures a Server. The zero value is usable: every zero field
+// takes the default named in its comment.
+type Options struct {
+	// ConfigPath is the routing configuration file (package config's
+	// format) that New loads and Run polls for changes. "" means none:
+	// the embedder calls Apply instead.
+	ConfigPath string
+	// ReloadInterval is how often Run checks the file's modification time
+	// and size; default DefaultReloadInterval (1s).
+	ReloadInterval time.Duration
+	// ProbeInterval is how often Run probes each engine's /health; default
+	// DefaultProbeInterval (1s). ProbeTimeout bounds each probe; default
+	// DefaultProbeTimeout (1s).
+	ProbeInterval, ProbeTimeout time.Duration
+	// ScrapeInterval is how often Run scrapes each engine's /metrics;
+	// default DefaultScrapeInterval (1s).
+	ScrapeInterval time.Duration
+	// EjectAfter is how many consecutive failures (failed probes, 5xx
+	// responses, transport errors) eject an engine; a refused connection
+	// ejects at once. Default DefaultEjectAfter (2).
+	EjectAfter int
+	// ReadmitAfter is how many consecutive successful probes readmit an
+	// ejected engine; default DefaultReadmitAfter (2).
+	ReadmitAfter int
+	// MaxBodyBytes bounds request bodies; larger ones get 413. Default
+	// DefaultMaxBodyBytes (8 MiB).
+	MaxBodyBytes int64
+	// BlockSize is the prefix-key block size in bytes; default
+	// gateway.DefaultBlockSize.
+	BlockSize int
+	// Transport carries requests to the engines; default a pooled
+	// http.Transport without compression or proxies.
+	Transport http.RoundTripper
+	// Registerer receives the gateway's metrics; default a fresh
+	// prometheus.Registry, which /metrics then serves. When Registerer is
+	// set, Gatherer should be too (it is what /metrics serves).
+	Registerer prometheus.Registerer
+	// Gatherer is what /metrics serves; default the fresh registry, or
+	// prometheus.DefaultGatherer when only Registerer is given.
+	Gatherer prometheus.Gatherer
+	// Logger receives operational messages (ejections, reloads); default
+	// slog.Default().
+	Logger *slog.Logger
+	// Clock is the time source for latency measurements; default time.Now.
+	Clock func() time.Time
+	// GatewayOptions are added to every model's gateway.New options, after
+	// the ones its configuration implies.
+	GatewayOptions []gateway.Option
+}
+
+// Server is the HTTP gateway: an http.Handler that serves the OpenAI
+// endpoints, /metrics, /stats and /healthz, plus the background loops
+// (Run) that reload the configuration and watch the engines. Create one
+// with New. All methods are safe for concurrent use.
+type Server struct {
+	opts    Options
+	hasher  *gateway.Hasher
+	client  *http.Client // engine traffic
+	control *http.Client // probes and scrapes
+	metrics *metrics
+	gather  prometheus.Gatherer
+	log     *slog.Logger
+	mux     *http.ServeMux
+
+	state atomic.Pointer[state]
+
+	mu       sync.Mutex // serialises Apply, reloads and health transitions
+	fileMod  time.Time
+	fileSize int64
+	fileSeen bool
+
+	keyPool sync.Pool
+	bufPool sync.Pool
+}
+
+// state is an immutable snapshot of the configured models and engines.
+type state struct {
+	file      *config.File
+	models    map[string]*modelState
+	endpoints map[string]*endpoint // by normalised address
+}
+
+// modelState is one model's routing table.
+type modelState struct {
+	name    string
+	cfg     config.Model
+	mode    gateway.Mode
+	gw      *gateway.Gateway // nil when the model has no replicas
+	order   []string         // replica names in configuration order
+	byName  map[string]*endpoint
+	noReps  bool
+	disaggr bool
+}
+
+// New returns a Server. With Options.ConfigPath set it loads the file; a
+// missing file is an empty configuration (no models) that Run picks up once
+// it appears, a corrupt one an error.
+func New(opts Options) (*Server, error) {
+	if err := fillOptions(&opts); err != nil {
+		return nil, err
+	}
+	h, err := gateway.NewHasher(opts.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("%w: BlockSize: %w", ErrInvalidOptions, err)
+	}
+	s := &Server{
+		opts:    opts,
+		hasher:  h,
+		client:  &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect},
+		control: &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
+		log:     opts.Logger,
+		gather:  opts.Gatherer,
+	}
+	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
+	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
+	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}})
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
+	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
+	s.mux.HandleFunc("/v1/models", s.serveModels)
+	s.mux.HandleFunc("/stats", s.serveStats)
+	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
+	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.refreshGauges()
+		metricsHandler.ServeHTTP(w, r)
+	}))
+	if opts.ConfigPath != "" {
+		if _, err := s.Reload(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func fillOptions(o *Options) error {
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"ReloadInterval", &o.ReloadInterval, DefaultReloadInterval},
+		{"ProbeInterval", &o.ProbeInterval, DefaultProbeInterval},
+		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
+		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%w: %s %v is negative", ErrInvalidOptions, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"EjectAfter", &o.EjectAfter, DefaultEjectAfter},
+		{"ReadmitAfter", &o.ReadmitAfter, DefaultReadmitAfter},
+		{"BlockSize", &o.BlockSize, gateway.DefaultBlockSize},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%w: %s %d is negative", ErrInvalidOptions, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if o.MaxBodyBytes < 0 {
+		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidOptions, o.MaxBodyBytes)
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.Transport == nil {
+		o.Transport = newTransport()
+	}
+	switch {
+	case o.Registerer == nil:
+		reg := prometheus.NewRegistry()
+		o.Registerer = reg
+		if o.Gatherer == nil {
+			o.Gatherer = reg
+		}
+	case o.Gatherer == nil:
+		o.Gatherer = prometheus.DefaultGatherer
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return nil
+}
+
+// newTransport returns the default engine transport: pooled keep-alive
+// connections, no compression (bodies pass through as the engine sent
+// them), no proxy (engines are addressed directly).
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		ExpectContinueTimeout: 0,
+	}
+}
+
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// ServeHTTP serves /v1/chat/completions, /v1/completions, /v1/models,
+// /stats, /metrics and /healthz.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mux.ServeHTTP(w, r)
+}
+
+// refreshGauges sets the gauges computed from the routing library's
+// counters, just before /metrics is gathered.
+func (s *Server) refreshGauges() {
+	st := s.state.Load()
+	for name, m := range st.models {
+		if m.gw != nil {
+			s.metrics.hitRate.WithLabelValues(name).Set(m.gw.Stats().HitRate())
+		}
+	}
+	for addr, ep := range st.endpoints {
+		v := 0.0
+		if ep.health.healthy() {
+			v = 1
+		}
+		s.metrics.healthy.WithLabelValues(addr).Set(v)
+	}
+}

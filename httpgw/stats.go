@@ -1,0 +1,149 @@
+package httpgw
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/examlops/gateway/config"
+)
+
+// Stats is the body of GET /stats (schema in the package documentation).
+// It embeds config.StatsDocument, so a client that decodes the body into a
+// config.StatsDocument reads the per-model statistics and ignores the rest.
+type Stats struct {
+	config.StatsDocument
+	// Engines describes every configured engine address, sorted by address.
+	Engines []EngineStats `json:"engines"`
+}
+
+// EngineStats is one engine address as the gateway sees it.
+type EngineStats struct {
+	// Address is the engine's base URL.
+	Address string `json:"address"`
+	// Healthy is false while the engine is ejected.
+	Healthy bool `json:"healthy"`
+	// Load is the last load scraped from its /metrics; absent before the
+	// first successful scrape.
+	Load *EngineLoad `json:"load,omitempty"`
+	// ScrapeError is the last scrape's error, "" when it succeeded.
+	ScrapeError string `json:"scrape_error,omitempty"`
+	// Models lists the models that route to this engine.
+	Models []string `json:"models"`
+}
+
+// EngineLoad is a scraped engine load.
+type EngineLoad struct {
+	// Waiting is vllm:num_requests_waiting.
+	Waiting int `json:"waiting"`
+	// Running is vllm:num_requests_running.
+	Running int `json:"running"`
+	// KVUtilization is vllm:kv_cache_usage_perc, 0..1.
+	KVUtilization float64 `json:"kv_utilization"`
+}
+
+// Stats returns the gateway's statistics, as GET /stats serves them.
+func (s *Server) Stats() Stats {
+	st := s.state.Load()
+	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.models))}, Engines: []EngineStats{}}
+	users := map[*endpoint][]string{}
+	for name, m := range st.models {
+		if m.gw == nil {
+			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.mode.String(),
+				Decisions: map[string]uint64{}, Replicas: []config.ReplicaStats{}}
+			continue
+		}
+		out.Models[name] = config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), m.gw.Replicas())
+		for _, ep := range m.byName {
+			if !slices.Contains(users[ep], name) {
+				users[ep] = append(users[ep], name)
+			}
+		}
+	}
+	for _, ep := range st.endpoints {
+		l, has, _, lastErr := ep.snapshotLoad()
+		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep]}
+		if has {
+			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
+		}
+		if es.Models == nil {
+			es.Models = []string{}
+		}
+		slices.Sort(es.Models)
+		out.Engines = append(out.Engines, es)
+	}
+	slices.SortFunc(out.Engines, func(a, b EngineStats) int {
+		switch {
+		case a.Address < b.Address:
+			return -1
+		case a.Address > b.Address:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// serveStats serves GET /stats; ?model=NAME narrows it to one model (404
+// when the gateway does not serve it).
+func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /stats accepts GET only")
+		return
+	}
+	st := s.Stats()
+	if model := r.URL.Query().Get("model"); model != "" {
+		rs, ok := st.Models[model]
+		if !ok {
+			writeError(w, http.StatusNotFound, typeNotFound, "model_not_found", "model", "gateway: model not found: "+strconv.Quote(model))
+			return
+		}
+		st.Models = map[string]config.RoutingStats{model: rs}
+	}
+	writeJSON(w, st)
+}
+
+// modelList is the OpenAI GET /v1/models body.
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels serves GET /v1/models: the configured models.
+func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	code := "200"
+	defer func() { s.metrics.requests.WithLabelValues("", "models", code).Inc() }()
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		code = "405"
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /v1/models accepts GET only")
+		return
+	}
+	st := s.state.Load()
+	list := modelList{Object: "list", Data: []modelEntry{}}
+	for _, name := range st.file.Names() {
+		list.Data = append(list.Data, modelEntry{ID: name, Object: "model", OwnedBy: "exa"})
+	}
+	writeJSON(w, list)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, typeServer, "encode_error", "", "gateway: encode response: "+err.Error())
+		return
+	}
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
+}

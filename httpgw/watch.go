@@ -1,0 +1,126 @@
+package httpgw
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Run runs the background loops until ctx is done: configuration reloads
+// every ReloadInterval (when ConfigPath is set), /health probes every
+// ProbeInterval and /metrics scrapes every ScrapeInterval. It returns
+// ctx.Err(). Serving requests does not need Run, but without it engines
+// are ejected only passively, never readmitted, and load is not scraped.
+func (s *Server) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	loop := func(every time.Duration, f func(context.Context)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(every)
+			defer t.Stop()
+			for {
+				f(ctx)
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	if s.opts.ConfigPath != "" {
+		loop(s.opts.ReloadInterval, func(context.Context) { _, _ = s.Reload() })
+	}
+	loop(s.opts.ProbeInterval, s.ProbeAll)
+	loop(s.opts.ScrapeInterval, s.ScrapeAll)
+	wg.Wait()
+	return ctx.Err()
+}
+
+// eachEndpoint calls f concurrently for every configured engine and waits.
+func (s *Server) eachEndpoint(ctx context.Context, f func(context.Context, *endpoint)) {
+	st := s.state.Load()
+	var wg sync.WaitGroup
+	for _, ep := range st.endpoints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(ctx, ep)
+		}()
+	}
+	wg.Wait()
+}
+
+// ProbeAll probes every engine's /health once and ejects or readmits
+// engines as the thresholds say. Run calls it every ProbeInterval.
+func (s *Server) ProbeAll(ctx context.Context) {
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
+		if probe(ctx, s.control, ep.base) {
+			s.observe(ep, ep.health.success(true))
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.metrics.probeFails.WithLabelValues(ep.base).Inc()
+		s.observe(ep, ep.health.failure(false))
+	})
+}
+
+// ScrapeAll scrapes every engine's /metrics once and feeds the load into
+// the gateway of each model it serves. Run calls it every ScrapeInterval.
+func (s *Server) ScrapeAll(ctx context.Context) {
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
+		l, err := scrape(ctx, s.control, ep.base)
+		ep.setLoad(l, err)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.metrics.scrapeErrors.WithLabelValues(ep.base).Inc()
+			}
+			return
+		}
+		st := s.state.Load()
+		for _, m := range st.models {
+			if m.gw == nil {
+				continue
+			}
+			for name, e := range m.byName {
+				if e == ep {
+					if err := m.gw.UpdateLoad(name, l); err != nil {
+						s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+					}
+				}
+			}
+		}
+	})
+}
+
+// observe applies a health transition of ep to every model that uses it.
+func (s *Server) observe(ep *endpoint, ev healthEvent) {
+	if ev == healthNoChange {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	healthy := ep.health.healthy()
+	switch ev {
+	case healthEjected:
+		s.metrics.ejections.WithLabelValues(ep.base).Inc()
+		s.log.Warn("gateway: engine ejected", "address", ep.base)
+	case healthReadmitted:
+		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
+		s.log.Info("gateway: engine readmitted", "address", ep.base)
+	}
+	st := s.state.Load()
+	for _, m := range st.models {
+		if m.gw == nil {
+			continue
+		}
+		for name, e := range m.byName {
+			if e == ep {
+				_ = m.gw.SetHealthy(name, healthy)
+			}
+		}
+	}
+}
