@@ -186,7 +186,7 @@ func NormalizeAddress(addr string) string {
 }
 
 // Reload loads the configuration file (Options.ConfigPath) if it changed
-// since the last load (by size or modification time) and applies
+// since the last load (a new file, as an atomic rename makes, or a new size or modification time) and applies
 // it. It reports whether it applied a new configuration. A corrupt or
 // invalid file is an error and the running configuration stays; so does a
 // file that disappears after it was loaded. Run calls Reload every
@@ -211,14 +211,14 @@ func (s *Server) Reload() (bool, error) {
 		return false, fmt.Errorf("gateway: config %s: %w", path, err)
 	}
 	s.mu.Lock()
-	unchanged := s.fileSeen && fi.ModTime().Equal(s.fileMod) && fi.Size() == s.fileSize
+	unchanged := s.fileSeen && s.fileInfo != nil && os.SameFile(s.fileInfo, fi) && fi.ModTime().Equal(s.fileMod) && fi.Size() == s.fileSize
 	s.mu.Unlock()
 	if unchanged {
 		return false, nil
 	}
 	f, err := config.Load(path)
 	s.mu.Lock()
-	s.fileSeen, s.fileMod, s.fileSize = true, fi.ModTime(), fi.Size()
+	s.fileSeen, s.fileInfo, s.fileMod, s.fileSize = true, fi, fi.ModTime(), fi.Size()
 	s.mu.Unlock()
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()

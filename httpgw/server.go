@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +94,7 @@ type Server struct {
 	state atomic.Pointer[state]
 
 	mu       sync.Mutex // serialises Apply, reloads and health transitions
+	fileInfo os.FileInfo
 	fileMod  time.Time
 	fileSize int64
 	fileSeen bool

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw"
+	"github.com/spf13/cobra"
+)
+
+func init() { serveCmd.AddCommand(newGatewayCmd()) }
+
+// gatewayFlags are the flags of `exa serve gateway`.
+type gatewayFlags struct {
+	config, listen                      string
+	reload, probe, probeTimeout, scrape time.Duration
+	ejectAfter, readmitAfter, blockSize int
+	maxBody                             int64
+	shutdownGrace                       time.Duration
+	logLevel                            string
+}
+
+// newGatewayCmd returns the `exa serve gateway` command.
+func newGatewayCmd() *cobra.Command {
+	var fl gatewayFlags
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Run the OpenAI-compatible HTTP gateway that routes requests to model-server replicas",
+		Long: `Run the OpenAI-compatible HTTP gateway.
+
+It serves POST /v1/chat/completions and /v1/completions, forwarding each request to
+the replica that the model's routing mode picks (exa serve routing set MODEL --mode ...),
+and GET /v1/models, /stats (routing statistics as JSON, read by
+"exa serve routing stats MODEL --gateway URL") and /metrics (Prometheus).
+
+The models and replicas come from the routing configuration file: --config if given,
+else $EXA_CONFIG if set, else the user config dir's exa/routing.json. The file is
+re-read when it changes, without dropping requests. Engines are probed at /health
+(ejected after --eject-after failures, readmitted after --readmit-after successes)
+and their /metrics scraped for load (vLLM's num_requests_waiting, num_requests_running,
+kv_cache_usage_perc). The prefix-key mapping and the /stats schema are documented in
+package github.com/examlops/gateway/httpgw.`,
+		Example: `  exa serve routing set JPCP --mode cache_aware
+  exa serve gateway --listen 127.0.0.1:8080
+  curl -s localhost:8080/v1/chat/completions -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runGateway(cmd, fl) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
+	f.StringVar(&fl.listen, "listen", "127.0.0.1:8080", "address to listen on, host:port")
+	f.DurationVar(&fl.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
+	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
+	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
+	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures that eject an engine (a refused connection ejects at once)")
+	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
+	f.IntVar(&fl.blockSize, "block-size", 64, "prefix-key block size in bytes")
+	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
+	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
+	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape}} {
+		if d.v <= 0 {
+			return usagef("invalid --%s %q: must be positive", d.name, d.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    int64
+	}{{"eject-after", int64(fl.ejectAfter)}, {"readmit-after", int64(fl.readmitAfter)}, {"block-size", int64(fl.blockSize)}, {"max-body-bytes", fl.maxBody}} {
+		if d.v < 1 {
+			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
+		}
+	}
+	if fl.shutdownGrace < 0 {
+		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
+		return usagef("invalid --log-level %q: want debug, info, warn or error", fl.logLevel)
+	}
+	path := fl.config
+	if path == "" {
+		p, err := config.Path()
+		if err != nil {
+			return fmt.Errorf("%w (or pass --config)", err)
+		}
+		path = p
+	}
+	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
+	}
+	srv, err := httpgw.New(httpgw.Options{
+		ConfigPath:     path,
+		ReloadInterval: fl.reload,
+		ProbeInterval:  fl.probe,
+		ProbeTimeout:   fl.probeTimeout,
+		ScrapeInterval: fl.scrape,
+		EjectAfter:     fl.ejectAfter,
+		ReadmitAfter:   fl.readmitAfter,
+		BlockSize:      fl.blockSize,
+		MaxBodyBytes:   fl.maxBody,
+		Logger:         logger,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", fl.listen)
+	if err != nil {
+		return usagef("invalid --listen %q: %v", fl.listen, err)
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	go func() { _ = srv.Run(runCtx) }()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	fmt.Fprintf(cmd.OutOrStdout(), "exa: gateway listening on http://%s (config %s, %d models)\n", ln.Addr(), path, len(srv.Stats().Models))
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("gateway: serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "grace", fl.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), fl.shutdownGrace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return fmt.Errorf("gateway: shutdown: %w", err)
+	}
+	return nil
+}
