@@ -173,3 +173,42 @@ func TestPoliciesThroughGateway(t *testing.T) {
 		})
 	}
 }
+
+func TestProposed(t *testing.T) {
+	tests := []struct {
+		name  string
+		cands []gateway.Candidate
+		want  int
+	}{
+		{"longest match when idle", []gateway.Candidate{{Name: "a", Matched: 2}, {Name: "b", Matched: 8}}, 1},
+		{"queued prefill outweighs a match", []gateway.Candidate{{Name: "a", Matched: 2}, {Name: "b", Matched: 8, PendingPrefill: 40}}, 0},
+		{"decode load counts", []gateway.Candidate{{Name: "a", InFlight: 5}, {Name: "b", InFlight: 1}}, 1},
+		{"engine queue counts", []gateway.Candidate{{Name: "a", Load: gateway.Load{QueueDepth: 3}}, {Name: "b"}}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, (&Proposed{}).Pick(req(10, tt.cands), tt.cands).Index)
+		})
+	}
+	t.Run("ties spread misses by assigned work", func(t *testing.T) {
+		p := &Proposed{}
+		cs := cands(4)
+		seen := map[int]int{}
+		for range 8 {
+			seen[p.Pick(req(10, cs), cs).Index]++
+		}
+		assert.Equal(t, map[int]int{0: 2, 1: 2, 2: 2, 3: 2}, seen)
+	})
+	t.Run("busy cluster values hits more", func(t *testing.T) {
+		// a holds 4 of 10 blocks with 8 blocks queued; b is idle; c is busy.
+		cs := []gateway.Candidate{{Name: "a", Matched: 4, PendingPrefill: 8}, {Name: "b", PendingPrefill: 0}, {Name: "c", PendingPrefill: 40}}
+		// λ = 1 + 48/3/10 = 2.6: a = 8 + 3.6·6 = 29.6, b = 3.6·10 = 36, c = 40 + 36.
+		assert.Equal(t, 0, (&Proposed{}).Pick(req(10, cs), cs).Index)
+		cs[2].PendingPrefill = 0
+		// λ = 1 + 8/3/10 ≈ 1.27: a = 8 + 2.27·6 = 21.6, b = 22.7: still a, narrowly.
+		assert.Equal(t, 0, (&Proposed{}).Pick(req(10, cs), cs).Index)
+		cs[0].PendingPrefill = 12
+		// λ = 1.4: a = 12 + 2.4·6 = 26.4 > b = 24.
+		assert.Equal(t, 1, (&Proposed{}).Pick(req(10, cs), cs).Index)
+	})
+}
