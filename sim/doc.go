@@ -18,8 +18,11 @@
 // and evict blocks. What a replica really holds is the simulation's truth; the
 // router only sees its own index.
 //
-// Requests are streamed from a Workload, so memory is bounded by the cache
-// capacities and the requests in flight, not by the number of requests.
+// Requests are streamed from a Workload, and latency distributions are kept
+// in fixed-size log histograms, so memory is bounded by the cache capacities
+// and the requests in flight, not by the number of requests. The one
+// exception is the unbounded-cache bound, which remembers every distinct
+// block (8 to 16 bytes each).
 // Beside every policy the report gives two bounds computed on the same
 // requests: one pooled LRU cache of the cluster's total capacity, and one
 // unbounded cache (the ceiling on hit rate).

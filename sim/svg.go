@@ -50,7 +50,7 @@ func (r *Report) WriteSVG(w io.Writer) error {
 	for d := lo; d <= hi*1.0001; d *= 10 {
 		x := xOf(d)
 		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, ly, x, ly+lh)
-		p(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, ly+lh+16, sec(d))
+		p(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, ly+lh+16, tick(d))
 	}
 	for f := 0.0; f <= 1.0001; f += 0.25 {
 		y := yOf(f)
@@ -63,20 +63,25 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		col := palette[i%len(palette)]
 		if x.ttft != nil && x.ttft.n > 0 {
 			p(`<polyline fill="none" stroke="%s" stroke-width="1.8" points="`, col)
-			py := yOf(0)
-			for j, pt := range x.ttft.cdf() {
+			py, lastF := yOf(0), -1.0
+			pts := x.ttft.cdf()
+			for j, pt := range pts {
+				// Skip steps under 0.1% unless last, to keep the file small.
+				if j > 0 && j < len(pts)-1 && pt[1]-lastF < 0.001 {
+					continue
+				}
 				px := xOf(pt[0])
 				if j == 0 {
 					p("%.1f,%.1f ", px, py)
 				}
 				p("%.1f,%.1f %.1f,%.1f ", px, py, px, yOf(pt[1]))
-				py = yOf(pt[1])
+				py, lastF = yOf(pt[1]), pt[1]
 			}
 			p(`"/>` + "\n")
 		}
 		ly2 := ly + 14 + 16*i
-		p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", lx+lw-150, ly2, lx+lw-130, ly2, col)
-		p(`<text x="%d" y="%d">%s</text>`+"\n", lx+lw-125, ly2+4, html.EscapeString(x.Policy))
+		p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", lx+10, ly2, lx+30, ly2, col)
+		p(`<text x="%d" y="%d">%s</text>`+"\n", lx+35, ly2+4, html.EscapeString(x.Policy))
 	}
 
 	// Hit-rate panel: one bar per policy, then the bounds.
@@ -97,4 +102,15 @@ func (r *Report) WriteSVG(w io.Writer) error {
 	p(`<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="#999"/>`+"\n", rx, ly, rx, float64(ly)+bh*float64(n))
 	p("</svg>\n")
 	return b.Flush()
+}
+
+// tick labels a power of ten of seconds: 1ms, 10ms, 100ms, 1s, 10s, ...
+func tick(s float64) string {
+	switch {
+	case s < 1e-3:
+		return fmt.Sprintf("%gµs", math.Round(s*1e6))
+	case s < 1:
+		return fmt.Sprintf("%gms", math.Round(s*1e3))
+	}
+	return fmt.Sprintf("%gs", math.Round(s))
 }
