@@ -28,11 +28,11 @@ func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disag
 	}
 	p, err := New(prefillPool, append([]Option{WithMode(ModeCacheAware)}, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("prefill pool: %w", err)
+		return nil, fmt.Errorf("%w (prefill pool)", err)
 	}
 	d, err := New(decodePool, append([]Option{WithMode(ModeLoadAware)}, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("decode pool: %w", err)
+		return nil, fmt.Errorf("%w (decode pool)", err)
 	}
 	return &Disaggregated{Prefill: p, Decode: d}, nil
 }
@@ -47,12 +47,12 @@ type DisaggDecision struct {
 func (r *Disaggregated) Route(key Key) (DisaggDecision, error) {
 	p, err := r.Prefill.Route(key)
 	if err != nil {
-		return DisaggDecision{}, fmt.Errorf("prefill pool: %w", err)
+		return DisaggDecision{}, fmt.Errorf("%w (prefill pool)", err)
 	}
 	d, err := r.Decode.Route(key)
 	if err != nil {
 		p.Done(DoneInfo{Err: err})
-		return DisaggDecision{}, fmt.Errorf("decode pool: %w", err)
+		return DisaggDecision{}, fmt.Errorf("%w (decode pool)", err)
 	}
 	return DisaggDecision{Prefill: p, Decode: d}, nil
 }

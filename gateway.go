@@ -297,7 +297,7 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	rs := owner[ch.Index]
 	matched := cands[ch.Index].Matched
 	if g.index == IndexApproximate {
-		g.idx.storeMatched(rs.slot, key, matched)
+		g.idx.store(rs.slot, key)
 	}
 	d := Decision{
 		Replica:  rs.name,

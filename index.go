@@ -9,13 +9,14 @@ import (
 // Layout, chosen for a fast longest-prefix lookup across all replicas and a
 // small, measured footprint (see BenchmarkIndexMemory):
 //
-//   - one open-addressing table keyed by block hash (linear probing,
-//     Lemire's multiply-shift to map a hash to a slot, backward-shift
-//     deletion). Each slot holds the block's hash, the head of its holder
-//     list and a bit set of the replicas that hold it (w words).
-//   - per replica, a node per cached block: its hash, LRU links and the next
-//     node of the same block's holder list. A node reference packs the
-//     replica's slot in the top bits and the node's local number below.
+//   - one open-addressing table of blocks (linear probing, Lemire's
+//     multiply-shift from hash to slot, backward-shift deletion). A slot is
+//     1+w consecutive words: the block's hash, then a bit set of the
+//     replicas holding it, so a probe reads one cache line. A slot is empty
+//     when its bit set is.
+//   - per replica, a node per cached block (its hash and LRU links) and a
+//     small open-addressing table from hash to node, so warming a block on
+//     one replica costs O(1) however many replicas share it.
 //
 // A lookup walks the request's blocks once, ANDing holder bit sets, so it
 // costs one table probe per matched block whatever the replica count.
@@ -26,55 +27,35 @@ import (
 // The index is not safe for concurrent use; Gateway guards it with its mutex.
 
 const (
-	localBits = 22
 	// MaxCacheBlocks is the largest Replica.CacheBlocks the index accepts.
-	MaxCacheBlocks = 1<<localBits - 1
+	MaxCacheBlocks = 1<<31 - 2
 	// MaxReplicas is the largest number of replicas one Gateway holds.
-	MaxReplicas = 1 << (32 - localBits)
+	MaxReplicas = 4096
 	nilRef      = ^uint32(0)
 	maxLoad     = 0.85
 )
 
 type index struct {
-	keys  []uint64 // block hash per table slot
-	heads []uint32 // first holder node per slot; nilRef marks an empty slot
-	bits  []uint64 // w words per slot: which replica slots hold the block
+	tab   []uint64 // slots of 1+w words: hash, then holder bit set
 	w     int      // words per bit set
-	used  int      // occupied table slots
-	limit int      // table never grows past this many slots (capacity bound)
+	n     int      // slots
+	used  int      // occupied slots
+	limit int      // the table never grows past this many slots
 
 	reps   []*repCache // by replica slot; nil where free
 	active []uint64    // w words: replica slots in use
 	alive  []uint64    // scratch for match
-
-	// found holds the table slots of the blocks the last match walked,
-	// valid while moves still equals foundAt: deletions and resizes move
-	// slots.
-	found   []int32
-	moves   uint64
-	foundAt uint64
-}
-
-type repCache struct {
-	slot  uint32
-	cap   int
-	hash  []uint64 // per node
-	prev  []uint32 // LRU links (local numbers); nilRef ends
-	next  []uint32
-	nextH []uint32 // next node (global ref) of the same block's holder list
-	mru   uint32
-	lru   uint32
-	n     int    // nodes in use
-	free  uint32 // free list through next
+	sink   uint64      // keeps the prefetching loads of match and store
 }
 
 func newIndex() *index {
-	ix := &index{w: 1}
-	ix.active = make([]uint64, 1)
-	ix.alive = make([]uint64, 1)
+	ix := &index{w: 1, active: make([]uint64, 1), alive: make([]uint64, 1)}
 	ix.resize(16)
 	return ix
 }
+
+// tableSlots is how many slots hold n entries within the load factor.
+func tableSlots(n int) int { return int(float64(n)/maxLoad) + 1 }
 
 // addReplica reserves a slot for a replica caching up to capacity blocks.
 func (ix *index) addReplica(capacity int) uint32 {
@@ -90,11 +71,11 @@ func (ix *index) addReplica(capacity int) uint32 {
 		ix.reps = append(ix.reps, nil)
 	}
 	if need := (len(ix.reps) + 63) / 64; need > ix.w {
-		ix.widen(need)
+		ix.rebuild(ix.n, need)
 	}
-	ix.reps[s] = &repCache{slot: uint32(s), cap: capacity, mru: nilRef, lru: nilRef, free: nilRef}
+	ix.reps[s] = newRepCache(uint32(s), capacity)
 	ix.active[s/64] |= 1 << (s % 64)
-	ix.limit += int(float64(capacity)/maxLoad) + 1
+	ix.limit += tableSlots(capacity)
 	return uint32(s)
 }
 
@@ -102,7 +83,7 @@ func (ix *index) addReplica(capacity int) uint32 {
 func (ix *index) removeReplica(slot uint32) {
 	r := ix.reps[slot]
 	ix.clear(slot)
-	ix.limit -= int(float64(r.cap)/maxLoad) + 1
+	ix.limit -= tableSlots(r.cap)
 	ix.reps[slot] = nil
 	ix.active[slot/64] &^= 1 << (slot % 64)
 }
@@ -113,119 +94,113 @@ func (ix *index) clear(slot uint32) {
 	for r.lru != nilRef {
 		ix.evict(r, r.lru)
 	}
-	r.hash, r.prev, r.next, r.nextH = nil, nil, nil, nil
-	r.n, r.free = 0, nilRef
+	*r = *newRepCache(r.slot, r.cap)
 }
 
 // cached reports how many blocks a replica holds.
 func (ix *index) cached(slot uint32) int { return ix.reps[slot].n }
 
-// widen grows every bit set to w words.
-func (ix *index) widen(w int) {
-	nb := make([]uint64, len(ix.heads)*w)
-	for i := range ix.heads {
-		copy(nb[i*w:], ix.bits[i*ix.w:(i+1)*ix.w])
-	}
-	ix.bits = nb
-	na := make([]uint64, w)
-	copy(na, ix.active)
-	ix.active = na
-	ix.alive = make([]uint64, w)
-	ix.w = w
+func (ix *index) home(h uint64) int {
+	hi, _ := bits.Mul64(h, uint64(ix.n))
+	return int(hi)
 }
 
-func (ix *index) home(h uint64) int {
-	hi, _ := bits.Mul64(h, uint64(len(ix.heads)))
-	return int(hi)
+func (ix *index) empty(i int) bool {
+	for _, b := range ix.tab[i*(1+ix.w)+1 : (i+1)*(1+ix.w)] {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // find returns the table slot of block h, or -1.
 func (ix *index) find(h uint64) int {
-	n := len(ix.heads)
+	s := 1 + ix.w
 	for i := ix.home(h); ; {
-		if ix.heads[i] == nilRef {
+		if ix.empty(i) {
 			return -1
 		}
-		if ix.keys[i] == h {
+		if ix.tab[i*s] == h {
 			return i
 		}
-		if i++; i == n {
+		if i++; i == ix.n {
 			i = 0
 		}
 	}
 }
 
-// insert adds block h, which must be absent, and returns its slot.
+// insert adds block h, which must be absent, and returns its slot. The
+// caller sets a holder bit before the next table operation.
 func (ix *index) insert(h uint64) int {
-	if float64(ix.used+1) > maxLoad*float64(len(ix.heads)) {
-		ix.resize(max(16, min(2*len(ix.heads), ix.limit)))
+	if float64(ix.used+1) > maxLoad*float64(ix.n) {
+		ix.resize(max(16, min(2*ix.n, ix.limit)))
 	}
-	n := len(ix.heads)
 	i := ix.home(h)
-	for ix.heads[i] != nilRef {
-		if i++; i == n {
+	for !ix.empty(i) {
+		if i++; i == ix.n {
 			i = 0
 		}
 	}
-	ix.keys[i] = h
+	ix.tab[i*(1+ix.w)] = h
 	ix.used++
 	return i
 }
 
 // resize rehashes the table into n slots (at least enough for its blocks).
-func (ix *index) resize(n int) {
-	n = max(n, int(float64(ix.used+1)/maxLoad)+1)
-	ix.moves++
-	oldK, oldH, oldB := ix.keys, ix.heads, ix.bits
-	ix.keys = make([]uint64, n)
-	ix.heads = make([]uint32, n)
-	ix.bits = make([]uint64, n*ix.w)
-	for i := range ix.heads {
-		ix.heads[i] = nilRef
-	}
-	for j, hd := range oldH {
-		if hd == nilRef {
+func (ix *index) resize(n int) { ix.rebuild(n, ix.w) }
+
+// rebuild rehashes the table into n slots of w-word bit sets.
+func (ix *index) rebuild(n, w int) {
+	n = max(n, tableSlots(ix.used+1))
+	old, oldS, oldN := ix.tab, 1+ix.w, ix.n
+	ix.tab, ix.n = make([]uint64, n*(1+w)), n
+	oldW := ix.w
+	ix.w = w
+	for j := range oldN {
+		src := old[j*oldS : (j+1)*oldS]
+		occupied := false
+		for _, b := range src[1:] {
+			occupied = occupied || b != 0
+		}
+		if !occupied {
 			continue
 		}
-		i := ix.home(oldK[j])
-		for ix.heads[i] != nilRef {
+		i := ix.home(src[0])
+		for !ix.empty(i) {
 			if i++; i == n {
 				i = 0
 			}
 		}
-		ix.keys[i], ix.heads[i] = oldK[j], hd
-		copy(ix.bits[i*ix.w:(i+1)*ix.w], oldB[j*ix.w:(j+1)*ix.w])
+		copy(ix.tab[i*(1+w):], src[:1+oldW])
+	}
+	if w != oldW {
+		na := make([]uint64, w)
+		copy(na, ix.active)
+		ix.active, ix.alive = na, make([]uint64, w)
 	}
 }
 
 // del removes table slot i, shifting later entries of its probe run back.
 func (ix *index) del(i int) {
-	n := len(ix.heads)
-	w := ix.w
+	s := 1 + ix.w
 	j := i
 	for {
-		if j++; j == n {
+		if j++; j == ix.n {
 			j = 0
 		}
-		if ix.heads[j] == nilRef {
+		if ix.empty(j) {
 			break
 		}
-		k := ix.home(ix.keys[j])
+		k := ix.home(ix.tab[j*s])
 		// Move j into the hole at i unless its home lies cyclically in (i, j].
 		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
-			ix.keys[i], ix.heads[i] = ix.keys[j], ix.heads[j]
-			copy(ix.bits[i*w:(i+1)*w], ix.bits[j*w:(j+1)*w])
+			copy(ix.tab[i*s:(i+1)*s], ix.tab[j*s:(j+1)*s])
 			i = j
 		}
 	}
-	ix.heads[i] = nilRef
-	clear(ix.bits[i*w : (i+1)*w])
+	clear(ix.tab[i*s : (i+1)*s])
 	ix.used--
-	ix.moves++
-}
-
-func (ix *index) holds(pos int, slot uint32) bool {
-	return ix.bits[pos*ix.w+int(slot/64)]&(1<<(slot%64)) != 0
 }
 
 // match writes, for every active replica slot s, the number of leading
@@ -233,11 +208,17 @@ func (ix *index) holds(pos int, slot uint32) bool {
 func (ix *index) match(key Key, out []int32) int {
 	alive := ix.alive
 	copy(alive, ix.active)
-	w := ix.w
-	ix.found, ix.foundAt = ix.found[:0], ix.moves
+	s := 1 + ix.w
+	// Touch every block's home slot first: the loads are independent, so
+	// the processor overlaps their cache misses instead of taking them one
+	// probe at a time in the walk below.
+	var sink uint64
+	for _, h := range key {
+		sink += ix.tab[ix.home(h)*s]
+	}
+	ix.sink = sink
 	for i, h := range key {
 		pos := ix.find(h)
-		ix.found = append(ix.found, int32(pos))
 		any := false
 		for wi, a := range alive {
 			if a == 0 {
@@ -245,7 +226,7 @@ func (ix *index) match(key Key, out []int32) int {
 			}
 			var nb uint64
 			if pos >= 0 {
-				nb = a & ix.bits[pos*w+wi]
+				nb = a & ix.tab[pos*s+1+wi]
 			}
 			for d := a &^ nb; d != 0; d &= d - 1 {
 				out[wi*64+bits.TrailingZeros64(d)] = int32(i)
@@ -269,40 +250,32 @@ func (ix *index) match(key Key, out []int32) int {
 // its most recently used, the root last, and evicting least recently used
 // blocks beyond its capacity.
 func (ix *index) store(slot uint32, key Key) {
-	ix.storeMatched(slot, key, 0)
-}
-
-// storeMatched is store for a key whose first matched blocks the replica
-// holds, as the last call to match found: those it refreshes without
-// probing the table again.
-func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	r := ix.reps[slot]
 	if r.cap == 0 {
 		return
 	}
-	for i := len(key) - 1; i >= matched; i-- {
+	if len(r.tab) > 0 { // overlap the cache misses, as in match
+		var sink uint32
+		for _, h := range key {
+			sink += r.tab[r.home(h)]
+		}
+		ix.sink += uint64(sink)
+	}
+	for i := len(key) - 1; i >= 0; i-- {
 		h := key[i]
-		if pos := ix.find(h); pos >= 0 && ix.holds(pos, slot) {
-			r.toFront(ix.node(pos, slot))
+		if l := r.lookup(h); l != nilRef {
+			r.toFront(l)
 			continue
 		}
-		local := ix.alloc(r)
-		pos := ix.find(h) // eviction may have moved table slots
+		l := ix.alloc(r)
+		pos := ix.find(h)
 		if pos < 0 {
 			pos = ix.insert(h)
 		}
-		r.hash[local] = h
-		r.nextH[local] = ix.heads[pos]
-		ix.heads[pos] = slot<<localBits | local
-		ix.bits[pos*ix.w+int(slot/64)] |= 1 << (slot % 64)
-		r.pushFront(local)
-	}
-	for i := matched - 1; i >= 0; i-- {
-		pos := int(ix.found[i])
-		if ix.moves != ix.foundAt {
-			pos = ix.find(key[i])
-		}
-		r.toFront(ix.node(pos, slot))
+		ix.tab[pos*(1+ix.w)+1+int(slot/64)] |= 1 << (slot % 64)
+		r.hash[l] = h
+		r.add(h, l)
+		r.pushFront(l)
 	}
 }
 
@@ -310,21 +283,9 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 func (ix *index) remove(slot uint32, key Key) {
 	r := ix.reps[slot]
 	for _, h := range key {
-		if pos := ix.find(h); pos >= 0 && ix.holds(pos, slot) {
-			ix.evict(r, ix.node(pos, slot))
+		if l := r.lookup(h); l != nilRef {
+			ix.evict(r, l)
 		}
-	}
-}
-
-// node returns the local number of replica slot's node for table slot pos,
-// which it must hold.
-func (ix *index) node(pos int, slot uint32) uint32 {
-	for ref := ix.heads[pos]; ; {
-		rs, local := ref>>localBits, ref&MaxCacheBlocks
-		if rs == slot {
-			return local
-		}
-		ref = ix.reps[rs].nextH[local]
 	}
 }
 
@@ -340,7 +301,6 @@ func (ix *index) alloc(r *repCache) uint32 {
 		r.hash = append(r.hash, 0)
 		r.prev = append(r.prev, nilRef)
 		r.next = append(r.next, nilRef)
-		r.nextH = append(r.nextH, nilRef)
 		r.n++
 		return uint32(len(r.hash) - 1)
 	}
@@ -351,32 +311,124 @@ func (ix *index) alloc(r *repCache) uint32 {
 	return l
 }
 
-// evict removes node l of r from its block and its LRU list and frees it.
+// evict removes node l of r from the block table and its LRU list and
+// frees it.
 func (ix *index) evict(r *repCache, l uint32) {
-	pos := ix.find(r.hash[l])
-	ref := r.slot<<localBits | l
-	if ix.heads[pos] == ref {
-		ix.heads[pos] = r.nextH[l]
-	} else {
-		p := ix.heads[pos]
-		for {
-			pr := ix.reps[p>>localBits]
-			nx := pr.nextH[p&MaxCacheBlocks]
-			if nx == ref {
-				pr.nextH[p&MaxCacheBlocks] = r.nextH[l]
-				break
-			}
-			p = nx
-		}
-	}
-	ix.bits[pos*ix.w+int(r.slot/64)] &^= 1 << (r.slot % 64)
-	if ix.heads[pos] == nilRef {
+	h := r.hash[l]
+	pos := ix.find(h)
+	ix.tab[pos*(1+ix.w)+1+int(r.slot/64)] &^= 1 << (r.slot % 64)
+	if ix.empty(pos) {
 		ix.del(pos)
 	}
+	r.drop(h)
 	r.unlink(l)
 	r.next[l] = r.free
 	r.free = l
 	r.n--
+}
+
+// repCache is one replica's cached blocks: nodes in LRU order and a table
+// from block hash to node.
+type repCache struct {
+	slot uint32
+	cap  int
+	hash []uint64 // per node
+	prev []uint32 // LRU links; nilRef ends
+	next []uint32
+	mru  uint32
+	lru  uint32
+	n    int    // nodes in use
+	free uint32 // free list through next
+
+	tab  []uint32 // node+1 per slot; 0 is empty
+	used int
+}
+
+func newRepCache(slot uint32, capacity int) *repCache {
+	return &repCache{slot: slot, cap: capacity, mru: nilRef, lru: nilRef, free: nilRef}
+}
+
+func (r *repCache) home(h uint64) int {
+	hi, _ := bits.Mul64(h, uint64(len(r.tab)))
+	return int(hi)
+}
+
+// lookup returns the node holding block h, or nilRef.
+func (r *repCache) lookup(h uint64) uint32 {
+	if len(r.tab) == 0 {
+		return nilRef
+	}
+	for i := r.home(h); ; {
+		v := r.tab[i]
+		if v == 0 {
+			return nilRef
+		}
+		if r.hash[v-1] == h {
+			return v - 1
+		}
+		if i++; i == len(r.tab) {
+			i = 0
+		}
+	}
+}
+
+// add records that node l holds block h, which must be absent.
+func (r *repCache) add(h uint64, l uint32) {
+	if float64(r.used+1) > maxLoad*float64(len(r.tab)) {
+		r.grow()
+	}
+	i := r.home(h)
+	for r.tab[i] != 0 {
+		if i++; i == len(r.tab) {
+			i = 0
+		}
+	}
+	r.tab[i] = l + 1
+	r.used++
+}
+
+func (r *repCache) grow() {
+	n := max(16, min(2*len(r.tab), tableSlots(r.cap)), tableSlots(r.used+1))
+	old := r.tab
+	r.tab = make([]uint32, n)
+	for _, v := range old {
+		if v == 0 {
+			continue
+		}
+		i := r.home(r.hash[v-1])
+		for r.tab[i] != 0 {
+			if i++; i == n {
+				i = 0
+			}
+		}
+		r.tab[i] = v
+	}
+}
+
+// drop forgets block h, which must be present.
+func (r *repCache) drop(h uint64) {
+	n := len(r.tab)
+	i := r.home(h)
+	for r.hash[r.tab[i]-1] != h {
+		if i++; i == n {
+			i = 0
+		}
+	}
+	for j := i; ; {
+		if j++; j == n {
+			j = 0
+		}
+		if r.tab[j] == 0 {
+			break
+		}
+		k := r.home(r.hash[r.tab[j]-1])
+		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
+			r.tab[i] = r.tab[j]
+			i = j
+		}
+	}
+	r.tab[i] = 0
+	r.used--
 }
 
 func (r *repCache) unlink(l uint32) {
@@ -411,4 +463,9 @@ func (r *repCache) toFront(l uint32) {
 	}
 	r.unlink(l)
 	r.pushFront(l)
+}
+
+// holds reports whether table slot pos records replica slot as a holder.
+func (ix *index) holds(pos int, slot uint32) bool {
+	return ix.tab[pos*(1+ix.w)+1+int(slot/64)]&(1<<(slot%64)) != 0
 }

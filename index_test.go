@@ -55,56 +55,55 @@ func (m *modelCache) match(key Key) int {
 	return n
 }
 
-// checkIndex verifies the index's internal consistency: table slots,
-// holder lists, bit sets, LRU lists and counts all agree.
+// checkIndex verifies the index's internal consistency: table slots, bit
+// sets, per-replica hash tables, LRU lists and counts all agree.
 func checkIndex(t require.TestingT, ix *index) {
 	used := 0
-	for i, hd := range ix.heads {
-		if hd == nilRef {
-			for wi := range ix.w {
-				require.Zero(t, ix.bits[i*ix.w+wi], "empty table slot %d has holder bits", i)
-			}
+	s := 1 + ix.w
+	holders := map[uint64][]uint64{}
+	for i := range ix.n {
+		if ix.empty(i) {
+			require.Zero(t, ix.tab[i*s], "empty table slot %d keeps a hash", i)
 			continue
 		}
 		used++
-		require.Equal(t, i, ix.find(ix.keys[i]), "block %x is not found at its slot", ix.keys[i])
-		holders := make([]uint64, ix.w)
-		for ref := hd; ref != nilRef; {
-			s, l := ref>>localBits, ref&MaxCacheBlocks
-			require.Less(t, int(s), len(ix.reps))
-			r := ix.reps[s]
-			require.NotNil(t, r, "holder list names freed replica slot %d", s)
-			require.Equal(t, ix.keys[i], r.hash[l], "holder node hash")
-			require.Zero(t, holders[s/64]&(1<<(s%64)), "replica slot %d twice in a holder list", s)
-			holders[s/64] |= 1 << (s % 64)
-			ref = r.nextH[l]
-		}
-		require.Equal(t, holders, ix.bits[i*ix.w:(i+1)*ix.w], "holder bits of block %x", ix.keys[i])
+		h := ix.tab[i*s]
+		require.Equal(t, i, ix.find(h), "block %x is not found at its slot", h)
+		holders[h] = append([]uint64(nil), ix.tab[i*s+1:(i+1)*s]...)
 		for wi := range ix.w {
-			require.Zero(t, holders[wi]&^ix.active[wi], "inactive replica holds block %x", ix.keys[i])
+			require.Zero(t, ix.tab[i*s+1+wi]&^ix.active[wi], "inactive replica holds block %x", h)
 		}
 	}
 	require.Equal(t, used, ix.used, "used table slots")
-	for s, r := range ix.reps {
+	seen := map[uint64][]uint64{}
+	for sl, r := range ix.reps {
 		if r == nil {
-			require.Zero(t, ix.active[s/64]&(1<<(s%64)), "free replica slot %d is active", s)
+			require.Zero(t, ix.active[sl/64]&(1<<(sl%64)), "free replica slot %d is active", sl)
 			continue
 		}
 		n := 0
 		prev := nilRef
 		for l := r.mru; l != nilRef; l = r.next[l] {
 			require.Equal(t, prev, r.prev[l], "LRU back link")
-			pos := ix.find(r.hash[l])
-			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", r.hash[l])
-			require.True(t, ix.holds(pos, uint32(s)), "cached block %x lacks its holder bit", r.hash[l])
+			h := r.hash[l]
+			require.Equal(t, l, r.lookup(h), "replica table does not map block %x to its node", h)
+			pos := ix.find(h)
+			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", h)
+			require.True(t, ix.holds(pos, uint32(sl)), "cached block %x lacks its holder bit", h)
+			if seen[h] == nil {
+				seen[h] = make([]uint64, ix.w)
+			}
+			seen[h][sl/64] |= 1 << (sl % 64)
 			prev = l
 			n++
 			require.LessOrEqual(t, n, r.cap, "LRU list longer than capacity")
 		}
 		require.Equal(t, prev, r.lru, "LRU tail")
-		require.Equal(t, n, r.n, "node count of replica slot %d", s)
-		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", s)
+		require.Equal(t, n, r.n, "node count of replica slot %d", sl)
+		require.Equal(t, n, r.used, "replica table entries of slot %d", sl)
+		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", sl)
 	}
+	require.Equal(t, holders, seen, "holder bit sets disagree with the replicas' nodes")
 }
 
 // modelKeys draws keys from a small universe of chains over ids 0..2, so
@@ -350,7 +349,7 @@ func TestIndexTableStaysBounded(t *testing.T) {
 		ix.store(s, KeyFromHashes([]uint64{i, i + 1}))
 	}
 	require.Equal(t, 100, ix.cached(s))
-	require.LessOrEqual(t, len(ix.heads), max(16, ix.limit))
+	require.LessOrEqual(t, ix.n, max(16, ix.limit))
 	require.Equal(t, 100, ix.used)
 	checkIndex(t, ix)
 	require.Equal(t, 0, bits.OnesCount64(ix.active[0])-1)

@@ -21,7 +21,7 @@ import (
 //     choice is made by load alone: it does not collapse onto one replica.
 //  2. Bounded loads (consistent hashing with bounded loads, Mirrokni et
 //     al. 2018): a replica is a candidate only while its in-flight count
-//     plus this request stays within LoadFactor × the mean, so no replica
+//     plus this request stays within ⌈LoadFactor × the mean⌉, so no replica
 //     runs far ahead of the others in requests even when prefill
 //     estimates are wrong (unreported first tokens, engines shared with
 //     other gateways).
@@ -69,7 +69,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	for i := range cands {
 		total += cands[i].InFlight
 	}
-	bound := lf * float64(total+1) / float64(len(cands))
+	// A replica may take this request while its in-flight count stays
+	// within ⌈LoadFactor × mean⌉, the mean counting this request. The least
+	// loaded candidate always fits, so the bound never empties the set.
+	bound := math.Ceil(lf * float64(total+1) / float64(len(cands)))
 	n := len(req.Key)
 	best, bestCost := -1, math.Inf(1)
 	for i := range cands {
@@ -81,9 +84,6 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best])) {
 			best, bestCost = i, cost
 		}
-	}
-	if best < 0 { // unreachable: the least loaded candidate is within any bound >= 1
-		best = 0
 	}
 	ch := Choice{Index: best, Kind: KindAffinity}
 	switch m := cands[best].Matched; {

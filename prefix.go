@@ -24,11 +24,11 @@ type Key []uint64
 
 // chain folds a block's own hash into its parent's: the result identifies
 // the whole prefix ending in that block. It is a 128-bit multiply-fold, the
-// mixer of wyhash and rapidhash, strong enough that distinct chains do not
-// collide in practice.
+// mixer of wyhash and rapidhash, with both inputs folded back in so that it
+// stays injective in each argument even where the product is zero.
 func chain(parent, block uint64) uint64 {
 	hi, lo := bits.Mul64(parent^0xa0761d6478bd642f, block^0xe7037ed1a0b428db)
-	return hi ^ lo
+	return hi ^ lo ^ parent ^ bits.RotateLeft64(block, 32)
 }
 
 // Segment tags keep "ab"+"c" and "a"+"bc" apart: each segment starts by
@@ -98,7 +98,13 @@ func (h *Hasher) AppendSegment(dst Key, tag uint64, segment string) Key {
 	parent = chain(parent, tag)
 	for len(segment) > 0 {
 		n := min(h.blockSize, len(segment))
-		parent = chain(parent, xxhash.Sum64String(segment[:n]))
+		var bh uint64
+		if n == 64 {
+			bh = xxh64Block64(segment[:64])
+		} else {
+			bh = xxhash.Sum64String(segment[:n])
+		}
+		parent = chain(parent, bh)
 		dst = append(dst, parent)
 		segment = segment[n:]
 	}
