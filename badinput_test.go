@@ -98,8 +98,8 @@ func TestBadInput(t *testing.T) {
 		}, ErrNoHealthyReplica, nil},
 		{"empty prefill pool", func() error { _, err := NewDisaggregated(nil, two); return err }, ErrNoReplicas, []string{"prefill"}},
 		{"empty decode pool", func() error { _, err := NewDisaggregated(two, nil); return err }, ErrNoReplicas, []string{"decode"}},
-		// The two below fail today: BUG 4, the pool context is put in front
-		// of the "gateway:" prefix.
+		// The two below guard BUG 4 (fixed in 09e6776): the pool context was
+		// put in front of the "gateway:" prefix.
 		{"duplicate in prefill pool", func() error {
 			_, err := NewDisaggregated([]Replica{{Name: "p"}, {Name: "p"}}, two)
 			return err

@@ -30,8 +30,8 @@ func status(t testing.TB, g *Gateway, name string) ReplicaStatus {
 }
 
 // TestCacheAwareIdleAffinity: on an idle cache-aware gateway a key held
-// by one replica goes to that replica. Fails today: BUG 1 (the load bound
-// excludes every candidate when nothing is in flight, so r0 is chosen).
+// by one replica goes to that replica. Regression test for BUG 1, fixed in 09e6776 (the load bound
+// excluded every candidate when nothing was in flight, so r0 was chosen).
 func TestCacheAwareIdleAffinity(t *testing.T) {
 	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware), WithIndex(IndexExact))
 	k := PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash")
@@ -48,8 +48,8 @@ func TestCacheAwareIdleAffinity(t *testing.T) {
 
 // TestRouteWarmEvictsMatchedPrefix: warming a full replica with a key
 // whose matched prefix is its least recently used must not panic and must
-// leave the key's first CacheBlocks blocks cached. Fails today: BUG 3
-// (index.go storeMatched refreshes blocks it has just evicted).
+// leave the key's first CacheBlocks blocks cached. Regression test for BUG 3, fixed in 09e6776
+// (storeMatched refreshed blocks it had just evicted, and panicked).
 func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 	tests := []struct {
 		name  string

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -226,10 +227,10 @@ func TestKeyKindsDoNotCollide(t *testing.T) {
 	assert.NotEqual(t, hk[0], txt[0])
 }
 
-// TestChainNoZeroCollapse: Key[i] must identify blocks 0..i. The
-// multiply-fold in chain is zero whenever one operand is zero, so a block
-// whose hash is the fold's constant erases its parent. Fails today: see
-// BUG 2 in the test report (prefix.go:29-32).
+// TestChainNoZeroCollapse: Key[i] must identify blocks 0..i. A bare
+// multiply-fold is zero whenever one operand is zero, so a block whose
+// hash is the fold's constant would erase its parent. Regression test for
+// BUG 2 (fixed in 09e6776).
 func TestChainNoZeroCollapse(t *testing.T) {
 	const blockConst = 0xe7037ed1a0b428db
 	a := KeyFromHashes([]uint64{1, blockConst, 7})
@@ -272,5 +273,18 @@ func TestAppendKeysAllocateNothing(t *testing.T) {
 			require.NotEmpty(t, buf)
 			assert.Zero(t, testing.AllocsPerRun(100, tt.fn))
 		})
+	}
+}
+
+// TestPropXXH64Block64MatchesXXHash: the unrolled 64-byte XXH64 gives the
+// same value as the library's general XXH64, so keys do not depend on
+// which path hashed a block.
+func TestPropXXH64Block64MatchesXXHash(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		b := rapid.SliceOfN(rapid.Byte(), 64, 64).Draw(t, "block")
+		require.Equal(t, xxhash.Sum64(b), xxh64Block64(string(b)))
+	})
+	for _, s := range []string{strings.Repeat("\x00", 64), strings.Repeat("\xff", 64), strings.Repeat("0123456789abcdef", 4)} {
+		assert.Equal(t, xxhash.Sum64String(s), xxh64Block64(s))
 	}
 }

@@ -100,7 +100,7 @@ func TestPropAffinityAfterWarmup(t *testing.T) {
 
 // TestPropLongestMatchWins: with equal loads the cache-aware policy picks
 // the replica holding the longest prefix of the key (the earliest such
-// replica on a tie), by affinity. Fails today: BUG 1.
+// replica on a tie), by affinity. Regression test for BUG 1 (fixed in 09e6776).
 func TestPropLongestMatchWins(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 8).Draw(t, "replicas")
@@ -132,7 +132,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 // TestPropLoadFallbackNoMatch (R2): when no replica holds any of the key,
 // cache-aware routing picks the least loaded replica (fewest outstanding
 // requests, the earliest on a tie), reports load_aware and no_match.
-// Fails today: BUG 1.
+// Regression test for BUG 1 (fixed in 09e6776).
 func TestPropLoadFallbackNoMatch(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 8).Draw(t, "replicas")
@@ -562,8 +562,9 @@ func TestPropNoCollapseSharedFirstBlock(t *testing.T) {
 // TestPropBoundedLoad: the cache-aware load guard's invariant, at every
 // decision, for any concurrency and completion order: the chosen replica's
 // in-flight count after the decision is at most ⌈LoadFactor × total
-// in flight / replicas⌉ (bounded loads, Mirrokni et al.). Fails today:
-// BUG 1 (with no candidate within the un-rounded bound it picks the first).
+// in flight / replicas⌉ (bounded loads, Mirrokni et al.). Regression test
+// for BUG 1 (fixed in 09e6776): with no candidate within the un-rounded
+// bound it picked the first.
 func TestPropBoundedLoad(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 12).Draw(t, "replicas")
