@@ -340,11 +340,11 @@ func TestStatsFromGateway(t *testing.T) {
 	for _, want := range []string{
 		"mode:         cache_aware",
 		"routing statistics (live, from gateway " + srv.URL + "):",
-		"hit rate:       70.0% (7 of 10 requests",
-		"block hit rate: 75.0% (15 of 20 prompt blocks",
-		"decisions:      affinity 8 (80.0%), load_aware 2 (20.0%), round_robin 0 (0.0%)",
-		"slo exclusions: 3",
-		"fallbacks:      slo 1, no match 2, load guard 0, no healthy replica 0",
+		"hit rate:          75.0% of prompt blocks cached on the chosen replica (15 of 20,",
+		"whole-prompt hits: 70.0% of requests (7 of 10)",
+		"decisions:         affinity 8 (80.0%), load_aware 2 (20.0%), round_robin 0 (0.0%)",
+		"slo exclusions:    3",
+		"fallbacks:         slo 1, no match 2, load guard 0, no healthy replica 0",
 	} {
 		assert.Contains(t, out, want)
 	}

@@ -201,9 +201,9 @@ func TestStatsBeforeAndAfterSimulate(t *testing.T) {
 	after := ok(t, cfg, "serve", "routing", "stats", "JPCP")
 	assert.Contains(t, after, "mode:         cache_aware")
 	assert.Contains(t, after, "routing statistics (simulated")
-	assert.Contains(t, after, "policy:         cache_aware")
-	assert.Contains(t, after, "requests:       100\n")
-	assert.Contains(t, after, fmt.Sprintf("token hit rate: %.1f%%", caRate))
+	assert.Contains(t, after, "policy:            cache_aware")
+	assert.Contains(t, after, "requests:          100\n")
+	assert.Contains(t, after, fmt.Sprintf("token hit rate:    %.1f%% of prompt tokens", caRate))
 	for i := range 4 {
 		assert.Regexp(t, fmt.Sprintf(`(?m)^\s*r%d\s+\d+\s+\d+\.\d%%`, i), after)
 	}

@@ -200,10 +200,10 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 		fmt.Fprintf(tw, "policy:\t%s\n", s.Mode)
 	}
 	fmt.Fprintf(tw, "requests:\t%d\n", s.Requests)
-	fmt.Fprintf(tw, "hit rate:\t%s (%d of %d requests found their whole prompt cached)\n", pct(s.HitRate), s.Hits, s.Requests)
-	fmt.Fprintf(tw, "block hit rate:\t%s (%d of %d prompt blocks matched in the router's index)\n", pct(s.BlockHitRate), s.MatchedBlocks, s.Blocks)
+	fmt.Fprintf(tw, "hit rate:\t%s of prompt blocks cached on the chosen replica (%d of %d, by the router's index)\n", pct(s.BlockHitRate), s.MatchedBlocks, s.Blocks)
+	fmt.Fprintf(tw, "whole-prompt hits:\t%s of requests (%d of %d)\n", pct(s.HitRate), s.Hits, s.Requests)
 	if s.Source == config.SourceSimulated {
-		fmt.Fprintf(tw, "token hit rate:\t%s (prompt tokens the simulated engines served from cache)\n", pct(s.TokenHitRate))
+		fmt.Fprintf(tw, "token hit rate:\t%s of prompt tokens served from the simulated engines' caches\n", pct(s.TokenHitRate))
 	}
 	var parts []string
 	for _, k := range []string{"affinity", "load_aware", "round_robin"} {
