@@ -364,7 +364,7 @@ func TestHelpAndCompletion(t *testing.T) {
 		{"serve", "routing", "set", "--help"}, {"serve", "routing", "get", "--help"},
 		{"serve", "routing", "list", "--help"}, {"serve", "routing", "delete", "--help"},
 		{"serve", "routing", "simulate", "--help"}, {"serve", "routing", "stats", "--help"},
-		{"completion", "--help"},
+		{"serve", "gateway", "--help"}, {"completion", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			out := ok(t, cfg, args...)

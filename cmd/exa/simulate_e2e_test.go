@@ -65,9 +65,15 @@ func TestSimulateSpecCommandGolden(t *testing.T) {
 	assert.Equal(t, out, ok(t, cfg, "serve", "routing", "simulate", "--replicas", "4", "--shared-prefix-requests", "100"))
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
 	assert.Equal(t, out, ok(t, cfg, args...))
-	// Without a terminal there is no progress bar on stderr.
+	// Without a terminal there is no progress bar on stderr; forced, it
+	// goes to stderr only and leaves stdout as it was.
 	r := exa(t, cfg, args...)
 	assert.Empty(t, r.stderr)
+	r = exa(t, cfg, append(args, "--progress", "always")...)
+	assert.Equal(t, 0, r.code)
+	assert.Contains(t, r.stderr, "simulating [")
+	assert.Contains(t, r.stderr, "100%")
+	assert.Equal(t, out, r.stdout)
 }
 
 func TestSimulateMainJob(t *testing.T) {
