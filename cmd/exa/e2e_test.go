@@ -207,7 +207,30 @@ func TestConcurrentSetsLoseNoUpdate(t *testing.T) {
 			}
 		})
 	}
+	// Meanwhile a reader never sees a torn or half-written file.
+	stop := make(chan struct{})
+	var reads int
+	var readErr error
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := config.Load(cfg); err != nil && readErr == nil {
+				readErr = err
+			}
+			reads++
+		}
+	}()
 	wg.Wait()
+	close(stop)
+	<-readerDone
+	require.NoError(t, readErr, "a concurrent reader saw a bad file")
+	assert.Positive(t, reads)
 	close(errs)
 	for e := range errs {
 		t.Errorf("concurrent set failed: %s", e)
