@@ -210,7 +210,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	out.ContentLength = int64(len(body))
 	out.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
 	copyHeaders(out.Header, r.Header)
-	resp, err := s.client.Do(out)
+	resp, err := s.opts.Transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
 			done(0, ctx.Err())

@@ -57,8 +57,10 @@ type Options struct {
 	// BlockSize is the prefix-key block size in bytes; default
 	// gateway.DefaultBlockSize.
 	BlockSize int
-	// Transport carries requests to the engines; default a pooled
-	// http.Transport without compression or proxies.
+	// Transport carries requests to the engines; default a keep-alive
+	// HTTP/1.1 connection pool that does each exchange on the request's
+	// own goroutine (plain http; anything else goes to an http.Transport
+	// without compression or proxies).
 	Transport http.RoundTripper
 	// Registerer receives the gateway's metrics; default a fresh
 	// prometheus.Registry, which /metrics then serves. When Registerer is
@@ -84,7 +86,6 @@ type Options struct {
 type Server struct {
 	opts    Options
 	hasher  *gateway.Hasher
-	client  *http.Client // engine traffic
 	control *http.Client // probes and scrapes
 	metrics *metrics
 	gather  prometheus.Gatherer
@@ -136,7 +137,6 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts:    opts,
 		hasher:  h,
-		client:  &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect},
 		control: &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
 		log:     opts.Logger,
 		gather:  opts.Gatherer,
@@ -207,7 +207,7 @@ func fillOptions(o *Options) error {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if o.Transport == nil {
-		o.Transport = newTransport()
+		o.Transport = newConnPool()
 	}
 	switch {
 	case o.Registerer == nil:

@@ -1,0 +1,92 @@
+package httpgw
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/examlops/gateway/config"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// benchEngine answers every inference request with a fixed small body, so
+// that a benchmark through the gateway measures the gateway.
+func benchEngine() *httptest.Server {
+	answer := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`)
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+}
+
+var benchBody = []byte(`{"model":"m1","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant that answers in one word."},{"role":"user","content":"Say one word."}]}`)
+
+func benchCall(b *testing.B, c *http.Client, url string) {
+	resp, err := c.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(benchBody))
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// BenchmarkRequest compares one request sent straight to an engine with
+// one sent through the gateway (both on loopback, in process); the
+// difference between the two is the gateway's cost per request.
+func BenchmarkRequest(b *testing.B) {
+	eng := benchEngine()
+	defer eng.Close()
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
+		Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
+		b.Fatal(err)
+	}
+	gw := httptest.NewServer(s)
+	defer gw.Close()
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			benchCall(b, c, eng.URL)
+		}
+	})
+	b.Run("gateway", func(b *testing.B) {
+		for b.Loop() {
+			benchCall(b, c, gw.URL)
+		}
+	})
+}
+
+// BenchmarkHandler measures the gateway's handler alone (parse, key,
+// route, forward to a loopback engine, relay), without the client's hop.
+func BenchmarkHandler(b *testing.B) {
+	eng := benchEngine()
+	defer eng.Close()
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
+		Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(benchBody))
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+}

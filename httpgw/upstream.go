@@ -1,0 +1,200 @@
+package httpgw
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// connPool is the default engine transport: an HTTP/1.1 client that
+// writes the request and reads the response on the calling goroutine,
+// keeping idle keep-alive connections per host. Compared with
+// http.Transport, which hands each request and response between the
+// caller and two goroutines per connection, it saves the goroutine
+// wake-ups that dominate a proxy's added latency on loopback. It supports
+// what the gateway needs (plain http, bodies of known length); other
+// requests (https, unknown length) go to the fallback transport. It is safe
+// for concurrent use.
+type connPool struct {
+	dialer   net.Dialer
+	maxIdle  int
+	idleTime time.Duration
+	fallback http.RoundTripper
+
+	mu   sync.Mutex
+	idle map[string][]*poolConn // by host:port, most recently used last
+}
+
+type poolConn struct {
+	c    net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	used time.Time
+}
+
+func newConnPool() *connPool {
+	return &connPool{
+		dialer:   net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle:  256,
+		idleTime: 30 * time.Second,
+		fallback: newTransport(),
+		idle:     map[string][]*poolConn{},
+	}
+}
+
+// RoundTrip implements http.RoundTripper.
+func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" || (req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0) {
+		return p.fallback.RoundTrip(req)
+	}
+	host := req.URL.Host
+	if req.URL.Port() == "" {
+		host = net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	for attempt := 0; ; attempt++ {
+		pc, reused := p.get(host)
+		if pc == nil {
+			c, err := p.dialer.DialContext(req.Context(), "tcp", host)
+			if err != nil {
+				return nil, err
+			}
+			pc = &poolConn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+		}
+		resp, err := p.exchange(pc, req)
+		if err == nil {
+			return resp, nil
+		}
+		pc.c.Close()
+		// A reused connection the engine had closed while idle fails at
+		// once; retry the request on a new connection.
+		if reused && attempt == 0 && req.Context().Err() == nil && staleConnError(err) {
+			if req.GetBody != nil {
+				body, gerr := req.GetBody()
+				if gerr != nil {
+					return nil, gerr
+				}
+				req = req.Clone(req.Context())
+				req.Body = body
+			}
+			continue
+		}
+		return nil, err
+	}
+}
+
+// staleConnError reports errors of a keep-alive connection closed by the
+// peer before it read the request.
+func staleConnError(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// exchange writes req on pc and reads the response head. Canceling req's
+// context interrupts either step, and the body's reads, by expiring the
+// connection's deadline.
+func (p *connPool) exchange(pc *poolConn, req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	if err := req.Write(pc.bw); err != nil {
+		stop()
+		return nil, err
+	}
+	if err := pc.bw.Flush(); err != nil {
+		stop()
+		return nil, err
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	if err != nil {
+		stop()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	resp.Body = &poolBody{rc: resp.Body, pool: p, pc: pc, stop: stop, keep: !resp.Close, host: hostKey(req)}
+	return resp, nil
+}
+
+func hostKey(req *http.Request) string {
+	if req.URL.Port() == "" {
+		return net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	return req.URL.Host
+}
+
+// poolBody returns its connection to the pool once the body has been read
+// to its end, and closes it otherwise.
+type poolBody struct {
+	rc   io.ReadCloser
+	pool *connPool
+	pc   *poolConn
+	stop func() bool
+	keep bool
+	host string
+	done bool
+	eof  bool
+}
+
+func (b *poolBody) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof = true
+		b.finish()
+	}
+	return n, err
+}
+
+func (b *poolBody) Close() error {
+	b.finish()
+	return nil
+}
+
+func (b *poolBody) finish() {
+	if b.done {
+		return
+	}
+	b.done = true
+	canceled := !b.stop()
+	if b.eof && b.keep && !canceled && b.pc.br.Buffered() == 0 {
+		b.pool.put(b.host, b.pc)
+		return
+	}
+	b.pc.c.Close()
+}
+
+func (p *connPool) get(host string) (*poolConn, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.idle[host]
+	for len(list) > 0 {
+		pc := list[len(list)-1]
+		list = list[:len(list)-1]
+		if time.Since(pc.used) < p.idleTime {
+			p.idle[host] = list
+			return pc, true
+		}
+		pc.c.Close()
+	}
+	p.idle[host] = list
+	return nil, false
+}
+
+func (p *connPool) put(host string, pc *poolConn) {
+	pc.used = time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle[host]) >= p.maxIdle {
+		pc.c.Close()
+		return
+	}
+	p.idle[host] = append(p.idle[host], pc)
+}
