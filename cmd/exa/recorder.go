@@ -23,8 +23,10 @@ type recorder struct {
 	routed, replicaHits               map[string]uint64
 }
 
-func newRecorder(inner gateway.Policy, replicas int) *recorder {
-	return &recorder{inner: inner, replicas: replicas, routed: map[string]uint64{}, replicaHits: map[string]uint64{}}
+// newRecorder returns a recorder for a cluster of the given size; inner is
+// set when the simulation makes its policy.
+func newRecorder(replicas int) *recorder {
+	return &recorder{replicas: replicas, routed: map[string]uint64{}, replicaHits: map[string]uint64{}}
 }
 
 // Pick delegates to the wrapped policy and records its choice.

@@ -119,6 +119,19 @@ func policyNames() []string {
 	return names
 }
 
+// builtinPolicy returns the policy the gateway uses for a built-in mode
+// (gateway.New with WithMode and default options).
+func builtinPolicy(m gateway.Mode) gateway.Policy {
+	switch m {
+	case gateway.ModeCacheAware:
+		return &gateway.CacheAware{}
+	case gateway.ModeLoadAware:
+		return &gateway.LoadAware{}
+	default:
+		return &gateway.RoundRobin{}
+	}
+}
+
 // simOutput is the --json form of simulate.
 type simOutput struct {
 	Model string `json:"model,omitempty"`
@@ -233,25 +246,21 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 	for _, n := range names {
 		pol, _ := sim.PolicyByName(n)
-		var build func() gateway.Policy
-		switch {
-		case n == config.ModeLoadAware && m.LoadWeights != nil:
+		if n == config.ModeLoadAware && m.LoadWeights != nil {
 			w := m.LoadWeights.Gateway()
-			build = func() gateway.Policy { return &gateway.LoadAware{Weights: w} }
-		case n == config.ModeLoadAware:
-			build = func() gateway.Policy { return &gateway.LoadAware{} }
-		case n == config.ModeCacheAware:
-			build = func() gateway.Policy { return &gateway.CacheAware{} }
-		case n == config.ModeRoundRobin:
-			build = func() gateway.Policy { return &gateway.RoundRobin{} }
+			pol.New = func(uint64) gateway.Policy { return &gateway.LoadAware{Weights: w} }
 		}
-		if n == modeName && build != nil {
-			rec = newRecorder(nil, cfg.Replicas)
-			r, b := rec, build
-			pol.New = func(uint64) gateway.Policy { r.inner = b(); return r }
-		} else if build != nil && pol.New == nil && n == config.ModeLoadAware {
-			b := build
-			pol.New = func(uint64) gateway.Policy { return b() }
+		if n == modeName {
+			rec = newRecorder(cfg.Replicas)
+			r, mode, build := rec, pol.Mode, pol.New
+			pol.New = func(seed uint64) gateway.Policy {
+				if build != nil {
+					r.inner = build(seed)
+				} else {
+					r.inner = builtinPolicy(mode)
+				}
+				return r
+			}
 		}
 		cfg.Policies = append(cfg.Policies, pol)
 	}
