@@ -27,7 +27,7 @@ func golden(t *testing.T, name, got string) {
 	}
 	want, err := os.ReadFile(path)
 	require.NoError(t, err, "run go test ./cmd/exa -run %s -update to create it", t.Name())
-	assert.Equal(t, string(want), got)
+	assert.Equal(t, string(want), got, "if the simulator or the core changed on purpose, regenerate with: go test ./cmd/exa -run 'TestSimulate(SpecCommandGolden|MainJob)' -update")
 }
 
 // specLines checks the first three lines of simulate's text output and
