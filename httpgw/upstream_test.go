@@ -1,0 +1,141 @@
+package httpgw
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func poolPost(t *testing.T, p *connPool, url, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
+	resp, err := p.RoundTrip(req)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp.StatusCode, string(b)
+}
+
+func TestConnPoolReusesConnections(t *testing.T) {
+	tests := []struct {
+		name      string
+		handler   http.HandlerFunc
+		wantConns int64
+	}{
+		{"content-length answers", func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			_, _ = w.Write(b)
+		}, 1},
+		{"chunked answers", func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			_, _ = w.Write(b)
+			http.NewResponseController(w).Flush()
+			_, _ = w.Write([]byte("!"))
+		}, 1},
+		{"connection close answers", func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			w.Header().Set("Connection", "close")
+			_, _ = w.Write(b)
+		}, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var conns atomic.Int64
+			srv := httptest.NewUnstartedServer(tt.handler)
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					conns.Add(1)
+				}
+			}
+			srv.Start()
+			defer srv.Close()
+			p := newConnPool()
+			for i := range 5 {
+				code, body := poolPost(t, p, srv.URL+"/x", "hello")
+				assert.Equal(t, http.StatusOK, code, "request %d", i)
+				assert.True(t, strings.HasPrefix(body, "hello"), "request %d body %q", i, body)
+			}
+			assert.Equal(t, tt.wantConns, conns.Load())
+		})
+	}
+}
+
+// An engine that closes a keep-alive connection while it is idle costs
+// nothing: the request is resent on a new connection.
+func TestConnPoolRetriesStaleConnection(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				// Answer one request as if keeping the connection, then close it.
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				b, _ := io.ReadAll(req.Body)
+				resp := "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + string(b)
+				_, _ = io.WriteString(c, resp)
+			}()
+		}
+	}()
+	p := newConnPool()
+	url := "http://" + l.Addr().String() + "/x"
+	for i := range 3 {
+		code, body := poolPost(t, p, url, "ping")
+		assert.Equal(t, http.StatusOK, code, "request %d", i)
+		assert.Equal(t, "ping", body)
+	}
+	assert.GreaterOrEqual(t, accepted.Load(), int64(3))
+}
+
+func TestConnPoolDialErrorAndCancel(t *testing.T) {
+	p := newConnPool()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/x", strings.NewReader("a"))
+	require.NoError(t, err)
+	_, err = p.RoundTrip(req)
+	require.Error(t, err)
+	assert.True(t, isDialError(err), "a refused connection is a dial error: %v", err)
+
+	block := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-block
+	}))
+	defer srv.Close()
+	defer close(block)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/x", strings.NewReader("a"))
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.RoundTrip(req)
+		errc <- err
+	}()
+	cancel()
+	assert.ErrorIs(t, <-errc, context.Canceled)
+}
