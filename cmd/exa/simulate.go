@@ -87,7 +87,7 @@ deterministic for a seed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&sf.replicas, "replicas", sim.DefaultReplicas, "number of simulated replicas (default: the model's stored replica count, else 8)")
+	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas (default: the model's stored replica count, else %d)", sim.DefaultReplicas))
 	f.IntVar(&sf.requests, "requests", 0, "number of requests (default: the workload's own; for a trace, replay only the first N)")
 	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
 	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
