@@ -235,6 +235,11 @@ func TestStatsBeforeAndAfterSimulate(t *testing.T) {
 	assert.InDelta(t, caRate/100, st.TokenHitRate, 0.0005)
 	assert.NotEmpty(t, st.Simulation)
 
+	// The model's stored replicas set the simulated cluster's size.
+	ok(t, cfg, "serve", "routing", "set", "three", "--replica", "a=http://a", "--replica", "b=http://b", "--replica", "c=http://c")
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "simulate", "three", "--shared-prefix-requests", "30"), "; 3 replicas of")
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "simulate", "three", "--shared-prefix-requests", "30", "--replicas", "5"), "; 5 replicas of")
+
 	// A later simulate replaces the record.
 	ok(t, cfg, "serve", "routing", "simulate", "JPCP", "--replicas", "2", "--shared-prefix-requests", "50")
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "stats", "JPCP", "--json")), &js))
