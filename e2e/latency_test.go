@@ -17,9 +17,10 @@ import (
 )
 
 // TestAddedLatency measures the latency the gateway adds: one engine (no
-// simulated prefill or decode time) is called directly and through
-// `exa serve gateway`, alternating request by request at a steady rate on
-// loopback, and the two latency distributions are compared. It reports
+// simulated prefill or decode time) is called directly, through
+// `exa serve gateway`, and through a bare httputil.ReverseProxy (the cost
+// of the extra hop alone), taking turns request by request at a steady
+// rate on loopback, and the latency distributions are compared. It reports
 // the figures; it asserts only that every request succeeded (timings
 // depend on the machine). EXA_E2E_LATENCY_N sets the samples per path
 // (default 3000), EXA_E2E_LATENCY_RATE the total request rate per second
@@ -39,6 +40,13 @@ func TestAddedLatency(t *testing.T) {
 		return h
 	})
 
+	rpPort := freePort(t)
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	startProc(t, "reverse-proxy", []string{envReverseProxy + "=" + engine.url() + " 127.0.0.1:" + strconv.Itoa(rpPort)}, exe)
+	rpURL := "http://127.0.0.1:" + strconv.Itoa(rpPort)
+	waitFor(t, 10*time.Second, "reverse proxy", func() bool { return get(rpURL+"/health") == http.StatusOK })
+
 	body := []byte(`{"model":"` + simModel + `","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say one word."}]}`)
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
 	call := func(base string) time.Duration {
@@ -54,24 +62,31 @@ func TestAddedLatency(t *testing.T) {
 	for range 200 { // warm connections, caches and the runtime
 		call(engine.url())
 		call(gw.url)
+		call(rpURL)
 	}
 	direct := make([]time.Duration, 0, n)
 	viaGW := make([]time.Duration, 0, n)
+	viaRP := make([]time.Duration, 0, n)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
-	for i := 0; i < 2*n; i++ {
+	for i := 0; i < 3*n; i++ {
 		<-tick.C
-		if i%2 == 0 {
+		switch i % 3 {
+		case 0:
 			direct = append(direct, call(engine.url()))
-		} else {
+		case 1:
 			viaGW = append(viaGW, call(gw.url))
+		default:
+			viaRP = append(viaRP, call(rpURL))
 		}
 	}
 	p := func(d []time.Duration, q float64) time.Duration { return percentile(d, q) }
 	us := func(d time.Duration) string { return fmt.Sprintf("%7.1f µs", float64(d)/1e3) }
-	t.Logf("steady %d req/s on loopback, %d requests per path, alternating", rate, n)
+	t.Logf("steady %d req/s on loopback, %d requests per path, taking turns", rate, n)
 	t.Logf("direct   p50 %s  p90 %s  p99 %s", us(p(direct, .5)), us(p(direct, .9)), us(p(direct, .99)))
 	t.Logf("gateway  p50 %s  p90 %s  p99 %s", us(p(viaGW, .5)), us(p(viaGW, .9)), us(p(viaGW, .99)))
+	t.Logf("stdlib reverse proxy  p50 %s  p90 %s  p99 %s  (adds p50 %s, p99 %s: the bare hop)", us(p(viaRP, .5)), us(p(viaRP, .9)), us(p(viaRP, .99)),
+		us(p(viaRP, .5)-p(direct, .5)), us(p(viaRP, .99)-p(direct, .99)))
 	t.Logf("added    p50 %s  p90 %s  p99 %s  (difference of the percentiles; target: p50 <= 200 µs, p99 <= 1000 µs)",
 		us(p(viaGW, .5)-p(direct, .5)), us(p(viaGW, .9)-p(direct, .9)), us(p(viaGW, .99)-p(direct, .99)))
 	// Each gateway request against the direct request just before it, so
