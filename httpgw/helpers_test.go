@@ -136,3 +136,10 @@ func decodeError(t *testing.T, b []byte) apiError {
 	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
 	return eb.Error
 }
+
+func newHTTPTestServer(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}
