@@ -210,6 +210,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	out.ContentLength = int64(len(body))
 	out.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
 	copyHeaders(out.Header, r.Header)
+	// The gateway has read the whole body: the engine must not be asked
+	// to confirm it first (a 100 Continue would be relayed as the answer).
+	out.Header.Del("Expect")
 	resp, err := s.opts.Transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {

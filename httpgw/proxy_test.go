@@ -347,3 +347,13 @@ func TestModelsAndStatsEndpoints(t *testing.T) {
 	}
 	assert.Contains(t, text, `exa_gateway_prefix_hit_rate{model="m1"} 0.6666666666666666`)
 }
+
+// A client's Expect: 100-continue is answered by the gateway, not passed
+// to the engine.
+func TestExpectContinueNotForwarded(t *testing.T) {
+	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, strings.Repeat("long system prompt ", 200), "hi"), "Expect", "100-continue")
+	b := readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), `"choices"`)
+}

@@ -200,9 +200,10 @@ func (s *Server) Reload() (bool, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		s.mu.Lock()
-		seen := s.fileSeen
+		seen, missing := s.fileSeen, s.fileMissing
+		s.fileMissing = true
 		s.mu.Unlock()
-		if seen {
+		if seen || missing {
 			return false, nil // keep serving the last good configuration
 		}
 		return false, s.applyCounted(&config.File{Version: config.Version})

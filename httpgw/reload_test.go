@@ -113,3 +113,25 @@ func TestApplyKeepsGatewayWhenRoutingUnchanged(t *testing.T) {
 	assert.Len(t, again.Replicas(), 1)
 	assert.Len(t, f.srv.Stats().Engines, 1, "engines no model uses are dropped")
 }
+
+// A configuration file that does not exist yet is an empty configuration;
+// the gateway picks the file up once it appears.
+func TestReloadFileAppears(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routing.json")
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{ConfigPath: path, Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	assert.Empty(t, s.Stats().Models)
+	for range 3 {
+		changed, err := s.Reload()
+		require.NoError(t, err)
+		assert.False(t, changed)
+	}
+	f := &fixture{t: t, reg: reg}
+	assert.Equal(t, 1.0, f.counter("exa_gateway_config_reloads_total", map[string]string{"result": "ok"}), "the missing file is applied once")
+	setModel(t, path, "a", config.Model{Replicas: []config.Replica{{Name: "r0", Address: "127.0.0.1:1"}}})
+	changed, err := s.Reload()
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Contains(t, s.Stats().Models, "a")
+}

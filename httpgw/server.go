@@ -99,6 +99,9 @@ type Server struct {
 	fileMod  time.Time
 	fileSize int64
 	fileSeen bool
+	// fileMissing records that the file was found missing before any
+	// load, and the empty configuration applied.
+	fileMissing bool
 
 	keyPool sync.Pool
 	bufPool sync.Pool
