@@ -182,7 +182,15 @@ func TestCacheAwareBeatsRoundRobin(t *testing.T) {
 	assert.Less(t, ca.p50, rr.p50, "cache_aware has a lower median TTFT")
 	assert.Less(t, ca.mean, rr.mean, "cache_aware has a lower mean TTFT")
 	st := c.gw.stats(t).Models[simModel]
-	t.Logf("gateway /stats for cache_aware: requests %d, hit rate %.3f, decisions %v, replicas %+v", st.Requests, st.HitRate, st.Decisions, st.Replicas)
+	t.Logf("gateway /stats for cache_aware: requests %d, block hit rate %.3f, decisions %v", st.Requests,
+		float64(st.MatchedBlocks)/max(1, float64(st.Blocks)), st.Decisions)
+	assert.Equal(t, uint64(requestsPerMode), st.Requests)
+	assert.Positive(t, st.Decisions["affinity"])
+
+	// The operator's view of the same figures, live from the gateway.
+	out := exa(t, c.cfg, "serve", "routing", "stats", simModel, "--gateway", c.gw.url)
+	t.Logf("exa serve routing stats %s --gateway %s:\n%s", simModel, c.gw.url, out)
+	assert.Contains(t, out, "affinity")
 }
 
 // TestEngineKilledMidRun kills one engine while the workload runs: every
