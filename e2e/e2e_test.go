@@ -166,7 +166,7 @@ func TestCacheAwareBeatsRoundRobin(t *testing.T) {
 			c.restartEngines()
 			c.setMode(mode)
 		}
-		rs := runWorkload(c.gw.url, reqs, workers, nil)
+		rs := runWorkload(c.gw.url, reqs, workers, 4, nil)
 		for j, r := range rs {
 			require.True(t, r.status == http.StatusOK && r.done, "%s request %d: status %d, error %q, net %v", mode, j, r.status, r.errText, r.netErr)
 		}
@@ -215,7 +215,9 @@ func TestEngineKilledMidRun(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	rs := runWorkload(c.gw.url, reqs, workers, func(done int) {
+	// Answers of 48 tokens at 1 ms each keep streams open when the engine
+	// dies, so some are cut mid-way.
+	rs := runWorkload(c.gw.url, reqs, workers, 48, func(done int) {
 		if done == 60 && killed.CompareAndSwap(false, true) {
 			victim.kill()
 		}
@@ -233,6 +235,9 @@ func TestEngineKilledMidRun(t *testing.T) {
 		if r.status == http.StatusOK && r.done {
 			ok++
 		} else {
+			if clearErr == 0 {
+				t.Logf("first clear error (request %d, status %d): %s", i, r.status, r.errText)
+			}
 			clearErr++
 		}
 	}
@@ -250,7 +255,7 @@ func TestEngineKilledMidRun(t *testing.T) {
 		return h
 	})
 	assert.GreaterOrEqual(t, c.gw.metric(t, "exa_gateway_readmissions_total", map[string]string{"address": victim.url()}), 1.0)
-	rs = runWorkload(c.gw.url, workload(3, 64), workers, nil)
+	rs = runWorkload(c.gw.url, workload(3, 64), workers, 4, nil)
 	served := 0
 	for _, r := range rs {
 		require.True(t, r.status == http.StatusOK && r.done, "after readmission: status %d error %q net %v", r.status, r.errText, r.netErr)

@@ -280,9 +280,9 @@ func (r result) clear() bool {
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
 
 // streamChat sends one streamed chat request and reads the whole answer.
-func streamChat(ctx context.Context, url, system, user string) result {
+func streamChat(ctx context.Context, url, system, user string, maxTokens int) result {
 	body, _ := json.Marshal(map[string]any{
-		"model": simModel, "stream": true, "max_tokens": 4,
+		"model": simModel, "stream": true, "max_tokens": maxTokens,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
 	})
 	start := time.Now()
@@ -333,10 +333,11 @@ func streamChat(ctx context.Context, url, system, user string) result {
 	return r
 }
 
-// runWorkload sends the requests with `workers` concurrent clients and
-// returns the results in request order. progress, if not nil, is called
-// after each completed request with the count so far.
-func runWorkload(url string, reqs [][2]string, workers int, progress func(int)) []result {
+// runWorkload sends the requests (answers of maxTokens tokens) with
+// `workers` concurrent clients and returns the results in request order.
+// progress, if not nil, is called after each completed request with the
+// count so far.
+func runWorkload(url string, reqs [][2]string, workers, maxTokens int, progress func(int)) []result {
 	out := make([]result, len(reqs))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -348,7 +349,7 @@ func runWorkload(url string, reqs [][2]string, workers int, progress func(int)) 
 			defer wg.Done()
 			for i := range next {
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				out[i] = streamChat(ctx, url, reqs[i][0], reqs[i][1])
+				out[i] = streamChat(ctx, url, reqs[i][0], reqs[i][1], maxTokens)
 				cancel()
 				mu.Lock()
 				completed++
