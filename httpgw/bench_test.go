@@ -5,7 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/examlops/gateway"
 
 	"github.com/examlops/gateway/config"
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,5 +91,27 @@ func BenchmarkHandler(b *testing.B) {
 		if w.Code != http.StatusOK {
 			b.Fatalf("status %d", w.Code)
 		}
+	}
+}
+
+// BenchmarkParseAndKey measures request decoding and prefix-key hashing
+// for a chat with a 16 KiB system prompt and a few turns.
+func BenchmarkParseAndKey(b *testing.B) {
+	sys := strings.Repeat("You are a helpful assistant for the ACME corporation. ", 300)
+	body := []byte(chatBody("m1", false, sys, "first question about the contract terms?", "an answer that is fairly long and detailed", "a follow-up question"))
+	h, err := gateway.NewHasher(gateway.DefaultBlockSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hdr := http.Header{}
+	key := make(gateway.Key, 0, 512)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		req, err := parseRequest(endpointChat, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		key = appendKey(h, key[:0], req, hdr)
 	}
 }

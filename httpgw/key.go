@@ -1,8 +1,7 @@
 package httpgw
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -38,24 +37,26 @@ const (
 // inferenceRequest is the part of an OpenAI chat or completions request
 // the gateway reads. Every other field passes through untouched.
 type inferenceRequest struct {
-	Model    *string         `json:"model"`
-	Messages []chatMessage   `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
-	User     string          `json:"user"`
-	Stream   bool            `json:"stream"`
+	// Model is the "model" field; HasModel is false when it is absent or null.
+	Model    string
+	HasModel bool
+	// Messages are the chat messages, their content reduced to text.
+	Messages []chatMessage
+	// Prompt is the completions prompt as text; HasPrompt is false when
+	// it is absent or null.
+	Prompt    string
+	HasPrompt bool
+	// User is the "user" field.
+	User string
+	// Stream is the "stream" field.
+	Stream bool
 }
 
-// chatMessage is one message of a chat request; Content is kept raw and
-// read by messageText.
+// chatMessage is one message of a chat request.
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// contentPart is one element of an array-valued message content.
-type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Role string
+	// Text is the content as text (see messageText).
+	Text string
 }
 
 // endpointKind says which inference endpoint a request came to.
@@ -74,29 +75,34 @@ func (k endpointKind) String() string {
 }
 
 // parseRequest decodes body and checks the fields the endpoint needs. Its
-// errors wrap ErrBadRequest and name the field.
+// errors wrap ErrBadRequest; those about one field are *requestError
+// naming it.
 func parseRequest(kind endpointKind, body []byte) (*inferenceRequest, error) {
-	var req inferenceRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	req, err := decodeRequest(body)
+	if err != nil {
+		var re *requestError
+		if errors.As(err, &re) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: body is not a valid JSON request: %v", ErrBadRequest, err)
 	}
 	switch {
-	case req.Model == nil:
-		return nil, &requestError{field: "model", err: fmt.Errorf("%w: field \"model\" is required", ErrBadRequest)}
-	case *req.Model == "":
-		return nil, &requestError{field: "model", err: fmt.Errorf("%w: field \"model\" is empty", ErrBadRequest)}
+	case !req.HasModel:
+		return nil, fieldErr("model", "field \"model\" is required")
+	case req.Model == "":
+		return nil, fieldErr("model", "field \"model\" is empty")
 	}
 	switch kind {
 	case endpointChat:
 		if len(req.Messages) == 0 {
-			return nil, &requestError{field: "messages", err: fmt.Errorf("%w: field \"messages\" is required and must not be empty", ErrBadRequest)}
+			return nil, fieldErr("messages", "field \"messages\" is required and must not be empty")
 		}
 	case endpointCompletions:
-		if len(req.Prompt) == 0 || bytes.Equal(req.Prompt, []byte("null")) {
-			return nil, &requestError{field: "prompt", err: fmt.Errorf("%w: field \"prompt\" is required", ErrBadRequest)}
+		if !req.HasPrompt {
+			return nil, fieldErr("prompt", "field \"prompt\" is required")
 		}
 	}
-	return &req, nil
+	return req, nil
 }
 
 // requestError is a bad-request error that names the offending field.
@@ -107,6 +113,187 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.err.Error() }
 func (e *requestError) Unwrap() error { return e.err }
+
+func fieldErr(field, msg string) error {
+	return &requestError{field: field, err: fmt.Errorf("%w: %s", ErrBadRequest, msg)}
+}
+
+// decodeRequest reads the routing fields of a request body in one pass
+// (see jsonscan.go); the body must be one JSON object.
+func decodeRequest(body []byte) (*inferenceRequest, error) {
+	r := &jsonReader{b: body}
+	req := &inferenceRequest{}
+	if r.peek() != '{' {
+		return nil, r.errorf("the body must be a JSON object")
+	}
+	err := r.object(func(key string) error {
+		var err error
+		switch key {
+		case "model":
+			if r.null() {
+				req.Model, req.HasModel = "", false
+				return nil
+			}
+			if r.peek() != '"' {
+				return fieldErr("model", "field \"model\" must be a string")
+			}
+			req.Model, err = r.str()
+			req.HasModel = true
+		case "stream":
+			if r.null() {
+				req.Stream = false
+				return nil
+			}
+			if req.Stream, err = r.boolean(); err != nil {
+				return fieldErr("stream", "field \"stream\" must be true or false")
+			}
+		case "user":
+			if r.null() {
+				req.User = ""
+				return nil
+			}
+			if r.peek() != '"' {
+				return fieldErr("user", "field \"user\" must be a string")
+			}
+			req.User, err = r.str()
+		case "messages":
+			req.Messages = req.Messages[:0]
+			if r.null() {
+				return nil
+			}
+			if r.peek() != '[' {
+				return fieldErr("messages", "field \"messages\" must be an array")
+			}
+			err = r.array(func() error {
+				m, err := r.message(len(req.Messages))
+				req.Messages = append(req.Messages, m)
+				return err
+			})
+		case "prompt":
+			if r.null() {
+				req.Prompt, req.HasPrompt = "", false
+				return nil
+			}
+			req.Prompt, err = r.prompt()
+			req.HasPrompt = true
+		default:
+			err = r.skip()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.peek() != 0 {
+		return nil, r.errorf("data after the JSON object")
+	}
+	return req, nil
+}
+
+// message reads one chat message (element i of "messages").
+func (r *jsonReader) message(i int) (chatMessage, error) {
+	var m chatMessage
+	if r.peek() != '{' {
+		return m, fieldErr(fmt.Sprintf("messages[%d]", i), fmt.Sprintf("messages[%d] must be an object", i))
+	}
+	err := r.object(func(key string) error {
+		var err error
+		switch key {
+		case "role":
+			if r.peek() != '"' {
+				return fieldErr(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("messages[%d].role must be a string", i))
+			}
+			m.Role, err = r.str()
+		case "content":
+			m.Text, err = r.content()
+		default:
+			err = r.skip()
+		}
+		return err
+	})
+	return m, err
+}
+
+// content reads a message content as text: a string as is, a list of
+// parts as its text parts concatenated (other parts, such as images,
+// contribute their JSON text so that different images give different
+// keys), null as "", anything else as its JSON text.
+func (r *jsonReader) content() (string, error) {
+	switch r.peek() {
+	case '"':
+		return r.str()
+	case 'n':
+		if r.null() {
+			return "", nil
+		}
+	case '[':
+		var sb strings.Builder
+		err := r.array(func() error {
+			r.ws()
+			start := r.i
+			if r.peek() != '{' {
+				return r.skip()
+			}
+			var typ, text string
+			var hasText bool
+			err := r.object(func(key string) error {
+				var err error
+				switch {
+				case key == "type" && r.peek() == '"':
+					typ, err = r.str()
+				case key == "text" && r.peek() == '"':
+					text, err = r.str()
+					hasText = true
+				default:
+					err = r.skip()
+				}
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if typ == "text" && hasText {
+				sb.WriteString(text)
+			} else {
+				sb.Write(r.b[start:r.i])
+			}
+			return nil
+		})
+		return sb.String(), err
+	}
+	return r.raw()
+}
+
+// prompt reads a completions prompt as text: a string as is, a list of
+// strings joined with newlines, anything else (token arrays) as its JSON
+// text.
+func (r *jsonReader) prompt() (string, error) {
+	switch r.peek() {
+	case '"':
+		return r.str()
+	case '[':
+		start := r.i
+		var parts []string
+		allStrings := true
+		err := r.array(func() error {
+			if allStrings && r.peek() == '"' {
+				s, err := r.str()
+				parts = append(parts, s)
+				return err
+			}
+			allStrings = false
+			return r.skip()
+		})
+		if err != nil {
+			return "", err
+		}
+		if allStrings {
+			return strings.Join(parts, "\n"), nil
+		}
+		return string(r.b[start:r.i]), nil
+	}
+	return r.raw()
+}
 
 // session returns the request's session id: the X-Session-ID header, else
 // the body's "user" field.
@@ -127,7 +314,7 @@ func appendKey(h *gateway.Hasher, dst gateway.Key, req *inferenceRequest, hdr ht
 	start := len(dst)
 	for i := range req.Messages {
 		if m := &req.Messages[i]; isSystemRole(m.Role) {
-			dst = h.AppendSegment(dst, tagSystem, messageText(m.Content))
+			dst = h.AppendSegment(dst, tagSystem, m.Text)
 		}
 	}
 	dst = h.AppendSegment(dst, tagSession, session(req, hdr))
@@ -137,13 +324,11 @@ func appendKey(h *gateway.Hasher, dst gateway.Key, req *inferenceRequest, hdr ht
 		if isSystemRole(m.Role) {
 			continue
 		}
-		dst = h.AppendSegment(dst, roleTag(m.Role), messageText(m.Content))
+		dst = h.AppendSegment(dst, roleTag(m.Role), m.Text)
 	}
-	if len(req.Prompt) > 0 {
-		dst = h.AppendSegment(dst, tagPrompt, promptText(req.Prompt))
-	}
-	if len(dst) == start && req.Model != nil {
-		dst = h.AppendSegment(dst, tagModel, "\x00"+*req.Model)
+	dst = h.AppendSegment(dst, tagPrompt, req.Prompt)
+	if len(dst) == start {
+		dst = h.AppendSegment(dst, tagModel, "\x00"+req.Model)
 	}
 	return dst
 }
@@ -162,56 +347,4 @@ func roleTag(role string) uint64 {
 		return tagTool
 	}
 	return tagOther
-}
-
-// messageText returns the text of a message content: a JSON string as is,
-// an array of parts as the concatenation of its text parts (other parts,
-// such as images, contribute their raw JSON so that different images give
-// different keys), anything else as its raw JSON.
-func messageText(raw json.RawMessage) string {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return ""
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return s
-		}
-	case '[':
-		var parts []json.RawMessage
-		if json.Unmarshal(raw, &parts) == nil {
-			var b strings.Builder
-			for _, p := range parts {
-				var cp contentPart
-				if json.Unmarshal(p, &cp) == nil && cp.Type == "text" {
-					b.WriteString(cp.Text)
-				} else {
-					b.Write(p)
-				}
-			}
-			return b.String()
-		}
-	}
-	return string(raw)
-}
-
-// promptText returns the text of a completions prompt: a string as is, an
-// array of strings joined with newlines, token arrays as their JSON text.
-func promptText(raw json.RawMessage) string {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) > 0 && raw[0] == '"' {
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return s
-		}
-	}
-	if len(raw) > 0 && raw[0] == '[' {
-		var ss []string
-		if json.Unmarshal(raw, &ss) == nil {
-			return strings.Join(ss, "\n")
-		}
-	}
-	return string(raw)
 }

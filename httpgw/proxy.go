@@ -86,10 +86,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		return
 	}
 	st := s.state.Load()
-	ms, ok := st.models[*req.Model]
+	ms, ok := st.models[req.Model]
 	if !ok {
 		fail(http.StatusNotFound, typeNotFound, "model_not_found", "model",
-			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, *req.Model))
+			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, req.Model))
 		return
 	}
 	oc.model = ms.name
