@@ -75,7 +75,9 @@
 // # Failures
 //
 // Malformed JSON, a missing model, messages or prompt: 400. Unknown model:
-// 404. Body over MaxBodyBytes: 413. No healthy replica, or a model with no
+// 404. Body over MaxBodyBytes: 413. The body's JSON syntax is checked in
+// full by a one-pass decoder that reads only the routing fields (model,
+// messages, prompt, user, stream); the body is forwarded byte for byte. No healthy replica, or a model with no
 // replicas: 503. All as OpenAI error objects
 // {"error": {"message", "type", "param", "code"}}. An engine that fails
 // before sending a byte (transport error or 5xx) is retried once on
@@ -113,13 +115,14 @@
 //	  "models": {
 //	    "JPCP": {
 //	      "model": "JPCP", "source": "gateway", "mode": "cache_aware",
-//	      "requests": 120, "hits": 96, "hit_rate": 0.8,
-//	      "decisions": {"affinity": 96, "load_aware": 20, "round_robin": 4},
-//	      "slo_excluded": 0, "slo_fallbacks": 0, "no_match": 12, "load_guard": 8,
+//	      "requests": 120, "hits": 84, "hit_rate": 0.7,
+//	      "blocks": 2400, "matched_blocks": 1980, "block_hit_rate": 0.825,
+//	      "decisions": {"affinity": 96, "load_aware": 24, "round_robin": 0},
+//	      "slo_excluded": 0, "slo_fallbacks": 0, "no_match": 12, "load_guard": 12,
 //	      "no_healthy": 0,
 //	      "replicas": [
-//	        {"name": "r0", "routed": 61, "hits": 50, "share": 0.508, "healthy": true},
-//	        {"name": "r1", "routed": 59, "hits": 46, "share": 0.492, "healthy": true}
+//	        {"name": "r0", "routed": 61, "hits": 44, "share": 0.508, "healthy": true},
+//	        {"name": "r1", "routed": 59, "hits": 40, "share": 0.492, "healthy": false}
 //	      ]
 //	    }
 //	  },
@@ -127,13 +130,23 @@
 //	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
 //	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41}},
 //	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
-//	     "scrape_error": "gateway: scrape engine metrics: ... connection refused"}
+//	     "load": {"waiting": 2, "running": 8, "kv_utilization": 0.93},
+//	     "scrape_error": "gateway: scrape engine metrics: http://10.0.0.2:8000: ... connection refused"}
 //	  ]
 //	}
 //
+// Per model (config.RoutingStats): requests counts routing decisions;
+// hits those whose chosen replica held the whole prefix key, hit_rate
+// their share; blocks and matched_blocks sum the prefix blocks routed and
+// those the chosen replica held (block_hit_rate, the better measure when
+// every prompt ends in something new); decisions by kind; SLO exclusions
+// and fallbacks; no_healthy counts requests refused for want of a healthy
+// replica; replicas lists each replica's routed requests, hits, share and
+// health. Per engine: its address, whether it is in rotation, the load last
+// scraped (absent before the first good scrape) and the last scrape error.
+//
 // Model figures are the routing library's counters (gateway.Stats) for the
 // model's current routing table: they restart when a reload changes the
-// model's routing options. "requests" counts routing decisions, a retried
-// request counting twice; the Prometheus counters are cumulative over the
-// process's life.
+// model's routing options, and a retried request counts twice. The
+// Prometheus counters are cumulative over the process's life.
 package httpgw
