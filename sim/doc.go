@@ -16,13 +16,21 @@
 // Config.RefreshInterval, FirstToken and Done reported as they happen, and,
 // in exact-index mode, cache events applied as the simulated replicas store
 // and evict blocks. What a replica really holds is the simulation's truth; the
-// router only sees its own index.
+// router only sees its own index. The report sets the hit rate the index
+// predicted beside the true one.
+//
+// Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
+// benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
+// SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,
+// and TraceFile (Mooncake JSONL replay with a speed factor or Poisson
+// arrivals). Presets: "8b-h100" (default) and "70b-h100-tp8".
 //
 // Requests are streamed from a Workload, and latency distributions are kept
 // in fixed-size log histograms, so memory is bounded by the cache capacities
 // and the requests in flight, not by the number of requests. The one
 // exception is the unbounded-cache bound, which remembers every distinct
 // block (8 to 16 bytes each).
+//
 // Beside every policy the report gives two bounds computed on the same
 // requests: one pooled LRU cache of the cluster's total capacity, and one
 // unbounded cache (the ceiling on hit rate).
