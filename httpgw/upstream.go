@@ -57,8 +57,13 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Port() == "" {
 		host = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
-	for attempt := 0; ; attempt++ {
-		pc, reused := p.get(host)
+	fresh := false
+	for {
+		var pc *poolConn
+		reused := false
+		if !fresh {
+			pc, reused = p.get(host)
+		}
 		if pc == nil {
 			c, err := p.dialer.DialContext(req.Context(), "tcp", host)
 			if err != nil {
@@ -71,9 +76,12 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		pc.c.Close()
-		// A reused connection the engine had closed while idle fails at
-		// once; retry the request on a new connection.
-		if reused && attempt == 0 && req.Context().Err() == nil && staleConnError(err) {
+		// A reused connection the engine closed while it was idle (it
+		// restarted, or timed the connection out) fails at once. The other
+		// idle connections to it are likely stale too: drop them and resend
+		// the request once on a new connection.
+		if reused && req.Context().Err() == nil && staleConnError(err) {
+			p.closeIdle(host)
 			if req.GetBody != nil {
 				body, gerr := req.GetBody()
 				if gerr != nil {
@@ -82,9 +90,21 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 				req = req.Clone(req.Context())
 				req.Body = body
 			}
+			fresh = true
 			continue
 		}
 		return nil, err
+	}
+}
+
+// closeIdle closes the idle connections to host.
+func (p *connPool) closeIdle(host string) {
+	p.mu.Lock()
+	list := p.idle[host]
+	delete(p.idle, host)
+	p.mu.Unlock()
+	for _, pc := range list {
+		pc.c.Close()
 	}
 }
 

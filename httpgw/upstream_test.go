@@ -139,3 +139,52 @@ func TestConnPoolDialErrorAndCancel(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, <-errc, context.Canceled)
 }
+
+// When an engine restarts, every idle connection to it is stale; one
+// request must not fail for it, however many stale connections are pooled.
+func TestConnPoolEngineRestart(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	srv := httptest.NewUnstartedServer(handler)
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	p := newConnPool()
+	// Pool four connections: hold four answers open, then finish them.
+	var open []*http.Response
+	for range 4 {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/x", strings.NewReader("warm"))
+		require.NoError(t, err)
+		resp, err := p.RoundTrip(req)
+		require.NoError(t, err)
+		open = append(open, resp)
+	}
+	for _, resp := range open {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	p.mu.Lock()
+	pooled := len(p.idle[addr])
+	p.mu.Unlock()
+	require.Equal(t, 4, pooled)
+
+	srv.CloseClientConnections()
+	srv.Close()
+	l2, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	srv2 := httptest.NewUnstartedServer(handler)
+	srv2.Listener.Close()
+	srv2.Listener = l2
+	srv2.Start()
+	defer srv2.Close()
+	for i := range 3 {
+		code, body := poolPost(t, p, "http://"+addr+"/x", "after restart")
+		assert.Equal(t, http.StatusOK, code, "request %d", i)
+		assert.Equal(t, "after restart", body)
+	}
+}
