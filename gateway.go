@@ -29,6 +29,8 @@ type Gateway struct {
 	owner []*replicaState
 	req   Request
 
+	meanBlocks float64 // smoothed key length, under mu
+
 	stats counters
 }
 
@@ -190,16 +192,17 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 	out := make([]ReplicaStatus, len(t.list))
 	for i, rs := range t.list {
 		out[i] = ReplicaStatus{
-			Name:           rs.name,
-			Address:        rs.addr,
-			Healthy:        rs.healthy.Load(),
-			Load:           rs.load(),
-			InFlight:       int(rs.inflight.Load()),
-			PendingPrefill: int(rs.pending.Load()),
-			Routed:         rs.routed.Load(),
-			Hits:           rs.hits.Load(),
-			CachedBlocks:   g.idx.cached(rs.slot),
-			CacheBlocks:    rs.cacheBlocks,
+			Name:            rs.name,
+			Address:         rs.addr,
+			Healthy:         rs.healthy.Load(),
+			Load:            rs.load(),
+			InFlight:        int(rs.inflight.Load()),
+			PendingPrefill:  int(rs.pending.Load()),
+			AssignedPrefill: int(rs.assigned.Load()),
+			Routed:          rs.routed.Load(),
+			Hits:            rs.hits.Load(),
+			CachedBlocks:    g.idx.cached(rs.slot),
+			CacheBlocks:     rs.cacheBlocks,
 		}
 	}
 	return out
@@ -252,6 +255,7 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 		c.Load = rs.load()
 		c.InFlight = int(rs.inflight.Load())
 		c.PendingPrefill = int(rs.pending.Load())
+		c.AssignedPrefill = int(rs.assigned.Load())
 		switch {
 		case !rs.healthy.Load():
 			g.state[i] = stateUnhealthy
@@ -288,7 +292,12 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
-	g.req = Request{Key: key, MaxMatched: maxMatched}
+	if g.meanBlocks == 0 {
+		g.meanBlocks = float64(len(key))
+	} else {
+		g.meanBlocks += meanBlocksAlpha * (float64(len(key)) - g.meanBlocks)
+	}
+	g.req = Request{Key: key, MaxMatched: maxMatched, MeanBlocks: g.meanBlocks}
 	ch := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if ch.Index < 0 || ch.Index >= len(cands) {
@@ -311,6 +320,7 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	}
 	rs.inflight.Add(1)
 	rs.pending.Add(int64(len(key) - matched))
+	rs.assigned.Add(int64(len(key) - matched))
 	rs.routed.Add(1)
 	if d.Hit {
 		rs.hits.Add(1)
@@ -319,6 +329,9 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	g.stats.record(&d, excluded)
 	return d, nil
 }
+
+// meanBlocksAlpha is the weight of each new key in Request.MeanBlocks.
+const meanBlocksAlpha = 0.01
 
 // Eligibility of a replica in one Route call.
 const (

@@ -21,6 +21,10 @@ type Request struct {
 	Key Key
 	// MaxMatched is the longest Candidate.Matched among the candidates.
 	MaxMatched int
+	// MeanBlocks is the mean length, in blocks, of the keys this gateway
+	// has routed (smoothed), for policies that price a request in typical
+	// requests.
+	MeanBlocks float64
 }
 
 // Candidate is one eligible replica as a Policy sees it.
@@ -37,6 +41,9 @@ type Candidate struct {
 	// PendingPrefill counts uncached blocks routed here whose first token
 	// has not been reported: prefill work queued or running.
 	PendingPrefill int
+	// AssignedPrefill counts the uncached blocks routed here since the
+	// replica was added: the prefill work this gateway has sent it.
+	AssignedPrefill int
 	// CacheBlocks is the replica's prefix-cache capacity in blocks.
 	CacheBlocks int
 }

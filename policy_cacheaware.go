@@ -4,60 +4,77 @@ import (
 	"math"
 )
 
-// CacheAware routes a request to the replica that would give it the
-// earliest first token, which is usually the replica already holding the
-// longest prefix of it (affinity, R1), and otherwise a lightly loaded one.
+// CacheAware routes a request where its first token will come soonest
+// without starving the requests behind it: usually the replica already
+// holding the longest prefix of it (affinity, R1), otherwise a lightly
+// loaded one.
 //
-// The load guard has two parts:
+// Each candidate costs, in blocks of prefill work,
 //
-//  1. Estimated time to first token. Each candidate costs
-//     PendingPrefill + (len(Key) − Matched) + DecodeWeight × Outstanding
-//     blocks: the prefill already queued there, the part of this prompt it
-//     would have to compute, and the slowdown from the batch it is
-//     decoding. A cached prefix is worth exactly the prefill it saves, so a
-//     hot replica with a deep queue loses to an idle one once its queue
-//     outweighs the saving. On traffic whose requests share only a system
-//     prompt, every replica holds that prompt, the saving is equal, and the
-//     choice is made by load alone: it does not collapse onto one replica.
-//  2. Bounded loads (consistent hashing with bounded loads, Mirrokni et
-//     al. 2018): a replica is a candidate only while its in-flight count
-//     plus this request stays within ⌈LoadFactor × the mean⌉, so no replica
-//     runs far ahead of the others in requests even when prefill
-//     estimates are wrong (unreported first tokens, engines shared with
-//     other gateways).
+//	PendingPrefill + (1+λ)·(len(Key) − Matched) + DecodeWeight·Outstanding
 //
-// Ties go to the longer match, then fewer in-flight requests, then the
-// earlier candidate: decisions are deterministic.
+// and the cheapest wins:
+//
+//   - PendingPrefill is the prefill already queued or running there, and
+//     len(Key) − Matched the part of this prompt it would compute: together,
+//     this request's own wait. A cached prefix is worth exactly the prefill
+//     it saves, so a hot replica with a deep queue loses to an idle one once
+//     its queue outweighs the saving.
+//   - λ charges the uncached blocks a second time for the wait they impose
+//     on requests queued behind them: λ = Externality + (mean
+//     PendingPrefill)/len(Key), so the busier the cluster, the more a cache
+//     hit is worth: under overload, recomputing a prefix elsewhere costs
+//     throughput that every later request pays for.
+//   - DecodeWeight·Outstanding prices the batch a replica is decoding,
+//     which slows its every step, and requests queued there by others.
+//
+// This is the load guard: on traffic whose requests share only a system
+// prompt, every replica holds that prompt, the prefix terms are equal, and
+// the choice is made by load alone, so it does not collapse onto one
+// replica. Exact ties, common when idle replicas hold nothing of a new
+// prompt, go to the replica that has been sent the least prefill work
+// (AssignedPrefill), then to fewer in-flight requests, then to the earlier
+// candidate: decisions are deterministic, and misses spread evenly.
+//
+// Optionally, LoadFactor adds bounded loads (consistent hashing with
+// bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
+// its in-flight count plus this request stays within ⌈LoadFactor × the
+// mean⌉, a hard cap for deployments whose first-token reports are missing.
 //
 // The zero value uses the defaults below and is safe for concurrent use.
 type CacheAware struct {
-	// LoadFactor is the bounded-load factor, at least 1. Zero means
-	// DefaultLoadFactor.
-	LoadFactor float64
+	// Externality is the base of λ. Zero means DefaultExternality; a
+	// negative value means none.
+	Externality float64
 	// DecodeWeight is the cost, in blocks of prefill, of each outstanding
 	// request at a replica. Zero means DefaultDecodeWeight; a negative
 	// value means none.
 	DecodeWeight float64
+	// LoadFactor, when at least 1, caps each replica's in-flight requests
+	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
+	LoadFactor float64
 }
 
-// Defaults of CacheAware.
+// Defaults of CacheAware, chosen with package sim on the Mooncake trace
+// and the generated workloads (see the README's results).
 const (
-	// DefaultLoadFactor lets a replica carry 25% more in-flight requests
-	// than the mean, KubeAI's and Vimeo's choice for CHWBL.
-	DefaultLoadFactor = 1.25
-	// DefaultDecodeWeight charges each outstanding request a quarter of a
-	// block of prefill.
-	DefaultDecodeWeight = 0.25
+	// DefaultExternality counts the wait a prompt's uncached blocks impose
+	// on later requests once more than its own.
+	DefaultExternality = 1
+	// DefaultDecodeWeight charges each outstanding request four blocks of
+	// prefill.
+	DefaultDecodeWeight = 4
 )
 
 var _ Policy = (*CacheAware)(nil)
 
-// Pick returns the candidate with the lowest estimated time to first token
-// among those within the load bound.
+// Pick returns the candidate with the lowest cost.
 func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
-	lf := p.LoadFactor
-	if lf < 1 {
-		lf = DefaultLoadFactor
+	ext := p.Externality
+	if ext == 0 {
+		ext = DefaultExternality
+	} else if ext < 0 {
+		ext = 0
 	}
 	dw := p.DecodeWeight
 	if dw == 0 {
@@ -65,22 +82,26 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	} else if dw < 0 {
 		dw = 0
 	}
-	total := 0
+	total, pending := 0, 0
 	for i := range cands {
 		total += cands[i].InFlight
+		pending += cands[i].PendingPrefill
 	}
-	// A replica may take this request while its in-flight count stays
-	// within ⌈LoadFactor × mean⌉, the mean counting this request. The least
-	// loaded candidate always fits, so the bound never empties the set.
-	bound := math.Ceil(lf * float64(total+1) / float64(len(cands)))
 	n := len(req.Key)
+	lambda := ext + float64(pending)/float64(len(cands))/float64(n)
+	bound := math.Inf(1)
+	if p.LoadFactor >= 1 {
+		// The least loaded candidate always fits under the ceiling, so the
+		// bound never empties the set.
+		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
+	}
 	best, bestCost := -1, math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill+n-c.Matched) + dw*float64(c.Outstanding())
+		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-c.Matched) + dw*float64(c.Outstanding())
 		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best])) {
 			best, bestCost = i, cost
 		}
@@ -95,10 +116,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	return ch
 }
 
-// better breaks a cost tie: the longer match, then fewer in flight.
+// better breaks a cost tie: less prefill work sent so far, then fewer in
+// flight.
 func better(a, b *Candidate) bool {
-	if a.Matched != b.Matched {
-		return a.Matched > b.Matched
+	if a.AssignedPrefill != b.AssignedPrefill {
+		return a.AssignedPrefill < b.AssignedPrefill
 	}
 	return a.InFlight < b.InFlight
 }

@@ -513,7 +513,7 @@ func sharedFirstBlockKey(i int) Key {
 // TestPropNoCollapseSharedFirstBlock: on a stream where every request
 // shares its first block and the rest is distinct, completed first-in
 // first-out with C requests in flight, cache-aware routing spreads the
-// requests: max/mean requests per replica ≤ 1.25 (DefaultLoadFactor).
+// requests: max/mean requests per replica ≤ 1.25.
 // Affinity alone would send all of them to the first replica that cached
 // block 0.
 //
@@ -569,12 +569,9 @@ func TestPropBoundedLoad(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 12).Draw(t, "replicas")
 		c := rapid.IntRange(1, 8*n).Draw(t, "concurrency")
-		lf := rapid.SampledFrom([]float64{0, 1, 1.1, 1.25, 2}).Draw(t, "loadFactor")
+		lf := rapid.SampledFrom([]float64{1, 1.1, 1.25, 2}).Draw(t, "loadFactor")
 		g, err := New(replicaNames(n), WithPolicy(&CacheAware{LoadFactor: lf}))
 		require.NoError(t, err)
-		if lf < 1 {
-			lf = DefaultLoadFactor
-		}
 		inflight := make([]int, n)
 		var open []Decision
 		for i := range 16 * n {

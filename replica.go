@@ -74,6 +74,9 @@ type ReplicaStatus struct {
 	// PendingPrefill counts uncached prefix blocks routed here whose first
 	// token has not been reported.
 	PendingPrefill int
+	// AssignedPrefill counts the uncached blocks routed here since the
+	// replica was added: the prefill work the gateway has sent it.
+	AssignedPrefill int
 	// Routed counts every request routed here; Hits those whose whole
 	// prefix was cached here.
 	Routed, Hits uint64
@@ -102,6 +105,7 @@ type replicaState struct {
 	latencyAt atomic.Int64  // clock of the last latency sample, Unix nanoseconds
 	inflight  atomic.Int64
 	pending   atomic.Int64
+	assigned  atomic.Int64 // uncached blocks routed here, cumulative
 	routed    atomic.Uint64
 	hits      atomic.Uint64
 }

@@ -11,9 +11,6 @@
 //   - P2C: power of two random choices, least loaded.
 //   - PrefixAffinity: the longest cached prefix, with no regard for load.
 //
-// Proposed is not from the field: it is the simulator's prototype of an
-// improved cost for the gateway's own cache-aware policy.
-//
 // Every policy is safe for concurrent use and deterministic given its
 // inputs (P2C given its seed).
 package reference

@@ -53,9 +53,7 @@
 //
 // Policies default to DefaultPolicies(): the gateway's own modes
 // (round_robin, load_aware, cache_aware) and the reference policies of
-// package reference (sglang, dynamo, chwbl, p2c, prefix_affinity), then
-// "proposed", the prototype of an improved cache-aware cost
-// (reference.Proposed).
+// package reference (sglang, dynamo, chwbl, p2c, prefix_affinity).
 // PolicyByName resolves the names a command line passes.
 //
 // Run is deterministic: the same Config (including Seed) gives the same

@@ -22,9 +22,7 @@ type Policy struct {
 
 // DefaultPolicies returns the policies Run compares by default: the
 // gateway's round_robin, load_aware and cache_aware modes, then the
-// reference policies sglang, dynamo, chwbl, p2c and prefix_affinity, and
-// last "proposed" (reference.Proposed), the simulator's prototype of an
-// improved cache-aware cost.
+// reference policies sglang, dynamo, chwbl, p2c and prefix_affinity.
 func DefaultPolicies() []Policy {
 	return []Policy{
 		{Name: "round_robin", Mode: gateway.ModeRoundRobin},
@@ -35,7 +33,6 @@ func DefaultPolicies() []Policy {
 		{Name: "chwbl", New: func(uint64) gateway.Policy { return &reference.CHWBL{} }},
 		{Name: "p2c", New: func(seed uint64) gateway.Policy { return reference.NewP2C(seed) }},
 		{Name: "prefix_affinity", New: func(uint64) gateway.Policy { return &reference.PrefixAffinity{} }},
-		{Name: "proposed", New: func(uint64) gateway.Policy { return &reference.Proposed{} }},
 	}
 }
 
