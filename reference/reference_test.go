@@ -173,4 +173,3 @@ func TestPoliciesThroughGateway(t *testing.T) {
 		})
 	}
 }
-
