@@ -3,4 +3,29 @@
 // real exa binary. They are behind the e2e build tag so that
 // `go test ./...` stays fast; run them with e2e/run.sh, which builds both
 // binaries and runs `go test -tags e2e ./e2e/`.
+//
+// Everything listens on 127.0.0.1. The engines run with
+// POD_IP=127.0.0.1 (their KV cache needs it), --enable-kvcache with
+// 16-token blocks, a per-token prefill time and the dummy tokenizer (no
+// network); `exa serve routing set` writes the gateway's configuration and
+// `exa serve gateway` serves it.
+//
+//   - TestCacheAwareBeatsRoundRobin: a shared-prefix workload (24 system
+//     prompts, 8 concurrent clients) in round_robin, then on restarted
+//     engines in cache_aware; compares the engines' vllm:prefix_cache_hits
+//     and the clients' times to first token, and reads the live figures
+//     with `exa serve routing stats --gateway`.
+//   - TestEngineKilledMidRun: one engine is killed (SIGKILL) during a run;
+//     every request gets an answer or a clear error, the engine is
+//     ejected, and after a restart it is readmitted and served again.
+//   - TestMultiTurnSessions: multi-turn chats resending their history;
+//     cache-aware routing keeps each on the engine holding its earlier
+//     turns.
+//   - TestAddedLatency: direct, through the gateway and through a bare
+//     httputil.ReverseProxy, taking turns at a steady rate; logs p50, p90
+//     and p99 (EXA_E2E_LATENCY_N, EXA_E2E_LATENCY_RATE tune it).
+//
+// run.sh reads EXA_E2E_BIN (where to put the binaries, default
+// $TMPDIR/exa-e2e-bin); the tests read EXA_E2E_SIM and EXA_E2E_EXA, which
+// run.sh sets.
 package e2e
