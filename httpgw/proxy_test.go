@@ -39,6 +39,7 @@ func TestBadRequests(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", chatBody("nope", false, "sys", "hi"), 404, "model_not_found", "model"},
 		{"oversized body", "POST", "/v1/chat/completions", chatBody("m1", false, strings.Repeat("x", 2000)), 413, "request_too_large", ""},
 		{"wrong method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed", ""},
+		{"unknown endpoint", "POST", "/v1/embeddings", `{"model":"m1","input":"x"}`, 404, "unknown_endpoint", ""},
 		{"model without replicas", "POST", "/v1/chat/completions", chatBody("empty", false, "sys"), 503, "no_replicas", "model"},
 	}
 	for _, tt := range tests {
@@ -62,7 +63,7 @@ func TestBadRequests(t *testing.T) {
 		})
 	}
 	assert.Zero(t, f.engines[0].Requests(), "no bad request reaches an engine")
-	assert.Equal(t, float64(len(tests)), f.counter("exa_gateway_requests_total", nil), "every request is counted")
+	assert.Equal(t, float64(len(tests)-1), f.counter("exa_gateway_requests_total", nil), "every inference request is counted")
 }
 
 func TestProxyChatAndCompletions(t *testing.T) {

@@ -156,6 +156,10 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("/v1/models", s.serveModels)
 	s.mux.HandleFunc("/stats", s.serveStats)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
+			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/models, /stats, /metrics, /healthz)")
+	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.refreshGauges()
