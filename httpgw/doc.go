@@ -22,6 +22,7 @@
 //     narrows it to one model.
 //   - GET /metrics: the gateway's Prometheus metrics (list below).
 //   - GET /healthz: 200 while the process serves.
+//   - Any other path: 404 with an OpenAI-style error.
 //
 // # Configuration
 //
@@ -92,7 +93,8 @@
 //
 // All names start with exa_gateway_:
 //
-//	requests_total{model,endpoint,code}        every request and its outcome
+//	requests_total{model,endpoint,code}        every request and its outcome (endpoint chat,
+//	                                           completions, models or other)
 //	decisions_total{model,kind}                routing decisions by kind
 //	routed_total{model}, prefix_hits_total{model}
 //	prefix_blocks_total{model}, prefix_matched_blocks_total{model}

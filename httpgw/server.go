@@ -157,6 +157,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("/stats", s.serveStats)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
 		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
 			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/models, /stats, /metrics, /healthz)")
 	})
