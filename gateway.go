@@ -227,6 +227,18 @@ func (g *Gateway) breaches(rs *replicaState, now int64) bool {
 // In IndexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
 func (g *Gateway) Route(key Key) (Decision, error) {
+	return g.route(key, "")
+}
+
+// RouteExcept is Route with the replica named except left out, as if it
+// were unhealthy: a proxy retrying a request that failed on a replica the
+// health checks have not ejected yet uses it to go elsewhere. An unknown
+// name excludes nothing.
+func (g *Gateway) RouteExcept(key Key, except string) (Decision, error) {
+	return g.route(key, except)
+}
+
+func (g *Gateway) route(key Key, except string) (Decision, error) {
 	if len(key) == 0 {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block", ErrEmptyKey)
 	}
@@ -257,7 +269,7 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
 		switch {
-		case !rs.healthy.Load():
+		case !rs.healthy.Load() || (except != "" && rs.name == except):
 			g.state[i] = stateUnhealthy
 		case g.slo > 0 && g.breaches(rs, now):
 			g.state[i] = stateOverSLO
@@ -273,6 +285,9 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
+			if except != "" {
+				return Decision{}, fmt.Errorf("%w: none of %d replicas is healthy, leaving out %q", ErrNoHealthyReplica, len(t.list), except)
+			}
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
 		}
 		slo := excluded < healthy // some healthy replica is within the SLO

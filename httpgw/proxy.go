@@ -111,14 +111,19 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 	var lastErr error
 	var failed string
 	for try := 0; try < 2; try++ {
-		d, err := ms.gw.Route(key)
+		// A retry leaves out the replica that just failed, which the
+		// health checks may not have ejected yet.
+		d, err := ms.gw.RouteExcept(key, failed)
 		if err != nil {
+			if errors.Is(err, gateway.ErrNoHealthyReplica) && try > 0 {
+				oc.code = strconv.Itoa(http.StatusBadGateway)
+				writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
+					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+				return
+			}
 			if errors.Is(err, gateway.ErrNoHealthyReplica) {
 				oc.code = strconv.Itoa(http.StatusServiceUnavailable)
 				msg := fmt.Sprintf("gateway: no healthy replica for model %q", ms.name)
-				if lastErr != nil {
-					msg += "; last upstream error: " + lastErr.Error()
-				}
 				writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", msg)
 				return
 			}
@@ -128,19 +133,6 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 		}
 		name := d.Replica
 		dec := &d
-		if try > 0 && name == failed {
-			// The policy chose the failed replica again (it is not ejected
-			// yet): release the decision and take the next healthy one.
-			d.Done(gateway.DoneInfo{Err: lastErr})
-			dec = nil
-			name = s.alternative(ms, failed)
-			if name == "" {
-				oc.code = strconv.Itoa(http.StatusBadGateway)
-				writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
-					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
-				return
-			}
-		}
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.name).Inc()
 		}
@@ -158,24 +150,6 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 	oc.code = strconv.Itoa(http.StatusBadGateway)
 	writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
-}
-
-// alternative returns a healthy replica of ms other than not, starting
-// after it in configuration order, or "".
-func (s *Server) alternative(ms *modelState, not string) string {
-	at := 0
-	for i, n := range ms.order {
-		if n == not {
-			at = i
-		}
-	}
-	for i := 1; i < len(ms.order); i++ {
-		n := ms.order[(at+i)%len(ms.order)]
-		if ep := ms.byName[n]; ep != nil && ep.health.healthy() {
-			return n
-		}
-	}
-	return ""
 }
 
 func (s *Server) countDecision(model string, d *gateway.Decision) {
