@@ -12,6 +12,7 @@ import (
 // Benchmarks for the targets of issue 2:
 //
 //	Route16 (warm):      ≤ 3 µs/op, 0 allocs/op (hashing a 4,096-byte prompt included)
+//	                     (warm-exact: IndexExact, no warming on Route, for comparison)
 //	Route256 (warm):     ≤ 10 µs/op
 //	PrefixKey64KiB:      ≥ 5 GB/s
 //	IndexMemory/16x65536 ≤ 48 B/entry at 1M (block, replica) entries
@@ -33,8 +34,8 @@ type routeFixture struct {
 // shared 1 KiB system prompt and `others` other 64-block prefixes; each
 // of the 64 request prompts (4,096 bytes, 64 blocks) is held whole by one
 // or two replicas, or by all of them if allHold.
-func fixture(b *testing.B, n, others int, allHold bool, mode Mode) routeFixture {
-	name := fmt.Sprint(n, others, allHold, mode)
+func fixture(b *testing.B, n, others int, allHold bool, mode Mode, opts ...Option) routeFixture {
+	name := fmt.Sprint(n, others, allHold, mode, len(opts))
 	routeFixtures.Lock()
 	defer routeFixtures.Unlock()
 	if f, ok := routeFixtures.m[name]; ok {
@@ -43,7 +44,7 @@ func fixture(b *testing.B, n, others int, allHold bool, mode Mode) routeFixture 
 	if routeFixtures.m == nil {
 		routeFixtures.m = map[string]routeFixture{}
 	}
-	g, prompts := warmGateway(b, n, others, allHold, WithMode(mode))
+	g, prompts := warmGateway(b, n, others, allHold, append([]Option{WithMode(mode)}, opts...)...)
 	f := routeFixture{g, prompts}
 	routeFixtures.m[name] = f
 	return f
@@ -70,11 +71,15 @@ func benchRoute(b *testing.B, f routeFixture) {
 func BenchmarkRoute16(b *testing.B) {
 	b.Run("warm", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware)) })
 	b.Run("all-hold", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, true, ModeCacheAware)) })
+	// exact: the index is not warmed on Route (IndexExact), isolating the
+	// lookup and policy from the approximate index's warming.
+	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, WithIndex(IndexExact))) })
 }
 
 func BenchmarkRoute256(b *testing.B) {
 	b.Run("warm", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware)) })
 	b.Run("all-hold", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, true, ModeCacheAware)) })
+	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware, WithIndex(IndexExact))) })
 }
 
 // BenchmarkRouteRoundRobin16 is the same-run baseline: the same fixture and
