@@ -33,6 +33,14 @@ func replicaNames(n int) []Replica {
 	return r
 }
 
+func replicaNamesOf(reps []Replica) []string {
+	names := make([]string, len(reps))
+	for i, r := range reps {
+		names[i] = r.Name
+	}
+	return names
+}
+
 func nameIndex(name string) int {
 	var i int
 	if _, err := fmt.Sscanf(name, "r%d", &i); err != nil {
@@ -270,8 +278,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
-// TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica;
-// with none healthy, Route fails with ErrNoHealthyReplica.
+// TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica,
+// nor RouteExcept to the replica it leaves out; with none eligible, routing
+// fails with ErrNoHealthyReplica.
 func TestPropNeverUnhealthy(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 6).Draw(t, "replicas")
@@ -297,13 +306,21 @@ func TestPropNeverUnhealthy(t *testing.T) {
 					open = slices.Delete(open, j, j+1)
 				}
 			default:
-				d, err := g.Route(drawKey(t, "key", 4, 5))
-				if !slices.Contains(healthy, true) {
+				// RouteExcept leaves one replica out as if it were unhealthy;
+				// an unknown name leaves out nothing.
+				except := rapid.SampledFrom(append([]string{"", "unknown"}, replicaNamesOf(reps)...)).Draw(t, "except")
+				eligible := slices.Clone(healthy)
+				if except != "" && except != "unknown" {
+					eligible[nameIndex(except)] = false
+				}
+				d, err := g.RouteExcept(drawKey(t, "key", 4, 5), except)
+				if !slices.Contains(eligible, true) {
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 					continue
 				}
 				require.NoError(t, err)
 				require.True(t, healthy[nameIndex(d.Replica)], "routed to unhealthy %s", d.Replica)
+				require.NotEqual(t, except, d.Replica, "RouteExcept chose the replica it leaves out")
 				open = append(open, d)
 			}
 		}
