@@ -98,13 +98,7 @@ func (h *Hasher) AppendSegment(dst Key, tag uint64, segment string) Key {
 	parent = chain(parent, tag)
 	for len(segment) > 0 {
 		n := min(h.blockSize, len(segment))
-		var bh uint64
-		if n == 64 {
-			bh = xxh64Block64(segment[:64])
-		} else {
-			bh = xxhash.Sum64String(segment[:n])
-		}
-		parent = chain(parent, bh)
+		parent = chain(parent, xxhash.Sum64String(segment[:n]))
 		dst = append(dst, parent)
 		segment = segment[n:]
 	}

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -273,18 +272,5 @@ func TestAppendKeysAllocateNothing(t *testing.T) {
 			require.NotEmpty(t, buf)
 			assert.Zero(t, testing.AllocsPerRun(100, tt.fn))
 		})
-	}
-}
-
-// TestPropXXH64Block64MatchesXXHash: the unrolled 64-byte XXH64 gives the
-// same value as the library's general XXH64, so keys do not depend on
-// which path hashed a block.
-func TestPropXXH64Block64MatchesXXHash(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		b := rapid.SliceOfN(rapid.Byte(), 64, 64).Draw(t, "block")
-		require.Equal(t, xxhash.Sum64(b), xxh64Block64(string(b)))
-	})
-	for _, s := range []string{strings.Repeat("\x00", 64), strings.Repeat("\xff", 64), strings.Repeat("0123456789abcdef", 4)} {
-		assert.Equal(t, xxhash.Sum64String(s), xxh64Block64(s))
 	}
 }
