@@ -74,12 +74,23 @@ func BenchmarkRoute16(b *testing.B) {
 	// exact: the index is not warmed on Route (IndexExact), isolating the
 	// lookup and policy from the approximate index's warming.
 	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, WithIndex(IndexExact))) })
+	// hot: the same fixture, one prompt over and over, so the blocks it
+	// touches stay in the processor's caches: the cost of the work itself,
+	// without the cache misses of a large index.
+	b.Run("hot", func(b *testing.B) { benchRoute(b, hot(fixture(b, 16, 200, false, ModeCacheAware))) })
 }
 
 func BenchmarkRoute256(b *testing.B) {
 	b.Run("warm", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware)) })
 	b.Run("all-hold", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, true, ModeCacheAware)) })
 	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware, WithIndex(IndexExact))) })
+	b.Run("hot", func(b *testing.B) { benchRoute(b, hot(fixture(b, 256, 50, false, ModeCacheAware))) })
+}
+
+// hot narrows a fixture to its first prompt.
+func hot(f routeFixture) routeFixture {
+	f.prompts = f.prompts[:1]
+	return f
 }
 
 // BenchmarkRouteRoundRobin16 is the same-run baseline: the same fixture and
