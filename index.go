@@ -32,7 +32,8 @@ const (
 	// MaxReplicas is the largest number of replicas one Gateway holds.
 	MaxReplicas = 4096
 	nilRef      = ^uint32(0)
-	maxLoad     = 0.85
+	maxLoad     = 0.85 // of the block table
+	repLoad     = 0.7  // of a replica's table: cheap slots, short probe runs
 )
 
 type index struct {
@@ -116,6 +117,20 @@ func (ix *index) empty(i int) bool {
 
 // find returns the table slot of block h, or -1.
 func (ix *index) find(h uint64) int {
+	if ix.w == 1 { // the common case, up to 64 replicas: one word of holders
+		for i := ix.home(h); ; {
+			k, holders := ix.tab[2*i], ix.tab[2*i+1]
+			if holders == 0 {
+				return -1
+			}
+			if k == h {
+				return i
+			}
+			if i++; i == ix.n {
+				i = 0
+			}
+		}
+	}
 	s := 1 + ix.w
 	for i := ix.home(h); ; {
 		if ix.empty(i) {
@@ -217,6 +232,25 @@ func (ix *index) match(key Key, out []int32) int {
 		sink += ix.tab[ix.home(h)*s]
 	}
 	ix.sink = sink
+	if ix.w == 1 { // up to 64 replicas: one word, no inner loop
+		a := alive[0]
+		for i, h := range key {
+			var nb uint64
+			if pos := ix.find(h); pos >= 0 {
+				nb = a & ix.tab[2*pos+1]
+			}
+			for d := a &^ nb; d != 0; d &= d - 1 {
+				out[bits.TrailingZeros64(d)] = int32(i)
+			}
+			if a = nb; a == 0 {
+				return i
+			}
+		}
+		for ; a != 0; a &= a - 1 {
+			out[bits.TrailingZeros64(a)] = int32(len(key))
+		}
+		return len(key)
+	}
 	for i, h := range key {
 		pos := ix.find(h)
 		any := false
@@ -374,7 +408,7 @@ func (r *repCache) lookup(h uint64) uint32 {
 
 // add records that node l holds block h, which must be absent.
 func (r *repCache) add(h uint64, l uint32) {
-	if float64(r.used+1) > maxLoad*float64(len(r.tab)) {
+	if float64(r.used+1) > repLoad*float64(len(r.tab)) {
 		r.grow()
 	}
 	i := r.home(h)
@@ -388,7 +422,7 @@ func (r *repCache) add(h uint64, l uint32) {
 }
 
 func (r *repCache) grow() {
-	n := max(16, min(2*len(r.tab), tableSlots(r.cap)), tableSlots(r.used+1))
+	n := max(16, min(2*len(r.tab), int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
 	old := r.tab
 	r.tab = make([]uint32, n)
 	for _, v := range old {
