@@ -29,8 +29,6 @@ type Gateway struct {
 	owner []*replicaState
 	req   Request
 
-	meanBlocks float64 // smoothed key length, under mu
-
 	stats counters
 }
 
@@ -307,12 +305,7 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
-	if g.meanBlocks == 0 {
-		g.meanBlocks = float64(len(key))
-	} else {
-		g.meanBlocks += meanBlocksAlpha * (float64(len(key)) - g.meanBlocks)
-	}
-	g.req = Request{Key: key, MaxMatched: maxMatched, MeanBlocks: g.meanBlocks}
+	g.req = Request{Key: key, MaxMatched: maxMatched}
 	ch := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if ch.Index < 0 || ch.Index >= len(cands) {
@@ -344,9 +337,6 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	g.stats.record(&d, excluded)
 	return d, nil
 }
-
-// meanBlocksAlpha is the weight of each new key in Request.MeanBlocks.
-const meanBlocksAlpha = 0.01
 
 // Eligibility of a replica in one Route call.
 const (

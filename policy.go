@@ -21,10 +21,6 @@ type Request struct {
 	Key Key
 	// MaxMatched is the longest Candidate.Matched among the candidates.
 	MaxMatched int
-	// MeanBlocks is the mean length, in blocks, of the keys this gateway
-	// has routed (smoothed), for policies that price a request in typical
-	// requests.
-	MeanBlocks float64
 }
 
 // Candidate is one eligible replica as a Policy sees it.
