@@ -314,7 +314,7 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	rs := owner[ch.Index]
 	matched := cands[ch.Index].Matched
 	if g.index == IndexApproximate {
-		g.idx.store(rs.slot, key)
+		g.idx.storeMatched(rs.slot, key, matched)
 	}
 	d := Decision{
 		Replica:  rs.name,

@@ -47,6 +47,7 @@ type index struct {
 	active []uint64    // w words: replica slots in use
 	alive  []uint64    // scratch for match
 	sink   uint64      // keeps the prefetching loads of match and store
+	moves  uint64      // counts deletions and rehashes, which move slots
 }
 
 func newIndex() *index {
@@ -168,6 +169,7 @@ func (ix *index) resize(n int) { ix.rebuild(n, ix.w) }
 // rebuild rehashes the table into n slots of w-word bit sets.
 func (ix *index) rebuild(n, w int) {
 	n = max(n, tableSlots(ix.used+1))
+	ix.moves++
 	old, oldS, oldN := ix.tab, 1+ix.w, ix.n
 	ix.tab, ix.n = make([]uint64, n*(1+w)), n
 	oldW := ix.w
@@ -216,6 +218,7 @@ func (ix *index) del(i int) {
 	}
 	clear(ix.tab[i*s : (i+1)*s])
 	ix.used--
+	ix.moves++
 }
 
 // match writes, for every active replica slot s, the number of leading
@@ -283,26 +286,42 @@ func (ix *index) match(key Key, out []int32) int {
 // store records that replica slot holds every block of key, making them
 // its most recently used, the root last, and evicting least recently used
 // blocks beyond its capacity.
-func (ix *index) store(slot uint32, key Key) {
+func (ix *index) store(slot uint32, key Key) { ix.storeMatched(slot, key, len(key)) }
+
+// storeMatched is store for a key of which the replica holds about the
+// first matched blocks, as match found. Those it looks up in the replica's
+// table to refresh; the rest it expects to be absent, so it asks the block
+// table first, whose probe the insertion needs anyway, and so skips a
+// fruitless probe of the replica's table for every block of a new suffix.
+func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	r := ix.reps[slot]
 	if r.cap == 0 {
 		return
 	}
 	if len(r.tab) > 0 { // overlap the cache misses, as in match
 		var sink uint32
-		for _, h := range key {
+		for _, h := range key[:matched] {
 			sink += r.tab[r.home(h)]
 		}
 		ix.sink += uint64(sink)
 	}
 	for i := len(key) - 1; i >= 0; i-- {
 		h := key[i]
-		if l := r.lookup(h); l != nilRef {
-			r.toFront(l)
+		pos := -1
+		if i < matched {
+			if l := r.lookup(h); l != nilRef {
+				r.toFront(l)
+				continue
+			}
+		} else if pos = ix.find(h); pos >= 0 && ix.holds(pos, slot) {
+			r.toFront(r.lookup(h)) // held after all (a key repeating a block)
 			continue
 		}
+		moves := ix.moves
 		l := ix.alloc(r)
-		pos := ix.find(h)
+		if pos < 0 || ix.moves != moves { // eviction may have moved table slots
+			pos = ix.find(h)
+		}
 		if pos < 0 {
 			pos = ix.insert(h)
 		}
