@@ -6,11 +6,14 @@ import (
 )
 
 // LoadWeights weighs the signals LoadAware mixes. Each signal is
-// normalised to 0..1 before weighing: outstanding requests and latency by
-// their largest value among the candidates, KV utilisation as it is.
+// normalised to 0..1 before weighing: queue depth and latency by their
+// largest value among the candidates, KV utilisation as it is.
 // The zero value is not valid; DefaultLoadWeights are the defaults.
 type LoadWeights struct {
-	// Queue weighs outstanding requests (Candidate.Outstanding).
+	// Queue weighs queue depth, counted two ways and summed: outstanding
+	// requests (Candidate.Outstanding), and prefill work queued
+	// (Candidate.PendingPrefill), which tells a replica about to start
+	// many prompts from one busy decoding.
 	Queue float64
 	// KV weighs KV-cache utilisation.
 	KV float64
@@ -40,7 +43,8 @@ func (w LoadWeights) validate() error {
 }
 
 // LoadAware picks the least loaded replica by a weighted, normalised mix
-// of outstanding requests, KV-cache utilisation and latency (R2). Ties go
+// of queue depth (outstanding requests and queued prefill), KV-cache
+// utilisation and latency (R2). Ties go
 // to fewer in-flight requests, then to the earlier candidate.
 // The zero value uses DefaultLoadWeights. Safe for concurrent use.
 type LoadAware struct {
@@ -60,9 +64,10 @@ func leastLoaded(cands []Candidate, w LoadWeights) int {
 	if w == (LoadWeights{}) {
 		w = DefaultLoadWeights
 	}
-	qmax, lmax := 0, int64(0)
+	qmax, pmax, lmax := 0, 0, int64(0)
 	for i := range cands {
 		qmax = max(qmax, cands[i].Outstanding())
+		pmax = max(pmax, cands[i].PendingPrefill)
 		lmax = max(lmax, int64(cands[i].Load.Latency))
 	}
 	best, bestScore := 0, math.Inf(1)
@@ -71,6 +76,9 @@ func leastLoaded(cands []Candidate, w LoadWeights) int {
 		s := w.KV * c.Load.KVUtilization
 		if qmax > 0 {
 			s += w.Queue * float64(c.Outstanding()) / float64(qmax)
+		}
+		if pmax > 0 {
+			s += w.Queue * float64(c.PendingPrefill) / float64(pmax)
 		}
 		if lmax > 0 {
 			s += w.Latency * float64(c.Load.Latency) / float64(lmax)
