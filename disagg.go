@@ -40,6 +40,8 @@ func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disag
 // DisaggDecision is a pair of decisions: where to prefill and where to
 // decode. The caller reports each side's completion on its own Decision.
 type DisaggDecision struct {
+	// Prefill is the decision over the prefill pool, Decode over the
+	// decode pool.
 	Prefill, Decode Decision
 }
 

@@ -8,12 +8,17 @@
 // holds, and picks a replica per request with a Policy:
 //
 //   - RoundRobin, the default (ModeRoundRobin), rotates across replicas;
-//   - CacheAware (ModeCacheAware) minimises estimated time to first token,
-//     which prefers the replica with the longest cached prefix and falls back
-//     to load, within a bounded-load guard so that traffic sharing one system
-//     prompt does not collapse onto one replica;
+//   - CacheAware (ModeCacheAware) minimises an estimate of the wait a
+//     request would see and impose: prefill queued at the replica, plus the
+//     part of the prompt not cached there (charged more when the cluster is
+//     busy), plus the batch it is decoding. That prefers the replica with
+//     the longest cached prefix while its queue is short and falls back to
+//     load as it grows, so traffic sharing one system prompt does not pile
+//     onto one replica; an optional bounded-load cap (CacheAware.LoadFactor)
+//     adds a hard limit on in-flight requests;
 //   - LoadAware (ModeLoadAware) picks the least loaded replica by a weighted
-//     mix of outstanding requests, KV utilisation and latency.
+//     mix of queue depth (outstanding requests and queued prefill), KV
+//     utilisation and latency.
 //
 // Whatever the policy, unhealthy replicas are never chosen, and replicas
 // over the latency SLO are left out unless every healthy replica breaches

@@ -360,6 +360,7 @@ const (
 
 // CacheEvent reports a change in a replica's prefix cache.
 type CacheEvent struct {
+	// Kind says what happened; the zero value is BlocksStored.
 	Kind CacheEventKind
 	// Blocks are the block hashes concerned; unused for AllCleared.
 	Blocks Key

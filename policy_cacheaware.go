@@ -6,7 +6,7 @@ import (
 
 // CacheAware routes a request where its first token will come soonest
 // without starving the requests behind it: usually the replica already
-// holding the longest prefix of it (affinity, R1), otherwise a lightly
+// holding the longest prefix of it (affinity), otherwise a lightly
 // loaded one.
 //
 // Each candidate costs, in blocks of prefill work,

@@ -44,7 +44,7 @@ func (w LoadWeights) validate() error {
 
 // LoadAware picks the least loaded replica by a weighted, normalised mix
 // of queue depth (outstanding requests and queued prefill), KV-cache
-// utilisation and latency (R2). Ties go
+// utilisation and latency. Ties go
 // to fewer in-flight requests, then to the earlier candidate.
 // The zero value uses DefaultLoadWeights. Safe for concurrent use.
 type LoadAware struct {

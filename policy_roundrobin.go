@@ -2,7 +2,7 @@ package gateway
 
 import "sync/atomic"
 
-// RoundRobin rotates across eligible replicas, the default policy (R3).
+// RoundRobin rotates across eligible replicas, the default policy.
 // It ignores prefixes and load. As replicas come and go the rotation
 // continues over whichever are eligible, so each gets an equal share of
 // requests over any window of traffic in which the set is stable.

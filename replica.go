@@ -8,8 +8,8 @@ import (
 )
 
 // DefaultCacheBlocks is the prefix-cache capacity, in blocks, of a Replica
-// whose CacheBlocks is zero: 16,384 blocks, about 4 GiB of KV cache for an
-// 8B model at 16 tokens a block.
+// whose CacheBlocks is zero: 16,384 blocks, 262,144 tokens at 16 tokens a
+// block (about 32 GiB of KV cache for Llama 3.1 8B at 128 KiB a token).
 const DefaultCacheBlocks = 16384
 
 // Replica describes one model-server replica. The zero value is not valid:
@@ -47,12 +47,17 @@ type Load struct {
 	Latency time.Duration
 }
 
+// MaxRequestCount is the largest QueueDepth or Running that UpdateLoad
+// accepts: a larger count is a broken report, and summing two of them must
+// not overflow.
+const MaxRequestCount = 1<<31 - 1
+
 func (l Load) validate(name string) error {
 	switch {
-	case l.QueueDepth < 0:
-		return fmt.Errorf("%w: replica %q: QueueDepth %d is negative", ErrInvalidSignal, name, l.QueueDepth)
-	case l.Running < 0:
-		return fmt.Errorf("%w: replica %q: Running %d is negative", ErrInvalidSignal, name, l.Running)
+	case l.QueueDepth < 0 || l.QueueDepth > MaxRequestCount:
+		return fmt.Errorf("%w: replica %q: QueueDepth %d is outside 0..%d", ErrInvalidSignal, name, l.QueueDepth, MaxRequestCount)
+	case l.Running < 0 || l.Running > MaxRequestCount:
+		return fmt.Errorf("%w: replica %q: Running %d is outside 0..%d", ErrInvalidSignal, name, l.Running, MaxRequestCount)
 	case math.IsNaN(l.KVUtilization) || l.KVUtilization < 0 || l.KVUtilization > 1:
 		return fmt.Errorf("%w: replica %q: KVUtilization %v is outside 0..1", ErrInvalidSignal, name, l.KVUtilization)
 	case l.Latency < 0:
@@ -64,8 +69,10 @@ func (l Load) validate(name string) error {
 // ReplicaStatus is a point-in-time view of one replica, as Gateway.Replicas
 // returns it.
 type ReplicaStatus struct {
+	// Name and Address are the replica's, as added.
 	Name    string
 	Address string
+	// Healthy is false while the replica is marked unhealthy.
 	Healthy bool
 	// Load is the last reported load, with Latency the smoothed latency.
 	Load Load

@@ -68,17 +68,20 @@ func (c *counters) record(d *Decision, excluded int) {
 
 // Stats returns the gateway's counters.
 func (g *Gateway) Stats() Stats {
+	// Numerators are read before their denominators, which record
+	// increments first, so ratios of the result never exceed 1.
+	hits, matched := g.stats.hits.Load(), g.stats.matched.Load()
 	s := Stats{
+		Hits:          hits,
 		Routed:        g.stats.routed.Load(),
-		Hits:          g.stats.hits.Load(),
 		ByKind:        make(map[string]uint64, numKinds),
 		SLOExcluded:   g.stats.sloExcluded.Load(),
 		SLOFallbacks:  g.stats.sloFallbacks.Load(),
 		NoMatch:       g.stats.noMatch.Load(),
 		LoadGuard:     g.stats.loadGuard.Load(),
 		NoHealthy:     g.stats.noHealthy.Load(),
+		MatchedBlocks: matched,
 		Blocks:        g.stats.blocks.Load(),
-		MatchedBlocks: g.stats.matched.Load(),
 	}
 	for k := range numKinds {
 		s.ByKind[k.String()] = g.stats.byKind[k].Load()

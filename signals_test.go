@@ -1,0 +1,26 @@
+package gateway
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestUpdateLoadRejectsHugeCounts: a count past MaxRequestCount is a broken
+// report; accepting it would overflow Outstanding and make the replica look
+// idle.
+func TestUpdateLoadRejectsHugeCounts(t *testing.T) {
+	g, err := New(replicaNames(2), WithMode(ModeLoadAware))
+	require.NoError(t, err)
+	for _, l := range []Load{{QueueDepth: math.MaxInt}, {Running: MaxRequestCount + 1}} {
+		err := g.UpdateLoad("r0", l)
+		require.True(t, errors.Is(err, ErrInvalidSignal), "%v", err)
+		require.Contains(t, err.Error(), "gateway:")
+	}
+	require.NoError(t, g.UpdateLoad("r0", Load{QueueDepth: MaxRequestCount, Running: MaxRequestCount}))
+	d, err := g.Route(KeyFromHashes([]uint64{1}))
+	require.NoError(t, err)
+	require.Equal(t, "r1", d.Replica, "the overloaded replica must not look idle")
+}
