@@ -20,8 +20,17 @@ const MooncakeBlockTokens = 512
 // maxTraceLine bounds one trace line: 64 MiB.
 const maxTraceLine = 64 << 20
 
+// MaxTraceTimestamp is the largest timestamp, in milliseconds, a trace
+// line may carry: 9e12 ms (about 285 years), so that every timestamp fits
+// a time.Duration (at most about 9.22e12 ms).
+const MaxTraceTimestamp = 9e12
+
+// maxDurationF is 2^63, the first float64 beyond time.Duration's range.
+const maxDurationF = float64(math.MaxInt64)
+
 // TraceDecoder reads a Mooncake-format JSONL trace: one JSON object per
-// line with timestamp (milliseconds, non-decreasing), input_length (> 0),
+// line with timestamp (milliseconds, non-decreasing, at most
+// MaxTraceTimestamp), input_length (> 0),
 // output_length (>= 0) and hash_ids (ceil(input_length / block tokens)
 // non-negative ids). Blank lines are skipped; unknown fields are ignored.
 // A TraceDecoder is not safe for concurrent use.
@@ -93,8 +102,8 @@ func (d *TraceDecoder) parse(b []byte, r *Request) error {
 	ts, in, out, ids := *t.Timestamp, *t.InputLength, *t.OutputLength, *t.HashIDs
 	const maxTokens = 1 << 30
 	switch {
-	case math.IsNaN(ts) || ts < 0 || ts > 1e15:
-		return d.bad("timestamp %v must be within 0..1e15 ms", ts)
+	case math.IsNaN(ts) || ts < 0 || ts > MaxTraceTimestamp:
+		return d.bad("timestamp %v must be within 0..%g ms", ts, float64(MaxTraceTimestamp))
 	case ts < d.last:
 		return d.bad("timestamp %v is before the previous line's %v", ts, d.last)
 	case in < 1 || in > maxTokens:
@@ -122,7 +131,9 @@ func (d *TraceDecoder) parse(b []byte, r *Request) error {
 // at its recorded arrival times.
 type TraceOptions struct {
 	// Speed divides the recorded inter-arrival times: 2 replays twice as
-	// fast. Zero means 1.
+	// fast. Zero means 1. A Speed so small that a scaled arrival time
+	// exceeds time.Duration's range fails the run with ErrInvalidConfig
+	// naming the line.
 	Speed float64
 	// Rate, when positive, replaces the recorded arrival times with Poisson
 	// arrivals at Rate requests per second.
@@ -241,7 +252,12 @@ func (s *traceStream) Next(r *Request) error {
 	if s.arr != nil {
 		r.Arrival = s.arr.next()
 	} else if s.o.Speed != 1 {
-		r.Arrival = time.Duration(float64(r.Arrival) / s.o.Speed)
+		a := float64(r.Arrival) / s.o.Speed
+		if a >= maxDurationF {
+			return fmt.Errorf("%w: trace: Speed %v puts line %d's timestamp %v ms at %.4g ms, beyond time.Duration's range (about 9.22e12 ms)",
+				ErrInvalidConfig, s.o.Speed, s.dec.Line(), float64(r.Arrival)/float64(time.Millisecond), a/float64(time.Millisecond))
+		}
+		r.Arrival = time.Duration(a)
 	}
 	return nil
 }

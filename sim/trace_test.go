@@ -1,0 +1,97 @@
+package sim
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// traceLineAt is a valid one-block trace line at timestamp ts (ms).
+func traceLineAt(ts string) string {
+	return `{"timestamp": ` + ts + `, "input_length": 100, "output_length": 2, "hash_ids": [1]}`
+}
+
+// TestTraceTimestampRange: a timestamp beyond time.Duration's range is a
+// malformed line naming its line number, not a silently wrapped arrival;
+// the largest accepted timestamp decodes exactly.
+func TestTraceTimestampRange(t *testing.T) {
+	tests := []struct {
+		name    string
+		ts      string
+		ok      bool
+		arrival time.Duration
+	}{
+		{"zero", "0", true, 0},
+		{"max", "9e12", true, 9e12 * time.Millisecond},
+		{"just over max", "9000000000001", false, 0},
+		{"beyond Duration", "1e13", false, 0},
+		{"far beyond", "1e300", false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewTraceDecoder(strings.NewReader("\n"+traceLineAt(tt.ts)+"\n"), 512)
+			var r Request
+			err := d.Next(&r)
+			if tt.ok {
+				require.NoError(t, err)
+				assert.Equal(t, tt.arrival, r.Arrival)
+				return
+			}
+			require.ErrorIs(t, err, ErrMalformedTrace)
+			assert.Contains(t, err.Error(), "line 2:")
+			assert.Contains(t, err.Error(), "timestamp")
+		})
+	}
+	t.Run("run fails", func(t *testing.T) {
+		w, err := TraceBytes("big", []byte(traceLineAt("1e13")+"\n"+traceLineAt("2e13")+"\n"), TraceOptions{})
+		require.NoError(t, err)
+		_, err = Run(Config{Workload: w, Replicas: 1})
+		require.ErrorIs(t, err, ErrMalformedTrace)
+		assert.Contains(t, err.Error(), "line 1")
+	})
+}
+
+// TestTraceSpeedOverflow: a Speed so small that a scaled arrival leaves
+// time.Duration's range fails with ErrInvalidConfig naming Speed and the
+// line, rather than wrapping to a negative arrival.
+func TestTraceSpeedOverflow(t *testing.T) {
+	data := []byte(traceLineAt("0") + "\n" + traceLineAt("1000") + "\n")
+	tests := []struct {
+		name  string
+		speed float64
+		ok    bool
+	}{
+		{"normal", 0.5, true},
+		{"slow but in range", 1e-8, true}, // 1 s becomes about 3.2 years
+		{"overflows", 1e-10, false},
+		{"tiny", 1e-300, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := TraceBytes("speed", data, TraceOptions{Speed: tt.speed})
+			require.NoError(t, err)
+			st, err := w.Open(1)
+			require.NoError(t, err)
+			defer st.Close()
+			var r Request
+			require.NoError(t, st.Next(&r)) // timestamp 0 never overflows
+			err = st.Next(&r)
+			if tt.ok {
+				require.NoError(t, err)
+				assert.Equal(t, time.Duration(float64(time.Second)/tt.speed), r.Arrival)
+				assert.Equal(t, io.EOF, st.Next(&r))
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), "Speed")
+			assert.Contains(t, err.Error(), "line 2")
+			assert.True(t, strings.HasPrefix(err.Error(), "gateway:"))
+			_, err = Run(Config{Workload: w, Replicas: 1})
+			require.ErrorIs(t, err, ErrInvalidConfig)
+		})
+	}
+}
