@@ -233,7 +233,6 @@ func (e *engine) arrive(req *Request) {
 		return
 	}
 	s.d = d
-	e.routerTk += int64(min(d.Matched*e.bt, s.in-1))
 	ri := e.byNm[d.Replica]
 	r := e.reps[ri]
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
@@ -242,6 +241,9 @@ func (e *engine) arrive(req *Request) {
 		e.pool = append(e.pool, s)
 		return
 	}
+	// Counted only once admitted, like inTok, RouterTokenHitRate's
+	// denominator: a shed request's prediction is not a hit.
+	e.routerTk += int64(min(d.Matched*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
 	switch {
