@@ -32,6 +32,9 @@ const (
 	DefaultDecodePool  = "decode"
 )
 
+// maxSLOLatencyMS is the largest SLO, in milliseconds, a time.Duration holds.
+const maxSLOLatencyMS = math.MaxInt64 / int64(time.Millisecond)
+
 // Modes lists the accepted mode names, default first.
 var Modes = []string{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
@@ -276,6 +279,9 @@ func (m Model) Validate() error {
 	if m.SLOLatencyMS < 0 {
 		return &FieldError{Field: "slo_latency_ms", Value: fmt.Sprint(m.SLOLatencyMS), Reason: "must not be negative"}
 	}
+	if m.SLOLatencyMS > maxSLOLatencyMS {
+		return &FieldError{Field: "slo_latency_ms", Value: fmt.Sprint(m.SLOLatencyMS), Reason: fmt.Sprintf("at most %d (the largest time.Duration)", maxSLOLatencyMS)}
+	}
 	if w := m.LoadWeights; w != nil {
 		for _, f := range []struct {
 			name string
@@ -309,6 +315,32 @@ func (m Model) Validate() error {
 		}
 		if err := validateReplicas("pools."+name, m.Pools[name]); err != nil {
 			return err
+		}
+	}
+	return m.validateReplicaCounts()
+}
+
+// validateReplicaCounts checks that no gateway built from the model would
+// hold more than gateway.MaxReplicas replicas: not its replica list, not
+// one pool, and not the prefill and decode pools together (the HTTP
+// gateway proxies a disaggregated model without replicas over both pools
+// merged). Pools that are named but not defined are not an error here:
+// the CLI names them before they exist.
+func (m Model) validateReplicaCounts() error {
+	tooMany := func(field string, n int) error {
+		return &FieldError{Field: field, Value: fmt.Sprintf("%d replicas", n), Reason: fmt.Sprintf("at most %d replicas", gateway.MaxReplicas)}
+	}
+	if n := len(m.Replicas); n > gateway.MaxReplicas {
+		return tooMany("replicas", n)
+	}
+	for _, name := range slices.Sorted(maps.Keys(m.Pools)) {
+		if n := len(m.Pools[name]); n > gateway.MaxReplicas {
+			return tooMany("pools."+name, n)
+		}
+	}
+	if m.Disaggregate {
+		if n := len(m.Pools[m.PrefillPool]) + len(m.Pools[m.DecodePool]); n > gateway.MaxReplicas {
+			return tooMany("pools."+m.PrefillPool+"+"+m.DecodePool, n)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -86,6 +87,7 @@ func TestModelValidate(t *testing.T) {
 	}{
 		{"unknown mode", func(m *Model) { m.Mode = "fastest" }, "mode"},
 		{"negative slo", func(m *Model) { m.SLOLatencyMS = -1 }, "slo_latency_ms"},
+		{"slo overflowing time.Duration", func(m *Model) { m.SLOLatencyMS = math.MaxInt64 / 1000 }, "slo_latency_ms"},
 		{"negative weight", func(m *Model) { m.LoadWeights.KV = -2 }, "load_weights.kv"},
 		{"zero weights", func(m *Model) { *m.LoadWeights = LoadWeights{} }, "load_weights"},
 		{"hyphenated mode", func(m *Model) { m.Mode = "cache-aware" }, "mode"},
@@ -98,6 +100,12 @@ func TestModelValidate(t *testing.T) {
 		{"negative cache", func(m *Model) { m.Replicas[0].CacheBlocks = -5 }, "replicas[0].cache_blocks"},
 		{"bad pool replica", func(m *Model) { m.Pools["decode"][0].Name = "" }, "pools.decode[0].name"},
 		{"empty pool name", func(m *Model) { m.Pools[""] = nil }, "pool"},
+		{"too many replicas", func(m *Model) { m.Replicas = manyReplicas("r", gateway.MaxReplicas+1) }, "replicas"},
+		{"too many in one pool", func(m *Model) { m.Pools["other"] = manyReplicas("o", gateway.MaxReplicas+1) }, "pools.other"},
+		{"too many in the merged pools", func(m *Model) {
+			m.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2+1)
+			m.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
+		}, "pools.prefill+decode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := sample().Clone()
@@ -111,6 +119,13 @@ func TestModelValidate(t *testing.T) {
 	}
 	assert.NoError(t, sample().Validate())
 	assert.NoError(t, Model{}.Validate())
+	limits := sample().Clone()
+	limits.Replicas = manyReplicas("r", gateway.MaxReplicas)
+	limits.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2)
+	limits.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
+	assert.NoError(t, limits.Validate(), "exactly MaxReplicas is allowed")
+	undefined := Model{Disaggregate: true, PrefillPool: DefaultPrefillPool, DecodePool: DefaultDecodePool}
+	assert.NoError(t, undefined.Validate(), "pools may be named before they are defined (exa serve routing set --disaggregate)")
 	assert.Equal(t, ModeRoundRobin, Model{}.ModeName())
 }
 
@@ -261,4 +276,12 @@ func TestStatsStore(t *testing.T) {
 	require.NoError(t, os.WriteFile(StatsPath(cfg, "bad"), []byte("{"), 0o644))
 	_, err = LoadStats(cfg, "bad")
 	assert.ErrorIs(t, err, ErrCorrupt)
+}
+
+func manyReplicas(prefix string, n int) []Replica {
+	out := make([]Replica, n)
+	for i := range out {
+		out[i] = Replica{Name: fmt.Sprintf("%s%d", prefix, i), Address: fmt.Sprintf("http://10.0.0.1:%d", 1000+i)}
+	}
+	return out
 }

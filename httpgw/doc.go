@@ -32,9 +32,15 @@
 // every ReloadInterval and applies a changed file without dropping
 // traffic (see Server.Apply): requests in flight finish where they were
 // sent, a model whose routing options are unchanged keeps its cache
-// index, and an invalid file is logged and ignored. A model marked
+// index, and an invalid file is logged and ignored: Apply checks the whole
+// new configuration (every model's gateway built or its replica changes
+// checked against the gateway's limits) before it changes any running
+// gateway, so a file that fails part way changes nothing. A model marked
 // disaggregate is proxied over its replicas, or over its prefill and
-// decode pools together; the HTTP gateway does not split the phases.
+// decode pools together; the HTTP gateway does not split the phases. Such
+// a model whose pools are named but not defined yet (as
+// `exa serve routing set --disaggregate` leaves it) is accepted and
+// answers 503 naming the missing pools.
 //
 // # Prefix key
 //

@@ -93,6 +93,11 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		return
 	}
 	oc.model = ms.name
+	if ms.noReps && len(ms.missing) > 0 {
+		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.name, ms.missing))
+		return
+	}
 	if ms.noReps {
 		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
@@ -140,7 +145,21 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 			s.countDecision(ms.name, dec)
 		}
 		s.metrics.replicaReqs.WithLabelValues(ms.name, name).Inc()
-		ep := ms.byName[name]
+		ep := s.endpointOf(ms, &d)
+		if ep == nil {
+			// The shared gateway chose a replica that a reload added or
+			// moved after this request took its snapshot, and no snapshot
+			// knows the engine: release the decision and try another.
+			err := fmt.Errorf("%w: replica %q (%s) is no longer configured", ErrUpstream, name, d.Address)
+			d.Done(gateway.DoneInfo{Err: err})
+			if try == 0 {
+				lastErr, failed = err, name
+				continue
+			}
+			oc.code = strconv.Itoa(http.StatusBadGateway)
+			writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", err.Error())
+			return
+		}
 		retry, err := s.forward(w, r, ms, name, ep, dec, body, start, try == 0, oc)
 		if !retry {
 			return
@@ -150,6 +169,22 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 	oc.code = strconv.Itoa(http.StatusBadGateway)
 	writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
+}
+
+// endpointOf returns the engine a decision is to be sent to. A model's
+// gateway is shared by every snapshot that keeps it, so the decision may
+// name a replica that the request's own snapshot (ms) does not have, or
+// that a reload moved to another address. The decision's Address is the
+// engine's base URL as the gateway holds it now: it is looked up in the
+// current snapshot first, then in the request's. nil means neither has it.
+func (s *Server) endpointOf(ms *modelState, d *gateway.Decision) *endpoint {
+	if ep := s.state.Load().endpoints[d.Address]; ep != nil {
+		return ep
+	}
+	if ep := ms.byName[d.Replica]; ep != nil && ep.base == d.Address {
+		return ep
+	}
+	return nil
 }
 
 func (s *Server) countDecision(model string, d *gateway.Decision) {

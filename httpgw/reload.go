@@ -22,7 +22,14 @@ import (
 // A model with disaggregate set is proxied over its replicas, or when it
 // has none over the replicas of its prefill and decode pools together
 // (named pool/replica): the HTTP gateway does not split prefill from
-// decode. An invalid configuration is an error and changes nothing.
+// decode. A disaggregated model with no replicas whose pools are not
+// defined is accepted (the CLI sets the pool names before the pools
+// exist) and answers 503 naming the missing pools.
+//
+// Apply works in two phases: it first builds and checks every model's
+// new table without touching the running ones, and only then updates the
+// kept gateways and publishes the new tables. An invalid configuration is
+// an error and changes nothing.
 func (s *Server) Apply(f *config.File) error {
 	if f == nil {
 		f = &config.File{Version: config.Version}
@@ -38,15 +45,46 @@ func (s *Server) Apply(f *config.File) error {
 	defer s.mu.Unlock()
 	old := s.state.Load()
 	next := &state{file: f, models: make(map[string]*modelState, len(f.Models)), endpoints: map[string]*endpoint{}}
+	// Phase 1: build every table; nothing running is changed.
+	plans := make([]modelPlan, 0, len(f.Models))
 	for _, name := range f.Names() {
-		ms, err := s.buildModel(name, f.Models[name], old, next)
+		p, err := s.planModel(name, f.Models[name], old, next)
 		if err != nil {
 			return err
 		}
-		next.models[name] = ms
+		plans = append(plans, p)
+		next.models[name] = p.ms
+	}
+	// Phase 2: update the kept gateways. Every limit the gateway enforces
+	// was checked in phase 1, so this does not fail; if it did, the model
+	// gets a fresh gateway rather than a half-updated one.
+	for _, p := range plans {
+		if p.keep == nil {
+			continue
+		}
+		if err := syncReplicas(p.keep, p.want); err != nil {
+			s.log.Error("gateway: updating a kept gateway failed; starting it afresh", "model", p.ms.name, "err", err)
+			gw, nerr := s.newGateway(p.want, p.opts...)
+			if nerr != nil {
+				// Keep the updated gateway: the proxy resolves each
+				// decision's engine by address, so it still serves.
+				s.log.Error("gateway: rebuilding the gateway failed", "model", p.ms.name, "err", nerr)
+				gw = p.keep
+			}
+			p.ms.gw = gw
+		}
 	}
 	s.state.Store(next)
 	return nil
+}
+
+// modelPlan is one model's part of an Apply: its new table and, when its
+// gateway is kept, the replicas that gateway must be synced to.
+type modelPlan struct {
+	ms   *modelState
+	keep *gateway.Gateway // the running gateway to sync; nil when ms.gw is new
+	want []gateway.Replica
+	opts []gateway.Option
 }
 
 // modelReplicas returns the replicas a model is proxied over.
@@ -59,6 +97,21 @@ func modelReplicas(cfg config.Model) []config.Replica {
 		for _, r := range cfg.Pools[pool] {
 			r.Name = pool + "/" + r.Name
 			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// missingPools returns the prefill and decode pools a disaggregated model
+// without replicas of its own names but does not define.
+func missingPools(cfg config.Model) []string {
+	if !cfg.Disaggregate || len(cfg.Replicas) > 0 {
+		return nil
+	}
+	var out []string
+	for _, pool := range []string{cfg.PrefillPool, cfg.DecodePool} {
+		if _, ok := cfg.Pools[pool]; !ok {
+			out = append(out, pool)
 		}
 	}
 	return out
@@ -90,16 +143,32 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 	return ep
 }
 
-func (s *Server) buildModel(name string, cfg config.Model, old, next *state) (*modelState, error) {
+// planModel builds a model's new table without changing any running
+// gateway: a fresh gateway when the routing options changed, otherwise the
+// list of replicas the running gateway is to be synced to, checked against
+// every limit AddReplica enforces.
+func (s *Server) planModel(name string, cfg config.Model, old, next *state) (modelPlan, error) {
 	reps := modelReplicas(cfg)
-	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(reps)), disaggr: cfg.Disaggregate}
+	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(reps)), disaggr: cfg.Disaggregate,
+		missing: missingPools(cfg)}
 	mode, err := cfg.GatewayMode()
 	if err != nil {
-		return nil, err
+		return modelPlan{}, err
 	}
 	ms.mode = mode
+	if len(reps) > gateway.MaxReplicas {
+		return modelPlan{}, &config.FieldError{Field: "models." + name + ".replicas", Value: fmt.Sprint(len(reps)),
+			Reason: fmt.Sprintf("at most %d replicas per model", gateway.MaxReplicas)}
+	}
 	want := make([]gateway.Replica, 0, len(reps))
+	seen := make(map[string]bool, len(reps))
 	for _, r := range reps {
+		if r.Name == "" || seen[r.Name] || r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
+			// config.Validate rejects these; checked again because phase 2 must not fail.
+			return modelPlan{}, &config.FieldError{Field: "models." + name + ".replicas", Value: r.Name,
+				Reason: "empty or duplicate name, or cache_blocks out of range"}
+		}
+		seen[r.Name] = true
 		ep := s.endpointFor(NormalizeAddress(r.Address), old, next)
 		ms.byName[r.Name] = ep
 		ms.order = append(ms.order, r.Name)
@@ -111,31 +180,34 @@ func (s *Server) buildModel(name string, cfg config.Model, old, next *state) (*m
 	}
 	if len(want) == 0 {
 		ms.noReps = true
-		return ms, nil
-	}
-	if prev, ok := old.models[name]; ok && prev.gw != nil && sameRouting(prev.cfg, cfg) {
-		if err := syncReplicas(prev.gw, want); err != nil {
-			return nil, fmt.Errorf("gateway: model %q: %w", name, err)
+		if len(ms.missing) > 0 {
+			s.log.Warn("gateway: disaggregated model names pools that are not defined; it answers 503 until they are",
+				"model", name, "pools", ms.missing)
 		}
-		ms.gw = prev.gw
-		return ms, nil
+		return modelPlan{ms: ms}, nil
 	}
 	opts, err := cfg.Options()
 	if err != nil {
-		return nil, err
+		return modelPlan{}, err
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
-	gw, err := gateway.New(want, opts...)
+	if prev, ok := old.models[name]; ok && prev.gw != nil && sameRouting(prev.cfg, cfg) {
+		ms.gw = prev.gw
+		return modelPlan{ms: ms, keep: prev.gw, want: want, opts: opts}, nil
+	}
+	gw, err := s.newGateway(want, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: model %q: %w", name, err)
+		return modelPlan{}, fmt.Errorf("%w (model %q)", err, name)
 	}
 	ms.gw = gw
-	return ms, nil
+	return modelPlan{ms: ms, want: want, opts: opts}, nil
 }
 
 // syncReplicas makes gw's replica table match want: replicas gone or
 // changed (address, capacity) are removed, new ones added, and every
-// replica's health set.
+// replica's health set. New replicas are added before the gone ones are
+// removed, so the table never goes empty, unless that would pass
+// gateway.MaxReplicas.
 func syncReplicas(gw *gateway.Gateway, want []gateway.Replica) error {
 	have := map[string]gateway.ReplicaStatus{}
 	for _, r := range gw.Replicas() {
@@ -145,26 +217,41 @@ func syncReplicas(gw *gateway.Gateway, want []gateway.Replica) error {
 	for _, r := range want {
 		wanted[r.Name] = r
 	}
-	// Add before removing, so the table never goes empty.
+	var added []gateway.Replica
 	for _, r := range want {
 		h, ok := have[r.Name]
 		if ok && h.Address == r.Address && (r.CacheBlocks == 0 || h.CacheBlocks == r.CacheBlocks) {
 			continue
 		}
 		if ok {
+			// Changed: replace it in place, which keeps the count.
 			if err := gw.RemoveReplica(r.Name); err != nil {
 				return err
 			}
+			if err := gw.AddReplica(r); err != nil {
+				return err
+			}
+			continue
 		}
-		if err := gw.AddReplica(r); err != nil {
+		added = append(added, r)
+	}
+	n := len(have)
+	for len(added) > 0 && n < gateway.MaxReplicas {
+		if err := gw.AddReplica(added[0]); err != nil {
 			return err
 		}
+		added, n = added[1:], n+1
 	}
 	for name := range have {
 		if _, ok := wanted[name]; !ok {
 			if err := gw.RemoveReplica(name); err != nil {
 				return err
 			}
+		}
+	}
+	for _, r := range added {
+		if err := gw.AddReplica(r); err != nil {
+			return err
 		}
 	}
 	for _, r := range want {

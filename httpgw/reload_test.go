@@ -2,6 +2,7 @@ package httpgw
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,7 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,4 +137,127 @@ func TestReloadFileAppears(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, changed)
 	assert.Contains(t, s.Stats().Models, "a")
+}
+
+// applyModels applies a configuration of round-robin models with the given
+// replicas.
+func applyModels(t *testing.T, s *Server, models map[string][]config.Replica) error {
+	t.Helper()
+	f := &config.File{Version: config.Version, Models: map[string]config.Model{}}
+	for name, reps := range models {
+		f.Models[name] = config.Model{Replicas: reps}
+	}
+	return s.Apply(f)
+}
+
+// A request that took its snapshot before a reload is routed by the
+// model's shared gateway, which may choose a replica (or an address) the
+// old snapshot does not know. It is served by that replica's engine, not
+// dropped with a panic.
+func TestInFlightSnapshotAcrossReload(t *testing.T) {
+	e0 := enginetest.New(enginetest.Options{Name: "e0", Model: testModel})
+	e1 := enginetest.New(enginetest.Options{Name: "e1", Model: testModel})
+	t.Cleanup(e0.Close)
+	t.Cleanup(e1.Close)
+	tests := []struct {
+		name    string
+		before  []config.Replica
+		after   []config.Replica
+		replica string
+	}{
+		{"replica renamed", []config.Replica{{Name: "r0", Address: e0.URL()}}, []config.Replica{{Name: "r1", Address: e1.URL()}}, "r1"},
+		{"replica moved", []config.Replica{{Name: "r0", Address: e0.URL()}}, []config.Replica{{Name: "r0", Address: e1.URL()}}, "r0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+			require.NoError(t, err)
+			require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: tt.before}))
+			stale := s.state.Load().models[testModel]
+			e0Before, e1Before := e0.Requests(), e1.Requests()
+			require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: tt.after}))
+			require.Same(t, stale.gw, s.state.Load().models[testModel].gw, "the gateway is shared across the snapshots")
+
+			body := chatBody(testModel, false, "sys", "hi")
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+			w := httptest.NewRecorder()
+			var oc outcome
+			require.NotPanics(t, func() {
+				s.proxy(w, r, stale, gateway.KeyFromHashes([]uint64{1}), []byte(body), time.Now(), &oc)
+			})
+			assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
+			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
+			assert.Equal(t, int64(1), e1.Requests()-e1Before, "served by the engine the replica has now")
+			assert.Equal(t, e0Before, e0.Requests())
+			for _, r := range stale.gw.Replicas() {
+				assert.Zero(t, r.InFlight, "replica %s: the decision was released", r.Name)
+			}
+		})
+	}
+}
+
+// A decision for an engine no snapshot knows is released and the request
+// answered with 502, never a panic.
+func TestDecisionForUnknownEngine(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	gw, err := gateway.New([]gateway.Replica{{Name: "ghost", Address: "http://127.0.0.1:1"}})
+	require.NoError(t, err)
+	ms := &modelState{name: testModel, gw: gw, byName: map[string]*endpoint{}}
+	body := chatBody(testModel, false, "sys", "hi")
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+	w := httptest.NewRecorder()
+	var oc outcome
+	require.NotPanics(t, func() { s.proxy(w, r, ms, gateway.KeyFromHashes([]uint64{1}), []byte(body), time.Now(), &oc) })
+	assert.Equal(t, http.StatusBadGateway, w.Code)
+	assert.Equal(t, "502", oc.code)
+	assert.Zero(t, gw.Replicas()[0].InFlight, "the decision was released")
+}
+
+// A configuration that fails part way changes nothing: not the published
+// tables and not the gateways they share.
+func TestFailedApplyChangesNothing(t *testing.T) {
+	e0 := enginetest.New(enginetest.Options{Name: "e0", Model: "a"})
+	t.Cleanup(e0.Close)
+	r0 := config.Replica{Name: "r0", Address: e0.URL()}
+	r1 := config.Replica{Name: "r1", Address: "127.0.0.1:1"}
+	tooMany := make([]config.Replica, gateway.MaxReplicas+1)
+	for i := range tooMany {
+		tooMany[i] = config.Replica{Name: fmt.Sprintf("x%d", i), Address: fmt.Sprintf("10.0.0.1:%d", 1000+i)}
+	}
+	failB := func(s *Server) {
+		s.newGateway = func(reps []gateway.Replica, opts ...gateway.Option) (*gateway.Gateway, error) {
+			if reps[0].Name == "b0" {
+				return nil, fmt.Errorf("%w: injected", gateway.ErrInvalidOption)
+			}
+			return gateway.New(reps, opts...)
+		}
+	}
+	tests := []struct {
+		name   string
+		inject func(*Server)
+		b      []config.Replica
+	}{
+		{"more than MaxReplicas", func(*Server) {}, tooMany},
+		{"gateway.New fails for a later model", failB, []config.Replica{{Name: "b0", Address: "127.0.0.1:2"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+			require.NoError(t, err)
+			require.NoError(t, applyModels(t, s, map[string][]config.Replica{"a": {r0}}))
+			before := s.state.Load()
+			tt.inject(s)
+			err = applyModels(t, s, map[string][]config.Replica{"a": {r0, r1}, "b": tt.b})
+			require.Error(t, err)
+			assert.NotContains(t, err.Error(), "gateway: model", "one gateway: prefix")
+			assert.Same(t, before, s.state.Load())
+			reps := before.models["a"].gw.Replicas()
+			require.Len(t, reps, 1, "the running gateway of model a is untouched")
+			assert.Equal(t, "r0", reps[0].Name)
+		})
+	}
 }

@@ -105,6 +105,9 @@ type Server struct {
 
 	keyPool sync.Pool
 	bufPool sync.Pool
+
+	// newGateway builds a model's gateway: gateway.New, replaced by tests.
+	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -124,6 +127,7 @@ type modelState struct {
 	byName  map[string]*endpoint
 	noReps  bool
 	disaggr bool
+	missing []string // prefill/decode pools named but not defined
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
@@ -143,6 +147,8 @@ func New(opts Options) (*Server, error) {
 		control: &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
 		log:     opts.Logger,
 		gather:  opts.Gatherer,
+
+		newGateway: gateway.New,
 	}
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }

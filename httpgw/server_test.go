@@ -79,6 +79,16 @@ func TestDisaggregatedModelUsesPools(t *testing.T) {
 		seen[resp.Header.Get(HeaderReplica)] = true
 	}
 	assert.Equal(t, map[string]bool{"prefill/p0": true, "decode/d0": true}, seen)
+
+	// Pools named but not defined (as exa serve routing set --disaggregate
+	// leaves a model) are accepted and answered with 503 naming them.
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+		Disaggregate: true, PrefillPool: config.DefaultPrefillPool, DecodePool: config.DefaultDecodePool,
+	}}}))
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
+	e := decodeError(t, readAll(t, resp))
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Contains(t, e.Message, `pools ["prefill" "decode"] are not defined`)
 }
 
 // Repeated 5xx answers eject an engine passively, without any probe.
