@@ -162,19 +162,22 @@ func (o *TraceOptions) check() error {
 }
 
 // TraceFile returns the workload replaying the Mooncake-format JSONL trace
-// at path (see TraceDecoder). The file is read anew by every Open, one line
-// at a time; a malformed line fails the run with its line number.
+// at path (see TraceDecoder). TraceFile reads the file once, a line at a
+// time, to count its requests (its non-blank lines); every Open reads it
+// anew, a line at a time. A malformed line fails the run with its line
+// number.
 func TraceFile(path string, o TraceOptions) (Workload, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: trace: %v", ErrInvalidConfig, err)
 	}
-	n := bytes.Count(data, []byte{'\n'})
-	if len(data) > 0 && data[len(data)-1] != '\n' {
-		n++
+	defer f.Close()
+	n, err := countRequests(f)
+	if err != nil {
+		return nil, fmt.Errorf("%w: trace %s: %v", ErrInvalidConfig, path, err)
 	}
 	return &traceWorkload{path: path, o: o, lines: n}, nil
 }
@@ -184,18 +187,37 @@ func TraceBytes(name string, data []byte, o TraceOptions) (Workload, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	n := bytes.Count(data, []byte{'\n'})
-	if len(data) > 0 && data[len(data)-1] != '\n' {
-		n++
+	n, err := countRequests(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%w: trace %s: %v", ErrInvalidConfig, name, err)
 	}
 	return &traceWorkload{path: name, data: data, o: o, lines: n}, nil
+}
+
+// countRequests counts the lines of r that TraceDecoder would decode: the
+// non-blank ones. It streams r a line at a time. A line longer than
+// maxTraceLine ends the count there without an error: replaying the trace
+// reports that line as malformed, with its number.
+func countRequests(r io.Reader) (int, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxTraceLine)
+	n := 0
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) > 0 {
+			n++
+		}
+	}
+	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+		return 0, err
+	}
+	return n, nil
 }
 
 type traceWorkload struct {
 	path  string
 	data  []byte
 	o     TraceOptions
-	lines int
+	lines int // non-blank lines: the requests the trace holds
 }
 
 func (w *traceWorkload) Name() string {

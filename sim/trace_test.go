@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +95,53 @@ func TestTraceSpeedOverflow(t *testing.T) {
 			_, err = Run(Config{Workload: w, Replicas: 1})
 			require.ErrorIs(t, err, ErrInvalidConfig)
 		})
+	}
+}
+
+// TestTraceCountsRequestsNotLines: blank and whitespace-only lines, which
+// the decoder skips, are not requests: the workload's name, its stream's
+// Len and the report's request count all agree with the decoded requests.
+func TestTraceCountsRequestsNotLines(t *testing.T) {
+	one := traceLineAt("5")
+	tests := []struct {
+		name, data string
+		want       int
+	}{
+		{"blank lines after", one + "\n\n\n\n", 1},
+		{"blank lines around", "\n \t\n" + one + "\r\n\r\n" + traceLineAt("6") + "\n  \n", 2},
+		{"no final newline", one + "\n" + traceLineAt("6"), 2},
+		{"empty", "", 0},
+		{"only blank", "\n\n \n", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := t.TempDir() + "/x.jsonl"
+			require.NoError(t, os.WriteFile(path, []byte(tt.data), 0o600))
+			fromFile, err := TraceFile(path, TraceOptions{})
+			require.NoError(t, err)
+			fromBytes, err := TraceBytes("x.jsonl", []byte(tt.data), TraceOptions{})
+			require.NoError(t, err)
+			for _, w := range []Workload{fromFile, fromBytes} {
+				assert.Contains(t, w.Name(), fmt.Sprintf("trace x.jsonl: %d requests,", tt.want))
+				st, err := w.Open(1)
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, st.Len())
+				require.NoError(t, st.Close())
+				rep, err := Run(Config{Workload: w, Replicas: 1})
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, rep.Requests)
+				assert.Equal(t, tt.want, rep.Results[0].Requests)
+			}
+		})
+	}
+}
+
+// TestTraceFileUnreadable: a path that cannot be read as a trace is an
+// invalid config.
+func TestTraceFileUnreadable(t *testing.T) {
+	for _, p := range []string{t.TempDir() + "/absent.jsonl", t.TempDir()} {
+		_, err := TraceFile(p, TraceOptions{})
+		require.ErrorIs(t, err, ErrInvalidConfig, p)
+		assert.True(t, strings.HasPrefix(err.Error(), "gateway:"))
 	}
 }
