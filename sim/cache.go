@@ -98,8 +98,12 @@ func (c *kvCache) commit(key []uint64, slots []int32, m int) {
 // release unpins the blocks at slots (all of the prompt, committed) and
 // frees extra reserved blocks, caching the blocks of out (the answer)
 // unpinned. Blocks are released leaves first, so the root of the prompt
-// ends most recently used and LRU evicts leaves first.
-func (c *kvCache) release(slots []int32, extra int, out []uint64) {
+// ends most recently used and LRU evicts leaves first. It appends to dst,
+// in order, the blocks of out that are cached when it returns, and returns
+// the extended slice: a block of out finding no room is skipped, and one
+// inserted may be evicted again to make room for an earlier one. With
+// extra >= len(out), as the engine reserves, every block of out fits.
+func (c *kvCache) release(slots []int32, extra int, out, dst []uint64) []uint64 {
 	c.reserved -= extra
 	for i := len(out) - 1; i >= 0; i-- {
 		h := out[i]
@@ -129,6 +133,12 @@ func (c *kvCache) release(slots []int32, extra int, out []uint64) {
 			c.pushMRU(s)
 		}
 	}
+	for _, h := range out {
+		if _, ok := c.idx.get(h); ok {
+			dst = append(dst, h)
+		}
+	}
+	return dst
 }
 
 // touch is the pooled-LRU bound's use of the cache: blocks of key not

@@ -87,6 +87,7 @@ type engine struct {
 	ids    []uint64
 
 	inflight int
+	stored   gateway.Key // scratch: the answer blocks release cached
 
 	res      Result
 	ttft     hist
@@ -407,10 +408,12 @@ func (e *engine) firstToken(r *replica, s *seq) {
 }
 
 func (e *engine) complete(r *replica, s *seq) {
-	r.cache.release(s.slots, s.private, s.outKey)
+	// Tell the index only of the answer blocks the replica really cached,
+	// after the evictions release made.
+	e.stored = r.cache.release(s.slots, s.private, s.outKey, e.stored[:0])
 	e.flushEvictions(r)
-	if e.exact && len(s.outKey) > 0 {
-		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.outKey})
+	if e.exact && len(e.stored) > 0 {
+		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: e.stored})
 	}
 	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)})
 	s.d = gateway.Decision{}
