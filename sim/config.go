@@ -123,6 +123,11 @@ func (c *Config) fill() error {
 		if seen[p.Name] {
 			return fmt.Errorf("%w: policy %q listed twice", ErrInvalidConfig, p.Name)
 		}
+		if p.New == nil {
+			if _, err := gateway.ParseMode(p.Mode.String()); err != nil {
+				return fmt.Errorf("%w: policy %q: Mode %d is not a built-in gateway.Mode", ErrInvalidConfig, p.Name, int(p.Mode))
+			}
+		}
 		seen[p.Name] = true
 	}
 	return nil

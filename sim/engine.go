@@ -127,7 +127,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	}
 	g, err := gateway.New(reps, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("policy %q: %w", pol.Name, err)
+		return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidConfig, pol.Name, err)
 	}
 	e.g = g
 	e.res.Policy = pol.Name

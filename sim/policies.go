@@ -13,7 +13,9 @@ import (
 type Policy struct {
 	// Name labels the policy in the report; required and unique.
 	Name string
-	// Mode is the built-in policy used when New is nil.
+	// Mode is the built-in policy used when New is nil; the zero value is
+	// gateway.ModeRoundRobin. Run rejects a Mode that is not a built-in
+	// mode with ErrInvalidConfig.
 	Mode gateway.Mode
 	// New, if set, makes a fresh policy for one run, seeded with
 	// Config.Seed; it overrides Mode.

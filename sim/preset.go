@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"time"
 )
@@ -124,7 +125,11 @@ func PresetByName(name string) (Preset, error) {
 	return p, nil
 }
 
-// MustPreset is PresetByName that panics on an unknown name; for literals.
+// MustPreset is like PresetByName but panics, with the error wrapping
+// ErrInvalidConfig, if name is not a built-in preset. Like
+// regexp.MustCompile it is meant for names fixed in the source (package
+// variables, tests, examples); use PresetByName for names that come from
+// input.
 func MustPreset(name string) Preset {
 	p, err := PresetByName(name)
 	if err != nil {
@@ -141,8 +146,22 @@ func (p Preset) validate() error {
 		return fmt.Errorf("%w: preset %q: MaxRunning %d must be positive", ErrInvalidConfig, p.Name, p.MaxRunning)
 	case p.MaxBatchTokens <= p.MaxRunning:
 		return fmt.Errorf("%w: preset %q: MaxBatchTokens %d must exceed MaxRunning %d", ErrInvalidConfig, p.Name, p.MaxBatchTokens, p.MaxRunning)
-	case p.StepOverhead < 0 || p.PrefillPerToken < 0 || p.PrefillQuadratic < 0 || p.DecodePerSeq < 0 || p.DecodePerContextToken < 0:
-		return fmt.Errorf("%w: preset %q: cost coefficients must not be negative", ErrInvalidConfig, p.Name)
+	}
+	for _, c := range []struct {
+		field string
+		v     float64
+	}{
+		{"StepOverhead", p.StepOverhead},
+		{"PrefillPerToken", p.PrefillPerToken},
+		{"PrefillQuadratic", p.PrefillQuadratic},
+		{"DecodePerSeq", p.DecodePerSeq},
+		{"DecodePerContextToken", p.DecodePerContextToken},
+	} {
+		if c.v < 0 || math.IsNaN(c.v) || math.IsInf(c.v, 0) {
+			return fmt.Errorf("%w: preset %q: %s %v must be a finite value >= 0", ErrInvalidConfig, p.Name, c.field, c.v)
+		}
+	}
+	switch {
 	case p.StepOverhead+p.DecodePerSeq <= 0:
 		return fmt.Errorf("%w: preset %q: StepOverhead+DecodePerSeq must be positive", ErrInvalidConfig, p.Name)
 	}

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"runtime"
 	"sync"
 
@@ -10,8 +9,9 @@ import (
 
 // Run simulates every policy of cfg on the same requests, computes the
 // bounds, and returns the report. It is deterministic: the same cfg gives
-// the same Report. Errors wrap ErrInvalidConfig or, for a bad trace line,
-// ErrMalformedTrace.
+// the same Report. Errors start with "gateway:" and wrap ErrInvalidConfig
+// (a policy the gateway refuses also wraps the gateway's error) or, for a
+// bad trace line, ErrMalformedTrace.
 func Run(cfg Config) (*Report, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -114,7 +114,9 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 		return err
 	}
 	if err := e.run(st, tick); err != nil {
-		return fmt.Errorf("policy %q: %w", pol.Name, err)
+		// Only the stream fails a run, the same way for every policy: its
+		// error already starts with "gateway:" and wraps the sentinel.
+		return err
 	}
 	rep.Results[j] = e.result()
 	return nil
