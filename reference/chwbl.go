@@ -28,9 +28,9 @@ type CHWBL struct {
 	// PrefixBlocks is how many leading blocks are hashed; 0 means 1.
 	PrefixBlocks int
 
-	mu   sync.Mutex
-	sig  string
-	ring []ringPoint
+	mu    sync.Mutex
+	names []string // the candidate names ring was built for, in order
+	ring  []ringPoint
 }
 
 type ringPoint struct {
@@ -55,7 +55,7 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 		total += cands[i].InFlight
 	}
 	bound := math.Ceil(lf * float64(total+1) / float64(len(cands)))
-	h := xxhash.Sum64(binary.LittleEndian.AppendUint64(nil, req.Key[min(pb, len(req.Key))-1]))
+	h := hashUint64(req.Key[min(pb, len(req.Key))-1])
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -96,15 +96,20 @@ func indexOf(cands []gateway.Candidate, name string) int {
 	return 0
 }
 
+// hashUint64 is the xxHash64 of x's 8 little-endian bytes, computed
+// without a heap buffer.
+func hashUint64(x uint64) uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], x)
+	return xxhash.Sum64(b[:])
+}
+
 // ringFor returns the ring of the candidates' names, rebuilding it when the
-// set changes. p.mu must be held.
+// names or their order change; an unchanged set costs no allocation. p.mu
+// must be held.
 func (p *CHWBL) ringFor(cands []gateway.Candidate) []ringPoint {
-	var sb strings.Builder
-	for i := range cands {
-		sb.WriteString(cands[i].Name)
-		sb.WriteByte(0)
-	}
-	if sig := sb.String(); sig != p.sig || p.ring == nil {
+	same := p.ring != nil && slices.EqualFunc(cands, p.names, func(c gateway.Candidate, n string) bool { return c.Name == n })
+	if !same {
 		rep := p.Replication
 		if rep <= 0 {
 			rep = 256
@@ -125,7 +130,11 @@ func (p *CHWBL) ringFor(cands []gateway.Candidate) []ringPoint {
 			}
 			return strings.Compare(a.name, b.name)
 		})
-		p.sig, p.ring = sig, ring
+		p.names = p.names[:0]
+		for i := range cands {
+			p.names = append(p.names, cands[i].Name)
+		}
+		p.ring = ring
 	}
 	return p.ring
 }
