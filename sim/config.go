@@ -60,11 +60,17 @@ const (
 	DefaultSLO = 2 * time.Second
 )
 
-// Progress reports how far a Run has got. Done counts requests simulated
-// so far over all policies and the bounds pass; Total is the number it
-// will simulate in all, or 0 when the workload does not say.
+// Progress reports how far a Run has got, in requests summed over all
+// policies and the bounds pass.
 type Progress struct {
-	Done, Total int
+	// Done is the number of request arrivals simulated so far, counted
+	// once per policy and once for the bounds pass; it only grows.
+	Done int
+	// Total is the number Done will reach, the workload's request count ×
+	// (len(Config.Policies) + 1), or 0 when the workload does not say how
+	// many requests it holds. The last call, made once Run has finished,
+	// has Total >= Done, equal when the workload's count is right.
+	Total int
 }
 
 func (c *Config) fill() error {

@@ -17,9 +17,10 @@ type Report struct {
 	Preset Preset `json:"preset"`
 	// Replicas is the replica count.
 	Replicas int `json:"replicas"`
-	// BlockTokens is the tokens per KV block; CacheBlocks the blocks per
-	// replica.
+	// BlockTokens is the number of tokens per KV block, the workload's.
 	BlockTokens int `json:"block_tokens"`
+	// CacheBlocks is the KV-cache capacity of one replica in blocks:
+	// Preset.KVTokens / BlockTokens.
 	CacheBlocks int `json:"cache_blocks"`
 	// Index is "approximate" or "exact".
 	Index string `json:"index"`
@@ -34,61 +35,91 @@ type Report struct {
 	// Results has one entry per policy.
 	Results []Result `json:"results"`
 	// PooledLRU is the hit rate of one LRU cache of the cluster's total
-	// capacity; Unbounded that of a cache without limit (the ceiling).
+	// capacity (Replicas × CacheBlocks), fed every request in arrival
+	// order.
 	PooledLRU Bound `json:"pooled_lru"`
+	// Unbounded is the hit rate of one cache without a size limit, the
+	// ceiling no policy can beat.
 	Unbounded Bound `json:"unbounded"`
 }
 
-// Result holds one policy's figures.
+// Result holds one policy's figures. Rates are fractions in 0..1 and times
+// are in seconds; a figure with nothing to measure (no admitted request, no
+// completion) is 0.
 type Result struct {
-	// Policy is the policy's name.
+	// Policy is the policy's name, Policy.Name.
 	Policy string `json:"policy"`
-	// Requests arrived; Completed finished; Dropped were shed by a full
-	// queue (Config.MaxQueue); Failed could not be routed or are larger
-	// than a replica's cache. Requests = Completed + Dropped + Failed.
-	Requests  int `json:"requests"`
+	// Requests is the number of requests that arrived, whatever became of
+	// them: Requests = Completed + Dropped + Failed.
+	Requests int `json:"requests"`
+	// Completed is the number of requests that produced their last token.
 	Completed int `json:"completed"`
-	Dropped   int `json:"dropped"`
-	Failed    int `json:"failed"`
-	// TokenHitRate is the fraction of prompt tokens served from the
-	// replicas' caches; RequestHitRate the fraction of requests that found
-	// any cached block.
-	TokenHitRate   float64 `json:"token_hit_rate"`
+	// Dropped is the number of requests shed because the replica they were
+	// routed to had Config.MaxQueue requests waiting; 0 when MaxQueue is 0.
+	Dropped int `json:"dropped"`
+	// Failed is the number of requests with an empty prompt, too large for
+	// one replica's KV cache (prompt plus answer), or that the gateway
+	// could not route.
+	Failed int `json:"failed"`
+	// TokenHitRate is the fraction of the admitted requests' prompt tokens
+	// that were found in the serving replica's cache at admission, counting
+	// at most all tokens but the last of each prompt (the last is always
+	// computed).
+	TokenHitRate float64 `json:"token_hit_rate"`
+	// RequestHitRate is the fraction of completed requests that found at
+	// least one leading prompt block cached at admission.
 	RequestHitRate float64 `json:"request_hit_rate"`
 	// RouterTokenHitRate is the token hit rate the gateway's index
-	// predicted when routing; its gap to TokenHitRate is the index's error.
+	// predicted when routing (its matched blocks, counted like
+	// TokenHitRate, over the same admitted requests; shed requests are not
+	// counted); its gap to TokenHitRate is the index's error. The table
+	// calls it "index says".
 	RouterTokenHitRate float64 `json:"router_token_hit_rate"`
-	// TTFT is the time to first token; E2E the end-to-end latency.
+	// TTFT is the distribution of time to first token, in seconds from
+	// arrival, over the requests that got a first token.
 	TTFT Latency `json:"ttft"`
-	E2E  Latency `json:"e2e"`
-	// Throughput is output tokens per second and RequestRate completed
-	// requests per second, over Duration, from the first arrival to the
-	// last completion.
-	Throughput  float64 `json:"throughput_tok_s"`
+	// E2E is the distribution of end-to-end latency, in seconds from
+	// arrival to the last token, over the completed requests.
+	E2E Latency `json:"e2e"`
+	// Throughput is the completed requests' output tokens per second over
+	// Duration (a request asking for 0 output tokens counts as 1).
+	Throughput float64 `json:"throughput_tok_s"`
+	// RequestRate is the completed requests per second over Duration.
 	RequestRate float64 `json:"request_rate"`
-	Duration    float64 `json:"duration_s"`
+	// Duration is the simulated time in seconds from the first arrival to
+	// the last completion.
+	Duration float64 `json:"duration_s"`
 	// Imbalance is the largest replica's prefill tokens (computed, not
-	// cached) over the mean; 1 is perfect balance.
+	// cached) over the mean of PrefillTokens; 1 is perfect balance.
 	Imbalance float64 `json:"imbalance"`
-	// SLOAttainment is the fraction of requests whose first token came
-	// within the SLO.
+	// SLOAttainment is the fraction of all Requests whose first token came
+	// within Config.SLO of arrival; dropped and failed requests count as
+	// misses.
 	SLOAttainment float64 `json:"slo_attainment"`
-	// PrefillTokens is the prefill tokens computed by each replica.
+	// PrefillTokens is the number of prompt tokens each replica computed
+	// (not served from cache), one entry per replica in order r0, r1, ….
 	PrefillTokens []int64 `json:"prefill_tokens"`
-	// Decisions counts the gateway's decisions by kind.
+	// Decisions counts the gateway's routing decisions, keyed by decision
+	// kind name as in gateway.Stats.ByKind.
 	Decisions map[string]uint64 `json:"decisions"`
 
 	ttft *hist
 }
 
-// Latency summarises a latency distribution, in seconds. Quantiles are
-// accurate to 1%.
+// Latency summarises a latency distribution. Every field is in seconds and
+// is 0 for an empty distribution. Mean and Max are exact; the quantiles
+// are accurate to 1% and never exceed Max.
 type Latency struct {
+	// Mean is the arithmetic mean, in seconds.
 	Mean float64 `json:"mean"`
-	P50  float64 `json:"p50"`
-	P90  float64 `json:"p90"`
-	P99  float64 `json:"p99"`
-	Max  float64 `json:"max"`
+	// P50 is the median, in seconds.
+	P50 float64 `json:"p50"`
+	// P90 is the 90th percentile, in seconds.
+	P90 float64 `json:"p90"`
+	// P99 is the 99th percentile, in seconds.
+	P99 float64 `json:"p99"`
+	// Max is the largest value, in seconds.
+	Max float64 `json:"max"`
 }
 
 // Result returns the result of the policy called name.

@@ -13,8 +13,11 @@ type Request struct {
 	// Arrival is when the request reaches the gateway, from the start of
 	// the run.
 	Arrival time.Duration
-	// InputTokens and OutputTokens are the prompt and completion lengths.
-	InputTokens, OutputTokens int
+	// InputTokens is the prompt length in tokens.
+	InputTokens int
+	// OutputTokens is the completion length in tokens; the simulation
+	// produces at least one.
+	OutputTokens int
 	// Blocks has one id per block of the prompt (ceil(InputTokens /
 	// BlockTokens) of them). Two prompts share KV cache for exactly as many
 	// leading blocks as their lists agree on (ids are chained again before
