@@ -103,10 +103,10 @@ func (w *sharedPrefix) BlockTokens() int { return w.c.BlockTokens }
 func (w *sharedPrefix) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 1)
-	arr := &poisson{rng: rng, rate: c.Rate}
+	arr := &poisson{rng: rng, rate: c.Rate, name: "shared-prefix"}
 	var b blockBuilder
 	q := uint64(0)
-	return &genStream{n: c.Requests, gen: func(r *Request) {
+	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
 		r.Arrival = arr.next()
 		g := rng.IntN(c.Groups)
 		q++
@@ -200,7 +200,7 @@ type session struct {
 func (w *chat) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 2)
-	arr := &poisson{rng: rng, rate: c.Rate}
+	arr := &poisson{rng: rng, rate: c.Rate, name: "chat"}
 	bt := c.BlockTokens
 	next := uint64(0)
 	sess := make([]session, c.Sessions)
@@ -212,7 +212,7 @@ func (w *chat) Open(seed uint64) (Stream, error) {
 	for i := range sess {
 		start(&sess[i])
 	}
-	return &genStream{n: c.Requests, gen: func(r *Request) {
+	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
 		r.Arrival = arr.next()
 		s := &sess[rng.IntN(len(sess))]
 		if s.turn == c.Turns {
@@ -292,11 +292,11 @@ func (w *rag) BlockTokens() int { return w.c.BlockTokens }
 func (w *rag) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 3)
-	arr := &poisson{rng: rng, rate: c.Rate}
+	arr := &poisson{rng: rng, rate: c.Rate, name: "rag"}
 	zipf := rand.NewZipf(rng, c.Zipf, 1, uint64(c.Documents-1))
 	var b blockBuilder
 	q := uint64(0)
-	return &genStream{n: c.Requests, gen: func(r *Request) {
+	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
 		r.Arrival = arr.next()
 		q++
 		b.reset(c.BlockTokens, r.Blocks)
@@ -356,10 +356,10 @@ func (w *systemPrompt) BlockTokens() int { return w.c.BlockTokens }
 func (w *systemPrompt) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 4)
-	arr := &poisson{rng: rng, rate: c.Rate}
+	arr := &poisson{rng: rng, rate: c.Rate, name: "system-prompt"}
 	var b blockBuilder
 	q := uint64(0)
-	return &genStream{n: c.Requests, gen: func(r *Request) {
+	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
 		r.Arrival = arr.next()
 		q++
 		b.reset(c.BlockTokens, r.Blocks)
@@ -418,10 +418,10 @@ func (w *lowSharing) BlockTokens() int { return w.c.BlockTokens }
 func (w *lowSharing) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 5)
-	arr := &poisson{rng: rng, rate: c.Rate}
+	arr := &poisson{rng: rng, rate: c.Rate, name: "low-sharing"}
 	var b blockBuilder
 	q := uint64(0)
-	return &genStream{n: c.Requests, gen: func(r *Request) {
+	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
 		r.Arrival = arr.next()
 		q++
 		item := content(spaceUnique, q)

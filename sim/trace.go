@@ -136,7 +136,9 @@ type TraceOptions struct {
 	// naming the line.
 	Speed float64
 	// Rate, when positive, replaces the recorded arrival times with Poisson
-	// arrivals at Rate requests per second.
+	// arrivals at Rate requests per second. A Rate so small that an
+	// arrival exceeds time.Duration's range fails the run with
+	// ErrInvalidConfig, as it does for the generated workloads.
 	Rate float64
 	// Limit, when positive, replays only the first Limit requests.
 	Limit int
@@ -250,7 +252,7 @@ func (w *traceWorkload) Open(seed uint64) (Stream, error) {
 		s.dec = NewTraceDecoder(f, w.o.BlockTokens)
 	}
 	if w.o.Rate > 0 {
-		s.arr = &poisson{rng: newRand(seed, 6), rate: w.o.Rate}
+		s.arr = &poisson{rng: newRand(seed, 6), rate: w.o.Rate, name: "trace"}
 	}
 	return s, nil
 }
@@ -273,6 +275,9 @@ func (s *traceStream) Next(r *Request) error {
 	s.i++
 	if s.arr != nil {
 		r.Arrival = s.arr.next()
+		if s.arr.err != nil {
+			return s.arr.err
+		}
 	} else if s.o.Speed != 1 {
 		a := float64(r.Arrival) / s.o.Speed
 		if a >= maxDurationF {

@@ -145,3 +145,40 @@ func TestTraceFileUnreadable(t *testing.T) {
 		assert.True(t, strings.HasPrefix(err.Error(), "gateway:"))
 	}
 }
+
+// TestPoissonRateOverflow: a Rate so small that a Poisson arrival leaves
+// time.Duration's range fails the stream with ErrInvalidConfig naming the
+// workload and Rate, for the generators and for a trace replayed at Rate;
+// it never wraps to a negative arrival.
+func TestPoissonRateOverflow(t *testing.T) {
+	mk := func(w Workload, err error) Workload {
+		require.NoError(t, err)
+		return w
+	}
+	const tiny = 1e-300
+	tests := []struct {
+		name string
+		w    Workload
+	}{
+		{"shared-prefix", mk(SharedPrefix(SharedPrefixConfig{Requests: 3, Rate: tiny}))},
+		{"chat", mk(Chat(ChatConfig{Requests: 3, Rate: tiny}))},
+		{"rag", mk(RAG(RAGConfig{Requests: 3, Rate: tiny}))},
+		{"system-prompt", mk(SystemPrompt(SystemPromptConfig{Requests: 3, Rate: tiny}))},
+		{"low-sharing", mk(LowSharing(LowSharingConfig{Requests: 3, Rate: tiny}))},
+		{"trace", mk(TraceBytes("x", []byte(traceLineAt("1")+"\n"+traceLineAt("2")+"\n"), TraceOptions{Rate: tiny}))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := tt.w.Open(1)
+			require.NoError(t, err)
+			defer st.Close()
+			var r Request
+			err = st.Next(&r)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tt.name+": Rate 1e-300")
+			assert.True(t, strings.HasPrefix(err.Error(), "gateway:"))
+			_, err = Run(Config{Workload: tt.w, Replicas: 1})
+			require.ErrorIs(t, err, ErrInvalidConfig)
+		})
+	}
+}

@@ -53,17 +53,29 @@ type Stream interface {
 }
 
 // Arrivals, shared by the generated workloads: Poisson at rate per second.
+// name labels the workload in err, set once an arrival leaves
+// time.Duration's range (a tiny rate); the stream must then fail with err.
 type poisson struct {
 	rng  *rand.Rand
 	rate float64
 	t    float64
+	name string
+	err  error
 }
 
 func (p *poisson) next() time.Duration {
 	if p.rate > 0 {
 		p.t += p.rng.ExpFloat64() / p.rate
 	}
-	return time.Duration(p.t * 1e9)
+	ns := p.t * 1e9
+	if ns >= maxDurationF {
+		if p.err == nil {
+			p.err = fmt.Errorf("%w: %s: Rate %v puts an arrival at %.4g s, beyond time.Duration's range (about 2.9e8 s)",
+				ErrInvalidConfig, p.name, p.rate, p.t)
+		}
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 func newRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
@@ -116,9 +128,11 @@ func deff(v, d float64) float64 {
 	return v
 }
 
-// genStream is a Stream over a generator function.
+// genStream is a Stream over a generator function whose arrivals come from
+// arr.
 type genStream struct {
 	n, i int
+	arr  *poisson
 	gen  func(r *Request)
 }
 
@@ -128,6 +142,9 @@ func (s *genStream) Next(r *Request) error {
 	}
 	s.i++
 	s.gen(r)
+	if s.arr.err != nil {
+		return s.arr.err
+	}
 	return nil
 }
 func (s *genStream) Len() int     { return s.n }
