@@ -71,7 +71,8 @@
 //
 // Health: every ProbeInterval each engine address gets GET /health; after
 // EjectAfter consecutive failures (failed probes, 5xx answers, transport
-// errors; a refused connection ejects at once) the engine is ejected from
+// errors, answers whose first byte misses FirstByteTimeout; a refused
+// connection ejects at once) the engine is ejected from
 // every model that uses it, and after ReadmitAfter consecutive successful
 // probes it is readmitted. Load: every ScrapeInterval each engine's
 // /metrics is parsed with the Prometheus text parser (ParseEngineMetrics)
@@ -87,7 +88,8 @@
 // messages, prompt, user, stream); the body is forwarded byte for byte. No healthy replica, or a model with no
 // replicas: 503. All as OpenAI error objects
 // {"error": {"message", "type", "param", "code"}}. An engine that fails
-// before sending a byte (transport error or 5xx) is retried once on
+// before sending a byte (transport error, 5xx, or no byte within
+// FirstByteTimeout, default 60s) is retried once on
 // another replica; if that fails too the client gets the engine's 5xx, or
 // 502. An engine that fails mid-answer ends a stream with a final event
 // "data: {"error": {...,"code":"upstream_error"}}" and cuts a plain

@@ -1,6 +1,7 @@
 package httpgw
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -208,8 +210,29 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			d.Done(gateway.DoneInfo{Latency: lat, Err: err})
 		}
 	}
+	// The upstream request runs on its own context so that the first-byte
+	// timer can cancel it without the client having gone.
 	ctx := r.Context()
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.base+r.URL.RequestURI(), newBodyReader(body))
+	upCtx, cancelUp := context.WithCancel(ctx)
+	defer cancelUp()
+	var timedOut atomic.Bool
+	stopTimer := func() bool { return false }
+	if s.opts.FirstByteTimeout > 0 {
+		stopTimer = s.afterFunc(s.opts.FirstByteTimeout, func() {
+			timedOut.Store(true)
+			cancelUp()
+		})
+	}
+	defer stopTimer()
+	// upstreamErr says what made the upstream fail: the first-byte timer
+	// (a failure of the engine) or else err.
+	upstreamErr := func(err error) error {
+		if timedOut.Load() {
+			return fmt.Errorf("%w (%v)", ErrFirstByteTimeout, s.opts.FirstByteTimeout)
+		}
+		return err
+	}
+	out, err := http.NewRequestWithContext(upCtx, http.MethodPost, ep.base+r.URL.RequestURI(), newBodyReader(body))
 	if err != nil {
 		done(0, err)
 		oc.code = strconv.Itoa(http.StatusBadGateway)
@@ -230,7 +253,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			return false, nil
 		}
 		s.observe(ep, ep.health.failure(isDialError(err)))
-		err = fmt.Errorf("replica %q (%s): %w", name, ep.base, err)
+		err = fmt.Errorf("replica %q (%s): %w", name, ep.base, upstreamErr(err))
 		done(0, err)
 		if canRetry {
 			return true, err
@@ -275,6 +298,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	first := true
 	for {
 		n, rerr := resp.Body.Read(buf)
+		if n > 0 || rerr == io.EOF {
+			stopTimer()
+		}
 		if n > 0 {
 			if first {
 				first = false
@@ -310,7 +336,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 				return false, nil
 			}
 			s.observe(ep, ep.health.failure(false))
-			err := fmt.Errorf("%w: replica %q (%s) failed mid-response: %v", ErrUpstream, name, ep.base, rerr)
+			err := fmt.Errorf("%w: replica %q (%s) failed mid-response: %w", ErrUpstream, name, ep.base, upstreamErr(rerr))
 			done(0, err)
 			if sse {
 				_, _ = w.Write(streamErrorEvent(err.Error()))

@@ -7,11 +7,15 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -357,4 +361,73 @@ func TestExpectContinueNotForwarded(t *testing.T) {
 	b := readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	assert.Contains(t, string(b), `"choices"`)
+}
+
+// An engine that accepts a request but sends nothing within
+// FirstByteTimeout counts as failed (it feeds passive health) and the
+// request is retried on another replica, or answered with 502.
+func TestFirstByteTimeout(t *testing.T) {
+	tests := []struct {
+		name     string
+		healthy  bool // whether a healthy replica is configured besides the hung one
+		wantCode int
+		retries  float64
+	}{
+		{"retried on another replica", true, http.StatusOK, 1},
+		{"no other replica", false, http.StatusBadGateway, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			arrived := make(chan struct{})
+			hung := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// Reading the whole body lets the server notice the
+				// gateway closing the connection.
+				_, _ = io.Copy(io.Discard, r.Body)
+				select {
+				case arrived <- struct{}{}:
+				case <-r.Context().Done():
+					return
+				}
+				<-r.Context().Done()
+			}))
+			reps := []config.Replica{{Name: "hung", Address: hung.URL}}
+			if tt.healthy {
+				e := enginetest.New(enginetest.Options{Name: "ok", Model: testModel})
+				t.Cleanup(e.Close)
+				reps = append(reps, config.Replica{Name: "ok", Address: e.URL()})
+			}
+			f := &fixture{t: t, reg: prometheus.NewRegistry()}
+			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), EjectAfter: 1, FirstByteTimeout: 5 * time.Second})
+			require.NoError(t, err)
+			// The fake timer fires when the request reaches the hung engine.
+			s.afterFunc = func(d time.Duration, fn func()) func() bool {
+				assert.Equal(t, 5*time.Second, d)
+				stopped := make(chan struct{})
+				var once sync.Once
+				go func() {
+					select {
+					case <-arrived:
+						fn()
+					case <-stopped:
+					}
+				}()
+				return func() bool { once.Do(func() { close(stopped) }); return true }
+			}
+			require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Replicas: reps}}}))
+			f.srv, f.http = s, newHTTPTestServer(t, s)
+
+			for i := range len(reps) {
+				resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+strconv.Itoa(i)))
+				b := readAll(t, resp)
+				require.Equal(t, tt.wantCode, resp.StatusCode, "request %d: %s", i, b)
+				if tt.wantCode != http.StatusOK {
+					assert.Contains(t, decodeError(t, b).Message, "first-byte timeout")
+				} else {
+					assert.Equal(t, "ok", resp.Header.Get(HeaderReplica))
+				}
+			}
+			assert.Equal(t, tt.retries, f.counter("exa_gateway_retries_total", nil), "the timed-out request is retried once if it can be")
+			assert.Equal(t, 1.0, f.counter("exa_gateway_ejections_total", map[string]string{"address": hung.URL}), "the timeout counts against the engine's health")
+		})
+	}
 }

@@ -25,6 +25,9 @@ const (
 	DefaultEjectAfter     = 2
 	DefaultReadmitAfter   = 2
 	DefaultMaxBodyBytes   = 8 << 20
+	// DefaultFirstByteTimeout bounds the wait for an engine's first
+	// response byte (Options.FirstByteTimeout).
+	DefaultFirstByteTimeout = 60 * time.Second
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -57,6 +60,15 @@ type Options struct {
 	// BlockSize is the prefix-key block size in bytes; default
 	// gateway.DefaultBlockSize.
 	BlockSize int
+	// FirstByteTimeout bounds the time from sending a request to an engine
+	// until the first byte of the response body arrives; default
+	// DefaultFirstByteTimeout (60s), negative means no bound. An engine
+	// that misses it counts as failed, like a 5xx answer (it feeds passive
+	// health), and the request is retried once on another replica if
+	// nothing was sent to the client yet. A non-streamed answer's first
+	// byte comes only once the whole answer is generated: set it above the
+	// longest non-streamed generation the engines serve.
+	FirstByteTimeout time.Duration
 	// Transport carries requests to the engines; default a keep-alive
 	// HTTP/1.1 connection pool that does each exchange on the request's
 	// own goroutine (plain http; anything else goes to an http.Transport
@@ -108,6 +120,8 @@ type Server struct {
 
 	// newGateway builds a model's gateway: gateway.New, replaced by tests.
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
+	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
+	afterFunc func(time.Duration, func()) (stop func() bool)
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -149,6 +163,7 @@ func New(opts Options) (*Server, error) {
 		gather:  opts.Gatherer,
 
 		newGateway: gateway.New,
+		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
 	}
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
@@ -213,6 +228,9 @@ func fillOptions(o *Options) error {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if o.FirstByteTimeout == 0 {
+		o.FirstByteTimeout = DefaultFirstByteTimeout
 	}
 	if o.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidOptions, o.MaxBodyBytes)

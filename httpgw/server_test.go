@@ -44,6 +44,7 @@ func TestOptionsValidation(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, DefaultEjectAfter, s.opts.EjectAfter)
 		assert.Equal(t, int64(DefaultMaxBodyBytes), s.opts.MaxBodyBytes)
+		assert.Equal(t, DefaultFirstByteTimeout, s.opts.FirstByteTimeout)
 	})
 }
 

@@ -26,7 +26,7 @@ type gatewayFlags struct {
 	reload, probe, probeTimeout, scrape time.Duration
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
-	shutdownGrace                       time.Duration
+	firstByteTimeout, shutdownGrace     time.Duration
 	logLevel                            string
 }
 
@@ -66,6 +66,8 @@ package github.com/examlops/gateway/httpgw.`,
 	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures that eject an engine (a refused connection ejects at once)")
 	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&fl.blockSize, "block-size", 64, "prefix-key block size in bytes")
+	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
+		"how long an engine may take to send the first byte of its answer before it counts as failed and the request is retried on another replica (0 = no limit; a non-streamed answer's first byte comes when it is complete)")
 	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -88,6 +90,13 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		if d.v < 1 {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
+	}
+	if fl.firstByteTimeout < 0 {
+		return usagef("invalid --first-byte-timeout %q: must not be negative (0 means no limit)", fl.firstByteTimeout)
+	}
+	firstByte := fl.firstByteTimeout
+	if firstByte == 0 {
+		firstByte = -1 // httpgw: negative means no bound
 	}
 	if fl.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
@@ -119,6 +128,8 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		BlockSize:      fl.blockSize,
 		MaxBodyBytes:   fl.maxBody,
 		Logger:         logger,
+
+		FirstByteTimeout: firstByte,
 	})
 	if err != nil {
 		return err
