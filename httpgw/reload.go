@@ -75,7 +75,30 @@ func (s *Server) Apply(f *config.File) error {
 		}
 	}
 	s.state.Store(next)
+	s.closeDropped(old, next)
 	return nil
+}
+
+// closeDropped closes the idle pooled connections to engines that old used
+// and next does not (unless another engine of next shares the host).
+// Requests still in flight to them keep their connections, which prune
+// closes once they fall idle.
+func (s *Server) closeDropped(old, next *state) {
+	if s.pool == nil {
+		return
+	}
+	live := make(map[string]bool, len(next.endpoints))
+	for addr := range next.endpoints {
+		live[baseHost(addr)] = true
+	}
+	for addr := range old.endpoints {
+		if _, ok := next.endpoints[addr]; ok {
+			continue
+		}
+		if host := baseHost(addr); host != "" && !live[host] {
+			s.pool.closeIdle(host)
+		}
+	}
 }
 
 // modelPlan is one model's part of an Apply: its new table and, when its

@@ -118,6 +118,10 @@ type Server struct {
 	keyPool sync.Pool
 	bufPool sync.Pool
 
+	// pool is Options.Transport when it is the default connection pool
+	// (which Apply, Run and Close tidy), else nil.
+	pool *connPool
+
 	// newGateway builds a model's gateway: gateway.New, replaced by tests.
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
@@ -165,6 +169,7 @@ func New(opts Options) (*Server, error) {
 		newGateway: gateway.New,
 		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
 	}
+	s.pool, _ = opts.Transport.(*connPool)
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
@@ -282,6 +287,19 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // /stats, /metrics and /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
+}
+
+// Close closes the idle connections of the default engine transport (a
+// Transport given in Options is left alone). It does not stop Run (cancel
+// its context for that) or requests in flight, and the Server stays usable:
+// later requests dial new connections. Call it once the Server is no longer
+// used, e.g. after http.Server.Shutdown, so no idle connection is left open.
+// It returns nil.
+func (s *Server) Close() error {
+	if s.pool != nil {
+		s.pool.CloseIdleConnections()
+	}
+	return nil
 }
 
 // refreshGauges sets the gauges computed from the routing library's

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"syscall"
 	"time"
@@ -26,9 +27,11 @@ type connPool struct {
 	maxIdle  int
 	idleTime time.Duration
 	fallback http.RoundTripper
+	now      func() time.Time // time.Now; tests replace it
 
-	mu   sync.Mutex
-	idle map[string][]*poolConn // by host:port, most recently used last
+	mu        sync.Mutex
+	idle      map[string][]*poolConn // by host:port, most recently used last
+	lastPrune time.Time
 }
 
 type poolConn struct {
@@ -44,6 +47,7 @@ func newConnPool() *connPool {
 		maxIdle:  256,
 		idleTime: 30 * time.Second,
 		fallback: newTransport(),
+		now:      time.Now,
 		idle:     map[string][]*poolConn{},
 	}
 }
@@ -106,6 +110,66 @@ func (p *connPool) closeIdle(host string) {
 	for _, pc := range list {
 		pc.c.Close()
 	}
+}
+
+// CloseIdleConnections closes every idle connection, the fallback
+// transport's too. Connections in use are not affected.
+func (p *connPool) CloseIdleConnections() {
+	p.mu.Lock()
+	all := p.idle
+	p.idle = map[string][]*poolConn{}
+	p.mu.Unlock()
+	for _, list := range all {
+		for _, pc := range list {
+			pc.c.Close()
+		}
+	}
+	if c, ok := p.fallback.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// prune closes the idle connections of every host that have been idle for
+// idleTime or longer (get would not use them), so connections to engines
+// no longer used, or closed by the peer, do not linger.
+func (p *connPool) prune() {
+	now := p.now()
+	var stale []*poolConn
+	p.mu.Lock()
+	p.lastPrune = now
+	for host, list := range p.idle {
+		keep := list[:0]
+		for _, pc := range list {
+			if now.Sub(pc.used) >= p.idleTime {
+				stale = append(stale, pc)
+			} else {
+				keep = append(keep, pc)
+			}
+		}
+		clear(list[len(keep):])
+		if len(keep) == 0 {
+			delete(p.idle, host)
+		} else {
+			p.idle[host] = keep
+		}
+	}
+	p.mu.Unlock()
+	for _, pc := range stale {
+		pc.c.Close()
+	}
+}
+
+// baseHost returns the host:port key of an engine base URL, "" if it is
+// not plain http.
+func baseHost(base string) string {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "http" {
+		return ""
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), "80")
+	}
+	return u.Host
 }
 
 // staleConnError reports errors of a keep-alive connection closed by the
@@ -198,7 +262,7 @@ func (p *connPool) get(host string) (*poolConn, bool) {
 	for len(list) > 0 {
 		pc := list[len(list)-1]
 		list = list[:len(list)-1]
-		if time.Since(pc.used) < p.idleTime {
+		if p.now().Sub(pc.used) < p.idleTime {
 			p.idle[host] = list
 			return pc, true
 		}
@@ -209,12 +273,19 @@ func (p *connPool) get(host string) (*poolConn, bool) {
 }
 
 func (p *connPool) put(host string, pc *poolConn) {
-	pc.used = time.Now()
+	pc.used = p.now()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if len(p.idle[host]) >= p.maxIdle {
+		p.mu.Unlock()
 		pc.c.Close()
 		return
 	}
 	p.idle[host] = append(p.idle[host], pc)
+	due := pc.used.Sub(p.lastPrune) >= p.idleTime
+	p.mu.Unlock()
+	if due {
+		// Sweep every host now and then, so that hosts no longer used do
+		// not keep their idle connections even without Run.
+		p.prune()
+	}
 }

@@ -11,7 +11,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -187,4 +190,71 @@ func TestConnPoolEngineRestart(t *testing.T) {
 		assert.Equal(t, http.StatusOK, code, "request %d", i)
 		assert.Equal(t, "after restart", body)
 	}
+}
+
+// idleHosts returns how many idle connections the pool holds per host.
+func idleHosts(p *connPool) map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for h, l := range p.idle {
+		out[h] = len(l)
+	}
+	return out
+}
+
+// prune closes connections idle for idleTime or longer on every host, and
+// drops hosts left with none.
+func TestConnPoolPrune(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newConnPool()
+	p.now = func() time.Time { return now }
+	p.lastPrune = now
+	var peers []net.Conn
+	add := func(host string) {
+		a, b := net.Pipe()
+		peers = append(peers, b)
+		p.put(host, &poolConn{c: a})
+	}
+	add("old:80")
+	add("old:80")
+	now = now.Add(p.idleTime / 2)
+	add("fresh:80")
+	now = now.Add(p.idleTime / 2)
+	p.prune()
+	assert.Equal(t, map[string]int{"fresh:80": 1}, idleHosts(p))
+	for i, c := range peers[:2] {
+		_, err := c.Read(make([]byte, 1))
+		assert.ErrorIs(t, err, io.EOF, "connection %d, idle too long, is closed", i)
+	}
+
+	// put sweeps every host once idleTime has passed since the last sweep.
+	now = now.Add(p.idleTime)
+	add("other:80")
+	assert.Equal(t, map[string]int{"other:80": 1}, idleHosts(p))
+
+	p.CloseIdleConnections()
+	assert.Empty(t, idleHosts(p))
+}
+
+// Apply closes the idle connections to engines it drops; Close closes all.
+func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
+	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	for i := range 2 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+strconv.Itoa(i)))
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	host := func(i int) string { return strings.TrimPrefix(f.engines[i].URL(), "http://") }
+	require.Equal(t, map[string]int{host(0): 1, host(1): 1}, idleHosts(f.srv.pool))
+
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+		Replicas: []config.Replica{{Name: "e0", Address: f.engines[0].URL()}}}}}))
+	assert.Equal(t, map[string]int{host(0): 1}, idleHosts(f.srv.pool), "the dropped engine's idle connection is closed")
+
+	require.NoError(t, f.srv.Close())
+	assert.Empty(t, idleHosts(f.srv.pool))
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "after close"))
+	readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the server stays usable after Close")
 }

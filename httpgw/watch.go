@@ -8,8 +8,10 @@ import (
 
 // Run runs the background loops until ctx is done: configuration reloads
 // every ReloadInterval (when ConfigPath is set), /health probes every
-// ProbeInterval and /metrics scrapes every ScrapeInterval. It returns
-// ctx.Err(). Serving requests does not need Run, but without it engines
+// ProbeInterval, /metrics scrapes every ScrapeInterval and, with the
+// default transport, closing of connections idle too long to be reused.
+// When ctx is done it closes the default transport's idle connections
+// and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
 func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -34,7 +36,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	loop(s.opts.ProbeInterval, s.ProbeAll)
 	loop(s.opts.ScrapeInterval, s.ScrapeAll)
+	if s.pool != nil {
+		loop(s.pool.idleTime, func(context.Context) { s.pool.prune() })
+	}
 	wg.Wait()
+	_ = s.Close()
 	return ctx.Err()
 }
 

@@ -134,6 +134,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	defer srv.Close() // idle engine connections
 	ln, err := net.Listen("tcp", fl.listen)
 	if err != nil {
 		return usagef("invalid --listen %q: %v", fl.listen, err)
