@@ -39,6 +39,24 @@ type poolConn struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	used time.Time
+	// nread counts the bytes read from c, so that a failed exchange tells
+	// whether any of the response had arrived.
+	nread int64
+}
+
+// countReader counts the bytes read from a connection into pc.nread.
+type countReader struct{ pc *poolConn }
+
+func (r countReader) Read(p []byte) (int, error) {
+	n, err := r.pc.c.Read(p)
+	r.pc.nread += int64(n)
+	return n, err
+}
+
+func newPoolConn(c net.Conn) *poolConn {
+	pc := &poolConn{c: c, bw: bufio.NewWriterSize(c, 16<<10)}
+	pc.br = bufio.NewReaderSize(countReader{pc}, 16<<10)
+	return pc
 }
 
 func newConnPool() *connPool {
@@ -73,18 +91,22 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 			if err != nil {
 				return nil, err
 			}
-			pc = &poolConn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+			pc = newPoolConn(c)
 		}
+		pc.nread = 0
 		resp, err := p.exchange(pc, req)
 		if err == nil {
 			return resp, nil
 		}
 		pc.c.Close()
 		// A reused connection the engine closed while it was idle (it
-		// restarted, or timed the connection out) fails at once. The other
-		// idle connections to it are likely stale too: drop them and resend
-		// the request once on a new connection.
-		if reused && req.Context().Err() == nil && staleConnError(err) {
+		// restarted, or timed the connection out) fails at once, before
+		// any of the response arrives. The other idle connections to it
+		// are likely stale too: drop them and resend the request once on a
+		// new connection. Once any response byte has arrived the engine
+		// has read the request and may have run it, so it is not resent
+		// (the proxy may still retry on another replica).
+		if reused && pc.nread == 0 && req.Context().Err() == nil && staleConnError(err) {
 			p.closeIdle(host)
 			if req.GetBody != nil {
 				body, gerr := req.GetBody()

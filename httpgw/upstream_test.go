@@ -258,3 +258,54 @@ func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
 	readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the server stays usable after Close")
 }
+
+// A request is not resent once any of its response has arrived: the engine
+// read it and may have run it. Only a reused connection that fails before
+// any response byte is retried on a new one.
+func TestConnPoolNoResendAfterPartialResponse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	var received, conns atomic.Int64
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			first := conns.Add(1) == 1
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.ReadAll(req.Body)
+					received.Add(1)
+					if first && i == 1 {
+						// The second request on the first connection gets
+						// a status line, then the engine dies.
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+						return
+					}
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	p := newConnPool()
+	url := "http://" + l.Addr().String() + "/x"
+	code, body := poolPost(t, p, url, "one")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok", body)
+
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("two"))
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("two")), nil }
+	_, err = p.RoundTrip(req)
+	require.Error(t, err, "the failure is reported, not hidden by a resend")
+	assert.Equal(t, int64(2), received.Load(), "the engine saw the second request once")
+	assert.Equal(t, int64(1), conns.Load(), "no new connection was opened to resend it")
+}
