@@ -153,7 +153,10 @@
 // and fallbacks; no_healthy counts requests refused for want of a healthy
 // replica; replicas lists each replica's routed requests, hits, share and
 // health. Per engine: its address, whether it is in rotation, the load last
-// scraped (absent before the first good scrape) and the last scrape error.
+// scraped (absent before the first good scrape) and the last scrape error,
+// always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
+// (a transport error, "status N", or "parse: ..." for a page that is not
+// Prometheus text).
 //
 // Model figures are the routing library's counters (gateway.Stats) for the
 // model's current routing table: they restart when a reload changes the

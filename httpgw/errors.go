@@ -3,7 +3,6 @@ package httpgw
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 )
@@ -23,9 +22,6 @@ var (
 	ErrNoReplicas = errors.New("gateway: model has no replicas")
 	// ErrUpstream reports an engine that failed before sending a response.
 	ErrUpstream = errors.New("gateway: upstream failure")
-	// ErrFirstByteTimeout reports an engine that sent no response byte
-	// within Options.FirstByteTimeout. It wraps ErrUpstream.
-	ErrFirstByteTimeout = fmt.Errorf("%w: no response byte within the first-byte timeout", ErrUpstream)
 	// ErrInvalidOptions reports an Options field out of range.
 	ErrInvalidOptions = errors.New("gateway: invalid options")
 )

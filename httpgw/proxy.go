@@ -38,8 +38,14 @@ type outcome struct {
 	code     string
 }
 
-// errUpstreamStatus marks a 5xx answer from an engine.
-var errUpstreamStatus = errors.New("gateway: engine answered with a server error")
+// errFirstByteTimeout marks an engine that sent no response byte within
+// Options.FirstByteTimeout. Like the other causes of an upstream failure it
+// is wrapped in a message that starts with ErrUpstream's "gateway:".
+var errFirstByteTimeout = errors.New("no response byte within the first-byte timeout")
+
+// errUpstreamStatus marks a 5xx answer from an engine; like
+// errFirstByteTimeout it is a cause inside an ErrUpstream message.
+var errUpstreamStatus = errors.New("engine answered with a server error")
 
 // hopHeaders are connection-level headers a proxy must not forward.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
@@ -139,35 +145,35 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 			return
 		}
 		name := d.Replica
-		dec := &d
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.name).Inc()
 		}
-		if dec != nil {
-			s.countDecision(ms.name, dec)
-		}
+		s.countDecision(ms.name, &d)
 		s.metrics.replicaReqs.WithLabelValues(ms.name, name).Inc()
 		ep := s.endpointOf(ms, &d)
 		if ep == nil {
 			// The shared gateway chose a replica that a reload added or
 			// moved after this request took its snapshot, and no snapshot
 			// knows the engine: release the decision and try another.
-			err := fmt.Errorf("%w: replica %q (%s) is no longer configured", ErrUpstream, name, d.Address)
+			err := fmt.Errorf("replica %q (%s) is no longer configured", name, d.Address)
 			d.Done(gateway.DoneInfo{Err: err})
 			if try == 0 {
 				lastErr, failed = err, name
 				continue
 			}
 			oc.code = strconv.Itoa(http.StatusBadGateway)
-			writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", err.Error())
+			writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 			return
 		}
-		retry, err := s.forward(w, r, ms, name, ep, dec, body, start, try == 0, oc)
+		retry, err := s.forward(w, r, ms, name, ep, &d, body, start, try == 0, oc)
 		if !retry {
 			return
 		}
 		lastErr, failed = err, name
 	}
+	// Not reached: the second try is made with canRetry false, so it
+	// always answers. Kept so that a change there cannot leave the client
+	// with an empty 200.
 	oc.code = strconv.Itoa(http.StatusBadGateway)
 	writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
@@ -202,13 +208,12 @@ func (s *Server) countDecision(model string, d *gateway.Decision) {
 // forward sends the request to one replica and relays the answer. It
 // returns retry=true, with the cause, when the replica failed before any
 // byte was sent to the client and canRetry allowed it; otherwise it has
-// answered the client (or the client is gone) and set oc.code.
+// answered the client (or the client is gone) and set oc.code. Either way
+// it has called d.Done; d must not be nil.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState, name string, ep *endpoint,
 	d *gateway.Decision, body []byte, start time.Time, canRetry bool, oc *outcome) (retry bool, cause error) {
 	done := func(lat time.Duration, err error) {
-		if d != nil {
-			d.Done(gateway.DoneInfo{Latency: lat, Err: err})
-		}
+		d.Done(gateway.DoneInfo{Latency: lat, Err: err})
 	}
 	// The upstream request runs on its own context so that the first-byte
 	// timer can cancel it without the client having gone.
@@ -228,7 +233,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	// (a failure of the engine) or else err.
 	upstreamErr := func(err error) error {
 		if timedOut.Load() {
-			return fmt.Errorf("%w (%v)", ErrFirstByteTimeout, s.opts.FirstByteTimeout)
+			return fmt.Errorf("%w (%v)", errFirstByteTimeout, s.opts.FirstByteTimeout)
 		}
 		return err
 	}
@@ -278,11 +283,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	h := w.Header()
 	copyHeaders(h, resp.Header)
 	h.Set(HeaderReplica, name)
-	if d != nil {
-		h.Set(HeaderDecision, d.Kind.String()+"; matched="+strconv.Itoa(d.Matched)+"/"+strconv.Itoa(d.Blocks))
-	} else {
-		h.Set(HeaderDecision, "retry")
-	}
+	h.Set(HeaderDecision, d.Kind.String()+"; matched="+strconv.Itoa(d.Matched)+"/"+strconv.Itoa(d.Blocks))
 	w.WriteHeader(resp.StatusCode)
 	status := strconv.Itoa(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -305,9 +306,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			if first {
 				first = false
 				ttfb = s.opts.Clock().Sub(start)
-				if d != nil {
-					d.FirstToken()
-				}
+				d.FirstToken()
 				s.metrics.ttfb.WithLabelValues(ms.name, oc.endpoint).Observe(ttfb.Seconds())
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
@@ -346,6 +345,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			}
 			// A plain JSON body cannot carry an error once begun: cut the
 			// connection so the client sees a failure, not a short body.
+			// http.ErrAbortHandler is net/http's documented way to abort a
+			// response; the server recovers it silently, so this is the
+			// exception to the no-panic rule, not a crash.
 			oc.code = codeAborted
 			panic(http.ErrAbortHandler)
 		}

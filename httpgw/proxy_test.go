@@ -421,7 +421,10 @@ func TestFirstByteTimeout(t *testing.T) {
 				b := readAll(t, resp)
 				require.Equal(t, tt.wantCode, resp.StatusCode, "request %d: %s", i, b)
 				if tt.wantCode != http.StatusOK {
-					assert.Contains(t, decodeError(t, b).Message, "first-byte timeout")
+					msg := decodeError(t, b).Message
+					assert.Contains(t, msg, "first-byte timeout")
+					assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
+					assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)
 				} else {
 					assert.Equal(t, "ok", resp.Header.Get(HeaderReplica))
 				}

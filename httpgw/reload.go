@@ -76,7 +76,23 @@ func (s *Server) Apply(f *config.File) error {
 	}
 	s.state.Store(next)
 	s.closeDropped(old, next)
+	s.dropStaleSeries(old, next)
 	return nil
+}
+
+// dropStaleSeries deletes the gauge series of engines and models that old
+// had and next does not, so /metrics stops reporting their last values.
+func (s *Server) dropStaleSeries(old, next *state) {
+	for addr := range old.endpoints {
+		if _, ok := next.endpoints[addr]; !ok {
+			s.metrics.healthy.DeleteLabelValues(addr)
+		}
+	}
+	for name := range old.models {
+		if m, ok := next.models[name]; !ok || m.gw == nil {
+			s.metrics.hitRate.DeleteLabelValues(name)
+		}
+	}
 }
 
 // closeDropped closes the idle pooled connections to engines that old used

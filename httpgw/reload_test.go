@@ -213,6 +213,9 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	require.NotPanics(t, func() { s.proxy(w, r, ms, gateway.KeyFromHashes([]uint64{1}), []byte(body), time.Now(), &oc) })
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 	assert.Equal(t, "502", oc.code)
+	msg := decodeError(t, w.Body.Bytes()).Message
+	assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
+	assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)
 	assert.Zero(t, gw.Replicas()[0].InFlight, "the decision was released")
 }
 
@@ -260,4 +263,35 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 			assert.Equal(t, "r0", reps[0].Name)
 		})
 	}
+}
+
+// Gauges of engines and models a reload removes leave /metrics.
+func TestReloadDropsStaleGauges(t *testing.T) {
+	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	series := func(name, label string) map[string]bool {
+		f.srv.refreshGauges()
+		fams, err := f.reg.Gather()
+		require.NoError(t, err)
+		out := map[string]bool{}
+		for _, fam := range fams {
+			if fam.GetName() != name {
+				continue
+			}
+			for _, m := range fam.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == label {
+						out[lp.GetValue()] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	e0, e1 := f.engines[0].URL(), f.engines[1].URL()
+	require.Equal(t, map[string]bool{e0: true, e1: true}, series("exa_gateway_endpoint_healthy", "address"))
+	require.Equal(t, map[string]bool{testModel: true}, series("exa_gateway_prefix_hit_rate", "model"))
+
+	require.NoError(t, applyModels(t, f.srv, map[string][]config.Replica{"other": {{Name: "e0", Address: e0}}}))
+	assert.Equal(t, map[string]bool{e0: true}, series("exa_gateway_endpoint_healthy", "address"))
+	assert.Equal(t, map[string]bool{"other": true}, series("exa_gateway_prefix_hit_rate", "model"))
 }

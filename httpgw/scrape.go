@@ -37,24 +37,43 @@ const maxMetricsBytes = 8 << 20
 // vllm:kv_cache_usage_perc (or, from older vLLM versions,
 // vllm:gpu_cache_usage_perc), clamped to 0..1. Missing metrics read as
 // zero; Latency is left zero so the gateway keeps its own measurement.
-// A page that does not parse is an error wrapping ErrScrape.
+// Counts are clamped to 0..MaxLoadCount. A page that does not parse is an
+// error wrapping ErrScrape.
 func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	l, err := parseEngineMetrics(r)
 	if err != nil {
 		return gateway.Load{}, fmt.Errorf("%w: %v", ErrScrape, err)
 	}
+	return l, nil
+}
+
+// MaxLoadCount is the largest request count ParseEngineMetrics reports;
+// larger (or absurd) values are clamped to it, so that they cannot wrap
+// around to a negative or small count and make a busy engine look idle.
+const MaxLoadCount = 1 << 30
+
+// parseEngineMetrics is ParseEngineMetrics with the parser's error as is.
+func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return gateway.Load{}, err
+	}
 	var l gateway.Load
-	l.QueueDepth = int(math.Round(sumFamily(fams[metricWaiting])))
-	l.Running = int(math.Round(sumFamily(fams[metricRunning])))
+	l.QueueDepth = loadCount(sumFamily(fams[metricWaiting]))
+	l.Running = loadCount(sumFamily(fams[metricRunning]))
 	kv, ok := maxFamily(fams[metricKVUsage])
 	if !ok {
 		kv, _ = maxFamily(fams[metricKVUsageOld])
 	}
 	l.KVUtilization = min(max(kv, 0), 1)
-	l.QueueDepth = max(l.QueueDepth, 0)
-	l.Running = max(l.Running, 0)
 	return l, nil
+}
+
+// loadCount rounds a scraped count and clamps it to 0..MaxLoadCount
+// before converting it, so no float is out of int's range.
+func loadCount(v float64) int {
+	return int(math.Round(min(max(v, 0), MaxLoadCount)))
 }
 
 // sampleValue returns the value of a gauge, counter or untyped sample; NaN
@@ -110,9 +129,9 @@ func scrape(ctx context.Context, client *http.Client, base string) (gateway.Load
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return gateway.Load{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
 	}
-	l, err := ParseEngineMetrics(io.LimitReader(resp.Body, maxMetricsBytes))
+	l, err := parseEngineMetrics(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
-		return gateway.Load{}, fmt.Errorf("%s: %w", base, err)
+		return gateway.Load{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}
 	return l, nil
 }

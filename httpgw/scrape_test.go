@@ -1,7 +1,10 @@
 package httpgw
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -43,6 +46,8 @@ vllm:kv_cache_usage_perc{model_name="b"} 0.7
 		{name: "missing metrics are zero", text: "other_metric 7\n", want: gateway.Load{}},
 		{name: "empty page", text: "", want: gateway.Load{}},
 		{name: "out of range clamped", text: "vllm:kv_cache_usage_perc 1.5\nvllm:num_requests_waiting -2\n", want: gateway.Load{KVUtilization: 1}},
+		{name: "absurd counts clamped, not wrapped", text: "vllm:num_requests_waiting 1e30\nvllm:num_requests_running 1e300\n",
+			want: gateway.Load{QueueDepth: MaxLoadCount, Running: MaxLoadCount}},
 		{name: "NaN reads as zero", text: "vllm:kv_cache_usage_perc NaN\n", want: gateway.Load{}},
 		{name: "a name prefix is not the metric", text: "vllm:num_requests_waiting_total 9\n", want: gateway.Load{}},
 		{name: "malformed", text: "vllm:num_requests_waiting{model_name=\"m\" 3\n", err: true},
@@ -58,6 +63,27 @@ vllm:kv_cache_usage_perc{model_name="b"} 0.7
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// A page that does not parse gives the same error form as a failed fetch:
+// "gateway: scrape engine metrics: <address>: ...", wrapping ErrScrape.
+func TestScrapeErrorForm(t *testing.T) {
+	tests := []struct {
+		name string
+		page func(http.ResponseWriter)
+	}{
+		{"parse error", func(w http.ResponseWriter) { _, _ = io.WriteString(w, "vllm:num_requests_waiting three\n") }},
+		{"bad status", func(w http.ResponseWriter) { w.WriteHeader(http.StatusInternalServerError) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { tt.page(w) }))
+			_, err := scrape(context.Background(), srv.Client(), srv.URL)
+			require.ErrorIs(t, err, ErrScrape)
+			assert.True(t, strings.HasPrefix(err.Error(), "gateway: scrape engine metrics: "+srv.URL+": "), err.Error())
+			assert.Equal(t, 1, strings.Count(err.Error(), "gateway:"), err.Error())
 		})
 	}
 }

@@ -305,6 +305,10 @@ func (s *Server) Close() error {
 // refreshGauges sets the gauges computed from the routing library's
 // counters, just before /metrics is gathered.
 func (s *Server) refreshGauges() {
+	// Under s.mu, so that a concurrent Apply cannot delete a series that
+	// this then sets again from the old snapshot.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	st := s.state.Load()
 	for name, m := range st.models {
 		if m.gw != nil {
