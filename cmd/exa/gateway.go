@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/spf13/cobra"
@@ -65,7 +66,7 @@ package github.com/examlops/gateway/httpgw.`,
 	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
 	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures that eject an engine (a refused connection ejects at once)")
 	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
-	f.IntVar(&fl.blockSize, "block-size", 64, "prefix-key block size in bytes")
+	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
 	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
 		"how long an engine may take to send the first byte of its answer before it counts as failed and the request is retried on another replica (0 = no limit; a non-streamed answer's first byte comes when it is complete)")
 	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")

@@ -1,6 +1,6 @@
 // Command exa is the operator command line of the gateway: it stores each
-// model's routing configuration, simulates routing policies on a workload
-// and shows routing statistics.
+// model's routing configuration, simulates routing policies on a workload,
+// shows routing statistics and runs the HTTP gateway.
 //
 //	exa serve routing set MODEL [flags]      store a model's routing configuration
 //	exa serve routing get MODEL              show it
@@ -8,6 +8,7 @@
 //	exa serve routing delete MODEL           remove a model
 //	exa serve routing simulate MODEL [flags] compare policies in simulation
 //	exa serve routing stats MODEL            configuration and routing statistics
+//	exa serve gateway [flags]                run the OpenAI-compatible HTTP gateway
 //	exa completion bash|zsh|fish|powershell  shell completion script
 //
 // The configuration file is $EXA_CONFIG when set, else routing.json in the
