@@ -463,8 +463,9 @@ func (e *engine) result() Result {
 	if sum > 0 {
 		res.Imbalance = float64(mx) / (float64(sum) / float64(len(e.reps)))
 	}
-	st := e.g.Stats()
-	res.Decisions = st.ByKind
+	res.Router = e.g.Stats()
+	res.RouterReplicas = e.g.Replicas()
+	res.Decisions = res.Router.ByKind
 	res.ttft = &e.ttft
 	return res
 }

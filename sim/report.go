@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/examlops/gateway"
 )
 
 // Report is the outcome of Run: one Result per policy, in Config.Policies
@@ -102,6 +104,13 @@ type Result struct {
 	// Decisions counts the gateway's routing decisions, keyed by decision
 	// kind name as in gateway.Stats.ByKind.
 	Decisions map[string]uint64 `json:"decisions"`
+	// Router is the gateway's own Stats at the end of the run; left out
+	// of the JSON, which reports its decisions above.
+	Router gateway.Stats `json:"-"`
+	// RouterReplicas is the gateway's Replicas() at the end of the run,
+	// in replica order (r0, r1, ...), the order of PrefillTokens; left out
+	// of the JSON.
+	RouterReplicas []gateway.ReplicaStatus `json:"-"`
 
 	ttft *hist
 }

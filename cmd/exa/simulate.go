@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -119,19 +118,6 @@ func policyNames() []string {
 	return names
 }
 
-// builtinPolicy returns the policy the gateway uses for a built-in mode
-// (gateway.New with WithMode and default options).
-func builtinPolicy(m gateway.Mode) gateway.Policy {
-	switch m {
-	case gateway.ModeCacheAware:
-		return &gateway.CacheAware{}
-	case gateway.ModeLoadAware:
-		return &gateway.LoadAware{}
-	default:
-		return &gateway.RoundRobin{}
-	}
-}
-
 // simOutput is the --json form of simulate.
 type simOutput struct {
 	Model string `json:"model,omitempty"`
@@ -147,7 +133,7 @@ type simOutput struct {
 // buildSimConfig turns flags and the model's stored configuration into a
 // sim.Config. It returns the policy (if any) whose run is recorded for the
 // model's statistics.
-func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, *recorder, string, error) {
+func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, string, error) {
 	changed := cmd.Flags().Changed
 	var cfg sim.Config
 	cfg.Seed = sf.seed
@@ -155,53 +141,53 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		{"trace", "workload"}, {"trace", "shared-prefix-requests"},
 		{"workload", "shared-prefix-requests"}, {"requests", "shared-prefix-requests"},
 	}); err != nil {
-		return cfg, nil, "", err
+		return cfg, "", err
 	}
 
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
 		if sf.replicas < 1 || sf.replicas > gateway.MaxReplicas {
-			return cfg, nil, "", usagef("invalid --replicas %d: want 1..%d", sf.replicas, gateway.MaxReplicas)
+			return cfg, "", usagef("invalid --replicas %d: want 1..%d", sf.replicas, gateway.MaxReplicas)
 		}
 		cfg.Replicas = sf.replicas
 	} else if n := len(m.Replicas); n > 0 {
 		cfg.Replicas = n
 	}
 	if changed("requests") && sf.requests < 1 {
-		return cfg, nil, "", usagef("invalid --requests %d: want at least 1", sf.requests)
+		return cfg, "", usagef("invalid --requests %d: want at least 1", sf.requests)
 	}
 	if sf.rate < 0 || sf.rate != sf.rate {
-		return cfg, nil, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+		return cfg, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
 	}
 
 	var err error
 	switch {
 	case sf.trace != "":
 		if sf.traceSpeed <= 0 {
-			return cfg, nil, "", usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
+			return cfg, "", usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
 		}
 		cfg.Workload, err = sim.TraceFile(sf.trace, sim.TraceOptions{Speed: sf.traceSpeed, Rate: sf.rate, Limit: sf.requests})
 		if err != nil {
-			return cfg, nil, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+			return cfg, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
 		}
 	case changed("shared-prefix-requests"):
 		if sf.sharedPrefixRequests < 1 {
-			return cfg, nil, "", usagef("invalid --shared-prefix-requests %d: want at least 1", sf.sharedPrefixRequests)
+			return cfg, "", usagef("invalid --shared-prefix-requests %d: want at least 1", sf.sharedPrefixRequests)
 		}
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
-			return cfg, nil, "", usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
+			return cfg, "", usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
 		}
 		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
 	}
 	if err != nil {
-		return cfg, nil, "", &usageError{err}
+		return cfg, "", &usageError{err}
 	}
 
 	cfg.Preset, err = sim.PresetByName(sf.preset)
 	if err != nil {
-		return cfg, nil, "", usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
+		return cfg, "", usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
 	}
 	switch sf.index {
 	case "approximate":
@@ -209,7 +195,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	case "exact":
 		cfg.Index = gateway.IndexExact
 	default:
-		return cfg, nil, "", usagef("invalid --index %q: want approximate or exact", sf.index)
+		return cfg, "", usagef("invalid --index %q: want approximate or exact", sf.index)
 	}
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
@@ -219,7 +205,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, nil, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
+				return cfg, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)
@@ -237,7 +223,6 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	// The model's own mode is the one recorded for its statistics, so it
 	// is always simulated; its load weights apply to the load-aware policy.
 	modeName := ""
-	var rec *recorder
 	if model != "" {
 		modeName = m.ModeName()
 		if !slices.Contains(names, modeName) {
@@ -250,24 +235,12 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			w := m.LoadWeights.Gateway()
 			pol.New = func(uint64) gateway.Policy { return &gateway.LoadAware{Weights: w} }
 		}
-		if n == modeName {
-			rec = newRecorder(cfg.Replicas)
-			r, mode, build := rec, pol.Mode, pol.New
-			pol.New = func(seed uint64) gateway.Policy {
-				if build != nil {
-					r.inner = build(seed)
-				} else {
-					r.inner = builtinPolicy(mode)
-				}
-				return r
-			}
-		}
 		cfg.Policies = append(cfg.Policies, pol)
 	}
 	if m.SLOLatencyMS > 0 {
 		cfg.RouterSLO = m.SLOLatency()
 	}
-	return cfg, rec, modeName, nil
+	return cfg, modeName, nil
 }
 
 func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
@@ -289,7 +262,7 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 	default:
 		return usagef("invalid --progress %q: want auto, always or never", sf.progress)
 	}
-	cfg, rec, modeName, err := buildSimConfig(cmd, sf, model, m)
+	cfg, modeName, err := buildSimConfig(cmd, sf, model, m)
 	if err != nil {
 		return err
 	}
@@ -319,8 +292,8 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 			return fmt.Errorf("plot: %w", err)
 		}
 	}
-	if model != "" && rec != nil {
-		if err := saveSimStats(path, model, modeName, line, rep, rec); err != nil {
+	if model != "" {
+		if err := saveSimStats(path, model, modeName, line, rep); err != nil {
 			return err
 		}
 	}
@@ -358,9 +331,9 @@ func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	return s
 }
 
-// saveSimStats stores the recorded policy's figures as the model's latest
-// statistics.
-func saveSimStats(path, model, mode, line string, rep *sim.Report, rec *recorder) error {
+// saveSimStats stores the gateway statistics of the model's own policy in
+// the simulation as the model's latest statistics.
+func saveSimStats(path, model, mode, line string, rep *sim.Report) error {
 	res, ok := rep.Result(mode)
 	if !ok {
 		return nil
@@ -369,15 +342,21 @@ func saveSimStats(path, model, mode, line string, rep *sim.Report, rec *recorder
 	if err != nil {
 		return fmt.Errorf("encode simulation: %w", err)
 	}
-	st := config.RoutingStats{
-		Model: model, Source: config.SourceSimulated, Mode: mode, Workload: line,
-		Decisions: res.Decisions, TokenHitRate: res.TokenHitRate, Simulation: raw,
+	gm, err := gateway.ParseMode(mode)
+	if err != nil {
+		return err
 	}
-	names := make([]string, rep.Replicas)
-	for i := range names {
-		names[i] = "r" + strconv.Itoa(i) // the simulator's replica names
+	st := config.StatsFromGateway(model, config.SourceSimulated, gm, res.Router, res.RouterReplicas)
+	st.Workload, st.TokenHitRate, st.Simulation = line, res.TokenHitRate, raw
+	prefill := map[string]int64{}
+	for i, r := range res.RouterReplicas {
+		if i < len(res.PrefillTokens) {
+			prefill[r.Name] = res.PrefillTokens[i]
+		}
 	}
-	rec.stats(&st, names, res.PrefillTokens)
+	for i := range st.Replicas {
+		st.Replicas[i].PrefillTokens = prefill[st.Replicas[i].Name]
+	}
 	return config.SaveStats(path, st)
 }
 

@@ -211,11 +211,7 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	}
 	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
 	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
-	if s.Source == config.SourceSimulated {
-		fmt.Fprintf(tw, "fallbacks:\tno match %d, load guard %d (slo fallbacks are not recorded in simulation)\n", s.NoMatch, s.LoadGuard)
-	} else {
-		fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
-	}
+	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
 	_ = tw.Flush()
 	if len(s.Replicas) == 0 {
 		fmt.Fprintln(w, "replicas: none")
