@@ -86,20 +86,27 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			}
 			return
 		}
-		st := s.state.Load()
-		for _, m := range st.models {
-			if m.gw == nil {
-				continue
+		s.eachReplicaOf(ep, func(m *modelState, name string) {
+			if err := m.gw.UpdateLoad(name, l); err != nil {
+				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
-			for name, e := range m.byName {
-				if e == ep {
-					if err := m.gw.UpdateLoad(name, l); err != nil {
-						s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
-					}
-				}
+		})
+	})
+}
+
+// eachReplicaOf calls fn for every replica, of every model with a gateway,
+// that ep serves in the current state.
+func (s *Server) eachReplicaOf(ep *endpoint, fn func(m *modelState, name string)) {
+	for _, m := range s.state.Load().models {
+		if m.gw == nil {
+			continue
+		}
+		for name, e := range m.byName {
+			if e == ep {
+				fn(m, name)
 			}
 		}
-	})
+	}
 }
 
 // observe applies a health transition of ep to every model that uses it.
@@ -118,15 +125,5 @@ func (s *Server) observe(ep *endpoint, ev healthEvent) {
 		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
 		s.log.Info("gateway: engine readmitted", "address", ep.base)
 	}
-	st := s.state.Load()
-	for _, m := range st.models {
-		if m.gw == nil {
-			continue
-		}
-		for name, e := range m.byName {
-			if e == ep {
-				_ = m.gw.SetHealthy(name, healthy)
-			}
-		}
-	}
+	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gw.SetHealthy(name, healthy) })
 }
