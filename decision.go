@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,4 +99,3 @@ func (d Decision) Done(info DoneInfo) {
 	}
 }
 
-func mathFloat64bits(f float64) uint64 { return math.Float64bits(f) }

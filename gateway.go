@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,7 +174,7 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	}
 	rs.queue.Store(int64(l.QueueDepth))
 	rs.running.Store(int64(l.Running))
-	rs.kv.Store(mathFloat64bits(l.KVUtilization))
+	rs.kv.Store(math.Float64bits(l.KVUtilization))
 	if l.Latency > 0 {
 		rs.latency.Store(int64(l.Latency))
 		rs.latencyAt.Store(g.clock().UnixNano())
