@@ -98,4 +98,3 @@ func (d Decision) Done(info DoneInfo) {
 		}
 	}
 }
-
