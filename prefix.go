@@ -42,6 +42,10 @@ const (
 )
 
 // Hasher cuts text segments into fixed-size blocks and chains their hashes.
+// When the block size is a multiple of 32 bytes, as DefaultBlockSize is, a
+// segment's full blocks are hashed in one streaming pass (see
+// prefix_stream.go); each value still covers its block, every byte before
+// it, and the parent's value.
 // A Hasher is immutable and safe for concurrent use. Its zero value is not
 // valid; use NewHasher.
 type Hasher struct {
@@ -96,8 +100,21 @@ func (h *Hasher) AppendSegment(dst Key, tag uint64, segment string) Key {
 		parent = dst[len(dst)-1]
 	}
 	parent = chain(parent, tag)
+	if h.blockSize%32 == 0 && len(segment) >= h.blockSize {
+		var n int
+		dst, n = appendStreamed(dst, parent, segment, h.blockSize)
+		parent, segment = dst[len(dst)-1], segment[n:]
+	}
+	return appendBlocks(dst, parent, segment, h.blockSize)
+}
+
+// appendBlocks appends the chain values of segment's blocks, each block
+// hashed on its own with XXH64 and chained on its parent: the path for
+// block sizes that are not a multiple of 32 bytes, and for a segment's
+// last, partial block.
+func appendBlocks(dst Key, parent uint64, segment string, blockSize int) Key {
 	for len(segment) > 0 {
-		n := min(h.blockSize, len(segment))
+		n := min(blockSize, len(segment))
 		parent = chain(parent, xxhash.Sum64String(segment[:n]))
 		dst = append(dst, parent)
 		segment = segment[n:]

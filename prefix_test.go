@@ -49,8 +49,18 @@ func refAgree(a, b []blockDesc) int {
 // drawSegment draws a segment over a two-letter alphabet, so that blocks
 // often agree.
 func drawSegment(t *rapid.T, label string) string {
-	return rapid.StringOfN(rapid.RuneFrom([]rune("ab")), 0, 24, -1).Draw(t, label)
+	return drawSegmentN(t, label, 24)
 }
+
+// drawSegmentN is drawSegment of up to maxLen bytes.
+func drawSegmentN(t *rapid.T, label string, maxLen int) string {
+	n := rapid.IntRange(0, maxLen).Draw(t, label+"Len") // rapid's own lengths stay short
+	return rapid.StringOfN(rapid.RuneFrom([]rune("ab")), n, n, -1).Draw(t, label)
+}
+
+// blockSizes covers the per-block path (1..8) and the streamed path
+// (multiples of 32, DefaultBlockSize among them).
+var blockSizes = []int{1, 2, 3, 5, 8, 32, DefaultBlockSize, 96}
 
 // TestPropKeySharesExactlyAgreeingBlocks: two keys share exactly as many
 // leading elements as their leading blocks (content and segment boundaries)
@@ -58,15 +68,15 @@ func drawSegment(t *rapid.T, label string) string {
 func TestPropKeySharesExactlyAgreeingBlocks(t *testing.T) {
 	tags := []uint64{tagSystem, tagSession, tagRAG}
 	rapid.Check(t, func(t *rapid.T) {
-		bs := rapid.IntRange(1, 8).Draw(t, "blockSize")
+		bs := rapid.SampledFrom(blockSizes).Draw(t, "blockSize")
 		h, err := NewHasher(bs)
 		require.NoError(t, err)
 		var a, b [3]string
 		for i := range a {
-			a[i] = drawSegment(t, "a")
+			a[i] = drawSegmentN(t, "a", 4*bs)
 			// b shares a random prefix of a's segment, then goes its own way.
 			cut := rapid.IntRange(0, len(a[i])).Draw(t, "cut")
-			b[i] = a[i][:cut] + drawSegment(t, "bsuffix")
+			b[i] = a[i][:cut] + drawSegmentN(t, "bsuffix", 3*bs)
 		}
 		ka := h.Key(a[0], a[1], a[2])
 		kb := h.Key(b[0], b[1], b[2])
@@ -139,8 +149,9 @@ func TestPrefixKeyBlocks(t *testing.T) {
 // the key of the whole prompt, so keys can be built incrementally.
 func TestPropAppendContinuesChain(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		h, _ := NewHasher(rapid.IntRange(1, 8).Draw(t, "bs"))
-		sys, sess, rag := drawSegment(t, "sys"), drawSegment(t, "sess"), drawSegment(t, "rag")
+		bs := rapid.SampledFrom(blockSizes).Draw(t, "bs")
+		h, _ := NewHasher(bs)
+		sys, sess, rag := drawSegmentN(t, "sys", 4*bs), drawSegmentN(t, "sess", 4*bs), drawSegmentN(t, "rag", 4*bs)
 		whole := h.Key(sys, sess, rag)
 		part := h.AppendKey(nil, sys, "", "")
 		part = h.AppendKey(part, "", sess, "")
