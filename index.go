@@ -305,16 +305,29 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 		}
 		ix.sink += uint64(sink)
 	}
-	for i := len(key) - 1; i >= 0; i-- {
+	// The blocks that already lead the LRU list in key order (the shared
+	// system prompt of consecutive requests, or a repeated prompt) stay
+	// where they are, and the rest go right behind them: the same order as
+	// moving every block to the front, for a fraction of the probes. The
+	// replica must hold more than the key, so that no eviction reaches
+	// the blocks in front or leaves the rest of the list empty, which
+	// would make it evict other blocks than a full warm-up would.
+	front, run := nilRef, 0
+	if r.cap > len(key) {
+		for l := r.mru; l != nilRef && run < matched && r.hash[l] == key[run]; l = r.next[l] {
+			front, run = l, run+1
+		}
+	}
+	for i := len(key) - 1; i >= run; i-- {
 		h := key[i]
 		pos := -1
 		if i < matched {
 			if l := r.lookup(h); l != nilRef {
-				r.toFront(l)
+				r.moveBehind(front, l)
 				continue
 			}
 		} else if pos = ix.find(h); pos >= 0 && ix.holds(pos, slot) {
-			r.toFront(r.lookup(h)) // held after all (a key repeating a block)
+			r.moveBehind(front, r.lookup(h)) // held after all (a key repeating a block)
 			continue
 		}
 		moves := ix.moves
@@ -328,7 +341,7 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 		ix.tab[pos*(1+ix.w)+1+int(slot/64)] |= 1 << (slot % 64)
 		r.hash[l] = h
 		r.add(h, l)
-		r.pushFront(l)
+		r.linkBehind(front, l)
 	}
 }
 
@@ -510,12 +523,31 @@ func (r *repCache) pushFront(l uint32) {
 	}
 }
 
-func (r *repCache) toFront(l uint32) {
-	if r.mru == l {
+// linkBehind links node l, which is not in the list, right behind node
+// front, or at the front if front is nilRef.
+func (r *repCache) linkBehind(front, l uint32) {
+	if front == nilRef {
+		r.pushFront(l)
+		return
+	}
+	n := r.next[front]
+	r.prev[l], r.next[l] = front, n
+	r.next[front] = l
+	if n != nilRef {
+		r.prev[n] = l
+	} else {
+		r.lru = l
+	}
+}
+
+// moveBehind moves node l right behind node front, or to the front if
+// front is nilRef. Moving front itself leaves it where it is.
+func (r *repCache) moveBehind(front, l uint32) {
+	if l == front || (front == nilRef && r.mru == l) || (front != nilRef && r.next[front] == l) {
 		return
 	}
 	r.unlink(l)
-	r.pushFront(l)
+	r.linkBehind(front, l)
 }
 
 // holds reports whether table slot pos records replica slot as a holder.
