@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,15 +21,22 @@ import (
 // simulated prefill or decode time) is called directly, through
 // `exa serve gateway`, and through a bare httputil.ReverseProxy (the cost
 // of the extra hop alone), taking turns request by request at a steady
-// rate on loopback, and the latency distributions are compared. It reports
-// the figures; it asserts only that every request succeeded (timings
-// depend on the machine). EXA_E2E_LATENCY_N sets the samples per path
-// (default 3000), EXA_E2E_LATENCY_RATE the total request rate per second
-// (default 400).
+// rate on loopback, and the latency distributions are compared. It does so
+// at each of several rates in the same run, since an idle machine wakes
+// more slowly than a busy one. It reports the figures; it asserts only
+// that every request succeeded (timings depend on the machine).
+//
+// EXA_E2E_LATENCY_N sets the samples per path and rate (default 2000),
+// EXA_E2E_LATENCY_RATES the total request rates per second, comma
+// separated (default "400,2000"; EXA_E2E_LATENCY_RATE, one rate, is still
+// read when EXA_E2E_LATENCY_RATES is not set). EXA_E2E_LATENCY_BASELINE_EXA
+// names another exa binary (e.g. a build of an earlier commit) to run as a
+// fourth path, so that two versions of the gateway are compared in the
+// same run.
 func TestAddedLatency(t *testing.T) {
 	requireBinaries(t)
-	n := envInt(t, "EXA_E2E_LATENCY_N", 3000)
-	rate := envInt(t, "EXA_E2E_LATENCY_RATE", 400)
+	n := envInt(t, "EXA_E2E_LATENCY_N", 2000)
+	rates := latencyRates(t)
 	port := freePort(t)
 	engine := startSim(t, port, []string{"--port", strconv.Itoa(port), "--model", simModel, "--force-dummy-tokenizer",
 		"--max-num-seqs", "64", "--zmq-endpoint=", "--seed", "1", "--v", "0"})
@@ -47,6 +55,16 @@ func TestAddedLatency(t *testing.T) {
 	rpURL := "http://127.0.0.1:" + strconv.Itoa(rpPort)
 	waitFor(t, 10*time.Second, "reverse proxy", func() bool { return get(rpURL+"/health") == http.StatusOK })
 
+	paths := []latencyPath{{name: "direct", url: engine.url()}, {name: "gateway", url: gw.url}, {name: "stdlib proxy", url: rpURL}}
+	if base := os.Getenv("EXA_E2E_LATENCY_BASELINE_EXA"); base != "" {
+		bg := startGatewayBinary(t, base, cfg)
+		waitFor(t, 10*time.Second, "baseline gateway to admit the engine", func() bool {
+			h, _ := bg.engineHealthy(t, engine.url())
+			return h
+		})
+		paths = append(paths, latencyPath{name: "baseline gw", url: bg.url})
+	}
+
 	body := []byte(`{"model":"` + simModel + `","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say one word."}]}`)
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
 	call := func(base string) time.Duration {
@@ -60,43 +78,95 @@ func TestAddedLatency(t *testing.T) {
 		return time.Since(start)
 	}
 	for range 200 { // warm connections, caches and the runtime
-		call(engine.url())
-		call(gw.url)
-		call(rpURL)
-	}
-	direct := make([]time.Duration, 0, n)
-	viaGW := make([]time.Duration, 0, n)
-	viaRP := make([]time.Duration, 0, n)
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	for i := 0; i < 3*n; i++ {
-		<-tick.C
-		switch i % 3 {
-		case 0:
-			direct = append(direct, call(engine.url()))
-		case 1:
-			viaGW = append(viaGW, call(gw.url))
-		default:
-			viaRP = append(viaRP, call(rpURL))
+		for _, p := range paths {
+			call(p.url)
 		}
 	}
-	p := func(d []time.Duration, q float64) time.Duration { return percentile(d, q) }
 	us := func(d time.Duration) string { return fmt.Sprintf("%7.1f µs", float64(d)/1e3) }
-	t.Logf("steady %d req/s on loopback, %d requests per path, taking turns", rate, n)
-	t.Logf("direct   p50 %s  p90 %s  p99 %s", us(p(direct, .5)), us(p(direct, .9)), us(p(direct, .99)))
-	t.Logf("gateway  p50 %s  p90 %s  p99 %s", us(p(viaGW, .5)), us(p(viaGW, .9)), us(p(viaGW, .99)))
-	t.Logf("stdlib reverse proxy  p50 %s  p90 %s  p99 %s  (adds p50 %s, p99 %s: the bare hop)", us(p(viaRP, .5)), us(p(viaRP, .9)), us(p(viaRP, .99)),
-		us(p(viaRP, .5)-p(direct, .5)), us(p(viaRP, .99)-p(direct, .99)))
-	t.Logf("added    p50 %s  p90 %s  p99 %s  (difference of the percentiles; target: p50 <= 200 µs, p99 <= 1000 µs)",
-		us(p(viaGW, .5)-p(direct, .5)), us(p(viaGW, .9)-p(direct, .9)), us(p(viaGW, .99)-p(direct, .99)))
-	// Each gateway request against the direct request just before it, so
-	// that drift in the machine's load cancels out.
-	diffs := make([]time.Duration, len(viaGW))
-	for i := range viaGW {
-		diffs[i] = viaGW[i] - direct[i]
+	row := func(d []time.Duration) string {
+		return fmt.Sprintf("p50 %s  p90 %s  p99 %s", us(percentile(d, .5)), us(percentile(d, .9)), us(percentile(d, .99)))
 	}
-	t.Logf("paired   p50 %s  p90 %s  p99 %s  (percentiles of gateway minus preceding direct request)",
-		us(p(diffs, .5)), us(p(diffs, .9)), us(p(diffs, .99)))
+	diff := func(a, b []time.Duration) string {
+		return fmt.Sprintf("p50 %s  p90 %s  p99 %s", us(percentile(a, .5)-percentile(b, .5)),
+			us(percentile(a, .9)-percentile(b, .9)), us(percentile(a, .99)-percentile(b, .99)))
+	}
+	for _, rate := range rates {
+		samples := make([][]time.Duration, len(paths))
+		for i := range samples {
+			samples[i] = make([]time.Duration, 0, n)
+		}
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		start := time.Now()
+		for i := 0; i < len(paths)*n; i++ {
+			<-tick.C
+			// Each round calls the engine directly first, then the other
+			// paths, in reverse order every other round so that none of
+			// them always comes right after the direct call.
+			k := i % len(paths)
+			if (i/len(paths))%2 == 1 && k > 0 {
+				k = len(paths) - k
+			}
+			samples[k] = append(samples[k], call(paths[k].url))
+		}
+		elapsed := time.Since(start)
+		tick.Stop()
+		direct := samples[0]
+		t.Logf("--- target %d req/s (achieved %.0f req/s) on loopback, %d requests per path, taking turns", rate,
+			float64(len(paths)*n)/elapsed.Seconds(), n)
+		for k, p := range paths {
+			t.Logf("%-13s %s", p.name, row(samples[k]))
+		}
+		t.Logf("hop (stdlib proxy - direct)   %s  (the bare extra hop)", diff(samples[2], direct))
+		t.Logf("added (gateway - direct)      %s  (target: p50 <= 200 µs, p99 <= 1000 µs)", diff(samples[1], direct))
+		t.Logf("gateway - stdlib proxy        %s  (the gateway's cost beyond the bare hop)", diff(samples[1], samples[2]))
+		if len(paths) > 3 {
+			t.Logf("added (baseline gw - direct)  %s", diff(samples[3], direct))
+			t.Logf("gateway - baseline gw         %s", diff(samples[1], samples[3]))
+		}
+		// Each gateway request against the direct request of its round, so
+		// that drift in the machine's load cancels out.
+		paired := make([]time.Duration, len(samples[1]))
+		for i := range paired {
+			paired[i] = samples[1][i] - direct[i]
+		}
+		t.Logf("paired (gateway - direct of its round)  %s", row(paired))
+	}
+}
+
+// latencyPath is one way of reaching the engine.
+type latencyPath struct {
+	name, url string
+}
+
+// latencyRates reads EXA_E2E_LATENCY_RATES (or EXA_E2E_LATENCY_RATE).
+func latencyRates(t *testing.T) []int {
+	s := os.Getenv("EXA_E2E_LATENCY_RATES")
+	if s == "" {
+		if os.Getenv("EXA_E2E_LATENCY_RATE") != "" {
+			return []int{envInt(t, "EXA_E2E_LATENCY_RATE", 0)}
+		}
+		s = "400,2000"
+	}
+	var rates []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		require.NoError(t, err, "EXA_E2E_LATENCY_RATES=%q", s)
+		require.Positive(t, v, "EXA_E2E_LATENCY_RATES=%q", s)
+		rates = append(rates, v)
+	}
+	return rates
+}
+
+// startGatewayBinary starts `serve gateway` from another exa binary, with
+// the flags startGateway uses.
+func startGatewayBinary(t *testing.T, bin, cfg string) *gatewayProc {
+	port := freePort(t)
+	p := startProc(t, "baseline-gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, bin, "serve", "gateway",
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--reload-interval", "100ms",
+		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms")
+	g := &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(port), p: p}
+	waitFor(t, 20*time.Second, "baseline gateway /healthz", func() bool { return get(g.url+"/healthz") == http.StatusOK })
+	return g
 }
 
 func envInt(t *testing.T, name string, def int) int {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/examlops/gateway"
@@ -92,8 +94,12 @@ func probe(ctx context.Context, client *http.Client, base string) bool {
 // endpoint is one engine address, shared by every replica entry (of any
 // model) that names it: health and load are properties of the engine.
 type endpoint struct {
-	base   string // normalised base URL, no trailing slash
-	health healthState
+	base string // normalised base URL, no trailing slash
+	// hostOnly is base parsed, when it is plain http with a host and
+	// nothing else (no path, query, user or fragment): the usual case,
+	// for which requests are built without parsing a URL. Else nil.
+	hostOnly *url.URL
+	health   healthState
 
 	mu       sync.Mutex
 	load     gateway.Load
@@ -117,4 +123,15 @@ func (e *endpoint) snapshotLoad() (gateway.Load, bool, bool, string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.load, e.hasLoad, e.scrapeOK, e.lastErr
+}
+
+// newEndpoint returns the endpoint of a normalised engine address.
+func newEndpoint(base string) *endpoint {
+	ep := &endpoint{base: base}
+	u, err := url.Parse(base)
+	if err == nil && u.Scheme == "http" && u.Host != "" && !strings.HasSuffix(u.Host, ":") && u.Path == "" &&
+		u.RawQuery == "" && u.Fragment == "" && u.User == nil && u.Opaque == "" && !u.ForceQuery {
+		ep.hostOnly = u
+	}
+	return ep
 }

@@ -1,12 +1,14 @@
 package httpgw
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -237,15 +239,13 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 		}
 		return err
 	}
-	out, err := http.NewRequestWithContext(upCtx, http.MethodPost, ep.base+r.URL.RequestURI(), newBodyReader(body))
+	out, err := upstreamRequest(upCtx, ep, r.URL, body)
 	if err != nil {
 		done(0, err)
 		oc.code = strconv.Itoa(http.StatusBadGateway)
 		writeError(w, http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: replica %q: %v", ErrUpstream, name, err))
 		return false, nil
 	}
-	out.ContentLength = int64(len(body))
-	out.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
 	copyHeaders(out.Header, r.Header)
 	// The gateway has read the whole body: the engine must not be asked
 	// to confirm it first (a 100 Continue would be relayed as the answer).
@@ -354,45 +354,80 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	}
 }
 
-// bodyReader is a resettable reader over a request body, so a retry can
-// resend it.
-type bodyReader struct {
-	b []byte
-	i int
-}
-
-func newBodyReader(b []byte) *bodyReader { return &bodyReader{b: b} }
-
-func (r *bodyReader) Read(p []byte) (int, error) {
-	if r.i >= len(r.b) {
-		return 0, io.EOF
+// upstreamRequest returns the request that forwards an inference request
+// (path and query u, the body already read) to the engine ep, with no
+// headers yet. Its body is an in-memory reader that GetBody can recreate
+// for a resend, so that net/http writes the head and the body together
+// (one TCP segment for a small request) rather than flushing the head
+// first. For the usual engine address (scheme and host only) and a path
+// without a query it is built without parsing a URL.
+func upstreamRequest(ctx context.Context, ep *endpoint, u *url.URL, body []byte) (*http.Request, error) {
+	newBody := func() io.ReadCloser { return io.NopCloser(bytes.NewReader(body)) }
+	if ep.hostOnly != nil && u.RawQuery == "" && u.Path != "" {
+		out := &http.Request{
+			Method:        http.MethodPost,
+			URL:           &url.URL{Scheme: ep.hostOnly.Scheme, Host: ep.hostOnly.Host, Path: u.Path, RawPath: u.RawPath},
+			Proto:         "HTTP/1.1",
+			ProtoMajor:    1,
+			ProtoMinor:    1,
+			Header:        make(http.Header, 8),
+			Body:          newBody(),
+			GetBody:       func() (io.ReadCloser, error) { return newBody(), nil },
+			ContentLength: int64(len(body)),
+			Host:          ep.hostOnly.Host,
+		}
+		return out.WithContext(ctx), nil
 	}
-	n := copy(p, r.b[r.i:])
-	r.i += n
-	return n, nil
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.base+u.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return newBody(), nil }
+	return out, nil
 }
 
-func (r *bodyReader) Close() error { return nil }
+// isHopHeader reports whether the header key k is one of hopHeaders, in
+// any case.
+func isHopHeader(k string) bool {
+	switch k { // the canonical forms, which parsed headers have
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	for _, h := range hopHeaders {
+		if len(k) == len(h) && strings.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
 
-// copyHeaders copies end-to-end headers from src to dst.
+// copyHeaders copies end-to-end headers from src to dst. The copied values
+// share one new backing array.
 func copyHeaders(dst, src http.Header) {
 	var conn []string
 	if c := src.Get("Connection"); c != "" {
 		conn = strings.Split(c, ",")
 	}
+	n := 0
+	for _, vv := range src {
+		n += len(vv)
+	}
+	vals := make([]string, 0, n)
 next:
 	for k, vv := range src {
-		for _, h := range hopHeaders {
-			if strings.EqualFold(k, h) {
-				continue next
-			}
+		if isHopHeader(k) {
+			continue
 		}
 		for _, c := range conn {
 			if strings.EqualFold(k, strings.TrimSpace(c)) {
 				continue next
 			}
 		}
-		dst[k] = append(dst[k][:0:0], vv...)
+		i := len(vals)
+		vals = append(vals, vv...)
+		dst[k] = vals[i:len(vals):len(vals)]
 	}
 }
 

@@ -174,7 +174,7 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 	}
 	ep, ok := old.endpoints[addr]
 	if !ok {
-		ep = &endpoint{base: addr}
+		ep = newEndpoint(addr)
 		ep.health.ejectAfter = s.opts.EjectAfter
 		ep.health.readmitAfter = s.opts.ReadmitAfter
 	}
