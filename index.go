@@ -298,13 +298,6 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	if r.cap == 0 {
 		return
 	}
-	if len(r.tab) > 0 { // overlap the cache misses, as in match
-		var sink uint32
-		for _, h := range key[:matched] {
-			sink += r.tab[r.home(h)]
-		}
-		ix.sink += uint64(sink)
-	}
 	// The blocks that already lead the LRU list in key order (the shared
 	// system prompt of consecutive requests, or a repeated prompt) stay
 	// where they are, and the rest go right behind them: the same order as
@@ -314,9 +307,18 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	// would make it evict other blocks than a full warm-up would.
 	front, run := nilRef, 0
 	if r.cap > len(key) {
-		for l := r.mru; l != nilRef && run < matched && r.hash[l] == key[run]; l = r.next[l] {
+		for l := r.mru; l != nilRef && run < matched && r.nodes[l].hash == key[run]; l = r.nodes[l].next {
 			front, run = l, run+1
 		}
+	}
+	if len(r.tab) > 0 && run < matched { // overlap the cache misses, as in match
+		var sink uint32
+		for _, h := range key[run:matched] {
+			if v := r.tab[r.home(h)]; v != 0 {
+				sink += r.nodes[v-1].prev
+			}
+		}
+		ix.sink += uint64(sink)
 	}
 	for i := len(key) - 1; i >= run; i-- {
 		h := key[i]
@@ -339,7 +341,7 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 			pos = ix.insert(h)
 		}
 		ix.tab[pos*(1+ix.w)+1+int(slot/64)] |= 1 << (slot % 64)
-		r.hash[l] = h
+		r.nodes[l].hash = h
 		r.add(h, l)
 		r.linkBehind(front, l)
 	}
@@ -359,20 +361,18 @@ func (ix *index) remove(slot uint32, key Key) {
 func (ix *index) alloc(r *repCache) uint32 {
 	if r.free != nilRef {
 		l := r.free
-		r.free = r.next[l]
+		r.free = r.nodes[l].next
 		r.n++
 		return l
 	}
-	if len(r.hash) < r.cap {
-		r.hash = append(r.hash, 0)
-		r.prev = append(r.prev, nilRef)
-		r.next = append(r.next, nilRef)
+	if len(r.nodes) < r.cap {
+		r.nodes = append(r.nodes, repNode{prev: nilRef, next: nilRef})
 		r.n++
-		return uint32(len(r.hash) - 1)
+		return uint32(len(r.nodes) - 1)
 	}
 	l := r.lru
 	ix.evict(r, l)
-	r.free = r.next[l]
+	r.free = r.nodes[l].next
 	r.n++
 	return l
 }
@@ -380,7 +380,7 @@ func (ix *index) alloc(r *repCache) uint32 {
 // evict removes node l of r from the block table and its LRU list and
 // frees it.
 func (ix *index) evict(r *repCache, l uint32) {
-	h := r.hash[l]
+	h := r.nodes[l].hash
 	pos := ix.find(h)
 	ix.tab[pos*(1+ix.w)+1+int(r.slot/64)] &^= 1 << (r.slot % 64)
 	if ix.empty(pos) {
@@ -388,7 +388,7 @@ func (ix *index) evict(r *repCache, l uint32) {
 	}
 	r.drop(h)
 	r.unlink(l)
-	r.next[l] = r.free
+	r.nodes[l].next = r.free
 	r.free = l
 	r.n--
 }
@@ -396,18 +396,23 @@ func (ix *index) evict(r *repCache, l uint32) {
 // repCache is one replica's cached blocks: nodes in LRU order and a table
 // from block hash to node.
 type repCache struct {
-	slot uint32
-	cap  int
-	hash []uint64 // per node
-	prev []uint32 // LRU links; nilRef ends
-	next []uint32
-	mru  uint32
-	lru  uint32
-	n    int    // nodes in use
-	free uint32 // free list through next
+	slot  uint32
+	cap   int
+	nodes []repNode
+	mru   uint32
+	lru   uint32
+	n     int    // nodes in use
+	free  uint32 // free list through next
 
 	tab  []uint32 // node+1 per slot; 0 is empty
 	used int
+}
+
+// repNode is one cached block: its hash and LRU links (nilRef ends), in
+// one 16-byte record so that touching a block reads one cache line.
+type repNode struct {
+	hash       uint64
+	prev, next uint32
 }
 
 func newRepCache(slot uint32, capacity int) *repCache {
@@ -429,7 +434,7 @@ func (r *repCache) lookup(h uint64) uint32 {
 		if v == 0 {
 			return nilRef
 		}
-		if r.hash[v-1] == h {
+		if r.nodes[v-1].hash == h {
 			return v - 1
 		}
 		if i++; i == len(r.tab) {
@@ -461,7 +466,7 @@ func (r *repCache) grow() {
 		if v == 0 {
 			continue
 		}
-		i := r.home(r.hash[v-1])
+		i := r.home(r.nodes[v-1].hash)
 		for r.tab[i] != 0 {
 			if i++; i == n {
 				i = 0
@@ -475,7 +480,7 @@ func (r *repCache) grow() {
 func (r *repCache) drop(h uint64) {
 	n := len(r.tab)
 	i := r.home(h)
-	for r.hash[r.tab[i]-1] != h {
+	for r.nodes[r.tab[i]-1].hash != h {
 		if i++; i == n {
 			i = 0
 		}
@@ -487,7 +492,7 @@ func (r *repCache) drop(h uint64) {
 		if r.tab[j] == 0 {
 			break
 		}
-		k := r.home(r.hash[r.tab[j]-1])
+		k := r.home(r.nodes[r.tab[j]-1].hash)
 		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
 			r.tab[i] = r.tab[j]
 			i = j
@@ -498,24 +503,24 @@ func (r *repCache) drop(h uint64) {
 }
 
 func (r *repCache) unlink(l uint32) {
-	p, n := r.prev[l], r.next[l]
+	p, n := r.nodes[l].prev, r.nodes[l].next
 	if p != nilRef {
-		r.next[p] = n
+		r.nodes[p].next = n
 	} else {
 		r.mru = n
 	}
 	if n != nilRef {
-		r.prev[n] = p
+		r.nodes[n].prev = p
 	} else {
 		r.lru = p
 	}
 }
 
 func (r *repCache) pushFront(l uint32) {
-	r.prev[l] = nilRef
-	r.next[l] = r.mru
+	r.nodes[l].prev = nilRef
+	r.nodes[l].next = r.mru
 	if r.mru != nilRef {
-		r.prev[r.mru] = l
+		r.nodes[r.mru].prev = l
 	}
 	r.mru = l
 	if r.lru == nilRef {
@@ -530,11 +535,11 @@ func (r *repCache) linkBehind(front, l uint32) {
 		r.pushFront(l)
 		return
 	}
-	n := r.next[front]
-	r.prev[l], r.next[l] = front, n
-	r.next[front] = l
+	n := r.nodes[front].next
+	r.nodes[l].prev, r.nodes[l].next = front, n
+	r.nodes[front].next = l
 	if n != nilRef {
-		r.prev[n] = l
+		r.nodes[n].prev = l
 	} else {
 		r.lru = l
 	}
@@ -543,7 +548,7 @@ func (r *repCache) linkBehind(front, l uint32) {
 // moveBehind moves node l right behind node front, or to the front if
 // front is nilRef. Moving front itself leaves it where it is.
 func (r *repCache) moveBehind(front, l uint32) {
-	if l == front || (front == nilRef && r.mru == l) || (front != nilRef && r.next[front] == l) {
+	if l == front || (front == nilRef && r.mru == l) || (front != nilRef && r.nodes[front].next == l) {
 		return
 	}
 	r.unlink(l)

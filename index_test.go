@@ -83,9 +83,9 @@ func checkIndex(t require.TestingT, ix *index) {
 		}
 		n := 0
 		prev := nilRef
-		for l := r.mru; l != nilRef; l = r.next[l] {
-			require.Equal(t, prev, r.prev[l], "LRU back link")
-			h := r.hash[l]
+		for l := r.mru; l != nilRef; l = r.nodes[l].next {
+			require.Equal(t, prev, r.nodes[l].prev, "LRU back link")
+			h := r.nodes[l].hash
 			require.Equal(t, l, r.lookup(h), "replica table does not map block %x to its node", h)
 			pos := ix.find(h)
 			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", h)
@@ -109,8 +109,8 @@ func checkIndex(t require.TestingT, ix *index) {
 // lruOrder lists a replica's cached blocks, most recently used first.
 func lruOrder(r *repCache) []uint64 {
 	out := []uint64{}
-	for l := r.mru; l != nilRef; l = r.next[l] {
-		out = append(out, r.hash[l])
+	for l := r.mru; l != nilRef; l = r.nodes[l].next {
+		out = append(out, r.nodes[l].hash)
 	}
 	return out
 }
