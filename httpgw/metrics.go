@@ -1,6 +1,9 @@
 package httpgw
 
 import (
+	"sync/atomic"
+
+	"github.com/examlops/gateway"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -83,4 +86,144 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// lazyCounter caches one series of a CounterVec, looked up on first use
+// (so that a series appears in /metrics only once it has counted
+// something, as with WithLabelValues at each use). Safe for concurrent
+// use; the zero value is empty.
+type lazyCounter struct {
+	p atomic.Pointer[prometheus.Counter]
+}
+
+func (l *lazyCounter) get1(v *prometheus.CounterVec, a string) prometheus.Counter {
+	if c := l.p.Load(); c != nil {
+		return *c
+	}
+	c := v.WithLabelValues(a)
+	l.p.Store(&c)
+	return c
+}
+
+func (l *lazyCounter) get2(v *prometheus.CounterVec, a, b string) prometheus.Counter {
+	if c := l.p.Load(); c != nil {
+		return *c
+	}
+	c := v.WithLabelValues(a, b)
+	l.p.Store(&c)
+	return c
+}
+
+func (l *lazyCounter) get3(v *prometheus.CounterVec, a, b, c string) prometheus.Counter {
+	if p := l.p.Load(); p != nil {
+		return *p
+	}
+	ctr := v.WithLabelValues(a, b, c)
+	l.p.Store(&ctr)
+	return ctr
+}
+
+// lazyObserver is lazyCounter for a HistogramVec.
+type lazyObserver struct {
+	p atomic.Pointer[prometheus.Observer]
+}
+
+func (l *lazyObserver) get2(v *prometheus.HistogramVec, a, b string) prometheus.Observer {
+	if o := l.p.Load(); o != nil {
+		return *o
+	}
+	o := v.WithLabelValues(a, b)
+	l.p.Store(&o)
+	return o
+}
+
+// numEndpointKinds is how many endpointKind values there are.
+const numEndpointKinds = 2
+
+// modelMetrics caches one model's series of the per-request metrics, so
+// that a request does not hash its labels and search each vector. The
+// series are the ones WithLabelValues returns (none of them is ever
+// deleted), so counts are the same either way.
+type modelMetrics struct {
+	routed, hits, blocks, matched lazyCounter
+	decisions                     [3]lazyCounter // by gateway.Kind (others are looked up)
+	requestsOK                    [numEndpointKinds]lazyCounter
+	duration, ttfb                [numEndpointKinds]lazyObserver
+	replicaReqs                   map[string]*lazyCounter // by replica name; read-only
+}
+
+func newModelMetrics(replicas []string) *modelMetrics {
+	mm := &modelMetrics{replicaReqs: make(map[string]*lazyCounter, len(replicas))}
+	for _, r := range replicas {
+		mm.replicaReqs[r] = new(lazyCounter)
+	}
+	return mm
+}
+
+// The accessors below return a model's series; a nil *modelMetrics (a
+// modelState built without one) looks each series up instead.
+
+func (mm *modelMetrics) routedC(m *metrics, model string) prometheus.Counter {
+	if mm == nil {
+		return m.routed.WithLabelValues(model)
+	}
+	return mm.routed.get1(m.routed, model)
+}
+
+func (mm *modelMetrics) hitsC(m *metrics, model string) prometheus.Counter {
+	if mm == nil {
+		return m.hits.WithLabelValues(model)
+	}
+	return mm.hits.get1(m.hits, model)
+}
+
+func (mm *modelMetrics) blocksC(m *metrics, model string) prometheus.Counter {
+	if mm == nil {
+		return m.blocks.WithLabelValues(model)
+	}
+	return mm.blocks.get1(m.blocks, model)
+}
+
+func (mm *modelMetrics) matchedC(m *metrics, model string) prometheus.Counter {
+	if mm == nil {
+		return m.matched.WithLabelValues(model)
+	}
+	return mm.matched.get1(m.matched, model)
+}
+
+func (mm *modelMetrics) decisionsC(m *metrics, model string, k gateway.Kind) prometheus.Counter {
+	if mm == nil || k < 0 || int(k) >= len(mm.decisions) {
+		return m.decisions.WithLabelValues(model, k.String())
+	}
+	return mm.decisions[k].get2(m.decisions, model, k.String())
+}
+
+func (mm *modelMetrics) replicaReqsC(m *metrics, model, replica string) prometheus.Counter {
+	if mm != nil {
+		if l := mm.replicaReqs[replica]; l != nil {
+			return l.get2(m.replicaReqs, model, replica)
+		}
+	}
+	return m.replicaReqs.WithLabelValues(model, replica)
+}
+
+func (mm *modelMetrics) requestsC(m *metrics, model string, kind endpointKind, code string) prometheus.Counter {
+	if mm == nil || code != "200" || kind < 0 || int(kind) >= numEndpointKinds {
+		return m.requests.WithLabelValues(model, kind.String(), code)
+	}
+	return mm.requestsOK[kind].get3(m.requests, model, kind.String(), code)
+}
+
+func (mm *modelMetrics) durationO(m *metrics, model string, kind endpointKind) prometheus.Observer {
+	if mm == nil || kind < 0 || int(kind) >= numEndpointKinds {
+		return m.duration.WithLabelValues(model, kind.String())
+	}
+	return mm.duration[kind].get2(m.duration, model, kind.String())
+}
+
+func (mm *modelMetrics) ttfbO(m *metrics, model string, kind endpointKind) prometheus.Observer {
+	if mm == nil || kind < 0 || int(kind) >= numEndpointKinds {
+		return m.ttfb.WithLabelValues(model, kind.String())
+	}
+	return mm.ttfb[kind].get2(m.ttfb, model, kind.String())
 }

@@ -37,6 +37,8 @@ const (
 type outcome struct {
 	model    string
 	endpoint string
+	kind     endpointKind
+	mm       *modelMetrics // the model's cached series, once known
 	code     string
 }
 
@@ -57,13 +59,15 @@ var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
 	start := s.opts.Clock()
 	s.metrics.inFlight.Inc()
-	oc := outcome{endpoint: kind.String()}
+	oc := outcome{endpoint: kind.String(), kind: kind}
 	defer func() {
 		s.metrics.inFlight.Dec()
-		s.metrics.requests.WithLabelValues(oc.model, oc.endpoint, oc.code).Inc()
-		if oc.model != "" {
-			s.metrics.duration.WithLabelValues(oc.model, oc.endpoint).Observe(s.opts.Clock().Sub(start).Seconds())
+		if oc.model == "" {
+			s.metrics.requests.WithLabelValues(oc.model, oc.endpoint, oc.code).Inc()
+			return
 		}
+		oc.mm.requestsC(s.metrics, oc.model, oc.kind, oc.code).Inc()
+		oc.mm.durationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(start).Seconds())
 	}()
 	fail := func(status int, typ, code, param, msg string) {
 		oc.code = strconv.Itoa(status)
@@ -102,7 +106,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, req.Model))
 		return
 	}
-	oc.model = ms.name
+	oc.model, oc.mm = ms.name, ms.mm
 	if ms.noReps && len(ms.missing) > 0 {
 		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.name, ms.missing))
@@ -150,8 +154,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.name).Inc()
 		}
-		s.countDecision(ms.name, &d)
-		s.metrics.replicaReqs.WithLabelValues(ms.name, name).Inc()
+		s.countDecision(ms, &d)
+		ms.mm.replicaReqsC(s.metrics, ms.name, name).Inc()
 		ep := s.endpointOf(ms, &d)
 		if ep == nil {
 			// The shared gateway chose a replica that a reload added or
@@ -197,14 +201,15 @@ func (s *Server) endpointOf(ms *modelState, d *gateway.Decision) *endpoint {
 	return nil
 }
 
-func (s *Server) countDecision(model string, d *gateway.Decision) {
-	s.metrics.routed.WithLabelValues(model).Inc()
-	s.metrics.decisions.WithLabelValues(model, d.Kind.String()).Inc()
+func (s *Server) countDecision(ms *modelState, d *gateway.Decision) {
+	m, mm := s.metrics, ms.mm
+	mm.routedC(m, ms.name).Inc()
+	mm.decisionsC(m, ms.name, d.Kind).Inc()
 	if d.Hit {
-		s.metrics.hits.WithLabelValues(model).Inc()
+		mm.hitsC(m, ms.name).Inc()
 	}
-	s.metrics.blocks.WithLabelValues(model).Add(float64(d.Blocks))
-	s.metrics.matched.WithLabelValues(model).Add(float64(d.Matched))
+	mm.blocksC(m, ms.name).Add(float64(d.Blocks))
+	mm.matchedC(m, ms.name).Add(float64(d.Matched))
 }
 
 // forward sends the request to one replica and relays the answer. It
@@ -307,7 +312,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 				first = false
 				ttfb = s.opts.Clock().Sub(start)
 				d.FirstToken()
-				s.metrics.ttfb.WithLabelValues(ms.name, oc.endpoint).Observe(ttfb.Seconds())
+				ms.mm.ttfbO(s.metrics, ms.name, oc.kind).Observe(ttfb.Seconds())
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				// The client is gone; returning cancels the upstream request.

@@ -217,6 +217,7 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 		g.Unhealthy = !ep.health.healthy()
 		want = append(want, g)
 	}
+	ms.mm = newModelMetrics(ms.order)
 	if len(want) == 0 {
 		ms.noReps = true
 		if len(ms.missing) > 0 {

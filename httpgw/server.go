@@ -145,7 +145,8 @@ type modelState struct {
 	byName  map[string]*endpoint
 	noReps  bool
 	disaggr bool
-	missing []string // prefill/decode pools named but not defined
+	missing []string      // prefill/decode pools named but not defined
+	mm      *modelMetrics // cached metric series; nil means look them up
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
