@@ -32,7 +32,8 @@ import (
 // read when EXA_E2E_LATENCY_RATES is not set). EXA_E2E_LATENCY_BASELINE_EXA
 // names another exa binary (e.g. a build of an earlier commit) to run as a
 // fourth path, so that two versions of the gateway are compared in the
-// same run.
+// same run. EXA_E2E_GATEWAY_ENV ("NAME=value", e.g. GOMAXPROCS=1) is set
+// for the stdlib proxy as well as the gateways.
 func TestAddedLatency(t *testing.T) {
 	requireBinaries(t)
 	n := envInt(t, "EXA_E2E_LATENCY_N", 2000)
@@ -51,7 +52,11 @@ func TestAddedLatency(t *testing.T) {
 	rpPort := freePort(t)
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	startProc(t, "reverse-proxy", []string{envReverseProxy + "=" + engine.url() + " 127.0.0.1:" + strconv.Itoa(rpPort)}, exe)
+	// The stdlib proxy gets the gateway's runtime settings too
+	// (EXA_E2E_GATEWAY_ENV, e.g. GOMAXPROCS=1), so that both hops are
+	// compared like for like.
+	startProc(t, "reverse-proxy", []string{envReverseProxy + "=" + engine.url() + " 127.0.0.1:" + strconv.Itoa(rpPort),
+		os.Getenv("EXA_E2E_GATEWAY_ENV")}, exe)
 	rpURL := "http://127.0.0.1:" + strconv.Itoa(rpPort)
 	waitFor(t, 10*time.Second, "reverse proxy", func() bool { return get(rpURL+"/health") == http.StatusOK })
 
