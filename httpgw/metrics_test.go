@@ -1,0 +1,94 @@
+package httpgw
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// histCount returns the sample count of a histogram series, 0 when absent.
+func (f *fixture) histCount(name string, labels map[string]string) uint64 {
+	f.t.Helper()
+	fams, err := f.reg.Gather()
+	require.NoError(f.t, err)
+	var total uint64
+	for _, fam := range fams {
+		if fam.GetName() != name {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			if matches(m, labels) {
+				total += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return total
+}
+
+// The per-request series, cached per model, count every request once, by
+// endpoint and replica, before and after a reload rebuilds the model's
+// table; a series appears only once it has counted something.
+func TestPerRequestMetrics(t *testing.T) {
+	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	send := func(path, body string) {
+		t.Helper()
+		resp := f.post(path, body)
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", b)
+	}
+	chat := chatBody(testModel, false, "system prompt", "hello")
+	for range 3 {
+		send("/v1/chat/completions", chat)
+	}
+	m := map[string]string{"model": testModel}
+	completions := map[string]string{"model": testModel, "endpoint": "completions"}
+	assert.Equal(t, 0.0, f.counter("exa_gateway_requests_total", completions))
+	assert.Equal(t, uint64(0), f.histCount("exa_gateway_request_duration_seconds", completions))
+
+	send("/v1/completions", `{"model":"m1","prompt":"once upon a time"}`)
+	// A reload that changes the routing mode builds a new table (and a new
+	// cache); the counts carry on.
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+		Mode: config.ModeCacheAware, Replicas: []config.Replica{
+			{Name: "e0", Address: f.engines[0].URL()}, {Name: "e1", Address: f.engines[1].URL()}}}}}))
+	send("/v1/chat/completions", chat)
+
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"exa_gateway_requests_total", map[string]string{"model": testModel, "endpoint": "chat", "code": "200"}, 4},
+		{"exa_gateway_requests_total", map[string]string{"model": testModel, "endpoint": "completions", "code": "200"}, 1},
+		{"exa_gateway_routed_total", m, 5},
+		{"exa_gateway_decisions_total", map[string]string{"model": testModel, "kind": "round_robin"}, 4},
+		{"exa_gateway_replica_requests_total", m, 5},
+		{"exa_gateway_replica_requests_total", map[string]string{"model": testModel, "replica": "e0"}, float64(f.engines[0].Requests())},
+		{"exa_gateway_replica_requests_total", map[string]string{"model": testModel, "replica": "e1"}, float64(f.engines[1].Requests())},
+	} {
+		assert.Equal(t, tc.want, f.counter(tc.name, tc.labels), "%s %v", tc.name, tc.labels)
+	}
+	assert.Equal(t, 1.0, f.counter("exa_gateway_decisions_total", map[string]string{"model": testModel, "kind": "affinity"})+
+		f.counter("exa_gateway_decisions_total", map[string]string{"model": testModel, "kind": "load_aware"}))
+	assert.Equal(t, uint64(4), f.histCount("exa_gateway_request_duration_seconds", map[string]string{"model": testModel, "endpoint": "chat"}))
+	assert.Equal(t, uint64(1), f.histCount("exa_gateway_request_duration_seconds", completions))
+	assert.Equal(t, uint64(5), f.histCount("exa_gateway_time_to_first_byte_seconds", m))
+}
+
+// A model table built without cached series (nil) still counts.
+func TestNilModelMetricsLooksUp(t *testing.T) {
+	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+	var mm *modelMetrics
+	mm.routedC(f.srv.metrics, "x").Inc()
+	mm.replicaReqsC(f.srv.metrics, "x", "r").Inc()
+	mm.requestsC(f.srv.metrics, "x", endpointChat, "200").Inc()
+	mm.durationO(f.srv.metrics, "x", endpointChat).Observe(0.1)
+	assert.Equal(t, 1.0, f.counter("exa_gateway_routed_total", map[string]string{"model": "x"}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_replica_requests_total", map[string]string{"model": "x", "replica": "r"}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": "x", "code": "200"}))
+	assert.Equal(t, uint64(1), f.histCount("exa_gateway_request_duration_seconds", map[string]string{"model": "x"}))
+}

@@ -1,0 +1,98 @@
+package httpgw
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// writeCounter counts the writes it receives.
+type writeCounter struct {
+	n   int
+	buf []byte
+}
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.n++
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+// TestUpstreamRequest checks the request forwarded to an engine: the URL
+// is the engine's base followed by the client's path and query, the body
+// can be read again for a resend, and the head and the body reach the
+// connection in one write (as the connection pool sends it: through a
+// buffered writer, then one flush), not the head flushed first.
+func TestUpstreamRequest(t *testing.T) {
+	body := []byte(`{"model":"m1","prompt":"hi"}`)
+	for _, tc := range []struct {
+		name, base, uri string
+		hostOnly        bool // the base is scheme and host only
+	}{
+		{"host only", "http://127.0.0.1:8000", "/v1/chat/completions", true},
+		{"host name", "http://engine-0.local:8000", "/v1/completions", true},
+		{"ipv6", "http://[::1]:8000", "/v1/completions", true},
+		{"query", "http://127.0.0.1:8000", "/v1/completions?debug=1", true},
+		{"base path", "http://127.0.0.1:8000/prefix", "/v1/chat/completions", false},
+		{"https", "https://engine.example:443", "/v1/chat/completions", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep := newEndpoint(tc.base)
+			assert.Equal(t, tc.hostOnly, ep.hostOnly != nil, "hostOnly")
+			u, err := url.ParseRequestURI(tc.uri)
+			require.NoError(t, err)
+			out, err := upstreamRequest(context.Background(), ep, u, body)
+			require.NoError(t, err)
+			assert.Equal(t, tc.base+tc.uri, out.URL.String())
+			assert.Equal(t, http.MethodPost, out.Method)
+			assert.Equal(t, int64(len(body)), out.ContentLength)
+			want, err := http.NewRequest(http.MethodPost, tc.base+tc.uri, nil)
+			require.NoError(t, err)
+			assert.Equal(t, want.Host, out.Host)
+
+			w := &writeCounter{}
+			bw := bufio.NewWriterSize(w, 16<<10)
+			require.NoError(t, out.Write(bw))
+			require.NoError(t, bw.Flush())
+			assert.Equal(t, 1, w.n, "writes reaching the connection")
+			assert.Contains(t, string(w.buf), "\r\n\r\n"+string(body))
+
+			rc, err := out.GetBody()
+			require.NoError(t, err)
+			again, err := io.ReadAll(rc)
+			require.NoError(t, err)
+			assert.Equal(t, body, again)
+		})
+	}
+}
+
+func TestUpstreamRequestBadAddress(t *testing.T) {
+	ep := newEndpoint("http://bad host:80")
+	assert.Nil(t, ep.hostOnly)
+	_, err := upstreamRequest(context.Background(), ep, &url.URL{Path: "/v1/completions"}, []byte("{}"))
+	assert.Error(t, err)
+}
+
+func TestCopyHeadersDropsHopHeaders(t *testing.T) {
+	src := http.Header{
+		"Content-Type":      {"application/json"},
+		"Connection":        {"keep-alive, X-Private"},
+		"X-Private":         {"secret"},
+		"Keep-Alive":        {"timeout=5"},
+		"Transfer-Encoding": {"chunked"},
+		"te":                {"trailers"}, // set by hand, not canonical
+		"X-Multi":           {"a", "b"},
+	}
+	dst := http.Header{}
+	copyHeaders(dst, src)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, dst)
+	dst["X-Multi"] = append(dst["X-Multi"], "c")
+	assert.Equal(t, []string{"application/json"}, dst["Content-Type"], "values do not share capacity")
+	assert.Equal(t, []string{"a", "b"}, src["X-Multi"], "source untouched")
+}
