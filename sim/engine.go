@@ -22,22 +22,23 @@ var (
 
 // seq is a request in flight on a replica.
 type seq struct {
-	id      uint64
-	arrival int64
-	in, out int
-	key     gateway.Key // prompt blocks, chained
-	outKey  gateway.Key // answer blocks cached at completion
-	buf     gateway.Key // backing store of key and outKey
-	slots   []int32     // cache slots of key's blocks once pinned
-	private int         // blocks reserved beyond the prompt
-	m       int         // leading blocks cached at admission
-	left    int         // prompt tokens still to prefill
-	pos     int         // tokens of context before the next chunk
-	chunk   int         // tokens prefilled in the current step
-	ttft    int64
-	finish  int64 // step at which the last token is produced
-	ctxBase int64 // context at step s is ctxBase + s
-	d       gateway.Decision
+	id        uint64
+	arrival   int64
+	in, out   int
+	key       gateway.Key // prompt blocks, chained
+	outKey    gateway.Key // answer blocks cached at completion
+	buf       gateway.Key // backing store of key and outKey
+	slots     []int32     // cache slots of key's blocks once pinned
+	private   int         // blocks reserved beyond the prompt
+	m         int         // leading blocks cached at admission
+	committed int         // leading blocks cached so far: m, then those its chunks filled
+	left      int         // prompt tokens still to prefill
+	pos       int         // tokens of context before the next chunk
+	chunk     int         // tokens prefilled in the current step
+	ttft      int64
+	finish    int64 // step at which the last token is produced
+	ctxBase   int64 // context at step s is ctxBase + s
+	d         gateway.Decision
 }
 
 type replica struct {
@@ -293,11 +294,29 @@ func (e *engine) truncate(ri int) {
 }
 
 // plan admits waiting requests and starts r's next step, if it has work.
+// Like vLLM's v1 scheduler, the step's token budget goes to the decoding
+// sequences, then to the prefills already running, in admission order, and
+// only what is left admits waiting requests: a request queued behind a
+// long prefill waits for it, and then finds the blocks it computed cached.
 func (e *engine) plan(ri int) {
 	r := e.reps[ri]
 	r.busy = false
 	p := &e.p
-	for r.waiting.len() > 0 && r.running() < p.MaxRunning {
+	B := int64(len(r.decode))
+	budget := p.MaxBatchTokens - int(B)
+	r.nChunk = 0
+	chunks := 0.0
+	for _, s := range r.prefill {
+		if budget <= 0 {
+			break
+		}
+		n := min(s.left, budget)
+		s.chunk = n
+		chunks += p.prefillCost(s.pos, n)
+		budget -= n
+		r.nChunk++
+	}
+	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
 		m := r.cache.match(s.key, s.slots)
 		if !r.cache.fits(s.key, s.slots, m, s.private) {
@@ -306,7 +325,7 @@ func (e *engine) plan(ri int) {
 		r.waiting.pop()
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
-		s.m = m
+		s.m, s.committed = m, m
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
 		e.inTok += int64(s.in)
@@ -315,25 +334,17 @@ func (e *engine) plan(ri int) {
 			e.hitReqs++
 		}
 		r.prefill = append(r.prefill, s)
+		n := min(s.left, budget)
+		s.chunk = n
+		chunks += p.prefillCost(s.pos, n)
+		budget -= n
+		r.nChunk++
 	}
-	B := int64(len(r.decode))
 	C0 := float64(r.sumBase + B*r.step)
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
-	r.nChunk = 0
 	switch {
 	case len(r.prefill) > 0:
-		budget := p.MaxBatchTokens - int(B)
-		cost := fixed
-		for _, s := range r.prefill {
-			if budget <= 0 {
-				break
-			}
-			n := min(s.left, budget)
-			s.chunk = n
-			cost += p.prefillCost(s.pos, n)
-			budget -= n
-			r.nChunk++
-		}
+		cost := fixed + chunks
 		r.stepK = 1
 		r.stepStart = e.now
 		r.busy = true
@@ -367,6 +378,7 @@ func (e *engine) stepEnd(ri int) {
 					e.firstToken(r, s)
 					continue
 				}
+				e.commitComputed(r, s)
 			}
 			keep = append(keep, s)
 		}
@@ -385,10 +397,25 @@ func (e *engine) stepEnd(ri int) {
 	e.plan(ri)
 }
 
+// commitComputed caches the blocks of a prefill in progress that its
+// chunks so far have filled, as vLLM caches each full block once computed,
+// so that requests admitted later find them.
+func (e *engine) commitComputed(r *replica, s *seq) {
+	upto := min(len(s.key), s.pos/e.bt)
+	if upto <= s.committed {
+		return
+	}
+	r.cache.commit(s.key[:upto], s.slots, s.committed)
+	s.committed = upto
+	if e.exact {
+		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key[:upto]})
+	}
+}
+
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	s.d.FirstToken()
-	r.cache.commit(s.key, s.slots, s.m)
+	r.cache.commit(s.key, s.slots, s.committed)
 	if e.exact {
 		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key})
 	}

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/examlops/gateway"
@@ -29,5 +31,49 @@ func TestRouterHitRateCountsAdmittedOnly(t *testing.T) {
 			assert.Positive(t, r.RouterTokenHitRate, r.Policy)
 			assert.Less(t, r.RouterTokenHitRate, 1.0, "%s %v: index says %.3f", r.Policy, idx, r.RouterTokenHitRate)
 		}
+	}
+}
+
+// TestQueuedRequestFindsPrefillInProgress: a second request with the same
+// prompt arrives while the first is being prefilled, on the only replica.
+// Each step's token budget (8,192) goes to the running prefill first, as
+// in vLLM's scheduler, so the second request waits until some budget is
+// left, and is then admitted finding the blocks the first one's chunks
+// have filled. (The engine used to admit it at once, match nothing, and
+// compute the whole prompt again: a token hit rate of 0.)
+func TestQueuedRequestFindsPrefillInProgress(t *testing.T) {
+	tests := []struct {
+		name   string
+		tokens int
+		hit    float64 // prompt tokens found cached, of both prompts
+	}{
+		// Two full chunks: the second request is admitted after the first
+		// one's prefill and finds all of it but the last token.
+		{"two full chunks", 16384, 16383.0 / 32768},
+		// 8,192 + 8,192 + 4,096: the third step has 4,096 tokens of budget
+		// left, which admits the second request; it finds the 32 blocks
+		// the first two chunks filled and computes the last 8 itself.
+		{"two and a half chunks", 20480, 16384.0 / 40960},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ids := make([]string, tt.tokens/512)
+			for i := range ids {
+				ids[i] = fmt.Sprint(i)
+			}
+			line := func(ts int) string {
+				return fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%s]}`, ts, tt.tokens, strings.Join(ids, ","))
+			}
+			w, err := TraceBytes("two", []byte(line(0)+"\n"+line(1)+"\n"), TraceOptions{})
+			require.NoError(t, err)
+			p, err := PolicyByName("round_robin")
+			require.NoError(t, err)
+			rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}})
+			require.NoError(t, err)
+			r := rep.Results[0]
+			require.Equal(t, 2, r.Completed)
+			assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9)
+			assert.InDelta(t, 0.5, r.RequestHitRate, 1e-9)
+		})
 	}
 }
