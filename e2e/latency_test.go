@@ -32,7 +32,8 @@ import (
 // read when EXA_E2E_LATENCY_RATES is not set). EXA_E2E_LATENCY_BASELINE_EXA
 // names another exa binary (e.g. a build of an earlier commit) to run as a
 // fourth path, so that two versions of the gateway are compared in the
-// same run. EXA_E2E_GATEWAY_ENV ("NAME=value", e.g. GOMAXPROCS=1) is set
+// same run; EXA_E2E_LATENCY_BASELINE_ARGS adds flags to it (space
+// separated), e.g. to compare settings of one binary. EXA_E2E_GATEWAY_ENV ("NAME=value", e.g. GOMAXPROCS=1) is set
 // for the stdlib proxy as well as the gateways.
 func TestAddedLatency(t *testing.T) {
 	requireBinaries(t)
@@ -163,12 +164,14 @@ func latencyRates(t *testing.T) []int {
 }
 
 // startGatewayBinary starts `serve gateway` from another exa binary, with
-// the flags startGateway uses.
+// the flags startGateway uses and those in EXA_E2E_LATENCY_BASELINE_ARGS.
 func startGatewayBinary(t *testing.T, bin, cfg string) *gatewayProc {
 	port := freePort(t)
-	p := startProc(t, "baseline-gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, bin, "serve", "gateway",
-		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--reload-interval", "100ms",
-		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms")
+	args := append([]string{"serve", "gateway",
+		"--listen", "127.0.0.1:" + strconv.Itoa(port), "--reload-interval", "100ms",
+		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms"},
+		strings.Fields(os.Getenv("EXA_E2E_LATENCY_BASELINE_ARGS"))...)
+	p := startProc(t, "baseline-gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, bin, args...)
 	g := &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(port), p: p}
 	waitFor(t, 20*time.Second, "baseline gateway /healthz", func() bool { return get(g.url+"/healthz") == http.StatusOK })
 	return g
