@@ -78,7 +78,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -355,6 +355,31 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			// exception to the no-panic rule, not a crash.
 			oc.code = codeAborted
 			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// readBody reads r to its end, like io.ReadAll, into a buffer sized for
+// the declared length (when it is known and within limit), so that a long
+// prompt is not copied through a series of growing buffers.
+func readBody(r io.Reader, size, limit int64) ([]byte, error) {
+	if size <= 0 || size > limit {
+		return io.ReadAll(r)
+	}
+	// One byte more than declared: reading to the end then needs no
+	// growth even if the reader reports io.EOF on a call of its own.
+	b := make([]byte, 0, size+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
 		}
 	}
 }
