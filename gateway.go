@@ -22,6 +22,7 @@ type Gateway struct {
 
 	mu    sync.Mutex // guards idx, the scratch below, and table changes
 	idx   *index
+	heat  demand
 	match []int32
 	all   []Candidate // one per replica of built, refreshed per Route
 	built *table
@@ -248,7 +249,8 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	t := g.snap.Load()
-	g.idx.match(key, g.match)
+	longest := g.idx.match(key, g.match)
+	share := g.heat.observe(key, longest)
 	if g.built != t { // the replica set changed: rebuild the static fields
 		g.all = g.all[:0]
 		for _, rs := range t.list {
@@ -306,7 +308,7 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
-	g.req = Request{Key: key, MaxMatched: maxMatched}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
 	ch := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if ch.Index < 0 || ch.Index >= len(cands) {

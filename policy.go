@@ -21,6 +21,10 @@ type Request struct {
 	Key Key
 	// MaxMatched is the longest Candidate.Matched among the candidates.
 	MaxMatched int
+	// Demand is the share, 0..1, of recent requests whose longest prefix
+	// held by any replica was the same as this request's: how hot that
+	// prefix is (see demand.go). 0 when no replica holds any of the key.
+	Demand float64
 }
 
 // Candidate is one eligible replica as a Policy sees it.

@@ -31,8 +31,20 @@ import (
 // This is the load guard: on traffic whose requests share only a system
 // prompt, every replica holds that prompt, the prefix terms are equal, and
 // the choice is made by load alone, so it does not collapse onto one
-// replica. Exact ties, common when idle replicas hold nothing of a new
-// prompt, go to the replica that has been sent the least prefill work
+// replica.
+//
+// The cost is myopic, though: a replica lacking a long hot prefix is
+// charged its whole prefill by every request, never amortised over the
+// requests that would hit there afterwards, so the prefix would stay on the
+// replicas that got it first. Hence replication: when the longest held
+// prefix is held by fewer candidates than Request.Demand (its share of
+// recent traffic) times the number of candidates, the candidates lacking
+// it are priced as if they held it, so the least loaded replica warms up,
+// holders winning ties (Preble's observation: a prefix shared by a fraction
+// f of the traffic wants about f of the replicas).
+//
+// Exact ties, common when idle replicas hold nothing of a new prompt, go
+// to the replica that has been sent the least prefill work
 // (AssignedPrefill), then to fewer in-flight requests, then to the earlier
 // candidate: decisions are deterministic, and misses spread evenly.
 //
@@ -89,6 +101,21 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	}
 	n := len(req.Key)
 	lambda := ext + float64(pending)/float64(len(cands))/float64(n)
+	// A hot prefix held by fewer replicas than its share of the traffic
+	// calls for: replicate it, pricing the replicas that lack it as if
+	// they held it, so that a less loaded one warms up.
+	shared := 0
+	if req.MaxMatched > 0 {
+		holders := 0
+		for i := range cands {
+			if cands[i].Matched == req.MaxMatched {
+				holders++
+			}
+		}
+		if float64(holders) < req.Demand*float64(len(cands)) {
+			shared = req.MaxMatched
+		}
+	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
 		// The least loaded candidate always fits under the ceiling, so the
@@ -101,8 +128,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-c.Matched) + dw*float64(c.Outstanding())
-		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best])) {
+		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared)) + dw*float64(c.Outstanding())
+		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0)) {
 			best, bestCost = i, cost
 		}
 	}
@@ -116,9 +143,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	return ch
 }
 
-// better breaks a cost tie: less prefill work sent so far, then fewer in
-// flight.
-func better(a, b *Candidate) bool {
+// better breaks a cost tie: when replicating, a replica that holds more of
+// the prefix (replication is for load, not for its own sake); then less
+// prefill work sent so far, then fewer in flight.
+func better(a, b *Candidate, replicating bool) bool {
+	if replicating && a.Matched != b.Matched {
+		return a.Matched > b.Matched
+	}
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill
 	}

@@ -70,3 +70,70 @@ func TestCacheAwareSpreadsMisses(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"r0": 2, "r1": 2, "r2": 2, "r3": 2}, counts)
 }
+
+// TestCacheAwareReplicatesHotPrefix: a prefix held by fewer replicas than
+// its share of the traffic (Request.Demand × candidates) is replicated: the
+// replicas lacking it are priced as if they held it, so a less loaded one
+// warms up; with enough holders, or a cold prefix, the match is worth its
+// prefill as usual.
+func TestCacheAwareReplicatesHotPrefix(t *testing.T) {
+	// 4 replicas; a holds 60 of 64 blocks and runs 3 requests; b, c and d
+	// are idle and hold nothing. Warming one costs (1+λ)·64 blocks, far
+	// more than a's load, so a myopic cost stays on a.
+	cands := func() []Candidate {
+		return []Candidate{
+			{Name: "a", Matched: 60, InFlight: 3, PendingPrefill: 4},
+			{Name: "b"}, {Name: "c"}, {Name: "d"},
+		}
+	}
+	tests := []struct {
+		name      string
+		demand    float64
+		holders   int // of the first candidates, given a's match
+		want      int
+		replicate bool
+	}{
+		{"cold prefix stays", 0, 1, 0, false},
+		{"quarter of the traffic, one holder of four: enough", 0.25, 1, 0, false},
+		{"half of the traffic, one holder: replicate", 0.5, 1, 1, true},
+		{"all of the traffic, three holders: replicate", 1, 3, 3, true},
+		{"all of the traffic, every replica holds it", 1, 4, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := cands()
+			for i := 1; i < tt.holders; i++ {
+				cs[i].Matched, cs[i].InFlight, cs[i].PendingPrefill = 60, 3, 4
+			}
+			req := caReq(64, cs)
+			req.Demand = tt.demand
+			ch := (&CacheAware{}).Pick(req, cs)
+			assert.Equal(t, tt.want, ch.Index)
+			if tt.replicate {
+				assert.Equal(t, KindLoadAware, ch.Kind)
+				assert.Equal(t, FallbackLoadGuard, ch.Fallback)
+			} else {
+				assert.Equal(t, KindAffinity, ch.Kind)
+			}
+		})
+	}
+}
+
+// TestDemandShares: the sketch reports each longest-held prefix's share of
+// recent requests, counts requests with no held prefix in the total only,
+// and halves its counts every demandWindow requests, so shares follow the
+// traffic.
+func TestDemandShares(t *testing.T) {
+	var d demand
+	hot, cold := KeyFromHashes([]uint64{1, 2, 3}), KeyFromHashes([]uint64{9})
+	assert.Zero(t, d.observe(hot, 0), "nothing held: no share")
+	assert.InDelta(t, 0.5, d.observe(hot, 3), 1e-9, "1 of 2 requests")
+	assert.InDelta(t, 1.0/3, d.observe(cold, 1), 1e-9, "1 of 3")
+	assert.InDelta(t, 2.0/4, d.observe(hot, 3), 1e-9, "2 of 4")
+	assert.InDelta(t, 1.0/5, d.observe(hot, 2), 1e-9, "a shorter prefix of the same key is another prefix")
+	for range 4 * demandWindow {
+		d.observe(cold, 1)
+	}
+	assert.Less(t, d.observe(hot, 3), 0.01, "old traffic decays")
+	assert.Greater(t, d.observe(cold, 1), 0.99)
+}
