@@ -34,7 +34,8 @@ import (
 // fourth path, so that two versions of the gateway are compared in the
 // same run; EXA_E2E_LATENCY_BASELINE_ARGS adds flags to it (space
 // separated), e.g. to compare settings of one binary. EXA_E2E_GATEWAY_ENV ("NAME=value", e.g. GOMAXPROCS=1) is set
-// for the stdlib proxy as well as the gateways.
+// for the stdlib proxy as well as the gateways. EXA_E2E_LATENCY_EXTRA_HOPS
+// adds further hops to the rotation (see extraHops).
 func TestAddedLatency(t *testing.T) {
 	requireBinaries(t)
 	n := envInt(t, "EXA_E2E_LATENCY_N", 2000)
@@ -70,6 +71,8 @@ func TestAddedLatency(t *testing.T) {
 		})
 		paths = append(paths, latencyPath{name: "baseline gw", url: bg.url})
 	}
+	nCompared := len(paths)
+	paths = append(paths, extraHops(t, engine.port)...)
 
 	body := []byte(`{"model":"` + simModel + `","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say one word."}]}`)
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
@@ -125,9 +128,12 @@ func TestAddedLatency(t *testing.T) {
 		t.Logf("hop (stdlib proxy - direct)   %s  (the bare extra hop)", diff(samples[2], direct))
 		t.Logf("added (gateway - direct)      %s  (target: p50 <= 200 µs, p99 <= 1000 µs)", diff(samples[1], direct))
 		t.Logf("gateway - stdlib proxy        %s  (the gateway's cost beyond the bare hop)", diff(samples[1], samples[2]))
-		if len(paths) > 3 {
+		if nCompared > 3 {
 			t.Logf("added (baseline gw - direct)  %s", diff(samples[3], direct))
 			t.Logf("gateway - baseline gw         %s", diff(samples[1], samples[3]))
+		}
+		for k := nCompared; k < len(paths); k++ {
+			t.Logf("hop (%s - direct)  %s", paths[k].name, diff(samples[k], direct))
 		}
 		// Each gateway request against the direct request of its round, so
 		// that drift in the machine's load cancels out.
@@ -142,6 +148,33 @@ func TestAddedLatency(t *testing.T) {
 // latencyPath is one way of reaching the engine.
 type latencyPath struct {
 	name, url string
+}
+
+// extraHops starts the extra hops named in EXA_E2E_LATENCY_EXTRA_HOPS:
+// "name=command" entries separated by ";", whose command (split on spaces)
+// has {listen} replaced by a free loopback port and {engine} by the
+// engine's port, e.g. "socat=socat TCP-LISTEN:{listen},fork,reuseaddr
+// TCP:127.0.0.1:{engine}", a relay without HTTP that shows what the extra
+// process alone costs.
+func extraHops(t *testing.T, enginePort int) []latencyPath {
+	spec := os.Getenv("EXA_E2E_LATENCY_EXTRA_HOPS")
+	var hops []latencyPath
+	for _, entry := range strings.Split(spec, ";") {
+		if strings.TrimSpace(entry) == "" {
+			continue
+		}
+		name, cmd, ok := strings.Cut(entry, "=")
+		require.True(t, ok, "EXA_E2E_LATENCY_EXTRA_HOPS entry %q: want name=command", entry)
+		port := freePort(t)
+		r := strings.NewReplacer("{listen}", strconv.Itoa(port), "{engine}", strconv.Itoa(enginePort))
+		args := strings.Fields(r.Replace(cmd))
+		require.NotEmpty(t, args, "EXA_E2E_LATENCY_EXTRA_HOPS entry %q", entry)
+		startProc(t, "hop-"+strings.TrimSpace(name), nil, args[0], args[1:]...)
+		url := "http://127.0.0.1:" + strconv.Itoa(port)
+		waitFor(t, 10*time.Second, "hop "+name, func() bool { return get(url+"/health") == http.StatusOK })
+		hops = append(hops, latencyPath{name: strings.TrimSpace(name), url: url})
+	}
+	return hops
 }
 
 // latencyRates reads EXA_E2E_LATENCY_RATES (or EXA_E2E_LATENCY_RATE).

@@ -325,6 +325,14 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 			}
 		}
 		if rerr == io.EOF {
+			// The answer is complete: send it to the client now, before
+			// the bookkeeping below and in the deferred calls (routing
+			// feedback, metrics, timers), rather than when the handler
+			// returns. Only with the engine's Content-Length copied, so
+			// that net/http frames it with that length, as before.
+			if !sse && resp.ContentLength >= 0 {
+				_ = rc.Flush()
+			}
 			if resp.StatusCode >= 500 {
 				done(0, fmt.Errorf("%w: status %d", errUpstreamStatus, resp.StatusCode))
 			} else {

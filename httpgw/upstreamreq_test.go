@@ -8,10 +8,13 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
 
+	"github.com/examlops/gateway/config"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -142,4 +145,47 @@ func TestReadBody(t *testing.T) {
 		_, err := readBody(io.MultiReader(bytes.NewReader(data[:10]), iotest.ErrReader(boom)), int64(len(data)), 1<<20)
 		assert.ErrorIs(t, err, boom)
 	})
+}
+
+// The gateway sends a complete answer as soon as the engine's body ends,
+// without changing how it is framed: with the engine's Content-Length when
+// it gave one; otherwise net/http frames it once the handler returns (a
+// small answer gets a Content-Length), not chunked by an early flush.
+func TestAnswerFraming(t *testing.T) {
+	answer := `{"id":"x","choices":[{"index":0,"text":"ok"}]}`
+	for _, tc := range []struct {
+		name    string
+		length  bool // the engine declares Content-Length
+		wantLen int64
+	}{
+		{"content length", true, int64(len(answer))},
+		{"chunked", false, int64(len(answer))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				if tc.length {
+					w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+				}
+				_, _ = io.WriteString(w, answer[:10])
+				if !tc.length {
+					w.(http.Flusher).Flush() // forces chunked encoding
+				}
+				_, _ = io.WriteString(w, answer[10:])
+			}))
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+			require.NoError(t, err)
+			require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+				Mode: config.ModeRoundRobin, Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}))
+			gw := newHTTPTestServer(t, s)
+			resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
+			require.NoError(t, err)
+			b := readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, answer, string(b))
+			assert.Equal(t, tc.wantLen, resp.ContentLength)
+		})
+	}
 }
