@@ -14,8 +14,10 @@
 //     busy), plus the batch it is decoding. That prefers the replica with
 //     the longest cached prefix while its queue is short and falls back to
 //     load as it grows, so traffic sharing one system prompt does not pile
-//     onto one replica; an optional bounded-load cap (CacheAware.LoadFactor)
-//     adds a hard limit on in-flight requests;
+//     onto one replica. A hot prefix held by fewer replicas than its share
+//     of recent traffic calls for is replicated to the least loaded one
+//     (Request.Demand). An optional bounded-load cap
+//     (CacheAware.LoadFactor) adds a hard limit on in-flight requests;
 //   - LoadAware (ModeLoadAware) picks the least loaded replica by a weighted
 //     mix of queue depth (outstanding requests and queued prefill), KV
 //     utilisation and latency.
@@ -28,8 +30,10 @@
 // A request's prefix is a Key: a chain of block hashes built by PrefixKey
 // (text segments), KeyFromTokens (engine-style token blocks) or
 // KeyFromHashes (pre-hashed block ids, as in request traces). Every
-// decision is a function of the key and the replica state alone, so the
-// rules are testable without an engine.
+// decision is a function of the key and the gateway's state alone (the
+// replicas and their signals, the index of cached blocks, and how many
+// recent requests shared each held prefix), so the rules are testable
+// without an engine.
 //
 // Basic use:
 //
