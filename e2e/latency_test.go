@@ -28,7 +28,7 @@ import (
 //
 // EXA_E2E_LATENCY_N sets the samples per path and rate (default 2000),
 // EXA_E2E_LATENCY_RATES the total request rates per second, comma
-// separated (default "400,2000"; EXA_E2E_LATENCY_RATE, one rate, is still
+// separated (default "400,1000,2000"; EXA_E2E_LATENCY_RATE, one rate, is still
 // read when EXA_E2E_LATENCY_RATES is not set). EXA_E2E_LATENCY_BASELINE_EXA
 // names another exa binary (e.g. a build of an earlier commit) to run as a
 // fourth path, so that two versions of the gateway are compared in the
@@ -184,7 +184,7 @@ func latencyRates(t *testing.T) []int {
 		if os.Getenv("EXA_E2E_LATENCY_RATE") != "" {
 			return []int{envInt(t, "EXA_E2E_LATENCY_RATE", 0)}
 		}
-		s = "400,2000"
+		s = "400,1000,2000"
 	}
 	var rates []int
 	for _, f := range strings.Split(s, ",") {
