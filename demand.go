@@ -18,6 +18,10 @@ package gateway
 const (
 	demandSlots  = 4096 // per row; a power of two
 	demandWindow = 1024 // requests between halvings
+	// demandPrior is the fewest requests a share is taken of: until the
+	// gateway has seen that many, a prefix shared by a few of them is not
+	// yet hot (two requests of two are not half the traffic).
+	demandPrior = 16
 )
 
 // demand is a decaying count-min sketch of longest-held prefixes. It is not
@@ -28,9 +32,9 @@ type demand struct {
 	n     int    // requests since the last halving
 }
 
-// observe counts a request whose longest prefix held by any replica is
+// observe counts a request whose longest prefix held by a candidate is
 // key[:longest] and returns that prefix's share of recent requests, 0..1
-// (0 when longest is 0).
+// (0 when longest is 0), taken of at least demandPrior requests.
 func (d *demand) observe(key Key, longest int) float64 {
 	if d.n++; d.n == demandWindow {
 		d.n = 0
@@ -45,10 +49,22 @@ func (d *demand) observe(key Key, longest int) float64 {
 	if longest == 0 {
 		return 0
 	}
-	h := key[longest-1]
-	a := &d.rows[0][h&(demandSlots-1)]
-	b := &d.rows[1][(h>>32)&(demandSlots-1)]
+	a, b := d.counters(key[longest-1])
 	*a++
 	*b++
-	return float64(min(*a, *b, d.total)) / float64(d.total)
+	return d.share(key, longest)
+}
+
+// share is observe without counting: key[:longest]'s share so far.
+func (d *demand) share(key Key, longest int) float64 {
+	if longest == 0 {
+		return 0
+	}
+	a, b := d.counters(key[longest-1])
+	return float64(min(*a, *b, d.total)) / float64(max(d.total, demandPrior))
+}
+
+// counters returns the two counters of the prefix ending in block h.
+func (d *demand) counters(h uint64) (*uint32, *uint32) {
+	return &d.rows[0][h&(demandSlots-1)], &d.rows[1][(h>>32)&(demandSlots-1)]
 }

@@ -249,8 +249,7 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	t := g.snap.Load()
-	longest := g.idx.match(key, g.match)
-	share := g.heat.observe(key, longest)
+	g.idx.match(key, g.match)
 	if g.built != t { // the replica set changed: rebuild the static fields
 		g.all = g.all[:0]
 		for _, rs := range t.list {
@@ -307,6 +306,12 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	maxMatched := 0
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
+	}
+	var share float64
+	if except == "" {
+		share = g.heat.observe(key, maxMatched)
+	} else { // a retry of a request already counted
+		share = g.heat.share(key, maxMatched)
 	}
 	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
 	ch := g.policy.Pick(&g.req, cands)

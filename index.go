@@ -304,7 +304,9 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	// moving every block to the front, for a fraction of the probes. The
 	// replica must hold more than the key, so that no eviction reaches
 	// the blocks in front or leaves the rest of the list empty, which
-	// would make it evict other blocks than a full warm-up would.
+	// would make it evict other blocks than a full warm-up would. (A raw
+	// Key that repeats a block of that leading run may end in another
+	// order; chained keys never repeat a block.)
 	front, run := nilRef, 0
 	if r.cap > len(key) {
 		for l := r.mru; l != nilRef && run < matched && r.nodes[l].hash == key[run]; l = r.nodes[l].next {

@@ -170,10 +170,18 @@ func TestPropIndexMatchesModel(t *testing.T) {
 				s := rapid.SampledFrom(active()).Draw(t, "slot")
 				ix.removeReplica(s)
 				delete(model, s)
-			case op <= 5: // store
+			case op <= 5: // store, as an engine event or as Route warms
 				s := rapid.SampledFrom(active()).Draw(t, "slot")
 				k := drawModelKey(t, "key")
-				ix.store(s, k)
+				if rapid.Bool().Draw(t, "asRoute") {
+					if n := len(ix.reps); len(out) < n {
+						out = make([]int32, n)
+					}
+					ix.match(k, out)
+					ix.storeMatched(s, k, int(out[s]))
+				} else {
+					ix.store(s, k)
+				}
 				model[s].store(k)
 			case op == 6: // remove blocks, any subset of a key
 				s := rapid.SampledFrom(active()).Draw(t, "slot")

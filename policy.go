@@ -22,8 +22,8 @@ type Request struct {
 	// MaxMatched is the longest Candidate.Matched among the candidates.
 	MaxMatched int
 	// Demand is the share, 0..1, of recent requests whose longest prefix
-	// held by any replica was the same as this request's: how hot that
-	// prefix is (see demand.go). 0 when no replica holds any of the key.
+	// held by a candidate was the same as this request's, Key[:MaxMatched]:
+	// how hot that prefix is (see demand.go). 0 when MaxMatched is 0.
 	Demand float64
 }
 
@@ -147,8 +147,10 @@ const (
 	// FallbackNoMatch: no eligible replica holds any of the prefix, so
 	// the cache-aware policy routed by load.
 	FallbackNoMatch Fallback = 1 << iota
-	// FallbackLoadGuard: a replica holds more of the prefix, but its load
-	// made another replica the faster choice.
+	// FallbackLoadGuard: a replica holds more of the prefix, but load made
+	// another replica the better choice: its queue outweighed the prefill
+	// the prefix saves, or the prefix is hot and being replicated to a less
+	// loaded replica (CacheAware).
 	FallbackLoadGuard
 	// FallbackSLO: every healthy replica breaches the latency SLO, so the
 	// gateway routed within the healthy set rather than to nothing.

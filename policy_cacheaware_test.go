@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -120,20 +122,75 @@ func TestCacheAwareReplicatesHotPrefix(t *testing.T) {
 }
 
 // TestDemandShares: the sketch reports each longest-held prefix's share of
-// recent requests, counts requests with no held prefix in the total only,
-// and halves its counts every demandWindow requests, so shares follow the
-// traffic.
+// recent requests (of at least demandPrior), counts requests with no held
+// prefix in the total only, and halves its counts every demandWindow
+// requests, so shares follow the traffic.
 func TestDemandShares(t *testing.T) {
 	var d demand
 	hot, cold := KeyFromHashes([]uint64{1, 2, 3}), KeyFromHashes([]uint64{9})
 	assert.Zero(t, d.observe(hot, 0), "nothing held: no share")
-	assert.InDelta(t, 0.5, d.observe(hot, 3), 1e-9, "1 of 2 requests")
-	assert.InDelta(t, 1.0/3, d.observe(cold, 1), 1e-9, "1 of 3")
-	assert.InDelta(t, 2.0/4, d.observe(hot, 3), 1e-9, "2 of 4")
-	assert.InDelta(t, 1.0/5, d.observe(hot, 2), 1e-9, "a shorter prefix of the same key is another prefix")
-	for range 4 * demandWindow {
+	assert.InDelta(t, 1.0/demandPrior, d.observe(hot, 3), 1e-9, "1 of 2 requests, but 2 are too few to tell")
+	for range demandPrior {
 		d.observe(cold, 1)
 	}
-	assert.Less(t, d.observe(hot, 3), 0.01, "old traffic decays")
-	assert.Greater(t, d.observe(cold, 1), 0.99)
+	assert.InDelta(t, 2.0/(demandPrior+3), d.observe(hot, 3), 1e-9, "2 of demandPrior+3")
+	assert.InDelta(t, 1.0/(demandPrior+4), d.observe(hot, 2), 1e-9, "a shorter prefix of the same key is another prefix")
+	for range 4 * demandWindow {
+		d.observe(hot, 3)
+	}
+	assert.Greater(t, d.observe(hot, 3), 0.99)
+	for range 2 * demandWindow {
+		d.observe(cold, 1)
+	}
+	// Without halving the hot prefix would still hold 4/6 of the counts.
+	assert.Less(t, d.observe(hot, 3), 0.3, "old traffic decays")
+	assert.Greater(t, d.observe(cold, 1), 0.7)
+}
+
+// TestCacheAwareColdStartKeepsAffinity: on a fresh gateway a prompt seen
+// a few times is not hot yet: three requests for it, none finished, all go
+// to the replica that got the first (and would find it cached there,
+// queued behind its prefill) instead of warming three replicas.
+func TestCacheAwareColdStartKeepsAffinity(t *testing.T) {
+	g, err := New(replicaNames(4), WithMode(ModeCacheAware))
+	require.NoError(t, err)
+	key := KeyFromHashes([]uint64{1, 2, 3, 4, 5, 6, 7, 8})
+	for i := range 3 {
+		d, err := g.Route(key)
+		require.NoError(t, err)
+		assert.Equal(t, "r0", d.Replica, "request %d", i)
+	}
+}
+
+// TestCacheAwareColdPrefixesKeepAffinity: sixteen prompts in random
+// order, each about a sixteenth of the traffic, on eight replicas with
+// four requests in flight finishing in random order: no prompt is hot
+// enough to need a second replica, so each stays on the replica that got
+// it first, though another is often idler.
+func TestCacheAwareColdPrefixesKeepAffinity(t *testing.T) {
+	g, err := New(replicaNames(8), WithMode(ModeCacheAware))
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := make([]uint64, 64)
+	where := map[int]map[string]bool{}
+	var open []Decision
+	for range 512 {
+		if len(open) == 4 {
+			j := rng.IntN(len(open))
+			open[j].Done(DoneInfo{})
+			open = slices.Delete(open, j, j+1)
+		}
+		p := rng.IntN(16)
+		ids[0] = uint64(p) // 64 blocks: no queue of four outweighs the match
+		d, err := g.Route(KeyFromHashes(ids))
+		require.NoError(t, err)
+		if where[p] == nil {
+			where[p] = map[string]bool{}
+		}
+		where[p][d.Replica] = true
+		open = append(open, d)
+	}
+	for p, reps := range where {
+		assert.Len(t, reps, 1, "prompt %d went to %v", p, reps)
+	}
 }

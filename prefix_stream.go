@@ -52,7 +52,8 @@ func fold(v1, v2, v3, v4 uint64, n int) uint64 {
 func appendStreamed(dst Key, seed uint64, segment string, blockSize int) (Key, int) {
 	b := unsafe.Slice(unsafe.StringData(segment), len(segment))
 	nb := len(b) / blockSize
-	dst = slices.Grow(dst, nb)[:len(dst)+nb]
+	// Room for a partial last block too, which the caller appends.
+	dst = slices.Grow(dst, (len(b)+blockSize-1)/blockSize)[:len(dst)+nb]
 	out := dst[len(dst)-nb:]
 	v1, v2, v3, v4 := seed+prime1+prime2, seed+prime2, seed, seed-prime1
 	if blockSize == 64 { // the default: two stripes a block, unrolled

@@ -2,10 +2,14 @@
 // serving cluster, used to compare routing policies by time to first token
 // (TTFT), prefix-cache hit rate and load balance without a GPU.
 //
-// Each simulated replica runs continuous batching (FCFS admission up to a
-// maximum number of running sequences, chunked prefill within a per-step token
-// budget) over a KV cache of a fixed number of blocks; blocks that no running
-// request uses are evicted least recently used first. A prefill step costs
+// Each simulated replica runs continuous batching over a KV cache of a fixed
+// number of blocks, scheduled like vLLM's v1 scheduler: each step's token
+// budget goes to the decoding sequences, then to the running prefills in
+// admission order (chunked prefill), and what is left admits waiting
+// requests first come, first served, up to a maximum number of running
+// sequences. A prefill's full blocks are cached as each chunk completes, so
+// a request admitted later finds them; blocks that no running request uses
+// are evicted least recently used first. A prefill step costs
 // a + b·tokens + c·((p+n)² − p²) for a chunk of n uncached tokens after p
 // tokens of context, and a decode step costs more as the batch and its context
 // grow (see Preset for every coefficient and its source).

@@ -30,8 +30,7 @@ type seq struct {
 	buf       gateway.Key // backing store of key and outKey
 	slots     []int32     // cache slots of key's blocks once pinned
 	private   int         // blocks reserved beyond the prompt
-	m         int         // leading blocks cached at admission
-	committed int         // leading blocks cached so far: m, then those its chunks filled
+	committed int         // leading blocks cached: found at admission, then filled by its chunks
 	left      int         // prompt tokens still to prefill
 	pos       int         // tokens of context before the next chunk
 	chunk     int         // tokens prefilled in the current step
@@ -325,7 +324,7 @@ func (e *engine) plan(ri int) {
 		r.waiting.pop()
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
-		s.m, s.committed = m, m
+		s.committed = m
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
 		e.inTok += int64(s.in)

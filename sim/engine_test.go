@@ -68,12 +68,14 @@ func TestQueuedRequestFindsPrefillInProgress(t *testing.T) {
 			require.NoError(t, err)
 			p, err := PolicyByName("round_robin")
 			require.NoError(t, err)
-			rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}})
-			require.NoError(t, err)
-			r := rep.Results[0]
-			require.Equal(t, 2, r.Completed)
-			assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9)
-			assert.InDelta(t, 0.5, r.RequestHitRate, 1e-9)
+			for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+				rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}, Index: idx})
+				require.NoError(t, err)
+				r := rep.Results[0]
+				require.Equal(t, 2, r.Completed)
+				assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9, "index %v", idx)
+				assert.InDelta(t, 0.5, r.RequestHitRate, 1e-9, "index %v", idx)
+			}
 		})
 	}
 }
