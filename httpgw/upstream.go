@@ -215,7 +215,7 @@ func (p *connPool) exchange(pc *poolConn, req *http.Request) (*http.Response, er
 		stop()
 		return nil, err
 	}
-	resp, err := http.ReadResponse(pc.br, req)
+	resp, err := readResponse(pc.br, req)
 	if err != nil {
 		stop()
 		if ctx.Err() != nil {
