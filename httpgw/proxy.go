@@ -307,12 +307,18 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 		if n > 0 || rerr == io.EOF {
 			stopTimer()
 		}
+		// A complete answer whose length the engine gave goes to the
+		// client as soon as it is here, before the bookkeeping (routing
+		// feedback, metrics, timers, here and in the deferred calls),
+		// rather than when the handler returns; net/http frames it with
+		// the copied Content-Length, as it would have. Streams are sent
+		// event by event.
+		complete := rerr == io.EOF && !sse && resp.ContentLength >= 0
 		if n > 0 {
+			firstChunk := first
 			if first {
 				first = false
 				ttfb = s.opts.Clock().Sub(start)
-				d.FirstToken()
-				ms.mm.ttfbO(s.metrics, ms.name, oc.kind).Observe(ttfb.Seconds())
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				// The client is gone; returning cancels the upstream request.
@@ -320,18 +326,17 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 				oc.code = codeClientCanceled
 				return false, nil
 			}
-			if sse {
+			if sse || complete {
 				_ = rc.Flush()
+			}
+			if firstChunk {
+				d.FirstToken()
+				ms.mm.ttfbO(s.metrics, ms.name, oc.kind).Observe(ttfb.Seconds())
 			}
 		}
 		if rerr == io.EOF {
-			// The answer is complete: send it to the client now, before
-			// the bookkeeping below and in the deferred calls (routing
-			// feedback, metrics, timers), rather than when the handler
-			// returns. Only with the engine's Content-Length copied, so
-			// that net/http frames it with that length, as before.
-			if !sse && resp.ContentLength >= 0 {
-				_ = rc.Flush()
+			if complete && n == 0 {
+				_ = rc.Flush() // the end came on a read of its own
 			}
 			if resp.StatusCode >= 500 {
 				done(0, fmt.Errorf("%w: status %d", errUpstreamStatus, resp.StatusCode))

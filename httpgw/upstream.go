@@ -234,8 +234,10 @@ func hostKey(req *http.Request) string {
 	return req.URL.Host
 }
 
-// poolBody returns its connection to the pool once the body has been read
-// to its end, and closes it otherwise.
+// poolBody returns its connection to the pool when it is closed after
+// being read to its end, and closes the connection otherwise. (It waits
+// for Close, which every caller makes, so that a proxy can pass the last
+// bytes on before that bookkeeping.)
 type poolBody struct {
 	rc   io.ReadCloser
 	pool *connPool
@@ -251,10 +253,12 @@ func (b *poolBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
+	if b.eof {
+		return 0, io.EOF
+	}
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.eof = true
-		b.finish()
 	}
 	return n, err
 }
