@@ -26,16 +26,19 @@ import (
 // more slowly than a busy one. It reports the figures; it asserts only
 // that every request succeeded (timings depend on the machine).
 //
-// EXA_E2E_LATENCY_N sets the samples per path and rate (default 2000),
+// EXA_E2E_LATENCY_N sets the samples per path and rate (default 2000);
 // EXA_E2E_LATENCY_RATES the total request rates per second, comma
-// separated (default "400,1000,2000"; EXA_E2E_LATENCY_RATE, one rate, is still
-// read when EXA_E2E_LATENCY_RATES is not set). EXA_E2E_LATENCY_BASELINE_EXA
-// names another exa binary (e.g. a build of an earlier commit) to run as a
-// fourth path, so that two versions of the gateway are compared in the
-// same run; EXA_E2E_LATENCY_BASELINE_ARGS adds flags to it (space
-// separated), e.g. to compare settings of one binary. EXA_E2E_GATEWAY_ENV ("NAME=value", e.g. GOMAXPROCS=1) is set
-// for the stdlib proxy as well as the gateways. EXA_E2E_LATENCY_EXTRA_HOPS
-// adds further hops to the rotation (see extraHops).
+// separated (default "400,1000,2000"; EXA_E2E_LATENCY_RATE, one rate, is
+// still read when EXA_E2E_LATENCY_RATES is not set). The calls are
+// sequential, so a rate above what one client achieves is logged with the
+// rate achieved. EXA_E2E_LATENCY_BASELINE_EXA names another exa binary
+// (e.g. a build of an earlier commit) to run as a fourth path, so that two
+// versions of the gateway are compared in the same run;
+// EXA_E2E_LATENCY_BASELINE_ARGS adds flags to it (space separated), e.g.
+// to compare settings of one binary. EXA_E2E_GATEWAY_ENV ("NAME=value",
+// e.g. GOMAXPROCS=1) is set for the stdlib proxy as well as the gateways.
+// EXA_E2E_LATENCY_EXTRA_HOPS adds further hops to the rotation (see
+// extraHops).
 func TestAddedLatency(t *testing.T) {
 	requireBinaries(t)
 	n := envInt(t, "EXA_E2E_LATENCY_N", 2000)
