@@ -16,12 +16,16 @@ import (
 // buffer, with one string for the whole head; anything else is left to
 // http.ReadResponse, which then reads it from the start.
 func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
-	if _, err := br.Peek(1); err == nil {
-		buf, _ := br.Peek(br.Buffered())
-		if resp, n := parseSimpleResponse(buf, br, req); resp != nil {
-			_, _ = br.Discard(n)
-			return resp, nil
+	if _, err := br.Peek(1); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // as http.ReadResponse reports it
 		}
+		return nil, err
+	}
+	buf, _ := br.Peek(br.Buffered())
+	if resp, n := parseSimpleResponse(buf, br, req); resp != nil {
+		_, _ = br.Discard(n)
+		return resp, nil
 	}
 	return http.ReadResponse(br, req)
 }

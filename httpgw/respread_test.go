@@ -2,10 +2,12 @@ package httpgw
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -114,4 +116,27 @@ func TestLengthBody(t *testing.T) {
 	n, err := b.Read(p)
 	assert.Equal(t, 3, n)
 	assert.Equal(t, io.EOF, err)
+}
+
+// A connection that fails before any byte of the answer gives the error
+// http.ReadResponse gives.
+func TestReadResponseErrors(t *testing.T) {
+	req, err := http.NewRequest(http.MethodPost, "http://e/v1/completions", nil)
+	require.NoError(t, err)
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		r    func() io.Reader
+	}{
+		{"closed", func() io.Reader { return strings.NewReader("") }},
+		{"failed", func() io.Reader { return iotest.ErrReader(boom) }},
+		{"cut in the head", func() io.Reader { return strings.NewReader("HTTP/1.1 200 OK\r\nContent-Le") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, werr := http.ReadResponse(bufio.NewReader(tc.r()), req)
+			_, gerr := readResponse(bufio.NewReader(tc.r()), req)
+			require.Error(t, werr)
+			assert.Equal(t, werr, gerr)
+		})
+	}
 }
