@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/examlops/gateway/config"
@@ -26,6 +27,10 @@ type fixture struct {
 	http    *httptest.Server
 	engines []*enginetest.Engine
 	reg     *prometheus.Registry
+	// handlers counts the gateway's handlers still running: a complete
+	// answer reaches the client before the handler's bookkeeping, so
+	// counter waits for them.
+	handlers sync.WaitGroup
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -49,7 +54,11 @@ func newFixture(t *testing.T, n int, mode string, eopts enginetest.Options) *fix
 	require.NoError(t, err)
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
 	f.srv = s
-	f.http = httptest.NewServer(s)
+	f.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.handlers.Add(1)
+		defer f.handlers.Done()
+		s.ServeHTTP(w, r)
+	}))
 	t.Cleanup(f.http.Close)
 	return f
 }
@@ -99,6 +108,7 @@ func readAll(t *testing.T, resp *http.Response) []byte {
 // registry, 0 when absent.
 func (f *fixture) counter(name string, labels map[string]string) float64 {
 	f.t.Helper()
+	f.handlers.Wait()
 	fams, err := f.reg.Gather()
 	require.NoError(f.t, err)
 	total := 0.0
