@@ -106,9 +106,18 @@ func readAll(t *testing.T, resp *http.Response) []byte {
 
 // counter returns the value of a counter series from the fixture's
 // registry, 0 when absent.
+// settle waits for the gateway's handlers to finish their bookkeeping.
+func (f *fixture) settle() { f.handlers.Wait() }
+
+// stats is the gateway's Stats once its handlers have finished.
+func (f *fixture) stats() Stats {
+	f.settle()
+	return f.srv.Stats()
+}
+
 func (f *fixture) counter(name string, labels map[string]string) float64 {
 	f.t.Helper()
-	f.handlers.Wait()
+	f.settle()
 	fams, err := f.reg.Gather()
 	require.NoError(f.t, err)
 	total := 0.0

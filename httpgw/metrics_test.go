@@ -12,6 +12,7 @@ import (
 
 // histCount returns the sample count of a histogram series, 0 when absent.
 func (f *fixture) histCount(name string, labels map[string]string) uint64 {
+	f.settle()
 	f.t.Helper()
 	fams, err := f.reg.Gather()
 	require.NoError(f.t, err)

@@ -150,7 +150,7 @@ func TestRetryOnDeadReplica(t *testing.T) {
 	assert.Equal(t, 1.0, f.counter("exa_gateway_retries_total", nil), "one retry, then the dead replica is out")
 	assert.Equal(t, 1.0, f.counter("exa_gateway_ejections_total", map[string]string{"address": f.engines[0].URL()}))
 	assert.Equal(t, 6.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200"}))
-	st := f.srv.Stats()
+	st := f.stats()
 	for _, e := range st.Engines {
 		assert.Equal(t, e.Address != f.engines[0].URL(), e.Healthy, e.Address)
 	}
@@ -242,12 +242,12 @@ func TestKilledEngineReadmitted(t *testing.T) {
 	for range DefaultEjectAfter {
 		f.srv.ProbeAll(context.Background())
 	}
-	assert.False(t, f.srv.Stats().Engines[indexOf(f, 1)].Healthy)
+	assert.False(t, f.stats().Engines[indexOf(f, 1)].Healthy)
 	f.engines[1].Restart()
 	for range DefaultReadmitAfter {
 		f.srv.ProbeAll(context.Background())
 	}
-	assert.True(t, f.srv.Stats().Engines[indexOf(f, 1)].Healthy)
+	assert.True(t, f.stats().Engines[indexOf(f, 1)].Healthy)
 	for range 4 {
 		readAll(t, f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi")))
 	}
@@ -255,7 +255,7 @@ func TestKilledEngineReadmitted(t *testing.T) {
 }
 
 func indexOf(f *fixture, engine int) int {
-	for i, e := range f.srv.Stats().Engines {
+	for i, e := range f.stats().Engines {
 		if e.Address == f.engines[engine].URL() {
 			return i
 		}
@@ -275,7 +275,7 @@ func TestScrapeFeedsLoad(t *testing.T) {
 		byName[r.Name] = r.Load.QueueDepth*100 + r.Load.Running
 	}
 	assert.Equal(t, map[string]int{"e0": 703, "e1": 1}, byName)
-	st := f.srv.Stats()
+	st := f.stats()
 	require.NotNil(t, st.Engines[indexOf(f, 0)].Load)
 	assert.Equal(t, EngineLoad{Waiting: 7, Running: 3, KVUtilization: 0.5}, *st.Engines[indexOf(f, 0)].Load)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))

@@ -108,13 +108,13 @@ func TestApplyKeepsGatewayWhenRoutingUnchanged(t *testing.T) {
 	after := f.srv.state.Load().models[testModel].gw
 	assert.Same(t, before, after)
 	assert.Len(t, after.Replicas(), 3)
-	assert.Equal(t, "http://127.0.0.1:1", f.srv.Stats().Engines[0].Address)
+	assert.Equal(t, "http://127.0.0.1:1", f.stats().Engines[0].Address)
 
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: config.ModeRoundRobin, Replicas: reps[:1]}}}))
 	again := f.srv.state.Load().models[testModel].gw
 	assert.NotSame(t, after, again)
 	assert.Len(t, again.Replicas(), 1)
-	assert.Len(t, f.srv.Stats().Engines, 1, "engines no model uses are dropped")
+	assert.Len(t, f.stats().Engines, 1, "engines no model uses are dropped")
 }
 
 // A configuration file that does not exist yet is an empty configuration;

@@ -246,6 +246,7 @@ func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 	host := func(i int) string { return strings.TrimPrefix(f.engines[i].URL(), "http://") }
+	f.settle() // a handler returns its engine connection after answering
 	require.Equal(t, map[string]int{host(0): 1, host(1): 1}, idleHosts(f.srv.pool))
 
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
