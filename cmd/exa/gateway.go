@@ -29,6 +29,7 @@ type gatewayFlags struct {
 	maxBody                             int64
 	firstByteTimeout, shutdownGrace     time.Duration
 	logLevel                            string
+	httpServer                          string
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -72,6 +73,8 @@ package github.com/examlops/gateway/httpgw.`,
 	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&fl.httpServer, "http-server", "lean",
+		"HTTP/1.1 front server: lean (minimal server, less latency per request) or std (net/http's server)")
 	return cmd
 }
 
@@ -101,6 +104,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	if fl.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
+	}
+	if fl.httpServer != "lean" && fl.httpServer != "std" {
+		return usagef("invalid --http-server %q: want lean or std", fl.httpServer)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
@@ -142,12 +148,27 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	const readHeaderTimeout, idleTimeout = 10 * time.Second, 2 * time.Minute
+	var front interface {
+		Serve(net.Listener) error
+		Shutdown(context.Context) error
+	}
+	if fl.httpServer == "std" {
+		front = &http.Server{Handler: srv, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
+			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	} else {
+		ls, err := httpgw.NewLeanServer(srv, httpgw.LeanOptions{ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Logger: logger})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		front = ls
+	}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	go func() { _ = srv.Run(runCtx) }()
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	go func() { serveErr <- front.Serve(ln) }()
 	fmt.Fprintf(cmd.OutOrStdout(), "exa: gateway listening on http://%s (config %s, %d models)\n", ln.Addr(), path, len(srv.Stats().Models))
 	select {
 	case err := <-serveErr:
@@ -157,7 +178,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	logger.Info("shutting down", "grace", fl.shutdownGrace)
 	sctx, cancel := context.WithTimeout(context.Background(), fl.shutdownGrace)
 	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
+	if err := front.Shutdown(sctx); err != nil {
 		return fmt.Errorf("gateway: shutdown: %w", err)
 	}
 	return nil
