@@ -29,7 +29,7 @@ const (
 	DefaultLeanMaxHeaderBytes = 1 << 20
 	// DefaultLeanDisconnectCheckDelay is how long a handler runs before the
 	// lean server starts watching its connection for the client going away.
-	DefaultLeanDisconnectCheckDelay = 3 * time.Millisecond
+	DefaultLeanDisconnectCheckDelay = 5 * time.Millisecond
 )
 
 // maxLeanDrain is how much of a request body the handler left unread the
@@ -53,12 +53,14 @@ type LeanOptions struct {
 	// starts reading its connection in the background, so that the
 	// request's context is cancelled when the client disconnects. Short
 	// requests thus never start that read (each one would cost goroutine
-	// wake-ups); a client that disconnects during the first
-	// DisconnectCheckDelay of a request is noticed at that point. The
-	// watch starts only once the request body has been read to its end (or
-	// the request has none), as with net/http. Zero means
-	// DefaultLeanDisconnectCheckDelay; negative starts the watch as soon
-	// as the body is read.
+	// wake-ups). One ticker per server, running only while requests come
+	// in, checks every DisconnectCheckDelay, so the watch starts between
+	// one and two DisconnectCheckDelay after the request was read; a
+	// client that disconnects before is noticed then. The watch starts
+	// only once the request body has been read to its end (or the request
+	// has none), as with net/http, and stops when a pipelined request
+	// arrives. Zero means DefaultLeanDisconnectCheckDelay; negative
+	// starts the watch as soon as the body is read.
 	DisconnectCheckDelay time.Duration
 	// Logger receives handler panics and accept errors. Nil means
 	// slog.Default().
@@ -88,6 +90,15 @@ type LeanServer struct {
 	lns      map[net.Listener]struct{}
 	conns    map[*leanConn]struct{}
 	shutdown atomic.Bool
+
+	// The disconnect-check ticker (see LeanOptions.DisconnectCheckDelay).
+	epoch     time.Time
+	reqs      atomic.Uint64 // requests read so far
+	wdRunning atomic.Bool   // the ticker runs or has been woken
+	wdOnce    sync.Once     // starts the ticker's goroutine
+	wdWake    chan struct{}
+	wdQuit    chan struct{}
+	quitOnce  sync.Once
 }
 
 // NewLeanServer returns a lean server for h. It reports negative timeouts
@@ -123,7 +134,8 @@ func NewLeanServer(h http.Handler, opts LeanOptions) (*LeanServer, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
-	return &LeanServer{h: h, opts: opts, log: lg, lns: map[net.Listener]struct{}{}, conns: map[*leanConn]struct{}{}}, nil
+	return &LeanServer{h: h, opts: opts, log: lg, lns: map[net.Listener]struct{}{}, conns: map[*leanConn]struct{}{},
+		epoch: time.Now(), wdWake: make(chan struct{}, 1), wdQuit: make(chan struct{})}, nil
 }
 
 // ServeLean serves h on ln with a new LeanServer until ln fails; see
@@ -147,6 +159,9 @@ func (s *LeanServer) Serve(ln net.Listener) error {
 	}
 	s.lns[ln] = struct{}{}
 	s.mu.Unlock()
+	if s.opts.DisconnectCheckDelay > 0 {
+		s.wdOnce.Do(func() { go s.watchdog() })
+	}
 	defer func() {
 		s.mu.Lock()
 		delete(s.lns, ln)
@@ -188,6 +203,7 @@ func (s *LeanServer) Serve(ln net.Listener) error {
 // done (then it returns ctx's error and leaves the rest open; call Close).
 func (s *LeanServer) Shutdown(ctx context.Context) error {
 	s.closeListeners()
+	defer s.stopWatchdog()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -206,6 +222,7 @@ func (s *LeanServer) Shutdown(ctx context.Context) error {
 // cancelling the requests in flight.
 func (s *LeanServer) Close() error {
 	s.closeListeners()
+	s.stopWatchdog()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
@@ -236,6 +253,92 @@ func (s *LeanServer) closeIdle() int {
 	return len(s.conns)
 }
 
+func (s *LeanServer) stopWatchdog() { s.quitOnce.Do(func() { close(s.wdQuit) }) }
+
+// leanWatchdogIdleTicks is how many checks without requests stop the
+// disconnect-check ticker until the next request.
+const leanWatchdogIdleTicks = 50
+
+// watchdog starts the disconnect watch of requests that have run for
+// DisconnectCheckDelay. It ticks while requests come in (one goroutine
+// wake-up per DisconnectCheckDelay, however many requests) and sleeps
+// after leanWatchdogIdleTicks ticks without any, until a request wakes it.
+func (s *LeanServer) watchdog() {
+	d := s.opts.DisconnectCheckDelay
+	var due []*leanConn
+	for {
+		select {
+		case <-s.wdWake:
+		case <-s.wdQuit:
+			return
+		}
+		t := time.NewTicker(d)
+		last := s.reqs.Load()
+		for idle := 0; ; {
+			select {
+			case <-t.C:
+			case <-s.wdQuit:
+				t.Stop()
+				return
+			}
+			var busy bool
+			due, busy = s.dueConns(d, due[:0])
+			for i, c := range due {
+				c.delayPassed()
+				due[i] = nil
+			}
+			n := s.reqs.Load()
+			if busy || n != last {
+				idle = 0
+			} else if idle++; idle >= leanWatchdogIdleTicks {
+				s.wdRunning.Store(false)
+				// A request read since the last check saw the ticker
+				// running and did not wake it: go on ticking.
+				if s.reqs.Load() == n || !s.wdRunning.CompareAndSwap(false, true) {
+					break
+				}
+				idle = 0
+			}
+			last = n
+		}
+		t.Stop()
+	}
+}
+
+// dueConns appends the connections whose request has run for at least d
+// and reports whether any request is in flight.
+func (s *LeanServer) dueConns(d time.Duration, due []*leanConn) ([]*leanConn, bool) {
+	now := int64(time.Since(s.epoch))
+	busy := false
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if since := c.busySince.Load(); since != 0 {
+			busy = true
+			if now-since >= int64(d) {
+				due = append(due, c)
+			}
+		}
+	}
+	return due, busy
+}
+
+// requestStarted notes a request for the disconnect check.
+func (s *LeanServer) requestStarted(c *leanConn) {
+	if s.opts.DisconnectCheckDelay < 0 {
+		c.delayPassed()
+		return
+	}
+	c.busySince.Store(int64(time.Since(s.epoch)) + 1)
+	s.reqs.Add(1)
+	if !s.wdRunning.Load() && s.wdRunning.CompareAndSwap(false, true) {
+		select {
+		case s.wdWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // aLongTimeAgo is a read deadline in the past: it interrupts a pending read.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -248,11 +351,13 @@ type leanConn struct {
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	idle   atomic.Bool // waiting for a request's first byte
-	pend   []byte      // response body held back to learn its length
+	// busySince is when the request being served was read (time since
+	// the server's epoch, plus 1), 0 between requests.
+	busySince atomic.Int64
+	pend      []byte // response body held back to learn its length
 
 	// Disconnect watch of the request being served, guarded by mu.
 	mu          sync.Mutex
-	gen         uint64 // counts requests, so a late timer is ignored
 	cancel      context.CancelFunc
 	handlerDone bool // the handler returned
 	bodyDone    bool // the body was read to its end (or there is none)
@@ -402,8 +507,6 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 
 	var body *leanBody
 	c.mu.Lock()
-	c.gen++
-	gen := c.gen
 	c.cancel, c.handlerDone, c.watchWanted, c.watching, c.stopping, c.gone = cancel, false, false, false, false, false
 	if req.Body == nil || req.Body == http.NoBody {
 		req.Body = http.NoBody
@@ -414,21 +517,14 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 		req.Body = body
 	}
 	c.mu.Unlock()
-	var timer *time.Timer
-	if d := c.s.opts.DisconnectCheckDelay; d > 0 {
-		timer = time.AfterFunc(d, func() { c.delayPassed(gen) })
-	} else {
-		c.delayPassed(gen)
-	}
+	c.s.requestStarted(c)
 
 	panicked := c.runHandler(w, req)
 	if !panicked {
 		w.finish()
 	}
 
-	if timer != nil {
-		timer.Stop()
-	}
+	c.busySince.Store(0)
 	c.mu.Lock()
 	c.handlerDone = true
 	watching, done := c.watching, c.watchDone
@@ -483,9 +579,9 @@ func (c *leanConn) runHandler(w *leanResponse, req *http.Request) (panicked bool
 
 // delayPassed starts the disconnect watch if the handler still runs and
 // the body has been read.
-func (c *leanConn) delayPassed(gen uint64) {
+func (c *leanConn) delayPassed() {
 	c.mu.Lock()
-	if c.handlerDone || c.gen != gen {
+	if c.handlerDone {
 		c.mu.Unlock()
 		return
 	}
