@@ -2,6 +2,7 @@ package httpgw
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -351,6 +352,7 @@ type leanConn struct {
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	idle   atomic.Bool // waiting for a request's first byte
+	rdl    time.Time   // the read deadline set on nc (zero: none)
 	// busySince is when the request being served was read (time since
 	// the server's epoch, plus 1), 0 between requests.
 	busySince atomic.Int64
@@ -421,13 +423,17 @@ func (c *leanConn) serve() {
 	defer c.close()
 	o := &c.s.opts
 	for {
+		// Read deadlines are moved only when needed: each move re-arms a
+		// runtime timer, which can wake the network poller.
 		if c.br.Buffered() == 0 {
 			c.idle.Store(true)
 			if c.s.shutdown.Load() {
 				return
 			}
 			c.lr.limit = int64(o.MaxHeaderBytes) + 4096
-			_ = c.nc.SetReadDeadline(time.Now().Add(o.IdleTimeout))
+			if now := time.Now(); c.rdl.IsZero() || c.rdl.Sub(now) < o.IdleTimeout-o.IdleTimeout/4 {
+				c.setReadDeadline(now.Add(o.IdleTimeout))
+			}
 			if _, err := c.br.Peek(1); err != nil {
 				return
 			}
@@ -435,14 +441,22 @@ func (c *leanConn) serve() {
 		} else {
 			c.lr.limit = int64(o.MaxHeaderBytes) + 4096
 		}
-		_ = c.nc.SetReadDeadline(time.Now().Add(o.ReadHeaderTimeout))
+		headDeadline := !c.headBuffered()
+		if headDeadline {
+			c.setReadDeadline(time.Now().Add(o.ReadHeaderTimeout))
+		}
 		req, err := http.ReadRequest(c.br)
 		if err != nil {
 			c.badRequest(err)
 			return
 		}
 		c.lr.limit = noLimit
-		_ = c.nc.SetReadDeadline(time.Time{})
+		// A body still to come from the client may take its time, as with
+		// net/http; a body already buffered is not read from the
+		// connection.
+		if headDeadline || req.ContentLength < 0 || req.ContentLength > int64(c.br.Buffered()) {
+			c.setReadDeadline(time.Time{})
+		}
 		if !c.serveRequest(req) {
 			return
 		}
@@ -535,6 +549,7 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 	if watching {
 		_ = c.nc.SetReadDeadline(aLongTimeAgo)
 		<-done
+		c.rdl = aLongTimeAgo
 	}
 	cancel()
 	if panicked || w.closeAfter || w.err != nil {
@@ -550,7 +565,7 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 		if body.expect100 && !body.sentContinue {
 			return false // the client may not send the body at all
 		}
-		_ = c.nc.SetReadDeadline(time.Now().Add(c.s.opts.ReadHeaderTimeout))
+		c.setReadDeadline(time.Now().Add(c.s.opts.ReadHeaderTimeout))
 		n, err := io.CopyN(io.Discard, body.rc, maxLeanDrain+1)
 		if n > maxLeanDrain || (err != nil && err != io.EOF) {
 			return false
@@ -608,21 +623,45 @@ func (c *leanConn) maybeWatchLocked() {
 func (c *leanConn) watch(done chan struct{}) {
 	defer close(done)
 	var b [1]byte
-	n, err := c.nc.Read(b[:])
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n == 1 {
-		c.lr.hasByte, c.lr.b = true, b[0]
+	for {
+		n, err := c.nc.Read(b[:])
+		c.mu.Lock()
+		if n == 1 {
+			c.lr.hasByte, c.lr.b = true, b[0]
+			c.mu.Unlock()
+			return
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			if c.stopping {
+				c.mu.Unlock()
+				return
+			}
+			// The idle deadline left in place has passed during a long
+			// request: lift it and go on watching.
+			c.setReadDeadline(time.Time{})
+			c.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			c.gone = true
+			c.cancel()
+		}
+		c.mu.Unlock()
 		return
 	}
-	var ne net.Error
-	if c.stopping && errors.As(err, &ne) && ne.Timeout() {
-		return
-	}
-	if err != nil {
-		c.gone = true
-		c.cancel()
-	}
+}
+
+// setReadDeadline sets the connection's read deadline and notes it.
+func (c *leanConn) setReadDeadline(t time.Time) {
+	c.rdl = t
+	_ = c.nc.SetReadDeadline(t)
+}
+
+// headBuffered reports whether the buffer holds a whole request head.
+func (c *leanConn) headBuffered() bool {
+	b, _ := c.br.Peek(c.br.Buffered())
+	return bytes.Contains(b, []byte("\r\n\r\n"))
 }
 
 // leanBody is a request body: it sends 100 Continue before the first read

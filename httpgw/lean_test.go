@@ -615,3 +615,65 @@ func TestLeanServerProxy(t *testing.T) {
 		}
 	})
 }
+
+// An idle kept-alive connection and a request head that does not finish
+// are closed after their timeouts; a request that outlives the idle
+// deadline still left on its connection is neither cut nor cancelled.
+func TestLeanServerTimeouts(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	release := make(chan struct{})
+	canceled := make(chan bool, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", echoHandler)
+	mux.HandleFunc("/long", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-release:
+			canceled <- false
+		case <-r.Context().Done():
+			canceled <- true
+		}
+		_, _ = io.WriteString(w, "long done")
+	})
+	addr, _ := startLean(t, mux, LeanOptions{IdleTimeout: timeout, ReadHeaderTimeout: timeout, DisconnectCheckDelay: -1})
+	for _, tt := range []struct {
+		name, raw string
+		methods   []string
+	}{
+		{"idle connection", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", []string{"POST"}},
+		{"unfinished head", "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
+			_, err = io.WriteString(conn, tt.raw)
+			require.NoError(t, err)
+			br := bufio.NewReader(conn)
+			for _, m := range tt.methods {
+				resp, err := http.ReadResponse(br, &http.Request{Method: m})
+				require.NoError(t, err)
+				_, _ = io.ReadAll(resp.Body)
+			}
+			_, err = br.ReadByte()
+			require.ErrorIs(t, err, io.EOF, "the server closed the connection")
+		})
+	}
+	t.Run("long request", func(t *testing.T) {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
+		_, err = io.WriteString(conn, "POST /long HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+		require.NoError(t, err)
+		time.Sleep(5 * timeout) // not synchronisation: the idle deadline must pass
+		close(release)
+		assert.False(t, <-canceled, "the request's context was not cancelled")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "long done", string(b))
+	})
+}
