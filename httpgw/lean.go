@@ -907,7 +907,8 @@ func (w *leanResponse) writeHead() {
 	}
 	if _, ok := w.header["Date"]; !ok {
 		_, _ = bw.WriteString("Date: ")
-		_, _ = bw.Write(time.Now().UTC().AppendFormat(num[:0], http.TimeFormat))
+		var date [len(http.TimeFormat) + 8]byte
+		_, _ = bw.Write(time.Now().UTC().AppendFormat(date[:0], http.TimeFormat))
 		_, _ = bw.WriteString("\r\n")
 	}
 	_, err := bw.WriteString("\r\n")
