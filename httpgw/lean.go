@@ -44,7 +44,10 @@ type LeanOptions struct {
 	// first byte (slowloris). Zero means DefaultLeanReadHeaderTimeout.
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout bounds the wait for the next request's first byte on a
-	// kept-alive connection. Zero means DefaultLeanIdleTimeout.
+	// kept-alive connection. The deadline is moved only when less than
+	// three quarters of IdleTimeout remain (moving it re-arms a runtime
+	// timer), so an idle connection is closed after between 3/4 and all of
+	// IdleTimeout. Zero means DefaultLeanIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's head; a larger one is answered
 	// with 431 and the connection closed. Zero means
@@ -735,7 +738,7 @@ func (w *leanResponse) WriteHeader(code int) {
 	if w.wroteHead || w.status != 0 {
 		return
 	}
-	if code < 100 || code > 999 {
+	if code < 100 || code > 999 { // a handler bug: net/http panics too; runHandler recovers
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
 	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
