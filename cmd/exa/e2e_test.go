@@ -402,3 +402,12 @@ func TestHelpAndCompletion(t *testing.T) {
 	assert.Contains(t, ok(t, cfg, "__complete", "serve", "routing", "get", ""), "JPCP")
 	assert.Contains(t, ok(t, cfg, "__complete", "serve", "routing", "set", "JPCP", "--mode", ""), "cache_aware")
 }
+
+// TestGatewayBadHTTPServer: an unknown --http-server is a usage error,
+// reported before anything listens.
+func TestGatewayBadHTTPServer(t *testing.T) {
+	r := exa(t, newConfig(t), "serve", "gateway", "--listen", "127.0.0.1:0", "--http-server", "bogus")
+	assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+	assert.Contains(t, r.stderr, `invalid --http-server "bogus": want lean or std`)
+	assert.True(t, strings.HasPrefix(r.stderr, "exa: "), r.stderr)
+}
