@@ -143,7 +143,10 @@ func NewLeanServer(h http.Handler, opts LeanOptions) (*LeanServer, error) {
 }
 
 // ServeLean serves h on ln with a new LeanServer until ln fails; see
-// LeanServer.Serve.
+// LeanServer.Serve. The server's disconnect-check goroutine (see
+// LeanOptions.DisconnectCheckDelay) outlives the return, sleeping, as
+// the connections still served may need it; a caller that must end it
+// uses NewLeanServer, Serve and Close instead.
 func ServeLean(ln net.Listener, h http.Handler, opts LeanOptions) error {
 	s, err := NewLeanServer(h, opts)
 	if err != nil {
@@ -230,6 +233,11 @@ func (s *LeanServer) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
+		c.mu.Lock()
+		if !c.handlerDone && c.cancel != nil {
+			c.cancel()
+		}
+		c.mu.Unlock()
 		c.nc.Close()
 	}
 	return nil
@@ -360,6 +368,9 @@ type leanConn struct {
 	// the server's epoch, plus 1), 0 between requests.
 	busySince atomic.Int64
 	pend      []byte // response body held back to learn its length
+	// lingerClose asks close to end the connection gently: bytes sent by
+	// the client may be left unread.
+	lingerClose bool
 
 	// Disconnect watch of the request being served, guarded by mu.
 	mu          sync.Mutex
@@ -414,7 +425,14 @@ var errHeadTooLarge = errors.New("gateway: request head too large")
 
 const noLimit = 1<<63 - 1
 
+// leanLinger bounds how long a connection closed with request bytes left
+// unread keeps reading and discarding them.
+const leanLinger = 500 * time.Millisecond
+
 func (c *leanConn) close() {
+	if c.lingerClose {
+		c.closeWriteAndWait()
+	}
 	c.nc.Close()
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
@@ -425,7 +443,7 @@ func (c *leanConn) close() {
 func (c *leanConn) serve() {
 	defer c.close()
 	o := &c.s.opts
-	for {
+	for first := true; ; first = false {
 		// Read deadlines are moved only when needed: each move re-arms a
 		// runtime timer, which can wake the network poller.
 		if c.br.Buffered() == 0 {
@@ -434,7 +452,11 @@ func (c *leanConn) serve() {
 				return
 			}
 			c.lr.limit = int64(o.MaxHeaderBytes) + 4096
-			if now := time.Now(); c.rdl.IsZero() || c.rdl.Sub(now) < o.IdleTimeout-o.IdleTimeout/4 {
+			if now := time.Now(); first {
+				// A new connection owes its first request at once, as
+				// with net/http: it gets no idle time.
+				c.setReadDeadline(now.Add(min(o.ReadHeaderTimeout, o.IdleTimeout)))
+			} else if c.rdl.IsZero() || c.rdl.Sub(now) < o.IdleTimeout-o.IdleTimeout/4 {
 				c.setReadDeadline(now.Add(o.IdleTimeout))
 			}
 			if _, err := c.br.Peek(1); err != nil {
@@ -489,12 +511,41 @@ func (c *leanConn) writeSimple(status string) {
 	if c.bw.Flush() != nil {
 		return
 	}
-	// Close gently: a close with unread input would reset the connection
-	// and could destroy the answer before the client reads it.
-	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-		_ = c.nc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		_, _ = io.CopyN(io.Discard, c.nc, 256<<10)
+	c.lingerClose = true
+}
+
+// closeWriteAndWait ends a connection that may have unread input gently:
+// a close with unread input would reset the connection and could destroy
+// the answer before the client reads it. It shuts down the writing side,
+// so the client sees the answer's end, then reads and discards for up to
+// leanLinger, until the client closes too.
+func (c *leanConn) closeWriteAndWait() {
+	cw, ok := c.nc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
 	}
+	_ = c.nc.SetReadDeadline(time.Now().Add(leanLinger))
+	buf := make([]byte, 32<<10)
+	for {
+		if _, err := c.nc.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+// validHost reports whether h has only the bytes a Host field value
+// (RFC 3986 host and port, IPv6 literal included) may have.
+func validHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		b := h[i]
+		if 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("-._~!$&'()*+,;=:[]%@", rune(b)) {
+			return false
+		}
+	}
+	return true
 }
 
 // serveRequest runs the handler for req and reports whether the connection
@@ -504,7 +555,7 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 		c.writeSimple("505 HTTP Version Not Supported")
 		return false
 	}
-	if req.ProtoMinor >= 1 && len(req.Header["Host"]) == 0 && req.Host == "" {
+	if req.ProtoMinor >= 1 && len(req.Header["Host"]) == 0 && req.Host == "" || !validHost(req.Host) {
 		c.writeSimple("400 Bad Request")
 		return false
 	}
@@ -532,6 +583,7 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 		c.bodyDone, c.pipelined = false, false
 		body = &leanBody{c: c, w: w, rc: req.Body, expect100: expect100}
 		req.Body = body
+		w.body = body
 	}
 	c.mu.Unlock()
 	c.s.requestStarted(c)
@@ -540,6 +592,7 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 	if !panicked {
 		w.finish()
 	}
+	unread := body != nil && body.handlerReturned()
 
 	c.busySince.Store(0)
 	c.mu.Lock()
@@ -555,22 +608,27 @@ func (c *leanConn) serveRequest(req *http.Request) (keep bool) {
 		c.rdl = aLongTimeAgo
 	}
 	cancel()
-	if panicked || w.closeAfter || w.err != nil {
-		return false
-	}
 	c.mu.Lock()
 	gone := c.gone
 	c.mu.Unlock()
-	if gone {
+	if gone || w.err != nil {
 		return false
 	}
-	if body != nil && !body.eof {
+	if panicked || w.closeAfter {
+		c.lingerClose = unread
+		return false
+	}
+	if unread {
 		if body.expect100 && !body.sentContinue {
-			return false // the client may not send the body at all
+			// The client may not send the body at all. (writeHead has
+			// already chosen to close in that case; this is a guard.)
+			c.lingerClose = true
+			return false
 		}
 		c.setReadDeadline(time.Now().Add(c.s.opts.ReadHeaderTimeout))
 		n, err := io.CopyN(io.Discard, body.rc, maxLeanDrain+1)
 		if n > maxLeanDrain || (err != nil && err != io.EOF) {
+			c.lingerClose = true
 			return false
 		}
 	}
@@ -670,17 +728,28 @@ func (c *leanConn) headBuffered() bool {
 // leanBody is a request body: it sends 100 Continue before the first read
 // when the client asked for it, and notes its end for the disconnect watch.
 // Close does not read the rest; the server drains or closes after the
-// handler.
+// handler. Once the handler has returned, Read fails with
+// http.ErrBodyReadAfterClose: the rest of the connection belongs to the
+// server (a goroutine the handler left behind must not read the next
+// request).
 type leanBody struct {
-	c                       *leanConn
-	w                       *leanResponse
-	rc                      io.ReadCloser
+	c  *leanConn
+	w  *leanResponse
+	rc io.ReadCloser
+
+	// mu is held during a read, as net/http does, so that the server
+	// waits for a read in progress when the handler returns.
+	mu                      sync.Mutex
 	expect100, sentContinue bool
 	eof, closed             bool
+	returned                bool  // the handler returned
+	n                       int64 // bytes read
 }
 
 func (b *leanBody) Read(p []byte) (int, error) {
-	if b.closed {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.returned {
 		return 0, http.ErrBodyReadAfterClose
 	}
 	if b.eof {
@@ -694,6 +763,7 @@ func (b *leanBody) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := b.rc.Read(p)
+	b.n += int64(n)
 	if err == io.EOF {
 		b.eof = true
 		b.c.mu.Lock()
@@ -706,8 +776,43 @@ func (b *leanBody) Read(p []byte) (int, error) {
 }
 
 func (b *leanBody) Close() error {
+	b.mu.Lock()
 	b.closed = true
+	b.mu.Unlock()
 	return nil
+}
+
+// handlerReturned ends the handler's use of the body (waiting for a read
+// in progress) and reports whether bytes of it may be left unread.
+func (b *leanBody) handlerReturned() (unread bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.returned = true
+	return b.unreadLocked()
+}
+
+// unreadLocked reports whether bytes of the body may be left unread. b.mu
+// is held.
+func (b *leanBody) unreadLocked() bool {
+	return !b.eof && (b.w.req.ContentLength < 0 || b.n < b.w.req.ContentLength)
+}
+
+// keepAfterHead reports whether the connection can be kept after a
+// response whose head is being written: not when the client waits for a
+// 100 Continue that was not sent (it may never send the body), nor when
+// more than maxLeanDrain bytes, or an unknown length, of the body are
+// left to read.
+func (b *leanBody) keepAfterHead() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.unreadLocked() {
+		return true
+	}
+	if b.expect100 && !b.sentContinue {
+		return false
+	}
+	cl := b.w.req.ContentLength
+	return cl >= 0 && cl-b.n <= maxLeanDrain
 }
 
 // leanPendMax is how much of a response body without Content-Length is
@@ -717,9 +822,14 @@ const leanPendMax = 2048
 // leanResponse is the http.ResponseWriter (and http.Flusher) of a lean
 // server's request.
 type leanResponse struct {
-	c             *leanConn
-	req           *http.Request
-	header        http.Header
+	c      *leanConn
+	req    *http.Request
+	body   *leanBody // nil when the request has none
+	header http.Header
+	// sent is the header as of WriteHeader when the head is held back
+	// (changes after WriteHeader have no effect, as with net/http); nil
+	// means header.
+	sent          http.Header
 	status        int
 	wroteHead     bool // the status line and header are written
 	chunked       bool
@@ -742,8 +852,10 @@ func (w *leanResponse) WriteHeader(code int) {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
 	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// An interim response has no body: the final response's framing
+		// fields are not its own.
 		w.writeStatusLine(code)
-		w.writeFields(false)
+		w.writeFields(w.header)
 		_, _ = w.c.bw.WriteString("\r\n")
 		w.flushConn()
 		return
@@ -759,6 +871,8 @@ func (w *leanResponse) WriteHeader(code int) {
 	}
 	if w.contentLength >= 0 || w.noBody {
 		w.writeHead()
+	} else {
+		w.sent = w.header.Clone()
 	}
 }
 
@@ -887,15 +1001,21 @@ func (w *leanResponse) writeStatusLine(code int) {
 // held back.
 func (w *leanResponse) writeHead() {
 	w.wroteHead = true
-	if c := w.header.Get("Connection"); c != "" && strings.EqualFold(strings.TrimSpace(c), "close") {
+	h := w.header
+	if w.sent != nil {
+		h = w.sent
+	}
+	if hasCloseToken(h["Connection"]) || w.c.s.shutdown.Load() {
 		w.closeAfter = true
 	}
-	if w.c.s.shutdown.Load() {
+	// Decide now, as net/http does, whether the connection outlives this
+	// response, so that the head says so when it does not.
+	if !w.closeAfter && w.body != nil && !w.body.keepAfterHead() {
 		w.closeAfter = true
 	}
 	bw := w.c.bw
 	w.writeStatusLine(w.status)
-	w.writeFields(true)
+	w.writeFields(h)
 	var num [20]byte
 	if w.contentLength >= 0 && !(w.noBody && w.req.Method != http.MethodHead) {
 		_, _ = bw.WriteString("Content-Length: ")
@@ -908,7 +1028,7 @@ func (w *leanResponse) writeHead() {
 	if w.closeAfter {
 		_, _ = bw.WriteString("Connection: close\r\n")
 	}
-	if _, ok := w.header["Date"]; !ok {
+	if _, ok := h["Date"]; !ok {
 		_, _ = bw.WriteString("Date: ")
 		var date [len(http.TimeFormat) + 8]byte
 		_, _ = bw.Write(time.Now().UTC().AppendFormat(date[:0], http.TimeFormat))
@@ -926,16 +1046,26 @@ func (w *leanResponse) writeHead() {
 	}
 }
 
-// writeFields writes the handler's header fields; framing fields are the
-// server's own when framing is set.
-func (w *leanResponse) writeFields(framing bool) {
-	bw := w.c.bw
-	for k, vv := range w.header {
-		if framing {
-			switch k {
-			case "Content-Length", "Transfer-Encoding", "Connection":
-				continue
+// hasCloseToken reports whether Connection field values list "close".
+func hasCloseToken(vv []string) bool {
+	for _, v := range vv {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "close") {
+				return true
 			}
+		}
+	}
+	return false
+}
+
+// writeFields writes the handler's header fields but the framing ones,
+// which are the server's own.
+func (w *leanResponse) writeFields(h http.Header) {
+	bw := w.c.bw
+	for k, vv := range h {
+		switch k {
+		case "Content-Length", "Transfer-Encoding", "Connection":
+			continue
 		}
 		for _, v := range vv {
 			_, _ = bw.WriteString(k)

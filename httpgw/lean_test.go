@@ -250,6 +250,7 @@ func TestLeanServerRawRequests(t *testing.T) {
 		{name: "malformed request line", raw: "GARBAGE\r\n\r\n", methods: []string{"GET"}, status: []int{400}, closed: true},
 		{name: "malformed header", raw: "GET / HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", methods: []string{"GET"}, status: []int{400}, closed: true},
 		{name: "missing Host", raw: "GET /echo HTTP/1.1\r\n\r\n", methods: []string{"GET"}, status: []int{400}, closed: true},
+		{name: "invalid Host", raw: "GET /echo HTTP/1.1\r\nHost: a b\r\n\r\n", methods: []string{"GET"}, status: []int{400}, closed: true},
 		{name: "bad Content-Length", raw: "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n", methods: []string{"POST"}, status: []int{400}, closed: true},
 		{name: "oversized header", raw: "GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("b", 8000) + "\r\n\r\n",
 			methods: []string{"GET"}, status: []int{431}, closed: true},
