@@ -73,14 +73,14 @@ func TestLeanServerAnnouncesClose(t *testing.T) {
 	}), LeanOptions{})
 	for _, tt := range []struct {
 		name, head string
-		send       int // body bytes sent after the head
+		send       int // body bytes sent after the head, on their own goroutine
 		closed     bool
 	}{
 		{"body over the drain limit left unread", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n", 1 << 20, true},
 		{"chunked body left unread", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 0, true},
 		{"100-continue never sent", "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n", 0, true},
 		{"handler's Connection lists close", "GET /?connection=keep-alive,%20close HTTP/1.1\r\nHost: x\r\n\r\n", 0, true},
-		{"short body left unread is drained", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", 1000, false},
+		{"short body left unread is drained", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + strings.Repeat("x", 1000), 0, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", addr)
