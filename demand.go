@@ -52,7 +52,7 @@ func (d *demand) observe(key Key, longest int) float64 {
 	a, b := d.counters(key[longest-1])
 	*a++
 	*b++
-	return d.share(key, longest)
+	return d.ratio(*a, *b)
 }
 
 // share is observe without counting: key[:longest]'s share so far.
@@ -61,10 +61,15 @@ func (d *demand) share(key Key, longest int) float64 {
 		return 0
 	}
 	a, b := d.counters(key[longest-1])
-	return float64(min(*a, *b, d.total)) / float64(max(d.total, demandPrior))
+	return d.ratio(*a, *b)
 }
 
 // counters returns the two counters of the prefix ending in block h.
 func (d *demand) counters(h uint64) (*uint32, *uint32) {
 	return &d.rows[0][h&(demandSlots-1)], &d.rows[1][(h>>32)&(demandSlots-1)]
+}
+
+// ratio is the share of a prefix counted a and b times in the two rows.
+func (d *demand) ratio(a, b uint32) float64 {
+	return float64(min(a, b, d.total)) / float64(max(d.total, demandPrior))
 }

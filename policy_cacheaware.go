@@ -94,10 +94,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	} else if dw < 0 {
 		dw = 0
 	}
-	total, pending := 0, 0
+	total, pending, holders := 0, 0, 0
 	for i := range cands {
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill
+		if cands[i].Matched == req.MaxMatched {
+			holders++
+		}
 	}
 	n := len(req.Key)
 	lambda := ext + float64(pending)/float64(len(cands))/float64(n)
@@ -105,16 +108,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	// calls for: replicate it, pricing the replicas that lack it as if
 	// they held it, so that a less loaded one warms up.
 	shared := 0
-	if req.MaxMatched > 0 {
-		holders := 0
-		for i := range cands {
-			if cands[i].Matched == req.MaxMatched {
-				holders++
-			}
-		}
-		if float64(holders) < req.Demand*float64(len(cands)) {
-			shared = req.MaxMatched
-		}
+	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
+		shared = req.MaxMatched
 	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
