@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
@@ -145,14 +146,7 @@ func TestPropIndexMatchesModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix := newIndex()
 		model := map[uint32]*modelCache{}
-		active := func() []uint32 {
-			var s []uint32
-			for k := range model {
-				s = append(s, k)
-			}
-			slices.Sort(s)
-			return s
-		}
+		active := func() []uint32 { return slices.Sorted(maps.Keys(model)) }
 		out := make([]int32, 0)
 		for range rapid.IntRange(1, 60).Draw(t, "steps") {
 			op := rapid.IntRange(0, 9).Draw(t, "op")
@@ -229,14 +223,7 @@ func TestIndexManyReplicasMatchesModel(t *testing.T) {
 		}
 		return KeyFromHashes(ids)
 	}
-	slots := func() []uint32 {
-		var s []uint32
-		for k := range model {
-			s = append(s, k)
-		}
-		slices.Sort(s)
-		return s
-	}
+	slots := func() []uint32 { return slices.Sorted(maps.Keys(model)) }
 	out := make([]int32, 256)
 	for step := range 4000 {
 		ss := slots()

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -182,7 +183,7 @@ func TestPropTokenKeys(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, full, ka, "a partial last block adds nothing")
 		want := 0
-		for want < len(a)/bs && want < len(b)/bs && slicesEqual(a[want*bs:(want+1)*bs], b[want*bs:(want+1)*bs]) {
+		for want < len(a)/bs && want < len(b)/bs && slices.Equal(a[want*bs:(want+1)*bs], b[want*bs:(want+1)*bs]) {
 			want++
 		}
 		require.Equal(t, want, commonPrefix(ka, kb))
@@ -190,18 +191,6 @@ func TestPropTokenKeys(t *testing.T) {
 			require.NotEqual(t, ka[j], kb[j])
 		}
 	})
-}
-
-func slicesEqual(a, b []uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestPropHashKeys: hash-id keys share exactly as many elements as their
