@@ -104,8 +104,6 @@ func readAll(t *testing.T, resp *http.Response) []byte {
 	return b
 }
 
-// counter returns the value of a counter series from the fixture's
-// registry, 0 when absent.
 // settle waits for the gateway's handlers to finish their bookkeeping.
 func (f *fixture) settle() { f.handlers.Wait() }
 
@@ -115,21 +113,45 @@ func (f *fixture) stats() Stats {
 	return f.srv.Stats()
 }
 
-func (f *fixture) counter(name string, labels map[string]string) float64 {
+// series returns the series of the named metric whose labels include
+// labels, from the fixture's registry once its handlers have finished.
+func (f *fixture) series(name string, labels map[string]string) []*dto.Metric {
 	f.t.Helper()
 	f.settle()
 	fams, err := f.reg.Gather()
 	require.NoError(f.t, err)
-	total := 0.0
+	var out []*dto.Metric
 	for _, fam := range fams {
 		if fam.GetName() != name {
 			continue
 		}
 		for _, m := range fam.GetMetric() {
 			if matches(m, labels) {
-				total += m.GetCounter().GetValue()
+				out = append(out, m)
 			}
 		}
+	}
+	return out
+}
+
+// counter returns the value of a counter series from the fixture's
+// registry (summed over the matching series), 0 when absent.
+func (f *fixture) counter(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	total := 0.0
+	for _, m := range f.series(name, labels) {
+		total += m.GetCounter().GetValue()
+	}
+	return total
+}
+
+// histCount returns the sample count of a histogram series (summed over
+// the matching series), 0 when absent.
+func (f *fixture) histCount(name string, labels map[string]string) uint64 {
+	f.t.Helper()
+	var total uint64
+	for _, m := range f.series(name, labels) {
+		total += m.GetHistogram().GetSampleCount()
 	}
 	return total
 }

@@ -10,26 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// histCount returns the sample count of a histogram series, 0 when absent.
-func (f *fixture) histCount(name string, labels map[string]string) uint64 {
-	f.settle()
-	f.t.Helper()
-	fams, err := f.reg.Gather()
-	require.NoError(f.t, err)
-	var total uint64
-	for _, fam := range fams {
-		if fam.GetName() != name {
-			continue
-		}
-		for _, m := range fam.GetMetric() {
-			if matches(m, labels) {
-				total += m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return total
-}
-
 // The per-request series, cached per model, count every request once, by
 // endpoint and replica, before and after a reload rebuilds the model's
 // table; a series appears only once it has counted something.
