@@ -103,19 +103,15 @@ func (w *sharedPrefix) BlockTokens() int { return w.c.BlockTokens }
 func (w *sharedPrefix) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 1)
-	arr := &poisson{rng: rng, rate: c.Rate, name: "shared-prefix"}
 	var b blockBuilder
-	q := uint64(0)
-	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
-		r.Arrival = arr.next()
+	return newGenStream("shared-prefix", c.Requests, c.Rate, rng, func(r *Request, q uint64) {
 		g := rng.IntN(c.Groups)
-		q++
 		b.reset(c.BlockTokens, r.Blocks)
 		b.add(content(spaceSystem, uint64(g)), c.SystemTokens)
 		b.add(content(spaceQuestion, q), c.QuestionTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.SystemTokens+c.QuestionTokens, c.OutputTokens
-	}}, nil
+	}), nil
 }
 
 // DefaultWorkload returns the embedded default workload: 20,000 requests
@@ -200,7 +196,6 @@ type session struct {
 func (w *chat) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 2)
-	arr := &poisson{rng: rng, rate: c.Rate, name: "chat"}
 	bt := c.BlockTokens
 	next := uint64(0)
 	sess := make([]session, c.Sessions)
@@ -212,8 +207,7 @@ func (w *chat) Open(seed uint64) (Stream, error) {
 	for i := range sess {
 		start(&sess[i])
 	}
-	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
-		r.Arrival = arr.next()
+	return newGenStream("chat", c.Requests, c.Rate, rng, func(r *Request, _ uint64) {
 		s := &sess[rng.IntN(len(sess))]
 		if s.turn == c.Turns {
 			start(s)
@@ -226,7 +220,7 @@ func (w *chat) Open(seed uint64) (Stream, error) {
 		r.OutputTokens = c.AnswerTokens
 		s.ids = appendIDs(s.ids, spaceAnswer, item, c.AnswerTokens/bt)
 		r.OutBlocks = append(r.OutBlocks[:0], s.ids[len(r.Blocks):]...)
-	}}, nil
+	}), nil
 }
 
 // RAGConfig configures RAG.
@@ -292,13 +286,9 @@ func (w *rag) BlockTokens() int { return w.c.BlockTokens }
 func (w *rag) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 3)
-	arr := &poisson{rng: rng, rate: c.Rate, name: "rag"}
 	zipf := rand.NewZipf(rng, c.Zipf, 1, uint64(c.Documents-1))
 	var b blockBuilder
-	q := uint64(0)
-	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
-		r.Arrival = arr.next()
-		q++
+	return newGenStream("rag", c.Requests, c.Rate, rng, func(r *Request, q uint64) {
 		b.reset(c.BlockTokens, r.Blocks)
 		b.add(content(spaceSystem, 1), c.SystemTokens)
 		for range c.DocsPerPrompt {
@@ -308,7 +298,7 @@ func (w *rag) Open(seed uint64) (Stream, error) {
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens = c.SystemTokens + c.DocsPerPrompt*c.DocTokens + c.QuestionTokens
 		r.OutputTokens = c.OutputTokens
-	}}, nil
+	}), nil
 }
 
 // SystemPromptConfig configures SystemPrompt.
@@ -356,18 +346,14 @@ func (w *systemPrompt) BlockTokens() int { return w.c.BlockTokens }
 func (w *systemPrompt) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 4)
-	arr := &poisson{rng: rng, rate: c.Rate, name: "system-prompt"}
 	var b blockBuilder
-	q := uint64(0)
-	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
-		r.Arrival = arr.next()
-		q++
+	return newGenStream("system-prompt", c.Requests, c.Rate, rng, func(r *Request, q uint64) {
 		b.reset(c.BlockTokens, r.Blocks)
 		b.add(content(spaceSystem, 7), c.SystemTokens)
 		b.add(content(spaceUser, q), c.UserTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.SystemTokens+c.UserTokens, c.OutputTokens
-	}}, nil
+	}), nil
 }
 
 // LowSharingConfig configures LowSharing.
@@ -418,12 +404,8 @@ func (w *lowSharing) BlockTokens() int { return w.c.BlockTokens }
 func (w *lowSharing) Open(seed uint64) (Stream, error) {
 	c := w.c
 	rng := newRand(seed, 5)
-	arr := &poisson{rng: rng, rate: c.Rate, name: "low-sharing"}
 	var b blockBuilder
-	q := uint64(0)
-	return &genStream{n: c.Requests, arr: arr, gen: func(r *Request) {
-		r.Arrival = arr.next()
-		q++
+	return newGenStream("low-sharing", c.Requests, c.Rate, rng, func(r *Request, q uint64) {
 		item := content(spaceUnique, q)
 		if rng.Float64() < c.Reuse {
 			item = content(spaceSystem, 1000+uint64(rng.IntN(64)))
@@ -432,7 +414,7 @@ func (w *lowSharing) Open(seed uint64) (Stream, error) {
 		b.add(item, c.InputTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.InputTokens, c.OutputTokens
-	}}, nil
+	}), nil
 }
 
 // WorkloadNames lists the names NewWorkload accepts.

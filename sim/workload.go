@@ -92,7 +92,7 @@ func mix(x uint64) uint64 {
 
 // appendIDs appends n block ids derived from (space, item) to dst.
 func appendIDs(dst []uint64, space, item uint64, n int) []uint64 {
-	base := mix(space<<56 ^ mix(item))
+	base := content(space, item)
 	for i := range n {
 		dst = append(dst, mix(base+uint64(i)))
 	}
@@ -128,12 +128,18 @@ func deff(v, d float64) float64 {
 	return v
 }
 
-// genStream is a Stream over a generator function whose arrivals come from
-// arr.
+// genStream is a Stream of n generated requests arriving Poisson at rate
+// per second. Each request's arrival is drawn from rng before gen fills in
+// the rest; gen is given the request's number, counting from 1.
 type genStream struct {
 	n, i int
-	arr  *poisson
-	gen  func(r *Request)
+	arr  poisson
+	gen  func(r *Request, q uint64)
+}
+
+// newGenStream returns a genStream over rng labelled name in errors.
+func newGenStream(name string, n int, rate float64, rng *rand.Rand, gen func(r *Request, q uint64)) *genStream {
+	return &genStream{n: n, arr: poisson{rng: rng, rate: rate, name: name}, gen: gen}
 }
 
 func (s *genStream) Next(r *Request) error {
@@ -141,11 +147,9 @@ func (s *genStream) Next(r *Request) error {
 		return io.EOF
 	}
 	s.i++
-	s.gen(r)
-	if s.arr.err != nil {
-		return s.arr.err
-	}
-	return nil
+	r.Arrival = s.arr.next()
+	s.gen(r, uint64(s.i))
+	return s.arr.err
 }
 func (s *genStream) Len() int     { return s.n }
 func (s *genStream) Close() error { return nil }
