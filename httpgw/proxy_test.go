@@ -97,7 +97,14 @@ func TestProxyChatAndCompletions(t *testing.T) {
 // The first SSE event reaches the client while the engine still holds the
 // rest: the gateway does not buffer streams.
 func TestStreamingIsUnbuffered(t *testing.T) {
-	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{Chunks: 3})
+	checkStreamingIsUnbuffered(t, newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{Chunks: 3}))
+}
+
+// checkStreamingIsUnbuffered checks that the first SSE event of a stream
+// reaches the client while f's one engine (built with three chunks) holds
+// the rest; the lean server's tests share it.
+func checkStreamingIsUnbuffered(t *testing.T, f *fixture) {
+	t.Helper()
 	release := f.engines[0].Gate()
 	defer release()
 	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"))
@@ -118,7 +125,14 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 
 // A client that goes away mid-stream cancels the upstream request.
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
-	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+	checkClientDisconnectCancelsUpstream(t, newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{}))
+}
+
+// checkClientDisconnectCancelsUpstream checks that a client that goes away
+// mid-stream cancels the request to f's one engine; the lean server's
+// tests share it.
+func checkClientDisconnectCancelsUpstream(t *testing.T, f *fixture) {
+	t.Helper()
 	release := f.engines[0].Gate()
 	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
