@@ -233,7 +233,6 @@ func (e *engine) arrive(req *Request) {
 		e.pool = append(e.pool, s)
 		return
 	}
-	s.d = d
 	ri := e.byNm[d.Replica]
 	r := e.reps[ri]
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
@@ -242,6 +241,7 @@ func (e *engine) arrive(req *Request) {
 		e.pool = append(e.pool, s)
 		return
 	}
+	s.d = d
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
 	e.routerTk += int64(min(d.Matched*e.bt, s.in-1))
@@ -305,15 +305,19 @@ func (e *engine) plan(ri int) {
 	budget := p.MaxBatchTokens - int(B)
 	r.nChunk = 0
 	chunks := 0.0
+	// take gives s the next chunk of the budget; r.prefill[:r.nChunk] run
+	// a chunk this step.
+	take := func(s *seq) {
+		s.chunk = min(s.left, budget)
+		chunks += p.prefillCost(s.pos, s.chunk)
+		budget -= s.chunk
+		r.nChunk++
+	}
 	for _, s := range r.prefill {
 		if budget <= 0 {
 			break
 		}
-		n := min(s.left, budget)
-		s.chunk = n
-		chunks += p.prefillCost(s.pos, n)
-		budget -= n
-		r.nChunk++
+		take(s)
 	}
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
@@ -333,11 +337,7 @@ func (e *engine) plan(ri int) {
 			e.hitReqs++
 		}
 		r.prefill = append(r.prefill, s)
-		n := min(s.left, budget)
-		s.chunk = n
-		chunks += p.prefillCost(s.pos, n)
-		budget -= n
-		r.nChunk++
+		take(s)
 	}
 	C0 := float64(r.sumBase + B*r.step)
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
