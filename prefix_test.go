@@ -47,13 +47,8 @@ func refAgree(a, b []blockDesc) int {
 	return n
 }
 
-// drawSegment draws a segment over a two-letter alphabet, so that blocks
-// often agree.
-func drawSegment(t *rapid.T, label string) string {
-	return drawSegmentN(t, label, 24)
-}
-
-// drawSegmentN is drawSegment of up to maxLen bytes.
+// drawSegmentN draws a segment of up to maxLen bytes over a two-letter
+// alphabet, so that blocks often agree.
 func drawSegmentN(t *rapid.T, label string, maxLen int) string {
 	n := rapid.IntRange(0, maxLen).Draw(t, label+"Len") // rapid's own lengths stay short
 	return rapid.StringOfN(rapid.RuneFrom([]rune("ab")), n, n, -1).Draw(t, label)
