@@ -123,16 +123,13 @@ func TestSimulateOptions(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "200", "--replicas", "2", "--json")), &js))
 	require.NotNil(t, js.Report)
 	assert.Equal(t, 200, js.Report.Requests)
-	ca, ok := js.Report.Result("cache_aware")
-	require.True(t, ok)
+	ca, found := js.Report.Result("cache_aware")
+	require.True(t, found)
 	assert.Equal(t, ca.TokenHitRate, js.CacheAwareHitRate)
-	text := ok2(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "200", "--replicas", "2")
+	text := ok(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "200", "--replicas", "2")
 	caText, _ := specLines(t, text)
 	assert.InDelta(t, 100*js.CacheAwareHitRate, caText, 0.05)
 }
-
-// ok2 is ok under another name, for use where ok is shadowed.
-func ok2(t *testing.T, cfg string, args ...string) string { t.Helper(); return ok(t, cfg, args...) }
 
 func TestSimulateBadInput(t *testing.T) {
 	cfg := newConfig(t)
