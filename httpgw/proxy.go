@@ -51,10 +51,6 @@ var errFirstByteTimeout = errors.New("no response byte within the first-byte tim
 // errFirstByteTimeout it is a cause inside an ErrUpstream message.
 var errUpstreamStatus = errors.New("engine answered with a server error")
 
-// hopHeaders are connection-level headers a proxy must not forward.
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 // serveInference handles /v1/chat/completions and /v1/completions.
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
 	start := s.opts.Clock()
@@ -430,18 +426,15 @@ func upstreamRequest(ctx context.Context, ep *endpoint, u *url.URL, body []byte)
 	return out, nil
 }
 
-// isHopHeader reports whether the header key k is one of hopHeaders, in
-// any case.
+// isHopHeader reports whether the header key k, in any case, is a
+// connection-level header a proxy must not forward.
 func isHopHeader(k string) bool {
-	switch k { // the canonical forms, which parsed headers have
+	// CanonicalHeaderKey returns an already canonical key (as parsed
+	// headers have) as it is, without allocating.
+	switch http.CanonicalHeaderKey(k) {
 	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
 		return true
-	}
-	for _, h := range hopHeaders {
-		if len(k) == len(h) && strings.EqualFold(k, h) {
-			return true
-		}
 	}
 	return false
 }

@@ -104,6 +104,22 @@ func TestCopyHeadersDropsHopHeaders(t *testing.T) {
 	assert.Equal(t, []string{"a", "b"}, src["X-Multi"], "source untouched")
 }
 
+func TestIsHopHeader(t *testing.T) {
+	for _, tt := range []struct {
+		key string
+		hop bool
+	}{
+		{"Connection", true}, {"connection", true}, {"TRANSFER-ENCODING", true}, {"te", true}, {"Te", true},
+		{"Proxy-Authorization", true}, {"Content-Type", false}, {"X-Te", false}, {"Tee", false}, {"", false},
+	} {
+		t.Run(tt.key, func(t *testing.T) {
+			assert.Equal(t, tt.hop, isHopHeader(tt.key))
+		})
+	}
+	allocs := testing.AllocsPerRun(10, func() { isHopHeader("Content-Type"); isHopHeader("Keep-Alive") })
+	assert.Zero(t, allocs, "a canonical key is checked without allocating")
+}
+
 // oneByteReader returns its data a byte at a time, then io.EOF on a call
 // of its own.
 type oneByteReader struct{ b []byte }
