@@ -73,6 +73,18 @@ func ok(t testing.TB, cfg string, args ...string) string {
 	return r.stdout
 }
 
+// assertRejected checks that r is a bad-input exit (code 2) with a one-line
+// error containing msg, and that the config file at cfg still holds before.
+func assertRejected(t *testing.T, r result, msg, cfg string, before []byte) {
+	t.Helper()
+	assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+	assert.Contains(t, r.stderr, msg)
+	assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+	after, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, string(before), string(after))
+}
+
 func newConfig(t *testing.T) string {
 	return filepath.Join(t.TempDir(), "exa", "routing.json")
 }
@@ -289,14 +301,9 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := exa(t, cfg, append([]string{"serve", "routing"}, tc.args...)...)
-			assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
-			assert.Contains(t, r.stderr, tc.msg)
-			assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+			assertRejected(t, r, tc.msg, cfg, before)
 			assert.True(t, strings.HasPrefix(r.stderr, "exa: "), r.stderr)
 			assert.Empty(t, r.stdout)
-			after, err := os.ReadFile(cfg)
-			require.NoError(t, err)
-			assert.Equal(t, string(before), string(after))
 		})
 	}
 }

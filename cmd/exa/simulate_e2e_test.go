@@ -141,34 +141,26 @@ func TestSimulateBadInput(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		{"zero replicas", []string{"--replicas", "0"}, `invalid --replicas 0`},
-		{"non-numeric replicas", []string{"--replicas", "four"}, `invalid --replicas "four"`},
-		{"zero requests", []string{"--requests", "0"}, `invalid --requests 0`},
-		{"zero shared-prefix requests", []string{"--shared-prefix-requests", "0"}, `invalid --shared-prefix-requests 0`},
-		{"unknown workload", []string{"--workload", "tweets"}, `invalid --workload "tweets"`},
-		{"workload and shared-prefix", []string{"--workload", "chat", "--shared-prefix-requests", "5"}, `--workload and --shared-prefix-requests cannot be used together`},
-		{"requests and shared-prefix", []string{"--requests", "9", "--shared-prefix-requests", "5"}, `--requests and --shared-prefix-requests cannot be used together`},
-		{"trace and workload", []string{"--trace", "x", "--workload", "chat"}, `--trace and --workload cannot be used together`},
-		{"unknown policy", []string{"--policies", "cache_aware,fastest"}, `invalid --policies "fastest"`},
-		{"unknown preset", []string{"--preset", "tpu"}, `invalid --preset "tpu"`},
-		{"unknown index", []string{"--index", "psychic"}, `invalid --index "psychic"`},
-		{"missing trace", []string{"--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
-		{"negative seed", []string{"--seed", "-1"}, `invalid --seed "-1"`},
-		{"bad progress", []string{"--progress", "sometimes"}, `invalid --progress "sometimes"`},
+		{"zero replicas", []string{"JPCP", "--replicas", "0"}, `invalid --replicas 0`},
+		{"non-numeric replicas", []string{"JPCP", "--replicas", "four"}, `invalid --replicas "four"`},
+		{"zero requests", []string{"JPCP", "--requests", "0"}, `invalid --requests 0`},
+		{"zero shared-prefix requests", []string{"JPCP", "--shared-prefix-requests", "0"}, `invalid --shared-prefix-requests 0`},
+		{"unknown workload", []string{"JPCP", "--workload", "tweets"}, `invalid --workload "tweets"`},
+		{"workload and shared-prefix", []string{"JPCP", "--workload", "chat", "--shared-prefix-requests", "5"}, `--workload and --shared-prefix-requests cannot be used together`},
+		{"requests and shared-prefix", []string{"JPCP", "--requests", "9", "--shared-prefix-requests", "5"}, `--requests and --shared-prefix-requests cannot be used together`},
+		{"trace and workload", []string{"JPCP", "--trace", "x", "--workload", "chat"}, `--trace and --workload cannot be used together`},
+		{"unknown policy", []string{"JPCP", "--policies", "cache_aware,fastest"}, `invalid --policies "fastest"`},
+		{"unknown preset", []string{"JPCP", "--preset", "tpu"}, `invalid --preset "tpu"`},
+		{"unknown index", []string{"JPCP", "--index", "psychic"}, `invalid --index "psychic"`},
+		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
+		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
+		{"bad progress", []string{"JPCP", "--progress", "sometimes"}, `invalid --progress "sometimes"`},
 		{"empty model", []string{""}, `invalid MODEL ""`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := exa(t, cfg, append([]string{"serve", "routing", "simulate", "JPCP"}, tc.args...)...)
-			if tc.name == "empty model" {
-				r = exa(t, cfg, "serve", "routing", "simulate", "")
-			}
-			assert.Equal(t, 2, r.code, r.stderr)
-			assert.Contains(t, r.stderr, tc.msg)
-			assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
-			after, err := os.ReadFile(cfg)
-			require.NoError(t, err)
-			assert.Equal(t, string(before), string(after))
-			_, err = os.Stat(config.StatsPath(cfg, "JPCP"))
+			r := exa(t, cfg, append([]string{"serve", "routing", "simulate"}, tc.args...)...)
+			assertRejected(t, r, tc.msg, cfg, before)
+			_, err := os.Stat(config.StatsPath(cfg, "JPCP"))
 			assert.ErrorIs(t, err, os.ErrNotExist, "a failed simulate saves nothing")
 		})
 	}
