@@ -35,11 +35,10 @@ const (
 
 // outcome is what one request came to, for the request counter.
 type outcome struct {
-	model    string
-	endpoint string
-	kind     endpointKind
-	mm       *modelMetrics // the model's cached series, once known
-	code     string
+	model string
+	kind  endpointKind
+	mm    *modelMetrics // the model's cached series, once known
+	code  string
 }
 
 // errFirstByteTimeout marks an engine that sent no response byte within
@@ -55,15 +54,15 @@ var errUpstreamStatus = errors.New("engine answered with a server error")
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
 	start := s.opts.Clock()
 	s.metrics.inFlight.Inc()
-	oc := outcome{endpoint: kind.String(), kind: kind}
+	oc := outcome{kind: kind}
 	defer func() {
 		s.metrics.inFlight.Dec()
-		if oc.model == "" {
-			s.metrics.requests.WithLabelValues(oc.model, oc.endpoint, oc.code).Inc()
-			return
-		}
+		// Before the model is known oc.mm is nil and requestsC looks the
+		// series up; only requests for a known model are timed.
 		oc.mm.requestsC(s.metrics, oc.model, oc.kind, oc.code).Inc()
-		oc.mm.durationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(start).Seconds())
+		if oc.model != "" {
+			oc.mm.durationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(start).Seconds())
+		}
 	}()
 	fail := func(status int, typ, code, param, msg string) {
 		oc.code = strconv.Itoa(status)
