@@ -1,6 +1,7 @@
 package reference
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math"
 	"slices"
@@ -60,15 +61,7 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ring := p.ringFor(cands)
-	start, _ := slices.BinarySearchFunc(ring, h, func(rp ringPoint, h uint64) int {
-		switch {
-		case rp.h < h:
-			return -1
-		case rp.h > h:
-			return 1
-		}
-		return 0
-	})
+	start, _ := slices.BinarySearchFunc(ring, h, func(rp ringPoint, h uint64) int { return cmp.Compare(rp.h, h) })
 	first := -1
 	for k := range ring {
 		name := ring[(start+k)%len(ring)].name
@@ -122,13 +115,7 @@ func (p *CHWBL) ringFor(cands []gateway.Candidate) []ringPoint {
 			}
 		}
 		slices.SortFunc(ring, func(a, b ringPoint) int {
-			switch {
-			case a.h < b.h:
-				return -1
-			case a.h > b.h:
-				return 1
-			}
-			return strings.Compare(a.name, b.name)
+			return cmp.Or(cmp.Compare(a.h, b.h), strings.Compare(a.name, b.name))
 		})
 		p.names = p.names[:0]
 		for i := range cands {
