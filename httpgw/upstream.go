@@ -75,10 +75,7 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || (req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0) {
 		return p.fallback.RoundTrip(req)
 	}
-	host := req.URL.Host
-	if req.URL.Port() == "" {
-		host = net.JoinHostPort(req.URL.Hostname(), "80")
-	}
+	host := hostPort(req.URL)
 	fresh := false
 	for {
 		var pc *poolConn
@@ -94,7 +91,7 @@ func (p *connPool) RoundTrip(req *http.Request) (*http.Response, error) {
 			pc = newPoolConn(c)
 		}
 		pc.nread = 0
-		resp, err := p.exchange(pc, req)
+		resp, err := p.exchange(pc, req, host)
 		if err == nil {
 			return resp, nil
 		}
@@ -188,6 +185,12 @@ func baseHost(base string) string {
 	if err != nil || u.Scheme != "http" {
 		return ""
 	}
+	return hostPort(u)
+}
+
+// hostPort returns the host:port key of a plain http URL: its host, with
+// port 80 when it names none.
+func hostPort(u *url.URL) string {
 	if u.Port() == "" {
 		return net.JoinHostPort(u.Hostname(), "80")
 	}
@@ -201,10 +204,10 @@ func staleConnError(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// exchange writes req on pc and reads the response head. Canceling req's
-// context interrupts either step, and the body's reads, by expiring the
-// connection's deadline.
-func (p *connPool) exchange(pc *poolConn, req *http.Request) (*http.Response, error) {
+// exchange writes req on pc, a connection to host, and reads the response
+// head. Canceling req's context interrupts either step, and the body's
+// reads, by expiring the connection's deadline.
+func (p *connPool) exchange(pc *poolConn, req *http.Request, host string) (*http.Response, error) {
 	ctx := req.Context()
 	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
 	if err := writeRequest(pc.bw, req); err != nil {
@@ -223,15 +226,8 @@ func (p *connPool) exchange(pc *poolConn, req *http.Request) (*http.Response, er
 		}
 		return nil, err
 	}
-	resp.Body = &poolBody{rc: resp.Body, pool: p, pc: pc, stop: stop, keep: !resp.Close, host: hostKey(req)}
+	resp.Body = &poolBody{rc: resp.Body, pool: p, pc: pc, stop: stop, keep: !resp.Close, host: host}
 	return resp, nil
-}
-
-func hostKey(req *http.Request) string {
-	if req.URL.Port() == "" {
-		return net.JoinHostPort(req.URL.Hostname(), "80")
-	}
-	return req.URL.Host
 }
 
 // poolBody returns its connection to the pool when it is closed after
@@ -250,10 +246,7 @@ type poolBody struct {
 }
 
 func (b *poolBody) Read(p []byte) (int, error) {
-	if b.done {
-		return 0, io.EOF
-	}
-	if b.eof {
+	if b.done || b.eof {
 		return 0, io.EOF
 	}
 	n, err := b.rc.Read(p)
