@@ -346,9 +346,15 @@ func (m Model) validateReplicaCounts() error {
 	return nil
 }
 
+// wellFormedName reports whether a pool or replica name is non-empty,
+// without surrounding spaces and without control characters.
+func wellFormedName(name string) bool {
+	return name != "" && strings.TrimSpace(name) == name && strings.IndexFunc(name, unicode.IsControl) < 0
+}
+
 // validatePoolName rejects empty or badly formed pool names.
 func validatePoolName(name string) error {
-	if name == "" || strings.TrimSpace(name) != name || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+	if !wellFormedName(name) {
 		return &FieldError{Field: "pool", Value: name, Reason: "must be non-empty without surrounding spaces or control characters"}
 	}
 	return nil
@@ -359,7 +365,7 @@ func validateReplicas(field string, rs []Replica) error {
 	seen := make(map[string]bool, len(rs))
 	for i, r := range rs {
 		at := fmt.Sprintf("%s[%d]", field, i)
-		if r.Name == "" || strings.TrimSpace(r.Name) != r.Name || strings.IndexFunc(r.Name, unicode.IsControl) >= 0 {
+		if !wellFormedName(r.Name) {
 			return &FieldError{Field: at + ".name", Value: r.Name, Reason: "must be non-empty without surrounding spaces or control characters"}
 		}
 		if seen[r.Name] {
