@@ -15,10 +15,8 @@ import (
 // step; noMacro simulates decode one step per event.
 var checkInvariants, noMacro bool
 
-var (
-	errShed     = errors.New("gateway: sim: shed, queue full")
-	errTooLarge = errors.New("gateway: sim: request larger than a replica's KV cache")
-)
+// errShed is the error a request shed by a full queue reports to the gateway.
+var errShed = errors.New("gateway: sim: shed, queue full")
 
 // seq is a request in flight on a replica.
 type seq struct {
