@@ -83,11 +83,9 @@ func TestLeanServerAnnouncesClose(t *testing.T) {
 		{"short body left unread is drained", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + strings.Repeat("x", 1000), 0, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			require.NoError(t, err)
+			conn := dialRaw(t, addr)
 			defer conn.Close()
-			require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-			_, err = io.WriteString(conn, tt.head)
+			_, err := io.WriteString(conn, tt.head)
 			require.NoError(t, err)
 			if tt.send > 0 {
 				go func() { _, _ = conn.Write(make([]byte, tt.send)) }()
@@ -191,11 +189,9 @@ func TestLeanServerInterimResponse(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, "hello")
 	}), LeanOptions{})
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
+	conn := dialRaw(t, addr)
 	defer conn.Close()
-	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	_, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	require.NoError(t, err)
 	raw, err := io.ReadAll(conn)
 	require.NoError(t, err)

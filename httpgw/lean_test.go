@@ -29,6 +29,16 @@ const waitLimit = 10 * time.Second
 
 // startLean serves h with a lean server on a loopback port and returns its
 // address and the server.
+// dialRaw connects to the server at addr for raw HTTP/1.1, with waitLimit
+// as the deadline of every read and write; the caller closes it.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
+	return conn
+}
+
 func startLean(t *testing.T, h http.Handler, opts LeanOptions) (string, *LeanServer) {
 	t.Helper()
 	if opts.Logger == nil {
@@ -183,11 +193,9 @@ func TestLeanServerKeepAlive(t *testing.T) {
 // (closeCheck false: the test does not wait for that).
 func rawExchange(t *testing.T, addr, raw string, methods []string, closeCheck bool) ([]*http.Response, []string, bool) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
+	conn := dialRaw(t, addr)
 	defer conn.Close()
-	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-	_, err = io.WriteString(conn, raw)
+	_, err := io.WriteString(conn, raw)
 	require.NoError(t, err)
 	br := bufio.NewReader(conn)
 	var resps []*http.Response
@@ -360,11 +368,9 @@ func TestLeanServerContextEndsWithHandler(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, r.URL.Path)
 	}), LeanOptions{DisconnectCheckDelay: -1})
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
+	conn := dialRaw(t, addr)
 	defer conn.Close()
-	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-	_, err = io.WriteString(conn, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+	_, err := io.WriteString(conn, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	_, err = io.WriteString(conn, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
@@ -411,11 +417,9 @@ func TestLeanServerHandlerPanic(t *testing.T) {
 		logged string
 	}{{"/panic", "boom"}, {"/panic-after-head", "boom after head"}, {"/abort", ""}} {
 		t.Run(tt.path, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			require.NoError(t, err)
+			conn := dialRaw(t, addr)
 			defer conn.Close()
-			require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-			_, err = io.WriteString(conn, "GET "+tt.path+" HTTP/1.1\r\nHost: x\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+			_, err := io.WriteString(conn, "GET "+tt.path+" HTTP/1.1\r\nHost: x\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
 			require.NoError(t, err)
 			got, err := io.ReadAll(conn) // the server closes the connection
 			require.NoError(t, err)
@@ -466,10 +470,8 @@ func TestLeanServerShutdown(t *testing.T) {
 	go func() { served <- s.Serve(ln) }()
 	addr := ln.Addr().String()
 
-	idle, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
+	idle := dialRaw(t, addr)
 	defer idle.Close()
-	require.NoError(t, idle.SetDeadline(time.Now().Add(waitLimit)))
 	_, err = io.WriteString(idle, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	idleBr := bufio.NewReader(idle)
@@ -477,10 +479,8 @@ func TestLeanServerShutdown(t *testing.T) {
 	require.NoError(t, err)
 	_, _ = io.ReadAll(resp.Body)
 
-	busy, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
+	busy := dialRaw(t, addr)
 	defer busy.Close()
-	require.NoError(t, busy.SetDeadline(time.Now().Add(waitLimit)))
 	_, err = io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	<-entered
@@ -616,11 +616,9 @@ func TestLeanServerTimeouts(t *testing.T) {
 		{"unfinished head", "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ", nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			require.NoError(t, err)
+			conn := dialRaw(t, addr)
 			defer conn.Close()
-			require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-			_, err = io.WriteString(conn, tt.raw)
+			_, err := io.WriteString(conn, tt.raw)
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
 			for _, m := range tt.methods {
@@ -633,11 +631,9 @@ func TestLeanServerTimeouts(t *testing.T) {
 		})
 	}
 	t.Run("long request", func(t *testing.T) {
-		conn, err := net.Dial("tcp", addr)
-		require.NoError(t, err)
+		conn := dialRaw(t, addr)
 		defer conn.Close()
-		require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
-		_, err = io.WriteString(conn, "POST /long HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+		_, err := io.WriteString(conn, "POST /long HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
 		require.NoError(t, err)
 		time.Sleep(5 * timeout) // not synchronisation: the idle deadline must pass
 		close(release)
