@@ -30,8 +30,6 @@ func newKVCache(capacity int) *kvCache {
 	return &kvCache{cap: capacity, idx: newBlockTable(capacity), head: -1, tail: -1, free: -1}
 }
 
-func (c *kvCache) entries() int { return c.idx.n }
-
 // used is the number of blocks held by running requests, pinned or
 // reserved: what vLLM reports as KV-cache usage.
 func (c *kvCache) used() int { return c.pinned + c.reserved }

@@ -40,16 +40,6 @@ func flagError(_ *cobra.Command, err error) error {
 	return &usageError{err}
 }
 
-// fieldError turns a config.FieldError about a flag into a usage error
-// naming the flag.
-func fieldError(flag string, err error) error {
-	var fe *config.FieldError
-	if errors.As(err, &fe) {
-		return usagef("invalid --%s %q: %s", flag, fe.Value, fe.Reason)
-	}
-	return &usageError{err}
-}
-
 // modelArg checks the MODEL positional argument.
 func modelArg(cmd *cobra.Command, args []string) error {
 	if len(args) != 1 {
