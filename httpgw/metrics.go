@@ -88,53 +88,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// lazyCounter caches one series of a CounterVec, looked up on first use
-// (so that a series appears in /metrics only once it has counted
-// something, as with WithLabelValues at each use). Safe for concurrent
-// use; the zero value is empty.
-type lazyCounter struct {
-	p atomic.Pointer[prometheus.Counter]
+// lazy caches one series of a metric vector (a prometheus.Counter or
+// Observer), looked up on first use (so that a series appears in /metrics
+// only once it has counted something, as with WithLabelValues at each
+// use). Safe for concurrent use; the zero value is empty.
+type lazy[T any] struct {
+	p atomic.Pointer[T]
 }
 
-func (l *lazyCounter) get1(v *prometheus.CounterVec, a string) prometheus.Counter {
-	if c := l.p.Load(); c != nil {
-		return *c
+// get returns the cached series, calling look to find it the first time.
+// look does not escape, so a closure passed to get is not allocated.
+func (l *lazy[T]) get(look func() T) T {
+	if s := l.p.Load(); s != nil {
+		return *s
 	}
-	c := v.WithLabelValues(a)
-	l.p.Store(&c)
-	return c
-}
-
-func (l *lazyCounter) get2(v *prometheus.CounterVec, a, b string) prometheus.Counter {
-	if c := l.p.Load(); c != nil {
-		return *c
-	}
-	c := v.WithLabelValues(a, b)
-	l.p.Store(&c)
-	return c
-}
-
-func (l *lazyCounter) get3(v *prometheus.CounterVec, a, b, c string) prometheus.Counter {
-	if p := l.p.Load(); p != nil {
-		return *p
-	}
-	ctr := v.WithLabelValues(a, b, c)
-	l.p.Store(&ctr)
-	return ctr
-}
-
-// lazyObserver is lazyCounter for a HistogramVec.
-type lazyObserver struct {
-	p atomic.Pointer[prometheus.Observer]
-}
-
-func (l *lazyObserver) get2(v *prometheus.HistogramVec, a, b string) prometheus.Observer {
-	if o := l.p.Load(); o != nil {
-		return *o
-	}
-	o := v.WithLabelValues(a, b)
-	l.p.Store(&o)
-	return o
+	s := look()
+	l.p.Store(&s)
+	return s
 }
 
 // numEndpointKinds is how many endpointKind values there are.
@@ -145,17 +115,17 @@ const numEndpointKinds = 2
 // series are the ones WithLabelValues returns (none of them is ever
 // deleted), so counts are the same either way.
 type modelMetrics struct {
-	routed, hits, blocks, matched lazyCounter
-	decisions                     [3]lazyCounter // by gateway.Kind (others are looked up)
-	requestsOK                    [numEndpointKinds]lazyCounter
-	duration, ttfb                [numEndpointKinds]lazyObserver
-	replicaReqs                   map[string]*lazyCounter // by replica name; read-only
+	routed, hits, blocks, matched lazy[prometheus.Counter]
+	decisions                     [3]lazy[prometheus.Counter] // by gateway.Kind (others are looked up)
+	requestsOK                    [numEndpointKinds]lazy[prometheus.Counter]
+	duration, ttfb                [numEndpointKinds]lazy[prometheus.Observer]
+	replicaReqs                   map[string]*lazy[prometheus.Counter] // by replica name; read-only
 }
 
 func newModelMetrics(replicas []string) *modelMetrics {
-	mm := &modelMetrics{replicaReqs: make(map[string]*lazyCounter, len(replicas))}
+	mm := &modelMetrics{replicaReqs: make(map[string]*lazy[prometheus.Counter], len(replicas))}
 	for _, r := range replicas {
-		mm.replicaReqs[r] = new(lazyCounter)
+		mm.replicaReqs[r] = new(lazy[prometheus.Counter])
 	}
 	return mm
 }
@@ -164,66 +134,75 @@ func newModelMetrics(replicas []string) *modelMetrics {
 // modelState built without one) looks each series up instead.
 
 func (mm *modelMetrics) routedC(m *metrics, model string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.routed.WithLabelValues(model) }
 	if mm == nil {
-		return m.routed.WithLabelValues(model)
+		return look()
 	}
-	return mm.routed.get1(m.routed, model)
+	return mm.routed.get(look)
 }
 
 func (mm *modelMetrics) hitsC(m *metrics, model string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.hits.WithLabelValues(model) }
 	if mm == nil {
-		return m.hits.WithLabelValues(model)
+		return look()
 	}
-	return mm.hits.get1(m.hits, model)
+	return mm.hits.get(look)
 }
 
 func (mm *modelMetrics) blocksC(m *metrics, model string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.blocks.WithLabelValues(model) }
 	if mm == nil {
-		return m.blocks.WithLabelValues(model)
+		return look()
 	}
-	return mm.blocks.get1(m.blocks, model)
+	return mm.blocks.get(look)
 }
 
 func (mm *modelMetrics) matchedC(m *metrics, model string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.matched.WithLabelValues(model) }
 	if mm == nil {
-		return m.matched.WithLabelValues(model)
+		return look()
 	}
-	return mm.matched.get1(m.matched, model)
+	return mm.matched.get(look)
 }
 
 func (mm *modelMetrics) decisionsC(m *metrics, model string, k gateway.Kind) prometheus.Counter {
+	look := func() prometheus.Counter { return m.decisions.WithLabelValues(model, k.String()) }
 	if mm == nil || k < 0 || int(k) >= len(mm.decisions) {
-		return m.decisions.WithLabelValues(model, k.String())
+		return look()
 	}
-	return mm.decisions[k].get2(m.decisions, model, k.String())
+	return mm.decisions[k].get(look)
 }
 
 func (mm *modelMetrics) replicaReqsC(m *metrics, model, replica string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.replicaReqs.WithLabelValues(model, replica) }
 	if mm != nil {
 		if l := mm.replicaReqs[replica]; l != nil {
-			return l.get2(m.replicaReqs, model, replica)
+			return l.get(look)
 		}
 	}
-	return m.replicaReqs.WithLabelValues(model, replica)
+	return look()
 }
 
 func (mm *modelMetrics) requestsC(m *metrics, model string, kind endpointKind, code string) prometheus.Counter {
+	look := func() prometheus.Counter { return m.requests.WithLabelValues(model, kind.String(), code) }
 	if mm == nil || code != "200" || kind < 0 || int(kind) >= numEndpointKinds {
-		return m.requests.WithLabelValues(model, kind.String(), code)
+		return look()
 	}
-	return mm.requestsOK[kind].get3(m.requests, model, kind.String(), code)
+	return mm.requestsOK[kind].get(look)
 }
 
 func (mm *modelMetrics) durationO(m *metrics, model string, kind endpointKind) prometheus.Observer {
+	look := func() prometheus.Observer { return m.duration.WithLabelValues(model, kind.String()) }
 	if mm == nil || kind < 0 || int(kind) >= numEndpointKinds {
-		return m.duration.WithLabelValues(model, kind.String())
+		return look()
 	}
-	return mm.duration[kind].get2(m.duration, model, kind.String())
+	return mm.duration[kind].get(look)
 }
 
 func (mm *modelMetrics) ttfbO(m *metrics, model string, kind endpointKind) prometheus.Observer {
+	look := func() prometheus.Observer { return m.ttfb.WithLabelValues(model, kind.String()) }
 	if mm == nil || kind < 0 || int(kind) >= numEndpointKinds {
-		return m.ttfb.WithLabelValues(model, kind.String())
+		return look()
 	}
-	return mm.ttfb[kind].get2(m.ttfb, model, kind.String())
+	return mm.ttfb[kind].get(look)
 }
