@@ -981,13 +981,11 @@ func (w *leanResponse) finish() {
 	w.flushConn()
 }
 
-var leanStatusLines = map[int]string{
-	200: "HTTP/1.1 200 OK\r\n",
-}
-
+// writeStatusLine writes the status line for code; the usual 200 is a
+// constant.
 func (w *leanResponse) writeStatusLine(code int) {
-	if s, ok := leanStatusLines[code]; ok {
-		_, _ = w.c.bw.WriteString(s)
+	if code == http.StatusOK {
+		_, _ = w.c.bw.WriteString("HTTP/1.1 200 OK\r\n")
 		return
 	}
 	text := http.StatusText(code)
