@@ -446,12 +446,12 @@ func (c *leanConn) serve() {
 	for first := true; ; first = false {
 		// Read deadlines are moved only when needed: each move re-arms a
 		// runtime timer, which can wake the network poller.
+		c.lr.limit = int64(o.MaxHeaderBytes) + 4096
 		if c.br.Buffered() == 0 {
 			c.idle.Store(true)
 			if c.s.shutdown.Load() {
 				return
 			}
-			c.lr.limit = int64(o.MaxHeaderBytes) + 4096
 			if now := time.Now(); first {
 				// A new connection owes its first request at once, as
 				// with net/http: it gets no idle time.
@@ -463,8 +463,6 @@ func (c *leanConn) serve() {
 				return
 			}
 			c.idle.Store(false)
-		} else {
-			c.lr.limit = int64(o.MaxHeaderBytes) + 4096
 		}
 		headDeadline := !c.headBuffered()
 		if headDeadline {
