@@ -26,6 +26,22 @@ func benchEngine() *httptest.Server {
 	}))
 }
 
+// benchServer returns a gateway serving model m1 in cache-aware mode from
+// one replica at addr, through transport (nil: the default).
+func benchServer(b *testing.B, transport http.RoundTripper, addr string) *Server {
+	b.Helper()
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Transport: transport})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
+		Replicas: []config.Replica{{Name: "e0", Address: addr}}}}}); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
 var benchBody = []byte(`{"model":"m1","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant that answers in one word."},{"role":"user","content":"Say one word."}]}`)
 
 func benchCall(b *testing.B, c *http.Client, url string) {
@@ -46,15 +62,7 @@ func benchCall(b *testing.B, c *http.Client, url string) {
 func BenchmarkRequest(b *testing.B) {
 	eng := benchEngine()
 	defer eng.Close()
-	reg := prometheus.NewRegistry()
-	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
-		Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
-		b.Fatal(err)
-	}
+	s := benchServer(b, nil, eng.URL)
 	gw := httptest.NewServer(s)
 	defer gw.Close()
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
@@ -75,15 +83,7 @@ func BenchmarkRequest(b *testing.B) {
 func BenchmarkHandler(b *testing.B) {
 	eng := benchEngine()
 	defer eng.Close()
-	reg := prometheus.NewRegistry()
-	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
-		Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
-		b.Fatal(err)
-	}
+	s := benchServer(b, nil, eng.URL)
 	b.ReportAllocs()
 	for b.Loop() {
 		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(benchBody))
@@ -133,15 +133,7 @@ func (c cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // answers from memory: the gateway's cost beyond any proxy's hop.
 func BenchmarkHandlerCPU(b *testing.B) {
 	answer := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	reg := prometheus.NewRegistry()
-	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Transport: cannedTransport{answer}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
-		Replicas: []config.Replica{{Name: "e0", Address: "http://127.0.0.1:9"}}}}}); err != nil {
-		b.Fatal(err)
-	}
+	s := benchServer(b, cannedTransport{answer}, "http://127.0.0.1:9")
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "Go-http-client/1.1")
