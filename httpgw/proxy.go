@@ -50,6 +50,13 @@ var errFirstByteTimeout = errors.New("no response byte within the first-byte tim
 // errFirstByteTimeout it is a cause inside an ErrUpstream message.
 var errUpstreamStatus = errors.New("engine answered with a server error")
 
+// fail answers the client with an error response and records its status
+// as the request's outcome.
+func (oc *outcome) fail(w http.ResponseWriter, status int, typ, code, param, msg string) {
+	oc.code = strconv.Itoa(status)
+	writeError(w, status, typ, code, param, msg)
+}
+
 // serveInference handles /v1/chat/completions and /v1/completions.
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
 	start := s.opts.Clock()
@@ -64,24 +71,20 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 			oc.mm.durationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(start).Seconds())
 		}
 	}()
-	fail := func(status int, typ, code, param, msg string) {
-		oc.code = strconv.Itoa(status)
-		writeError(w, status, typ, code, param, msg)
-	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
+		oc.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return
 	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			fail(http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
+			oc.fail(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
 				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
 			return
 		}
-		fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return
 	}
 	req, err := parseRequest(kind, body)
@@ -91,24 +94,24 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		if errors.As(err, &re) {
 			param = re.field
 		}
-		fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
+		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
 		return
 	}
 	st := s.state.Load()
 	ms, ok := st.models[req.Model]
 	if !ok {
-		fail(http.StatusNotFound, typeNotFound, "model_not_found", "model",
+		oc.fail(w, http.StatusNotFound, typeNotFound, "model_not_found", "model",
 			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, req.Model))
 		return
 	}
 	oc.model, oc.mm = ms.name, ms.mm
 	if ms.noReps && len(ms.missing) > 0 {
-		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.name, ms.missing))
 		return
 	}
 	if ms.noReps {
-		fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
 		return
 	}
@@ -129,20 +132,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 		// health checks may not have ejected yet.
 		d, err := ms.gw.RouteExcept(key, failed)
 		if err != nil {
-			if errors.Is(err, gateway.ErrNoHealthyReplica) && try > 0 {
-				oc.code = strconv.Itoa(http.StatusBadGateway)
-				writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
+			switch {
+			case !errors.Is(err, gateway.ErrNoHealthyReplica):
+				oc.fail(w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
+			case try > 0:
+				oc.fail(w, http.StatusBadGateway, typeServer, "upstream_error", "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
-				return
+			default:
+				oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+					fmt.Sprintf("gateway: no healthy replica for model %q", ms.name))
 			}
-			if errors.Is(err, gateway.ErrNoHealthyReplica) {
-				oc.code = strconv.Itoa(http.StatusServiceUnavailable)
-				msg := fmt.Sprintf("gateway: no healthy replica for model %q", ms.name)
-				writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", msg)
-				return
-			}
-			oc.code = strconv.Itoa(http.StatusInternalServerError)
-			writeError(w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
 			return
 		}
 		name := d.Replica
@@ -162,8 +161,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 				lastErr, failed = err, name
 				continue
 			}
-			oc.code = strconv.Itoa(http.StatusBadGateway)
-			writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+			oc.fail(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 			return
 		}
 		retry, err := s.forward(w, r, ms, name, ep, &d, body, start, try == 0, oc)
@@ -175,8 +173,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, ms *modelState, k
 	// Not reached: the second try is made with canRetry false, so it
 	// always answers. Kept so that a change there cannot leave the client
 	// with an empty 200.
-	oc.code = strconv.Itoa(http.StatusBadGateway)
-	writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "",
+	oc.fail(w, http.StatusBadGateway, typeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
 }
 
@@ -242,8 +239,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 	out, err := upstreamRequest(upCtx, ep, r.URL, body)
 	if err != nil {
 		done(0, err)
-		oc.code = strconv.Itoa(http.StatusBadGateway)
-		writeError(w, http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: replica %q: %v", ErrUpstream, name, err))
+		oc.fail(w, http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: replica %q: %v", ErrUpstream, name, err))
 		return false, nil
 	}
 	copyHeaders(out.Header, r.Header)
@@ -263,8 +259,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ms *modelState,
 		if canRetry {
 			return true, err
 		}
-		oc.code = strconv.Itoa(http.StatusBadGateway)
-		writeError(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		oc.fail(w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 		return false, nil
 	}
 	defer resp.Body.Close()
