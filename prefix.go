@@ -166,9 +166,13 @@ func KeyFromHashes(ids []uint64) Key {
 }
 
 // AppendHashKey is KeyFromHashes appending to dst; it does not allocate when
-// dst has room.
+// dst has room. A non-empty dst is continued, as AppendSegment continues
+// it: AppendHashKey(KeyFromHashes(a), b) is KeyFromHashes of a then b.
 func AppendHashKey(dst Key, ids []uint64) Key {
 	parent := chain(0, tagHashes)
+	if len(dst) > 0 {
+		parent = dst[len(dst)-1]
+	}
 	for _, id := range ids {
 		parent = chain(parent, id)
 		dst = append(dst, parent)

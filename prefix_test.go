@@ -208,6 +208,16 @@ func TestPropHashKeys(t *testing.T) {
 	})
 }
 
+// TestPropHashKeyContinues: appending ids to a hash key continues its
+// chain, so a key can be built in parts (a prompt, then its answer).
+func TestPropHashKeyContinues(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 10).Draw(t, "a")
+		b := rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 10).Draw(t, "b")
+		require.Equal(t, KeyFromHashes(append(slices.Clone(a), b...)), AppendHashKey(KeyFromHashes(a), b))
+	})
+}
+
 // TestKeyKindsDoNotCollide: the same content as text, tokens or hash ids
 // gives different keys.
 func TestKeyKindsDoNotCollide(t *testing.T) {
