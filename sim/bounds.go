@@ -27,7 +27,7 @@ func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err er
 	lru := newKVCache(capacity)
 	seen := newHashSet()
 	var req Request
-	var key, ids []uint64
+	var key gateway.Key
 	var slots []int32
 	var in, lruTok, unbTok int64
 	var n, lruReq, unbReq int
@@ -42,8 +42,7 @@ func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err er
 			continue
 		}
 		n++
-		ids = append(append(ids[:0], req.Blocks...), req.OutBlocks...)
-		key = gateway.AppendHashKey(key[:0], ids)
+		key = gateway.AppendHashKey(gateway.AppendHashKey(key[:0], req.Blocks), req.OutBlocks)
 		prompt := key[:len(req.Blocks)]
 		in += int64(req.InputTokens)
 		if cap(slots) < len(prompt) {
