@@ -130,15 +130,7 @@ func decodeRequest(body []byte) (*inferenceRequest, error) {
 		var err error
 		switch key {
 		case "model":
-			if r.null() {
-				req.Model, req.HasModel = "", false
-				return nil
-			}
-			if r.peek() != '"' {
-				return fieldErr("model", "field \"model\" must be a string")
-			}
-			req.Model, err = r.str()
-			req.HasModel = true
+			req.Model, req.HasModel, err = r.optString("model")
 		case "stream":
 			if r.null() {
 				req.Stream = false
@@ -148,14 +140,7 @@ func decodeRequest(body []byte) (*inferenceRequest, error) {
 				return fieldErr("stream", "field \"stream\" must be true or false")
 			}
 		case "user":
-			if r.null() {
-				req.User = ""
-				return nil
-			}
-			if r.peek() != '"' {
-				return fieldErr("user", "field \"user\" must be a string")
-			}
-			req.User, err = r.str()
+			req.User, _, err = r.optString("user")
 		case "messages":
 			req.Messages = req.Messages[:0]
 			if r.null() {
@@ -188,6 +173,19 @@ func decodeRequest(body []byte) (*inferenceRequest, error) {
 		return nil, r.errorf("data after the JSON object")
 	}
 	return req, nil
+}
+
+// optString reads the value of the top-level field name, which must be a
+// string or null; ok is false for null.
+func (r *jsonReader) optString(name string) (s string, ok bool, err error) {
+	if r.null() {
+		return "", false, nil
+	}
+	if r.peek() != '"' {
+		return "", false, fieldErr(name, fmt.Sprintf("field %q must be a string", name))
+	}
+	s, err = r.str()
+	return s, true, err
 }
 
 // message reads one chat message (element i of "messages").
