@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/examlops/gateway/config"
 )
@@ -73,15 +74,7 @@ func (s *Server) Stats() Stats {
 		slices.Sort(es.Models)
 		out.Engines = append(out.Engines, es)
 	}
-	slices.SortFunc(out.Engines, func(a, b EngineStats) int {
-		switch {
-		case a.Address < b.Address:
-			return -1
-		case a.Address > b.Address:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out.Engines, func(a, b EngineStats) int { return strings.Compare(a.Address, b.Address) })
 	return out
 }
 
