@@ -351,7 +351,8 @@ func (s *LeanServer) requestStarted(c *leanConn) {
 	}
 }
 
-// aLongTimeAgo is a read deadline in the past: it interrupts a pending read.
+// aLongTimeAgo is a deadline in the past: it interrupts a pending read
+// (or write) on a connection.
 var aLongTimeAgo = time.Unix(1, 0)
 
 // leanConn is one client connection of a LeanServer.

@@ -209,7 +209,7 @@ func staleConnError(err error) bool {
 // reads, by expiring the connection's deadline.
 func (p *connPool) exchange(pc *poolConn, req *http.Request, host string) (*http.Response, error) {
 	ctx := req.Context()
-	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(aLongTimeAgo) })
 	if err := writeRequest(pc.bw, req); err != nil {
 		stop()
 		return nil, err
