@@ -142,19 +142,6 @@ func NewLeanServer(h http.Handler, opts LeanOptions) (*LeanServer, error) {
 		epoch: time.Now(), wdWake: make(chan struct{}, 1), wdQuit: make(chan struct{})}, nil
 }
 
-// ServeLean serves h on ln with a new LeanServer until ln fails; see
-// LeanServer.Serve. The server's disconnect-check goroutine (see
-// LeanOptions.DisconnectCheckDelay) outlives the return, sleeping, as
-// the connections still served may need it; a caller that must end it
-// uses NewLeanServer, Serve and Close instead.
-func ServeLean(ln net.Listener, h http.Handler, opts LeanOptions) error {
-	s, err := NewLeanServer(h, opts)
-	if err != nil {
-		return err
-	}
-	return s.Serve(ln)
-}
-
 // Serve accepts connections on ln and serves each on its own goroutine. It
 // returns http.ErrServerClosed after Shutdown or Close, else the error
 // that stopped accepting.
