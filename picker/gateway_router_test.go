@@ -203,12 +203,12 @@ func TestBodyKey(t *testing.T) {
 		return k
 	}
 	sys := `{"role":"system","content":"You are a careful assistant for ACME."}`
-	k1 := mk(`{"model":"m1","messages":[` + sys + `,{"role":"user","content":"first"}]}`, "x-session-id", "s1")
-	k2 := mk(`{"model":"m1","messages":[` + sys + `,{"role":"user","content":"first"},{"role":"assistant","content":"a"},{"role":"user","content":"second"}]}`, "X-Session-Id", "s1")
+	k1 := mk(`{"model":"m1","messages":[`+sys+`,{"role":"user","content":"first"}]}`, "x-session-id", "s1")
+	k2 := mk(`{"model":"m1","messages":[`+sys+`,{"role":"user","content":"first"},{"role":"assistant","content":"a"},{"role":"user","content":"second"}]}`, "X-Session-Id", "s1")
 	if len(k2) <= len(k1) || !slices.Equal(k1, k2[:len(k1)]) {
 		t.Errorf("a later turn's key does not extend the earlier one's")
 	}
-	k3 := mk(`{"model":"m1","messages":[` + sys + `,{"role":"user","content":"first"}]}`, "x-session-id", "s2")
+	k3 := mk(`{"model":"m1","messages":[`+sys+`,{"role":"user","content":"first"}]}`, "x-session-id", "s2")
 	if slices.Equal(k1, k3) {
 		t.Error("different sessions give the same key")
 	}
