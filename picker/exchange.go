@@ -164,7 +164,7 @@ func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error)
 		x.servedBy(m.GetMetadataContext())
 		x.ph = phaseDone
 		x.done()
-		return false, x.st.Send(trailersResponse(false))
+		return false, x.st.Send(responseTrailersAnswer)
 	case nil:
 		return false, x.protocolError("message %s sets none of the request fields", phaseNames[x.ph])
 	default:
@@ -290,7 +290,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		}
 	}
 	if trailers {
-		return false, x.st.Send(trailersResponse(true))
+		return false, x.st.Send(requestTrailersAnswer)
 	}
 	return false, nil
 }
@@ -360,7 +360,7 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 		x.firstToken()
 	}
 	x.ph = phaseResponse
-	if err := x.st.Send(responseHeadersResponse()); err != nil {
+	if err := x.st.Send(responseHeadersAnswer); err != nil {
 		return err
 	}
 	if h.GetEndOfStream() || x.respNone {
@@ -383,7 +383,7 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 		x.done()
 	}
 	if !x.respEcho {
-		return x.st.Send(responseBodyAck())
+		return x.st.Send(responseBodyAckAnswer)
 	}
 	return sendChunks(x.st, b.GetBody(), eos, responseBodyResponse)
 }

@@ -57,22 +57,17 @@ func responseBodyResponse(chunk []byte, eos bool) *extprocv3.ProcessingResponse 
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: streamed(chunk, eos)}}
 }
 
-// responseBodyAck lets a response body chunk through unchanged, in body
-// modes other than FULL_DUPLEX_STREAMED.
-func responseBodyAck() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
-}
-
-func responseHeadersResponse() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
-}
-
-func trailersResponse(request bool) *extprocv3.ProcessingResponse {
-	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
-}
+// The answers that never vary are built once and never modified, so every
+// stream may send them: protobuf messages are safe to marshal concurrently
+// while nothing mutates them.
+var (
+	responseHeadersAnswer  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+	requestTrailersAnswer  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	responseTrailersAnswer = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	// responseBodyAckAnswer lets a response body chunk through unchanged,
+	// in body modes other than FULL_DUPLEX_STREAMED.
+	responseBodyAckAnswer = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
+)
 
 // sendChunks sends body back to Envoy as streamed_response messages of at
 // most MaxChunkBytes, end_of_stream on the last one if eos; an empty body
