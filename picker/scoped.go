@@ -15,8 +15,9 @@ import (
 // Gateway, and route that Gateway only through its GatewayRouter: the
 // per-request scope is set by the router, under its lock, just before it
 // calls Gateway.Route, and read by Pick, which Route calls synchronously
-// under the gateway's lock. (A Gateway routing within a set of replicas is
-// an API the root package does not have yet; see docs/picker.md.)
+// under the gateway's lock. (A Gateway method routing within a set of
+// replicas, which the root package does not have yet, would replace this;
+// see docs/picker.md, "Not done yet".)
 type ScopedPolicy struct {
 	inner gateway.Policy
 	// ShedAbove, when positive, makes Pick decline a request (the router
