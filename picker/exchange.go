@@ -347,12 +347,12 @@ func (x *exchange) immediate(err error) error {
 
 func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		switch hv.GetKey() {
-		case ":status":
+		switch k := hv.GetKey(); {
+		case k == ":status":
 			if n, err := strconv.Atoi(headerValue(hv)); err == nil {
 				x.status = n
 			}
-		case "content-type":
+		case equalFold(k, "content-type"):
 			x.sse = strings.HasPrefix(strings.TrimSpace(headerValue(hv)), "text/event-stream")
 		}
 	}

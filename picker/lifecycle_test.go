@@ -367,3 +367,33 @@ func TestOptions(t *testing.T) {
 		t.Errorf("negative fallbacks: %v", err)
 	}
 }
+
+// TestResponseBodyModes: with response_body_mode NONE the request ends at
+// its response headers, successfully; in STREAMED mode body chunks are
+// acknowledged without a mutation; the modes come from protocol_config.
+func TestResponseBodyModes(t *testing.T) {
+	for _, mode := range []extprocfilterv3.ProcessingMode_BodySendMode{extprocfilterv3.ProcessingMode_NONE, extprocfilterv3.ProcessingMode_STREAMED} {
+		t.Run(mode.String(), func(t *testing.T) {
+			rec := newRecorder("10.0.0.1:80")
+			h := startPicker(t, rec, Options{})
+			e := h.open(t)
+			m := reqHeaders(false, nil)
+			m.ProtocolConfig = &extprocv3.ProtocolConfiguration{
+				RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: mode}
+			e.send(m)
+			e.send(reqBody(chat("s", "s", "q"), true))
+			e.readRouted()
+			e.send(respHeaders(false, ":status", "200", "Content-Type", "application/json"))
+			e.recv()
+			if mode == extprocfilterv3.ProcessingMode_STREAMED {
+				e.send(respBody([]byte("{}"), true))
+				if a := e.recv().GetResponseBody(); a == nil || a.GetResponse() != nil {
+					t.Fatalf("answer %v, want an empty body response", a)
+				}
+			}
+			if o := rec.waitDone(t); o.Err != nil || o.Status != 200 {
+				t.Fatalf("outcome %+v, want success", o)
+			}
+		})
+	}
+}
