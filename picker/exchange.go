@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -316,7 +317,7 @@ func (x *exchange) destination(p *Pick) (string, error) {
 		if added == n {
 			break
 		}
-		if f == p.Endpoint || !x.req.Subset.Allows(f) || slicesIndex(p.Fallbacks[:i], f) >= 0 {
+		if f == p.Endpoint || !x.req.Subset.Allows(f) || slices.Contains(p.Fallbacks[:i], f) {
 			continue
 		}
 		if _, err := netip.ParseAddrPort(f); err != nil {
@@ -327,15 +328,6 @@ func (x *exchange) destination(p *Pick) (string, error) {
 		added++
 	}
 	return sb.String(), nil
-}
-
-func slicesIndex(s []string, v string) int {
-	for i := range s {
-		if s[i] == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // immediate answers the client with the error's status, ending the
