@@ -1,0 +1,59 @@
+// Package picker serves the gateway's routing as an endpoint picker for
+// Envoy: an ext_proc (envoy.service.ext_proc.v3.ExternalProcessor) gRPC
+// server that follows the Gateway API Inference Extension's endpoint picker
+// protocol (GIE docs/proposals/004-endpoint-picker-protocol; message
+// handling after GIE v1.5.0's pkg/epp/handlers). Envoy, configured as in
+// docs/picker.md, asks it where each request goes and sends the request to
+// that endpoint itself; the picker never proxies.
+//
+// The routing decision comes from a Router. GatewayRouter is one over a
+// *gateway.Gateway, with a key function (BodyKey, or the HTTP gateway's);
+// any other can be plugged in.
+//
+// # Message sequence
+//
+// For each HTTP request Envoy opens one Process stream and sends, in
+// FULL_DUPLEX_STREAMED body mode:
+//
+//  1. request_headers. With end_of_stream (a request without a body) the
+//     picker picks at once with a nil body.
+//  2. request_body chunks, which the picker accumulates until one has
+//     end_of_stream (or request_trailers arrive), up to
+//     Options.MaxBodyBytes (beyond: immediate 413).
+//  3. The picker calls Router.Pick and answers with a headers response
+//     (clear_route_cache; header x-gateway-destination-endpoint; the same
+//     value in dynamic metadata envoy.lb / x-gateway-destination-endpoint;
+//     Content-Length set to the body's length when there is a body), then
+//     the body unchanged as streamed_response chunks of at most
+//     MaxChunkBytes (62,000), end_of_stream on the last, then a trailers
+//     response if the request had trailers.
+//  4. response_headers: answered unchanged. For a response that is not an
+//     event stream (SSE), they are the first token.
+//  5. response_body chunks, echoed as streamed_response chunks. The first
+//     non-empty chunk of an SSE response is its first token; end_of_stream
+//     ends the request (Tracker.Done, with the latency from the request
+//     headers to the first token). response_trailers end it too.
+//
+// A stream that ends before the response does (the client went away,
+// Envoy could not reach the endpoint) reports Done with an error, so no
+// load stays booked. A message out of this order fails the stream with
+// InvalidArgument.
+//
+// # Errors
+//
+// Router errors become immediate responses: ErrNoEndpoint 503, ErrShed
+// 429, ErrBadRequest 400, ErrUnknownModel 404, others 500; a body over
+// MaxBodyBytes 413. Bodies are OpenAI error objects, as the HTTP gateway's.
+//
+// # Subset hint
+//
+// Filter metadata envoy.lb.subset_hint / x-gateway-destination-endpoint-subset,
+// a list of "ip:port" strings or one comma-separated string, restricts the
+// pick to those endpoints (PickRequest.Subset). An empty hint, or one none
+// of whose endpoints is eligible, gets 503.
+//
+// # Health
+//
+// Register also registers the gRPC health service, SERVING for "" and for
+// ServiceName until SetServing(false).
+package picker

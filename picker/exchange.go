@@ -1,0 +1,413 @@
+package picker
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// phase is where an exchange stands in Envoy's message sequence.
+type phase uint8
+
+const (
+	phaseHeaders  phase = iota // waiting for the request headers
+	phaseBody                  // reading the request body
+	phaseRouted                // request sent upstream; waiting for response headers
+	phaseResponse              // response headers seen; relaying the response body
+	phaseDone                  // response complete; only its trailers may follow
+)
+
+var phaseNames = [...]string{"before the request headers", "while reading the request body",
+	"before the response headers", "while relaying the response body", "after the response ended"}
+
+// retainBodyBytes is the largest body buffer an exchange keeps for reuse.
+const retainBodyBytes = 1 << 20
+
+// exchange is the state of one ext_proc stream: one HTTP request and its
+// response. The sequence it follows is Envoy's in FULL_DUPLEX_STREAMED
+// mode, as GIE v1.5.0's pkg/epp/handlers/server.go serves it: request
+// headers, request body chunks up to end_of_stream (or request trailers),
+// then — once the picker has answered with the headers response and the
+// body — response headers, response body chunks up to end_of_stream, and
+// optional response trailers.
+type exchange struct {
+	s  *Server
+	st stream
+	ph phase
+
+	start   time.Time
+	req     PickRequest
+	body    []byte
+	subset  Subset
+	hintErr error // a subset hint that allows nothing
+
+	// Response-body handling: streamed (echoed as streamed_response) in
+	// FULL_DUPLEX_STREAMED mode, acknowledged in other modes, absent in
+	// NONE mode, where the response ends with its headers.
+	respEcho, respNone bool
+
+	tracker  Tracker
+	first    bool          // FirstToken reported
+	latency  time.Duration // request headers to first token
+	status   int
+	sse      bool
+	served   string
+	complete bool  // Done reported
+	cause    error // why the stream ended early, if known
+}
+
+func (x *exchange) reset(s *Server, st stream) {
+	body, hdr, sub := x.body[:0], x.req.Header[:0], x.subset[:0]
+	*x = exchange{s: s, st: st, body: body, subset: sub, respEcho: true}
+	x.req.Header = hdr
+}
+
+// release drops references the pooled exchange must not keep.
+func (x *exchange) release() {
+	if cap(x.body) > retainBodyBytes {
+		x.body = nil
+	}
+	clear(x.req.Header[:cap(x.req.Header)])
+	x.req = PickRequest{Header: x.req.Header[:0]}
+	x.st, x.tracker, x.cause, x.hintErr = nil, nil, nil, nil
+}
+
+// finish reports Done to the Tracker of a request whose stream ended
+// before its response did (err is the stream's error, if any).
+func (x *exchange) finish(err error) {
+	if x.tracker == nil || x.complete {
+		return
+	}
+	x.complete = true
+	cause := errStreamEnded
+	if err == nil {
+		err = x.cause
+	}
+	if err != nil {
+		cause = fmt.Errorf("%w: %v", errStreamEnded, err)
+	}
+	x.tracker.Done(Outcome{Err: cause, Status: x.status, Served: x.served})
+}
+
+// protocolError is a message out of Envoy's sequence: the stream fails
+// with InvalidArgument.
+func (x *exchange) protocolError(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "picker: "+format, args...)
+}
+
+// handle processes one message; stop ends the stream without error (after
+// an immediate response).
+func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error) {
+	if m.GetObservabilityMode() {
+		return false, status.Error(codes.FailedPrecondition,
+			"picker: observability_mode is set, but an endpoint picker must answer every message; turn it off")
+	}
+	if pc := m.GetProtocolConfig(); pc != nil {
+		if err := x.protocol(pc); err != nil {
+			return false, err
+		}
+	}
+	switch r := m.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if x.ph != phaseHeaders {
+			return false, x.protocolError("request_headers arrived %s", phaseNames[x.ph])
+		}
+		x.hint(m.GetMetadataContext())
+		return x.requestHeaders(r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if x.ph != phaseBody {
+			return false, x.protocolError("request_body arrived %s", phaseNames[x.ph])
+		}
+		x.hint(m.GetMetadataContext())
+		b := r.RequestBody
+		if len(x.body)+len(b.GetBody()) > x.s.opts.MaxBodyBytes {
+			return true, x.immediate(fmt.Errorf("%w: request body exceeds MaxBodyBytes (%d bytes)", ErrBodyTooLarge, x.s.opts.MaxBodyBytes))
+		}
+		x.body = append(x.body, b.GetBody()...)
+		if !b.GetEndOfStream() {
+			return false, nil
+		}
+		return x.route(true, false)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		// In FULL_DUPLEX_STREAMED mode trailers, when present, are what
+		// says the body is complete.
+		if x.ph != phaseBody {
+			return false, x.protocolError("request_trailers arrived %s", phaseNames[x.ph])
+		}
+		x.hint(m.GetMetadataContext())
+		return x.route(true, true)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if x.ph != phaseRouted {
+			return false, x.protocolError("response_headers arrived %s", phaseNames[x.ph])
+		}
+		x.servedBy(m.GetMetadataContext())
+		return false, x.responseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if x.ph != phaseResponse {
+			return false, x.protocolError("response_body arrived %s", phaseNames[x.ph])
+		}
+		x.servedBy(m.GetMetadataContext())
+		return false, x.responseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		if x.ph != phaseResponse && x.ph != phaseDone {
+			return false, x.protocolError("response_trailers arrived %s", phaseNames[x.ph])
+		}
+		x.servedBy(m.GetMetadataContext())
+		x.ph = phaseDone
+		x.done()
+		return false, x.st.Send(responseTrailersAnswer)
+	case nil:
+		return false, x.protocolError("message %s sets none of the request fields", phaseNames[x.ph])
+	default:
+		return false, x.protocolError("unsupported message %T %s", r, phaseNames[x.ph])
+	}
+}
+
+// protocol checks the body modes Envoy reports in its first message.
+func (x *exchange) protocol(pc *extprocv3.ProtocolConfiguration) error {
+	if m := pc.GetRequestBodyMode(); m != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return status.Errorf(codes.FailedPrecondition,
+			"picker: processing_mode.request_body_mode is %s; the picker needs FULL_DUPLEX_STREAMED to read the whole body before it answers the headers", m)
+	}
+	switch pc.GetResponseBodyMode() {
+	case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		x.respEcho, x.respNone = true, false
+	case extprocfilterv3.ProcessingMode_NONE:
+		x.respEcho, x.respNone = false, true
+	default:
+		x.respEcho, x.respNone = false, false
+	}
+	return nil
+}
+
+// hint takes the subset hint from a request-phase message's metadata; the
+// latest message that carries the namespace decides, as in GIE, which
+// reads the metadata of every message.
+func (x *exchange) hint(md *corev3.Metadata) {
+	if md.GetFilterMetadata()[SubsetNamespace] == nil {
+		return
+	}
+	s, present, err := parseSubsetHint(md, x.subset)
+	if s != nil {
+		x.subset = s
+	}
+	x.hintErr = err
+	if present {
+		x.req.Subset = x.subset
+	} else {
+		x.req.Subset = nil
+	}
+}
+
+func (x *exchange) servedBy(md *corev3.Metadata) {
+	if s := servedEndpoint(md); s != "" {
+		x.served = s
+	}
+}
+
+func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) (bool, error) {
+	x.start = x.s.opts.Clock()
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		name := hv.GetKey()
+		value := headerValue(hv)
+		switch name {
+		case ":method":
+			x.req.Method = value
+		case ":path":
+			x.req.Path = value
+		case ":authority":
+			x.req.Authority = value
+		case ":scheme":
+			x.req.Scheme = value
+		default:
+			if strings.HasPrefix(name, ":") {
+				continue
+			}
+			x.req.Header = append(x.req.Header, Header{Name: name, Value: value})
+		}
+	}
+	if h.GetEndOfStream() {
+		return x.route(false, false)
+	}
+	x.ph = phaseBody
+	return false, nil
+}
+
+// headerValue returns a header's value: raw_value, which Envoy sends by
+// default, else value (GIE's GetHeaderValue in pkg/common/envoy does the
+// same).
+func headerValue(hv *corev3.HeaderValue) string {
+	if raw := hv.GetRawValue(); len(raw) > 0 {
+		return string(raw)
+	}
+	return hv.GetValue()
+}
+
+// route asks the Router for an endpoint and answers the request phase:
+// the headers response naming it, then the body (if the request has one)
+// as streamed_response chunks, then the trailers response (if the request
+// ended with trailers).
+func (x *exchange) route(hasBody, trailers bool) (bool, error) {
+	if x.hintErr != nil {
+		return true, x.immediate(x.hintErr)
+	}
+	if hasBody {
+		x.req.Body = x.body
+		if x.req.Body == nil {
+			x.req.Body = []byte{}
+		}
+	}
+	p, err := x.s.router.Pick(x.st.Context(), &x.req)
+	x.req.Body = nil
+	if err != nil {
+		return true, x.immediate(err)
+	}
+	x.tracker = p.Tracker
+	dest, err := x.destination(&p)
+	if err != nil {
+		x.complete = true
+		if x.tracker != nil {
+			x.tracker.Done(Outcome{Err: err})
+		}
+		return true, x.immediate(err)
+	}
+	x.ph = phaseRouted
+	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body))); err != nil {
+		return false, err
+	}
+	if hasBody {
+		if err := sendChunks(x.st, x.body, !trailers, requestBodyResponse); err != nil {
+			return false, err
+		}
+	}
+	if trailers {
+		return false, x.st.Send(requestTrailersAnswer)
+	}
+	return false, nil
+}
+
+// destination checks a Pick and returns the value of
+// x-gateway-destination-endpoint: the endpoint, then up to MaxFallbacks
+// distinct fallbacks that are ip:port and within the subset.
+func (x *exchange) destination(p *Pick) (string, error) {
+	if _, err := netip.ParseAddrPort(p.Endpoint); err != nil {
+		return "", fmt.Errorf("picker: the router chose endpoint %q, which is not ip:port", p.Endpoint)
+	}
+	if !x.req.Subset.Allows(p.Endpoint) {
+		return "", fmt.Errorf("%w: the router chose %s, outside the subset hint %s/%s %v", ErrNoEndpoint, p.Endpoint, SubsetNamespace, SubsetKey, []string(x.req.Subset))
+	}
+	n := min(x.s.opts.MaxFallbacks, len(p.Fallbacks))
+	if n == 0 {
+		return p.Endpoint, nil
+	}
+	var sb strings.Builder
+	sb.WriteString(p.Endpoint)
+	added := 0
+	for i, f := range p.Fallbacks {
+		if added == n {
+			break
+		}
+		if f == p.Endpoint || !x.req.Subset.Allows(f) || slices.Contains(p.Fallbacks[:i], f) {
+			continue
+		}
+		if _, err := netip.ParseAddrPort(f); err != nil {
+			continue
+		}
+		sb.WriteByte(',')
+		sb.WriteString(f)
+		added++
+	}
+	return sb.String(), nil
+}
+
+// immediate answers the client with the error's status, ending the
+// request (GIE's BuildErrResponse in pkg/common/error does the same with
+// a plain-text body).
+func (x *exchange) immediate(err error) error {
+	return x.st.Send(immediateResponse(err))
+}
+
+func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch k := hv.GetKey(); {
+		case k == ":status":
+			if n, err := strconv.Atoi(headerValue(hv)); err == nil {
+				x.status = n
+			}
+		case equalFold(k, "content-type"):
+			x.sse = strings.HasPrefix(strings.TrimSpace(headerValue(hv)), "text/event-stream")
+		}
+	}
+	if !x.sse {
+		x.firstToken()
+	}
+	x.ph = phaseResponse
+	if err := x.st.Send(responseHeadersAnswer); err != nil {
+		return err
+	}
+	if h.GetEndOfStream() || x.respNone {
+		x.ph = phaseDone
+		x.done()
+	}
+	return nil
+}
+
+func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
+	if len(b.GetBody()) > 0 {
+		x.firstToken()
+	}
+	eos := b.GetEndOfStream()
+	if eos {
+		x.ph = phaseDone
+		// Done before the last chunk goes back: the request is over for
+		// the engine, and Envoy may close the stream as soon as it has
+		// the chunk.
+		x.done()
+	}
+	if !x.respEcho {
+		return x.st.Send(responseBodyAckAnswer)
+	}
+	return sendChunks(x.st, b.GetBody(), eos, responseBodyResponse)
+}
+
+func (x *exchange) firstToken() {
+	if x.first {
+		return
+	}
+	x.first = true
+	x.latency = x.s.opts.Clock().Sub(x.start)
+	if x.tracker != nil {
+		x.tracker.FirstToken()
+	}
+}
+
+// errUpstreamStatus is the Outcome error of a 5xx response.
+var errUpstreamStatus = errors.New("picker: upstream answered with a server error")
+
+// done reports the end of the response to the Tracker, once.
+func (x *exchange) done() {
+	if x.complete {
+		return
+	}
+	x.complete = true
+	if x.tracker == nil {
+		return
+	}
+	o := Outcome{Status: x.status, Served: x.served}
+	if x.status >= 500 {
+		o.Err = fmt.Errorf("%w: status %d", errUpstreamStatus, x.status)
+	} else {
+		o.Latency = x.latency
+	}
+	x.tracker.Done(o)
+}

@@ -1,0 +1,131 @@
+package picker
+
+import (
+	"context"
+	"time"
+)
+
+// Router chooses where one request goes. The picker's ext_proc server calls
+// Pick once per request, after the whole body has arrived, and reports the
+// request's progress to the returned Pick's Tracker.
+//
+// Pick's errors choose the immediate response Envoy sends the client: an
+// error wrapping ErrNoEndpoint gets 503, ErrShed 429, ErrBadRequest 400,
+// ErrUnknownModel 404; any other error 500. The error's text is the
+// response's message, so it should name the field and value at fault.
+//
+// Pick must be safe for concurrent use. It must not keep req, or anything
+// req holds, after it returns.
+type Router interface {
+	Pick(ctx context.Context, req *PickRequest) (Pick, error)
+}
+
+// PickRequest is what the picker knows of a request when it asks for an
+// endpoint. Its slices are reused once Pick returns.
+type PickRequest struct {
+	// Method, Path, Authority and Scheme are the request's pseudo-headers
+	// (":method", ":path", ":authority", ":scheme"); empty when Envoy sent
+	// none.
+	Method, Path, Authority, Scheme string
+	// Header holds the other request headers in the order Envoy sent
+	// them (Envoy sends names in lower case).
+	Header Headers
+	// Body is the whole request body; nil for a request without one (a
+	// GET, or headers with end_of_stream).
+	Body []byte
+	// Subset, when non-nil, is the set of endpoints the data plane allows
+	// for this request (the subset hint); the Router must choose within it
+	// or fail with ErrNoEndpoint. nil allows every endpoint. The server
+	// never calls Pick with a non-nil empty subset: it answers 503 itself.
+	Subset Subset
+}
+
+// Headers is a list of request headers. The zero value is empty.
+type Headers []Header
+
+// Header is one request header.
+type Header struct {
+	Name, Value string
+}
+
+// Get returns the value of the first header named name, compared without
+// regard to ASCII case, or "" if there is none. It has the signature of
+// http.Header.Get, so code reading a header through
+// interface{ Get(string) string } serves both.
+func (h Headers) Get(name string) string {
+	for i := range h {
+		if equalFold(h[i].Name, name) {
+			return h[i].Value
+		}
+	}
+	return ""
+}
+
+// equalFold reports whether a and b are equal under ASCII case folding.
+func equalFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// Pick is a Router's answer.
+type Pick struct {
+	// Endpoint is where the request goes, as "ip:port" ("[ip6]:port" for
+	// IPv6): the form Envoy's ORIGINAL_DST cluster parses. Required.
+	Endpoint string
+	// Fallbacks are further endpoints, best first, that a data plane
+	// implementing the protocol's fallback list may try if Endpoint fails.
+	// The server sends at most Options.MaxFallbacks of them.
+	Fallbacks []string
+	// Tracker, if not nil, hears how the request goes.
+	Tracker Tracker
+}
+
+// Tracker follows one picked request. The server calls FirstToken at most
+// once and Done exactly once, from the goroutine serving the request's
+// stream; Done is called however the stream ends, so the load a Router
+// books for a request is always released.
+type Tracker interface {
+	// FirstToken reports that the request's first token has arrived: the
+	// first response body bytes of a streamed (SSE) response, or the
+	// response headers of any other.
+	FirstToken()
+	// Done reports that the request has ended.
+	Done(Outcome)
+}
+
+// Outcome reports how a picked request ended.
+type Outcome struct {
+	// Latency is the time from the request's headers reaching the picker
+	// to its first token (see Tracker.FirstToken); zero when there was no
+	// first token or the request failed.
+	Latency time.Duration
+	// Err is why the request failed: an upstream 5xx, or a stream that
+	// ended before the response did (a client that went away, an
+	// upstream that could not be reached). nil on success.
+	Err error
+	// Status is the upstream's HTTP status, 0 if no response headers
+	// came.
+	Status int
+	// Served is the endpoint that served the request as the data plane
+	// reported it (metadata envoy.lb / x-gateway-destination-endpoint-served),
+	// "" if it did not. It differs from the Pick's Endpoint when a fallback
+	// served the request.
+	Served string
+}
