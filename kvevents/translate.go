@@ -1,0 +1,437 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/examlops/gateway"
+)
+
+// Index is what a Translator updates: a gateway's cache index.
+// *gateway.Gateway implements it.
+type Index interface {
+	ApplyEvent(replica string, ev gateway.CacheEvent) error
+}
+
+var _ Index = (*gateway.Gateway)(nil)
+
+// Source is where messages come from: the endpoint they arrived on and
+// their topic, which llm-d deployments set to kv@<pod>@<model> (Pod and
+// Model are parsed from it, empty for any other topic) and plain vLLM
+// leaves empty, so that the endpoint alone names the engine.
+type Source struct {
+	Endpoint, Topic string
+	Pod, Model      string
+}
+
+// Target is where a source's events go.
+type Target struct {
+	// Index and Replica receive the events; both required.
+	Index   Index
+	Replica string
+	// Model is the name keys chain from for events without a LoRA
+	// adapter: the model name requests use. Empty means Source.Model.
+	Model string
+	// BlockSize is the number of tokens per block requests are keyed
+	// with; events of another block size are dropped. Zero means
+	// DefaultBlockSize.
+	BlockSize int
+	// MaxBlocks bounds how many engine block hashes are remembered for
+	// the engine (see Translator). Zero means DefaultMaxMapped.
+	MaxBlocks int
+}
+
+// Defaults of Target.
+const (
+	// DefaultBlockSize is vLLM's default KV block size, in tokens.
+	DefaultBlockSize = 16
+	// DefaultMaxMapped is the default bound of an engine's hash map:
+	// 1<<20 blocks (16M tokens at 16 a block), about 40 MiB at most.
+	DefaultMaxMapped = 1 << 20
+)
+
+// Resolver maps a source to its target, or returns an error if the
+// source is not one of the gateway's engines (its messages are then
+// counted as unresolved and dropped). It is called once per engine, again
+// after Reset, and must be safe for concurrent use.
+type Resolver func(Source) (Target, error)
+
+// ParseTopic splits a kv@<pod>@<model> topic; ok is false for any other.
+func ParseTopic(topic string) (pod, model string, ok bool) {
+	rest, found := strings.CutPrefix(topic, "kv@")
+	if !found {
+		return "", "", false
+	}
+	pod, model, found = strings.Cut(rest, "@")
+	if !found || pod == "" || model == "" || strings.Contains(model, "@") {
+		return "", "", false
+	}
+	return pod, model, true
+}
+
+// Translator turns engines' KV-cache event messages into ApplyEvent calls
+// with the gateway's own keys.
+//
+// Each engine (a Source) has its own state: the sequence number of its
+// last message, and a map from its block hashes to our keys, through
+// which a stored block's parent and a removed block are found. A stored
+// event's blocks are keyed from their token ids (see AppendKey): the
+// first chained on the parent's key, or on Root of the LoRA adapter or
+// model name when the event starts a chain. An event whose parent is not
+// in the map (an orphan: its ancestors were stored before we listened, or
+// lost) cannot be keyed and is dropped.
+//
+// The index holds a block of an engine only while the map does, so every
+// removal the engine announces can be applied: the map loses a block when
+// the engine removes it (BlockRemoved), clears (AllBlocksCleared) or
+// loses its sequence (a gap or a restart: its whole state is cleared from
+// the index, as missed removals would otherwise leave stale entries), and
+// when Reset forgets it. An engine's map holds at most as many blocks as
+// its cache, as long as its events are consistent; Target.MaxBlocks caps
+// it regardless, and reaching the cap (an engine announcing more blocks
+// than it could hold, its removals lost) clears the engine like a gap.
+//
+// Handle and the other methods are safe for concurrent use; messages of
+// one engine must arrive in order, as they do from one ZMQ socket.
+type Translator struct {
+	resolve Resolver
+	lim     Limits
+
+	mu         sync.Mutex
+	engines    map[string]map[string]*engine // by endpoint, then topic
+	count      int
+	maxEngines int
+	glob       GlobalStats
+}
+
+// MaxEngines bounds the number of sources a Translator tracks; messages of
+// further sources are counted as unresolved.
+const MaxEngines = 4096
+
+// NewTranslator returns a Translator resolving sources with resolve and
+// decoding payloads within lim.
+func NewTranslator(resolve Resolver, lim Limits) *Translator {
+	return &Translator{resolve: resolve, lim: lim.withDefaults(), engines: map[string]map[string]*engine{}, maxEngines: MaxEngines}
+}
+
+// Handle processes one ZMQ message (its frames) received on endpoint.
+// Faults are counted, never returned: see Stats.
+func (t *Translator) Handle(endpoint string, frames [][]byte) {
+	topic, seq, payload, err := Frames(frames)
+	if err != nil {
+		t.mu.Lock()
+		t.glob.MalformedFrames++
+		t.glob.LastError = err.Error()
+		t.mu.Unlock()
+		return
+	}
+	e := t.engine(endpoint, topic)
+	if e == nil {
+		return
+	}
+	defer e.mu.Unlock()
+	e.handle(t, seq, payload)
+}
+
+// engine returns the locked state of a source, resolving it if needed,
+// or nil if it cannot be resolved.
+func (t *Translator) engine(endpoint string, topic []byte) *engine {
+	t.mu.Lock()
+	e := t.engines[endpoint][string(topic)]
+	t.mu.Unlock()
+	if e == nil {
+		src := Source{Endpoint: endpoint, Topic: string(topic)}
+		src.Pod, src.Model, _ = ParseTopic(src.Topic)
+		t.mu.Lock()
+		if e = t.engines[endpoint][src.Topic]; e == nil {
+			if t.count >= t.maxEngines {
+				t.glob.Unresolved++
+				t.glob.LastError = fmt.Sprintf("source %q on %s: over %d engines", src.Topic, endpoint, t.maxEngines)
+				t.mu.Unlock()
+				return nil
+			}
+			e = &engine{src: src, dec: NewDecoder(t.lim)}
+			e.applyFn = e.apply
+			if t.engines[endpoint] == nil {
+				t.engines[endpoint] = map[string]*engine{}
+			}
+			t.engines[endpoint][src.Topic] = e
+			t.count++
+		}
+		t.mu.Unlock()
+	}
+	e.mu.Lock()
+	if !e.resolved {
+		tgt, err := t.resolve(e.src)
+		if err == nil {
+			err = tgt.validate()
+		}
+		if err != nil {
+			e.mu.Unlock()
+			t.mu.Lock()
+			t.glob.Unresolved++
+			t.glob.LastError = fmt.Sprintf("source %q on %s: %v", e.src.Topic, endpoint, err)
+			t.mu.Unlock()
+			return nil
+		}
+		e.bind(tgt)
+	}
+	return e
+}
+
+func (tg Target) validate() error {
+	switch {
+	case tg.Index == nil:
+		return fmt.Errorf("kvevents: target has no Index")
+	case tg.Replica == "":
+		return fmt.Errorf("kvevents: target has no Replica")
+	case tg.BlockSize < 0:
+		return fmt.Errorf("kvevents: target BlockSize %d is negative", tg.BlockSize)
+	case tg.MaxBlocks < 0:
+		return fmt.Errorf("kvevents: target MaxBlocks %d is negative", tg.MaxBlocks)
+	}
+	return nil
+}
+
+// Reset clears from their indexes the blocks of every engine for which
+// match returns true (all engines if match is nil), forgets their maps
+// and sequence numbers, and resolves them again on their next message.
+// Call it when the replica set or the configuration changes, or when an
+// engine is known to have gone (a failed health check): its blocks leave
+// the index at once. It returns how many engines it reset.
+func (t *Translator) Reset(match func(Source, Target) bool) int {
+	t.mu.Lock()
+	var all []*engine
+	for _, byTopic := range t.engines {
+		for _, e := range byTopic {
+			all = append(all, e)
+		}
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, e := range all {
+		e.mu.Lock()
+		if e.resolved && (match == nil || match(e.src, e.tgt)) {
+			e.clear(false)
+			e.resolved, e.seen = false, false
+			n++
+		}
+		e.mu.Unlock()
+	}
+	return n
+}
+
+// engine is one source's state, guarded by mu.
+type engine struct {
+	mu       sync.Mutex
+	src      Source
+	tgt      Target
+	resolved bool
+	root     uint64 // Root of the model name
+	bs       int
+	max      int
+
+	seen   bool
+	last   uint64
+	blocks map[uint64]uint64 // engine hash → our key
+	keys   gateway.Key       // scratch
+	dec    *Decoder
+
+	applyFn func(*Event, error)
+	st      EngineStats
+}
+
+func (e *engine) bind(tgt Target) {
+	e.tgt, e.resolved = tgt, true
+	if tgt.Model == "" {
+		e.tgt.Model = e.src.Model
+	}
+	e.root = Root(e.tgt.Model)
+	e.bs = tgt.BlockSize
+	if e.bs == 0 {
+		e.bs = DefaultBlockSize
+	}
+	e.max = tgt.MaxBlocks
+	if e.max == 0 {
+		e.max = DefaultMaxMapped
+	}
+	e.blocks = map[uint64]uint64{}
+}
+
+func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
+	e.st.Messages++
+	if e.seen && seq != e.last+1 {
+		if seq <= e.last {
+			e.st.Restarts++
+		} else {
+			e.st.Gaps++
+		}
+		e.clear(true)
+	}
+	e.seen, e.last = true, seq
+	if err := e.dec.Decode(payload, e.applyFn); err != nil {
+		e.st.MalformedMessages++
+		e.st.LastError = err.Error()
+		e.clear(true) // events after the fault are lost
+	}
+}
+
+// clear drops the engine's blocks from its index and its map; counted
+// when counted is true.
+func (e *engine) clear(counted bool) {
+	if !e.resolved {
+		return
+	}
+	if counted {
+		e.st.Clears++
+	}
+	if len(e.blocks) > 0 {
+		e.blocks = map[uint64]uint64{} // not clear(): give back a grown map's memory
+	}
+	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.AllCleared}); err != nil {
+		e.applyFailed(err)
+	}
+}
+
+func (e *engine) applyFailed(err error) {
+	e.st.LastError = err.Error()
+	if errors.Is(err, gateway.ErrUnknownReplica) {
+		// The replica is gone, and its blocks with it: resolve afresh.
+		e.resolved, e.seen = false, false
+		e.blocks = nil
+	}
+}
+
+func (e *engine) drop(r *uint64, err error) {
+	e.st.Dropped++
+	*r++
+	if err != nil {
+		e.st.LastError = err.Error()
+	}
+}
+
+var gpu = []byte("GPU")
+
+// onGPU reports whether blocks of this medium are the engine's prefix
+// cache proper: vLLM's GPU tier, or unspecified. Blocks offloaded to CPU
+// or disk (vLLM's offloading connector) are not indexed.
+func onGPU(medium []byte) bool { return len(medium) == 0 || bytes.EqualFold(medium, gpu) }
+
+// fullAttention reports whether a KV-cache group of this kind holds
+// blocks a prompt prefix can reuse: unspecified, full or MLA attention.
+// Sliding-window and other groups of hybrid models are not indexed.
+func fullAttention(kind []byte) bool {
+	return len(kind) == 0 || string(kind) == "full_attention" || string(kind) == "mla_attention"
+}
+
+func (e *engine) apply(ev *Event, err error) {
+	if !e.resolved { // the replica went away during this batch
+		return
+	}
+	e.st.Events++
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrUnknownEvent):
+			// A kind of event we do not know (newer vLLM): not ours to apply.
+			e.drop(&e.st.DroppedUnknown, err)
+			return
+		case errors.Is(err, ErrLimit):
+			e.drop(&e.st.DroppedLimit, err)
+		default:
+			e.drop(&e.st.DroppedMalformed, err)
+		}
+		if ev.Kind != BlockStored {
+			// A removal or a clear we cannot read, or an event we cannot
+			// tell: the index may now hold blocks the engine dropped.
+			e.clear(true)
+		}
+		return
+	}
+	switch ev.Kind {
+	case BlockStored:
+		e.stored(ev)
+	case BlockRemoved:
+		if !onGPU(ev.Medium) {
+			e.drop(&e.st.DroppedMedium, nil)
+			return
+		}
+		keys := e.keys[:0]
+		for _, h := range ev.Hashes {
+			if k, ok := e.blocks[h]; ok {
+				delete(e.blocks, h)
+				keys = append(keys, k)
+			}
+		}
+		e.keys = keys
+		if len(keys) > 0 {
+			if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: keys}); err != nil {
+				e.drop(&e.st.DroppedApply, err)
+				e.applyFailed(err)
+				return
+			}
+		}
+		e.st.Applied++
+		e.st.RemovedBlocks += uint64(len(keys))
+	case AllBlocksCleared:
+		e.clear(false)
+		e.st.Applied++
+	}
+}
+
+func (e *engine) stored(ev *Event) {
+	switch {
+	case !onGPU(ev.Medium):
+		e.drop(&e.st.DroppedMedium, nil)
+		return
+	case !fullAttention(ev.SpecKind):
+		e.drop(&e.st.DroppedMedium, nil)
+		return
+	case ev.BlockSize != e.bs:
+		e.drop(&e.st.DroppedBlockSize, fmt.Errorf("%w: BlockStored block_size %d, the replica's requests are keyed in blocks of %d",
+			ErrMalformed, ev.BlockSize, e.bs))
+		return
+	}
+	n := ev.Plain
+	if len(e.blocks)+n > e.max {
+		e.st.Overflows++
+		e.clear(true)
+	}
+	parent := e.root
+	if len(ev.LoRA) > 0 {
+		parent = rootOf(xxhash.Sum64(ev.LoRA))
+	}
+	keys := e.keys[:0]
+	if ev.HasParent {
+		k, ok := e.blocks[ev.Parent]
+		if !ok {
+			e.drop(&e.st.DroppedOrphan, nil)
+			return
+		}
+		// Storing the parent again refreshes it in the index's LRU order
+		// ahead of its new children.
+		parent = k
+		keys = append(keys, k)
+	}
+	if n == 0 {
+		e.st.Applied++
+		return
+	}
+	off := len(keys)
+	keys = appendChain(keys, parent, ev.Tokens[:n*e.bs], e.bs)
+	e.keys = keys
+	for i, h := range ev.Hashes[:n] {
+		e.blocks[h] = keys[off+i]
+	}
+	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: keys}); err != nil {
+		e.drop(&e.st.DroppedApply, err)
+		e.applyFailed(err)
+		return
+	}
+	e.st.Applied++
+	e.st.StoredBlocks += uint64(n)
+}
