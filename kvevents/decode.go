@@ -421,8 +421,20 @@ func (d *Decoder) field(f field) error {
 			}
 			return fmt.Errorf("%w: %d block_hashes, limit %d", ErrLimit, n, d.lim.MaxBlocks)
 		}
+		// Integers in one pass over the bytes; anything else (byte-string
+		// hashes, faults) through the reader.
+		i, buf, used := 0, r.rest(), 0
+		for ; i < n; i++ {
+			v, _, size, ok := nextInt(buf[used:])
+			if !ok {
+				break
+			}
+			ev.Hashes = append(ev.Hashes, v)
+			used += size
+		}
+		r.advance(used)
 		var first error
-		for i := 0; i < n && r.err == nil; i++ {
+		for ; i < n && r.err == nil; i++ {
 			h, what, ok := r.hash()
 			if !ok && first == nil && r.err == nil {
 				first = fmt.Errorf("%w: block_hashes[%d] is %s, want an integer or bytes", ErrMalformed, i, what)
@@ -455,8 +467,18 @@ func (d *Decoder) field(f field) error {
 			}
 			return fmt.Errorf("%w: %d token_ids, limit %d", ErrLimit, n, d.lim.MaxTokens)
 		}
+		i, buf, used := 0, r.rest(), 0
+		for ; i < n; i++ {
+			v, neg, size, ok := nextInt(buf[used:])
+			if !ok || neg || v > math.MaxUint32 {
+				break
+			}
+			ev.Tokens = append(ev.Tokens, uint32(v))
+			used += size
+		}
+		r.advance(used)
 		var first error
-		for i := 0; i < n && r.err == nil; i++ {
+		for ; i < n && r.err == nil; i++ {
 			if tk := r.kind(); tk != kInt {
 				r.skip(3)
 				if first == nil && r.err == nil {

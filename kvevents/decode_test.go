@@ -216,20 +216,26 @@ func TestDecodeBadBatches(t *testing.T) {
 }
 
 // TestDecodeMillionElementArrays: arrays of 10^6 elements (hashes,
-// events; 2·10^6 tokens, as a 10^6-token prompt is allowed) are refused as over the limits without the decoder
-// holding them: its buffers stay small.
+// events; 2·10^6 tokens, as a 10^6-token prompt is allowed) are refused
+// as over the limits without the decoder holding them: its buffers stay
+// small.
 func TestDecodeMillionElementArrays(t *testing.T) {
-	million := make([]any, 1_000_000)
-	for i := range million {
-		million[i] = i
+	// bigArray is a msgpack array32 of n copies of the one-byte value v.
+	bigArray := func(n int, v byte) []byte {
+		b := []byte{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+		return append(b, bytes.Repeat([]byte{v}, n)...)
 	}
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	head := []byte{0x93, 0x00, 0x91} // [ts=0, [one event], ...
+	tail := []byte{0x00}             // ..., dp_rank=0]
 	d := NewDecoder(Limits{})
-	for _, p := range []any{
-		arrayBatch([]any{"BlockRemoved", million, nil}),
-		arrayBatch([]any{"BlockStored", []any{1}, nil, append(million, million...), 2_000_000}),
-		mapBatch(map[string]any{"type": "BlockStored", "token_ids": million, "block_hashes": million, "block_size": 1}),
+	for _, p := range [][]byte{
+		cat(head, []byte{0x93}, pack(t, "BlockRemoved"), bigArray(1_000_000, 0x01), []byte{0xc0}, tail),
+		cat(head, []byte{0x95}, pack(t, "BlockStored"), []byte{0x91, 0x01, 0xc0}, bigArray(2_000_000, 0x01), pack(t, 2_000_000), tail),
+		cat(head, []byte{0x84}, pack(t, "type"), pack(t, "BlockStored"), pack(t, "token_ids"), bigArray(1_000_000, 0x02),
+			pack(t, "block_hashes"), bigArray(1_000_000, 0x03), pack(t, "block_size"), []byte{0x01}, tail),
 	} {
-		evs, err := decodeAll(t, d, pack(t, p))
+		evs, err := decodeAll(t, d, p)
 		require.NoError(t, err)
 		require.Len(t, evs, 1)
 		require.ErrorIs(t, evs[0].err, ErrLimit)
@@ -237,12 +243,10 @@ func TestDecodeMillionElementArrays(t *testing.T) {
 	require.LessOrEqual(t, cap(d.ev.Hashes), DefaultMaxBlocks)
 	require.LessOrEqual(t, cap(d.ev.Tokens), 2*DefaultMaxTokens)
 
-	events := make([]any, 1_000_000)
-	for i := range events {
-		events[i] = clearedArray()
-	}
-	_, err := decodeAll(t, d, pack(t, arrayBatch(events...)))
+	events := cat([]byte{0x93, 0x00}, bigArray(1_000_000, 0x90), tail) // a million empty events
+	_, err := decodeAll(t, d, events)
 	require.ErrorIs(t, err, ErrLimit)
+	require.Contains(t, err.Error(), "1000000 events")
 }
 
 func TestFrames(t *testing.T) {
@@ -275,4 +279,3 @@ func TestDecodeDoesNotAllocate(t *testing.T) {
 	require.Zero(t, allocs)
 	require.Positive(t, n)
 }
-

@@ -66,8 +66,8 @@ func removedMap(medium any, hashes ...uint64) map[string]any {
 	return map[string]any{"type": "BlockRemoved", "block_hashes": hs, "medium": medium}
 }
 
-func clearedArray() []any          { return []any{"AllBlocksCleared"} }
-func clearedMap() map[string]any   { return map[string]any{"type": "AllBlocksCleared"} }
+func clearedArray() []any            { return []any{"AllBlocksCleared"} }
+func clearedMap() map[string]any     { return map[string]any{"type": "AllBlocksCleared"} }
 func arrayBatch(events ...any) []any { return []any{1712345678.25, events, 0} }
 func mapBatch(events ...any) map[string]any {
 	return map[string]any{"ts": 1712345678.25, "events": events, "data_parallel_rank": 0}

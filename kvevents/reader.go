@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -20,6 +21,7 @@ import (
 type reader struct {
 	d       *msgpack.Decoder
 	r       bytes.Reader
+	payload []byte
 	err     error
 	scratch [512]byte
 }
@@ -31,6 +33,7 @@ func newReader() *reader {
 }
 
 func (r *reader) reset(payload []byte) {
+	r.payload = payload
 	r.r.Reset(payload)
 	r.d.Reset(&r.r)
 	r.err = nil
@@ -273,6 +276,60 @@ func (r *reader) hash() (h uint64, what string, ok bool) {
 	default:
 		r.skip(0)
 		return 0, "a " + k.String(), false
+	}
+}
+
+// nextInt decodes the msgpack integer at the start of b: its 64 bits (a
+// negative value's two's complement, neg true) and its encoded size; ok is
+// false if b does not start with a whole integer. It is the hot path of
+// the integer arrays (token ids, hashes), which the library decodes one
+// interface call per byte; FuzzNextInt checks it against the library.
+func nextInt(b []byte) (v uint64, neg bool, size int, ok bool) {
+	if len(b) == 0 {
+		return 0, false, 0, false
+	}
+	c := b[0]
+	switch {
+	case c <= 0x7f:
+		return uint64(c), false, 1, true
+	case c >= 0xe0:
+		return uint64(int64(int8(c))), true, 1, true
+	}
+	var n int
+	switch c {
+	case msgpcode.Uint8, msgpcode.Int8:
+		n = 1
+	case msgpcode.Uint16, msgpcode.Int16:
+		n = 2
+	case msgpcode.Uint32, msgpcode.Int32:
+		n = 4
+	case msgpcode.Uint64, msgpcode.Int64:
+		n = 8
+	default:
+		return 0, false, 0, false
+	}
+	if len(b) < 1+n {
+		return 0, false, 0, false
+	}
+	var u uint64
+	for _, x := range b[1 : 1+n] {
+		u = u<<8 | uint64(x)
+	}
+	if c >= msgpcode.Int8 && c <= msgpcode.Int64 { // signed: extend the sign
+		shift := 64 - 8*uint(n)
+		s := int64(u<<shift) >> shift
+		return uint64(s), s < 0, 1 + n, true
+	}
+	return u, false, 1 + n, true
+}
+
+// rest returns the unread payload.
+func (r *reader) rest() []byte { return r.payload[r.offset():] }
+
+// advance consumes n bytes that the caller decoded from rest.
+func (r *reader) advance(n int) {
+	if _, err := r.r.Seek(int64(n), io.SeekCurrent); err != nil {
+		r.fail(err)
 	}
 }
 
