@@ -139,7 +139,9 @@ func (t *Translator) Handle(endpoint string, frames [][]byte) {
 }
 
 // engine returns the locked state of a source, resolving it if needed,
-// or nil if it cannot be resolved.
+// or nil if it cannot be resolved. Only resolved sources get a state, so
+// messages under made-up topics cost a Resolver call and a counter, and
+// never crowd out the engines.
 func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	t.mu.Lock()
 	e := t.engines[endpoint][string(topic)]
@@ -147,6 +149,10 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	if e == nil {
 		src := Source{Endpoint: endpoint, Topic: string(topic)}
 		src.Pod, src.Model, _ = ParseTopic(src.Topic)
+		tgt, err := t.resolveTarget(src)
+		if err != nil {
+			return nil
+		}
 		t.mu.Lock()
 		if e = t.engines[endpoint][src.Topic]; e == nil {
 			if t.count >= t.maxEngines {
@@ -157,6 +163,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 			}
 			e = &engine{src: src, dec: NewDecoder(t.lim)}
 			e.applyFn = e.apply
+			e.bind(tgt)
 			if t.engines[endpoint] == nil {
 				t.engines[endpoint] = map[string]*engine{}
 			}
@@ -166,22 +173,31 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 		t.mu.Unlock()
 	}
 	e.mu.Lock()
-	if !e.resolved {
-		tgt, err := t.resolve(e.src)
-		if err == nil {
-			err = tgt.validate()
-		}
+	if !e.resolved { // after Reset, or once its replica went away
+		tgt, err := t.resolveTarget(e.src)
 		if err != nil {
 			e.mu.Unlock()
-			t.mu.Lock()
-			t.glob.Unresolved++
-			t.glob.LastError = fmt.Sprintf("source %q on %s: %v", e.src.Topic, endpoint, err)
-			t.mu.Unlock()
 			return nil
 		}
 		e.bind(tgt)
 	}
 	return e
+}
+
+// resolveTarget resolves and validates a source's target, counting a
+// failure.
+func (t *Translator) resolveTarget(src Source) (Target, error) {
+	tgt, err := t.resolve(src)
+	if err == nil {
+		err = tgt.validate()
+	}
+	if err != nil {
+		t.mu.Lock()
+		t.glob.Unresolved++
+		t.glob.LastError = fmt.Sprintf("source %q on %s: %v", src.Topic, src.Endpoint, err)
+		t.mu.Unlock()
+	}
+	return tgt, err
 }
 
 func (tg Target) validate() error {

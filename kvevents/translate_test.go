@@ -305,13 +305,12 @@ func TestTranslateResolveAndReset(t *testing.T) {
 	require.Equal(t, uint64(1), glob.Unresolved)
 	require.Equal(t, uint64(1), glob.MalformedFrames)
 	require.Contains(t, glob.LastError, "1 frames")
-	require.Len(t, st, 1)
-	require.Empty(t, st[0].Replica)
+	require.Empty(t, st, "unresolved sources get no state")
 
 	f.send(topicA, ev)
 	f.send(topicA, arrayBatch(stored{hashes: []uint64{2}, parent: uint64(1), tokens: seqTokens(2, 16), bs: 16}.array()))
 	require.Len(t, idx.keys("10.0.0.1:8000"), 2)
-	require.Equal(t, 2, resolves, "once per engine")
+	require.Equal(t, 2, resolves, "once per engine (and once per message of an unresolved source)")
 
 	require.Equal(t, 1, tr.Reset(func(s Source, tg Target) bool { return tg.Replica == "10.0.0.1:8000" }))
 	require.Empty(t, idx.keys("10.0.0.1:8000"), "reset clears the index")
@@ -411,4 +410,23 @@ func TestPropIndexWithinMap(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestTranslateEngineBound: made-up topics get no state and cannot crowd
+// out engines; resolvable engines are bounded too.
+func TestTranslateEngineBound(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	tr.maxEngines = 2
+	ev := pack(t, arrayBatch(clearedArray()))
+	for i := range 5000 {
+		tr.Handle("e", frames(fmt.Sprintf("junk-%d", i), 1, ev))
+	}
+	for _, topic := range []string{topicA, topicB, "kv@10.0.0.3:8000@m"} {
+		tr.Handle("e", frames(topic, 1, ev))
+	}
+	st, glob := tr.Stats()
+	require.Len(t, st, 2)
+	require.Equal(t, uint64(5001), glob.Unresolved)
+	require.Contains(t, glob.LastError, "over 2 engines")
 }
