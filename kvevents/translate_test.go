@@ -430,3 +430,51 @@ func TestTranslateEngineBound(t *testing.T) {
 	require.Equal(t, uint64(5001), glob.Unresolved)
 	require.Contains(t, glob.LastError, "over 2 engines")
 }
+
+// TestTranslateConcurrent: engines fed from several goroutines at once,
+// with Stats and Reset beside them (run with -race).
+func TestTranslateConcurrent(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			topic := fmt.Sprintf("kv@pod-%d@m", g)
+			for i := range 200 {
+				ev := stored{hashes: []uint64{uint64(i + 1)}, tokens: seqTokens(uint32(i), 16), bs: 16}
+				if i > 0 {
+					ev.parent = uint64(i)
+				}
+				tr.Handle("e", frames(topic, uint64(i+1), pack(t, arrayBatch(ev.array()))))
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				tr.Stats()
+				tr.Reset(func(s Source, _ Target) bool { return s.Pod == "pod-3" })
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	bg.Wait()
+	st, _ := tr.Stats()
+	require.Len(t, st, 4)
+	for _, s := range st {
+		require.Equal(t, uint64(200), s.Messages)
+	}
+	for g := range 3 {
+		require.Len(t, idx.keys(fmt.Sprintf("pod-%d", g)), 200)
+	}
+}
