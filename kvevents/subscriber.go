@@ -97,11 +97,18 @@ type Subscriber struct {
 	opt    Options
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	socks  []zmq4.Socket // bound sockets
-	status map[string]*EndpointStatus
+	mu   sync.Mutex
+	subs map[string]*subscription
+}
+
+// subscription is one endpoint: its context, its bound socket if any,
+// and its goroutine's end.
+type subscription struct {
+	st     EndpointStatus
+	cancel context.CancelFunc
+	sock   zmq4.Socket // Bind only
+	done   chan struct{}
 }
 
 // EndpointStatus describes one endpoint of a Subscriber.
@@ -123,17 +130,14 @@ type EndpointStatus struct {
 func NewSubscriber(tr *Translator, o Options) *Subscriber {
 	registerTransports()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Subscriber{tr: tr, opt: o.withDefaults(), ctx: ctx, cancel: cancel, status: map[string]*EndpointStatus{}}
+	return &Subscriber{tr: tr, opt: o.withDefaults(), ctx: ctx, cancel: cancel, subs: map[string]*subscription{}}
 }
 
-func (s *Subscriber) socketContext() context.Context {
-	return withGuard(s.ctx, &guardConfig{maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
+func (s *Subscriber) newSocket(ctx context.Context) zmq4.Socket {
+	ctx = withGuard(ctx, &guardConfig{maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
 		handshake: s.opt.HandshakeTimeout, maxConns: s.opt.MaxConns})
-}
-
-func (s *Subscriber) newSocket() zmq4.Socket {
 	logger := log.New(logWriter(s.opt.Logf), "zmq4: ", 0)
-	return zmq4.NewSub(s.socketContext(), zmq4.WithLogger(logger), zmq4.WithAutomaticReconnect(false),
+	return zmq4.NewSub(ctx, zmq4.WithLogger(logger), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opt.HandshakeTimeout))
 }
 
@@ -145,17 +149,19 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (s *Subscriber) register(endpoint string, bound bool) error {
+func (s *Subscriber) register(endpoint string, bound bool) (*subscription, context.Context, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
-		return fmt.Errorf("kvevents: subscriber closed")
+		return nil, nil, fmt.Errorf("kvevents: subscriber closed")
 	}
-	if _, dup := s.status[endpoint]; dup {
-		return fmt.Errorf("kvevents: endpoint %q is already subscribed", endpoint)
+	if _, dup := s.subs[endpoint]; dup {
+		return nil, nil, fmt.Errorf("kvevents: endpoint %q is already subscribed", endpoint)
 	}
-	s.status[endpoint] = &EndpointStatus{Endpoint: endpoint, Bound: bound}
-	return nil
+	ctx, cancel := context.WithCancel(s.ctx)
+	sub := &subscription{st: EndpointStatus{Endpoint: endpoint, Bound: bound}, cancel: cancel, done: make(chan struct{})}
+	s.subs[endpoint] = sub
+	return sub, ctx, nil
 }
 
 // Bind listens on endpoint (tcp://host:port, port 0 for any, or
@@ -167,70 +173,79 @@ func (s *Subscriber) Bind(endpoint string) (net.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.register(endpoint, true); err != nil {
+	sub, ctx, err := s.register(endpoint, true)
+	if err != nil {
 		return nil, err
 	}
-	sock := s.newSocket()
-	if err := sock.SetOption(zmq4.OptionSubscribe, ""); err == nil {
+	sock := s.newSocket(ctx)
+	err = sock.SetOption(zmq4.OptionSubscribe, "")
+	if err == nil {
 		err = sock.Listen(ep)
 	}
-	if err != nil {
-		sock.Close()
-		s.mu.Lock()
-		delete(s.status, endpoint)
+	s.mu.Lock()
+	live := s.subs[endpoint] == sub // not unsubscribed or closed meanwhile
+	if err != nil || !live {
+		if live {
+			delete(s.subs, endpoint)
+		}
 		s.mu.Unlock()
+		sock.Close()
+		sub.cancel()
+		close(sub.done)
+		if err == nil {
+			err = fmt.Errorf("unsubscribed while binding")
+		}
 		return nil, fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
 	}
-	s.mu.Lock()
-	s.socks = append(s.socks, sock)
-	s.status[endpoint].Connected = true
+	sub.sock = sock
+	sub.st.Connected = true
 	s.mu.Unlock()
-	s.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		s.recv(sock, endpoint, true)
+		defer close(sub.done)
+		s.recv(ctx, sock, sub, true)
 	}()
 	return sock.Addr(), nil
 }
 
 // Connect dials a publisher listening on endpoint (tcp://host:port or
 // ipc://path) and keeps reconnecting, with Options.Backoff between
-// attempts, until Close. It returns an error only for a malformed or
-// duplicate endpoint.
+// attempts, until Unsubscribe or Close. It returns an error only for a
+// malformed or duplicate endpoint.
 func (s *Subscriber) Connect(endpoint string) error {
 	ep, err := guardedEndpoint(endpoint)
 	if err != nil {
 		return err
 	}
-	if err := s.register(endpoint, false); err != nil {
+	sub, ctx, err := s.register(endpoint, false)
+	if err != nil {
 		return err
 	}
-	s.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		s.connectLoop(endpoint, ep)
+		defer close(sub.done)
+		s.connectLoop(ctx, sub, ep)
 	}()
 	return nil
 }
 
-func (s *Subscriber) connectLoop(endpoint, ep string) {
+func (s *Subscriber) connectLoop(ctx context.Context, sub *subscription, ep string) {
+	endpoint := sub.st.Endpoint
 	for attempt := 0; ; {
-		sock := s.newSocket()
+		sock := s.newSocket(ctx)
 		err := sock.SetOption(zmq4.OptionSubscribe, "")
 		if err == nil {
 			err = sock.Dial(ep)
 		}
 		if err == nil {
 			attempt = 0
-			s.update(endpoint, func(st *EndpointStatus) { st.Connected = true; st.Connects++ })
+			s.update(sub, func(st *EndpointStatus) { st.Connected = true; st.Connects++ })
 			s.opt.Logf("kvevents: connected to %s", endpoint)
-			err = s.recv(sock, endpoint, false)
+			err = s.recv(ctx, sock, sub, false)
 		}
 		sock.Close()
-		if s.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
-		s.update(endpoint, func(st *EndpointStatus) {
+		s.update(sub, func(st *EndpointStatus) {
 			st.Connected = false
 			st.Failures++
 			st.LastError = err.Error()
@@ -238,40 +253,40 @@ func (s *Subscriber) connectLoop(endpoint, ep string) {
 		attempt++
 		wait := s.opt.Backoff(attempt)
 		s.opt.Logf("kvevents: %s: %v; retrying in %v", endpoint, err, wait)
-		if !s.opt.Sleep(s.ctx, wait) {
+		if !s.opt.Sleep(ctx, wait) {
 			return
 		}
 	}
 }
 
-func (s *Subscriber) update(endpoint string, fn func(*EndpointStatus)) {
+func (s *Subscriber) update(sub *subscription, fn func(*EndpointStatus)) {
 	s.mu.Lock()
-	fn(s.status[endpoint])
+	fn(&sub.st)
 	s.mu.Unlock()
 }
 
 // recv hands the socket's messages to the Translator until the socket
-// fails: for a bound socket, only when the Subscriber closes (one
-// publisher's connection ending is not the socket's end); for a dialled
-// one, when its connection ends.
-func (s *Subscriber) recv(sock zmq4.Socket, endpoint string, bound bool) error {
+// fails: for a bound socket, only when its context ends (one publisher's
+// connection ending is not the socket's end); for a dialled one, when its
+// connection ends.
+func (s *Subscriber) recv(ctx context.Context, sock zmq4.Socket, sub *subscription, bound bool) error {
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
-			if s.ctx.Err() != nil {
-				return s.ctx.Err()
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
 			if !bound {
 				return err
 			}
-			s.update(endpoint, func(st *EndpointStatus) { st.Failures++; st.LastError = err.Error() })
-			s.opt.Logf("kvevents: %s: a publisher's connection ended: %v", endpoint, err)
+			s.update(sub, func(st *EndpointStatus) { st.Failures++; st.LastError = err.Error() })
+			s.opt.Logf("kvevents: %s: a publisher's connection ended: %v", sub.st.Endpoint, err)
 			continue
 		}
 		if msg.Type != zmq4.UsrMsg {
 			continue
 		}
-		s.tr.Handle(endpoint, msg.Frames)
+		s.tr.Handle(sub.st.Endpoint, msg.Frames)
 	}
 }
 
@@ -279,24 +294,46 @@ func (s *Subscriber) recv(sock zmq4.Socket, endpoint string, bound bool) error {
 func (s *Subscriber) Endpoints() []EndpointStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]EndpointStatus, 0, len(s.status))
-	for _, st := range s.status {
-		out = append(out, *st)
+	out := make([]EndpointStatus, 0, len(s.subs))
+	for _, sub := range s.subs {
+		out = append(out, sub.st)
 	}
 	slices.SortFunc(out, func(a, b EndpointStatus) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	return out
 }
 
-// Close stops every socket and waits for their goroutines.
-func (s *Subscriber) Close() error {
-	s.cancel()
+// Unsubscribe stops listening on, or connecting to, endpoint and waits
+// for its goroutine: for a configuration reload. The engines heard there
+// keep their blocks in the index until Translator.Reset clears them.
+func (s *Subscriber) Unsubscribe(endpoint string) error {
 	s.mu.Lock()
-	socks := s.socks
-	s.socks = nil
+	sub, ok := s.subs[endpoint]
+	delete(s.subs, endpoint)
 	s.mu.Unlock()
-	for _, sock := range socks {
-		_ = sock.Close() // errors of connections already ended
+	if !ok {
+		return fmt.Errorf("kvevents: endpoint %q is not subscribed", endpoint)
 	}
-	s.wg.Wait()
+	s.stop(sub)
+	return nil
+}
+
+func (s *Subscriber) stop(sub *subscription) {
+	sub.cancel()
+	if sub.sock != nil {
+		_ = sub.sock.Close() // errors of connections already ended
+	}
+	<-sub.done
+}
+
+// Close stops every endpoint and waits for their goroutines.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	s.cancel()
+	subs := s.subs
+	s.subs = map[string]*subscription{}
+	s.mu.Unlock()
+	for _, sub := range subs {
+		s.stop(sub)
+	}
 	return nil
 }

@@ -253,3 +253,29 @@ func TestExponentialBackoff(t *testing.T) {
 	}
 	require.Equal(t, []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}, got)
 }
+
+// TestSubscriberUnsubscribe: an endpoint can be dropped (a reload) and
+// taken again; its port is free once Unsubscribe returns.
+func TestSubscriberUnsubscribe(t *testing.T) {
+	tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+	sub := NewSubscriber(tr, Options{})
+	defer sub.Close()
+	port := freePort(t)
+	ep := "tcp://127.0.0.1:" + strconv.Itoa(port)
+	_, err := sub.Bind(ep)
+	require.NoError(t, err)
+	require.NoError(t, sub.Connect("tcp://127.0.0.1:1"))
+	require.Len(t, sub.Endpoints(), 2)
+	require.NoError(t, sub.Unsubscribe(ep))
+	require.NoError(t, sub.Unsubscribe("tcp://127.0.0.1:1"))
+	require.Empty(t, sub.Endpoints())
+	require.ErrorContains(t, sub.Unsubscribe(ep), "not subscribed")
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	require.NoError(t, err, "the port is released")
+	l.Close()
+	_, err = sub.Bind(ep)
+	require.NoError(t, err)
+	require.NoError(t, sub.Close())
+	_, err = sub.Bind(ep)
+	require.ErrorContains(t, err, "closed")
+}
