@@ -1,0 +1,70 @@
+// Package kvevents keeps a gateway's exact prefix index current from the
+// engines' own KV-cache events, as vLLM and llm-d-inference-sim publish
+// them over ZMQ, and keys requests the same way.
+//
+// # Events in
+//
+//	Subscriber (ZMQ SUB: Bind and/or Connect per engine)
+//	  → Translator.Handle(endpoint, frames)
+//	      Frames: topic, 8-byte big-endian sequence number, msgpack payload
+//	      per engine (endpoint + topic): sequence check, Decoder, rehash
+//	  → gateway.Gateway.ApplyEvent(replica, CacheEvent) with our keys
+//
+// The wire format is vLLM's vllm/distributed/kv_events.py (EventBatch,
+// BlockStored, BlockRemoved, AllBlocksCleared), in both encodings: arrays
+// (msgspec array_like, and llm-d-inference-sim v0.10.2 by default) and
+// maps tagged under "type" (newer vLLM; the sim with
+// --use-vllm-map-event-format). See Decoder.
+//
+// Engine hashes are not trusted as keys (their function and seed vary):
+// the Translator rehashes each stored block's token ids into the chained
+// keys of AppendKey, keeping per engine a map from its block hashes to our
+// keys to find parents and removals, as llm-d's kv-cache manager and
+// Dynamo do. A sequence gap or restart, an unreadable payload or removal,
+// or the map reaching its bound clears the engine's blocks from the index:
+// a missed removal would otherwise leave a stale entry for good.
+//
+// # Requests in
+//
+// A request on the exact index is tokenized as the engine tokenizes it
+// (Tokenizer; by default the engine's own /tokenize, HTTPTokenizer,
+// optionally behind a CachedTokenizer), then keyed with
+//
+//	key, err := kvevents.AppendKey(buf[:0], kvevents.KeyName(model, lora), tokens, blockSize)
+//
+// and routed with gateway.Route. model is the name the Target gives
+// (Target.Model, or the topic's model), lora the LoRA adapter the request
+// targets ("" for the base model), blockSize the engines' block size
+// (Target.BlockSize).
+//
+// # Connecting engines
+//
+// vLLM (binds by default; connect to each engine, one endpoint per
+// data-parallel rank, whose ports vLLM offsets by the rank):
+//
+//	vllm serve MODEL --kv-events-config \
+//	  '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv@POD@MODEL"}'
+//	sub.Connect("tcp://ENGINE_HOST:5557")
+//
+// With an empty topic, the endpoint alone names the engine (Source), so
+// the Resolver maps the endpoint to the replica.
+//
+// llm-d-inference-sim (its PUB connects; bind once for all engines, each
+// named by its topic kv@$POD_IP@MODEL):
+//
+//	POD_IP=10.0.0.7:8000 llm-d-inference-sim --enable-kvcache --block-size 16 \
+//	  --zmq-endpoint tcp://GATEWAY_HOST:5557 ...
+//	sub.Bind("tcp://0.0.0.0:5557")
+//
+// # Limits
+//
+// Blocks with extra keys (multimodal inputs, cache salts) and blocks of
+// KV-cache groups other than full attention (hybrid models) are not
+// indexed, nor blocks offloaded to another medium than the GPU. vLLM's
+// replay socket is not used: a gap clears the engine, whose blocks stored
+// before it are then relearnt only as the engine stores them anew
+// (children of older blocks are orphans, counted and dropped). Tested
+// against llm-d-inference-sim and its dummy tokenizer; vLLM itself, its
+// sha256 hashes and real model tokenizers and chat templates could not be
+// run here.
+package kvevents

@@ -1,0 +1,104 @@
+package kvevents
+
+import (
+	"encoding/binary"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Test encoders for both wire encodings, after llm-d-inference-sim v0.10.2
+// pkg/kv-cache/kv_cache_sender.go (arrays by default, maps with
+// --use-vllm-map-event-format) and vLLM's msgspec structs (maps, with the
+// batch a map too since vLLM dropped array_like).
+
+// stored describes a BlockStored event for the encoders.
+type stored struct {
+	hashes []uint64
+	parent any // nil, uint64 or []byte
+	tokens []uint32
+	bs     int
+	lora   any // nil or string
+	medium any // nil or string
+	extra  []any
+}
+
+func (s stored) array() []any {
+	hs := make([]any, len(s.hashes))
+	for i, h := range s.hashes {
+		hs[i] = h
+	}
+	ev := []any{"BlockStored", hs, s.parent, s.tokens, s.bs, nil, s.medium, s.lora}
+	if s.extra != nil {
+		ev = append(ev, s.extra)
+	}
+	return ev
+}
+
+func (s stored) mapped() map[string]any {
+	hs := make([]any, len(s.hashes))
+	for i, h := range s.hashes {
+		hs[i] = h
+	}
+	m := map[string]any{"type": "BlockStored", "block_hashes": hs, "parent_block_hash": s.parent,
+		"token_ids": s.tokens, "block_size": s.bs, "medium": s.medium}
+	if s.lora != nil {
+		m["lora_name"] = s.lora
+	}
+	if s.extra != nil {
+		m["extra_keys"] = s.extra
+	}
+	return m
+}
+
+func removedArray(medium any, hashes ...uint64) []any {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return []any{"BlockRemoved", hs, medium}
+}
+
+func removedMap(medium any, hashes ...uint64) map[string]any {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return map[string]any{"type": "BlockRemoved", "block_hashes": hs, "medium": medium}
+}
+
+func clearedArray() []any            { return []any{"AllBlocksCleared"} }
+func clearedMap() map[string]any     { return map[string]any{"type": "AllBlocksCleared"} }
+func arrayBatch(events ...any) []any { return []any{1712345678.25, events, 0} }
+func mapBatch(events ...any) map[string]any {
+	return map[string]any{"ts": 1712345678.25, "events": events, "data_parallel_rank": 0}
+}
+
+// fataler is testing.TB or *rapid.T.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+func pack(t fataler, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func frames(topic string, seq uint64, payload []byte) [][]byte {
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	return [][]byte{[]byte(topic), s[:], payload}
+}
+
+// seqTokens returns n tokens base, base+1, ...
+func seqTokens(base uint32, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = base + uint32(i)
+	}
+	return t
+}

@@ -1,0 +1,224 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/examlops/gateway"
+)
+
+// One engine's state and the application of its events.
+
+// engine is one source's state, guarded by mu.
+type engine struct {
+	mu       sync.Mutex
+	src      Source
+	tgt      Target
+	resolved bool
+	root     uint64 // Root of the model name
+	bs       int
+	max      int
+
+	seen   bool
+	last   uint64
+	blocks map[uint64]uint64 // engine hash → our key
+	keys   gateway.Key       // scratch
+	dec    *Decoder
+
+	applyFn func(*Event, error)
+	st      EngineStats
+}
+
+func (e *engine) bind(tgt Target) {
+	e.tgt, e.resolved = tgt, true
+	if tgt.Model == "" {
+		e.tgt.Model = e.src.Model
+	}
+	e.root = Root(e.tgt.Model)
+	e.bs = tgt.BlockSize
+	if e.bs == 0 {
+		e.bs = DefaultBlockSize
+	}
+	e.max = tgt.MaxBlocks
+	if e.max == 0 {
+		e.max = DefaultMaxMapped
+	}
+	e.blocks = map[uint64]uint64{}
+}
+
+func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
+	e.st.Messages++
+	if e.seen && seq != e.last+1 {
+		if seq <= e.last {
+			e.st.Restarts++
+		} else {
+			e.st.Gaps++
+		}
+		e.clear(true)
+	}
+	e.seen, e.last = true, seq
+	if err := e.dec.Decode(payload, e.applyFn); err != nil {
+		e.st.MalformedMessages++
+		e.st.LastError = err.Error()
+		e.clear(true) // events after the fault are lost
+	}
+}
+
+// clear drops the engine's blocks from its index and its map; counted
+// when counted is true.
+func (e *engine) clear(counted bool) {
+	if !e.resolved {
+		return
+	}
+	if counted {
+		e.st.Clears++
+	}
+	if len(e.blocks) > 0 {
+		e.blocks = map[uint64]uint64{} // not clear(): give back a grown map's memory
+	}
+	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.AllCleared}); err != nil {
+		e.applyFailed(err)
+	}
+}
+
+func (e *engine) applyFailed(err error) {
+	e.st.LastError = err.Error()
+	if errors.Is(err, gateway.ErrUnknownReplica) {
+		// The replica is gone, and its blocks with it: resolve afresh.
+		e.resolved, e.seen = false, false
+		e.blocks = nil
+	}
+}
+
+func (e *engine) drop(r *uint64, err error) {
+	e.st.Dropped++
+	*r++
+	if err != nil {
+		e.st.LastError = err.Error()
+	}
+}
+
+var gpu = []byte("GPU")
+
+// onGPU reports whether blocks of this medium are the engine's prefix
+// cache proper: vLLM's GPU tier, or unspecified. Blocks offloaded to CPU
+// or disk (vLLM's offloading connector) are not indexed.
+func onGPU(medium []byte) bool { return len(medium) == 0 || bytes.EqualFold(medium, gpu) }
+
+// fullAttention reports whether a KV-cache group of this kind holds
+// blocks a prompt prefix can reuse: unspecified, full or MLA attention.
+// Sliding-window and other groups of hybrid models are not indexed.
+func fullAttention(kind []byte) bool {
+	return len(kind) == 0 || string(kind) == "full_attention" || string(kind) == "mla_attention"
+}
+
+func (e *engine) apply(ev *Event, err error) {
+	if !e.resolved { // the replica went away during this batch
+		return
+	}
+	e.st.Events++
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrUnknownEvent):
+			// A kind of event we do not know (newer vLLM): not ours to apply.
+			e.drop(&e.st.DroppedUnknown, err)
+			return
+		case errors.Is(err, ErrLimit):
+			e.drop(&e.st.DroppedLimit, err)
+		default:
+			e.drop(&e.st.DroppedMalformed, err)
+		}
+		if ev.Kind != BlockStored {
+			// A removal or a clear we cannot read, or an event we cannot
+			// tell: the index may now hold blocks the engine dropped.
+			e.clear(true)
+		}
+		return
+	}
+	switch ev.Kind {
+	case BlockStored:
+		e.stored(ev)
+	case BlockRemoved:
+		if !onGPU(ev.Medium) {
+			e.drop(&e.st.DroppedMedium, nil)
+			return
+		}
+		keys := e.keys[:0]
+		for _, h := range ev.Hashes {
+			if k, ok := e.blocks[h]; ok {
+				delete(e.blocks, h)
+				keys = append(keys, k)
+			}
+		}
+		e.keys = keys
+		if len(keys) > 0 {
+			if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: keys}); err != nil {
+				e.drop(&e.st.DroppedApply, err)
+				e.applyFailed(err)
+				return
+			}
+		}
+		e.st.Applied++
+		e.st.RemovedBlocks += uint64(len(keys))
+	case AllBlocksCleared:
+		e.clear(false)
+		e.st.Applied++
+	}
+}
+
+func (e *engine) stored(ev *Event) {
+	switch {
+	case !onGPU(ev.Medium):
+		e.drop(&e.st.DroppedMedium, nil)
+		return
+	case !fullAttention(ev.SpecKind):
+		e.drop(&e.st.DroppedMedium, nil)
+		return
+	case ev.BlockSize != e.bs:
+		e.drop(&e.st.DroppedBlockSize, fmt.Errorf("%w: BlockStored block_size %d, the replica's requests are keyed in blocks of %d",
+			ErrMalformed, ev.BlockSize, e.bs))
+		return
+	}
+	n := ev.Plain
+	if len(e.blocks)+n > e.max {
+		e.st.Overflows++
+		e.clear(true)
+	}
+	parent := e.root
+	if len(ev.LoRA) > 0 {
+		parent = rootOf(xxhash.Sum64(ev.LoRA))
+	}
+	keys := e.keys[:0]
+	if ev.HasParent {
+		k, ok := e.blocks[ev.Parent]
+		if !ok {
+			e.drop(&e.st.DroppedOrphan, nil)
+			return
+		}
+		// Storing the parent again refreshes it in the index's LRU order
+		// ahead of its new children.
+		parent = k
+		keys = append(keys, k)
+	}
+	if n == 0 {
+		e.st.Applied++
+		return
+	}
+	off := len(keys)
+	keys = appendChain(keys, parent, ev.Tokens[:n*e.bs], e.bs)
+	e.keys = keys
+	for i, h := range ev.Hashes[:n] {
+		e.blocks[h] = keys[off+i]
+	}
+	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: keys}); err != nil {
+		e.drop(&e.st.DroppedApply, err)
+		e.applyFailed(err)
+		return
+	}
+	e.st.Applied++
+	e.st.StoredBlocks += uint64(n)
+}

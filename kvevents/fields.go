@@ -1,0 +1,344 @@
+package kvevents
+
+import (
+	"fmt"
+	"math"
+)
+
+// Decoding one event, array- or map-encoded, field by field.
+
+// Fields of the events, by name.
+type field uint8
+
+const (
+	fNone field = iota
+	fHashes
+	fParent
+	fTokens
+	fBlockSize
+	fLoraID
+	fMedium
+	fLoraName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSlidingWindow
+)
+
+var fieldNames = [...]string{"", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+
+func fieldByName(s []byte) field {
+	for i, n := range fieldNames[1:] {
+		if string(s) == n {
+			return field(i + 1)
+		}
+	}
+	return fNone
+}
+
+// Positional fields after the tag, per kind.
+var (
+	storedFields  = []field{fHashes, fParent, fTokens, fBlockSize, fLoraID, fMedium, fLoraName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow}
+	removedFields = []field{fHashes, fMedium, fGroupIdx}
+)
+
+func kindByTag(tag []byte) Kind {
+	for k := BlockStored; k <= AllBlocksCleared; k++ {
+		if string(tag) == kindNames[k] {
+			return k
+		}
+	}
+	return 0
+}
+
+// event decodes one event into d.ev. It always consumes the whole value;
+// it returns the first fault of the event (the reader's err aside).
+func (d *Decoder) event() error {
+	r, ev := d.r, &d.ev
+	*ev = Event{Hashes: ev.Hashes[:0], Tokens: ev.Tokens[:0], Plain: -1}
+	var seen uint16 // fields present, by bit
+	var first error
+	note := func(err error) {
+		if first == nil && err != nil {
+			first = err
+		}
+	}
+	switch k := r.kind(); k {
+	case kArray:
+		n := r.arrayLen()
+		if n == 0 {
+			return fmt.Errorf("%w: empty event array, want a type tag first", ErrMalformed)
+		}
+		tag, err := d.readTag()
+		if err != nil {
+			note(err)
+		} else if ev.Kind = kindByTag(tag); ev.Kind == 0 {
+			note(fmt.Errorf("%w: %q", ErrUnknownEvent, tag))
+		}
+		var order []field
+		switch ev.Kind {
+		case BlockStored:
+			order = storedFields
+		case BlockRemoved:
+			order = removedFields
+		}
+		for i := 1; i < n && r.err == nil; i++ {
+			if first != nil || i-1 >= len(order) {
+				r.skip(2)
+				continue
+			}
+			note(d.field(order[i-1]))
+			seen |= 1 << order[i-1]
+		}
+	case kMap:
+		n := r.mapLen()
+		typed := false
+		for i := 0; i < n && r.err == nil; i++ {
+			key, ok := d.mapKey()
+			switch {
+			case !ok:
+				note(fmt.Errorf("%w: event has a non-string or over-long key", ErrMalformed))
+				r.skip(2)
+			case string(key) == "type":
+				typed = true
+				tag, err := d.readTag()
+				if err != nil {
+					note(err)
+				} else if ev.Kind = kindByTag(tag); ev.Kind == 0 {
+					note(fmt.Errorf("%w: %q", ErrUnknownEvent, tag))
+				}
+			default:
+				f := fieldByName(key)
+				if f == fNone || first != nil {
+					r.skip(2)
+					continue
+				}
+				note(d.field(f))
+				seen |= 1 << f
+			}
+		}
+		if !typed {
+			note(fmt.Errorf("%w: event map has no \"type\" key", ErrMalformed))
+		}
+	case kBad:
+		return nil
+	default:
+		r.skip(1)
+		return fmt.Errorf("%w: event is a %s, want an array or a map", ErrMalformed, k)
+	}
+	if first != nil || r.err != nil {
+		return first
+	}
+	return d.check(seen)
+}
+
+// readTag reads an event's type tag into d.tag.
+func (d *Decoder) readTag() ([]byte, error) {
+	if k := d.r.kind(); k != kStr {
+		d.r.skip(2)
+		return nil, fmt.Errorf("%w: event type is a %s, want a string", ErrMalformed, k)
+	}
+	b, n, ok := d.r.str(d.tag[:])
+	if !ok {
+		return nil, fmt.Errorf("%w: event type of %d bytes", ErrUnknownEvent, n)
+	}
+	return b, nil
+}
+
+// check validates a decoded event as a whole.
+func (d *Decoder) check(seen uint16) error {
+	ev := &d.ev
+	need := func(f field) error {
+		if seen&(1<<f) == 0 {
+			return fmt.Errorf("%w: %s has no %s", ErrMalformed, ev.Kind, fieldNames[f])
+		}
+		return nil
+	}
+	switch ev.Kind {
+	case BlockStored:
+		for _, f := range [...]field{fHashes, fTokens, fBlockSize} { // a map may leave out a nil parent
+			if err := need(f); err != nil {
+				return err
+			}
+		}
+		if ev.BlockSize < 1 {
+			return fmt.Errorf("%w: BlockStored block_size %d, want at least 1", ErrMalformed, ev.BlockSize)
+		}
+		if len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+			return fmt.Errorf("%w: BlockStored has %d token_ids for %d blocks of %d", ErrMalformed,
+				len(ev.Tokens), len(ev.Hashes), ev.BlockSize)
+		}
+	case BlockRemoved:
+		if err := need(fHashes); err != nil {
+			return err
+		}
+	}
+	if ev.Plain < 0 || ev.Plain > len(ev.Hashes) {
+		ev.Plain = len(ev.Hashes)
+	}
+	return nil
+}
+
+// field decodes one field's value into d.ev, consuming it whatever it is.
+func (d *Decoder) field(f field) error {
+	r, ev := d.r, &d.ev
+	k := r.kind()
+	if k == kBad {
+		return nil
+	}
+	bad := func(want string) error {
+		r.skip(2)
+		return fmt.Errorf("%w: %s is a %s, want %s", ErrMalformed, fieldNames[f], k, want)
+	}
+	switch f {
+	case fHashes:
+		if k != kArray {
+			return bad("an array")
+		}
+		n := r.arrayLen()
+		if n > d.lim.MaxBlocks {
+			for i := 0; i < n && r.err == nil; i++ {
+				r.skip(3)
+			}
+			return fmt.Errorf("%w: %d block_hashes, limit %d", ErrLimit, n, d.lim.MaxBlocks)
+		}
+		// Integers in one pass over the bytes; anything else (byte-string
+		// hashes, faults) through the reader.
+		i, buf, used := 0, r.rest(), 0
+		for ; i < n; i++ {
+			v, _, size, ok := nextInt(buf[used:])
+			if !ok {
+				break
+			}
+			ev.Hashes = append(ev.Hashes, v)
+			used += size
+		}
+		r.advance(used)
+		var first error
+		for ; i < n && r.err == nil; i++ {
+			h, what, ok := r.hash()
+			if !ok && first == nil && r.err == nil {
+				first = fmt.Errorf("%w: block_hashes[%d] is %s, want an integer or bytes", ErrMalformed, i, what)
+			}
+			ev.Hashes = append(ev.Hashes, h)
+		}
+		return first
+	case fParent:
+		if k == kNil {
+			r.skip(2)
+			return nil
+		}
+		h, what, ok := r.hash()
+		if !ok {
+			if r.err != nil {
+				return nil
+			}
+			return fmt.Errorf("%w: parent_block_hash is %s, want nil, an integer or bytes", ErrMalformed, what)
+		}
+		ev.Parent, ev.HasParent = h, h != 0
+		return nil
+	case fTokens:
+		if k != kArray {
+			return bad("an array")
+		}
+		n := r.arrayLen()
+		if n > d.lim.MaxTokens {
+			for i := 0; i < n && r.err == nil; i++ {
+				r.skip(3)
+			}
+			return fmt.Errorf("%w: %d token_ids, limit %d", ErrLimit, n, d.lim.MaxTokens)
+		}
+		i, buf, used := 0, r.rest(), 0
+		for ; i < n; i++ {
+			v, neg, size, ok := nextInt(buf[used:])
+			if !ok || neg || v > math.MaxUint32 {
+				break
+			}
+			ev.Tokens = append(ev.Tokens, uint32(v))
+			used += size
+		}
+		r.advance(used)
+		var first error
+		for ; i < n && r.err == nil; i++ {
+			if tk := r.kind(); tk != kInt {
+				r.skip(3)
+				if first == nil && r.err == nil {
+					first = fmt.Errorf("%w: token_ids[%d] is a %s, want an integer", ErrMalformed, i, tk)
+				}
+				continue
+			}
+			v, ok := r.int()
+			if (!ok || v < 0 || v > math.MaxUint32) && first == nil && r.err == nil {
+				first = fmt.Errorf("%w: token_ids[%d] is %d, want 0..%d", ErrMalformed, i, v, uint32(math.MaxUint32))
+			}
+			ev.Tokens = append(ev.Tokens, uint32(v))
+		}
+		return first
+	case fBlockSize:
+		if k != kInt {
+			return bad("an integer")
+		}
+		v, ok := r.int()
+		if !ok || v < 1 || v > int64(d.lim.MaxTokens) {
+			return fmt.Errorf("%w: block_size is %d, want 1..%d", ErrMalformed, v, d.lim.MaxTokens)
+		}
+		ev.BlockSize = int(v)
+		return nil
+	case fLoraID, fGroupIdx, fSlidingWindow:
+		if k != kNil && k != kInt {
+			return bad("nil or an integer")
+		}
+		r.skip(2)
+		return nil
+	case fMedium, fLoraName, fSpecKind:
+		if k == kNil {
+			r.skip(2)
+			return nil
+		}
+		if k != kStr {
+			return bad("nil or a string")
+		}
+		dst := d.specKind[:]
+		switch f {
+		case fMedium:
+			dst = d.medium[:]
+		case fLoraName:
+			dst = d.lora[:]
+		}
+		b, n, ok := r.str(dst)
+		if !ok {
+			if r.err != nil {
+				return nil
+			}
+			return fmt.Errorf("%w: %s of %d bytes, limit %d", ErrLimit, fieldNames[f], n, len(dst))
+		}
+		switch f {
+		case fMedium:
+			ev.Medium = b
+		case fLoraName:
+			ev.LoRA = b
+		default:
+			ev.SpecKind = b
+		}
+		return nil
+	case fExtraKeys:
+		if k == kNil {
+			r.skip(2)
+			return nil
+		}
+		if k != kArray {
+			return bad("nil or an array")
+		}
+		n := r.arrayLen()
+		for i := 0; i < n && r.err == nil; i++ {
+			if r.kind() != kNil && ev.Plain < 0 {
+				ev.Plain = i
+			}
+			r.skip(3)
+		}
+		return nil
+	}
+	r.skip(2)
+	return nil
+}

@@ -1,0 +1,81 @@
+package kvevents
+
+import (
+	"cmp"
+	"slices"
+)
+
+// EngineStats are one engine's counters, for /metrics. Counters only
+// grow, across Reset too.
+type EngineStats struct {
+	// Source is the engine; Replica the replica its events go to (empty
+	// while unresolved).
+	Source  Source
+	Replica string
+
+	// Messages counts messages received; MalformedMessages those whose
+	// payload was unreadable as a whole.
+	Messages, MalformedMessages uint64
+	// Events counts events received, Applied those applied to the index,
+	// Dropped the others, broken down below.
+	Events, Applied, Dropped uint64
+	// Why events were dropped: malformed; of an unknown type; over a
+	// limit; about another medium than the GPU or a non-full-attention
+	// KV-cache group; of another block size than the replica's requests;
+	// stored under a parent we do not know (orphans); refused by the index.
+	DroppedMalformed, DroppedUnknown, DroppedLimit, DroppedMedium,
+	DroppedBlockSize, DroppedOrphan, DroppedApply uint64
+	// StoredBlocks and RemovedBlocks count the blocks applied.
+	StoredBlocks, RemovedBlocks uint64
+	// Gaps counts sequence numbers skipped, Restarts sequence numbers
+	// going back (an engine restart); Overflows times the engine's map
+	// reached its bound. Clears counts the times the engine's blocks were
+	// cleared from the index for any of these reasons or an unreadable
+	// message (not counting the engine's own AllBlocksCleared).
+	Gaps, Restarts, Overflows, Clears uint64
+	// Mapped is the number of engine block hashes currently mapped.
+	Mapped int
+	// LastError describes the last fault, if any.
+	LastError string
+}
+
+// GlobalStats count messages no engine can be charged with.
+type GlobalStats struct {
+	// MalformedFrames counts messages without the three frames (topic,
+	// 8-byte sequence number, payload).
+	MalformedFrames uint64
+	// Unresolved counts messages whose source the Resolver refused.
+	Unresolved uint64
+	// LastError describes the last of these faults.
+	LastError string
+}
+
+// Stats returns every engine's counters, ordered by endpoint and topic,
+// and the counters of messages no engine is charged with.
+func (t *Translator) Stats() ([]EngineStats, GlobalStats) {
+	t.mu.Lock()
+	glob := t.glob
+	var all []*engine
+	for _, byTopic := range t.engines {
+		for _, e := range byTopic {
+			all = append(all, e)
+		}
+	}
+	t.mu.Unlock()
+	out := make([]EngineStats, 0, len(all))
+	for _, e := range all {
+		e.mu.Lock()
+		s := e.st
+		s.Source = e.src
+		if e.resolved {
+			s.Replica = e.tgt.Replica
+		}
+		s.Mapped = len(e.blocks)
+		e.mu.Unlock()
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b EngineStats) int {
+		return cmp.Or(cmp.Compare(a.Source.Endpoint, b.Source.Endpoint), cmp.Compare(a.Source.Topic, b.Source.Topic))
+	})
+	return out, glob
+}

@@ -1,0 +1,131 @@
+package kvevents
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Tokenizer turns a request's prompt into the token ids its engine will
+// compute, so the request can be keyed (AppendKey) as the engine's events
+// are. The engine applies its own chat template, which is why the default
+// asks the engine itself (HTTPTokenizer); embedders with an in-process
+// tokenizer that reproduces the engine's exactly may supply their own.
+// Implementations must be safe for concurrent use.
+type Tokenizer interface {
+	Tokenize(ctx context.Context, req TokenizeRequest) ([]uint32, error)
+}
+
+// TokenizeRequest is the part of an OpenAI-style request that decides its
+// prompt tokens. Exactly one of Prompt and Messages is set.
+type TokenizeRequest struct {
+	// Model is the request's model.
+	Model string
+	// Prompt is a completion request's prompt (a single string; a prompt
+	// of token ids needs no tokenizer).
+	Prompt string
+	// Messages is a chat request's messages array, verbatim JSON.
+	Messages json.RawMessage
+	// Tools and ChatTemplateKwargs are a chat request's tools and
+	// chat_template_kwargs, verbatim JSON, when present: the chat template
+	// renders them into the prompt.
+	Tools, ChatTemplateKwargs json.RawMessage
+}
+
+func (r TokenizeRequest) validate() error {
+	switch {
+	case r.Model == "":
+		return fmt.Errorf("kvevents: tokenize: empty model")
+	case (r.Prompt == "") == (len(r.Messages) == 0):
+		return fmt.Errorf("kvevents: tokenize: want exactly one of prompt (%d bytes) and messages (%d bytes)", len(r.Prompt), len(r.Messages))
+	}
+	return nil
+}
+
+// ErrTokenize wraps the failures of HTTPTokenizer.
+var ErrTokenize = errors.New("kvevents: tokenize")
+
+// DefaultMaxTokenizeResponse bounds a /tokenize response: 64 MiB.
+const DefaultMaxTokenizeResponse = 64 << 20
+
+// HTTPTokenizer asks an engine's vLLM-compatible POST /tokenize endpoint
+// (vLLM's entrypoints/openai: TokenizeCompletionRequest {model, prompt},
+// TokenizeChatRequest {model, messages, tools, chat_template_kwargs};
+// llm-d-inference-sim serves the same), with each request's defaults, which
+// are those of the completion and chat endpoints: special tokens added to
+// a prompt, the generation prompt appended to messages.
+type HTTPTokenizer struct {
+	client  *http.Client
+	baseURL func(model string) (string, error)
+	max     int64
+}
+
+var _ Tokenizer = (*HTTPTokenizer)(nil)
+
+// NewHTTPTokenizer returns a tokenizer that posts to baseURL(model) +
+// "/tokenize"; baseURL should name a healthy replica serving the model
+// (http://host:port). A nil client means http.DefaultClient.
+func NewHTTPTokenizer(client *http.Client, baseURL func(model string) (string, error)) *HTTPTokenizer {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	return &HTTPTokenizer{client: client, baseURL: baseURL, max: DefaultMaxTokenizeResponse}
+}
+
+type tokenizeBody struct {
+	Model              string          `json:"model"`
+	Prompt             string          `json:"prompt,omitempty"`
+	Messages           json.RawMessage `json:"messages,omitempty"`
+	Tools              json.RawMessage `json:"tools,omitempty"`
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
+}
+
+// Tokenize implements Tokenizer.
+func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]uint32, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	base, err := t.baseURL(req.Model)
+	if err != nil {
+		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
+	}
+	body, err := json.Marshal(tokenizeBody{Model: req.Model, Prompt: req.Prompt, Messages: req.Messages,
+		Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs})
+	if err != nil {
+		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
+	}
+	url := strings.TrimSuffix(base, "/") + "/tokenize"
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
+	}
+	defer resp.Body.Close()
+	lr := &io.LimitedReader{R: resp.Body, N: t.max + 1}
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(lr, 512))
+		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrTokenize, url, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	var out struct {
+		Tokens *[]uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(lr).Decode(&out); err != nil {
+		if lr.N <= 0 {
+			return nil, fmt.Errorf("%w: %s: response over %d bytes", ErrTokenize, url, t.max)
+		}
+		return nil, fmt.Errorf("%w: %s: response: %v", ErrTokenize, url, err)
+	}
+	if out.Tokens == nil {
+		return nil, fmt.Errorf("%w: %s: response has no \"tokens\"", ErrTokenize, url)
+	}
+	return *out.Tokens, nil
+}

@@ -1,0 +1,206 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestHTTPTokenizer(t *testing.T) {
+	var got []map[string]json.RawMessage
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		require.Equal(t, "/tokenize", r.URL.Path)
+		require.Equal(t, http.MethodPost, r.Method)
+		var body map[string]json.RawMessage
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&body))
+		mu.Lock()
+		got = append(got, body)
+		mu.Unlock()
+		switch string(body["model"]) {
+		case `"bad"`:
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":{"message":"no such model"}}`)
+		case `"garbled"`:
+			io.WriteString(w, `{"tokens":[1,2,`)
+		case `"empty"`:
+			io.WriteString(w, `{"count":0}`)
+		case `"negative"`:
+			io.WriteString(w, `{"tokens":[-1]}`)
+		case `"huge"`:
+			io.WriteString(w, `{"tokens":[`+strings.Repeat("1,", 1000)+`1]}`)
+		default:
+			io.WriteString(w, `{"count":3,"max_model_len":8192,"tokens":[5,6,4294967295]}`)
+		}
+	}))
+	defer srv.Close()
+	tok := NewHTTPTokenizer(srv.Client(), func(model string) (string, error) {
+		if model == "unserved" {
+			return "", errors.New("no healthy replica")
+		}
+		return srv.URL + "/", nil
+	})
+	ctx := context.Background()
+
+	toks, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "hello world"})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{5, 6, 4294967295}, toks)
+	msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
+	_, err = tok.Tokenize(ctx, TokenizeRequest{Model: "m", Messages: msgs, Tools: tools, ChatTemplateKwargs: json.RawMessage(`{"enable_thinking":false}`)})
+	require.NoError(t, err)
+	require.Equal(t, map[string]json.RawMessage{"model": json.RawMessage(`"m"`), "prompt": json.RawMessage(`"hello world"`)}, got[0])
+	require.JSONEq(t, string(msgs), string(got[1]["messages"]))
+	require.JSONEq(t, string(tools), string(got[1]["tools"]))
+	require.JSONEq(t, `{"enable_thinking":false}`, string(got[1]["chat_template_kwargs"]))
+	require.NotContains(t, got[1], "prompt")
+
+	tok.max = 1000
+	for _, tc := range []struct {
+		req  TokenizeRequest
+		want string
+	}{
+		{TokenizeRequest{Model: "bad", Prompt: "x"}, `status 400: {"error":{"message":"no such model"}}`},
+		{TokenizeRequest{Model: "garbled", Prompt: "x"}, "response: unexpected EOF"},
+		{TokenizeRequest{Model: "empty", Prompt: "x"}, `response has no "tokens"`},
+		{TokenizeRequest{Model: "negative", Prompt: "x"}, "response: json: cannot unmarshal number -1"},
+		{TokenizeRequest{Model: "huge", Prompt: "x"}, "response over 1000 bytes"},
+		{TokenizeRequest{Model: "unserved", Prompt: "x"}, `model "unserved": no healthy replica`},
+	} {
+		_, err := tok.Tokenize(ctx, tc.req)
+		require.ErrorIs(t, err, ErrTokenize, tc.req.Model)
+		require.ErrorContains(t, err, tc.want)
+	}
+	for _, tc := range []struct {
+		req  TokenizeRequest
+		want string
+	}{
+		{TokenizeRequest{Prompt: "x"}, "empty model"},
+		{TokenizeRequest{Model: "m"}, "want exactly one of prompt (0 bytes) and messages (0 bytes)"},
+		{TokenizeRequest{Model: "m", Prompt: "x", Messages: msgs}, "want exactly one of prompt (1 bytes) and messages (32 bytes)"},
+	} {
+		_, err := tok.Tokenize(ctx, tc.req)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+// countingTokenizer returns one token per byte of the prompt, counting
+// calls; gate, if set, holds each call until closed.
+type countingTokenizer struct {
+	calls atomic.Int64
+	gate  chan struct{}
+	fail  bool
+}
+
+func (c *countingTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]uint32, error) {
+	c.calls.Add(1)
+	if c.gate != nil {
+		<-c.gate
+	}
+	if c.fail {
+		return nil, fmt.Errorf("engine down")
+	}
+	out := make([]uint32, 0, len(req.Prompt)+len(req.Messages))
+	for _, b := range []byte(req.Prompt + string(req.Messages)) {
+		out = append(out, uint32(b))
+	}
+	return out, nil
+}
+
+func TestCachedTokenizer(t *testing.T) {
+	inner := &countingTokenizer{}
+	now := time.Unix(1000, 0)
+	c := NewCachedTokenizer(inner, CacheOptions{MaxTokens: 160, TTL: time.Minute, Now: func() time.Time { return now }})
+	ctx := context.Background()
+	tok := func(model, prompt string) []uint32 {
+		t.Helper()
+		out, err := c.Tokenize(ctx, TokenizeRequest{Model: model, Prompt: prompt})
+		require.NoError(t, err)
+		return out
+	}
+	a := tok("m", "abc")
+	require.Equal(t, []uint32{'a', 'b', 'c'}, a)
+	_ = append(a, 'z') // appending to a result does not touch the cache
+	require.Equal(t, []uint32{'a', 'b', 'c'}, tok("m", "abc"))
+	require.Equal(t, int64(1), inner.calls.Load())
+	tok("other-model", "abc")
+	_, err := c.Tokenize(ctx, TokenizeRequest{Model: "m", Messages: json.RawMessage(`"abc"`)})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), inner.calls.Load(), "the model and the kind of input are part of the key")
+
+	now = now.Add(time.Minute)
+	tok("m", "abc")
+	require.Equal(t, int64(4), inner.calls.Load(), "expired after the TTL")
+
+	tok("m", strings.Repeat("x", 11)) // over MaxTokens/16: not cached
+	tok("m", strings.Repeat("x", 11))
+	require.Equal(t, int64(6), inner.calls.Load())
+
+	for i := range 20 { // 20 entries of 10 tokens: the oldest go
+		tok("m", fmt.Sprintf("prompt-%03d", i))
+	}
+	st := c.Stats()
+	require.LessOrEqual(t, st.Tokens, 160)
+	require.Equal(t, 16, st.Entries)
+	calls := inner.calls.Load()
+	tok("m", "prompt-019")
+	tok("m", "prompt-000")
+	require.Equal(t, calls+1, inner.calls.Load(), "recent kept, oldest evicted")
+
+	inner.fail = true
+	_, err = c.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "fails"})
+	require.Error(t, err)
+	inner.fail = false
+	tok("m", "fails")
+	require.Equal(t, calls+3, inner.calls.Load(), "failures are not cached")
+	st = c.Stats()
+	require.Equal(t, uint64(2), st.Hits)
+}
+
+func TestCachedTokenizerSharesCalls(t *testing.T) {
+	inner := &countingTokenizer{gate: make(chan struct{})}
+	c := NewCachedTokenizer(inner, CacheOptions{})
+	var wg sync.WaitGroup
+	results := make([][]uint32, 8)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := c.Tokenize(context.Background(), TokenizeRequest{Model: "m", Prompt: "same"})
+			require.NoError(t, err)
+			results[i] = r
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); c.Stats().Shared+c.Stats().Misses < 8; {
+		require.False(t, time.Now().After(deadline), "callers did not arrive")
+		time.Sleep(time.Millisecond) // goroutines of this test, no process: a short poll
+	}
+	close(inner.gate)
+	wg.Wait()
+	require.Equal(t, int64(1), inner.calls.Load())
+	for _, r := range results {
+		require.Equal(t, []uint32{'s', 'a', 'm', 'e'}, r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	inner2 := &countingTokenizer{gate: make(chan struct{})}
+	c2 := NewCachedTokenizer(inner2, CacheOptions{})
+	go c2.Tokenize(context.Background(), TokenizeRequest{Model: "m", Prompt: "x"})
+	for c2.Stats().Misses == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	_, err := c2.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "x"})
+	require.ErrorIs(t, err, context.Canceled, "a waiter leaves when its context ends")
+	close(inner2.gate)
+}

@@ -1,0 +1,239 @@
+package kvevents
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/examlops/gateway"
+)
+
+// Index is what a Translator updates: a gateway's cache index.
+// *gateway.Gateway implements it.
+type Index interface {
+	ApplyEvent(replica string, ev gateway.CacheEvent) error
+}
+
+var _ Index = (*gateway.Gateway)(nil)
+
+// Source is where messages come from: the endpoint they arrived on and
+// their topic, which llm-d deployments set to kv@<pod>@<model> (Pod and
+// Model are parsed from it, empty for any other topic) and plain vLLM
+// leaves empty, so that the endpoint alone names the engine.
+type Source struct {
+	Endpoint, Topic string
+	Pod, Model      string
+}
+
+// Target is where a source's events go.
+type Target struct {
+	// Index and Replica receive the events; both required.
+	Index   Index
+	Replica string
+	// Model is the name keys chain from for events without a LoRA
+	// adapter: the model name requests use. Empty means Source.Model.
+	Model string
+	// BlockSize is the number of tokens per block requests are keyed
+	// with; events of another block size are dropped. Zero means
+	// DefaultBlockSize.
+	BlockSize int
+	// MaxBlocks bounds how many engine block hashes are remembered for
+	// the engine (see Translator). Zero means DefaultMaxMapped.
+	MaxBlocks int
+}
+
+// Defaults of Target.
+const (
+	// DefaultBlockSize is vLLM's default KV block size, in tokens.
+	DefaultBlockSize = 16
+	// DefaultMaxMapped is the default bound of an engine's hash map:
+	// 1<<20 blocks (16M tokens at 16 a block), about 40 MiB at most.
+	DefaultMaxMapped = 1 << 20
+)
+
+// Resolver maps a source to its target, or returns an error if the
+// source is not one of the gateway's engines (its messages are then
+// counted as unresolved and dropped). It is called once per engine, again
+// after Reset, and must be safe for concurrent use.
+type Resolver func(Source) (Target, error)
+
+// ParseTopic splits a kv@<pod>@<model> topic; ok is false for any other.
+func ParseTopic(topic string) (pod, model string, ok bool) {
+	rest, found := strings.CutPrefix(topic, "kv@")
+	if !found {
+		return "", "", false
+	}
+	pod, model, found = strings.Cut(rest, "@")
+	if !found || pod == "" || model == "" || strings.Contains(model, "@") {
+		return "", "", false
+	}
+	return pod, model, true
+}
+
+// Translator turns engines' KV-cache event messages into ApplyEvent calls
+// with the gateway's own keys.
+//
+// Each engine (a Source) has its own state: the sequence number of its
+// last message, and a map from its block hashes to our keys, through
+// which a stored block's parent and a removed block are found. A stored
+// event's blocks are keyed from their token ids (see AppendKey): the
+// first chained on the parent's key, or on Root of the LoRA adapter or
+// model name when the event starts a chain. An event whose parent is not
+// in the map (an orphan: its ancestors were stored before we listened, or
+// lost) cannot be keyed and is dropped.
+//
+// The index holds a block of an engine only while the map does, so every
+// removal the engine announces can be applied: the map loses a block when
+// the engine removes it (BlockRemoved), clears (AllBlocksCleared) or
+// loses its sequence (a gap or a restart: its whole state is cleared from
+// the index, as missed removals would otherwise leave stale entries), and
+// when Reset forgets it. An engine's map holds at most as many blocks as
+// its cache, as long as its events are consistent; Target.MaxBlocks caps
+// it regardless, and reaching the cap (an engine announcing more blocks
+// than it could hold, its removals lost) clears the engine like a gap.
+//
+// Handle and the other methods are safe for concurrent use; messages of
+// one engine must arrive in order, as they do from one ZMQ socket.
+type Translator struct {
+	resolve Resolver
+	lim     Limits
+
+	mu         sync.Mutex
+	engines    map[string]map[string]*engine // by endpoint, then topic
+	count      int
+	maxEngines int
+	glob       GlobalStats
+}
+
+// MaxEngines bounds the number of sources a Translator tracks; messages of
+// further sources are counted as unresolved.
+const MaxEngines = 4096
+
+// NewTranslator returns a Translator resolving sources with resolve and
+// decoding payloads within lim.
+func NewTranslator(resolve Resolver, lim Limits) *Translator {
+	return &Translator{resolve: resolve, lim: lim.withDefaults(), engines: map[string]map[string]*engine{}, maxEngines: MaxEngines}
+}
+
+// Handle processes one ZMQ message (its frames) received on endpoint.
+// Faults are counted, never returned: see Stats.
+func (t *Translator) Handle(endpoint string, frames [][]byte) {
+	topic, seq, payload, err := Frames(frames)
+	if err != nil {
+		t.mu.Lock()
+		t.glob.MalformedFrames++
+		t.glob.LastError = err.Error()
+		t.mu.Unlock()
+		return
+	}
+	e := t.engine(endpoint, topic)
+	if e == nil {
+		return
+	}
+	defer e.mu.Unlock()
+	e.handle(t, seq, payload)
+}
+
+// engine returns the locked state of a source, resolving it if needed,
+// or nil if it cannot be resolved. Only resolved sources get a state, so
+// messages under made-up topics cost a Resolver call and a counter, and
+// never crowd out the engines.
+func (t *Translator) engine(endpoint string, topic []byte) *engine {
+	t.mu.Lock()
+	e := t.engines[endpoint][string(topic)]
+	t.mu.Unlock()
+	if e == nil {
+		src := Source{Endpoint: endpoint, Topic: string(topic)}
+		src.Pod, src.Model, _ = ParseTopic(src.Topic)
+		tgt, err := t.resolveTarget(src)
+		if err != nil {
+			return nil
+		}
+		t.mu.Lock()
+		if e = t.engines[endpoint][src.Topic]; e == nil {
+			if t.count >= t.maxEngines {
+				t.glob.Unresolved++
+				t.glob.LastError = fmt.Sprintf("source %q on %s: over %d engines", src.Topic, endpoint, t.maxEngines)
+				t.mu.Unlock()
+				return nil
+			}
+			e = &engine{src: src, dec: NewDecoder(t.lim)}
+			e.applyFn = e.apply
+			e.bind(tgt)
+			if t.engines[endpoint] == nil {
+				t.engines[endpoint] = map[string]*engine{}
+			}
+			t.engines[endpoint][src.Topic] = e
+			t.count++
+		}
+		t.mu.Unlock()
+	}
+	e.mu.Lock()
+	if !e.resolved { // after Reset, or once its replica went away
+		tgt, err := t.resolveTarget(e.src)
+		if err != nil {
+			e.mu.Unlock()
+			return nil
+		}
+		e.bind(tgt)
+	}
+	return e
+}
+
+// resolveTarget resolves and validates a source's target, counting a
+// failure.
+func (t *Translator) resolveTarget(src Source) (Target, error) {
+	tgt, err := t.resolve(src)
+	if err == nil {
+		err = tgt.validate()
+	}
+	if err != nil {
+		t.mu.Lock()
+		t.glob.Unresolved++
+		t.glob.LastError = fmt.Sprintf("source %q on %s: %v", src.Topic, src.Endpoint, err)
+		t.mu.Unlock()
+	}
+	return tgt, err
+}
+
+func (tg Target) validate() error {
+	switch {
+	case tg.Index == nil:
+		return fmt.Errorf("kvevents: target has no Index")
+	case tg.Replica == "":
+		return fmt.Errorf("kvevents: target has no Replica")
+	case tg.BlockSize < 0:
+		return fmt.Errorf("kvevents: target BlockSize %d is negative", tg.BlockSize)
+	case tg.MaxBlocks < 0:
+		return fmt.Errorf("kvevents: target MaxBlocks %d is negative", tg.MaxBlocks)
+	}
+	return nil
+}
+
+// Reset clears from their indexes the blocks of every engine for which
+// match returns true (all engines if match is nil), forgets their maps
+// and sequence numbers, and resolves them again on their next message.
+// Call it when the replica set or the configuration changes, or when an
+// engine is known to have gone (a failed health check): its blocks leave
+// the index at once. It returns how many engines it reset.
+func (t *Translator) Reset(match func(Source, Target) bool) int {
+	t.mu.Lock()
+	var all []*engine
+	for _, byTopic := range t.engines {
+		for _, e := range byTopic {
+			all = append(all, e)
+		}
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, e := range all {
+		e.mu.Lock()
+		if e.resolved && (match == nil || match(e.src, e.tgt)) {
+			e.clear(false)
+			e.resolved, e.seen = false, false
+			n++
+		}
+		e.mu.Unlock()
+	}
+	return n
+}
