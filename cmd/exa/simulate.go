@@ -45,10 +45,11 @@ type simFlags struct {
 //   - replicas: about 0.5 MB each with the 8b-h100 preset and 1.5 MB each
 //     with 70b-h100-tp8 (its KV cache holds 3.2 times the blocks), so 512
 //     replicas take about 0.3 GB and 0.8 GB;
-//   - requests: about 10 s of run time per 100,000 requests of the default
-//     workload on 2 cores, and up to about 11 kB per request when all of
-//     them queue at once (--rate 100000), so 100,000 requests take at most
-//     about 1.1 GB.
+//   - requests: memory stays flat (about 48 MB for 100,000 requests of the
+//     default workload) while the replicas keep up, but run time grows:
+//     100,000 took 10 to 19 s on 2 cores, quiet to busy; when every
+//     request queues at once (--rate 100000) each holds about 11 kB, so
+//     100,000 requests peak at about 1.1 GB.
 const (
 	maxSimReplicas = 512
 	maxSimRequests = 100_000
@@ -106,7 +107,7 @@ deterministic for a seed.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas, 1..%d; each takes about 0.5 MB of memory (1.5 MB with the 70b-h100-tp8 preset) (default: the model's stored replica count, else %d)", maxSimReplicas, sim.DefaultReplicas))
-	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d, about 10 s of simulation per 100,000 (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
+	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d; 100,000 take 10-20 s with all policies, and up to 1.1 GB of memory when the replicas cannot keep up (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
 	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
 	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
 	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, fmt.Sprintf("simulate a shared-prefix stream of N requests, 1..%d (the shared-prefix workload with its request count set)", maxSimRequests))
@@ -179,7 +180,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		v    int
 	}{{"requests", sf.requests}, {"shared-prefix-requests", sf.sharedPrefixRequests}} {
 		if changed(fl.name) && (fl.v < 1 || fl.v > maxSimRequests) {
-			return cfg, "", usagef("invalid --%s %d: want 1..%d", fl.name, fl.v, maxSimRequests)
+			return cfg, "", usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
 		}
 	}
 	if sf.rate < 0 || sf.rate != sf.rate {
