@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/examlops/gateway"
 )
@@ -129,11 +130,12 @@ func (w LoadWeights) Gateway() gateway.LoadWeights {
 }
 
 // Replica is one engine serving a model. The zero value is invalid: Name
-// and Address are required.
+// (see [ValidateName]) and Address (see [ValidateAddress]) are required.
 type Replica struct {
 	// Name identifies the replica; unique within a model's replicas or pool.
 	Name string `json:"name"`
-	// Address is where the engine listens, usually an http(s) base URL.
+	// Address is the engine's http:// or https:// base URL; a bare
+	// host:port means http://host:port. See [ValidateAddress].
 	Address string `json:"address"`
 	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
 	CacheBlocks int `json:"cache_blocks,omitempty"`
@@ -254,16 +256,46 @@ func ParseMode(s string) (string, error) {
 	return m.String(), nil
 }
 
-// ValidateModelName reports whether name can be used as a model name: not
-// empty, no surrounding spaces, no control characters.
-func ValidateModelName(name string) error {
+// MaxNameBytes is the longest model, pool or replica name accepted: 255
+// bytes. (A model's statistics file name is derived from its name; see
+// [StatsPath] for names whose escaped form is longer than a file name may be.)
+const MaxNameBytes = 255
+
+// nameProblem says what is wrong with a model, pool or replica name, ""
+// when nothing is.
+func nameProblem(name string) string {
 	switch {
 	case name == "":
-		return &FieldError{Field: "model", Value: name, Reason: "must not be empty"}
+		return "must not be empty"
+	case len(name) > MaxNameBytes:
+		return fmt.Sprintf("%d bytes, at most %d", len(name), MaxNameBytes)
+	case !utf8.ValidString(name):
+		return "must be valid UTF-8"
 	case strings.TrimSpace(name) != name:
-		return &FieldError{Field: "model", Value: name, Reason: "must not start or end with spaces"}
+		return "must not start or end with spaces"
 	case strings.IndexFunc(name, unicode.IsControl) >= 0:
-		return &FieldError{Field: "model", Value: name, Reason: "must not contain control characters"}
+		return "must not contain control characters"
+	}
+	return ""
+}
+
+// ValidateModelName reports whether name can be used as a model name: not
+// empty, at most [MaxNameBytes] bytes of valid UTF-8, no surrounding
+// spaces, no control characters. The error is a [*FieldError] for field
+// "model".
+func ValidateModelName(name string) error {
+	if p := nameProblem(name); p != "" {
+		return &FieldError{Field: "model", Value: name, Reason: p}
+	}
+	return nil
+}
+
+// ValidateName reports whether name can name a pool or a replica; the rules
+// are those of [ValidateModelName]. The error is a [*FieldError] for field
+// "name".
+func ValidateName(name string) error {
+	if p := nameProblem(name); p != "" {
+		return &FieldError{Field: "name", Value: name, Reason: p}
 	}
 	return nil
 }
@@ -313,7 +345,7 @@ func (m Model) Validate() error {
 		if err := validatePoolName(name); err != nil {
 			return err
 		}
-		if err := validateReplicas("pools."+name, m.Pools[name]); err != nil {
+		if err := validateReplicas(joinPath("pools", name), m.Pools[name]); err != nil {
 			return err
 		}
 	}
@@ -335,27 +367,21 @@ func (m Model) validateReplicaCounts() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(m.Pools)) {
 		if n := len(m.Pools[name]); n > gateway.MaxReplicas {
-			return tooMany("pools."+name, n)
+			return tooMany(joinPath("pools", name), n)
 		}
 	}
 	if m.Disaggregate {
 		if n := len(m.Pools[m.PrefillPool]) + len(m.Pools[m.DecodePool]); n > gateway.MaxReplicas {
-			return tooMany("pools."+m.PrefillPool+"+"+m.DecodePool, n)
+			return tooMany(joinPath("pools", m.PrefillPool)+"+"+m.DecodePool, n)
 		}
 	}
 	return nil
 }
 
-// wellFormedName reports whether a pool or replica name is non-empty,
-// without surrounding spaces and without control characters.
-func wellFormedName(name string) bool {
-	return name != "" && strings.TrimSpace(name) == name && strings.IndexFunc(name, unicode.IsControl) < 0
-}
-
-// validatePoolName rejects empty or badly formed pool names.
+// validatePoolName rejects badly formed pool names.
 func validatePoolName(name string) error {
-	if !wellFormedName(name) {
-		return &FieldError{Field: "pool", Value: name, Reason: "must be non-empty without surrounding spaces or control characters"}
+	if p := nameProblem(name); p != "" {
+		return &FieldError{Field: "pool", Value: name, Reason: p}
 	}
 	return nil
 }
@@ -365,15 +391,17 @@ func validateReplicas(field string, rs []Replica) error {
 	seen := make(map[string]bool, len(rs))
 	for i, r := range rs {
 		at := fmt.Sprintf("%s[%d]", field, i)
-		if !wellFormedName(r.Name) {
-			return &FieldError{Field: at + ".name", Value: r.Name, Reason: "must be non-empty without surrounding spaces or control characters"}
+		if p := nameProblem(r.Name); p != "" {
+			return &FieldError{Field: at + ".name", Value: r.Name, Reason: p}
 		}
 		if seen[r.Name] {
 			return &FieldError{Field: at + ".name", Value: r.Name, Reason: "duplicate replica name"}
 		}
 		seen[r.Name] = true
-		if r.Address == "" || strings.ContainsFunc(r.Address, unicode.IsSpace) {
-			return &FieldError{Field: at + ".address", Value: r.Address, Reason: "must be non-empty without spaces"}
+		if err := ValidateAddress(r.Address); err != nil {
+			fe := err.(*FieldError)
+			fe.Field = at + ".address"
+			return fe
 		}
 		if r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
 			return &FieldError{Field: at + ".cache_blocks", Value: fmt.Sprint(r.CacheBlocks), Reason: fmt.Sprintf("want 0..%d", gateway.MaxCacheBlocks)}
@@ -399,7 +427,7 @@ func (f *File) Validate() error {
 		if err := f.Models[name].Validate(); err != nil {
 			var fe *FieldError
 			if errors.As(err, &fe) {
-				fe.Field = "models." + name + "." + fe.Field
+				fe.Field = joinPath("models", name) + "." + fe.Field
 			}
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -97,6 +98,14 @@ func TestModelValidate(t *testing.T) {
 		{"same pools", func(m *Model) { m.DecodePool = m.PrefillPool }, "decode_pool"},
 		{"duplicate replica", func(m *Model) { m.Replicas[1].Name = "r0" }, "replicas[1].name"},
 		{"empty address", func(m *Model) { m.Replicas[0].Address = "" }, "replicas[0].address"},
+		{"ftp address", func(m *Model) { m.Replicas[0].Address = "ftp://x" }, "replicas[0].address"},
+		{"file address", func(m *Model) { m.Replicas[1].Address = "file:///etc/passwd" }, "replicas[1].address"},
+		{"port out of range", func(m *Model) { m.Replicas[0].Address = "http://h:99999" }, "replicas[0].address"},
+		{"control character in address", func(m *Model) { m.Replicas[0].Address = "http://h\x01:80" }, "replicas[0].address"},
+		{"bad pool address", func(m *Model) { m.Pools["decode"][0].Address = "gopher://x" }, "pools.decode[0].address"},
+		{"long replica name", func(m *Model) { m.Replicas[0].Name = strings.Repeat("r", MaxNameBytes+1) }, "replicas[0].name"},
+		{"long pool name", func(m *Model) { m.Pools[strings.Repeat("p", MaxNameBytes+1)] = nil }, "pool"},
+		{"invalid UTF-8 replica name", func(m *Model) { m.Replicas[0].Name = "r\xff" }, "replicas[0].name"},
 		{"negative cache", func(m *Model) { m.Replicas[0].CacheBlocks = -5 }, "replicas[0].cache_blocks"},
 		{"bad pool replica", func(m *Model) { m.Pools["decode"][0].Name = "" }, "pools.decode[0].name"},
 		{"empty pool name", func(m *Model) { m.Pools[""] = nil }, "pool"},
@@ -152,12 +161,15 @@ func TestGatewayConversion(t *testing.T) {
 }
 
 func TestValidateModelName(t *testing.T) {
-	for _, name := range []string{"", " x", "x ", "a\nb"} {
+	for _, name := range []string{"", " x", "x ", "a\nb", "a\x00b", "\xff", strings.Repeat("m", MaxNameBytes+1), strings.Repeat("é", MaxNameBytes/2+1)} {
 		t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
 			assert.ErrorIs(t, ValidateModelName(name), ErrInvalid)
 		})
 	}
 	assert.NoError(t, ValidateModelName("meta-llama/Llama-3.1-8B"))
+	assert.NoError(t, ValidateModelName(strings.Repeat("m", MaxNameBytes)))
+	err := ValidateModelName(strings.Repeat("m", 300))
+	assert.ErrorContains(t, err, "300 bytes, at most 255")
 }
 
 func TestBadFileLeftUntouched(t *testing.T) {
@@ -175,6 +187,24 @@ func TestBadFileLeftUntouched(t *testing.T) {
 		{"version", `{"version":7}`, ErrCorrupt, "version 7"},
 		{"invalid mode", `{"version":1,"models":{"m":{"mode":"fast"}}}`, ErrInvalid, `invalid models.m.mode "fast"`},
 		{"empty model name", `{"version":1,"models":{"":{}}}`, ErrInvalid, `invalid models ""`},
+		{"null", `null`, ErrCorrupt, "the document is null, want an object"},
+		{"null with spaces", " null\n", ErrCorrupt, "the document is null, want an object"},
+		{"array", `[]`, ErrCorrupt, "the document is an array, want an object"},
+		{"string", `"x"`, ErrCorrupt, "the document is a string, want an object"},
+		{"number", `1`, ErrCorrupt, "the document is a number, want an object"},
+		{"null models", `{"models":null}`, ErrCorrupt, "models is null; leave the field out instead"},
+		{"null model", `{"models":{"M":null}}`, ErrCorrupt, "models.M is null"},
+		{"null field", `{"models":{"M":{"load_weights":null}}}`, ErrCorrupt, "models.M.load_weights is null"},
+		{"duplicate model", `{"models":{"M":{},"M":{"mode":"cache_aware"}}}`, ErrCorrupt, "models.M is given twice"},
+		{"duplicate field", `{"version":1,"version":1}`, ErrCorrupt, "version is given twice"},
+		{"field in another case", `{"Models":{}}`, ErrCorrupt, `unknown field Models (field names are case-sensitive: did you mean "models"?)`},
+		{"nested unknown field", `{"models":{"M":{"replicas":[{"name":"r0","adress":"http://x"}]}}}`, ErrCorrupt, "unknown field models.M.replicas[0].adress; the fields of models.M.replicas[0] are address, cache_blocks, name"},
+		{"object for a scalar", `{"models":{"M":{"mode":{}}}}`, ErrCorrupt, "models.M.mode is an object, want a string, number or boolean"},
+		{"array for an object", `{"models":[]}`, ErrCorrupt, "models is an array, want an object"},
+		{"scalar for an array", `{"models":{"M":{"replicas":"r0"}}}`, ErrCorrupt, "models.M.replicas is a string, want an array"},
+		{"odd key quoted", "{\"models\":{\"a.b\\u001b\":{\"x\":1}}}", ErrCorrupt, `unknown field models."a.b\x1b".x`},
+		{"bad address", `{"models":{"M":{"replicas":[{"name":"r0","address":"ftp://x"}]}}}`, ErrInvalid, `invalid models.M.replicas[0].address "ftp://x"`},
+		{"long model name", `{"models":{"` + strings.Repeat("m", 256) + `":{}}}`, ErrInvalid, "256 bytes, at most 255"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "routing.json")
@@ -192,6 +222,80 @@ func TestBadFileLeftUntouched(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.content, string(got))
 		})
+	}
+}
+
+// TestDecodeEmptyObject: {} is a valid empty configuration, the same as a
+// missing file, and so is an object with empty models.
+func TestDecodeEmptyObject(t *testing.T) {
+	for _, doc := range []string{`{}`, ` {} `, `{"version":1}`, `{"models":{}}`} {
+		f, err := Decode("mem", []byte(doc))
+		require.NoError(t, err, doc)
+		assert.Equal(t, &File{Version: Version, Models: map[string]Model{}}, f, doc)
+	}
+}
+
+// TestDecodeNormalisesEmptyLists: empty replica lists and pool maps decode
+// as nil, as Encode leaves them out; a pool with no members survives a
+// round trip as [] (never null, which Decode rejects).
+func TestDecodeNormalisesEmptyLists(t *testing.T) {
+	f, err := Decode("mem", []byte(`{"models":{"M":{"replicas":[],"pools":{}},"N":{"pools":{"p":[]}}}}`))
+	require.NoError(t, err)
+	assert.Nil(t, f.Models["M"].Replicas)
+	assert.Nil(t, f.Models["M"].Pools)
+	f.Models["N"].Pools["q"] = nil
+	data, err := Encode(f)
+	require.NoError(t, err)
+	assert.NotContains(t, string(data), "null")
+	g, err := Decode("mem", data)
+	require.NoError(t, err)
+	assert.Equal(t, []Replica{}, g.Models["N"].Pools["q"])
+}
+
+func TestValidateAddress(t *testing.T) {
+	for _, tc := range []struct{ addr, reason string }{
+		{"", "must not be empty"},
+		{"ftp://x", `scheme "ftp", want http or https`},
+		{"file:///etc/passwd", `scheme "file", want http or https`},
+		{"FILE:///etc/passwd", `scheme "FILE", want http or https`},
+		{"file:/etc/passwd", `scheme "file", want http or https`},
+		{"unix:", `scheme "unix", want http or https`},
+		{"http://h:99999", "port 99999 out of range 1..65535"},
+		{"http://h:0", "port 0 out of range 1..65535"},
+		{"h:70000", "port 70000 out of range 1..65535"},
+		{"http://h:0x50", `not a valid URL (invalid port ":0x50" after host)`},
+		{"http://h:", "empty port after ':'"},
+		{"http://:80", "missing host"},
+		{"http://", "missing host"},
+		{"http://h\x01:80", "must not contain spaces or control characters"},
+		{"http://h\x7f", "must not contain spaces or control characters"},
+		{"http://h\u0085", "must not contain spaces or control characters"},
+		{"http://a b", "must not contain spaces or control characters"},
+		{"http://h\xff", "must be valid UTF-8"},
+		{"http://user:pw@h:80", "must not contain credentials"},
+		{"mailto:a@b", `scheme "mailto", want http or https`},
+		{"user@h:80", "must not contain credentials"},
+		{"http://h/?q=1", "must not have a query or fragment"},
+		{"http://h/?", "must not have a query or fragment"},
+		{"http://h/#f", "must not have a query or fragment"},
+		{"http://h/#", "must not have a query or fragment"},
+		{"http://h/%zz", "not a valid URL"},
+	} {
+		t.Run(fmt.Sprintf("%q", tc.addr), func(t *testing.T) {
+			err := ValidateAddress(tc.addr)
+			require.ErrorIs(t, err, ErrInvalid)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, "address", fe.Field)
+			assert.Equal(t, tc.addr, fe.Value)
+			assert.Contains(t, fe.Reason, tc.reason)
+		})
+	}
+	for _, addr := range []string{
+		"http://10.0.0.1:8000", "https://engine.example:443", "HTTP://h", "http://h/", "http://h:8000/prefix",
+		"10.0.0.1:8000", "localhost", "http://[::1]:8000", "[::1]:8000", "http://h:65535", "http://h:1",
+	} {
+		assert.NoError(t, ValidateAddress(addr), addr)
 	}
 }
 
@@ -237,7 +341,7 @@ func TestEncodeDecodeProperty(t *testing.T) {
 			SLOLatencyMS: rapid.Int64Range(0, 1e6).Draw(t, "slo"),
 		}
 		for i := range rapid.IntRange(0, 4).Draw(t, "n") {
-			m.Replicas = append(m.Replicas, Replica{Name: fmt.Sprintf("r%d", i), Address: rapid.StringMatching(`http://[a-z0-9.:]{1,20}`).Draw(t, "addr")})
+			m.Replicas = append(m.Replicas, Replica{Name: fmt.Sprintf("r%d", i), Address: rapid.StringMatching(`(https?://)?[a-z0-9][a-z0-9.-]{0,15}(:[1-9][0-9]{0,3})?(/[a-z0-9]{0,5})?`).Draw(t, "addr")})
 		}
 		f := &File{Version: Version, Models: map[string]Model{name: m}}
 		data, err := Encode(f)
@@ -273,9 +377,75 @@ func TestStatsStore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, rec, got)
 
+	// Every valid model name has a statistics file that can be written,
+	// however long its escaped form; different names get different files.
+	paths := map[string]string{}
+	for _, name := range []string{
+		strings.Repeat("m", MaxNameBytes),
+		strings.Repeat("m", MaxNameBytes-1) + "n",
+		strings.Repeat("/", MaxNameBytes),
+		strings.Repeat("é", MaxNameBytes/2),
+		strings.Repeat("m", 199) + "/",
+		"org/" + strings.Repeat("x", 220),
+	} {
+		require.NoError(t, ValidateModelName(name))
+		p := StatsPath(cfg, name)
+		assert.LessOrEqual(t, len(filepath.Base(p)), maxStatsStem+len(".json"), name)
+		assert.NotContains(t, paths, p, "two names share a file")
+		paths[p] = name
+		rec := RoutingStats{Model: name, Source: SourceSimulated, Requests: 3}
+		require.NoError(t, SaveStats(cfg, rec), name)
+		got, err := LoadStats(cfg, name)
+		require.NoError(t, err)
+		assert.Equal(t, rec, got)
+	}
+	assert.Equal(t, filepath.Join(StatsDir(cfg), "short%2Fname.json"), StatsPath(cfg, "short/name"), "short names keep the plain escaped form")
+
 	require.NoError(t, os.WriteFile(StatsPath(cfg, "bad"), []byte("{"), 0o644))
 	_, err = LoadStats(cfg, "bad")
 	assert.ErrorIs(t, err, ErrCorrupt)
+}
+
+// TestWriteFileAtomicCreatesNoDirectories: WriteFileAtomic writes into an
+// existing directory only, and a directory in the way is named as such.
+func TestWriteFileAtomicCreatesNoDirectories(t *testing.T) {
+	dir := t.TempDir()
+	err := WriteFileAtomic(filepath.Join(dir, "a", "b", "f.svg"), []byte("x"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	assert.NoDirExists(t, filepath.Join(dir, "a"))
+
+	err = WriteFileAtomic(dir, []byte("x"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), dir+": is a directory")
+
+	p := filepath.Join(dir, "f.svg")
+	require.NoError(t, WriteFileAtomic(p, []byte("x")))
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(got))
+}
+
+func TestDecodeGatewayStats(t *testing.T) {
+	rec, err := DecodeGatewayStats([]byte(`{"models":{"M":{"model":"other","requests":4,"future_field":1}}}`), "M")
+	require.NoError(t, err)
+	assert.Equal(t, "M", rec.Model)
+	assert.Equal(t, SourceGateway, rec.Source)
+	assert.Equal(t, uint64(4), rec.Requests)
+
+	rec, err = DecodeGatewayStats([]byte(`{"model":"M","source":"simulated","hits":2}`), "M")
+	require.NoError(t, err)
+	assert.Equal(t, SourceSimulated, rec.Source)
+	assert.Equal(t, uint64(2), rec.Hits)
+
+	for _, body := range []string{`{"models":{}}`, `null`, `{}`, `{"model":"N"}`} {
+		_, err = DecodeGatewayStats([]byte(body), "M")
+		assert.ErrorIs(t, err, ErrNotServed, body)
+		assert.ErrorContains(t, err, `the gateway does not serve model "M"`)
+	}
+	for _, body := range []string{``, `{`, `[]`, `{"models":[]}`, `{"models":{"M":{"requests":-1}}}`, `{"model":3}`} {
+		_, err = DecodeGatewayStats([]byte(body), "M")
+		assert.ErrorContains(t, err, "bad JSON", body)
+	}
 }
 
 func manyReplicas(prefix string, n int) []Replica {

@@ -52,16 +52,27 @@
 //     is true; both must then be set and differ. They are kept, inactive,
 //     when disaggregation is switched off.
 //   - replicas: the replicas serving the model when it is not
-//     disaggregated, each with a unique name and an address (usually an
-//     http:// or https:// base URL); cache_blocks is optional (0 means the
-//     gateway's default, at most gateway.MaxCacheBlocks).
+//     disaggregated, each with a unique name and an address: an http:// or
+//     https:// base URL with a host, an optional port in 1..65535 and an
+//     optional path, or a bare host:port meaning http:// (no other scheme,
+//     no credentials, query, fragment, spaces or control characters; see
+//     [ValidateAddress]); cache_blocks is optional (0 means the gateway's
+//     default, at most gateway.MaxCacheBlocks).
 //   - pools: named replica pools, for example the prefill and decode pools.
 //
-// Unknown fields, a syntax error, trailing data or a version other than 1
-// make the file corrupt ([ErrCorrupt]); a well-formed file with an invalid
-// value (an unknown mode, a negative SLO, ...) is rejected with
+// Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
+// valid UTF-8, without surrounding spaces or control characters.
+//
+// The file must hold one JSON object. {} is a valid empty configuration
+// (version 1, no models), as a missing file is; null, an array or a
+// scalar is not. Unknown fields (names are case-sensitive), a key given
+// twice, a null value (leave a field out instead), a value of the wrong
+// kind, a syntax error, trailing data or a version other than 1 make the
+// file corrupt ([ErrCorrupt]); a well-formed file with an invalid value (an
+// unknown mode, a negative SLO, an ftp:// address, ...) is rejected with
 // [ErrInvalid]. In both cases the error names the file and the offending
-// field, and nothing is written.
+// field by its path (models.JPCP.replicas[0].address), and nothing is
+// written.
 //
 // The gateway side turns a [Model] into gateway options with
 // [Model.Options] and its replicas into gateway.Replica values with
@@ -75,9 +86,12 @@
 // (models keyed by name) at GET /stats, built with [StatsFromGateway];
 // `exa serve routing simulate MODEL` saves the latest simulated record of a
 // model in stats/<model>.json beside the configuration file ([SaveStats],
-// [LoadStats], [StatsPath]; the model name is path-escaped), and
+// [LoadStats], [StatsPath]; the model name is path-escaped, and a name
+// whose escaped form exceeds 200 bytes is shortened with a hash so the file
+// can always be written), and
 // `exa serve routing stats MODEL` shows the live record when a gateway is
-// reachable and the saved one otherwise.
+// reachable and the saved one otherwise. [DecodeGatewayStats] reads a
+// gateway's /stats body.
 //
 // # Concurrency and durability
 //

@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/examlops/gateway"
 )
@@ -132,11 +135,32 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 	return out
 }
 
+// maxStatsStem bounds the part of a statistics file name before ".json":
+// with ".json" and the temporary name a write uses beside it
+// ("." + name + ".tmp-" + up to 10 digits) it stays within the 255 bytes a
+// file name may have on Linux, macOS and Windows file systems.
+const maxStatsStem = 200
+
 // StatsPath returns the file in which the statistics of model are kept,
 // beside the configuration file at configPath: stats/<escaped model>.json.
-// The model name is path-escaped, so names with slashes are safe.
+// The model name is path-escaped, so names with slashes are safe. When the
+// escaped name is longer than 200 bytes (a model name may have
+// [MaxNameBytes] bytes, and escaping can triple them) the file is named by
+// its first bytes, "%~" (which escaping never produces) and 16 hex digits of
+// the name's SHA-256, so every valid model name has a file that can be
+// written.
 func StatsPath(configPath, model string) string {
-	return filepath.Join(StatsDir(configPath), url.PathEscape(model)+".json")
+	stem := url.PathEscape(model)
+	if len(stem) > maxStatsStem {
+		sum := sha256.Sum256([]byte(model))
+		cut := maxStatsStem - 2 - 16
+		// Do not split a %XX escape.
+		if i := strings.LastIndexByte(stem[:cut], '%'); i >= 0 && i+3 > cut {
+			cut = i
+		}
+		stem = stem[:cut] + "%~" + hex.EncodeToString(sum[:8])
+	}
+	return filepath.Join(StatsDir(configPath), stem+".json")
 }
 
 // SaveStats stores rec as the latest statistics of rec.Model beside the
@@ -148,6 +172,9 @@ func SaveStats(configPath string, rec RoutingStats) error {
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("gateway: encode stats: %w", err)
+	}
+	if err := os.MkdirAll(StatsDir(configPath), 0o755); err != nil {
+		return fmt.Errorf("gateway: create stats dir: %w", err)
 	}
 	return WriteFileAtomic(StatsPath(configPath, rec.Model), append(data, '\n'))
 }
@@ -178,4 +205,43 @@ func fraction(a, b uint64) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
+}
+
+// ErrNotServed reports that a gateway's statistics have no record of the
+// model asked for.
+var ErrNotServed = errors.New("the gateway does not serve model")
+
+// DecodeGatewayStats decodes the body of a gateway's GET /stats, bytes
+// read from the network, and returns the record of model. The body is a
+// [StatsDocument], or a single [RoutingStats] (an object with a "model"
+// key and no "models" key). Unknown fields are ignored, so that a newer
+// gateway can add some. A body that is not such JSON is an error; a
+// document without the model is an error wrapping [ErrNotServed]. The
+// record returned has Model set to model and Source to [SourceGateway]
+// when the body left it empty. Its strings are as the gateway sent them:
+// escape them before printing them to a terminal.
+func DecodeGatewayStats(body []byte, model string) (RoutingStats, error) {
+	var doc struct {
+		Models map[string]RoutingStats `json:"models"`
+		Model  *string                 `json:"model"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return RoutingStats{}, fmt.Errorf("bad JSON: %v", err)
+	}
+	if doc.Models == nil && doc.Model != nil {
+		var rec RoutingStats
+		if err := json.Unmarshal(body, &rec); err != nil {
+			return RoutingStats{}, fmt.Errorf("bad JSON: %v", err)
+		}
+		doc.Models = map[string]RoutingStats{rec.Model: rec}
+	}
+	rec, ok := doc.Models[model]
+	if !ok {
+		return RoutingStats{}, fmt.Errorf("%w %q", ErrNotServed, model)
+	}
+	if rec.Source == "" {
+		rec.Source = SourceGateway
+	}
+	rec.Model = model
+	return rec, nil
 }

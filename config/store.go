@@ -51,8 +51,20 @@ func Load(path string) (*File, error) {
 }
 
 // Decode parses and validates configuration bytes; name labels errors
-// (usually the file path). See [Load] for the errors.
+// (usually the file path). See [Load] for the errors. The document must be
+// a JSON object: null, an array or a scalar is corrupt, and so are null
+// values, keys given twice, unknown keys (field names are case-sensitive)
+// and values of the wrong kind, each named by its path. An empty object,
+// {}, is a valid empty configuration, as a missing file is. Empty replica
+// lists and pool maps decode as nil, as Encode leaves them out.
 func Decode(name string, data []byte) (*File, error) {
+	if json.Valid(data) {
+		// Syntax errors are left to the decoder below, which words them
+		// as before; checkShape sees only well-formed JSON.
+		if err := checkShape(data); err != nil {
+			return nil, fmt.Errorf("%w %s: %v", ErrCorrupt, name, err)
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var f File
@@ -74,6 +86,15 @@ func Decode(name string, data []byte) (*File, error) {
 	if f.Models == nil {
 		f.Models = map[string]Model{}
 	}
+	for k, m := range f.Models {
+		if len(m.Replicas) == 0 {
+			m.Replicas = nil
+		}
+		if len(m.Pools) == 0 {
+			m.Pools = nil
+		}
+		f.Models[k] = m
+	}
 	if err := f.Validate(); err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
@@ -93,6 +114,13 @@ func Encode(f *File) ([]byte, error) {
 	}
 	if c.Models == nil {
 		c.Models = map[string]Model{}
+	}
+	for _, m := range c.Models {
+		for p, rs := range m.Pools {
+			if rs == nil {
+				m.Pools[p] = []Replica{} // [] rather than null, which Decode rejects
+			}
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -172,16 +200,20 @@ func lock(name string) (func(), error) {
 
 // writeAtomic writes data to a temporary file beside path, fsyncs it,
 // renames it over path and fsyncs the directory. The existing file's
-// permission bits are kept (0644 for a new file).
+// permission bits are kept (0644 for a new file). Errors name path.
 func writeAtomic(path string, data []byte) (err error) {
 	dir := filepath.Dir(path)
 	perm := fs.FileMode(0o644)
 	if st, err := os.Stat(path); err == nil {
+		if st.IsDir() {
+			return fmt.Errorf("gateway: write %s: is a directory", path)
+		}
 		perm = st.Mode().Perm()
 	}
+	fail := func(err error) error { return fmt.Errorf("gateway: write %s: %w", path, err) }
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("gateway: write config: %w", err)
+		return fail(err)
 	}
 	defer func() {
 		if err != nil {
@@ -190,19 +222,19 @@ func writeAtomic(path string, data []byte) (err error) {
 		}
 	}()
 	if _, err = tmp.Write(data); err != nil {
-		return fmt.Errorf("gateway: write config: %w", err)
+		return fail(err)
 	}
 	if err = tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("gateway: write config: %w", err)
+		return fail(err)
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("gateway: sync config: %w", err)
+		return fail(err)
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("gateway: write config: %w", err)
+		return fail(err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("gateway: replace config: %w", err)
+		return fail(err)
 	}
 	return syncDir(dir)
 }
@@ -211,23 +243,21 @@ func writeAtomic(path string, data []byte) (err error) {
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("gateway: sync config dir: %w", err)
+		return fmt.Errorf("gateway: sync dir %s: %w", dir, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("gateway: sync config dir: %w", err)
+		return fmt.Errorf("gateway: sync dir %s: %w", dir, err)
 	}
 	return nil
 }
 
 // WriteFileAtomic writes data to path atomically and durably (temporary
-// file in the same directory, fsync, rename, fsync of the directory),
-// creating the directory if needed. It takes no lock; concurrent writers
-// each leave a complete file and the last rename wins.
+// file in the same directory, fsync, rename, fsync of the directory). It
+// does not create the directory: a missing one is an error. It takes no
+// lock; concurrent writers each leave a complete file and the last rename
+// wins. A path naming a directory is an error.
 func WriteFileAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("gateway: create dir: %w", err)
-	}
 	return writeAtomic(path, data)
 }
 

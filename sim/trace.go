@@ -166,8 +166,10 @@ func (o *TraceOptions) check() error {
 // TraceFile returns the workload replaying the Mooncake-format JSONL trace
 // at path (see TraceDecoder). TraceFile reads the file once, a line at a
 // time, to count its requests (its non-blank lines); every Open reads it
-// anew, a line at a time. A malformed line fails the run with its line
-// number.
+// anew, a line at a time. A trace without requests (an empty file, or
+// blank lines only) is an error wrapping ErrInvalidConfig that names it: a
+// run of it would report nothing but zeros. A malformed line fails the run
+// with its line number.
 func TraceFile(path string, o TraceOptions) (Workload, error) {
 	if err := o.check(); err != nil {
 		return nil, err
@@ -199,18 +201,28 @@ func TraceBytes(name string, data []byte, o TraceOptions) (Workload, error) {
 // countRequests counts the lines of r that TraceDecoder would decode: the
 // non-blank ones. It streams r a line at a time. A line longer than
 // maxTraceLine ends the count there without an error: replaying the trace
-// reports that line as malformed, with its number.
+// reports that line as malformed, with its number; but when it comes
+// before any request, it is the error. No requests at all is an error.
 func countRequests(r io.Reader) (int, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxTraceLine)
-	n := 0
+	n, lines := 0, 0
 	for sc.Scan() {
+		lines++
 		if len(bytes.TrimSpace(sc.Bytes())) > 0 {
 			n++
 		}
 	}
-	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+	err := sc.Err()
+	switch {
+	case n == 0 && errors.Is(err, bufio.ErrTooLong):
+		return 0, fmt.Errorf("line %d: longer than %d bytes", lines+1, maxTraceLine)
+	case err != nil && !errors.Is(err, bufio.ErrTooLong):
 		return 0, err
+	case n == 0 && lines == 0:
+		return 0, errors.New("no requests: the file is empty")
+	case n == 0:
+		return 0, fmt.Errorf("no requests: its %d lines are all blank", lines)
 	}
 	return n, nil
 }

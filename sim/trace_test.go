@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -110,8 +111,6 @@ func TestTraceCountsRequestsNotLines(t *testing.T) {
 		{"blank lines after", one + "\n\n\n\n", 1},
 		{"blank lines around", "\n \t\n" + one + "\r\n\r\n" + traceLineAt("6") + "\n  \n", 2},
 		{"no final newline", one + "\n" + traceLineAt("6"), 2},
-		{"empty", "", 0},
-		{"only blank", "\n\n \n", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -134,6 +133,84 @@ func TestTraceCountsRequestsNotLines(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTraceWithoutRequests: a trace with no request (an empty file, blank
+// lines only, or a first line too long to read) is an invalid config that
+// names the trace, from a file and from bytes; it never becomes a run
+// reporting zeros.
+func TestTraceWithoutRequests(t *testing.T) {
+	tests := []struct{ name, data, msg string }{
+		{"empty", "", "no requests: the file is empty"},
+		{"only blank", "\n\n \t\r\n", "no requests: its 3 lines are all blank"},
+		{"first line too long", strings.Repeat("x", maxTraceLine+1) + "\n" + traceLineAt("1"), "line 1: longer than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := t.TempDir() + "/x.jsonl"
+			require.NoError(t, os.WriteFile(path, []byte(tt.data), 0o600))
+			_, err := TraceFile(path, TraceOptions{})
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), "trace "+path+": "+tt.msg)
+			_, err = TraceBytes("x.jsonl", []byte(tt.data), TraceOptions{})
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), "trace x.jsonl: "+tt.msg)
+		})
+	}
+}
+
+// FuzzTraceBytes: any bytes either fail TraceBytes with ErrInvalidConfig
+// naming the trace (an empty trace among them), or give a workload of at
+// least one request whose stream yields exactly Len requests, each valid
+// and in arrival order, unless a line is malformed (ErrMalformedTrace
+// naming the line). It never panics.
+func FuzzTraceBytes(f *testing.F) {
+	f.Add("")
+	f.Add("\n \n\t\n")
+	f.Add(traceLineAt("1") + "\n" + traceLineAt("2") + "\n")
+	f.Add(traceLineAt("1") + "\n\n{oops\n")
+	f.Add(traceLineAt("2") + "\n" + traceLineAt("1") + "\n")
+	f.Add(`{"timestamp": 0, "input_length": 1025, "output_length": 0, "hash_ids": [0, 1, 2]}`)
+	f.Add("null\n")
+	f.Fuzz(func(t *testing.T, data string) {
+		w, err := TraceBytes("fuzz.jsonl", []byte(data), TraceOptions{})
+		if err != nil {
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "trace fuzz.jsonl: ") {
+				t.Fatalf("error %q lacks the sentinel or the trace's name", err)
+			}
+			return
+		}
+		st, err := w.Open(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if st.Len() < 1 {
+			t.Fatalf("accepted a trace of %d requests", st.Len())
+		}
+		var r Request
+		n, last := 0, time.Duration(0)
+		for {
+			err := st.Next(&r)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				if !errors.Is(err, ErrMalformedTrace) || !strings.Contains(err.Error(), "line ") {
+					t.Fatalf("error %q lacks a line number or sentinel", err)
+				}
+				return
+			}
+			if r.InputTokens < 1 || len(r.Blocks) != (r.InputTokens+MooncakeBlockTokens-1)/MooncakeBlockTokens || r.Arrival < last {
+				t.Fatalf("accepted an invalid request %+v", r)
+			}
+			last = r.Arrival
+			n++
+		}
+		if n != st.Len() {
+			t.Fatalf("streamed %d requests, Len says %d", n, st.Len())
+		}
+	})
 }
 
 // TestTraceFileUnreadable: a path that cannot be read as a trace is an

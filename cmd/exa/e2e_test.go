@@ -209,7 +209,7 @@ func TestConcurrentSetsLoseNoUpdate(t *testing.T) {
 				// Every process updates its own pool of the same model (a
 				// read-modify-write of one entry) and its own model.
 				for _, args := range [][]string{
-					{"serve", "routing", "set", "shared", "--pool", fmt.Sprintf("pool%d:r%d=http://h%d:%d", p, i, p, i)},
+					{"serve", "routing", "set", "shared", "--pool", fmt.Sprintf("pool%d:r%d=http://h%d:%d", p, i, p, 8000+i)},
 					{"serve", "routing", "set", fmt.Sprintf("m%d", p), "--slo-latency-ms", fmt.Sprint(i + 1)},
 				} {
 					if r := exa(t, cfg, args...); r.code != 0 {
@@ -253,7 +253,7 @@ func TestConcurrentSetsLoseNoUpdate(t *testing.T) {
 	shared := f.Models["shared"]
 	require.Len(t, shared.Pools, procs, "an update was lost")
 	for p := range procs {
-		assert.Equal(t, []config.Replica{{Name: fmt.Sprintf("r%d", each-1), Address: fmt.Sprintf("http://h%d:%d", p, each-1)}}, shared.Pools[fmt.Sprintf("pool%d", p)])
+		assert.Equal(t, []config.Replica{{Name: fmt.Sprintf("r%d", each-1), Address: fmt.Sprintf("http://h%d:%d", p, 8000+each-1)}}, shared.Pools[fmt.Sprintf("pool%d", p)])
 		assert.Equal(t, int64(each), f.Models[fmt.Sprintf("m%d", p)].SLOLatencyMS)
 	}
 	entries, err := os.ReadDir(filepath.Dir(cfg))
@@ -298,6 +298,19 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 		{"unknown flag", []string{"set", "JPCP", "--colour", "red"}, `unknown flag: --colour`},
 		{"unknown subcommand", []string{"frobnicate"}, `unknown command "frobnicate" for "exa serve routing"`},
 		{"bad gateway url", []string{"stats", "JPCP", "--gateway", "ftp://x"}, `invalid --gateway "ftp://x"`},
+		{"ftp replica", []string{"set", "JPCP", "--replica", "r0=ftp://x"}, `invalid --replica "r0=ftp://x": address scheme "ftp", want http or https`},
+		{"file replica", []string{"set", "JPCP", "--replica", "r0=file:///etc/passwd"}, `invalid --replica "r0=file:///etc/passwd": address scheme "file", want http or https`},
+		{"replica port out of range", []string{"set", "JPCP", "--replica", "r0=http://h:99999"}, `invalid --replica "r0=http://h:99999": address port 99999 out of range 1..65535`},
+		{"replica control character", []string{"set", "JPCP", "--replica", "r0=http://h\x01:80"}, `invalid --replica "r0=http://h\x01:80": address must not contain spaces or control characters`},
+		{"replica escape sequence", []string{"set", "JPCP", "--replica", "r0=http://h\x1b[2J"}, `invalid --replica "r0=http://h\x1b[2J": address must not contain spaces or control characters`},
+		{"replica credentials", []string{"set", "JPCP", "--replica", "r0=http://u:p@h"}, `address must not contain credentials`},
+		{"replica control in name", []string{"set", "JPCP", "--replica", "r\x070=http://h"}, `invalid --replica "r\a0=http://h": name must not contain control characters`},
+		{"long replica name", []string{"set", "JPCP", "--replica", strings.Repeat("r", 256) + "=http://h"}, `name 256 bytes, at most 255`},
+		{"ftp pool member", []string{"set", "JPCP", "--pool", "prefill:p0=ftp://x"}, `invalid --pool "prefill:p0=ftp://x": address scheme "ftp", want http or https`},
+		{"pool port out of range", []string{"set", "JPCP", "--pool", "prefill:p0=h:70000"}, `invalid --pool "prefill:p0=h:70000": address port 70000 out of range 1..65535`},
+		{"long model name", []string{"set", strings.Repeat("m", 300)}, `: 300 bytes, at most 255`},
+		{"long model name to simulate", []string{"simulate", strings.Repeat("m", 256), "--requests", "10"}, `: 256 bytes, at most 255`},
+		{"invalid UTF-8 model name", []string{"set", "m\xff"}, `invalid MODEL "m\xff": must be valid UTF-8`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := exa(t, cfg, append([]string{"serve", "routing"}, tc.args...)...)
@@ -314,8 +327,17 @@ func TestCorruptConfig(t *testing.T) {
 	}{
 		{"syntax", "{\"version\": 1, \"models\": {\"JPCP\": {\"mode\": \"cache_aware\",}}}\n", "corrupt config file"},
 		{"truncated", `{"version": 1, "models": {"JP`, "corrupt config file"},
-		{"unknown field", `{"version": 1, "modelz": {}}`, `unknown field "modelz"`},
+		{"unknown field", `{"version": 1, "modelz": {}}`, `unknown field modelz; the fields of the document are models, version`},
 		{"invalid value", `{"version": 1, "models": {"JPCP": {"slo_latency_ms": -3}}}`, `invalid models.JPCP.slo_latency_ms "-3"`},
+		{"null", "null\n", "the document is null, want an object"},
+		{"array", `[{"models": {}}]`, "the document is an array, want an object"},
+		{"null model", `{"version": 1, "models": {"JPCP": null}}`, "models.JPCP is null; leave the field out instead"},
+		{"duplicate model", `{"models": {"JPCP": {}, "JPCP": {"mode": "cache_aware"}}}`, "models.JPCP is given twice"},
+		{"field in another case", `{"Version": 1}`, `unknown field Version (field names are case-sensitive: did you mean "version"?)`},
+		{"hand-edited ftp replica", `{"models": {"JPCP": {"replicas": [{"name": "r0", "address": "ftp://x"}]}}}`, `invalid models.JPCP.replicas[0].address "ftp://x"`},
+		{"hand-edited port", `{"models": {"JPCP": {"pools": {"p": [{"name": "r0", "address": "http://h:99999"}]}}}}`, `invalid models.JPCP.pools.p[0].address "http://h:99999"`},
+		{"hand-edited control character", `{"models": {"JPCP": {"replicas": [{"name": "r0", "address": "http://h\u0001"}]}}}`, `invalid models.JPCP.replicas[0].address "http://h\x01"`},
+		{"hand-edited long name", `{"models": {"` + strings.Repeat("m", 256) + `": {}}}`, `256 bytes, at most 255`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := newConfig(t)
@@ -339,6 +361,29 @@ func TestCorruptConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEmptyObjectConfig: a file holding {} is a valid empty configuration,
+// as a missing file is; the first set fills it in.
+func TestEmptyObjectConfig(t *testing.T) {
+	cfg := newConfig(t)
+	require.NoError(t, os.MkdirAll(filepath.Dir(cfg), 0o755))
+	require.NoError(t, os.WriteFile(cfg, []byte("{}\n"), 0o644))
+	assert.Equal(t, "no models configured in "+cfg+"\n", ok(t, cfg, "serve", "routing", "list"))
+	ok(t, cfg, "serve", "routing", "set", "JPCP")
+	assert.Equal(t, config.Model{Mode: "round_robin"}, getModel(t, cfg, "JPCP"))
+}
+
+// TestLongModelNameStats: a model name of the longest accepted length,
+// whose escaped form is far longer than a file name may be, still gets its
+// statistics file written and read back.
+func TestLongModelNameStats(t *testing.T) {
+	cfg := newConfig(t)
+	name := strings.Repeat("é/", config.MaxNameBytes/3)
+	require.NoError(t, config.ValidateModelName(name))
+	ok(t, cfg, "serve", "routing", "set", name)
+	ok(t, cfg, "serve", "routing", "simulate", name, "--replicas", "2", "--shared-prefix-requests", "10")
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "stats", name), "routing statistics (simulated")
 }
 
 func TestStatsFromGateway(t *testing.T) {
@@ -387,6 +432,33 @@ func TestStatsFromGateway(t *testing.T) {
 	assert.Contains(t, out, "no routing statistics for other")
 }
 
+// TestStatsFromHostileGateway: the strings of a gateway's /stats reach the
+// terminal escaped, and a body that is not statistics is a note, not a crash.
+func TestStatsFromHostileGateway(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP")
+	body := `{"models":{"JPCP":{"mode":"x\u001b]0;pwned\u0007","requests":1,"replicas":[{"name":"r\u001b[2J\u009b1m","routed":1,"share":1}]}}}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("model") == "bad" {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"error":{"message":"boom\u001b[2J"}}`))
+			return
+		}
+		_, _ = w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	out := ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL)
+	assert.Contains(t, out, `policy:            "x\x1b]0;pwned\a"`)
+	assert.Contains(t, out, `"r\x1b[2J\u009b1m"`)
+	assert.NotContains(t, out, "\x1b")
+	assert.NotContains(t, out, "\u009b")
+
+	ok(t, cfg, "serve", "routing", "set", "bad")
+	out = ok(t, cfg, "serve", "routing", "stats", "bad", "--gateway", srv.URL)
+	assert.Contains(t, out, `500 Internal Server Error: "boom\x1b[2J"`)
+	assert.NotContains(t, out, "\x1b")
+}
+
 func TestHelpAndCompletion(t *testing.T) {
 	cfg := newConfig(t)
 	for _, args := range [][]string{
@@ -404,6 +476,12 @@ func TestHelpAndCompletion(t *testing.T) {
 	assert.Contains(t, ok(t, cfg, "serve", "routing", "set", "--help"), "--slo-latency-ms")
 	assert.Contains(t, ok(t, cfg, "completion", "bash"), "__start_exa")
 	assert.Contains(t, ok(t, cfg, "completion", "zsh"), "#compdef exa")
+	for _, shell := range []string{"tcsh", "csh", ""} {
+		r := exa(t, cfg, "completion", shell)
+		assert.Equal(t, 2, r.code, "completion %q: %s", shell, r.stderr)
+		assert.Equal(t, fmt.Sprintf("exa: unknown shell %q for \"exa completion\": want one of bash, fish, powershell, zsh\n", shell), r.stderr)
+		assert.Empty(t, r.stdout)
+	}
 
 	ok(t, cfg, "serve", "routing", "set", "JPCP")
 	assert.Contains(t, ok(t, cfg, "__complete", "serve", "routing", "get", ""), "JPCP")

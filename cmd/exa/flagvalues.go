@@ -91,12 +91,25 @@ func (v *weightsValue) apply(w *config.LoadWeights) {
 	}
 }
 
-// parseReplica parses NAME=ADDRESS.
+// errReplicaFormat reports a --replica or --pool value without the
+// NAME=ADDRESS form.
+var errReplicaFormat = errors.New("want NAME=ADDRESS, for example r0=http://10.0.0.1:8000")
+
+// parseReplica parses NAME=ADDRESS and checks the name and the address
+// (config.ValidateName, config.ValidateAddress), so that a bad replica is
+// refused when the flag is read, not when a request reaches it.
 func parseReplica(s string) (config.Replica, error) {
 	name, addr, ok := strings.Cut(s, "=")
 	name, addr = strings.TrimSpace(name), strings.TrimSpace(addr)
 	if !ok || name == "" || addr == "" {
-		return config.Replica{}, errors.New("want NAME=ADDRESS, for example r0=http://10.0.0.1:8000")
+		return config.Replica{}, errReplicaFormat
+	}
+	var fe *config.FieldError
+	if err := config.ValidateName(name); errors.As(err, &fe) {
+		return config.Replica{}, fmt.Errorf("name %s", fe.Reason)
+	}
+	if err := config.ValidateAddress(addr); errors.As(err, &fe) {
+		return config.Replica{}, fmt.Errorf("address %s", fe.Reason)
 	}
 	return config.Replica{Name: name, Address: addr}, nil
 }
@@ -135,14 +148,22 @@ func (v *poolsValue) String() string {
 }
 func (v *poolsValue) Type() string { return "POOL:NAME=ADDRESS" }
 func (v *poolsValue) Set(s string) error {
+	errFormat := errors.New("want POOL:NAME=ADDRESS, for example prefill:p0=http://10.0.1.1:8000")
 	pool, rest, ok := strings.Cut(s, ":")
 	pool = strings.TrimSpace(pool)
 	if !ok || pool == "" || strings.Contains(pool, "=") {
-		return errors.New("want POOL:NAME=ADDRESS, for example prefill:p0=http://10.0.1.1:8000")
+		return errFormat
+	}
+	var fe *config.FieldError
+	if err := config.ValidateName(pool); errors.As(err, &fe) {
+		return fmt.Errorf("pool name %s", fe.Reason)
 	}
 	r, err := parseReplica(rest)
+	if errors.Is(err, errReplicaFormat) {
+		return errFormat
+	}
 	if err != nil {
-		return errors.New("want POOL:NAME=ADDRESS, for example prefill:p0=http://10.0.1.1:8000")
+		return err
 	}
 	if v.pools == nil {
 		v.pools = map[string][]config.Replica{}

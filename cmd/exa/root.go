@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/examlops/gateway/config"
 	"github.com/spf13/cobra"
@@ -53,6 +54,30 @@ func init() {
 	routingCmd.PersistentFlags().StringVar(&configFlag, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
 	serveCmd.AddCommand(routingCmd)
 	rootCmd.AddCommand(serveCmd)
+	initCompletionCmd()
+}
+
+// initCompletionCmd adds cobra's completion command now, rather than when
+// it first runs, and makes an unknown shell a usage error listing the
+// supported ones (cobra prints the help and exits 0).
+func initCompletionCmd() {
+	rootCmd.InitDefaultCompletionCmd()
+	for _, c := range rootCmd.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		var shells []string
+		for _, sub := range c.Commands() {
+			shells = append(shells, sub.Name())
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown shell %q for %q: want one of %s", args[0], cmd.CommandPath(), strings.Join(shells, ", "))
+			}
+			return cmd.Help()
+		}
+	}
 }
 
 // configPath returns the configuration file in use.

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -34,6 +36,24 @@ type simFlags struct {
 	plot                 string
 	progress             string
 }
+
+// Bounds of the simulate flags. The simulator's memory grows with the
+// replica count (each replica's KV block table and router state, once per
+// policy), and its run time with the request count; when the replicas
+// cannot keep up, every request waits in memory at once. Measured with all
+// policies (GNU time's maximum resident set size; see the README):
+//   - replicas: about 0.5 MB each with the 8b-h100 preset and 1.5 MB each
+//     with 70b-h100-tp8 (its KV cache holds 3.2 times the blocks), so 512
+//     replicas take about 0.3 GB and 0.8 GB;
+//   - requests: memory stays flat (about 48 MB for 100,000 requests of the
+//     default workload) while the replicas keep up, but run time grows:
+//     100,000 took 10 to 19 s on 2 cores, quiet to busy; when every
+//     request queues at once (--rate 100000) each holds about 11 kB, so
+//     100,000 requests peak at about 1.1 GB.
+const (
+	maxSimReplicas = 512
+	maxSimRequests = 100_000
+)
 
 // The two policies whose hit rates the spec's lines compare.
 const (
@@ -86,11 +106,11 @@ deterministic for a seed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas (default: the model's stored replica count, else %d)", sim.DefaultReplicas))
-	f.IntVar(&sf.requests, "requests", 0, "number of requests (default: the workload's own; for a trace, replay only the first N)")
+	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas, 1..%d; each takes about 0.5 MB of memory (1.5 MB with the 70b-h100-tp8 preset) (default: the model's stored replica count, else %d)", maxSimReplicas, sim.DefaultReplicas))
+	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d; 100,000 take 10-20 s with all policies, and up to 1.1 GB of memory when the replicas cannot keep up (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
 	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
 	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
-	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, "simulate a shared-prefix stream of N requests (the shared-prefix workload with its request count set)")
+	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, fmt.Sprintf("simulate a shared-prefix stream of N requests, 1..%d (the shared-prefix workload with its request count set)", maxSimRequests))
 	f.StringVar(&sf.trace, "trace", "", "replay a Mooncake-format JSONL trace file instead of a generated workload")
 	f.Float64Var(&sf.traceSpeed, "trace-speed", 1, "replay the trace this many times faster than recorded")
 	f.Uint64Var(&sf.seed, "seed", 1, "random seed of the workload and the randomised policies")
@@ -98,7 +118,7 @@ deterministic for a seed.`,
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
-	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file")
+	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
@@ -146,15 +166,22 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
-		if sf.replicas < 1 || sf.replicas > gateway.MaxReplicas {
-			return cfg, "", usagef("invalid --replicas %d: want 1..%d", sf.replicas, gateway.MaxReplicas)
+		if sf.replicas < 1 || sf.replicas > maxSimReplicas {
+			return cfg, "", usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
 		}
 		cfg.Replicas = sf.replicas
-	} else if n := len(m.Replicas); n > 0 {
+	} else if n := len(m.Replicas); n > maxSimReplicas {
+		return cfg, "", usagef("model %q has %d replicas, more than the %d simulate takes; pass --replicas N (1..%d)", model, n, maxSimReplicas, maxSimReplicas)
+	} else if n > 0 {
 		cfg.Replicas = n
 	}
-	if changed("requests") && sf.requests < 1 {
-		return cfg, "", usagef("invalid --requests %d: want at least 1", sf.requests)
+	for _, fl := range []struct {
+		name string
+		v    int
+	}{{"requests", sf.requests}, {"shared-prefix-requests", sf.sharedPrefixRequests}} {
+		if changed(fl.name) && (fl.v < 1 || fl.v > maxSimRequests) {
+			return cfg, "", usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
+		}
 	}
 	if sf.rate < 0 || sf.rate != sf.rate {
 		return cfg, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
@@ -171,9 +198,6 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			return cfg, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
 		}
 	case changed("shared-prefix-requests"):
-		if sf.sharedPrefixRequests < 1 {
-			return cfg, "", usagef("invalid --shared-prefix-requests %d: want at least 1", sf.sharedPrefixRequests)
-		}
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
@@ -266,6 +290,11 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 	if err != nil {
 		return err
 	}
+	if cmd.Flags().Changed("plot") {
+		if err := checkPlotPath(sf.plot); err != nil {
+			return err
+		}
+	}
 	stderr := cmd.ErrOrStderr()
 	if sf.progress == "always" || (sf.progress == "auto" && isTerminal(stderr)) {
 		bar := &progressBar{w: stderr}
@@ -320,6 +349,30 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 		fmt.Fprintf(out, "plot written to %s\n", sf.plot)
 	}
 	return err
+}
+
+// checkPlotPath rejects a --plot path that cannot take the plot before the
+// simulation runs: empty, a directory, or in a directory that does not
+// exist (exa creates no directories for the plot: a typo in a path would
+// otherwise leave a tree of them behind).
+func checkPlotPath(p string) error {
+	if p == "" {
+		return usagef("invalid --plot %q: want a file name such as ttft.svg", p)
+	}
+	if st, err := os.Stat(p); (err == nil && st.IsDir()) || strings.HasSuffix(p, string(filepath.Separator)) {
+		return usagef("invalid --plot %q: is a directory; want a file name such as %s", p, filepath.Join(p, "ttft.svg"))
+	}
+	dir := filepath.Dir(p)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return usagef("invalid --plot %q: directory %q does not exist (create it first)", p, dir)
+	case err != nil:
+		return usagef("invalid --plot %q: %v", p, err)
+	case !st.IsDir():
+		return usagef("invalid --plot %q: %q is not a directory", p, dir)
+	}
+	return nil
 }
 
 // workloadLine states the workload and setup in one line.

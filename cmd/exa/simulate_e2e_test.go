@@ -103,7 +103,7 @@ func TestSimulateOptions(t *testing.T) {
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 20, "hash_ids": [%s]}`+"\n", 100*i, 512*n, strings.Join(ids, ", "))
 	}
 	require.NoError(t, os.WriteFile(trace, []byte(b.String()), 0o644))
-	plot := filepath.Join(t.TempDir(), "out", "plot.svg")
+	plot := filepath.Join(t.TempDir(), "plot.svg")
 
 	out := ok(t, cfg, "serve", "routing", "simulate", "--trace", trace, "--policies", "p2c,load-aware", "--replicas", "3", "--seed", "7", "--plot", plot)
 	specLines(t, out)
@@ -136,6 +136,13 @@ func TestSimulateBadInput(t *testing.T) {
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
 	before, err := os.ReadFile(cfg)
 	require.NoError(t, err)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	empty := filepath.Join(dir, "empty.jsonl")
+	require.NoError(t, os.WriteFile(empty, nil, 0o644))
+	blank := filepath.Join(dir, "blank.jsonl")
+	require.NoError(t, os.WriteFile(blank, []byte("\n  \n"), 0o644))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -156,6 +163,19 @@ func TestSimulateBadInput(t *testing.T) {
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
 		{"bad progress", []string{"JPCP", "--progress", "sometimes"}, `invalid --progress "sometimes"`},
 		{"empty model", []string{""}, `invalid MODEL ""`},
+		{"too many replicas", []string{"JPCP", "--replicas", "4096"}, `invalid --replicas 4096: want 1..512`},
+		{"one replica too many", []string{"JPCP", "--replicas", "513"}, `invalid --replicas 513: want 1..512`},
+		{"too many requests", []string{"JPCP", "--requests", "100001"}, `invalid --requests 100001: want 1..100000`},
+		{"huge requests", []string{"JPCP", "--requests", "2000000000"}, `invalid --requests 2000000000: want 1..100000`},
+		{"too many trace requests", []string{"JPCP", "--trace", empty, "--requests", "100001"}, `invalid --requests 100001: want 1..100000`},
+		{"too many shared-prefix requests", []string{"JPCP", "--shared-prefix-requests", "1000000"}, `invalid --shared-prefix-requests 1000000: want 1..100000`},
+		{"plot into a directory", []string{"JPCP", "--requests", "10", "--plot", dir}, fmt.Sprintf(`invalid --plot %q: is a directory; want a file name such as %s`, dir, filepath.Join(dir, "ttft.svg"))},
+		{"plot path ending in a slash", []string{"JPCP", "--requests", "10", "--plot", dir + "/new/"}, `is a directory`},
+		{"plot in a missing directory", []string{"JPCP", "--requests", "10", "--plot", filepath.Join(dir, "a", "b", "p.svg")}, fmt.Sprintf(`directory %q does not exist (create it first)`, filepath.Join(dir, "a", "b"))},
+		{"plot under a file", []string{"JPCP", "--requests", "10", "--plot", filepath.Join(file, "p.svg")}, fmt.Sprintf(`%q is not a directory`, file)},
+		{"empty plot", []string{"JPCP", "--requests", "10", "--plot", ""}, `invalid --plot "": want a file name`},
+		{"empty trace", []string{"JPCP", "--trace", empty}, fmt.Sprintf(`invalid --trace %q: trace %s: no requests: the file is empty`, empty, empty)},
+		{"blank trace", []string{"JPCP", "--trace", blank}, fmt.Sprintf(`invalid --trace %q: trace %s: no requests: its 2 lines are all blank`, blank, blank)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := exa(t, cfg, append([]string{"serve", "routing", "simulate"}, tc.args...)...)
@@ -164,11 +184,26 @@ func TestSimulateBadInput(t *testing.T) {
 			assert.ErrorIs(t, err, os.ErrNotExist, "a failed simulate saves nothing")
 		})
 	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 3, "no plot and no directory was created")
+
+	// A model whose stored replicas outnumber the limit needs --replicas.
+	var many []config.Replica
+	for i := range 513 {
+		many = append(many, config.Replica{Name: fmt.Sprintf("r%d", i), Address: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256)})
+	}
+	require.NoError(t, config.Update(cfg, func(f *config.File) error { f.Models["big"] = config.Model{Replicas: many}; return nil }))
+	before, err = os.ReadFile(cfg)
+	require.NoError(t, err)
+	r := exa(t, cfg, "serve", "routing", "simulate", "big", "--requests", "10")
+	assertRejected(t, r, `model "big" has 513 replicas, more than the 512 simulate takes; pass --replicas N (1..512)`, cfg, before)
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "simulate", "big", "--requests", "10", "--replicas", "512"), "; 512 replicas of")
 
 	// A malformed trace line is bad input too, named by line number.
 	trace := filepath.Join(t.TempDir(), "bad.jsonl")
 	require.NoError(t, os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}`+"\n{oops\n"), 0o644))
-	r := exa(t, cfg, "serve", "routing", "simulate", "--trace", trace)
+	r = exa(t, cfg, "serve", "routing", "simulate", "--trace", trace)
 	assert.Equal(t, 2, r.code, r.stderr)
 	assert.Contains(t, r.stderr, "line 2")
 }

@@ -146,7 +146,7 @@ func fetchGatewayStats(ctx context.Context, base, model string) (config.RoutingS
 		return config.RoutingStats{}, err
 	}
 	if resp.StatusCode == http.StatusNotFound {
-		return config.RoutingStats{}, fmt.Errorf("the gateway does not serve model %q", model)
+		return config.RoutingStats{}, fmt.Errorf("%w %q", config.ErrNotServed, model)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct {
@@ -155,49 +155,33 @@ func fetchGatewayStats(ctx context.Context, base, model string) (config.RoutingS
 			} `json:"error"`
 		}
 		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
-			return config.RoutingStats{}, fmt.Errorf("GET %s: %s: %s", u, resp.Status, e.Error.Message)
+			return config.RoutingStats{}, fmt.Errorf("GET %s: %s: %q", u, printable(resp.Status), e.Error.Message)
 		}
-		return config.RoutingStats{}, fmt.Errorf("GET %s: %s", u, resp.Status)
+		return config.RoutingStats{}, fmt.Errorf("GET %s: %s", u, printable(resp.Status))
 	}
-	var doc struct {
-		Models map[string]config.RoutingStats `json:"models"`
-		Model  *string                        `json:"model"`
+	rec, err := config.DecodeGatewayStats(body, model)
+	if err != nil && !errors.Is(err, config.ErrNotServed) {
+		return config.RoutingStats{}, fmt.Errorf("GET %s: %v", u, err)
 	}
-	if err := json.Unmarshal(body, &doc); err != nil {
-		return config.RoutingStats{}, fmt.Errorf("GET %s: bad JSON: %v", u, err)
-	}
-	if doc.Models == nil && doc.Model != nil {
-		var rec config.RoutingStats
-		if err := json.Unmarshal(body, &rec); err != nil {
-			return config.RoutingStats{}, fmt.Errorf("GET %s: bad JSON: %v", u, err)
-		}
-		doc.Models = map[string]config.RoutingStats{rec.Model: rec}
-	}
-	rec, ok := doc.Models[model]
-	if !ok {
-		return config.RoutingStats{}, fmt.Errorf("the gateway does not serve model %q", model)
-	}
-	if rec.Source == "" {
-		rec.Source = config.SourceGateway
-	}
-	rec.Model = model
-	return rec, nil
+	return rec, err
 }
 
-// writeStats prints a statistics record.
+// writeStats prints a statistics record. Its strings may come from the
+// network (a gateway's /stats) or a hand-edited file: they are printed
+// through printable, so they cannot drive the terminal.
 func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	switch s.Source {
 	case config.SourceGateway:
-		fmt.Fprintf(w, "routing statistics (live, from gateway %s):\n", gatewayURL)
+		fmt.Fprintf(w, "routing statistics (live, from gateway %s):\n", printable(gatewayURL))
 	default:
 		fmt.Fprintf(w, "routing statistics (simulated; run \"exa serve routing simulate\" again to refresh):\n")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	if s.Workload != "" {
-		fmt.Fprintf(tw, "workload:\t%s\n", s.Workload)
+		fmt.Fprintf(tw, "workload:\t%s\n", printable(s.Workload))
 	}
 	if s.Mode != "" {
-		fmt.Fprintf(tw, "policy:\t%s\n", s.Mode)
+		fmt.Fprintf(tw, "policy:\t%s\n", printable(s.Mode))
 	}
 	fmt.Fprintf(tw, "requests:\t%d\n", s.Requests)
 	fmt.Fprintf(tw, "hit rate:\t%s of prompt blocks cached on the chosen replica (%d of %d, by the router's index)\n", pct(s.BlockHitRate), s.MatchedBlocks, s.Blocks)
@@ -221,12 +205,12 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	if s.Source == config.SourceSimulated {
 		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tPREFILL TOKENS\t")
 		for _, r := range s.Replicas {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, r.PrefillTokens)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t\n", printable(r.Name), r.Routed, pct(r.Share), r.Hits, r.PrefillTokens)
 		}
 	} else {
 		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\t")
 		for _, r := range s.Replicas {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", r.Name, r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", printable(r.Name), r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
 		}
 	}
 	_ = tw.Flush()

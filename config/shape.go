@@ -1,0 +1,165 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// shape is the JSON layout of a configuration file, which checkShape holds
+// a document to before encoding/json decodes it. Exactly one of fields,
+// values and elems is set for an object or array; none for a scalar.
+type shape struct {
+	// fields: an object with exactly these keys allowed (a struct).
+	fields map[string]*shape
+	// values: an object with any keys, each value of this shape (a map).
+	values *shape
+	// elems: an array of this shape.
+	elems *shape
+}
+
+// fileShape is the layout of [File].
+var fileShape = func() *shape {
+	scalar := &shape{}
+	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar}}
+	replicas := &shape{elems: replica}
+	model := &shape{fields: map[string]*shape{
+		"mode": scalar, "slo_latency_ms": scalar, "disaggregate": scalar,
+		"prefill_pool": scalar, "decode_pool": scalar,
+		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
+		"replicas":     replicas,
+		"pools":        {values: replicas},
+	}}
+	return &shape{fields: map[string]*shape{"version": scalar, "models": {values: model}}}
+}()
+
+// what names the kind of JSON value s stands for, for error messages.
+func (s *shape) what() string {
+	switch {
+	case s.fields != nil || s.values != nil:
+		return "an object"
+	case s.elems != nil:
+		return "an array"
+	}
+	return "a string, number or boolean"
+}
+
+// checkShape holds a syntactically valid JSON document to fileShape,
+// rejecting what encoding/json would let through silently or report
+// without a path: a document that is not an object, null anywhere (a
+// field that is not wanted is left out), a key given twice (encoding/json
+// keeps the last), a key that matches a field only when case is ignored
+// (encoding/json accepts it), an unknown key, and an object or array where
+// another kind of value belongs. The error names the value's path, e.g.
+// models.JPCP.replicas[0].adress. Scalars' types and values are left to
+// encoding/json and Validate.
+func checkShape(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return walkShape(dec, fileShape, "")
+}
+
+// walkShape consumes one value from dec and checks it against s; path is
+// the value's path ("" for the document). Its recursion follows s, so its
+// depth is bounded by fileShape's whatever the input.
+func walkShape(dec *json.Decoder, s *shape, path string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	at := path
+	if at == "" {
+		at = "the document"
+	}
+	delim, isDelim := tok.(json.Delim)
+	switch {
+	case tok == nil:
+		if path == "" {
+			return fmt.Errorf("the document is null, want an object")
+		}
+		return fmt.Errorf("%s is null; leave the field out instead", at)
+	case !isDelim && s.what() != (&shape{}).what():
+		return fmt.Errorf("%s is %s, want %s", at, describeToken(tok), s.what())
+	case !isDelim:
+		return nil
+	case delim == '[' && s.elems == nil:
+		return fmt.Errorf("%s is an array, want %s", at, s.what())
+	case delim == '{' && s.fields == nil && s.values == nil:
+		return fmt.Errorf("%s is an object, want %s", at, s.what())
+	case delim == '[':
+		for i := 0; dec.More(); i++ {
+			if err := walkShape(dec, s.elems, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token() // ]
+		return err
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string)
+		child := joinPath(path, key)
+		if seen[key] {
+			return fmt.Errorf("%s is given twice", child)
+		}
+		seen[key] = true
+		next := s.values
+		if s.fields != nil {
+			if next = s.fields[key]; next == nil {
+				return unknownField(s, at, child, key)
+			}
+		}
+		if err := walkShape(dec, next, child); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token() // }
+	return err
+}
+
+// unknownField reports key as not a field of the object at at, suggesting
+// the field it matches when case is ignored, else listing the fields.
+func unknownField(s *shape, at, child, key string) error {
+	names := slices.Sorted(maps.Keys(s.fields))
+	for _, n := range names {
+		if strings.EqualFold(n, key) {
+			return fmt.Errorf("unknown field %s (field names are case-sensitive: did you mean %q?)", child, n)
+		}
+	}
+	return fmt.Errorf("unknown field %s; the fields of %s are %s", child, at, strings.Join(names, ", "))
+}
+
+// joinPath appends key to a dotted path, quoting it when it is empty or
+// holds a dot, a quote, a space or a character that is not printable, so
+// that paths stay unambiguous and safe to print.
+func joinPath(path, key string) string {
+	if key == "" || strings.ContainsAny(key, `."[]`) || strings.IndexFunc(key, func(r rune) bool { return r == ' ' || !unicode.IsPrint(r) }) >= 0 {
+		key = strconv.Quote(key)
+	}
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// describeToken names a scalar JSON token's kind.
+func describeToken(tok json.Token) string {
+	switch tok.(type) {
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	}
+	return "a value"
+}
