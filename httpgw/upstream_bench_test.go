@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/examlops/gateway/internal/httpclient"
 )
 
 // benchTransports are the engine transports BenchmarkTransport compares.
@@ -21,8 +23,8 @@ func benchTransports() []struct {
 		name string
 		rt   func() http.RoundTripper
 	}{
-		{"connpool", func() http.RoundTripper { return newConnPool() }},
-		{"transport", func() http.RoundTripper { return newTransport() }},
+		{"connpool", func() http.RoundTripper { return httpclient.New(httpclient.Options{}) }},
+		{"transport", func() http.RoundTripper { return httpclient.NewTransport(0) }},
 	}
 }
 
