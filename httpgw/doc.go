@@ -137,6 +137,11 @@
 //	probe_failures_total{address}, scrape_errors_total{address}
 //	config_reloads_total{result}, in_flight_requests
 //
+// With its own registry (Options.Registerer nil) /metrics also carries the
+// Go runtime's and the process's metrics (go_*, process_*). Profiling is
+// not served here: `exa serve gateway --pprof-listen ADDR` serves
+// net/http/pprof on an address of its own.
+//
 // # /stats schema
 //
 // GET /stats returns a Stats value: config.StatsDocument's "models" (so

@@ -13,6 +13,7 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -91,7 +92,8 @@ type Options struct {
 	// client" in the package doc).
 	Transport http.RoundTripper
 	// Registerer receives the gateway's metrics; default a fresh
-	// prometheus.Registry, which /metrics then serves. When Registerer is
+	// prometheus.Registry with the Go runtime and process collectors
+	// (go_*, process_*), which /metrics then serves. When Registerer is
 	// set, Gatherer should be too (it is what /metrics serves).
 	Registerer prometheus.Registerer
 	// Gatherer is what /metrics serves; default the fresh registry, or
@@ -268,7 +270,11 @@ func fillOptions(o *Options) error {
 	}
 	switch {
 	case o.Registerer == nil:
+		// The gateway's own registry also carries the Go runtime's and the
+		// process's metrics (go_*, process_*), as the default registry
+		// does; a Registerer given is left to its owner.
 		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		o.Registerer = reg
 		if o.Gatherer == nil {
 			o.Gatherer = reg

@@ -31,6 +31,7 @@ type gatewayFlags struct {
 	firstByteTimeout, shutdownGrace     time.Duration
 	responseTimeout                     time.Duration
 	engineClient                        string
+	pprofListen                         string
 	logLevel                            string
 	httpServer                          string
 }
@@ -75,6 +76,8 @@ package github.com/examlops/gateway/httpgw.`,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+	f.StringVar(&fl.pprofListen, "pprof-listen", "",
+		"serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
@@ -162,6 +165,11 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		return err
 	}
 	defer srv.Close() // idle engine connections
+	stopPprof, err := startPprof(fl.pprofListen, logger)
+	if err != nil {
+		return usagef("invalid --pprof-listen %q: %v", fl.pprofListen, err)
+	}
+	defer stopPprof()
 	ln, err := net.Listen("tcp", fl.listen)
 	if err != nil {
 		return usagef("invalid --listen %q: %v", fl.listen, err)
