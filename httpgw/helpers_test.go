@@ -1,12 +1,15 @@
 package httpgw
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -183,4 +186,66 @@ func newHTTPTestServer(t *testing.T, h http.Handler) *httptest.Server {
 	s := httptest.NewServer(h)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// rawEngine is a fake engine on a raw TCP listener: for each request it
+// reads (head and body) it calls answer, which writes whatever bytes the
+// test needs on the connection; answer returning false closes it.
+func rawEngine(t *testing.T, answer func(c net.Conn, req *http.Request) bool) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var conns sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		conns.Wait()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					if !answer(c, req) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + l.Addr().String()
+}
+
+// rawFixture is a gateway serving testModel from the engines at addrs
+// (named e0, e1…) with opts, behind a net/http test server.
+func rawFixture(t *testing.T, opts Options, addrs ...string) *fixture {
+	t.Helper()
+	f := &fixture{t: t, reg: prometheus.NewRegistry()}
+	opts.Registerer, opts.Gatherer, opts.Logger = f.reg, f.reg, quietLogger()
+	s, err := New(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	var reps []config.Replica
+	for i, a := range addrs {
+		reps = append(reps, config.Replica{Name: "e" + strconv.Itoa(i), Address: a})
+	}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Replicas: reps}}}))
+	f.srv = s
+	f.http = newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.handlers.Add(1)
+		defer f.handlers.Done()
+		s.ServeHTTP(w, r)
+	}))
+	return f
 }

@@ -2,10 +2,12 @@ package httpgw
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -72,4 +74,34 @@ func TestNilModelMetricsLooksUp(t *testing.T) {
 	assert.Equal(t, 1.0, f.counter("exa_gateway_replica_requests_total", map[string]string{"model": "x", "replica": "r"}))
 	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": "x", "code": "200"}))
 	assert.Equal(t, uint64(1), f.histCount("exa_gateway_request_duration_seconds", map[string]string{"model": "x"}))
+}
+
+// /metrics of a Server with its own registry carries the Go runtime's and
+// the process's metrics too (issue 13, finding 7); a Registerer given is
+// left as it is. The gateway's mux serves no pprof.
+func TestRuntimeAndProcessMetrics(t *testing.T) {
+	s, err := New(Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	srv := newHTTPTestServer(t, s)
+	resp, err := http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	text := string(readAll(t, resp))
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "go_gc_duration_seconds",
+		"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "exa_gateway_in_flight_requests"} {
+		assert.Contains(t, text, "\n"+name, "metric %s", name)
+	}
+
+	reg := prometheus.NewRegistry()
+	_, err = New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		assert.False(t, strings.HasPrefix(f.GetName(), "go_") || strings.HasPrefix(f.GetName(), "process_"), f.GetName())
+	}
+
+	resp, err = http.Get(srv.URL + "/debug/pprof/")
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "pprof is opt-in, on its own address")
 }

@@ -377,18 +377,23 @@ func TestExpectContinueNotForwarded(t *testing.T) {
 	assert.Contains(t, string(b), `"choices"`)
 }
 
-// An engine that accepts a request but sends nothing within
-// FirstByteTimeout counts as failed (it feeds passive health) and the
-// request is retried on another replica, or answered with 502.
+// An engine that accepts a request but sends nothing within the
+// first-byte timeout (FirstByteTimeout for a streamed request,
+// ResponseTimeout for another) counts as failed (it feeds passive health)
+// and the request is retried on another replica, or answered with 502.
 func TestFirstByteTimeout(t *testing.T) {
+	const streamed, whole = 5 * time.Second, 7 * time.Second
 	tests := []struct {
 		name     string
+		stream   bool
 		healthy  bool // whether a healthy replica is configured besides the hung one
 		wantCode int
 		retries  float64
 	}{
-		{"retried on another replica", true, http.StatusOK, 1},
-		{"no other replica", false, http.StatusBadGateway, 0},
+		{"retried on another replica", false, true, http.StatusOK, 1},
+		{"no other replica", false, false, http.StatusBadGateway, 0},
+		{"streamed, retried on another replica", true, true, http.StatusOK, 1},
+		{"streamed, no other replica", true, false, http.StatusBadGateway, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -411,11 +416,16 @@ func TestFirstByteTimeout(t *testing.T) {
 				reps = append(reps, config.Replica{Name: "ok", Address: e.URL()})
 			}
 			f := &fixture{t: t, reg: prometheus.NewRegistry()}
-			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), EjectAfter: 1, FirstByteTimeout: 5 * time.Second})
+			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), EjectAfter: 1,
+				FirstByteTimeout: streamed, ResponseTimeout: whole})
 			require.NoError(t, err)
+			want := whole
+			if tt.stream {
+				want = streamed
+			}
 			// The fake timer fires when the request reaches the hung engine.
 			s.afterFunc = func(d time.Duration, fn func()) func() bool {
-				assert.Equal(t, 5*time.Second, d)
+				assert.Equal(t, want, d, "the timeout for the request's kind")
 				stopped := make(chan struct{})
 				var once sync.Once
 				go func() {
@@ -431,12 +441,12 @@ func TestFirstByteTimeout(t *testing.T) {
 			f.srv, f.http = s, newHTTPTestServer(t, s)
 
 			for i := range len(reps) {
-				resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+strconv.Itoa(i)))
+				resp := f.post("/v1/chat/completions", chatBody(testModel, tt.stream, "sys", "q"+strconv.Itoa(i)))
 				b := readAll(t, resp)
 				require.Equal(t, tt.wantCode, resp.StatusCode, "request %d: %s", i, b)
 				if tt.wantCode != http.StatusOK {
 					msg := decodeError(t, b).Message
-					assert.Contains(t, msg, "first-byte timeout")
+					assert.Contains(t, msg, "first-byte timeout ("+want.String()+")")
 					assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
 					assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)
 				} else {

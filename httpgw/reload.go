@@ -9,6 +9,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/httpclient"
 )
 
 // Apply installs a routing configuration. Requests already being served
@@ -105,14 +106,14 @@ func (s *Server) closeDropped(old, next *state) {
 	}
 	live := make(map[string]bool, len(next.endpoints))
 	for addr := range next.endpoints {
-		live[baseHost(addr)] = true
+		live[httpclient.HostKey(addr)] = true
 	}
 	for addr := range old.endpoints {
 		if _, ok := next.endpoints[addr]; ok {
 			continue
 		}
-		if host := baseHost(addr); host != "" && !live[host] {
-			s.pool.closeIdle(host)
+		if host := httpclient.HostKey(addr); host != "" && !live[host] {
+			s.pool.CloseIdle(host)
 		}
 	}
 }

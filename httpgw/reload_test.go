@@ -182,10 +182,8 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			body := chatBody(testModel, false, "sys", "hi")
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 			w := httptest.NewRecorder()
-			var oc outcome
-			require.NotPanics(t, func() {
-				s.proxy(w, r, stale, gateway.KeyFromHashes([]uint64{1}), []byte(body), time.Now(), &oc)
-			})
+			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: gateway.KeyFromHashes([]uint64{1})}
+			require.NotPanics(t, func() { s.proxy(c) })
 			assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
 			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
 			assert.Equal(t, int64(1), e1.Requests()-e1Before, "served by the engine the replica has now")
@@ -209,10 +207,10 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	body := chatBody(testModel, false, "sys", "hi")
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 	w := httptest.NewRecorder()
-	var oc outcome
-	require.NotPanics(t, func() { s.proxy(w, r, ms, gateway.KeyFromHashes([]uint64{1}), []byte(body), time.Now(), &oc) })
+	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: gateway.KeyFromHashes([]uint64{1})}
+	require.NotPanics(t, func() { s.proxy(c) })
 	assert.Equal(t, http.StatusBadGateway, w.Code)
-	assert.Equal(t, "502", oc.code)
+	assert.Equal(t, "502", c.oc.code)
 	msg := decodeError(t, w.Body.Bytes()).Message
 	assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
 	assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)

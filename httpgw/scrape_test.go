@@ -1,10 +1,13 @@
 package httpgw
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -86,4 +89,71 @@ func TestScrapeErrorForm(t *testing.T) {
 			assert.Equal(t, 1, strings.Count(err.Error(), "gateway:"), err.Error())
 		})
 	}
+}
+
+// Real pages: the llm-d inference simulator's (v0.10.2, the e2e engine,
+// captured idle after one request and busy with 2 running and 3 waiting)
+// and a vLLM-style page (several engines per server, float values, other
+// families around).
+func TestParseEngineMetricsRealPages(t *testing.T) {
+	tests := []struct {
+		file string
+		want gateway.Load
+	}{
+		{"llm-d-inference-sim-v0.10.2-after-one-request.txt", gateway.Load{}},
+		{"llm-d-inference-sim-v0.10.2-busy.txt", gateway.Load{QueueDepth: 3, Running: 2}},
+		{"vllm-style.txt", gateway.Load{QueueDepth: 2, Running: 12, KVUtilization: 0.6015625}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			b, err := os.ReadFile(filepath.Join("testdata", "metrics", tt.file))
+			require.NoError(t, err)
+			got, err := ParseEngineMetrics(bytes.NewReader(b))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// FuzzParseEngineMetrics feeds mutated metrics pages to ParseEngineMetrics:
+// it never panics, an error wraps ErrScrape, and a load is always in range
+// (counts within 0..MaxLoadCount, KV utilisation within 0..1, no
+// latency). Its seeds are the pages in testdata/metrics and
+// TestParseEngineMetrics's texts.
+func FuzzParseEngineMetrics(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
+	require.NoError(f, err)
+	require.NotEmpty(f, files)
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	for _, s := range []string{
+		"vllm:num_requests_waiting{model_name=\"a\"} 1\nvllm:num_requests_waiting{model_name=\"b\"} 2\n",
+		"vllm:kv_cache_usage_perc 1.5\nvllm:num_requests_waiting -2\n",
+		"vllm:num_requests_waiting 1e30\nvllm:num_requests_running 1e300\n",
+		"vllm:kv_cache_usage_perc NaN\nvllm:gpu_cache_usage_perc +Inf\n",
+		"# TYPE vllm:num_requests_waiting histogram\nvllm:num_requests_waiting_bucket{le=\"+Inf\"} 3\n",
+		"vllm:num_requests_waiting{model_name=\"m\" 3\n",
+		"vllm:num_requests_waiting three\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, page []byte) {
+		l, err := ParseEngineMetrics(bytes.NewReader(page))
+		if err != nil {
+			if !errors.Is(err, ErrScrape) {
+				t.Fatalf("error %v does not wrap ErrScrape", err)
+			}
+			if l != (gateway.Load{}) {
+				t.Fatalf("error %v with a load %+v", err, l)
+			}
+			return
+		}
+		if l.QueueDepth < 0 || l.QueueDepth > MaxLoadCount || l.Running < 0 || l.Running > MaxLoadCount ||
+			!(l.KVUtilization >= 0 && l.KVUtilization <= 1) || l.Latency != 0 {
+			t.Fatalf("load out of range: %+v", l)
+		}
+	})
 }

@@ -37,7 +37,7 @@ func (s *Server) Run(ctx context.Context) error {
 	loop(s.opts.ProbeInterval, s.ProbeAll)
 	loop(s.opts.ScrapeInterval, s.ScrapeAll)
 	if s.pool != nil {
-		loop(s.pool.idleTime, func(context.Context) { s.pool.prune() })
+		loop(s.pool.IdleTimeout(), func(context.Context) { s.pool.Prune() })
 	}
 	wg.Wait()
 	_ = s.Close()

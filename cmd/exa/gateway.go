@@ -16,6 +16,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/spf13/cobra"
 )
 
@@ -28,6 +29,9 @@ type gatewayFlags struct {
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
 	firstByteTimeout, shutdownGrace     time.Duration
+	responseTimeout                     time.Duration
+	engineClient                        string
+	pprofListen                         string
 	logLevel                            string
 	httpServer                          string
 }
@@ -69,7 +73,13 @@ package github.com/examlops/gateway/httpgw.`,
 	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
 	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
-		"how long an engine may take to send the first byte of its answer before it counts as failed and the request is retried on another replica (0 = no limit; a non-streamed answer's first byte comes when it is complete)")
+		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
+	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
+		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+	f.StringVar(&fl.pprofListen, "pprof-listen", "",
+		"serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port")
+	f.StringVar(&fl.engineClient, "engine-client", "pool",
+		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -95,12 +105,23 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
 	}
-	if fl.firstByteTimeout < 0 {
-		return usagef("invalid --first-byte-timeout %q: must not be negative (0 means no limit)", fl.firstByteTimeout)
+	timeouts := map[string]*time.Duration{"first-byte-timeout": &fl.firstByteTimeout, "response-timeout": &fl.responseTimeout}
+	for _, name := range []string{"first-byte-timeout", "response-timeout"} {
+		v := timeouts[name]
+		if *v < 0 {
+			return usagef("invalid --%s %q: must not be negative (0 means no limit)", name, *v)
+		}
+		if *v == 0 {
+			*v = -1 // httpgw: negative means no bound
+		}
 	}
-	firstByte := fl.firstByteTimeout
-	if firstByte == 0 {
-		firstByte = -1 // httpgw: negative means no bound
+	var engineClient http.RoundTripper // httpgw's default: the pool
+	switch fl.engineClient {
+	case "pool":
+	case "std":
+		engineClient = httpclient.NewTransport(0)
+	default:
+		return usagef("invalid --engine-client %q: want pool or std", fl.engineClient)
 	}
 	if fl.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
@@ -136,12 +157,19 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		MaxBodyBytes:   fl.maxBody,
 		Logger:         logger,
 
-		FirstByteTimeout: firstByte,
+		FirstByteTimeout: fl.firstByteTimeout,
+		ResponseTimeout:  fl.responseTimeout,
+		Transport:        engineClient,
 	})
 	if err != nil {
 		return err
 	}
 	defer srv.Close() // idle engine connections
+	stopPprof, err := startPprof(fl.pprofListen, logger)
+	if err != nil {
+		return usagef("invalid --pprof-listen %q: %v", fl.pprofListen, err)
+	}
+	defer stopPprof()
 	ln, err := net.Listen("tcp", fl.listen)
 	if err != nil {
 		return usagef("invalid --listen %q: %v", fl.listen, err)

@@ -1,8 +1,9 @@
-package httpgw
+package httpclient
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -13,13 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func poolPost(t *testing.T, p *connPool, url, body string) (int, string) {
+func poolPost(t *testing.T, p *Pool, url, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
@@ -65,7 +64,7 @@ func TestConnPoolReusesConnections(t *testing.T) {
 			}
 			srv.Start()
 			defer srv.Close()
-			p := newConnPool()
+			p := New(Options{})
 			for i := range 5 {
 				code, body := poolPost(t, p, srv.URL+"/x", "hello")
 				assert.Equal(t, http.StatusOK, code, "request %d", i)
@@ -103,7 +102,7 @@ func TestConnPoolRetriesStaleConnection(t *testing.T) {
 			}()
 		}
 	}()
-	p := newConnPool()
+	p := New(Options{})
 	url := "http://" + l.Addr().String() + "/x"
 	for i := range 3 {
 		code, body := poolPost(t, p, url, "ping")
@@ -114,7 +113,7 @@ func TestConnPoolRetriesStaleConnection(t *testing.T) {
 }
 
 func TestConnPoolDialErrorAndCancel(t *testing.T) {
-	p := newConnPool()
+	p := New(Options{})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
@@ -123,7 +122,8 @@ func TestConnPoolDialErrorAndCancel(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.RoundTrip(req)
 	require.Error(t, err)
-	assert.True(t, isDialError(err), "a refused connection is a dial error: %v", err)
+	var op *net.OpError
+	assert.True(t, errors.As(err, &op) && op.Op == "dial", "a refused connection is a dial error: %v", err)
 
 	block := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -157,7 +157,7 @@ func TestConnPoolEngineRestart(t *testing.T) {
 	srv.Listener.Close()
 	srv.Listener = l
 	srv.Start()
-	p := newConnPool()
+	p := New(Options{})
 	// Pool four connections: hold four answers open, then finish them.
 	var open []*http.Response
 	for range 4 {
@@ -192,22 +192,11 @@ func TestConnPoolEngineRestart(t *testing.T) {
 	}
 }
 
-// idleHosts returns how many idle connections the pool holds per host.
-func idleHosts(p *connPool) map[string]int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := map[string]int{}
-	for h, l := range p.idle {
-		out[h] = len(l)
-	}
-	return out
-}
-
-// prune closes connections idle for idleTime or longer on every host, and
+// Prune closes connections idle for idleTime or longer on every host, and
 // drops hosts left with none.
 func TestConnPoolPrune(t *testing.T) {
 	now := time.Unix(1000, 0)
-	p := newConnPool()
+	p := New(Options{})
 	p.now = func() time.Time { return now }
 	p.lastPrune = now
 	var peers []net.Conn
@@ -221,8 +210,8 @@ func TestConnPoolPrune(t *testing.T) {
 	now = now.Add(p.idleTime / 2)
 	add("fresh:80")
 	now = now.Add(p.idleTime / 2)
-	p.prune()
-	assert.Equal(t, map[string]int{"fresh:80": 1}, idleHosts(p))
+	p.Prune()
+	assert.Equal(t, map[string]int{"fresh:80": 1}, p.IdleCounts())
 	for i, c := range peers[:2] {
 		_, err := c.Read(make([]byte, 1))
 		assert.ErrorIs(t, err, io.EOF, "connection %d, idle too long, is closed", i)
@@ -231,33 +220,10 @@ func TestConnPoolPrune(t *testing.T) {
 	// put sweeps every host once idleTime has passed since the last sweep.
 	now = now.Add(p.idleTime)
 	add("other:80")
-	assert.Equal(t, map[string]int{"other:80": 1}, idleHosts(p))
+	assert.Equal(t, map[string]int{"other:80": 1}, p.IdleCounts())
 
 	p.CloseIdleConnections()
-	assert.Empty(t, idleHosts(p))
-}
-
-// Apply closes the idle connections to engines it drops; Close closes all.
-func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
-	for i := range 2 {
-		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+strconv.Itoa(i)))
-		readAll(t, resp)
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-	}
-	host := func(i int) string { return strings.TrimPrefix(f.engines[i].URL(), "http://") }
-	f.settle() // a handler returns its engine connection after answering
-	require.Equal(t, map[string]int{host(0): 1, host(1): 1}, idleHosts(f.srv.pool))
-
-	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-		Replicas: []config.Replica{{Name: "e0", Address: f.engines[0].URL()}}}}}))
-	assert.Equal(t, map[string]int{host(0): 1}, idleHosts(f.srv.pool), "the dropped engine's idle connection is closed")
-
-	require.NoError(t, f.srv.Close())
-	assert.Empty(t, idleHosts(f.srv.pool))
-	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "after close"))
-	readAll(t, resp)
-	assert.Equal(t, http.StatusOK, resp.StatusCode, "the server stays usable after Close")
+	assert.Empty(t, p.IdleCounts())
 }
 
 // A request is not resent once any of its response has arrived: the engine
@@ -296,7 +262,7 @@ func TestConnPoolNoResendAfterPartialResponse(t *testing.T) {
 			}()
 		}
 	}()
-	p := newConnPool()
+	p := New(Options{})
 	url := "http://" + l.Addr().String() + "/x"
 	code, body := poolPost(t, p, url, "one")
 	require.Equal(t, http.StatusOK, code)

@@ -1,0 +1,240 @@
+package httpgw
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+// attempt is one try of a call on one replica: the decision that chose it
+// and the state of the exchange with its engine. (It is part of the call,
+// not a struct of its own pointing to it, so that neither has to leave
+// the stack.)
+type attempt struct {
+	d        gateway.Decision
+	ep       *endpoint
+	canRetry bool // whether a failure before any byte sent may be retried
+
+	timeout  time.Duration // the first-byte timeout that applies
+	timedOut *atomic.Bool  // set when it fired; nil without a timer
+	stop     func() bool   // stops the first-byte timer
+	ttfb     time.Duration // from the call's arrival to the first byte
+}
+
+// forward sends the call to the attempt's replica and relays the answer.
+// It returns retry=true, with the cause, when the replica failed before any
+// byte was sent to the client and canRetry allowed it; otherwise it has
+// answered the client (or the client is gone) and set the call's outcome
+// code. Either way it has called d.Done.
+func (s *Server) forward(c *call) (retry bool, cause error) {
+	a := &c.attempt
+	// The upstream request runs on its own context so that the first-byte
+	// timer can cancel it without the client having gone.
+	ctx, cancel := context.WithCancel(c.r.Context())
+	defer cancel()
+	a.stop = func() bool { return false }
+	if a.timeout = s.firstByteTimeout(c.req); a.timeout > 0 {
+		// The timer's function shares only this flag with the attempt, so
+		// that the attempt can stay on the stack.
+		timedOut := new(atomic.Bool)
+		a.timedOut = timedOut
+		a.stop = s.afterFunc(a.timeout, func() {
+			timedOut.Store(true)
+			cancel()
+		})
+	}
+	defer a.stop()
+	resp, retry, cause := s.send(ctx, c)
+	if resp == nil {
+		return retry, cause
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		s.observe(a.ep, a.ep.health.failure(false))
+		if a.canRetry {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			err := fmt.Errorf("%s: %w: status %d", a.replica(), errUpstreamStatus, resp.StatusCode)
+			a.done(0, err)
+			return true, err
+		}
+	} else {
+		s.observe(a.ep, a.ep.health.success(false))
+	}
+	s.relay(c, resp)
+	return false, nil
+}
+
+// firstByteTimeout is the first-byte timeout for req: FirstByteTimeout
+// for a streamed answer, whose first byte is its first token,
+// ResponseTimeout for a whole one, whose first byte comes when it is
+// complete; 0 for none.
+func (s *Server) firstByteTimeout(req *inferenceRequest) time.Duration {
+	d := s.opts.ResponseTimeout
+	if req.Stream {
+		d = s.opts.FirstByteTimeout
+	}
+	return max(d, 0)
+}
+
+// replica names the attempt's replica in errors.
+func (a *attempt) replica() string {
+	return fmt.Sprintf("replica %q (%s)", a.d.Replica, a.ep.base)
+}
+
+// done reports the attempt's end to the routing decision.
+func (a *attempt) done(lat time.Duration, err error) {
+	a.d.Done(gateway.DoneInfo{Latency: lat, Err: err})
+}
+
+// cause says what made the upstream fail: the first-byte timer (a failure
+// of the engine) or else err.
+func (a *attempt) cause(err error) error {
+	if a.timedOut != nil && a.timedOut.Load() {
+		return fmt.Errorf("%w (%v)", errFirstByteTimeout, a.timeout)
+	}
+	return err
+}
+
+// send sends the call's request to the engine and returns its answer,
+// whose status is final (not 1xx). When there is none it has handled the
+// failure (see forward) and returns nil.
+func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry bool, cause error) {
+	a := &c.attempt
+	out, err := upstreamRequest(ctx, a.ep, c.r.URL, c.body)
+	if err != nil {
+		a.done(0, err)
+		c.oc.fail(c.w, http.StatusBadGateway, typeServer, "bad_upstream_address", "",
+			fmt.Sprintf("%v: replica %q: %v", ErrUpstream, a.d.Replica, err))
+		return nil, false, nil
+	}
+	copyHeaders(out.Header, c.r.Header)
+	// The gateway has read the whole body: the engine must not be asked
+	// to confirm it first.
+	out.Header.Del("Expect")
+	resp, err = s.opts.Transport.RoundTrip(out)
+	if err == nil && resp.StatusCode < 200 {
+		// Interim answers are the transport's to skip; a final 1xx (a 101:
+		// the gateway never asks to switch protocols) is not an answer.
+		resp.Body.Close()
+		err = fmt.Errorf("%w: status %d", errUpstreamInterim, resp.StatusCode)
+	}
+	if err == nil {
+		return resp, false, nil
+	}
+	if c.r.Context().Err() != nil {
+		a.done(0, c.r.Context().Err())
+		c.oc.code = codeClientCanceled
+		return nil, false, nil
+	}
+	s.observe(a.ep, a.ep.health.failure(isDialError(err)))
+	err = fmt.Errorf("%s: %w", a.replica(), a.cause(err))
+	a.done(0, err)
+	if a.canRetry {
+		return nil, true, err
+	}
+	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	return nil, false, nil
+}
+
+// relay sends the engine's answer to the client as it arrives, then
+// reports the attempt's end.
+func (s *Server) relay(c *call, resp *http.Response) {
+	a := &c.attempt
+	h := c.w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderReplica, a.d.Replica)
+	h.Set(HeaderDecision, a.d.Kind.String()+"; matched="+strconv.Itoa(a.d.Matched)+"/"+strconv.Itoa(a.d.Blocks))
+	c.w.WriteHeader(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	rc := http.NewResponseController(c.w)
+	if sse {
+		_ = rc.Flush()
+	}
+	bp := s.bufPool.Get().(*[]byte)
+	defer s.bufPool.Put(bp)
+	buf := *bp
+	first := true
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 || rerr == io.EOF {
+			a.stop()
+		}
+		// A complete answer whose length the engine gave goes to the
+		// client as soon as it is here, before the bookkeeping (routing
+		// feedback, metrics, timers, here and in the deferred calls),
+		// rather than when the handler returns; net/http frames it with
+		// the copied Content-Length, as it would have. Streams are sent
+		// event by event.
+		complete := rerr == io.EOF && !sse && resp.ContentLength >= 0
+		if n > 0 {
+			if first {
+				a.ttfb = s.opts.Clock().Sub(c.start)
+			}
+			if _, werr := c.w.Write(buf[:n]); werr != nil {
+				// The client is gone; returning cancels the upstream request.
+				a.done(0, werr)
+				c.oc.code = codeClientCanceled
+				return
+			}
+			if sse || complete {
+				_ = rc.Flush()
+			}
+			if first {
+				first = false
+				a.d.FirstToken()
+				c.ms.mm.ttfbO(s.metrics, c.ms.name, c.oc.kind).Observe(a.ttfb.Seconds())
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			if complete && n == 0 {
+				_ = rc.Flush() // the end came on a read of its own
+			}
+			if resp.StatusCode >= 500 {
+				a.done(0, fmt.Errorf("%w: status %d", errUpstreamStatus, resp.StatusCode))
+			} else {
+				a.done(a.ttfb, nil)
+			}
+			c.oc.code = strconv.Itoa(resp.StatusCode)
+			return
+		case rerr != nil:
+			s.failMidAnswer(c, rerr, sse, rc)
+			return
+		}
+	}
+}
+
+// failMidAnswer ends an answer whose engine failed after its first bytes
+// were relayed: a stream gets a final error event, a plain answer's
+// connection is cut.
+func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseController) {
+	a := &c.attempt
+	if c.r.Context().Err() != nil {
+		a.done(0, c.r.Context().Err())
+		c.oc.code = codeClientCanceled
+		return
+	}
+	s.observe(a.ep, a.ep.health.failure(false))
+	err := fmt.Errorf("%w: %s failed mid-response: %w", ErrUpstream, a.replica(), a.cause(rerr))
+	a.done(0, err)
+	if sse {
+		_, _ = c.w.Write(streamErrorEvent(err.Error()))
+		_ = rc.Flush()
+		c.oc.code = codeStreamError
+		return
+	}
+	// A plain JSON body cannot carry an error once begun: cut the
+	// connection so the client sees a failure, not a short body.
+	// http.ErrAbortHandler is net/http's documented way to abort a
+	// response; the server recovers it silently, so this is the exception
+	// to the no-panic rule, not a crash.
+	c.oc.code = codeAborted
+	panic(http.ErrAbortHandler)
+}

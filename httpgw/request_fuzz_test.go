@@ -1,0 +1,239 @@
+package httpgw
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/examlops/gateway/internal/jsonscan"
+)
+
+// decodeRequestStd is decodeRequest written with encoding/json: the
+// reference the one-pass decoder is fuzzed against, and the alternative it
+// is benchmarked against. Its rules are those of an engine reading the
+// body with Python's json module: member names match exactly (not
+// encoding/json's case-insensitive struct fields), and of repeated
+// members the last one counts, its type included. Nesting is bounded by
+// jsonscan.MaxDepth, as in decodeRequest.
+func decodeRequestStd(body []byte) (*inferenceRequest, error) {
+	if depth(body) > jsonscan.MaxDepth {
+		return nil, errors.New("nesting too deep")
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return nil, err
+	}
+	if top == nil {
+		return nil, errors.New("not an object") // the body was null
+	}
+	req := &inferenceRequest{}
+	if raw, ok := top["model"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &req.Model); err != nil {
+			return nil, fieldErr("model", "model must be a string")
+		}
+		req.HasModel = true
+	}
+	if raw, ok := top["stream"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &req.Stream); err != nil {
+			return nil, fieldErr("stream", "stream must be a boolean")
+		}
+	}
+	if raw, ok := top["user"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &req.User); err != nil {
+			return nil, fieldErr("user", "user must be a string")
+		}
+	}
+	if raw, ok := top["messages"]; ok && !isNull(raw) {
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(raw, &msgs); err != nil {
+			return nil, fieldErr("messages", "messages must be an array")
+		}
+		req.Messages = make([]chatMessage, 0, len(msgs))
+		for i, raw := range msgs {
+			m, err := messageStd(raw)
+			if err != nil {
+				return nil, fieldErr(fmt.Sprintf("messages[%d]", i), err.Error())
+			}
+			req.Messages = append(req.Messages, m)
+		}
+	}
+	if raw, ok := top["prompt"]; ok && !isNull(raw) {
+		req.Prompt, req.HasPrompt = promptStd(raw), true
+	}
+	return req, nil
+}
+
+func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
+
+func messageStd(raw json.RawMessage) (chatMessage, error) {
+	var m chatMessage
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return m, errors.New("not an object")
+	}
+	if r, ok := fields["role"]; ok {
+		if err := json.Unmarshal(r, &m.Role); err != nil || isNull(r) {
+			return m, errors.New("role must be a string")
+		}
+	}
+	if c, ok := fields["content"]; ok {
+		m.Text = contentStd(c)
+	}
+	return m, nil
+}
+
+// contentStd is content's text: a string as is, null as "", a list of
+// parts as its text parts ({"type": "text", "text": "..."}, other objects
+// as their JSON; other elements nothing), anything else as its JSON.
+func contentStd(raw json.RawMessage) string {
+	var s string
+	switch {
+	case isNull(raw):
+		return ""
+	case json.Unmarshal(raw, &s) == nil:
+		return s
+	}
+	var parts []json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return string(raw)
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(p, &fields) != nil || fields == nil {
+			continue
+		}
+		var typ, text string
+		if json.Unmarshal(fields["type"], &typ) == nil && typ == "text" && !isNull(fields["type"]) {
+			if t, ok := fields["text"]; ok && !isNull(t) && json.Unmarshal(t, &text) == nil {
+				sb.WriteString(text)
+				continue
+			}
+		}
+		sb.Write(p)
+	}
+	return sb.String()
+}
+
+// promptStd is a prompt's text: a string as is, a list of strings joined
+// with newlines, anything else as its JSON.
+func promptStd(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) == nil {
+		parts := make([]string, len(list))
+		for i, e := range list {
+			if isNull(e) || json.Unmarshal(e, &parts[i]) != nil {
+				return string(raw)
+			}
+		}
+		return strings.Join(parts, "\n")
+	}
+	return string(raw)
+}
+
+// depth returns the deepest nesting of arrays and objects in b, which
+// must be valid JSON for the answer to mean anything.
+func depth(b []byte) int {
+	d, most, inStr := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inStr && c == '\\':
+			i++
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '[' || c == '{':
+			d++
+			most = max(most, d)
+		case c == ']' || c == '}':
+			d--
+		}
+	}
+	return most
+}
+
+// sameRequest compares what decodeRequest and decodeRequestStd make of
+// body: the same accept/reject decision and the same fields.
+func sameRequest(t *testing.T, body []byte) {
+	t.Helper()
+	got, gerr := decodeRequest(body)
+	want, werr := decodeRequestStd(body)
+	if (gerr == nil) != (werr == nil) {
+		t.Fatalf("body %q: decodeRequest error %v, encoding/json error %v", body, gerr, werr)
+	}
+	if gerr != nil {
+		return
+	}
+	if len(got.Messages) == 0 && len(want.Messages) == 0 {
+		got.Messages, want.Messages = nil, nil
+	}
+	if fmt.Sprintf("%#v", *got) != fmt.Sprintf("%#v", *want) {
+		t.Fatalf("body %q:\n decodeRequest %#v\n encoding/json %#v", body, *got, *want)
+	}
+}
+
+// decodeSeeds are request bodies for the differential fuzz: typical ones
+// and edge cases of each field.
+var decodeSeeds = []string{
+	`{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"}],"stream":true,"max_tokens":4}`,
+	`{"model":"m","prompt":"once upon a time","user":"u1","temperature":0.5}`,
+	`{"model":"m","prompt":["a","b"]}`,
+	`{"model":"m","prompt":[1,2,3]}`,
+	`{"model":"m","prompt":["a",1]}`,
+	`{"model":"m","prompt":{"x":1}}`,
+	`{"model":"m","prompt":null}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},"s",{"text":"b","type":"text"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5},{"type":5,"text":"x"},{"type":"text","type":"image","text":"y"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":{"a":1}},{"role":"tool","content":42}]}`,
+	`{"model":"m","messages":[{"role":null,"content":"x"}]}`,
+	`{"model":"m","messages":[{"content":"no role"}]}`,
+	`{"model":"m","messages":[1]}`,
+	`{"model":"m","messages":{}}`,
+	`{"model":"m","messages":null}`,
+	`{"model":5}`,
+	`{"model":null}`,
+	`{"model":5,"model":"m"}`,
+	`{"model":"m","model":5}`,
+	`{"Model":"m"}`,
+	`{"model":"m","stream":"yes"}`,
+	`{"model":"m","stream":null,"user":null}`,
+	`{"model":"m","user":7}`,
+	`{"model":"m\u00e9\ud83d\ude00\ud800","user":"caf\u00e9"}`,
+	"{\"model\":\"m\xff\xfe\",\"user\":\"a\xc3\"}",
+	`{"mod\u0065l":"escaped name"}`,
+	` { "model" : "spaces" , "prompt" : [ "a" , "b" ] } `,
+	`{"model":"m"} trailing`,
+	`[]`, `null`, `"s"`, `{}`, ``, `{`,
+	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
+	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,
+}
+
+// The one-pass decoder accepts and rejects what the encoding/json
+// reference does and extracts the same fields.
+func TestDecodeRequestMatchesStd(t *testing.T) {
+	for _, body := range decodeSeeds {
+		sameRequest(t, []byte(body))
+	}
+}
+
+// FuzzDecodeRequest compares decodeRequest with decodeRequestStd on
+// mutated request bodies. Its seed corpus is decodeSeeds plus
+// testdata/fuzz/FuzzDecodeRequest.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, body := range decodeSeeds {
+		f.Add([]byte(body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		sameRequest(t, body)
+		if bytes.Count(body, []byte("\"")) > 0 {
+			_, _ = parseRequest(endpointChat, body) // must not panic
+		}
+	})
+}
