@@ -88,14 +88,15 @@ type CacheAware struct {
 }
 
 // turns records, per replica name, when a CacheAware last routed to it,
-// for the rotation among tied replicas. Its methods need mu held.
+// for the rotation among tied replicas: one map write per decision, a
+// lookup only when a tie gets that far. Its methods need mu held.
 type turns struct {
 	mu   sync.Mutex
 	seq  uint64
 	last map[string]uint64
 }
 
-// record notes that name was just chosen.
+// record notes that name was just chosen; only a new name allocates.
 func (t *turns) record(name string) {
 	if t.last == nil {
 		t.last = map[string]uint64{}
@@ -103,10 +104,6 @@ func (t *turns) record(name string) {
 	t.seq++
 	t.last[name] = t.seq
 }
-
-// before reports whether a was last chosen before b (never counts as
-// earliest).
-func (t *turns) before(a, b string) bool { return t.last[a] < t.last[b] }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace
 // and the generated workloads (see the README's results).
@@ -204,5 +201,5 @@ func (p *CacheAware) better(a, b *Candidate, replicating, noMatch bool) bool {
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill
 	}
-	return p.turns.before(a.Name, b.Name)
+	return p.turns.last[a.Name] < p.turns.last[b.Name]
 }

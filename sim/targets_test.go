@@ -29,6 +29,15 @@ func checkTargets(rep *Report) (lines []string, missed int) {
 		missed++
 		return "MISS"
 	}
+	// p99s come from 1%-wide buckets: equal ones are a tie at that
+	// resolution, reported as such (and counted as missed).
+	p99mark := func(me, other float64) string {
+		if me == other {
+			missed++
+			return "tie "
+		}
+		return mark(me < other)
+	}
 	bestMean, bestP99 := Result{}, Result{}
 	bestPeer := Result{}
 	for _, x := range rep.Results {
@@ -48,8 +57,8 @@ func checkTargets(rep *Report) (lines []string, missed int) {
 	frac := me.TokenHitRate / rep.PooledLRU.TokenHitRate
 	loaded := rr.TTFT.Mean > 2*rep.Ideal.Mean
 	lines = append(lines,
-		fmt.Sprintf("%s lowest mean TTFT: %s vs next %s %s", mark(me.TTFT.Mean < bestMean.TTFT.Mean), sec(me.TTFT.Mean), bestMean.Policy, sec(bestMean.TTFT.Mean)),
-		fmt.Sprintf("%s lowest p99 TTFT: %s vs next %s %s", mark(me.TTFT.P99 < bestP99.TTFT.P99), sec(me.TTFT.P99), bestP99.Policy, sec(bestP99.TTFT.P99)),
+		fmt.Sprintf("%s lowest mean TTFT: %s vs next %s %s", mark(me.TTFT.Mean < bestMean.TTFT.Mean), ms(me.TTFT.Mean), bestMean.Policy, ms(bestMean.TTFT.Mean)),
+		fmt.Sprintf("%s lowest p99 TTFT: %s vs next %s %s", p99mark(me.TTFT.P99, bestP99.TTFT.P99), sec(me.TTFT.P99), bestP99.Policy, sec(bestP99.TTFT.P99)),
 		fmt.Sprintf("%s imbalance %.2f (<= 1.15)", mark(me.Imbalance <= 1.15), me.Imbalance),
 		fmt.Sprintf("%s token hit %.1f%% = %.1f%% of pooled LRU %.1f%% (>= 95%%)", mark(frac >= 0.95), 100*me.TokenHitRate, 100*frac, 100*rep.PooledLRU.TokenHitRate),
 	)
@@ -61,6 +70,9 @@ func checkTargets(rep *Report) (lines []string, missed int) {
 	}
 	return lines, missed
 }
+
+// ms formats seconds as milliseconds to 0.1 ms.
+func ms(s float64) string { return fmt.Sprintf("%.1fms", 1000*s) }
 
 // isPeer reports whether a default policy is a router from the field.
 func isPeer(name string) bool {
