@@ -59,7 +59,7 @@ import (
 // Exact ties, common when idle replicas hold nothing of a new prompt, go
 // to the replica with fewer requests outstanding if no replica holds any
 // of the prompt, then to the one that has been sent the least prefill work
-// (AssignedPrefill), then to the one this policy routed to least recently,
+// (AssignedPrefill), then to the one this policy chose least recently,
 // then to the earlier candidate: decisions are deterministic, misses
 // spread evenly, and equal replicas take turns in rotation rather than in
 // the order they were listed.
@@ -87,22 +87,49 @@ type CacheAware struct {
 	turns turns
 }
 
-// turns records, per replica name, when a CacheAware last routed to it,
-// for the rotation among tied replicas: one map write per decision, a
-// lookup only when a tie gets that far. Its methods need mu held.
+// turns records when a CacheAware last chose each candidate, for the
+// rotation among tied replicas: a stamp per candidate position, kept with
+// the name it belongs to, and carried over by name when the candidate
+// list changes. Its methods need mu held; an unchanged list costs one
+// string comparison per use and no allocation.
 type turns struct {
-	mu   sync.Mutex
-	seq  uint64
-	last map[string]uint64
+	mu     sync.Mutex
+	seq    uint64
+	names  []string
+	stamp  []uint64
+	byName map[string]uint64
 }
 
-// record notes that name was just chosen; only a new name allocates.
-func (t *turns) record(name string) {
-	if t.last == nil {
-		t.last = map[string]uint64{}
+// at returns the stamp of cands[i] (0 if never chosen).
+func (t *turns) at(cands []Candidate, i int) uint64 {
+	if i >= len(t.names) || t.names[i] != cands[i].Name {
+		t.realign(cands)
+	}
+	return t.stamp[i]
+}
+
+// record stamps cands[i] as chosen now.
+func (t *turns) record(cands []Candidate, i int) {
+	if i >= len(t.names) || t.names[i] != cands[i].Name {
+		t.realign(cands)
 	}
 	t.seq++
-	t.last[name] = t.seq
+	t.stamp[i] = t.seq
+}
+
+// realign rebuilds the stamps in the order of cands, by name.
+func (t *turns) realign(cands []Candidate) {
+	if t.byName == nil {
+		t.byName = map[string]uint64{}
+	}
+	for i, n := range t.names {
+		t.byName[n] = t.stamp[i]
+	}
+	t.names, t.stamp = t.names[:0], t.stamp[:0]
+	for i := range cands {
+		t.names = append(t.names, cands[i].Name)
+		t.stamp = append(t.stamp, t.byName[cands[i].Name])
+	}
 }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace
@@ -168,12 +195,15 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared)) + dw*max(0, float64(c.Outstanding())-spread)
-		if best < 0 || cost < bestCost || (cost == bestCost && p.better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
+		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
+		if excess := float64(c.Outstanding()) - spread; excess > 0 {
+			cost += dw * excess
+		}
+		if best < 0 || cost < bestCost || (cost == bestCost && p.better(cands, i, best, shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
 		}
 	}
-	p.turns.record(cands[best].Name)
+	p.turns.record(cands, best)
 	ch := Choice{Index: best, Kind: KindAffinity}
 	switch m := cands[best].Matched; {
 	case req.MaxMatched == 0:
@@ -184,12 +214,14 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	return ch
 }
 
-// better breaks a cost tie. When replicating, or when no replica holds any
-// of the key, the replica with fewer requests outstanding wins; when
-// replicating, then one that holds more of the prefix (replication is for
-// load, not for its own sake). Then less prefill work sent so far, then
-// the replica chosen least recently.
-func (p *CacheAware) better(a, b *Candidate, replicating, noMatch bool) bool {
+// better reports whether cands[ai] beats cands[bi] at equal cost. When
+// replicating, or when no replica holds any of the key, the replica with
+// fewer requests outstanding wins; when replicating, then one that holds
+// more of the prefix (replication is for load, not for its own sake). Then
+// less prefill work sent so far, then the replica chosen least recently;
+// the earlier candidate stays on a full tie.
+func (p *CacheAware) better(cands []Candidate, ai, bi int, replicating, noMatch bool) bool {
+	a, b := &cands[ai], &cands[bi]
 	if replicating || noMatch {
 		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
 			return oa < ob
@@ -201,5 +233,5 @@ func (p *CacheAware) better(a, b *Candidate, replicating, noMatch bool) bool {
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill
 	}
-	return p.turns.last[a.Name] < p.turns.last[b.Name]
+	return p.turns.at(cands, ai) < p.turns.at(cands, bi)
 }

@@ -121,7 +121,7 @@ func TestIssue9Targets(t *testing.T) {
 	old := checkInvariants
 	checkInvariants = false
 	defer func() { checkInvariants = old }()
-	var summary strings.Builder
+	var summary, compact strings.Builder
 	total := 0
 	for _, c := range targetCases(t) {
 		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1})
@@ -132,6 +132,24 @@ func TestIssue9Targets(t *testing.T) {
 		total += missed
 		t.Logf("%s, %d replicas, %s:\n%s%s\n", c.name, c.replicas, c.preset, b.String(), strings.Join(lines, "\n"))
 		fmt.Fprintf(&summary, "| %s | %d | %s | %s |\n", c.name, c.replicas, c.preset, strings.Join(lines, "<br>"))
+		compact.WriteString(compactRow(rep, c))
 	}
 	t.Logf("%d targets missed\n| workload | replicas | preset | targets |\n|---|---|---|---|\n%s", total, summary.String())
+	t.Logf("summary\n| workload | replicas | preset | ideal mean | cache_aware mean (×ideal) / p99 | best peer mean / p99 | round_robin mean | cache_aware imbalance, hit / pooled |\n|---|---|---|---|---|---|---|---|\n%s", compact.String())
+}
+
+// compactRow is one line of the summary: cache_aware beside the best peer
+// (by mean TTFT) and round-robin.
+func compactRow(rep *Report, c targetCase) string {
+	me, _ := rep.Result("cache_aware")
+	rr, _ := rep.Result("round_robin")
+	var peer Result
+	for _, x := range rep.Results {
+		if isPeer(x.Policy) && (peer.Policy == "" || x.TTFT.Mean < peer.TTFT.Mean) {
+			peer = x
+		}
+	}
+	return fmt.Sprintf("| %s | %d | %s | %s | %s (%.2f) / %s | %s %s / %s | %s | %.2f, %.1f%% / %.1f%% |\n",
+		c.name, c.replicas, c.preset, sec(rep.Ideal.Mean), sec(me.TTFT.Mean), me.IdealRatio, sec(me.TTFT.P99),
+		peer.Policy, sec(peer.TTFT.Mean), sec(peer.TTFT.P99), sec(rr.TTFT.Mean), me.Imbalance, 100*me.TokenHitRate, 100*rep.PooledLRU.TokenHitRate)
 }
