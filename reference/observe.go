@@ -94,10 +94,9 @@ func (s seeded) intN(n int) int { return s.rng.IntN(n) }
 // uniformly at random; its scratch slice is reused across picks.
 type ties struct{ idx []int }
 
-func (t *ties) reset()     { t.idx = t.idx[:0] }
-func (t *ties) add(i int)  { t.idx = append(t.idx, i) }
-func (t *ties) n() int     { return len(t.idx) }
-func (t *ties) first() int { return t.idx[0] }
+func (t *ties) reset()    { t.idx = t.idx[:0] }
+func (t *ties) add(i int) { t.idx = append(t.idx, i) }
+func (t *ties) n() int    { return len(t.idx) }
 
 // draw returns one of the collected candidates, uniformly at random.
 func (t *ties) draw(r seeded) int {

@@ -19,14 +19,13 @@ import (
 // every ancestor, since insertion walks from the root and eviction removes
 // a tenant from its leaves only. Not safe for concurrent use.
 type sgTree struct {
-	root   sgNode
-	nodes  map[uint64]*sgNode
-	slot   map[string]int32
-	size   []int64  // tokens held per tenant slot
-	salt   []uint64 // per tenant: its place in each node's iteration order
-	seeds  seeded
-	pq     evictHeap
-	leaves []*sgNode // scratch
+	root  sgNode
+	nodes map[uint64]*sgNode
+	slot  map[string]int32
+	size  []int64  // tokens held per tenant slot
+	salt  []uint64 // per tenant: its place in each node's iteration order
+	seeds seeded
+	pq    evictHeap
 }
 
 type sgNode struct {
