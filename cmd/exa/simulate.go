@@ -385,6 +385,9 @@ func checkPlotPath(p string) error {
 // workloadLine states the workload and setup in one line.
 func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
+	if rep.Gateways > 1 {
+		s += fmt.Sprintf("; %d gateways", rep.Gateways)
+	}
 	if model != "" && m.SLOLatencyMS > 0 {
 		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)
 	}
