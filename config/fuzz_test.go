@@ -33,6 +33,10 @@ func FuzzDecode(f *testing.F) {
 		`{"models":{"a\u200bb":{"mode":"x"}}}`, `{"models":{"a.b":{"pools":{"p\u00ad":[{"name":"x","address":""}]}}}}`,
 		`{"models":{"M":{"slo_latency_ms":9223372036854}}}`,
 		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pools":{"p":[{"name":"p0","address":"http://p"}]}}}}`,
+		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pd_mode":"sidecar","pd_min_uncached_tokens":0}}}`,
+		`{"models":{"M":{"pd_mode":"gateway","pd_min_uncached_tokens":512}}}`,
+		`{"models":{"M":{"pd_mode":"both"}}}`, `{"models":{"M":{"pd_min_uncached_tokens":-1}}}`,
+		`{"models":{"M":{"pd_min_uncached_tokens":1e3}}}`, `{"models":{"M":{"pd_min_uncached_tokens":null}}}`,
 	} {
 		f.Add([]byte(seed))
 	}
