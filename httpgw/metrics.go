@@ -29,6 +29,7 @@ type metrics struct {
 	reloads      *prometheus.CounterVec   // result
 	inFlight     prometheus.Gauge
 	hitRate      *prometheus.GaugeVec // model
+	pdMetrics
 }
 
 // latencyBuckets span 1 ms to about 65 s.
@@ -77,10 +78,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		hitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "prefix_hit_rate",
 			Help: "Fraction of decisions whose chosen replica held the whole prefix, by model, since the model's routing table was built."},
 			[]string{"model"}),
+		pdMetrics: newPDMetrics(ns),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.decisions, m.routed, m.hits, m.blocks, m.matched,
 		m.replicaReqs, m.duration, m.ttfb, m.retries, m.ejections, m.readmissions, m.healthy, m.probeFails,
-		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate} {
+		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate, m.pdRequests, m.pdFallbacks, m.pdPhase, m.pdSplitShare} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

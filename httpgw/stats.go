@@ -55,7 +55,11 @@ func (s *Server) Stats() Stats {
 				Decisions: map[string]uint64{}, Replicas: []config.ReplicaStats{}}
 			continue
 		}
-		out.Models[name] = config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), m.gw.Replicas())
+		rec := config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), m.gw.Replicas())
+		if m.pd != nil {
+			rec.Disaggregation = m.pd.stats(name, m.cfg)
+		}
+		out.Models[name] = rec
 		for _, ep := range m.byName {
 			if !slices.Contains(users[ep], name) {
 				users[ep] = append(users[ep], name)
