@@ -103,6 +103,7 @@ func TestSetGetRoundTrip(t *testing.T) {
 	assert.Contains(t, out, "saved JPCP in "+cfg)
 	out = ok(t, cfg, "serve", "routing", "set", "JPCP", "--disaggregate", "--prefill-pool", "prefill", "--decode-pool", "decode")
 	assert.Contains(t, out, `disaggregate: on (prefill pool "prefill", decode pool "decode")`)
+	assert.Contains(t, out, `p/d split:    gateway mode, at 512 uncached prompt tokens or more (default)`)
 	ok(t, cfg, "serve", "routing", "set", "JPCP",
 		"--replica", "r0=http://127.0.0.1:8000", "--replica", "r1=http://127.0.0.1:8001",
 		"--pool", "prefill:p0=http://127.0.0.1:9000", "--pool", "decode:d0=http://127.0.0.1:9100",
@@ -177,6 +178,10 @@ func TestPartialUpdates(t *testing.T) {
 			m.Disaggregate, m.PrefillPool, m.DecodePool = true, "prefill", "decode"
 		}},
 		{"rename prefill pool of a disaggregated model", []string{"--prefill-pool", "pp"}, func(m *config.Model) { m.PrefillPool = "pp" }},
+		{"p/d mode and threshold", []string{"--pd-mode", "sidecar", "--pd-min-uncached-tokens", "0"}, func(m *config.Model) {
+			zero := 0
+			m.PDMode, m.PDMinUncachedTokens = "sidecar", &zero
+		}},
 		{"switching off keeps the pool names", []string{"--disaggregate=false"}, func(m *config.Model) { m.Disaggregate = false }},
 		{"pool members", []string{"--pool", "pp:x=http://x:1"}, func(m *config.Model) {
 			m.Pools = map[string][]config.Replica{"pp": {{Name: "x", Address: "http://x:1"}}}
@@ -283,6 +288,10 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 		{"decode pool without disaggregate", []string{"set", "JPCP", "--decode-pool", "decode"}, `--decode-pool "decode" requires --disaggregate`},
 		{"prefill pool with disaggregate off", []string{"set", "JPCP", "--disaggregate=false", "--prefill-pool", "p"}, `--prefill-pool "p" requires --disaggregate`},
 		{"same pools", []string{"set", "JPCP", "--disaggregate", "--prefill-pool", "x", "--decode-pool", "x"}, `invalid --decode-pool: decode_pool "x": must differ from prefill_pool`},
+		{"p/d mode without disaggregate", []string{"set", "JPCP", "--pd-mode", "sidecar"}, `--pd-mode sidecar requires --disaggregate`},
+		{"unknown p/d mode", []string{"set", "JPCP", "--disaggregate", "--pd-mode", "both"}, `invalid --pd-mode "both": want gateway or sidecar`},
+		{"negative threshold", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "-1"}, `invalid --pd-min-uncached-tokens "-1": want a whole number of tokens from 0`},
+		{"threshold too large", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "10000001"}, `invalid --pd-min-uncached-tokens "10000001"`},
 		{"empty model name", []string{"set", ""}, `invalid MODEL "": must not be empty`},
 		{"blank model name", []string{"set", " JPCP"}, `invalid MODEL " JPCP": must not start or end with spaces`},
 		{"missing model", []string{"set"}, `exactly one MODEL argument, got 0`},
