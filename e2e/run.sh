@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the engine simulator and llm-d's P/D sidecar (both pinned in
-# tools/) and the exa binary, then runs the end-to-end tests against them. Extra arguments go to go test,
-# e.g. e2e/run.sh -run TestAddedLatency.
+# tools/) and the exa binary, then runs the end-to-end tests against them.
+# Extra arguments go to go test, e.g. e2e/run.sh -run TestAddedLatency.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${EXA_E2E_BIN:-${TMPDIR:-/tmp}/exa-e2e-bin}
