@@ -3,11 +3,16 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,9 +37,8 @@ type pdCluster struct {
 }
 
 // newPDCluster starts the engines (echo mode), stores the model with the
-// exa CLI (split every request; load weights on queue only, so that idle
-// decode replicas tie and d0, the first, is chosen) and starts the
-// gateway.
+// exa CLI (split every request; load weights on queue only, so that a
+// busy decode replica is avoided: see steer) and starts the gateway.
 func newPDCluster(t *testing.T, nPrefill, nDecode int, sidecar bool) *pdCluster {
 	return newPDClusterArgs(t, nPrefill, nDecode, sidecar, func(port int) []string { return pdSimArgs(port, transferLatency) })
 }
@@ -90,15 +94,60 @@ func (c *pdCluster) setThreshold(tokens int) {
 	})
 }
 
-// waitIdle waits until the gateway's last scrape of every decode engine
-// shows it idle. Load-aware routing counts an engine's scraped running
-// requests, and a scrape taken during the previous request lingers until
-// the next one; once all are idle the decode replicas tie and d0, the
-// first, is chosen.
-func (c *pdCluster) waitIdle() {
-	waitFor(c.t, 10*time.Second, "decode engines idle in the gateway's view", func() bool {
-		for _, e := range c.gw.stats(c.t).Engines {
-			if slices.Contains(c.decodes, e.Address) && e.Load != nil && e.Load.Running+e.Load.Waiting > 0 {
+// loads returns the gateway's last scraped load (running plus waiting) of
+// each decode pool address.
+func (c *pdCluster) loads() map[string]int {
+	out := map[string]int{}
+	for _, e := range c.gw.stats(c.t).Engines {
+		if slices.Contains(c.decodes, e.Address) {
+			n := 0
+			if e.Load != nil {
+				n = e.Load.Running + e.Load.Waiting
+			}
+			out[e.Address] = n
+		}
+	}
+	return out
+}
+
+// steer makes the decode replicas other than decodes[i] look busy to the
+// gateway (a long answer streaming from each engine, asked of it directly,
+// as the gateway's scrape of /metrics shows) until stop is called, so that
+// load-aware routing picks decodes[i]. Idle replicas tie, and ties go to
+// the one with less prefill work sent so far, which a test cannot steer.
+func (c *pdCluster) steer(i int) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for j, s := range c.decode {
+		if j == i {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Echo mode answers with the message: 3000 tokens at 1 ms.
+			body, _ := json.Marshal(map[string]any{"model": simModel, "max_tokens": 4000, "stream": true,
+				"messages": []map[string]string{{"role": "user", "content": words("busy", 3000)}}})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url()+"/v1/chat/completions", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := client.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	c.steered(i)
+	return func() { cancel(); wg.Wait() }
+}
+
+// steered waits until the gateway's view has decodes[i] idle and the other
+// decode replicas busy: a scrape taken while the previous request ran on
+// decodes[i] lingers until the next one.
+func (c *pdCluster) steered(i int) {
+	waitFor(c.t, 10*time.Second, fmt.Sprintf("gateway to see every decode replica but d%d busy", i), func() bool {
+		l := c.loads()
+		for j, a := range c.decodes {
+			if (j == i) != (l[a] == 0) {
 				return false
 			}
 		}
@@ -134,13 +183,12 @@ func TestPDGatewayMode(t *testing.T) {
 				maxTokens int
 			}{{"what is the capital of france", 40}, {"name three colours of the rainbow please", 3}} {
 				body := pdRequest(system, tc.user, tc.maxTokens, stream)
-				c.waitIdle()
 				got := pdPost(t, c.gw.url, body)
 				decided, split = decided+1, split+1
 				require.Equal(t, http.StatusOK, got.status, "%s", got.body)
 				assert.True(t, strings.HasPrefix(got.header.Get(httpgw.HeaderDisagg), "split; "), got.header.Get(httpgw.HeaderDisagg))
 				assert.Equal(t, "prefill/p0", got.header.Get(httpgw.HeaderPrefillReplica))
-				assert.Equal(t, "decode/d0", got.header.Get(httpgw.HeaderReplica))
+				assert.Contains(t, []string{"decode/d0", "decode/d1"}, got.header.Get(httpgw.HeaderReplica))
 				colocated := pdPost(t, d1.url(), body) // the same request on one engine
 				require.Equal(t, http.StatusOK, colocated.status)
 				assert.Equal(t, colocated.answer, got.answer, "stream=%v max_tokens=%d", stream, tc.maxTokens)
@@ -179,13 +227,14 @@ func TestPDGatewayMode(t *testing.T) {
 	t.Run("decider", func(t *testing.T) {
 		c.setThreshold(400) // 1600 prompt bytes at 4 bytes a token
 		long := words("doc", 400)
+		defer c.steer(0)() // so that the repeated prompt meets the decode replica that cached it
 		for i, tc := range []struct{ user, want string }{
 			{"a short question", "colocated"},
 			{long, "split"},
 			{long, "colocated"}, // now cached on its decode replica
 			{words("other", 400), "split"},
 		} {
-			c.waitIdle() // so that the repeated prompt meets the decode replica that cached it
+			c.steered(0)
 			got := pdPost(t, c.gw.url, pdRequest("Be brief.", tc.user, 8, false))
 			require.Equal(t, http.StatusOK, got.status)
 			assert.True(t, strings.HasPrefix(got.header.Get(httpgw.HeaderDisagg), tc.want+"; "), "request %d: %s", i, got.header.Get(httpgw.HeaderDisagg))
@@ -236,8 +285,9 @@ func TestPDGatewayMode(t *testing.T) {
 		// request goes to the other decode engine; the prefill is not rerun.
 		before = remoteDecodes(t, p0.url())
 		setFaults(t, c.decode[0].url(), 100)
-		c.waitIdle()
+		stop := c.steer(0)
 		got = pdPost(t, c.gw.url, body)
+		stop()
 		setFaults(t, c.decode[0].url(), 0)
 		require.Equal(t, http.StatusOK, got.status, "%s", got.body)
 		assert.True(t, strings.HasPrefix(got.header.Get(httpgw.HeaderDisagg), "split; "), got.header.Get(httpgw.HeaderDisagg))
@@ -287,8 +337,9 @@ func TestPDSidecarMode(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, got.status, "the sidecar returns a prefill 4xx: %s", got.body)
 
 	setFaults(t, c.decode[0].url(), 100)
-	c.waitIdle()
+	stop := c.steer(0)
 	got = pdPost(t, c.gw.url, body)
+	stop()
 	setFaults(t, c.decode[0].url(), 0)
 	require.Equal(t, http.StatusOK, got.status, "%s", got.body)
 	assert.Equal(t, "decode/d1", got.header.Get(httpgw.HeaderReplica))
