@@ -410,8 +410,8 @@ func TestStatsFromGateway(t *testing.T) {
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
+		defer mu.Unlock()
 		gotPath, gotMdl = r.URL.Path, r.URL.Query().Get("model")
-		mu.Unlock()
 		_ = json.NewEncoder(w).Encode(doc)
 	}))
 	defer srv.Close()
@@ -434,6 +434,20 @@ func TestStatsFromGateway(t *testing.T) {
 	}
 	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s*$`, out)
 	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s*$`, out)
+
+	// A disaggregated model: the decider's figures and the prefill pool.
+	rec := doc.Models["JPCP"]
+	rec.Disaggregation = &config.DisaggregationStats{Mode: "gateway", MinUncachedTokens: 512, Decided: 10, Split: 4, SplitShare: 0.4,
+		Fallbacks: map[string]uint64{"prefill_failed": 1, "decode_retry": 2},
+		Prefill:   &config.RoutingStats{Requests: 4, BlockHitRate: 0.5, Replicas: []config.ReplicaStats{{Name: "prefill/p0", Routed: 4, Share: 1, Healthy: true}}}}
+	mu.Lock()
+	doc.Models["JPCP"] = rec
+	mu.Unlock()
+	out = ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL)
+	assert.Contains(t, out, "p/d split:         4 of 10 requests (40.0%), gateway mode, at 512 uncached prompt tokens or more")
+	assert.Contains(t, out, "p/d fallbacks:     prefill unavailable 0, prefill failed 1, no kv_transfer_params 0, decode retried 2")
+	assert.Contains(t, out, "prefill pool: 4 requests, 50.0% of prompt blocks cached on the chosen replica")
+	assert.Regexp(t, `(?m)^\s*prefill/p0\s+4\s+100\.0%\s+0\s+yes\s*$`, out)
 
 	// A gateway that does not serve the model: say so and fall back.
 	out = ok(t, cfg, "serve", "routing", "stats", "other", "--gateway", srv.URL)
