@@ -132,8 +132,8 @@ func (s *Server) proxyPD(c *call) {
 		return
 	}
 	pre, err := pd.dis.Prefill.Route(c.key)
-	if err != nil {
-		s.pdFallback(c, pdPrefillUnavailable, note, err)
+	if err != nil { // no healthy prefill replica: their ejection was logged
+		s.pdFallback(c, pdPrefillUnavailable, note, nil)
 		s.proxy(c)
 		return
 	}
