@@ -3,9 +3,9 @@ package config
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
