@@ -90,6 +90,9 @@ func FuzzDecodeGatewayStats(f *testing.F) {
 	f.Add([]byte(`{"models":null,"model":"M"}`), "M")
 	f.Add([]byte(`{"models":{"M":{"replicas":[{"name":"\u001b]0;x\u0007"}]}}}`), "M")
 	f.Add([]byte(`null`), "M")
+	f.Add([]byte(`{"models":{"M":{"model":"M","index":"exact","replicas":[{"name":"r0","cached_blocks":12}],"kv_events":{"block_size":16,"tokenize":{"requests":5,"engine_calls":3,"errors":1},"fallbacks":{"tokenize_error":1},"engines":[{"endpoint":"tcp://*:5557","topic":"kv@p@M","replicas":["M/r0"],"dropped_by":{"orphan":2},"mapped_blocks":12}],"endpoints":[{"endpoint":"tcp://*:5557","bound":true}]}}}}`), "M")
+	f.Add([]byte(`{"models":{"M":{"kv_events":{"engines":{"x":1}}}}}`), "M")
+	f.Add([]byte(`{"models":{"M":{"kv_events":null,"index":7}}}`), "M")
 	f.Add([]byte(`{"models":{"":{}}}`), "")
 	if data, err := os.ReadFile("testdata/stats_document.json"); err == nil {
 		f.Add(data, "JPCP")
