@@ -211,9 +211,9 @@ type exactCounters struct {
 
 // Reasons a request on the exact index is keyed without tokens.
 const (
-	fallbackTokenize = iota // the tokenizer failed
-	fallbackShort           // fewer tokens than a block
-	fallbackUnsupported     // a prompt or field the gateway does not tokenize
+	fallbackTokenize    = iota // the tokenizer failed
+	fallbackShort              // fewer tokens than a block
+	fallbackUnsupported        // a prompt or field the gateway does not tokenize
 	numFallbacks
 )
 

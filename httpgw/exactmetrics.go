@@ -21,7 +21,7 @@ func kvDesc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	engineLabels = []string{"endpoint", "topic"}
 
-	descKVMessages = kvDesc("kv_messages_total", "KV-event messages received, per engine (endpoint and topic).", engineLabels...)
+	descKVMessages  = kvDesc("kv_messages_total", "KV-event messages received, per engine (endpoint and topic).", engineLabels...)
 	descKVMalformed = kvDesc("kv_malformed_messages_total", "KV-event messages whose payload was unreadable, per engine.", engineLabels...)
 	descKVEvents    = kvDesc("kv_events_total", "KV events received, per engine.", engineLabels...)
 	descKVApplied   = kvDesc("kv_events_applied_total", "KV events applied to the index, per engine.", engineLabels...)

@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Fraction of decisions whose chosen replica held the whole prefix, by model, since the model's routing table was built."},
 			[]string{"model"}),
 		tokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
-			Help: "Time to tokenize a request of a model on the exact index (the engine's /tokenize, or the gateway's cache of tokenized requests), by model.",
+			Help:    "Time to tokenize a request of a model on the exact index (the engine's /tokenize, or the gateway's cache of tokenized requests), by model.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"model"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.decisions, m.routed, m.hits, m.blocks, m.matched,
