@@ -262,22 +262,31 @@ func (k kvSink) ApplyEvent(id string, ev gateway.CacheEvent) error {
 	return firstErr
 }
 
+// idOf returns the id of the engine a source's messages come from: its
+// endpoint and, unless the endpoint has a single engine, its topic's pod.
+func (t *kvTable) idOf(src kvevents.Source) (string, error) {
+	so := t.sources[src.Endpoint]
+	switch {
+	case so == nil:
+		return "", fmt.Errorf("endpoint %s is not configured", src.Endpoint)
+	case so.single:
+		return kvID(src.Endpoint, ""), nil
+	case src.Pod == "":
+		return "", fmt.Errorf("topic %q names no pod (kv@POD@MODEL), and endpoint %s serves several engines", src.Topic, src.Endpoint)
+	}
+	return kvID(src.Endpoint, src.Pod), nil
+}
+
 // resolveKV is the Translator's Resolver: the engine a message comes from,
 // by its endpoint and its topic's pod.
 func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 	t := s.state.Load().kv
-	so := t.sources[src.Endpoint]
-	if so == nil {
-		return kvevents.Target{}, fmt.Errorf("endpoint %s is not configured", src.Endpoint)
+	id, err := t.idOf(src)
+	if err != nil {
+		return kvevents.Target{}, err
 	}
-	pod := ""
-	if !so.single {
-		if src.Pod == "" {
-			return kvevents.Target{}, fmt.Errorf("topic %q names no pod (kv@POD@MODEL), and endpoint %s serves several engines", src.Topic, src.Endpoint)
-		}
-		pod = src.Pod
-	}
-	e := t.engines[kvID(src.Endpoint, pod)]
+	pod := src.Pod
+	e := t.engines[id]
 	switch {
 	case e == nil:
 		return kvevents.Target{}, fmt.Errorf("no replica answers to pod %q on %s (set the replica's pod, or its address to the engine's POD_IP)", pod, src.Endpoint)

@@ -56,11 +56,17 @@ func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvT
 	}
 	for i := range engines {
 		e := &engines[i]
-		if e.Replica == "" || !t.modelOf(e.Replica, m.name) {
+		// An engine reset (an ejection) is resolved again on its next
+		// message; until then it is shown under the replicas it would be.
+		id := e.Replica
+		if id == "" {
+			id, _ = t.idOf(e.Source)
+		}
+		if id == "" || !t.modelOf(id, m.name) {
 			continue
 		}
 		es := config.KVEngineStats{
-			Endpoint: e.Source.Endpoint, Topic: e.Source.Topic, Pod: e.Source.Pod, Replicas: t.replicasOf(e.Replica),
+			Endpoint: e.Source.Endpoint, Topic: e.Source.Topic, Pod: e.Source.Pod, Replicas: t.replicasOf(id),
 			Messages: e.Messages, Events: e.Events, Applied: e.Applied, Dropped: e.Dropped, MalformedMessages: e.MalformedMessages,
 			StoredBlocks: e.StoredBlocks, RemovedBlocks: e.RemovedBlocks,
 			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, Resets: e.Resets,
