@@ -258,8 +258,9 @@ func TestKVGatewayExactPrediction(t *testing.T) {
 	require.Zero(t, g.metric(t, "exa_gateway_kv_unresolved_total", nil))
 	require.Equal(t, float64(len(reqs)), g.metric(t, "exa_gateway_tokenize_requests_total", map[string]string{"model": simModel}))
 	out := exa(t, cfg, "serve", "routing", "stats", simModel, "--gateway", g.url)
+	t.Logf("exa serve routing stats:\n%s", out)
 	require.Contains(t, out, "exact index (blocks of 16 tokens")
-	require.Contains(t, out, "events: listen on tcp://127.0.0.1:"+strconv.Itoa(zmqPort)+": up")
+	require.Contains(t, out, "events: listening on tcp://127.0.0.1:"+strconv.Itoa(zmqPort))
 }
 
 // TestKVGatewayTwoGateways: two `exa serve gateway` processes on one

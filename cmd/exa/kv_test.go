@@ -88,7 +88,7 @@ func TestStatsExactIndex(t *testing.T) {
 		"routed without tokens: tokenize_error 1, short_prompt 1, unsupported 0 (as if nothing were cached)",
 		`"kv@10.0.0.1:8000@M\x1b[2J" dropped: orphan 1`,
 		"last error: boom",
-		"events: listen on tcp://*:5557: up, 0 connections, 0 failures",
+		"events: listening on tcp://*:5557, 0 publisher connections ended",
 	} {
 		assert.Contains(t, out, want)
 	}

@@ -270,15 +270,15 @@ func writeKVStats(w io.Writer, k *config.KVEventsStats) {
 		}
 	}
 	for _, ep := range k.Endpoints {
-		how := "connect to"
-		state := "disconnected"
 		if ep.Bound {
-			how = "listen on"
+			fmt.Fprintf(w, "events: listening on %s, %d publisher connections ended", printable(ep.Endpoint), ep.Failures)
+		} else {
+			state := "disconnected"
+			if ep.Connected {
+				state = "connected"
+			}
+			fmt.Fprintf(w, "events: connecting to %s: %s, %d connections, %d failures", printable(ep.Endpoint), state, ep.Connects, ep.Failures)
 		}
-		if ep.Connected {
-			state = "up"
-		}
-		fmt.Fprintf(w, "events: %s %s: %s, %d connections, %d failures", how, printable(ep.Endpoint), state, ep.Connects, ep.Failures)
 		if ep.LastError != "" {
 			fmt.Fprintf(w, " (last: %s)", printable(ep.LastError))
 		}
