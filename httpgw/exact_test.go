@@ -568,3 +568,61 @@ func zmqPub(ctx context.Context, t *testing.T) zmq4.Socket {
 }
 
 func zmqMsg(frames [][]byte) zmq4.Msg { return zmq4.NewMsgFrom(frames...) }
+
+// TestExactConcurrent: events, requests, stats, reloads and ejections at
+// once (run with -race); the index ends consistent with the last
+// configuration.
+func TestExactConcurrent(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	second := ef.cfg
+	second.Replicas = ef.cfg.Replicas[:1]
+	files := []*config.File{
+		{Version: 1, Models: map[string]config.Model{testModel: ef.cfg}},
+		{Version: 1, Models: map[string]config.Model{testModel: ef.cfg, "m2": second}},
+		{Version: 1, Models: map[string]config.Model{testModel: second}},
+	}
+	var wg sync.WaitGroup
+	run := func(n int, f func(i int)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				f(i)
+			}
+		}()
+	}
+	for e := range 2 {
+		run(300, func(i int) {
+			ef.store(e, uint64(i+1), uint64(1000*i), wordTokens(words(fmt.Sprint("c", e, "-", i%7, "-"), 8)), 4)
+		})
+	}
+	run(100, func(i int) {
+		resp := ef.post("/v1/completions", `{"model":"m1","prompt":"`+words(fmt.Sprint("c0-", i%7, "-"), 8)+`"}`)
+		readAll(t, resp)
+	})
+	run(50, func(int) { _ = ef.srv.Stats(); _, _ = ef.reg.Gather() })
+	run(60, func(i int) {
+		require.NoError(t, ef.srv.Apply(files[i%len(files)]))
+		if i%5 == 0 {
+			ep := ef.srv.state.Load().models[testModel].byName["e0"]
+			ef.srv.observe(ep, ep.health.failure(true))
+			ef.srv.observe(ep, ep.health.success(true))
+			ef.srv.observe(ep, ep.health.success(true))
+		}
+	})
+	wg.Wait()
+	ef.settle()
+	require.NoError(t, ef.srv.Apply(files[0]))
+	// After the last reload, every replica's index holds no more blocks
+	// than its engine's map.
+	engines, _ := ef.srv.kv.tr.Stats()
+	mapped := map[string]int{}
+	for _, e := range engines {
+		if e.Replica != "" {
+			mapped[e.Source.Pod] = e.Mapped
+		}
+	}
+	for i, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+		require.LessOrEqual(t, r.CachedBlocks, mapped[ef.pod(i)], r.Name)
+	}
+}
