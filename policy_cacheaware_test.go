@@ -30,13 +30,29 @@ func TestCacheAwareCost(t *testing.T) {
 		{"decode load counts", []Candidate{{Name: "a", InFlight: 5}, {Name: "b", InFlight: 1}}, 1},
 		{"engine queue counts", []Candidate{{Name: "a", Load: Load{QueueDepth: 3}}, {Name: "b"}}, 1},
 		{"ties go to less assigned work", []Candidate{{Name: "a", AssignedPrefill: 30}, {Name: "b", AssignedPrefill: 10}, {Name: "c", AssignedPrefill: 20}}, 1},
-		{"then to fewer in flight", []Candidate{{Name: "a", InFlight: 1, Load: Load{Running: 2}}, {Name: "b", InFlight: 0, Load: Load{Running: 2}}}, 1},
+		{"no match: fewer outstanding first", []Candidate{{Name: "a", InFlight: 3, AssignedPrefill: 0}, {Name: "b", InFlight: 2, AssignedPrefill: 50}}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, (&CacheAware{}).Pick(caReq(10, tt.cands), tt.cands).Index)
 		})
 	}
+	t.Run("equal replicas take turns", func(t *testing.T) {
+		p := &CacheAware{}
+		cs := []Candidate{{Name: "a", Matched: 2}, {Name: "b", Matched: 2}, {Name: "c", Matched: 2}}
+		var got []int
+		for range 6 {
+			got = append(got, p.Pick(caReq(10, cs), cs).Index)
+		}
+		assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, got)
+	})
+	t.Run("counts within their spread are not priced", func(t *testing.T) {
+		// Least 20, mean 24: counts up to 20 + √24 ≈ 24.9 cost nothing.
+		cs := []Candidate{{Name: "a", Matched: 3, InFlight: 24}, {Name: "b", InFlight: 20}, {Name: "c", InFlight: 28}}
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs).Index, "a's match wins: its 24 are within the spread")
+		cs[0].InFlight = 30 // mean 26: 4.9 beyond 20 + √26, 19.6 blocks, more than the match saves
+		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs).Index)
+	})
 	t.Run("a busy cluster values hits more", func(t *testing.T) {
 		// a holds 4 of 10 blocks with 8 blocks queued; b is idle; c is busy.
 		cs := []Candidate{{Name: "a", Matched: 4, PendingPrefill: 8}, {Name: "b"}, {Name: "c", PendingPrefill: 40}}

@@ -45,7 +45,8 @@ func (w LoadWeights) validate() error {
 // LoadAware picks the least loaded replica by a weighted, normalised mix
 // of queue depth (outstanding requests and queued prefill), KV-cache
 // utilisation and latency. Ties go
-// to fewer in-flight requests, then to the earlier candidate.
+// to the replica sent the least prefill work so far (AssignedPrefill),
+// then to fewer in-flight requests, then to the earlier candidate.
 // The zero value uses DefaultLoadWeights. Safe for concurrent use.
 type LoadAware struct {
 	// Weights of the signals; the zero value means DefaultLoadWeights.
@@ -57,6 +58,16 @@ var _ Policy = (*LoadAware)(nil)
 // Pick returns the least loaded candidate.
 func (p *LoadAware) Pick(_ *Request, cands []Candidate) Choice {
 	return Choice{Index: leastLoaded(cands, p.Weights), Kind: KindLoadAware}
+}
+
+// lessLoadedTie breaks a load-score tie: less prefill work sent so far,
+// then fewer in flight; the earlier candidate only when both are equal, so
+// that idle replicas share the work instead of the first taking it all.
+func lessLoadedTie(a, b *Candidate) bool {
+	if a.AssignedPrefill != b.AssignedPrefill {
+		return a.AssignedPrefill < b.AssignedPrefill
+	}
+	return a.InFlight < b.InFlight
 }
 
 // leastLoaded returns the index of the candidate with the lowest load score.
@@ -83,7 +94,7 @@ func leastLoaded(cands []Candidate, w LoadWeights) int {
 		if lmax > 0 {
 			s += w.Latency * float64(c.Load.Latency) / float64(lmax)
 		}
-		if s < bestScore || (s == bestScore && c.InFlight < cands[best].InFlight) {
+		if s < bestScore || (s == bestScore && lessLoadedTie(c, &cands[best])) {
 			best, bestScore = i, s
 		}
 	}

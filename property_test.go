@@ -536,19 +536,28 @@ func sharedPrefixKey(i, shared int) Key {
 }
 
 // TestPropNoCollapseSharedFirstBlock: on a stream where every request
-// shares its first block and the rest is distinct, completed first-in
-// first-out with C requests in flight, cache-aware routing spreads the
-// requests: max/mean requests per replica ≤ 1.25.
-// Affinity alone would send all of them to the first replica that cached
-// block 0.
+// shares its first block and the rest is distinct (1 to 8 blocks of its
+// own), completed first-in first-out with C requests in flight, cache-aware
+// routing spreads the work: each replica is sent at most 1.3× the mean
+// prefill work (AssignedPrefill), and at most 1.5× the mean number of
+// requests. Affinity alone would send all of them to the first replica
+// that cached block 0 (max/mean n).
 //
-// The bound is stated for C a multiple of 4n, where 1.25× the mean
+// The bounds are stated for C a multiple of 4n, where 1.25× the mean
 // in-flight count is a whole number of requests; with FIFO completion
-// every request lives for C routes, so routed counts follow
-// in-flight counts. TestPropNoCollapseAnyConcurrency covers every other C
-// and random completion with a bound relative to the integer optimum.
+// every request lives for C routes, so routed counts follow in-flight
+// counts. Requests differ eightfold in size and the policy balances the
+// prefill it sends, leaving counts within their random spread unpriced
+// (CacheAware's decode guard), so a replica taking more of the small
+// requests carries more of them: counts spread more than work (measured
+// worst over 400 of rapid's draws: 1.48 in requests, 1.28 in work, both
+// at n=16, C=64 without first tokens; the cost before the decode guard,
+// which priced every request in flight, kept requests within 1.25 but let
+// work reach 1.33 here).
+// TestPropNoCollapseAnyConcurrency covers every other C and random
+// completion with a bound relative to the integer optimum.
 func TestPropNoCollapseSharedFirstBlock(t *testing.T) {
-	const bound = 1.25
+	const bound, workBound = 1.5, 1.3
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 16).Draw(t, "replicas")
 		c := 4 * n * rapid.IntRange(1, 2).Draw(t, "concurrencyPer4Replicas")
@@ -576,7 +585,14 @@ func TestPropNoCollapseSharedFirstBlock(t *testing.T) {
 		}
 		mean := float64(total) / float64(n)
 		ratio := float64(slices.Max(counts)) / mean
+		work := make([]int, n)
+		sum := 0
+		for i, st := range g.Replicas() {
+			work[i] = st.AssignedPrefill
+			sum += work[i]
+		}
 		require.LessOrEqual(t, ratio, bound, "per-replica counts %v (C=%d)", counts, c)
+		require.LessOrEqual(t, float64(slices.Max(work))/(float64(sum)/float64(n)), workBound, "per-replica prefill %v (C=%d)", work, c)
 		for _, st := range g.Replicas() {
 			require.Zero(t, st.InFlight)
 			require.Zero(t, st.PendingPrefill)

@@ -3,9 +3,8 @@ package reference
 import (
 	"cmp"
 	"encoding/binary"
-	"math"
 	"slices"
-	"strings"
+	"strconv"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -13,25 +12,35 @@ import (
 )
 
 // CHWBL is consistent hashing with bounded loads (Mirrokni, Thorup and
-// Zadimoghaddam 2018), as KubeAI's prefix-hash load balancer uses it (KubeAI
-// docs, "Load balancing"): the hash of the prompt's first PrefixBlocks
-// blocks picks a point on a ring of Replication virtual nodes per replica,
-// and the request goes to the first replica clockwise whose in-flight count
-// plus one is within LoadFactor × the mean (KubeAI default 1.25).
+// Zadimoghaddam 2018) as KubeAI's PrefixHash load balancing strategy runs
+// it, followed from substratusai/kubeai at 2f32ef49 (2025-07-06):
 //
-// The zero value uses LoadFactor 1.25, Replication 256 and PrefixBlocks 1.
-// Safe for concurrent use.
+//   - the key is the first PrefixCharLength (default 100) characters of the
+//     request's first user message (api/openai/v1/chat_completions.go
+//     Prefix; a completion's prompt for /v1/completions), hashed with
+//     xxHash; here, the user message's content id from Arrive
+//     (Arrival.UserContent), or the prompt's first block when no request
+//     was announced;
+//   - a ring of Replication (default 256) points per endpoint, each the
+//     xxHash of the endpoint name followed by the point's number
+//     (internal/loadbalancer/balance_chwbl.go);
+//   - from the key's point clockwise, the first endpoint whose in-flight
+//     count is at most LoadFactor (default 1.25, meanLoadFactor 125) times
+//     (total in flight + 1) / endpoints, any endpoint when nothing is in
+//     flight (chwblLoadOK); the first endpoint met when none qualifies.
+//
+// In-flight counts are the proxy's own (Candidate.InFlight). The zero value
+// uses KubeAI's defaults. Safe for concurrent use.
 type CHWBL struct {
 	// LoadFactor bounds a replica's load relative to the mean; 0 means 1.25.
 	LoadFactor float64
 	// Replication is the number of virtual nodes per replica; 0 means 256.
 	Replication int
-	// PrefixBlocks is how many leading blocks are hashed; 0 means 1.
-	PrefixBlocks int
 
 	mu    sync.Mutex
 	names []string // the candidate names ring was built for, in order
 	ring  []ringPoint
+	pend  pending
 }
 
 type ringPoint struct {
@@ -39,7 +48,23 @@ type ringPoint struct {
 	name string
 }
 
-var _ gateway.Policy = (*CHWBL)(nil)
+var (
+	_ gateway.Policy = (*CHWBL)(nil)
+	_ Tracker        = (*CHWBL)(nil)
+)
+
+// Arrive implements Tracker: the request's first user message is its key.
+func (p *CHWBL) Arrive(a Arrival) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pend = pending{a: a, set: true}
+}
+
+// FirstToken implements Tracker; CHWBL does not use it.
+func (p *CHWBL) FirstToken(uint64) {}
+
+// Done implements Tracker; the load is the gateway's in-flight count.
+func (p *CHWBL) Done(uint64) {}
 
 // Pick implements gateway.Policy.
 func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
@@ -47,29 +72,29 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 	if lf == 0 {
 		lf = 1.25
 	}
-	pb := p.PrefixBlocks
-	if pb <= 0 {
-		pb = 1
-	}
 	total := 0
 	for i := range cands {
 		total += cands[i].InFlight
 	}
-	bound := math.Ceil(lf * float64(total+1) / float64(len(cands)))
-	h := hashUint64(req.Key[min(pb, len(req.Key))-1])
-
+	threshold := float64(total+1) / float64(len(cands)) * lf
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	announced := p.pend.set
+	a := p.pend.take()
+	key := req.Key[0]
+	if announced {
+		key = a.UserContent
+	}
+	h := hashUint64(key)
 	ring := p.ringFor(cands)
 	start, _ := slices.BinarySearchFunc(ring, h, func(rp ringPoint, h uint64) int { return cmp.Compare(rp.h, h) })
 	first := -1
 	for k := range ring {
-		name := ring[(start+k)%len(ring)].name
-		i := indexOf(cands, name)
+		i := indexOf(cands, ring[(start+k)%len(ring)].name)
 		if first < 0 {
 			first = i
 		}
-		if float64(cands[i].InFlight+1) <= bound {
+		if total == 0 || float64(cands[i].InFlight) <= threshold {
 			ch := gateway.Choice{Index: i, Kind: gateway.KindAffinity}
 			if i != first {
 				ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
@@ -110,12 +135,11 @@ func (p *CHWBL) ringFor(cands []gateway.Candidate) []ringPoint {
 		ring := make([]ringPoint, 0, rep*len(cands))
 		for i := range cands {
 			for v := range rep {
-				b := binary.LittleEndian.AppendUint64([]byte(cands[i].Name+"#"), uint64(v))
-				ring = append(ring, ringPoint{h: xxhash.Sum64(b), name: cands[i].Name})
+				ring = append(ring, ringPoint{h: xxhash.Sum64String(cands[i].Name + strconv.Itoa(v)), name: cands[i].Name})
 			}
 		}
 		slices.SortFunc(ring, func(a, b ringPoint) int {
-			return cmp.Or(cmp.Compare(a.h, b.h), strings.Compare(a.name, b.name))
+			return cmp.Or(cmp.Compare(a.h, b.h), cmp.Compare(a.name, b.name))
 		})
 		p.names = p.names[:0]
 		for i := range cands {

@@ -20,10 +20,14 @@ type Bound struct {
 
 // bounds computes, in arrival order and without timing, the hit rates of
 // one LRU cache of capacity blocks (the whole cluster's cache pooled) and
-// of one unbounded cache. A request's cached tokens are counted as in the
-// simulation: its leading cached blocks, at most all tokens but one.
-// Answers (Request.OutBlocks) are cached after their prompt.
-func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err error) {
+// of one unbounded cache, and into ideal the time to first token each
+// request would see alone on an idle replica of preset p holding the
+// pooled cache (Preset.LoneTTFT). A request's cached tokens are counted as
+// in the simulation: its leading cached blocks, at most all tokens but
+// one. Answers (Request.OutBlocks) are cached after their prompt.
+// Requests too large for one replica (of repCap blocks), which fail in the
+// simulation, are left out of ideal.
+func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick func()) (pooled, unb Bound, err error) {
 	lru := newKVCache(capacity)
 	seen := newHashSet()
 	var req Request
@@ -48,11 +52,17 @@ func bounds(st Stream, bt, capacity int, tick func()) (pooled, unb Bound, err er
 		if cap(slots) < len(prompt) {
 			slots = make([]int32, 2*len(prompt))
 		}
-		if m := lru.match(prompt, slots); m > 0 {
+		m := lru.match(prompt, slots)
+		cached := min(m*bt, req.InputTokens-1)
+		if m > 0 {
 			lruReq++
-			lruTok += int64(min(m*bt, req.InputTokens-1))
+			lruTok += int64(cached)
 		}
-		m := 0
+		private := max(0, blocksOf(req.InputTokens+max(1, req.OutputTokens), bt)-len(prompt), len(req.OutBlocks))
+		if ideal != nil && len(prompt)+private <= repCap {
+			ideal.add(p.LoneTTFT(cached, req.InputTokens-cached).Seconds())
+		}
+		m = 0
 		for m < len(prompt) && seen.has(prompt[m]) {
 			m++
 		}

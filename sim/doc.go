@@ -18,8 +18,12 @@
 // github.com/examlops/gateway): one gateway.Gateway per policy, with the
 // simulated clock injected, load signals refreshed from the replicas every
 // Config.RefreshInterval, FirstToken and Done reported as they happen, and,
-// in exact-index mode, cache events applied as the simulated replicas store
-// and evict blocks. What a replica really holds is the simulation's truth; the
+// in exact-index mode (Config.Index, or Policy.Exact for the routers that
+// read the engines' KV events), cache events applied as the simulated
+// replicas store and evict blocks. Reference policies that follow requests
+// or KV events themselves (reference.Tracker, reference.KVListener) are told
+// of each request before it is routed, of its first token and completion,
+// and of every KV event. What a replica really holds is the simulation's truth; the
 // router only sees its own index. The report sets the hit rate the index
 // predicted beside the true one.
 //
@@ -27,7 +31,9 @@
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,
 // and TraceFile (Mooncake JSONL replay with a speed factor or Poisson
-// arrivals). Presets: "8b-h100" (default) and "70b-h100-tp8".
+// arrivals). Presets: "8b-h100" (default, derived from hardware
+// specifications), "8b-h100-blis" (fitted to measurements by BLIS) and
+// "70b-h100-tp8".
 //
 // Requests are streamed from a Workload, and latency distributions are kept
 // in fixed-size log histograms, so memory is bounded by the cache capacities
@@ -35,8 +41,11 @@
 // exception is the unbounded-cache bound, which remembers every distinct
 // block (8 to 16 bytes each).
 //
-// Beside every policy the report gives two bounds computed on the same
-// requests: one pooled LRU cache of the cluster's total capacity, and one
+// Beside every policy the report gives the spread of its work over the
+// replicas (least and most requests and prefill tokens over the mean), its
+// mean TTFT over the ideal, and, computed on the same requests, an ideal
+// row (each request alone on an idle replica holding the pooled cache) and
+// two bounds: one pooled LRU cache of the cluster's total capacity, and one
 // unbounded cache (the ceiling on hit rate).
 //
 // Usage:
@@ -57,7 +66,9 @@
 //
 // Policies default to DefaultPolicies(): the gateway's own modes
 // (round_robin, load_aware, cache_aware) and the reference policies of
-// package reference (sglang, dynamo, chwbl, p2c, prefix_affinity).
+// package reference (sglang, sglang_cli, sglang_treesize, dynamo, gie,
+// llmd_precise, chwbl, p2c, prefix_affinity), each Policy.Source naming
+// what it follows.
 // PolicyByName resolves the names a command line passes.
 //
 // Run is deterministic: the same Config (including Seed) gives the same

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/reference"
 )
 
 // Test hooks: checkInvariants verifies every replica's cache after each
@@ -56,6 +57,7 @@ type replica struct {
 	u, v      float64 // a macro step of k decode steps takes k·u + v·k(k−1)/2
 
 	prefillTokens int64
+	requests      int64
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -76,6 +78,12 @@ type engine struct {
 	byNm  map[string]int32
 	g     *gateway.Gateway
 	exact bool
+
+	// Hooks of a reference policy that follows requests, reads KV events
+	// or predicts hits with an index of its own; nil otherwise.
+	tracker reference.Tracker
+	kv      reference.KVListener
+	pred    reference.Predictor
 
 	now    int64
 	events []event
@@ -102,7 +110,11 @@ type engine struct {
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
 	e.cap = e.p.KVTokens / e.bt
-	e.exact = cfg.Index == gateway.IndexExact
+	e.exact = cfg.Index == gateway.IndexExact || pol.Exact
+	index := cfg.Index
+	if pol.Exact {
+		index = gateway.IndexExact
+	}
 	reps := make([]gateway.Replica, cfg.Replicas)
 	for i := range reps {
 		name := "r" + strconv.Itoa(i)
@@ -112,10 +124,14 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	}
 	opts := []gateway.Option{
 		gateway.WithClock(func() time.Time { return time.Unix(0, e.now) }),
-		gateway.WithIndex(cfg.Index),
+		gateway.WithIndex(index),
 	}
 	if pol.New != nil {
-		opts = append(opts, gateway.WithPolicy(pol.New(cfg.Seed)))
+		gp := pol.New(cfg.Seed)
+		e.tracker, _ = gp.(reference.Tracker)
+		e.kv, _ = gp.(reference.KVListener)
+		e.pred, _ = gp.(reference.Predictor)
+		opts = append(opts, gateway.WithPolicy(gp))
 	} else {
 		opts = append(opts, gateway.WithMode(pol.Mode))
 	}
@@ -223,8 +239,17 @@ func (e *engine) arrive(req *Request) {
 		e.pool = append(e.pool, s)
 		return
 	}
+	if e.tracker != nil {
+		e.tracker.Arrive(reference.Arrival{
+			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
+			UserContent: req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)],
+		})
+	}
 	d, err := e.g.Route(s.key)
 	if err != nil {
+		if e.tracker != nil {
+			e.tracker.Done(s.id)
+		}
 		e.res.Failed++
 		e.pool = append(e.pool, s)
 		return
@@ -233,14 +258,22 @@ func (e *engine) arrive(req *Request) {
 	r := e.reps[ri]
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
 		d.Done(gateway.DoneInfo{Err: errShed})
+		if e.tracker != nil {
+			e.tracker.Done(s.id)
+		}
 		e.res.Dropped++
 		e.pool = append(e.pool, s)
 		return
 	}
 	s.d = d
+	r.requests++
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
-	e.routerTk += int64(min(d.Matched*e.bt, s.in-1))
+	predicted := d.Matched
+	if e.pred != nil {
+		predicted = e.pred.Predicted()
+	}
+	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
 	switch {
@@ -402,18 +435,17 @@ func (e *engine) commitComputed(r *replica, s *seq) {
 	}
 	r.cache.commit(s.key[:upto], s.slots, s.committed)
 	s.committed = upto
-	if e.exact {
-		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key[:upto]})
-	}
+	e.event(r, gateway.BlocksStored, s.key[:upto])
 }
 
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	s.d.FirstToken()
-	r.cache.commit(s.key, s.slots, s.committed)
-	if e.exact {
-		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: s.key})
+	if e.tracker != nil {
+		e.tracker.FirstToken(s.id)
 	}
+	r.cache.commit(s.key, s.slots, s.committed)
+	e.event(r, gateway.BlocksStored, s.key)
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
 	if s.ttft <= int64(e.cfg.SLO) {
@@ -434,10 +466,13 @@ func (e *engine) complete(r *replica, s *seq) {
 	// after the evictions release made.
 	e.stored = r.cache.release(s.slots, s.private, s.outKey, e.stored[:0])
 	e.flushEvictions(r)
-	if e.exact && len(e.stored) > 0 {
-		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: e.stored})
+	if len(e.stored) > 0 {
+		e.event(r, gateway.BlocksStored, e.stored)
 	}
 	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)})
+	if e.tracker != nil {
+		e.tracker.Done(s.id)
+	}
 	s.d = gateway.Decision{}
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
@@ -451,10 +486,20 @@ func (e *engine) flushEvictions(r *replica) {
 	if len(r.cache.evicted) == 0 {
 		return
 	}
-	if e.exact {
-		_ = e.g.ApplyEvent(r.name, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: r.cache.evicted})
-	}
+	e.event(r, gateway.BlocksRemoved, r.cache.evicted)
 	r.cache.evicted = r.cache.evicted[:0]
+}
+
+// event publishes a KV event of r's engine to the exact index and to a
+// policy that listens.
+func (e *engine) event(r *replica, kind gateway.CacheEventKind, blocks gateway.Key) {
+	ev := gateway.CacheEvent{Kind: kind, Blocks: blocks}
+	if e.exact {
+		_ = e.g.ApplyEvent(r.name, ev)
+	}
+	if e.kv != nil {
+		e.kv.KVEvent(r.name, ev)
+	}
 }
 
 // result finishes the run's figures.
@@ -476,14 +521,19 @@ func (e *engine) result() Result {
 		res.Throughput = float64(e.outTok) / res.Duration
 		res.RequestRate = float64(res.Completed) / res.Duration
 	}
-	var sum, mx int64
 	for _, r := range e.reps {
 		res.PrefillTokens = append(res.PrefillTokens, r.prefillTokens)
-		sum += r.prefillTokens
-		mx = max(mx, r.prefillTokens)
+		res.RequestsPerReplica = append(res.RequestsPerReplica, r.requests)
 	}
-	if sum > 0 {
-		res.Imbalance = float64(mx) / (float64(sum) / float64(len(e.reps)))
+	res.Share.RequestsMin, res.Share.RequestsMax = spread(res.RequestsPerReplica)
+	res.Share.PrefillMin, res.Share.PrefillMax = spread(res.PrefillTokens)
+	res.Imbalance = res.Share.PrefillMax
+	res.Index = indexName(e.cfg.Index)
+	switch {
+	case e.pred != nil:
+		res.Index = "own"
+	case e.exact:
+		res.Index = "exact"
 	}
 	res.Router = e.g.Stats()
 	res.RouterReplicas = e.g.Replicas()

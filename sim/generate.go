@@ -111,6 +111,7 @@ func (w *sharedPrefix) Open(seed uint64) (Stream, error) {
 		b.add(content(spaceQuestion, q), c.QuestionTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.SystemTokens+c.QuestionTokens, c.OutputTokens
+		r.UserBlock = c.SystemTokens / c.BlockTokens
 	}), nil
 }
 
@@ -218,6 +219,7 @@ func (w *chat) Open(seed uint64) (Stream, error) {
 		r.Blocks = append(r.Blocks[:0], s.ids...)
 		r.InputTokens = len(s.ids) * bt
 		r.OutputTokens = c.AnswerTokens
+		r.UserBlock = c.SystemTokens / bt
 		s.ids = appendIDs(s.ids, spaceAnswer, item, c.AnswerTokens/bt)
 		r.OutBlocks = append(r.OutBlocks[:0], s.ids[len(r.Blocks):]...)
 	}), nil
@@ -298,6 +300,7 @@ func (w *rag) Open(seed uint64) (Stream, error) {
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens = c.SystemTokens + c.DocsPerPrompt*c.DocTokens + c.QuestionTokens
 		r.OutputTokens = c.OutputTokens
+		r.UserBlock = c.SystemTokens / c.BlockTokens
 	}), nil
 }
 
@@ -353,6 +356,7 @@ func (w *systemPrompt) Open(seed uint64) (Stream, error) {
 		b.add(content(spaceUser, q), c.UserTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.SystemTokens+c.UserTokens, c.OutputTokens
+		r.UserBlock = c.SystemTokens / c.BlockTokens
 	}), nil
 }
 
@@ -414,6 +418,7 @@ func (w *lowSharing) Open(seed uint64) (Stream, error) {
 		b.add(item, c.InputTokens)
 		r.Blocks, r.OutBlocks = b.finish(), r.OutBlocks[:0]
 		r.InputTokens, r.OutputTokens = c.InputTokens, c.OutputTokens
+		r.UserBlock = 0
 	}), nil
 }
 

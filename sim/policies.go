@@ -10,6 +10,12 @@ import (
 
 // Policy is a routing policy to simulate: a built-in gateway Mode, or a
 // custom gateway.Policy made by New.
+//
+// A policy made by New that implements reference.Tracker is told of each
+// request before it is routed and of its first token and completion; one
+// that implements reference.KVListener receives its replicas' KV events
+// (blocks stored and removed); one that implements reference.Predictor
+// supplies the "index says" hit rate from its own index.
 type Policy struct {
 	// Name labels the policy in the report; required and unique.
 	Name string
@@ -20,21 +26,49 @@ type Policy struct {
 	// New, if set, makes a fresh policy for one run, seeded with
 	// Config.Seed; it overrides Mode.
 	New func(seed uint64) gateway.Policy
+	// Exact, when true, runs this policy's gateway on the exact index (fed
+	// the simulated engines' KV events) whatever Config.Index says: the
+	// routers whose design reads the engines' events (Dynamo, llm-d's
+	// precise scorer) run as they are deployed.
+	Exact bool
+	// Source says in one line what the policy follows (project, version);
+	// empty for the gateway's own policies.
+	Source string
 }
 
 // DefaultPolicies returns the policies Run compares by default: the
-// gateway's round_robin, load_aware and cache_aware modes, then the
-// reference policies sglang, dynamo, chwbl, p2c and prefix_affinity.
+// gateway's round_robin, load_aware and cache_aware modes, then the routers
+// of the field as package reference reproduces them: sglang (current),
+// sglang_cli (its command-line defaults), sglang_treesize (its miss path
+// before December 2025), dynamo, gie, llmd_precise, chwbl, p2c and
+// prefix_affinity.
 func DefaultPolicies() []Policy {
 	return []Policy{
 		{Name: "round_robin", Mode: gateway.ModeRoundRobin},
 		{Name: "load_aware", Mode: gateway.ModeLoadAware},
 		{Name: "cache_aware", Mode: gateway.ModeCacheAware},
-		{Name: "sglang", New: func(uint64) gateway.Policy { return &reference.SGLang{} }},
-		{Name: "dynamo", New: func(uint64) gateway.Policy { return &reference.Dynamo{} }},
-		{Name: "chwbl", New: func(uint64) gateway.Policy { return &reference.CHWBL{} }},
-		{Name: "p2c", New: func(seed uint64) gateway.Policy { return reference.NewP2C(seed) }},
-		{Name: "prefix_affinity", New: func(uint64) gateway.Policy { return &reference.PrefixAffinity{} }},
+		{Name: "sglang", Source: "SGLang router, sgl-model-gateway main + PR #33138 (Jul 2026), library defaults",
+			New: func(seed uint64) gateway.Policy { return reference.NewSGLang(seed) }},
+		{Name: "sglang_cli", Source: "the same with the router's command-line defaults (0.3, 64, 1.5, 120 s, 2^26 chars)",
+			New: func(seed uint64) gateway.Policy { return reference.NewSGLangCLI(seed) }},
+		{Name: "sglang_treesize", Source: "SGLang router before PR #14650 (Dec 2025): misses go to the smallest tree",
+			New: func(seed uint64) gateway.Policy {
+				p := reference.NewSGLang(seed)
+				p.Miss = reference.MissSmallestTree
+				return p
+			}},
+		{Name: "dynamo", Exact: true, Source: "NVIDIA Dynamo KV router 1.0–1.1 (scheduler.rs db19bd2a), KV events",
+			New: func(seed uint64) gateway.Policy { return reference.NewDynamo(seed) }},
+		{Name: "gie", Source: "Gateway API Inference Extension EPP default profile (1748e829, Jun 2026)",
+			New: func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }},
+		{Name: "llmd_precise", Exact: true, Source: "llm-d precise-prefix-cache-scorer (520af478, May 2026) in GIE's profile, KV events",
+			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPrecise(seed) }},
+		{Name: "chwbl", Source: "KubeAI PrefixHash (CHWBL), 2f32ef49 (Jul 2025)",
+			New: func(uint64) gateway.Policy { return &reference.CHWBL{} }},
+		{Name: "p2c", Source: "power of two choices, least requests (Envoy, Linkerd)",
+			New: func(seed uint64) gateway.Policy { return reference.NewP2C(seed) }},
+		{Name: "prefix_affinity", Source: "longest cached prefix, no load (Preble's baseline)",
+			New: func(uint64) gateway.Policy { return &reference.PrefixAffinity{} }},
 	}
 }
 

@@ -80,6 +80,29 @@ var presets = map[string]Preset{
 		// 128 KiB per context token at 0.8·3.35 TB/s.
 		DecodePerContextToken: 4.9e-8,
 	},
+	// Fitted to measurements rather than derived: BLIS (IBM's Blackbox
+	// Inference Simulator, inference-sim/inference-sim, defaults.yaml at
+	// 1a6eb353), model meta-llama/llama-3.1-8b-instruct on one H100, vLLM
+	// v0.8.4, whose step time is β0 + β1·(prefill tokens) + β2·(decode
+	// tokens) with β = 5752.7 µs, 17.25 µs and 6.00 µs, trained on
+	// measured GuideLLM runs. BLIS has no attention or context term, so
+	// PrefillQuadratic and DecodePerContextToken are 0. Its α terms
+	// (request overhead before scheduling, 0.23 ms + 1.75 µs per input
+	// token) are the same whatever the router and are left out. KV
+	// capacity is BLIS's total_kv_blocks, 29,205 blocks of 16 tokens;
+	// MaxRunning and MaxBatchTokens are kept from 8b-h100.
+	"8b-h100-blis": {
+		Name:                  "8b-h100-blis",
+		Description:           "Llama 3.1 8B on one H100, vLLM 0.8.4, step times fitted by BLIS",
+		KVTokens:              29205 * 16,
+		MaxRunning:            256,
+		MaxBatchTokens:        8192,
+		StepOverhead:          5.752705e-3,
+		PrefillPerToken:       17.25086e-6,
+		PrefillQuadratic:      0,
+		DecodePerSeq:          5.999144e-6,
+		DecodePerContextToken: 0,
+	},
 	"70b-h100-tp8": {
 		Name:        "70b-h100-tp8",
 		Description: "Llama 3.1 70B, BF16, one node of 8 H100 SXM 80GB, tensor parallel 8",
@@ -172,6 +195,21 @@ func (p Preset) validate() error {
 // p cached ones in a step of its own: a + b·n + c·((p+n)² − p²).
 func (p Preset) PrefillTime(cached, n int) time.Duration {
 	return secs(p.StepOverhead + p.prefillCost(cached, n))
+}
+
+// LoneTTFT is the time to first token of a prompt of n uncached tokens
+// after cached ones, alone on an idle replica: its prefill in chunks of at
+// most MaxBatchTokens tokens, one step each, as the simulated engine runs
+// it.
+func (p Preset) LoneTTFT(cached, n int) time.Duration {
+	var t int64
+	for pos := cached; n > 0; {
+		c := min(n, p.MaxBatchTokens)
+		t += max(1, int64(math.Round((p.StepOverhead+p.prefillCost(pos, c))*1e9)))
+		pos += c
+		n -= c
+	}
+	return time.Duration(t)
 }
 
 func (p Preset) prefillCost(cached, n int) float64 {

@@ -43,6 +43,12 @@ type Report struct {
 	// Unbounded is the hit rate of one cache without a size limit, the
 	// ceiling no policy can beat.
 	Unbounded Bound `json:"unbounded"`
+	// Ideal is the row "ideal (pooled cache, no queue)": the distribution
+	// of the time to first token each request would see alone on an idle
+	// replica holding the pooled-LRU cache (its hit as in PooledLRU, its
+	// prefill as Preset.LoneTTFT). Requests too large for a replica are
+	// left out.
+	Ideal Latency `json:"ideal_ttft"`
 }
 
 // Result holds one policy's figures. Rates are fractions in 0..1 and times
@@ -94,6 +100,14 @@ type Result struct {
 	// Imbalance is the largest replica's prefill tokens (computed, not
 	// cached) over the mean of PrefillTokens; 1 is perfect balance.
 	Imbalance float64 `json:"imbalance"`
+	// IdealRatio is TTFT.Mean over Report.Ideal.Mean: how far the policy
+	// is from every request alone on a replica holding the pooled cache.
+	IdealRatio float64 `json:"ttft_mean_over_ideal"`
+	// Share is the spread of work over the replicas.
+	Share Share `json:"share"`
+	// Index is the index the policy's gateway ran on: "approximate" or
+	// "exact"; "own" for a policy matching against an index of its own.
+	Index string `json:"index"`
 	// SLOAttainment is the fraction of all Requests whose first token came
 	// within Config.SLO of arrival; dropped and failed requests count as
 	// misses.
@@ -101,6 +115,9 @@ type Result struct {
 	// PrefillTokens is the number of prompt tokens each replica computed
 	// (not served from cache), one entry per replica in order r0, r1, ….
 	PrefillTokens []int64 `json:"prefill_tokens"`
+	// RequestsPerReplica is the number of requests each replica admitted
+	// to its queue, in the order of PrefillTokens.
+	RequestsPerReplica []int64 `json:"requests_per_replica"`
 	// Decisions counts the gateway's routing decisions, keyed by decision
 	// kind name as in gateway.Stats.ByKind.
 	Decisions map[string]uint64 `json:"decisions"`
@@ -113,6 +130,39 @@ type Result struct {
 	RouterReplicas []gateway.ReplicaStatus `json:"-"`
 
 	ttft *hist
+}
+
+// Share is the spread of a policy's work over the replicas: the least and
+// the most any replica got, as a multiple of the mean (1 is an equal
+// share; 0 is a replica left unused). All are 0 when there was no work.
+type Share struct {
+	// RequestsMin is the fewest requests a replica admitted, over the mean.
+	RequestsMin float64 `json:"requests_min"`
+	// RequestsMax is the most requests a replica admitted, over the mean.
+	RequestsMax float64 `json:"requests_max"`
+	// PrefillMin is the fewest prefill tokens a replica computed, over the
+	// mean.
+	PrefillMin float64 `json:"prefill_min"`
+	// PrefillMax is the most prefill tokens a replica computed, over the
+	// mean (the same as Imbalance).
+	PrefillMax float64 `json:"prefill_max"`
+}
+
+// spread returns the least and the largest of xs over their mean.
+func spread(xs []int64) (lo, hi float64) {
+	var sum, mn, mx int64
+	for i, x := range xs {
+		sum += x
+		if i == 0 || x < mn {
+			mn = x
+		}
+		mx = max(mx, x)
+	}
+	if sum == 0 {
+		return 0, 0
+	}
+	mean := float64(sum) / float64(len(xs))
+	return float64(mn) / mean, float64(mx) / mean
 }
 
 // Latency summarises a latency distribution. Every field is in seconds and
@@ -142,22 +192,27 @@ func (r *Report) Result(name string) (Result, bool) {
 }
 
 // WriteTable writes the report as an aligned text table: a header naming
-// the workload and setup, one row per policy, then the bounds. "index says"
-// is the token hit rate the gateway's index predicted (RouterTokenHitRate).
+// the workload and setup, one row per policy, then the ideal row and the
+// bounds. "index says" is the token hit rate the policy's index predicted
+// (RouterTokenHitRate); "×ideal" is IdealRatio; "req share" and "prefill
+// share" are the least and most any replica got over the mean (Share).
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\tSLO\tdone\tdrop\tfail\t")
+	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\t×ideal\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\treq share\tprefill share\tSLO\tdone\tdrop\tfail\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%s\t%d\t%d\t%d\t\n",
-			x.Policy, pct(x.TokenHitRate), pct(x.RequestHitRate), pct(x.RouterTokenHitRate), sec(x.TTFT.Mean), sec(x.TTFT.P50), sec(x.TTFT.P90), sec(x.TTFT.P99),
-			sec(x.E2E.Mean), sec(x.E2E.P99), x.Throughput, x.Imbalance, pct(x.SLOAttainment), x.Completed, x.Dropped, x.Failed)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.2f–%.2f\t%.2f–%.2f\t%s\t%d\t%d\t%d\t\n",
+			x.Policy, pct(x.TokenHitRate), pct(x.RequestHitRate), pct(x.RouterTokenHitRate), sec(x.TTFT.Mean), x.IdealRatio, sec(x.TTFT.P50), sec(x.TTFT.P90), sec(x.TTFT.P99),
+			sec(x.E2E.Mean), sec(x.E2E.P99), x.Throughput, x.Imbalance, x.Share.RequestsMin, x.Share.RequestsMax, x.Share.PrefillMin, x.Share.PrefillMax,
+			pct(x.SLOAttainment), x.Completed, x.Dropped, x.Failed)
 	}
+	fmt.Fprintf(tw, "ideal (pooled cache, no queue)\t%s\t%s\t\t%s\t1.00\t%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\n",
+		pct(r.PooledLRU.TokenHitRate), pct(r.PooledLRU.RequestHitRate), sec(r.Ideal.Mean), sec(r.Ideal.P50), sec(r.Ideal.P90), sec(r.Ideal.P99))
 	for _, bd := range []Bound{r.PooledLRU, r.Unbounded} {
-		fmt.Fprintf(tw, "%s (bound)\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", bd.Name, pct(bd.TokenHitRate), pct(bd.RequestHitRate))
+		fmt.Fprintf(tw, "%s (bound)\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", bd.Name, pct(bd.TokenHitRate), pct(bd.RequestHitRate))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -87,6 +87,11 @@ func Run(cfg Config) (*Report, error) {
 	if rep.Requests == 0 && len(rep.Results) > 0 {
 		rep.Requests = rep.Results[0].Requests
 	}
+	for i := range rep.Results {
+		if rep.Ideal.Mean > 0 {
+			rep.Results[i].IdealRatio = rep.Results[i].TTFT.Mean / rep.Ideal.Mean
+		}
+	}
 	if cfg.Progress != nil {
 		cfg.Progress(Progress{Done: done, Total: max(total, done)})
 	}
@@ -101,11 +106,13 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 	}
 	defer st.Close()
 	if j == len(cfg.Policies) {
-		pooled, unb, err := bounds(st, cfg.Workload.BlockTokens(), capacity*cfg.Replicas, tick)
+		var ideal hist
+		pooled, unb, err := bounds(st, cfg.Workload.BlockTokens(), capacity*cfg.Replicas, capacity, cfg.Preset, &ideal, tick)
 		if err != nil {
 			return err
 		}
 		rep.PooledLRU, rep.Unbounded = pooled, unb
+		rep.Ideal = latencyOf(&ideal)
 		return nil
 	}
 	pol := cfg.Policies[j]

@@ -195,9 +195,55 @@ func TestBoundsHandMade(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Bound{Name: "pooled-lru", CacheBlocks: 3, TokenHitRate: 2048.0 / 4900, RequestHitRate: 0.4}, rep.PooledLRU)
 	assert.Equal(t, Bound{Name: "unbounded", TokenHitRate: 2223.0 / 4900, RequestHitRate: 0.4}, rep.Unbounded)
-	// One replica serving one request at a time hits exactly like the pool.
+	// One replica serving one request at a time hits exactly like the pool,
+	// and every request is alone on it: each policy's TTFT is the ideal.
+	lone := []time.Duration{p.LoneTTFT(0, 1000), p.LoneTTFT(1024, 176), p.LoneTTFT(0, 500), p.LoneTTFT(1024, 176), p.LoneTTFT(0, 1000)}
+	var sum time.Duration
+	for _, d := range lone {
+		sum += d
+	}
+	assert.InDelta(t, sum.Seconds()/5, rep.Ideal.Mean, 1e-9)
+	assert.InDelta(t, p.PrefillTime(0, 1000).Seconds(), rep.Ideal.Max, 1e-9)
 	for _, r := range rep.Results {
 		assert.InDelta(t, 2048.0/4900, r.TokenHitRate, 1e-12, r.Policy)
+		assert.InDelta(t, rep.Ideal.Mean, r.TTFT.Mean, 1e-6, r.Policy)
+		assert.InDelta(t, 1, r.IdealRatio, 1e-5, r.Policy)
+	}
+}
+
+// TestLoneTTFTChunks: a prompt longer than a step's token budget is
+// prefilled in chunks, each paying the step overhead, the attention term
+// growing with the context already computed.
+func TestLoneTTFTChunks(t *testing.T) {
+	p := DefaultPreset()
+	n := p.MaxBatchTokens + 100
+	want := p.PrefillTime(0, p.MaxBatchTokens) + p.PrefillTime(p.MaxBatchTokens, 100)
+	assert.InDelta(t, want.Seconds(), p.LoneTTFT(0, n).Seconds(), 1e-8)
+	assert.Equal(t, p.PrefillTime(0, 100), p.LoneTTFT(0, 100))
+}
+
+// TestIdealIsBelowPolicies: on every generated workload no policy's mean
+// TTFT beats the ideal row, and every policy's per-replica shares add up to
+// the requests it admitted.
+func TestIdealIsBelowPolicies(t *testing.T) {
+	for name, w := range workloads(t) {
+		t.Run(name, func(t *testing.T) {
+			rep, err := Run(Config{Workload: w, Replicas: 3, Seed: 2})
+			require.NoError(t, err)
+			require.Positive(t, rep.Ideal.Mean)
+			for _, r := range rep.Results {
+				assert.GreaterOrEqual(t, r.TTFT.Mean, rep.Ideal.Mean, r.Policy)
+				assert.GreaterOrEqual(t, r.IdealRatio, 1.0, r.Policy)
+				var n int64
+				for _, x := range r.RequestsPerReplica {
+					n += x
+				}
+				assert.Equal(t, int64(r.Completed), n, r.Policy)
+				assert.LessOrEqual(t, r.Share.RequestsMin, 1.0, r.Policy)
+				assert.GreaterOrEqual(t, r.Share.RequestsMax, 1.0, r.Policy)
+				assert.InDelta(t, r.Imbalance, r.Share.PrefillMax, 1e-12, r.Policy)
+			}
+		})
 	}
 }
 

@@ -62,11 +62,15 @@ func TestLargeSystemPromptWarmup(t *testing.T) {
 	}
 }
 
-// TestSystemPromptHighLoad documents a limitation (README, Known
-// limitations): at 200 requests/s on 8 replicas, where every request shares
-// one 1,024-token system prompt that every replica soon holds, caching
-// cannot tell replicas apart and cache-aware routing is a little slower
-// than round-robin's strict rotation, though still balanced.
+// TestSystemPromptHighLoad: at 200 requests/s on 8 replicas, where every
+// request shares one 1,024-token system prompt that every replica soon
+// holds, caching cannot tell replicas apart and round-robin's strict
+// rotation is hard to beat. Cache-aware routing used to be 8% slower here
+// (47 ms mean TTFT against 43), its decode term sending consecutive
+// requests to whichever replica had just finished a few and queuing their
+// prefills; with decode counts priced only beyond their random spread and
+// tied replicas taking turns it is level with round-robin within 2% on
+// the mean (44 ms against 43) and on the p99 (75 ms both).
 func TestSystemPromptHighLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates 5,000 requests under two policies")
@@ -78,9 +82,9 @@ func TestSystemPromptHighLoad(t *testing.T) {
 	require.NoError(t, err)
 	rr, ca := rep.Results[0], rep.Results[1]
 	for _, r := range rep.Results {
-		t.Logf("%-12s TTFT mean %3.0f ms  p99 %3.0f ms  imbalance %.2f", r.Policy, 1000*r.TTFT.Mean, 1000*r.TTFT.P99, r.Imbalance)
+		t.Logf("%-12s TTFT mean %4.1f ms  p99 %3.0f ms  imbalance %.2f", r.Policy, 1000*r.TTFT.Mean, 1000*r.TTFT.P99, r.Imbalance)
 	}
-	require.Greater(t, ca.TTFT.Mean, rr.TTFT.Mean, "cache-aware is slower here (the limitation)")
-	require.LessOrEqual(t, ca.TTFT.Mean, 1.25*rr.TTFT.Mean, "but not by much")
+	require.LessOrEqual(t, ca.TTFT.Mean, 1.02*rr.TTFT.Mean, "level with round-robin on the mean")
+	require.LessOrEqual(t, ca.TTFT.P99, 1.01*rr.TTFT.P99, "and on the tail")
 	require.LessOrEqual(t, ca.Imbalance, 1.1)
 }

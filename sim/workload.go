@@ -27,6 +27,11 @@ type Request struct {
 	// of the answer; they are cached when the request completes, so a later
 	// prompt that extends this one (the next turn of a chat) can reuse them.
 	OutBlocks []uint64
+	// UserBlock is the index in Blocks of the block where the first user
+	// message begins, after the system prompt, for routers that key on it
+	// (KubeAI's CHWBL hashes its first characters); 0 when the prompt has
+	// no system part or its structure is unknown (traces).
+	UserBlock int
 }
 
 // Workload is a reproducible source of requests.
