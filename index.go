@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"math/bits"
+	"math/rand/v2"
 )
 
 // The cache index records which replica holds which prefix blocks.
@@ -9,13 +10,13 @@ import (
 // Layout, chosen for a fast longest-prefix lookup across all replicas and a
 // small, measured footprint (see BenchmarkIndexMemory):
 //
-//   - one open-addressing table of blocks (linear probing, Lemire's
-//     multiply-shift from hash to slot, backward-shift deletion). A slot is
-//     1+w consecutive words: the block's hash, then a bit set of the
-//     replicas holding it, so a probe reads one cache line. A slot is empty
-//     when its bit set is.
-//   - per replica, a node per cached block (its hash and LRU links) and a
-//     small open-addressing table from hash to node, so warming a block on
+//   - one open-addressing table of blocks (Robin Hood linear probing,
+//     Lemire's multiply-shift from hash to slot, backward-shift deletion).
+//     A slot is 1+w consecutive words: the block's placed hash (below),
+//     then a bit set of the replicas holding it, so a probe reads one cache
+//     line. A slot is empty when its bit set is.
+//   - per replica, a node per cached block (its placed hash and LRU links)
+//     and a small Robin Hood table from hash to node, so warming a block on
 //     one replica costs O(1) however many replicas share it.
 //
 // A lookup walks the request's blocks once, ANDing holder bit sets, so it
@@ -23,6 +24,34 @@ import (
 // Blocks are warmed root-last, so the root of a chain is the most recently
 // used and LRU evicts leaves first: a replica's cached set stays closed
 // under prefixes, as an engine's own prefix cache is.
+//
+// Hash flooding. Block hashes are public (anyone can compute the Key of a
+// prompt, and the API accepts raw Keys), so a table placing blocks by them
+// could be fed blocks that all home into one cluster, making every probe
+// walk it. The index therefore places a block by its placed hash, a keyed
+// permutation of the block hash (mix) under a secret drawn from the
+// runtime's random source when the index is created: nobody outside the
+// process can predict which blocks collide. Being a permutation, it keeps
+// distinct blocks distinct, so the index behaves exactly as if it were
+// keyed by the block hashes themselves; the secret decides where a block
+// sits, never which replica a request is sent to.
+//
+// The work of one operation is bounded besides, whatever the keys:
+//
+//   - a lookup probes at most maxProbe (128) slots per block, in the block
+//     table and in a replica's table: no block sits further than that from
+//     its home slot;
+//   - an insertion scans and shifts at most maxShift (4,096) slots;
+//   - a block that cannot be placed within these bounds is left out of the
+//     index (counted in dropped), as if it were not cached: the request
+//     is still routed, with a shorter match there.
+//
+// With the secret in place the bounds are never reached in practice:
+// Robin Hood placement at the tables' load factors (0.85, 0.7) keeps the
+// largest displacement of 2^23 random blocks near 50 slots and the longest
+// run of occupied slots near 1,200, so a block is left out only if
+// someone can predict the placement, that is, knows the secret. Deletion
+// shifts back the rest of a run, bounded by run lengths alike.
 //
 // The index is not safe for concurrent use; Gateway guards it with its mutex.
 
@@ -34,26 +63,80 @@ const (
 	nilRef      = ^uint32(0)
 	maxLoad     = 0.85 // of the block table
 	repLoad     = 0.7  // of a replica's table: cheap slots, short probe runs
+	// maxProbe bounds a block's distance from its home slot, and so the
+	// slots a lookup probes, in every table of the index.
+	maxProbe = 128
+	// maxShift bounds the slots an insertion scans for a free slot and
+	// shifts to make room.
+	maxShift = 4096
 )
 
 type index struct {
-	tab   []uint64 // slots of 1+w words: hash, then holder bit set
+	tab   []uint64 // slots of 1+w words: placed hash, then holder bit set
 	w     int      // words per bit set
 	n     int      // slots
 	used  int      // occupied slots
-	limit int      // the table never grows past this many slots
+	limit int      // the table grows past this many slots only to fit its blocks
 
-	reps   []*repCache // by replica slot; nil where free
-	active []uint64    // w words: replica slots in use
-	alive  []uint64    // scratch for match
-	sink   uint64      // keeps the prefetching loads of match and store
-	moves  uint64      // counts deletions and rehashes, which move slots
+	reps    []*repCache // by replica slot; nil where free
+	active  []uint64    // w words: replica slots in use
+	alive   []uint64    // scratch for match
+	sink    uint64      // keeps the prefetching loads of match and store
+	moves   uint64      // counts deletions, shifting insertions and rehashes, which move slots
+	dropped uint64      // blocks left out for exceeding maxProbe or maxShift
+	seed    seed        // the secret of placement
+	mk      Key         // scratch for mixKey
 }
 
-func newIndex() *index {
-	ix := &index{w: 1, active: make([]uint64, 1), alive: make([]uint64, 1)}
+// seed is an index's secret: mix(h) = f(k2·f(k1·(h ⊕ k0))) with
+// f(x) = x ⊕ (x >> 32) (the last one >> 29). k1 and k2 are odd, so every
+// step, and mix, is a permutation of the 64-bit values.
+type seed struct{ k0, k1, k2 uint64 }
+
+// newSeed expands a secret into a seed with splitmix64.
+func newSeed(secret uint64) seed {
+	next := func() uint64 {
+		secret += 0x9e3779b97f4a7c15
+		z := secret
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		return z ^ z>>31
+	}
+	return seed{next(), next() | 1, next() | 1}
+}
+
+// mix returns the placed hash of block hash h.
+func (sd *seed) mix(h uint64) uint64 {
+	h ^= sd.k0
+	h *= sd.k1
+	h ^= h >> 32
+	h *= sd.k2
+	return h ^ h>>29
+}
+
+// newIndex returns an empty index placing blocks under a secret drawn
+// from the runtime's random source, which the operating system seeds per
+// process.
+func newIndex() *index { return newIndexSecret(rand.Uint64()) }
+
+// newIndexSecret returns an empty index placing blocks under secret.
+func newIndexSecret(secret uint64) *index {
+	ix := &index{w: 1, active: make([]uint64, 1), alive: make([]uint64, 1), seed: newSeed(secret)}
 	ix.resize(16)
 	return ix
+}
+
+// mixKey returns the placed hashes of key's blocks, the form every other
+// method takes keys in, in a scratch slice that the next call reuses.
+func (ix *index) mixKey(key Key) Key {
+	if cap(ix.mk) < len(key) {
+		ix.mk = make(Key, len(key), max(len(key), 2*cap(ix.mk)))
+	}
+	mk := ix.mk[:len(key)]
+	for i, h := range key {
+		mk[i] = ix.seed.mix(h)
+	}
+	return mk
 }
 
 // tableSlots is how many slots hold n entries within the load factor.
@@ -102,9 +185,18 @@ func (ix *index) clear(slot uint32) {
 // cached reports how many blocks a replica holds.
 func (ix *index) cached(slot uint32) int { return ix.reps[slot].n }
 
-func (ix *index) home(h uint64) int {
-	hi, _ := bits.Mul64(h, uint64(ix.n))
+func (ix *index) home(m uint64) int {
+	hi, _ := bits.Mul64(m, uint64(ix.n))
 	return int(hi)
+}
+
+// dist is how far slot i lies past the home of placed hash m.
+func (ix *index) dist(i int, m uint64) int {
+	d := i - ix.home(m)
+	if d < 0 {
+		d += ix.n
+	}
+	return d
 }
 
 func (ix *index) empty(i int) bool {
@@ -116,63 +208,122 @@ func (ix *index) empty(i int) bool {
 	return true
 }
 
-// find returns the table slot of block h, or -1.
-func (ix *index) find(h uint64) int {
+// find returns the table slot of placed hash m, or -1. It probes at most
+// maxProbe slots, fewer for an absent block: Robin Hood placement keeps
+// each probe run ordered by home, so the walk stops at the first block
+// closer to its home than m would be.
+func (ix *index) find(m uint64) int {
 	if ix.w == 1 { // the common case, up to 64 replicas: one word of holders
-		for i := ix.home(h); ; {
+		for i, d := ix.home(m), 0; d < maxProbe; d++ {
 			k, holders := ix.tab[2*i], ix.tab[2*i+1]
 			if holders == 0 {
 				return -1
 			}
-			if k == h {
+			if k == m {
 				return i
+			}
+			if ix.dist(i, k) < d {
+				return -1
 			}
 			if i++; i == ix.n {
 				i = 0
 			}
 		}
+		return -1
 	}
 	s := 1 + ix.w
-	for i := ix.home(h); ; {
+	for i, d := ix.home(m), 0; d < maxProbe; d++ {
 		if ix.empty(i) {
 			return -1
 		}
-		if ix.tab[i*s] == h {
+		k := ix.tab[i*s]
+		if k == m {
 			return i
+		}
+		if ix.dist(i, k) < d {
+			return -1
 		}
 		if i++; i == ix.n {
 			i = 0
 		}
 	}
+	return -1
 }
 
-// insert adds block h, which must be absent, and returns its slot. The
-// caller sets a holder bit before the next table operation.
-func (ix *index) insert(h uint64) int {
+// insert adds placed hash m, which must be absent, and returns its slot,
+// or -1 if it cannot be placed within maxProbe and maxShift. The caller
+// sets a holder bit before the next table operation.
+func (ix *index) insert(m uint64) int {
 	if float64(ix.used+1) > maxLoad*float64(ix.n) {
 		ix.resize(max(16, min(2*ix.n, ix.limit)))
 	}
-	i := ix.home(h)
-	for !ix.empty(i) {
+	return ix.place(m)
+}
+
+// place is insert into a table with room: m goes before the first block
+// closer to its home, and the blocks from there to the next empty slot
+// shift one slot on, unless that would take a block maxProbe or more
+// slots from its home or shift more than maxShift.
+func (ix *index) place(m uint64) int {
+	s := 1 + ix.w
+	i := ix.home(m)
+	for d := 0; ; d++ {
+		if d == maxProbe {
+			ix.dropped++
+			return -1
+		}
+		if ix.empty(i) {
+			ix.tab[i*s] = m
+			ix.used++
+			return i
+		}
+		if ix.dist(i, ix.tab[i*s]) < d {
+			break
+		}
 		if i++; i == ix.n {
 			i = 0
 		}
 	}
-	ix.tab[i*(1+ix.w)] = h
+	ins, e := i, i
+	for k := 0; !ix.empty(e); k++ {
+		if k == maxShift || ix.dist(e, ix.tab[e*s]) >= maxProbe-1 {
+			ix.dropped++
+			return -1
+		}
+		if e++; e == ix.n {
+			e = 0
+		}
+	}
+	if e > ins {
+		copy(ix.tab[(ins+1)*s:(e+1)*s], ix.tab[ins*s:e*s])
+	} else { // the run wraps around the end of the table
+		copy(ix.tab[s:(e+1)*s], ix.tab[:e*s])
+		copy(ix.tab[:s], ix.tab[(ix.n-1)*s:])
+		copy(ix.tab[(ins+1)*s:], ix.tab[ins*s:(ix.n-1)*s])
+	}
+	clear(ix.tab[ins*s+1 : (ins+1)*s])
+	ix.tab[ins*s] = m
 	ix.used++
-	return i
+	ix.moves++
+	return ins
 }
 
 // resize rehashes the table into n slots (at least enough for its blocks).
 func (ix *index) resize(n int) { ix.rebuild(n, ix.w) }
 
-// rebuild rehashes the table into n slots of w-word bit sets.
+// rebuild rehashes the table into n slots of w-word bit sets. A block
+// that no longer fits within the bounds (only if someone knows the
+// secret) is forgotten by its holders.
 func (ix *index) rebuild(n, w int) {
 	n = max(n, tableSlots(ix.used+1))
 	ix.moves++
 	old, oldS, oldN := ix.tab, 1+ix.w, ix.n
-	ix.tab, ix.n = make([]uint64, n*(1+w)), n
-	oldW := ix.w
+	ix.tab, ix.n, ix.used = make([]uint64, n*(1+w)), n, 0
+	if w != ix.w {
+		na := make([]uint64, w)
+		copy(na, ix.active)
+		ix.active, ix.alive = na, make([]uint64, w)
+	}
 	ix.w = w
 	for j := range oldN {
 		src := old[j*oldS : (j+1)*oldS]
@@ -183,38 +334,43 @@ func (ix *index) rebuild(n, w int) {
 		if !occupied {
 			continue
 		}
-		i := ix.home(src[0])
-		for !ix.empty(i) {
-			if i++; i == n {
-				i = 0
-			}
+		if i := ix.place(src[0]); i >= 0 {
+			copy(ix.tab[i*(1+w)+1:], src[1:])
+		} else {
+			ix.forget(src[0], src[1:])
 		}
-		copy(ix.tab[i*(1+w):], src[:1+oldW])
-	}
-	if w != oldW {
-		na := make([]uint64, w)
-		copy(na, ix.active)
-		ix.active, ix.alive = na, make([]uint64, w)
 	}
 }
 
-// del removes table slot i, shifting later entries of its probe run back.
+// forget drops block m from every replica in holders; the block table no
+// longer has it.
+func (ix *index) forget(m uint64, holders []uint64) {
+	for wi, b := range holders {
+		for ; b != 0; b &= b - 1 {
+			r := ix.reps[wi*64+bits.TrailingZeros64(b)]
+			if l := r.lookup(m); l != nilRef {
+				r.drop(m)
+				r.unlink(l)
+				r.release(l)
+			}
+		}
+	}
+}
+
+// del removes table slot i, shifting the rest of its run back one slot
+// up to the next empty slot or block at its home.
 func (ix *index) del(i int) {
 	s := 1 + ix.w
-	j := i
 	for {
-		if j++; j == ix.n {
+		j := i + 1
+		if j == ix.n {
 			j = 0
 		}
-		if ix.empty(j) {
+		if ix.empty(j) || ix.dist(j, ix.tab[j*s]) == 0 {
 			break
 		}
-		k := ix.home(ix.tab[j*s])
-		// Move j into the hole at i unless its home lies cyclically in (i, j].
-		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
-			copy(ix.tab[i*s:(i+1)*s], ix.tab[j*s:(j+1)*s])
-			i = j
-		}
+		copy(ix.tab[i*s:(i+1)*s], ix.tab[j*s:(j+1)*s])
+		i = j
 	}
 	clear(ix.tab[i*s : (i+1)*s])
 	ix.used--
@@ -222,8 +378,9 @@ func (ix *index) del(i int) {
 }
 
 // match writes, for every active replica slot s, the number of leading
-// blocks of key that replica holds into out[s], and returns the longest.
-func (ix *index) match(key Key, out []int32) int {
+// blocks of mk (placed hashes, see mixKey) that replica holds into out[s],
+// and returns the longest.
+func (ix *index) match(mk Key, out []int32) int {
 	alive := ix.alive
 	copy(alive, ix.active)
 	s := 1 + ix.w
@@ -231,15 +388,15 @@ func (ix *index) match(key Key, out []int32) int {
 	// the processor overlaps their cache misses instead of taking them one
 	// probe at a time in the walk below.
 	var sink uint64
-	for _, h := range key {
-		sink += ix.tab[ix.home(h)*s]
+	for _, m := range mk {
+		sink += ix.tab[ix.home(m)*s]
 	}
 	ix.sink = sink
 	if ix.w == 1 { // up to 64 replicas: one word, no inner loop
 		a := alive[0]
-		for i, h := range key {
+		for i, m := range mk {
 			var nb uint64
-			if pos := ix.find(h); pos >= 0 {
+			if pos := ix.find(m); pos >= 0 {
 				nb = a & ix.tab[2*pos+1]
 			}
 			for d := a &^ nb; d != 0; d &= d - 1 {
@@ -250,12 +407,12 @@ func (ix *index) match(key Key, out []int32) int {
 			}
 		}
 		for ; a != 0; a &= a - 1 {
-			out[bits.TrailingZeros64(a)] = int32(len(key))
+			out[bits.TrailingZeros64(a)] = int32(len(mk))
 		}
-		return len(key)
+		return len(mk)
 	}
-	for i, h := range key {
-		pos := ix.find(h)
+	for i, m := range mk {
+		pos := ix.find(m)
 		any := false
 		for wi, a := range alive {
 			if a == 0 {
@@ -277,23 +434,23 @@ func (ix *index) match(key Key, out []int32) int {
 	}
 	for wi, a := range alive {
 		for ; a != 0; a &= a - 1 {
-			out[wi*64+bits.TrailingZeros64(a)] = int32(len(key))
+			out[wi*64+bits.TrailingZeros64(a)] = int32(len(mk))
 		}
 	}
-	return len(key)
+	return len(mk)
 }
 
-// store records that replica slot holds every block of key, making them
-// its most recently used, the root last, and evicting least recently used
-// blocks beyond its capacity.
-func (ix *index) store(slot uint32, key Key) { ix.storeMatched(slot, key, len(key)) }
+// store records that replica slot holds every block of mk (placed hashes),
+// making them its most recently used, the root last, and evicting least
+// recently used blocks beyond its capacity.
+func (ix *index) store(slot uint32, mk Key) { ix.storeMatched(slot, mk, len(mk)) }
 
 // storeMatched is store for a key of which the replica holds about the
 // first matched blocks, as match found. Those it looks up in the replica's
 // table to refresh; the rest it expects to be absent, so it asks the block
 // table first, whose probe the insertion needs anyway, and so skips a
 // fruitless probe of the replica's table for every block of a new suffix.
-func (ix *index) storeMatched(slot uint32, key Key, matched int) {
+func (ix *index) storeMatched(slot uint32, mk Key, matched int) {
 	r := ix.reps[slot]
 	if r.cap == 0 {
 		return
@@ -308,52 +465,68 @@ func (ix *index) storeMatched(slot uint32, key Key, matched int) {
 	// Key that repeats a block of that leading run may end in another
 	// order; chained keys never repeat a block.)
 	front, run := nilRef, 0
-	if r.cap > len(key) {
-		for l := r.mru; l != nilRef && run < matched && r.nodes[l].hash == key[run]; l = r.nodes[l].next {
+	if r.cap > len(mk) {
+		for l := r.mru; l != nilRef && run < matched && r.nodes[l].hash == mk[run]; l = r.nodes[l].next {
 			front, run = l, run+1
 		}
 	}
 	if len(r.tab) > 0 && run < matched { // overlap the cache misses, as in match
 		var sink uint32
-		for _, h := range key[run:matched] {
-			if v := r.tab[r.home(h)]; v != 0 {
+		for _, m := range mk[run:matched] {
+			if v := r.tab[r.home(m)]; v != 0 {
 				sink += r.nodes[v-1].prev
 			}
 		}
 		ix.sink += uint64(sink)
 	}
-	for i := len(key) - 1; i >= run; i-- {
-		h := key[i]
+	for i := len(mk) - 1; i >= run; i-- {
+		m := mk[i]
 		pos := -1
 		if i < matched {
-			if l := r.lookup(h); l != nilRef {
+			if l := r.lookup(m); l != nilRef {
 				r.moveBehind(front, l)
 				continue
 			}
-		} else if pos = ix.find(h); pos >= 0 && ix.holds(pos, slot) {
-			r.moveBehind(front, r.lookup(h)) // held after all (a key repeating a block)
+		} else if pos = ix.find(m); pos >= 0 && ix.holds(pos, slot) {
+			r.moveBehind(front, r.lookup(m)) // held after all (a key repeating a block)
 			continue
 		}
-		moves := ix.moves
+		moves, dropped := ix.moves, ix.dropped
 		l := ix.alloc(r)
-		if pos < 0 || ix.moves != moves { // eviction may have moved table slots
-			pos = ix.find(h)
+		r.nodes[l].hash = m
+		ok := ix.addRep(r, l)
+		if ok {
+			if pos < 0 || ix.moves != moves { // eviction may have moved table slots
+				pos = ix.find(m)
+			}
+			if pos < 0 {
+				pos = ix.insert(m)
+			}
+			if ok = pos >= 0; ok {
+				ix.tab[pos*(1+ix.w)+1+int(slot/64)] |= 1 << (slot % 64)
+			} else {
+				r.drop(m)
+			}
 		}
-		if pos < 0 {
-			pos = ix.insert(h)
+		if !ok {
+			r.release(l)
 		}
-		ix.tab[pos*(1+ix.w)+1+int(slot/64)] |= 1 << (slot % 64)
-		r.nodes[l].hash = h
-		r.add(h, l)
-		r.linkBehind(front, l)
+		// A bound was hit: the front block may have been forgotten.
+		if ix.dropped != dropped && front != nilRef && r.lookup(mk[run-1]) != front {
+			front = nilRef
+		}
+		if ok {
+			r.linkBehind(front, l)
+		}
 	}
 }
 
-// remove drops the blocks of key that replica slot holds, wherever they are.
-func (ix *index) remove(slot uint32, key Key) {
+// remove drops the blocks of mk (placed hashes) that replica slot holds,
+// wherever they are.
+func (ix *index) remove(slot uint32, mk Key) {
 	r := ix.reps[slot]
-	for _, h := range key {
-		if l := r.lookup(h); l != nilRef {
+	for _, m := range mk {
+		if l := r.lookup(m); l != nilRef {
 			ix.evict(r, l)
 		}
 	}
@@ -382,21 +555,30 @@ func (ix *index) alloc(r *repCache) uint32 {
 // evict removes node l of r from the block table and its LRU list and
 // frees it.
 func (ix *index) evict(r *repCache, l uint32) {
-	h := r.nodes[l].hash
-	pos := ix.find(h)
+	m := r.nodes[l].hash
+	ix.unhold(r, m)
+	r.drop(m)
+	r.unlink(l)
+	r.release(l)
+}
+
+// unhold clears r's holder bit of block m, deleting the block when no
+// replica holds it any more.
+func (ix *index) unhold(r *repCache, m uint64) {
+	pos := ix.find(m)
 	ix.tab[pos*(1+ix.w)+1+int(r.slot/64)] &^= 1 << (r.slot % 64)
 	if ix.empty(pos) {
 		ix.del(pos)
 	}
-	r.drop(h)
-	r.unlink(l)
-	r.nodes[l].next = r.free
-	r.free = l
-	r.n--
 }
 
-// repCache is one replica's cached blocks: nodes in LRU order and a table
-// from block hash to node.
+// holds reports whether table slot pos records replica slot as a holder.
+func (ix *index) holds(pos int, slot uint32) bool {
+	return ix.tab[pos*(1+ix.w)+1+int(slot/64)]&(1<<(slot%64)) != 0
+}
+
+// repCache is one replica's cached blocks: nodes in LRU order and a Robin
+// Hood table from placed hash to node.
 type repCache struct {
 	slot  uint32
 	cap   int
@@ -410,8 +592,9 @@ type repCache struct {
 	used int
 }
 
-// repNode is one cached block: its hash and LRU links (nilRef ends), in
-// one 16-byte record so that touching a block reads one cache line.
+// repNode is one cached block: its placed hash and LRU links (nilRef
+// ends), in one 16-byte record so that touching a block reads one cache
+// line.
 type repNode struct {
 	hash       uint64
 	prev, next uint32
@@ -421,87 +604,151 @@ func newRepCache(slot uint32, capacity int) *repCache {
 	return &repCache{slot: slot, cap: capacity, mru: nilRef, lru: nilRef, free: nilRef}
 }
 
-func (r *repCache) home(h uint64) int {
-	hi, _ := bits.Mul64(h, uint64(len(r.tab)))
+func (r *repCache) home(m uint64) int {
+	hi, _ := bits.Mul64(m, uint64(len(r.tab)))
 	return int(hi)
 }
 
-// lookup returns the node holding block h, or nilRef.
-func (r *repCache) lookup(h uint64) uint32 {
-	if len(r.tab) == 0 {
+// dist is how far slot i lies past the home of placed hash m.
+func (r *repCache) dist(i int, m uint64) int {
+	d := i - r.home(m)
+	if d < 0 {
+		d += len(r.tab)
+	}
+	return d
+}
+
+// lookup returns the node holding block m, or nilRef, probing at most
+// maxProbe slots.
+func (r *repCache) lookup(m uint64) uint32 {
+	n := len(r.tab)
+	if n == 0 {
 		return nilRef
 	}
-	for i := r.home(h); ; {
+	for i, d := r.home(m), 0; d < maxProbe; d++ {
 		v := r.tab[i]
 		if v == 0 {
 			return nilRef
 		}
-		if r.nodes[v-1].hash == h {
+		k := r.nodes[v-1].hash
+		if k == m {
 			return v - 1
 		}
-		if i++; i == len(r.tab) {
-			i = 0
+		if r.dist(i, k) < d {
+			return nilRef
 		}
-	}
-}
-
-// add records that node l holds block h, which must be absent.
-func (r *repCache) add(h uint64, l uint32) {
-	if float64(r.used+1) > repLoad*float64(len(r.tab)) {
-		r.grow()
-	}
-	i := r.home(h)
-	for r.tab[i] != 0 {
-		if i++; i == len(r.tab) {
-			i = 0
-		}
-	}
-	r.tab[i] = l + 1
-	r.used++
-}
-
-func (r *repCache) grow() {
-	n := max(16, min(2*len(r.tab), int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
-	old := r.tab
-	r.tab = make([]uint32, n)
-	for _, v := range old {
-		if v == 0 {
-			continue
-		}
-		i := r.home(r.nodes[v-1].hash)
-		for r.tab[i] != 0 {
-			if i++; i == n {
-				i = 0
-			}
-		}
-		r.tab[i] = v
-	}
-}
-
-// drop forgets block h, which must be present.
-func (r *repCache) drop(h uint64) {
-	n := len(r.tab)
-	i := r.home(h)
-	for r.nodes[r.tab[i]-1].hash != h {
 		if i++; i == n {
 			i = 0
 		}
 	}
-	for j := i; ; {
-		if j++; j == n {
-			j = 0
+	return nilRef
+}
+
+// place records node l, holding block m, which must be absent, in a table
+// with room, as index.place does; it reports whether l fits within the
+// bounds.
+func (r *repCache) place(m uint64, l uint32) bool {
+	n := len(r.tab)
+	i := r.home(m)
+	for d := 0; ; d++ {
+		if d == maxProbe {
+			return false
 		}
-		if r.tab[j] == 0 {
+		v := r.tab[i]
+		if v == 0 {
+			r.tab[i] = l + 1
+			r.used++
+			return true
+		}
+		if r.dist(i, r.nodes[v-1].hash) < d {
 			break
 		}
-		k := r.home(r.nodes[r.tab[j]-1].hash)
-		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
-			r.tab[i] = r.tab[j]
-			i = j
+		if i++; i == n {
+			i = 0
 		}
+	}
+	ins, e := i, i
+	for k := 0; r.tab[e] != 0; k++ {
+		if k == maxShift || r.dist(e, r.nodes[r.tab[e]-1].hash) >= maxProbe-1 {
+			return false
+		}
+		if e++; e == n {
+			e = 0
+		}
+	}
+	if e > ins {
+		copy(r.tab[ins+1:e+1], r.tab[ins:e])
+	} else { // the run wraps around the end of the table
+		copy(r.tab[1:e+1], r.tab[:e])
+		r.tab[0] = r.tab[n-1]
+		copy(r.tab[ins+1:], r.tab[ins:n-1])
+	}
+	r.tab[ins] = l + 1
+	r.used++
+	return true
+}
+
+// addRep records in r's table that node l holds its block, growing the
+// table as needed, and reports whether it fit within the bounds.
+func (ix *index) addRep(r *repCache, l uint32) bool {
+	if float64(r.used+1) > repLoad*float64(len(r.tab)) {
+		ix.growRep(r)
+	}
+	if !r.place(r.nodes[l].hash, l) {
+		ix.dropped++
+		return false
+	}
+	return true
+}
+
+// growRep rehashes r's table into a larger one. A node that no longer
+// fits within the bounds (only if someone knows the secret) is dropped
+// from the replica.
+func (ix *index) growRep(r *repCache) {
+	n := max(16, min(2*len(r.tab), int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
+	old := r.tab
+	r.tab, r.used = make([]uint32, n), 0
+	for _, v := range old {
+		if v != 0 && !r.place(r.nodes[v-1].hash, v-1) {
+			ix.unhold(r, r.nodes[v-1].hash)
+			r.unlink(v - 1)
+			r.release(v - 1)
+			ix.dropped++
+		}
+	}
+}
+
+// drop forgets block m, which must be present, shifting the rest of its
+// run back.
+func (r *repCache) drop(m uint64) {
+	n := len(r.tab)
+	i := r.home(m)
+	for r.nodes[r.tab[i]-1].hash != m {
+		if i++; i == n {
+			i = 0
+		}
+	}
+	for {
+		j := i + 1
+		if j == n {
+			j = 0
+		}
+		v := r.tab[j]
+		if v == 0 || r.dist(j, r.nodes[v-1].hash) == 0 {
+			break
+		}
+		r.tab[i] = v
+		i = j
 	}
 	r.tab[i] = 0
 	r.used--
+}
+
+// release puts node l, unlinked, on the free list.
+func (r *repCache) release(l uint32) {
+	r.nodes[l].next = r.free
+	r.free = l
+	r.n--
 }
 
 func (r *repCache) unlink(l uint32) {
@@ -555,9 +802,4 @@ func (r *repCache) moveBehind(front, l uint32) {
 	}
 	r.unlink(l)
 	r.linkBehind(front, l)
-}
-
-// holds reports whether table slot pos records replica slot as a holder.
-func (ix *index) holds(pos int, slot uint32) bool {
-	return ix.tab[pos*(1+ix.w)+1+int(slot/64)]&(1<<(slot%64)) != 0
 }

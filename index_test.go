@@ -69,6 +69,13 @@ func checkIndex(t require.TestingT, ix *index) {
 		}
 		used++
 		h := ix.tab[i*s]
+		d := ix.dist(i, h)
+		require.Less(t, d, maxProbe, "block %x sits %d slots from its home", h, d)
+		if p := (i + ix.n - 1) % ix.n; ix.empty(p) {
+			require.Zero(t, d, "block %x after an empty slot is off its home", h)
+		} else {
+			require.LessOrEqual(t, d, ix.dist(p, ix.tab[p*s])+1, "slot %d breaks the Robin Hood order", i)
+		}
 		require.Equal(t, i, ix.find(h), "block %x is not found at its slot", h)
 		holders[h] = append([]uint64(nil), ix.tab[i*s+1:(i+1)*s]...)
 		for wi := range ix.w {
@@ -100,6 +107,19 @@ func checkIndex(t require.TestingT, ix *index) {
 			require.LessOrEqual(t, n, r.cap, "LRU list longer than capacity")
 		}
 		require.Equal(t, prev, r.lru, "LRU tail")
+		for i, v := range r.tab {
+			if v == 0 {
+				continue
+			}
+			h := r.nodes[v-1].hash
+			d := r.dist(i, h)
+			require.Less(t, d, maxProbe, "replica slot %d: block %x sits %d slots from its home", sl, h, d)
+			if p := r.tab[(i+len(r.tab)-1)%len(r.tab)]; p == 0 {
+				require.Zero(t, d, "replica slot %d: block %x after an empty slot is off its home", sl, h)
+			} else {
+				require.LessOrEqual(t, d, r.dist((i+len(r.tab)-1)%len(r.tab), r.nodes[p-1].hash)+1, "replica slot %d: table slot %d breaks the Robin Hood order", sl, i)
+			}
+		}
 		require.Equal(t, n, r.n, "node count of replica slot %d", sl)
 		require.Equal(t, n, r.used, "replica table entries of slot %d", sl)
 		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", sl)
