@@ -57,72 +57,81 @@ func (m *modelCache) match(key Key) int {
 }
 
 // checkIndex verifies the index's internal consistency: table slots, bit
-// sets, per-replica hash tables, LRU lists and counts all agree.
+// sets, per-replica hash tables, LRU lists and counts all agree, and every
+// table keeps the Robin Hood order with no block maxProbe or more slots
+// from its home. (Plain comparisons: require's per-call cost dominated
+// tests on large indexes.)
 func checkIndex(t require.TestingT, ix *index) {
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			t.Errorf(format, args...)
+			t.FailNow()
+		}
+	}
 	used := 0
 	s := 1 + ix.w
 	holders := map[uint64][]uint64{}
 	for i := range ix.n {
 		if ix.empty(i) {
-			require.Zero(t, ix.tab[i*s], "empty table slot %d keeps a hash", i)
+			check(ix.tab[i*s] == 0, "empty table slot %d keeps a hash", i)
 			continue
 		}
 		used++
 		h := ix.tab[i*s]
 		d := ix.dist(i, h)
-		require.Less(t, d, maxProbe, "block %x sits %d slots from its home", h, d)
+		check(d < maxProbe, "block %x sits %d slots from its home", h, d)
 		if p := (i + ix.n - 1) % ix.n; ix.empty(p) {
-			require.Zero(t, d, "block %x after an empty slot is off its home", h)
+			check(d == 0, "block %x after an empty slot is off its home", h)
 		} else {
-			require.LessOrEqual(t, d, ix.dist(p, ix.tab[p*s])+1, "slot %d breaks the Robin Hood order", i)
+			check(d <= ix.dist(p, ix.tab[p*s])+1, "slot %d breaks the Robin Hood order", i)
 		}
-		require.Equal(t, i, ix.find(h), "block %x is not found at its slot", h)
+		check(ix.find(h) == i, "block %x is not found at its slot %d", h, i)
 		holders[h] = append([]uint64(nil), ix.tab[i*s+1:(i+1)*s]...)
 		for wi := range ix.w {
-			require.Zero(t, ix.tab[i*s+1+wi]&^ix.active[wi], "inactive replica holds block %x", h)
+			check(ix.tab[i*s+1+wi]&^ix.active[wi] == 0, "inactive replica holds block %x", h)
 		}
 	}
-	require.Equal(t, used, ix.used, "used table slots")
+	check(used == ix.used, "used table slots: %d, counted %d", ix.used, used)
 	seen := map[uint64][]uint64{}
 	for sl, r := range ix.reps {
 		if r == nil {
-			require.Zero(t, ix.active[sl/64]&(1<<(sl%64)), "free replica slot %d is active", sl)
+			check(ix.active[sl/64]&(1<<(sl%64)) == 0, "free replica slot %d is active", sl)
 			continue
 		}
 		n := 0
 		prev := nilRef
 		for l := r.mru; l != nilRef; l = r.nodes[l].next {
-			require.Equal(t, prev, r.nodes[l].prev, "LRU back link")
+			check(r.nodes[l].prev == prev, "LRU back link of node %d", l)
 			h := r.nodes[l].hash
-			require.Equal(t, l, r.lookup(h), "replica table does not map block %x to its node", h)
+			check(r.lookup(h) == l, "replica table does not map block %x to its node", h)
 			pos := ix.find(h)
-			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", h)
-			require.True(t, ix.holds(pos, uint32(sl)), "cached block %x lacks its holder bit", h)
+			check(pos >= 0, "cached block %x missing from the table", h)
+			check(ix.holds(pos, uint32(sl)), "cached block %x lacks its holder bit", h)
 			if seen[h] == nil {
 				seen[h] = make([]uint64, ix.w)
 			}
 			seen[h][sl/64] |= 1 << (sl % 64)
 			prev = l
 			n++
-			require.LessOrEqual(t, n, r.cap, "LRU list longer than capacity")
+			check(n <= r.cap, "LRU list longer than capacity %d", r.cap)
 		}
-		require.Equal(t, prev, r.lru, "LRU tail")
+		check(r.lru == prev, "LRU tail")
 		for i, v := range r.tab {
 			if v == 0 {
 				continue
 			}
 			h := r.nodes[v-1].hash
 			d := r.dist(i, h)
-			require.Less(t, d, maxProbe, "replica slot %d: block %x sits %d slots from its home", sl, h, d)
-			if p := r.tab[(i+len(r.tab)-1)%len(r.tab)]; p == 0 {
-				require.Zero(t, d, "replica slot %d: block %x after an empty slot is off its home", sl, h)
+			check(d < maxProbe, "replica slot %d: block %x sits %d slots from its home", sl, h, d)
+			pi := (i + len(r.tab) - 1) % len(r.tab)
+			if p := r.tab[pi]; p == 0 {
+				check(d == 0, "replica slot %d: block %x after an empty slot is off its home", sl, h)
 			} else {
-				require.LessOrEqual(t, d, r.dist((i+len(r.tab)-1)%len(r.tab), r.nodes[p-1].hash)+1, "replica slot %d: table slot %d breaks the Robin Hood order", sl, i)
+				check(d <= r.dist(pi, r.nodes[p-1].hash)+1, "replica slot %d: table slot %d breaks the Robin Hood order", sl, i)
 			}
 		}
-		require.Equal(t, n, r.n, "node count of replica slot %d", sl)
-		require.Equal(t, n, r.used, "replica table entries of slot %d", sl)
-		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", sl)
+		check(r.n == n, "node count of replica slot %d: %d, counted %d", sl, r.n, n)
+		check(r.used == n, "replica table entries of slot %d: %d, nodes %d", sl, r.used, n)
 	}
 	require.Equal(t, holders, seen, "holder bit sets disagree with the replicas' nodes")
 }
