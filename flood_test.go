@@ -107,7 +107,11 @@ func TestFloodKeysSpreadOut(t *testing.T) {
 		for _, op := range []string{"route", "apply"} {
 			g := mustNew(t, replicaNames(8), WithMode(ModeCacheAware), withSecret(99))
 			next := floodStream(fam, 1)
-			for i := range 3000 { // 48,000 blocks: tables of 2^15 slots and more
+			keys := 3000 // 48,000 blocks: tables of 2^16 slots
+			if testing.Short() {
+				keys = 1000
+			}
+			for i := range keys {
 				k := next(16)
 				if op == "route" {
 					d, err := g.Route(k)
@@ -120,7 +124,7 @@ func TestFloodKeysSpreadOut(t *testing.T) {
 			g.mu.Lock()
 			checkIndex(t, g.idx)
 			require.Zero(t, g.idx.dropped, "%s/%s: blocks left out", fam, op)
-			require.Greater(t, g.idx.used, 40000, "%s/%s: the blocks are in the table", fam, op)
+			require.Greater(t, g.idx.used, keys*16*8/10, "%s/%s: the blocks are in the table", fam, op)
 			mean, most := probeStats(g.idx)
 			g.mu.Unlock()
 			got[fam+"/"+op] = result{mean, most}
@@ -159,7 +163,11 @@ func TestSecretDoesNotChangeDecisions(t *testing.T) {
 			var pending [][]Decision
 			replicated, hits := 0, 0
 			ids := make([]uint64, 0, 40)
-			for step := range 6000 {
+			steps := 6000
+			if testing.Short() {
+				steps = 2500 // still more than two demand windows
+			}
+			for step := range steps {
 				ids = ids[:0]
 				for j := range 16 { // one of 4 system prompts, skewed
 					ids = append(ids, uint64(rng.IntN(2)*rng.IntN(3))<<32|uint64(j))
@@ -215,7 +223,7 @@ func TestSecretDoesNotChangeDecisions(t *testing.T) {
 				require.Equal(t, gs[0].Replicas(), g.Replicas(), "replica status of gateway %d", i+1)
 				require.NotEqual(t, gs[0].idx.tab, g.idx.tab, "the secrets must place blocks differently")
 			}
-			require.Greater(t, hits, 3000, "the stream must match in the index")
+			require.Greater(t, hits, steps/2, "the stream must match in the index")
 			if mode == ModeCacheAware {
 				require.Greater(t, replicated, 10, "the stream must replicate hot prefixes (demand)")
 			}
