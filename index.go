@@ -496,7 +496,9 @@ func (ix *index) storeMatched(slot uint32, mk Key, matched int) {
 		r.nodes[l].hash = m
 		ok := ix.addRep(r, l)
 		if ok {
-			if pos < 0 || ix.moves != moves { // eviction may have moved table slots
+			// Unless the block table was asked above (and nothing moved
+			// since; evictions only remove blocks), ask it now.
+			if i < matched || (pos >= 0 && ix.moves != moves) {
 				pos = ix.find(m)
 			}
 			if pos < 0 {
