@@ -437,3 +437,57 @@ func TestRehashDropsWhatDoesNotFit(t *testing.T) {
 	ix.store(b, mk) // storing again stays within the bounds
 	checkIndex(t, ix)
 }
+
+// TestPlacementStatistics fills a block table of about 1.2M slots to its
+// load factor (0.85) with random blocks and measures how far the bounds
+// are from what random placement needs: the largest distance of a block
+// from its home (against maxProbe) and the longest run of occupied slots
+// (against maxShift), and the same for a replica's table (load 0.7).
+func TestPlacementStatistics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a million-block index")
+	}
+	const blocks = 1 << 20
+	ix := newIndexSecret(11)
+	s := ix.addReplica(blocks)
+	rng := rand.New(rand.NewPCG(1, 1))
+	mk := make(Key, 64)
+	for range blocks / len(mk) {
+		for i := range mk {
+			mk[i] = rng.Uint64()
+		}
+		ix.store(s, mk)
+	}
+	require.Zero(t, ix.dropped)
+	require.Equal(t, blocks, ix.used)
+	run, longest, most := 0, 0, 0
+	for i := range 2 * ix.n { // twice round, for a run that wraps
+		if ix.empty(i % ix.n) {
+			run = 0
+			continue
+		}
+		run++
+		longest = max(longest, run)
+		most = max(most, ix.dist(i%ix.n, ix.tab[(i%ix.n)*2]))
+	}
+	r := ix.reps[s]
+	repRun, repLongest, repMost := 0, 0, 0
+	for i := range 2 * len(r.tab) {
+		v := r.tab[i%len(r.tab)]
+		if v == 0 {
+			repRun = 0
+			continue
+		}
+		repRun++
+		repLongest = max(repLongest, repRun)
+		repMost = max(repMost, r.dist(i%len(r.tab), r.nodes[v-1].hash))
+	}
+	t.Logf("block table: %d blocks in %d slots (load %.2f): largest distance from home %d, longest run %d",
+		ix.used, ix.n, float64(ix.used)/float64(ix.n), most, longest)
+	t.Logf("replica table: %d blocks in %d slots (load %.2f): largest distance from home %d, longest run %d",
+		r.used, len(r.tab), float64(r.used)/float64(len(r.tab)), repMost, repLongest)
+	require.Less(t, most, maxProbe/2)
+	require.Less(t, longest, maxShift/2)
+	require.Less(t, repMost, maxProbe/2)
+	require.Less(t, repLongest, maxShift/2)
+}
