@@ -18,7 +18,6 @@ import (
 // unmix inverts seed.mix: what an attacker who knew the secret would
 // compute to choose blocks by where they land.
 func (sd *seed) unmix(m uint64) uint64 {
-	m ^= m>>29 ^ m>>58
 	m *= oddInverse(sd.k2)
 	m ^= m >> 32
 	m *= oddInverse(sd.k1)
@@ -73,7 +72,7 @@ func floodStream(fam string, seed uint64) func(n int) Key {
 func probeStats(ix *index) (mean float64, most int) {
 	sum, n := 0, 0
 	s := 1 + ix.w
-	for i := range ix.n {
+	for i := range ix.slots() {
 		if !ix.empty(i) {
 			d := ix.dist(i, ix.tab[i*s])
 			sum, n, most = sum+d, n+1, max(most, d)
@@ -404,8 +403,8 @@ func TestPropDemandIsExact(t *testing.T) {
 func TestRehashDropsWhatDoesNotFit(t *testing.T) {
 	ix := newIndexSecret(3)
 	a, b := ix.addReplica(300), ix.addReplica(300)
-	ix.reps[a].tab = make([]uint32, 1<<16)
-	ix.reps[b].tab = make([]uint32, 1<<16)
+	ix.reps[a].tab, ix.reps[a].homes = make([]uint32, 1<<16+maxProbe), 1<<16
+	ix.reps[b].tab, ix.reps[b].homes = make([]uint32, 1<<16+maxProbe), 1<<16
 	ix.resize(1 << 16)
 	mk := make(Key, 300)
 	for i := range mk {
@@ -461,31 +460,30 @@ func TestPlacementStatistics(t *testing.T) {
 	require.Zero(t, ix.dropped)
 	require.Equal(t, blocks, ix.used)
 	run, longest, most := 0, 0, 0
-	for i := range 2 * ix.n { // twice round, for a run that wraps
-		if ix.empty(i % ix.n) {
+	for i := range ix.slots() {
+		if ix.empty(i) {
 			run = 0
 			continue
 		}
 		run++
 		longest = max(longest, run)
-		most = max(most, ix.dist(i%ix.n, ix.tab[(i%ix.n)*2]))
+		most = max(most, ix.dist(i, ix.tab[i*2]))
 	}
 	r := ix.reps[s]
 	repRun, repLongest, repMost := 0, 0, 0
-	for i := range 2 * len(r.tab) {
-		v := r.tab[i%len(r.tab)]
+	for i, v := range r.tab {
 		if v == 0 {
 			repRun = 0
 			continue
 		}
 		repRun++
 		repLongest = max(repLongest, repRun)
-		repMost = max(repMost, r.dist(i%len(r.tab), r.nodes[v-1].hash))
+		repMost = max(repMost, r.dist(i, r.nodes[v-1].hash))
 	}
 	t.Logf("block table: %d blocks in %d slots (load %.2f): largest distance from home %d, longest run %d",
 		ix.used, ix.n, float64(ix.used)/float64(ix.n), most, longest)
 	t.Logf("replica table: %d blocks in %d slots (load %.2f): largest distance from home %d, longest run %d",
-		r.used, len(r.tab), float64(r.used)/float64(len(r.tab)), repMost, repLongest)
+		r.used, r.homes, float64(r.used)/float64(r.homes), repMost, repLongest)
 	require.Less(t, most, maxProbe/2)
 	require.Less(t, longest, maxShift/2)
 	require.Less(t, repMost, maxProbe/2)

@@ -10,14 +10,24 @@ import (
 // Layout, chosen for a fast longest-prefix lookup across all replicas and a
 // small, measured footprint (see BenchmarkIndexMemory):
 //
-//   - one open-addressing table of blocks (Robin Hood linear probing,
-//     Lemire's multiply-shift from hash to slot, backward-shift deletion).
-//     A slot is 1+w consecutive words: the block's placed hash (below),
-//     then a bit set of the replicas holding it, so a probe reads one cache
-//     line. A slot is empty when its bit set is.
+//   - one open-addressing table of blocks (linear probing with runs kept
+//     sorted, Lemire's multiply-shift from hash to home slot,
+//     backward-shift deletion). A slot is 1+w consecutive words: the
+//     block's placed hash (below), then a bit set of the replicas holding
+//     it, so a probe reads one cache line. A slot is empty when its bit set
+//     is.
 //   - per replica, a node per cached block (its placed hash and LRU links)
-//     and a small Robin Hood table from hash to node, so warming a block on
-//     one replica costs O(1) however many replicas share it.
+//     and a small table of the same kind from hash to node, so warming a
+//     block on one replica costs O(1) however many replicas share it.
+//
+// The tables are ordered hash tables (Amble and Knuth 1974): the homes of
+// n slots lie in 0..n-1, maxProbe spare slots follow so that no run wraps
+// around, and, since the home slot grows with the hash, keeping each run
+// sorted by hash keeps the occupied slots in ascending order of hash and
+// of home: Robin Hood placement, with ties broken by hash. A probe stops
+// at the first slot whose hash is not below the one sought, so a lookup
+// for an absent block ends about as soon as one for a present block,
+// with one comparison per slot.
 //
 // A lookup walks the request's blocks once, ANDing holder bit sets, so it
 // costs one table probe per matched block whatever the replica count.
@@ -39,8 +49,8 @@ import (
 // The work of one operation is bounded besides, whatever the keys:
 //
 //   - a lookup probes at most maxProbe (128) slots per block, in the block
-//     table and in a replica's table: no block sits further than that from
-//     its home slot;
+//     table and in a replica's table: no block sits maxProbe or more slots
+//     past its home slot;
 //   - an insertion scans and shifts at most maxShift (4,096) slots;
 //   - a block that cannot be placed within these bounds is left out of the
 //     index (counted in dropped), as if it were not cached: the request
@@ -91,9 +101,10 @@ type index struct {
 	mk      Key         // scratch for mixKey
 }
 
-// seed is an index's secret: mix(h) = f(k2·f(k1·(h ⊕ k0))) with
-// f(x) = x ⊕ (x >> 32) (the last one >> 29). k1 and k2 are odd, so every
-// step, and mix, is a permutation of the 64-bit values.
+// seed is an index's secret: mix(h) = k2·f(k1·(h ⊕ k0)) with
+// f(x) = x ⊕ (x >> 32). k1 and k2 are odd, so every step, and mix, is a
+// permutation of the 64-bit values; the tables use the top bits of the
+// result, which depend on every bit of h.
 type seed struct{ k0, k1, k2 uint64 }
 
 // newSeed expands a secret into a seed with splitmix64.
@@ -113,8 +124,7 @@ func (sd *seed) mix(h uint64) uint64 {
 	h ^= sd.k0
 	h *= sd.k1
 	h ^= h >> 32
-	h *= sd.k2
-	return h ^ h>>29
+	return h * sd.k2
 }
 
 // newIndex returns an empty index placing blocks under a secret drawn
@@ -131,14 +141,23 @@ func newIndexSecret(secret uint64) *index {
 
 // mixKey returns the placed hashes of key's blocks, the form every other
 // method takes keys in, in a scratch slice that the next call reuses.
+//
+// It also touches every block's home slot: the loads are independent, so
+// the processor overlaps their cache misses instead of taking them one
+// probe at a time when match or store walks the key.
 func (ix *index) mixKey(key Key) Key {
 	if cap(ix.mk) < len(key) {
 		ix.mk = make(Key, len(key), max(len(key), 2*cap(ix.mk)))
 	}
 	mk := ix.mk[:len(key)]
+	s := 1 + ix.w
+	var sink uint64
 	for i, h := range key {
-		mk[i] = ix.seed.mix(h)
+		m := ix.seed.mix(h)
+		mk[i] = m
+		sink += ix.tab[ix.home(m)*s]
 	}
+	ix.sink = sink
 	return mk
 }
 
@@ -194,13 +213,10 @@ func (ix *index) home(m uint64) int {
 }
 
 // dist is how far slot i lies past the home of placed hash m.
-func (ix *index) dist(i int, m uint64) int {
-	d := i - ix.home(m)
-	if d < 0 {
-		d += ix.n
-	}
-	return d
-}
+func (ix *index) dist(i int, m uint64) int { return i - ix.home(m) }
+
+// slots is the table's length in slots: n homes, then maxProbe spares.
+func (ix *index) slots() int { return ix.n + maxProbe }
 
 func (ix *index) empty(i int) bool {
 	for _, b := range ix.tab[i*(1+ix.w)+1 : (i+1)*(1+ix.w)] {
@@ -212,42 +228,28 @@ func (ix *index) empty(i int) bool {
 }
 
 // find returns the table slot of placed hash m, or -1. It probes at most
-// maxProbe slots, fewer for an absent block: Robin Hood placement keeps
-// each probe run ordered by home, so the walk stops at the first block
-// closer to its home than m would be.
+// maxProbe slots, stopping at the first empty slot or greater hash.
 func (ix *index) find(m uint64) int {
 	if ix.w == 1 { // the common case, up to 64 replicas: one word of holders
-		for i, d := ix.home(m), 0; d < maxProbe; d++ {
+		for i, d := ix.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
 			k, holders := ix.tab[2*i], ix.tab[2*i+1]
-			if holders == 0 {
+			if holders == 0 || k > m {
 				return -1
 			}
 			if k == m {
 				return i
 			}
-			if ix.dist(i, k) < d {
-				return -1
-			}
-			if i++; i == ix.n {
-				i = 0
-			}
 		}
 		return -1
 	}
 	s := 1 + ix.w
-	for i, d := ix.home(m), 0; d < maxProbe; d++ {
-		if ix.empty(i) {
+	for i, d := ix.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
+		k := ix.tab[i*s]
+		if ix.empty(i) || k > m {
 			return -1
 		}
-		k := ix.tab[i*s]
 		if k == m {
 			return i
-		}
-		if ix.dist(i, k) < d {
-			return -1
-		}
-		if i++; i == ix.n {
-			i = 0
 		}
 	}
 	return -1
@@ -263,52 +265,35 @@ func (ix *index) insert(m uint64) int {
 	return ix.place(m)
 }
 
-// place is insert into a table with room: m goes before the first block
-// closer to its home, and the blocks from there to the next empty slot
-// shift one slot on, unless that would take a block maxProbe or more
-// slots from its home or shift more than maxShift.
+// place is insert into a table with room: m goes before the first greater
+// hash of its run, and the blocks from there to the next empty slot shift
+// one slot on, unless that would put a block maxProbe or more slots past
+// its home, shift more than maxShift slots or run off the table's end.
 func (ix *index) place(m uint64) int {
 	s := 1 + ix.w
-	i := ix.home(m)
-	for d := 0; ; d++ {
-		if d == maxProbe {
+	h := ix.home(m)
+	i := h
+	for !ix.empty(i) && ix.tab[i*s] < m {
+		if i++; i-h == maxProbe {
 			ix.dropped++
 			return -1
 		}
-		if ix.empty(i) {
-			ix.tab[i*s] = m
-			ix.used++
-			return i
-		}
-		if ix.dist(i, ix.tab[i*s]) < d {
-			break
-		}
-		if i++; i == ix.n {
-			i = 0
-		}
 	}
-	ins, e := i, i
-	for k := 0; !ix.empty(e); k++ {
-		if k == maxShift || ix.dist(e, ix.tab[e*s]) >= maxProbe-1 {
+	e := i
+	for ; !ix.empty(e); e++ {
+		if e-i == maxShift || e+1 == ix.slots() || ix.dist(e+1, ix.tab[e*s]) == maxProbe {
 			ix.dropped++
 			return -1
 		}
-		if e++; e == ix.n {
-			e = 0
-		}
 	}
-	if e > ins {
-		copy(ix.tab[(ins+1)*s:(e+1)*s], ix.tab[ins*s:e*s])
-	} else { // the run wraps around the end of the table
-		copy(ix.tab[s:(e+1)*s], ix.tab[:e*s])
-		copy(ix.tab[:s], ix.tab[(ix.n-1)*s:])
-		copy(ix.tab[(ins+1)*s:], ix.tab[ins*s:(ix.n-1)*s])
-	}
-	clear(ix.tab[ins*s+1 : (ins+1)*s])
-	ix.tab[ins*s] = m
+	copy(ix.tab[(i+1)*s:(e+1)*s], ix.tab[i*s:e*s])
+	clear(ix.tab[i*s+1 : (i+1)*s])
+	ix.tab[i*s] = m
 	ix.used++
-	ix.moves++
-	return ins
+	if e > i {
+		ix.moves++
+	}
+	return i
 }
 
 // resize rehashes the table into n slots (at least enough for its blocks).
@@ -320,15 +305,18 @@ func (ix *index) resize(n int) { ix.rebuild(n, ix.w) }
 func (ix *index) rebuild(n, w int) {
 	n = max(n, tableSlots(ix.used+1))
 	ix.moves++
-	old, oldS, oldN := ix.tab, 1+ix.w, ix.n
-	ix.tab, ix.n, ix.used = make([]uint64, n*(1+w)), n, 0
+	old, oldS := ix.tab, 1+ix.w
+	oldSlots := len(old) / oldS
+	ix.tab, ix.n, ix.used = make([]uint64, (n+maxProbe)*(1+w)), n, 0
 	if w != ix.w {
 		na := make([]uint64, w)
 		copy(na, ix.active)
 		ix.active, ix.alive = na, make([]uint64, w)
 	}
 	ix.w = w
-	for j := range oldN {
+	// The old slots are in ascending order of hash, so each block goes at
+	// the end of its run: nothing shifts.
+	for j := range oldSlots {
 		src := old[j*oldS : (j+1)*oldS]
 		occupied := false
 		for _, b := range src[1:] {
@@ -364,37 +352,23 @@ func (ix *index) forget(m uint64, holders []uint64) {
 // up to the next empty slot or block at its home.
 func (ix *index) del(i int) {
 	s := 1 + ix.w
-	for {
-		j := i + 1
-		if j == ix.n {
-			j = 0
-		}
-		if ix.empty(j) || ix.dist(j, ix.tab[j*s]) == 0 {
-			break
-		}
-		copy(ix.tab[i*s:(i+1)*s], ix.tab[j*s:(j+1)*s])
-		i = j
+	j := i + 1
+	for j < ix.slots() && !ix.empty(j) && ix.home(ix.tab[j*s]) < j {
+		j++
 	}
-	clear(ix.tab[i*s : (i+1)*s])
+	copy(ix.tab[i*s:(j-1)*s], ix.tab[(i+1)*s:j*s])
+	clear(ix.tab[(j-1)*s : j*s])
 	ix.used--
 	ix.moves++
 }
 
 // match writes, for every active replica slot s, the number of leading
-// blocks of mk (placed hashes, see mixKey) that replica holds into out[s],
-// and returns the longest.
+// blocks of mk (placed hashes, see mixKey, which prefetches their slots)
+// that replica holds into out[s], and returns the longest.
 func (ix *index) match(mk Key, out []int32) int {
 	alive := ix.alive
 	copy(alive, ix.active)
 	s := 1 + ix.w
-	// Touch every block's home slot first: the loads are independent, so
-	// the processor overlaps their cache misses instead of taking them one
-	// probe at a time in the walk below.
-	var sink uint64
-	for _, m := range mk {
-		sink += ix.tab[ix.home(m)*s]
-	}
-	ix.sink = sink
 	if ix.w == 1 { // up to 64 replicas: one word, no inner loop
 		a := alive[0]
 		for i, m := range mk {
@@ -582,8 +556,8 @@ func (ix *index) holds(pos int, slot uint32) bool {
 	return ix.tab[pos*(1+ix.w)+1+int(slot/64)]&(1<<(slot%64)) != 0
 }
 
-// repCache is one replica's cached blocks: nodes in LRU order and a Robin
-// Hood table from placed hash to node.
+// repCache is one replica's cached blocks: nodes in LRU order and an
+// ordered hash table from placed hash to node.
 type repCache struct {
 	slot  uint32
 	cap   int
@@ -593,8 +567,9 @@ type repCache struct {
 	n     int    // nodes in use
 	free  uint32 // free list through next
 
-	tab  []uint32 // node+1 per slot; 0 is empty
-	used int
+	tab   []uint32 // node+1 per slot, homes+maxProbe slots; 0 is empty
+	homes int      // home slots
+	used  int
 }
 
 // repNode is one cached block: its placed hash and LRU links (nilRef
@@ -610,40 +585,29 @@ func newRepCache(slot uint32, capacity int) *repCache {
 }
 
 func (r *repCache) home(m uint64) int {
-	hi, _ := bits.Mul64(m, uint64(len(r.tab)))
+	hi, _ := bits.Mul64(m, uint64(r.homes))
 	return int(hi)
 }
 
 // dist is how far slot i lies past the home of placed hash m.
-func (r *repCache) dist(i int, m uint64) int {
-	d := i - r.home(m)
-	if d < 0 {
-		d += len(r.tab)
-	}
-	return d
-}
+func (r *repCache) dist(i int, m uint64) int { return i - r.home(m) }
 
 // lookup returns the node holding block m, or nilRef, probing at most
 // maxProbe slots.
 func (r *repCache) lookup(m uint64) uint32 {
-	n := len(r.tab)
-	if n == 0 {
+	if r.homes == 0 {
 		return nilRef
 	}
-	for i, d := r.home(m), 0; d < maxProbe; d++ {
+	for i, d := r.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
 		v := r.tab[i]
 		if v == 0 {
 			return nilRef
 		}
-		k := r.nodes[v-1].hash
-		if k == m {
-			return v - 1
-		}
-		if r.dist(i, k) < d {
+		if k := r.nodes[v-1].hash; k >= m {
+			if k == m {
+				return v - 1
+			}
 			return nilRef
-		}
-		if i++; i == n {
-			i = 0
 		}
 	}
 	return nilRef
@@ -653,42 +617,21 @@ func (r *repCache) lookup(m uint64) uint32 {
 // with room, as index.place does; it reports whether l fits within the
 // bounds.
 func (r *repCache) place(m uint64, l uint32) bool {
-	n := len(r.tab)
-	i := r.home(m)
-	for d := 0; ; d++ {
-		if d == maxProbe {
+	h := r.home(m)
+	i := h
+	for r.tab[i] != 0 && r.nodes[r.tab[i]-1].hash < m {
+		if i++; i-h == maxProbe {
 			return false
 		}
-		v := r.tab[i]
-		if v == 0 {
-			r.tab[i] = l + 1
-			r.used++
-			return true
-		}
-		if r.dist(i, r.nodes[v-1].hash) < d {
-			break
-		}
-		if i++; i == n {
-			i = 0
-		}
 	}
-	ins, e := i, i
-	for k := 0; r.tab[e] != 0; k++ {
-		if k == maxShift || r.dist(e, r.nodes[r.tab[e]-1].hash) >= maxProbe-1 {
+	e := i
+	for ; r.tab[e] != 0; e++ {
+		if e-i == maxShift || e+1 == len(r.tab) || r.dist(e+1, r.nodes[r.tab[e]-1].hash) == maxProbe {
 			return false
 		}
-		if e++; e == n {
-			e = 0
-		}
 	}
-	if e > ins {
-		copy(r.tab[ins+1:e+1], r.tab[ins:e])
-	} else { // the run wraps around the end of the table
-		copy(r.tab[1:e+1], r.tab[:e])
-		r.tab[0] = r.tab[n-1]
-		copy(r.tab[ins+1:], r.tab[ins:n-1])
-	}
-	r.tab[ins] = l + 1
+	copy(r.tab[i+1:e+1], r.tab[i:e])
+	r.tab[i] = l + 1
 	r.used++
 	return true
 }
@@ -696,7 +639,7 @@ func (r *repCache) place(m uint64, l uint32) bool {
 // addRep records in r's table that node l holds its block, growing the
 // table as needed, and reports whether it fit within the bounds.
 func (ix *index) addRep(r *repCache, l uint32) bool {
-	if float64(r.used+1) > repLoad*float64(len(r.tab)) {
+	if float64(r.used+1) > repLoad*float64(r.homes) {
 		ix.growRep(r)
 	}
 	if !r.place(r.nodes[l].hash, l) {
@@ -710,9 +653,9 @@ func (ix *index) addRep(r *repCache, l uint32) bool {
 // fits within the bounds (only if someone knows the secret) is dropped
 // from the replica.
 func (ix *index) growRep(r *repCache) {
-	n := max(16, min(2*len(r.tab), int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
+	n := max(16, min(2*r.homes, int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
 	old := r.tab
-	r.tab, r.used = make([]uint32, n), 0
+	r.tab, r.homes, r.used = make([]uint32, n+maxProbe), n, 0
 	for _, v := range old {
 		if v != 0 && !r.place(r.nodes[v-1].hash, v-1) {
 			ix.unhold(r, r.nodes[v-1].hash)
@@ -726,26 +669,16 @@ func (ix *index) growRep(r *repCache) {
 // drop forgets block m, which must be present, shifting the rest of its
 // run back.
 func (r *repCache) drop(m uint64) {
-	n := len(r.tab)
 	i := r.home(m)
 	for r.nodes[r.tab[i]-1].hash != m {
-		if i++; i == n {
-			i = 0
-		}
+		i++
 	}
-	for {
-		j := i + 1
-		if j == n {
-			j = 0
-		}
-		v := r.tab[j]
-		if v == 0 || r.dist(j, r.nodes[v-1].hash) == 0 {
-			break
-		}
-		r.tab[i] = v
-		i = j
+	j := i + 1
+	for j < len(r.tab) && r.tab[j] != 0 && r.home(r.nodes[r.tab[j]-1].hash) < j {
+		j++
 	}
-	r.tab[i] = 0
+	copy(r.tab[i:j-1], r.tab[i+1:j])
+	r.tab[j-1] = 0
 	r.used--
 }
 
