@@ -85,16 +85,16 @@ const (
 )
 
 type index struct {
-	tab   []uint64 // slots of 1+w words: placed hash, then holder bit set
+	tab   []uint64 // n+maxProbe slots of 1+w words: placed hash, then holder bit set
 	w     int      // words per bit set
-	n     int      // slots
+	n     int      // home slots
 	used  int      // occupied slots
-	limit int      // the table grows past this many slots only to fit its blocks
+	limit int      // the table never grows past this many home slots
 
 	reps    []*repCache // by replica slot; nil where free
 	active  []uint64    // w words: replica slots in use
 	alive   []uint64    // scratch for match
-	sink    uint64      // keeps the prefetching loads of match and store
+	sink    uint64      // keeps the prefetching loads of mixKey and store
 	moves   uint64      // counts deletions, shifting insertions and rehashes, which move slots
 	dropped uint64      // blocks left out for exceeding maxProbe or maxShift
 	seed    seed        // the secret of placement
