@@ -432,8 +432,8 @@ func TestStatsFromGateway(t *testing.T) {
 	} {
 		assert.Contains(t, out, want)
 	}
-	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s*$`, out)
-	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s+0\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s+0\s*$`, out)
 
 	// A disaggregated model: the decider's figures and the prefill pool.
 	rec := doc.Models["JPCP"]
@@ -447,7 +447,7 @@ func TestStatsFromGateway(t *testing.T) {
 	assert.Contains(t, out, "p/d split:         4 of 10 requests (40.0%), gateway mode, at 512 uncached prompt tokens or more")
 	assert.Contains(t, out, "p/d fallbacks:     prefill unavailable 0, prefill failed 1, no kv_transfer_params 0, decode retried 2")
 	assert.Contains(t, out, "prefill pool: 4 requests, 50.0% of prompt blocks cached on the chosen replica")
-	assert.Regexp(t, `(?m)^\s*prefill/p0\s+4\s+100\.0%\s+0\s+yes\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*prefill/p0\s+4\s+100\.0%\s+0\s+yes\s+0\s*$`, out)
 
 	// A gateway that does not serve the model: say so and fall back.
 	out = ok(t, cfg, "serve", "routing", "stats", "other", "--gateway", srv.URL)
