@@ -16,6 +16,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/spf13/cobra"
 )
 
@@ -51,7 +52,12 @@ re-read when it changes, without dropping requests. Engines are probed at /healt
 (ejected after --eject-after failures, readmitted after --readmit-after successes)
 and their /metrics scraped for load (vLLM's num_requests_waiting, num_requests_running,
 kv_cache_usage_perc). The prefix-key mapping and the /stats schema are documented in
-package github.com/examlops/gateway/httpgw.`,
+package github.com/examlops/gateway/httpgw.
+
+Both front servers (--http-server) get the same limits: a request head must arrive
+within 10s of its first byte and be at most 1 MiB (else 431), a whole request, body
+included, within 1m (a client sending its body slowly is cut off), and a kept-alive
+connection may idle 2m. Responses are not time-bounded (streams may run long).`,
 		Example: `  exa serve routing set JPCP --mode cache_aware
   exa serve gateway --listen 127.0.0.1:8080
   curl -s localhost:8080/v1/chat/completions -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'`,
@@ -74,7 +80,7 @@ package github.com/examlops/gateway/httpgw.`,
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
-		"HTTP/1.1 front server: lean (minimal server, less latency per request) or std (net/http's server)")
+		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	return cmd
 }
 
@@ -148,21 +154,10 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	const readHeaderTimeout, idleTimeout = 10 * time.Second, 2 * time.Minute
-	var front interface {
-		Serve(net.Listener) error
-		Shutdown(context.Context) error
-	}
-	if fl.httpServer == "std" {
-		front = &http.Server{Handler: srv, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
-			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	} else {
-		ls, err := httpgw.NewLeanServer(srv, httpgw.LeanOptions{ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Logger: logger})
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		front = ls
+	front, err := newFrontServer(fl.httpServer, srv, logger)
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
@@ -182,4 +177,32 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		return fmt.Errorf("gateway: shutdown: %w", err)
 	}
 	return nil
+}
+
+// The front server's timeouts, the same for both servers: a request head
+// must arrive within frontReadHeaderTimeout of its first byte, a whole
+// request (head and body) within frontReadTimeout (a client that sends its
+// body slowly is cut off: 1 minute lets it send the default 8 MiB body at
+// 140 kB/s), and a kept-alive connection may idle for frontIdleTimeout.
+// Neither server bounds the handler or the response (an engine's stream
+// may run for minutes).
+const (
+	frontReadHeaderTimeout = httpserver.DefaultReadHeaderTimeout
+	frontReadTimeout       = httpserver.DefaultReadTimeout
+	frontIdleTimeout       = httpserver.DefaultIdleTimeout
+)
+
+// newFrontServer returns the HTTP/1.1 server of h: "std" is net/http's,
+// "lean" internal/httpserver's.
+func newFrontServer(kind string, h http.Handler, logger *slog.Logger) (interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+}, error) {
+	if kind == "std" {
+		return &http.Server{Handler: h, ReadHeaderTimeout: frontReadHeaderTimeout, ReadTimeout: frontReadTimeout,
+			IdleTimeout: frontIdleTimeout, MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes,
+			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}, nil
+	}
+	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: frontReadHeaderTimeout, ReadTimeout: frontReadTimeout,
+		IdleTimeout: frontIdleTimeout, Logger: logger})
 }

@@ -1,4 +1,4 @@
-package httpgw
+package httpserver
 
 import (
 	"bufio"
@@ -35,7 +35,7 @@ func BenchmarkFrontServer(b *testing.B) {
 				go func() { _ = hs.Serve(ln) }()
 				defer hs.Close()
 			} else {
-				ls, err := NewLeanServer(h, LeanOptions{Logger: quietLogger()})
+				ls, err := New(h, Options{Logger: quietLogger()})
 				if err != nil {
 					b.Fatal(err)
 				}
