@@ -23,6 +23,7 @@ type body struct {
 	mu                      sync.Mutex
 	expect100, sentContinue bool
 	eof, closed             bool
+	readEOF                 bool  // the handler's Read met the end
 	returned                bool  // the handler returned
 	n                       int64 // bytes read
 }
@@ -47,7 +48,11 @@ func (b *body) Read(p []byte) (int, error) {
 			_ = b.c.bw.Flush()
 		}
 	}
-	return b.readLocked(p)
+	n, err := b.readLocked(p)
+	if err == io.EOF {
+		b.readEOF = true
+	}
+	return n, err
 }
 
 // readLocked reads from the request body and notes its end. b.mu is held.
@@ -88,7 +93,11 @@ func (b *body) unreadLocked() bool {
 
 // Close ends the handler's use of the body. Like net/http's server, it
 // reads up to maxPostHandlerRead bytes of the rest (unless the declared
-// length says there is more), so that the connection may be kept.
+// length says there is more), so that the connection may be kept, and
+// returns the error that reading met. It does not send a 100 Continue: a
+// client waiting for one sends the body after its own timeout (one second
+// for Go's and curl's) or Close waits up to the ReadTimeout, as with
+// net/http.
 func (b *body) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -96,13 +105,15 @@ func (b *body) Close() error {
 		return nil
 	}
 	b.closed = true
-	if !b.unreadLocked() || b.expect100 && !b.sentContinue {
+	if !b.unreadLocked() {
 		return nil
 	}
 	if cl := b.w.req.ContentLength; cl >= 0 && cl-b.n > maxPostHandlerRead {
 		return nil
 	}
-	_, _ = b.discardLocked(maxPostHandlerRead)
+	if _, err := b.discardLocked(maxPostHandlerRead); err != nil && err != io.EOF {
+		return err // as net/http's: a bad chunk, a timeout
+	}
 	return nil
 }
 
@@ -116,18 +127,22 @@ func (b *body) handlerReturned() (unread bool) {
 }
 
 // settle is called as the response head is written on a connection that
-// is to be kept: it reads the rest of the body the handler left, as
-// net/http's server does, and reports whether the connection can be kept
-// (false when the client waits for a 100 Continue or the handler closed
-// the body early, when reading fails, or when more than
-// maxPostHandlerRead bytes are left: tooBig).
+// is to be kept: it reads the rest of the body the handler left and
+// closes the body (later reads fail), as net/http's server does, and
+// reports whether the connection can be kept: not when the client was to
+// send the body after a 100 Continue, when the handler closed the body
+// early, when reading fails, or when more than maxPostHandlerRead bytes
+// are left (tooBig).
 func (b *body) settle() (keep, tooBig bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.unreadLocked() {
-		return true, false
+	if b.expect100 {
+		// The client may not have sent the body (the connection could
+		// not be trusted); net/http keeps it only once the handler has
+		// read the body to its end.
+		return b.readEOF, false
 	}
-	if b.expect100 || b.closed {
+	if b.closed && b.unreadLocked() {
 		return false, false
 	}
 	if cl := b.w.req.ContentLength; cl >= 0 && cl-b.n >= maxPostHandlerRead {
@@ -137,6 +152,8 @@ func (b *body) settle() (keep, tooBig bool) {
 	case nil:
 		return false, true
 	case io.EOF:
+		// The body is done with: later reads fail, as with net/http.
+		b.closed = true
 		return true, false
 	default:
 		return false, false // a timeout, a bad chunk: the rest cannot be trusted

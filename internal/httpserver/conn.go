@@ -325,7 +325,9 @@ func (c *conn) serveRequest(req *http.Request) (keep bool) {
 	}
 	req.RemoteAddr = c.remote
 	ctx, cancel := context.WithCancel(context.Background())
-	req = req.WithContext(ctx)
+	// The handler gets the request http.ReadRequest returned, not a
+	// copy: its body merges a chunked body's trailer into that one.
+	*req = *req.WithContext(ctx)
 	conn := req.Header.Get("Connection")
 	w := &response{c: c, req: req, header: make(http.Header, 8), contentLength: -1,
 		wantsClose:       req.Close || hasToken(conn, "close") || c.s.shutdown.Load(),

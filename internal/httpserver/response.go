@@ -92,7 +92,12 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	if w.noBody {
 		if w.req.Method == http.MethodHead && bodyAllowed(w.status) {
+			// Not sent, but counted: a short answer's length is
+			// announced, as with net/http.
 			w.headWritten += int64(len(p))
+			if !w.wroteHead && w.headWritten > pendMax {
+				w.writeHead()
+			}
 			return len(p), nil
 		}
 		return 0, http.ErrBodyNotAllowed
