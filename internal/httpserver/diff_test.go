@@ -139,47 +139,50 @@ func (d *diffRecorder) take() []diffCall {
 
 // diffServer is one of the two servers of a differential run.
 type diffServer struct {
-	name string
-	path string // Unix socket
-	rec  *diffRecorder
-	stop func()
+	name          string
+	network, addr string
+	rec           *diffRecorder
 }
 
 // diffMaxHeaderBytes is both servers' head limit in the differential
 // runs: small, so that the fuzzer reaches 431 with short inputs.
 const diffMaxHeaderBytes = 2048
 
-// startDiffServers starts this server and net/http's on Unix sockets.
+// startDiffServers starts this server and net/http's on Unix sockets,
+// with a head limit of diffMaxHeaderBytes.
 func startDiffServers(tb testing.TB) (lean, std *diffServer) {
 	tb.Helper()
 	dir, err := os.MkdirTemp("", "hsdiff")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return startBoth(tb, "unix", func(name string) string { return filepath.Join(dir, name) }, diffMaxHeaderBytes)
+}
+
+// startBoth starts this server and net/http's (head limit maxHeader, 0 for
+// the default) on listeners of network at the addresses addr gives.
+func startBoth(tb testing.TB, network string, addr func(name string) string, maxHeader int) (lean, std *diffServer) {
+	tb.Helper()
 	mk := func(name string) (*diffServer, net.Listener) {
-		path := filepath.Join(dir, name)
-		ln, err := net.Listen("unix", path)
+		ln, err := net.Listen(network, addr(name))
 		if err != nil {
 			tb.Fatal(err)
 		}
-		return &diffServer{name: name, path: path, rec: &diffRecorder{}}, ln
+		return &diffServer{name: name, network: network, addr: ln.Addr().String(), rec: &diffRecorder{}}, ln
 	}
 	lean, lnL := mk("lean")
-	ls, err := New(lean.rec, Options{MaxHeaderBytes: diffMaxHeaderBytes, Logger: quietLogger(), DisconnectCheckDelay: time.Hour})
+	ls, err := New(lean.rec, Options{MaxHeaderBytes: maxHeader, Logger: quietLogger(), DisconnectCheckDelay: time.Hour})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	go func() { _ = ls.Serve(lnL) }()
-	lean.stop = func() { _ = ls.Close() }
 	std, lnS := mk("std")
-	hs := &http.Server{Handler: std.rec, MaxHeaderBytes: diffMaxHeaderBytes, ErrorLog: nil}
-	hs.ErrorLog = newDiscardLog()
+	hs := &http.Server{Handler: std.rec, MaxHeaderBytes: maxHeader, ErrorLog: newDiscardLog()}
 	go func() { _ = hs.Serve(lnS) }()
-	std.stop = func() { _ = hs.Close() }
 	tb.Cleanup(func() {
-		lean.stop()
-		std.stop()
-		_ = os.RemoveAll(dir)
+		_ = ls.Close()
+		_ = hs.Close()
 	})
 	return lean, std
 }
@@ -213,7 +216,7 @@ const diffTimeout = 10 * time.Second
 // answer until the server closes the connection.
 func (d *diffServer) exchange(input []byte, field string) diffResult {
 	var res diffResult
-	c, err := net.Dial("unix", d.path)
+	c, err := net.Dial(d.network, d.addr)
 	if err != nil {
 		res.ParseErr = "dial: " + err.Error()
 		return res
@@ -222,7 +225,7 @@ func (d *diffServer) exchange(input []byte, field string) diffResult {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_, _ = c.Write(input)
-		_ = c.(*net.UnixConn).CloseWrite()
+		_ = c.(interface{ CloseWrite() error }).CloseWrite()
 	})
 	raw, err := io.ReadAll(c)
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {

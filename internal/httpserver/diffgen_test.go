@@ -104,7 +104,9 @@ func diffSeeds() []string {
 // pieces, deterministically from its seed.
 type diffGen struct{ r *rand.Rand }
 
-func newDiffGen(seed uint64) *diffGen { return &diffGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} }
+func newDiffGen(seed uint64) *diffGen {
+	return &diffGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
 
 func (g *diffGen) pick(s []string) string { return s[g.r.IntN(len(s))] }
 
