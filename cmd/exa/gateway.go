@@ -154,7 +154,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	front, err := newFrontServer(fl.httpServer, srv, logger)
+	front, err := newFrontServer(fl.httpServer, srv, logger, defaultFrontLimits)
 	if err != nil {
 		ln.Close()
 		return err
@@ -179,30 +179,37 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	return nil
 }
 
-// The front server's timeouts, the same for both servers: a request head
-// must arrive within frontReadHeaderTimeout of its first byte, a whole
-// request (head and body) within frontReadTimeout (a client that sends its
-// body slowly is cut off: 1 minute lets it send the default 8 MiB body at
-// 140 kB/s), and a kept-alive connection may idle for frontIdleTimeout.
-// Neither server bounds the handler or the response (an engine's stream
-// may run for minutes).
-const (
-	frontReadHeaderTimeout = httpserver.DefaultReadHeaderTimeout
-	frontReadTimeout       = httpserver.DefaultReadTimeout
-	frontIdleTimeout       = httpserver.DefaultIdleTimeout
+// frontLimits are the front server's limits, the same for both servers: a
+// request head must arrive within readHeader of its first byte and be at
+// most httpserver.DefaultMaxHeaderBytes (else 431), a whole request (head
+// and body) within read (a client that sends its body slowly is cut off),
+// and a kept-alive connection may idle for idle. Neither server bounds the
+// handler or the response (an engine's stream may run for minutes).
+type frontLimits struct{ readHeader, read, idle time.Duration }
+
+// defaultFrontLimits: 10 s for a head, a minute for a whole request (the
+// default 8 MiB body at 140 kB/s), two minutes idle.
+var defaultFrontLimits = frontLimits{httpserver.DefaultReadHeaderTimeout, httpserver.DefaultReadTimeout, httpserver.DefaultIdleTimeout}
+
+// frontServer is what runGateway needs of the HTTP/1.1 server.
+type frontServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+var (
+	_ frontServer = (*http.Server)(nil)
+	_ frontServer = (*httpserver.Server)(nil)
 )
 
 // newFrontServer returns the HTTP/1.1 server of h: "std" is net/http's,
 // "lean" internal/httpserver's.
-func newFrontServer(kind string, h http.Handler, logger *slog.Logger) (interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
-}, error) {
+func newFrontServer(kind string, h http.Handler, logger *slog.Logger, lim frontLimits) (frontServer, error) {
 	if kind == "std" {
-		return &http.Server{Handler: h, ReadHeaderTimeout: frontReadHeaderTimeout, ReadTimeout: frontReadTimeout,
-			IdleTimeout: frontIdleTimeout, MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes,
-			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}, nil
+		return &http.Server{Handler: h, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
+			MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}, nil
 	}
-	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: frontReadHeaderTimeout, ReadTimeout: frontReadTimeout,
-		IdleTimeout: frontIdleTimeout, Logger: logger})
+	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
+		MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, Logger: logger})
 }
