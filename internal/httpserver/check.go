@@ -10,8 +10,8 @@ import (
 // hostFields is what a request head says of its Host field, which
 // http.ReadRequest does not keep.
 type hostFields struct {
-	n     int    // how many Host fields the head has
-	value string // the first one's value, as net/textproto reads it
+	n     int  // how many Host fields the head has
+	valid bool // the first one's value is a valid Host value
 }
 
 // checkRequest applies to a request read by http.ReadRequest the checks
@@ -28,7 +28,7 @@ func checkRequest(req *http.Request, host hostFields) (int, string) {
 	if req.ProtoAtLeast(1, 1) && host.n == 0 && !h2Preface && req.Method != http.MethodConnect {
 		return http.StatusBadRequest, "missing required Host header"
 	}
-	if host.n == 1 && !httpguts.ValidHostHeader(host.value) {
+	if host.n == 1 && !host.valid {
 		return http.StatusBadRequest, "malformed Host header"
 	}
 	for k, vv := range req.Header {
@@ -55,7 +55,8 @@ func checkRequest(req *http.Request, host hostFields) (int, string) {
 func scanHost(head []byte) hostFields {
 	var hf hostFields
 	_, rest := nextLine(head) // the request line
-	var joined []byte         // the first Host field's line with its continuations
+	var first []byte          // the first Host field's line, trimmed
+	var folded []byte         // and its continuations, if any
 	inFirst := false
 	for len(rest) > 0 {
 		var line []byte
@@ -65,7 +66,10 @@ func scanHost(head []byte) hostFields {
 		}
 		if line[0] == ' ' || line[0] == '\t' {
 			if inFirst {
-				joined = append(append(joined, ' '), trimSpaceTab(line)...)
+				if folded == nil {
+					folded = append([]byte(nil), first...)
+				}
+				folded = append(append(folded, ' '), trimSpaceTab(line)...)
 			}
 			continue
 		}
@@ -76,11 +80,14 @@ func scanHost(head []byte) hostFields {
 		hf.n++
 		if hf.n == 1 {
 			inFirst = true
-			joined = append(joined[:0], trimSpaceTab(line)...)
+			first = trimSpaceTab(line)
 		}
 	}
 	if hf.n > 0 {
-		hf.value = string(bytes.TrimLeft(joined[5:], " \t"))
+		if folded != nil {
+			first = folded
+		}
+		hf.valid = httpguts.ValidHostHeader(string(bytes.TrimLeft(first[5:], " \t")))
 	}
 	return hf
 }
