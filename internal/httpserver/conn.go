@@ -32,6 +32,9 @@ type conn struct {
 	s      *Server
 	nc     net.Conn
 	remote string
+	// ctx is the parent of the requests' contexts: it holds the local
+	// address (http.LocalAddrContextKey), as net/http's does.
+	ctx context.Context
 	r      connReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
@@ -65,7 +68,7 @@ type conn struct {
 }
 
 func (s *Server) newConn(nc net.Conn) *conn {
-	c := &conn{s: s, nc: nc}
+	c := &conn{s: s, nc: nc, ctx: context.WithValue(context.Background(), http.LocalAddrContextKey, nc.LocalAddr())}
 	if ra := nc.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -324,7 +327,7 @@ func (c *conn) serveRequest(req *http.Request) (keep bool) {
 		return false
 	}
 	req.RemoteAddr = c.remote
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(c.ctx)
 	// The handler gets the request http.ReadRequest returned, not a
 	// copy: its body merges a chunked body's trailer into that one.
 	*req = *req.WithContext(ctx)

@@ -36,24 +36,30 @@ import (
 // before reading the body, "big" writes 5000 bytes, "status" answers the
 // query's s, and h/v set a response field (v may hold CR, LF or NUL).
 //
-// Known, accepted differences (none is visible to the handler or changes
-// which requests it sees on a connection the client keeps to the
-// protocol):
+// Known, accepted differences (none changes which requests the handler
+// sees, or what it sees of them, on a connection whose client keeps to
+// the protocol):
 //
 //  1. A handler's "Connection" field: net/http keeps the connection unless
 //     the first value is exactly "close"; this server closes it when any
-//     value lists the close token. The handler here never sets it
-//     (diffHandler skips h=Connection and other framing fields).
-//  2. Error answers (400, 431, 501, 505, 417) differ in their text and
-//     in framing (net/http ends some by the close, this server sends a
-//     Content-Length); only the status code is compared.
+//     value lists the close token (the safer reading). diffHandler never
+//     sets it (framingField).
+//  2. The server's own error answers (400, 417, 431, 501, 505) differ in
+//     their text and framing (net/http ends some by the close, this
+//     server sends a Content-Length): only the status code is compared.
 //  3. Content-Type sniffing: net/http guesses a Content-Type for an answer
 //     without one; this server sends none. diffHandler always sets one.
 //
-// The bodies the handler reads after its first Flush (path "flush") are
-// the same in both: each server reads the rest of the body before the
-// response head (net/http since 2011, issue 15527), so the handler reads
-// nothing more.
+// Not compared, because this server does not have them (see Server):
+// Hijack (upgrades, CONNECT tunnels), response trailers,
+// ResponseController's EnableFullDuplex and deadlines, WriteTimeout, the
+// ConnState and ConnContext hooks, http.ServerContextKey in the request's
+// context. During Shutdown, a request already buffered is served with
+// Connection: close (net/http closes without serving it).
+//
+// Like net/http, each server reads the rest of the request body before
+// the response head (net/http since 2011, issue 15527), so a handler that
+// reads after its first Flush (path "flush") reads nothing more, in both.
 
 // diffRecorder is the handler of a differential run: it records each call
 // and answers according to the path.

@@ -97,9 +97,12 @@ type Options struct {
 // keep-alive (HTTP/1.0 keep-alive too) with an idle timeout, read-header
 // and read timeouts, a head size limit (431), 100-continue (sent when the
 // handler first reads the body), Connection: close, OPTIONS * and
-// pipelining. It does not support TLS, HTTP/2, upgrades (Hijack),
-// trailers, Content-Type sniffing or a write timeout. A handler panic is
-// logged and closes its connection (http.ErrAbortHandler is not logged).
+// pipelining. It does not support TLS, HTTP/2, Hijack (upgrades, CONNECT
+// tunnels), response trailers, Content-Type sniffing, a write timeout or
+// ResponseController's full duplex and deadlines; a request's context has
+// http.LocalAddrContextKey but not http.ServerContextKey. A handler panic
+// is logged and closes its connection (http.ErrAbortHandler is not
+// logged).
 //
 // A Server is safe for concurrent use; its zero value is not usable, use
 // New.

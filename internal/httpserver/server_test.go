@@ -582,3 +582,18 @@ func TestTimeouts(t *testing.T) {
 		assert.Equal(t, "long done", string(b))
 	})
 }
+
+// A request's context holds the connection's local address, as with
+// net/http's server.
+func TestContextLocalAddr(t *testing.T) {
+	got := make(chan any, 1)
+	addr, _ := startServer(t, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		got <- r.Context().Value(http.LocalAddrContextKey)
+	}), Options{})
+	resp, err := http.Get("http://" + addr + "/")
+	require.NoError(t, err)
+	readAll(t, resp)
+	a, ok := (<-got).(net.Addr)
+	require.True(t, ok)
+	assert.Equal(t, addr, a.String())
+}
