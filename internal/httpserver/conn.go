@@ -34,12 +34,12 @@ type conn struct {
 	remote string
 	// ctx is the parent of the requests' contexts: it holds the local
 	// address (http.LocalAddrContextKey), as net/http's does.
-	ctx context.Context
-	r      connReader
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	idle   atomic.Bool // waiting for a request's first byte
-	rdl    time.Time   // the read deadline set on nc (zero: none)
+	ctx  context.Context
+	r    connReader
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	idle atomic.Bool // waiting for a request's first byte
+	rdl  time.Time   // the read deadline set on nc (zero: none)
 	// busySince is when the request being served was read (time since
 	// the server's epoch, plus 1), 0 between requests.
 	busySince atomic.Int64
