@@ -360,11 +360,12 @@ func FuzzDifferential(f *testing.F) {
 
 // TestDifferentialGenerated runs requests built from a grammar of valid
 // and hostile pieces (diffGen) through both servers: deterministic, and
-// more structured than the fuzzer's mutations.
+// more structured than the fuzzer's mutations. HTTPSERVER_DIFF_N sets the
+// number of inputs (default 2000, 300 with -short).
 func TestDifferentialGenerated(t *testing.T) {
-	n := 400
+	n := 2000
 	if testing.Short() {
-		n = 100
+		n = 300
 	}
 	if v, err := strconv.Atoi(os.Getenv("HTTPSERVER_DIFF_N")); err == nil {
 		n = v
