@@ -108,6 +108,9 @@ func (b *body) Close() error {
 	if !b.unreadLocked() {
 		return nil
 	}
+	if b.w.req.Close && len(b.w.req.TransferEncoding) == 0 {
+		return nil // no trailer to read, and the connection closes next
+	}
 	if cl := b.w.req.ContentLength; cl >= 0 && cl-b.n > maxPostHandlerRead {
 		return nil
 	}
