@@ -59,15 +59,27 @@ func (b *body) Read(p []byte) (int, error) {
 func (b *body) readLocked(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	b.n += int64(n)
+	if err == io.ErrUnexpectedEOF {
+		// net/http's body counts a Content-Length body the client cut
+		// short as ended (a chunked one not): it then reads io.EOF.
+		if _, e := b.rc.Read(nil); e == io.EOF {
+			b.endLocked()
+		}
+	}
 	if err == io.EOF {
-		b.eof = true
-		b.c.mu.Lock()
-		b.c.bodyDone = true
-		b.c.pipelined = b.c.br.Buffered() > 0
-		b.c.maybeWatchLocked()
-		b.c.mu.Unlock()
+		b.endLocked()
 	}
 	return n, err
+}
+
+// endLocked notes the end of the body. b.mu is held.
+func (b *body) endLocked() {
+	b.eof = true
+	b.c.mu.Lock()
+	b.c.bodyDone = true
+	b.c.pipelined = b.c.br.Buffered() > 0
+	b.c.maybeWatchLocked()
+	b.c.mu.Unlock()
 }
 
 // discardLocked reads and drops up to max bytes of the body and returns
