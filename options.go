@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Option configures a Gateway in New.
+// Option configures a Gateway in New. A nil Option is an error.
 type Option func(*config) error
 
 // IndexMode says how the gateway keeps its cache index current.
@@ -37,6 +37,17 @@ type config struct {
 	index         IndexMode
 	clock         func() time.Time
 	defaultBlocks int
+	secret        *uint64 // fixes the index's placement secret; tests only
+}
+
+// withSecret fixes the secret the index places blocks under, which New
+// otherwise draws at random (see index.go). Unexported: only tests need a
+// fixed placement, and no routing decision depends on it.
+func withSecret(s uint64) Option {
+	return func(c *config) error {
+		c.secret = &s
+		return nil
+	}
 }
 
 // WithMode selects a built-in policy. The default is ModeRoundRobin.

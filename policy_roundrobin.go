@@ -13,8 +13,13 @@ type RoundRobin struct {
 
 var _ Policy = (*RoundRobin)(nil)
 
-// Pick returns the next candidate in rotation.
+// Pick returns the next candidate in rotation. Given no candidates (which
+// a Gateway never does) it returns Index -1, which Route rejects with
+// ErrBadChoice, rather than dividing by zero.
 func (p *RoundRobin) Pick(_ *Request, cands []Candidate) Choice {
+	if len(cands) == 0 {
+		return Choice{Index: -1, Kind: KindRoundRobin}
+	}
 	n := p.next.Add(1) - 1
 	return Choice{Index: int(n % uint64(len(cands))), Kind: KindRoundRobin}
 }
