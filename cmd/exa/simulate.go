@@ -32,6 +32,7 @@ type simFlags struct {
 	policies             []string
 	preset               string
 	index                string
+	gateways             int
 	asJSON               bool
 	plot                 string
 	progress             string
@@ -117,6 +118,7 @@ deterministic for a seed.`,
 	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"); cache_aware and round_robin are always included")
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
+	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
@@ -221,6 +223,11 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	default:
 		return cfg, "", usagef("invalid --index %q: want approximate or exact", sf.index)
 	}
+
+	if sf.gateways < 1 || sf.gateways > sim.MaxGateways {
+		return cfg, "", usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
+	}
+	cfg.Gateways = sf.gateways
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -378,6 +385,9 @@ func checkPlotPath(p string) error {
 // workloadLine states the workload and setup in one line.
 func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
+	if rep.Gateways > 1 {
+		s += fmt.Sprintf("; %d gateways", rep.Gateways)
+	}
 	if model != "" && m.SLOLatencyMS > 0 {
 		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)
 	}
