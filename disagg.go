@@ -21,10 +21,10 @@ type Disaggregated struct {
 // overrides both.
 func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disaggregated, error) {
 	if len(prefillPool) == 0 {
-		return nil, fmt.Errorf("%w: empty prefill pool", ErrNoReplicas)
+		return nil, fmt.Errorf("%w: empty prefill pool", ErrInvalid)
 	}
 	if len(decodePool) == 0 {
-		return nil, fmt.Errorf("%w: empty decode pool", ErrNoReplicas)
+		return nil, fmt.Errorf("%w: empty decode pool", ErrInvalid)
 	}
 	p, err := New(prefillPool, append([]Option{WithMode(ModeCacheAware)}, opts...)...)
 	if err != nil {
@@ -84,7 +84,7 @@ const DisaggOutputTokens = 16
 // compares the outputs token for token.
 func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResult, error) {
 	if len(key) == 0 {
-		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrEmptyKey)
+		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrInvalid)
 	}
 	r, err := NewDisaggregated(prefillPool, decodePool)
 	if err != nil {

@@ -58,7 +58,7 @@ func TestPropRefEngineSplitEqualsColocated(t *testing.T) {
 func TestDisaggComparisonIsSensitive(t *testing.T) {
 	differ := 0
 	for i := range 64 {
-		prompt := promptOf(KeyFromHashes([]uint64{uint64(i), uint64(i * i), 7, uint64(i + 3)}), refModel.vocab)
+		prompt := promptOf(AppendHashes(nil, []uint64{uint64(i), uint64(i * i), 7, uint64(i + 3)}), refModel.vocab)
 		co := refModel.colocated(prompt, DisaggOutputTokens)
 		wire := refModel.prefill(prompt).marshal()
 		for off := 8; off < len(wire); off += 4 {
@@ -115,7 +115,7 @@ func TestDisaggregatedPools(t *testing.T) {
 	r, err := NewDisaggregated(prefillPool, decodePool)
 	require.NoError(t, err)
 	require.NoError(t, r.Decode.UpdateLoad("d0", Load{QueueDepth: 9}))
-	k := KeyFromHashes([]uint64{1, 2, 3})
+	k := AppendHashes(nil, []uint64{1, 2, 3})
 	first, err := r.Route(k)
 	require.NoError(t, err)
 	assert.Equal(t, KindLoadAware, first.Prefill.Kind)

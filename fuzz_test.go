@@ -9,7 +9,7 @@ import (
 
 // Fuzz targets of prefix-key building: request text, token ids and hash
 // ids reach it from clients, so every input must give a key (or, for a bad
-// block size, ErrInvalidBlockSize) without panicking, and the chain
+// block size, ErrInvalid) without panicking, and the chain
 // property must hold: two keys share exactly as many leading elements as
 // their leading blocks agree, and differ at every position after that.
 // The seeds are below (f.Add); run one with, e.g.,
@@ -46,17 +46,18 @@ func FuzzHasherKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, bs int, sys, sess, rag, other string, cut int) {
 		h, err := NewHasher(bs)
 		if bs < 1 {
-			if !errors.Is(err, ErrInvalidBlockSize) {
-				t.Fatalf("NewHasher(%d) = %v, want ErrInvalidBlockSize", bs, err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("NewHasher(%d) = %v, want ErrInvalid", bs, err)
 			}
 			return
 		}
 		if err != nil {
 			t.Fatalf("NewHasher(%d): %v", bs, err)
 		}
+		roles := []Segment{SegmentSystem, SegmentSession, SegmentRAG}
 		tags := []uint64{tagSystem, tagSession, tagRAG}
 		a := []string{sys, sess, rag}
-		ka := h.Key(sys, sess, rag)
+		ka := h.appendPrefix(nil, sys, sess, rag)
 		ra := refBlocks(bs, tags, a)
 		if len(ka) != len(ra) {
 			t.Fatalf("key has %d elements, want %d blocks", len(ka), len(ra))
@@ -66,14 +67,14 @@ func FuzzHasherKey(f *testing.F) {
 		}
 		var seg Key
 		for i, s := range a {
-			seg = h.AppendSegment(seg, tags[i], s)
+			seg = h.AppendSegment(seg, roles[i], s)
 		}
 		if !slices.Equal(seg, ka) {
 			t.Fatal("AppendSegment by segment differs from Key")
 		}
 		buf := make(Key, 0, len(ka)+1)
-		if got := h.AppendKey(buf, sys, sess, rag); !slices.Equal(got, ka) || (len(got) > 0 && &got[0] != &buf[:1][0]) {
-			t.Fatal("AppendKey into a buffer with room differs from Key or reallocated")
+		if got := h.appendPrefix(buf, sys, sess, rag); !slices.Equal(got, ka) || (len(got) > 0 && &got[0] != &buf[:1][0]) {
+			t.Fatal("appending into a buffer with room differs or reallocated")
 		}
 
 		// b: each segment of a cut at cut (mod its length + 1), then other.
@@ -85,7 +86,7 @@ func FuzzHasherKey(f *testing.F) {
 			}
 			b[i] = s[:c] + other
 		}
-		kb := h.Key(b[0], b[1], b[2])
+		kb := h.appendPrefix(nil, b[0], b[1], b[2])
 		rb := refBlocks(bs, tags, b)
 		if len(kb) != len(rb) {
 			t.Fatalf("key has %d elements, want %d blocks", len(kb), len(rb))
@@ -117,10 +118,10 @@ func FuzzKeyFromTokens(f *testing.F) {
 	f.Add(1<<40, []byte{1, 2, 3, 4}, 0)
 	f.Fuzz(func(t *testing.T, bs int, raw []byte, at int) {
 		tokens := tokensOf(raw)
-		k, err := KeyFromTokens(tokens, bs)
+		k, err := AppendTokens(nil, tokens, bs)
 		if bs < 1 {
-			if !errors.Is(err, ErrInvalidBlockSize) || len(k) != 0 {
-				t.Fatalf("KeyFromTokens(block size %d) = %v, %v; want ErrInvalidBlockSize", bs, k, err)
+			if !errors.Is(err, ErrInvalid) || len(k) != 0 {
+				t.Fatalf("AppendTokens(nil, block size %d) = %v, %v; want ErrInvalid", bs, k, err)
 			}
 			return
 		}
@@ -131,7 +132,7 @@ func FuzzKeyFromTokens(f *testing.F) {
 			t.Fatalf("%d elements for %d tokens in blocks of %d", len(k), len(tokens), bs)
 		}
 		buf := make(Key, 0, len(k)+1)
-		if got, err := AppendTokenKey(buf, tokens, bs); err != nil || !slices.Equal(got, k) {
+		if got, err := AppendTokens(buf, tokens, bs); err != nil || !slices.Equal(got, k) {
 			t.Fatal("AppendTokenKey differs from KeyFromTokens")
 		}
 		if len(tokens) == 0 {
@@ -141,13 +142,13 @@ func FuzzKeyFromTokens(f *testing.F) {
 		if at < 0 {
 			at = -at
 		}
-		pre, err := KeyFromTokens(tokens[:at], bs)
+		pre, err := AppendTokens(nil, tokens[:at], bs)
 		if err != nil || !slices.Equal(pre, k[:at/bs]) {
 			t.Fatalf("the first %d tokens do not key the first %d elements", at, at/bs)
 		}
 		changed := slices.Clone(tokens)
 		changed[at]++
-		kc, err := KeyFromTokens(changed, bs)
+		kc, err := AppendTokens(nil, changed, bs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +176,7 @@ func FuzzKeyFromHashes(f *testing.F) {
 	f.Add([]byte{}, 0)
 	f.Fuzz(func(t *testing.T, raw []byte, at int) {
 		ids := idsOf(raw)
-		k := KeyFromHashes(ids)
+		k := AppendHashes(nil, ids)
 		if len(k) != len(ids) {
 			t.Fatalf("%d elements for %d ids", len(k), len(ids))
 		}
@@ -186,11 +187,11 @@ func FuzzKeyFromHashes(f *testing.F) {
 		if at < 0 {
 			at = -at
 		}
-		if got := AppendHashKey(KeyFromHashes(ids[:at]), ids[at:]); !slices.Equal(got, k) {
-			t.Fatalf("AppendHashKey(KeyFromHashes(ids[:%d]), ids[%d:]) differs from KeyFromHashes(ids)", at, at)
+		if got := AppendHashes(AppendHashes(nil, ids[:at]), ids[at:]); !slices.Equal(got, k) {
+			t.Fatalf("AppendHashes(AppendHashes(nil, ids[:%d]), ids[%d:]) differs from AppendHashes(nil, ids)", at, at)
 		}
 		changed := slices.Clone(ids)
 		changed[at]++
-		agreeAfter(t, k, KeyFromHashes(changed), at)
+		agreeAfter(t, k, AppendHashes(nil, changed), at)
 	})
 }

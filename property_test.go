@@ -52,7 +52,7 @@ func nameIndex(name string) int {
 // drawKey draws a key from a universe of hash-id chains; a wide id space
 // makes fresh keys, a narrow one shared prefixes.
 func drawKey(t *rapid.T, label string, ids uint64, maxLen int) Key {
-	return KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
+	return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
 }
 
 // drawLoads gives every replica random queue and running counts.
@@ -91,7 +91,7 @@ func TestPropAffinityAfterWarmup(t *testing.T) {
 				d.Done(DoneInfo{})
 			}
 		}
-		k := KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
+		k := AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
 		first, err := g.Route(k)
 		require.NoError(t, err)
 		first.Done(DoneInfo{})
@@ -123,7 +123,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 			held[i] = rapid.IntRange(0, len(k)).Draw(t, "held")
 			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: k[:held[i]]}))
 			// Unrelated blocks do not count.
-			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes([]uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, []uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
 		}
 		longest := slices.Max(held)
 		d, err := g.Route(k)
@@ -170,7 +170,7 @@ func TestPropLoadFallbackNoMatch(t *testing.T) {
 func TestPropLoadAwareScore(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 8).Draw(t, "replicas")
-		w := DefaultLoadWeights
+		w := DefaultLoadWeights()
 		if rapid.Bool().Draw(t, "customWeights") {
 			w = LoadWeights{
 				Queue:   float64(rapid.IntRange(0, 4).Draw(t, "wq")),
@@ -282,8 +282,8 @@ func sortedKeys[V any](m map[string]V) []string {
 var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
 // TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica,
-// nor RouteExcept to the replica it leaves out; with none eligible, routing
-// fails with ErrNoHealthyReplica.
+// nor RouteWithin to a replica its allow rejects; with none eligible,
+// routing fails with ErrNoHealthyReplica.
 func TestPropNeverUnhealthy(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 6).Draw(t, "replicas")
@@ -309,21 +309,26 @@ func TestPropNeverUnhealthy(t *testing.T) {
 					open = slices.Delete(open, j, j+1)
 				}
 			default:
-				// RouteExcept leaves one replica out as if it were unhealthy;
-				// an unknown name leaves out nothing.
-				except := rapid.SampledFrom(append([]string{"", "unknown"}, replicaNamesOf(reps)...)).Draw(t, "except")
+				// RouteWithin leaves out the replicas allow rejects, as if
+				// they were unhealthy; a nil allow leaves out nothing.
+				var allow func(string) bool
 				eligible := slices.Clone(healthy)
-				if except != "" && except != "unknown" {
-					eligible[nameIndex(except)] = false
+				if rapid.Bool().Draw(t, "restricted") {
+					in := make([]bool, n)
+					for i := range in {
+						in[i] = rapid.Bool().Draw(t, "allowed")
+						eligible[i] = eligible[i] && in[i]
+					}
+					allow = func(name string) bool { return in[nameIndex(name)] }
 				}
-				d, err := g.RouteExcept(drawKey(t, "key", 4, 5), except)
+				d, err := g.RouteWithin(drawKey(t, "key", 4, 5), allow)
 				if !slices.Contains(eligible, true) {
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 					continue
 				}
 				require.NoError(t, err)
 				require.True(t, healthy[nameIndex(d.Replica)], "routed to unhealthy %s", d.Replica)
-				require.NotEqual(t, except, d.Replica, "RouteExcept chose the replica it leaves out")
+				require.True(t, eligible[nameIndex(d.Replica)], "RouteWithin chose %s, which allow rejects", d.Replica)
 				open = append(open, d)
 			}
 		}
@@ -532,7 +537,7 @@ func sharedPrefixKey(i, shared int) Key {
 	for b := range 1 + i%8 {
 		ids = append(ids, uint64(i)<<8|uint64(b+1))
 	}
-	return KeyFromHashes(ids)
+	return AppendHashes(nil, ids)
 }
 
 // TestPropNoCollapseSharedFirstBlock: on a stream where every request

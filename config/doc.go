@@ -45,7 +45,7 @@
 //   - slo_latency_ms: latency SLO in whole milliseconds; 0 or absent means
 //     no SLO. Never negative.
 //   - load_weights: weights of the load-aware score (queue, kv, latency, as
-//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights.
+//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights().
 //     Each weight is finite and not negative, and not all are zero.
 //   - disaggregate: prefill/decode disaggregation on or off (default off).
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate

@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
 // reject413 reads at most 1 MiB of the body, then answers 413, as the
@@ -43,7 +44,7 @@ func TestLeanServerEarlyAnswerSurvivesUnreadBody(t *testing.T) {
 			return "http://" + addr + "/"
 		}, 32 << 20},
 		{"proxy past MaxBodyBytes", func(t *testing.T) string {
-			return newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{}).http.URL + "/v1/chat/completions"
+			return newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}).http.URL + "/v1/chat/completions"
 		}, 16 << 20},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -162,7 +162,11 @@ func (s *Server) proxy(c *call) {
 	for try := 0; try < 2; try++ {
 		// A retry leaves out the replica that just failed, which the
 		// health checks may not have ejected yet.
-		dec, err := ms.gw.RouteExcept(c.key, failed)
+		var allow func(name string) bool
+		if failed != "" {
+			allow = func(name string) bool { return name != failed }
+		}
+		dec, err := ms.gw.RouteWithin(c.key, allow)
 		if err != nil {
 			switch {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):

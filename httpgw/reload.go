@@ -160,7 +160,7 @@ func missingPools(cfg config.Model) []string {
 // sameRouting reports whether two model configurations route alike, so a
 // gateway built for a can serve b once its replicas are synced.
 func sameRouting(a, b config.Model) bool {
-	if a.ModeName() != b.ModeName() || a.SLOLatencyMS != b.SLOLatencyMS {
+	if a.Mode != b.Mode || a.SLOLatencyMS != b.SLOLatencyMS {
 		return false
 	}
 	if (a.LoadWeights == nil) != (b.LoadWeights == nil) {
@@ -190,12 +190,7 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 func (s *Server) planModel(name string, cfg config.Model, old, next *state) (modelPlan, error) {
 	reps := modelReplicas(cfg)
 	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(reps)), disaggr: cfg.Disaggregate,
-		missing: missingPools(cfg)}
-	mode, err := cfg.GatewayMode()
-	if err != nil {
-		return modelPlan{}, err
-	}
-	ms.mode = mode
+		missing: missingPools(cfg), mode: cfg.Mode}
 	if len(reps) > gateway.MaxReplicas {
 		return modelPlan{}, &config.FieldError{Field: "models." + name + ".replicas", Value: fmt.Sprint(len(reps)),
 			Reason: fmt.Sprintf("at most %d replicas per model", gateway.MaxReplicas)}

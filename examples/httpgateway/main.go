@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/httpgw/enginetest"
@@ -39,7 +40,7 @@ func main() {
 	}
 	// What `exa serve routing set demo --mode cache_aware --replica ...` writes.
 	err = srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{
-		"demo": {Mode: config.ModeCacheAware, Replicas: reps},
+		"demo": {Mode: gateway.ModeCacheAware, Replicas: reps},
 	}})
 	if err != nil {
 		log.Fatal(err)
