@@ -69,7 +69,7 @@ func drawLoads(t *rapid.T, g *Gateway, n int) []Load {
 	return loads
 }
 
-// TestPropAffinityAfterWarmup (R1): once a cache-aware gateway has served
+// TestPropAffinityAfterWarmup: once a cache-aware gateway has served
 // a key, the same key goes back to the replica that served it, as a full
 // hit by affinity, whatever the other traffic and load signals were. The
 // key is fresh (its ids are not those of the other traffic): a prefix that
@@ -140,7 +140,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 	})
 }
 
-// TestPropLoadFallbackNoMatch (R2): when no replica holds any of the key,
+// TestPropLoadFallbackNoMatch: when no replica holds any of the key,
 // cache-aware routing picks the least loaded replica (fewest outstanding
 // requests, the earliest on a tie), reports load_aware and no_match.
 // Regression test for BUG 1 (fixed in 09e6776).
@@ -164,7 +164,7 @@ func TestPropLoadFallbackNoMatch(t *testing.T) {
 	})
 }
 
-// TestPropLoadAwareScore (R2): load-aware routing picks the replica with
+// TestPropLoadAwareScore: load-aware routing picks the replica with
 // the lowest weighted, normalised score: weights.Queue·outstanding/max +
 // weights.KV·kv + weights.Latency·latency/max, per LoadWeights' doc.
 func TestPropLoadAwareScore(t *testing.T) {
@@ -206,7 +206,7 @@ func TestPropLoadAwareScore(t *testing.T) {
 	})
 }
 
-// TestPropRoundRobinFair (R3): over k·n requests each of the n eligible
+// TestPropRoundRobinFair: over k·n requests each of the n eligible
 // replicas gets exactly k, in every window, while replicas are added,
 // removed and marked unhealthy between windows.
 func TestPropRoundRobinFair(t *testing.T) {
@@ -281,7 +281,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
-// TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica,
+// TestPropNeverUnhealthy: no mode ever routes to an unhealthy replica,
 // nor RouteWithin to a replica its allow rejects; with none eligible,
 // routing fails with ErrNoHealthyReplica.
 func TestPropNeverUnhealthy(t *testing.T) {
@@ -335,7 +335,7 @@ func TestPropNeverUnhealthy(t *testing.T) {
 	})
 }
 
-// TestPropSLO (R6): no replica over the latency SLO is chosen while a
+// TestPropSLO: no replica over the latency SLO is chosen while a
 // healthy one within it exists; when every healthy replica breaches, the
 // gateway routes within the healthy set and says so with FallbackSLO.
 // Latency comes from UpdateLoad and from Done, and samples older than the
