@@ -11,65 +11,125 @@ package gateway
 // that got it first.
 //
 // The gateway therefore counts, per prefix, how many recent requests had it
-// as their longest prefix held anywhere (a count-min sketch of the block
-// ending it, halved every demandWindow requests) and hands the policy that
-// share as Request.Demand.
+// as their longest prefix held anywhere (keyed by the block ending it,
+// halved every demandWindow requests) and hands the policy that share as
+// Request.Demand.
+//
+// The counts are exact: a table keyed by the block's placed hash (the
+// index's secret permutation of it, see index.go), so no one can aim
+// collisions at it, and so that the counts, and with them the routing
+// decisions, do not depend on the secret. Halving bounds how many prefixes
+// it counts at once: the counts sum to at most demandWindow more than half
+// their sum at the previous halving, so never to more than 2·demandWindow,
+// and a prefix whose count halves to zero is forgotten. The table of
+// demandSlots = 4·demandWindow slots is therefore at most half full, and a
+// lookup probes at most demandProbe slots (a prefix that cannot be placed
+// within them, which only someone who knows the secret can arrange, goes
+// uncounted).
 
 const (
-	demandSlots  = 4096 // per row; a power of two
-	demandWindow = 1024 // requests between halvings
+	demandBits   = 12
+	demandSlots  = 1 << demandBits // table slots
+	demandWindow = demandSlots / 4 // requests between halvings: 1024
+	demandProbe  = 256             // most slots a lookup probes
 	// demandPrior is the fewest requests a share is taken of: until the
 	// gateway has seen that many, a prefix shared by a few of them is not
 	// yet hot (two requests of two are not half the traffic).
 	demandPrior = 16
 )
 
-// demand is a decaying count-min sketch of longest-held prefixes. It is not
-// safe for concurrent use; Gateway guards it with its mutex.
+// demand counts longest-held prefixes over a decaying window. It is not
+// safe for concurrent use; Gateway guards it with its mutex. The zero
+// value is empty.
 type demand struct {
-	rows  [2][demandSlots]uint32
-	total uint32 // requests, decayed alike
-	n     int    // requests since the last halving
+	keys   [demandSlots]uint64 // placed hash of the block ending the prefix
+	counts [demandSlots]uint32 // 0 marks an empty slot
+	total  uint32              // requests, decayed alike
+	n      int                 // requests since the last halving
 }
 
-// observe counts a request whose longest prefix held by a candidate is
-// key[:longest] and returns that prefix's share of recent requests, 0..1
-// (0 when longest is 0), taken of at least demandPrior requests.
-func (d *demand) observe(key Key, longest int) float64 {
+// observe counts a request whose longest prefix held by a candidate ends
+// in block mk[longest-1] (mk holds placed hashes) and returns that
+// prefix's share of recent requests, 0..1 (0 when longest is 0), taken of
+// at least demandPrior requests.
+func (d *demand) observe(mk Key, longest int) float64 {
 	if d.n++; d.n == demandWindow {
 		d.n = 0
-		d.total /= 2
-		for r := range d.rows {
-			for i := range d.rows[r] {
-				d.rows[r][i] /= 2
-			}
-		}
+		d.halve()
 	}
 	d.total++
 	if longest == 0 {
 		return 0
 	}
-	a, b := d.counters(key[longest-1])
-	*a++
-	*b++
-	return d.ratio(*a, *b)
+	i, ok := d.slot(mk[longest-1])
+	if i < 0 {
+		return 0
+	}
+	if !ok {
+		d.keys[i] = mk[longest-1]
+	}
+	d.counts[i]++
+	return d.ratio(d.counts[i])
 }
 
-// share is observe without counting: key[:longest]'s share so far.
-func (d *demand) share(key Key, longest int) float64 {
+// share is observe without counting: mk[:longest]'s share so far.
+func (d *demand) share(mk Key, longest int) float64 {
 	if longest == 0 {
 		return 0
 	}
-	a, b := d.counters(key[longest-1])
-	return d.ratio(*a, *b)
+	i, ok := d.slot(mk[longest-1])
+	if !ok {
+		return 0
+	}
+	return d.ratio(d.counts[i])
 }
 
-// counters returns the two counters of the prefix ending in block h.
-func (d *demand) counters(h uint64) (*uint32, *uint32) {
-	return &d.rows[0][h&(demandSlots-1)], &d.rows[1][(h>>32)&(demandSlots-1)]
+func demandHome(m uint64) int { return int(m >> (64 - demandBits)) }
+
+// slot returns the slot counting prefix m and true, or the empty slot
+// where it would go and false, or -1 when neither lies within demandProbe
+// slots of its home.
+func (d *demand) slot(m uint64) (int, bool) {
+	i := demandHome(m)
+	for range demandProbe {
+		switch {
+		case d.counts[i] == 0:
+			return i, false
+		case d.keys[i] == m:
+			return i, true
+		}
+		i = (i + 1) & (demandSlots - 1)
+	}
+	return -1, false
 }
 
-// ratio is the share of a prefix counted a and b times in the two rows.
-func (d *demand) ratio(a, b uint32) float64 {
-	return float64(min(a, b, d.total)) / float64(max(d.total, demandPrior))
+// halve halves every count and total, forgetting prefixes whose count
+// reaches zero. The survivors are rehashed in place, in slot order from a
+// slot that was empty (so that no probe run wraps past it), each to the
+// first empty slot from its home, which is never after its old slot.
+func (d *demand) halve() {
+	d.total /= 2
+	e := 0
+	for e < demandSlots-1 && d.counts[e] != 0 { // the table is at most half full
+		e++
+	}
+	for k := 1; k <= demandSlots; k++ {
+		i := (e + k) & (demandSlots - 1)
+		c := d.counts[i] / 2
+		if d.counts[i] == 0 {
+			continue
+		}
+		d.counts[i] = 0
+		if c == 0 {
+			continue
+		}
+		if j, _ := d.slot(d.keys[i]); j >= 0 {
+			d.keys[j], d.counts[j] = d.keys[i], c
+		}
+	}
+}
+
+// ratio is the share of a prefix counted c times.
+func (d *demand) ratio(c uint32) float64 {
+	return float64(min(c, d.total)) / float64(max(d.total, demandPrior))
 }

@@ -45,8 +45,13 @@ type DisaggDecision struct {
 	Prefill, Decode Decision
 }
 
-// Route picks a prefill replica and a decode replica for key.
+// Route picks a prefill replica and a decode replica for key. A pool
+// without replicas (all removed) is an error wrapping ErrNoHealthyReplica;
+// a Disaggregated missing a pool's gateway, one wrapping ErrInvalid.
 func (r *Disaggregated) Route(key Key) (DisaggDecision, error) {
+	if r == nil || r.Prefill == nil || r.Decode == nil {
+		return DisaggDecision{}, fmt.Errorf("%w: Disaggregated needs both a Prefill and a Decode gateway", ErrInvalid)
+	}
 	p, err := r.Prefill.Route(key)
 	if err != nil {
 		return DisaggDecision{}, fmt.Errorf("%w (prefill pool)", err)

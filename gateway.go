@@ -50,10 +50,17 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		return nil, fmt.Errorf("%w: New needs at least one replica, got none", ErrInvalid)
 	}
 	c := settings{ttl: defaultLatencyTTL}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: option %d of %d is nil", ErrInvalid, i+1, len(opts))
+		}
 		if err := o(&c); err != nil {
 			return nil, err
 		}
+	}
+	idx := newIndex()
+	if c.secret != nil {
+		idx = newIndexSecret(*c.secret)
 	}
 	g := &Gateway{
 		policy: c.policy,
@@ -61,7 +68,7 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		ttl:    c.ttl,
 		index:  c.index,
 		clock:  c.clock,
-		idx:    newIndex(),
+		idx:    idx,
 	}
 	if g.clock == nil {
 		g.clock = time.Now
@@ -126,7 +133,10 @@ func (g *Gateway) AddReplica(r Replica) error {
 }
 
 // RemoveReplica removes a replica and drops its cache index. Decisions
-// already made for it stay valid: their Done still works.
+// already made for it stay valid: their Done still works. Removing the
+// last replica is allowed (a pool may scale to zero, or a replica be
+// replaced by removing it first); until one is added, Route returns an
+// error wrapping ErrNoHealthyReplica.
 func (g *Gateway) RemoveReplica(name string) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -226,8 +236,8 @@ func (g *Gateway) breaches(rs *replicaState, now int64) bool {
 // chooses an unhealthy replica, nor one over the latency SLO while a
 // healthy one is within it; if every healthy replica breaches the SLO it
 // chooses among them and the decision's Fallback says so. With no healthy
-// replica it returns an error wrapping ErrNoHealthyReplica; an empty key
-// is an error wrapping ErrInvalid.
+// replica (or none at all) it returns an error wrapping
+// ErrNoHealthyReplica; an empty key is an error wrapping ErrInvalid.
 //
 // In IndexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
@@ -254,7 +264,12 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	t := g.snap.Load()
-	g.idx.match(key, g.match)
+	if len(t.list) == 0 { // every replica was removed
+		g.stats.noHealthy.Add(1)
+		return Decision{}, fmt.Errorf("%w: the gateway has no replicas", ErrNoHealthyReplica)
+	}
+	mk := g.idx.mixKey(key)
+	g.idx.match(mk, g.match)
 	if g.built != t { // the replica set changed: rebuild the static fields
 		g.all = g.all[:0]
 		for _, rs := range t.list {
@@ -313,7 +328,7 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
-	share := g.demand.observe(key, maxMatched)
+	share := g.demand.observe(mk, maxMatched)
 	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
 	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
@@ -329,7 +344,7 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 		fb |= why
 	}
 	if g.index == IndexApproximate {
-		g.idx.storeMatched(rs.slot, key, matched)
+		g.idx.storeMatched(rs.slot, mk, matched)
 	}
 	d := Decision{
 		Replica:  rs.name,
@@ -412,9 +427,9 @@ func (g *Gateway) ApplyEvent(name string, ev CacheEvent) error {
 	}
 	switch ev.Kind {
 	case BlocksStored:
-		g.idx.store(rs.slot, ev.Blocks)
+		g.idx.store(rs.slot, g.idx.mixKey(ev.Blocks))
 	case BlocksRemoved:
-		g.idx.remove(rs.slot, ev.Blocks)
+		g.idx.remove(rs.slot, g.idx.mixKey(ev.Blocks))
 	case AllCleared:
 		g.idx.clear(rs.slot)
 	}

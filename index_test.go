@@ -57,52 +57,80 @@ func (m *modelCache) match(key Key) int {
 }
 
 // checkIndex verifies the index's internal consistency: table slots, bit
-// sets, per-replica hash tables, LRU lists and counts all agree.
+// sets, per-replica hash tables, LRU lists and counts all agree, and every
+// table keeps its blocks in ascending order of hash, none before its home
+// or maxProbe or more slots past it, and none displaced right after an
+// empty slot (so that every probe run from a home is unbroken). (Plain comparisons: require's per-call cost dominated
+// tests on large indexes.)
 func checkIndex(t require.TestingT, ix *index) {
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			t.Errorf(format, args...)
+			t.FailNow()
+		}
+	}
 	used := 0
 	s := 1 + ix.w
 	holders := map[uint64][]uint64{}
-	for i := range ix.n {
+	check(len(ix.tab) == ix.slots()*s, "table of %d words for %d slots of %d", len(ix.tab), ix.slots(), s)
+	last := uint64(0)
+	for i := range ix.slots() {
 		if ix.empty(i) {
-			require.Zero(t, ix.tab[i*s], "empty table slot %d keeps a hash", i)
+			check(ix.tab[i*s] == 0, "empty table slot %d keeps a hash", i)
 			continue
 		}
-		used++
 		h := ix.tab[i*s]
-		require.Equal(t, i, ix.find(h), "block %x is not found at its slot", h)
+		check(used == 0 || h > last, "slot %d: hash %x after %x", i, h, last)
+		used, last = used+1, h
+		d := ix.dist(i, h)
+		check(d >= 0 && d < maxProbe, "block %x sits %d slots from its home", h, d)
+		check(d == 0 || (i > 0 && !ix.empty(i-1)), "block %x after an empty slot is off its home", h)
+		check(ix.find(h) == i, "block %x is not found at its slot %d", h, i)
 		holders[h] = append([]uint64(nil), ix.tab[i*s+1:(i+1)*s]...)
 		for wi := range ix.w {
-			require.Zero(t, ix.tab[i*s+1+wi]&^ix.active[wi], "inactive replica holds block %x", h)
+			check(ix.tab[i*s+1+wi]&^ix.active[wi] == 0, "inactive replica holds block %x", h)
 		}
 	}
-	require.Equal(t, used, ix.used, "used table slots")
+	check(used == ix.used, "used table slots: %d, counted %d", ix.used, used)
 	seen := map[uint64][]uint64{}
 	for sl, r := range ix.reps {
 		if r == nil {
-			require.Zero(t, ix.active[sl/64]&(1<<(sl%64)), "free replica slot %d is active", sl)
+			check(ix.active[sl/64]&(1<<(sl%64)) == 0, "free replica slot %d is active", sl)
 			continue
 		}
 		n := 0
 		prev := nilRef
 		for l := r.mru; l != nilRef; l = r.nodes[l].next {
-			require.Equal(t, prev, r.nodes[l].prev, "LRU back link")
+			check(r.nodes[l].prev == prev, "LRU back link of node %d", l)
 			h := r.nodes[l].hash
-			require.Equal(t, l, r.lookup(h), "replica table does not map block %x to its node", h)
+			check(r.lookup(h) == l, "replica table does not map block %x to its node", h)
 			pos := ix.find(h)
-			require.GreaterOrEqual(t, pos, 0, "cached block %x missing from the table", h)
-			require.True(t, ix.holds(pos, uint32(sl)), "cached block %x lacks its holder bit", h)
+			check(pos >= 0, "cached block %x missing from the table", h)
+			check(ix.holds(pos, uint32(sl)), "cached block %x lacks its holder bit", h)
 			if seen[h] == nil {
 				seen[h] = make([]uint64, ix.w)
 			}
 			seen[h][sl/64] |= 1 << (sl % 64)
 			prev = l
 			n++
-			require.LessOrEqual(t, n, r.cap, "LRU list longer than capacity")
+			check(n <= r.cap, "LRU list longer than capacity %d", r.cap)
 		}
-		require.Equal(t, prev, r.lru, "LRU tail")
-		require.Equal(t, n, r.n, "node count of replica slot %d", sl)
-		require.Equal(t, n, r.used, "replica table entries of slot %d", sl)
-		require.LessOrEqual(t, r.n, r.cap, "replica slot %d over capacity", sl)
+		check(r.lru == prev, "LRU tail")
+		check(len(r.tab) == 0 || len(r.tab) == r.homes+maxProbe, "replica slot %d: table of %d slots for %d homes", sl, len(r.tab), r.homes)
+		last, held := uint64(0), 0
+		for i, v := range r.tab {
+			if v == 0 {
+				continue
+			}
+			h := r.nodes[v-1].hash
+			check(held == 0 || h > last, "replica slot %d: table slot %d: hash %x after %x", sl, i, h, last)
+			held, last = held+1, h
+			d := r.dist(i, h)
+			check(d >= 0 && d < maxProbe, "replica slot %d: block %x sits %d slots from its home", sl, h, d)
+			check(d == 0 || (i > 0 && r.tab[i-1] != 0), "replica slot %d: block %x after an empty slot is off its home", sl, h)
+		}
+		check(r.n == n, "node count of replica slot %d: %d, counted %d", sl, r.n, n)
+		check(r.used == n, "replica table entries of slot %d: %d, nodes %d", sl, r.used, n)
 	}
 	require.Equal(t, holders, seen, "holder bit sets disagree with the replicas' nodes")
 }

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Option configures a Gateway in New.
+// Option configures a Gateway in New. A nil Option is an error.
 type Option func(*settings) error
 
 // IndexMode says how the gateway keeps its cache index current.
@@ -35,6 +35,17 @@ type settings struct {
 	weights LoadWeights
 	index   IndexMode
 	clock   func() time.Time
+	secret  *uint64 // fixes the index's placement secret; tests only
+}
+
+// withSecret fixes the secret the index places blocks under, which New
+// otherwise draws at random (see index.go). Unexported: only tests need a
+// fixed placement, and no routing decision depends on it.
+func withSecret(s uint64) Option {
+	return func(c *settings) error {
+		c.secret = &s
+		return nil
+	}
 }
 
 // WithMode selects a built-in policy. The default is ModeRoundRobin.

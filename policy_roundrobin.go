@@ -14,8 +14,13 @@ type RoundRobin struct {
 
 var _ Policy = (*RoundRobin)(nil)
 
-// Pick returns the next candidate in rotation.
+// Pick returns the next candidate in rotation. Given no candidates (which
+// a Gateway never does) it returns -1, which Route rejects with an error
+// wrapping ErrInvalid, rather than dividing by zero.
 func (p *RoundRobin) Pick(_ *Request, cands []Candidate) int {
+	if len(cands) == 0 {
+		return -1
+	}
 	n := p.next.Add(1) - 1
 	return int(n % uint64(len(cands)))
 }

@@ -33,14 +33,6 @@ func replicaNames(n int) []Replica {
 	return r
 }
 
-func replicaNamesOf(reps []Replica) []string {
-	names := make([]string, len(reps))
-	for i, r := range reps {
-		names[i] = r.Name
-	}
-	return names
-}
-
 func nameIndex(name string) int {
 	var i int
 	if _, err := fmt.Sscanf(name, "r%d", &i); err != nil {

@@ -100,6 +100,23 @@ type Model struct {
 	Replicas []Replica `json:"replicas,omitempty"`
 	// Pools maps a pool name to its replicas; nil means no pools.
 	Pools map[string][]Replica `json:"pools,omitempty"`
+	// Index is approximate (the default when "") or exact: see
+	// [IndexExact]. A model on the exact index must be cache_aware, not
+	// disaggregated, and have a source of KV events for every replica:
+	// KVEventsBind or the replica's KVEvents.
+	Index string `json:"index,omitempty"`
+	// BlockSize is the engines' KV block size in tokens, which the exact
+	// index keys requests with (vLLM's --block-size); 0 means
+	// DefaultBlockSize (16). At most MaxBlockSize. Kept, inactive, on the
+	// approximate index.
+	BlockSize int `json:"block_size,omitempty"`
+	// KVEventsBind is a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH) the
+	// gateway listens on for KV events, where engines whose publisher
+	// connects (llm-d-inference-sim's --zmq-endpoint; vLLM's with a host
+	// in its endpoint) publish. Each message's topic kv@POD@MODEL names
+	// its engine: the replica whose Pod is POD (see [Replica.Pod]). ""
+	// means none: every replica then needs its own KVEvents.
+	KVEventsBind string `json:"kv_events_bind,omitempty"`
 }
 
 // LoadWeights are the weights of the load-aware score, mirroring
@@ -130,6 +147,18 @@ type Replica struct {
 	Address string `json:"address"`
 	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
 	CacheBlocks int `json:"cache_blocks,omitempty"`
+	// KVEvents is the ZMQ endpoint (tcp://HOST:PORT or ipc://PATH) of the
+	// engine's KV-event publisher, which the gateway connects to (vLLM
+	// binds tcp://*:5557 by default, so tcp://ENGINE_HOST:5557); "" means
+	// the model's KVEventsBind. Several replicas may share one (a relay):
+	// messages are then told apart by the pod of their topic.
+	KVEvents string `json:"kv_events,omitempty"`
+	// Pod is the name the engine gives itself in its events' topics
+	// (kv@POD@MODEL; llm-d-inference-sim's POD_IP). "" means the
+	// address's host:port (http://10.0.0.7:8000 answers to 10.0.0.7:8000),
+	// or its host alone (10.0.0.7) when no other replica of the event
+	// source has that host.
+	Pod string `json:"pod,omitempty"`
 }
 
 // Gateway returns the replica as a gateway.Replica (healthy).
@@ -147,7 +176,8 @@ func GatewayReplicas(rs []Replica) []gateway.Replica {
 }
 
 // Options returns the gateway options the model's configuration implies:
-// its mode, its SLO (when set) and its load weights (when set).
+// its mode, its SLO (when set), its load weights (when set) and the exact
+// index (when set).
 func (m Model) Options() ([]gateway.Option, error) {
 	if err := m.validMode(); err != nil {
 		return nil, err
@@ -158,6 +188,9 @@ func (m Model) Options() ([]gateway.Option, error) {
 	}
 	if m.LoadWeights != nil {
 		opts = append(opts, gateway.WithLoadWeights(m.LoadWeights.Gateway()))
+	}
+	if m.Exact() {
+		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
 	}
 	return opts, nil
 }
@@ -325,7 +358,10 @@ func (m Model) Validate() error {
 			return err
 		}
 	}
-	return m.validateReplicaCounts()
+	if err := m.validateReplicaCounts(); err != nil {
+		return err
+	}
+	return m.validateIndex()
 }
 
 // validateReplicaCounts checks that no gateway built from the model would
@@ -408,5 +444,5 @@ func (f *File) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return f.validateKVSources()
 }

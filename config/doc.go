@@ -59,6 +59,20 @@
 //     [ValidateAddress]); cache_blocks is optional (0 means the gateway's
 //     default, at most gateway.MaxCacheBlocks).
 //   - pools: named replica pools, for example the prefill and decode pools.
+//   - index: approximate (the default) or exact: routing on the engines' own
+//     KV events (see docs/kv-events.md). exact needs mode cache_aware, no
+//     disaggregation, and an event source for every replica.
+//   - block_size: the engines' KV block size in tokens for the exact index,
+//     0..[MaxBlockSize] (0 or absent means 16).
+//   - kv_events_bind: a ZMQ endpoint (tcp://HOST:PORT, HOST may be * or
+//     0.0.0.0; or ipc://PATH) the gateway listens on for the KV events of
+//     engines whose publisher connects; topics kv@POD@MODEL name them.
+//   - a replica's kv_events: the endpoint of its engine's publisher, which
+//     the gateway connects to (tcp://HOST:PORT, HOST not * or 0.0.0.0); no
+//     endpoint is both bound by a model and connected to by a replica.
+//   - a replica's pod: the name its engine gives in its topics (no '@');
+//     absent means the address's host:port, or its host alone. Two
+//     replicas heard on one endpoint may not answer to the same pod.
 //
 // Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
 // valid UTF-8, without surrounding spaces or control characters.

@@ -31,7 +31,7 @@ type shape struct {
 // fileShape is the layout of [File].
 var fileShape = func() *shape {
 	scalar := &shape{}
-	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar}}
+	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "pod": scalar}}
 	replicas := &shape{elems: replica}
 	mode := &shape{text: func(s string) string {
 		var m gateway.Mode
@@ -43,6 +43,7 @@ var fileShape = func() *shape {
 	model := &shape{fields: map[string]*shape{
 		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
 		"prefill_pool": scalar, "decode_pool": scalar,
+		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},

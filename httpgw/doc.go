@@ -71,6 +71,33 @@
 // nothing; a request with no text at all gets a one-block key naming the
 // model.
 //
+// # Exact index
+//
+// A model configured with index exact (`exa serve routing set MODEL
+// --index exact`) routes on an index that only its engines' KV events
+// change (package kvevents: vLLM's ZMQ publisher, or
+// llm-d-inference-sim's), received on the model's kv_events_bind
+// endpoint (the gateway listens; each message's topic kv@POD@MODEL names
+// the replica whose pod, or else address host:port or host, is POD) or
+// from each replica's kv_events endpoint (the gateway connects). Its
+// requests are keyed from the engine's own tokens instead of the prefix
+// key below: Options.Tokenizer, by default a healthy replica's POST
+// /tokenize behind a cache of tokenized requests, bounded by
+// Options.TokenizeTimeout; the tokens, cut into the model's block_size
+// (default 16), chain from the model name as the events do. A request
+// that cannot be keyed so (tokenization failed, fewer tokens than a
+// block, a list of prompts, a field that changes the engine's tokens such
+// as cache_salt) is routed with its prefix key, which the exact index
+// never holds, so as if nothing were cached (load-aware), and counted by
+// reason; its X-Exa-Decision ends "; index=exact; fallback=REASON", that
+// of a keyed request "; index=exact" (matched counts blocks of block_size
+// tokens: the engine's cached tokens as predicted). Reloads open new bind
+// endpoints before applying (a port in use rejects the configuration),
+// reset engines removed or reconfigured, and give a replica newly attached
+// to an engine heard before the blocks the index holds for it; an engine
+// ejected by the health checks is reset. docs/kv-events.md has the
+// operator's guide, figures and limits.
+//
 // # Engine signals
 //
 // Health: every ProbeInterval each engine address gets GET /health; after
@@ -142,6 +169,21 @@
 //	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
 //	probe_failures_total{address}, scrape_errors_total{address}
 //	config_reloads_total{result}, in_flight_requests
+//	index_cached_blocks{model,replica}         blocks the index holds per replica
+//
+// and, for the exact index (see docs/kv-events.md):
+//
+//	kv_messages_total, kv_malformed_messages_total, kv_events_total,
+//	kv_events_applied_total, kv_blocks_stored_total, kv_blocks_removed_total,
+//	kv_sequence_gaps_total, kv_restarts_total, kv_overflows_total,
+//	kv_clears_total, kv_resets_total, kv_mapped_blocks   {endpoint,topic} per engine
+//	kv_events_dropped_total{endpoint,topic,reason}
+//	kv_malformed_frames_total, kv_unresolved_total
+//	kv_endpoint_connected, kv_endpoint_connects_total, kv_endpoint_failures_total {endpoint,bound}
+//	tokenize_requests_total, tokenize_engine_calls_total, tokenize_errors_total,
+//	tokenize_seconds (histogram)                                    {model}
+//	tokenize_cache_hits_total, tokenize_cache_entries
+//	exact_fallbacks_total{model,reason}
 //
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
@@ -190,6 +232,13 @@
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not
 // Prometheus text).
+//
+// Each model also has "index" (approximate or exact) and each replica
+// "cached_blocks" (the index size); a model on the exact index has
+// "kv_events" (config.KVEventsStats: block_size, tokenize, fallbacks, its
+// engines' event counters, its endpoints), and the document a top-level
+// "kv_events" (malformed frames, unresolved messages, every endpoint)
+// when any model is on the exact index.
 //
 // Model figures are the routing library's counters (gateway.Stats) for the
 // model's current routing table: they restart when a reload changes the

@@ -71,7 +71,10 @@ type call struct {
 	req   *inferenceRequest
 	ms    *modelState // the model's routing table
 	key   gateway.Key
-	oc    outcome
+	// fallback, for a model on the exact index, is why the request was
+	// keyed without tokens (a fallback* value), -1 if it was not.
+	fallback int
+	oc       outcome
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -85,7 +88,11 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		return
 	}
 	kp := s.keyPool.Get().(*gateway.Key)
-	c.key = appendKey(s.hasher, (*kp)[:0], c.req, r.Header)
+	if c.ms.exactBS > 0 {
+		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
+	} else {
+		c.key = appendKey(s.hasher, (*kp)[:0], c.req, r.Header)
+	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
 	s.proxy(c)
 }

@@ -56,6 +56,12 @@ func (s *Server) Apply(f *config.File) error {
 		plans = append(plans, p)
 		next.models[name] = p.ms
 	}
+	// Listen where the exact index's events come to: a port taken fails
+	// the configuration, before anything running is changed.
+	bound, err := s.kv.bindNew(buildKVTable(next.models), next.models)
+	if err != nil {
+		return err
+	}
 	// Phase 2: update the kept gateways. Every limit the gateway enforces
 	// was checked in phase 1, so this does not fail; if it did, the model
 	// gets a fresh gateway rather than a half-updated one.
@@ -75,7 +81,13 @@ func (s *Server) Apply(f *config.File) error {
 			p.ms.gw = gw
 		}
 	}
+	next.kv = buildKVTable(next.models)
 	s.state.Store(next)
+	s.kv.sync(next.kv)
+	s.kv.reconcile(old.kv, next.kv)
+	if len(bound) > 0 {
+		s.log.Info("gateway: listening for KV events", "endpoints", bound)
+	}
 	s.closeDropped(old, next)
 	s.dropStaleSeries(old, next)
 	return nil
@@ -163,6 +175,9 @@ func sameRouting(a, b config.Model) bool {
 	if a.Mode != b.Mode || a.SLOLatencyMS != b.SLOLatencyMS {
 		return false
 	}
+	if a.IndexName() != b.IndexName() || (a.Exact() && a.TokenBlockSize() != b.TokenBlockSize()) {
+		return false // the index's keys change
+	}
 	if (a.LoadWeights == nil) != (b.LoadWeights == nil) {
 		return false
 	}
@@ -214,6 +229,9 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 		want = append(want, g)
 	}
 	ms.mm = newModelMetrics(ms.order)
+	if cfg.Exact() {
+		ms.exactBS, ms.exactCnt = cfg.TokenBlockSize(), s.kv.countersOf(name)
+	}
 	if len(want) == 0 {
 		ms.noReps = true
 		if len(ms.missing) > 0 {

@@ -121,6 +121,11 @@ func (s *Server) observe(ep *endpoint, ev healthEvent) {
 	case healthEjected:
 		s.metrics.ejections.WithLabelValues(ep.base).Inc()
 		s.log.Warn("gateway: engine ejected", "address", ep.base)
+		// On the exact index, its blocks leave the index: it may come
+		// back with an empty cache (see kvRuntime.resetEngines).
+		if n := s.kv.resetEngines(s.state.Load().kv, ep); n > 0 {
+			s.log.Info("gateway: KV events of an ejected engine reset", "address", ep.base, "engines", n)
+		}
 	case healthReadmitted:
 		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
 		s.log.Info("gateway: engine readmitted", "address", ep.base)

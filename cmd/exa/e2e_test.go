@@ -425,8 +425,8 @@ func TestStatsFromGateway(t *testing.T) {
 	} {
 		assert.Contains(t, out, want)
 	}
-	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s*$`, out)
-	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s+0\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s+0\s*$`, out)
 
 	// A gateway that does not serve the model: say so and fall back.
 	out = ok(t, cfg, "serve", "routing", "stats", "other", "--gateway", srv.URL)

@@ -30,6 +30,7 @@ type gatewayFlags struct {
 	maxBody                             int64
 	firstByteTimeout, shutdownGrace     time.Duration
 	responseTimeout                     time.Duration
+	tokenizeTimeout                     time.Duration
 	engineClient                        string
 	pprofListen                         string
 	logLevel                            string
@@ -55,7 +56,12 @@ re-read when it changes, without dropping requests. Engines are probed at /healt
 (ejected after --eject-after failures, readmitted after --readmit-after successes)
 and their /metrics scraped for load (vLLM's num_requests_waiting, num_requests_running,
 kv_cache_usage_perc). The prefix-key mapping and the /stats schema are documented in
-package github.com/examlops/gateway/httpgw.`,
+package github.com/examlops/gateway/httpgw.
+
+Models on the exact index (exa serve routing set MODEL --index exact) are routed on the
+engines' own KV events, received over ZMQ (listening on the model's --kv-events-bind, or
+connecting to each replica's --kv-events-connect), and their requests are tokenized on
+an engine's /tokenize; see docs/kv-events.md.`,
 		Example: `  exa serve routing set JPCP --mode cache_aware
   exa serve gateway --listen 127.0.0.1:8080
   curl -s localhost:8080/v1/chat/completions -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'`,
@@ -76,6 +82,8 @@ package github.com/examlops/gateway/httpgw.`,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+	f.DurationVar(&fl.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
+		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
 	f.StringVar(&fl.pprofListen, "pprof-listen", "",
 		"serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
@@ -92,7 +100,8 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape}} {
+	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
+		{"tokenize-timeout", fl.tokenizeTimeout}} {
 		if d.v <= 0 {
 			return usagef("invalid --%s %q: must be positive", d.name, d.v)
 		}
@@ -159,6 +168,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
+		TokenizeTimeout:  fl.tokenizeTimeout,
 		Transport:        engineClient,
 	})
 	if err != nil {
