@@ -51,9 +51,9 @@ func TestBadInput(t *testing.T) {
 
 		{"NewHasher zero", func() error { _, err := NewHasher(0); return err }, ErrInvalid, []string{"0"}},
 		{"NewHasher negative", func() error { _, err := NewHasher(-3); return err }, ErrInvalid, []string{"-3"}},
-		{"KeyFromTokens zero", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, 0); return err }, ErrInvalid, []string{"0"}},
-		{"KeyFromTokens negative", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, -16); return err }, ErrInvalid, []string{"-16"}},
-		{"AppendTokenKey zero", func() error { _, err := AppendTokens(make(Key, 0, 4), nil, 0); return err }, ErrInvalid, []string{"0"}},
+		{"AppendTokens zero", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, 0); return err }, ErrInvalid, []string{"0"}},
+		{"AppendTokens negative", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, -16); return err }, ErrInvalid, []string{"-16"}},
+		{"AppendTokens zero into a buffer", func() error { _, err := AppendTokens(make(Key, 0, 4), nil, 0); return err }, ErrInvalid, []string{"0"}},
 
 		{"Route nil key", func() error { _, err := newG().Route(nil); return err }, ErrInvalid, []string{"key"}},
 		{"Route empty key", func() error { _, err := newG().Route(Key{}); return err }, ErrInvalid, []string{"key"}},

@@ -3,7 +3,9 @@ package gateway
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -14,7 +16,7 @@ import (
 // their leading blocks agree, and differ at every position after that.
 // The seeds are below (f.Add); run one with, e.g.,
 //
-//	go test -run '^$' -fuzz '^FuzzHasherKey$' -fuzztime 1m .
+//	go test -run '^$' -fuzz '^FuzzHasherSegments$' -fuzztime 1m .
 
 // agreeAfter fails t unless a and b share exactly want leading elements
 // and differ at every later position both have.
@@ -30,11 +32,11 @@ func agreeAfter(t *testing.T, a, b Key, want int) {
 	}
 }
 
-// FuzzHasherKey: Hasher.Key, AppendKey, AppendSegment and PrefixKey on any
-// block size and segments. A second key, built from a's segments cut at
-// cut and continued with other, checks the chain property against the
-// plain block model refBlocks.
-func FuzzHasherKey(f *testing.F) {
+// FuzzHasherSegments: Hasher.AppendSegment and PrefixKey on any block size
+// and segments. A second key, built from a's segments cut at cut and
+// continued with other, checks the chain property against the plain block
+// model refBlocks.
+func FuzzHasherSegments(f *testing.F) {
 	f.Add(DefaultBlockSize, "You are a helpful assistant.", "session-42", "", "other", 10)
 	f.Add(1, "ab", "c", "", "bc", 1)
 	f.Add(32, string(make([]byte, 100)), "", string(make([]byte, 64)), "\x00", 64)
@@ -104,12 +106,13 @@ func tokensOf(raw []byte) []uint32 {
 	return out
 }
 
-// FuzzKeyFromTokens: KeyFromTokens and AppendTokenKey on any block size
-// and tokens (raw bytes read as little-endian uint32). The key has one
-// element per full block; a prefix of the tokens keys a prefix of the key;
-// changing token at gives keys that agree exactly on the blocks before
-// it.
-func FuzzKeyFromTokens(f *testing.F) {
+// FuzzAppendTokens: AppendTokens on any block size and tokens (raw bytes
+// read as little-endian uint32). The key has one element per full block;
+// appending into a buffer with room gives the same key; a prefix of the
+// tokens keys a prefix of the key, and continuing it with the rest (cut
+// at a block boundary) keys the whole; changing token at gives keys that
+// agree exactly on the blocks before it.
+func FuzzAppendTokens(f *testing.F) {
 	f.Add(16, []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123"), 20)
 	f.Add(1, []byte{1, 0, 0, 0, 2, 0, 0, 0}, 1)
 	f.Add(65, make([]byte, 4*200), 130)
@@ -133,7 +136,7 @@ func FuzzKeyFromTokens(f *testing.F) {
 		}
 		buf := make(Key, 0, len(k)+1)
 		if got, err := AppendTokens(buf, tokens, bs); err != nil || !slices.Equal(got, k) {
-			t.Fatal("AppendTokenKey differs from KeyFromTokens")
+			t.Fatal("AppendTokens into a buffer differs from AppendTokens(nil, ...)")
 		}
 		if len(tokens) == 0 {
 			return
@@ -145,6 +148,12 @@ func FuzzKeyFromTokens(f *testing.F) {
 		pre, err := AppendTokens(nil, tokens[:at], bs)
 		if err != nil || !slices.Equal(pre, k[:at/bs]) {
 			t.Fatalf("the first %d tokens do not key the first %d elements", at, at/bs)
+		}
+		if cut := at / bs * bs; cut > 0 {
+			whole, err := AppendTokens(slices.Clone(k[:cut/bs]), tokens[cut:], bs)
+			if err != nil || !slices.Equal(whole, k) {
+				t.Fatalf("continuing the key of the first %d tokens with the rest differs from the whole", cut)
+			}
 		}
 		changed := slices.Clone(tokens)
 		changed[at]++
@@ -165,11 +174,11 @@ func idsOf(raw []byte) []uint64 {
 	return out
 }
 
-// FuzzKeyFromHashes: KeyFromHashes and AppendHashKey on any hash ids (raw
-// bytes read as little-endian uint64). One element per id; continuing a
-// key with AppendHashKey is keying the concatenation; changing id at gives
-// keys that agree exactly on the ids before it.
-func FuzzKeyFromHashes(f *testing.F) {
+// FuzzAppendHashes: AppendHashes on any hash ids (raw bytes read as
+// little-endian uint64). One element per id; continuing a key with
+// AppendHashes is keying the concatenation; changing id at gives keys
+// that agree exactly on the ids before it.
+func FuzzAppendHashes(f *testing.F) {
 	f.Add([]byte("0123456789abcdef0123456789abcdef"), 2)
 	f.Add(make([]byte, 64), 3)
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0)
@@ -193,5 +202,35 @@ func FuzzKeyFromHashes(f *testing.F) {
 		changed := slices.Clone(ids)
 		changed[at]++
 		agreeAfter(t, k, AppendHashes(nil, changed), at)
+	})
+}
+
+// FuzzModeText: any text either unmarshals to a built-in Mode, which
+// marshals back to its canonical name and parses again to itself, or is
+// an error wrapping ErrInvalid that quotes the text; never a panic.
+func FuzzModeText(f *testing.F) {
+	for _, s := range []string{"", "round_robin", "cache-aware", "load_aware", "Cache_Aware", "fastest", "cache_aware\x00", "\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var m Mode
+		err := m.UnmarshalText([]byte(s))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("%q", s)) {
+				t.Fatalf("UnmarshalText(%q): %v", s, err)
+			}
+			return
+		}
+		text, err := m.MarshalText()
+		if err != nil {
+			t.Fatalf("%q read as %v, which does not marshal: %v", s, m, err)
+		}
+		if string(text) != m.String() || (s != "" && strings.ReplaceAll(s, "-", "_") != string(text)) {
+			t.Fatalf("%q read as %v, written %q", s, m, text)
+		}
+		back, err := ParseMode(string(text))
+		if err != nil || back != m {
+			t.Fatalf("%q does not parse back to %v: %v, %v", text, m, back, err)
+		}
 	})
 }

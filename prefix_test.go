@@ -265,11 +265,11 @@ func TestAppendKeysAllocateNothing(t *testing.T) {
 		name string
 		fn   func()
 	}{
-		{"AppendKey", func() { buf = h.appendPrefix(buf[:0], prompt, "sess-42", prompt) }},
+		{"AppendSegment", func() { buf = h.appendPrefix(buf[:0], prompt, "sess-42", prompt) }},
 		{"AppendSegment", func() { buf = h.AppendSegment(buf[:0], 99, prompt) }},
-		{"AppendTokenKey/16", func() { buf, _ = AppendTokens(buf[:0], tokens, 16) }},
-		{"AppendTokenKey/1000", func() { buf, _ = AppendTokens(buf[:0], tokens, 1000) }},
-		{"AppendHashKey", func() { buf = AppendHashes(buf[:0], ids) }},
+		{"AppendTokens/16", func() { buf, _ = AppendTokens(buf[:0], tokens, 16) }},
+		{"AppendTokens/1000", func() { buf, _ = AppendTokens(buf[:0], tokens, 1000) }},
+		{"AppendHashes", func() { buf = AppendHashes(buf[:0], ids) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
