@@ -7,13 +7,14 @@
 //     engine per assistant's system prompt (two sessions sharing a prompt
 //     share its engine: with nothing running, that is where the prompt is
 //     cheapest).
+//
 //  2. Spreading under load: a burst of new sessions of one assistant, each
 //     still streaming when the next arrives. One engine holds their shared
 //     system prompt, but as its queue grows the load guard (and the
 //     replication of a hot prefix) sends the burst to the other engines
 //     too, instead of piling it onto the one that holds the prompt.
 //
-//	go run ./examples/httpgateway
+//     go run ./examples/httpgateway
 package main
 
 import (
