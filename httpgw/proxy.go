@@ -185,7 +185,11 @@ func (s *Server) proxy(c *call) {
 		if try == 0 && c.first != nil {
 			dec = *c.first
 		} else {
-			dec, err = ms.gw.RouteExcept(c.key, failed)
+			var allow func(name string) bool
+			if failed != "" {
+				allow = func(name string) bool { return name != failed }
+			}
+			dec, err = ms.gw.RouteWithin(c.key, allow)
 		}
 		if err != nil {
 			switch {

@@ -142,7 +142,7 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: policy %q listed twice", ErrInvalidConfig, p.Name)
 		}
 		if p.New == nil {
-			if _, err := gateway.ParseMode(p.Mode.String()); err != nil {
+			if _, err := p.Mode.MarshalText(); err != nil {
 				return fmt.Errorf("%w: policy %q: Mode %d is not a built-in gateway.Mode", ErrInvalidConfig, p.Name, int(p.Mode))
 			}
 		}

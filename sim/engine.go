@@ -230,7 +230,7 @@ func (e *engine) arrive(req *Request) {
 	s := e.newSeq()
 	e.nextID++
 	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
-	s.buf = gateway.AppendHashKey(gateway.AppendHashKey(s.buf[:0], req.Blocks), req.OutBlocks)
+	s.buf = gateway.AppendHashes(gateway.AppendHashes(s.buf[:0], req.Blocks), req.OutBlocks)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
 	if cap(s.slots) < len(s.key) {
 		s.slots = make([]int32, len(s.key), 2*len(s.key))

@@ -122,7 +122,9 @@ type Result struct {
 	// to its queue, in the order of PrefillTokens.
 	RequestsPerReplica []int64 `json:"requests_per_replica"`
 	// Decisions counts the gateway's routing decisions, keyed by decision
-	// kind name as in gateway.Stats.ByKind.
+	// kind name as in gateway.Stats.ByKind. The gateway labels them: for
+	// a peer router, affinity means the replica chosen held the longest
+	// prefix any replica held, whatever the router's reason.
 	Decisions map[string]uint64 `json:"decisions"`
 	// Router is the gateway's own Stats at the end of the run; left out
 	// of the JSON, which reports its decisions above.

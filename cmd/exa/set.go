@@ -66,10 +66,10 @@ so concurrent "set" commands never lose each other's changes.`,
 		},
 	}
 	f := cmd.Flags()
-	f.Var(&sf.mode, "mode", "routing mode: round_robin (default), cache_aware or load_aware")
+	f.Var(&sf.mode, "mode", "routing mode: "+modeChoices()+" (default "+gateway.ModeRoundRobin.String()+")")
 	f.Var(&sf.slo, "slo-latency-ms", "latency SLO in milliseconds; replicas slower than this are avoided (0 = none)")
 	f.Var(&sf.weights, "load-weights", fmt.Sprintf("load-aware weights, e.g. queue=1,kv=0.5,latency=0.25 (defaults queue=%g,kv=%g,latency=%g)",
-		gateway.DefaultLoadWeights.Queue, gateway.DefaultLoadWeights.KV, gateway.DefaultLoadWeights.Latency))
+		gateway.DefaultLoadWeights().Queue, gateway.DefaultLoadWeights().KV, gateway.DefaultLoadWeights().Latency))
 	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
 	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
@@ -88,7 +88,7 @@ so concurrent "set" commands never lose each other's changes.`,
 		"repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
 		"or its host alone; repeat for several; empty clears it")
-	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
@@ -123,14 +123,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		m := f.Models[name].Clone()
 		if changed("mode") {
 			m.Mode = sf.mode.mode
-		} else if m.Mode == "" {
-			m.Mode = config.ModeRoundRobin
 		}
 		if changed("slo-latency-ms") {
 			m.SLOLatencyMS = sf.slo.ms
 		}
 		if changed("load-weights") {
-			w := config.LoadWeights(gateway.DefaultLoadWeights)
+			w := config.LoadWeights(gateway.DefaultLoadWeights())
 			if m.LoadWeights != nil {
 				w = *m.LoadWeights
 			}
