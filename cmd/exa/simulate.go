@@ -226,7 +226,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 
 	if sf.gateways < 1 || sf.gateways > sim.MaxGateways {
-		return cfg, "", usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
+		return cfg, usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
 	}
 	cfg.Gateways = sf.gateways
 
