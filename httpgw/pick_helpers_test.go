@@ -100,7 +100,9 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 }
 
 // endpoint is engine i's ip:port.
-func (f *pickFixture) endpoint(i int) string { return strings.TrimPrefix(f.engines[i].URL(), "http://") }
+func (f *pickFixture) endpoint(i int) string {
+	return strings.TrimPrefix(f.engines[i].URL(), "http://")
+}
 
 // engineOf returns the index of the engine at endpoint ep, -1 if none.
 func (f *pickFixture) engineOf(ep string) int {

@@ -126,7 +126,7 @@ func TestPickerConcurrent(t *testing.T) {
 				return
 			default:
 			}
-			reps := []config.Replica{{Name: "r0", Address: addrs[0]}, {Name: "r1", Address: addrs[1 + i%2]}}
+			reps := []config.Replica{{Name: "r0", Address: addrs[0]}, {Name: "r1", Address: addrs[1+i%2]}}
 			_ = s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}})
 			_ = s.Stats()
 			s.refreshGauges()
