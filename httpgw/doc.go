@@ -219,6 +219,12 @@
 //	tokenize_cache_hits_total, tokenize_cache_entries
 //	exact_fallbacks_total{model,reason}
 //
+// Served as an endpoint picker (Server.Picker, `exa serve picker`), the
+// same metrics count the requests the picker routes, from the request
+// headers reaching the picker to the end of the response Envoy reports;
+// a request whose ext_proc stream ended before its response did is
+// counted with code stream_ended (the client went away, or Envoy reset it).
+//
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
 // not served here: `exa serve gateway --pprof-listen ADDR` serves
@@ -273,7 +279,8 @@
 // fallbacks by reason, and the prefill pool's own record under "prefill".
 //
 // Each model also has "index" (approximate or exact) and each replica
-// "cached_blocks" (the index size); a model on the exact index has
+// "cached_blocks" (the index size) and "in_flight" (requests routed there
+// that have not ended; omitted when 0); a model on the exact index has
 // "kv_events" (config.KVEventsStats: block_size, tokenize, fallbacks, its
 // engines' event counters, its endpoints), and the document a top-level
 // "kv_events" (malformed frames, unresolved messages, every endpoint)
