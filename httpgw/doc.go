@@ -24,6 +24,19 @@
 //   - GET /healthz: 200 while the process serves.
 //   - Any other path: 404 with an OpenAI-style error.
 //
+// # Endpoint picker
+//
+// Server.Picker serves the same routing to Envoy as a picker.Router, for
+// the ext_proc endpoint picker of package picker (`exa serve picker`):
+// Envoy sends each request's headers and body, the Picker parses, keys
+// and routes them as the handler does, and Envoy sends the request to the
+// engine's ip:port itself; the response phase feeds first token, end,
+// passive health and metrics. Errors are the handler's (status, OpenAI
+// error object); GET /v1/models is answered from the configuration;
+// replicas whose address has a host name are never picked (Envoy's
+// ORIGINAL_DST cluster takes IP addresses); a disaggregated model is
+// served in sidecar P/D mode only. See Picker and docs/picker.md.
+//
 // # Configuration
 //
 // The models, their routing options (mode, latency SLO, load weights) and
