@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -214,6 +215,9 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 			CachedBlocks:    g.idx.cached(rs.slot),
 			CacheBlocks:     rs.cacheBlocks,
 		}
+		if a := rs.lora.rep.Load(); a != nil {
+			out[i].Adapters = AdapterReport{Running: slices.Clone(a.Running), Waiting: slices.Clone(a.Waiting), MaxLoras: a.MaxLoras}
+		}
 	}
 	return out
 }
@@ -238,7 +242,7 @@ func (g *Gateway) breaches(rs *replicaState, now int64) bool {
 // In IndexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
 func (g *Gateway) Route(key Key) (Decision, error) {
-	return g.route(key, "")
+	return g.route(key, routeIn{})
 }
 
 // RouteExcept is Route with the replica named except left out, as if it
@@ -246,10 +250,10 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 // health checks have not ejected yet uses it to go elsewhere. An unknown
 // name excludes nothing.
 func (g *Gateway) RouteExcept(key Key, except string) (Decision, error) {
-	return g.route(key, except)
+	return g.route(key, routeIn{except: except})
 }
 
-func (g *Gateway) route(key Key, except string) (Decision, error) {
+func (g *Gateway) route(key Key, in routeIn) (Decision, error) {
 	if len(key) == 0 {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block", ErrEmptyKey)
 	}
@@ -284,8 +288,12 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 		c.InFlight = int(rs.inflight.Load())
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
+		c.LoRA = LoRAState{}
+		if in.adapter != "" {
+			c.LoRA = rs.lora.state(in.adapter)
+		}
 		switch {
-		case !rs.healthy.Load() || (except != "" && rs.name == except):
+		case !rs.healthy.Load() || in.excluded(rs.name):
 			g.state[i] = stateUnhealthy
 		case g.slo > 0 && g.breaches(rs, now):
 			g.state[i] = stateOverSLO
@@ -301,8 +309,13 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
-			if except != "" {
-				return Decision{}, fmt.Errorf("%w: none of %d replicas is healthy, leaving out %q", ErrNoHealthyReplica, len(t.list), except)
+			switch {
+			case in.eligible != nil && in.adapter != "":
+				return Decision{}, fmt.Errorf("%w: none of the %d replicas serving adapter %q is healthy", ErrNoHealthyReplica, eligibleCount(t, &in), in.adapter)
+			case in.eligible != nil:
+				return Decision{}, fmt.Errorf("%w: none of the %d eligible replicas is healthy", ErrNoHealthyReplica, eligibleCount(t, &in))
+			case in.except != "":
+				return Decision{}, fmt.Errorf("%w: none of %d replicas is healthy, leaving out %q", ErrNoHealthyReplica, len(t.list), in.except)
 			}
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
 		}
@@ -324,12 +337,12 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	var share float64
-	if except == "" {
+	if in.except == "" {
 		share = g.heat.observe(mk, maxMatched)
 	} else { // a retry of a request already counted
 		share = g.heat.share(mk, maxMatched)
 	}
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: in.adapter}
 	ch := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if ch.Index < 0 || ch.Index >= len(cands) {
@@ -351,6 +364,10 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 		rs:       rs,
 	}
 	rs.inflight.Add(1)
+	if in.adapter != "" {
+		rs.lora.route(in.adapter)
+		d.adapter = in.adapter
+	}
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	rs.routed.Add(1)
@@ -360,6 +377,17 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	d.t, d.gen = newTicket()
 	g.stats.record(&d, excluded)
 	return d, nil
+}
+
+// eligibleCount counts the replicas of t that in.eligible allows.
+func eligibleCount(t *table, in *routeIn) int {
+	n := 0
+	for _, rs := range t.list {
+		if in.eligible[rs.name] {
+			n++
+		}
+	}
+	return n
 }
 
 // Eligibility of a replica in one Route call.

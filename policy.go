@@ -25,6 +25,9 @@ type Request struct {
 	// held by a candidate was the same as this request's, Key[:MaxMatched]:
 	// how hot that prefix is (see demand.go). 0 when MaxMatched is 0.
 	Demand float64
+	// Adapter is the LoRA adapter the request targets (RouteAdapter); ""
+	// is the base model.
+	Adapter string
 }
 
 // Candidate is one eligible replica as a Policy sees it.
@@ -46,6 +49,9 @@ type Candidate struct {
 	AssignedPrefill int
 	// CacheBlocks is the replica's prefix-cache capacity in blocks.
 	CacheBlocks int
+	// LoRA is the replica's state for the request's adapter (see
+	// lora.go); the zero value for a request of the base model.
+	LoRA LoRAState
 }
 
 // Outstanding is the replica's best-known count of unfinished requests:

@@ -64,6 +64,21 @@ import (
 // spread evenly, and equal replicas take turns in rotation rather than in
 // the order they were listed.
 //
+// A request for a LoRA adapter (Request.Adapter) also pays for the
+// adapter where it is not already in the running batch (Candidate.LoRA,
+// see adapterCost): a load into a free slot costs AdapterLoad blocks of
+// prefill, times 1 + the share of the candidates' slots in use (taking a
+// slot when few are free delays the adapters that will need it next, as
+// λ prices a prompt's blocks for the requests behind them); a replica
+// whose slots are all held by other adapters, or where the adapter is
+// already waiting for one, makes it wait until some adapter's requests
+// there have all finished, which the gateway cannot foresee: it charges
+// the decode of every request outstanding there (DecodeWeight each, plus
+// one) and two loads. An adapter in the batch costs nothing, so requests
+// follow their adapter, until its replica's queue outweighs a load
+// elsewhere: the load guard again, so a popular adapter spreads over
+// replicas rather than piling onto one.
+//
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
 // its in-flight count plus this request stays within ⌈LoadFactor × the
@@ -83,6 +98,10 @@ type CacheAware struct {
 	// LoadFactor, when at least 1, caps each replica's in-flight requests
 	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
 	LoadFactor float64
+	// AdapterLoad is the cost, in blocks of prefill, of loading a
+	// request's LoRA adapter into a free slot. Zero means
+	// DefaultAdapterLoad; a negative value means none.
+	AdapterLoad float64
 
 	turns turns
 }
@@ -141,6 +160,9 @@ const (
 	// DefaultDecodeWeight charges each outstanding request beyond the
 	// spread of the mean (see CacheAware) four blocks of prefill.
 	DefaultDecodeWeight = 4
+	// DefaultAdapterLoad charges a LoRA adapter's load into a free slot
+	// sixteen blocks of prefill (see lora.go and docs/lora.md).
+	DefaultAdapterLoad = 16
 )
 
 var _ Policy = (*CacheAware)(nil)
@@ -160,7 +182,12 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
+	slots, used := 0, 0
 	for i := range cands {
+		if l := &cands[i].LoRA; l.MaxLoras > 0 {
+			slots += l.MaxLoras
+			used += min(l.Active, l.MaxLoras)
+		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill
 		o := cands[i].Outstanding()
@@ -181,6 +208,19 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
+	// An adapter's load, dearer the fewer slots are free.
+	load := 0.0
+	if req.Adapter != "" {
+		load = p.AdapterLoad
+		if load == 0 {
+			load = DefaultAdapterLoad
+		} else if load < 0 {
+			load = 0
+		}
+		if slots > 0 {
+			load *= 1 + float64(used)/float64(slots)
+		}
+	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
 		// The least loaded candidate always fits under the ceiling, so the
@@ -198,6 +238,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
+		}
+		if req.Adapter != "" {
+			cost += adapterCost(c, load, dw)
 		}
 		if best < 0 || cost < bestCost || (cost == bestCost && p.better(cands, i, best, shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
@@ -234,4 +277,24 @@ func (p *CacheAware) better(cands []Candidate, ai, bi int, replicating, noMatch 
 		return a.AssignedPrefill < b.AssignedPrefill
 	}
 	return p.turns.at(cands, ai) < p.turns.at(cands, bi)
+}
+
+// adapterCost is what serving a request's adapter costs at c, in blocks of
+// prefill, given the load of an adapter into a free slot and the decode
+// weight: nothing when the adapter is in the batch, or in an idle slot
+// while one is free; a load when a slot is free; and when it must wait for
+// a slot (all held by other adapters, or the adapter already waiting
+// there), the decode of every request outstanding there plus two loads
+// (see CacheAware).
+func adapterCost(c *Candidate, load, dw float64) float64 {
+	l := &c.LoRA
+	switch {
+	case l.InBatch():
+		return 0
+	case l.Waiting || !l.FreeSlot():
+		return 2*load + dw*float64(c.Outstanding()+1)
+	case l.Loaded:
+		return 0
+	}
+	return load
 }

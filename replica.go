@@ -90,6 +90,9 @@ type ReplicaStatus struct {
 	// CachedBlocks is how many blocks the index records for this replica;
 	// CacheBlocks its capacity.
 	CachedBlocks, CacheBlocks int
+	// Adapters is the engine's last LoRA adapter report (UpdateAdapters),
+	// lists sorted; the zero value before any.
+	Adapters AdapterReport
 }
 
 // latencyAlpha is the weight of a new latency sample in the smoothed
@@ -115,6 +118,7 @@ type replicaState struct {
 	assigned  atomic.Int64 // uncached blocks routed here, cumulative
 	routed    atomic.Uint64
 	hits      atomic.Uint64
+	lora      loraState
 }
 
 func (rs *replicaState) load() Load {
