@@ -32,6 +32,7 @@ var fileShape = func() *shape {
 		"mode": scalar, "slo_latency_ms": scalar, "disaggregate": scalar,
 		"prefill_pool": scalar, "decode_pool": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
+		"adapters":     {elems: scalar},
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},
