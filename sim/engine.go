@@ -37,6 +37,8 @@ type seq struct {
 	finish    int64 // step at which the last token is produced
 	ctxBase   int64 // context at step s is ctxBase + s
 	d         gateway.Decision
+	adapter   int32 // LoRA adapter id, 0 for the base model (lora.go)
+	skipped   int64 // when it first waited for an adapter slot, -1 never
 }
 
 type replica struct {
@@ -58,6 +60,7 @@ type replica struct {
 
 	prefillTokens int64
 	requests      int64
+	lora          loraReplica // adapter slots (lora.go)
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -105,12 +108,14 @@ type engine struct {
 	outTok   int64
 	first    int64
 	last     int64
+	lora     loraSim // adapter ids, slots and figures (lora.go)
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
 	e.cap = e.p.KVTokens / e.bt
 	e.exact = cfg.Index == gateway.IndexExact || pol.Exact
+	e.lora.init(cfg)
 	index := cfg.Index
 	if pol.Exact {
 		index = gateway.IndexExact
@@ -207,6 +212,7 @@ func (e *engine) refresh() {
 			Running:       r.running(),
 			KVUtilization: min(1, float64(r.cache.used())/float64(e.cap)),
 		})
+		e.lora.refresh(e.g, r)
 	}
 }
 
@@ -229,6 +235,7 @@ func (e *engine) arrive(req *Request) {
 	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
 	s.buf = gateway.AppendHashKey(gateway.AppendHashKey(s.buf[:0], req.Blocks), req.OutBlocks)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
+	base := e.lora.arrive(s, req.Adapter)
 	if cap(s.slots) < len(s.key) {
 		s.slots = make([]int32, len(s.key), 2*len(s.key))
 	}
@@ -243,9 +250,10 @@ func (e *engine) arrive(req *Request) {
 		e.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
 			UserContent: req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)],
+			BaseKey:     base,
 		})
 	}
-	d, err := e.g.Route(s.key)
+	d, err := e.g.RouteAdapter(s.key, gateway.AdapterRoute{Adapter: req.Adapter})
 	if err != nil {
 		if e.tracker != nil {
 			e.tracker.Done(s.id)
@@ -276,6 +284,7 @@ func (e *engine) arrive(req *Request) {
 	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
+	r.lora.queued(s)
 	switch {
 	case !r.busy:
 		e.plan(int(ri))
@@ -348,13 +357,19 @@ func (e *engine) plan(ri int) {
 		}
 		take(s)
 	}
+	skipped := e.lora.skipped[:0]
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
+		if !e.lora.fits(r, s) { // every adapter slot is taken: skip it, as vLLM does
+			skipped = append(skipped, e.lora.skip(r.waiting.pop(), e.now))
+			continue
+		}
 		m := r.cache.match(s.key, s.slots)
 		if !r.cache.fits(s.key, s.slots, m, s.private) {
 			break
 		}
 		r.waiting.pop()
+		chunks += e.lora.admit(r, s, e.now)
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
 		s.committed = m
@@ -368,6 +383,7 @@ func (e *engine) plan(ri int) {
 		r.prefill = append(r.prefill, s)
 		take(s)
 	}
+	e.lora.skipped = requeue(&r.waiting, skipped)
 	C0 := float64(r.sumBase + B*r.step)
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
 	switch {
@@ -473,6 +489,7 @@ func (e *engine) complete(r *replica, s *seq) {
 	if e.tracker != nil {
 		e.tracker.Done(s.id)
 	}
+	r.lora.done(s)
 	s.d = gateway.Decision{}
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
@@ -535,6 +552,7 @@ func (e *engine) result() Result {
 	case e.exact:
 		res.Index = "exact"
 	}
+	res.LoRA = e.lora.result(e.reps)
 	res.Router = e.g.Stats()
 	res.RouterReplicas = e.g.Replicas()
 	res.Decisions = res.Router.ByKind
