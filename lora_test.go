@@ -213,7 +213,8 @@ func TestRouteAdapterEligible(t *testing.T) {
 // TestAdapterCost: the cost classes of a request's adapter at one
 // replica, cheapest first.
 func TestAdapterCost(t *testing.T) {
-	const load, dw = 10.0, 4.0
+	const load, wait, dw = 10.0, 100.0, 4.0
+	a := adapterPrice{load: load, wait: wait, dw: dw, contention: 0.5}
 	for _, tc := range []struct {
 		name string
 		l    LoRAState
@@ -223,18 +224,34 @@ func TestAdapterCost(t *testing.T) {
 		{"reported running", LoRAState{Running: true, Active: 2, MaxLoras: 2}, 5, 0},
 		{"routed, not reported", LoRAState{Routed: 1, Loaded: true, Active: 1, MaxLoras: 2}, 5, 0},
 		{"idle in a slot, one free", LoRAState{Loaded: true, Active: 1, MaxLoras: 2}, 5, 0},
-		{"free slot", LoRAState{Active: 1, MaxLoras: 2}, 5, load},
-		{"unknown slots", LoRAState{}, 5, load},
-		{"slots full", LoRAState{Active: 2, MaxLoras: 2}, 5, 2*load + dw*6},
-		{"slots full, recent", LoRAState{Loaded: true, Active: 2, MaxLoras: 2}, 5, 2*load + dw*6},
-		{"waiting there", LoRAState{Waiting: true, Active: 1, MaxLoras: 2}, 0, 2*load + dw},
-		{"routed but waiting", LoRAState{Waiting: true, Routed: 2, Active: 2, MaxLoras: 2}, 3, 2*load + dw*4},
+		{"free slot", LoRAState{Active: 1, MaxLoras: 2}, 5, load + wait/2},
+		{"unknown slots", LoRAState{}, 5, load + wait/2},
+		{"slots full", LoRAState{Active: 2, MaxLoras: 2}, 5, load + wait + dw*6},
+		{"slots full, recent", LoRAState{Loaded: true, Active: 2, MaxLoras: 2}, 5, load + wait + dw*6},
+		{"waiting there", LoRAState{Waiting: true, Active: 1, MaxLoras: 2}, 0, load + wait + dw},
+		{"routed but waiting", LoRAState{Waiting: true, Routed: 2, Active: 2, MaxLoras: 2}, 3, load + wait + dw*4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Candidate{LoRA: tc.l, InFlight: tc.out}
-			require.Equal(t, tc.want, adapterCost(&c, load, dw))
+			require.Equal(t, tc.want, a.cost(&c))
 		})
 	}
+	// Contention: the share of the slots the adapter does not hold that
+	// others do.
+	var p adapterPrice
+	for _, l := range []LoRAState{{Running: true, Active: 1, MaxLoras: 2}, {Active: 2, MaxLoras: 2}, {Active: 0, MaxLoras: 2}, {}} {
+		p.count(&l)
+	}
+	p.set(&CacheAware{}, dw)
+	require.Equal(t, 6, p.slots)
+	require.Equal(t, 3, p.used)
+	require.Equal(t, 1, p.mine)
+	require.InDelta(t, 2.0/5, p.contention, 1e-12)
+	require.Equal(t, float64(DefaultAdapterLoad), p.load)
+	require.Equal(t, float64(DefaultAdapterWait), p.wait)
+	p.set(&CacheAware{AdapterLoad: -1, AdapterWait: 7}, dw)
+	require.Zero(t, p.load)
+	require.Equal(t, 7.0, p.wait)
 }
 
 // loraCluster is n replicas reporting slots empty slots each.

@@ -66,18 +66,19 @@ import (
 //
 // A request for a LoRA adapter (Request.Adapter) also pays for the
 // adapter where it is not already in the running batch (Candidate.LoRA,
-// see adapterCost): a load into a free slot costs AdapterLoad blocks of
-// prefill, times 1 + the share of the candidates' slots in use (taking a
-// slot when few are free delays the adapters that will need it next, as
-// λ prices a prompt's blocks for the requests behind them); a replica
-// whose slots are all held by other adapters, or where the adapter is
-// already waiting for one, makes it wait until some adapter's requests
-// there have all finished, which the gateway cannot foresee: it charges
-// the decode of every request outstanding there (DecodeWeight each, plus
-// one) and two loads. An adapter in the batch costs nothing, so requests
-// follow their adapter, until its replica's queue outweighs a load
-// elsewhere: the load guard again, so a popular adapter spreads over
-// replicas rather than piling onto one.
+// see adapterPrice): a replica whose slots are all held by other
+// adapters, or where the adapter already waits for one, makes it wait at
+// least until every request of some adapter there has finished, AdapterWait
+// blocks of prefill plus the decode of the requests outstanding there
+// (DecodeWeight each, plus one) and a load; a free slot costs a load,
+// AdapterLoad, plus the wait it may cause an adapter that needs the slot
+// next: AdapterWait times the share of the slots the request's adapter
+// does not hold that other adapters do (as λ prices a prompt's blocks
+// for the requests behind them). An adapter in the batch costs nothing,
+// so requests follow their adapter, until its replica's queue outweighs a
+// load elsewhere: the load guard again, so a popular adapter spreads over
+// replicas, the more readily the fewer adapters compete for their slots,
+// rather than piling onto one.
 //
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
@@ -102,6 +103,11 @@ type CacheAware struct {
 	// request's LoRA adapter into a free slot. Zero means
 	// DefaultAdapterLoad; a negative value means none.
 	AdapterLoad float64
+	// AdapterWait is the cost, in blocks of prefill, of waiting for an
+	// adapter slot: at least until every request of some adapter running
+	// there has finished. Zero means DefaultAdapterWait; a negative value
+	// means none.
+	AdapterWait float64
 
 	turns turns
 }
@@ -163,6 +169,9 @@ const (
 	// DefaultAdapterLoad charges a LoRA adapter's load into a free slot
 	// sixteen blocks of prefill (see lora.go and docs/lora.md).
 	DefaultAdapterLoad = 16
+	// DefaultAdapterWait charges a wait for an adapter slot 1,024 blocks
+	// of prefill (see docs/lora.md).
+	DefaultAdapterWait = 1024
 )
 
 var _ Policy = (*CacheAware)(nil)
@@ -182,11 +191,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
-	slots, used := 0, 0
+	var lp adapterPrice
 	for i := range cands {
-		if l := &cands[i].LoRA; l.MaxLoras > 0 {
-			slots += l.MaxLoras
-			used += min(l.Active, l.MaxLoras)
+		if req.Adapter != "" {
+			lp.count(&cands[i].LoRA)
 		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill
@@ -208,18 +216,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
-	// An adapter's load, dearer the fewer slots are free.
-	load := 0.0
 	if req.Adapter != "" {
-		load = p.AdapterLoad
-		if load == 0 {
-			load = DefaultAdapterLoad
-		} else if load < 0 {
-			load = 0
-		}
-		if slots > 0 {
-			load *= 1 + float64(used)/float64(slots)
-		}
+		lp.set(p, dw)
 	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
@@ -240,7 +238,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 			cost += dw * excess
 		}
 		if req.Adapter != "" {
-			cost += adapterCost(c, load, dw)
+			cost += lp.cost(c)
 		}
 		if best < 0 || cost < bestCost || (cost == bestCost && p.better(cands, i, best, shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
@@ -279,22 +277,67 @@ func (p *CacheAware) better(cands []Candidate, ai, bi int, replicating, noMatch 
 	return p.turns.at(cands, ai) < p.turns.at(cands, bi)
 }
 
-// adapterCost is what serving a request's adapter costs at c, in blocks of
-// prefill, given the load of an adapter into a free slot and the decode
-// weight: nothing when the adapter is in the batch, or in an idle slot
-// while one is free; a load when a slot is free; and when it must wait for
-// a slot (all held by other adapters, or the adapter already waiting
-// there), the decode of every request outstanding there plus two loads
-// (see CacheAware).
-func adapterCost(c *Candidate, load, dw float64) float64 {
+// adapterPrice prices a request's adapter at each candidate (see
+// CacheAware): the load of an adapter, the wait for a slot, and the share
+// of the slots other adapters hold.
+type adapterPrice struct {
+	load, wait, dw float64
+	// slots and used count the candidates' reported slots and those in
+	// use; mine those the request's adapter holds.
+	slots, used, mine int
+	// contention is (used − mine) / (slots − mine): how much of what the
+	// adapter does not hold other adapters do.
+	contention float64
+}
+
+// count adds a candidate's slots.
+func (a *adapterPrice) count(l *LoRAState) {
+	if l.MaxLoras == 0 {
+		return
+	}
+	a.slots += l.MaxLoras
+	a.used += min(l.Active, l.MaxLoras)
+	if l.InBatch() {
+		a.mine++
+	}
+}
+
+// set fixes the costs from the policy's parameters once every candidate
+// is counted.
+func (a *adapterPrice) set(p *CacheAware, dw float64) {
+	a.load, a.wait, a.dw = pick(p.AdapterLoad, DefaultAdapterLoad), pick(p.AdapterWait, DefaultAdapterWait), dw
+	if others := a.slots - a.mine; others > 0 {
+		a.contention = min(1, float64(max(a.used-a.mine, 0))/float64(others))
+	}
+}
+
+// pick is v, or def when v is 0, or 0 when v is negative.
+func pick(v, def float64) float64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// cost is what serving the request's adapter costs at c, in blocks of
+// prefill: nothing when the adapter is in the batch there, or idle in a
+// slot while one is free; a load, plus the wait it may cause another
+// adapter (AdapterWait × contention), when a slot is free; and when it
+// must wait for a slot (all held by other adapters, or it already waits
+// there), a load, AdapterWait, and the decode of the requests outstanding
+// there (DecodeWeight each, plus one).
+func (a *adapterPrice) cost(c *Candidate) float64 {
 	l := &c.LoRA
 	switch {
 	case l.InBatch():
 		return 0
 	case l.Waiting || !l.FreeSlot():
-		return 2*load + dw*float64(c.Outstanding()+1)
+		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
 	case l.Loaded:
 		return 0
 	}
-	return load
+	return a.load + a.wait*a.contention
 }
