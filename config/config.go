@@ -105,6 +105,15 @@ type Model struct {
 	// DecodePool names the pool that runs decode when Disaggregate is
 	// true; "" when unset.
 	DecodePool string `json:"decode_pool,omitempty"`
+	// PDMode is how the HTTP gateway splits the model's requests when
+	// Disaggregate is true: "gateway" or "sidecar" (see [PDModeGateway]
+	// and [PDModeSidecar]); "" means gateway.
+	PDMode string `json:"pd_mode,omitempty"`
+	// PDMinUncachedTokens is the P/D decider's threshold: a request is
+	// split only when at least this many prompt tokens are not cached on
+	// its decode replica. Nil means [DefaultPDMinUncachedTokens]; 0
+	// splits every request.
+	PDMinUncachedTokens *int `json:"pd_min_uncached_tokens,omitempty"`
 	// Replicas serve the model when it is not disaggregated; nil means none configured.
 	Replicas []Replica `json:"replicas,omitempty"`
 	// Pools maps a pool name to its replicas; nil means no pools.
@@ -246,6 +255,10 @@ func (m Model) Clone() Model {
 		w := *m.LoadWeights
 		c.LoadWeights = &w
 	}
+	if m.PDMinUncachedTokens != nil {
+		n := *m.PDMinUncachedTokens
+		c.PDMinUncachedTokens = &n
+	}
 	c.Replicas = slices.Clone(m.Replicas)
 	c.Adapters = slices.Clone(m.Adapters)
 	if m.Pools != nil {
@@ -380,6 +393,9 @@ func (m Model) Validate() error {
 			return &FieldError{Field: "decode_pool", Value: m.DecodePool, Reason: "must differ from prefill_pool"}
 		}
 	}
+	if err := m.validatePD(); err != nil {
+		return err
+	}
 	if err := validateReplicas("replicas", m.Replicas); err != nil {
 		return err
 	}
@@ -424,10 +440,9 @@ func validateAdapters(names []string) error {
 
 // validateReplicaCounts checks that no gateway built from the model would
 // hold more than gateway.MaxReplicas replicas: not its replica list, not
-// one pool, and not the prefill and decode pools together (the HTTP
-// gateway proxies a disaggregated model without replicas over both pools
-// merged). Pools that are named but not defined are not an error here:
-// the CLI names them before they exist.
+// one pool (the HTTP gateway routes each pool of a disaggregated model
+// with a gateway of its own). Pools that are named but not defined are
+// not an error here: the CLI names them before they exist.
 func (m Model) validateReplicaCounts() error {
 	tooMany := func(field string, n int) error {
 		return &FieldError{Field: field, Value: fmt.Sprintf("%d replicas", n), Reason: fmt.Sprintf("at most %d replicas", gateway.MaxReplicas)}
@@ -438,11 +453,6 @@ func (m Model) validateReplicaCounts() error {
 	for _, name := range slices.Sorted(maps.Keys(m.Pools)) {
 		if n := len(m.Pools[name]); n > gateway.MaxReplicas {
 			return tooMany(joinPath("pools", name), n)
-		}
-	}
-	if m.Disaggregate {
-		if n := len(m.Pools[m.PrefillPool]) + len(m.Pools[m.DecodePool]); n > gateway.MaxReplicas {
-			return tooMany(joinPath("pools", m.PrefillPool)+"+"+m.DecodePool, n)
 		}
 	}
 	return nil

@@ -115,10 +115,10 @@ func TestModelValidate(t *testing.T) {
 		{"adapter with spaces", func(m *Model) { m.Adapters = []string{" a"} }, "adapters[0]"},
 		{"too many adapters", func(m *Model) { m.Adapters = make([]string, MaxAdapters+1) }, "adapters"},
 		{"too many in one pool", func(m *Model) { m.Pools["other"] = manyReplicas("o", gateway.MaxReplicas+1) }, "pools.other"},
-		{"too many in the merged pools", func(m *Model) {
-			m.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2+1)
-			m.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
-		}, "pools.prefill+decode"},
+		{"unknown pd mode", func(m *Model) { m.PDMode = "both" }, "pd_mode"},
+		{"pd mode in capitals", func(m *Model) { m.PDMode = "Sidecar" }, "pd_mode"},
+		{"negative pd threshold", func(m *Model) { n := -1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
+		{"huge pd threshold", func(m *Model) { n := MaxPDMinUncachedTokens + 1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := sample().Clone()
@@ -134,9 +134,21 @@ func TestModelValidate(t *testing.T) {
 	assert.NoError(t, Model{}.Validate())
 	limits := sample().Clone()
 	limits.Replicas = manyReplicas("r", gateway.MaxReplicas)
-	limits.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2)
-	limits.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
-	assert.NoError(t, limits.Validate(), "exactly MaxReplicas is allowed")
+	limits.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas)
+	limits.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas)
+	assert.NoError(t, limits.Validate(), "exactly MaxReplicas is allowed, in each pool")
+	pd := sample().Clone()
+	zero, most := 0, MaxPDMinUncachedTokens
+	pd.PDMode, pd.PDMinUncachedTokens = PDModeSidecar, &zero
+	assert.NoError(t, pd.Validate(), "threshold 0 splits every request")
+	pd.PDMode, pd.PDMinUncachedTokens = PDModeGateway, &most
+	assert.NoError(t, pd.Validate())
+	assert.Equal(t, PDModeGateway, Model{}.PDModeName())
+	assert.Equal(t, DefaultPDMinUncachedTokens, Model{}.MinUncachedTokens())
+	assert.Equal(t, MaxPDMinUncachedTokens, pd.MinUncachedTokens())
+	c := pd.Clone()
+	*c.PDMinUncachedTokens = 7
+	assert.Equal(t, MaxPDMinUncachedTokens, *pd.PDMinUncachedTokens, "Clone copies the threshold")
 	undefined := Model{Disaggregate: true, PrefillPool: DefaultPrefillPool, DecodePool: DefaultDecodePool}
 	assert.NoError(t, undefined.Validate(), "pools may be named before they are defined (exa serve routing set --disaggregate)")
 	assert.Equal(t, ModeRoundRobin, Model{}.ModeName())

@@ -26,6 +26,8 @@
 //	      "disaggregate": true,
 //	      "prefill_pool": "prefill",
 //	      "decode_pool": "decode",
+//	      "pd_mode": "gateway",
+//	      "pd_min_uncached_tokens": 512,
 //	      "replicas": [
 //	        {"name": "r0", "address": "http://10.0.0.1:8000"},
 //	        {"name": "r1", "address": "http://10.0.0.2:8000", "cache_blocks": 8192}
@@ -51,6 +53,15 @@
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate
 //     is true; both must then be set and differ. They are kept, inactive,
 //     when disaggregation is switched off.
+//   - pd_mode: how the HTTP gateway splits a disaggregated model's
+//     requests: gateway (the default when absent or empty: it sends the
+//     prefill and decode requests itself) or sidecar (decode replicas run
+//     behind llm-d's pd-sidecar; the gateway names the prefill replica in
+//     x-prefiller-host-port).
+//   - pd_min_uncached_tokens: the P/D decider's threshold: a request is
+//     split only when at least this many prompt tokens are not cached on
+//     its decode replica; absent means [DefaultPDMinUncachedTokens] (512),
+//     0 splits every request, at most [MaxPDMinUncachedTokens].
 //   - replicas: the replicas serving the model when it is not
 //     disaggregated, each with a unique name and an address: an http:// or
 //     https:// base URL with a host, an optional port in 1..65535 and an

@@ -30,7 +30,7 @@ var fileShape = func() *shape {
 	replicas := &shape{elems: replica}
 	model := &shape{fields: map[string]*shape{
 		"mode": scalar, "slo_latency_ms": scalar, "disaggregate": scalar,
-		"prefill_pool": scalar, "decode_pool": scalar,
+		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
 		"adapters":     {elems: scalar},
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},

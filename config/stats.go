@@ -72,6 +72,10 @@ type RoutingStats struct {
 	NoHealthy uint64 `json:"no_healthy"`
 	// Replicas gives each replica's routed requests and share, by name.
 	Replicas []ReplicaStats `json:"replicas"`
+	// Disaggregation, for a gateway's disaggregated model, gives the P/D
+	// decider's and split requests' figures; the record's other fields
+	// are then the decode pool's. Nil otherwise.
+	Disaggregation *DisaggregationStats `json:"disaggregation,omitempty"`
 	// Simulation, for simulated records, holds the simulator's fuller
 	// report (JSON, as the simulator writes it); nil otherwise.
 	Simulation json.RawMessage `json:"simulation,omitempty"`

@@ -37,11 +37,39 @@
 // new configuration (every model's gateway built or its replica changes
 // checked against the gateway's limits) before it changes any running
 // gateway, so a file that fails part way changes nothing. A model marked
-// disaggregate is proxied over its replicas, or over its prefill and
-// decode pools together; the HTTP gateway does not split the phases. Such
-// a model whose pools are named but not defined yet (as
-// `exa serve routing set --disaggregate` leaves it) is accepted and
+// disaggregate whose prefill and decode pools are defined is served split
+// (see Disaggregation); until they are it is proxied over its replicas,
+// and with none (as `exa serve routing set --disaggregate` leaves it) it
 // answers 503 naming the missing pools.
+//
+// # Disaggregation
+//
+// A disaggregated model's request is routed to a decode replica first,
+// load-aware over the decode pool. The decider then estimates the prompt
+// tokens not cached there (the key blocks the decode pool's index does
+// not match that replica with, at Options.BlockSize/4 tokens a block) and
+// splits the request only when they reach pd_min_uncached_tokens
+// (config.DefaultPDMinUncachedTokens, 512); otherwise the decode replica
+// serves it co-located. A split request gets a prefill replica,
+// cache-aware over the prefill pool. In gateway mode (pd_mode "gateway",
+// the default) the gateway sends the prefill request (the client's body
+// with stream false, no stream_options, max_tokens and
+// max_completion_tokens 1, kv_transfer_params asking for a remote decode,
+// and an x-request-id), then the decode request (the client's body with
+// the prefill answer's kv_transfer_params and the same x-request-id),
+// whose answer is relayed as any other: vLLM's NixlConnector protocol as
+// llm-d's pd-sidecar v0.7.1 runs it. A prefill 4xx (400-451) is relayed
+// to the client; any other prefill failure (status, transport, first-byte
+// timeout), or an answer without kv_transfer_params, falls back to
+// decoding co-located. A decode failure before the first byte is retried
+// once on another decode replica with the same decode request. In sidecar
+// mode (pd_mode "sidecar", for decode replicas behind pd-sidecar) the
+// gateway sends the client's request to the decode replica with the
+// prefill replica's host:port in x-prefiller-host-port and the sidecar
+// runs the two requests. A client's own x-prefiller-host-port never
+// reaches an engine. Answers carry X-Exa-Disagg ("split; uncached=N",
+// "colocated; uncached=N" or the fallback reason) and, when split,
+// X-Exa-Prefill-Replica. docs/disaggregation.md has the setup and figures.
 //
 // # Prefix key
 //
@@ -180,6 +208,12 @@
 //	probe_failures_total{address}, scrape_errors_total{address}
 //	config_reloads_total{result}, in_flight_requests
 //	index_cached_blocks{model,replica}         blocks the index holds per replica
+//	disagg_requests_total{model,path}          P/D decider's choice: split or colocated
+//	disagg_split_share{model}                  split/decided of the current routing table
+//	disagg_fallbacks_total{model,reason}       prefill_unavailable, prefill_failed,
+//	                                           prefill_no_kv_params, decode_retry
+//	disagg_phase_seconds{model,phase}          histogram (gateway mode): prefill,
+//	                                           decode_first_byte, decode
 //
 // and, for the exact index (see docs/kv-events.md):
 //
@@ -245,6 +279,11 @@
 // Prometheus text). "adapters" (EngineAdapters) lists the LoRA adapters the
 // engine's GET /v1/models lists, the last discovery's error, and its last
 // vllm:lora_requests_info (running, waiting, max_loras).
+//
+// A disaggregated model's record is its decode pool's, with
+// "disaggregation" added (config.DisaggregationStats): mode, the decider's
+// min_uncached_tokens, decided and split requests and split_share,
+// fallbacks by reason, and the prefill pool's own record under "prefill".
 //
 // Each model also has "index" (approximate or exact) and each replica
 // "cached_blocks" (the index size); a model on the exact index has

@@ -78,6 +78,13 @@ type call struct {
 	// base model.
 	lora *adapterRoute
 	oc   outcome
+	// first, when set, is the decision of the first try, made before
+	// proxy (a disaggregated model's decode decision, see proxyPD).
+	first *gateway.Decision
+	// upHeader, when set, edits the headers of each upstream request
+	// after the client's are copied (P/D: x-request-id,
+	// x-prefiller-host-port).
+	upHeader func(http.Header)
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -97,6 +104,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		c.key = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
+	if c.ms.pd != nil {
+		s.proxyPD(c)
+		return
+	}
 	s.proxy(c)
 }
 
@@ -174,7 +185,13 @@ func (s *Server) proxy(c *call) {
 	for try := 0; try < 2; try++ {
 		// A retry leaves out the replica that just failed, which the
 		// health checks may not have ejected yet.
-		dec, err := ms.gw.RouteAdapter(c.key, c.adapterRouteOf(failed))
+		var dec gateway.Decision
+		var err error
+		if try == 0 && c.first != nil {
+			dec = *c.first
+		} else {
+			dec, err = ms.gw.RouteAdapter(c.key, c.adapterRouteOf(failed))
+		}
 		if err != nil {
 			switch {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):
@@ -195,6 +212,9 @@ func (s *Server) proxy(c *call) {
 		d := &c.d
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.name).Inc()
+			if ms.pd != nil {
+				s.pdCount(ms, pdDecodeRetry)
+			}
 		}
 		s.countDecision(ms, d)
 		ms.mm.replicaReqsC(s.metrics, ms.name, d.Replica).Inc()

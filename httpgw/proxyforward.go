@@ -118,6 +118,9 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	// The gateway has read the whole body: the engine must not be asked
 	// to confirm it first.
 	out.Header.Del("Expect")
+	if c.upHeader != nil {
+		c.upHeader(out.Header)
+	}
 	resp, err = s.opts.Transport.RoundTrip(out)
 	if err == nil && resp.StatusCode < 200 {
 		// Interim answers are the transport's to skip; a final 1xx (a 101:

@@ -166,6 +166,9 @@ type Server struct {
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
+	// newRequestID names the two requests of a disaggregated request
+	// (x-request-id): newUUID, replaced by tests.
+	newRequestID func() string
 
 	// kv is the exact index's machinery (exact.go); tokTurn spreads
 	// tokenization over a model's replicas.
@@ -194,6 +197,10 @@ type modelState struct {
 	disaggr bool
 	missing []string      // prefill/decode pools named but not defined
 	mm      *modelMetrics // cached metric series; nil means look them up
+	// pd, for a disaggregated model served by its two pools, holds the
+	// prefill pool's gateway and the decider's settings; gw is then the
+	// decode pool's gateway. Nil otherwise.
+	pd *pdState
 	// exactBS is the block size in tokens of a model on the exact index,
 	// 0 on the approximate index; exactCnt its counters.
 	exactBS  int
@@ -220,6 +227,8 @@ func New(opts Options) (*Server, error) {
 
 		newGateway: gateway.New,
 		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
+
+		newRequestID: newUUID,
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
@@ -375,6 +384,9 @@ func (s *Server) refreshGauges() {
 	for name, m := range st.models {
 		if m.gw != nil {
 			s.metrics.hitRate.WithLabelValues(name).Set(m.gw.Stats().HitRate())
+		}
+		if m.pd != nil {
+			s.metrics.pdSplitShare.WithLabelValues(name).Set(m.pd.splitShare())
 		}
 	}
 	for addr, ep := range st.endpoints {

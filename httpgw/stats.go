@@ -73,6 +73,9 @@ func (s *Server) Stats() Stats {
 				rec.Replicas[i].CachedBlocks = r.CachedBlocks
 			}
 		}
+		if m.pd != nil {
+			rec.Disaggregation = m.pd.stats(name, m.cfg)
+		}
 		if m.exactCnt != nil {
 			s.exactModelStats(&rec, m, st.kv, engines, eps)
 		}

@@ -92,11 +92,11 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			ep.lora.report.Store(rep)
 		}
 		s.eachReplicaOf(ep, func(m *modelState, name string) {
-			if err := m.gw.UpdateLoad(name, l); err != nil {
+			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
 			if rep != nil {
-				if err := m.gw.UpdateAdapters(name, *rep); err != nil {
+				if err := m.gatewayOf(name).UpdateAdapters(name, *rep); err != nil {
 					s.log.Warn("gateway: adapter report rejected", "model", m.name, "replica", name, "err", err)
 				}
 			}
@@ -140,5 +140,5 @@ func (s *Server) observe(ep *endpoint, ev healthEvent) {
 		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
 		s.log.Info("gateway: engine readmitted", "address", ep.base)
 	}
-	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gw.SetHealthy(name, healthy) })
+	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
 }

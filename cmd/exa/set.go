@@ -19,6 +19,8 @@ type setFlags struct {
 	disaggregate  bool
 	prefillPool   string
 	decodePool    string
+	pdMode        pdModeValue
+	pdMinUncached tokensValue
 	replicas      replicasValue
 	pools         poolsValue
 	clearReplicas bool
@@ -47,6 +49,9 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --mode cache_aware --slo-latency-ms 500
   # Enable prefill/decode disaggregation:
   exa serve routing set JPCP --disaggregate --prefill-pool prefill --decode-pool decode
+  # Split only prompts with at least 2000 tokens not cached on the decode replica,
+  # for decode replicas behind llm-d's pd-sidecar:
+  exa serve routing set JPCP --pd-min-uncached-tokens 2000 --pd-mode sidecar
   # Name the replicas the HTTP gateway proxies to:
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
@@ -73,6 +78,8 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
 	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
+	f.Var(&sf.pdMode, "pd-mode", "how the gateway splits requests (requires --disaggregate): gateway (default: it sends the prefill and decode requests) or sidecar (decode replicas run llm-d's pd-sidecar)")
+	f.Var(&sf.pdMinUncached, "pd-min-uncached-tokens", fmt.Sprintf("split a request only when at least this many prompt tokens are not cached on its decode replica (requires --disaggregate; default %d; 0 splits every request)", config.DefaultPDMinUncachedTokens))
 	f.Var(&sf.replicas, "replica", "replica NAME=ADDRESS; repeat for several; replaces the stored replica list")
 	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
@@ -90,8 +97,9 @@ so concurrent "set" commands never lose each other's changes.`,
 		"(without one, every adapter the model's engines list in GET /v1/models is served)")
 	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
-	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "replica", "pool", "remove-pool",
+	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
 		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
@@ -151,6 +159,18 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 				return usagef("--%s %q requires --disaggregate (model %q is not disaggregated)", flag.name, flag.value, name)
 			}
 			*flag.field = flag.value
+		}
+		for _, flag := range []struct{ name, value string }{{"pd-mode", sf.pdMode.mode}, {"pd-min-uncached-tokens", sf.pdMinUncached.String()}} {
+			if changed(flag.name) && !m.Disaggregate {
+				return usagef("--%s %s requires --disaggregate (model %q is not disaggregated)", flag.name, flag.value, name)
+			}
+		}
+		if changed("pd-mode") {
+			m.PDMode = sf.pdMode.mode
+		}
+		if changed("pd-min-uncached-tokens") {
+			n := sf.pdMinUncached.n
+			m.PDMinUncachedTokens = &n
 		}
 		if m.Disaggregate {
 			if m.PrefillPool == "" {
@@ -220,18 +240,20 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 
 // flagOfField names the set flag that controls a config field.
 var flagOfField = map[string]string{
-	"mode":           "mode",
-	"slo_latency_ms": "slo-latency-ms",
-	"load_weights":   "load-weights",
-	"prefill_pool":   "prefill-pool",
-	"decode_pool":    "decode-pool",
-	"replicas":       "replica",
-	"pools":          "pool",
-	"pool":           "pool",
-	"index":          "index",
-	"block_size":     "block-size",
-	"kv_events_bind": "kv-events-bind",
-	"adapters":       "adapter",
+	"mode":                   "mode",
+	"slo_latency_ms":         "slo-latency-ms",
+	"load_weights":           "load-weights",
+	"prefill_pool":           "prefill-pool",
+	"decode_pool":            "decode-pool",
+	"pd_mode":                "pd-mode",
+	"pd_min_uncached_tokens": "pd-min-uncached-tokens",
+	"replicas":               "replica",
+	"pools":                  "pool",
+	"pool":                   "pool",
+	"index":                  "index",
+	"block_size":             "block-size",
+	"kv_events_bind":         "kv-events-bind",
+	"adapters":               "adapter",
 }
 
 // flagOfReplicaField names the set flag that controls a replica's field

@@ -135,6 +135,11 @@ func describe(w io.Writer, name string, m config.Model) {
 	}
 	if m.Disaggregate {
 		fmt.Fprintf(tw, "disaggregate:\ton (prefill pool %q, decode pool %q)\n", m.PrefillPool, m.DecodePool)
+		def := ""
+		if m.PDMinUncachedTokens == nil {
+			def = " (default)"
+		}
+		fmt.Fprintf(tw, "p/d split:\t%s mode, at %d uncached prompt tokens or more%s\n", m.PDModeName(), m.MinUncachedTokens(), def)
 	} else if m.PrefillPool != "" || m.DecodePool != "" {
 		fmt.Fprintf(tw, "disaggregate:\toff (pools %q and %q kept)\n", m.PrefillPool, m.DecodePool)
 	} else {

@@ -202,12 +202,28 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
 	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
 	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	if d := s.Disaggregation; d != nil {
+		fmt.Fprintf(tw, "p/d split:\t%d of %d requests (%s), %s mode, at %d uncached prompt tokens or more\n",
+			d.Split, d.Decided, pct(d.SplitShare), printable(d.Mode), d.MinUncachedTokens)
+		fmt.Fprintf(tw, "p/d fallbacks:\tprefill unavailable %d, prefill failed %d, no kv_transfer_params %d, decode retried %d\n",
+			d.Fallbacks["prefill_unavailable"], d.Fallbacks["prefill_failed"], d.Fallbacks["prefill_no_kv_params"], d.Fallbacks["decode_retry"])
+	}
 	_ = tw.Flush()
+	writeReplicas(w, s)
+	if d := s.Disaggregation; d != nil && d.Prefill != nil {
+		fmt.Fprintf(w, "prefill pool: %d requests, %s of prompt blocks cached on the chosen replica\n", d.Prefill.Requests, pct(d.Prefill.BlockHitRate))
+		writeReplicas(w, *d.Prefill)
+	}
+}
+
+// writeReplicas writes the replica table of a record (for a
+// disaggregated model's record, its decode pool).
+func writeReplicas(w io.Writer, s config.RoutingStats) {
 	if len(s.Replicas) == 0 {
 		fmt.Fprintln(w, "replicas: none")
 		return
 	}
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	if s.Source == config.SourceSimulated {
 		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tPREFILL TOKENS\t")
 		for _, r := range s.Replicas {
