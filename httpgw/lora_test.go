@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/examlops/gateway"
@@ -312,4 +313,51 @@ func TestLoRAPageParsesAsText(t *testing.T) {
 	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
 	require.NoError(t, err)
 	require.Len(t, fams[metricLoRAInfo].GetMetric(), 7)
+}
+
+// TestAdapterConcurrent: requests for adapters and the base model while
+// discoveries, scrapes and reloads run, under -race; every request gets
+// an answer from an engine or a 404 while an allow-list refuses it.
+func TestAdapterConcurrent(t *testing.T) {
+	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f.engines[0].SetLoRAInfo(`vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",waiting_lora_adapters=""} 1`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfgs := []config.Model{{Mode: config.ModeCacheAware}, {Mode: config.ModeCacheAware, Adapters: []string{"a"}}}
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			f.srv.DiscoverAll(ctx)
+			f.srv.ScrapeAll(ctx)
+			m := cfgs[i%2]
+			for _, e := range f.engines {
+				m.Replicas = append(m.Replicas, config.Replica{Name: e.Name(), Address: e.URL()})
+			}
+			_ = f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: m}})
+			_ = f.srv.Stats()
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				model := []string{"a", "b", testModel}[(i+w)%3]
+				resp := f.post("/v1/chat/completions", chatBody(model, i%2 == 0, "sys", "q"))
+				readAll(t, resp)
+				if resp.StatusCode == http.StatusOK {
+					continue
+				}
+				if !(model == "b" && resp.StatusCode == http.StatusNotFound) {
+					t.Errorf("%s: status %d", model, resp.StatusCode)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cancel()
+	bg.Wait()
 }
