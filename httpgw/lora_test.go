@@ -361,3 +361,30 @@ func TestAdapterConcurrent(t *testing.T) {
 	cancel()
 	bg.Wait()
 }
+
+// TestExactAdapterKeys: on the exact index a request for an adapter is
+// keyed from the adapter's root, as the engines' events carrying its
+// lora_name are: it matches the blocks stored under the adapter, not
+// those of the base model, and the base model's request the reverse.
+func TestExactAdapterKeys(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	cfg := ef.cfg
+	cfg.Adapters = []string{"a"} // allowed, listed by no engine: any replica
+	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	prompt := words("doc", 12) // 3 blocks of 4
+	tokens := wordTokens(prompt)[:8]
+	ev := storedEvent([]uint64{100, 101}, nil, tokens, 4)
+	ev[7] = "a" // lora_name
+	ef.srv.kv.tr.Handle(ef.bind, eventFrames(t, "kv@"+ef.pod(1)+"@"+testModel, 1, ev))
+	ef.store(0, 1, 200, tokens, 4) // the base model's blocks, on e0
+
+	// The fake engines do not know the adapter and answer 404 themselves:
+	// the routing is what is checked.
+	resp := ef.post("/v1/completions", `{"model":"a","prompt":"`+prompt+`"}`)
+	readAll(t, resp)
+	require.Equal(t, "e1", resp.Header.Get(HeaderReplica))
+	require.Equal(t, "affinity; matched=2/3; index=exact", resp.Header.Get(HeaderDecision))
+	rep, dec := ef.complete(`{"model":"m1","prompt":"` + prompt + `"}`)
+	require.Equal(t, "e0", rep)
+	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
+}
