@@ -2,10 +2,12 @@ package sim
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -222,4 +224,36 @@ func TestLoRAPolicies(t *testing.T) {
 	require.NoError(t, rep.WriteJSON(&a))
 	require.NoError(t, again.WriteJSON(&b))
 	require.Equal(t, a.String(), b.String())
+}
+
+// TestLoRAAdapterWaitDefault: why CacheAware's AdapterWait is 1,024
+// blocks: on the lora workload at 48 requests/s (8 adapters, one slot per
+// replica) a cheaper wait lets cache-aware send requests where they wait
+// for a slot to save their prefill; 1,024 and 4,096 blocks let none wait.
+// go test ./sim -run TestLoRAAdapterWaitDefault -v prints the figures.
+func TestLoRAAdapterWaitDefault(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a comparison of four runs")
+	}
+	w, err := LoRAWorkload(LoRAConfig{Requests: 3000, Rate: 48})
+	require.NoError(t, err)
+	var pols []Policy
+	for _, wait := range []float64{128, 256, 0, 4096} {
+		name := fmt.Sprintf("wait_%g", wait)
+		if wait == 0 {
+			name = "wait_default"
+		}
+		pols = append(pols, Policy{Name: name, New: func(uint64) gateway.Policy { return &gateway.CacheAware{AdapterWait: wait} }})
+	}
+	rep, err := Run(Config{Workload: w, Seed: 1, Policies: pols})
+	require.NoError(t, err)
+	waited := map[string]float64{}
+	for _, r := range rep.Results {
+		waited[r.Policy] = float64(r.LoRA.SlotWaits) / float64(r.LoRA.Requests)
+		t.Logf("%-12s TTFT mean %6.0f ms, p99 %6.0f ms; %5.1f%% of the requests waited for a slot", r.Policy, 1e3*r.TTFT.Mean, 1e3*r.TTFT.P99, 100*waited[r.Policy])
+	}
+	assert.Zero(t, waited["wait_default"])
+	assert.Zero(t, waited["wait_4096"])
+	assert.Positive(t, waited["wait_256"])
+	assert.Positive(t, waited["wait_128"])
 }
