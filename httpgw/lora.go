@@ -234,7 +234,6 @@ func (s *Server) DiscoverAll(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.metrics.scrapeErrors.WithLabelValues(ep.base).Inc()
 			s.log.Debug("gateway: adapter discovery failed; keeping the engine's last list", "address", ep.base, "err", err)
 			next = &servedAdapters{err: err.Error()}
 			if old != nil {

@@ -142,6 +142,16 @@ deterministic for a seed.`,
 	return cmd
 }
 
+// loraPolicyNames is policyNames and the policies only --workload lora
+// runs by default (gie_lora), which --policies accepts for any workload.
+func loraPolicyNames() []string {
+	var names []string
+	for _, p := range sim.LoRAPolicies() {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
 func policyNames() []string {
 	var names []string
 	for _, p := range sim.DefaultPolicies() {
@@ -247,7 +257,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
+				return cfg, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)
