@@ -67,18 +67,18 @@ func (a *AdapterReport) Active() int {
 // validate checks a report's limits.
 func (a *AdapterReport) validate(name string) error {
 	if a.MaxLoras < 0 || a.MaxLoras > MaxAdapterSlots {
-		return fmt.Errorf("%w: replica %q: MaxLoras %d is outside 0..%d", ErrInvalidSignal, name, a.MaxLoras, MaxAdapterSlots)
+		return fmt.Errorf("%w: replica %q: MaxLoras %d is outside 0..%d", ErrInvalid, name, a.MaxLoras, MaxAdapterSlots)
 	}
 	for _, l := range []struct {
 		field string
 		names []string
 	}{{"Running", a.Running}, {"Waiting", a.Waiting}} {
 		if len(l.names) > MaxReportedAdapters {
-			return fmt.Errorf("%w: replica %q: %s lists %d adapters, at most %d", ErrInvalidSignal, name, l.field, len(l.names), MaxReportedAdapters)
+			return fmt.Errorf("%w: replica %q: %s lists %d adapters, at most %d", ErrInvalid, name, l.field, len(l.names), MaxReportedAdapters)
 		}
 		for _, n := range l.names {
 			if n == "" || len(n) > MaxAdapterName {
-				return fmt.Errorf("%w: replica %q: %s adapter name %.40q: want 1..%d bytes", ErrInvalidSignal, name, l.field, n, MaxAdapterName)
+				return fmt.Errorf("%w: replica %q: %s adapter name %.40q: want 1..%d bytes", ErrInvalid, name, l.field, n, MaxAdapterName)
 			}
 		}
 	}
@@ -156,33 +156,23 @@ func SaltKey(key Key, adapter string) Key {
 
 const tagAdapter = 0x4c4f524100000006 // "LORA"
 
-// AdapterRoute is what RouteAdapter knows of a request beside its key.
-// The zero value is Route's: the base model, every replica eligible.
-type AdapterRoute struct {
-	// Adapter is the LoRA adapter the request targets; "" is the base
-	// model. Its key should be salted with it (SaltKey).
-	Adapter string
-	// Eligible, when not nil, limits the choice to the replicas it maps to
-	// true, as if the others were unhealthy: those that serve the adapter.
-	Eligible map[string]bool
-	// Except names a replica to leave out, as RouteExcept does; "" none.
-	Except string
-}
-
-// RouteAdapter is Route for a request that targets a LoRA adapter: the
-// policy sees the adapter (Request.Adapter) and each replica's state for
-// it (Candidate.LoRA), only the replicas r.Eligible allows are candidates,
-// and the gateway counts the request against the adapter on the chosen
-// replica until its Done. With no eligible healthy replica it returns an
-// error wrapping ErrNoHealthyReplica.
-func (g *Gateway) RouteAdapter(key Key, r AdapterRoute) (Decision, error) {
-	return g.route(key, routeIn{except: r.Except, adapter: r.Adapter, eligible: r.Eligible})
+// RouteAdapter is RouteWithin for a request that targets a LoRA adapter
+// ("" is the base model, and RouteAdapter then RouteWithin): the policy
+// sees the adapter (Request.Adapter) and each replica's state for it
+// (Candidate.LoRA), and the gateway counts the request against the adapter
+// on the chosen replica until its Done. allow, as for RouteWithin, keeps
+// the choice to the replicas that serve the adapter (and leaves out one a
+// retry avoids); nil allows all. The key should be salted with the adapter
+// (SaltKey). With no allowed healthy replica it returns an error wrapping
+// ErrNoHealthyReplica. It does not allocate.
+func (g *Gateway) RouteAdapter(key Key, adapter string, allow func(name string) bool) (Decision, error) {
+	return g.route(key, allow, adapter)
 }
 
 // UpdateAdapters records the LoRA adapter state a replica's engine
 // reports, replacing the last report. A report over the limits above (a
 // negative or huge MaxLoras, an empty or huge name, too many names) is an
-// error wrapping ErrInvalidSignal and changes nothing. The report is
+// error wrapping ErrInvalid and changes nothing. The report is
 // copied.
 func (g *Gateway) UpdateAdapters(name string, a AdapterReport) error {
 	if err := a.validate(name); err != nil {
@@ -194,19 +184,6 @@ func (g *Gateway) UpdateAdapters(name string, a AdapterReport) error {
 	}
 	rs.lora.report(a.normalized())
 	return nil
-}
-
-// routeIn is what route knows of a request beside its key.
-type routeIn struct {
-	except   string
-	adapter  string
-	eligible map[string]bool
-}
-
-// excluded reports whether the replica named name is left out of this
-// route by except or eligible.
-func (in *routeIn) excluded(name string) bool {
-	return (in.except != "" && name == in.except) || (in.eligible != nil && !in.eligible[name])
 }
 
 // loraState is a replica's adapter bookkeeping: the engine's last report,

@@ -14,8 +14,8 @@ import (
 )
 
 func TestSaltKey(t *testing.T) {
-	a := KeyFromHashes([]uint64{1, 2, 3, 4})
-	b := KeyFromHashes([]uint64{1, 2, 9})
+	a := AppendHashes(nil, []uint64{1, 2, 3, 4})
+	b := AppendHashes(nil, []uint64{1, 2, 9})
 	plain := slices.Clone(a)
 	require.Equal(t, plain, SaltKey(slices.Clone(a), ""), "no adapter, no salt")
 
@@ -81,7 +81,7 @@ func TestUpdateAdaptersValidation(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := g.UpdateAdapters("r0", tc.rep)
-			require.ErrorIs(t, err, ErrInvalidSignal)
+			require.ErrorIs(t, err, ErrInvalid)
 			require.ErrorContains(t, err, `replica "r0"`)
 			require.ErrorContains(t, err, tc.msg)
 			require.Equal(t, want, g.Replicas()[0].Adapters, "a bad report changes nothing")
@@ -99,7 +99,7 @@ type recorder struct {
 	pick  func([]Candidate) int
 }
 
-func (p *recorder) Pick(req *Request, cands []Candidate) Choice {
+func (p *recorder) Pick(req *Request, cands []Candidate) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.req, p.cands = *req, slices.Clone(cands)
@@ -107,7 +107,7 @@ func (p *recorder) Pick(req *Request, cands []Candidate) Choice {
 	if p.pick != nil {
 		i = p.pick(cands)
 	}
-	return Choice{Index: i}
+	return i
 }
 
 func (p *recorder) byName(name string) Candidate {
@@ -127,7 +127,7 @@ func TestRouteAdapterState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, g.UpdateAdapters("r0", AdapterReport{Running: []string{"a"}, Waiting: []string{"b"}, MaxLoras: 2}))
 	require.NoError(t, g.UpdateAdapters("r1", AdapterReport{Waiting: []string{"a", "b"}, MaxLoras: 2}))
-	key := KeyFromHashes([]uint64{7})
+	key := AppendHashes(nil, []uint64{7})
 
 	// The base model sees no adapter state.
 	d, err := g.Route(key)
@@ -136,7 +136,7 @@ func TestRouteAdapterState(t *testing.T) {
 	require.Equal(t, LoRAState{}, rec.byName("r0").LoRA)
 	d.Done(DoneInfo{})
 
-	d1, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), AdapterRoute{Adapter: "a"})
+	d1, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
 	require.NoError(t, err)
 	require.Equal(t, "r0", d1.Replica)
 	require.Equal(t, "a", rec.req.Adapter)
@@ -155,7 +155,7 @@ func TestRouteAdapterState(t *testing.T) {
 	require.True(t, s2.FreeSlot(), "unknown slots count as free")
 
 	// The second request for a sees the first counted on r0.
-	d2, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), AdapterRoute{Adapter: "a"})
+	d2, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
 	require.NoError(t, err)
 	s0 = rec.byName("r0").LoRA
 	require.Equal(t, 1, s0.Routed)
@@ -163,12 +163,12 @@ func TestRouteAdapterState(t *testing.T) {
 
 	// c goes to r2 (the third candidate): r0, full, has no slot for it.
 	rec.pick = func(c []Candidate) int { return 2 }
-	d3, err := g.RouteAdapter(SaltKey(slices.Clone(key), "c"), AdapterRoute{Adapter: "c"})
+	d3, err := g.RouteAdapter(SaltKey(slices.Clone(key), "c"), "c", nil)
 	require.NoError(t, err)
 	require.Equal(t, "r2", d3.Replica)
 	c0 := rec.byName("r0").LoRA
 	require.True(t, !c0.Running && !c0.Loaded && c0.Routed == 0 && !c0.FreeSlot())
-	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "c"), AdapterRoute{Adapter: "c"})
+	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "c"), "c", nil)
 	require.NoError(t, err)
 	c2 := rec.byName("r2").LoRA
 	require.Equal(t, 1, c2.Routed)
@@ -179,35 +179,35 @@ func TestRouteAdapterState(t *testing.T) {
 	d1.Done(DoneInfo{})
 	d2.Done(DoneInfo{})
 	d2.Done(DoneInfo{}) // counted once
-	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "a"), AdapterRoute{Adapter: "a"})
+	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
 	require.NoError(t, err)
 	require.Equal(t, 0, rec.byName("r0").LoRA.Routed)
 	require.Equal(t, 0, rec.byName("r2").LoRA.Routed)
 	require.False(t, rec.byName("r2").LoRA.Loaded, "r2 has one slot (unknown: one), which c took")
 }
 
-func TestRouteAdapterEligible(t *testing.T) {
+func TestRouteAdapterAllow(t *testing.T) {
 	g, err := New(replicaNames(3), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := SaltKey(KeyFromHashes([]uint64{1, 2}), "a")
-	only := map[string]bool{"r1": true, "r2": true}
+	key := SaltKey(AppendHashes(nil, []uint64{1, 2}), "a")
+	serving := func(name string) bool { return name == "r1" || name == "r2" }
 	for range 20 {
-		d, err := g.RouteAdapter(key, AdapterRoute{Adapter: "a", Eligible: only})
+		d, err := g.RouteAdapter(key, "a", serving)
 		require.NoError(t, err)
 		require.NotEqual(t, "r0", d.Replica)
+		d.Done(DoneInfo{})
 	}
-	d, err := g.RouteAdapter(key, AdapterRoute{Adapter: "a", Eligible: only, Except: "r1"})
+	notR1 := func(name string) bool { return serving(name) && name != "r1" }
+	d, err := g.RouteAdapter(key, "a", notR1)
 	require.NoError(t, err)
 	require.Equal(t, "r2", d.Replica)
 
 	require.NoError(t, g.SetHealthy("r2", false))
-	_, err = g.RouteAdapter(key, AdapterRoute{Adapter: "a", Eligible: only, Except: "r1"})
+	_, err = g.RouteAdapter(key, "a", notR1)
 	require.ErrorIs(t, err, ErrNoHealthyReplica)
-	require.ErrorContains(t, err, `none of the 2 replicas serving adapter "a" is healthy`)
-	_, err = g.RouteAdapter(key, AdapterRoute{Adapter: "a", Eligible: map[string]bool{}})
-	require.ErrorContains(t, err, `none of the 0 replicas serving adapter "a"`)
-	_, err = g.RouteAdapter(key, AdapterRoute{Eligible: map[string]bool{"r2": true}})
-	require.ErrorContains(t, err, "none of the 1 eligible replicas is healthy")
+	require.ErrorContains(t, err, `none of the 3 replicas is both healthy and allowed for adapter "a"`)
+	_, err = g.RouteAdapter(key, "", func(string) bool { return false })
+	require.ErrorContains(t, err, "none of the 3 replicas is both healthy and allowed")
 }
 
 // TestAdapterCost: the cost classes of a request's adapter at one
@@ -247,8 +247,8 @@ func TestAdapterCost(t *testing.T) {
 	require.Equal(t, 3, p.used)
 	require.Equal(t, 1, p.mine)
 	require.InDelta(t, 2.0/5, p.contention, 1e-12)
-	require.Equal(t, float64(DefaultAdapterLoad), p.load)
-	require.Equal(t, float64(DefaultAdapterWait), p.wait)
+	require.Equal(t, float64(defaultAdapterLoad), p.load)
+	require.Equal(t, float64(defaultAdapterWait), p.wait)
 	p.set(&CacheAware{AdapterLoad: -1, AdapterWait: 7}, dw)
 	require.Zero(t, p.load)
 	require.Equal(t, 7.0, p.wait)
@@ -302,7 +302,7 @@ func TestPropLoRAAffinityAtIdle(t *testing.T) {
 			}
 		}
 		key := SaltKey(drawKey(t, "key", 1<<40, 8), "a")
-		d, err := g.RouteAdapter(key, AdapterRoute{Adapter: "a"})
+		d, err := g.RouteAdapter(key, "a", nil)
 		require.NoError(t, err)
 		require.Equal(t, slices.Min(class), class[nameIndex(d.Replica)], "classes %v, chose %s", class, d.Replica)
 	})
@@ -315,7 +315,7 @@ type spy struct {
 	cands []Candidate
 }
 
-func (p *spy) Pick(req *Request, cands []Candidate) Choice {
+func (p *spy) Pick(req *Request, cands []Candidate) int {
 	p.req, p.cands = *req, append(p.cands[:0], cands...)
 	return p.inner.Pick(req, cands)
 }
@@ -327,7 +327,7 @@ func loraKey(i, shared, own int) Key {
 	for b := range own {
 		ids = append(ids, uint64(i)<<8|uint64(b+1))
 	}
-	return KeyFromHashes(ids)
+	return AppendHashes(nil, ids)
 }
 
 // TestPropLoRALoadGuard: a popular adapter does not pile onto its
@@ -356,7 +356,7 @@ func TestPropLoRALoadGuard(t *testing.T) {
 				open = slices.Delete(open, j, j+1)
 			}
 			key := SaltKey(loraKey(i, 1, own), "hot")
-			d, err := g.RouteAdapter(key, AdapterRoute{Adapter: "hot"})
+			d, err := g.RouteAdapter(key, "hot", nil)
 			require.NoError(t, err)
 			least, mean := 0, 0.0
 			for k := range sp.cands {
@@ -416,7 +416,7 @@ func TestPropLoRANoCollapse(t *testing.T) {
 				open = slices.Delete(open, j, j+1)
 			}
 			own := 2*load + i%(load+1)
-			d, err := g.RouteAdapter(SaltKey(loraKey(i, shared, own), "hot"), AdapterRoute{Adapter: "hot"})
+			d, err := g.RouteAdapter(SaltKey(loraKey(i, shared, own), "hot"), "hot", nil)
 			require.NoError(t, err)
 			counts[nameIndex(d.Replica)]++
 			open = append(open, d)
@@ -451,7 +451,7 @@ func TestPropLoRAWaitAvoided(t *testing.T) {
 		var open []Decision
 		for i := range 16 * n {
 			a := fmt.Sprintf("a%d", rapid.IntRange(0, k-1).Draw(t, "adapter"))
-			d, err := g.RouteAdapter(SaltKey(KeyFromHashes([]uint64{uint64(i)}), a), AdapterRoute{Adapter: a})
+			d, err := g.RouteAdapter(SaltKey(AppendHashes(nil, []uint64{uint64(i)}), a), a, nil)
 			require.NoError(t, err)
 			var chosen Candidate
 			for _, x := range sp.cands {
@@ -492,7 +492,7 @@ func TestLoRAConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				a := fmt.Sprintf("a%d", (i+w)%5)
-				d, err := g.RouteAdapter(SaltKey(KeyFromHashes([]uint64{uint64(i % 7)}), a), AdapterRoute{Adapter: a})
+				d, err := g.RouteAdapter(SaltKey(AppendHashes(nil, []uint64{uint64(i % 7)}), a), a, nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -520,7 +520,7 @@ func TestLoRAConcurrent(t *testing.T) {
 	rec := &recorder{}
 	g2, err := New(replicaNames(1), WithPolicy(rec))
 	require.NoError(t, err)
-	_, err = g2.RouteAdapter(KeyFromHashes([]uint64{1}), AdapterRoute{Adapter: "x"})
+	_, err = g2.RouteAdapter(AppendHashes(nil, []uint64{1}), "x", nil)
 	require.NoError(t, err)
 	require.Zero(t, rec.byName("r0").LoRA.Routed)
 }

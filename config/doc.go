@@ -43,11 +43,12 @@
 // Fields of a model (see [Model]):
 //
 //   - mode: round_robin (the default when absent or empty), cache_aware or
-//     load_aware; the same strings as the gateway package's Mode.
+//     load_aware: a gateway.Mode in its text form (hyphens are read as
+//     underscores; the file is written with underscores).
 //   - slo_latency_ms: latency SLO in whole milliseconds; 0 or absent means
 //     no SLO. Never negative.
 //   - load_weights: weights of the load-aware score (queue, kv, latency, as
-//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights.
+//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights().
 //     Each weight is finite and not negative, and not all are zero.
 //   - disaggregate: prefill/decode disaggregation on or off (default off).
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate

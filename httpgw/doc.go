@@ -75,8 +75,8 @@
 //
 // Each request's prefix key is built with gateway.Hasher.AppendSegment
 // (Options.BlockSize bytes per block, default 64), one segment per part,
-// each part tagged by kind so that equal text in different roles differs.
-// The parts, in order:
+// each in its role (gateway.Segment) so that equal text in different roles
+// differs. The parts, in order:
 //
 //  1. the system prompt: every message whose role is "system" or
 //     "developer", in order, wherever it stands in the conversation;
@@ -84,10 +84,14 @@
 //  3. the RAG context: the X-RAG-Context header, an opaque name for the
 //     retrieved context the prompt embeds (a document set id, a corpus
 //     version, a hash of the passages);
-//  4. the conversation: every other message in order, each tagged with its
-//     role (user, assistant, tool; other roles share one tag) — or, for
+//  4. the conversation: every other message in order, each in its role
+//     (user, assistant, tool; other roles share one) — or, for
 //     /v1/completions, the prompt (a string; a list of strings joined by
 //     newlines; token arrays by their JSON text).
+//
+// With one system message and no conversation, the key is the library's
+// gateway.PrefixKey(system, session, rag) (at the default block size), so
+// keys built by a Go service and by the HTTP gateway agree.
 //
 // Message content is its text: a string as is, a list of parts as its text
 // parts concatenated (non-text parts contribute their JSON). Every turn of

@@ -342,12 +342,21 @@ func (s *Server) resolveAdapter(c *call, st *state, name string) *adapterRoute {
 	return r
 }
 
-// adapterRouteOf returns what the model's gateway routes a call with.
-func (c *call) adapterRouteOf(except string) gateway.AdapterRoute {
-	if c.lora == nil {
-		return gateway.AdapterRoute{Except: except}
+// allow returns the replicas a call may be routed to, leaving out the
+// replica failed ("" none) and, for an adapter, those whose engines do
+// not serve it; nil when that is every replica.
+func (c *call) allow(failed string) func(name string) bool {
+	var eligible map[string]bool
+	if c.lora != nil {
+		eligible = c.lora.eligible
 	}
-	return gateway.AdapterRoute{Adapter: c.lora.name, Eligible: c.lora.eligible, Except: except}
+	switch {
+	case eligible == nil && failed == "":
+		return nil
+	case eligible == nil:
+		return func(name string) bool { return name != failed }
+	}
+	return func(name string) bool { return eligible[name] && name != failed }
 }
 
 // adapterName is the call's adapter, "" for the base model.

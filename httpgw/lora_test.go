@@ -172,7 +172,7 @@ func errorOf(t *testing.T, resp *http.Response) apiError {
 }
 
 func TestAdapterResolution(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	require.Equal(t, []modelEntry{
 		{ID: testModel, Object: "model", OwnedBy: "exa"},
 		{ID: "a", Object: "model", OwnedBy: "exa", Parent: testModel},
@@ -203,7 +203,7 @@ func TestAdapterResolution(t *testing.T) {
 // TestAdapterSaltsKey: the same prompt under two adapters, or an adapter
 // and the base model, is two caches: the second matches nothing.
 func TestAdapterSaltsKey(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	body := func(model string) string {
 		return chatBody(model, false, "a long shared system prompt of many words", "the same question")
 	}
@@ -221,7 +221,7 @@ func TestAdapterSaltsKey(t *testing.T) {
 }
 
 func TestAdapterAllowList(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeRoundRobin, Adapters: []string{"a", "c"}})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeRoundRobin, Adapters: []string{"a", "c"}})
 	require.Equal(t, []modelEntry{
 		{ID: testModel, Object: "model", OwnedBy: "exa"},
 		{ID: "a", Object: "model", OwnedBy: "exa", Parent: testModel},
@@ -242,7 +242,7 @@ func TestAdapterAllowList(t *testing.T) {
 }
 
 func TestAdapterScrape(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	f.engines[0].SetLoRAInfo(
 		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 10`,
 		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="b",waiting_lora_adapters="a"} 11`)
@@ -269,7 +269,7 @@ func TestAdapterScrape(t *testing.T) {
 // TestAdapterDiscoveryFailureKeepsList: a failed discovery keeps the
 // engine's last list and says why in /stats.
 func TestAdapterDiscoveryFailureKeepsList(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	f.engines[0].Close()
 	f.srv.DiscoverAll(context.Background())
 	names := []string{}
@@ -319,11 +319,11 @@ func TestLoRAPageParsesAsText(t *testing.T) {
 // discoveries, scrapes and reloads run, under -race; every request gets
 // an answer from an engine or a 404 while an allow-list refuses it.
 func TestAdapterConcurrent(t *testing.T) {
-	f := loraFixture(t, config.Model{Mode: config.ModeCacheAware})
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	f.engines[0].SetLoRAInfo(`vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",waiting_lora_adapters=""} 1`)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfgs := []config.Model{{Mode: config.ModeCacheAware}, {Mode: config.ModeCacheAware, Adapters: []string{"a"}}}
+	cfgs := []config.Model{{Mode: gateway.ModeCacheAware}, {Mode: gateway.ModeCacheAware, Adapters: []string{"a"}}}
 	var bg sync.WaitGroup
 	bg.Add(1)
 	go func() {

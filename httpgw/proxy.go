@@ -190,7 +190,7 @@ func (s *Server) proxy(c *call) {
 		if try == 0 && c.first != nil {
 			dec = *c.first
 		} else {
-			dec, err = ms.gw.RouteAdapter(c.key, c.adapterRouteOf(failed))
+			dec, err = ms.gw.RouteAdapter(c.key, c.adapterName(), c.allow(failed))
 		}
 		if err != nil {
 			switch {

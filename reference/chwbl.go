@@ -70,7 +70,7 @@ func (p *CHWBL) FirstToken(uint64) {}
 func (p *CHWBL) Done(uint64) {}
 
 // Pick implements gateway.Policy.
-func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	lf := p.LoadFactor
 	if lf == 0 {
 		lf = 1.25
@@ -109,14 +109,10 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 			first = i
 		}
 		if total == 0 || float64(cands[i].InFlight) <= threshold {
-			ch := gateway.Choice{Index: i, Kind: gateway.KindAffinity}
-			if i != first {
-				ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
-			}
-			return ch
+			return i
 		}
 	}
-	return gateway.Choice{Index: first, Kind: gateway.KindAffinity}
+	return first
 }
 
 func indexOf(cands []gateway.Candidate, name string) int {

@@ -116,7 +116,7 @@ func (p *GIE) Predicted() int {
 }
 
 // Pick implements gateway.Policy.
-func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	wq, wkv, wp := def64(p.QueueWeight, gieQueueWeight), def64(p.KVWeight, gieKVWeight), def64(p.PrefixWeight, giePrefixWeight)
 	window := p.MaxPrefixTokens
 	if window <= 0 {
@@ -146,7 +146,7 @@ func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choi
 	s := p.idx.slot[cands[best].Name]
 	p.predicted = p.idx.count[s]
 	p.idx.add(hashes, s)
-	return choiceFor(req, cands, best, p.predicted, len(hashes))
+	return best
 }
 
 // maxScore scores candidates as GIE's default profile does, plus extra's
@@ -179,19 +179,6 @@ func maxScore(cands []gateway.Candidate, prefix, extra func(i int) float64, wq, 
 		}
 	}
 	return t.draw(r)
-}
-
-// choiceFor labels a pick of a scoring policy: affinity when its index
-// matched all of what it compared, else load-aware.
-func choiceFor(req *gateway.Request, cands []gateway.Candidate, best, matched, total int) gateway.Choice {
-	ch := gateway.Choice{Index: best, Kind: gateway.KindAffinity}
-	switch {
-	case matched == 0:
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackNoMatch
-	case matched < total && cands[best].Matched < req.MaxMatched:
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
-	}
-	return ch
 }
 
 func def64(v, d float64) float64 {
@@ -236,7 +223,7 @@ func NewLLMDPrecise(seed uint64) *LLMDPrecise { return &LLMDPrecise{Seed: seed} 
 var _ gateway.Policy = (*LLMDPrecise)(nil)
 
 // Pick implements gateway.Policy.
-func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	wq, wkv, wp := def64(p.QueueWeight, gieQueueWeight), def64(p.KVWeight, gieKVWeight), def64(p.PrefixWeight, giePrefixWeight)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -246,5 +233,5 @@ func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) gate
 	}
 	n := float64(len(req.Key))
 	best := maxScore(cands, func(i int) float64 { return min(1, float64(cands[i].Matched)/n) }, nil, wq, wkv, wp, &p.ties, p.rng)
-	return choiceFor(req, cands, best, cands[best].Matched, len(req.Key))
+	return best
 }

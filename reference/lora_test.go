@@ -51,8 +51,8 @@ func TestGIELoRAPrefersActive(t *testing.T) {
 		k := keyFrom(uint64(i+1), 4)
 		r := reqFor(k, cs)
 		r.Adapter = "a"
-		assert.Equal(t, 2, p.Pick(r, cs).Index)
-		counts[plain.Pick(r, cs).Index]++
+		assert.Equal(t, 2, p.Pick(r, cs))
+		counts[plain.Pick(r, cs)]++
 	}
 	assert.Len(t, counts, 3, "the default profile spreads ties at random: %v", counts)
 }
@@ -69,7 +69,7 @@ func TestSGLangIgnoresAdapter(t *testing.T) {
 		p.Arrive(Arrival{ID: id, Time: t0, Tokens: 640, BlockTokens: 16, UserContent: base[0], BaseKey: base})
 		r := reqFor(salted, cs)
 		r.Adapter = adapter
-		return p.Pick(r, cs).Index
+		return p.Pick(r, cs)
 	}
 	first := pick(1, "a")
 	cs[first].InFlight = 1
@@ -88,7 +88,7 @@ func TestCHWBLHashesAdapter(t *testing.T) {
 		p.Arrive(Arrival{ID: 1, Time: t0, Tokens: 64, BlockTokens: 16, UserContent: 42})
 		r := reqFor(k, cs)
 		r.Adapter = adapter
-		return p.Pick(r, cs).Index
+		return p.Pick(r, cs)
 	}
 	base := pick("")
 	require.Equal(t, base, pick(""))

@@ -174,7 +174,7 @@ func (p *SGLang) maxChars() int {
 }
 
 // Pick implements gateway.Policy.
-func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	thr, abs, rel := p.CacheThreshold, p.BalanceAbs, p.BalanceRel
 	if thr == 0 {
 		thr = 0.5
@@ -208,11 +208,11 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.C
 		mn, mx = min(mn, cands[i].InFlight), max(mx, cands[i].InFlight)
 	}
 	first := p.firstWith(cands, mn)
-	var ch gateway.Choice
+	var pick int
 	m, node := p.tree.match(key)
 	switch {
 	case mx-mn > abs && float32(mx) > float32(mn)*float32(rel):
-		ch = gateway.Choice{Index: first, Kind: gateway.KindLoadAware, Fallback: gateway.FallbackLoadGuard}
+		pick = first
 	default:
 		matched := min(m*bt, tokens)
 		if m == len(key) {
@@ -221,16 +221,16 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.C
 		if float32(matched)/float32(tokens) > float32(thr) {
 			if i := p.indexOf(cands, p.tree.pickTenant(node)); i >= 0 {
 				p.tree.touch(node, p.tree.tenant(cands[i].Name), now)
-				ch = gateway.Choice{Index: i, Kind: gateway.KindAffinity}
+				pick = i
 				break
 			}
 		}
-		ch = gateway.Choice{Index: p.miss(cands, mn), Kind: gateway.KindLoadAware, Fallback: gateway.FallbackNoMatch}
+		pick = p.miss(cands, mn)
 	}
-	t := p.tree.tenant(cands[ch.Index].Name)
+	t := p.tree.tenant(cands[pick].Name)
 	p.predicted = p.held(key, t)
 	p.tree.insert(key, tokens, bt, t, now)
-	return ch
+	return pick
 }
 
 // miss returns the candidate a low match goes to.

@@ -27,6 +27,13 @@
 // router only sees its own index. The report sets the hit rate the index
 // predicted beside the true one.
 //
+// Config.Gateways simulates several gateways sharing the traffic
+// (active-active): each request goes to one of them drawn at random, each
+// has its own gateway.Gateway (index, in-flight and pending counts, demand
+// sketch) and its own instance of a reference policy, all are pushed the
+// same scraped load, and in exact-index mode all are fed every engine's KV
+// events (docs/multi-gateway.md has the figures).
+//
 // Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,

@@ -220,13 +220,14 @@ func (f *fifo) pop2back() {
 	f.size++
 }
 
-// refresh reports r's adapters to the gateway, as a scrape of its
-// vllm:lora_requests_info would, once any request named an adapter.
-func (l *loraSim) refresh(g *gateway.Gateway, r *replica) {
+// report returns r's adapter state as a scrape of its
+// vllm:lora_requests_info would, once any request named an adapter (ok
+// false before).
+func (l *loraSim) report(r *replica) (rep gateway.AdapterReport, ok bool) {
 	if l.requests == 0 {
-		return
+		return rep, false
 	}
-	rep := gateway.AdapterReport{MaxLoras: l.max}
+	rep.MaxLoras = l.max
 	for id, n := range r.lora.running {
 		if n > 0 {
 			rep.Running = append(rep.Running, l.names[id])
@@ -237,7 +238,7 @@ func (l *loraSim) refresh(g *gateway.Gateway, r *replica) {
 			rep.Waiting = append(rep.Waiting, l.names[id])
 		}
 	}
-	_ = g.UpdateAdapters(r.name, rep)
+	return rep, true
 }
 
 // LoRAResult is a policy's adapter figures, in Result.LoRA.
@@ -340,15 +341,15 @@ func AdapterName(k int) string { return "lora-" + strconv.Itoa(k) }
 // BaseShare of them), opens with one of Prompts shared system prompts
 // drawn uniformly, and ends with a question of its own.
 func LoRAWorkload(c LoRAConfig) (Workload, error) {
-	c.Requests = def(c.Requests, 10000)
-	c.Rate = deff(c.Rate, 24)
-	c.Adapters = def(c.Adapters, 8)
-	c.Zipf = deff(c.Zipf, 1.1)
-	c.Prompts = def(c.Prompts, 16)
-	c.SystemTokens = def(c.SystemTokens, 1024)
-	c.QuestionTokens = def(c.QuestionTokens, 256)
-	c.OutputTokens = def(c.OutputTokens, 128)
-	c.BlockTokens = def(c.BlockTokens, 16)
+	c.Requests = orDefault(c.Requests, 10000)
+	c.Rate = orDefault(c.Rate, 24)
+	c.Adapters = orDefault(c.Adapters, 8)
+	c.Zipf = orDefault(c.Zipf, 1.1)
+	c.Prompts = orDefault(c.Prompts, 16)
+	c.SystemTokens = orDefault(c.SystemTokens, 1024)
+	c.QuestionTokens = orDefault(c.QuestionTokens, 256)
+	c.OutputTokens = orDefault(c.OutputTokens, 128)
+	c.BlockTokens = orDefault(c.BlockTokens, 16)
 	if err := checkGen("lora", c.Requests, c.Rate, "Adapters", c.Adapters, "Prompts", c.Prompts, "SystemTokens", c.SystemTokens,
 		"QuestionTokens", c.QuestionTokens, "OutputTokens", c.OutputTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err

@@ -26,6 +26,9 @@ type Report struct {
 	CacheBlocks int `json:"cache_blocks"`
 	// Index is "approximate" or "exact".
 	Index string `json:"index"`
+	// Gateways is Config.Gateways when more than one gateway shared the
+	// traffic; 0, and left out of the JSON, for one.
+	Gateways int `json:"gateways,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -125,7 +128,9 @@ type Result struct {
 	// to its queue, in the order of PrefillTokens.
 	RequestsPerReplica []int64 `json:"requests_per_replica"`
 	// Decisions counts the gateway's routing decisions, keyed by decision
-	// kind name as in gateway.Stats.ByKind.
+	// kind name as in gateway.Stats.ByKind. The gateway labels them: for
+	// a peer router, affinity means the replica chosen held the longest
+	// prefix any replica held, whatever the router's reason.
 	Decisions map[string]uint64 `json:"decisions"`
 	// Router is the gateway's own Stats at the end of the run; left out
 	// of the JSON, which reports its decisions above.
@@ -208,8 +213,12 @@ func (r *Report) Result(name string) (Result, bool) {
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
-	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index; signals every %gs; TTFT SLO %gs\n",
-		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, r.RefreshInterval, r.SLO)
+	gws := ""
+	if r.Gateways > 1 {
+		gws = fmt.Sprintf("; %d gateways, each routing a random 1/%d of the requests", r.Gateways, r.Gateways)
+	}
+	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
+		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\t×ideal\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\treq share\tprefill share\tSLO\tdone\tdrop\tfail\t")
 	for _, x := range r.Results {

@@ -25,6 +25,7 @@ func Run(cfg Config) (*Report, error) {
 		BlockTokens:     bt,
 		CacheBlocks:     capacity,
 		Index:           indexName(cfg.Index),
+		Gateways:        gatewaysField(cfg.Gateways),
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,
@@ -140,4 +141,12 @@ func indexName(m gateway.IndexMode) string {
 		return "exact"
 	}
 	return "approximate"
+}
+
+// gatewaysField is Report.Gateways: n when more than one, else 0.
+func gatewaysField(n int) int {
+	if n > 1 {
+		return n
+	}
+	return 0
 }

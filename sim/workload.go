@@ -124,15 +124,11 @@ func checkGen(name string, requests int, rate float64, fields ...any) error {
 	return nil
 }
 
-func def(v, d int) int {
-	if v == 0 {
-		return d
-	}
-	return v
-}
-
-func deff(v, d float64) float64 {
-	if v == 0 {
+// orDefault returns v, or d when v is the zero value: a Config field left
+// at zero takes its documented default.
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
 		return d
 	}
 	return v

@@ -71,10 +71,10 @@ so concurrent "set" commands never lose each other's changes.`,
 		},
 	}
 	f := cmd.Flags()
-	f.Var(&sf.mode, "mode", "routing mode: round_robin (default), cache_aware or load_aware")
+	f.Var(&sf.mode, "mode", "routing mode: "+modeChoices()+" (default "+gateway.ModeRoundRobin.String()+")")
 	f.Var(&sf.slo, "slo-latency-ms", "latency SLO in milliseconds; replicas slower than this are avoided (0 = none)")
 	f.Var(&sf.weights, "load-weights", fmt.Sprintf("load-aware weights, e.g. queue=1,kv=0.5,latency=0.25 (defaults queue=%g,kv=%g,latency=%g)",
-		gateway.DefaultLoadWeights.Queue, gateway.DefaultLoadWeights.KV, gateway.DefaultLoadWeights.Latency))
+		gateway.DefaultLoadWeights().Queue, gateway.DefaultLoadWeights().KV, gateway.DefaultLoadWeights().Latency))
 	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
 	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
@@ -96,7 +96,7 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringArrayVar(&sf.adapters, "adapter", nil, "LoRA adapter NAME the model may serve; repeat for several; replaces the stored allow-list "+
 		"(without one, every adapter the model's engines list in GET /v1/models is served)")
 	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
-	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
@@ -131,14 +131,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		m := f.Models[name].Clone()
 		if changed("mode") {
 			m.Mode = sf.mode.mode
-		} else if m.Mode == "" {
-			m.Mode = config.ModeRoundRobin
 		}
 		if changed("slo-latency-ms") {
 			m.SLOLatencyMS = sf.slo.ms
 		}
 		if changed("load-weights") {
-			w := config.LoadWeights(gateway.DefaultLoadWeights)
+			w := config.LoadWeights(gateway.DefaultLoadWeights())
 			if m.LoadWeights != nil {
 				w = *m.LoadWeights
 			}

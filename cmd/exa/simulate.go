@@ -32,6 +32,7 @@ type simFlags struct {
 	policies             []string
 	preset               string
 	index                string
+	gateways             int
 	asJSON               bool
 	plot                 string
 	progress             string
@@ -58,10 +59,11 @@ const (
 	maxSimRequests = 100_000
 )
 
-// The two policies whose hit rates the spec's lines compare.
-const (
-	cacheAwarePolicy = "cache_aware"
-	roundRobinPolicy = "round_robin"
+// The two policies whose hit rates the spec's lines compare: the built-in
+// modes, which the simulator names as the gateway does.
+var (
+	cacheAwarePolicy = gateway.ModeCacheAware.String()
+	roundRobinPolicy = gateway.ModeRoundRobin.String()
 )
 
 func newSimulateCmd() *cobra.Command {
@@ -122,6 +124,7 @@ deterministic for a seed.`,
 	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"); cache_aware and round_robin are always included")
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
+	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
@@ -175,7 +178,7 @@ type simOutput struct {
 // buildSimConfig turns flags and the model's stored configuration into a
 // sim.Config. It returns the policy (if any) whose run is recorded for the
 // model's statistics.
-func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, string, error) {
+func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, error) {
 	changed := cmd.Flags().Changed
 	var cfg sim.Config
 	cfg.Seed = sf.seed
@@ -183,17 +186,17 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		{"trace", "workload"}, {"trace", "shared-prefix-requests"},
 		{"workload", "shared-prefix-requests"}, {"requests", "shared-prefix-requests"},
 	}); err != nil {
-		return cfg, "", err
+		return cfg, err
 	}
 
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
 		if sf.replicas < 1 || sf.replicas > maxSimReplicas {
-			return cfg, "", usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
+			return cfg, usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
 		}
 		cfg.Replicas = sf.replicas
 	} else if n := len(m.Replicas); n > maxSimReplicas {
-		return cfg, "", usagef("model %q has %d replicas, more than the %d simulate takes; pass --replicas N (1..%d)", model, n, maxSimReplicas, maxSimReplicas)
+		return cfg, usagef("model %q has %d replicas, more than the %d simulate takes; pass --replicas N (1..%d)", model, n, maxSimReplicas, maxSimReplicas)
 	} else if n > 0 {
 		cfg.Replicas = n
 	}
@@ -202,26 +205,26 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		v    int
 	}{{"requests", sf.requests}, {"shared-prefix-requests", sf.sharedPrefixRequests}} {
 		if changed(fl.name) && (fl.v < 1 || fl.v > maxSimRequests) {
-			return cfg, "", usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
+			return cfg, usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
 		}
 	}
 	if sf.rate < 0 || sf.rate != sf.rate {
-		return cfg, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+		return cfg, usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
 	}
 	lora := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "lora"
 	if err := loraSimFlags(cmd, sf, lora, &cfg); err != nil {
-		return cfg, "", err
+		return cfg, err
 	}
 
 	var err error
 	switch {
 	case sf.trace != "":
 		if sf.traceSpeed <= 0 {
-			return cfg, "", usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
+			return cfg, usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
 		}
 		cfg.Workload, err = sim.TraceFile(sf.trace, sim.TraceOptions{Speed: sf.traceSpeed, Rate: sf.rate, Limit: sf.requests})
 		if err != nil {
-			return cfg, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+			return cfg, usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
 		}
 	case changed("shared-prefix-requests"):
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
@@ -229,17 +232,17 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		cfg.Workload, err = sim.LoRAWorkload(sim.LoRAConfig{Requests: sf.requests, Rate: sf.rate, Adapters: sf.loraAdapters})
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
-			return cfg, "", usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
+			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
 		}
 		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
 	}
 	if err != nil {
-		return cfg, "", &usageError{err}
+		return cfg, &usageError{err}
 	}
 
 	cfg.Preset, err = sim.PresetByName(sf.preset)
 	if err != nil {
-		return cfg, "", usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
+		return cfg, usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
 	}
 	switch sf.index {
 	case "approximate":
@@ -247,8 +250,13 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	case "exact":
 		cfg.Index = gateway.IndexExact
 	default:
-		return cfg, "", usagef("invalid --index %q: want approximate or exact", sf.index)
+		return cfg, usagef("invalid --index %q: want approximate or exact", sf.index)
 	}
+
+	if sf.gateways < 1 || sf.gateways > sim.MaxGateways {
+		return cfg, usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
+	}
+	cfg.Gateways = sf.gateways
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -257,7 +265,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
+				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)
@@ -281,16 +289,12 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 
 	// The model's own mode is the one recorded for its statistics, so it
 	// is always simulated; its load weights apply to the load-aware policy.
-	modeName := ""
-	if model != "" {
-		modeName = m.ModeName()
-		if !slices.Contains(names, modeName) {
-			names = append(names, modeName)
-		}
+	if model != "" && !slices.Contains(names, m.Mode.String()) {
+		names = append(names, m.Mode.String())
 	}
 	for _, n := range names {
 		pol, _ := sim.PolicyByName(n)
-		if n == config.ModeLoadAware && m.LoadWeights != nil {
+		if n == gateway.ModeLoadAware.String() && m.LoadWeights != nil {
 			w := m.LoadWeights.Gateway()
 			pol.New = func(uint64) gateway.Policy { return &gateway.LoadAware{Weights: w} }
 		}
@@ -299,7 +303,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	if m.SLOLatencyMS > 0 {
 		cfg.RouterSLO = m.SLOLatency()
 	}
-	return cfg, modeName, nil
+	return cfg, nil
 }
 
 // loraSimFlags checks the LoRA flags, which only --workload lora takes,
@@ -350,7 +354,7 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 	default:
 		return usagef("invalid --progress %q: want auto, always or never", sf.progress)
 	}
-	cfg, modeName, err := buildSimConfig(cmd, sf, model, m)
+	cfg, err := buildSimConfig(cmd, sf, model, m)
 	if err != nil {
 		return err
 	}
@@ -386,7 +390,7 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 		}
 	}
 	if model != "" {
-		if err := saveSimStats(path, model, modeName, line, rep); err != nil {
+		if err := saveSimStats(path, model, m.Mode, line, rep); err != nil {
 			return err
 		}
 	}
@@ -442,6 +446,9 @@ func checkPlotPath(p string) error {
 // workloadLine states the workload and setup in one line.
 func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
+	if rep.Gateways > 1 {
+		s += fmt.Sprintf("; %d gateways", rep.Gateways)
+	}
 	if model != "" && m.SLOLatencyMS > 0 {
 		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)
 	}
@@ -450,8 +457,8 @@ func workloadLine(rep *sim.Report, model string, m config.Model) string {
 
 // saveSimStats stores the gateway statistics of the model's own policy in
 // the simulation as the model's latest statistics.
-func saveSimStats(path, model, mode, line string, rep *sim.Report) error {
-	res, ok := rep.Result(mode)
+func saveSimStats(path, model string, mode gateway.Mode, line string, rep *sim.Report) error {
+	res, ok := rep.Result(mode.String())
 	if !ok {
 		return nil
 	}
@@ -459,11 +466,7 @@ func saveSimStats(path, model, mode, line string, rep *sim.Report) error {
 	if err != nil {
 		return fmt.Errorf("encode simulation: %w", err)
 	}
-	gm, err := gateway.ParseMode(mode)
-	if err != nil {
-		return err
-	}
-	st := config.StatsFromGateway(model, config.SourceSimulated, gm, res.Router, res.RouterReplicas)
+	st := config.StatsFromGateway(model, config.SourceSimulated, mode, res.Router, res.RouterReplicas)
 	st.Workload, st.TokenHitRate, st.Simulation = line, res.TokenHitRate, raw
 	prefill := map[string]int64{}
 	for i, r := range res.RouterReplicas {
