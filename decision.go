@@ -21,9 +21,10 @@ type Decision struct {
 	// Fallback says why the decision fell back, if it did.
 	Fallback Fallback
 
-	rs  *replicaState
-	t   *ticket
-	gen uint64
+	rs      *replicaState
+	t       *ticket
+	gen     uint64
+	adapter string // counted against rs until Done
 }
 
 // DoneInfo reports how a routed request ended.
@@ -91,6 +92,9 @@ func (d Decision) Done(info DoneInfo) {
 				addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
 			}
 			addClamped(&d.rs.inflight, -1)
+			if d.adapter != "" {
+				d.rs.lora.done(d.adapter)
+			}
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock())
 			}

@@ -8,9 +8,9 @@ import "errors"
 var (
 	// ErrInvalid is returned for bad input: an empty replica list or key,
 	// a replica with no name or an out-of-range capacity, a negative or NaN
-	// load signal, a block size below 1, an option with a bad value, an
-	// unknown cache event, a mode name not known, or a Policy that picked
-	// no candidate. Nothing is changed.
+	// load signal, an adapter report over its limits, a block size below
+	// 1, an option with a bad value, an unknown cache event, a mode name
+	// not known, or a Policy that picked no candidate. Nothing is changed.
 	ErrInvalid = errors.New("gateway: invalid argument")
 	// ErrNoHealthyReplica is returned by Route when no replica is healthy
 	// (or allowed, for RouteWithin).

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -218,6 +219,9 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 			CachedBlocks:    g.idx.cached(rs.slot),
 			CacheBlocks:     rs.cacheBlocks,
 		}
+		if a := rs.lora.rep.Load(); a != nil {
+			out[i].Adapters = AdapterReport{Running: slices.Clone(a.Running), Waiting: slices.Clone(a.Waiting), MaxLoras: a.MaxLoras}
+		}
 	}
 	return out
 }
@@ -254,6 +258,10 @@ func (g *Gateway) Route(key Key) (Decision, error) {
 // under the gateway's lock, so it must be quick and must not call the
 // Gateway. RouteWithin does not allocate.
 func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, error) {
+	return g.route(key, allow, "")
+}
+
+func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (Decision, error) {
 	if len(key) == 0 {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block, got an empty Key", ErrInvalid)
 	}
@@ -289,6 +297,10 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
 		c.LastPicked = rs.lastPicked
+		c.LoRA = LoRAState{}
+		if adapter != "" {
+			c.LoRA = rs.lora.state(adapter)
+		}
 		switch {
 		case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
 			g.state[i] = stateUnhealthy
@@ -306,7 +318,10 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
-			if allow != nil {
+			switch {
+			case allow != nil && adapter != "":
+				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed for adapter %q", ErrNoHealthyReplica, len(t.list), adapter)
+			case allow != nil:
 				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed", ErrNoHealthyReplica, len(t.list))
 			}
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
@@ -329,7 +344,7 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	share := g.demand.observe(mk, maxMatched)
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter}
 	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if pick < 0 || pick >= len(cands) {
@@ -359,6 +374,10 @@ func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, 
 	g.seq++
 	rs.lastPicked = g.seq
 	rs.inflight.Add(1)
+	if adapter != "" {
+		rs.lora.route(adapter)
+		d.adapter = adapter
+	}
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	rs.routed.Add(1)

@@ -28,6 +28,9 @@ type Request struct {
 	// held by a candidate was the same as this request's, Key[:MaxMatched]:
 	// how hot that prefix is (see demand.go). 0 when MaxMatched is 0.
 	Demand float64
+	// Adapter is the LoRA adapter the request targets (RouteAdapter); ""
+	// is the base model.
+	Adapter string
 }
 
 // Candidate is one eligible replica as a Policy sees it.
@@ -53,6 +56,9 @@ type Candidate struct {
 	// to them: the gateway's count of routed requests at that time, 0 if
 	// never. The least recently chosen has the smallest.
 	LastPicked uint64
+	// LoRA is the replica's state for the request's adapter (see
+	// lora.go); the zero value for a request of the base model.
+	LoRA LoRAState
 }
 
 // Outstanding is the replica's best-known count of unfinished requests:

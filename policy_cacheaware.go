@@ -61,6 +61,22 @@ import "math"
 // deterministic, misses spread evenly, and equal replicas take turns in
 // rotation rather than in the order they were listed.
 //
+// A request for a LoRA adapter (Request.Adapter) also pays for the
+// adapter where it is not already in the running batch (Candidate.LoRA,
+// see adapterPrice): a replica whose slots are all held by other
+// adapters, or where the adapter already waits for one, makes it wait at
+// least until every request of some adapter there has finished, AdapterWait
+// blocks of prefill plus the decode of the requests outstanding there
+// (DecodeWeight each, plus one) and a load; a free slot costs a load,
+// AdapterLoad, plus the wait it may cause an adapter that needs the slot
+// next: AdapterWait times the share of the slots the request's adapter
+// does not hold that other adapters do (as λ prices a prompt's blocks
+// for the requests behind them). An adapter in the batch costs nothing,
+// so requests follow their adapter, until its replica's queue outweighs a
+// load elsewhere: the load guard again, so a popular adapter spreads over
+// replicas, the more readily the fewer adapters compete for their slots,
+// rather than piling onto one.
+//
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
 // its in-flight count plus this request stays within ⌈LoadFactor × the
@@ -80,6 +96,15 @@ type CacheAware struct {
 	// LoadFactor, when at least 1, caps each replica's in-flight requests
 	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
 	LoadFactor float64
+	// AdapterLoad is the cost, in blocks of prefill, of loading a
+	// request's LoRA adapter into a free slot. Zero means the default, 16
+	// (see docs/lora.md); a negative value means none.
+	AdapterLoad float64
+	// AdapterWait is the cost, in blocks of prefill, of waiting for an
+	// adapter slot: at least until every request of some adapter running
+	// there has finished. Zero means the default, 1,024 (see
+	// docs/lora.md); a negative value means none.
+	AdapterWait float64
 }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace
@@ -87,6 +112,8 @@ type CacheAware struct {
 const (
 	defaultExternality  = 1
 	defaultDecodeWeight = 4
+	defaultAdapterLoad  = 16
+	defaultAdapterWait  = 1024
 )
 
 var _ Policy = (*CacheAware)(nil)
@@ -106,7 +133,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
+	var lp adapterPrice
 	for i := range cands {
+		if req.Adapter != "" {
+			lp.count(&cands[i].LoRA)
+		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill
 		o := cands[i].Outstanding()
@@ -127,6 +158,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
+	if req.Adapter != "" {
+		lp.set(p, dw)
+	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
 		// The least loaded candidate always fits under the ceiling, so the
@@ -142,6 +176,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
+		}
+		if req.Adapter != "" {
+			cost += lp.cost(c)
 		}
 		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
@@ -169,4 +206,69 @@ func better(a, b *Candidate, replicating, noMatch bool) bool {
 		return a.AssignedPrefill < b.AssignedPrefill
 	}
 	return a.LastPicked < b.LastPicked
+}
+
+// adapterPrice prices a request's adapter at each candidate (see
+// CacheAware): the load of an adapter, the wait for a slot, and the share
+// of the slots other adapters hold.
+type adapterPrice struct {
+	load, wait, dw float64
+	// slots and used count the candidates' reported slots and those in
+	// use; mine those the request's adapter holds.
+	slots, used, mine int
+	// contention is (used − mine) / (slots − mine): how much of what the
+	// adapter does not hold other adapters do.
+	contention float64
+}
+
+// count adds a candidate's slots.
+func (a *adapterPrice) count(l *LoRAState) {
+	if l.MaxLoras == 0 {
+		return
+	}
+	a.slots += l.MaxLoras
+	a.used += min(l.Active, l.MaxLoras)
+	if l.InBatch() {
+		a.mine++
+	}
+}
+
+// set fixes the costs from the policy's parameters once every candidate
+// is counted.
+func (a *adapterPrice) set(p *CacheAware, dw float64) {
+	a.load, a.wait, a.dw = pick(p.AdapterLoad, defaultAdapterLoad), pick(p.AdapterWait, defaultAdapterWait), dw
+	if others := a.slots - a.mine; others > 0 {
+		a.contention = min(1, float64(max(a.used-a.mine, 0))/float64(others))
+	}
+}
+
+// pick is v, or def when v is 0, or 0 when v is negative.
+func pick(v, def float64) float64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// cost is what serving the request's adapter costs at c, in blocks of
+// prefill: nothing when the adapter is in the batch there, or idle in a
+// slot while one is free; a load, plus the wait it may cause another
+// adapter (AdapterWait × contention), when a slot is free; and when it
+// must wait for a slot (all held by other adapters, or it already waits
+// there), a load, AdapterWait, and the decode of the requests outstanding
+// there (DecodeWeight each, plus one).
+func (a *adapterPrice) cost(c *Candidate) float64 {
+	l := &c.LoRA
+	switch {
+	case l.InBatch():
+		return 0
+	case l.Waiting || !l.FreeSlot():
+		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
+	case l.Loaded:
+		return 0
+	}
+	return a.load + a.wait*a.contention
 }

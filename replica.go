@@ -90,6 +90,9 @@ type ReplicaStatus struct {
 	// CachedBlocks is how many blocks the index records for this replica;
 	// CacheBlocks its capacity.
 	CachedBlocks, CacheBlocks int
+	// Adapters is the engine's last LoRA adapter report (UpdateAdapters),
+	// lists sorted; the zero value before any.
+	Adapters AdapterReport
 }
 
 // latencyAlpha is the weight of a new latency sample in the smoothed
@@ -119,6 +122,8 @@ type replicaState struct {
 	// lastPicked is the Gateway's seq when it last routed here, 0 if
 	// never (Candidate.LastPicked); guarded by Gateway.mu.
 	lastPicked uint64
+
+	lora loraState // LoRA adapters (lora.go)
 }
 
 func (rs *replicaState) load() Load {

@@ -126,6 +126,14 @@ type Model struct {
 	// its engine: the replica whose Pod is POD (see [Replica.Pod]). ""
 	// means none: every replica then needs its own KVEvents.
 	KVEventsBind string `json:"kv_events_bind,omitempty"`
+	// Adapters, when not empty, is the model's LoRA adapter allow-list:
+	// requests may name only these adapters (each a name as in
+	// [ValidateName], listed once). The gateway discovers the adapters
+	// each engine serves from its GET /v1/models (those with a parent);
+	// an adapter listed here that no engine of the model lists is routed
+	// over all its replicas (for engines that load adapters on demand).
+	// Nil or empty means every discovered adapter is served.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 // LoadWeights are the weights of the load-aware score, mirroring
@@ -224,6 +232,7 @@ func (m Model) Clone() Model {
 		c.PDMinUncachedTokens = &n
 	}
 	c.Replicas = slices.Clone(m.Replicas)
+	c.Adapters = slices.Clone(m.Adapters)
 	if m.Pools != nil {
 		c.Pools = make(map[string][]Replica, len(m.Pools))
 		for k, v := range m.Pools {
@@ -377,7 +386,32 @@ func (m Model) Validate() error {
 	if err := m.validateReplicaCounts(); err != nil {
 		return err
 	}
+	if err := validateAdapters(m.Adapters); err != nil {
+		return err
+	}
 	return m.validateIndex()
+}
+
+// MaxAdapters is the longest adapter allow-list a model may have.
+const MaxAdapters = 4096
+
+// validateAdapters checks an adapter allow-list: valid names, each once.
+func validateAdapters(names []string) error {
+	if len(names) > MaxAdapters {
+		return &FieldError{Field: "adapters", Value: fmt.Sprintf("%d adapters", len(names)), Reason: fmt.Sprintf("at most %d", MaxAdapters)}
+	}
+	seen := make(map[string]bool, len(names))
+	for i, n := range names {
+		at := fmt.Sprintf("adapters[%d]", i)
+		if p := nameProblem(n); p != "" {
+			return &FieldError{Field: at, Value: n, Reason: p}
+		}
+		if seen[n] {
+			return &FieldError{Field: at, Value: n, Reason: "listed twice"}
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 // validateReplicaCounts checks that no gateway built from the model would

@@ -109,6 +109,10 @@ func TestModelValidate(t *testing.T) {
 		{"bad pool replica", func(m *Model) { m.Pools["decode"][0].Name = "" }, "pools.decode[0].name"},
 		{"empty pool name", func(m *Model) { m.Pools[""] = nil }, "pool"},
 		{"too many replicas", func(m *Model) { m.Replicas = manyReplicas("r", gateway.MaxReplicas+1) }, "replicas"},
+		{"empty adapter", func(m *Model) { m.Adapters = []string{"a", ""} }, "adapters[1]"},
+		{"adapter twice", func(m *Model) { m.Adapters = []string{"a", "b", "a"} }, "adapters[2]"},
+		{"adapter with spaces", func(m *Model) { m.Adapters = []string{" a"} }, "adapters[0]"},
+		{"too many adapters", func(m *Model) { m.Adapters = make([]string, MaxAdapters+1) }, "adapters"},
 		{"too many in one pool", func(m *Model) { m.Pools["other"] = manyReplicas("o", gateway.MaxReplicas+1) }, "pools.other"},
 		{"unknown pd mode", func(m *Model) { m.PDMode = "both" }, "pd_mode"},
 		{"pd mode in capitals", func(m *Model) { m.PDMode = "Sidecar" }, "pd_mode"},
@@ -275,8 +279,9 @@ func TestDecodeEmptyObject(t *testing.T) {
 // as nil, as Encode leaves them out; a pool with no members survives a
 // round trip as [] (never null, which Decode rejects).
 func TestDecodeNormalisesEmptyLists(t *testing.T) {
-	f, err := Decode("mem", []byte(`{"models":{"M":{"replicas":[],"pools":{}},"N":{"pools":{"p":[]}}}}`))
+	f, err := Decode("mem", []byte(`{"models":{"M":{"replicas":[],"pools":{},"adapters":[]},"N":{"pools":{"p":[]}}}}`))
 	require.NoError(t, err)
+	assert.Nil(t, f.Models["M"].Adapters)
 	assert.Nil(t, f.Models["M"].Replicas)
 	assert.Nil(t, f.Models["M"].Pools)
 	f.Models["N"].Pools["q"] = nil
@@ -378,6 +383,9 @@ func TestEncodeDecodeProperty(t *testing.T) {
 		}
 		for i := range rapid.IntRange(0, 4).Draw(t, "n") {
 			m.Replicas = append(m.Replicas, Replica{Name: fmt.Sprintf("r%d", i), Address: rapid.StringMatching(`(https?://)?[a-z0-9][a-z0-9.-]{0,15}(:[1-9][0-9]{0,3})?(/[a-z0-9]{0,5})?`).Draw(t, "addr")})
+		}
+		for i := range rapid.IntRange(0, 3).Draw(t, "adapters") {
+			m.Adapters = append(m.Adapters, fmt.Sprintf("lora-%d", i))
 		}
 		f := &File{Version: Version, Models: map[string]Model{name: m}}
 		data, err := Encode(f)

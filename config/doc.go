@@ -85,6 +85,9 @@
 //   - a replica's pod: the name its engine gives in its topics (no '@');
 //     absent means the address's host:port, or its host alone. Two
 //     replicas heard on one endpoint may not answer to the same pod.
+//   - adapters: the model's LoRA adapter allow-list (names as replica
+//     names, each once, at most [MaxAdapters]); absent or empty serves
+//     every adapter its engines list in GET /v1/models (see docs/lora.md).
 //
 // Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
 // valid UTF-8, without surrounding spaces or control characters.

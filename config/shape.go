@@ -44,6 +44,7 @@ var fileShape = func() *shape {
 		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
 		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
+		"adapters":     {elems: scalar},
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},

@@ -98,6 +98,9 @@ func Decode(name string, data []byte) (*File, error) {
 		if len(m.Pools) == 0 {
 			m.Pools = nil
 		}
+		if len(m.Adapters) == 0 {
+			m.Adapters = nil
+		}
 		f.Models[k] = m
 	}
 	if err := f.Validate(); err != nil {

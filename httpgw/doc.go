@@ -17,7 +17,8 @@
 //     away cancels the upstream request. Responses carry X-Exa-Replica (the
 //     replica) and X-Exa-Decision (kind and prefix match, e.g.
 //     "affinity; matched=12/14").
-//   - GET /v1/models: the configured models, in OpenAI's list format.
+//   - GET /v1/models: the configured models, in OpenAI's list format,
+//     then the LoRA adapters served, each with its model as "parent".
 //   - GET /stats: routing statistics as JSON (schema below); ?model=NAME
 //     narrows it to one model.
 //   - GET /metrics: the gateway's Prometheus metrics (list below).
@@ -151,6 +152,19 @@
 // and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
 // and time to first byte feeds each replica's smoothed latency through
 // Decision.Done. Decision.FirstToken is called at the first response byte.
+// The same scrape reads vllm:lora_requests_info into gateway.UpdateAdapters.
+//
+// # LoRA adapters
+//
+// A request whose "model" is no configured model is resolved as a LoRA
+// adapter of one: every DiscoverInterval (and when Run starts) each
+// engine's GET /v1/models is read, and an adapter it lists with a parent
+// belongs to the configured model the engine serves, routed over that
+// model's replicas whose engines list it (gateway.RouteAdapter), with its
+// prefix key salted by the adapter. A model's "adapters" allow-list limits
+// it to those names (and routes a listed adapter no engine lists over all
+// replicas). Anything else gets 404 model_not_found naming it. The body
+// goes to the engine unchanged. See lora.go and docs/lora.md.
 //
 // # Engine client
 //
@@ -266,7 +280,8 @@
 //	  },
 //	  "engines": [
 //	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
-//	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41}},
+//	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41},
+//	     "adapters": {"served": ["sql", "support"], "running": ["sql"], "max_loras": 2}},
 //	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
 //	     "load": {"waiting": 2, "running": 8, "kv_utilization": 0.93},
 //	     "scrape_error": "gateway: scrape engine metrics: http://10.0.0.2:8000: ... connection refused"}
@@ -284,7 +299,9 @@
 // scraped (absent before the first good scrape) and the last scrape error,
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not
-// Prometheus text).
+// Prometheus text). "adapters" (EngineAdapters) lists the LoRA adapters the
+// engine's GET /v1/models lists, the last discovery's error, and its last
+// vllm:lora_requests_info (running, waiting, max_loras).
 //
 // A disaggregated model's record is its decode pool's, with
 // "disaggregation" added (config.DisaggregationStats): mode, the decider's

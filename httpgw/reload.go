@@ -82,6 +82,7 @@ func (s *Server) Apply(f *config.File) error {
 		}
 	}
 	next.kv = buildKVTable(next.models)
+	next.adapters = buildAdapterTable(next)
 	s.state.Store(next)
 	s.kv.sync(next.kv)
 	s.kv.reconcile(old.kv, next.kv)

@@ -195,19 +195,27 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	if tokens <= 0 {
 		tokens = len(req.Key) * bt
 	}
+	// The router matches the prompt's text in one tree per worker model
+	// (cache_aware.rs: trees keyed by the worker's model_id), blind to a
+	// LoRA adapter the request names: the same prompt under two adapters
+	// is one path. Match the unsalted key then.
+	key := req.Key
+	if len(a.BaseKey) > 0 {
+		key = a.BaseKey
+	}
 	mn, mx := cands[0].InFlight, cands[0].InFlight
 	for i := range cands {
 		mn, mx = min(mn, cands[i].InFlight), max(mx, cands[i].InFlight)
 	}
 	first := p.firstWith(cands, mn)
 	var pick int
-	m, node := p.tree.match(req.Key)
+	m, node := p.tree.match(key)
 	switch {
 	case mx-mn > abs && float32(mx) > float32(mn)*float32(rel):
 		pick = first
 	default:
 		matched := min(m*bt, tokens)
-		if m == len(req.Key) {
+		if m == len(key) {
 			matched = tokens
 		}
 		if float32(matched)/float32(tokens) > float32(thr) {
@@ -220,8 +228,8 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 		pick = p.miss(cands, mn)
 	}
 	t := p.tree.tenant(cands[pick].Name)
-	p.predicted = p.held(req.Key, t)
-	p.tree.insert(req.Key, tokens, bt, t, now)
+	p.predicted = p.held(key, t)
+	p.tree.insert(key, tokens, bt, t, now)
 	return pick
 }
 

@@ -45,6 +45,14 @@ type Config struct {
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
 	MaxQueue int
+	// MaxLoras is each replica's number of LoRA adapter slots (vLLM's
+	// --max-loras), for workloads whose requests name adapters; 0 means
+	// DefaultMaxLoras (1), at most gateway.MaxAdapterSlots.
+	MaxLoras int
+	// AdapterLoad is how much longer a replica's step takes for each
+	// adapter it loads into a slot; 0 means DefaultAdapterLoad (30 ms), a
+	// negative value no cost. See lora.go.
+	AdapterLoad time.Duration
 	// Seed seeds the workload and the randomised policies; the same Config
 	// gives the same Report.
 	Seed uint64
@@ -102,6 +110,15 @@ func (c *Config) fill() error {
 	if c.SLO == 0 {
 		c.SLO = DefaultSLO
 	}
+	if c.MaxLoras == 0 {
+		c.MaxLoras = DefaultMaxLoras
+	}
+	switch {
+	case c.AdapterLoad == 0:
+		c.AdapterLoad = DefaultAdapterLoad
+	case c.AdapterLoad < 0:
+		c.AdapterLoad = 0
+	}
 	switch {
 	case c.Replicas < 0 || c.Replicas > gateway.MaxReplicas:
 		return fmt.Errorf("%w: Replicas %d, want 1..%d", ErrInvalidConfig, c.Replicas, gateway.MaxReplicas)
@@ -119,6 +136,10 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: Gateways %d, want 1..%d", ErrInvalidConfig, c.Gateways, MaxGateways)
 	case c.Parallel < 0:
 		return fmt.Errorf("%w: Parallel %d is negative", ErrInvalidConfig, c.Parallel)
+	case c.MaxLoras < 0 || c.MaxLoras > gateway.MaxAdapterSlots:
+		return fmt.Errorf("%w: MaxLoras %d, want 1..%d", ErrInvalidConfig, c.MaxLoras, gateway.MaxAdapterSlots)
+	case c.AdapterLoad > time.Hour:
+		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
 	}

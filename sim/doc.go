@@ -37,7 +37,10 @@
 // Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,
-// and TraceFile (Mooncake JSONL replay with a speed factor or Poisson
+// LoRAWorkload (requests naming LoRA adapters by Zipf popularity; the
+// engines hold Config.MaxLoras adapter slots each and pay
+// Config.AdapterLoad per load, after vLLM's scheduler: see lora.go), and
+// TraceFile (Mooncake JSONL replay with a speed factor or Poisson
 // arrivals). Presets: "8b-h100" (default, derived from hardware
 // specifications), "8b-h100-blis" (fitted to measurements by BLIS) and
 // "70b-h100-tp8".
@@ -76,7 +79,9 @@
 // package reference (sglang, sglang_cli, sglang_treesize, dynamo, gie,
 // llmd_precise, chwbl, p2c, prefix_affinity), each Policy.Source naming
 // what it follows.
-// PolicyByName resolves the names a command line passes.
+// LoRAPolicies adds gie_lora (GIE's profile with its lora-affinity-scorer)
+// for workloads that name adapters. PolicyByName resolves the names a
+// command line passes.
 //
 // Run is deterministic: the same Config (including Seed) gives the same
 // Report. Policies are simulated concurrently, each on its own copy of the

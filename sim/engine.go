@@ -38,6 +38,8 @@ type seq struct {
 	ctxBase   int64 // context at step s is ctxBase + s
 	d         gateway.Decision
 	gw        *router // the gateway that routed it
+	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
+	skipped   int64   // when it first waited for an adapter slot, -1 never
 }
 
 type replica struct {
@@ -59,6 +61,7 @@ type replica struct {
 
 	prefillTokens int64
 	requests      int64
+	lora          loraReplica // adapter slots (lora.go)
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -100,12 +103,14 @@ type engine struct {
 	outTok   int64
 	first    int64
 	last     int64
+	lora     loraSim // adapter ids, slots and figures (lora.go)
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
 	e.cap = e.p.KVTokens / e.bt
 	e.exact = cfg.Index == gateway.IndexExact || pol.Exact
+	e.lora.init(cfg)
 	index := cfg.Index
 	if pol.Exact {
 		index = gateway.IndexExact
@@ -207,8 +212,12 @@ func (e *engine) refresh() {
 			Running:       r.running(),
 			KVUtilization: min(1, float64(r.cache.used())/float64(e.cap)),
 		}
+		rep, ok := e.lora.report(r)
 		for i := range e.gws {
 			_ = e.gws[i].g.UpdateLoad(r.name, l)
+			if ok {
+				_ = e.gws[i].g.UpdateAdapters(r.name, rep)
+			}
 		}
 	}
 }
@@ -232,6 +241,7 @@ func (e *engine) arrive(req *Request) {
 	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
 	s.buf = gateway.AppendHashes(gateway.AppendHashes(s.buf[:0], req.Blocks), req.OutBlocks)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
+	base := e.lora.arrive(s, req.Adapter)
 	if cap(s.slots) < len(s.key) {
 		s.slots = make([]int32, len(s.key), 2*len(s.key))
 	}
@@ -248,9 +258,10 @@ func (e *engine) arrive(req *Request) {
 		gw.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
 			UserContent: req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)],
+			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.Route(s.key)
+	d, err := gw.g.RouteAdapter(s.key, req.Adapter, nil)
 	if err != nil {
 		if gw.tracker != nil {
 			gw.tracker.Done(s.id)
@@ -281,6 +292,7 @@ func (e *engine) arrive(req *Request) {
 	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
+	r.lora.queued(s)
 	switch {
 	case !r.busy:
 		e.plan(int(ri))
@@ -353,13 +365,19 @@ func (e *engine) plan(ri int) {
 		}
 		take(s)
 	}
+	skipped := e.lora.skipped[:0]
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
+		if !e.lora.fits(r, s) { // every adapter slot is taken: skip it, as vLLM does
+			skipped = append(skipped, e.lora.skip(r.waiting.pop(), e.now))
+			continue
+		}
 		m := r.cache.match(s.key, s.slots)
 		if !r.cache.fits(s.key, s.slots, m, s.private) {
 			break
 		}
 		r.waiting.pop()
+		chunks += e.lora.admit(r, s, e.now)
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
 		s.committed = m
@@ -373,6 +391,7 @@ func (e *engine) plan(ri int) {
 		r.prefill = append(r.prefill, s)
 		take(s)
 	}
+	e.lora.skipped = requeue(&r.waiting, skipped)
 	C0 := float64(r.sumBase + B*r.step)
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
 	switch {
@@ -478,6 +497,7 @@ func (e *engine) complete(r *replica, s *seq) {
 	if t := s.gw.tracker; t != nil {
 		t.Done(s.id)
 	}
+	r.lora.done(s)
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
@@ -543,6 +563,7 @@ func (e *engine) result() Result {
 	case e.exact:
 		res.Index = "exact"
 	}
+	res.LoRA = e.lora.result(e.reps)
 	res.Router = routerStats(e.gws)
 	res.RouterReplicas = routerReplicas(e.gws)
 	res.Decisions = res.Router.ByKind

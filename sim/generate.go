@@ -424,7 +424,7 @@ func (w *lowSharing) Open(seed uint64) (Stream, error) {
 
 // WorkloadNames lists the names NewWorkload accepts.
 func WorkloadNames() []string {
-	return []string{"default", "shared-prefix", "chat", "rag", "system-prompt", "low-sharing"}
+	return []string{"default", "shared-prefix", "chat", "rag", "system-prompt", "low-sharing", "lora"}
 }
 
 // NewWorkload returns the generated workload called name (see
@@ -447,6 +447,8 @@ func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 		return SystemPrompt(SystemPromptConfig{Requests: requests, Rate: rate})
 	case "low-sharing":
 		return LowSharing(LowSharingConfig{Requests: requests, Rate: rate})
+	case "lora":
+		return LoRAWorkload(LoRAConfig{Requests: requests, Rate: rate})
 	}
 	return nil, fmt.Errorf("%w: workload %q unknown (have %v)", ErrInvalidConfig, name, WorkloadNames())
 }

@@ -46,6 +46,12 @@ type Report struct {
 	// Unbounded is the hit rate of one cache without a size limit, the
 	// ceiling no policy can beat.
 	Unbounded Bound `json:"unbounded"`
+	// MaxLoras is Config.MaxLoras when the workload names LoRA adapters;
+	// 0 otherwise.
+	MaxLoras int `json:"max_loras,omitempty"`
+	// AdapterLoad is Config.AdapterLoad in seconds when the workload
+	// names LoRA adapters; 0 otherwise.
+	AdapterLoad float64 `json:"adapter_load_s,omitempty"`
 	// Ideal is the row "ideal (pooled cache, no queue)": the distribution
 	// of the time to first token each request would see alone on an idle
 	// replica holding the pooled-LRU cache (its hit as in PooledLRU, its
@@ -129,6 +135,9 @@ type Result struct {
 	// Router is the gateway's own Stats at the end of the run; left out
 	// of the JSON, which reports its decisions above.
 	Router gateway.Stats `json:"-"`
+	// LoRA holds the adapter figures when the workload names LoRA
+	// adapters; nil otherwise.
+	LoRA *LoRAResult `json:"lora,omitempty"`
 	// RouterReplicas is the gateway's Replicas() at the end of the run,
 	// in replica order (r0, r1, ...), the order of PrefillTokens; left out
 	// of the JSON.
@@ -226,6 +235,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	r.writeLoRATable(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

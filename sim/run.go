@@ -88,6 +88,9 @@ func Run(cfg Config) (*Report, error) {
 	if rep.Requests == 0 && len(rep.Results) > 0 {
 		rep.Requests = rep.Results[0].Requests
 	}
+	if len(rep.Results) > 0 && rep.Results[0].LoRA != nil {
+		rep.MaxLoras, rep.AdapterLoad = cfg.MaxLoras, cfg.AdapterLoad.Seconds()
+	}
 	for i := range rep.Results {
 		if rep.Ideal.Mean > 0 {
 			rep.Results[i].IdealRatio = rep.Results[i].TTFT.Mean / rep.Ideal.Mean
@@ -127,6 +130,9 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 		return err
 	}
 	rep.Results[j] = e.result()
+	if l := rep.Results[j].LoRA; l != nil {
+		l.Handling = pol.Adapters
+	}
 	return nil
 }
 

@@ -32,6 +32,11 @@ type Request struct {
 	// (KubeAI's CHWBL hashes its first characters); 0 when the prompt has
 	// no system part or its structure is unknown (traces).
 	UserBlock int
+	// Adapter is the LoRA adapter the request names; "" is the base model.
+	// Its blocks are the adapter's own (the engine salts them, as vLLM's
+	// block hashes include the adapter), and a replica runs at most
+	// Config.MaxLoras adapters at once (see lora.go).
+	Adapter string
 }
 
 // Workload is a reproducible source of requests.

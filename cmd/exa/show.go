@@ -146,6 +146,9 @@ func describe(w io.Writer, name string, m config.Model) {
 		fmt.Fprintf(tw, "disaggregate:\toff\n")
 	}
 	fmt.Fprintf(tw, "index:\t%s\n", indexText(m))
+	if len(m.Adapters) > 0 {
+		fmt.Fprintf(tw, "adapters:\t%s (allow-list)\n", strings.Join(m.Adapters, ", "))
+	}
 	fmt.Fprintf(tw, "replicas:\t%s\n", replicasText(m.Replicas))
 	for _, p := range slices.Sorted(maps.Keys(m.Pools)) {
 		fmt.Fprintf(tw, "pool %s:\t%s\n", p, replicasText(m.Pools[p]))

@@ -36,6 +36,9 @@ type simFlags struct {
 	asJSON               bool
 	plot                 string
 	progress             string
+	loraAdapters         int
+	maxLoras             int
+	adapterLoadMS        float64
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -90,6 +93,8 @@ deterministic for a seed.`,
   exa serve routing simulate JPCP --replicas 4 --shared-prefix-requests 100
   # Replay a Mooncake trace, two policies, with a plot:
   exa serve routing simulate JPCP --trace mooncake_trace.jsonl --policies cache_aware,round_robin --plot ttft.svg
+  # LoRA adapters: 16 adapters (Zipf popularity), 2 adapter slots per replica, 30 ms per load:
+  exa serve routing simulate --workload lora --lora-adapters 16 --max-loras 2 --adapter-load-ms 30
   # Machine-readable:
   exa serve routing simulate JPCP --workload chat --requests 2000 --json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -123,14 +128,31 @@ deterministic for a seed.`,
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
+	f.IntVar(&sf.loraAdapters, "lora-adapters", 8, fmt.Sprintf("--workload lora: number of LoRA adapters the requests name, by Zipf popularity, 1..%d", sim.MaxAdapters))
+	f.IntVar(&sf.maxLoras, "max-loras", sim.DefaultMaxLoras, fmt.Sprintf("--workload lora: adapter slots per replica (vLLM --max-loras), 1..%d", gateway.MaxAdapterSlots))
+	f.Float64Var(&sf.adapterLoadMS, "adapter-load-ms", float64(sim.DefaultAdapterLoad/time.Millisecond),
+		"--workload lora: milliseconds a replica's step takes longer per adapter it loads into a slot, 0..3600000 (0: no cost)")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions([]string{"approximate", "exact"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("progress", cobra.FixedCompletions([]string{"auto", "always", "never"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, name := range []string{"lora-adapters", "max-loras", "adapter-load-ms"} {
+		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
+	}
 	_ = cmd.MarkFlagFilename("trace", "jsonl", "json")
 	_ = cmd.MarkFlagFilename("plot", "svg")
 	return cmd
+}
+
+// loraPolicyNames is policyNames and the policies only --workload lora
+// runs by default (gie_lora), which --policies accepts for any workload.
+func loraPolicyNames() []string {
+	var names []string
+	for _, p := range sim.LoRAPolicies() {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 func policyNames() []string {
@@ -189,6 +211,10 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	if sf.rate < 0 || sf.rate != sf.rate {
 		return cfg, usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
 	}
+	lora := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "lora"
+	if err := loraSimFlags(cmd, sf, lora, &cfg); err != nil {
+		return cfg, err
+	}
 
 	var err error
 	switch {
@@ -202,6 +228,8 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		}
 	case changed("shared-prefix-requests"):
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
+	case lora:
+		cfg.Workload, err = sim.LoRAWorkload(sim.LoRAConfig{Requests: sf.requests, Rate: sf.rate, Adapters: sf.loraAdapters})
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
 			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
@@ -237,7 +265,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
+				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)
@@ -246,6 +274,13 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		for _, must := range []string{cacheAwarePolicy, roundRobinPolicy} {
 			if !slices.Contains(names, must) {
 				names = append([]string{must}, names...)
+			}
+		}
+	} else if lora {
+		for _, p := range sim.LoRAPolicies() {
+			names = append(names[:0:0], names...)
+			if !slices.Contains(names, p.Name) {
+				names = append(names, p.Name)
 			}
 		}
 	} else {
@@ -269,6 +304,35 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		cfg.RouterSLO = m.SLOLatency()
 	}
 	return cfg, nil
+}
+
+// loraSimFlags checks the LoRA flags, which only --workload lora takes,
+// and sets the adapter model of cfg.
+func loraSimFlags(cmd *cobra.Command, sf *simFlags, lora bool, cfg *sim.Config) error {
+	changed := cmd.Flags().Changed
+	for _, name := range []string{"lora-adapters", "max-loras", "adapter-load-ms"} {
+		if changed(name) && !lora {
+			return usagef("--%s applies to --workload lora only", name)
+		}
+	}
+	if !lora {
+		return nil
+	}
+	if sf.loraAdapters < 1 || sf.loraAdapters > sim.MaxAdapters {
+		return usagef("invalid --lora-adapters %d: want 1..%d", sf.loraAdapters, sim.MaxAdapters)
+	}
+	if sf.maxLoras < 1 || sf.maxLoras > gateway.MaxAdapterSlots {
+		return usagef("invalid --max-loras %d: want 1..%d", sf.maxLoras, gateway.MaxAdapterSlots)
+	}
+	if !(sf.adapterLoadMS >= 0 && sf.adapterLoadMS <= 3_600_000) {
+		return usagef("invalid --adapter-load-ms %v: want 0..3600000 milliseconds", sf.adapterLoadMS)
+	}
+	cfg.MaxLoras = sf.maxLoras
+	cfg.AdapterLoad = time.Duration(sf.adapterLoadMS * float64(time.Millisecond))
+	if cfg.AdapterLoad == 0 {
+		cfg.AdapterLoad = -1 // no cost (0 is the simulator's default)
+	}
+	return nil
 }
 
 func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
