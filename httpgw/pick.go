@@ -42,10 +42,12 @@ type PickerOptions struct {
 }
 
 // Picker is a picker.Router over a Server's models: a request is parsed
-// and keyed as the HTTP gateway parses and keys it, routed by its model's
-// gateway within the subset hint (gateway.RouteWithin), and answered with
-// the chosen engine's "ip:port". Create one with Server.Picker; it is safe
-// for concurrent use, and follows the Server's reloads.
+// and keyed as the HTTP gateway parses and keys it, resolved to its model
+// (or a LoRA adapter of one, routed over the replicas serving it, its key
+// salted, as in lora.go), routed by the model's gateway within the subset
+// hint (gateway.RouteAdapter), and answered with the chosen engine's
+// "ip:port". Create one with Server.Picker; it is safe for concurrent use,
+// and follows the Server's reloads.
 //
 // Errors answer the client as the HTTP gateway does, with the same status
 // and OpenAI error object (picker.StatusError): 400 for a malformed
@@ -244,8 +246,11 @@ func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	st := s.state.Load()
 	ms, ok := st.models[rq.Model]
 	if !ok {
-		return pr.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model",
-			fmt.Errorf("%w: %w: %q is not served by this gateway (GET /v1/models lists the models)", picker.ErrUnknownModel, ErrModelNotFound, rq.Model))
+		// A LoRA adapter of a configured model, or else a 404 (lora.go).
+		if pr.lora, err = st.adapterRoute(rq.Model); err != nil {
+			return pr.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", fmt.Errorf("%w: %w", picker.ErrUnknownModel, err))
+		}
+		ms = pr.lora.model
 	}
 	pr.ms = ms
 	switch {
@@ -264,10 +269,10 @@ func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	hdr := keyHeader(req.Header)
 	if ms.exactBS > 0 {
 		hr := (&http.Request{Method: http.MethodPost, Header: hdr}).WithContext(ctx)
-		c := &call{r: hr, body: body, req: rq, ms: ms, oc: outcome{kind: kind}}
+		c := &call{r: hr, body: body, req: rq, ms: ms, lora: pr.lora, oc: outcome{kind: kind}}
 		*kp, pr.fallback = s.exactKey(c, (*kp)[:0])
 	} else {
-		*kp = appendKey(s.hasher, (*kp)[:0], rq, hdr)
+		*kp = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], rq, hdr), pr.adapter())
 	}
 	pr.key = *kp
 	pr.tab = p.tableOf(st)
@@ -296,10 +301,19 @@ type pickRequest struct {
 	kind     endpointKind
 	start    time.Time
 	ms       *modelState
+	lora     *adapterRoute // the LoRA adapter the request names; nil for the base model
 	key      gateway.Key
 	fallback int
 	tab      *pickTable
 	sub      picker.Subset
+}
+
+// adapter is the request's LoRA adapter, "" for the base model.
+func (pr *pickRequest) adapter() string {
+	if pr.lora == nil {
+		return ""
+	}
+	return pr.lora.name
 }
 
 // fail counts a request the picker answers with an error and returns the
@@ -317,15 +331,26 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err}
 }
 
-// allow returns the replicas of gw's model the pick may choose, for
-// gateway.RouteWithin: nil (all) when every replica has an endpoint and
-// there is no subset hint.
-func (pr *pickRequest) allow() func(string) bool {
-	if pr.sub == nil && pr.tab.allIP[pr.ms.name] {
-		return nil
+// allow returns the replicas of the model the pick may choose, for
+// gateway.RouteAdapter: for an adapter, those whose engines serve it;
+// those with an endpoint (unless the prefill pool's, which the sidecar
+// reaches); within the subset hint. nil (all) when that is every replica.
+func (pr *pickRequest) allow(prefill bool) func(string) bool {
+	var eligible map[string]bool
+	if pr.lora != nil {
+		eligible = pr.lora.eligible
 	}
 	tab, ms, sub := pr.tab, pr.ms, pr.sub
-	return func(name string) bool { return tab.allows(ms, sub, name) }
+	needEP := sub != nil || (!prefill && !tab.allIP[ms.name])
+	if eligible == nil && !needEP {
+		return nil
+	}
+	return func(name string) bool {
+		if eligible != nil && !eligible[name] {
+			return false
+		}
+		return !needEP || tab.allows(ms, sub, name)
+	}
 }
 
 // noEndpoint is the error of a pick that found no eligible replica.
@@ -336,6 +361,9 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 		what = pool + " replica"
 	}
 	msg := fmt.Sprintf("gateway: no healthy %s for model %q", what, ms.name)
+	if pr.lora != nil {
+		msg = fmt.Sprintf("gateway: no healthy %s serving LoRA adapter %q of model %q", what, pr.lora.name, ms.name)
+	}
 	if pr.sub != nil {
 		msg += fmt.Sprintf(" within the subset hint %v", []string(pr.sub))
 	}
@@ -360,7 +388,7 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 // route routes the request over its model's gateway and returns the pick.
 func (pr *pickRequest) route() (picker.Pick, error) {
 	p, s, ms := pr.p, pr.p.s, pr.ms
-	allow := pr.allow()
+	allow := pr.allow(false)
 	var fallbacks []string
 	if p.opts.ShedAbove > 0 || p.opts.Fallbacks > 0 {
 		var shed bool
@@ -379,7 +407,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		if failed != "" {
 			a = func(name string) bool { return name != failed && (allow == nil || allow(name)) }
 		}
-		d, err := ms.gw.RouteWithin(pr.key, a)
+		d, err := ms.gw.RouteAdapter(pr.key, pr.adapter(), a)
 		if err != nil {
 			if errors.Is(err, gateway.ErrNoHealthyReplica) {
 				return pr.noEndpoint("", err)

@@ -43,6 +43,7 @@ type pickSetup struct {
 	fallbacks bool
 	model     func(*config.Model)
 	opts      func(*Options)
+	engine    func(i int, o *enginetest.Options)
 }
 
 func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, setup pickSetup) *pickFixture {
@@ -53,6 +54,9 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 		o := eopts
 		o.Model = testModel
 		o.Name = "e" + string(rune('0'+i))
+		if setup.engine != nil {
+			setup.engine(i, &o)
+		}
 		e := enginetest.New(o)
 		t.Cleanup(e.Close)
 		f.engines = append(f.engines, e)

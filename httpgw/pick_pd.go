@@ -23,7 +23,7 @@ const pickerPrefillHeader = "x-prefiller-host-port"
 // resolves it.
 func (pr *pickRequest) routePD(allow func(string) bool, fallbacks []string) (picker.Pick, error) {
 	s, ms, pd := pr.p.s, pr.ms, pr.ms.pd
-	dd, err := ms.gw.RouteWithin(pr.key, allow)
+	dd, err := ms.gw.RouteAdapter(pr.key, pr.adapter(), allow)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			return pr.noEndpoint("decode", err)
@@ -53,12 +53,7 @@ func (pr *pickRequest) routePD(allow func(string) bool, fallbacks []string) (pic
 		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
 		var perr error = errNoPrefillPool
 		if pd.dis.Prefill != nil {
-			var pallow func(string) bool
-			if pr.sub != nil {
-				tab, sub := pr.tab, pr.sub
-				pallow = func(name string) bool { return tab.allows(ms, sub, name) }
-			}
-			pre, perr = pd.dis.Prefill.RouteWithin(pr.key, pallow)
+			pre, perr = pd.dis.Prefill.RouteAdapter(pr.key, pr.adapter(), pr.allow(true))
 		}
 		if perr != nil {
 			// No healthy prefill replica (their ejection was logged):

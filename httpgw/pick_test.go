@@ -469,3 +469,40 @@ func TestPickerDisaggregated(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 	require.Contains(t, decodeError(t, b).Message, "--pd-mode sidecar")
 }
+
+func TestPickerAdapters(t *testing.T) {
+	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		engine: func(i int, o *enginetest.Options) { o.Adapters = [][]string{{"a", "b"}, {"a"}}[i] },
+	})
+	f.srv.DiscoverAll(context.Background())
+	// b is served by e0 only: every request for it goes there, its model
+	// unchanged.
+	for i := range 6 {
+		resp := f.post("/v1/chat/completions", chatBody("b", false, "sys", fmt.Sprintf("question %d", i)))
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		require.Equal(t, f.endpoint(0), resp.Header.Get(pickertest.HeaderEndpoint))
+	}
+	require.EqualValues(t, 6, f.engines[0].ModelRequests("b"))
+	// An unknown name: 404, as the HTTP gateway answers it.
+	resp := f.post("/v1/chat/completions", chatBody("zz", false, "sys", "q"))
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	e := decodeError(t, b)
+	require.Equal(t, "model_not_found", *e.Code)
+	require.Contains(t, e.Message, `"zz" is not served by this gateway: it is neither a configured model nor a LoRA adapter of one`)
+	// No healthy engine serving b: 503 naming the adapter.
+	ep := f.srv.state.Load().endpoints[f.engines[0].URL()]
+	f.srv.observe(ep, ep.health.failure(true))
+	resp = f.post("/v1/chat/completions", chatBody("b", false, "sys", "q"))
+	b = readAll(t, resp)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Contains(t, decodeError(t, b).Message, `no healthy replica serving LoRA adapter "b" of model "m1"`)
+	// /v1/models lists the adapters, from the HTTP gateway's own handler.
+	resp, err := http.Get(f.http.URL + "/v1/models")
+	require.NoError(t, err)
+	var list modelList
+	require.NoError(t, json.Unmarshal(readAll(t, resp), &list))
+	require.Len(t, list.Data, 3)
+	f.waitIdle()
+}

@@ -28,6 +28,7 @@ func init() { serveCmd.AddCommand(newPickerCmd()) }
 type pickerFlags struct {
 	config, listen, adminListen         string
 	reload, probe, probeTimeout, scrape time.Duration
+	discover                            time.Duration
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
 	tokenizeTimeout, shutdownGrace      time.Duration
@@ -48,8 +49,8 @@ plaintext HTTP/2, with the gRPC health service) that follows the Gateway API Inf
 Extension's endpoint picker protocol: Envoy sends each request's headers and body
 (FULL_DUPLEX_STREAMED), the picker answers with the chosen engine's ip:port in the header
 and metadata x-gateway-destination-endpoint, and Envoy sends the request there itself. The
-picker routes with the same configuration, models, health checks, load scrapes, exact index,
-metrics and reloads as "exa serve gateway", and reads the response phase (headers, body end)
+picker routes with the same configuration, models, LoRA adapters, health checks, load scrapes,
+exact index, metrics and reloads as "exa serve gateway", and reads the response phase (headers, body end)
 to keep each engine's load and latency current. GET /v1/models is answered by the picker
 from the configuration.
 
@@ -76,6 +77,8 @@ from a Go client.`,
 	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
 	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
 	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&fl.discover, "discover-interval", httpgw.DefaultDiscoverInterval,
+		"how often to list each engine's LoRA adapters (GET /v1/models); requests naming an adapter go to the replicas serving it")
 	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures (failed probes, 5xx answers) that eject an engine")
 	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
@@ -97,7 +100,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		name string
 		v    time.Duration
 	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
-		{"tokenize-timeout", fl.tokenizeTimeout}} {
+		{"tokenize-timeout", fl.tokenizeTimeout}, {"discover-interval", fl.discover}} {
 		if d.v <= 0 {
 			return usagef("invalid --%s %q: must be positive", d.name, d.v)
 		}
@@ -141,17 +144,18 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
 	srv, err := httpgw.New(httpgw.Options{
-		ConfigPath:      path,
-		ReloadInterval:  fl.reload,
-		ProbeInterval:   fl.probe,
-		ProbeTimeout:    fl.probeTimeout,
-		ScrapeInterval:  fl.scrape,
-		EjectAfter:      fl.ejectAfter,
-		ReadmitAfter:    fl.readmitAfter,
-		BlockSize:       fl.blockSize,
-		MaxBodyBytes:    fl.maxBody,
-		TokenizeTimeout: fl.tokenizeTimeout,
-		Logger:          logger,
+		ConfigPath:       path,
+		ReloadInterval:   fl.reload,
+		ProbeInterval:    fl.probe,
+		ProbeTimeout:     fl.probeTimeout,
+		ScrapeInterval:   fl.scrape,
+		DiscoverInterval: fl.discover,
+		EjectAfter:       fl.ejectAfter,
+		ReadmitAfter:     fl.readmitAfter,
+		BlockSize:        fl.blockSize,
+		MaxBodyBytes:     fl.maxBody,
+		TokenizeTimeout:  fl.tokenizeTimeout,
+		Logger:           logger,
 	})
 	if err != nil {
 		return err
