@@ -485,7 +485,7 @@ func (pr *pickRequest) scan(gw *gateway.Gateway, allow func(string) bool) (fallb
 		}
 	}
 	if inScope == 0 {
-		shed = false // RouteWithin answers 503
+		shed = false // routing answers 503
 	}
 	slices.SortStableFunc(spares, func(a, b pickSpare) int { return a.outstanding - b.outstanding })
 	for i := 0; i < len(spares) && len(fallbacks) <= o.Fallbacks; i++ {
