@@ -25,6 +25,19 @@
 //   - GET /healthz: 200 while the process serves.
 //   - Any other path: 404 with an OpenAI-style error.
 //
+// # Endpoint picker
+//
+// Server.Picker serves the same routing to Envoy as a picker.Router, for
+// the ext_proc endpoint picker of package picker (`exa serve picker`):
+// Envoy sends each request's headers and body, the Picker parses, keys
+// and routes them as the handler does, and Envoy sends the request to the
+// engine's ip:port itself; the response phase feeds first token, end,
+// passive health and metrics. Errors are the handler's (status, OpenAI
+// error object); GET /v1/models is answered from the configuration;
+// replicas whose address has a host name are never picked (Envoy's
+// ORIGINAL_DST cluster takes IP addresses); a disaggregated model is
+// served in sidecar P/D mode only. See Picker and docs/picker.md.
+//
 // # Configuration
 //
 // The models, their routing options (mode, latency SLO, load weights) and
@@ -233,6 +246,12 @@
 //	tokenize_cache_hits_total, tokenize_cache_entries
 //	exact_fallbacks_total{model,reason}
 //
+// Served as an endpoint picker (Server.Picker, `exa serve picker`), the
+// same metrics count the requests the picker routes, from the request
+// headers reaching the picker to the end of the response Envoy reports;
+// a request whose ext_proc stream ended before its response did is
+// counted with code stream_ended (the client went away, or Envoy reset it).
+//
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
 // not served here: `exa serve gateway --pprof-listen ADDR` serves
@@ -290,7 +309,8 @@
 // fallbacks by reason, and the prefill pool's own record under "prefill".
 //
 // Each model also has "index" (approximate or exact) and each replica
-// "cached_blocks" (the index size); a model on the exact index has
+// "cached_blocks" (the index size) and "in_flight" (requests routed there
+// that have not ended; omitted when 0); a model on the exact index has
 // "kv_events" (config.KVEventsStats: block_size, tokenize, fallbacks, its
 // engines' event counters, its endpoints), and the document a top-level
 // "kv_events" (malformed frames, unresolved messages, every endpoint)

@@ -325,21 +325,29 @@ func buildAdapterTable(st *state) *adapterTable {
 // resolveAdapter returns the route of a request whose model names no
 // configured model, or answers the client with 404 and returns nil.
 func (s *Server) resolveAdapter(c *call, st *state, name string) *adapterRoute {
+	r, err := st.adapterRoute(name)
+	if err != nil {
+		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
+		return nil
+	}
+	return r
+}
+
+// adapterRoute returns the route of the adapter name, or an error wrapping
+// ErrModelNotFound (answered with 404) when name is neither a configured
+// model nor an adapter of one, or an adapter the allow-list refuses.
+func (st *state) adapterRoute(name string) (*adapterRoute, error) {
 	var r *adapterRoute
 	if st.adapters != nil {
 		r = st.adapters.byName[name]
 	}
 	switch {
 	case r == nil:
-		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model",
-			fmt.Sprintf("%v: %q is not served by this gateway: it is neither a configured model nor a LoRA adapter of one (GET /v1/models lists them)", ErrModelNotFound, name))
-		return nil
+		return nil, fmt.Errorf("%w: %q is not served by this gateway: it is neither a configured model nor a LoRA adapter of one (GET /v1/models lists them)", ErrModelNotFound, name)
 	case r.refused:
-		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model",
-			fmt.Sprintf("%v: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.model.name, r.model.name))
-		return nil
+		return nil, fmt.Errorf("%w: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.model.name, r.model.name)
 	}
-	return r
+	return r, nil
 }
 
 // allow returns the replicas a call may be routed to, leaving out the
