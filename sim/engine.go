@@ -131,6 +131,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		}
 		if pol.New != nil {
 			gp := pol.New(policySeed(cfg.Seed, i))
+			gw.policy = gp
 			gw.tracker, _ = gp.(reference.Tracker)
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
@@ -220,6 +221,7 @@ func (e *engine) refresh() {
 			}
 		}
 	}
+	e.afterRefresh()
 }
 
 func (e *engine) newSeq() *seq {

@@ -25,12 +25,32 @@ const MaxGateways = 64
 // a router's index learns only from its own routing decisions.
 type router struct {
 	g *gateway.Gateway
+	// policy is the router's own policy instance, when made by Policy.New.
+	policy gateway.Policy
 
 	// Hooks of a reference policy that follows requests, reads KV events
 	// or predicts hits with an index of its own; nil otherwise.
 	tracker reference.Tracker
 	kv      reference.KVListener
 	pred    reference.Predictor
+}
+
+// refresher is implemented by test policies that model a signal the
+// simulated engines or gateways would share (sharedload_test.go): after
+// every load refresh, each router's policy that implements it is told,
+// with the engine and the router's index in it.
+type refresher interface {
+	refreshed(e *engine, gw int)
+}
+
+// afterRefresh tells every router's policy that implements refresher that
+// the load was refreshed.
+func (e *engine) afterRefresh() {
+	for i := range e.gws {
+		if r, ok := e.gws[i].policy.(refresher); ok {
+			r.refreshed(e, i)
+		}
+	}
 }
 
 // gatewayOf returns the gateway, in 0..n-1, that request id (counted from
