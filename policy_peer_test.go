@@ -118,7 +118,7 @@ func TestUpdateLoadPeerPrefill(t *testing.T) {
 	d, err := g.Route(Key{1, 2, 3})
 	require.NoError(t, err)
 	assert.Equal(t, "b", d.Replica)
-d.Done(DoneInfo{})
+	d.Done(DoneInfo{})
 	assert.Equal(t, 500, g.Replicas()[0].Load.PeerPrefill)
 	for _, bad := range []int{-1, 1 << 31} {
 		err := g.UpdateLoad("a", Load{PeerPrefill: bad, QueueDepth: 7})
