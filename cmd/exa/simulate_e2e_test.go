@@ -147,6 +147,10 @@ func TestSimulateSharePending(t *testing.T) {
 	a, _ := plain.Report.Result("cache_aware")
 	b, _ := shared.Report.Result("cache_aware")
 	assert.NotEqual(t, a.TTFT, b.TTFT)
+	var slow simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--share-pending", "--refresh-interval", "1s")...)), &slow))
+	assert.Equal(t, 1.0, slow.Report.RefreshInterval)
+	assert.Equal(t, 0.05, shared.Report.RefreshInterval, "the default")
 }
 
 func TestSimulateBadInput(t *testing.T) {
@@ -180,6 +184,8 @@ func TestSimulateBadInput(t *testing.T) {
 		{"zero gateways", []string{"JPCP", "--gateways", "0"}, `invalid --gateways 0: want 1..64`},
 		{"too many gateways", []string{"JPCP", "--gateways", "65"}, `invalid --gateways 65: want 1..64`},
 		{"non-numeric gateways", []string{"JPCP", "--gateways", "two"}, `invalid --gateways "two"`},
+		{"zero refresh interval", []string{"JPCP", "--refresh-interval", "0s"}, `invalid --refresh-interval 0s: want 1ms..1m`},
+		{"long refresh interval", []string{"JPCP", "--refresh-interval", "2m"}, `invalid --refresh-interval 2m0s: want 1ms..1m`},
 		{"share-pending with one gateway", []string{"JPCP", "--share-pending"}, `invalid --share-pending with --gateways 1: sharing needs at least 2 gateways`},
 		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
