@@ -74,16 +74,16 @@ type event struct {
 }
 
 type engine struct {
-	cfg  *Config
-	p    Preset
-	bt   int
-	cap  int
-	reps []*replica
-	byNm map[string]int32
-	gws  []router // Config.Gateways of them
+	cfg   *Config
+	p     Preset
+	bt    int
+	cap   int
+	reps  []*replica
+	byNm  map[string]int32
+	gws   []router // Config.Gateways of them
+	exact bool
 	// peerTotal and peerOwn are sharePending's scratch.
 	peerTotal, peerOwn []int
-	exact              bool
 
 	now    int64
 	events []event
