@@ -191,6 +191,7 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	rs.queue.Store(int64(l.QueueDepth))
 	rs.running.Store(int64(l.Running))
 	rs.kv.Store(math.Float64bits(l.KVUtilization))
+	rs.peer.Store(int64(l.PeerPrefill))
 	if l.Latency > 0 {
 		rs.latency.Store(int64(l.Latency))
 		rs.latencyAt.Store(g.clock().UnixNano())

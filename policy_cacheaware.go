@@ -13,16 +13,19 @@ import "math"
 //
 // and the cheapest wins:
 //
-//   - PendingPrefill is the prefill already queued or running there, and
-//     len(Key) − Matched the part of this prompt it would compute: together,
-//     this request's own wait. A cached prefix is worth exactly the prefill
-//     it saves, so a hot replica with a deep queue loses to an idle one once
-//     its queue outweighs the saving.
+//   - PendingPrefill is the prefill already queued or running there (this
+//     gateway's own, plus Load.PeerPrefill: what other gateways report
+//     they queued there), and len(Key) − Matched the part of this prompt
+//     it would compute: together, this request's own wait. A cached
+//     prefix is worth exactly the prefill it saves, so a hot replica with
+//     a deep queue loses to an idle one once its queue outweighs the
+//     saving.
 //   - λ charges the uncached blocks a second time for the wait they impose
 //     on requests queued behind them: λ = Externality + (mean
-//     PendingPrefill)/len(Key), so the busier the cluster, the more a cache
-//     hit is worth: under overload, recomputing a prefix elsewhere costs
-//     throughput that every later request pays for.
+//     PendingPrefill, peers' included)/len(Key), so the busier the
+//     cluster, the more a cache hit is worth: under overload, recomputing
+//     a prefix elsewhere costs throughput that every later request pays
+//     for.
 //   - DecodeWeight·excess(Outstanding) guards against a replica whose
 //     batch (requests decoding there, and any queued there by others) has
 //     grown beyond the rest: excess is how far its Outstanding count
@@ -139,7 +142,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			lp.count(&cands[i].LoRA)
 		}
 		total += cands[i].InFlight
-		pending += cands[i].PendingPrefill
+		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
 		o := cands[i].Outstanding()
 		outstanding += o
 		least = min(least, o)
@@ -173,7 +176,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
+		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}

@@ -45,6 +45,13 @@ type Load struct {
 	// Latency, when positive, replaces the replica's smoothed latency, the
 	// signal compared with the SLO. Zero leaves it as it was.
 	Latency time.Duration
+	// PeerPrefill is the prefill, in uncached blocks, that the other
+	// gateways routing to this replica report pending there (their own
+	// Candidate.PendingPrefill, summed): CacheAware prices the replica's
+	// queue as PendingPrefill plus PeerPrefill. Zero, the default, means
+	// no peers (or none reporting): routing as with one gateway. At most
+	// 2³¹−1. See docs/multi-gateway.md.
+	PeerPrefill int
 }
 
 // maxRequestCount is the largest QueueDepth or Running that UpdateLoad
@@ -60,6 +67,8 @@ func (l Load) validate(name string) error {
 		return fmt.Errorf("%w: replica %q: Running %d is outside 0..%d", ErrInvalid, name, l.Running, maxRequestCount)
 	case math.IsNaN(l.KVUtilization) || l.KVUtilization < 0 || l.KVUtilization > 1:
 		return fmt.Errorf("%w: replica %q: KVUtilization %v is outside 0..1", ErrInvalid, name, l.KVUtilization)
+	case l.PeerPrefill < 0 || l.PeerPrefill > maxRequestCount:
+		return fmt.Errorf("%w: replica %q: PeerPrefill %d is outside 0..%d", ErrInvalid, name, l.PeerPrefill, maxRequestCount)
 	case l.Latency < 0:
 		return fmt.Errorf("%w: replica %q: Latency %v is negative", ErrInvalid, name, l.Latency)
 	}
@@ -111,6 +120,7 @@ type replicaState struct {
 	queue     atomic.Int64
 	running   atomic.Int64
 	kv        atomic.Uint64 // float64 bits
+	peer      atomic.Int64  // Load.PeerPrefill
 	latency   atomic.Int64  // smoothed, nanoseconds
 	latencyAt atomic.Int64  // clock of the last latency sample, Unix nanoseconds
 	inflight  atomic.Int64
@@ -132,6 +142,7 @@ func (rs *replicaState) load() Load {
 		Running:       int(rs.running.Load()),
 		KVUtilization: math.Float64frombits(rs.kv.Load()),
 		Latency:       time.Duration(rs.latency.Load()),
+		PeerPrefill:   int(rs.peer.Load()),
 	}
 }
 

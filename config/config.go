@@ -134,6 +134,15 @@ type Model struct {
 	// over all its replicas (for engines that load adapters on demand).
 	// Nil or empty means every discovered adapter is served.
 	Adapters []string `json:"adapters,omitempty"`
+	// Peers are the base URLs (see [ValidatePeers]) of the other gateway
+	// processes routing this model to the same replicas, whose /metrics
+	// pages the HTTP gateway scrapes with the engines' for the prefill
+	// each has pending at each replica (exa_gateway_pending_prefill_blocks)
+	// and adds to its own when pricing a replica's queue (cache_aware;
+	// see docs/multi-gateway.md). List the others, not this gateway; the
+	// peers must name the model and its replicas alike. Nil or empty
+	// means none: the gateway counts only the prefill it routed.
+	Peers []string `json:"peers,omitempty"`
 }
 
 // LoadWeights are the weights of the load-aware score, mirroring
@@ -233,6 +242,7 @@ func (m Model) Clone() Model {
 	}
 	c.Replicas = slices.Clone(m.Replicas)
 	c.Adapters = slices.Clone(m.Adapters)
+	c.Peers = slices.Clone(m.Peers)
 	if m.Pools != nil {
 		c.Pools = make(map[string][]Replica, len(m.Pools))
 		for k, v := range m.Pools {
@@ -387,6 +397,9 @@ func (m Model) Validate() error {
 		return err
 	}
 	if err := validateAdapters(m.Adapters); err != nil {
+		return err
+	}
+	if err := ValidatePeers(m.Peers); err != nil {
 		return err
 	}
 	return m.validateIndex()

@@ -45,6 +45,7 @@ var fileShape = func() *shape {
 		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
 		"adapters":     {elems: scalar},
+		"peers":        {elems: scalar},
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},

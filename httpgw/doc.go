@@ -224,6 +224,11 @@
 //	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
 //	probe_failures_total{address}, scrape_errors_total{address}
 //	config_reloads_total{result}, in_flight_requests
+//	pending_prefill_blocks{model,replica}      uncached blocks routed and waiting for their
+//	                                           first token: this gateway's own, which its
+//	                                           peers scrape (docs/multi-gateway.md)
+//	peer_prefill_blocks{model,replica}         the sum the model's peers report (with peers)
+//	peer_up{peer}, peer_scrape_errors_total{peer}
 //	index_cached_blocks{model,replica}         blocks the index holds per replica
 //	disagg_requests_total{model,path}          P/D decider's choice: split or colocated
 //	disagg_split_share{model}                  split/decided of the current routing table

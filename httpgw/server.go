@@ -174,6 +174,9 @@ type Server struct {
 	// tokenization over a model's replicas.
 	kv      *kvRuntime
 	tokTurn atomic.Uint64
+
+	// peers is what the peer gateways last reported (peers.go).
+	peers peerTable
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -248,6 +251,9 @@ func New(opts Options) (*Server, error) {
 		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
 	}
 	if err := opts.Registerer.Register(kvCollector{s}); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	if err := opts.Registerer.Register(peerCollector{s}); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
 	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}, kv: buildKVTable(nil)})

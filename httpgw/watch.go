@@ -77,8 +77,18 @@ func (s *Server) ProbeAll(ctx context.Context) {
 }
 
 // ScrapeAll scrapes every engine's /metrics once and feeds the load into
-// the gateway of each model it serves. Run calls it every ScrapeInterval.
+// the gateway of each model it serves; at the same time it scrapes every
+// model's peer gateways (config.Model.Peers) and, once both are done,
+// feeds each replica's gateway the pending prefill the peers report
+// there (gateway.Load.PeerPrefill; peers.go). A peer that does not answer
+// within ProbeTimeout is skipped; its last counts are used for 3 scrape
+// intervals, then dropped. Run calls it every ScrapeInterval.
 func (s *Server) ScrapeAll(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.scrapePeers(ctx)
+	}()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
 		l, rep, err := scrape(ctx, s.control, ep.base)
 		ep.setLoad(l, err)
@@ -92,6 +102,8 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			ep.lora.report.Store(rep)
 		}
 		s.eachReplicaOf(ep, func(m *modelState, name string) {
+			l := l
+			l.PeerPrefill = s.peerPrefill(m, name)
 			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
@@ -102,6 +114,8 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			}
 		})
 	})
+	<-done
+	s.pushPeerPrefill()
 }
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,

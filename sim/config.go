@@ -30,6 +30,14 @@ type Config struct {
 	// the same scraped load; with Index exact, all are fed every engine's
 	// KV events. 0 means 1, one gateway; at most MaxGateways.
 	Gateways int
+	// SharePending, with Gateways > 1, has the gateways share their
+	// pending prefill, as gateways configured with each other as peers
+	// do (docs/multi-gateway.md): at every load refresh each gateway is
+	// pushed, in gateway.Load.PeerPrefill, the sum of the other gateways'
+	// PendingPrefill per replica as of that refresh, and keeps it until
+	// the next. False, the default, shares nothing (gateways without
+	// peers); it changes nothing with one gateway.
+	SharePending bool
 	// RefreshInterval is how often the replicas' load signals (queue depth,
 	// running, KV utilisation) are pushed to the gateway; 0 means
 	// DefaultRefreshInterval.

@@ -82,6 +82,8 @@ type engine struct {
 	byNm  map[string]int32
 	gws   []router // Config.Gateways of them
 	exact bool
+	// peerTotal and peerOwn are sharePending's scratch.
+	peerTotal, peerOwn []int
 
 	now    int64
 	events []event
@@ -205,9 +207,11 @@ func (e *engine) run(st Stream, tick func()) error {
 	return nil
 }
 
-// refresh pushes every replica's load, as scraped now, to every gateway.
+// refresh pushes every replica's load, as scraped now, to every gateway,
+// and with Config.SharePending the other gateways' pending prefill.
 func (e *engine) refresh() {
-	for _, r := range e.reps {
+	share := e.sharePending()
+	for ri, r := range e.reps {
 		l := gateway.Load{
 			QueueDepth:    r.waiting.len(),
 			Running:       r.running(),
@@ -215,6 +219,9 @@ func (e *engine) refresh() {
 		}
 		rep, ok := e.lora.report(r)
 		for i := range e.gws {
+			if share {
+				l.PeerPrefill = e.peerTotal[ri] - e.peerOwn[i*len(e.reps)+ri]
+			}
 			_ = e.gws[i].g.UpdateLoad(r.name, l)
 			if ok {
 				_ = e.gws[i].g.UpdateAdapters(r.name, rep)

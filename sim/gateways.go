@@ -53,6 +53,29 @@ func (e *engine) afterRefresh() {
 	}
 }
 
+// sharePending, with Config.SharePending and more than one gateway,
+// takes every gateway's PendingPrefill per replica, as each would expose
+// it to its peers at this refresh, into e.peerOwn (gateway-major) and
+// their sum per replica into e.peerTotal, and reports true; else false.
+func (e *engine) sharePending() bool {
+	if !e.cfg.SharePending || len(e.gws) < 2 {
+		return false
+	}
+	n := len(e.reps)
+	if len(e.peerTotal) != n {
+		e.peerTotal, e.peerOwn = make([]int, n), make([]int, n*len(e.gws))
+	}
+	clear(e.peerTotal)
+	for i := range e.gws {
+		for _, st := range e.gws[i].g.Replicas() {
+			ri := int(e.byNm[st.Name])
+			e.peerOwn[i*n+ri] = st.PendingPrefill
+			e.peerTotal[ri] += st.PendingPrefill
+		}
+	}
+	return true
+}
+
 // gatewayOf returns the gateway, in 0..n-1, that request id (counted from
 // 1 in arrival order) reaches: a uniform draw seeded by seed and id alone,
 // so every policy's run sends each request through the same gateway, as a

@@ -29,6 +29,9 @@ type Report struct {
 	// Gateways is Config.Gateways when more than one gateway shared the
 	// traffic; 0, and left out of the JSON, for one.
 	Gateways int `json:"gateways,omitempty"`
+	// SharePending is Config.SharePending when more than one gateway
+	// shared the traffic; false, and left out of the JSON, otherwise.
+	SharePending bool `json:"share_pending,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -216,6 +219,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	gws := ""
 	if r.Gateways > 1 {
 		gws = fmt.Sprintf("; %d gateways, each routing a random 1/%d of the requests", r.Gateways, r.Gateways)
+		if r.SharePending {
+			gws += ", sharing their pending prefill"
+		}
 	}
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)

@@ -26,6 +26,7 @@ func Run(cfg Config) (*Report, error) {
 		CacheBlocks:     capacity,
 		Index:           indexName(cfg.Index),
 		Gateways:        gatewaysField(cfg.Gateways),
+		SharePending:    cfg.SharePending && cfg.Gateways > 1,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,

@@ -199,9 +199,15 @@ func rendezvous(h uint64, name string) uint64 {
 	return mix64(x, 0)
 }
 
+// sharedPolicies returns cache_aware and each wrapper mode but
+// sharedPeers, which Config.SharePending now models with the product code
+// (TestSharePendingIsPeers).
 func sharedPolicies(stats *sharedStats) []Policy {
 	ps := []Policy{{Name: sharedModeNames[0], Mode: gateway.ModeCacheAware}}
 	for m := sharedCount; m <= sharedHash; m++ {
+		if m == sharedPeers {
+			continue
+		}
 		var st *sharedStats
 		if m == sharedCount {
 			st = stats
@@ -209,6 +215,44 @@ func sharedPolicies(stats *sharedStats) []Policy {
 		ps = append(ps, Policy{Name: sharedModeNames[m], New: func(uint64) gateway.Policy { return &sharedLoad{mode: m, stats: st} }})
 	}
 	return ps
+}
+
+// Config.SharePending, the product code (gateway.Load.PeerPrefill fed at
+// every refresh), routes exactly as the wrapper's +peers, which added the
+// other gateways' PendingPrefill at the refresh to each candidate's own;
+// and it does change the routing of a loaded cluster, and nothing with
+// one gateway.
+func TestSharePendingIsPeers(t *testing.T) {
+	w := fixture(t, TraceOptions{Speed: 4})
+	for _, idx := range []gateway.IndexMode{gateway.IndexExact, gateway.IndexApproximate} {
+		for _, g := range []int{2, 3} {
+			base := Config{Workload: w, Replicas: 3, Preset: smallPreset(), Seed: 5, Gateways: g, Index: idx}
+			plain := base
+			plain.Policies = []Policy{{Name: "a", Mode: gateway.ModeCacheAware}, {Name: "b", New: func(uint64) gateway.Policy { return &sharedLoad{mode: sharedPeers} }}}
+			shared := base
+			shared.SharePending = true
+			shared.Policies = []Policy{{Name: "a", Mode: gateway.ModeCacheAware}}
+			rp, err := Run(plain)
+			require.NoError(t, err)
+			rs, err := Run(shared)
+			require.NoError(t, err)
+			rs2, err := Run(shared)
+			require.NoError(t, err)
+			name := fmt.Sprintf("%s G=%d", indexName(idx), g)
+			assert.Equal(t, rs, rs2, "%s: not deterministic", name)
+			assert.True(t, rs.SharePending, name)
+			assert.Equal(t, rp.Results[1].TTFT, rs.Results[0].TTFT, name)
+			assert.Equal(t, rp.Results[1].PrefillTokens, rs.Results[0].PrefillTokens, name)
+			assert.NotEqual(t, rp.Results[0].TTFT, rs.Results[0].TTFT, "%s: sharing changed nothing", name)
+		}
+	}
+	one := Config{Workload: w, Replicas: 3, Preset: smallPreset(), Seed: 5}
+	def, err := Run(one)
+	require.NoError(t, err)
+	one.SharePending = true
+	got, err := Run(one)
+	require.NoError(t, err)
+	assert.Equal(t, def, got, "SharePending with one gateway")
 }
 
 // The wrapper with nothing shared routes as cache_aware, so the modes
@@ -245,12 +289,20 @@ func TestSharedLoad(t *testing.T) {
 		w    Workload
 		n    int
 	}{{"trace, 8 replicas", trace, 8}, {"trace, 16 replicas", trace, 16}, {"default", DefaultWorkload(), 8}}
+	// The columns: the wrapper's modes, then cache_aware with
+	// Config.SharePending (the product's peer sharing, formerly the
+	// wrapper's +peers).
+	var names []string
+	for _, p := range sharedPolicies(nil) {
+		names = append(names, p.Name)
+	}
+	names = append(names, "+peers")
 	var b strings.Builder
 	b.WriteString("| workload | index | G |")
-	for _, n := range sharedModeNames {
+	for _, n := range names {
 		fmt.Fprintf(&b, " %s |", n)
 	}
-	b.WriteString("\n|---|---|--:|" + strings.Repeat("--:|", len(sharedModeNames)) + "\n")
+	b.WriteString("\n|---|---|--:|" + strings.Repeat("--:|", len(names)) + "\n")
 	var notes strings.Builder
 	for _, c := range cases {
 		for _, idx := range []gateway.IndexMode{gateway.IndexExact, gateway.IndexApproximate} {
@@ -259,13 +311,17 @@ func TestSharedLoad(t *testing.T) {
 				if g == 1 {
 					seeds = 1
 				}
-				k := len(sharedModeNames)
+				k := len(names)
 				mean, p99, hit := make([]float64, k), make([]float64, k), make([]float64, k)
 				stats := &sharedStats{}
 				for s := 1; s <= seeds; s++ {
-					rep, err := Run(Config{Workload: c.w, Replicas: c.n, Seed: uint64(s), Gateways: g, Index: idx, Policies: sharedPolicies(stats)})
+					cfg := Config{Workload: c.w, Replicas: c.n, Seed: uint64(s), Gateways: g, Index: idx, Policies: sharedPolicies(stats)}
+					rep, err := Run(cfg)
 					require.NoError(t, err)
-					for i, r := range rep.Results {
+					cfg.SharePending, cfg.Policies = true, []Policy{{Name: "+peers", Mode: gateway.ModeCacheAware}}
+					peers, err := Run(cfg)
+					require.NoError(t, err)
+					for i, r := range append(rep.Results, peers.Results...) {
 						mean[i] += r.TTFT.Mean / float64(seeds)
 						p99[i] += r.TTFT.P99 / float64(seeds)
 						hit[i] += r.TokenHitRate / float64(seeds)
@@ -306,7 +362,7 @@ func TestSharedLoadWide(t *testing.T) {
 	checkInvariants = false
 	defer func() { checkInvariants = old }()
 	pols := sharedPolicies(nil)
-	pols = []Policy{pols[0], pols[1], pols[4], pols[5]}
+	pols = []Policy{pols[0], pols[1], pols[3], pols[4]} // cache_aware, +count, +count mean, +count half
 	var b strings.Builder
 	b.WriteString("| workload | replicas | preset | G |")
 	for _, p := range pols {

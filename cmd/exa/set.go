@@ -32,6 +32,8 @@ type setFlags struct {
 	pods          *perReplicaValue
 	adapters      []string
 	clearAdapters bool
+	peers         []string
+	clearPeers    bool
 }
 
 func newSetCmd() *cobra.Command {
@@ -63,7 +65,10 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --mode cache_aware --index exact \
     --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
   # Serve only these LoRA adapters of the model (by default every adapter its engines list):
-  exa serve routing set JPCP --adapter sql-lora --adapter support-lora`,
+  exa serve routing set JPCP --adapter sql-lora --adapter support-lora
+  # Several gateways routing the model: each adds the prefill the others report pending
+  # (their /metrics) to its own; on gateway A, name B and C:
+  exa serve routing set JPCP --peer http://gw-b:8080 --peer http://gw-c:8080`,
 		Args:              modelArg,
 		ValidArgsFunction: completeModels,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,11 +101,14 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringArrayVar(&sf.adapters, "adapter", nil, "LoRA adapter NAME the model may serve; repeat for several; replaces the stored allow-list "+
 		"(without one, every adapter the model's engines list in GET /v1/models is served)")
 	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
+	f.StringArrayVar(&sf.peers, "peer", nil, "base URL of another gateway process routing this model to the same replicas, whose /metrics reports the prefill it has pending "+
+		"at each (cache_aware adds it to this gateway's own); repeat for several; replaces the stored peer list")
+	f.BoolVar(&sf.clearPeers, "clear-peers", false, "remove the peer list: count only the prefill this gateway routed")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
-		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter"} {
+		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -113,7 +121,7 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		return err
 	}
 	changed := cmd.Flags().Changed
-	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}}); err != nil {
+	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}, {"peer", "clear-peers"}}); err != nil {
 		return err
 	}
 	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
@@ -199,6 +207,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("adapter") {
 			m.Adapters = slices.Clone(sf.adapters)
 		}
+		if sf.clearPeers {
+			m.Peers = nil
+		}
+		if changed("peer") {
+			m.Peers = slices.Clone(sf.peers)
+		}
 		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
 			return err
 		}
@@ -252,6 +266,7 @@ var flagOfField = map[string]string{
 	"block_size":             "block-size",
 	"kv_events_bind":         "kv-events-bind",
 	"adapters":               "adapter",
+	"peers":                  "peer",
 }
 
 // flagOfReplicaField names the set flag that controls a replica's field

@@ -33,6 +33,8 @@ type simFlags struct {
 	preset               string
 	index                string
 	gateways             int
+	sharePending         bool
+	refresh              time.Duration
 	asJSON               bool
 	plot                 string
 	progress             string
@@ -125,6 +127,8 @@ deterministic for a seed.`,
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
 	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
+	f.DurationVar(&sf.refresh, "refresh-interval", sim.DefaultRefreshInterval, "how often the engines' load (and, with --share-pending, the gateways' pending prefill) reaches the gateways, as the HTTP gateway's --scrape-interval; 1ms..1m")
+	f.BoolVar(&sf.sharePending, "share-pending", false, "with --gateways 2 or more, the gateways share their pending prefill at every load refresh, as gateways configured with each other as peers do (see docs/multi-gateway.md)")
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
@@ -257,6 +261,14 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
 	}
 	cfg.Gateways = sf.gateways
+	if sf.sharePending && sf.gateways < 2 {
+		return cfg, usagef("invalid --share-pending with --gateways %d: sharing needs at least 2 gateways", sf.gateways)
+	}
+	cfg.SharePending = sf.sharePending
+	if sf.refresh < time.Millisecond || sf.refresh > time.Minute {
+		return cfg, usagef("invalid --refresh-interval %v: want 1ms..1m", sf.refresh)
+	}
+	cfg.RefreshInterval = sf.refresh
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -448,6 +460,9 @@ func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
 	if rep.Gateways > 1 {
 		s += fmt.Sprintf("; %d gateways", rep.Gateways)
+		if rep.SharePending {
+			s += " sharing pending prefill"
+		}
 	}
 	if model != "" && m.SLOLatencyMS > 0 {
 		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)

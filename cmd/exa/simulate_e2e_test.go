@@ -131,6 +131,28 @@ func TestSimulateOptions(t *testing.T) {
 	assert.InDelta(t, 100*js.CacheAwareHitRate, caText, 0.05)
 }
 
+// --share-pending has two gateways share their pending prefill: the
+// report says so, and cache_aware routes differently than without it.
+func TestSimulateSharePending(t *testing.T) {
+	cfg := newConfig(t)
+	args := []string{"serve", "routing", "simulate", "--workload", "chat", "--requests", "300", "--replicas", "2", "--gateways", "2", "--index", "exact", "--policies", "cache_aware", "--json"}
+	var plain, shared simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, args...)), &plain))
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--share-pending")...)), &shared))
+	require.NotNil(t, plain.Report)
+	require.NotNil(t, shared.Report)
+	assert.False(t, plain.Report.SharePending)
+	assert.True(t, shared.Report.SharePending)
+	assert.Contains(t, shared.Workload, "2 gateways sharing pending prefill")
+	a, _ := plain.Report.Result("cache_aware")
+	b, _ := shared.Report.Result("cache_aware")
+	assert.NotEqual(t, a.TTFT, b.TTFT)
+	var slow simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--share-pending", "--refresh-interval", "1s")...)), &slow))
+	assert.Equal(t, 1.0, slow.Report.RefreshInterval)
+	assert.Equal(t, 0.05, shared.Report.RefreshInterval, "the default")
+}
+
 func TestSimulateBadInput(t *testing.T) {
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
@@ -162,6 +184,9 @@ func TestSimulateBadInput(t *testing.T) {
 		{"zero gateways", []string{"JPCP", "--gateways", "0"}, `invalid --gateways 0: want 1..64`},
 		{"too many gateways", []string{"JPCP", "--gateways", "65"}, `invalid --gateways 65: want 1..64`},
 		{"non-numeric gateways", []string{"JPCP", "--gateways", "two"}, `invalid --gateways "two"`},
+		{"zero refresh interval", []string{"JPCP", "--refresh-interval", "0s"}, `invalid --refresh-interval 0s: want 1ms..1m`},
+		{"long refresh interval", []string{"JPCP", "--refresh-interval", "2m"}, `invalid --refresh-interval 2m0s: want 1ms..1m`},
+		{"share-pending with one gateway", []string{"JPCP", "--share-pending"}, `invalid --share-pending with --gateways 1: sharing needs at least 2 gateways`},
 		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
 		{"bad progress", []string{"JPCP", "--progress", "sometimes"}, `invalid --progress "sometimes"`},

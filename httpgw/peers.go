@@ -1,0 +1,273 @@
+package httpgw
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Peer sharing (docs/multi-gateway.md). Several gateway processes routing
+// a model to the same replicas each count only the prefill they routed
+// (gateway.Candidate.PendingPrefill). Each exposes that count per replica
+// on its /metrics as metricPendingPrefill; a model's configured peers
+// (config.Model.Peers) are scraped with the engines at every
+// ScrapeInterval, and the sum of their counts for a replica is fed to the
+// model's gateway as gateway.Load.PeerPrefill, which cache_aware adds to
+// its own. This is the idea of Dynamo's router replica sync
+// (DYN_ROUTER_REPLICA_SYNC, off by default; ai-dynamo/dynamo
+// lib/llm/src/kv_router/sequence.rs at commit 0266c3e), where every router
+// publishes each request's lifecycle events (added, prefill done, freed)
+// to the other routers over its event plane, best effort. Here gateways
+// exchange per-replica totals instead, pulled with the scrape the gateway
+// already makes: no event plane, nothing lost to replay, at the cost of
+// one scrape interval of staleness.
+
+// metricPendingPrefill is the gauge of a gateway's own pending prefill
+// per replica, which its peers scrape.
+const metricPendingPrefill = "exa_gateway_pending_prefill_blocks"
+
+// peerTTL is how many scrape intervals a peer's last good counts are
+// used for: a peer that stops answering stops counting after this long.
+const peerTTL = 3
+
+var (
+	descPending = prometheus.NewDesc(metricPendingPrefill,
+		"Uncached prefix blocks this gateway routed to a replica whose first token has not come back (its own pending prefill, which its peers scrape), by model and replica.",
+		[]string{"model", "replica"}, nil)
+	descPeerPrefill = prometheus.NewDesc("exa_gateway_peer_prefill_blocks",
+		"Pending prefill blocks the model's peers report at a replica, summed over the peers answering: what this gateway adds to its own, by model and replica.",
+		[]string{"model", "replica"}, nil)
+	descPeerUp = prometheus.NewDesc("exa_gateway_peer_up",
+		"1 if the peer gateway's last /metrics scrape succeeded, 0 if not.", []string{"peer"}, nil)
+	descPeerErrors = prometheus.NewDesc("exa_gateway_peer_scrape_errors_total",
+		"Failed /metrics scrapes of a peer gateway (down, slow, or a page that does not parse).", []string{"peer"}, nil)
+)
+
+// peerState is what the gateway knows of one peer.
+type peerState struct {
+	// counts maps model → replica → pending prefill blocks, from the last
+	// good scrape at at.
+	counts map[string]map[string]int
+	at     time.Time
+	up     bool
+	errors uint64
+}
+
+// peerTable holds every configured peer's state, by normalised base URL.
+// Safe for concurrent use; the zero value is empty.
+type peerTable struct {
+	mu    sync.Mutex
+	peers map[string]*peerState
+}
+
+// parsePeerPending parses a gateway's /metrics page into its
+// metricPendingPrefill counts: model → replica → blocks, each clamped to
+// 0..MaxLoadCount (series without both labels are skipped; one given twice
+// is summed, clamped). A page that does not parse is an error.
+func parsePeerPending(r io.Reader) (map[string]map[string]int, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]int{}
+	for _, m := range fams[metricPendingPrefill].GetMetric() {
+		var mod, rep string
+		var hasM, hasR bool
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "model":
+				mod, hasM = l.GetValue(), true
+			case "replica":
+				rep, hasR = l.GetValue(), true
+			}
+		}
+		if !hasM || !hasR {
+			continue
+		}
+		if out[mod] == nil {
+			out[mod] = map[string]int{}
+		}
+		out[mod][rep] = min(out[mod][rep]+loadCount(sampleValue(m)), MaxLoadCount)
+	}
+	return out, nil
+}
+
+// scrapePeer fetches and parses one peer's /metrics.
+func scrapePeer(ctx context.Context, client *http.Client, base string) (map[string]map[string]int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	c, err := parsePeerPending(io.LimitReader(resp.Body, maxMetricsBytes))
+	if err != nil {
+		return nil, fmt.Errorf("parse: %v", err)
+	}
+	return c, nil
+}
+
+// peerBases returns the normalised base URLs of every model's peers.
+func (st *state) peerBases() map[string]bool {
+	out := map[string]bool{}
+	for _, m := range st.models {
+		for _, p := range m.cfg.Peers {
+			out[NormalizeAddress(p)] = true
+		}
+	}
+	return out
+}
+
+// scrapePeers scrapes every configured peer once, concurrently; each is
+// bounded by the control client's timeout (ProbeTimeout). A peer that
+// fails keeps its last counts until they expire (peerTTL scrape
+// intervals) and is logged when it goes down and when it comes back.
+func (s *Server) scrapePeers(ctx context.Context) {
+	bases := s.state.Load().peerBases()
+	s.peers.mu.Lock()
+	if s.peers.peers == nil {
+		s.peers.peers = map[string]*peerState{}
+	}
+	for b := range s.peers.peers {
+		if !bases[b] {
+			delete(s.peers.peers, b)
+		}
+	}
+	for b := range bases {
+		if s.peers.peers[b] == nil {
+			s.peers.peers[b] = &peerState{up: true}
+		}
+	}
+	s.peers.mu.Unlock()
+	var wg sync.WaitGroup
+	for b := range bases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := scrapePeer(ctx, s.control, b)
+			now := s.opts.Clock()
+			s.peers.mu.Lock()
+			p := s.peers.peers[b]
+			if p == nil { // dropped meanwhile
+				s.peers.mu.Unlock()
+				return
+			}
+			was := p.up
+			if err == nil {
+				p.counts, p.at, p.up = c, now, true
+			} else if ctx.Err() == nil {
+				p.up = false
+				p.errors++
+			}
+			up := p.up
+			s.peers.mu.Unlock()
+			switch {
+			case was && !up:
+				s.log.Warn("gateway: peer gateway not answering; its pending prefill is ignored once older than "+(peerTTL*s.opts.ScrapeInterval).String(), "peer", b, "err", err)
+			case !was && up:
+				s.log.Info("gateway: peer gateway answering again", "peer", b)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// peerPrefill returns the pending prefill m's peers report at its replica
+// name: the sum over its peers whose last good scrape is at most peerTTL
+// scrape intervals old, clamped to 0..MaxLoadCount.
+func (s *Server) peerPrefill(m *modelState, name string) int {
+	if len(m.cfg.Peers) == 0 {
+		return 0
+	}
+	oldest := s.opts.Clock().Add(-peerTTL * s.opts.ScrapeInterval)
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	sum := 0
+	for _, b := range m.cfg.Peers {
+		p := s.peers.peers[NormalizeAddress(b)]
+		if p == nil || p.counts == nil || p.at.Before(oldest) {
+			continue
+		}
+		sum = min(sum+p.counts[m.name][name], MaxLoadCount)
+	}
+	return sum
+}
+
+// pushPeerPrefill feeds every replica's gateway its endpoint's last load
+// with the peers' current pending prefill.
+func (s *Server) pushPeerPrefill() {
+	for _, m := range s.state.Load().models {
+		if m.gw == nil || len(m.cfg.Peers) == 0 {
+			continue
+		}
+		for name, ep := range m.byName {
+			l, _, _, _ := ep.snapshotLoad()
+			l.PeerPrefill = s.peerPrefill(m, name)
+			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
+				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+			}
+		}
+	}
+}
+
+// peerCollector exports each model's own and peers' pending prefill per
+// replica, and each peer's scrape state.
+type peerCollector struct{ s *Server }
+
+var _ prometheus.Collector = peerCollector{}
+
+// Describe implements prometheus.Collector.
+func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPending, descPeerPrefill, descPeerUp, descPeerErrors} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	for name, m := range s.state.Load().models {
+		gws := []*gateway.Gateway{m.gw}
+		if m.pd != nil && m.pd.dis.Prefill != nil && m.pd.dis.Prefill != m.gw {
+			gws = append(gws, m.pd.dis.Prefill)
+		}
+		for _, g := range gws {
+			if g == nil {
+				continue
+			}
+			for _, r := range g.Replicas() {
+				ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(r.PendingPrefill), name, r.Name)
+				if len(m.cfg.Peers) > 0 {
+					ch <- prometheus.MustNewConstMetric(descPeerPrefill, prometheus.GaugeValue, float64(r.Load.PeerPrefill), name, r.Name)
+				}
+			}
+		}
+	}
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	for b, p := range s.peers.peers {
+		up := 0.0
+		if p.up && p.counts != nil {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, b)
+		ch <- prometheus.MustNewConstMetric(descPeerErrors, prometheus.CounterValue, float64(p.errors), b)
+	}
+}

@@ -1,0 +1,253 @@
+package httpgw
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParsePeerPending(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		page string
+		want map[string]map[string]int
+	}{
+		{"empty page", "", map[string]map[string]int{}},
+		{"two models", `# TYPE exa_gateway_pending_prefill_blocks gauge
+exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 12
+exa_gateway_pending_prefill_blocks{model="m1",replica="r1"} 0
+exa_gateway_pending_prefill_blocks{model="m2",replica="r0"} 3
+exa_gateway_peer_prefill_blocks{model="m1",replica="r0"} 99
+vllm:num_requests_waiting 4
+`, map[string]map[string]int{"m1": {"r0": 12, "r1": 0}, "m2": {"r0": 3}}},
+		{"missing label skipped", "exa_gateway_pending_prefill_blocks{model=\"m1\"} 5\nexa_gateway_pending_prefill_blocks{model=\"m1\",replica=\"r\"} 1\n",
+			map[string]map[string]int{"m1": {"r": 1}}},
+		{"absurd values clamped", "exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"a\"} -4\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"b\"} 1e300\n" +
+			"exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"c\"} NaN\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"d\"} 2.6\n",
+			map[string]map[string]int{"m": {"a": 0, "b": MaxLoadCount, "c": 0, "d": 3}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parsePeerPending(strings.NewReader(tc.page))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	_, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"))
+	assert.Error(t, err)
+}
+
+// FuzzParsePeerPending: a peer's /metrics page is untrusted bytes; the
+// parser never panics, and every count it returns is within 0..MaxLoadCount.
+func FuzzParsePeerPending(f *testing.F) {
+	f.Add("exa_gateway_pending_prefill_blocks{model=\"m1\",replica=\"r0\"} 12\n")
+	f.Add("# TYPE exa_gateway_pending_prefill_blocks gauge\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\n")
+	f.Add("exa_gateway_pending_prefill_blocks{model=\"\",replica=\"\"} -Inf\n")
+	f.Add("# TYPE exa_gateway_pending_prefill_blocks histogram\nexa_gateway_pending_prefill_blocks_bucket{le=\"+Inf\"} 1\n")
+	f.Fuzz(func(t *testing.T, page string) {
+		got, err := parsePeerPending(strings.NewReader(page))
+		if err != nil {
+			return
+		}
+		for m, reps := range got {
+			for r, n := range reps {
+				if n < 0 || n > MaxLoadCount {
+					t.Fatalf("%s/%s: %d outside 0..%d", m, r, n, MaxLoadCount)
+				}
+			}
+		}
+	})
+}
+
+// peerRig is two gateway processes, A and B, in front of the same two
+// fake engines, each configured with the other as its peer.
+type peerRig struct {
+	a, b       *Server
+	aReg, bReg *prometheus.Registry
+	aHTTP      *httptest.Server
+	bHTTP      *httptest.Server
+	mu         sync.Mutex
+	now        time.Time
+}
+
+func (r *peerRig) clock() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.now
+}
+
+func (r *peerRig) advance(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.now = r.now.Add(d)
+}
+
+func engineMetrics(t *testing.T) string {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
+	}))
+	t.Cleanup(e.Close)
+	return e.URL
+}
+
+// newPeerRig builds A and B; extraB are more peers of B.
+func newPeerRig(t *testing.T, extraB ...string) *peerRig {
+	r := &peerRig{now: time.Unix(1e9, 0)}
+	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
+	mk := func(reg **prometheus.Registry) (*Server, *httptest.Server) {
+		*reg = prometheus.NewRegistry()
+		s, err := New(Options{Registerer: *reg, Gatherer: *reg, Logger: quietLogger(), Clock: r.clock, ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond})
+		require.NoError(t, err)
+		h := httptest.NewServer(s)
+		t.Cleanup(h.Close)
+		return s, h
+	}
+	r.a, r.aHTTP = mk(&r.aReg)
+	r.b, r.bHTTP = mk(&r.bReg)
+	apply := func(s *Server, peers ...string) {
+		require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+			testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: peers},
+			"other":   {Mode: gateway.ModeCacheAware, Replicas: reps},
+		}}))
+	}
+	apply(r.a, r.bHTTP.URL)
+	apply(r.b, append([]string{r.aHTTP.URL}, extraB...)...)
+	return r
+}
+
+func peerLoad(t *testing.T, s *Server, model string) map[string]int {
+	out := map[string]int{}
+	for _, st := range s.state.Load().models[model].gw.Replicas() {
+		out[st.Name] = st.Load.PeerPrefill
+	}
+	return out
+}
+
+// Gateway B scrapes A's /metrics, whose pending-prefill gauge reports
+// what A routed and is still waiting on, and routes around it.
+func TestPeersShareTheirPendingPrefill(t *testing.T) {
+	r := newPeerRig(t)
+	ctx := context.Background()
+	gwA := r.a.state.Load().models[testModel].gw
+	d, err := gwA.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	require.NoError(t, err)
+	require.Equal(t, "r0", d.Replica, "the first of two idle replicas")
+
+	page := metricsPage(t, r.aHTTP.URL)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 10`)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r1"} 0`)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="other",replica="r0"} 0`)
+
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, r.b, testModel))
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, r.b, "other"), "a model without peers")
+	page = metricsPage(t, r.bHTTP.URL)
+	assert.Contains(t, page, `exa_gateway_peer_prefill_blocks{model="m1",replica="r0"} 10`)
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, r.aHTTP.URL))
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 0`, "B's own count stays its own")
+	assert.NotContains(t, page, `exa_gateway_peer_prefill_blocks{model="other"`)
+
+	// B sends a new prompt where A's prefill is not queued; without the
+	// peer it would take r0, the first of two idle replicas (as "other"
+	// does).
+	dB, err := r.b.state.Load().models[testModel].gw.Route(gateway.Key{20, 21, 22})
+	require.NoError(t, err)
+	assert.Equal(t, "r1", dB.Replica)
+	dO, err := r.b.state.Load().models["other"].gw.Route(gateway.Key{20, 21, 22})
+	require.NoError(t, err)
+	assert.Equal(t, "r0", dO.Replica)
+
+	// A's first token comes back: the next scrape clears it at B.
+	d.Done(gateway.DoneInfo{})
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, r.b, testModel))
+
+	// And A sees B's prefill (3 blocks at r1) the same way.
+	r.a.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 3}, peerLoad(t, r.a, testModel))
+}
+
+// A peer that is down, slow or serving garbage is skipped without
+// holding up the others; its last counts expire after 3 scrape
+// intervals.
+func TestPeersDownSlowAndStale(t *testing.T) {
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-release:
+		case <-req.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	garbage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "exa_gateway_pending_prefill_blocks{model=\"m1\" 77\n")
+	}))
+	t.Cleanup(garbage.Close)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+
+	r := newPeerRig(t, slow.URL, garbage.URL, deadURL)
+	ctx := context.Background()
+	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3, 4})
+	require.NoError(t, err)
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 4, "r1": 0}, peerLoad(t, r.b, testModel), "A counts; the others are skipped")
+	page := metricsPage(t, r.bHTTP.URL)
+	for _, p := range []string{slow.URL, garbage.URL, deadURL} {
+		assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, p))
+		assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_scrape_errors_total{peer=%q} 1`, p))
+	}
+
+	// A goes down: its counts are kept for 3 scrape intervals (3 s here)...
+	r.aHTTP.Close()
+	r.advance(2 * time.Second)
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 4, "r1": 0}, peerLoad(t, r.b, testModel))
+	assert.Contains(t, metricsPage(t, r.bHTTP.URL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, r.aHTTP.URL))
+	// ... and no longer.
+	r.advance(time.Second + time.Nanosecond)
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, r.b, testModel))
+}
+
+// A reload that drops a model's peers stops counting them at once and
+// forgets the peer.
+func TestPeersReload(t *testing.T) {
+	r := newPeerRig(t)
+	ctx := context.Background()
+	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2})
+	require.NoError(t, err)
+	r.b.ScrapeAll(ctx)
+	require.Equal(t, 2, peerLoad(t, r.b, testModel)["r0"])
+	f := r.b.state.Load().file.Clone()
+	m := f.Models[testModel]
+	m.Peers = nil
+	f.Models[testModel] = m
+	require.NoError(t, r.b.Apply(f))
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, r.b, testModel))
+	assert.NotContains(t, metricsPage(t, r.bHTTP.URL), "exa_gateway_peer_up")
+}
+
+func metricsPage(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}

@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+// drawCands draws n CacheAware candidates with small random signals, so
+// that ties and the load guard both happen.
+func drawCands(t *rapid.T, n, keyLen int) []Candidate {
+	cs := make([]Candidate, n)
+	for i := range cs {
+		cs[i] = Candidate{
+			Name:            fmt.Sprintf("r%d", i),
+			Matched:         rapid.IntRange(0, keyLen).Draw(t, "matched"),
+			InFlight:        rapid.IntRange(0, 6).Draw(t, "inflight"),
+			PendingPrefill:  rapid.IntRange(0, 60).Draw(t, "pending"),
+			AssignedPrefill: rapid.IntRange(0, 3).Draw(t, "assigned"),
+			LastPicked:      rapid.Uint64Range(0, 3).Draw(t, "last"),
+			Load: Load{
+				QueueDepth: rapid.IntRange(0, 4).Draw(t, "queue"),
+				Running:    rapid.IntRange(0, 4).Draw(t, "running"),
+			},
+		}
+	}
+	return cs
+}
+
+func drawCacheAware(t *rapid.T) *CacheAware {
+	return &CacheAware{
+		Externality:  rapid.SampledFrom([]float64{0, -1, 0.5}).Draw(t, "ext"),
+		DecodeWeight: rapid.SampledFrom([]float64{0, -1, 8}).Draw(t, "dw"),
+		LoadFactor:   rapid.SampledFrom([]float64{0, 1.25}).Draw(t, "lf"),
+	}
+}
+
+func caReqDemand(t *rapid.T, n int, cands []Candidate) *Request {
+	r := caReq(n, cands)
+	if r.MaxMatched > 0 {
+		r.Demand = rapid.Float64Range(0, 1).Draw(t, "demand")
+	}
+	return r
+}
+
+// Load.PeerPrefill is priced exactly as the gateway's own PendingPrefill:
+// moving a candidate's peer prefill into its PendingPrefill never changes
+// the decision. With PeerPrefill all zero this is the decision without
+// peers (the sim goldens check that routing is byte-identical too).
+func TestCacheAwarePeerPrefillIsPending(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "n")
+		keyLen := rapid.IntRange(1, 16).Draw(t, "keyLen")
+		cs := drawCands(t, n, keyLen)
+		noPeers := rapid.Bool().Draw(t, "noPeers")
+		for i := range cs {
+			if !noPeers {
+				cs[i].Load.PeerPrefill = rapid.IntRange(0, 80).Draw(t, "peer")
+			}
+		}
+		merged := make([]Candidate, n)
+		for i, c := range cs {
+			c.PendingPrefill += c.Load.PeerPrefill
+			c.Load.PeerPrefill = 0
+			merged[i] = c
+		}
+		p := drawCacheAware(t)
+		req := caReqDemand(t, keyLen, cs)
+		got, want := p.Pick(req, cs), p.Pick(req, merged)
+		if got != want {
+			t.Fatalf("with PeerPrefill: %d, as PendingPrefill: %d", got, want)
+		}
+	})
+}
+
+// A replica with more peer prefill is never preferred over one that is
+// otherwise identical, wherever the two stand among the candidates.
+func TestCacheAwarePeerPrefillNeverPreferred(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5).Draw(t, "n")
+		keyLen := rapid.IntRange(1, 16).Draw(t, "keyLen")
+		cs := drawCands(t, n, keyLen)
+		for i := range cs {
+			cs[i].Load.PeerPrefill = rapid.IntRange(0, 40).Draw(t, "peer")
+		}
+		// Twin of candidate src, with more peer prefill, inserted at pos.
+		src := rapid.IntRange(0, n-1).Draw(t, "src")
+		twin := cs[src]
+		twin.Name = "twin"
+		twin.Load.PeerPrefill += rapid.IntRange(1, 80).Draw(t, "more")
+		pos := rapid.IntRange(0, n).Draw(t, "pos")
+		cs = append(cs[:pos], append([]Candidate{twin}, cs[pos:]...)...)
+		got := drawCacheAware(t).Pick(caReqDemand(t, keyLen, cs), cs)
+		if cs[got].Name == "twin" {
+			t.Fatalf("picked the twin with more peer prefill (%d) over %s (%d)", twin.Load.PeerPrefill, cs[(src+boolInt(pos <= src))].Name, cs[(src+boolInt(pos <= src))].Load.PeerPrefill)
+		}
+	})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// UpdateLoad carries PeerPrefill to the candidates and to Replicas, and
+// rejects an out-of-range value without changing anything.
+func TestUpdateLoadPeerPrefill(t *testing.T) {
+	g, err := New([]Replica{{Name: "a"}, {Name: "b"}}, WithMode(ModeCacheAware))
+	require.NoError(t, err)
+	require.NoError(t, g.UpdateLoad("a", Load{PeerPrefill: 500}))
+	// Both idle and empty: without peers "a" would win the first tie.
+	d, err := g.Route(Key{1, 2, 3})
+	require.NoError(t, err)
+	assert.Equal(t, "b", d.Replica)
+	d.Done(DoneInfo{})
+	assert.Equal(t, 500, g.Replicas()[0].Load.PeerPrefill)
+	for _, bad := range []int{-1, 1 << 31} {
+		err := g.UpdateLoad("a", Load{PeerPrefill: bad, QueueDepth: 7})
+		require.True(t, errors.Is(err, ErrInvalid), "%d: %v", bad, err)
+		assert.Contains(t, err.Error(), fmt.Sprintf("PeerPrefill %d", bad))
+		assert.Equal(t, Load{PeerPrefill: 500}, g.Replicas()[0].Load)
+	}
+}
