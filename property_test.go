@@ -183,10 +183,13 @@ func TestPropLoadAwareScore(t *testing.T) {
 		}
 		best, bestScore := -1, math.Inf(1)
 		for i, l := range loads {
-			s := w.KV*l.KVUtilization + w.Latency*float64(l.Latency)/float64(lmax)
+			// Summed in the policy's order (KV, queue, latency): on
+			// near-ties a different order rounds differently.
+			s := w.KV * l.KVUtilization
 			if qmax > 0 {
 				s += w.Queue * float64(l.QueueDepth+l.Running) / float64(qmax)
 			}
+			s += w.Latency * float64(l.Latency) / float64(lmax)
 			if s < bestScore {
 				best, bestScore = i, s
 			}
