@@ -170,9 +170,11 @@ func TestPDExactIndex(t *testing.T) {
 	before := g.kvEngines(t)
 	a := pdKVPost(t, g.url, last)
 	require.True(t, strings.HasPrefix(a.disagg, "split; "), a.disagg)
+	t.Logf("threshold 64, a new question: %s, decode predicted %d/%d blocks, engine cached %d tokens", a.disagg, a.decMatched, a.decBlocks, a.decCached)
 	waitStored(t, g, before, a.decode, a.prompt, a.decCached)
 	// Asked again, it is wholly on the decode engine: co-located.
 	a = pdKVPost(t, g.url, last)
+	t.Logf("asked again: %s, decode predicted %d/%d blocks, engine cached %d tokens", a.disagg, a.decMatched, a.decBlocks, a.decCached)
 	require.True(t, strings.HasPrefix(a.disagg, "colocated; uncached=0"), a.disagg)
 	require.Empty(t, a.prefill)
 	require.Equal(t, a.decBlocks, a.decMatched)
