@@ -193,6 +193,17 @@ func TestPDExactIndex(t *testing.T) {
 		require.Zero(t, e.Dropped+e.Gaps+e.Restarts+e.Clears, "%+v", e)
 	}
 	require.Zero(t, g.metric(t, "exa_gateway_kv_unresolved_total", nil))
+	// Each pool's index holds what its engines' events say they hold.
+	require.NotNil(t, rec.Disaggregation.Prefill)
+	engines := g.kvEngines(t)
+	for _, r := range append(rec.Replicas, rec.Disaggregation.Prefill.Replicas...) {
+		require.Positive(t, r.CachedBlocks, r.Name)
+		require.Equal(t, engines[simModel+"/"+r.Name].MappedBlocks, r.CachedBlocks, r.Name)
+	}
+	out := exa(t, cfg, "serve", "routing", "stats", simModel, "--gateway", g.url)
+	t.Logf("exa serve routing stats:\n%s", out)
+	require.Contains(t, out, "prefill pool:")
+	require.Contains(t, out, "exact index (blocks of 16 tokens")
 }
 
 // waitStored waits until the gateway has applied the blocks the engine of
