@@ -182,8 +182,12 @@ func TestPDExactIndex(t *testing.T) {
 	waitFor(t, 10*time.Second, "one prefill, the split's, counted by the prefill engines", func() bool {
 		return remoteDecodes(t, prefill[0].url())+remoteDecodes(t, prefill[1].url()) == remote+1
 	})
+	before = g.kvEngines(t)
 	fresh := pdKVPost(t, g.url, kvRequest{system: "Document 9. " + kvWords(rng, 150), user: "Question: new?"})
 	require.True(t, strings.HasPrefix(fresh.disagg, "split; "), fresh.disagg)
+	require.Zero(t, fresh.preMatched+fresh.decMatched, "a new document")
+	waitStored(t, g, before, fresh.prefill, fresh.prompt, 0)
+	waitStored(t, g, before, fresh.decode, fresh.prompt, fresh.decCached)
 
 	rec := g.stats(t).Models[simModel]
 	require.Equal(t, config.IndexExact, rec.Index)
