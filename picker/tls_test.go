@@ -328,3 +328,59 @@ func TestLoadKeyPairErrors(t *testing.T) {
 		})
 	}
 }
+
+// GetCertificate during reloads always returns a whole pair, one of those
+// written (run under -race).
+func TestKeyPairConcurrentReload(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	ca := newCA(t, "ca")
+	var pairs [2][2][]byte
+	for i := range pairs {
+		pairs[i][0], pairs[i][1] = ca.issue(t)
+	}
+	writeFile(t, certFile, pairs[0][0])
+	writeFile(t, keyFile, pairs[0][1])
+	kp, err := picker.LoadKeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaves := map[string]bool{}
+	for _, p := range pairs {
+		b, _ := pem.Decode(p[0])
+		leaves[string(b.Bytes)] = true
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				c, err := kp.GetCertificate(nil)
+				if err != nil || c == nil || !leaves[string(c.Certificate[0])] || c.PrivateKey == nil {
+					errs <- errors.New("GetCertificate returned no pair written")
+					return
+				}
+			}
+		}()
+	}
+	for i := range 20 {
+		p := pairs[(i+1)%2]
+		writeFile(t, certFile, p[0])
+		writeFile(t, keyFile, p[1])
+		if changed, err := kp.Reload(); !changed || err != nil {
+			t.Fatalf("reload %d = %v, %v", i, changed, err)
+		}
+	}
+	close(stop)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

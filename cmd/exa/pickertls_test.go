@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,8 +82,8 @@ func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
 	cmd := exec.Command(exaBin, all...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+newConfig(t), "EXA_GATEWAY=")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -106,6 +107,25 @@ func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 	m := regexp.MustCompile(`picker listening on (\S+) `).FindStringSubmatch(line)
 	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
 	return m[1], line
+}
+
+// syncBuffer is a bytes.Buffer written by a process's copier goroutine
+// and read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // healthCheck asks the picker's gRPC health service over creds.
