@@ -73,8 +73,10 @@ from a Go client.`,
   exa serve picker --listen 0.0.0.0:9002 --tls-self-signed`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := exclusive(cmd, [][2]string{{"tls-cert", "tls-self-signed"}, {"tls-key", "tls-self-signed"}}); err != nil {
-				return err
+			for _, f := range []string{"tls-cert", "tls-key"} {
+				if fl.tlsSelfSigned && cmd.Flags().Changed(f) {
+					return usagef("--%s and --tls-self-signed cannot be used together", f)
+				}
 			}
 			return runPicker(cmd, fl)
 		},

@@ -63,6 +63,7 @@ func TestPickerBadTLSFlags(t *testing.T) {
 		{"mismatched", []string{"--tls-cert", certA, "--tls-key", keyB}, `invalid --tls-key "` + keyB + `": tls: private key does not match public key (certificate --tls-cert "` + certA + `")`},
 		{"swapped", []string{"--tls-cert", keyA, "--tls-key", certA}, `invalid --tls-cert "` + keyA + `": no PEM CERTIFICATE block in it`},
 		{"self-signed and cert", []string{"--tls-self-signed", "--tls-cert", certA, "--tls-key", keyA}, `--tls-cert and --tls-self-signed cannot be used together`},
+		{"self-signed off", []string{"--tls-self-signed=false", "--tls-cert", certA}, `invalid --tls-cert "` + certA + `": needs --tls-key, its private key file`},
 		{"self-signed and key", []string{"--tls-self-signed", "--tls-key", keyA}, `--tls-key and --tls-self-signed cannot be used together`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
