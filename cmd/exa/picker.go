@@ -47,8 +47,8 @@ func newPickerCmd() *cobra.Command {
 		Short: "Serve the routing to Envoy as an endpoint picker (ext_proc gRPC, Gateway API Inference Extension)",
 		Long: `Serve the routing to Envoy as an endpoint picker.
 
-It is an Envoy external processor (gRPC service envoy.service.ext_proc.v3.ExternalProcessor,
-HTTP/2, plaintext unless --tls-cert/--tls-key or --tls-self-signed is given, with the gRPC health service) that follows the Gateway API Inference
+It is an Envoy external processor (gRPC service envoy.service.ext_proc.v3.ExternalProcessor
+over HTTP/2, with the gRPC health service) that follows the Gateway API Inference
 Extension's endpoint picker protocol: Envoy sends each request's headers and body
 (FULL_DUPLEX_STREAMED), the picker answers with the chosen engine's ip:port in the header
 and metadata x-gateway-destination-endpoint, and Envoy sends the request there itself. The
@@ -61,6 +61,11 @@ Envoy must reach the engines by IP: a replica whose address has a host name is n
 (a warning is logged; with no other replica the client gets 503). Disaggregated models are
 served in P/D mode sidecar only (the decode replica is picked and the prefill replica named
 in x-prefiller-host-port for llm-d's pd-sidecar).
+
+The gRPC server is plaintext by default. --tls-cert and --tls-key serve TLS with PEM
+files, re-read every --reload-interval when they change; --tls-self-signed serves a
+certificate made at start, as GIE's own picker does by default (Envoy must then skip
+verification, as GIE's configurations do).
 
 --admin-listen serves /metrics (Prometheus), /stats (as "exa serve gateway" serves it) and
 /healthz over HTTP. Envoy's configuration for both deployment modes (plain Envoy with an
