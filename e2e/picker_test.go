@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,8 +21,11 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
@@ -45,8 +49,15 @@ type pickerProc struct {
 }
 
 // startPickerProc starts `exa serve picker` on cfg with extra flags and
-// waits for its admin /healthz and its gRPC health status.
+// waits for its admin /healthz and its gRPC health status, over plaintext.
 func startPickerProc(t *testing.T, name, cfg string, args ...string) *pickerProc {
+	t.Helper()
+	return startPickerProcCreds(t, name, cfg, insecure.NewCredentials(), args...)
+}
+
+// startPickerProcCreds is startPickerProc with the gRPC client's
+// transport credentials (TLS for a picker started with --tls-*).
+func startPickerProcCreds(t *testing.T, name, cfg string, creds credentials.TransportCredentials, args ...string) *pickerProc {
 	t.Helper()
 	port, admin := freePort(t), freePort(t)
 	pp := &pickerProc{addr: "127.0.0.1:" + strconv.Itoa(port)}
@@ -55,7 +66,7 @@ func startPickerProc(t *testing.T, name, cfg string, args ...string) *pickerProc
 	p := startProc(t, name, []string{"EXA_CONFIG=" + cfg}, exaBin, all...)
 	pp.gatewayProc = &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(admin), p: p}
 	waitFor(t, 20*time.Second, name+" /healthz", func() bool { return get(pp.url+"/healthz") == http.StatusOK })
-	conn, err := grpc.NewClient(pp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(pp.addr, grpc.WithTransportCredentials(creds))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	hc := healthpb.NewHealthClient(conn)
@@ -348,6 +359,34 @@ func TestPicker(t *testing.T) {
 		resp.Body.Close()
 		waitFor(t, 10*time.Second, "picker-shed idle", func() bool { return shed.inFlight(t) == 0 })
 		require.Equal(t, 1.0, shed.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "code": "429"}))
+	})
+
+	t.Run("tls self-signed", func(t *testing.T) {
+		// As GIE's gateways reach their own picker: TLS, the self-signed
+		// certificate not verified (Istio's DestinationRule
+		// insecureSkipVerify, Envoy's UpstreamTlsContext without a CA).
+		tp := startPickerProcCreds(t, "picker-tls", cfg, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}), "--tls-self-signed")
+		for _, s := range sims {
+			waitFor(t, 20*time.Second, "picker-tls to admit "+s.url(), func() bool { h, _ := tp.engineHealthy(t, s.url()); return h })
+		}
+		turl := tp.envoy(t, false)
+		first := pickChat(t, turl, chatJSON(system(5), "over TLS", false, 2))
+		require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+		_, ok := eps[first.endpoint]
+		require.True(t, ok, "served by %q, not an engine", first.endpoint)
+		again := pickChat(t, turl, chatJSON(system(5), "over TLS again", true, 2))
+		require.Equal(t, http.StatusOK, again.status, "%s", again.body)
+		require.Equal(t, first.endpoint, again.endpoint, "the same prefix goes to the same engine")
+		waitFor(t, 5*time.Second, "picker-tls idle", func() bool { return tp.inFlight(t) == 0 })
+		require.Equal(t, 2.0, tp.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "code": "200"}))
+
+		plain, err := grpc.NewClient(tp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		defer plain.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{Service: picker.ServiceName})
+		require.Equal(t, codes.Unavailable, status.Code(err), "a plaintext client is refused: %v", err)
 	})
 
 	t.Run("fallback", func(t *testing.T) {

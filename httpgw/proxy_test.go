@@ -448,7 +448,11 @@ func TestFirstByteTimeout(t *testing.T) {
 				require.Equal(t, tt.wantCode, resp.StatusCode, "request %d: %s", i, b)
 				if tt.wantCode != http.StatusOK {
 					msg := decodeError(t, b).Message
-					assert.Contains(t, msg, "first-byte timeout ("+want.String()+")")
+					if tt.stream {
+						assert.Contains(t, msg, "first-byte timeout ("+want.String()+")")
+					} else {
+						assert.Contains(t, msg, "(the response timeout, "+want.String()+", for a non-streamed answer)")
+					}
 					assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
 					assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)
 				} else {

@@ -145,7 +145,11 @@ func TestEngineNeverAnswers(t *testing.T) {
 			resp := f.post("/v1/chat/completions", chatBody(testModel, stream, "sys", "q"))
 			b := readAll(t, resp)
 			require.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
-			assert.Contains(t, decodeError(t, b).Message, "no response byte within the first-byte timeout (20ms)")
+			wantMsg := "no response byte within the first-byte timeout (20ms)"
+			if !stream {
+				wantMsg = "no response byte within the first-byte timeout (the response timeout, 20ms, for a non-streamed answer)"
+			}
+			assert.Contains(t, decodeError(t, b).Message, wantMsg)
 		})
 	}
 }

@@ -23,6 +23,7 @@ type attempt struct {
 	canRetry bool // whether a failure before any byte sent may be retried
 
 	timeout  time.Duration // the first-byte timeout that applies
+	streamed bool          // whether it is FirstByteTimeout, else ResponseTimeout
 	timedOut *atomic.Bool  // set when it fired; nil without a timer
 	stop     func() bool   // stops the first-byte timer
 	ttfb     time.Duration // from the call's arrival to the first byte
@@ -40,6 +41,7 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
 	a.stop = func() bool { return false }
+	a.streamed = c.req.Stream
 	if a.timeout = s.firstByteTimeout(c.req); a.timeout > 0 {
 		// The timer's function shares only this flag with the attempt, so
 		// that the attempt can stay on the stack.
@@ -97,6 +99,9 @@ func (a *attempt) done(lat time.Duration, err error) {
 // of the engine) or else err.
 func (a *attempt) cause(err error) error {
 	if a.timedOut != nil && a.timedOut.Load() {
+		if !a.streamed {
+			return fmt.Errorf("%w (the response timeout, %v, for a non-streamed answer)", errFirstByteTimeout, a.timeout)
+		}
 		return fmt.Errorf("%w (%v)", errFirstByteTimeout, a.timeout)
 	}
 	return err

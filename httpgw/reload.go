@@ -401,15 +401,20 @@ func (s *Server) Reload() (bool, error) {
 	}
 	f, err := config.Load(path)
 	s.mu.Lock()
+	first := !s.fileSeen
 	s.fileSeen, s.fileInfo, s.fileMod, s.fileSize = true, fi, fi.ModTime(), fi.Size()
 	s.mu.Unlock()
+	failed := "gateway: config reload failed; keeping the running configuration"
+	if first {
+		failed = "gateway: config load failed"
+	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
-		s.log.Error("gateway: config reload failed; keeping the running configuration", "file", path, "err", err)
+		s.log.Error(failed, "file", path, "err", err)
 		return false, err
 	}
 	if err := s.applyCounted(f); err != nil {
-		s.log.Error("gateway: config reload failed; keeping the running configuration", "file", path, "err", err)
+		s.log.Error(failed, "file", path, "err", err)
 		return false, err
 	}
 	s.log.Info("gateway: configuration loaded", "file", path, "models", len(f.Models))

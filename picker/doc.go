@@ -67,4 +67,12 @@
 //
 // Register also registers the gRPC health service, SERVING for "" and for
 // ServiceName until SetServing(false).
+//
+// # TLS
+//
+// The Server is served over whatever transport the *grpc.Server has. For
+// TLS, as GIE's own picker serves by default, pass
+// grpc.Creds(credentials.NewTLS(TLSConfig(get))) with get a
+// KeyPair.GetCertificate (PEM files, re-read by KeyPair.Reload) or one
+// returning a SelfSigned certificate.
 package picker

@@ -20,6 +20,7 @@ import (
 	"github.com/examlops/gateway/picker"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 func init() { serveCmd.AddCommand(newPickerCmd()) }
@@ -34,6 +35,8 @@ type pickerFlags struct {
 	tokenizeTimeout, shutdownGrace      time.Duration
 	fallbacks, shedAbove                int
 	pprofListen, logLevel               string
+	tlsCert, tlsKey                     string
+	tlsSelfSigned                       bool
 }
 
 // newPickerCmd returns the `exa serve picker` command.
@@ -44,8 +47,8 @@ func newPickerCmd() *cobra.Command {
 		Short: "Serve the routing to Envoy as an endpoint picker (ext_proc gRPC, Gateway API Inference Extension)",
 		Long: `Serve the routing to Envoy as an endpoint picker.
 
-It is an Envoy external processor (gRPC service envoy.service.ext_proc.v3.ExternalProcessor,
-plaintext HTTP/2, with the gRPC health service) that follows the Gateway API Inference
+It is an Envoy external processor (gRPC service envoy.service.ext_proc.v3.ExternalProcessor
+over HTTP/2, with the gRPC health service) that follows the Gateway API Inference
 Extension's endpoint picker protocol: Envoy sends each request's headers and body
 (FULL_DUPLEX_STREAMED), the picker answers with the chosen engine's ip:port in the header
 and metadata x-gateway-destination-endpoint, and Envoy sends the request there itself. The
@@ -59,15 +62,29 @@ Envoy must reach the engines by IP: a replica whose address has a host name is n
 served in P/D mode sidecar only (the decode replica is picked and the prefill replica named
 in x-prefiller-host-port for llm-d's pd-sidecar).
 
+The gRPC server is plaintext by default. --tls-cert and --tls-key serve TLS with PEM
+files, re-read every --reload-interval when they change; --tls-self-signed serves a
+certificate made at start, as GIE's own picker does by default (Envoy must then skip
+verification, as GIE's configurations do).
+
 --admin-listen serves /metrics (Prometheus), /stats (as "exa serve gateway" serves it) and
 /healthz over HTTP. Envoy's configuration for both deployment modes (plain Envoy with an
 ORIGINAL_DST cluster; Kubernetes, as an InferencePool's endpoint picker) is in docs/picker.md.
 No real Envoy has run against it in this project's tests: they play Envoy's message sequence
 from a Go client.`,
 		Example: `  exa serve routing set JPCP --mode cache_aware --replica e0=http://10.0.0.7:8000 --replica e1=http://10.0.0.8:8000
-  exa serve picker --listen 127.0.0.1:9002 --admin-listen 127.0.0.1:9090`,
+  exa serve picker --listen 127.0.0.1:9002 --admin-listen 127.0.0.1:9090
+  exa serve picker --listen 0.0.0.0:9002 --tls-cert /etc/exa/tls.crt --tls-key /etc/exa/tls.key
+  exa serve picker --listen 0.0.0.0:9002 --tls-self-signed`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runPicker(cmd, fl) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, f := range []string{"tls-cert", "tls-key"} {
+				if fl.tlsSelfSigned && cmd.Flags().Changed(f) {
+					return usagef("--%s and --tls-self-signed cannot be used together", f)
+				}
+			}
+			return runPicker(cmd, fl)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&fl.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
@@ -92,6 +109,11 @@ from a Go client.`,
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let ext_proc streams in flight finish")
 	f.StringVar(&fl.pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof, /debug/pprof/) on this address; off by default")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&fl.tlsCert, "tls-cert", "",
+		"serve TLS with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change")
+	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
+	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
+		"serve TLS with a self-signed certificate made at start (ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification")
 	return cmd
 }
 
@@ -131,6 +153,10 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
 		return usagef("invalid --log-level %q: want debug, info, warn or error", fl.logLevel)
 	}
+	tlsSrc, err := pickerTLS(cmd, fl)
+	if err != nil {
+		return err
+	}
 	path := fl.config
 	if path == "" {
 		p, err := config.Path()
@@ -140,6 +166,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		path = p
 	}
 	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	if tlsSrc != nil && tlsSrc.kp != nil {
+		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
+	}
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
@@ -191,13 +220,24 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	// A request body arrives in Envoy's chunks, but allow a message as
 	// large as the largest body accepted, plus framing.
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20)))
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20))}
+	security := "plaintext"
+	if tlsSrc != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(picker.TLSConfig(tlsSrc.get))))
+		security = tlsSrc.describe()
+	}
+	g := grpc.NewServer(gopts...)
 	pk.Register(g)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	go func() { _ = srv.Run(runCtx) }()
+	if tlsSrc != nil && tlsSrc.kp != nil {
+		tick := time.NewTicker(fl.reload)
+		defer tick.Stop()
+		go watchKeyPair(runCtx, tlsSrc.kp, tick.C, logger)
+	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- g.Serve(ln) }()
 	adminURL := "none"
@@ -209,8 +249,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		}()
 		adminURL = "http://" + adminLn.Addr().String()
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC), admin %s (config %s, %d models)\n",
-		ln.Addr(), adminURL, path, len(srv.Stats().Models))
+	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC, %s), admin %s (config %s, %d models)\n",
+		ln.Addr(), security, adminURL, path, len(srv.Stats().Models))
 	select {
 	case err := <-serveErr:
 		g.Stop()
