@@ -27,7 +27,7 @@ func TestReleaseReportsCachedAnswerBlocks(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newKVCache(tt.cap)
+			c := newKVCache(tt.cap, 1)
 			key := []uint64{1, 2}
 			slots := make([]int32, len(key))
 			m := c.match(key, slots)
@@ -39,7 +39,7 @@ func TestReleaseReportsCachedAnswerBlocks(t *testing.T) {
 			assert.Equal(t, tt.want, got)
 			assert.Equal(t, tt.wantEvicted, c.evicted)
 			for _, h := range tt.out {
-				_, cached := c.idx.get(h)
+				cached := c.idx.Has(h)
 				assert.Equal(t, cached, contains(got, h), "block %d", h)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -119,7 +120,8 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	for i := range reps {
 		name := "r" + strconv.Itoa(i)
 		reps[i] = gateway.Replica{Name: name, CacheBlocks: e.cap}
-		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap)})
+		// A per-run secret places the blocks in each replica's table.
+		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64())})
 		e.byNm[name] = int32(i)
 	}
 	opts := []gateway.Option{

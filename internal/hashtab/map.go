@@ -136,11 +136,12 @@ func (t *Map[V]) Delete(k uint64) bool {
 // the secret. t must not change during the iteration.
 func (t *Map[V]) All() iter.Seq2[uint64, V] {
 	return func(yield func(uint64, V) bool) {
-		if t.top && !yield(t.seed.Unmix(free), t.topVal) {
+		u := t.seed.unmixer()
+		if t.top && !yield(u.unmix(free), t.topVal) {
 			return
 		}
 		for _, e := range t.tab {
-			if e.m != free && !yield(t.seed.Unmix(e.m), e.v) {
+			if e.m != free && !yield(u.unmix(e.m), e.v) {
 				return
 			}
 		}

@@ -30,10 +30,20 @@ func (s *Seed) Mix(h uint64) uint64 {
 
 // Unmix inverts Mix: Unmix(Mix(h)) == h.
 func (s *Seed) Unmix(m uint64) uint64 {
-	m *= oddInverse(s.K2)
+	u := s.unmixer()
+	return u.unmix(m)
+}
+
+// unmixer is Unmix with the inverses of K1 and K2 computed once.
+type unmixer struct{ k0, i1, i2 uint64 }
+
+func (s *Seed) unmixer() unmixer { return unmixer{s.K0, oddInverse(s.K1), oddInverse(s.K2)} }
+
+func (u *unmixer) unmix(m uint64) uint64 {
+	m *= u.i2
 	m ^= m >> 32
-	m *= oddInverse(s.K1)
-	return m ^ s.K0
+	m *= u.i1
+	return m ^ u.k0
 }
 
 // oddInverse returns the inverse of odd k modulo 2^64 (Newton's iteration
