@@ -119,8 +119,7 @@ func newSeed(secret uint64) seed {
 
 // mix returns the placed hash of block hash h (hashtab.Seed.Mix).
 func (sd *seed) mix(h uint64) uint64 {
-	s := hashtab.Seed{K0: sd.k0, K1: sd.k1, K2: sd.k2}
-	return s.Mix(h)
+	return hashtab.Seed{K0: sd.k0, K1: sd.k1, K2: sd.k2}.Mix(h)
 }
 
 // newIndex returns an empty index placing blocks under a secret drawn

@@ -21,7 +21,7 @@ func NewSeed(secret uint64) Seed {
 }
 
 // Mix returns the placed hash of h.
-func (s *Seed) Mix(h uint64) uint64 {
+func (s Seed) Mix(h uint64) uint64 {
 	h ^= s.K0
 	h *= s.K1
 	h ^= h >> 32
@@ -29,7 +29,7 @@ func (s *Seed) Mix(h uint64) uint64 {
 }
 
 // Unmix inverts Mix: Unmix(Mix(h)) == h.
-func (s *Seed) Unmix(m uint64) uint64 {
+func (s Seed) Unmix(m uint64) uint64 {
 	u := s.unmixer()
 	return u.unmix(m)
 }
@@ -37,7 +37,7 @@ func (s *Seed) Unmix(m uint64) uint64 {
 // unmixer is Unmix with the inverses of K1 and K2 computed once.
 type unmixer struct{ k0, i1, i2 uint64 }
 
-func (s *Seed) unmixer() unmixer { return unmixer{s.K0, oddInverse(s.K1), oddInverse(s.K2)} }
+func (s Seed) unmixer() unmixer { return unmixer{s.K0, oddInverse(s.K1), oddInverse(s.K2)} }
 
 func (u *unmixer) unmix(m uint64) uint64 {
 	m *= u.i2
