@@ -24,14 +24,13 @@ import (
 //
 // The tables are ordered hash tables (Amble and Knuth 1974), probed,
 // filled and emptied by package internal/hashtab, which the simulator's
-// tables share: the homes of
-// n slots lie in 0..n-1, maxProbe spare slots follow so that no run wraps
-// around, and, since the home slot grows with the hash, keeping each run
-// sorted by hash keeps the occupied slots in ascending order of hash and
-// of home: Robin Hood placement, with ties broken by hash. A probe stops
-// at the first slot whose hash is not below the one sought, so a lookup
-// for an absent block ends about as soon as one for a present block,
-// with one comparison per slot.
+// tables share: the homes of n slots lie in 0..n-1, maxProbe spare slots
+// follow so that no run wraps around, and, since the home slot grows with
+// the hash, keeping each run sorted by hash keeps the occupied slots in
+// ascending order of hash and of home: Robin Hood placement, with ties
+// broken by hash. A probe stops at the first slot whose hash is not below
+// the one sought, so a lookup for an absent block ends about as soon as
+// one for a present block, with one comparison per slot.
 //
 // A lookup walks the request's blocks once, ANDing holder bit sets, so it
 // costs one table probe per matched block whatever the replica count.
