@@ -3,6 +3,8 @@ package gateway
 import (
 	"fmt"
 	"slices"
+
+	"github.com/examlops/gateway/internal/refengine"
 )
 
 // Disaggregated routes prefill and decode to two independently scaled
@@ -72,21 +74,23 @@ type DisaggResult struct {
 	// derived from the key, generated the same tokens with prefill and
 	// decode split (KV cache serialised and handed over) as co-located.
 	IdenticalOutput bool
-	// Output is the co-located generation; KVBytes the size of the KV
-	// transfer.
+	// Output is the co-located generation (16 tokens); KVBytes the size
+	// of the KV transfer.
 	Output  []uint32
 	KVBytes int
 }
 
-// DisaggOutputTokens is how many tokens DisaggregatedRoute generates on
+// disaggOutputTokens is how many tokens DisaggregatedRoute generates on
 // each path to compare them.
-const DisaggOutputTokens = 16
+const disaggOutputTokens = 16
 
 // DisaggregatedRoute routes key once across a prefill pool and a decode
 // pool and checks the split is a scheduling concern only: it runs a small
-// deterministic reference engine both co-located and split, with the
-// prefill's KV cache serialised and handed to the decode side, and
-// compares the outputs token for token.
+// deterministic reference engine (one attention head, float32, in
+// internal/refengine) both co-located and split, with the prefill's KV
+// cache serialised and handed to the decode side, and compares the
+// outputs token for token. The HTTP gateway (package httpgw) runs the
+// split against real engines; its e2e tests compare their answers.
 func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResult, error) {
 	if len(key) == 0 {
 		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrEmptyKey)
@@ -101,9 +105,10 @@ func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResul
 	}
 	defer dd.Prefill.Done(DoneInfo{})
 	defer dd.Decode.Done(DoneInfo{})
-	prompt := promptOf(key, refModel.vocab)
-	co := refModel.colocated(prompt, DisaggOutputTokens)
-	sp, n, err := refModel.split(prompt, DisaggOutputTokens)
+	m := refengine.Default
+	prompt := refengine.PromptOf(key, m.Vocab)
+	co := m.Colocated(prompt, disaggOutputTokens)
+	sp, n, err := m.Split(prompt, disaggOutputTokens)
 	if err != nil {
 		return DisaggResult{}, err
 	}

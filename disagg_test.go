@@ -1,10 +1,9 @@
 package gateway
 
 import (
-	"encoding/binary"
-	"slices"
 	"testing"
 
+	"github.com/examlops/gateway/internal/refengine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -28,73 +27,14 @@ func TestPropDisaggregatedOutputIdentical(t *testing.T) {
 		res, err := DisaggregatedRoute(key, prefillPool, decodePool)
 		require.NoError(t, err)
 		require.True(t, res.IdenticalOutput)
-		require.Len(t, res.Output, DisaggOutputTokens)
-		prompt := promptOf(key, refModel.vocab)
-		require.Equal(t, 8+2*4*refModel.dim*len(prompt), res.KVBytes, "KV bytes for %d positions", len(prompt))
-		require.Equal(t, refModel.colocated(prompt, DisaggOutputTokens), res.Output)
+		require.Len(t, res.Output, disaggOutputTokens)
+		m := refengine.Default
+		prompt := refengine.PromptOf(key, m.Vocab)
+		require.Equal(t, 8+2*4*m.Dim*len(prompt), res.KVBytes, "KV bytes for %d positions", len(prompt))
+		require.Equal(t, m.Colocated(prompt, disaggOutputTokens), res.Output)
 		require.Contains(t, []string{"p0", "p1"}, res.PrefillReplica)
 		require.Contains(t, []string{"d0", "d1"}, res.DecodeReplica)
 	})
-}
-
-// TestPropRefEngineSplitEqualsColocated checks the engine itself on random
-// token prompts of any length.
-func TestPropRefEngineSplitEqualsColocated(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		prompt := rapid.SliceOfN(rapid.Uint32Range(0, uint32(refModel.vocab-1)), 1, 64).Draw(t, "prompt")
-		n := rapid.IntRange(1, 24).Draw(t, "tokens")
-		co := refModel.colocated(prompt, n)
-		sp, kvBytes, err := refModel.split(prompt, n)
-		require.NoError(t, err)
-		require.Equal(t, co, sp)
-		require.Len(t, co, n)
-		require.Equal(t, 8+8*refModel.dim*len(prompt), kvBytes)
-	})
-}
-
-// TestDisaggComparisonIsSensitive: the identical-output check can fail. A
-// lossy KV transfer (float32 truncated to bfloat16) changes the output of
-// some prompts, so the comparison is not vacuous.
-func TestDisaggComparisonIsSensitive(t *testing.T) {
-	differ := 0
-	for i := range 64 {
-		prompt := promptOf(KeyFromHashes([]uint64{uint64(i), uint64(i * i), 7, uint64(i + 3)}), refModel.vocab)
-		co := refModel.colocated(prompt, DisaggOutputTokens)
-		wire := refModel.prefill(prompt).marshal()
-		for off := 8; off < len(wire); off += 4 {
-			binary.LittleEndian.PutUint16(wire[off:], 0) // drop the low mantissa bits
-		}
-		c, err := unmarshalKV(wire)
-		require.NoError(t, err)
-		if !slices.Equal(co, refModel.decode(c, prompt[len(prompt)-1], DisaggOutputTokens)) {
-			differ++
-		}
-	}
-	assert.Positive(t, differ, "a lossy transfer must change some outputs")
-}
-
-func TestUnmarshalKVRejectsMalformed(t *testing.T) {
-	good := refModel.prefill([]uint32{1, 2, 3}).marshal()
-	zeroDim := slices.Clone(good)
-	binary.LittleEndian.PutUint32(zeroDim, 0)
-	tests := map[string][]byte{
-		"empty":       nil,
-		"short":       good[:5],
-		"truncated":   good[:len(good)-1],
-		"extra byte":  append(slices.Clone(good), 0),
-		"zero dim":    zeroDim,
-		"header only": good[:8],
-	}
-	for name, b := range tests {
-		t.Run(name, func(t *testing.T) {
-			_, err := unmarshalKV(b)
-			require.ErrorIs(t, err, errKVFormat)
-			assert.Regexp(t, `^gateway: `, err.Error())
-		})
-	}
-	c, err := unmarshalKV(good)
-	require.NoError(t, err)
-	assert.Equal(t, refModel.prefill([]uint32{1, 2, 3}), c)
 }
 
 // TestDisaggregatedRouteExample is the README's example: the first request

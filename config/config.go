@@ -105,10 +105,36 @@ type Model struct {
 	// DecodePool names the pool that runs decode when Disaggregate is
 	// true; "" when unset.
 	DecodePool string `json:"decode_pool,omitempty"`
+	// PDMode is how the HTTP gateway splits the model's requests when
+	// Disaggregate is true: "gateway" or "sidecar" (see [PDModeGateway]
+	// and [PDModeSidecar]); "" means gateway.
+	PDMode string `json:"pd_mode,omitempty"`
+	// PDMinUncachedTokens is the P/D decider's threshold: a request is
+	// split only when at least this many prompt tokens are not cached on
+	// its decode replica. Nil means [DefaultPDMinUncachedTokens]; 0
+	// splits every request.
+	PDMinUncachedTokens *int `json:"pd_min_uncached_tokens,omitempty"`
 	// Replicas serve the model when it is not disaggregated; nil means none configured.
 	Replicas []Replica `json:"replicas,omitempty"`
 	// Pools maps a pool name to its replicas; nil means no pools.
 	Pools map[string][]Replica `json:"pools,omitempty"`
+	// Index is approximate (the default when "") or exact: see
+	// [IndexExact]. A model on the exact index must be cache_aware, not
+	// disaggregated, and have a source of KV events for every replica:
+	// KVEventsBind or the replica's KVEvents.
+	Index string `json:"index,omitempty"`
+	// BlockSize is the engines' KV block size in tokens, which the exact
+	// index keys requests with (vLLM's --block-size); 0 means
+	// DefaultBlockSize (16). At most MaxBlockSize. Kept, inactive, on the
+	// approximate index.
+	BlockSize int `json:"block_size,omitempty"`
+	// KVEventsBind is a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH) the
+	// gateway listens on for KV events, where engines whose publisher
+	// connects (llm-d-inference-sim's --zmq-endpoint; vLLM's with a host
+	// in its endpoint) publish. Each message's topic kv@POD@MODEL names
+	// its engine: the replica whose Pod is POD (see [Replica.Pod]). ""
+	// means none: every replica then needs its own KVEvents.
+	KVEventsBind string `json:"kv_events_bind,omitempty"`
 }
 
 // LoadWeights are the weights of the load-aware score, mirroring
@@ -139,6 +165,18 @@ type Replica struct {
 	Address string `json:"address"`
 	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
 	CacheBlocks int `json:"cache_blocks,omitempty"`
+	// KVEvents is the ZMQ endpoint (tcp://HOST:PORT or ipc://PATH) of the
+	// engine's KV-event publisher, which the gateway connects to (vLLM
+	// binds tcp://*:5557 by default, so tcp://ENGINE_HOST:5557); "" means
+	// the model's KVEventsBind. Several replicas may share one (a relay):
+	// messages are then told apart by the pod of their topic.
+	KVEvents string `json:"kv_events,omitempty"`
+	// Pod is the name the engine gives itself in its events' topics
+	// (kv@POD@MODEL; llm-d-inference-sim's POD_IP). "" means the
+	// address's host:port (http://10.0.0.7:8000 answers to 10.0.0.7:8000),
+	// or its host alone (10.0.0.7) when no other replica of the event
+	// source has that host.
+	Pod string `json:"pod,omitempty"`
 }
 
 // Gateway returns the replica as a gateway.Replica (healthy).
@@ -166,7 +204,8 @@ func (m Model) GatewayMode() (gateway.Mode, error) {
 }
 
 // Options returns the gateway options the model's configuration implies:
-// its mode, its SLO (when set) and its load weights (when set).
+// its mode, its SLO (when set), its load weights (when set) and the exact
+// index (when set).
 func (m Model) Options() ([]gateway.Option, error) {
 	mode, err := m.GatewayMode()
 	if err != nil {
@@ -178,6 +217,9 @@ func (m Model) Options() ([]gateway.Option, error) {
 	}
 	if m.LoadWeights != nil {
 		opts = append(opts, gateway.WithLoadWeights(m.LoadWeights.Gateway()))
+	}
+	if m.Exact() {
+		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
 	}
 	return opts, nil
 }
@@ -204,6 +246,10 @@ func (m Model) Clone() Model {
 	if m.LoadWeights != nil {
 		w := *m.LoadWeights
 		c.LoadWeights = &w
+	}
+	if m.PDMinUncachedTokens != nil {
+		n := *m.PDMinUncachedTokens
+		c.PDMinUncachedTokens = &n
 	}
 	c.Replicas = slices.Clone(m.Replicas)
 	if m.Pools != nil {
@@ -338,6 +384,9 @@ func (m Model) Validate() error {
 			return &FieldError{Field: "decode_pool", Value: m.DecodePool, Reason: "must differ from prefill_pool"}
 		}
 	}
+	if err := m.validatePD(); err != nil {
+		return err
+	}
 	if err := validateReplicas("replicas", m.Replicas); err != nil {
 		return err
 	}
@@ -349,15 +398,17 @@ func (m Model) Validate() error {
 			return err
 		}
 	}
-	return m.validateReplicaCounts()
+	if err := m.validateReplicaCounts(); err != nil {
+		return err
+	}
+	return m.validateIndex()
 }
 
 // validateReplicaCounts checks that no gateway built from the model would
 // hold more than gateway.MaxReplicas replicas: not its replica list, not
-// one pool, and not the prefill and decode pools together (the HTTP
-// gateway proxies a disaggregated model without replicas over both pools
-// merged). Pools that are named but not defined are not an error here:
-// the CLI names them before they exist.
+// one pool (the HTTP gateway routes each pool of a disaggregated model
+// with a gateway of its own). Pools that are named but not defined are
+// not an error here: the CLI names them before they exist.
 func (m Model) validateReplicaCounts() error {
 	tooMany := func(field string, n int) error {
 		return &FieldError{Field: field, Value: fmt.Sprintf("%d replicas", n), Reason: fmt.Sprintf("at most %d replicas", gateway.MaxReplicas)}
@@ -368,11 +419,6 @@ func (m Model) validateReplicaCounts() error {
 	for _, name := range slices.Sorted(maps.Keys(m.Pools)) {
 		if n := len(m.Pools[name]); n > gateway.MaxReplicas {
 			return tooMany(joinPath("pools", name), n)
-		}
-	}
-	if m.Disaggregate {
-		if n := len(m.Pools[m.PrefillPool]) + len(m.Pools[m.DecodePool]); n > gateway.MaxReplicas {
-			return tooMany(joinPath("pools", m.PrefillPool)+"+"+m.DecodePool, n)
 		}
 	}
 	return nil
@@ -432,5 +478,5 @@ func (f *File) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return f.validateKVSources()
 }

@@ -111,10 +111,10 @@ func TestModelValidate(t *testing.T) {
 		{"empty pool name", func(m *Model) { m.Pools[""] = nil }, "pool"},
 		{"too many replicas", func(m *Model) { m.Replicas = manyReplicas("r", gateway.MaxReplicas+1) }, "replicas"},
 		{"too many in one pool", func(m *Model) { m.Pools["other"] = manyReplicas("o", gateway.MaxReplicas+1) }, "pools.other"},
-		{"too many in the merged pools", func(m *Model) {
-			m.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2+1)
-			m.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
-		}, "pools.prefill+decode"},
+		{"unknown pd mode", func(m *Model) { m.PDMode = "both" }, "pd_mode"},
+		{"pd mode in capitals", func(m *Model) { m.PDMode = "Sidecar" }, "pd_mode"},
+		{"negative pd threshold", func(m *Model) { n := -1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
+		{"huge pd threshold", func(m *Model) { n := MaxPDMinUncachedTokens + 1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := sample().Clone()
@@ -130,9 +130,21 @@ func TestModelValidate(t *testing.T) {
 	assert.NoError(t, Model{}.Validate())
 	limits := sample().Clone()
 	limits.Replicas = manyReplicas("r", gateway.MaxReplicas)
-	limits.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas/2)
-	limits.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas/2)
-	assert.NoError(t, limits.Validate(), "exactly MaxReplicas is allowed")
+	limits.Pools["prefill"] = manyReplicas("p", gateway.MaxReplicas)
+	limits.Pools["decode"] = manyReplicas("d", gateway.MaxReplicas)
+	assert.NoError(t, limits.Validate(), "exactly MaxReplicas is allowed, in each pool")
+	pd := sample().Clone()
+	zero, most := 0, MaxPDMinUncachedTokens
+	pd.PDMode, pd.PDMinUncachedTokens = PDModeSidecar, &zero
+	assert.NoError(t, pd.Validate(), "threshold 0 splits every request")
+	pd.PDMode, pd.PDMinUncachedTokens = PDModeGateway, &most
+	assert.NoError(t, pd.Validate())
+	assert.Equal(t, PDModeGateway, Model{}.PDModeName())
+	assert.Equal(t, DefaultPDMinUncachedTokens, Model{}.MinUncachedTokens())
+	assert.Equal(t, MaxPDMinUncachedTokens, pd.MinUncachedTokens())
+	c := pd.Clone()
+	*c.PDMinUncachedTokens = 7
+	assert.Equal(t, MaxPDMinUncachedTokens, *pd.PDMinUncachedTokens, "Clone copies the threshold")
 	undefined := Model{Disaggregate: true, PrefillPool: DefaultPrefillPool, DecodePool: DefaultDecodePool}
 	assert.NoError(t, undefined.Validate(), "pools may be named before they are defined (exa serve routing set --disaggregate)")
 	assert.Equal(t, ModeRoundRobin, Model{}.ModeName())
@@ -198,7 +210,7 @@ func TestBadFileLeftUntouched(t *testing.T) {
 		{"duplicate model", `{"models":{"M":{},"M":{"mode":"cache_aware"}}}`, ErrCorrupt, "models.M is given twice"},
 		{"duplicate field", `{"version":1,"version":1}`, ErrCorrupt, "version is given twice"},
 		{"field in another case", `{"Models":{}}`, ErrCorrupt, `unknown field Models (field names are case-sensitive: did you mean "models"?)`},
-		{"nested unknown field", `{"models":{"M":{"replicas":[{"name":"r0","adress":"http://x"}]}}}`, ErrCorrupt, "unknown field models.M.replicas[0].adress; the fields of models.M.replicas[0] are address, cache_blocks, name"},
+		{"nested unknown field", `{"models":{"M":{"replicas":[{"name":"r0","adress":"http://x"}]}}}`, ErrCorrupt, "unknown field models.M.replicas[0].adress; the fields of models.M.replicas[0] are address, cache_blocks, kv_events, name, pod"},
 		{"object for a scalar", `{"models":{"M":{"mode":{}}}}`, ErrCorrupt, "models.M.mode is an object, want a string, number or boolean"},
 		{"array for an object", `{"models":[]}`, ErrCorrupt, "models is an array, want an object"},
 		{"scalar for an array", `{"models":{"M":{"replicas":"r0"}}}`, ErrCorrupt, "models.M.replicas is a string, want an array"},

@@ -26,6 +26,8 @@
 //	      "disaggregate": true,
 //	      "prefill_pool": "prefill",
 //	      "decode_pool": "decode",
+//	      "pd_mode": "gateway",
+//	      "pd_min_uncached_tokens": 512,
 //	      "replicas": [
 //	        {"name": "r0", "address": "http://10.0.0.1:8000"},
 //	        {"name": "r1", "address": "http://10.0.0.2:8000", "cache_blocks": 8192}
@@ -51,6 +53,15 @@
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate
 //     is true; both must then be set and differ. They are kept, inactive,
 //     when disaggregation is switched off.
+//   - pd_mode: how the HTTP gateway splits a disaggregated model's
+//     requests: gateway (the default when absent or empty: it sends the
+//     prefill and decode requests itself) or sidecar (decode replicas run
+//     behind llm-d's pd-sidecar; the gateway names the prefill replica in
+//     x-prefiller-host-port).
+//   - pd_min_uncached_tokens: the P/D decider's threshold: a request is
+//     split only when at least this many prompt tokens are not cached on
+//     its decode replica; absent means [DefaultPDMinUncachedTokens] (512),
+//     0 splits every request, at most [MaxPDMinUncachedTokens].
 //   - replicas: the replicas serving the model when it is not
 //     disaggregated, each with a unique name and an address: an http:// or
 //     https:// base URL with a host, an optional port in 1..65535 and an
@@ -59,6 +70,20 @@
 //     [ValidateAddress]); cache_blocks is optional (0 means the gateway's
 //     default, at most gateway.MaxCacheBlocks).
 //   - pools: named replica pools, for example the prefill and decode pools.
+//   - index: approximate (the default) or exact: routing on the engines' own
+//     KV events (see docs/kv-events.md). exact needs mode cache_aware, no
+//     disaggregation, and an event source for every replica.
+//   - block_size: the engines' KV block size in tokens for the exact index,
+//     0..[MaxBlockSize] (0 or absent means 16).
+//   - kv_events_bind: a ZMQ endpoint (tcp://HOST:PORT, HOST may be * or
+//     0.0.0.0; or ipc://PATH) the gateway listens on for the KV events of
+//     engines whose publisher connects; topics kv@POD@MODEL name them.
+//   - a replica's kv_events: the endpoint of its engine's publisher, which
+//     the gateway connects to (tcp://HOST:PORT, HOST not * or 0.0.0.0); no
+//     endpoint is both bound by a model and connected to by a replica.
+//   - a replica's pod: the name its engine gives in its topics (no '@');
+//     absent means the address's host:port, or its host alone. Two
+//     replicas heard on one endpoint may not answer to the same pod.
 //
 // Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
 // valid UTF-8, without surrounding spaces or control characters.

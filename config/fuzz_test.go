@@ -33,6 +33,15 @@ func FuzzDecode(f *testing.F) {
 		`{"models":{"a\u200bb":{"mode":"x"}}}`, `{"models":{"a.b":{"pools":{"p\u00ad":[{"name":"x","address":""}]}}}}`,
 		`{"models":{"M":{"slo_latency_ms":9223372036854}}}`,
 		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pools":{"p":[{"name":"p0","address":"http://p"}]}}}}`,
+		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pd_mode":"sidecar","pd_min_uncached_tokens":0}}}`,
+		`{"models":{"M":{"pd_mode":"gateway","pd_min_uncached_tokens":512}}}`,
+		`{"models":{"M":{"pd_mode":"both"}}}`, `{"models":{"M":{"pd_min_uncached_tokens":-1}}}`,
+		`{"models":{"M":{"pd_min_uncached_tokens":1e3}}}`, `{"models":{"M":{"pd_min_uncached_tokens":null}}}`,
+		`{"models":{"M":{"mode":"cache_aware","index":"exact","block_size":16,"kv_events_bind":"tcp://*:5557","replicas":[{"name":"r0","address":"10.0.0.1:8000","pod":"10.0.0.1"}]}}}`,
+		`{"models":{"M":{"mode":"cache_aware","index":"exact","replicas":[{"name":"r0","address":"10.0.0.1:8000","kv_events":"tcp://10.0.0.1:5557"},{"name":"r1","address":"10.0.0.2:8000","kv_events":"tcp://10.0.0.1:5557","pod":"10.0.0.1:8000"}]}}}`,
+		`{"models":{"M":{"index":"exact","block_size":-1,"kv_events_bind":"tcp://[::1]:0"}}}`,
+		`{"models":{"M":{"index":"approximate","kv_events_bind":"ipc:///tmp/x","replicas":[{"name":"r0","address":"h:1","kv_events":"tcp://*:1","pod":"a@b"}]}}}`,
+		`{"models":{"A":{"mode":"cache_aware","index":"exact","kv_events_bind":"tcp://h:1"},"B":{"replicas":[{"name":"r","address":"h:2","kv_events":"tcp://h:1"}]}}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -85,6 +94,9 @@ func FuzzDecodeGatewayStats(f *testing.F) {
 	f.Add([]byte(`{"models":null,"model":"M"}`), "M")
 	f.Add([]byte(`{"models":{"M":{"replicas":[{"name":"\u001b]0;x\u0007"}]}}}`), "M")
 	f.Add([]byte(`null`), "M")
+	f.Add([]byte(`{"models":{"M":{"model":"M","index":"exact","replicas":[{"name":"r0","cached_blocks":12}],"kv_events":{"block_size":16,"tokenize":{"requests":5,"engine_calls":3,"errors":1},"fallbacks":{"tokenize_error":1},"engines":[{"endpoint":"tcp://*:5557","topic":"kv@p@M","replicas":["M/r0"],"dropped_by":{"orphan":2},"mapped_blocks":12}],"endpoints":[{"endpoint":"tcp://*:5557","bound":true}]}}}}`), "M")
+	f.Add([]byte(`{"models":{"M":{"kv_events":{"engines":{"x":1}}}}}`), "M")
+	f.Add([]byte(`{"models":{"M":{"kv_events":null,"index":7}}}`), "M")
 	f.Add([]byte(`{"models":{"":{}}}`), "")
 	if data, err := os.ReadFile("testdata/stats_document.json"); err == nil {
 		f.Add(data, "JPCP")

@@ -26,11 +26,12 @@ type shape struct {
 // fileShape is the layout of [File].
 var fileShape = func() *shape {
 	scalar := &shape{}
-	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar}}
+	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "pod": scalar}}
 	replicas := &shape{elems: replica}
 	model := &shape{fields: map[string]*shape{
 		"mode": scalar, "slo_latency_ms": scalar, "disaggregate": scalar,
-		"prefill_pool": scalar, "decode_pool": scalar,
+		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
+		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},

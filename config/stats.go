@@ -72,9 +72,18 @@ type RoutingStats struct {
 	NoHealthy uint64 `json:"no_healthy"`
 	// Replicas gives each replica's routed requests and share, by name.
 	Replicas []ReplicaStats `json:"replicas"`
+	// Disaggregation, for a gateway's disaggregated model, gives the P/D
+	// decider's and split requests' figures; the record's other fields
+	// are then the decode pool's. Nil otherwise.
+	Disaggregation *DisaggregationStats `json:"disaggregation,omitempty"`
 	// Simulation, for simulated records, holds the simulator's fuller
 	// report (JSON, as the simulator writes it); nil otherwise.
 	Simulation json.RawMessage `json:"simulation,omitempty"`
+	// Index, for a gateway, is the model's index: approximate or exact.
+	Index string `json:"index,omitempty"`
+	// KVEvents, for a gateway model on the exact index, describes its
+	// tokenization and its engines' KV events; nil otherwise.
+	KVEvents *KVEventsStats `json:"kv_events,omitempty"`
 }
 
 // ReplicaStats is one replica's share of a model's requests.
@@ -91,6 +100,9 @@ type ReplicaStats struct {
 	// PrefillTokens, for simulations, counts the prompt tokens the replica
 	// computed (not served from cache); 0 for a gateway.
 	PrefillTokens int64 `json:"prefill_tokens,omitempty"`
+	// CachedBlocks, for a gateway, is the number of blocks its index holds
+	// for the replica (the index size); 0 for simulations.
+	CachedBlocks int `json:"cached_blocks,omitempty"`
 }
 
 // StatsDocument is the body of the HTTP gateway's GET /stats: statistics

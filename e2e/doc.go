@@ -21,6 +21,14 @@
 //   - TestMultiTurnSessions: multi-turn chats resending their history;
 //     cache-aware routing keeps each on the engine holding its earlier
 //     turns.
+//   - TestKV* (kvevents_test.go): the kvevents library against engines
+//     publishing KV events: exact predictions in both encodings,
+//     evictions, restarts, two gateways through a relay, tokenize latency.
+//   - TestKVGateway* (kvgateway_test.go): the exact index through
+//     `exa serve gateway`: predicted cached tokens against the engines'
+//     cached_tokens, two gateways taking turns (exact against
+//     approximate), an engine killed and restarted, the latency added by
+//     tokenization. Figures in docs/kv-events.md.
 //   - TestAddedLatency: direct, through the gateway and through a bare
 //     httputil.ReverseProxy, taking turns at a steady rate; logs p50, p90
 //     and p99 (EXA_E2E_LATENCY_N, EXA_E2E_LATENCY_RATE tune it).

@@ -169,10 +169,9 @@ func pollUntil(t *testing.T, what string, cond func() bool) {
 
 // kvRequest is a completion or a chat request.
 type kvRequest struct {
-	prompt   string // completion
-	system   string // chat
-	user     string
-	messages json.RawMessage
+	prompt string // completion
+	system string // chat
+	user   string
 }
 
 func (r kvRequest) tokenizeRequest() kvevents.TokenizeRequest {

@@ -36,11 +36,39 @@
 // new configuration (every model's gateway built or its replica changes
 // checked against the gateway's limits) before it changes any running
 // gateway, so a file that fails part way changes nothing. A model marked
-// disaggregate is proxied over its replicas, or over its prefill and
-// decode pools together; the HTTP gateway does not split the phases. Such
-// a model whose pools are named but not defined yet (as
-// `exa serve routing set --disaggregate` leaves it) is accepted and
+// disaggregate whose prefill and decode pools are defined is served split
+// (see Disaggregation); until they are it is proxied over its replicas,
+// and with none (as `exa serve routing set --disaggregate` leaves it) it
 // answers 503 naming the missing pools.
+//
+// # Disaggregation
+//
+// A disaggregated model's request is routed to a decode replica first,
+// load-aware over the decode pool. The decider then estimates the prompt
+// tokens not cached there (the key blocks the decode pool's index does
+// not match that replica with, at Options.BlockSize/4 tokens a block) and
+// splits the request only when they reach pd_min_uncached_tokens
+// (config.DefaultPDMinUncachedTokens, 512); otherwise the decode replica
+// serves it co-located. A split request gets a prefill replica,
+// cache-aware over the prefill pool. In gateway mode (pd_mode "gateway",
+// the default) the gateway sends the prefill request (the client's body
+// with stream false, no stream_options, max_tokens and
+// max_completion_tokens 1, kv_transfer_params asking for a remote decode,
+// and an x-request-id), then the decode request (the client's body with
+// the prefill answer's kv_transfer_params and the same x-request-id),
+// whose answer is relayed as any other: vLLM's NixlConnector protocol as
+// llm-d's pd-sidecar v0.7.1 runs it. A prefill 4xx (400-451) is relayed
+// to the client; any other prefill failure (status, transport, first-byte
+// timeout), or an answer without kv_transfer_params, falls back to
+// decoding co-located. A decode failure before the first byte is retried
+// once on another decode replica with the same decode request. In sidecar
+// mode (pd_mode "sidecar", for decode replicas behind pd-sidecar) the
+// gateway sends the client's request to the decode replica with the
+// prefill replica's host:port in x-prefiller-host-port and the sidecar
+// runs the two requests. A client's own x-prefiller-host-port never
+// reaches an engine. Answers carry X-Exa-Disagg ("split; uncached=N",
+// "colocated; uncached=N" or the fallback reason) and, when split,
+// X-Exa-Prefill-Replica. docs/disaggregation.md has the setup and figures.
 //
 // # Prefix key
 //
@@ -66,6 +94,33 @@
 // that served the earlier turns holds their prefix. Empty parts add
 // nothing; a request with no text at all gets a one-block key naming the
 // model.
+//
+// # Exact index
+//
+// A model configured with index exact (`exa serve routing set MODEL
+// --index exact`) routes on an index that only its engines' KV events
+// change (package kvevents: vLLM's ZMQ publisher, or
+// llm-d-inference-sim's), received on the model's kv_events_bind
+// endpoint (the gateway listens; each message's topic kv@POD@MODEL names
+// the replica whose pod, or else address host:port or host, is POD) or
+// from each replica's kv_events endpoint (the gateway connects). Its
+// requests are keyed from the engine's own tokens instead of the prefix
+// key below: Options.Tokenizer, by default a healthy replica's POST
+// /tokenize behind a cache of tokenized requests, bounded by
+// Options.TokenizeTimeout; the tokens, cut into the model's block_size
+// (default 16), chain from the model name as the events do. A request
+// that cannot be keyed so (tokenization failed, fewer tokens than a
+// block, a list of prompts, a field that changes the engine's tokens such
+// as cache_salt) is routed with its prefix key, which the exact index
+// never holds, so as if nothing were cached (load-aware), and counted by
+// reason; its X-Exa-Decision ends "; index=exact; fallback=REASON", that
+// of a keyed request "; index=exact" (matched counts blocks of block_size
+// tokens: the engine's cached tokens as predicted). Reloads open new bind
+// endpoints before applying (a port in use rejects the configuration),
+// reset engines removed or reconfigured, and give a replica newly attached
+// to an engine heard before the blocks the index holds for it; an engine
+// ejected by the health checks is reset. docs/kv-events.md has the
+// operator's guide, figures and limits.
 //
 // # Engine signals
 //
@@ -138,6 +193,27 @@
 //	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
 //	probe_failures_total{address}, scrape_errors_total{address}
 //	config_reloads_total{result}, in_flight_requests
+//	index_cached_blocks{model,replica}         blocks the index holds per replica
+//	disagg_requests_total{model,path}          P/D decider's choice: split or colocated
+//	disagg_split_share{model}                  split/decided of the current routing table
+//	disagg_fallbacks_total{model,reason}       prefill_unavailable, prefill_failed,
+//	                                           prefill_no_kv_params, decode_retry
+//	disagg_phase_seconds{model,phase}          histogram (gateway mode): prefill,
+//	                                           decode_first_byte, decode
+//
+// and, for the exact index (see docs/kv-events.md):
+//
+//	kv_messages_total, kv_malformed_messages_total, kv_events_total,
+//	kv_events_applied_total, kv_blocks_stored_total, kv_blocks_removed_total,
+//	kv_sequence_gaps_total, kv_restarts_total, kv_overflows_total,
+//	kv_clears_total, kv_resets_total, kv_mapped_blocks   {endpoint,topic} per engine
+//	kv_events_dropped_total{endpoint,topic,reason}
+//	kv_malformed_frames_total, kv_unresolved_total
+//	kv_endpoint_connected, kv_endpoint_connects_total, kv_endpoint_failures_total {endpoint,bound}
+//	tokenize_requests_total, tokenize_engine_calls_total, tokenize_errors_total,
+//	tokenize_seconds (histogram)                                    {model}
+//	tokenize_cache_hits_total, tokenize_cache_entries
+//	exact_fallbacks_total{model,reason}
 //
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
@@ -186,6 +262,18 @@
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not
 // Prometheus text).
+//
+// A disaggregated model's record is its decode pool's, with
+// "disaggregation" added (config.DisaggregationStats): mode, the decider's
+// min_uncached_tokens, decided and split requests and split_share,
+// fallbacks by reason, and the prefill pool's own record under "prefill".
+//
+// Each model also has "index" (approximate or exact) and each replica
+// "cached_blocks" (the index size); a model on the exact index has
+// "kv_events" (config.KVEventsStats: block_size, tokenize, fallbacks, its
+// engines' event counters, its endpoints), and the document a top-level
+// "kv_events" (malformed frames, unresolved messages, every endpoint)
+// when any model is on the exact index.
 //
 // Model figures are the routing library's counters (gateway.Stats) for the
 // model's current routing table: they restart when a reload changes the

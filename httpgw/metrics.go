@@ -29,6 +29,10 @@ type metrics struct {
 	reloads      *prometheus.CounterVec   // result
 	inFlight     prometheus.Gauge
 	hitRate      *prometheus.GaugeVec // model
+	// tokenizeSeconds times the tokenization of requests on the exact
+	// index, by model.
+	tokenizeSeconds *prometheus.HistogramVec
+	pdMetrics
 }
 
 // latencyBuckets span 1 ms to about 65 s.
@@ -77,10 +81,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		hitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "prefix_hit_rate",
 			Help: "Fraction of decisions whose chosen replica held the whole prefix, by model, since the model's routing table was built."},
 			[]string{"model"}),
+		tokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
+			Help:    "Time to tokenize a request of a model on the exact index (the engine's /tokenize, or the gateway's cache of tokenized requests), by model.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"model"}),
+		pdMetrics: newPDMetrics(ns),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.decisions, m.routed, m.hits, m.blocks, m.matched,
 		m.replicaReqs, m.duration, m.ttfb, m.retries, m.ejections, m.readmissions, m.healthy, m.probeFails,
-		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate} {
+		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate, m.tokenizeSeconds,
+		m.pdRequests, m.pdFallbacks, m.pdPhase, m.pdSplitShare} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -71,7 +71,17 @@ type call struct {
 	req   *inferenceRequest
 	ms    *modelState // the model's routing table
 	key   gateway.Key
-	oc    outcome
+	// fallback, for a model on the exact index, is why the request was
+	// keyed without tokens (a fallback* value), -1 if it was not.
+	fallback int
+	oc       outcome
+	// first, when set, is the decision of the first try, made before
+	// proxy (a disaggregated model's decode decision, see proxyPD).
+	first *gateway.Decision
+	// upHeader, when set, edits the headers of each upstream request
+	// after the client's are copied (P/D: x-request-id,
+	// x-prefiller-host-port).
+	upHeader func(http.Header)
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -85,8 +95,16 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		return
 	}
 	kp := s.keyPool.Get().(*gateway.Key)
-	c.key = appendKey(s.hasher, (*kp)[:0], c.req, r.Header)
+	if c.ms.exactBS > 0 {
+		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
+	} else {
+		c.key = appendKey(s.hasher, (*kp)[:0], c.req, r.Header)
+	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
+	if c.ms.pd != nil {
+		s.proxyPD(c)
+		return
+	}
 	s.proxy(c)
 }
 
@@ -162,7 +180,13 @@ func (s *Server) proxy(c *call) {
 	for try := 0; try < 2; try++ {
 		// A retry leaves out the replica that just failed, which the
 		// health checks may not have ejected yet.
-		dec, err := ms.gw.RouteExcept(c.key, failed)
+		var dec gateway.Decision
+		var err error
+		if try == 0 && c.first != nil {
+			dec = *c.first
+		} else {
+			dec, err = ms.gw.RouteExcept(c.key, failed)
+		}
 		if err != nil {
 			switch {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):
@@ -180,6 +204,9 @@ func (s *Server) proxy(c *call) {
 		d := &c.d
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.name).Inc()
+			if ms.pd != nil {
+				s.pdCount(ms, pdDecodeRetry)
+			}
 		}
 		s.countDecision(ms, d)
 		ms.mm.replicaReqsC(s.metrics, ms.name, d.Replica).Inc()

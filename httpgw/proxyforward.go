@@ -118,6 +118,9 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	// The gateway has read the whole body: the engine must not be asked
 	// to confirm it first.
 	out.Header.Del("Expect")
+	if c.upHeader != nil {
+		c.upHeader(out.Header)
+	}
 	resp, err = s.opts.Transport.RoundTrip(out)
 	if err == nil && resp.StatusCode < 200 {
 		// Interim answers are the transport's to skip; a final 1xx (a 101:
@@ -150,7 +153,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 	h := c.w.Header()
 	copyHeaders(h, resp.Header)
 	h.Set(HeaderReplica, a.d.Replica)
-	h.Set(HeaderDecision, a.d.Kind.String()+"; matched="+strconv.Itoa(a.d.Matched)+"/"+strconv.Itoa(a.d.Blocks))
+	h.Set(HeaderDecision, decisionText(c))
 	c.w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	rc := http.NewResponseController(c.w)
@@ -237,4 +240,21 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 	// to the no-panic rule, not a crash.
 	c.oc.code = codeAborted
 	panic(http.ErrAbortHandler)
+}
+
+// decisionText is the X-Exa-Decision value of a call's current attempt:
+// its kind and prefix match ("affinity; matched=12/14"), then, for a model
+// on the exact index, "; index=exact" (matched blocks of ms.exactBS
+// tokens: the engine's cached tokens as the index predicts them) or
+// "; index=exact; fallback=REASON" for a request keyed without tokens.
+func decisionText(c *call) string {
+	d := &c.attempt.d
+	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
+	if c.ms.exactBS == 0 {
+		return s
+	}
+	if c.fallback >= 0 {
+		return s + "; index=exact; fallback=" + fallbackNames[c.fallback]
+	}
+	return s + "; index=exact"
 }

@@ -20,12 +20,14 @@ import (
 // a model whose routing options changed gets a fresh gateway. Engines are
 // shared by address across models and keep their health state.
 //
-// A model with disaggregate set is proxied over its replicas, or when it
-// has none over the replicas of its prefill and decode pools together
-// (named pool/replica): the HTTP gateway does not split prefill from
-// decode. A disaggregated model with no replicas whose pools are not
-// defined is accepted (the CLI sets the pool names before the pools
-// exist) and answers 503 naming the missing pools.
+// A model with disaggregate set whose prefill and decode pools are both
+// defined is served by them (replicas named pool/replica), prefill and
+// decode split as docs/disaggregation.md describes: the prefill pool gets
+// a cache-aware gateway, the decode pool a load-aware one (the model's
+// mode does not apply; its SLO and load weights do). Until both pools are
+// defined it is proxied over its replicas; with none it is accepted (the
+// CLI sets the pool names before the pools exist) and answers 503 naming
+// the missing pools.
 //
 // Apply works in two phases: it first builds and checks every model's
 // new table without touching the running ones, and only then updates the
@@ -56,6 +58,12 @@ func (s *Server) Apply(f *config.File) error {
 		plans = append(plans, p)
 		next.models[name] = p.ms
 	}
+	// Listen where the exact index's events come to: a port taken fails
+	// the configuration, before anything running is changed.
+	bound, err := s.kv.bindNew(buildKVTable(next.models), next.models)
+	if err != nil {
+		return err
+	}
 	// Phase 2: update the kept gateways. Every limit the gateway enforces
 	// was checked in phase 1, so this does not fail; if it did, the model
 	// gets a fresh gateway rather than a half-updated one.
@@ -63,19 +71,23 @@ func (s *Server) Apply(f *config.File) error {
 		if p.keep == nil {
 			continue
 		}
-		if err := syncReplicas(p.keep, p.want); err != nil {
-			s.log.Error("gateway: updating a kept gateway failed; starting it afresh", "model", p.ms.name, "err", err)
-			gw, nerr := s.newGateway(p.want, p.opts...)
-			if nerr != nil {
-				// Keep the updated gateway: the proxy resolves each
-				// decision's engine by address, so it still serves.
-				s.log.Error("gateway: rebuilding the gateway failed", "model", p.ms.name, "err", nerr)
-				gw = p.keep
-			}
-			p.ms.gw = gw
+		p.ms.gw = s.syncKept(p.ms.name, p.keep, p.want, p.opts)
+		if p.ms.pd != nil {
+			p.ms.pd.dis.Decode = p.ms.gw
 		}
 	}
+	for _, p := range plans {
+		if p.pkeep != nil {
+			p.ms.pd.dis.Prefill = s.syncKept(p.ms.name, p.pkeep, p.pwant, p.popts)
+		}
+	}
+	next.kv = buildKVTable(next.models)
 	s.state.Store(next)
+	s.kv.sync(next.kv)
+	s.kv.reconcile(old.kv, next.kv)
+	if len(bound) > 0 {
+		s.log.Info("gateway: listening for KV events", "endpoints", bound)
+	}
 	s.closeDropped(old, next)
 	s.dropStaleSeries(old, next)
 	return nil
@@ -92,6 +104,9 @@ func (s *Server) dropStaleSeries(old, next *state) {
 	for name := range old.models {
 		if m, ok := next.models[name]; !ok || m.gw == nil {
 			s.metrics.hitRate.DeleteLabelValues(name)
+		}
+		if m, ok := next.models[name]; !ok || m.pd == nil {
+			s.metrics.pdSplitShare.DeleteLabelValues(name)
 		}
 	}
 }
@@ -118,6 +133,24 @@ func (s *Server) closeDropped(old, next *state) {
 	}
 }
 
+// syncKept syncs a kept gateway to want and returns it, or when that
+// fails (it should not: phase 1 checked every limit) a fresh gateway.
+func (s *Server) syncKept(model string, keep *gateway.Gateway, want []gateway.Replica, opts []gateway.Option) *gateway.Gateway {
+	err := syncReplicas(keep, want)
+	if err == nil {
+		return keep
+	}
+	s.log.Error("gateway: updating a kept gateway failed; starting it afresh", "model", model, "err", err)
+	gw, nerr := s.newGateway(want, opts...)
+	if nerr != nil {
+		// Keep the updated gateway: the proxy resolves each decision's
+		// engine by address, so it still serves.
+		s.log.Error("gateway: rebuilding the gateway failed", "model", model, "err", nerr)
+		return keep
+	}
+	return gw
+}
+
 // modelPlan is one model's part of an Apply: its new table and, when its
 // gateway is kept, the replicas that gateway must be synced to.
 type modelPlan struct {
@@ -125,27 +158,28 @@ type modelPlan struct {
 	keep *gateway.Gateway // the running gateway to sync; nil when ms.gw is new
 	want []gateway.Replica
 	opts []gateway.Option
+	// pkeep, pwant and popts are the same for the prefill pool's gateway
+	// of a disaggregated model (ms.pd.dis.Prefill).
+	pkeep *gateway.Gateway
+	pwant []gateway.Replica
+	popts []gateway.Option
 }
 
-// modelReplicas returns the replicas a model is proxied over.
-func modelReplicas(cfg config.Model) []config.Replica {
-	if !cfg.Disaggregate || len(cfg.Replicas) > 0 {
-		return cfg.Replicas
+// servedByPools reports whether a model is disaggregated and served by
+// its prefill and decode pools: both are defined.
+func servedByPools(cfg config.Model) bool {
+	if !cfg.Disaggregate {
+		return false
 	}
-	var out []config.Replica
-	for _, pool := range []string{cfg.PrefillPool, cfg.DecodePool} {
-		for _, r := range cfg.Pools[pool] {
-			r.Name = pool + "/" + r.Name
-			out = append(out, r)
-		}
-	}
-	return out
+	_, p := cfg.Pools[cfg.PrefillPool]
+	_, d := cfg.Pools[cfg.DecodePool]
+	return p && d
 }
 
 // missingPools returns the prefill and decode pools a disaggregated model
 // without replicas of its own names but does not define.
 func missingPools(cfg config.Model) []string {
-	if !cfg.Disaggregate || len(cfg.Replicas) > 0 {
+	if !cfg.Disaggregate || len(cfg.Replicas) > 0 || servedByPools(cfg) {
 		return nil
 	}
 	var out []string
@@ -162,6 +196,9 @@ func missingPools(cfg config.Model) []string {
 func sameRouting(a, b config.Model) bool {
 	if a.ModeName() != b.ModeName() || a.SLOLatencyMS != b.SLOLatencyMS {
 		return false
+	}
+	if a.IndexName() != b.IndexName() || (a.Exact() && a.TokenBlockSize() != b.TokenBlockSize()) {
+		return false // the index's keys change
 	}
 	if (a.LoadWeights == nil) != (b.LoadWeights == nil) {
 		return false
@@ -188,37 +225,24 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 // list of replicas the running gateway is to be synced to, checked against
 // every limit AddReplica enforces.
 func (s *Server) planModel(name string, cfg config.Model, old, next *state) (modelPlan, error) {
-	reps := modelReplicas(cfg)
-	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(reps)), disaggr: cfg.Disaggregate,
+	if servedByPools(cfg) {
+		return s.planPD(name, cfg, old, next)
+	}
+	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(cfg.Replicas)), disaggr: cfg.Disaggregate,
 		missing: missingPools(cfg)}
 	mode, err := cfg.GatewayMode()
 	if err != nil {
 		return modelPlan{}, err
 	}
 	ms.mode = mode
-	if len(reps) > gateway.MaxReplicas {
-		return modelPlan{}, &config.FieldError{Field: "models." + name + ".replicas", Value: fmt.Sprint(len(reps)),
-			Reason: fmt.Sprintf("at most %d replicas per model", gateway.MaxReplicas)}
-	}
-	want := make([]gateway.Replica, 0, len(reps))
-	seen := make(map[string]bool, len(reps))
-	for _, r := range reps {
-		if r.Name == "" || seen[r.Name] || r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
-			// config.Validate rejects these; checked again because phase 2 must not fail.
-			return modelPlan{}, &config.FieldError{Field: "models." + name + ".replicas", Value: r.Name,
-				Reason: "empty or duplicate name, or cache_blocks out of range"}
-		}
-		seen[r.Name] = true
-		ep := s.endpointFor(NormalizeAddress(r.Address), old, next)
-		ms.byName[r.Name] = ep
-		ms.order = append(ms.order, r.Name)
-		g := r.Gateway()
-		g.Name = r.Name
-		g.Address = ep.base
-		g.Unhealthy = !ep.health.healthy()
-		want = append(want, g)
+	want, err := s.tableOf(ms, cfg.Replicas, "", old, next)
+	if err != nil {
+		return modelPlan{}, err
 	}
 	ms.mm = newModelMetrics(ms.order)
+	if cfg.Exact() {
+		ms.exactBS, ms.exactCnt = cfg.TokenBlockSize(), s.kv.countersOf(name)
+	}
 	if len(want) == 0 {
 		ms.noReps = true
 		if len(ms.missing) > 0 {
@@ -232,7 +256,7 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 		return modelPlan{}, err
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
-	if prev, ok := old.models[name]; ok && prev.gw != nil && sameRouting(prev.cfg, cfg) {
+	if prev, ok := old.models[name]; ok && prev.gw != nil && prev.pd == nil && sameRouting(prev.cfg, cfg) {
 		ms.gw = prev.gw
 		return modelPlan{ms: ms, keep: prev.gw, want: want, opts: opts}, nil
 	}
@@ -242,6 +266,40 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 	}
 	ms.gw = gw
 	return modelPlan{ms: ms, want: want, opts: opts}, nil
+}
+
+// tableOf adds replicas to a model's table (its endpoints, names and
+// order), each named pool/name when pool is not "", and returns them as
+// gateway replicas with their engines' health.
+func (s *Server) tableOf(ms *modelState, reps []config.Replica, pool string, old, next *state) ([]gateway.Replica, error) {
+	field := "models." + ms.name + ".replicas"
+	if pool != "" {
+		field = "models." + ms.name + ".pools." + pool
+	}
+	if len(reps) > gateway.MaxReplicas {
+		return nil, &config.FieldError{Field: field, Value: fmt.Sprint(len(reps)),
+			Reason: fmt.Sprintf("at most %d replicas per model", gateway.MaxReplicas)}
+	}
+	want := make([]gateway.Replica, 0, len(reps))
+	for _, r := range reps {
+		if pool != "" {
+			r.Name = pool + "/" + r.Name
+		}
+		if _, dup := ms.byName[r.Name]; r.Name == "" || dup || r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
+			// config.Validate rejects these; checked again because phase 2 must not fail.
+			return nil, &config.FieldError{Field: field, Value: r.Name,
+				Reason: "empty or duplicate name, or cache_blocks out of range"}
+		}
+		ep := s.endpointFor(NormalizeAddress(r.Address), old, next)
+		ms.byName[r.Name] = ep
+		ms.order = append(ms.order, r.Name)
+		g := r.Gateway()
+		g.Name = r.Name
+		g.Address = ep.base
+		g.Unhealthy = !ep.health.healthy()
+		want = append(want, g)
+	}
+	return want, nil
 }
 
 // syncReplicas makes gw's replica table match want: replicas gone or

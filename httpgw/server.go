@@ -12,6 +12,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/examlops/gateway/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -36,6 +37,9 @@ const (
 	// 10 minutes, the OpenAI SDKs' default timeout, past which the usual
 	// client has given up; it covers 12k generated tokens at 20 tokens/s.
 	DefaultResponseTimeout = 10 * time.Minute
+	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
+	// index (Options.TokenizeTimeout).
+	DefaultTokenizeTimeout = 2 * time.Second
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -107,6 +111,17 @@ type Options struct {
 	// GatewayOptions are added to every model's gateway.New options, after
 	// the ones its configuration implies.
 	GatewayOptions []gateway.Option
+	// Tokenizer tokenizes the requests of models on the exact index;
+	// default the engines' own POST /tokenize (kvevents.HTTPTokenizer, on
+	// a healthy replica of the request's model, taken in turn) behind a
+	// kvevents.CachedTokenizer. An embedder with an in-process tokenizer
+	// that reproduces the engines' tokens and chat templates exactly may
+	// supply it; it is used as is.
+	Tokenizer kvevents.Tokenizer
+	// TokenizeTimeout bounds one request's tokenization; a request whose
+	// tokenization fails or times out is routed as if nothing were cached
+	// (see the package doc). Default DefaultTokenizeTimeout (2s).
+	TokenizeTimeout time.Duration
 }
 
 // Server is the HTTP gateway: an http.Handler that serves the OpenAI
@@ -144,6 +159,14 @@ type Server struct {
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
+	// newRequestID names the two requests of a disaggregated request
+	// (x-request-id): newUUID, replaced by tests.
+	newRequestID func() string
+
+	// kv is the exact index's machinery (exact.go); tokTurn spreads
+	// tokenization over a model's replicas.
+	kv      *kvRuntime
+	tokTurn atomic.Uint64
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -151,6 +174,7 @@ type state struct {
 	file      *config.File
 	models    map[string]*modelState
 	endpoints map[string]*endpoint // by normalised address
+	kv        *kvTable             // the exact index's routing of engine events
 }
 
 // modelState is one model's routing table.
@@ -165,6 +189,14 @@ type modelState struct {
 	disaggr bool
 	missing []string      // prefill/decode pools named but not defined
 	mm      *modelMetrics // cached metric series; nil means look them up
+	// pd, for a disaggregated model served by its two pools, holds the
+	// prefill pool's gateway and the decider's settings; gw is then the
+	// decode pool's gateway. Nil otherwise.
+	pd *pdState
+	// exactBS is the block size in tokens of a model on the exact index,
+	// 0 on the approximate index; exactCnt its counters.
+	exactBS  int
+	exactCnt *exactCounters
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
@@ -187,6 +219,8 @@ func New(opts Options) (*Server, error) {
 
 		newGateway: gateway.New,
 		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
+
+		newRequestID: newUUID,
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
@@ -194,7 +228,21 @@ func New(opts Options) (*Server, error) {
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
-	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}})
+	s.kv = &kvRuntime{counters: map[string]*exactCounters{},
+		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }}}
+	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
+	s.kv.tok = opts.Tokenizer
+	if s.kv.tok == nil {
+		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}
+		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{kvevents.NewHTTPTokenizer(client, s.tokenizeBase), s.kv}, kvevents.CacheOptions{})
+		s.kv.tok = s.kv.tc
+	} else {
+		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
+	}
+	if err := opts.Registerer.Register(kvCollector{s}); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}, kv: buildKVTable(nil)})
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
@@ -229,6 +277,7 @@ func fillOptions(o *Options) error {
 		{"ProbeInterval", &o.ProbeInterval, DefaultProbeInterval},
 		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
 		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
+		{"TokenizeTimeout", &o.TokenizeTimeout, DefaultTokenizeTimeout},
 	} {
 		if *d.v < 0 {
 			return fmt.Errorf("%w: %s %v is negative", ErrInvalidOptions, d.name, *d.v)
@@ -300,15 +349,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Close closes the idle connections of the default engine transport (a
-// Transport given in Options is left alone). It does not stop Run (cancel
+// Transport given in Options is left alone) and stops listening for and
+// connecting to KV events (the exact index). It does not stop Run (cancel
 // its context for that) or requests in flight, and the Server stays usable:
-// later requests dial new connections. Call it once the Server is no longer
-// used, e.g. after http.Server.Shutdown, so no idle connection is left open.
+// later requests dial new connections, and the next configuration applied
+// subscribes to KV events again. Call it once the Server is no longer
+// used, e.g. after http.Server.Shutdown, so no connection is left open.
 // It returns nil.
 func (s *Server) Close() error {
 	if s.pool != nil {
 		s.pool.CloseIdleConnections()
 	}
+	s.kv.close()
 	return nil
 }
 
@@ -323,6 +375,9 @@ func (s *Server) refreshGauges() {
 	for name, m := range st.models {
 		if m.gw != nil {
 			s.metrics.hitRate.WithLabelValues(name).Set(m.gw.Stats().HitRate())
+		}
+		if m.pd != nil {
+			s.metrics.pdSplitShare.WithLabelValues(name).Set(m.pd.splitShare())
 		}
 	}
 	for addr, ep := range st.endpoints {

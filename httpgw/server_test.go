@@ -62,36 +62,6 @@ func TestNormalizeAddress(t *testing.T) {
 	}
 }
 
-// A disaggregated model without replicas is proxied over its two pools.
-func TestDisaggregatedModelUsesPools(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
-	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-		Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode",
-		Pools: map[string][]config.Replica{
-			"prefill": {{Name: "p0", Address: f.engines[0].URL()}},
-			"decode":  {{Name: "d0", Address: f.engines[1].URL()}},
-		},
-	}}}))
-	seen := map[string]bool{}
-	for range 4 {
-		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
-		readAll(t, resp)
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-		seen[resp.Header.Get(HeaderReplica)] = true
-	}
-	assert.Equal(t, map[string]bool{"prefill/p0": true, "decode/d0": true}, seen)
-
-	// Pools named but not defined (as exa serve routing set --disaggregate
-	// leaves a model) are accepted and answered with 503 naming them.
-	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-		Disaggregate: true, PrefillPool: config.DefaultPrefillPool, DecodePool: config.DefaultDecodePool,
-	}}}))
-	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
-	e := decodeError(t, readAll(t, resp))
-	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Contains(t, e.Message, `pools ["prefill" "decode"] are not defined`)
-}
-
 // Repeated 5xx answers eject an engine passively, without any probe.
 func TestPassiveEjectionOn5xx(t *testing.T) {
 	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})

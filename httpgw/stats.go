@@ -17,6 +17,10 @@ type Stats struct {
 	config.StatsDocument
 	// Engines describes every configured engine address, sorted by address.
 	Engines []EngineStats `json:"engines"`
+	// KVEvents holds the KV-event figures no model is charged with, and
+	// every endpoint listened on or dialled; absent when no model is on
+	// the exact index.
+	KVEvents *KVEventsGlobal `json:"kv_events,omitempty"`
 }
 
 // EngineStats is one engine address as the gateway sees it.
@@ -49,13 +53,30 @@ func (s *Server) Stats() Stats {
 	st := s.state.Load()
 	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.models))}, Engines: []EngineStats{}}
 	users := map[*endpoint][]string{}
+	engines, glob := s.kv.tr.Stats()
+	eps := s.kv.endpoints()
+	out.KVEvents = s.kvGlobalStats(engines, glob, eps)
 	for name, m := range st.models {
 		if m.gw == nil {
-			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.mode.String(),
+			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.mode.String(), Index: m.cfg.IndexName(),
 				Decisions: map[string]uint64{}, Replicas: []config.ReplicaStats{}}
 			continue
 		}
-		out.Models[name] = config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), m.gw.Replicas())
+		reps := m.gw.Replicas()
+		rec := config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), reps)
+		rec.Index = m.cfg.IndexName()
+		for _, r := range reps {
+			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
+				rec.Replicas[i].CachedBlocks = r.CachedBlocks
+			}
+		}
+		if m.pd != nil {
+			rec.Disaggregation = m.pd.stats(name, m.cfg)
+		}
+		if m.exactCnt != nil {
+			s.exactModelStats(&rec, m, st.kv, engines, eps)
+		}
+		out.Models[name] = rec
 		for _, ep := range m.byName {
 			if !slices.Contains(users[ep], name) {
 				users[ep] = append(users[ep], name)

@@ -87,7 +87,7 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			return
 		}
 		s.eachReplicaOf(ep, func(m *modelState, name string) {
-			if err := m.gw.UpdateLoad(name, l); err != nil {
+			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
 		})
@@ -121,9 +121,14 @@ func (s *Server) observe(ep *endpoint, ev healthEvent) {
 	case healthEjected:
 		s.metrics.ejections.WithLabelValues(ep.base).Inc()
 		s.log.Warn("gateway: engine ejected", "address", ep.base)
+		// On the exact index, its blocks leave the index: it may come
+		// back with an empty cache (see kvRuntime.resetEngines).
+		if n := s.kv.resetEngines(s.state.Load().kv, ep); n > 0 {
+			s.log.Info("gateway: KV events of an ejected engine reset", "address", ep.base, "engines", n)
+		}
 	case healthReadmitted:
 		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
 		s.log.Info("gateway: engine readmitted", "address", ep.base)
 	}
-	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gw.SetHealthy(name, healthy) })
+	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
 }

@@ -56,6 +56,10 @@
 //	  --zmq-endpoint tcp://GATEWAY_HOST:5557 ...
 //	sub.Bind("tcp://0.0.0.0:5557")
 //
+// The HTTP gateway (package httpgw, `exa serve gateway`) does all of this
+// from its configuration for models on the exact index: see
+// docs/kv-events.md.
+//
 // # Limits
 //
 // Blocks with extra keys (multimodal inputs, cache salts) and blocks of

@@ -33,6 +33,8 @@ type EngineStats struct {
 	// cleared from the index for any of these reasons or an unreadable
 	// message (not counting the engine's own AllBlocksCleared).
 	Gaps, Restarts, Overflows, Clears uint64
+	// Resets counts the Translator.Reset calls that cleared the engine.
+	Resets uint64
 	// Mapped is the number of engine block hashes currently mapped.
 	Mapped int
 	// LastError describes the last fault, if any.

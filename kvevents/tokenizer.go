@@ -94,8 +94,7 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
 	}
-	body, err := json.Marshal(tokenizeBody{Model: req.Model, Prompt: req.Prompt, Messages: req.Messages,
-		Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs})
+	body, err := json.Marshal(tokenizeBody(req))
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
 	}

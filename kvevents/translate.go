@@ -231,6 +231,42 @@ func (t *Translator) Reset(match func(Source, Target) bool) int {
 		if e.resolved && (match == nil || match(e.src, e.tgt)) {
 			e.clear(false)
 			e.resolved, e.seen = false, false
+			e.st.Resets++
+			n++
+		}
+		e.mu.Unlock()
+	}
+	return n
+}
+
+// Replay calls fn, for every resolved engine for which match returns true
+// (all if match is nil), with the keys of the blocks its index holds for
+// it, in no particular order, then returns how many engines it replayed.
+// Call it when the index gains a copy of an engine's replica (a second
+// index fed by the same engine, or a rebuilt one), after the engine's
+// events reach that copy: blocks the engine stored earlier are not
+// announced again. fn runs with the engine's messages held back, so no
+// event of the engine is applied between the snapshot and fn; it must
+// not call the Translator. The keys are valid only during the call.
+func (t *Translator) Replay(match func(Source, Target) bool, fn func(Source, Target, gateway.Key)) int {
+	t.mu.Lock()
+	var all []*engine
+	for _, byTopic := range t.engines {
+		for _, e := range byTopic {
+			all = append(all, e)
+		}
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, e := range all {
+		e.mu.Lock()
+		if e.resolved && (match == nil || match(e.src, e.tgt)) {
+			keys := e.keys[:0]
+			for _, k := range e.blocks {
+				keys = append(keys, k)
+			}
+			fn(e.src, e.tgt, keys)
+			e.keys = keys[:0]
 			n++
 		}
 		e.mu.Unlock()

@@ -320,6 +320,7 @@ func TestTranslateResolveAndReset(t *testing.T) {
 	require.Equal(t, 3, resolves, "resolved again after Reset")
 	require.Equal(t, uint64(1), s.DroppedOrphan, "the map is forgotten too")
 	require.Zero(t, s.Restarts)
+	require.Equal(t, uint64(1), s.Resets)
 
 	// The replica goes away: the engine is resolved afresh.
 	idx.known = map[string]bool{}
@@ -331,6 +332,27 @@ func TestTranslateResolveAndReset(t *testing.T) {
 	f.send(topicA, ev)
 	require.Equal(t, 4, resolves, "resolved again once the replica failed")
 	require.Len(t, idx.keys("10.0.0.1:8000"), 1)
+}
+
+// TestTranslateReplay: Replay hands over the keys the index holds for an
+// engine, so a second copy of its replica can be filled; engines not
+// matched are left out.
+func TestTranslateReplay(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	f := newFeeder(t, tr)
+	f.send(topicA, arrayBatch(stored{hashes: []uint64{1, 2}, tokens: seqTokens(1, 32), bs: 16}.array()))
+	f.send(topicA, arrayBatch(stored{hashes: []uint64{3}, parent: uint64(2), tokens: seqTokens(40, 16), bs: 16}.array()))
+	f.send(topicA, arrayBatch(removedArray(nil, 3)))
+	f.send(topicB, arrayBatch(stored{hashes: []uint64{9}, tokens: seqTokens(9, 16), bs: 16}.array()))
+	copyIdx := newFakeIndex()
+	n := tr.Replay(func(s Source, _ Target) bool { return s.Topic == topicA }, func(_ Source, tg Target, keys gateway.Key) {
+		require.NoError(t, copyIdx.ApplyEvent(tg.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: keys}))
+	})
+	require.Equal(t, 1, n)
+	require.Equal(t, idx.keys("10.0.0.1:8000"), copyIdx.keys("10.0.0.1:8000"))
+	require.Len(t, copyIdx.keys("10.0.0.1:8000"), 2, "the removed block is not replayed")
+	require.Empty(t, copyIdx.keys("10.0.0.2:8000"))
 }
 
 func TestParseTopic(t *testing.T) {

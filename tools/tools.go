@@ -5,5 +5,6 @@
 package tools
 
 import (
+	_ "github.com/llm-d/llm-d-inference-scheduler/cmd/pd-sidecar"
 	_ "github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim"
 )

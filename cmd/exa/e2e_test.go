@@ -103,6 +103,7 @@ func TestSetGetRoundTrip(t *testing.T) {
 	assert.Contains(t, out, "saved JPCP in "+cfg)
 	out = ok(t, cfg, "serve", "routing", "set", "JPCP", "--disaggregate", "--prefill-pool", "prefill", "--decode-pool", "decode")
 	assert.Contains(t, out, `disaggregate: on (prefill pool "prefill", decode pool "decode")`)
+	assert.Contains(t, out, `p/d split:    gateway mode, at 512 uncached prompt tokens or more (default)`)
 	ok(t, cfg, "serve", "routing", "set", "JPCP",
 		"--replica", "r0=http://127.0.0.1:8000", "--replica", "r1=http://127.0.0.1:8001",
 		"--pool", "prefill:p0=http://127.0.0.1:9000", "--pool", "decode:d0=http://127.0.0.1:9100",
@@ -177,6 +178,10 @@ func TestPartialUpdates(t *testing.T) {
 			m.Disaggregate, m.PrefillPool, m.DecodePool = true, "prefill", "decode"
 		}},
 		{"rename prefill pool of a disaggregated model", []string{"--prefill-pool", "pp"}, func(m *config.Model) { m.PrefillPool = "pp" }},
+		{"p/d mode and threshold", []string{"--pd-mode", "sidecar", "--pd-min-uncached-tokens", "0"}, func(m *config.Model) {
+			zero := 0
+			m.PDMode, m.PDMinUncachedTokens = "sidecar", &zero
+		}},
 		{"switching off keeps the pool names", []string{"--disaggregate=false"}, func(m *config.Model) { m.Disaggregate = false }},
 		{"pool members", []string{"--pool", "pp:x=http://x:1"}, func(m *config.Model) {
 			m.Pools = map[string][]config.Replica{"pp": {{Name: "x", Address: "http://x:1"}}}
@@ -283,6 +288,10 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 		{"decode pool without disaggregate", []string{"set", "JPCP", "--decode-pool", "decode"}, `--decode-pool "decode" requires --disaggregate`},
 		{"prefill pool with disaggregate off", []string{"set", "JPCP", "--disaggregate=false", "--prefill-pool", "p"}, `--prefill-pool "p" requires --disaggregate`},
 		{"same pools", []string{"set", "JPCP", "--disaggregate", "--prefill-pool", "x", "--decode-pool", "x"}, `invalid --decode-pool: decode_pool "x": must differ from prefill_pool`},
+		{"p/d mode without disaggregate", []string{"set", "JPCP", "--pd-mode", "sidecar"}, `--pd-mode sidecar requires --disaggregate`},
+		{"unknown p/d mode", []string{"set", "JPCP", "--disaggregate", "--pd-mode", "both"}, `invalid --pd-mode "both": want gateway or sidecar`},
+		{"negative threshold", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "-1"}, `invalid --pd-min-uncached-tokens "-1": want a whole number of tokens from 0`},
+		{"threshold too large", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "10000001"}, `invalid --pd-min-uncached-tokens "10000001"`},
 		{"empty model name", []string{"set", ""}, `invalid MODEL "": must not be empty`},
 		{"blank model name", []string{"set", " JPCP"}, `invalid MODEL " JPCP": must not start or end with spaces`},
 		{"missing model", []string{"set"}, `exactly one MODEL argument, got 0`},
@@ -401,8 +410,8 @@ func TestStatsFromGateway(t *testing.T) {
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
+		defer mu.Unlock()
 		gotPath, gotMdl = r.URL.Path, r.URL.Query().Get("model")
-		mu.Unlock()
 		_ = json.NewEncoder(w).Encode(doc)
 	}))
 	defer srv.Close()
@@ -423,8 +432,22 @@ func TestStatsFromGateway(t *testing.T) {
 	} {
 		assert.Contains(t, out, want)
 	}
-	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s*$`, out)
-	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r0\s+6\s+60\.0%\s+5\s+yes\s+0\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r1\s+4\s+40\.0%\s+2\s+no\s+0\s*$`, out)
+
+	// A disaggregated model: the decider's figures and the prefill pool.
+	rec := doc.Models["JPCP"]
+	rec.Disaggregation = &config.DisaggregationStats{Mode: "gateway", MinUncachedTokens: 512, Decided: 10, Split: 4, SplitShare: 0.4,
+		Fallbacks: map[string]uint64{"prefill_failed": 1, "decode_retry": 2},
+		Prefill:   &config.RoutingStats{Requests: 4, BlockHitRate: 0.5, Replicas: []config.ReplicaStats{{Name: "prefill/p0", Routed: 4, Share: 1, Healthy: true}}}}
+	mu.Lock()
+	doc.Models["JPCP"] = rec
+	mu.Unlock()
+	out = ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL)
+	assert.Contains(t, out, "p/d split:         4 of 10 requests (40.0%), gateway mode, at 512 uncached prompt tokens or more")
+	assert.Contains(t, out, "p/d fallbacks:     prefill unavailable 0, prefill failed 1, no kv_transfer_params 0, decode retried 2")
+	assert.Contains(t, out, "prefill pool: 4 requests, 50.0% of prompt blocks cached on the chosen replica")
+	assert.Regexp(t, `(?m)^\s*prefill/p0\s+4\s+100\.0%\s+0\s+yes\s+0\s*$`, out)
 
 	// A gateway that does not serve the model: say so and fall back.
 	out = ok(t, cfg, "serve", "routing", "stats", "other", "--gateway", srv.URL)

@@ -26,6 +26,34 @@ func (v *modeValue) Set(s string) error {
 	return nil
 }
 
+// pdModeValue is --pd-mode: gateway or sidecar.
+type pdModeValue struct{ mode string }
+
+func (v *pdModeValue) String() string { return v.mode }
+func (v *pdModeValue) Type() string   { return "pd-mode" }
+func (v *pdModeValue) Set(s string) error {
+	m, err := config.ParsePDMode(s)
+	if err != nil || s == "" {
+		return errors.New("want gateway or sidecar")
+	}
+	v.mode = m
+	return nil
+}
+
+// tokensValue is --pd-min-uncached-tokens: 0..config.MaxPDMinUncachedTokens.
+type tokensValue struct{ n int }
+
+func (v *tokensValue) String() string { return strconv.Itoa(v.n) }
+func (v *tokensValue) Type() string   { return "tokens" }
+func (v *tokensValue) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 0 || n > config.MaxPDMinUncachedTokens {
+		return fmt.Errorf("want a whole number of tokens from 0 (split every request) to %d", config.MaxPDMinUncachedTokens)
+	}
+	v.n = n
+	return nil
+}
+
 // msValue is a non-negative whole number of milliseconds.
 type msValue struct{ ms int64 }
 

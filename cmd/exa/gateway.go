@@ -17,6 +17,7 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/spf13/cobra"
 )
 
@@ -30,6 +31,7 @@ type gatewayFlags struct {
 	maxBody                             int64
 	firstByteTimeout, shutdownGrace     time.Duration
 	responseTimeout                     time.Duration
+	tokenizeTimeout                     time.Duration
 	engineClient                        string
 	pprofListen                         string
 	logLevel                            string
@@ -55,7 +57,18 @@ re-read when it changes, without dropping requests. Engines are probed at /healt
 (ejected after --eject-after failures, readmitted after --readmit-after successes)
 and their /metrics scraped for load (vLLM's num_requests_waiting, num_requests_running,
 kv_cache_usage_perc). The prefix-key mapping and the /stats schema are documented in
-package github.com/examlops/gateway/httpgw.`,
+package github.com/examlops/gateway/httpgw.
+
+Models on the exact index (exa serve routing set MODEL --index exact) are routed on the
+engines' own KV events, received over ZMQ (listening on the model's --kv-events-bind, or
+connecting to each replica's --kv-events-connect), and their requests are tokenized on
+an engine's /tokenize; see docs/kv-events.md.
+
+Both front servers (--http-server) get the same limits: a request head must arrive
+within 10s of its first byte and be at most 1 MiB (else 431), a whole request, body
+included, within 1m (a client sending its body slowly is cut off), and a kept-alive
+connection may idle 2m. The front servers do not time-bound responses (streams may run
+long); --first-byte-timeout and --response-timeout bound the wait for an engine.`,
 		Example: `  exa serve routing set JPCP --mode cache_aware
   exa serve gateway --listen 127.0.0.1:8080
   curl -s localhost:8080/v1/chat/completions -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'`,
@@ -76,6 +89,8 @@ package github.com/examlops/gateway/httpgw.`,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+	f.DurationVar(&fl.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
+		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
 	f.StringVar(&fl.pprofListen, "pprof-listen", "",
 		"serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
@@ -84,7 +99,7 @@ package github.com/examlops/gateway/httpgw.`,
 	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
-		"HTTP/1.1 front server: lean (minimal server, less latency per request) or std (net/http's server)")
+		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	return cmd
 }
 
@@ -92,7 +107,8 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape}} {
+	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
+		{"tokenize-timeout", fl.tokenizeTimeout}} {
 		if d.v <= 0 {
 			return usagef("invalid --%s %q: must be positive", d.name, d.v)
 		}
@@ -159,6 +175,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
+		TokenizeTimeout:  fl.tokenizeTimeout,
 		Transport:        engineClient,
 	})
 	if err != nil {
@@ -176,21 +193,10 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	const readHeaderTimeout, idleTimeout = 10 * time.Second, 2 * time.Minute
-	var front interface {
-		Serve(net.Listener) error
-		Shutdown(context.Context) error
-	}
-	if fl.httpServer == "std" {
-		front = &http.Server{Handler: srv, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
-			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	} else {
-		ls, err := httpgw.NewLeanServer(srv, httpgw.LeanOptions{ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Logger: logger})
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		front = ls
+	front, err := newFrontServer(fl.httpServer, srv, logger, defaultFrontLimits)
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
@@ -210,4 +216,39 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		return fmt.Errorf("gateway: shutdown: %w", err)
 	}
 	return nil
+}
+
+// frontLimits are the front server's limits, the same for both servers: a
+// request head must arrive within readHeader of its first byte and be at
+// most httpserver.DefaultMaxHeaderBytes (else 431), a whole request (head
+// and body) within read (a client that sends its body slowly is cut off),
+// and a kept-alive connection may idle for idle. Neither server bounds the
+// handler or the response (an engine's stream may run for minutes).
+type frontLimits struct{ readHeader, read, idle time.Duration }
+
+// defaultFrontLimits: 10 s for a head, a minute for a whole request (the
+// default 8 MiB body at 140 kB/s), two minutes idle.
+var defaultFrontLimits = frontLimits{httpserver.DefaultReadHeaderTimeout, httpserver.DefaultReadTimeout, httpserver.DefaultIdleTimeout}
+
+// frontServer is what runGateway needs of the HTTP/1.1 server.
+type frontServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+var (
+	_ frontServer = (*http.Server)(nil)
+	_ frontServer = (*httpserver.Server)(nil)
+)
+
+// newFrontServer returns the HTTP/1.1 server of h: "std" is net/http's,
+// "lean" internal/httpserver's.
+func newFrontServer(kind string, h http.Handler, logger *slog.Logger, lim frontLimits) (frontServer, error) {
+	if kind == "std" {
+		return &http.Server{Handler: h, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
+			MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}, nil
+	}
+	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
+		MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, Logger: logger})
 }

@@ -45,8 +45,8 @@ func TestStatsLiveFromHTTPGateway(t *testing.T) {
 	assert.Contains(t, out, "routing statistics (live, from gateway "+srv.URL+"):")
 	assert.Contains(t, out, "policy:            cache_aware")
 	assert.Contains(t, out, "requests:          6\n")
-	assert.Regexp(t, `(?m)^\s*r0\s+\d+\s+\d+\.\d%\s+\d+\s+yes\s*$`, out)
-	assert.Regexp(t, `(?m)^\s*r1\s+\d+\s+\d+\.\d%\s+\d+\s+yes\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r0\s+\d+\s+\d+\.\d%\s+\d+\s+yes\s+\d+\s*$`, out)
+	assert.Regexp(t, `(?m)^\s*r1\s+\d+\s+\d+\.\d%\s+\d+\s+yes\s+\d+\s*$`, out)
 
 	var js statsOutput
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL, "--json")), &js))

@@ -18,14 +18,21 @@ type setFlags struct {
 	disaggregate  bool
 	prefillPool   string
 	decodePool    string
+	pdMode        pdModeValue
+	pdMinUncached tokensValue
 	replicas      replicasValue
 	pools         poolsValue
 	clearReplicas bool
 	removePools   []string
+	index         indexValue
+	blockSize     blockSizeValue
+	kvBind        bindValue
+	kvConnect     *perReplicaValue
+	pods          *perReplicaValue
 }
 
 func newSetCmd() *cobra.Command {
-	var sf setFlags
+	sf := setFlags{kvConnect: newConnectValue(), pods: newPodValue()}
 	cmd := &cobra.Command{
 		Use:   "set MODEL [flags]",
 		Short: "Store a model's routing configuration (flags not given are left as they are)",
@@ -39,10 +46,19 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --mode cache_aware --slo-latency-ms 500
   # Enable prefill/decode disaggregation:
   exa serve routing set JPCP --disaggregate --prefill-pool prefill --decode-pool decode
+  # Split only prompts with at least 2000 tokens not cached on the decode replica,
+  # for decode replicas behind llm-d's pd-sidecar:
+  exa serve routing set JPCP --pd-min-uncached-tokens 2000 --pd-mode sidecar
   # Name the replicas the HTTP gateway proxies to:
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
-  exa serve routing set JPCP --pool prefill:p0=http://10.0.1.1:8000 --pool decode:d0=http://10.0.2.1:8000`,
+  exa serve routing set JPCP --pool prefill:p0=http://10.0.1.1:8000 --pool decode:d0=http://10.0.2.1:8000
+  # Route on the engines' own KV events, engines publishing to the gateway (llm-d-inference-sim,
+  # POD_IP=10.0.0.1:8000 and --zmq-endpoint tcp://GATEWAY:5557):
+  exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://0.0.0.0:5557
+  # ... or the gateway connecting to each engine's publisher (vLLM binds tcp://*:5557):
+  exa serve routing set JPCP --mode cache_aware --index exact \
+    --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557`,
 		Args:              modelArg,
 		ValidArgsFunction: completeModels,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -57,12 +73,26 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
 	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
+	f.Var(&sf.pdMode, "pd-mode", "how the gateway splits requests (requires --disaggregate): gateway (default: it sends the prefill and decode requests) or sidecar (decode replicas run llm-d's pd-sidecar)")
+	f.Var(&sf.pdMinUncached, "pd-min-uncached-tokens", fmt.Sprintf("split a request only when at least this many prompt tokens are not cached on its decode replica (requires --disaggregate; default %d; 0 splits every request)", config.DefaultPDMinUncachedTokens))
 	f.Var(&sf.replicas, "replica", "replica NAME=ADDRESS; repeat for several; replaces the stored replica list")
 	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
 	f.StringSliceVar(&sf.removePools, "remove-pool", nil, "remove the named pool; repeat for several")
+	f.Var(&sf.index, "index", "cache index: approximate (the gateway infers what engines cache from its own routing; default) or exact "+
+		"(follows the engines' KV events, tokenizes requests on the engines; needs --mode cache_aware and an event source: --kv-events-bind or --kv-events-connect)")
+	f.Var(&sf.blockSize, "block-size", fmt.Sprintf("the engines' KV block size in tokens, for the exact index (vLLM's --block-size; 0 = %d)", config.DefaultBlockSize))
+	f.Var(&sf.kvBind, "kv-events-bind", "ZMQ endpoint the gateway listens on for KV events, tcp://HOST:PORT (engines whose publisher connects, "+
+		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them); \"\" to clear")
+	f.Var(sf.kvConnect, "kv-events-connect", "replica NAME's KV-event publisher to connect to, NAME=tcp://HOST:PORT (vLLM binds tcp://*:5557); "+
+		"repeat for several; an empty endpoint clears it")
+	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
+		"or its host alone; repeat for several; empty clears it")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
-	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "replica", "pool", "remove-pool"} {
+	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
+	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
+		"block-size", "kv-events-bind", "kv-events-connect", "pod"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -122,6 +152,18 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 			}
 			*flag.field = flag.value
 		}
+		for _, flag := range []struct{ name, value string }{{"pd-mode", sf.pdMode.mode}, {"pd-min-uncached-tokens", sf.pdMinUncached.String()}} {
+			if changed(flag.name) && !m.Disaggregate {
+				return usagef("--%s %s requires --disaggregate (model %q is not disaggregated)", flag.name, flag.value, name)
+			}
+		}
+		if changed("pd-mode") {
+			m.PDMode = sf.pdMode.mode
+		}
+		if changed("pd-min-uncached-tokens") {
+			n := sf.pdMinUncached.n
+			m.PDMinUncachedTokens = &n
+		}
 		if m.Disaggregate {
 			if m.PrefillPool == "" {
 				m.PrefillPool = config.DefaultPrefillPool
@@ -134,7 +176,22 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 			m.Replicas = nil
 		}
 		if changed("replica") {
-			m.Replicas = sf.replicas.list
+			m.Replicas = keepEventSources(sf.replicas.list, m.Replicas)
+		}
+		if changed("index") {
+			m.Index = sf.index.index
+		}
+		if changed("block-size") {
+			m.BlockSize = sf.blockSize.n
+		}
+		if changed("kv-events-bind") {
+			m.KVEventsBind = sf.kvBind.ep
+		}
+		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
+			return err
+		}
+		if err := sf.pods.apply("pod", name, m.Replicas, func(r *config.Replica) *string { return &r.Pod }); err != nil {
+			return err
 		}
 		for _, p := range sf.removePools {
 			if _, ok := m.Pools[p]; !ok {
@@ -169,14 +226,36 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 
 // flagOfField names the set flag that controls a config field.
 var flagOfField = map[string]string{
-	"mode":           "mode",
-	"slo_latency_ms": "slo-latency-ms",
-	"load_weights":   "load-weights",
-	"prefill_pool":   "prefill-pool",
-	"decode_pool":    "decode-pool",
-	"replicas":       "replica",
-	"pools":          "pool",
-	"pool":           "pool",
+	"mode":                   "mode",
+	"slo_latency_ms":         "slo-latency-ms",
+	"load_weights":           "load-weights",
+	"prefill_pool":           "prefill-pool",
+	"decode_pool":            "decode-pool",
+	"pd_mode":                "pd-mode",
+	"pd_min_uncached_tokens": "pd-min-uncached-tokens",
+	"replicas":               "replica",
+	"pools":                  "pool",
+	"pool":                   "pool",
+	"index":                  "index",
+	"block_size":             "block-size",
+	"kv_events_bind":         "kv-events-bind",
+}
+
+// flagOfReplicaField names the set flag that controls a replica's field
+// (replicas[i].kv_events), when it is not --replica.
+var flagOfReplicaField = map[string]string{"kv_events": "kv-events-connect", "pod": "pod"}
+
+// keepEventSources returns the replicas of a --replica list, each keeping
+// the kv_events and pod stored for its name.
+func keepEventSources(list, stored []config.Replica) []config.Replica {
+	out := make([]config.Replica, len(list))
+	for i, r := range list {
+		if j := indexOfReplica(stored, r.Name); j >= 0 {
+			r.KVEvents, r.Pod = stored[j].KVEvents, stored[j].Pod
+		}
+		out[i] = r
+	}
+	return out
 }
 
 // modelFieldError turns a Model.Validate error into a usage error naming
@@ -189,6 +268,11 @@ func modelFieldError(err error) error {
 	head := fe.Field
 	if i := strings.IndexAny(head, ".["); i >= 0 {
 		head = head[:i]
+	}
+	if i := strings.LastIndexByte(fe.Field, '.'); i >= 0 && head == "replicas" {
+		if flag, ok := flagOfReplicaField[fe.Field[i+1:]]; ok {
+			return usagef("invalid --%s: %s %q: %s", flag, fe.Field, fe.Value, fe.Reason)
+		}
 	}
 	if flag, ok := flagOfField[head]; ok {
 		return usagef("invalid --%s: %s %q: %s", flag, fe.Field, fe.Value, fe.Reason)

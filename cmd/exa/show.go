@@ -135,16 +135,43 @@ func describe(w io.Writer, name string, m config.Model) {
 	}
 	if m.Disaggregate {
 		fmt.Fprintf(tw, "disaggregate:\ton (prefill pool %q, decode pool %q)\n", m.PrefillPool, m.DecodePool)
+		def := ""
+		if m.PDMinUncachedTokens == nil {
+			def = " (default)"
+		}
+		fmt.Fprintf(tw, "p/d split:\t%s mode, at %d uncached prompt tokens or more%s\n", m.PDModeName(), m.MinUncachedTokens(), def)
 	} else if m.PrefillPool != "" || m.DecodePool != "" {
 		fmt.Fprintf(tw, "disaggregate:\toff (pools %q and %q kept)\n", m.PrefillPool, m.DecodePool)
 	} else {
 		fmt.Fprintf(tw, "disaggregate:\toff\n")
 	}
+	fmt.Fprintf(tw, "index:\t%s\n", indexText(m))
 	fmt.Fprintf(tw, "replicas:\t%s\n", replicasText(m.Replicas))
 	for _, p := range slices.Sorted(maps.Keys(m.Pools)) {
 		fmt.Fprintf(tw, "pool %s:\t%s\n", p, replicasText(m.Pools[p]))
 	}
 	_ = tw.Flush()
+}
+
+// indexText describes the model's cache index and, for the exact index,
+// its block size and where its events come from.
+func indexText(m config.Model) string {
+	if !m.Exact() {
+		s := m.IndexName()
+		if m.KVEventsBind != "" || m.BlockSize != 0 {
+			s += fmt.Sprintf(" (kept for the exact index: blocks of %d tokens", m.TokenBlockSize())
+			if m.KVEventsBind != "" {
+				s += ", events on " + m.KVEventsBind
+			}
+			s += ")"
+		}
+		return s
+	}
+	s := fmt.Sprintf("exact (KV events, blocks of %d tokens", m.TokenBlockSize())
+	if m.KVEventsBind != "" {
+		s += "; listening on " + m.KVEventsBind
+	}
+	return s + ")"
 }
 
 func sloText(m config.Model) string {
@@ -166,8 +193,18 @@ func replicasText(rs []config.Replica) string {
 	parts := make([]string, len(rs))
 	for i, r := range rs {
 		parts[i] = r.Name + "=" + r.Address
+		var notes []string
 		if r.CacheBlocks > 0 {
-			parts[i] += fmt.Sprintf(" (%d blocks)", r.CacheBlocks)
+			notes = append(notes, fmt.Sprintf("%d blocks", r.CacheBlocks))
+		}
+		if r.KVEvents != "" {
+			notes = append(notes, "events from "+r.KVEvents)
+		}
+		if r.Pod != "" {
+			notes = append(notes, "pod "+r.Pod)
+		}
+		if len(notes) > 0 {
+			parts[i] += " (" + strings.Join(notes, ", ") + ")"
 		}
 	}
 	return strings.Join(parts, ", ")

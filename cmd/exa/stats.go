@@ -1,14 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -183,6 +186,9 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	if s.Mode != "" {
 		fmt.Fprintf(tw, "policy:\t%s\n", printable(s.Mode))
 	}
+	if s.Index != "" {
+		fmt.Fprintf(tw, "index:\t%s\n", printable(s.Index))
+	}
 	fmt.Fprintf(tw, "requests:\t%d\n", s.Requests)
 	fmt.Fprintf(tw, "hit rate:\t%s of prompt blocks cached on the chosen replica (%d of %d, by the router's index)\n", pct(s.BlockHitRate), s.MatchedBlocks, s.Blocks)
 	fmt.Fprintf(tw, "whole-prompt hits:\t%s of requests (%d of %d)\n", pct(s.HitRate), s.Hits, s.Requests)
@@ -196,24 +202,104 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
 	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
 	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	if d := s.Disaggregation; d != nil {
+		fmt.Fprintf(tw, "p/d split:\t%d of %d requests (%s), %s mode, at %d uncached prompt tokens or more\n",
+			d.Split, d.Decided, pct(d.SplitShare), printable(d.Mode), d.MinUncachedTokens)
+		fmt.Fprintf(tw, "p/d fallbacks:\tprefill unavailable %d, prefill failed %d, no kv_transfer_params %d, decode retried %d\n",
+			d.Fallbacks["prefill_unavailable"], d.Fallbacks["prefill_failed"], d.Fallbacks["prefill_no_kv_params"], d.Fallbacks["decode_retry"])
+	}
 	_ = tw.Flush()
+	writeReplicas(w, s)
+	if d := s.Disaggregation; d != nil && d.Prefill != nil {
+		fmt.Fprintf(w, "prefill pool: %d requests, %s of prompt blocks cached on the chosen replica\n", d.Prefill.Requests, pct(d.Prefill.BlockHitRate))
+		writeReplicas(w, *d.Prefill)
+	}
+}
+
+// writeReplicas writes the replica table of a record (for a
+// disaggregated model's record, its decode pool).
+func writeReplicas(w io.Writer, s config.RoutingStats) {
 	if len(s.Replicas) == 0 {
 		fmt.Fprintln(w, "replicas: none")
 		return
 	}
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	if s.Source == config.SourceSimulated {
 		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tPREFILL TOKENS\t")
 		for _, r := range s.Replicas {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t\n", printable(r.Name), r.Routed, pct(r.Share), r.Hits, r.PrefillTokens)
 		}
 	} else {
-		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\t")
+		fmt.Fprintln(tw, "REPLICA\tREQUESTS\tSHARE\tHITS\tHEALTHY\tCACHED BLOCKS\t")
 		for _, r := range s.Replicas {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", printable(r.Name), r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t\n", printable(r.Name), r.Routed, pct(r.Share), r.Hits, yesNo(r.Healthy), r.CachedBlocks)
 		}
 	}
 	_ = tw.Flush()
+	if s.KVEvents != nil {
+		writeKVStats(w, s.KVEvents)
+	}
+}
+
+// writeKVStats prints the exact index's figures of a model: tokenization,
+// fallbacks, and each engine's KV events. Strings come from the network.
+func writeKVStats(w io.Writer, k *config.KVEventsStats) {
+	fmt.Fprintf(w, "\nexact index (blocks of %d tokens, kept current by the engines' KV events):\n", k.BlockSize)
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	t := k.Tokenize
+	cached := uint64(0)
+	if t.Requests > t.EngineCalls {
+		cached = t.Requests - t.EngineCalls
+	}
+	fmt.Fprintf(tw, "tokenized:\t%d requests: %d calls to an engine's /tokenize, %d from the gateway's cache, %d errors\n", t.Requests, t.EngineCalls, cached, t.Errors)
+	var parts []string
+	for _, r := range []string{"tokenize_error", "short_prompt", "unsupported"} {
+		parts = append(parts, fmt.Sprintf("%s %d", r, k.Fallbacks[r]))
+	}
+	fmt.Fprintf(tw, "routed without tokens:\t%s (as if nothing were cached)\n", strings.Join(parts, ", "))
+	_ = tw.Flush()
+	if len(k.Engines) == 0 {
+		fmt.Fprintln(w, "engines: none heard yet")
+	} else {
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "ENGINE\tREPLICAS\tEVENTS\tAPPLIED\tDROPPED\tSTORED\tREMOVED\tMAPPED\tGAPS\tRESTARTS\tCLEARS\tRESETS\t")
+		for _, e := range k.Engines {
+			name := e.Topic
+			if name == "" {
+				name = e.Endpoint
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", printable(name), printable(strings.Join(e.Replicas, ",")),
+				e.Events, e.Applied, e.Dropped, e.StoredBlocks, e.RemovedBlocks, e.MappedBlocks, e.Gaps, e.Restarts, e.Clears, e.Resets)
+		}
+		_ = tw.Flush()
+		for _, e := range k.Engines {
+			if len(e.DroppedBy) > 0 {
+				var by []string
+				for _, r := range slices.Sorted(maps.Keys(e.DroppedBy)) {
+					by = append(by, fmt.Sprintf("%s %d", printable(r), e.DroppedBy[r]))
+				}
+				fmt.Fprintf(w, "  %s dropped: %s\n", printable(cmp.Or(e.Topic, e.Endpoint)), strings.Join(by, ", "))
+			}
+			if e.LastError != "" {
+				fmt.Fprintf(w, "  %s last error: %s\n", printable(cmp.Or(e.Topic, e.Endpoint)), printable(e.LastError))
+			}
+		}
+	}
+	for _, ep := range k.Endpoints {
+		if ep.Bound {
+			fmt.Fprintf(w, "events: listening on %s, %d publisher connections ended", printable(ep.Endpoint), ep.Failures)
+		} else {
+			state := "disconnected"
+			if ep.Connected {
+				state = "connected"
+			}
+			fmt.Fprintf(w, "events: connecting to %s: %s, %d connections, %d failures", printable(ep.Endpoint), state, ep.Connects, ep.Failures)
+		}
+		if ep.LastError != "" {
+			fmt.Fprintf(w, " (last: %s)", printable(ep.LastError))
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }

@@ -1,0 +1,110 @@
+package config
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// exactSample is a model on the exact index: r0 heard on the bind
+// endpoint under its address's pod, r1 connected to its own publisher.
+func exactSample() Model {
+	return Model{
+		Mode:         ModeCacheAware,
+		Index:        IndexExact,
+		BlockSize:    16,
+		KVEventsBind: "tcp://0.0.0.0:5557",
+		Replicas: []Replica{
+			{Name: "r0", Address: "http://10.0.0.1:8000"},
+			{Name: "r1", Address: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.0.2:5557", Pod: "pod-1"},
+		},
+	}
+}
+
+func TestExactIndexValidate(t *testing.T) {
+	require.NoError(t, exactSample().Validate())
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Model)
+		field string
+	}{
+		{"unknown index", func(m *Model) { m.Index = "precise" }, "index"},
+		{"index in capitals", func(m *Model) { m.Index = "EXACT" }, "index"},
+		{"negative block size", func(m *Model) { m.BlockSize = -16 }, "block_size"},
+		{"huge block size", func(m *Model) { m.BlockSize = MaxBlockSize + 1 }, "block_size"},
+		{"bind not tcp", func(m *Model) { m.KVEventsBind = "udp://0.0.0.0:5557" }, "kv_events_bind"},
+		{"bind without port", func(m *Model) { m.KVEventsBind = "tcp://0.0.0.0" }, "kv_events_bind"},
+		{"bind port 0", func(m *Model) { m.KVEventsBind = "tcp://0.0.0.0:0" }, "kv_events_bind"},
+		{"bind with a path", func(m *Model) { m.KVEventsBind = "tcp://h/x:5557" }, "kv_events_bind"},
+		{"connect to every interface", func(m *Model) { m.Replicas[1].KVEvents = "tcp://*:5557" }, "replicas[1].kv_events"},
+		{"connect to 0.0.0.0", func(m *Model) { m.Replicas[1].KVEvents = "tcp://0.0.0.0:5557" }, "replicas[1].kv_events"},
+		{"connect port out of range", func(m *Model) { m.Replicas[1].KVEvents = "tcp://h:70000" }, "replicas[1].kv_events"},
+		{"connect with spaces", func(m *Model) { m.Replicas[1].KVEvents = "tcp://h :5557" }, "replicas[1].kv_events"},
+		{"connect to the bind endpoint", func(m *Model) { m.Replicas[1].KVEvents = "tcp://0.0.0.0:5557"; m.KVEventsBind = "tcp://0.0.0.0:5557" }, "replicas[1].kv_events"},
+		{"empty ipc", func(m *Model) { m.Replicas[1].KVEvents = "ipc://" }, "replicas[1].kv_events"},
+		{"pod with @", func(m *Model) { m.Replicas[1].Pod = "a@b" }, "replicas[1].pod"},
+		{"pod with a control character", func(m *Model) { m.Replicas[0].Pod = "p\x1b" }, "replicas[0].pod"},
+		{"round robin", func(m *Model) { m.Mode = ModeRoundRobin }, "index"},
+		{"load aware", func(m *Model) { m.Mode = ModeLoadAware }, "index"},
+		{"disaggregated", func(m *Model) { m.Disaggregate, m.PrefillPool, m.DecodePool = true, "p", "d" }, "index"},
+		{"no event source", func(m *Model) { m.KVEventsBind = "" }, "replicas[0].kv_events"},
+		{"two replicas one pod", func(m *Model) { m.Replicas[1].KVEvents = ""; m.Replicas[1].Pod = "10.0.0.1:8000" }, "replicas[1].pod"},
+		{"bad pool kv_events", func(m *Model) {
+			m.Pools = map[string][]Replica{"p": {{Name: "x", Address: "http://h:1", KVEvents: "h:1"}}}
+		}, "pools.p[0].kv_events"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := exactSample().Clone()
+			tc.edit(&m)
+			err := m.Validate()
+			require.ErrorIs(t, err, ErrInvalid)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, tc.field, fe.Field, "%v", err)
+		})
+	}
+	// Inactive fields are kept on the approximate index.
+	m := exactSample()
+	m.Index = ""
+	m.KVEventsBind = ""
+	require.NoError(t, m.Validate(), "kv_events and pods may be stored before the exact index is switched on")
+	assert.Equal(t, IndexApproximate, m.IndexName())
+	assert.Equal(t, DefaultBlockSize, Model{}.TokenBlockSize())
+	for _, ok := range []string{"tcp://10.0.0.2:5557", "tcp://[::1]:5557", "tcp://engine-0.svc.local:5557", "ipc:///tmp/kv.sock"} {
+		assert.NoError(t, ValidateKVEndpoint(ok, false), ok)
+	}
+	for _, ok := range []string{"tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://127.0.0.1:5557"} {
+		assert.NoError(t, ValidateKVEndpoint(ok, true), ok)
+	}
+}
+
+func TestExactIndexFileValidate(t *testing.T) {
+	a, b := exactSample(), exactSample()
+	a.KVEventsBind = "tcp://10.0.0.100:5557"
+	b.KVEventsBind = "tcp://0.0.0.0:6000"
+	b.Replicas[1].KVEvents = "tcp://10.0.0.100:5557" // a's bind endpoint
+	f := &File{Version: Version, Models: map[string]Model{"a": a, "b": b}}
+	err := f.Validate()
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "models.b.replicas[1].kv_events", fe.Field, "%v", err)
+	assert.Contains(t, fe.Reason, `model "a" binds`)
+}
+
+func TestExactIndexOptions(t *testing.T) {
+	opts, err := exactSample().Options()
+	require.NoError(t, err)
+	approx, err := Model{Mode: ModeCacheAware}.Options()
+	require.NoError(t, err)
+	assert.Len(t, opts, len(approx)+1, "the exact index adds gateway.WithIndex(IndexExact)")
+}
+
+func TestAddressPod(t *testing.T) {
+	for addr, want := range map[string]string{
+		"http://10.0.0.7:8000": "10.0.0.7:8000", "10.0.0.7:8000": "10.0.0.7:8000",
+		"https://engine/v1": "engine", "http://[::1]:80": "[::1]:80",
+	} {
+		assert.Equal(t, want, AddressPod(addr), addr)
+	}
+}

@@ -1,0 +1,367 @@
+package httpgw
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+)
+
+// This file serves a disaggregated model: the decode replica is chosen
+// first, load-aware over the decode pool; the decider then splits the
+// request only when enough of its prompt is not cached there; a split
+// request gets a prefill replica, cache-aware over the prefill pool. In
+// gateway mode the gateway runs the two requests of vLLM's NixlConnector
+// protocol itself (pdbody.go), as llm-d's pd-sidecar v0.7.1 does
+// (pkg/sidecar/proxy/connector_nixlv2.go); in sidecar mode it sends the
+// request to the decode replica with the prefill replica in
+// x-prefiller-host-port, for the sidecar in front of it to run them.
+
+// Response headers the gateway adds to the answers of a disaggregated
+// model.
+const (
+	// HeaderDisagg says what the P/D path did, then the decider's estimate
+	// of the prompt tokens not cached on the decode replica: "split;
+	// uncached=N", "colocated; uncached=N", or a fallback reason
+	// (prefill_unavailable, prefill_failed, prefill_no_kv_params) in place
+	// of split.
+	HeaderDisagg = "X-Exa-Disagg"
+	// HeaderPrefillReplica names the prefill replica of a split request
+	// (in sidecar mode: the one named to the sidecar).
+	HeaderPrefillReplica = "X-Exa-Prefill-Replica"
+)
+
+// Request headers of the P/D protocol.
+const (
+	// headerPrefillerHostPort is the header llm-d's pd-sidecar reads for
+	// the prefill replica (pkg/common/common.go, PrefillEndpointHeader).
+	headerPrefillerHostPort = "X-Prefiller-Host-Port"
+	// headerRequestID names both requests of a split request, as the
+	// sidecar does.
+	headerRequestID = "X-Request-Id"
+)
+
+// pdReason is why a disaggregated request left the decider's plan.
+type pdReason int
+
+const (
+	pdPrefillUnavailable pdReason = iota // no healthy prefill replica: co-located
+	pdPrefillFailed                      // prefill failed other than with a 4xx: co-located
+	pdPrefillNoKV                        // prefill answer without kv_transfer_params: co-located
+	pdDecodeRetry                        // decode replica failed before its first byte: retried
+	numPDReasons
+)
+
+var pdReasonNames = [numPDReasons]string{"prefill_unavailable", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
+
+func (r pdReason) String() string { return pdReasonNames[r] }
+
+// pdCounters are a disaggregated model's decider figures for /stats. They
+// live as long as the model's gateways.
+type pdCounters struct {
+	decided, split atomic.Uint64
+	fallbacks      [numPDReasons]atomic.Uint64
+}
+
+// pdState is a disaggregated model's P/D routing: the library's
+// Disaggregated (its Decode is the model's gw) and the decider's
+// settings. Immutable once built, but for the counters.
+type pdState struct {
+	dis *gateway.Disaggregated // Prefill is nil when the prefill pool is empty
+	// sidecar selects sidecar mode (config.PDModeSidecar).
+	sidecar bool
+	// minUncached is the decider's threshold in tokens; tokensPerBlock
+	// converts unmatched key blocks into tokens.
+	minUncached, tokensPerBlock int
+	// hostPort maps a prefill replica to the host:port the sidecar is
+	// given; prefillNames holds the prefill replicas' names.
+	hostPort     map[string]string
+	prefillNames map[string]bool
+	counters     *pdCounters
+}
+
+// bytesPerToken is the decider's estimate of prompt bytes per token, as
+// llm-d's prefix-based decider estimates it (AverageCharactersPerToken).
+const bytesPerToken = 4
+
+// uncachedTokens estimates how many prompt tokens of a request are not
+// cached on the decode replica of d: its unmatched key blocks.
+func (pd *pdState) uncachedTokens(d *gateway.Decision) int {
+	return (d.Blocks - d.Matched) * pd.tokensPerBlock
+}
+
+// proxyPD serves an admitted request of a disaggregated model.
+func (s *Server) proxyPD(c *call) {
+	ms, pd, oc := c.ms, c.ms.pd, &c.oc
+	dd, err := ms.gw.Route(c.key)
+	if err != nil {
+		if errors.Is(err, gateway.ErrNoHealthyReplica) {
+			oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+				fmt.Sprintf("gateway: no healthy decode replica for model %q", ms.name))
+			return
+		}
+		oc.fail(c.w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
+		return
+	}
+	// A client's own prefill header never reaches a sidecar.
+	c.upHeader = func(h http.Header) { h.Del(headerPrefillerHostPort) }
+	c.first = &dd
+	uncached := pd.uncachedTokens(&dd)
+	split := uncached >= pd.minUncached
+	pd.counters.decided.Add(1)
+	note := "; uncached=" + strconv.Itoa(uncached)
+	h := c.w.Header()
+	if !split {
+		s.metrics.pdRequests.WithLabelValues(ms.name, "colocated").Inc()
+		h.Set(HeaderDisagg, "colocated"+note)
+		s.proxy(c)
+		return
+	}
+	pd.counters.split.Add(1)
+	s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
+	if pd.dis.Prefill == nil {
+		s.pdFallback(c, pdPrefillUnavailable, note, nil)
+		s.proxy(c)
+		return
+	}
+	pre, err := pd.dis.Prefill.Route(c.key)
+	if err != nil { // no healthy prefill replica: their ejection was logged
+		s.pdFallback(c, pdPrefillUnavailable, note, nil)
+		s.proxy(c)
+		return
+	}
+	ms.mm.replicaReqsC(s.metrics, ms.name, pre.Replica).Inc()
+	if pd.sidecar {
+		hp := pd.hostPort[pre.Replica]
+		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
+		h.Set(HeaderDisagg, "split"+note)
+		h.Set(HeaderPrefillReplica, pre.Replica)
+		// The sidecar runs the prefill; the gateway cannot tell when it
+		// ends, so it releases the decision when the request does.
+		defer pre.Done(gateway.DoneInfo{})
+		s.proxy(c)
+		return
+	}
+	proceed, handed := s.prefill(c, pre, note)
+	if !proceed {
+		return
+	}
+	decodeStart := s.opts.Clock()
+	s.proxy(c)
+	if handed && c.attempt.ttfb > 0 {
+		first := c.start.Add(c.attempt.ttfb).Sub(decodeStart)
+		s.metrics.pdPhase.WithLabelValues(ms.name, "decode_first_byte").Observe(max(first, 0).Seconds())
+		s.metrics.pdPhase.WithLabelValues(ms.name, "decode").Observe(s.opts.Clock().Sub(decodeStart).Seconds())
+	}
+}
+
+// pdCount counts a fallback of a disaggregated model.
+func (s *Server) pdCount(ms *modelState, r pdReason) {
+	ms.pd.counters.fallbacks[r].Add(1)
+	s.metrics.pdFallbacks.WithLabelValues(ms.name, r.String()).Inc()
+}
+
+// pdFallback counts a prefill fallback and marks the answer with it; the
+// request goes on co-located, with its own body, on its decode replica.
+func (s *Server) pdFallback(c *call, r pdReason, note string, err error) {
+	s.pdCount(c.ms, r)
+	c.w.Header().Set(HeaderDisagg, r.String()+note)
+	c.w.Header().Del(HeaderPrefillReplica)
+	if err != nil {
+		s.log.Warn("gateway: prefill fallback; decoding co-located", "model", c.ms.name, "reason", r.String(), "err", err)
+	}
+}
+
+// maxPrefillAnswer bounds a prefill answer the gateway reads: the prefill
+// generates one token, but an engine may echo the prompt.
+func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20 }
+
+// prefill runs the prefill request of a split request on pre's replica.
+// On success it sets the call's body to the decode request and reports
+// proceed and handed (the KV cache is handed over). A failure other than a
+// 4xx answer falls back: the call keeps its body (co-located decode) and
+// prefill reports proceed only. A 4xx answer is relayed to the client, as
+// the sidecar does, and prefill reports neither; nor for a client that
+// went away. Either way pre.Done is called, and when prefill does not
+// report proceed the call's decode decision is released too.
+func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, handed bool) {
+	ms := c.ms
+	ep := s.endpointOf(ms, &pre)
+	if ep == nil {
+		err := fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address)
+		pre.Done(gateway.DoneInfo{Err: err})
+		s.pdFallback(c, pdPrefillFailed, note, err)
+		return true, false
+	}
+	body, err := prefillBody(c.body)
+	if err != nil { // not reached: admit parsed the body as an object
+		pre.Done(gateway.DoneInfo{Err: err})
+		s.pdFallback(c, pdPrefillFailed, note, err)
+		return true, false
+	}
+	id := s.newRequestID()
+	ctx, cancel := context.WithCancel(c.r.Context())
+	defer cancel()
+	var timedOut atomic.Bool
+	if d := s.opts.FirstByteTimeout; d > 0 {
+		stop := s.afterFunc(d, func() { timedOut.Store(true); cancel() })
+		defer stop()
+	}
+	start := s.opts.Clock()
+	answer, status, hdr, err := s.exchange(ctx, c, ep, body, id)
+	elapsed := s.opts.Clock().Sub(start)
+	if err != nil && timedOut.Load() {
+		err = fmt.Errorf("%w (%v)", errFirstByteTimeout, s.opts.FirstByteTimeout)
+	}
+	where := fmt.Sprintf("prefill replica %q (%s)", pre.Replica, ep.base)
+	switch {
+	case err != nil && c.r.Context().Err() != nil:
+		pre.Done(gateway.DoneInfo{Err: err})
+		c.first.Done(gateway.DoneInfo{Err: err})
+		c.oc.code = codeClientCanceled
+		return false, false
+	case err != nil:
+		s.observe(ep, ep.health.failure(isDialError(err)))
+		pre.Done(gateway.DoneInfo{Err: err})
+		s.pdFallback(c, pdPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
+		return true, false
+	case status >= 400 && status <= 451:
+		// The request itself is at fault: decoding it elsewhere would
+		// fail alike (pd-sidecar's shouldFallbackToDecode).
+		s.observe(ep, ep.health.success(false))
+		pre.Done(gateway.DoneInfo{})
+		c.first.Done(gateway.DoneInfo{})
+		h := c.w.Header()
+		h.Set(HeaderDisagg, "split"+note)
+		h.Set(HeaderPrefillReplica, pre.Replica)
+		if ct := hdr.Get("Content-Type"); ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		h.Set("Content-Length", strconv.Itoa(len(answer)))
+		c.w.WriteHeader(status)
+		_, _ = c.w.Write(answer)
+		c.oc.code = strconv.Itoa(status)
+		return false, false
+	case status < 200 || status > 299:
+		if status >= 500 {
+			s.observe(ep, ep.health.failure(false))
+		}
+		err := fmt.Errorf("%s: %w: status %d", where, errUpstreamStatus, status)
+		pre.Done(gateway.DoneInfo{Err: err})
+		s.pdFallback(c, pdPrefillFailed, note, err)
+		return true, false
+	}
+	s.observe(ep, ep.health.success(false))
+	kv, ok := answerKVParams(answer)
+	if !ok {
+		pre.Done(gateway.DoneInfo{})
+		s.pdFallback(c, pdPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
+		return true, false
+	}
+	dbody, err := decodeBody(c.body, kv)
+	if err != nil { // not reached, as above
+		pre.Done(gateway.DoneInfo{Err: err})
+		s.pdFallback(c, pdPrefillFailed, note, err)
+		return true, false
+	}
+	pre.Done(gateway.DoneInfo{Latency: elapsed})
+	s.metrics.pdPhase.WithLabelValues(ms.name, "prefill").Observe(elapsed.Seconds())
+	c.body = dbody
+	c.upHeader = func(h http.Header) {
+		h.Del(headerPrefillerHostPort)
+		h.Set(headerRequestID, id)
+	}
+	h := c.w.Header()
+	h.Set(HeaderDisagg, "split"+note)
+	h.Set(HeaderPrefillReplica, pre.Replica)
+	return true, true
+}
+
+// exchange sends a prefill request to ep and reads the whole answer,
+// bounded by maxPrefillAnswer. It returns the answer's body, status and
+// headers, or the error that prevented it.
+func (s *Server) exchange(ctx context.Context, c *call, ep *endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
+	out, err := upstreamRequest(ctx, ep, c.r.URL, body)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	copyHeaders(out.Header, c.r.Header)
+	out.Header.Del("Expect")
+	// The answer is parsed here, so it must come as it is.
+	out.Header.Del("Accept-Encoding")
+	out.Header.Del(headerPrefillerHostPort)
+	out.Header.Set(headerRequestID, id)
+	resp, err := s.opts.Transport.RoundTrip(out)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 {
+		return nil, 0, nil, fmt.Errorf("%w: status %d", errUpstreamInterim, resp.StatusCode)
+	}
+	limit := s.maxPrefillAnswer()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	if int64(len(answer)) > limit {
+		return nil, 0, nil, fmt.Errorf("prefill answer longer than %d bytes", limit)
+	}
+	return answer, resp.StatusCode, resp.Header, nil
+}
+
+// newUUID returns a random (version 4) UUID, the form of request IDs
+// llm-d's sidecar sends.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, 36)
+	for i, x := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, hex[x>>4], hex[x&15])
+	}
+	return string(out)
+}
+
+// stats returns the model's P/D record; dec is the decode pool's record.
+func (pd *pdState) stats(name string, cfg config.Model) *config.DisaggregationStats {
+	out := &config.DisaggregationStats{
+		Mode:              cfg.PDModeName(),
+		MinUncachedTokens: pd.minUncached,
+		Decided:           pd.counters.decided.Load(),
+		Split:             pd.counters.split.Load(),
+		Fallbacks:         make(map[string]uint64, numPDReasons),
+	}
+	if out.Decided > 0 {
+		out.SplitShare = float64(out.Split) / float64(out.Decided)
+	}
+	for r := range numPDReasons {
+		out.Fallbacks[r.String()] = pd.counters.fallbacks[r].Load()
+	}
+	if p := pd.dis.Prefill; p != nil {
+		rec := config.StatsFromGateway(name, config.SourceGateway, gateway.ModeCacheAware, p.Stats(), p.Replicas())
+		out.Prefill = &rec
+	}
+	return out
+}
+
+// splitShare is the share of decided requests split, 0 with none.
+func (pd *pdState) splitShare() float64 {
+	d := pd.counters.decided.Load()
+	if d == 0 {
+		return 0
+	}
+	return float64(pd.counters.split.Load()) / float64(d)
+}

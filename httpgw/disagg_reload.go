@@ -1,0 +1,93 @@
+package httpgw
+
+import (
+	"fmt"
+	"net/url"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+)
+
+// planPD builds the table of a disaggregated model served by its pools:
+// a load-aware gateway over the decode pool (the model's gw) and a
+// cache-aware one over the prefill pool, both kept across reloads that
+// leave the routing options alone, as planModel keeps a model's gateway.
+// A decode pool without replicas leaves the model without a gateway (503);
+// a prefill pool without replicas leaves every request co-located
+// (fallback prefill_unavailable).
+func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelPlan, error) {
+	prefill, decode := cfg.Pools[cfg.PrefillPool], cfg.Pools[cfg.DecodePool]
+	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(prefill)+len(decode)),
+		disaggr: true, mode: gateway.ModeLoadAware}
+	pwant, err := s.tableOf(ms, prefill, cfg.PrefillPool, old, next)
+	if err != nil {
+		return modelPlan{}, err
+	}
+	dwant, err := s.tableOf(ms, decode, cfg.DecodePool, old, next)
+	if err != nil {
+		return modelPlan{}, err
+	}
+	ms.mm = newModelMetrics(ms.order)
+	if len(dwant) == 0 {
+		ms.noReps = true
+		s.log.Warn("gateway: disaggregated model's decode pool has no replicas; it answers 503 until it has",
+			"model", name, "pool", cfg.DecodePool)
+		return modelPlan{ms: ms}, nil
+	}
+	pd := &pdState{
+		sidecar:        cfg.PDModeName() == config.PDModeSidecar,
+		minUncached:    cfg.MinUncachedTokens(),
+		tokensPerBlock: max(1, s.opts.BlockSize/bytesPerToken),
+		hostPort:       make(map[string]string, len(pwant)),
+		prefillNames:   make(map[string]bool, len(pwant)),
+		counters:       new(pdCounters),
+	}
+	for _, r := range pwant {
+		pd.prefillNames[r.Name] = true
+		u, err := url.Parse(r.Address)
+		if err != nil { // config.ValidateAddress accepted it, so url.Parse does
+			return modelPlan{}, &config.FieldError{Field: "models." + name + ".pools." + cfg.PrefillPool, Value: r.Address, Reason: err.Error()}
+		}
+		pd.hostPort[r.Name] = u.Host
+	}
+	var opts []gateway.Option
+	if cfg.SLOLatencyMS > 0 {
+		opts = append(opts, gateway.WithSLOLatency(cfg.SLOLatency()))
+	}
+	if cfg.LoadWeights != nil {
+		opts = append(opts, gateway.WithLoadWeights(cfg.LoadWeights.Gateway()))
+	}
+	opts = append(opts, s.opts.GatewayOptions...)
+	dopts := append([]gateway.Option{gateway.WithMode(gateway.ModeLoadAware)}, opts...)
+	popts := append([]gateway.Option{gateway.WithMode(gateway.ModeCacheAware)}, opts...)
+
+	plan := modelPlan{ms: ms, want: dwant, opts: dopts, pwant: pwant, popts: popts}
+	prev := old.models[name]
+	reuse := prev != nil && prev.pd != nil && prev.gw != nil && sameRouting(prev.cfg, cfg)
+	dis := &gateway.Disaggregated{}
+	if reuse {
+		dis.Decode, plan.keep = prev.gw, prev.gw
+		pd.counters = prev.pd.counters
+	} else if dis.Decode, err = s.newGateway(dwant, dopts...); err != nil {
+		return modelPlan{}, fmt.Errorf("%w (model %q, pool %q)", err, name, cfg.DecodePool)
+	}
+	if len(pwant) > 0 {
+		if reuse && prev.pd.dis.Prefill != nil {
+			dis.Prefill, plan.pkeep = prev.pd.dis.Prefill, prev.pd.dis.Prefill
+		} else if dis.Prefill, err = s.newGateway(pwant, popts...); err != nil {
+			return modelPlan{}, fmt.Errorf("%w (model %q, pool %q)", err, name, cfg.PrefillPool)
+		}
+	}
+	pd.dis = dis
+	ms.gw, ms.pd = dis.Decode, pd
+	return plan, nil
+}
+
+// gatewayOf returns the gateway that routes the model's replica name: the
+// prefill pool's for a prefill replica of a disaggregated model, else gw.
+func (m *modelState) gatewayOf(name string) *gateway.Gateway {
+	if m.pd != nil && m.pd.prefillNames[name] {
+		return m.pd.dis.Prefill
+	}
+	return m.gw
+}

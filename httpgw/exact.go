@@ -1,0 +1,512 @@
+package httpgw
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/kvevents"
+)
+
+// The exact index: models with index exact route on a cache index that
+// only their engines' KV events change (package kvevents), and key their
+// requests from the engines' own tokens (exactkey.go).
+//
+// One Translator and one Subscriber serve every model for the Server's
+// life, so an engine's state (its sequence number, its map of block
+// hashes) survives reloads that do not concern it. Each state snapshot
+// carries a kvTable: which engine, heard on which endpoint under which
+// pod, updates which replicas of which models. An engine's events go to
+// every replica that names it, in every model (a base model and its LoRA
+// adapters configured as models of their own share the engine's cache),
+// through kvSink, which looks the table up afresh for each event, so a
+// reload redirects events at once.
+
+// kvTable routes engines' events to replicas; part of a state snapshot,
+// immutable once published.
+type kvTable struct {
+	sources map[string]*kvSource // by endpoint
+	engines map[string]*kvEngine // by engine id (kvID)
+	// byEndpoint lists the engines each engine address (of a replica)
+	// receives events from, for resets on ejection.
+	byEndpoint map[*endpoint][]string
+	// bind and connect are the endpoints to listen on and to dial.
+	bind, connect []string
+}
+
+// kvSource is one ZMQ endpoint of events.
+type kvSource struct {
+	endpoint string
+	bound    bool
+	// single: a connect endpoint of one engine, whose messages need no
+	// pod in their topic (plain vLLM leaves the topic empty).
+	single bool
+}
+
+// kvEngine is one engine: the replicas its events update.
+type kvEngine struct {
+	id     string
+	attach []kvAttach
+	// model is the chain root of its events without a LoRA adapter: the
+	// model of its replicas when they all belong to one, else "" (the
+	// topic's model).
+	model string
+	bs    int
+	// err says why the engine's events cannot be applied (two replicas of
+	// one model answering to its pod, models disagreeing on the block
+	// size); "" when they can.
+	err string
+}
+
+// kvAttach is one replica an engine's events update.
+type kvAttach struct {
+	model, replica string
+	gw             *gateway.Gateway
+	ep             *endpoint
+	cacheBlocks    int
+}
+
+// kvID names an engine: its endpoint and the pod it is heard under (""
+// on a single-engine connect endpoint). Both are printable and the
+// endpoint has no space, so the id is unambiguous.
+func kvID(endpoint, pod string) string { return endpoint + " " + pod }
+
+// buildKVTable builds the routing of events for the models of a state.
+func buildKVTable(models map[string]*modelState) *kvTable {
+	t := &kvTable{sources: map[string]*kvSource{}, engines: map[string]*kvEngine{}, byEndpoint: map[*endpoint][]string{}}
+	type heard struct {
+		a   kvAttach
+		pod string // explicit pod, or ""
+		// addrPod is the address's host:port, host its host alone.
+		addrPod, host string
+		bs            int
+	}
+	bySource := map[string][]heard{}
+	names := make([]string, 0, len(models))
+	for name := range models {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		m := models[name]
+		if !m.cfg.Exact() || m.gw == nil {
+			continue
+		}
+		for _, r := range m.cfg.Replicas {
+			src, bound := r.KVEvents, false
+			if src == "" {
+				src, bound = m.cfg.KVEventsBind, true
+			}
+			if t.sources[src] == nil {
+				t.sources[src] = &kvSource{endpoint: src, bound: bound}
+				if bound {
+					t.bind = append(t.bind, src)
+				} else {
+					t.connect = append(t.connect, src)
+				}
+			}
+			h := heard{a: kvAttach{model: name, replica: r.Name, gw: m.gw, ep: m.byName[r.Name], cacheBlocks: r.CacheBlocks},
+				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.cfg.TokenBlockSize()}
+			if u, err := url.Parse(NormalizeAddress(r.Address)); err == nil {
+				h.host = u.Hostname()
+			}
+			bySource[src] = append(bySource[src], h)
+		}
+	}
+	add := func(id string, h heard) {
+		e := t.engines[id]
+		if e == nil {
+			e = &kvEngine{id: id, model: h.a.model, bs: h.bs}
+			t.engines[id] = e
+		}
+		for _, a := range e.attach {
+			if a.model == h.a.model && e.err == "" {
+				e.err = fmt.Sprintf("replicas %q and %q of model %q both answer to this engine; give each its own pod", a.replica, h.a.replica, a.model)
+			}
+		}
+		if e.model != h.a.model {
+			e.model = ""
+		}
+		if e.bs != h.bs && e.err == "" {
+			e.err = fmt.Sprintf("models %q and %q share the engine with block sizes %d and %d", e.attach[0].model, h.a.model, e.bs, h.bs)
+		}
+		e.attach = append(e.attach, h.a)
+		if !slices.Contains(t.byEndpoint[h.a.ep], id) {
+			t.byEndpoint[h.a.ep] = append(t.byEndpoint[h.a.ep], id)
+		}
+	}
+	for src, hs := range bySource {
+		so := t.sources[src]
+		if !so.bound {
+			// One engine identity (its pod, else its address) on a dialled
+			// endpoint: the endpoint alone names it, whatever its topic.
+			ident := func(h heard) string { return cmp.Or(h.pod, h.addrPod) }
+			so.single = true
+			for _, h := range hs {
+				so.single = so.single && ident(h) == ident(hs[0])
+			}
+		}
+		if so.single {
+			for _, h := range hs {
+				add(kvID(src, ""), h)
+			}
+			continue
+		}
+		// A host alone names an engine when one engine of the source has
+		// that host (POD_IP is a pod's IP, without the engine's port).
+		pods := map[string]map[string]bool{} // host → address pods
+		for _, h := range hs {
+			if h.pod == "" && h.host != "" {
+				if pods[h.host] == nil {
+					pods[h.host] = map[string]bool{}
+				}
+				pods[h.host][h.addrPod] = true
+			}
+		}
+		for _, h := range hs {
+			if h.pod != "" {
+				add(kvID(src, h.pod), h)
+				continue
+			}
+			if h.addrPod != "" {
+				add(kvID(src, h.addrPod), h)
+			}
+			if h.host != "" && h.host != h.addrPod && len(pods[h.host]) == 1 {
+				add(kvID(src, h.host), h)
+			}
+		}
+	}
+	return t
+}
+
+// kvRuntime is the Server's part of the exact index that outlives
+// snapshots.
+type kvRuntime struct {
+	tr   *kvevents.Translator
+	tok  kvevents.Tokenizer
+	tc   *kvevents.CachedTokenizer // tok when it is the default; else nil
+	opts kvevents.Options
+
+	mu   sync.Mutex
+	sub  *kvevents.Subscriber // nil until an endpoint is wanted, and after Close
+	subs map[string]bool      // endpoint → bound
+
+	cmu      sync.Mutex
+	counters map[string]*exactCounters // by model
+}
+
+// exactCounters count one model's keying, over the Server's life.
+type exactCounters struct {
+	tokenize, engineCalls, errors atomic.Uint64
+	fallbacks                     [numFallbacks]atomic.Uint64
+}
+
+// Reasons a request on the exact index is keyed without tokens.
+const (
+	fallbackTokenize    = iota // the tokenizer failed
+	fallbackShort              // fewer tokens than a block
+	fallbackUnsupported        // a prompt or field the gateway does not tokenize
+	numFallbacks
+)
+
+var fallbackNames = [numFallbacks]string{"tokenize_error", "short_prompt", "unsupported"}
+
+func (k *kvRuntime) countersOf(model string) *exactCounters {
+	k.cmu.Lock()
+	defer k.cmu.Unlock()
+	c := k.counters[model]
+	if c == nil {
+		c = &exactCounters{}
+		k.counters[model] = c
+	}
+	return c
+}
+
+// kvSink is the Index every engine's Target names: it applies an event of
+// engine id to each replica the current snapshot attaches to it.
+type kvSink struct{ s *Server }
+
+var _ kvevents.Index = kvSink{}
+
+// ApplyEvent implements kvevents.Index; replica is an engine id.
+func (k kvSink) ApplyEvent(id string, ev gateway.CacheEvent) error {
+	t := k.s.state.Load().kv
+	e := t.engines[id]
+	if e == nil || e.err != "" {
+		return fmt.Errorf("%w: engine %q is no longer configured", gateway.ErrUnknownReplica, id)
+	}
+	applied := false
+	var firstErr error
+	for _, a := range e.attach {
+		err := a.gw.ApplyEvent(a.replica, ev)
+		switch {
+		case err == nil:
+			applied = true
+		case errors.Is(err, gateway.ErrUnknownReplica):
+			// A reload removed it after this snapshot was taken.
+		case firstErr == nil:
+			firstErr = err
+		}
+	}
+	if firstErr == nil && !applied {
+		return fmt.Errorf("%w: engine %q: its replicas are gone", gateway.ErrUnknownReplica, id)
+	}
+	return firstErr
+}
+
+// idOf returns the id of the engine a source's messages come from: its
+// endpoint and, unless the endpoint has a single engine, its topic's pod.
+func (t *kvTable) idOf(src kvevents.Source) (string, error) {
+	so := t.sources[src.Endpoint]
+	switch {
+	case so == nil:
+		return "", fmt.Errorf("endpoint %s is not configured", src.Endpoint)
+	case so.single:
+		return kvID(src.Endpoint, ""), nil
+	case src.Pod == "":
+		return "", fmt.Errorf("topic %q names no pod (kv@POD@MODEL), and endpoint %s serves several engines", src.Topic, src.Endpoint)
+	}
+	return kvID(src.Endpoint, src.Pod), nil
+}
+
+// resolveKV is the Translator's Resolver: the engine a message comes from,
+// by its endpoint and its topic's pod.
+func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
+	t := s.state.Load().kv
+	id, err := t.idOf(src)
+	if err != nil {
+		return kvevents.Target{}, err
+	}
+	pod := src.Pod
+	e := t.engines[id]
+	switch {
+	case e == nil:
+		return kvevents.Target{}, fmt.Errorf("no replica answers to pod %q on %s (set the replica's pod, or its address to the engine's POD_IP)", pod, src.Endpoint)
+	case e.err != "":
+		return kvevents.Target{}, errors.New(e.err)
+	}
+	model := e.model
+	if model == "" {
+		model = src.Model
+	}
+	if model == "" {
+		return kvevents.Target{}, fmt.Errorf("the engine serves several models and its topic %q names none (want kv@POD@MODEL)", src.Topic)
+	}
+	return kvevents.Target{Index: kvSink{s}, Replica: e.id, Model: model, BlockSize: e.bs}, nil
+}
+
+// subscriber returns the Subscriber, creating it if needed. k.mu held.
+func (k *kvRuntime) subscriber() *kvevents.Subscriber {
+	if k.sub == nil {
+		k.sub = kvevents.NewSubscriber(k.tr, k.opts)
+		k.subs = map[string]bool{}
+	}
+	return k.sub
+}
+
+// bindNew listens on the bind endpoints of t not listened on yet. On a
+// failure it stops those it started and returns an error naming the
+// model and field.
+func (k *kvRuntime) bindNew(t *kvTable, models map[string]*modelState) ([]string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var started []string
+	for _, ep := range t.bind {
+		if _, ok := k.subs[ep]; ok {
+			continue
+		}
+		if _, err := k.subscriber().Bind(ep); err != nil {
+			for _, done := range started {
+				_ = k.sub.Unsubscribe(done)
+				delete(k.subs, done)
+			}
+			field := "kv_events_bind"
+			for name, m := range models {
+				if m.cfg.KVEventsBind == ep {
+					field = "models." + name + ".kv_events_bind"
+					break
+				}
+			}
+			return nil, &config.FieldError{Field: field, Value: ep, Reason: "cannot listen: " + err.Error()}
+		}
+		k.subs[ep] = true
+		started = append(started, ep)
+	}
+	return started, nil
+}
+
+// sync connects to the connect endpoints of t not connected yet, and
+// stops the endpoints t no longer names.
+func (k *kvRuntime) sync(t *kvTable) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	want := map[string]bool{}
+	for _, ep := range t.bind {
+		want[ep] = true
+	}
+	for _, ep := range t.connect {
+		want[ep] = false
+	}
+	for ep, bound := range k.subs {
+		if b, ok := want[ep]; !ok || b != bound {
+			_ = k.sub.Unsubscribe(ep)
+			delete(k.subs, ep)
+		}
+	}
+	for _, ep := range t.connect {
+		if _, ok := k.subs[ep]; ok {
+			continue
+		}
+		if err := k.subscriber().Connect(ep); err == nil { // endpoints were validated
+			k.subs[ep] = false
+		}
+	}
+}
+
+// endpoints returns the status of every endpoint listened on or dialled.
+func (k *kvRuntime) endpoints() []kvevents.EndpointStatus {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.sub == nil {
+		return nil
+	}
+	return k.sub.Endpoints()
+}
+
+// close stops every endpoint; the next Apply subscribes again.
+func (k *kvRuntime) close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.sub != nil {
+		_ = k.sub.Close()
+		k.sub, k.subs = nil, nil
+	}
+}
+
+// reconcile brings the Translator in line with a new table, once it is
+// published: engines gone, or whose block size or chain root changed,
+// are reset (their blocks leave every index and their state is
+// forgotten); replicas newly attached to an engine heard before (a model
+// switched to the exact index, a rebuilt gateway, a replica whose address
+// or capacity changed) get the blocks its index holds, which the engine
+// will not announce again.
+func (k *kvRuntime) reconcile(old, next *kvTable) {
+	fill := map[string][]kvAttach{}
+	for id, oe := range old.engines {
+		ne := next.engines[id]
+		if ne == nil {
+			continue
+		}
+		for _, a := range ne.attach {
+			if !slices.Contains(oe.attach, a) {
+				fill[id] = append(fill[id], a)
+			}
+		}
+	}
+	k.tr.Reset(func(src kvevents.Source, tg kvevents.Target) bool {
+		ne := next.engines[tg.Replica]
+		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model
+	})
+	if len(fill) > 0 {
+		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return fill[tg.Replica] != nil },
+			func(_ kvevents.Source, tg kvevents.Target, keys gateway.Key) {
+				if len(keys) == 0 {
+					return
+				}
+				for _, a := range fill[tg.Replica] {
+					_ = a.gw.ApplyEvent(a.replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: keys})
+				}
+			})
+	}
+}
+
+// resetEngines resets the engines whose events reach replicas at ep: an
+// engine ejected by the health checks may have lost its cache, and the
+// index must not hold blocks it no longer has.
+func (k *kvRuntime) resetEngines(t *kvTable, ep *endpoint) int {
+	ids := t.byEndpoint[ep]
+	if len(ids) == 0 {
+		return 0
+	}
+	return k.tr.Reset(func(_ kvevents.Source, tg kvevents.Target) bool { return slices.Contains(ids, tg.Replica) })
+}
+
+// replicasOf names, as model/replica, the replicas of an engine id in t.
+func (t *kvTable) replicasOf(id string) []string {
+	e := t.engines[id]
+	if e == nil {
+		return []string{}
+	}
+	out := make([]string, 0, len(e.attach))
+	for _, a := range e.attach {
+		out = append(out, a.model+"/"+a.replica)
+	}
+	return out
+}
+
+// modelOf reports whether engine id has a replica of model in t.
+func (t *kvTable) modelOf(id, model string) bool {
+	e := t.engines[id]
+	if e == nil {
+		return false
+	}
+	for _, a := range e.attach {
+		if a.model == model {
+			return true
+		}
+	}
+	return false
+}
+
+// sourcesOf returns the endpoints model's events come from in t.
+func (t *kvTable) sourcesOf(m config.Model) []string {
+	var out []string
+	for _, r := range m.Replicas {
+		ep := r.KVEvents
+		if ep == "" {
+			ep = m.KVEventsBind
+		}
+		if ep != "" && !slices.Contains(out, ep) {
+			out = append(out, ep)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// tokenizeBase is the HTTPTokenizer's base URL for model: a healthy
+// replica of it, taken in turn.
+func (s *Server) tokenizeBase(model string) (string, error) {
+	m := s.state.Load().models[model]
+	if m == nil || len(m.order) == 0 {
+		return "", fmt.Errorf("model %q has no replicas", model)
+	}
+	n := uint64(len(m.order))
+	start := s.tokTurn.Add(1)
+	for i := range n {
+		ep := m.byName[m.order[(start+i)%n]]
+		if ep != nil && ep.health.healthy() {
+			return ep.base, nil
+		}
+	}
+	return "", fmt.Errorf("model %q has no healthy replica to tokenize on", model)
+}
+
+// countingTokenizer counts the calls that reach the engines, per model.
+type countingTokenizer struct {
+	inner kvevents.Tokenizer
+	kv    *kvRuntime
+}
+
+func (c countingTokenizer) Tokenize(ctx context.Context, req kvevents.TokenizeRequest) ([]uint32, error) {
+	c.kv.countersOf(req.Model).engineCalls.Add(1)
+	return c.inner.Tokenize(ctx, req)
+}

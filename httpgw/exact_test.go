@@ -1,0 +1,628 @@
+package httpgw
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/kvevents"
+)
+
+// wordTokenizer is an in-process tokenizer: one token per word of the
+// prompt, or of the messages' contents joined; a prompt starting "fail"
+// fails.
+type wordTokenizer struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func wordTokens(text string) []uint32 {
+	var out []uint32
+	for _, w := range strings.Fields(text) {
+		h := fnv.New32a()
+		h.Write([]byte(w))
+		out = append(out, h.Sum32())
+	}
+	return out
+}
+
+func (w *wordTokenizer) Tokenize(_ context.Context, req kvevents.TokenizeRequest) ([]uint32, error) {
+	w.mu.Lock()
+	w.calls++
+	w.mu.Unlock()
+	text := req.Prompt
+	if len(req.Messages) > 0 {
+		var msgs []struct{ Content string }
+		if err := json.Unmarshal(req.Messages, &msgs); err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			text += " " + m.Content
+		}
+	}
+	if strings.HasPrefix(text, "fail") {
+		return nil, errors.New("tokenizer down")
+	}
+	return wordTokens(text), nil
+}
+
+// eventFrames encodes one message of BlockStored events (array encoding).
+func eventFrames(t *testing.T, topic string, seq uint64, events ...[]any) [][]byte {
+	t.Helper()
+	evs := make([]any, len(events))
+	for i, e := range events {
+		evs[i] = e
+	}
+	payload, err := msgpack.Marshal([]any{1.5, evs, 0})
+	require.NoError(t, err)
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	return [][]byte{[]byte(topic), s[:], payload}
+}
+
+func storedEvent(hashes []uint64, parent any, tokens []uint32, bs int) []any {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return []any{"BlockStored", hs, parent, tokens, bs, nil, "GPU", nil}
+}
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return "tcp://" + l.Addr().String()
+}
+
+// exactFixture is a gateway serving testModel on the exact index over two
+// fake engines, listening for KV events on a loopback endpoint.
+type exactFixture struct {
+	*fixture
+	bind string
+	tok  *wordTokenizer
+	cfg  config.Model
+}
+
+func newExactFixture(t *testing.T, bs int) *exactFixture {
+	t.Helper()
+	ef := &exactFixture{fixture: &fixture{t: t, reg: prometheus.NewRegistry()}, bind: freeTCP(t), tok: &wordTokenizer{}}
+	var reps []config.Replica
+	for i := range 2 {
+		e := enginetest.New(enginetest.Options{Model: testModel, Name: "e" + strconv.Itoa(i)})
+		t.Cleanup(e.Close)
+		ef.engines = append(ef.engines, e)
+		reps = append(reps, config.Replica{Name: e.Name(), Address: e.URL()})
+	}
+	s, err := New(Options{Registerer: ef.reg, Gatherer: ef.reg, Logger: quietLogger(), Tokenizer: ef.tok})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ef.cfg = config.Model{Mode: config.ModeCacheAware, Index: config.IndexExact, BlockSize: bs, KVEventsBind: ef.bind, Replicas: reps}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: ef.cfg}}))
+	ef.srv = s
+	ef.http = newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ef.handlers.Add(1)
+		defer ef.handlers.Done()
+		s.ServeHTTP(w, r)
+	}))
+	return ef
+}
+
+// pod is the topic pod engine i answers to: its address's host:port.
+func (ef *exactFixture) pod(i int) string { return strings.TrimPrefix(ef.engines[i].URL(), "http://") }
+
+// store announces, as engine i, blocks of tokens under consecutive hashes
+// from base (message seq).
+func (ef *exactFixture) store(i int, seq, base uint64, tokens []uint32, bs int) {
+	n := len(tokens) / bs
+	hashes := make([]uint64, n)
+	for j := range hashes {
+		hashes[j] = base + uint64(j)
+	}
+	ef.srv.kv.tr.Handle(ef.bind, eventFrames(ef.t, "kv@"+ef.pod(i)+"@"+testModel, seq, storedEvent(hashes, nil, tokens, bs)))
+}
+
+// complete posts a completion and returns the replica and the decision.
+func (ef *exactFixture) complete(body string) (replica, decision string) {
+	ef.t.Helper()
+	resp := ef.post("/v1/completions", body)
+	b := readAll(ef.t, resp)
+	require.Equal(ef.t, http.StatusOK, resp.StatusCode, "%s", b)
+	return resp.Header.Get(HeaderReplica), resp.Header.Get(HeaderDecision)
+}
+
+func words(prefix string, n int) string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return strings.Join(w, " ")
+}
+
+func TestExactRoutesOnEngineEvents(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	prompt := words("doc", 12) // 3 blocks of 4
+	ef.store(1, 1, 100, wordTokens(prompt)[:8], 4)
+
+	rep, dec := ef.complete(`{"model":"m1","prompt":"` + prompt + `"}`)
+	require.Equal(t, "e1", rep)
+	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
+	require.Equal(t, 1, ef.tok.calls)
+
+	// A prompt of token ids needs no tokenizer.
+	ids, _ := json.Marshal(wordTokens(prompt))
+	rep, dec = ef.complete(`{"model":"m1","prompt":` + string(ids) + `}`)
+	require.Equal(t, "e1", rep)
+	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
+	require.Equal(t, 1, ef.tok.calls)
+
+	// The exact index changes only through events: routing e1 did not
+	// add the third block.
+	st := ef.stats()
+	m := st.Models[testModel]
+	require.Equal(t, config.IndexExact, m.Index)
+	require.Equal(t, 2, m.Replicas[1].CachedBlocks)
+	require.Zero(t, m.Replicas[0].CachedBlocks)
+	require.NotNil(t, m.KVEvents)
+	require.Equal(t, 4, m.KVEvents.BlockSize)
+	require.Equal(t, uint64(1), m.KVEvents.Tokenize.Requests)
+	require.Equal(t, uint64(1), m.KVEvents.Tokenize.EngineCalls)
+	require.Len(t, m.KVEvents.Engines, 1)
+	e := m.KVEvents.Engines[0]
+	require.Equal(t, []string{"m1/e1"}, e.Replicas)
+	require.Equal(t, uint64(2), e.StoredBlocks)
+	require.Equal(t, 2, e.MappedBlocks)
+	require.Len(t, m.KVEvents.Endpoints, 1)
+	require.True(t, m.KVEvents.Endpoints[0].Bound)
+	require.NotNil(t, st.KVEvents)
+
+	// Chats are keyed from their messages.
+	ef.store(0, 1, 200, wordTokens(" sys0 sys1 sys2 sys3 hello there you all"), 4)
+	resp := ef.post("/v1/chat/completions", chatBody(testModel, false, "sys0 sys1 sys2 sys3", "hello there you all", "more"))
+	readAll(t, resp)
+	require.Equal(t, "e0", resp.Header.Get(HeaderReplica))
+	require.Equal(t, "affinity; matched=2/2; index=exact", resp.Header.Get(HeaderDecision))
+
+	require.Equal(t, 2.0, ef.counter("exa_gateway_kv_blocks_stored_total", map[string]string{"topic": "kv@" + ef.pod(1) + "@m1"}))
+	require.Equal(t, 2.0, ef.counter("exa_gateway_tokenize_requests_total", map[string]string{"model": testModel}))
+	require.Equal(t, uint64(2), ef.histCount("exa_gateway_tokenize_seconds", map[string]string{"model": testModel}))
+	var cached float64
+	for _, s := range ef.series("exa_gateway_index_cached_blocks", map[string]string{"model": testModel, "replica": "e1"}) {
+		cached = s.GetGauge().GetValue()
+	}
+	require.Equal(t, 2.0, cached)
+}
+
+func TestExactFallbacks(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	for _, tc := range []struct {
+		name, body, reason string
+	}{
+		{"tokenizer fails", `{"model":"m1","prompt":"fail now a b c d"}`, "tokenize_error"},
+		{"shorter than a block", `{"model":"m1","prompt":"a b c"}`, "short_prompt"},
+		{"empty prompt", `{"model":"m1","prompt":""}`, "short_prompt"},
+		{"list of prompts", `{"model":"m1","prompt":["a b c d e","f g h i"]}`, "unsupported"},
+		{"list of token arrays", `{"model":"m1","prompt":[[1,2,3,4,5]]}`, "unsupported"},
+		{"cache salt", `{"model":"m1","prompt":"a b c d e f","cache_salt":"tenant-7"}`, "unsupported"},
+		{"special tokens left out", `{"model":"m1","prompt":"a b c d e f","add_special_tokens":false}`, "unsupported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := ef.counter("exa_gateway_exact_fallbacks_total", map[string]string{"model": testModel, "reason": tc.reason})
+			_, dec := ef.complete(tc.body)
+			require.Contains(t, dec, "; index=exact; fallback="+tc.reason)
+			require.Contains(t, dec, "matched=0/", "the approximate key matches nothing in the exact index")
+			require.Equal(t, before+1, ef.counter("exa_gateway_exact_fallbacks_total", map[string]string{"model": testModel, "reason": tc.reason}))
+		})
+	}
+	resp := ef.post("/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b c d e"}],"continue_final_message":true,"add_generation_prompt":false}`)
+	readAll(t, resp)
+	require.Contains(t, resp.Header.Get(HeaderDecision), "fallback=unsupported")
+	resp = ef.post("/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b c d e"}],"add_generation_prompt":true,"continue_final_message":false,"cache_salt":null}`)
+	readAll(t, resp)
+	require.Equal(t, "load_aware; matched=0/1; index=exact", resp.Header.Get(HeaderDecision), "defaults are fine")
+	m := ef.stats().Models[testModel].KVEvents
+	require.Equal(t, uint64(1), m.Tokenize.Errors)
+	require.Equal(t, uint64(1), m.Fallbacks["tokenize_error"])
+	require.Equal(t, uint64(2), m.Fallbacks["short_prompt"])
+	require.Equal(t, uint64(5), m.Fallbacks["unsupported"])
+}
+
+func TestReadTokenizeInput(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		kind        endpointKind
+		body        string
+		want        kvevents.TokenizeRequest
+		tokens      []uint32
+		unsupported string
+	}{
+		{"prompt", endpointCompletions, `{"model":"m","prompt":"hi there"}`, kvevents.TokenizeRequest{Model: "m", Prompt: "hi there"}, nil, ""},
+		{"last prompt counts", endpointCompletions, `{"prompt":["a","b"],"prompt":"x"}`, kvevents.TokenizeRequest{Model: "m", Prompt: "x"}, nil, ""},
+		{"token ids", endpointCompletions, `{"prompt":[1, 2,4294967295]}`, kvevents.TokenizeRequest{Model: "m"}, []uint32{1, 2, 4294967295}, ""},
+		{"token id too large", endpointCompletions, `{"prompt":[4294967296]}`, kvevents.TokenizeRequest{Model: "m"}, nil, "prompt"},
+		{"negative token id", endpointCompletions, `{"prompt":[-1]}`, kvevents.TokenizeRequest{Model: "m"}, nil, "prompt"},
+		{"fractional token id", endpointCompletions, `{"prompt":[1.5]}`, kvevents.TokenizeRequest{Model: "m"}, []uint32{}, "prompt"},
+		{"messages verbatim", endpointChat, `{"messages": [ {"role":"user","content":"x"} ] ,"tools":[{"type":"function"}],"chat_template_kwargs":{"a":1}}`,
+			kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[ {"role":"user","content":"x"} ]`), Tools: []byte(`[{"type":"function"}]`), ChatTemplateKwargs: []byte(`{"a":1}`)}, nil, ""},
+		{"null tools", endpointChat, `{"messages":[],"tools":null}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, ""},
+		{"prompt ignored in chat", endpointChat, `{"messages":[],"prompt":"x"}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, ""},
+		{"chat template", endpointChat, `{"messages":[],"chat_template":"{{x}}"}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, "chat_template"},
+		{"add_special_tokens true on completions", endpointCompletions, `{"prompt":"x","add_special_tokens":true}`, kvevents.TokenizeRequest{Model: "m", Prompt: "x"}, nil, ""},
+		{"add_special_tokens true on chat", endpointChat, `{"messages":[],"add_special_tokens":true}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, "add_special_tokens"},
+		{"not an object", endpointChat, `[1]`, kvevents.TokenizeRequest{Model: "m"}, nil, "body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := readTokenizeInput(tc.kind, "m", []byte(tc.body))
+			require.Equal(t, tc.unsupported, in.unsupported)
+			if tc.unsupported != "" {
+				return
+			}
+			require.Equal(t, tc.want.Prompt, in.req.Prompt)
+			require.Equal(t, string(tc.want.Messages), string(in.req.Messages))
+			require.Equal(t, string(tc.want.Tools), string(in.req.Tools))
+			require.Equal(t, string(tc.want.ChatTemplateKwargs), string(in.req.ChatTemplateKwargs))
+			require.Equal(t, tc.tokens, in.tokens)
+		})
+	}
+}
+
+// FuzzReadTokenizeInput: any body that parseRequest accepts is read
+// without panicking, and what it reads agrees with encoding/json: the
+// messages, tools and template arguments are the last members' text, the
+// prompt the last member's string.
+func FuzzReadTokenizeInput(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hi"}`, `{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":["a",[1]]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"chat_template_kwargs":{}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[{"role":"system","content":"y"}]}`,
+		`{"model":"m","prompt":"x","cache_salt":"s","add_special_tokens":false}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"add_generation_prompt":"yes"}`,
+	} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, body string, chat bool) {
+		kind := endpointCompletions
+		if chat {
+			kind = endpointChat
+		}
+		if _, err := parseRequest(kind, []byte(body)); err != nil {
+			return
+		}
+		in := readTokenizeInput(kind, "m", []byte(body))
+		if in.unsupported != "" {
+			return
+		}
+		var ref map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &ref); err != nil {
+			return // encoding/json is stricter on invalid UTF-8 in names; parseRequest's own fuzz compares them
+		}
+		if kind == endpointChat {
+			require.JSONEq(t, string(ref["messages"]), string(in.req.Messages))
+			for name, got := range map[string][]byte{"tools": in.req.Tools, "chat_template_kwargs": in.req.ChatTemplateKwargs} {
+				if want, ok := ref[name]; ok && string(want) != "null" {
+					require.JSONEq(t, string(want), string(got), name)
+				} else {
+					require.Empty(t, got, name)
+				}
+			}
+			return
+		}
+		if in.hasTokens {
+			var ids []uint32
+			require.NoError(t, json.Unmarshal(ref["prompt"], &ids))
+			require.Equal(t, len(ids), len(in.tokens))
+			return
+		}
+		var p string
+		require.NoError(t, json.Unmarshal(ref["prompt"], &p))
+		require.Equal(t, p, in.req.Prompt)
+	})
+}
+
+func TestExactKVTable(t *testing.T) {
+	gw, err := gateway.New([]gateway.Replica{{Name: "x"}})
+	require.NoError(t, err)
+	ms := func(name string, cfg config.Model) *modelState {
+		m := &modelState{name: name, cfg: cfg, gw: gw, byName: map[string]*endpoint{}}
+		for _, r := range cfg.Replicas {
+			m.byName[r.Name] = newEndpoint(NormalizeAddress(r.Address))
+		}
+		return m
+	}
+	const bind = "tcp://*:5557"
+	exact := func(reps ...config.Replica) config.Model {
+		return config.Model{Mode: config.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}
+	}
+	tab := buildKVTable(map[string]*modelState{
+		"base": ms("base", exact(
+			config.Replica{Name: "a", Address: "http://10.0.0.1:8000"},                                  // pods 10.0.0.1:8000 and 10.0.0.1
+			config.Replica{Name: "b", Address: "http://10.0.0.2:8000"},                                  // 10.0.0.2:8000 only: c shares the host
+			config.Replica{Name: "c", Address: "http://10.0.0.2:8001"},                                  // 10.0.0.2:8001 only
+			config.Replica{Name: "d", Address: "http://10.0.0.4:8000", Pod: "pod-d"},                    // pod-d only
+			config.Replica{Name: "v", Address: "http://10.0.0.5:8000", KVEvents: "tcp://10.0.0.5:5557"}, // its own publisher
+			config.Replica{Name: "r1", Address: "http://10.0.0.6:8000", KVEvents: "tcp://relay:1"},
+			config.Replica{Name: "r2", Address: "http://10.0.0.7:8000", KVEvents: "tcp://relay:1"},
+		)),
+		"lora": ms("lora", exact(config.Replica{Name: "a2", Address: "http://10.0.0.1:8000"})),
+		"big": ms("big", func() config.Model {
+			m := exact(config.Replica{Name: "d2", Address: "http://10.0.0.9:1", Pod: "pod-d"})
+			m.BlockSize = 32
+			return m
+		}()),
+		"approx": ms("approx", config.Model{Mode: config.ModeCacheAware, KVEventsBind: "tcp://*:9", Replicas: []config.Replica{{Name: "z", Address: "http://10.0.0.1:8000"}}}),
+	})
+	require.ElementsMatch(t, []string{bind}, tab.bind)
+	require.ElementsMatch(t, []string{"tcp://10.0.0.5:5557", "tcp://relay:1"}, tab.connect)
+	require.True(t, tab.sources["tcp://10.0.0.5:5557"].single)
+	require.False(t, tab.sources["tcp://relay:1"].single)
+	attach := func(id string) []string {
+		if tab.engines[id] == nil {
+			return nil
+		}
+		return tab.replicasOf(id)
+	}
+	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1:8000")), "an engine of two models")
+	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1")), "its host alone")
+	require.Equal(t, "", tab.engines[kvID(bind, "10.0.0.1")].model, "two models: the topic names the chain root")
+	require.Equal(t, []string{"base/b"}, attach(kvID(bind, "10.0.0.2:8000")))
+	require.Nil(t, attach(kvID(bind, "10.0.0.2")), "a host of two engines names neither")
+	require.Nil(t, attach(kvID(bind, "10.0.0.4:8000")), "an explicit pod replaces the address")
+	require.Contains(t, tab.engines[kvID(bind, "pod-d")].err, "block sizes 16 and 32")
+	require.Equal(t, []string{"base/v"}, attach(kvID("tcp://10.0.0.5:5557", "")))
+	require.Equal(t, "base", tab.engines[kvID("tcp://10.0.0.5:5557", "")].model)
+	require.Equal(t, []string{"base/r1"}, attach(kvID("tcp://relay:1", "10.0.0.6:8000")))
+	require.Nil(t, attach(kvID("tcp://*:9", "10.0.0.1:8000")), "approximate models are not heard")
+
+	s := &Server{}
+	st := &state{kv: tab, models: map[string]*modelState{}}
+	s.state.Store(st)
+	for _, tc := range []struct {
+		src     kvevents.Source
+		replica string
+		model   string
+		err     string
+	}{
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@base", Pod: "10.0.0.1", Model: "base"}, kvID(bind, "10.0.0.1"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8001@served-name", Pod: "10.0.0.2:8001", Model: "served-name"}, kvID(bind, "10.0.0.2:8001"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: ""}, "", "", "names no pod"},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.3@base", Pod: "10.0.0.3", Model: "base"}, "", "", "no replica answers to pod"},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@pod-d@base", Pod: "pod-d", Model: "base"}, "", "", "block sizes"},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: ""}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://relay:1", Topic: "kv@10.0.0.7@base", Pod: "10.0.0.7", Model: "base"}, kvID("tcp://relay:1", "10.0.0.7"), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://other:1"}, "", "", "not configured"},
+	} {
+		tg, err := s.resolveKV(tc.src)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, "%+v", tc.src)
+			continue
+		}
+		require.NoError(t, err, "%+v", tc.src)
+		require.Equal(t, tc.replica, tg.Replica)
+		require.Equal(t, tc.model, tg.Model)
+	}
+	// Two models on one engine, and a topic that names no model: no root.
+	_, err = s.resolveKV(kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1:8000", Pod: "10.0.0.1:8000"})
+	require.Error(t, err)
+}
+
+// TestExactReload: a replica added to another model on the same engine
+// gets the blocks the index holds; an engine removed from the
+// configuration, or ejected, leaves the index; a new block size resets.
+func TestExactReload(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	prompt := words("doc", 8)
+	ef.store(0, 1, 100, wordTokens(prompt), 4)
+	ef.store(1, 1, 200, wordTokens(words("other", 8)), 4)
+	held := func(model, replica string) int {
+		for _, r := range ef.srv.state.Load().models[model].gw.Replicas() {
+			if r.Name == replica {
+				return r.CachedBlocks
+			}
+		}
+		return -1
+	}
+	require.Equal(t, 2, held(testModel, "e0"))
+
+	// A second model served by e0: it gets e0's blocks at once.
+	second := ef.cfg
+	second.Replicas = ef.cfg.Replicas[:1]
+	f := &config.File{Version: 1, Models: map[string]config.Model{testModel: ef.cfg, "m2": second}}
+	require.NoError(t, ef.srv.Apply(f))
+	require.Equal(t, 2, held("m2", "e0"), "replayed")
+	ef.store(0, 2, 300, wordTokens(words("more", 4)), 4)
+	require.Equal(t, 3, held("m2", "e0"), "and follows the engine's events")
+	require.Equal(t, 3, held(testModel, "e0"))
+
+	// e1 leaves the configuration: its engine is reset.
+	only := ef.cfg
+	only.Replicas = ef.cfg.Replicas[:1]
+	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: only, "m2": second}}))
+	var e1 kvevents.EngineStats
+	engines, _ := ef.srv.kv.tr.Stats()
+	for _, e := range engines {
+		if e.Source.Pod == ef.pod(1) {
+			e1 = e
+		}
+	}
+	require.Equal(t, uint64(1), e1.Resets)
+	require.Zero(t, e1.Mapped)
+
+	// e0 is ejected: its blocks leave both models' indexes.
+	ep := ef.srv.state.Load().models[testModel].byName["e0"]
+	for ep.health.healthy() {
+		ef.srv.observe(ep, ep.health.failure(true))
+	}
+	require.Zero(t, held(testModel, "e0"))
+	require.Zero(t, held("m2", "e0"))
+
+	// Its events are heard afresh (a new sequence is no gap).
+	ef.store(0, 1, 400, wordTokens(words("fresh", 4)), 4)
+	require.Equal(t, 1, held(testModel, "e0"))
+
+	// A new block size: a fresh gateway, and the engine reset.
+	bigger := only
+	bigger.BlockSize = 8
+	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: bigger}}))
+	require.Zero(t, held(testModel, "e0"))
+	ef.store(0, 2, 500, wordTokens(words("eight", 8)), 4)
+	engines, _ = ef.srv.kv.tr.Stats()
+	for _, e := range engines {
+		if e.Source.Pod == ef.pod(0) {
+			require.Equal(t, uint64(1), e.DroppedBlockSize, "events of the old block size are dropped")
+		}
+	}
+}
+
+func TestExactBindFailureChangesNothing(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	taken := "tcp://" + l.Addr().String()
+	other := ef.cfg
+	other.KVEventsBind = taken
+	err = ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: ef.cfg, "m2": other}})
+	var fe *config.FieldError
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "models.m2.kv_events_bind", fe.Field)
+	require.Equal(t, taken, fe.Value)
+	require.NotContains(t, ef.srv.state.Load().models, "m2")
+	eps := ef.srv.kv.endpoints()
+	require.Len(t, eps, 1)
+	require.Equal(t, ef.bind, eps[0].Endpoint)
+}
+
+// TestExactOverZMQ: events published over ZMQ reach the index, both where
+// the gateway listens (bind) and from a publisher it dials (connect).
+func TestExactOverZMQ(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmqPub(ctx, t)
+	require.NoError(t, pub.Dial(ef.bind))
+	held := func(replica string) int {
+		for _, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+			if r.Name == replica {
+				return r.CachedBlocks
+			}
+		}
+		return -1
+	}
+	// A PUB drops what it sends before the subscription reaches it:
+	// resend until the index has the block.
+	waitFor(t, func() bool {
+		_ = pub.Send(zmqMsg(eventFrames(t, "kv@"+ef.pod(0)+"@m1", 1, storedEvent([]uint64{1}, nil, wordTokens(words("z", 4)), 4))))
+		return held("e0") == 1
+	})
+
+	// Connect mode: e1 publishes on its own endpoint.
+	pub2 := zmqPub(ctx, t)
+	ep2 := freeTCP(t)
+	require.NoError(t, pub2.Listen(ep2))
+	cfg := ef.cfg
+	cfg.Replicas = append([]config.Replica(nil), ef.cfg.Replicas...)
+	cfg.Replicas[1].KVEvents = ep2
+	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	seq := uint64(0)
+	waitFor(t, func() bool {
+		seq++
+		_ = pub2.Send(zmqMsg(eventFrames(t, "", seq, storedEvent([]uint64{seq}, nil, wordTokens(words(fmt.Sprint("y", seq), 4)), 4))))
+		return held("e1") > 0
+	})
+	eps := ef.srv.kv.endpoints()
+	require.Len(t, eps, 2)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		require.False(t, time.Now().After(deadline), "timed out")
+	}
+}
+
+func zmqPub(ctx context.Context, t *testing.T) zmq4.Socket {
+	p := zmq4.NewPub(ctx)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func zmqMsg(frames [][]byte) zmq4.Msg { return zmq4.NewMsgFrom(frames...) }
+
+// TestExactConcurrent: events, requests, stats, reloads and ejections at
+// once (run with -race); the index ends consistent with the last
+// configuration.
+func TestExactConcurrent(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	second := ef.cfg
+	second.Replicas = ef.cfg.Replicas[:1]
+	files := []*config.File{
+		{Version: 1, Models: map[string]config.Model{testModel: ef.cfg}},
+		{Version: 1, Models: map[string]config.Model{testModel: ef.cfg, "m2": second}},
+		{Version: 1, Models: map[string]config.Model{testModel: second}},
+	}
+	var wg sync.WaitGroup
+	run := func(n int, f func(i int)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				f(i)
+			}
+		}()
+	}
+	for e := range 2 {
+		run(300, func(i int) {
+			ef.store(e, uint64(i+1), uint64(1000*i), wordTokens(words(fmt.Sprint("c", e, "-", i%7, "-"), 8)), 4)
+		})
+	}
+	run(100, func(i int) {
+		resp := ef.post("/v1/completions", `{"model":"m1","prompt":"`+words(fmt.Sprint("c0-", i%7, "-"), 8)+`"}`)
+		readAll(t, resp)
+	})
+	run(50, func(int) { _ = ef.srv.Stats(); _, _ = ef.reg.Gather() })
+	run(60, func(i int) {
+		require.NoError(t, ef.srv.Apply(files[i%len(files)]))
+		if i%5 == 0 {
+			ep := ef.srv.state.Load().models[testModel].byName["e0"]
+			ef.srv.observe(ep, ep.health.failure(true))
+			ef.srv.observe(ep, ep.health.success(true))
+			ef.srv.observe(ep, ep.health.success(true))
+		}
+	})
+	wg.Wait()
+	ef.settle()
+	require.NoError(t, ef.srv.Apply(files[0]))
+	// After the last reload, every replica's index holds no more blocks
+	// than its engine's map.
+	engines, _ := ef.srv.kv.tr.Stats()
+	mapped := map[string]int{}
+	for _, e := range engines {
+		if e.Replica != "" {
+			mapped[e.Source.Pod] = e.Mapped
+		}
+	}
+	for i, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+		require.LessOrEqual(t, r.CachedBlocks, mapped[ef.pod(i)], r.Name)
+	}
+}

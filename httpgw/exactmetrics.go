@@ -1,0 +1,151 @@
+package httpgw
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/examlops/gateway/kvevents"
+)
+
+// kvCollector exposes the exact index's counters, read from their owners
+// (the Translator, the Subscriber, the tokenizer cache, the routing
+// tables) when /metrics is gathered, so that event handling counts
+// nothing twice.
+type kvCollector struct{ s *Server }
+
+var _ prometheus.Collector = kvCollector{}
+
+func kvDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc("exa_gateway_"+name, help, labels, nil)
+}
+
+var (
+	engineLabels = []string{"endpoint", "topic"}
+
+	descKVMessages  = kvDesc("kv_messages_total", "KV-event messages received, per engine (endpoint and topic).", engineLabels...)
+	descKVMalformed = kvDesc("kv_malformed_messages_total", "KV-event messages whose payload was unreadable, per engine.", engineLabels...)
+	descKVEvents    = kvDesc("kv_events_total", "KV events received, per engine.", engineLabels...)
+	descKVApplied   = kvDesc("kv_events_applied_total", "KV events applied to the index, per engine.", engineLabels...)
+	descKVDropped   = kvDesc("kv_events_dropped_total",
+		"KV events dropped, per engine and reason: malformed, unknown (event type), limit, medium (not the GPU or not full attention), block_size, orphan (parent unknown), apply (refused by the index).",
+		append(engineLabels, "reason")...)
+	descKVStored   = kvDesc("kv_blocks_stored_total", "Blocks stored in the index from KV events, per engine.", engineLabels...)
+	descKVRemoved  = kvDesc("kv_blocks_removed_total", "Blocks removed from the index by KV events, per engine.", engineLabels...)
+	descKVGaps     = kvDesc("kv_sequence_gaps_total", "Sequence numbers skipped (messages lost), per engine; each clears the engine's blocks.", engineLabels...)
+	descKVRestarts = kvDesc("kv_restarts_total", "Sequences that went back (the engine restarted), per engine; each clears the engine's blocks.", engineLabels...)
+	descKVOverflow = kvDesc("kv_overflows_total", "Times an engine's block-hash map reached its bound, per engine.", engineLabels...)
+	descKVClears   = kvDesc("kv_clears_total", "Times an engine's blocks were cleared from the index for a gap, restart, overflow or unreadable message, per engine.", engineLabels...)
+	descKVResets   = kvDesc("kv_resets_total", "Times the gateway reset an engine: its replica ejected, removed or reconfigured, per engine.", engineLabels...)
+	descKVMapped   = kvDesc("kv_mapped_blocks", "Blocks of the engine the index holds from its events, per engine.", engineLabels...)
+	descKVFrames   = kvDesc("kv_malformed_frames_total", "KV-event messages without topic, 8-byte sequence number and payload.")
+	descKVUnres    = kvDesc("kv_unresolved_total", "KV-event messages from a source no configured replica answers to.")
+	descKVConn     = kvDesc("kv_endpoint_connected", "1 while the gateway listens on (bound) or is connected to a KV-event endpoint.", "endpoint", "bound")
+	descKVConnects = kvDesc("kv_endpoint_connects_total", "Connections made to a KV-event endpoint the gateway dials.", "endpoint", "bound")
+	descKVFails    = kvDesc("kv_endpoint_failures_total", "Failed connection attempts and connections ended, per KV-event endpoint.", "endpoint", "bound")
+	descCached     = kvDesc("index_cached_blocks", "Blocks the routing index holds for a replica (the index size), by model and replica.", "model", "replica")
+	descTokReqs    = kvDesc("tokenize_requests_total", "Requests of a model on the exact index that were tokenized.", "model")
+	descTokCalls   = kvDesc("tokenize_engine_calls_total", "Calls to an engine's /tokenize (the others were answered from the gateway's cache), by model.", "model")
+	descTokErrs    = kvDesc("tokenize_errors_total", "Tokenizations that failed or timed out, by model.", "model")
+	descTokHits    = kvDesc("tokenize_cache_hits_total", "Tokenizations answered from the gateway's cache of tokenized requests.")
+	descTokEntries = kvDesc("tokenize_cache_entries", "Requests held in the gateway's cache of tokenized requests.")
+	descFallbacks  = kvDesc("exact_fallbacks_total",
+		"Requests of a model on the exact index routed without a token key (as if nothing were cached), by model and reason: tokenize_error, short_prompt, unsupported.",
+		"model", "reason")
+
+	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
+		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVResets, descKVMapped, descKVFrames, descKVUnres,
+		descKVConn, descKVConnects, descKVFails, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
+)
+
+// droppedBy lists an engine's dropped events by reason.
+func droppedBy(e *kvevents.EngineStats) [7]struct {
+	reason string
+	n      uint64
+} {
+	return [7]struct {
+		reason string
+		n      uint64
+	}{
+		{"malformed", e.DroppedMalformed}, {"unknown", e.DroppedUnknown}, {"limit", e.DroppedLimit}, {"medium", e.DroppedMedium},
+		{"block_size", e.DroppedBlockSize}, {"orphan", e.DroppedOrphan}, {"apply", e.DroppedApply},
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c kvCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allKVDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	engines, glob := s.kv.tr.Stats()
+	for i := range engines {
+		e := &engines[i]
+		l := []string{e.Source.Endpoint, e.Source.Topic}
+		counter(descKVMessages, e.Messages, l...)
+		counter(descKVMalformed, e.MalformedMessages, l...)
+		counter(descKVEvents, e.Events, l...)
+		counter(descKVApplied, e.Applied, l...)
+		for _, d := range droppedBy(e) {
+			counter(descKVDropped, d.n, e.Source.Endpoint, e.Source.Topic, d.reason)
+		}
+		counter(descKVStored, e.StoredBlocks, l...)
+		counter(descKVRemoved, e.RemovedBlocks, l...)
+		counter(descKVGaps, e.Gaps, l...)
+		counter(descKVRestarts, e.Restarts, l...)
+		counter(descKVOverflow, e.Overflows, l...)
+		counter(descKVClears, e.Clears, l...)
+		counter(descKVResets, e.Resets, l...)
+		gauge(descKVMapped, float64(e.Mapped), l...)
+	}
+	counter(descKVFrames, glob.MalformedFrames)
+	counter(descKVUnres, glob.Unresolved)
+	for _, ep := range s.kv.endpoints() {
+		b := boolLabel(ep.Bound)
+		v := 0.0
+		if ep.Connected {
+			v = 1
+		}
+		gauge(descKVConn, v, ep.Endpoint, b)
+		counter(descKVConnects, ep.Connects, ep.Endpoint, b)
+		counter(descKVFails, ep.Failures, ep.Endpoint, b)
+	}
+	st := s.state.Load()
+	for name, m := range st.models {
+		if m.gw != nil {
+			for _, r := range m.gw.Replicas() {
+				gauge(descCached, float64(r.CachedBlocks), name, r.Name)
+			}
+		}
+		if m.exactCnt == nil {
+			continue
+		}
+		cnt := m.exactCnt
+		counter(descTokReqs, cnt.tokenize.Load(), name)
+		counter(descTokCalls, cnt.engineCalls.Load(), name)
+		counter(descTokErrs, cnt.errors.Load(), name)
+		for i := range cnt.fallbacks {
+			counter(descFallbacks, cnt.fallbacks[i].Load(), name, fallbackNames[i])
+		}
+	}
+	if s.kv.tc != nil {
+		cs := s.kv.tc.Stats()
+		counter(descTokHits, cs.Hits)
+		gauge(descTokEntries, float64(cs.Entries))
+	}
+}
+
+func boolLabel(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}

@@ -1,0 +1,148 @@
+package httpgw
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/examlops/gateway/internal/jsonscan"
+)
+
+// This file rewrites request bodies for prefill/decode disaggregation,
+// following vLLM's NixlConnector protocol as llm-d's pd-sidecar v0.7.1
+// drives it (pkg/sidecar/proxy/connector_nixlv2.go, runNIXLProtocolV2):
+//
+//   - the prefill request is the client's body with "stream": false, no
+//     "stream_options", "max_tokens" and "max_completion_tokens" 1, and
+//     "kv_transfer_params" asking for a remote decode;
+//   - the decode request is the client's body (streamed or not, its
+//     limits untouched) with the prefill answer's "kv_transfer_params".
+//
+// Unlike the sidecar, which decodes the body into a map and encodes it
+// again, the rewrite works on the top-level members' text: every member
+// it does not replace is kept byte for byte and in order, so numbers keep
+// their precision and the engine reads what the client wrote. Members it
+// replaces are removed wherever they occur (a repeated member included)
+// and the new ones appended at the end.
+
+// Member names of the NIXL protocol.
+const (
+	fieldKVTransferParams    = "kv_transfer_params"
+	fieldStreamName          = "stream"
+	fieldStreamOptions       = "stream_options"
+	fieldMaxTokens           = "max_tokens"
+	fieldMaxCompletionTokens = "max_completion_tokens"
+)
+
+// prefillTail is what the prefill request ends with, after the client's
+// other members: the members the sidecar sets, in JSON.
+const prefillTail = `"stream":false,"max_tokens":1,"max_completion_tokens":1,` +
+	`"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,` +
+	`"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+// errPDBody marks a body or answer the P/D rewrite cannot use.
+var errPDBody = errors.New("not a JSON object")
+
+// member is one top-level member of a JSON object: its decoded name, and
+// its name and value as written.
+type member struct {
+	name         string
+	rawName, raw []byte
+}
+
+// topMembers returns the members of the JSON object b, which must be the
+// whole document.
+func topMembers(b []byte) ([]member, error) {
+	var r jsonscan.Reader
+	r.Reset(b)
+	if r.Peek() != '{' {
+		return nil, fmt.Errorf("%w: %w", errPDBody, r.Errorf("want '{'"))
+	}
+	prev := r.Offset() + 1 // just after the '{'
+	var out []member
+	err := r.Object(func(name string) error {
+		// b[prev:valStart-1] is [ws][,][ws]"name"[ws]; the ':' is at valStart-1.
+		valStart := r.Offset()
+		if err := r.Skip(); err != nil {
+			return err
+		}
+		head := bytes.TrimSpace(b[prev : valStart-1])
+		head = bytes.TrimSpace(bytes.TrimPrefix(head, []byte(",")))
+		out = append(out, member{name: name, rawName: head, raw: bytes.TrimSpace(b[valStart:r.Offset()])})
+		prev = r.Offset()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errPDBody, err)
+	}
+	if !r.End() {
+		return nil, fmt.Errorf("%w: %w", errPDBody, r.Errorf("data after the object"))
+	}
+	return out, nil
+}
+
+// rewrite returns the object b without the members named in drop, with
+// tail (members in JSON, without braces) appended.
+func rewrite(b []byte, drop func(name string) bool, tail string) ([]byte, error) {
+	ms, err := topMembers(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(b)+len(tail)+2)
+	out = append(out, '{')
+	for _, m := range ms {
+		if drop(m.name) {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, m.rawName...)
+		out = append(out, ':')
+		out = append(out, m.raw...)
+	}
+	if tail != "" {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, tail...)
+	}
+	return append(out, '}'), nil
+}
+
+// prefillBody returns the prefill request for a client body.
+func prefillBody(body []byte) ([]byte, error) {
+	return rewrite(body, func(name string) bool {
+		switch name {
+		case fieldStreamName, fieldStreamOptions, fieldMaxTokens, fieldMaxCompletionTokens, fieldKVTransferParams:
+			return true
+		}
+		return false
+	}, prefillTail)
+}
+
+// decodeBody returns the decode request for a client body, given the
+// prefill answer's kv_transfer_params (a JSON object).
+func decodeBody(body, kvParams []byte) ([]byte, error) {
+	return rewrite(body, func(name string) bool { return name == fieldKVTransferParams },
+		`"`+fieldKVTransferParams+`":`+string(kvParams))
+}
+
+// answerKVParams returns the kv_transfer_params object of a prefill
+// answer (the last one, if repeated). ok is false when the answer is not
+// a JSON object or has no such member that is an object.
+func answerKVParams(answer []byte) (kv []byte, ok bool) {
+	ms, err := topMembers(answer)
+	if err != nil {
+		return nil, false
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].name == fieldKVTransferParams {
+			if len(ms[i].raw) > 0 && ms[i].raw[0] == '{' {
+				return ms[i].raw, true
+			}
+			return nil, false
+		}
+	}
+	return nil, false
+}
