@@ -108,7 +108,6 @@ func (c *kvCache) commit(key []uint64, slots []int32, m int) {
 		c.reserved--
 		c.ref[s] = 1
 		c.pinned++
-		slots[m+i] = s
 	}
 }
 
