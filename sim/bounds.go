@@ -66,22 +66,24 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 		if ideal != nil && len(prompt)+private <= repCap {
 			ideal.add(p.LoneTTFT(cached, req.InputTokens-cached).Seconds())
 		}
-		m = 0
-		for m < len(prompt) && seen.Has(prompt[m]) {
-			m++
+		// The unbounded cache: the leading blocks of the prompt seen
+		// before, found while adding every block of key (a block of the
+		// leading run repeated later in it was seen before too).
+		u := 0
+		for i, h := range key {
+			if had, _ := seen.Put(h, struct{}{}); had && i == u && i < len(prompt) {
+				u++
+			}
 		}
-		if m > 0 {
+		if u > 0 {
 			unbReq++
-			unbTok += int64(min(m*bt, req.InputTokens-1))
+			unbTok += int64(min(u*bt, req.InputTokens-1))
 		}
 		if len(key) > len(prompt) {
-			lru.touch(key[len(prompt):])
+			lru.touch(key[len(prompt):], nil, 0)
 		}
-		lru.touch(prompt)
+		lru.touch(prompt, slots, m)
 		lru.evicted = lru.evicted[:0]
-		for _, h := range key {
-			seen.Put(h, struct{}{})
-		}
 	}
 	pooled = Bound{Name: "pooled-lru", CacheBlocks: capacity}
 	unb = Bound{Name: "unbounded"}

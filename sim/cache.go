@@ -36,9 +36,11 @@ type kvCache struct {
 }
 
 // newKVCache returns an empty cache of capacity blocks whose table places
-// blocks under secret.
+// blocks under secret. The table has room for one block more than the capacity, which touch
+// holds for a moment (a new block is added before the LRU one is evicted),
+// so that it never grows.
 func newKVCache(capacity int, secret uint64) *kvCache {
-	return &kvCache{cap: capacity, idx: hashtab.New[int32](capacity, secret), head: -1, tail: -1, free: -1}
+	return &kvCache{cap: capacity, idx: hashtab.New[int32](capacity+1, secret), head: -1, tail: -1, free: -1}
 }
 
 // blocks is the number of cached blocks, pinned or not.
@@ -51,14 +53,7 @@ func (c *kvCache) used() int { return c.pinned + c.reserved }
 // match returns how many leading blocks of key are cached, and writes
 // their slots to slots[:m] (slots must have room for key).
 func (c *kvCache) match(key []uint64, slots []int32) int {
-	for i, h := range key {
-		s, ok := c.idx.Get(h)
-		if !ok {
-			return i
-		}
-		slots[i] = s
-	}
-	return len(key)
+	return c.idx.Prefix(key, slots[:len(key)])
 }
 
 // fits reports whether a request whose first m blocks of key are cached, at
@@ -95,17 +90,15 @@ func (c *kvCache) admit(key []uint64, slots []int32, m, extra int) {
 // table cannot place stays reserved, at slot -1.
 func (c *kvCache) commit(key []uint64, slots []int32, m int) {
 	for i, h := range key[m:] {
-		if s, ok := c.idx.Get(h); ok {
-			c.reserved--
-			c.pin(s)
-			slots[m+i] = s
-			continue
-		}
-		s := c.alloc(h)
+		s, had := c.get(h)
 		if slots[m+i] = s; s < 0 {
 			continue
 		}
 		c.reserved--
+		if had {
+			c.pin(s)
+			continue
+		}
 		c.ref[s] = 1
 		c.pinned++
 	}
@@ -165,20 +158,30 @@ func (c *kvCache) release(slots []int32, extra int, out, dst []uint64) []uint64 
 
 // touch is the pooled-LRU bound's use of the cache: blocks of key not
 // cached are inserted, and all become most recently used, the root last.
-func (c *kvCache) touch(key []uint64) {
+// slots[:m] are where match found key[:m]; a block still at its slot is
+// not looked up again (pass nil, 0 when there is no such match).
+func (c *kvCache) touch(key []uint64, slots []int32, m int) {
 	for i := len(key) - 1; i >= 0; i-- {
 		h := key[i]
-		if s, ok := c.idx.Get(h); ok {
-			c.unlink(s)
-			c.pushMRU(s)
-			continue
+		if i < m {
+			// A slot still in use for h holds it: every cached block has
+			// one slot, and a freed slot has ref -1.
+			if s := slots[i]; c.ref[s] >= 0 && c.hash[s] == h {
+				c.unlink(s)
+				c.pushMRU(s)
+				continue
+			}
 		}
-		if c.blocks() >= c.cap {
+		s, had := c.get(h)
+		switch {
+		case had:
+			c.unlink(s)
+		case s < 0:
+			continue
+		case c.blocks() >= c.cap: // h, new, is not on the list yet
 			c.evictLRU()
 		}
-		if s := c.alloc(h); s >= 0 {
-			c.pushMRU(s)
-		}
+		c.pushMRU(s)
 	}
 }
 
@@ -193,12 +196,25 @@ func (c *kvCache) pin(s int32) {
 // alloc takes a free slot for block h, absent, and records it in the
 // table; it returns -1, taking nothing, if the table cannot place h.
 func (c *kvCache) alloc(h uint64) int32 {
+	s, _ := c.get(h)
+	return s
+}
+
+// get returns the slot of block h and true if h is cached; otherwise it
+// takes a free slot for h, records it in the table and returns it and
+// false, or -1 and false, taking nothing, if the table cannot place h.
+// One probe of the table does both.
+func (c *kvCache) get(h uint64) (int32, bool) {
 	s := c.free
 	if s < 0 {
 		s = int32(len(c.hash))
 	}
-	if !c.idx.Put(h, s) {
-		return -1
+	cur, had, ok := c.idx.Add(h, s)
+	switch {
+	case had:
+		return cur, true
+	case !ok:
+		return -1, false
 	}
 	if s == c.free {
 		c.free = c.next[s]
@@ -209,7 +225,7 @@ func (c *kvCache) alloc(h uint64) int32 {
 		c.next = append(c.next, -1)
 	}
 	c.hash[s], c.ref[s], c.prev[s], c.next[s] = h, 0, -1, -1
-	return s
+	return s, false
 }
 
 func (c *kvCache) evictLRU() {
@@ -217,6 +233,7 @@ func (c *kvCache) evictLRU() {
 	c.unlink(s)
 	c.idx.Delete(c.hash[s])
 	c.evicted = append(c.evicted, c.hash[s])
+	c.ref[s] = -1 // free
 	c.next[s] = c.free
 	c.free = s
 }

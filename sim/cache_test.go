@@ -82,7 +82,7 @@ func TestCacheBlocksBeyondTheBounds(t *testing.T) {
 	require.Zero(t, c.reserved)
 	require.Zero(t, c.pinned)
 	require.Equal(t, hashtab.MaxProbe, c.lruN)
-	c.touch(key) // the pooled-LRU bound's path: the same blocks fit
+	c.touch(key, nil, 0) // the pooled-LRU bound's path: the same blocks fit
 	c.check()
 	require.Equal(t, hashtab.MaxProbe, c.lruN)
 	require.Equal(t, 2*72, c.idx.Dropped(), "commit and touch each refused the 72 blocks beyond the bound")

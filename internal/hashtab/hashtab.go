@@ -88,9 +88,9 @@ func Find(n int, m uint64, at Slot) int {
 }
 
 // Insertion takes two steps, each small enough to inline: Seat finds the
-// slot i where a key goes, Room the first empty slot e from there; the
-// caller then moves slots i..e-1 one slot on (to i+1..e) and writes the
-// key to slot i:
+// slot i where an absent key goes, Room the first empty slot e from there;
+// the caller then moves slots i..e-1 one slot on (to i+1..e) and writes
+// the key to slot i:
 //
 //	i := hashtab.Seat(n, m, at)
 //	e := hashtab.Room(n, i, at)
@@ -101,14 +101,15 @@ func Find(n int, m uint64, at Slot) int {
 // A table rebuilt by inserting its keys in ascending order (the order of
 // its slots) puts each at the end of its run, and so never shifts.
 
-// Seat returns the slot where key m, which must be absent, goes in a table
-// of n home slots: the first slot from its home that is empty or holds a
-// greater key. It returns -1 if that slot lies MaxProbe or more slots past
-// the home.
+// Seat returns the slot where key m is or goes in a table of n home
+// slots: the first slot from its home that is empty or holds m or a
+// greater key (a caller that does not know whether m is present compares
+// that slot's key with m). It returns -1 if that slot lies MaxProbe or
+// more slots past the home: then m is absent and cannot be placed.
 func Seat(n int, m uint64, at Slot) int {
 	h := Home(m, n)
 	for i := h; i < h+MaxProbe; i++ {
-		if k, ok := at(i); !ok || k > m {
+		if k, ok := at(i); !ok || k >= m {
 			return i
 		}
 	}

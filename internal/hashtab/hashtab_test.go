@@ -17,17 +17,18 @@ import (
 // MaxProbe or more slots past it, none displaced right after an empty slot
 // (so every probe run from a home is unbroken), and its counts agree.
 func checkMap[V any](t require.TestingT, m *Map[V]) {
-	require.Len(t, m.tab, Slots(m.n))
+	require.Len(t, m.keys, Slots(m.n))
+	require.Len(t, m.vals, Slots(m.n))
 	used, last := 0, uint64(0)
-	for i, e := range m.tab {
-		if e.m == free {
+	for i, k := range m.keys {
+		if k == free {
 			continue
 		}
-		require.True(t, used == 0 || e.m > last, "slot %d: %x after %x", i, e.m, last)
-		used, last = used+1, e.m
-		d := i - Home(e.m, m.n)
-		require.True(t, d >= 0 && d < MaxProbe, "key %x sits %d slots from its home", e.m, d)
-		require.True(t, d == 0 || m.tab[i-1].m != free, "key %x after an empty slot is off its home", e.m)
+		require.True(t, used == 0 || k > last, "slot %d: %x after %x", i, k, last)
+		used, last = used+1, k
+		d := i - Home(k, m.n)
+		require.True(t, d >= 0 && d < MaxProbe, "key %x sits %d slots from its home", k, d)
+		require.True(t, d == 0 || m.keys[i-1] != free, "key %x after an empty slot is off its home", k)
 	}
 	require.Equal(t, used, m.len)
 	require.LessOrEqual(t, 2*m.len, m.n, "at most half the home slots occupied")
@@ -63,8 +64,8 @@ func TestSeed(t *testing.T) {
 // longestRun is the longest run of occupied slots of m's table.
 func longestRun[V any](m *Map[V]) int {
 	run, longest := 0, 0
-	for _, e := range m.tab {
-		if e.m == free {
+	for _, k := range m.keys {
+		if k == free {
 			run = 0
 			continue
 		}
@@ -116,19 +117,37 @@ func TestMapModel(t *testing.T) {
 		}
 		refused := 0
 		put := func(k uint64, v int) {
-			if m.Put(k, v) {
+			_, want := model[k]
+			had, ok := m.Put(k, v)
+			require.Equal(t, want, had, "Put reports whether the key was held")
+			if ok {
 				model[k] = v
 				return
 			}
 			refused++
-			_, had := model[k]
 			require.False(t, had, "a present key is always updated")
 			require.GreaterOrEqual(t, longestRun(m), MaxProbe, "refused without a full run")
 		}
 		for range rapid.IntRange(1, 300).Draw(t, "ops") {
-			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			switch rapid.IntRange(0, 5).Draw(t, "op") {
 			case 0:
 				put(key(t), rapid.Int().Draw(t, "v"))
+			case 5: // Add: a held key keeps its value
+				k, v := key(t), rapid.Int().Draw(t, "v")
+				want, wantHad := model[k]
+				cur, had, ok := m.Add(k, v)
+				require.Equal(t, wantHad, had)
+				switch {
+				case had:
+					require.True(t, ok)
+					require.Equal(t, want, cur)
+				case ok:
+					require.Equal(t, v, cur)
+					model[k] = v
+				default:
+					refused++
+					require.GreaterOrEqual(t, longestRun(m), MaxProbe, "refused without a full run")
+				}
 			case 1: // a burst of flooding keys
 				for i, k := range flood[:rapid.IntRange(1, len(flood)).Draw(t, "burst")] {
 					put(k, i)
@@ -177,13 +196,14 @@ func TestMapRandomKeysNeverRefused(t *testing.T) {
 	m := New[struct{}](16, 7)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range n {
-		require.True(t, m.Put(rng.Uint64(), struct{}{}))
+		_, ok := m.Put(rng.Uint64(), struct{}{})
+		require.True(t, ok)
 	}
 	checkMap(t, m)
 	most := 0
-	for i, e := range m.tab {
-		if e.m != free {
-			most = max(most, i-Home(e.m, m.n))
+	for i, k := range m.keys {
+		if k != free {
+			most = max(most, i-Home(k, m.n))
 		}
 	}
 	t.Logf("%d keys in %d home slots: largest distance from home %d", m.Len(), m.n, most)
@@ -198,7 +218,8 @@ func TestMapProbeBound(t *testing.T) {
 	m := New[int](1000, 5)
 	keys := keysAt(5, m.n, 10, MaxProbe+20)
 	for i, k := range keys {
-		require.Equal(t, i < MaxProbe, m.Put(k, i), "key %d", i)
+		_, ok := m.Put(k, i)
+		require.Equal(t, i < MaxProbe, ok, "key %d", i)
 	}
 	checkMap(t, m)
 	require.Equal(t, MaxProbe, m.Len())
@@ -225,27 +246,54 @@ func TestMapShiftBound(t *testing.T) {
 	run := MaxShift + 100
 	for h := range run {
 		k := keysAt(9, m.n, h, 1)[0]
-		require.True(t, m.Put(k, h))
+		_, ok := m.Put(k, h)
+		require.True(t, ok)
 	}
 	checkMap(t, m)
 	// Home 0's keys are sorted; a key greater than slot 0's goes to slot 1
 	// and would shift the rest of the run.
 	var shifting uint64
 	for _, k := range keysAt(9, m.n, 0, 64) {
-		if mk := m.seed.Mix(k); mk > m.tab[0].m && !m.Has(k) {
+		if mk := m.seed.Mix(k); mk > m.keys[0] && !m.Has(k) {
 			shifting = k
 			break
 		}
 	}
-	require.False(t, m.Put(shifting, -1), "a shift of %d slots", run-1)
+	_, ok := m.Put(shifting, -1)
+	require.False(t, ok, "a shift of %d slots", run-1)
 	require.Equal(t, 1, m.Dropped())
 	require.Equal(t, run, m.Len())
 	for _, k := range keysAt(9, m.n, run-50, 64) {
 		if !m.Has(k) {
-			require.True(t, m.Put(k, -2), "a shift of about 50 slots")
+			_, ok := m.Put(k, -2)
+			require.True(t, ok, "a shift of about 50 slots")
 			break
 		}
 	}
+	checkMap(t, m)
+}
+
+// TestMapGrowsForNewKeysOnly: a Map holding as many keys as it has room
+// for grows on adding a key, not on Put or Add of a key it holds.
+func TestMapGrowsForNewKeysOnly(t *testing.T) {
+	m := New[int](100, 3)
+	n := m.n
+	for k := range uint64(100) {
+		_, ok := m.Put(k, int(k))
+		require.True(t, ok)
+	}
+	require.Equal(t, n, m.n)
+	had, ok := m.Put(7, -7)
+	require.True(t, had && ok)
+	cur, had, ok := m.Add(8, -8)
+	require.True(t, had && ok)
+	require.Equal(t, 8, cur, "Add keeps a held key's value")
+	require.Equal(t, n, m.n, "no growth for held keys")
+	_, ok = m.Put(100, 100)
+	require.True(t, ok)
+	require.Equal(t, 2*n, m.n, "growth for a new key")
+	v, _ := m.Get(7)
+	require.Equal(t, -7, v)
 	checkMap(t, m)
 }
 

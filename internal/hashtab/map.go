@@ -11,26 +11,25 @@ import "iter"
 // (Put reports it), which needs someone who knows the secret to choose the
 // keys.
 //
-// A slot holds a key's placed hash beside its value: 8 bytes plus the
-// value's size, rounded up to 8. A Map is not safe for concurrent use.
+// The placed hashes and the values lie in two arrays, so that a probe
+// reads only the first: 8 bytes a slot plus the value's size. A Map is not
+// safe for concurrent use.
 type Map[V any] struct {
 	seed    Seed
-	tab     []entry[V] // Slots(n) slots; placed hash free marks an empty one
-	n       int        // home slots
-	len     int        // keys in tab
-	top     bool       // holds the key placed at free, kept aside
+	keys    []uint64 // placed hashes, Slots(n); free marks an empty slot
+	vals    []V      // beside keys
+	n       int      // home slots
+	len     int      // keys in the table
+	top     bool     // holds the key placed at free, kept aside
 	topVal  V
 	dropped int
 }
 
-type entry[V any] struct {
-	m uint64
-	v V
-}
-
 // free, the largest placed hash, marks an empty slot: a probe stops at the
 // first slot whose placed hash is not below the one sought, empty slots
-// included. The one key placed at free is kept aside.
+// included, so Find and Seat read every slot as occupied and need no test
+// for empty ones (Room and Delete do). The one key placed at free is kept
+// aside.
 const free = ^uint64(0)
 
 // New returns an empty Map with room for capacity keys before it grows,
@@ -52,21 +51,41 @@ func (t *Map[V]) Len() int {
 // Dropped returns how many keys Put could not place within the bounds.
 func (t *Map[V]) Dropped() int { return t.dropped }
 
-func (t *Map[V]) find(m uint64) int {
-	return Find(t.n, m, func(i int) (uint64, bool) { m := t.tab[i].m; return m, m != free })
-}
-
 // Get returns the value of key k and whether t holds k.
 func (t *Map[V]) Get(k uint64) (V, bool) {
 	m := t.seed.Mix(k)
-	if m == free {
-		return t.topVal, t.top
+	if m != free {
+		keys := t.keys
+		if i := Find(t.n, m, func(i int) (uint64, bool) { return keys[i], true }); i >= 0 {
+			return t.vals[i], true
+		}
+		var zero V
+		return zero, false
 	}
-	if i := t.find(m); i >= 0 {
-		return t.tab[i].v, true
+	return t.topVal, t.top
+}
+
+// Prefix returns how many leading keys of ks t holds, and writes their
+// values to vals, which must be as long as ks: Get over a chain of keys,
+// in one call.
+func (t *Map[V]) Prefix(ks []uint64, vals []V) int {
+	keys, vals := t.keys, vals[:len(ks)]
+	for j, k := range ks {
+		m := t.seed.Mix(k)
+		if m == free {
+			if !t.top {
+				return j
+			}
+			vals[j] = t.topVal
+			continue
+		}
+		i := Find(t.n, m, func(i int) (uint64, bool) { return keys[i], true })
+		if i < 0 {
+			return j
+		}
+		vals[j] = t.vals[i]
 	}
-	var zero V
-	return zero, false
+	return len(ks)
 }
 
 // Has reports whether t holds key k.
@@ -76,39 +95,77 @@ func (t *Map[V]) Has(k uint64) bool {
 }
 
 // Put sets the value of key k, adding k if absent, and reports whether t
-// holds k afterwards: false only if k could not be placed within the
-// bounds, which leaves t as it was.
-func (t *Map[V]) Put(k uint64, v V) bool {
-	m := t.seed.Mix(k)
-	if m == free {
-		t.top, t.topVal = true, v
-		return true
+// held k before and whether it holds k now: ok is false only if k could
+// not be placed within the bounds, which leaves t as it was.
+func (t *Map[V]) Put(k uint64, v V) (had, ok bool) {
+	i, had, ok := t.add(k, v)
+	if had {
+		if i < 0 {
+			t.topVal = v
+		} else {
+			t.vals[i] = v
+		}
 	}
-	if i := t.find(m); i >= 0 {
-		t.tab[i].v = v
-		return true
-	}
-	if 2*(t.len+1) > t.n {
-		t.rebuild(2 * t.n)
-	}
-	if !t.insert(m, v) {
-		t.dropped++
-		return false
-	}
-	return true
+	return had, ok
 }
 
-// insert places m, absent, with value v, and reports whether it fit
-// within the bounds.
-func (t *Map[V]) insert(m uint64, v V) bool {
-	at := func(i int) (uint64, bool) { m := t.tab[i].m; return m, m != free }
-	i := Seat(t.n, m, at)
-	e := Room(t.n, i, at)
+// Add adds key k with value v unless t holds k, and returns the value of
+// k afterwards and whether t held k before: a held key keeps its value.
+// ok is false only if k was absent and could not be placed within the
+// bounds, which leaves t as it was.
+func (t *Map[V]) Add(k uint64, v V) (cur V, had, ok bool) {
+	i, had, ok := t.add(k, v)
+	switch {
+	case !ok:
+		return cur, false, false
+	case i < 0:
+		return t.topVal, had, true
+	}
+	return t.vals[i], had, true
+}
+
+// add finds key k or adds it with value v: it returns its slot (-1 for
+// the key kept aside) and whether t held it, or ok false if k is absent
+// and does not fit within the bounds.
+func (t *Map[V]) add(k uint64, v V) (i int, had, ok bool) {
+	m := t.seed.Mix(k)
+	if m == free {
+		if had = t.top; !had {
+			t.top, t.topVal = true, v
+		}
+		return -1, had, true
+	}
+	keys := t.keys
+	i = Seat(t.n, m, func(i int) (uint64, bool) { return keys[i], true })
+	if i >= 0 && keys[i] == m {
+		return i, true, true
+	}
+	if 2*(t.len+1) > t.n { // grow for absent keys only
+		t.rebuild(2 * t.n)
+		keys := t.keys
+		i = Seat(t.n, m, func(i int) (uint64, bool) { return keys[i], true })
+	}
+	if !t.place(i, m, v) {
+		t.dropped++
+		return -1, false, false
+	}
+	return i, false, true
+}
+
+// place puts m, absent, with value v at slot i, its seat (or -1), shifting
+// the slots from there to the next empty one a slot on, and reports
+// whether it fit within the bounds. The shifts are short (a slot or two
+// at the Map's load), so a loop moves them, cheaper than two copies.
+func (t *Map[V]) place(i int, m uint64, v V) bool {
+	keys, vals := t.keys, t.vals
+	e := Room(t.n, i, func(i int) (uint64, bool) { k := keys[i]; return k, k != free })
 	if e < 0 {
 		return false
 	}
-	copy(t.tab[i+1:e+1], t.tab[i:e])
-	t.tab[i] = entry[V]{m, v}
+	for ; e > i; e-- {
+		keys[e], vals[e] = keys[e-1], vals[e-1]
+	}
+	keys[i], vals[i] = m, v
 	t.len++
 	return true
 }
@@ -121,13 +178,17 @@ func (t *Map[V]) Delete(k uint64) bool {
 		t.top, t.topVal = false, *new(V)
 		return ok
 	}
-	i := t.find(m)
+	keys := t.keys
+	i := Find(t.n, m, func(i int) (uint64, bool) { return keys[i], true })
 	if i < 0 {
 		return false
 	}
-	j := Delete(t.n, i, func(i int) (uint64, bool) { m := t.tab[i].m; return m, m != free })
-	copy(t.tab[i:j-1], t.tab[i+1:j])
-	t.tab[j-1] = entry[V]{m: free}
+	j := Delete(t.n, i, func(i int) (uint64, bool) { k := keys[i]; return k, k != free })
+	vals := t.vals
+	for ; i < j-1; i++ {
+		keys[i], vals[i] = keys[i+1], vals[i+1]
+	}
+	keys[i], vals[i] = free, *new(V)
 	t.len--
 	return true
 }
@@ -140,8 +201,8 @@ func (t *Map[V]) All() iter.Seq2[uint64, V] {
 		if t.top && !yield(u.unmix(free), t.topVal) {
 			return
 		}
-		for _, e := range t.tab {
-			if e.m != free && !yield(u.unmix(e.m), e.v) {
+		for i, m := range t.keys {
+			if m != free && !yield(u.unmix(m), t.vals[i]) {
 				return
 			}
 		}
@@ -154,13 +215,18 @@ func (t *Map[V]) All() iter.Seq2[uint64, V] {
 // does (its home at most doubles, and so do the homes before it), so
 // every key fits again.
 func (t *Map[V]) rebuild(n int) {
-	old := t.tab
-	t.tab, t.n, t.len = make([]entry[V], Slots(n)), n, 0
-	for i := range t.tab {
-		t.tab[i].m = free
+	oldKeys, oldVals := t.keys, t.vals
+	t.keys, t.vals, t.n, t.len = make([]uint64, Slots(n)), make([]V, Slots(n)), n, 0
+	for i := range t.keys {
+		t.keys[i] = free
 	}
-	for _, e := range old {
-		if e.m != free && !t.insert(e.m, e.v) {
+	keys := t.keys
+	for j, m := range oldKeys {
+		if m == free {
+			continue
+		}
+		i := Seat(n, m, func(i int) (uint64, bool) { return keys[i], true })
+		if !t.place(i, m, oldVals[j]) {
 			t.dropped++
 		}
 	}
