@@ -23,81 +23,78 @@ func TestBadInput(t *testing.T) {
 		want error
 		says []string // substrings the message must contain
 	}{
-		{"New nil replicas", func() error { _, err := New(nil); return err }, ErrNoReplicas, nil},
-		{"New empty replicas", func() error { _, err := New([]Replica{}); return err }, ErrNoReplicas, nil},
+		{"New nil replicas", func() error { _, err := New(nil); return err }, ErrInvalid, nil},
+		{"New empty replicas", func() error { _, err := New([]Replica{}); return err }, ErrInvalid, nil},
 		{"New duplicate names", func() error { _, err := New([]Replica{{Name: "a"}, {Name: "b"}, {Name: "a"}}); return err }, ErrDuplicateReplica, []string{`"a"`}},
-		{"New empty name", func() error { _, err := New([]Replica{{Name: "a"}, {}}); return err }, ErrInvalidReplica, []string{"Name"}},
-		{"New negative CacheBlocks", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: -1}}); return err }, ErrInvalidReplica, []string{"CacheBlocks", "-1", `"a"`}},
-		{"New CacheBlocks too large", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: MaxCacheBlocks + 1}}); return err }, ErrInvalidReplica, []string{fmt.Sprint(MaxCacheBlocks + 1)}},
+		{"New empty name", func() error { _, err := New([]Replica{{Name: "a"}, {}}); return err }, ErrInvalid, []string{"Name"}},
+		{"New negative CacheBlocks", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: -1}}); return err }, ErrInvalid, []string{"CacheBlocks", "-1", `"a"`}},
+		{"New CacheBlocks too large", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: MaxCacheBlocks + 1}}); return err }, ErrInvalid, []string{fmt.Sprint(MaxCacheBlocks + 1)}},
 		{"AddReplica duplicate", func() error { return newG().AddReplica(Replica{Name: "r1"}) }, ErrDuplicateReplica, []string{`"r1"`}},
-		{"AddReplica empty name", func() error { return newG().AddReplica(Replica{Address: "http://x"}) }, ErrInvalidReplica, []string{"Name"}},
+		{"AddReplica empty name", func() error { return newG().AddReplica(Replica{Address: "http://x"}) }, ErrInvalid, []string{"Name"}},
 
 		{"RemoveReplica unknown", func() error { return newG().RemoveReplica("nope") }, ErrUnknownReplica, []string{`"nope"`}},
 		{"SetHealthy unknown", func() error { return newG().SetHealthy("nope", true) }, ErrUnknownReplica, []string{`"nope"`}},
 		{"UpdateLoad unknown", func() error { return newG().UpdateLoad("nope", Load{}) }, ErrUnknownReplica, []string{`"nope"`}},
 		{"ApplyEvent unknown", func() error {
-			return newG().ApplyEvent("nope", CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes([]uint64{1})})
+			return newG().ApplyEvent("nope", CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, []uint64{1})})
 		}, ErrUnknownReplica, []string{`"nope"`}},
-		{"ApplyEvent bad kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: 7}) }, ErrInvalidEvent, []string{"7", `"r0"`}},
-		{"ApplyEvent negative kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: -1}) }, ErrInvalidEvent, []string{"-1"}},
+		{"ApplyEvent bad kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: 7}) }, ErrInvalid, []string{"7", `"r0"`}},
+		{"ApplyEvent negative kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: -1}) }, ErrInvalid, []string{"-1"}},
 
-		{"negative QueueDepth", func() error { return newG().UpdateLoad("r0", Load{QueueDepth: -1}) }, ErrInvalidSignal, []string{"QueueDepth", "-1", `"r0"`}},
-		{"negative Running", func() error { return newG().UpdateLoad("r0", Load{Running: -2}) }, ErrInvalidSignal, []string{"Running", "-2"}},
-		{"NaN KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: math.NaN()}) }, ErrInvalidSignal, []string{"KVUtilization", "NaN"}},
-		{"negative KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: -0.1}) }, ErrInvalidSignal, []string{"KVUtilization", "-0.1"}},
-		{"KVUtilization over 1", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: 1.5}) }, ErrInvalidSignal, []string{"KVUtilization", "1.5"}},
-		{"infinite KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: math.Inf(1)}) }, ErrInvalidSignal, []string{"KVUtilization", "Inf"}},
-		{"negative Latency", func() error { return newG().UpdateLoad("r0", Load{Latency: -time.Second}) }, ErrInvalidSignal, []string{"Latency", "-1s"}},
+		{"negative QueueDepth", func() error { return newG().UpdateLoad("r0", Load{QueueDepth: -1}) }, ErrInvalid, []string{"QueueDepth", "-1", `"r0"`}},
+		{"negative Running", func() error { return newG().UpdateLoad("r0", Load{Running: -2}) }, ErrInvalid, []string{"Running", "-2"}},
+		{"NaN KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: math.NaN()}) }, ErrInvalid, []string{"KVUtilization", "NaN"}},
+		{"negative KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: -0.1}) }, ErrInvalid, []string{"KVUtilization", "-0.1"}},
+		{"KVUtilization over 1", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: 1.5}) }, ErrInvalid, []string{"KVUtilization", "1.5"}},
+		{"infinite KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: math.Inf(1)}) }, ErrInvalid, []string{"KVUtilization", "Inf"}},
+		{"negative Latency", func() error { return newG().UpdateLoad("r0", Load{Latency: -time.Second}) }, ErrInvalid, []string{"Latency", "-1s"}},
 
-		{"NewHasher zero", func() error { _, err := NewHasher(0); return err }, ErrInvalidBlockSize, []string{"0"}},
-		{"NewHasher negative", func() error { _, err := NewHasher(-3); return err }, ErrInvalidBlockSize, []string{"-3"}},
-		{"KeyFromTokens zero", func() error { _, err := KeyFromTokens([]uint32{1, 2}, 0); return err }, ErrInvalidBlockSize, []string{"0"}},
-		{"KeyFromTokens negative", func() error { _, err := KeyFromTokens([]uint32{1, 2}, -16); return err }, ErrInvalidBlockSize, []string{"-16"}},
-		{"AppendTokenKey zero", func() error { _, err := AppendTokenKey(make(Key, 0, 4), nil, 0); return err }, ErrInvalidBlockSize, []string{"0"}},
+		{"NewHasher zero", func() error { _, err := NewHasher(0); return err }, ErrInvalid, []string{"0"}},
+		{"NewHasher negative", func() error { _, err := NewHasher(-3); return err }, ErrInvalid, []string{"-3"}},
+		{"AppendTokens zero", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, 0); return err }, ErrInvalid, []string{"0"}},
+		{"AppendTokens negative", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, -16); return err }, ErrInvalid, []string{"-16"}},
+		{"AppendTokens zero into a buffer", func() error { _, err := AppendTokens(make(Key, 0, 4), nil, 0); return err }, ErrInvalid, []string{"0"}},
 
-		{"Route nil key", func() error { _, err := newG().Route(nil); return err }, ErrEmptyKey, []string{"key"}},
-		{"Route empty key", func() error { _, err := newG().Route(Key{}); return err }, ErrEmptyKey, []string{"key"}},
-		{"Route empty PrefixKey", func() error { _, err := newG().Route(PrefixKey("", "", "")); return err }, ErrEmptyKey, nil},
+		{"Route nil key", func() error { _, err := newG().Route(nil); return err }, ErrInvalid, []string{"key"}},
+		{"Route empty key", func() error { _, err := newG().Route(Key{}); return err }, ErrInvalid, []string{"key"}},
+		{"Route empty PrefixKey", func() error { _, err := newG().Route(PrefixKey("", "", "")); return err }, ErrInvalid, nil},
 		{"Route short token key", func() error {
-			k, err := KeyFromTokens([]uint32{1, 2, 3}, 16)
+			k, err := AppendTokens(nil, []uint32{1, 2, 3}, 16)
 			if err != nil {
 				return err
 			}
 			_, err = newG().Route(k)
 			return err
-		}, ErrEmptyKey, nil},
-		{"DisaggregatedRoute nil key", func() error { _, err := DisaggregatedRoute(nil, two, two); return err }, ErrEmptyKey, nil},
+		}, ErrInvalid, nil},
+		{"DisaggregatedRoute nil key", func() error { _, err := DisaggregatedRoute(nil, two, two); return err }, ErrInvalid, nil},
 
-		{"negative SLO", func() error { _, err := New(two, WithSLOLatency(-time.Millisecond)); return err }, ErrInvalidOption, []string{"SLO", "-1ms"}},
-		{"negative latency TTL", func() error { _, err := New(two, WithLatencyTTL(-time.Second)); return err }, ErrInvalidOption, []string{"TTL", "-1s"}},
-		{"nil policy", func() error { _, err := New(two, WithPolicy(nil)); return err }, ErrInvalidOption, []string{"policy"}},
-		{"nil clock", func() error { _, err := New(two, WithClock(nil)); return err }, ErrInvalidOption, []string{"clock"}},
-		{"bad mode", func() error { _, err := New(two, WithMode(Mode(7))); return err }, ErrInvalidOption, []string{"mode", "7"}},
-		{"bad index mode", func() error { _, err := New(two, WithIndex(IndexMode(5))); return err }, ErrInvalidOption, []string{"index", "5"}},
-		{"zero default cache blocks", func() error { _, err := New(two, WithDefaultCacheBlocks(0)); return err }, ErrInvalidOption, []string{"0"}},
-		{"huge default cache blocks", func() error { _, err := New(two, WithDefaultCacheBlocks(MaxCacheBlocks+1)); return err }, ErrInvalidOption, []string{fmt.Sprint(MaxCacheBlocks + 1)}},
+		{"negative SLO", func() error { _, err := New(two, WithSLOLatency(-time.Millisecond)); return err }, ErrInvalid, []string{"SLO", "-1ms"}},
+		{"negative latency TTL", func() error { _, err := New(two, WithLatencyTTL(-time.Second)); return err }, ErrInvalid, []string{"TTL", "-1s"}},
+		{"nil policy", func() error { _, err := New(two, WithPolicy(nil)); return err }, ErrInvalid, []string{"policy"}},
+		{"nil clock", func() error { _, err := New(two, WithClock(nil)); return err }, ErrInvalid, []string{"clock"}},
+		{"bad mode", func() error { _, err := New(two, WithMode(Mode(7))); return err }, ErrInvalid, []string{"mode", "7"}},
+		{"bad index mode", func() error { _, err := New(two, WithIndex(IndexMode(5))); return err }, ErrInvalid, []string{"index", "5"}},
 		{"negative weight", func() error {
 			_, err := New(two, WithLoadWeights(LoadWeights{Queue: -1, KV: 1}))
 			return err
-		}, ErrInvalidOption, []string{"Queue", "-1"}},
+		}, ErrInvalid, []string{"Queue", "-1"}},
 		{"NaN weight", func() error {
 			_, err := New(two, WithLoadWeights(LoadWeights{Queue: 1, KV: math.NaN()}))
 			return err
-		}, ErrInvalidOption, []string{"KV", "NaN"}},
+		}, ErrInvalid, []string{"KV", "NaN"}},
 		{"infinite weight", func() error {
 			_, err := New(two, WithLoadWeights(LoadWeights{Queue: 1, Latency: math.Inf(1)}))
 			return err
-		}, ErrInvalidOption, []string{"Latency", "Inf"}},
-		{"all-zero weights", func() error { _, err := New(two, WithLoadWeights(LoadWeights{})); return err }, ErrInvalidOption, []string{"zero"}},
-		{"unknown mode name", func() error { _, err := ParseMode("fastest"); return err }, ErrInvalidOption, []string{`"fastest"`}},
+		}, ErrInvalid, []string{"Latency", "Inf"}},
+		{"unknown mode name", func() error { _, err := ParseMode("fastest"); return err }, ErrInvalid, []string{`"fastest"`}},
 
 		{"no healthy replica", func() error {
 			g := mustNew(t, []Replica{{Name: "a", Unhealthy: true}})
 			_, err := g.Route(PrefixKey("x", "", ""))
 			return err
 		}, ErrNoHealthyReplica, nil},
-		{"empty prefill pool", func() error { _, err := NewDisaggregated(nil, two); return err }, ErrNoReplicas, []string{"prefill"}},
-		{"empty decode pool", func() error { _, err := NewDisaggregated(two, nil); return err }, ErrNoReplicas, []string{"decode"}},
+		{"empty prefill pool", func() error { _, err := NewDisaggregated(nil, two); return err }, ErrInvalid, []string{"prefill"}},
+		{"empty decode pool", func() error { _, err := NewDisaggregated(two, nil); return err }, ErrInvalid, []string{"decode"}},
 		// The two below guard BUG 4 (fixed in 09e6776): the pool context was
 		// put in front of the "gateway:" prefix.
 		{"duplicate in prefill pool", func() error {
@@ -141,7 +138,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	require.Error(t, g.AddReplica(Replica{Name: "r0"}))
 	require.Error(t, g.AddReplica(Replica{Name: "x", CacheBlocks: -5}))
 	require.Error(t, g.RemoveReplica("x"))
-	require.Error(t, g.ApplyEvent("r0", CacheEvent{Kind: 9, Blocks: KeyFromHashes([]uint64{1})}))
+	require.Error(t, g.ApplyEvent("r0", CacheEvent{Kind: 9, Blocks: AppendHashes(nil, []uint64{1})}))
 	_, err := g.Route(nil)
 	require.Error(t, err)
 	assert.Equal(t, before, g.Replicas())
@@ -151,15 +148,15 @@ func TestBadInputChangesNothing(t *testing.T) {
 // TestReplicaLimit: a gateway holds at most MaxReplicas replicas; one more
 // is an error, not a panic or a corrupt index.
 func TestReplicaLimit(t *testing.T) {
-	g := mustNew(t, replicaNames(1), WithDefaultCacheBlocks(1))
+	g := mustNew(t, []Replica{{Name: "r0", CacheBlocks: 1}})
 	for i := 1; i < MaxReplicas; i++ {
-		require.NoError(t, g.AddReplica(Replica{Name: fmt.Sprintf("r%d", i)}))
+		require.NoError(t, g.AddReplica(Replica{Name: fmt.Sprintf("r%d", i), CacheBlocks: 1}))
 	}
-	err := g.AddReplica(Replica{Name: "one-too-many"})
-	require.ErrorIs(t, err, ErrInvalidReplica)
+	err := g.AddReplica(Replica{Name: "one-too-many", CacheBlocks: 1})
+	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "one-too-many")
 	assert.Contains(t, err.Error(), fmt.Sprint(MaxReplicas))
-	k := KeyFromHashes([]uint64{1})
+	k := AppendHashes(nil, []uint64{1})
 	require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", MaxReplicas-1), CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d, err := g.Route(k)
 	require.NoError(t, err)

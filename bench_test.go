@@ -65,7 +65,7 @@ func benchRoute(b *testing.B, f routeFixture) {
 	b.ResetTimer()
 	for i := range b.N {
 		p := f.prompts[i%len(f.prompts)]
-		buf = defaultHasher.AppendKey(buf[:0], p[:1024], p[1024:], "")
+		buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
 		d, err := f.g.Route(buf)
 		if err != nil {
 			b.Fatal(err)
@@ -119,7 +119,7 @@ func BenchmarkRouteParallel(b *testing.B) {
 		for pb.Next() {
 			p := f.prompts[i%len(f.prompts)]
 			i++
-			buf = defaultHasher.AppendKey(buf[:0], p[:1024], p[1024:], "")
+			buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
 			d, err := f.g.Route(buf)
 			if err != nil {
 				b.Error(err)
@@ -142,7 +142,7 @@ func BenchmarkPrefixKey64KiB(b *testing.B) {
 		b.SetBytes(int64(len(s)))
 		b.ReportAllocs()
 		for b.Loop() {
-			buf = defaultHasher.AppendKey(buf[:0], s, "", "")
+			buf = defaultHasher.appendPrefix(buf[:0], s, "", "")
 		}
 	})
 	// per-block: the same blocks, each hashed by its own XXH64 call and
@@ -168,7 +168,7 @@ func BenchmarkTokenKey64KiB(b *testing.B) {
 	b.SetBytes(int64(4 * len(tokens)))
 	b.ReportAllocs()
 	for b.Loop() {
-		buf, _ = AppendTokenKey(buf[:0], tokens, 16)
+		buf, _ = AppendTokens(buf[:0], tokens, 16)
 	}
 }
 
@@ -187,7 +187,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 					for j := range ids {
 						ids[j] = uint64(r)<<40 | uint64(c)<<8 | uint64(j)
 					}
-					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes(ids)}); err != nil {
+					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, ids)}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -218,7 +218,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 							ids[j] = 3<<60 | seq<<8 | uint64(j)
 						}
 					}
-					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes(ids)}); err != nil {
+					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, ids)}); err != nil {
 						b.Fatal(err)
 					}
 					if g.idx.cached(g.snap.Load().byName[name].slot) == 65536 {

@@ -53,7 +53,7 @@ func concurrentUse(t *testing.T, opts []Option) {
 		for b := range 1 + i%12 {
 			ids = append(ids, uint64(i%5)<<8|uint64(b))
 		}
-		keys[i] = KeyFromHashes(ids)
+		keys[i] = AppendHashes(nil, ids)
 	}
 
 	var (

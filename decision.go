@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +21,10 @@ type Decision struct {
 	// Fallback says why the decision fell back, if it did.
 	Fallback Fallback
 
-	rs  *replicaState
-	t   *ticket
-	gen uint64
+	rs      *replicaState
+	t       *ticket
+	gen     uint64
+	adapter string // counted against rs until Done
 }
 
 // DoneInfo reports how a routed request ended.
@@ -90,6 +92,9 @@ func (d Decision) Done(info DoneInfo) {
 				addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
 			}
 			addClamped(&d.rs.inflight, -1)
+			if d.adapter != "" {
+				d.rs.lora.done(d.adapter)
+			}
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock())
 			}
@@ -97,4 +102,70 @@ func (d Decision) Done(info DoneInfo) {
 			return
 		}
 	}
+}
+
+// Kind is the kind of a routing decision. The zero value is
+// KindRoundRobin.
+type Kind int
+
+// The kinds of decision. RoundRobin's decisions are round_robin and
+// LoadAware's load_aware; any other policy's are affinity when the chosen
+// replica holds the longest prefix any candidate holds, and load_aware
+// when it holds less (FallbackLoadGuard) or no candidate holds any
+// (FallbackNoMatch).
+const (
+	// KindRoundRobin: chosen by rotation.
+	KindRoundRobin Kind = iota
+	// KindAffinity: chosen holding the longest cached prefix.
+	KindAffinity
+	// KindLoadAware: chosen for its load.
+	KindLoadAware
+	numKinds
+)
+
+var kindNames = [...]string{"round_robin", "affinity", "load_aware"}
+
+// String returns round_robin, affinity or load_aware.
+func (k Kind) String() string {
+	if k >= 0 && k < numKinds {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Fallback is a set of reasons a decision fell back from its first
+// preference. The zero value means no fallback.
+type Fallback uint8
+
+// The fallback reasons.
+const (
+	// FallbackNoMatch: no eligible replica holds any of the prefix, so
+	// the request went by load.
+	FallbackNoMatch Fallback = 1 << iota
+	// FallbackLoadGuard: a replica holds more of the prefix, but load made
+	// another replica the better choice: its queue outweighed the prefill
+	// the prefix saves, or the prefix is hot and being replicated to a less
+	// loaded replica (CacheAware).
+	FallbackLoadGuard
+	// FallbackSLO: every healthy replica breaches the latency SLO, so the
+	// gateway routed within the healthy set rather than to nothing.
+	FallbackSLO
+)
+
+// String lists the reasons, comma-separated: no_match, load_guard, slo;
+// none for the zero value.
+func (f Fallback) String() string {
+	if f == 0 {
+		return "none"
+	}
+	s := ""
+	for i, n := range [...]string{"no_match", "load_guard", "slo"} {
+		if f&(1<<i) != 0 {
+			if s != "" {
+				s += ","
+			}
+			s += n
+		}
+	}
+	return s
 }

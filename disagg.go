@@ -8,7 +8,7 @@ import (
 )
 
 // Disaggregated routes prefill and decode to two independently scaled
-// pools (R4): prefill cache-aware over the prefill pool, where a cached
+// pools: prefill cache-aware over the prefill pool, where a cached
 // prefix saves compute, and decode load-aware over the decode pool, where
 // the work is memory-bound and the KV cache arrives by transfer. Create one
 // with NewDisaggregated. Safe for concurrent use.
@@ -23,10 +23,10 @@ type Disaggregated struct {
 // overrides both.
 func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disaggregated, error) {
 	if len(prefillPool) == 0 {
-		return nil, fmt.Errorf("%w: empty prefill pool", ErrNoReplicas)
+		return nil, fmt.Errorf("%w: empty prefill pool", ErrInvalid)
 	}
 	if len(decodePool) == 0 {
-		return nil, fmt.Errorf("%w: empty decode pool", ErrNoReplicas)
+		return nil, fmt.Errorf("%w: empty decode pool", ErrInvalid)
 	}
 	p, err := New(prefillPool, append([]Option{WithMode(ModeCacheAware)}, opts...)...)
 	if err != nil {
@@ -49,10 +49,10 @@ type DisaggDecision struct {
 
 // Route picks a prefill replica and a decode replica for key. A pool
 // without replicas (all removed) is an error wrapping ErrNoHealthyReplica;
-// a Disaggregated missing a pool's gateway, one wrapping ErrNoReplicas.
+// a Disaggregated missing a pool's gateway, one wrapping ErrInvalid.
 func (r *Disaggregated) Route(key Key) (DisaggDecision, error) {
 	if r == nil || r.Prefill == nil || r.Decode == nil {
-		return DisaggDecision{}, fmt.Errorf("%w: Disaggregated needs both a Prefill and a Decode gateway", ErrNoReplicas)
+		return DisaggDecision{}, fmt.Errorf("%w: Disaggregated needs both a Prefill and a Decode gateway", ErrInvalid)
 	}
 	p, err := r.Prefill.Route(key)
 	if err != nil {
@@ -93,7 +93,7 @@ const disaggOutputTokens = 16
 // split against real engines; its e2e tests compare their answers.
 func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResult, error) {
 	if len(key) == 0 {
-		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrEmptyKey)
+		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrInvalid)
 	}
 	r, err := NewDisaggregated(prefillPool, decodePool)
 	if err != nil {

@@ -14,7 +14,7 @@ var (
 	decodePool  = []Replica{{Name: "d0"}, {Name: "d1"}}
 )
 
-// TestPropDisaggregatedOutputIdentical (R4): for random prompts, the
+// TestPropDisaggregatedOutputIdentical: for random prompts, the
 // reference engine's output with prefill and decode split (KV cache
 // serialised and handed over) equals its co-located output, and
 // DisaggregatedRoute reports it.
@@ -55,7 +55,7 @@ func TestDisaggregatedPools(t *testing.T) {
 	r, err := NewDisaggregated(prefillPool, decodePool)
 	require.NoError(t, err)
 	require.NoError(t, r.Decode.UpdateLoad("d0", Load{QueueDepth: 9}))
-	k := KeyFromHashes([]uint64{1, 2, 3})
+	k := AppendHashes(nil, []uint64{1, 2, 3})
 	first, err := r.Route(k)
 	require.NoError(t, err)
 	assert.Equal(t, KindLoadAware, first.Prefill.Kind)

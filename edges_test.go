@@ -15,9 +15,9 @@ import (
 // the gateway never calls Pick without candidates.
 type firstPolicy struct{}
 
-func (firstPolicy) Pick(_ *Request, cands []Candidate) Choice {
+func (firstPolicy) Pick(_ *Request, cands []Candidate) int {
 	_ = cands[0] // panics on an empty slice
-	return Choice{Index: 0}
+	return 0
 }
 
 // TestRemoveLastReplicaThenRoute: removing every replica is allowed, and
@@ -27,7 +27,7 @@ func (firstPolicy) Pick(_ *Request, cands []Candidate) Choice {
 func TestRemoveLastReplicaThenRoute(t *testing.T) {
 	for _, opt := range []Option{WithMode(ModeRoundRobin), WithMode(ModeCacheAware), WithMode(ModeLoadAware), WithPolicy(firstPolicy{})} {
 		g := mustNew(t, replicaNames(2), opt)
-		k := KeyFromHashes([]uint64{1, 2, 3})
+		k := AppendHashes(nil, []uint64{1, 2, 3})
 		d, err := g.Route(k)
 		require.NoError(t, err)
 		require.NoError(t, g.RemoveReplica("r0"))
@@ -36,7 +36,7 @@ func TestRemoveLastReplicaThenRoute(t *testing.T) {
 		_, err = g.Route(k)
 		require.ErrorIs(t, err, ErrNoHealthyReplica)
 		require.ErrorContains(t, err, "no replicas")
-		_, err = g.RouteExcept(k, "r0")
+		_, err = g.RouteWithin(k, func(name string) bool { return name != "r0" })
 		require.ErrorIs(t, err, ErrNoHealthyReplica)
 		d.Done(DoneInfo{}) // a decision for a removed replica still completes
 		require.NoError(t, g.AddReplica(Replica{Name: "r9"}))
@@ -51,13 +51,13 @@ func TestRemoveLastReplicaThenRoute(t *testing.T) {
 // panic.
 func TestNewNilOption(t *testing.T) {
 	_, err := New(replicaNames(1), nil)
-	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "option 1 of 1 is nil")
 	_, err = New(replicaNames(1), WithMode(ModeCacheAware), nil, WithIndex(IndexExact))
-	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "option 2 of 3 is nil")
 	_, err = NewDisaggregated(replicaNames(1), replicaNames(1), nil)
-	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorIs(t, err, ErrInvalid)
 }
 
 // TestDisaggregatedPoolEmptied: a pool whose replicas were all removed
@@ -65,7 +65,7 @@ func TestNewNilOption(t *testing.T) {
 // decode pool is the empty one, the prefill decision is released. A
 // Disaggregated without gateways is an error too.
 func TestDisaggregatedPoolEmptied(t *testing.T) {
-	k := KeyFromHashes([]uint64{1, 2})
+	k := AppendHashes(nil, []uint64{1, 2})
 	r, err := NewDisaggregated(replicaNames(1), replicaNames(1))
 	require.NoError(t, err)
 	require.NoError(t, r.Decode.RemoveReplica("r0"))
@@ -80,7 +80,7 @@ func TestDisaggregatedPoolEmptied(t *testing.T) {
 
 	for _, bad := range []*Disaggregated{nil, {}, {Prefill: r.Prefill}, {Decode: r.Decode}} {
 		_, err := bad.Route(k)
-		require.ErrorIs(t, err, ErrNoReplicas)
+		require.ErrorIs(t, err, ErrInvalid)
 	}
 }
 
@@ -89,8 +89,8 @@ func TestDisaggregatedPoolEmptied(t *testing.T) {
 // zero.
 func TestRoundRobinPickEmpty(t *testing.T) {
 	var p RoundRobin
-	require.Equal(t, -1, p.Pick(&Request{Key: Key{1}}, nil).Index)
-	require.Equal(t, 0, p.Pick(&Request{Key: Key{1}}, []Candidate{{Name: "a"}}).Index)
+	require.Equal(t, -1, p.Pick(&Request{Key: Key{1}}, nil))
+	require.Equal(t, 0, p.Pick(&Request{Key: Key{1}}, []Candidate{{Name: "a"}}))
 }
 
 // TestPropNoPanics: random sequences of replica changes, health changes,
@@ -112,7 +112,7 @@ func TestPropNoPanics(t *testing.T) {
 		}
 		name := func(t *rapid.T) string { return fmt.Sprintf("r%d", rapid.IntRange(0, 3).Draw(t, "replica")) }
 		key := func(t *rapid.T) Key {
-			return KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 5).Draw(t, "ids"))
+			return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 5).Draw(t, "ids"))
 		}
 		var open []Decision
 		for range rapid.IntRange(1, 60).Draw(t, "steps") {
@@ -159,7 +159,7 @@ func TestPropNoPanics(t *testing.T) {
 				}
 			default:
 				k, except := key(t), name(t)
-				d, err := g.RouteExcept(k, except)
+				d, err := g.RouteWithin(k, func(name string) bool { return name != except })
 				eligible := 0
 				for n, h := range reps {
 					if h && n != except {
@@ -168,7 +168,7 @@ func TestPropNoPanics(t *testing.T) {
 				}
 				switch {
 				case len(k) == 0:
-					require.ErrorIs(t, err, ErrEmptyKey)
+					require.ErrorIs(t, err, ErrInvalid)
 				case eligible == 0:
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 				default:

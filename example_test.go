@@ -15,7 +15,8 @@ func repeat(k gateway.Key, n int) []gateway.Key {
 	return keys
 }
 
-// The README's quick start: cache-aware routing with a latency SLO.
+// The README's quick start, line for line (TestReadmeQuickStart checks
+// it): cache-aware routing with a latency SLO.
 func Example() {
 	gw, err := gateway.New(
 		[]gateway.Replica{{Name: "r0"}, {Name: "r1"}, {Name: "r2"}, {Name: "r3"}},
@@ -31,27 +32,29 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(d.Replica, d.Kind, d.Hit)
-	d.Done(gateway.DoneInfo{Latency: 120 * time.Millisecond})
-
-	d, _ = gw.Route(key) // the same prefix again: affinity to the replica that holds it
-	fmt.Println(d.Replica, d.Kind, d.Hit)
+	fmt.Println(d.Replica, d.Kind, d.Hit, d.Matched, d.Blocks)
+	// ... send the request to d.Address ...
+	d.FirstToken()
 	d.Done(gateway.DoneInfo{Latency: 40 * time.Millisecond})
 
-	ca, _ := gateway.New([]gateway.Replica{{Name: "r0"}, {Name: "r1"}, {Name: "r2"}, {Name: "r3"}}, gateway.WithMode(gateway.ModeCacheAware))
-	rate, _ := gateway.MeasureHitRate(ca, repeat(key, 100))
+	rate, err := gateway.MeasureHitRate(gw, repeat(key, 100))
+	if err != nil {
+		panic(err)
+	}
 	fmt.Printf("cache-aware hit rate: %.2f\n", rate)
-
 	rr, _ := gateway.New([]gateway.Replica{{Name: "r0"}, {Name: "r1"}, {Name: "r2"}, {Name: "r3"}})
-	rate, _ = gateway.MeasureHitRate(rr, repeat(key, 100))
-	fmt.Printf("round-robin hit rate: %.2f\n", rate)
+	rrRate, _ := gateway.MeasureHitRate(rr, repeat(key, 100))
+	fmt.Printf("round-robin hit rate: %.2f\n", rrRate)
 
-	res, _ := gateway.DisaggregatedRoute(key, []gateway.Replica{{Name: "p0"}}, []gateway.Replica{{Name: "d0"}})
+	prefillPool, decodePool := []gateway.Replica{{Name: "p0"}}, []gateway.Replica{{Name: "d0"}}
+	res, err := gateway.DisaggregatedRoute(key, prefillPool, decodePool)
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println(res.PrefillReplica, res.DecodeReplica, res.IdenticalOutput)
 	// Output:
-	// r0 load_aware false
-	// r0 affinity true
-	// cache-aware hit rate: 0.99
+	// r0 load_aware false 0 3
+	// cache-aware hit rate: 1.00
 	// round-robin hit rate: 0.96
 	// p0 d0 true
 }

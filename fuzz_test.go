@@ -3,18 +3,20 @@ package gateway
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
 // Fuzz targets of prefix-key building: request text, token ids and hash
 // ids reach it from clients, so every input must give a key (or, for a bad
-// block size, ErrInvalidBlockSize) without panicking, and the chain
+// block size, ErrInvalid) without panicking, and the chain
 // property must hold: two keys share exactly as many leading elements as
 // their leading blocks agree, and differ at every position after that.
 // The seeds are below (f.Add); run one with, e.g.,
 //
-//	go test -run '^$' -fuzz '^FuzzHasherKey$' -fuzztime 1m .
+//	go test -run '^$' -fuzz '^FuzzHasherSegments$' -fuzztime 1m .
 
 // agreeAfter fails t unless a and b share exactly want leading elements
 // and differ at every later position both have.
@@ -30,11 +32,11 @@ func agreeAfter(t *testing.T, a, b Key, want int) {
 	}
 }
 
-// FuzzHasherKey: Hasher.Key, AppendKey, AppendSegment and PrefixKey on any
-// block size and segments. A second key, built from a's segments cut at
-// cut and continued with other, checks the chain property against the
-// plain block model refBlocks.
-func FuzzHasherKey(f *testing.F) {
+// FuzzHasherSegments: Hasher.AppendSegment and PrefixKey on any block size
+// and segments. A second key, built from a's segments cut at cut and
+// continued with other, checks the chain property against the plain block
+// model refBlocks.
+func FuzzHasherSegments(f *testing.F) {
 	f.Add(DefaultBlockSize, "You are a helpful assistant.", "session-42", "", "other", 10)
 	f.Add(1, "ab", "c", "", "bc", 1)
 	f.Add(32, string(make([]byte, 100)), "", string(make([]byte, 64)), "\x00", 64)
@@ -46,17 +48,18 @@ func FuzzHasherKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, bs int, sys, sess, rag, other string, cut int) {
 		h, err := NewHasher(bs)
 		if bs < 1 {
-			if !errors.Is(err, ErrInvalidBlockSize) {
-				t.Fatalf("NewHasher(%d) = %v, want ErrInvalidBlockSize", bs, err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("NewHasher(%d) = %v, want ErrInvalid", bs, err)
 			}
 			return
 		}
 		if err != nil {
 			t.Fatalf("NewHasher(%d): %v", bs, err)
 		}
+		roles := []Segment{SegmentSystem, SegmentSession, SegmentRAG}
 		tags := []uint64{tagSystem, tagSession, tagRAG}
 		a := []string{sys, sess, rag}
-		ka := h.Key(sys, sess, rag)
+		ka := h.appendPrefix(nil, sys, sess, rag)
 		ra := refBlocks(bs, tags, a)
 		if len(ka) != len(ra) {
 			t.Fatalf("key has %d elements, want %d blocks", len(ka), len(ra))
@@ -66,14 +69,14 @@ func FuzzHasherKey(f *testing.F) {
 		}
 		var seg Key
 		for i, s := range a {
-			seg = h.AppendSegment(seg, tags[i], s)
+			seg = h.AppendSegment(seg, roles[i], s)
 		}
 		if !slices.Equal(seg, ka) {
 			t.Fatal("AppendSegment by segment differs from Key")
 		}
 		buf := make(Key, 0, len(ka)+1)
-		if got := h.AppendKey(buf, sys, sess, rag); !slices.Equal(got, ka) || (len(got) > 0 && &got[0] != &buf[:1][0]) {
-			t.Fatal("AppendKey into a buffer with room differs from Key or reallocated")
+		if got := h.appendPrefix(buf, sys, sess, rag); !slices.Equal(got, ka) || (len(got) > 0 && &got[0] != &buf[:1][0]) {
+			t.Fatal("appending into a buffer with room differs or reallocated")
 		}
 
 		// b: each segment of a cut at cut (mod its length + 1), then other.
@@ -85,7 +88,7 @@ func FuzzHasherKey(f *testing.F) {
 			}
 			b[i] = s[:c] + other
 		}
-		kb := h.Key(b[0], b[1], b[2])
+		kb := h.appendPrefix(nil, b[0], b[1], b[2])
 		rb := refBlocks(bs, tags, b)
 		if len(kb) != len(rb) {
 			t.Fatalf("key has %d elements, want %d blocks", len(kb), len(rb))
@@ -103,12 +106,13 @@ func tokensOf(raw []byte) []uint32 {
 	return out
 }
 
-// FuzzKeyFromTokens: KeyFromTokens and AppendTokenKey on any block size
-// and tokens (raw bytes read as little-endian uint32). The key has one
-// element per full block; a prefix of the tokens keys a prefix of the key;
-// changing token at gives keys that agree exactly on the blocks before
-// it.
-func FuzzKeyFromTokens(f *testing.F) {
+// FuzzAppendTokens: AppendTokens on any block size and tokens (raw bytes
+// read as little-endian uint32). The key has one element per full block;
+// appending into a buffer with room gives the same key; a prefix of the
+// tokens keys a prefix of the key, and continuing it with the rest (cut
+// at a block boundary) keys the whole; changing token at gives keys that
+// agree exactly on the blocks before it.
+func FuzzAppendTokens(f *testing.F) {
 	f.Add(16, []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123"), 20)
 	f.Add(1, []byte{1, 0, 0, 0, 2, 0, 0, 0}, 1)
 	f.Add(65, make([]byte, 4*200), 130)
@@ -117,10 +121,10 @@ func FuzzKeyFromTokens(f *testing.F) {
 	f.Add(1<<40, []byte{1, 2, 3, 4}, 0)
 	f.Fuzz(func(t *testing.T, bs int, raw []byte, at int) {
 		tokens := tokensOf(raw)
-		k, err := KeyFromTokens(tokens, bs)
+		k, err := AppendTokens(nil, tokens, bs)
 		if bs < 1 {
-			if !errors.Is(err, ErrInvalidBlockSize) || len(k) != 0 {
-				t.Fatalf("KeyFromTokens(block size %d) = %v, %v; want ErrInvalidBlockSize", bs, k, err)
+			if !errors.Is(err, ErrInvalid) || len(k) != 0 {
+				t.Fatalf("AppendTokens(nil, block size %d) = %v, %v; want ErrInvalid", bs, k, err)
 			}
 			return
 		}
@@ -131,8 +135,8 @@ func FuzzKeyFromTokens(f *testing.F) {
 			t.Fatalf("%d elements for %d tokens in blocks of %d", len(k), len(tokens), bs)
 		}
 		buf := make(Key, 0, len(k)+1)
-		if got, err := AppendTokenKey(buf, tokens, bs); err != nil || !slices.Equal(got, k) {
-			t.Fatal("AppendTokenKey differs from KeyFromTokens")
+		if got, err := AppendTokens(buf, tokens, bs); err != nil || !slices.Equal(got, k) {
+			t.Fatal("AppendTokens into a buffer differs from AppendTokens(nil, ...)")
 		}
 		if len(tokens) == 0 {
 			return
@@ -141,13 +145,19 @@ func FuzzKeyFromTokens(f *testing.F) {
 		if at < 0 {
 			at = -at
 		}
-		pre, err := KeyFromTokens(tokens[:at], bs)
+		pre, err := AppendTokens(nil, tokens[:at], bs)
 		if err != nil || !slices.Equal(pre, k[:at/bs]) {
 			t.Fatalf("the first %d tokens do not key the first %d elements", at, at/bs)
 		}
+		if cut := at / bs * bs; cut > 0 {
+			whole, err := AppendTokens(slices.Clone(k[:cut/bs]), tokens[cut:], bs)
+			if err != nil || !slices.Equal(whole, k) {
+				t.Fatalf("continuing the key of the first %d tokens with the rest differs from the whole", cut)
+			}
+		}
 		changed := slices.Clone(tokens)
 		changed[at]++
-		kc, err := KeyFromTokens(changed, bs)
+		kc, err := AppendTokens(nil, changed, bs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,18 +174,18 @@ func idsOf(raw []byte) []uint64 {
 	return out
 }
 
-// FuzzKeyFromHashes: KeyFromHashes and AppendHashKey on any hash ids (raw
-// bytes read as little-endian uint64). One element per id; continuing a
-// key with AppendHashKey is keying the concatenation; changing id at gives
-// keys that agree exactly on the ids before it.
-func FuzzKeyFromHashes(f *testing.F) {
+// FuzzAppendHashes: AppendHashes on any hash ids (raw bytes read as
+// little-endian uint64). One element per id; continuing a key with
+// AppendHashes is keying the concatenation; changing id at gives keys
+// that agree exactly on the ids before it.
+func FuzzAppendHashes(f *testing.F) {
 	f.Add([]byte("0123456789abcdef0123456789abcdef"), 2)
 	f.Add(make([]byte, 64), 3)
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0)
 	f.Add([]byte{}, 0)
 	f.Fuzz(func(t *testing.T, raw []byte, at int) {
 		ids := idsOf(raw)
-		k := KeyFromHashes(ids)
+		k := AppendHashes(nil, ids)
 		if len(k) != len(ids) {
 			t.Fatalf("%d elements for %d ids", len(k), len(ids))
 		}
@@ -186,11 +196,41 @@ func FuzzKeyFromHashes(f *testing.F) {
 		if at < 0 {
 			at = -at
 		}
-		if got := AppendHashKey(KeyFromHashes(ids[:at]), ids[at:]); !slices.Equal(got, k) {
-			t.Fatalf("AppendHashKey(KeyFromHashes(ids[:%d]), ids[%d:]) differs from KeyFromHashes(ids)", at, at)
+		if got := AppendHashes(AppendHashes(nil, ids[:at]), ids[at:]); !slices.Equal(got, k) {
+			t.Fatalf("AppendHashes(AppendHashes(nil, ids[:%d]), ids[%d:]) differs from AppendHashes(nil, ids)", at, at)
 		}
 		changed := slices.Clone(ids)
 		changed[at]++
-		agreeAfter(t, k, KeyFromHashes(changed), at)
+		agreeAfter(t, k, AppendHashes(nil, changed), at)
+	})
+}
+
+// FuzzModeText: any text either unmarshals to a built-in Mode, which
+// marshals back to its canonical name and parses again to itself, or is
+// an error wrapping ErrInvalid that quotes the text; never a panic.
+func FuzzModeText(f *testing.F) {
+	for _, s := range []string{"", "round_robin", "cache-aware", "load_aware", "Cache_Aware", "fastest", "cache_aware\x00", "\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var m Mode
+		err := m.UnmarshalText([]byte(s))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("%q", s)) {
+				t.Fatalf("UnmarshalText(%q): %v", s, err)
+			}
+			return
+		}
+		text, err := m.MarshalText()
+		if err != nil {
+			t.Fatalf("%q read as %v, which does not marshal: %v", s, m, err)
+		}
+		if string(text) != m.String() || (s != "" && strings.ReplaceAll(s, "-", "_") != string(text)) {
+			t.Fatalf("%q read as %v, written %q", s, m, text)
+		}
+		back, err := ParseMode(string(text))
+		if err != nil || back != m {
+			t.Fatalf("%q does not parse back to %v: %v, %v", text, m, back, err)
+		}
 	})
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,24 +13,26 @@ import (
 // one with New. All methods are safe for concurrent use.
 type Gateway struct {
 	policy Policy
+	kind   Kind // the kind of every decision, if fixed is set
+	fixed  bool // the policy ignores prefixes (RoundRobin, LoadAware)
 	slo    time.Duration
 	ttl    time.Duration
 	index  IndexMode
 	clock  func() time.Time
-	blocks int
 
 	snap atomic.Pointer[table]
 
-	mu    sync.Mutex // guards idx, the scratch below, and table changes
-	idx   *index
-	heat  demand
-	match []int32
-	all   []Candidate // one per replica of built, refreshed per Route
-	built *table
-	state []uint8     // eligibility per replica of built, this Route
-	cands []Candidate // eligible subset of all, when not all are eligible
-	owner []*replicaState
-	req   Request
+	mu     sync.Mutex // guards idx, the scratch below, and table changes
+	idx    *index
+	demand demand
+	seq    uint64 // requests routed; stamps replicaState.lastPicked
+	match  []int32
+	all    []Candidate // one per replica of built, refreshed per Route
+	built  *table
+	state  []uint8     // eligibility per replica of built, this Route
+	cands  []Candidate // eligible subset of all, when not all are eligible
+	owner  []*replicaState
+	req    Request
 
 	stats counters
 }
@@ -45,12 +48,12 @@ type table struct {
 // replica, each with a distinct, non-empty name.
 func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 	if len(replicas) == 0 {
-		return nil, fmt.Errorf("%w: New needs at least one replica", ErrNoReplicas)
+		return nil, fmt.Errorf("%w: New needs at least one replica, got none", ErrInvalid)
 	}
-	c := config{ttl: DefaultLatencyTTL, weights: DefaultLoadWeights, defaultBlocks: DefaultCacheBlocks}
+	c := settings{ttl: defaultLatencyTTL}
 	for i, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("%w: option %d of %d is nil", ErrInvalidOption, i+1, len(opts))
+			return nil, fmt.Errorf("%w: option %d of %d is nil", ErrInvalid, i+1, len(opts))
 		}
 		if err := o(&c); err != nil {
 			return nil, err
@@ -66,7 +69,6 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		ttl:    c.ttl,
 		index:  c.index,
 		clock:  c.clock,
-		blocks: c.defaultBlocks,
 		idx:    idx,
 	}
 	if g.clock == nil {
@@ -82,6 +84,12 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 			g.policy = &RoundRobin{}
 		}
 	}
+	switch g.policy.(type) {
+	case *RoundRobin:
+		g.fixed, g.kind = true, KindRoundRobin
+	case *LoadAware:
+		g.fixed, g.kind = true, KindLoadAware
+	}
 	g.snap.Store(&table{byName: map[string]*replicaState{}})
 	for _, r := range replicas {
 		if err := g.AddReplica(r); err != nil {
@@ -91,19 +99,16 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 	return g, nil
 }
 
-// Policy returns the gateway's routing policy.
-func (g *Gateway) Policy() Policy { return g.policy }
-
 // AddReplica adds a replica to the table, healthy unless r.Unhealthy.
 func (g *Gateway) AddReplica(r Replica) error {
 	if r.Name == "" {
-		return fmt.Errorf("%w: empty Name", ErrInvalidReplica)
+		return fmt.Errorf("%w: replica with an empty Name (address %q)", ErrInvalid, r.Address)
 	}
 	if r.CacheBlocks < 0 || r.CacheBlocks > MaxCacheBlocks {
-		return fmt.Errorf("%w: replica %q: CacheBlocks %d, want 0..%d", ErrInvalidReplica, r.Name, r.CacheBlocks, MaxCacheBlocks)
+		return fmt.Errorf("%w: replica %q: CacheBlocks %d, want 0..%d", ErrInvalid, r.Name, r.CacheBlocks, MaxCacheBlocks)
 	}
 	if r.CacheBlocks == 0 {
-		r.CacheBlocks = g.blocks
+		r.CacheBlocks = defaultCacheBlocks
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -112,7 +117,7 @@ func (g *Gateway) AddReplica(r Replica) error {
 		return fmt.Errorf("%w: %q", ErrDuplicateReplica, r.Name)
 	}
 	if len(old.list) >= MaxReplicas {
-		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalidReplica, r.Name, MaxReplicas)
+		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalid, r.Name, MaxReplicas)
 	}
 	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock}
 	rs.healthy.Store(!r.Unhealthy)
@@ -174,7 +179,7 @@ func (g *Gateway) SetHealthy(name string, healthy bool) error {
 
 // UpdateLoad records the load signals a replica reports. Negative counts,
 // a NaN or out-of-range KV utilisation and a negative latency are errors
-// wrapping ErrInvalidSignal, and change nothing.
+// wrapping ErrInvalid, and change nothing.
 func (g *Gateway) UpdateLoad(name string, l Load) error {
 	if err := l.validate(name); err != nil {
 		return err
@@ -214,6 +219,9 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 			CachedBlocks:    g.idx.cached(rs.slot),
 			CacheBlocks:     rs.cacheBlocks,
 		}
+		if a := rs.lora.rep.Load(); a != nil {
+			out[i].Adapters = AdapterReport{Running: slices.Clone(a.Running), Waiting: slices.Clone(a.Waiting), MaxLoras: a.MaxLoras}
+		}
 	}
 	return out
 }
@@ -233,25 +241,29 @@ func (g *Gateway) breaches(rs *replicaState, now int64) bool {
 // healthy one is within it; if every healthy replica breaches the SLO it
 // chooses among them and the decision's Fallback says so. With no healthy
 // replica (or none at all) it returns an error wrapping
-// ErrNoHealthyReplica.
+// ErrNoHealthyReplica; an empty key is an error wrapping ErrInvalid.
 //
 // In IndexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
 func (g *Gateway) Route(key Key) (Decision, error) {
-	return g.route(key, "")
+	return g.RouteWithin(key, nil)
 }
 
-// RouteExcept is Route with the replica named except left out, as if it
-// were unhealthy: a proxy retrying a request that failed on a replica the
-// health checks have not ejected yet uses it to go elsewhere. An unknown
-// name excludes nothing.
-func (g *Gateway) RouteExcept(key Key, except string) (Decision, error) {
-	return g.route(key, except)
+// RouteWithin is Route among the replicas allow accepts: a replica whose
+// name allow rejects is left out as if it were unhealthy, and if it leaves
+// no healthy replica the error wraps ErrNoHealthyReplica. A nil allow
+// accepts every replica. A proxy retrying a request that failed on one
+// replica uses it to go elsewhere; a picker given a subset of endpoints by
+// its data plane, to stay within it. allow is called once per replica
+// under the gateway's lock, so it must be quick and must not call the
+// Gateway. RouteWithin does not allocate.
+func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, error) {
+	return g.route(key, allow, "")
 }
 
-func (g *Gateway) route(key Key, except string) (Decision, error) {
+func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (Decision, error) {
 	if len(key) == 0 {
-		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block", ErrEmptyKey)
+		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block, got an empty Key", ErrInvalid)
 	}
 	var now int64
 	if g.slo > 0 {
@@ -284,8 +296,13 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 		c.InFlight = int(rs.inflight.Load())
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
+		c.LastPicked = rs.lastPicked
+		c.LoRA = LoRAState{}
+		if adapter != "" {
+			c.LoRA = rs.lora.state(adapter)
+		}
 		switch {
-		case !rs.healthy.Load() || (except != "" && rs.name == except):
+		case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
 			g.state[i] = stateUnhealthy
 		case g.slo > 0 && g.breaches(rs, now):
 			g.state[i] = stateOverSLO
@@ -301,8 +318,11 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
-			if except != "" {
-				return Decision{}, fmt.Errorf("%w: none of %d replicas is healthy, leaving out %q", ErrNoHealthyReplica, len(t.list), except)
+			switch {
+			case allow != nil && adapter != "":
+				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed for adapter %q", ErrNoHealthyReplica, len(t.list), adapter)
+			case allow != nil:
+				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed", ErrNoHealthyReplica, len(t.list))
 			}
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
 		}
@@ -323,34 +343,41 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	for i := range cands {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
-	var share float64
-	if except == "" {
-		share = g.heat.observe(mk, maxMatched)
-	} else { // a retry of a request already counted
-		share = g.heat.share(mk, maxMatched)
-	}
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share}
-	ch := g.policy.Pick(&g.req, cands)
+	share := g.demand.observe(mk, maxMatched)
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter}
+	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
-	if ch.Index < 0 || ch.Index >= len(cands) {
-		return Decision{}, fmt.Errorf("%w: index %d of %d candidates", ErrBadChoice, ch.Index, len(cands))
+	if pick < 0 || pick >= len(cands) {
+		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
 	}
-	rs := owner[ch.Index]
-	matched := cands[ch.Index].Matched
+	rs := owner[pick]
+	matched := cands[pick].Matched
+	kind := g.kind
+	if !g.fixed {
+		var why Fallback
+		kind, why = classify(matched, maxMatched)
+		fb |= why
+	}
 	if g.index == IndexApproximate {
 		g.idx.storeMatched(rs.slot, mk, matched)
 	}
 	d := Decision{
 		Replica:  rs.name,
 		Address:  rs.addr,
-		Kind:     ch.Kind,
+		Kind:     kind,
 		Hit:      matched == len(key),
 		Matched:  matched,
 		Blocks:   len(key),
-		Fallback: ch.Fallback | fb,
+		Fallback: fb,
 		rs:       rs,
 	}
+	g.seq++
+	rs.lastPicked = g.seq
 	rs.inflight.Add(1)
+	if adapter != "" {
+		rs.lora.route(adapter)
+		d.adapter = adapter
+	}
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	rs.routed.Add(1)
@@ -360,6 +387,20 @@ func (g *Gateway) route(key Key, except string) (Decision, error) {
 	d.t, d.gen = newTicket()
 	g.stats.record(&d, excluded)
 	return d, nil
+}
+
+// classify labels the decision of a prefix-aware policy: affinity when the
+// chosen replica holds the longest prefix any candidate holds, else load,
+// because no candidate holds any (no match) or despite a longer match
+// elsewhere (load guard).
+func classify(matched, maxMatched int) (Kind, Fallback) {
+	switch {
+	case maxMatched == 0:
+		return KindLoadAware, FallbackNoMatch
+	case matched < maxMatched:
+		return KindLoadAware, FallbackLoadGuard
+	}
+	return KindAffinity, 0
 }
 
 // Eligibility of a replica in one Route call.
@@ -395,7 +436,7 @@ type CacheEvent struct {
 // index changes.
 func (g *Gateway) ApplyEvent(name string, ev CacheEvent) error {
 	if ev.Kind < BlocksStored || ev.Kind > AllCleared {
-		return fmt.Errorf("%w: replica %q: kind %d", ErrInvalidEvent, name, int(ev.Kind))
+		return fmt.Errorf("%w: replica %q: cache event kind %d", ErrInvalid, name, int(ev.Kind))
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -65,7 +65,7 @@ func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 			g := mustNew(t, tt.reps)
 			for _, ids := range tt.steps {
 				require.NotPanics(t, func() {
-					d, err := g.Route(KeyFromHashes(ids))
+					d, err := g.Route(AppendHashes(nil, ids))
 					require.NoError(t, err)
 					d.Done(DoneInfo{})
 				})
@@ -84,7 +84,7 @@ func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 // pending prefill once, and Done after FirstToken does not free it again.
 func TestDecisionReporting(t *testing.T) {
 	g := mustNew(t, []Replica{{Name: "r0", Address: "http://10.0.0.7:8000"}}, WithIndex(IndexExact))
-	k4 := KeyFromHashes([]uint64{1, 2, 3, 4})
+	k4 := AppendHashes(nil, []uint64{1, 2, 3, 4})
 	d1, err := g.Route(k4)
 	require.NoError(t, err)
 	assert.Equal(t, "http://10.0.0.7:8000", d1.Address)
@@ -124,7 +124,7 @@ func TestDecisionReporting(t *testing.T) {
 // serve a new decision; reporting on the stale copy changes nothing.
 func TestStaleDecisionAfterTicketReuse(t *testing.T) {
 	g := mustNew(t, replicaNames(1), WithIndex(IndexExact))
-	k := KeyFromHashes([]uint64{1, 2, 3})
+	k := AppendHashes(nil, []uint64{1, 2, 3})
 	var stale, fresh Decision
 	reused := false
 	for range 1000 { // the pool may drop tickets (always under -race sometimes); try until one is reused
@@ -244,7 +244,7 @@ func TestSLOFallbackStats(t *testing.T) {
 // when its queue outweighs the prefill it saves; the decision says so.
 func TestLoadGuard(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware), WithIndex(IndexExact))
-	k := KeyFromHashes([]uint64{1, 2, 3, 4})
+	k := AppendHashes(nil, []uint64{1, 2, 3, 4})
 	require.NoError(t, g.ApplyEvent("r0", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	require.NoError(t, g.UpdateLoad("r0", Load{QueueDepth: 100}))
 	d, err := g.Route(k)
@@ -258,7 +258,7 @@ func TestLoadGuard(t *testing.T) {
 func TestStats(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware))
 	assert.Zero(t, g.Stats().HitRate())
-	k := KeyFromHashes([]uint64{1, 2})
+	k := AppendHashes(nil, []uint64{1, 2})
 	for range 4 {
 		d, err := g.Route(k)
 		require.NoError(t, err)
@@ -303,7 +303,7 @@ func TestMeasureHitRate(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Zero(t, rate)
 	_, err = MeasureHitRate(mustNew(t, replicaNames(1)), []Key{k, nil})
-	assert.ErrorIs(t, err, ErrEmptyKey)
+	assert.ErrorIs(t, err, ErrInvalid)
 }
 
 // TestRemoveReplicaDropsIndex: removing a replica drops its cached blocks;
@@ -311,7 +311,7 @@ func TestMeasureHitRate(t *testing.T) {
 // starts cold.
 func TestRemoveReplicaDropsIndex(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithIndex(IndexExact)) // round robin: r0, then r1
-	k := KeyFromHashes([]uint64{1, 2, 3})
+	k := AppendHashes(nil, []uint64{1, 2, 3})
 	require.NoError(t, g.ApplyEvent("r1", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d0, err := g.Route(k)
 	require.NoError(t, err)
@@ -341,7 +341,7 @@ func TestRemoveReplicaDropsIndex(t *testing.T) {
 // TestIndexModes: approximate mode warms the chosen replica on Route; exact
 // mode changes only through ApplyEvent.
 func TestIndexModes(t *testing.T) {
-	k := KeyFromHashes([]uint64{1, 2, 3})
+	k := AppendHashes(nil, []uint64{1, 2, 3})
 	for _, tt := range []struct {
 		mode IndexMode
 		want int
@@ -374,10 +374,8 @@ func TestReplicaStatusDefaults(t *testing.T) {
 	g := mustNew(t, []Replica{{Name: "a", Address: "http://a"}, {Name: "b", Unhealthy: true, CacheBlocks: 7}})
 	st := g.Replicas()
 	require.Len(t, st, 2)
-	assert.Equal(t, ReplicaStatus{Name: "a", Address: "http://a", Healthy: true, CacheBlocks: DefaultCacheBlocks}, st[0])
+	assert.Equal(t, ReplicaStatus{Name: "a", Address: "http://a", Healthy: true, CacheBlocks: defaultCacheBlocks}, st[0])
 	assert.Equal(t, ReplicaStatus{Name: "b", CacheBlocks: 7}, st[1])
-	g = mustNew(t, replicaNames(1), WithDefaultCacheBlocks(99))
-	assert.Equal(t, 99, g.Replicas()[0].CacheBlocks)
 }
 
 // recordingPolicy records what the gateway hands a Policy and picks a set
@@ -388,26 +386,25 @@ type recordingPolicy struct {
 	max   int
 }
 
-func (p *recordingPolicy) Pick(req *Request, cands []Candidate) Choice {
+func (p *recordingPolicy) Pick(req *Request, cands []Candidate) int {
 	p.names = p.names[:0]
 	for _, c := range cands {
 		p.names = append(p.names, c.Name)
 	}
 	p.max = req.MaxMatched
-	return Choice{Index: p.pick, Kind: KindLoadAware}
+	return p.pick
 }
 
 // TestCustomPolicy: a Policy sees only eligible candidates, in the order
 // replicas were added, with MaxMatched set; a choice outside the slice is
-// an error wrapping ErrBadChoice, not a panic.
+// an error wrapping ErrInvalid, not a panic.
 func TestCustomPolicy(t *testing.T) {
 	clk := newFakeClock()
 	p := &recordingPolicy{pick: 1}
 	g := mustNew(t, replicaNames(5), WithPolicy(p), WithIndex(IndexExact), WithSLOLatency(time.Second), WithClock(clk.Now))
-	assert.Same(t, p, g.Policy())
 	require.NoError(t, g.SetHealthy("r1", false))
 	require.NoError(t, g.UpdateLoad("r3", Load{Latency: time.Minute}))
-	k := KeyFromHashes([]uint64{5, 6})
+	k := AppendHashes(nil, []uint64{5, 6})
 	require.NoError(t, g.ApplyEvent("r4", CacheEvent{Kind: BlocksStored, Blocks: k[:1]}))
 	d, err := g.Route(k)
 	require.NoError(t, err)
@@ -417,7 +414,7 @@ func TestCustomPolicy(t *testing.T) {
 	for _, bad := range []int{-1, 3, 100} {
 		p.pick = bad
 		_, err := g.Route(k)
-		require.ErrorIs(t, err, ErrBadChoice)
+		require.ErrorIs(t, err, ErrInvalid)
 		assert.True(t, strings.HasPrefix(err.Error(), "gateway:"), err.Error())
 		assert.Contains(t, err.Error(), fmt.Sprint(bad))
 	}
@@ -458,14 +455,14 @@ func warmGateway(t testing.TB, n, others int, allHold bool, opts ...Option) (*Ga
 	for r := range n {
 		name := fmt.Sprintf("r%d", r)
 		for j := range others {
-			buf = defaultHasher.AppendKey(buf[:0], prompt(1_000_000 + r*others + j)[:1024], prompt(1_000_000 + r*others + j)[1024:], "")
+			buf = defaultHasher.appendPrefix(buf[:0], prompt(1_000_000 + r*others + j)[:1024], prompt(1_000_000 + r*others + j)[1024:], "")
 			require.NoError(t, g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: buf}))
 		}
 	}
 	prompts := make([]string, 64)
 	for i := range prompts {
 		prompts[i] = prompt(i)
-		buf = defaultHasher.AppendKey(buf[:0], prompts[i][:1024], prompts[i][1024:], "")
+		buf = defaultHasher.appendPrefix(buf[:0], prompts[i][:1024], prompts[i][1024:], "")
 		holders := []int{i % n, (i + 1 + i/n) % n}
 		if allHold {
 			holders = holders[:0]
@@ -491,7 +488,7 @@ func TestRouteAllocatesNothing(t *testing.T) {
 	op := func() {
 		p := prompts[i%len(prompts)]
 		i++
-		buf = defaultHasher.AppendKey(buf[:0], p[:1024], p[1024:], "")
+		buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
 		d, err := g.Route(buf)
 		if err != nil {
 			panic(err)
@@ -506,4 +503,29 @@ func TestRouteAllocatesNothing(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, d.Hit, "warm prompts must hit")
 	d.Done(DoneInfo{})
+}
+
+// TestZeroLoadWeightsAreDefaults: the zero LoadWeights stands for the
+// defaults, through WithLoadWeights as in LoadAware.Weights.
+func TestZeroLoadWeightsAreDefaults(t *testing.T) {
+	assert.Equal(t, LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25}, DefaultLoadWeights())
+	route := func(opts ...Option) []string {
+		g := mustNew(t, replicaNames(4), opts...)
+		var got []string
+		for i := range 40 {
+			name := fmt.Sprintf("r%d", i%4)
+			require.NoError(t, g.UpdateLoad(name, Load{QueueDepth: i % 5, KVUtilization: float64(i%7) / 7, Latency: time.Duration(i%3) * time.Millisecond}))
+			d, err := g.Route(AppendHashes(nil, []uint64{uint64(i)}))
+			require.NoError(t, err)
+			got = append(got, d.Replica)
+			if i%3 == 0 {
+				d.Done(DoneInfo{})
+			}
+		}
+		return got
+	}
+	want := route(WithMode(ModeLoadAware), WithLoadWeights(DefaultLoadWeights()))
+	assert.Equal(t, want, route(WithMode(ModeLoadAware), WithLoadWeights(LoadWeights{})))
+	assert.Equal(t, want, route(WithPolicy(&LoadAware{})))
+	assert.NotEqual(t, want, route(WithMode(ModeLoadAware), WithLoadWeights(LoadWeights{Latency: 1})), "the weights matter")
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // Option configures a Gateway in New. A nil Option is an error.
-type Option func(*config) error
+type Option func(*settings) error
 
 // IndexMode says how the gateway keeps its cache index current.
 // The zero value is IndexApproximate.
@@ -22,29 +22,27 @@ const (
 	IndexExact
 )
 
-// DefaultLatencyTTL is how long a latency sample counts against the SLO:
-// 30 seconds. A replica excluded for breaching the SLO gets no traffic and
-// so no new samples; once its last sample is this old it is eligible again
-// and its next requests measure it afresh.
-const DefaultLatencyTTL = 30 * time.Second
+// defaultLatencyTTL is how long a latency sample counts against the SLO
+// unless WithLatencyTTL says otherwise.
+const defaultLatencyTTL = 30 * time.Second
 
-type config struct {
-	policy        Policy
-	mode          Mode
-	slo           time.Duration
-	ttl           time.Duration
-	weights       LoadWeights
-	index         IndexMode
-	clock         func() time.Time
-	defaultBlocks int
-	secret        *uint64 // fixes the index's placement secret; tests only
+// settings are what the options of New set.
+type settings struct {
+	policy  Policy
+	mode    Mode
+	slo     time.Duration
+	ttl     time.Duration
+	weights LoadWeights
+	index   IndexMode
+	clock   func() time.Time
+	secret  *uint64 // fixes the index's placement secret; tests only
 }
 
 // withSecret fixes the secret the index places blocks under, which New
 // otherwise draws at random (see index.go). Unexported: only tests need a
 // fixed placement, and no routing decision depends on it.
 func withSecret(s uint64) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		c.secret = &s
 		return nil
 	}
@@ -52,9 +50,9 @@ func withSecret(s uint64) Option {
 
 // WithMode selects a built-in policy. The default is ModeRoundRobin.
 func WithMode(m Mode) Option {
-	return func(c *config) error {
-		if m < ModeRoundRobin || m > ModeLoadAware {
-			return fmt.Errorf("%w: mode %d", ErrInvalidOption, int(m))
+	return func(c *settings) error {
+		if m < 0 || m >= numModes {
+			return fmt.Errorf("%w: mode %d, want one of %s", ErrInvalid, int(m), modeList())
 		}
 		c.mode = m
 		return nil
@@ -64,9 +62,9 @@ func WithMode(m Mode) Option {
 // WithPolicy routes with p instead of a built-in mode. It overrides
 // WithMode.
 func WithPolicy(p Policy) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if p == nil {
-			return fmt.Errorf("%w: nil policy", ErrInvalidOption)
+			return fmt.Errorf("%w: nil policy", ErrInvalid)
 		}
 		c.policy = p
 		return nil
@@ -76,9 +74,9 @@ func WithPolicy(p Policy) Option {
 // WithSLOLatency excludes replicas whose smoothed latency exceeds d, unless
 // every healthy replica does. Zero, the default, disables the SLO.
 func WithSLOLatency(d time.Duration) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if d < 0 {
-			return fmt.Errorf("%w: SLO latency %v is negative", ErrInvalidOption, d)
+			return fmt.Errorf("%w: SLO latency %v is negative", ErrInvalid, d)
 		}
 		c.slo = d
 		return nil
@@ -86,21 +84,24 @@ func WithSLOLatency(d time.Duration) Option {
 }
 
 // WithLatencyTTL sets how long a latency sample counts against the SLO.
-// The default is DefaultLatencyTTL; zero means forever.
+// The default is 30 seconds: a replica excluded for breaching the SLO gets
+// no traffic and so no new samples; once its last sample is this old it is
+// eligible again and its next requests measure it afresh. Zero means
+// forever.
 func WithLatencyTTL(d time.Duration) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if d < 0 {
-			return fmt.Errorf("%w: latency TTL %v is negative", ErrInvalidOption, d)
+			return fmt.Errorf("%w: latency TTL %v is negative", ErrInvalid, d)
 		}
 		c.ttl = d
 		return nil
 	}
 }
 
-// WithLoadWeights sets the weights of ModeLoadAware. The default is
-// DefaultLoadWeights.
+// WithLoadWeights sets the weights of ModeLoadAware. The default, and the
+// zero LoadWeights, is DefaultLoadWeights().
 func WithLoadWeights(w LoadWeights) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if err := w.validate(); err != nil {
 			return err
 		}
@@ -112,9 +113,9 @@ func WithLoadWeights(w LoadWeights) Option {
 // WithIndex selects how the cache index is kept current. The default is
 // IndexApproximate.
 func WithIndex(m IndexMode) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if m != IndexApproximate && m != IndexExact {
-			return fmt.Errorf("%w: index mode %d", ErrInvalidOption, int(m))
+			return fmt.Errorf("%w: index mode %d", ErrInvalid, int(m))
 		}
 		c.index = m
 		return nil
@@ -124,23 +125,11 @@ func WithIndex(m IndexMode) Option {
 // WithClock sets the clock the gateway reads to age latency samples. The
 // default is time.Now; simulations and tests inject their own.
 func WithClock(now func() time.Time) Option {
-	return func(c *config) error {
+	return func(c *settings) error {
 		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+			return fmt.Errorf("%w: nil clock", ErrInvalid)
 		}
 		c.clock = now
-		return nil
-	}
-}
-
-// WithDefaultCacheBlocks sets the capacity of replicas whose CacheBlocks is
-// zero. The default is DefaultCacheBlocks.
-func WithDefaultCacheBlocks(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > MaxCacheBlocks {
-			return fmt.Errorf("%w: default cache blocks %d, want 1..%d", ErrInvalidOption, n, MaxCacheBlocks)
-		}
-		c.defaultBlocks = n
 		return nil
 	}
 }

@@ -1,9 +1,6 @@
 package gateway
 
-import (
-	"math"
-	"sync"
-)
+import "math"
 
 // CacheAware routes a request where its first token will come soonest
 // without starving the requests behind it: usually the replica already
@@ -59,108 +56,88 @@ import (
 // Exact ties, common when idle replicas hold nothing of a new prompt, go
 // to the replica with fewer requests outstanding if no replica holds any
 // of the prompt, then to the one that has been sent the least prefill work
-// (AssignedPrefill), then to the one this policy chose least recently,
-// then to the earlier candidate: decisions are deterministic, misses
-// spread evenly, and equal replicas take turns in rotation rather than in
-// the order they were listed.
+// (AssignedPrefill), then to the one the gateway chose least recently
+// (Candidate.LastPicked), then to the earlier candidate: decisions are
+// deterministic, misses spread evenly, and equal replicas take turns in
+// rotation rather than in the order they were listed.
+//
+// A request for a LoRA adapter (Request.Adapter) also pays for the
+// adapter where it is not already in the running batch (Candidate.LoRA,
+// see adapterPrice): a replica whose slots are all held by other
+// adapters, or where the adapter already waits for one, makes it wait at
+// least until every request of some adapter there has finished, AdapterWait
+// blocks of prefill plus the decode of the requests outstanding there
+// (DecodeWeight each, plus one) and a load; a free slot costs a load,
+// AdapterLoad, plus the wait it may cause an adapter that needs the slot
+// next: AdapterWait times the share of the slots the request's adapter
+// does not hold that other adapters do (as λ prices a prompt's blocks
+// for the requests behind them). An adapter in the batch costs nothing,
+// so requests follow their adapter, until its replica's queue outweighs a
+// load elsewhere: the load guard again, so a popular adapter spreads over
+// replicas, the more readily the fewer adapters compete for their slots,
+// rather than piling onto one.
 //
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
 // its in-flight count plus this request stays within ⌈LoadFactor × the
 // mean⌉, a hard cap for deployments whose first-token reports are missing.
 //
-// The zero value uses the defaults below and is safe for concurrent use;
-// the rotation among ties is the only state a CacheAware keeps, so do not
-// copy one after its first Pick.
+// A CacheAware keeps no state: the zero value uses the defaults given on
+// its fields, and a CacheAware may be copied and shared by gateways.
 type CacheAware struct {
-	// Externality is the base of λ. Zero means DefaultExternality; a
-	// negative value means none.
+	// Externality is the base of λ. Zero means the default, 1: the wait a
+	// prompt's uncached blocks impose on later requests counts once more
+	// than its own. A negative value means none.
 	Externality float64
 	// DecodeWeight is the cost, in blocks of prefill, of each outstanding
 	// request at a replica beyond the spread (see excess above). Zero
-	// means DefaultDecodeWeight; a negative value means none.
+	// means the default, 4; a negative value means none.
 	DecodeWeight float64
 	// LoadFactor, when at least 1, caps each replica's in-flight requests
 	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
 	LoadFactor float64
-
-	turns turns
-}
-
-// turns records when a CacheAware last chose each candidate, for the
-// rotation among tied replicas: a stamp per candidate position, kept with
-// the name it belongs to, and carried over by name when the candidate
-// list changes. Its methods need mu held; an unchanged list costs one
-// string comparison per use and no allocation.
-type turns struct {
-	mu     sync.Mutex
-	seq    uint64
-	names  []string
-	stamp  []uint64
-	byName map[string]uint64
-}
-
-// at returns the stamp of cands[i] (0 if never chosen).
-func (t *turns) at(cands []Candidate, i int) uint64 {
-	if i >= len(t.names) || t.names[i] != cands[i].Name {
-		t.realign(cands)
-	}
-	return t.stamp[i]
-}
-
-// record stamps cands[i] as chosen now.
-func (t *turns) record(cands []Candidate, i int) {
-	if i >= len(t.names) || t.names[i] != cands[i].Name {
-		t.realign(cands)
-	}
-	t.seq++
-	t.stamp[i] = t.seq
-}
-
-// realign rebuilds the stamps in the order of cands, by name.
-func (t *turns) realign(cands []Candidate) {
-	if t.byName == nil {
-		t.byName = map[string]uint64{}
-	}
-	for i, n := range t.names {
-		t.byName[n] = t.stamp[i]
-	}
-	t.names, t.stamp = t.names[:0], t.stamp[:0]
-	for i := range cands {
-		t.names = append(t.names, cands[i].Name)
-		t.stamp = append(t.stamp, t.byName[cands[i].Name])
-	}
+	// AdapterLoad is the cost, in blocks of prefill, of loading a
+	// request's LoRA adapter into a free slot. Zero means the default, 16
+	// (see docs/lora.md); a negative value means none.
+	AdapterLoad float64
+	// AdapterWait is the cost, in blocks of prefill, of waiting for an
+	// adapter slot: at least until every request of some adapter running
+	// there has finished. Zero means the default, 1,024 (see
+	// docs/lora.md); a negative value means none.
+	AdapterWait float64
 }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace
 // and the generated workloads (see the README's results).
 const (
-	// DefaultExternality counts the wait a prompt's uncached blocks impose
-	// on later requests once more than its own.
-	DefaultExternality = 1
-	// DefaultDecodeWeight charges each outstanding request beyond the
-	// spread of the mean (see CacheAware) four blocks of prefill.
-	DefaultDecodeWeight = 4
+	defaultExternality  = 1
+	defaultDecodeWeight = 4
+	defaultAdapterLoad  = 16
+	defaultAdapterWait  = 1024
 )
 
 var _ Policy = (*CacheAware)(nil)
 
 // Pick returns the candidate with the lowest cost.
-func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
+func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	ext := p.Externality
 	if ext == 0 {
-		ext = DefaultExternality
+		ext = defaultExternality
 	} else if ext < 0 {
 		ext = 0
 	}
 	dw := p.DecodeWeight
 	if dw == 0 {
-		dw = DefaultDecodeWeight
+		dw = defaultDecodeWeight
 	} else if dw < 0 {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
+	var lp adapterPrice
 	for i := range cands {
+		if req.Adapter != "" {
+			lp.count(&cands[i].LoRA)
+		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill
 		o := cands[i].Outstanding()
@@ -181,6 +158,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
+	if req.Adapter != "" {
+		lp.set(p, dw)
+	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
 		// The least loaded candidate always fits under the ceiling, so the
@@ -188,8 +168,6 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
 	best, bestCost := -1, math.Inf(1)
-	p.turns.mu.Lock()
-	defer p.turns.mu.Unlock()
 	for i := range cands {
 		c := &cands[i]
 		if float64(c.InFlight+1) > bound {
@@ -199,29 +177,23 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) Choice {
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && p.better(cands, i, best, shared > 0, req.MaxMatched == 0)) {
+		if req.Adapter != "" {
+			cost += lp.cost(c)
+		}
+		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
 		}
 	}
-	p.turns.record(cands, best)
-	ch := Choice{Index: best, Kind: KindAffinity}
-	switch m := cands[best].Matched; {
-	case req.MaxMatched == 0:
-		ch.Kind, ch.Fallback = KindLoadAware, FallbackNoMatch
-	case m < req.MaxMatched:
-		ch.Kind, ch.Fallback = KindLoadAware, FallbackLoadGuard
-	}
-	return ch
+	return best
 }
 
-// better reports whether cands[ai] beats cands[bi] at equal cost. When
+// better reports whether a beats b at equal cost. When
 // replicating, or when no replica holds any of the key, the replica with
 // fewer requests outstanding wins; when replicating, then one that holds
 // more of the prefix (replication is for load, not for its own sake). Then
 // less prefill work sent so far, then the replica chosen least recently;
 // the earlier candidate stays on a full tie.
-func (p *CacheAware) better(cands []Candidate, ai, bi int, replicating, noMatch bool) bool {
-	a, b := &cands[ai], &cands[bi]
+func better(a, b *Candidate, replicating, noMatch bool) bool {
 	if replicating || noMatch {
 		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
 			return oa < ob
@@ -233,5 +205,70 @@ func (p *CacheAware) better(cands []Candidate, ai, bi int, replicating, noMatch 
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill
 	}
-	return p.turns.at(cands, ai) < p.turns.at(cands, bi)
+	return a.LastPicked < b.LastPicked
+}
+
+// adapterPrice prices a request's adapter at each candidate (see
+// CacheAware): the load of an adapter, the wait for a slot, and the share
+// of the slots other adapters hold.
+type adapterPrice struct {
+	load, wait, dw float64
+	// slots and used count the candidates' reported slots and those in
+	// use; mine those the request's adapter holds.
+	slots, used, mine int
+	// contention is (used − mine) / (slots − mine): how much of what the
+	// adapter does not hold other adapters do.
+	contention float64
+}
+
+// count adds a candidate's slots.
+func (a *adapterPrice) count(l *LoRAState) {
+	if l.MaxLoras == 0 {
+		return
+	}
+	a.slots += l.MaxLoras
+	a.used += min(l.Active, l.MaxLoras)
+	if l.InBatch() {
+		a.mine++
+	}
+}
+
+// set fixes the costs from the policy's parameters once every candidate
+// is counted.
+func (a *adapterPrice) set(p *CacheAware, dw float64) {
+	a.load, a.wait, a.dw = pick(p.AdapterLoad, defaultAdapterLoad), pick(p.AdapterWait, defaultAdapterWait), dw
+	if others := a.slots - a.mine; others > 0 {
+		a.contention = min(1, float64(max(a.used-a.mine, 0))/float64(others))
+	}
+}
+
+// pick is v, or def when v is 0, or 0 when v is negative.
+func pick(v, def float64) float64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// cost is what serving the request's adapter costs at c, in blocks of
+// prefill: nothing when the adapter is in the batch there, or idle in a
+// slot while one is free; a load, plus the wait it may cause another
+// adapter (AdapterWait × contention), when a slot is free; and when it
+// must wait for a slot (all held by other adapters, or it already waits
+// there), a load, AdapterWait, and the decode of the requests outstanding
+// there (DecodeWeight each, plus one).
+func (a *adapterPrice) cost(c *Candidate) float64 {
+	l := &c.LoRA
+	switch {
+	case l.InBatch():
+		return 0
+	case l.Waiting || !l.FreeSlot():
+		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
+	case l.Loaded:
+		return 0
+	}
+	return a.load + a.wait*a.contention
 }

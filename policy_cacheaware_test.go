@@ -34,42 +34,47 @@ func TestCacheAwareCost(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, (&CacheAware{}).Pick(caReq(10, tt.cands), tt.cands).Index)
+			assert.Equal(t, tt.want, (&CacheAware{}).Pick(caReq(10, tt.cands), tt.cands))
 		})
 	}
 	t.Run("equal replicas take turns", func(t *testing.T) {
-		p := &CacheAware{}
+		// The gateway stamps LastPicked on the chosen replica each route.
+		p := CacheAware{}
 		cs := []Candidate{{Name: "a", Matched: 2}, {Name: "b", Matched: 2}, {Name: "c", Matched: 2}}
 		var got []int
-		for range 6 {
-			got = append(got, p.Pick(caReq(10, cs), cs).Index)
+		for seq := range uint64(6) {
+			i := p.Pick(caReq(10, cs), cs)
+			cs[i].LastPicked = seq + 1
+			got = append(got, i)
 		}
 		assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, got)
 	})
 	t.Run("counts within their spread are not priced", func(t *testing.T) {
 		// Least 20, mean 24: counts up to 20 + √24 ≈ 24.9 cost nothing.
 		cs := []Candidate{{Name: "a", Matched: 3, InFlight: 24}, {Name: "b", InFlight: 20}, {Name: "c", InFlight: 28}}
-		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs).Index, "a's match wins: its 24 are within the spread")
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs), "a's match wins: its 24 are within the spread")
 		cs[0].InFlight = 30 // mean 26: 4.9 beyond 20 + √26, 19.6 blocks, more than the match saves
-		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs).Index)
+		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs))
 	})
 	t.Run("a busy cluster values hits more", func(t *testing.T) {
 		// a holds 4 of 10 blocks with 8 blocks queued; b is idle; c is busy.
 		cs := []Candidate{{Name: "a", Matched: 4, PendingPrefill: 8}, {Name: "b"}, {Name: "c", PendingPrefill: 40}}
 		// λ = 1 + 48/3/10 = 2.6: a = 8 + 3.6·6 = 29.6, b = 3.6·10 = 36, c = 76.
-		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs).Index)
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs))
 		cs[2].PendingPrefill = 0
 		cs[0].PendingPrefill = 12
 		// λ = 1 + 12/3/10 = 1.4: a = 12 + 2.4·6 = 26.4 > b = 24.
-		ch := (&CacheAware{}).Pick(caReq(10, cs), cs)
-		assert.Equal(t, 1, ch.Index)
-		assert.Equal(t, KindLoadAware, ch.Kind)
-		assert.Equal(t, FallbackLoadGuard, ch.Fallback)
+		req := caReq(10, cs)
+		i := (&CacheAware{}).Pick(req, cs)
+		assert.Equal(t, 1, i)
+		kind, fb := classify(cs[i].Matched, req.MaxMatched)
+		assert.Equal(t, KindLoadAware, kind)
+		assert.Equal(t, FallbackLoadGuard, fb)
 	})
 	t.Run("negative weights switch terms off", func(t *testing.T) {
 		cs := []Candidate{{Name: "a", Matched: 5, InFlight: 50, Load: Load{Running: 50}}, {Name: "b"}}
-		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs).Index, "a's batch outweighs its match")
-		assert.Equal(t, 0, (&CacheAware{DecodeWeight: -1}).Pick(caReq(10, cs), cs).Index, "with no decode term a's match wins")
+		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs), "a's batch outweighs its match")
+		assert.Equal(t, 0, (&CacheAware{DecodeWeight: -1}).Pick(caReq(10, cs), cs), "with no decode term a's match wins")
 	})
 }
 
@@ -81,7 +86,7 @@ func TestCacheAwareSpreadsMisses(t *testing.T) {
 	require.NoError(t, err)
 	counts := map[string]int{}
 	for i := range 8 {
-		d, err := g.Route(KeyFromHashes([]uint64{uint64(100 * i), 1, 2, 3, 4, 5, 6, 7, 8, 9}))
+		d, err := g.Route(AppendHashes(nil, []uint64{uint64(100 * i), 1, 2, 3, 4, 5, 6, 7, 8, 9}))
 		require.NoError(t, err)
 		counts[d.Replica]++
 		d.Done(DoneInfo{})
@@ -125,13 +130,14 @@ func TestCacheAwareReplicatesHotPrefix(t *testing.T) {
 			}
 			req := caReq(64, cs)
 			req.Demand = tt.demand
-			ch := (&CacheAware{}).Pick(req, cs)
-			assert.Equal(t, tt.want, ch.Index)
+			i := (&CacheAware{}).Pick(req, cs)
+			assert.Equal(t, tt.want, i)
+			kind, fb := classify(cs[i].Matched, req.MaxMatched)
 			if tt.replicate {
-				assert.Equal(t, KindLoadAware, ch.Kind)
-				assert.Equal(t, FallbackLoadGuard, ch.Fallback)
+				assert.Equal(t, KindLoadAware, kind)
+				assert.Equal(t, FallbackLoadGuard, fb)
 			} else {
-				assert.Equal(t, KindAffinity, ch.Kind)
+				assert.Equal(t, KindAffinity, kind)
 			}
 		})
 	}
@@ -143,7 +149,7 @@ func TestCacheAwareReplicatesHotPrefix(t *testing.T) {
 // requests, so shares follow the traffic.
 func TestDemandShares(t *testing.T) {
 	var d demand
-	hot, cold := KeyFromHashes([]uint64{1, 2, 3}), KeyFromHashes([]uint64{9})
+	hot, cold := AppendHashes(nil, []uint64{1, 2, 3}), AppendHashes(nil, []uint64{9})
 	assert.Zero(t, d.observe(hot, 0), "nothing held: no share")
 	assert.InDelta(t, 1.0/demandPrior, d.observe(hot, 3), 1e-9, "1 of 2 requests, but 2 are too few to tell")
 	for range demandPrior {
@@ -170,7 +176,7 @@ func TestDemandShares(t *testing.T) {
 func TestCacheAwareColdStartKeepsAffinity(t *testing.T) {
 	g, err := New(replicaNames(4), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := KeyFromHashes([]uint64{1, 2, 3, 4, 5, 6, 7, 8})
+	key := AppendHashes(nil, []uint64{1, 2, 3, 4, 5, 6, 7, 8})
 	for i := range 3 {
 		d, err := g.Route(key)
 		require.NoError(t, err)
@@ -198,7 +204,7 @@ func TestCacheAwareColdPrefixesKeepAffinity(t *testing.T) {
 		}
 		p := rng.IntN(16)
 		ids[0] = uint64(p) // 64 blocks: no queue of four outweighs the match
-		d, err := g.Route(KeyFromHashes(ids))
+		d, err := g.Route(AppendHashes(nil, ids))
 		require.NoError(t, err)
 		if where[p] == nil {
 			where[p] = map[string]bool{}

@@ -7,25 +7,30 @@ import (
 
 // LoadWeights weighs the signals LoadAware mixes. Each signal is
 // normalised to 0..1 before weighing: queue depth and latency by their
-// largest value among the candidates, KV utilisation as it is.
-// The zero value is not valid; DefaultLoadWeights are the defaults.
+// largest value among the candidates, KV utilisation as it is. The zero
+// value stands for the defaults given on each field; otherwise a zero
+// weight switches its signal off.
 type LoadWeights struct {
 	// Queue weighs queue depth, counted two ways and summed: outstanding
 	// requests (Candidate.Outstanding), and prefill work queued
 	// (Candidate.PendingPrefill), which tells a replica about to start
-	// many prompts from one busy decoding.
+	// many prompts from one busy decoding. Default 1: outstanding work is
+	// the best predictor of waiting time.
 	Queue float64
-	// KV weighs KV-cache utilisation.
+	// KV weighs KV-cache utilisation. Default 0.5: KV pressure predicts
+	// preemption.
 	KV float64
-	// Latency weighs the smoothed latency.
+	// Latency weighs the smoothed latency. Default 0.25: the slowest-moving
+	// signal, it weighs least.
 	Latency float64
 }
 
-// DefaultLoadWeights are the weights LoadAware uses unless told otherwise:
-// queue 1, KV utilisation 0.5, latency 0.25. Outstanding work is the best
-// predictor of waiting time; KV pressure predicts preemption; latency is
-// the slowest-moving signal, so it weighs least.
-var DefaultLoadWeights = LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25}
+// defaultLoadWeights are the weights a zero LoadWeights stands for.
+var defaultLoadWeights = LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25}
+
+// DefaultLoadWeights returns the weights a zero LoadWeights stands for:
+// queue 1, KV utilisation 0.5, latency 0.25.
+func DefaultLoadWeights() LoadWeights { return defaultLoadWeights }
 
 func (w LoadWeights) validate() error {
 	for _, f := range []struct {
@@ -33,31 +38,28 @@ func (w LoadWeights) validate() error {
 		v    float64
 	}{{"Queue", w.Queue}, {"KV", w.KV}, {"Latency", w.Latency}} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("%w: load weight %s %v, want a finite value >= 0", ErrInvalidOption, f.name, f.v)
+			return fmt.Errorf("%w: load weight %s %v, want a finite value >= 0", ErrInvalid, f.name, f.v)
 		}
-	}
-	if w.Queue+w.KV+w.Latency == 0 {
-		return fmt.Errorf("%w: load weights are all zero", ErrInvalidOption)
 	}
 	return nil
 }
 
 // LoadAware picks the least loaded replica by a weighted, normalised mix
 // of queue depth (outstanding requests and queued prefill), KV-cache
-// utilisation and latency. Ties go
-// to the replica sent the least prefill work so far (AssignedPrefill),
-// then to fewer in-flight requests, then to the earlier candidate.
-// The zero value uses DefaultLoadWeights. Safe for concurrent use.
+// utilisation and latency. Ties go to the replica sent the least prefill
+// work so far (AssignedPrefill), then to fewer in-flight requests, then to
+// the earlier candidate. Its decisions are of kind load_aware. The zero
+// value uses the default weights and is safe for concurrent use.
 type LoadAware struct {
-	// Weights of the signals; the zero value means DefaultLoadWeights.
+	// Weights of the signals; the zero value means the defaults.
 	Weights LoadWeights
 }
 
 var _ Policy = (*LoadAware)(nil)
 
 // Pick returns the least loaded candidate.
-func (p *LoadAware) Pick(_ *Request, cands []Candidate) Choice {
-	return Choice{Index: leastLoaded(cands, p.Weights), Kind: KindLoadAware}
+func (p *LoadAware) Pick(_ *Request, cands []Candidate) int {
+	return leastLoaded(cands, p.Weights)
 }
 
 // lessLoadedTie breaks a load-score tie: less prefill work sent so far,
@@ -73,7 +75,7 @@ func lessLoadedTie(a, b *Candidate) bool {
 // leastLoaded returns the index of the candidate with the lowest load score.
 func leastLoaded(cands []Candidate, w LoadWeights) int {
 	if w == (LoadWeights{}) {
-		w = DefaultLoadWeights
+		w = defaultLoadWeights
 	}
 	qmax, pmax, lmax := 0, 0, int64(0)
 	for i := range cands {

@@ -5,7 +5,8 @@ import "sync/atomic"
 // RoundRobin rotates across eligible replicas, the default policy.
 // It ignores prefixes and load. As replicas come and go the rotation
 // continues over whichever are eligible, so each gets an equal share of
-// requests over any window of traffic in which the set is stable.
+// requests over any window of traffic in which the set is stable. Its
+// decisions are of kind round_robin.
 // The zero value is ready to use and safe for concurrent use.
 type RoundRobin struct {
 	next atomic.Uint64
@@ -14,12 +15,12 @@ type RoundRobin struct {
 var _ Policy = (*RoundRobin)(nil)
 
 // Pick returns the next candidate in rotation. Given no candidates (which
-// a Gateway never does) it returns Index -1, which Route rejects with
-// ErrBadChoice, rather than dividing by zero.
-func (p *RoundRobin) Pick(_ *Request, cands []Candidate) Choice {
+// a Gateway never does) it returns -1, which Route rejects with an error
+// wrapping ErrInvalid, rather than dividing by zero.
+func (p *RoundRobin) Pick(_ *Request, cands []Candidate) int {
 	if len(cands) == 0 {
-		return Choice{Index: -1, Kind: KindRoundRobin}
+		return -1
 	}
 	n := p.next.Add(1) - 1
-	return Choice{Index: int(n % uint64(len(cands))), Kind: KindRoundRobin}
+	return int(n % uint64(len(cands)))
 }

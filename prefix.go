@@ -17,9 +17,11 @@ const DefaultBlockSize = 64
 // exactly when their first n blocks have the same content. A nil or empty
 // Key cannot be routed.
 //
-// Keys are built by PrefixKey, Hasher, KeyFromTokens or KeyFromHashes; the
-// Append forms reuse a caller's buffer and do not allocate when it is large
-// enough.
+// Keys are built from text by PrefixKey and Hasher.AppendSegment, from
+// token ids by AppendTokens, and from pre-hashed block ids by
+// AppendHashes. The Append forms continue the chain of the Key they are
+// given (so a key can be built a piece at a time) and do not allocate when
+// it has room.
 type Key []uint64
 
 // chain folds a block's own hash into its parent's: the result identifies
@@ -31,15 +33,54 @@ func chain(parent, block uint64) uint64 {
 	return hi ^ lo ^ parent ^ bits.RotateLeft64(block, 32)
 }
 
-// Segment tags keep "ab"+"c" and "a"+"bc" apart: each segment starts by
-// chaining its tag, so blocks never straddle segments.
+// Segment is the role of a stretch of prompt text in a Key. Each segment
+// starts by chaining its role's tag, so the same text in two roles hashes
+// differently, "ab"+"c" and "a"+"bc" stay apart, and a block never
+// straddles two segments. The zero value is SegmentSystem. Values past
+// SegmentPrompt are roles of the caller's own, each tagged apart.
+type Segment uint8
+
+// The roles of text in a prompt, in the order PrefixKey and the HTTP
+// gateway chain them: system, session, RAG context, then the conversation.
 const (
-	tagSystem  = 0x53595354454d0001
-	tagSession = 0x53455353494f0002
-	tagRAG     = 0x5241470000000003
-	tagTokens  = 0x544f4b454e530004
-	tagHashes  = 0x4841534845530005
+	SegmentSystem    Segment = iota // system (or developer) instructions
+	SegmentSession                  // a session or conversation id
+	SegmentRAG                      // the id of a retrieved context
+	SegmentUser                     // a user message
+	SegmentAssistant                // an assistant message
+	SegmentTool                     // a tool or function result
+	SegmentOther                    // a message in any other role
+	SegmentPrompt                   // a completions prompt
+	numSegments
 )
+
+// Tags of the segments, and of the roots of token and hash keys. The first
+// three and the last two are the values PrefixKey, AppendTokens and
+// AppendHashes have always used, so keys built before roles existed stay
+// valid.
+const (
+	tagSystem    = 0x53595354454d0001 // "SYSTEM"
+	tagSession   = 0x53455353494f0002 // "SESSIO"
+	tagRAG       = 0x5241470000000003 // "RAG"
+	tagTokens    = 0x544f4b454e530004 // "TOKENS"
+	tagHashes    = 0x4841534845530005 // "HASHES"
+	tagUser      = 0x5553455200000006 // "USER"
+	tagAssistant = 0x4153534953540007 // "ASSIST"
+	tagTool      = 0x544f4f4c00000008 // "TOOL"
+	tagOther     = 0x4f54484552000009 // "OTHER"
+	tagPrompt    = 0x50524f4d5054000a // "PROMPT"
+	tagCustom    = 0x524f4c4500000000 // "ROLE", ORed with a caller's Segment
+)
+
+var segmentTags = [numSegments]uint64{tagSystem, tagSession, tagRAG, tagUser, tagAssistant, tagTool, tagOther, tagPrompt}
+
+// tag returns the chain tag of a segment's role.
+func (s Segment) tag() uint64 {
+	if s < numSegments {
+		return segmentTags[s]
+	}
+	return tagCustom | uint64(s)
+}
 
 // Hasher cuts text segments into fixed-size blocks and chains their hashes.
 // When the block size is a multiple of 32 bytes, as DefaultBlockSize is, a
@@ -53,59 +94,52 @@ type Hasher struct {
 }
 
 // NewHasher returns a Hasher that cuts segments into blocks of blockSize
-// bytes. A blockSize below 1 is an error wrapping ErrInvalidBlockSize.
+// bytes. A blockSize below 1 is an error wrapping ErrInvalid.
 func NewHasher(blockSize int) (*Hasher, error) {
 	if blockSize < 1 {
-		return nil, fmt.Errorf("%w: block size %d, want at least 1", ErrInvalidBlockSize, blockSize)
+		return nil, fmt.Errorf("%w: block size %d, want at least 1", ErrInvalid, blockSize)
 	}
 	return &Hasher{blockSize: blockSize}, nil
 }
 
-// BlockSize returns the number of bytes per block.
-func (h *Hasher) BlockSize() int { return h.blockSize }
-
 var defaultHasher = &Hasher{blockSize: DefaultBlockSize}
 
 // PrefixKey returns the Key of a prompt made of a system prompt, a session
-// id and a RAG context, chained in that order with DefaultBlockSize blocks.
-// Empty segments are skipped, so PrefixKey("", "", "") is empty.
+// id and a RAG context, chained in that order (SegmentSystem,
+// SegmentSession, SegmentRAG) with DefaultBlockSize blocks. Empty segments
+// are skipped, so PrefixKey("", "", "") is empty. The HTTP gateway builds
+// the same key for a request with that system prompt and X-Session-ID and
+// X-RAG-Context headers, before the conversation's messages.
 func PrefixKey(system, session, rag string) Key {
-	return defaultHasher.AppendKey(nil, system, session, rag)
+	return defaultHasher.appendPrefix(nil, system, session, rag)
 }
 
-// Key returns the Key of system, session and rag, chained in that order.
-func (h *Hasher) Key(system, session, rag string) Key {
-	return h.AppendKey(nil, system, session, rag)
+// appendPrefix appends PrefixKey's segments to dst.
+func (h *Hasher) appendPrefix(dst Key, system, session, rag string) Key {
+	dst = h.AppendSegment(dst, SegmentSystem, system)
+	dst = h.AppendSegment(dst, SegmentSession, session)
+	return h.AppendSegment(dst, SegmentRAG, rag)
 }
 
-// AppendKey appends the block hashes of system, session and rag to dst and
-// returns the extended Key. It does not allocate when dst has room.
-func (h *Hasher) AppendKey(dst Key, system, session, rag string) Key {
-	dst = h.AppendSegment(dst, tagSystem, system)
-	dst = h.AppendSegment(dst, tagSession, session)
-	return h.AppendSegment(dst, tagRAG, rag)
-}
-
-// AppendSegment appends the blocks of one more segment to the chain in dst.
-// tag separates kinds of segment (any constant of the caller's; two segments
-// with the same text and different tags hash differently). An empty segment
-// appends nothing. Callers building keys from a conversation, one message at
-// a time, use it with the message's role as tag.
-func (h *Hasher) AppendSegment(dst Key, tag uint64, segment string) Key {
-	if len(segment) == 0 {
+// AppendSegment appends the blocks of text, in the role s, to the chain in
+// dst and returns the extended Key. Empty text appends nothing. Callers
+// building keys from a conversation, one message at a time, append each
+// message in its role. It does not allocate when dst has room.
+func (h *Hasher) AppendSegment(dst Key, s Segment, text string) Key {
+	if len(text) == 0 {
 		return dst
 	}
 	parent := uint64(0)
 	if len(dst) > 0 {
 		parent = dst[len(dst)-1]
 	}
-	parent = chain(parent, tag)
-	if h.blockSize%32 == 0 && len(segment) >= h.blockSize {
+	parent = chain(parent, s.tag())
+	if h.blockSize%32 == 0 && len(text) >= h.blockSize {
 		var n int
-		dst, n = appendStreamed(dst, parent, segment, h.blockSize)
-		parent, segment = dst[len(dst)-1], segment[n:]
+		dst, n = appendStreamed(dst, parent, text, h.blockSize)
+		parent, text = dst[len(dst)-1], text[n:]
 	}
-	return appendBlocks(dst, parent, segment, h.blockSize)
+	return appendBlocks(dst, parent, text, h.blockSize)
 }
 
 // appendBlocks appends the chain values of segment's blocks, each block
@@ -122,21 +156,21 @@ func appendBlocks(dst Key, parent uint64, segment string, blockSize int) Key {
 	return dst
 }
 
-// KeyFromTokens returns the Key of a token sequence cut into blocks of
-// blockSize tokens, the way vLLM and SGLang hash KV blocks: full blocks
-// only, each chained on its parent. Fewer tokens than one block give an
-// empty Key. A blockSize below 1 is an error wrapping ErrInvalidBlockSize.
-func KeyFromTokens(tokens []uint32, blockSize int) (Key, error) {
-	return AppendTokenKey(nil, tokens, blockSize)
-}
-
-// AppendTokenKey is KeyFromTokens appending to dst; it does not allocate
-// when dst has room.
-func AppendTokenKey(dst Key, tokens []uint32, blockSize int) (Key, error) {
+// AppendTokens appends to dst the keys of a token sequence cut into blocks
+// of blockSize tokens, the way vLLM and SGLang hash KV blocks: full blocks
+// only (fewer tokens than one block append nothing), each block's token ids
+// hashed with XXH64 as little-endian uint32s and chained on its parent. The
+// first block's parent is dst's last element, or a fixed root when dst is
+// empty. A blockSize below 1 is an error wrapping ErrInvalid. It does not
+// allocate when dst has room.
+func AppendTokens(dst Key, tokens []uint32, blockSize int) (Key, error) {
 	if blockSize < 1 {
-		return dst, fmt.Errorf("%w: block size %d, want at least 1", ErrInvalidBlockSize, blockSize)
+		return dst, fmt.Errorf("%w: block size %d, want at least 1", ErrInvalid, blockSize)
 	}
 	parent := chain(0, tagTokens)
+	if len(dst) > 0 {
+		parent = dst[len(dst)-1]
+	}
 	var buf [256]byte
 	for len(tokens) >= blockSize {
 		block := tokens[:blockSize]
@@ -157,18 +191,13 @@ func AppendTokenKey(dst Key, tokens []uint32, blockSize int) (Key, error) {
 	return dst, nil
 }
 
-// KeyFromHashes returns the Key of a list of already-hashed block ids, such
+// AppendHashes appends to dst the keys of already-hashed block ids, such
 // as the hash_ids of a Mooncake trace. The ids are chained again, so small
 // integers work and two lists share a Key prefix exactly as far as they
-// agree.
-func KeyFromHashes(ids []uint64) Key {
-	return AppendHashKey(nil, ids)
-}
-
-// AppendHashKey is KeyFromHashes appending to dst; it does not allocate when
-// dst has room. A non-empty dst is continued, as AppendSegment continues
-// it: AppendHashKey(KeyFromHashes(a), b) is KeyFromHashes of a then b.
-func AppendHashKey(dst Key, ids []uint64) Key {
+// agree. The first id's parent is dst's last element, or a fixed root when
+// dst is empty: AppendHashes(AppendHashes(nil, a), b) is AppendHashes(nil,
+// a then b). It does not allocate when dst has room.
+func AppendHashes(dst Key, ids []uint64) Key {
 	parent := chain(0, tagHashes)
 	if len(dst) > 0 {
 		parent = dst[len(dst)-1]

@@ -36,7 +36,7 @@ func TestPropStreamedMatchesReference(t *testing.T) {
 		seg := string(rapid.SliceOfN(rapid.Byte(), n, n).Draw(t, "segment"))
 		h, err := NewHasher(bs)
 		require.NoError(t, err)
-		got := h.AppendSegment(nil, tagRAG, seg)
+		got := h.AppendSegment(nil, SegmentRAG, seg)
 		seed := chain(0, tagRAG)
 		full := len(seg) / bs
 		require.Len(t, got, (len(seg)+bs-1)/bs)
@@ -60,7 +60,7 @@ func TestStreamedAllocatesNothing(t *testing.T) {
 	seg := string(make([]byte, 4096+17))
 	buf := make(Key, 0, 128)
 	allocs := testing.AllocsPerRun(100, func() {
-		buf = defaultHasher.AppendKey(buf[:0], seg, "s", "")
+		buf = defaultHasher.appendPrefix(buf[:0], seg, "s", "")
 	})
 	require.Zero(t, allocs)
 	require.Len(t, buf, 4096/DefaultBlockSize+2)

@@ -74,8 +74,8 @@ func TestPropKeySharesExactlyAgreeingBlocks(t *testing.T) {
 			cut := rapid.IntRange(0, len(a[i])).Draw(t, "cut")
 			b[i] = a[i][:cut] + drawSegmentN(t, "bsuffix", 3*bs)
 		}
-		ka := h.Key(a[0], a[1], a[2])
-		kb := h.Key(b[0], b[1], b[2])
+		ka := h.appendPrefix(nil, a[0], a[1], a[2])
+		kb := h.appendPrefix(nil, b[0], b[1], b[2])
 		ra, rb := refBlocks(bs, tags, a[:]), refBlocks(bs, tags, b[:])
 		require.Len(t, ka, len(ra))
 		require.Len(t, kb, len(rb))
@@ -104,8 +104,8 @@ func TestSegmentsDoNotStraddle(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				ka := h.Key(tt.a[0], tt.a[1], tt.a[2])
-				kb := h.Key(tt.b[0], tt.b[1], tt.b[2])
+				ka := h.appendPrefix(nil, tt.a[0], tt.a[1], tt.a[2])
+				kb := h.appendPrefix(nil, tt.b[0], tt.b[1], tt.b[2])
 				assert.NotEqual(t, ka, kb)
 				assert.NotEqual(t, ka[len(ka)-1], kb[len(kb)-1], "the last element identifies the whole prefix")
 			})
@@ -113,7 +113,7 @@ func TestSegmentsDoNotStraddle(t *testing.T) {
 	}
 	// With one-byte blocks "ab"+"c" and "a"+"bc" agree on block "a" only.
 	h, _ := NewHasher(1)
-	assert.Equal(t, 1, commonPrefix(h.Key("ab", "c", ""), h.Key("a", "bc", "")))
+	assert.Equal(t, 1, commonPrefix(h.appendPrefix(nil, "ab", "c", ""), h.appendPrefix(nil, "a", "bc", "")))
 }
 
 func TestPrefixKeyBlocks(t *testing.T) {
@@ -133,12 +133,12 @@ func TestPrefixKeyBlocks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			k := PrefixKey(tt.system, tt.session, tt.rg)
 			assert.Len(t, k, tt.want)
-			assert.Equal(t, defaultHasher.Key(tt.system, tt.session, tt.rg), k)
+			assert.Equal(t, defaultHasher.appendPrefix(nil, tt.system, tt.session, tt.rg), k)
 		})
 	}
 	h, err := NewHasher(7)
 	require.NoError(t, err)
-	assert.Equal(t, 7, h.BlockSize())
+	assert.Equal(t, 7, h.blockSize)
 }
 
 // TestPropAppendContinuesChain: appending segments to an existing key gives
@@ -148,14 +148,14 @@ func TestPropAppendContinuesChain(t *testing.T) {
 		bs := rapid.SampledFrom(blockSizes).Draw(t, "bs")
 		h, _ := NewHasher(bs)
 		sys, sess, rag := drawSegmentN(t, "sys", 4*bs), drawSegmentN(t, "sess", 4*bs), drawSegmentN(t, "rag", 4*bs)
-		whole := h.Key(sys, sess, rag)
-		part := h.AppendKey(nil, sys, "", "")
-		part = h.AppendKey(part, "", sess, "")
-		part = h.AppendKey(part, "", "", rag)
+		whole := h.appendPrefix(nil, sys, sess, rag)
+		part := h.appendPrefix(nil, sys, "", "")
+		part = h.appendPrefix(part, "", sess, "")
+		part = h.appendPrefix(part, "", "", rag)
 		require.Equal(t, whole, part)
-		seg := h.AppendSegment(nil, tagSystem, sys)
-		seg = h.AppendSegment(seg, tagSession, sess)
-		seg = h.AppendSegment(seg, tagRAG, rag)
+		seg := h.AppendSegment(nil, SegmentSystem, sys)
+		seg = h.AppendSegment(seg, SegmentSession, sess)
+		seg = h.AppendSegment(seg, SegmentRAG, rag)
 		require.Equal(t, whole, seg)
 	})
 }
@@ -169,12 +169,12 @@ func TestPropTokenKeys(t *testing.T) {
 		a := rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 60).Draw(t, "a")
 		cut := rapid.IntRange(0, len(a)).Draw(t, "cut")
 		b := append(append([]uint32(nil), a[:cut]...), rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 30).Draw(t, "bsuffix")...)
-		ka, err := KeyFromTokens(a, bs)
+		ka, err := AppendTokens(nil, a, bs)
 		require.NoError(t, err)
-		kb, err := KeyFromTokens(b, bs)
+		kb, err := AppendTokens(nil, b, bs)
 		require.NoError(t, err)
 		require.Len(t, ka, len(a)/bs, "full blocks only")
-		full, err := KeyFromTokens(a[:len(a)/bs*bs], bs)
+		full, err := AppendTokens(nil, a[:len(a)/bs*bs], bs)
 		require.NoError(t, err)
 		require.Equal(t, full, ka, "a partial last block adds nothing")
 		want := 0
@@ -195,7 +195,7 @@ func TestPropHashKeys(t *testing.T) {
 		a := rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 20).Draw(t, "a")
 		cut := rapid.IntRange(0, len(a)).Draw(t, "cut")
 		b := append(append([]uint64(nil), a[:cut]...), rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 20).Draw(t, "bsuffix")...)
-		ka, kb := KeyFromHashes(a), KeyFromHashes(b)
+		ka, kb := AppendHashes(nil, a), AppendHashes(nil, b)
 		require.Len(t, ka, len(a))
 		want := 0
 		for want < len(a) && want < len(b) && a[want] == b[want] {
@@ -214,18 +214,18 @@ func TestPropHashKeyContinues(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		a := rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 10).Draw(t, "a")
 		b := rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 10).Draw(t, "b")
-		require.Equal(t, KeyFromHashes(append(slices.Clone(a), b...)), AppendHashKey(KeyFromHashes(a), b))
+		require.Equal(t, AppendHashes(nil, append(slices.Clone(a), b...)), AppendHashes(AppendHashes(nil, a), b))
 	})
 }
 
 // TestKeyKindsDoNotCollide: the same content as text, tokens or hash ids
 // gives different keys.
 func TestKeyKindsDoNotCollide(t *testing.T) {
-	tk, err := KeyFromTokens([]uint32{1, 2, 3, 4}, 4)
+	tk, err := AppendTokens(nil, []uint32{1, 2, 3, 4}, 4)
 	require.NoError(t, err)
-	hk := KeyFromHashes([]uint64{1})
+	hk := AppendHashes(nil, []uint64{1})
 	h, _ := NewHasher(16)
-	txt := h.Key("\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00\x04\x00\x00\x00", "", "")
+	txt := h.appendPrefix(nil, "\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00\x04\x00\x00\x00", "", "")
 	assert.NotEqual(t, tk[0], hk[0])
 	assert.NotEqual(t, tk[0], txt[0])
 	assert.NotEqual(t, hk[0], txt[0])
@@ -237,8 +237,8 @@ func TestKeyKindsDoNotCollide(t *testing.T) {
 // BUG 2 (fixed in 09e6776).
 func TestChainNoZeroCollapse(t *testing.T) {
 	const blockConst = 0xe7037ed1a0b428db
-	a := KeyFromHashes([]uint64{1, blockConst, 7})
-	b := KeyFromHashes([]uint64{2, blockConst, 7})
+	a := AppendHashes(nil, []uint64{1, blockConst, 7})
+	b := AppendHashes(nil, []uint64{2, blockConst, 7})
 	require.NotEqual(t, a[0], b[0])
 	assert.NotEqual(t, a[1], b[1], "prefixes differing in block 0 must differ at element 1")
 	assert.NotEqual(t, a[2], b[2], "prefixes differing in block 0 must differ at element 2")
@@ -265,11 +265,11 @@ func TestAppendKeysAllocateNothing(t *testing.T) {
 		name string
 		fn   func()
 	}{
-		{"AppendKey", func() { buf = h.AppendKey(buf[:0], prompt, "sess-42", prompt) }},
+		{"AppendSegment", func() { buf = h.appendPrefix(buf[:0], prompt, "sess-42", prompt) }},
 		{"AppendSegment", func() { buf = h.AppendSegment(buf[:0], 99, prompt) }},
-		{"AppendTokenKey/16", func() { buf, _ = AppendTokenKey(buf[:0], tokens, 16) }},
-		{"AppendTokenKey/1000", func() { buf, _ = AppendTokenKey(buf[:0], tokens, 1000) }},
-		{"AppendHashKey", func() { buf = AppendHashKey(buf[:0], ids) }},
+		{"AppendTokens/16", func() { buf, _ = AppendTokens(buf[:0], tokens, 16) }},
+		{"AppendTokens/1000", func() { buf, _ = AppendTokens(buf[:0], tokens, 1000) }},
+		{"AppendHashes", func() { buf = AppendHashes(buf[:0], ids) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -277,5 +277,63 @@ func TestAppendKeysAllocateNothing(t *testing.T) {
 			require.NotEmpty(t, buf)
 			assert.Zero(t, testing.AllocsPerRun(100, tt.fn))
 		})
+	}
+}
+
+// TestKeyValuesPinned: the values of token, hash and text keys are those
+// the package computed before keys had roles (commit c18edf1, via
+// KeyFromTokens, KeyFromHashes and PrefixKey), so indexes and keys built
+// by earlier versions, such as kvevents', stay valid.
+func TestKeyValuesPinned(t *testing.T) {
+	toks := make([]uint32, 100)
+	for i := range toks {
+		toks[i] = uint32(i*7919 + 13)
+	}
+	for _, tc := range []struct {
+		bs   int
+		want Key
+	}{
+		{16, Key{0x6754b68614a6f7b2, 0x50a7e53218643bff, 0x6160c77823bab841, 0x3f7e43c08fcdb378, 0x3c0107a0f1716a9d, 0xfc5f75e24aee909}},
+		{64, Key{0x33dab3c71d44d8f0}},
+		{100, Key{0xc2c467f07012be42}},
+	} {
+		got, err := AppendTokens(nil, toks, tc.bs)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, got, "block size %d", tc.bs)
+	}
+	assert.Equal(t, Key{0x86daa3ceffc0d71, 0x468a2364c816bb5b, 0xe2ee7656e588419b}, AppendHashes(nil, []uint64{1, 2, 3}))
+	assert.Equal(t, Key{0x28c119f1a8896b15, 0x83e91af713427ea, 0xca4eb0de8877a4fc}, PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash"))
+}
+
+// TestAppendContinues: AppendTokens and AppendHashes continue the chain of
+// the key they are given, so a key built a piece at a time equals the key
+// built at once; the first piece starts from the fixed root.
+func TestAppendContinues(t *testing.T) {
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	whole, err := AppendTokens(nil, toks, 16)
+	require.NoError(t, err)
+	half, err := AppendTokens(nil, toks[:32], 16)
+	require.NoError(t, err)
+	rest, err := AppendTokens(half, toks[32:], 16)
+	require.NoError(t, err)
+	assert.Equal(t, whole, rest)
+	assert.Equal(t, AppendHashes(nil, []uint64{1, 2, 3, 4}), AppendHashes(AppendHashes(nil, []uint64{1, 2}), []uint64{3, 4}))
+}
+
+// TestSegmentRoles: every role tags its segment apart, roles of the
+// caller's own included, and the same text in one role is the same key.
+func TestSegmentRoles(t *testing.T) {
+	seen := map[uint64]Segment{}
+	for s := range Segment(255) {
+		k := defaultHasher.AppendSegment(nil, s, "same text")
+		require.Len(t, k, 1)
+		if prev, ok := seen[k[0]]; ok {
+			t.Fatalf("roles %d and %d hash alike", prev, s)
+		}
+		seen[k[0]] = s
+		assert.Equal(t, k, defaultHasher.AppendSegment(nil, s, "same text"))
 	}
 }

@@ -33,14 +33,6 @@ func replicaNames(n int) []Replica {
 	return r
 }
 
-func replicaNamesOf(reps []Replica) []string {
-	names := make([]string, len(reps))
-	for i, r := range reps {
-		names[i] = r.Name
-	}
-	return names
-}
-
 func nameIndex(name string) int {
 	var i int
 	if _, err := fmt.Sscanf(name, "r%d", &i); err != nil {
@@ -52,7 +44,7 @@ func nameIndex(name string) int {
 // drawKey draws a key from a universe of hash-id chains; a wide id space
 // makes fresh keys, a narrow one shared prefixes.
 func drawKey(t *rapid.T, label string, ids uint64, maxLen int) Key {
-	return KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
+	return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
 }
 
 // drawLoads gives every replica random queue and running counts.
@@ -69,7 +61,7 @@ func drawLoads(t *rapid.T, g *Gateway, n int) []Load {
 	return loads
 }
 
-// TestPropAffinityAfterWarmup (R1): once a cache-aware gateway has served
+// TestPropAffinityAfterWarmup: once a cache-aware gateway has served
 // a key, the same key goes back to the replica that served it, as a full
 // hit by affinity, whatever the other traffic and load signals were. The
 // key is fresh (its ids are not those of the other traffic): a prefix that
@@ -91,7 +83,7 @@ func TestPropAffinityAfterWarmup(t *testing.T) {
 				d.Done(DoneInfo{})
 			}
 		}
-		k := KeyFromHashes(rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
+		k := AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
 		first, err := g.Route(k)
 		require.NoError(t, err)
 		first.Done(DoneInfo{})
@@ -123,7 +115,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 			held[i] = rapid.IntRange(0, len(k)).Draw(t, "held")
 			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: k[:held[i]]}))
 			// Unrelated blocks do not count.
-			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: KeyFromHashes([]uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, []uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
 		}
 		longest := slices.Max(held)
 		d, err := g.Route(k)
@@ -140,7 +132,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 	})
 }
 
-// TestPropLoadFallbackNoMatch (R2): when no replica holds any of the key,
+// TestPropLoadFallbackNoMatch: when no replica holds any of the key,
 // cache-aware routing picks the least loaded replica (fewest outstanding
 // requests, the earliest on a tie), reports load_aware and no_match.
 // Regression test for BUG 1 (fixed in 09e6776).
@@ -164,13 +156,13 @@ func TestPropLoadFallbackNoMatch(t *testing.T) {
 	})
 }
 
-// TestPropLoadAwareScore (R2): load-aware routing picks the replica with
+// TestPropLoadAwareScore: load-aware routing picks the replica with
 // the lowest weighted, normalised score: weights.Queue·outstanding/max +
 // weights.KV·kv + weights.Latency·latency/max, per LoadWeights' doc.
 func TestPropLoadAwareScore(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 8).Draw(t, "replicas")
-		w := DefaultLoadWeights
+		w := DefaultLoadWeights()
 		if rapid.Bool().Draw(t, "customWeights") {
 			w = LoadWeights{
 				Queue:   float64(rapid.IntRange(0, 4).Draw(t, "wq")),
@@ -206,7 +198,7 @@ func TestPropLoadAwareScore(t *testing.T) {
 	})
 }
 
-// TestPropRoundRobinFair (R3): over k·n requests each of the n eligible
+// TestPropRoundRobinFair: over k·n requests each of the n eligible
 // replicas gets exactly k, in every window, while replicas are added,
 // removed and marked unhealthy between windows.
 func TestPropRoundRobinFair(t *testing.T) {
@@ -281,9 +273,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
-// TestPropNeverUnhealthy (R5): no mode ever routes to an unhealthy replica,
-// nor RouteExcept to the replica it leaves out; with none eligible, routing
-// fails with ErrNoHealthyReplica.
+// TestPropNeverUnhealthy: no mode ever routes to an unhealthy replica,
+// nor RouteWithin to a replica its allow rejects; with none eligible,
+// routing fails with ErrNoHealthyReplica.
 func TestPropNeverUnhealthy(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 6).Draw(t, "replicas")
@@ -309,28 +301,33 @@ func TestPropNeverUnhealthy(t *testing.T) {
 					open = slices.Delete(open, j, j+1)
 				}
 			default:
-				// RouteExcept leaves one replica out as if it were unhealthy;
-				// an unknown name leaves out nothing.
-				except := rapid.SampledFrom(append([]string{"", "unknown"}, replicaNamesOf(reps)...)).Draw(t, "except")
+				// RouteWithin leaves out the replicas allow rejects, as if
+				// they were unhealthy; a nil allow leaves out nothing.
+				var allow func(string) bool
 				eligible := slices.Clone(healthy)
-				if except != "" && except != "unknown" {
-					eligible[nameIndex(except)] = false
+				if rapid.Bool().Draw(t, "restricted") {
+					in := make([]bool, n)
+					for i := range in {
+						in[i] = rapid.Bool().Draw(t, "allowed")
+						eligible[i] = eligible[i] && in[i]
+					}
+					allow = func(name string) bool { return in[nameIndex(name)] }
 				}
-				d, err := g.RouteExcept(drawKey(t, "key", 4, 5), except)
+				d, err := g.RouteWithin(drawKey(t, "key", 4, 5), allow)
 				if !slices.Contains(eligible, true) {
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 					continue
 				}
 				require.NoError(t, err)
 				require.True(t, healthy[nameIndex(d.Replica)], "routed to unhealthy %s", d.Replica)
-				require.NotEqual(t, except, d.Replica, "RouteExcept chose the replica it leaves out")
+				require.True(t, eligible[nameIndex(d.Replica)], "RouteWithin chose %s, which allow rejects", d.Replica)
 				open = append(open, d)
 			}
 		}
 	})
 }
 
-// TestPropSLO (R6): no replica over the latency SLO is chosen while a
+// TestPropSLO: no replica over the latency SLO is chosen while a
 // healthy one within it exists; when every healthy replica breaches, the
 // gateway routes within the healthy set and says so with FallbackSLO.
 // Latency comes from UpdateLoad and from Done, and samples older than the
@@ -532,7 +529,7 @@ func sharedPrefixKey(i, shared int) Key {
 	for b := range 1 + i%8 {
 		ids = append(ids, uint64(i)<<8|uint64(b+1))
 	}
-	return KeyFromHashes(ids)
+	return AppendHashes(nil, ids)
 }
 
 // TestPropNoCollapseSharedFirstBlock: on a stream where every request
@@ -603,10 +600,21 @@ func TestPropNoCollapseSharedFirstBlock(t *testing.T) {
 // TestPropNoCollapseAnyConcurrency: the same stream at any concurrency C
 // from n to 8n, completed first-in first-out or in random order. With C
 // in flight on n replicas some replica must carry ⌈C/n⌉ at a time, so the
-// best possible max/mean is ⌈C/n⌉/(C/n) (1.875 at n=15, C=16); the
-// cache-aware policy stays within 1.5× that. Measured worst over every
-// n ≤ 16, C ≤ 8n with fixed seeds: 1.5 (n=16, C=32, FIFO). Collapse would
-// give n.
+// best possible max/mean is ⌈C/n⌉/(C/n) (1.875 at n=15, C=16). No replica
+// is sent both more than 1.5× that share of the requests and more than
+// 1.5× that share of the prefill work; collapse would give n in both.
+//
+// Requests differ eightfold in size and the policy balances prefill, not
+// counts, so either ratio alone can exceed the bound: when C is a multiple
+// of 8, FIFO completion frees a slot of the same size class as the next
+// request and the pattern locks in, so a replica that takes the small
+// requests carries more of them (counts 1.67× the optimum at n=8, C=24,
+// 64 shared blocks, no first token) and with first tokens one that takes
+// the large ones does more work (1.80× the mean at n=8, C=8). Measured
+// worst of the smaller ratio over every n ≤ 16, n ≤ C ≤ 8n, both
+// completion orders (one seeded random order each), first tokens or not,
+// and 1, 8 or 64 shared blocks: 1.43× the optimum (n=14, C=68, random
+// order, 8 shared blocks).
 func TestPropNoCollapseAnyConcurrency(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 16).Draw(t, "replicas")
@@ -641,8 +649,17 @@ func TestPropNoCollapseAnyConcurrency(t *testing.T) {
 		}
 		perReplica := float64(c) / float64(n)
 		optimum := math.Ceil(perReplica) / perReplica
-		ratio := float64(slices.Max(counts)) / (float64(total) / float64(n))
-		require.LessOrEqual(t, ratio, 1.5*optimum, "per-replica counts %v (C=%d, fifo=%v, shared=%d)", counts, c, fifo, shared)
+		work, sum := make([]int, n), 0
+		for i, st := range g.Replicas() {
+			work[i] = st.AssignedPrefill
+			sum += work[i]
+		}
+		for i := range n {
+			ratio := float64(counts[i]) / (float64(total) / float64(n))
+			workRatio := float64(work[i]) / (float64(sum) / float64(n))
+			require.LessOrEqual(t, min(ratio, workRatio), 1.5*optimum,
+				"replica %d: requests %v, prefill %v (C=%d, fifo=%v, firstToken=%v, shared=%d)", i, counts, work, c, fifo, firstToken, shared)
+		}
 	})
 }
 

@@ -7,10 +7,9 @@ import (
 	"time"
 )
 
-// DefaultCacheBlocks is the prefix-cache capacity, in blocks, of a Replica
-// whose CacheBlocks is zero: 16,384 blocks, 262,144 tokens at 16 tokens a
-// block (about 32 GiB of KV cache for Llama 3.1 8B at 128 KiB a token).
-const DefaultCacheBlocks = 16384
+// defaultCacheBlocks is the prefix-cache capacity, in blocks, of a Replica
+// whose CacheBlocks is zero.
+const defaultCacheBlocks = 16384
 
 // Replica describes one model-server replica. The zero value is not valid:
 // Name is required.
@@ -21,9 +20,10 @@ type Replica struct {
 	// (for example "http://10.0.0.7:8000"). Optional; the router ignores it.
 	Address string
 	// CacheBlocks is how many prefix blocks the router's index remembers
-	// for this replica, evicting least recently used blocks beyond it.
-	// Zero means the gateway's default (DefaultCacheBlocks unless
-	// WithDefaultCacheBlocks says otherwise); at most MaxCacheBlocks.
+	// for this replica, evicting least recently used blocks beyond it; at
+	// most MaxCacheBlocks. Zero means 16,384 blocks: 262,144 tokens at 16
+	// tokens a block, about 32 GiB of KV cache for Llama 3.1 8B at 128 KiB
+	// a token.
 	CacheBlocks int
 	// Unhealthy starts the replica out of rotation. The zero value is
 	// healthy.
@@ -34,10 +34,10 @@ type Replica struct {
 // its metrics endpoint. The zero value is an idle replica.
 type Load struct {
 	// QueueDepth is the number of requests waiting to be scheduled
-	// (vLLM's num_requests_waiting).
+	// (vLLM's num_requests_waiting), at most 2³¹−1.
 	QueueDepth int
 	// Running is the number of requests in the running batch
-	// (vLLM's num_requests_running).
+	// (vLLM's num_requests_running), at most 2³¹−1.
 	Running int
 	// KVUtilization is the fraction of KV-cache memory in use, 0..1
 	// (vLLM's kv_cache_usage_perc).
@@ -47,21 +47,21 @@ type Load struct {
 	Latency time.Duration
 }
 
-// MaxRequestCount is the largest QueueDepth or Running that UpdateLoad
+// maxRequestCount is the largest QueueDepth or Running that UpdateLoad
 // accepts: a larger count is a broken report, and summing two of them must
 // not overflow.
-const MaxRequestCount = 1<<31 - 1
+const maxRequestCount = 1<<31 - 1
 
 func (l Load) validate(name string) error {
 	switch {
-	case l.QueueDepth < 0 || l.QueueDepth > MaxRequestCount:
-		return fmt.Errorf("%w: replica %q: QueueDepth %d is outside 0..%d", ErrInvalidSignal, name, l.QueueDepth, MaxRequestCount)
-	case l.Running < 0 || l.Running > MaxRequestCount:
-		return fmt.Errorf("%w: replica %q: Running %d is outside 0..%d", ErrInvalidSignal, name, l.Running, MaxRequestCount)
+	case l.QueueDepth < 0 || l.QueueDepth > maxRequestCount:
+		return fmt.Errorf("%w: replica %q: QueueDepth %d is outside 0..%d", ErrInvalid, name, l.QueueDepth, maxRequestCount)
+	case l.Running < 0 || l.Running > maxRequestCount:
+		return fmt.Errorf("%w: replica %q: Running %d is outside 0..%d", ErrInvalid, name, l.Running, maxRequestCount)
 	case math.IsNaN(l.KVUtilization) || l.KVUtilization < 0 || l.KVUtilization > 1:
-		return fmt.Errorf("%w: replica %q: KVUtilization %v is outside 0..1", ErrInvalidSignal, name, l.KVUtilization)
+		return fmt.Errorf("%w: replica %q: KVUtilization %v is outside 0..1", ErrInvalid, name, l.KVUtilization)
 	case l.Latency < 0:
-		return fmt.Errorf("%w: replica %q: Latency %v is negative", ErrInvalidSignal, name, l.Latency)
+		return fmt.Errorf("%w: replica %q: Latency %v is negative", ErrInvalid, name, l.Latency)
 	}
 	return nil
 }
@@ -90,6 +90,9 @@ type ReplicaStatus struct {
 	// CachedBlocks is how many blocks the index records for this replica;
 	// CacheBlocks its capacity.
 	CachedBlocks, CacheBlocks int
+	// Adapters is the engine's last LoRA adapter report (UpdateAdapters),
+	// lists sorted; the zero value before any.
+	Adapters AdapterReport
 }
 
 // latencyAlpha is the weight of a new latency sample in the smoothed
@@ -115,6 +118,12 @@ type replicaState struct {
 	assigned  atomic.Int64 // uncached blocks routed here, cumulative
 	routed    atomic.Uint64
 	hits      atomic.Uint64
+
+	// lastPicked is the Gateway's seq when it last routed here, 0 if
+	// never (Candidate.LastPicked); guarded by Gateway.mu.
+	lastPicked uint64
+
+	lora loraState // LoRA adapters (lora.go)
 }
 
 func (rs *replicaState) load() Load {

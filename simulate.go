@@ -1,5 +1,11 @@
 package gateway
 
+// This file is the library's own measurement, MeasureHitRate. The design
+// card asks for a top-level simulate.go beside the routing core, and this
+// is the part of simulation a library user needs without package sim:
+// replaying keys through a real Gateway. Time to first token, load balance
+// and real traces are package sim's job.
+
 // MeasureHitRate routes each key in turn through g, completing each
 // request before the next, and returns the fraction whose chosen replica
 // already held the whole prefix (Decision.Hit). With one repeated prefix on

@@ -16,8 +16,9 @@ type Stats struct {
 	// SLOFallbacks counts decisions routed within the healthy set because
 	// every healthy replica breached the SLO.
 	SLOFallbacks uint64
-	// NoMatch and LoadGuard count cache-aware fallbacks to load: nothing
-	// matched, or the best match was too loaded.
+	// NoMatch and LoadGuard count decisions that fell back to load
+	// (Decision.Fallback): nothing matched, or the best match was too
+	// loaded. RoundRobin and LoadAware make none.
 	NoMatch, LoadGuard uint64
 	// NoHealthy counts Route calls that failed for want of a healthy
 	// replica.

@@ -18,14 +18,6 @@ import (
 // another version are rejected as corrupt.
 const Version = 1
 
-// Mode names accepted in [Model.Mode]. They are the String values of the
-// gateway package's routing modes.
-const (
-	ModeRoundRobin = "round_robin"
-	ModeCacheAware = "cache_aware"
-	ModeLoadAware  = "load_aware"
-)
-
 // Default pool names, used by the CLI when disaggregation is switched on
 // without naming the pools.
 const (
@@ -35,9 +27,6 @@ const (
 
 // maxSLOLatencyMS is the largest SLO, in milliseconds, a time.Duration holds.
 const maxSLOLatencyMS = math.MaxInt64 / int64(time.Millisecond)
-
-// Modes lists the accepted mode names, default first.
-var Modes = []string{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
 // Errors returned by this package; they are wrapped with the file, field and
 // value concerned, so test them with errors.Is.
@@ -58,7 +47,7 @@ type FieldError struct {
 	Field string
 	// Value is the offending value as text.
 	Value string
-	// Reason says what is wrong, e.g. "want round_robin, cache_aware or load_aware".
+	// Reason says what is wrong, e.g. "must not be negative".
 	Reason string
 	// File is the configuration file holding the value; "" when the value
 	// did not come from a file.
@@ -91,8 +80,10 @@ type File struct {
 // round-robin routing with no SLO, default load weights, no
 // disaggregation and no replicas.
 type Model struct {
-	// Mode is round_robin, cache_aware or load_aware; "" means round_robin.
-	Mode string `json:"mode,omitempty"`
+	// Mode is the routing mode, written by name (round_robin, cache_aware
+	// or load_aware; hyphens are read as underscores, and "" or an absent
+	// field as round_robin, the zero value).
+	Mode gateway.Mode `json:"mode"`
 	// SLOLatencyMS is the latency SLO in milliseconds; 0 means none.
 	SLOLatencyMS int64 `json:"slo_latency_ms,omitempty"`
 	// LoadWeights are the load-aware score weights; nil means the gateway's defaults.
@@ -135,12 +126,20 @@ type Model struct {
 	// its engine: the replica whose Pod is POD (see [Replica.Pod]). ""
 	// means none: every replica then needs its own KVEvents.
 	KVEventsBind string `json:"kv_events_bind,omitempty"`
+	// Adapters, when not empty, is the model's LoRA adapter allow-list:
+	// requests may name only these adapters (each a name as in
+	// [ValidateName], listed once). The gateway discovers the adapters
+	// each engine serves from its GET /v1/models (those with a parent);
+	// an adapter listed here that no engine of the model lists is routed
+	// over all its replicas (for engines that load adapters on demand).
+	// Nil or empty means every discovered adapter is served.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 // LoadWeights are the weights of the load-aware score, mirroring
 // gateway.LoadWeights. A nil *LoadWeights in [Model] means
-// gateway.DefaultLoadWeights; a zero weight switches that signal off, but
-// not all three may be zero.
+// gateway.DefaultLoadWeights(); a zero weight switches that signal off,
+// but not all three may be zero.
 type LoadWeights struct {
 	// Queue weighs outstanding requests.
 	Queue float64 `json:"queue"`
@@ -193,25 +192,14 @@ func GatewayReplicas(rs []Replica) []gateway.Replica {
 	return out
 }
 
-// GatewayMode returns the model's mode as a gateway.Mode; an invalid mode
-// (which Validate rejects) yields an error wrapping [ErrInvalid].
-func (m Model) GatewayMode() (gateway.Mode, error) {
-	name, err := ParseMode(m.Mode)
-	if err != nil {
-		return 0, err
-	}
-	return gateway.ParseMode(name)
-}
-
 // Options returns the gateway options the model's configuration implies:
 // its mode, its SLO (when set), its load weights (when set) and the exact
 // index (when set).
 func (m Model) Options() ([]gateway.Option, error) {
-	mode, err := m.GatewayMode()
-	if err != nil {
+	if err := m.validMode(); err != nil {
 		return nil, err
 	}
-	opts := []gateway.Option{gateway.WithMode(mode)}
+	opts := []gateway.Option{gateway.WithMode(m.Mode)}
 	if m.SLOLatencyMS > 0 {
 		opts = append(opts, gateway.WithSLOLatency(m.SLOLatency()))
 	}
@@ -222,14 +210,6 @@ func (m Model) Options() ([]gateway.Option, error) {
 		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
 	}
 	return opts, nil
-}
-
-// ModeName returns the model's mode with the default filled in.
-func (m Model) ModeName() string {
-	if m.Mode == "" {
-		return ModeRoundRobin
-	}
-	return m.Mode
 }
 
 // SLOLatency returns the latency SLO as a duration; 0 means none.
@@ -252,6 +232,7 @@ func (m Model) Clone() Model {
 		c.PDMinUncachedTokens = &n
 	}
 	c.Replicas = slices.Clone(m.Replicas)
+	c.Adapters = slices.Clone(m.Adapters)
 	if m.Pools != nil {
 		c.Pools = make(map[string][]Replica, len(m.Pools))
 		for k, v := range m.Pools {
@@ -288,18 +269,24 @@ func (f *File) Names() []string {
 	return slices.Sorted(maps.Keys(f.Models))
 }
 
-// ParseMode checks a mode name with gateway.ParseMode and returns it in
-// canonical form ("" becomes round_robin, "cache-aware" cache_aware). The
-// error is a [*FieldError] for field "mode".
-func ParseMode(s string) (string, error) {
-	if s == "" {
-		return ModeRoundRobin, nil
+// validMode checks that m.Mode is a built-in mode; the error is a
+// [*FieldError] for field "mode".
+func (m Model) validMode() error {
+	if _, err := m.Mode.MarshalText(); err != nil {
+		return &FieldError{Field: "mode", Value: m.Mode.String(), Reason: "want " + modeChoices()}
 	}
-	m, err := gateway.ParseMode(s)
-	if err != nil {
-		return "", &FieldError{Field: "mode", Value: s, Reason: "want round_robin, cache_aware or load_aware"}
+	return nil
+}
+
+// modeChoices lists the mode names, from gateway.Modes: "round_robin,
+// cache_aware or load_aware".
+func modeChoices() string {
+	modes := gateway.Modes()
+	names := make([]string, len(modes))
+	for i, m := range modes {
+		names[i] = m.String()
 	}
-	return m.String(), nil
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // MaxNameBytes is the longest model, pool or replica name accepted: 255
@@ -349,10 +336,8 @@ func ValidateName(name string) error {
 // Validate checks every field of the model. Field names in errors are
 // relative to the model ("mode", "pools.prefill[0].address", ...).
 func (m Model) Validate() error {
-	if name, err := ParseMode(m.Mode); err != nil {
+	if err := m.validMode(); err != nil {
 		return err
-	} else if m.Mode != "" && name != m.Mode {
-		return &FieldError{Field: "mode", Value: m.Mode, Reason: "write it " + name}
 	}
 	if m.SLOLatencyMS < 0 {
 		return &FieldError{Field: "slo_latency_ms", Value: fmt.Sprint(m.SLOLatencyMS), Reason: "must not be negative"}
@@ -401,7 +386,32 @@ func (m Model) Validate() error {
 	if err := m.validateReplicaCounts(); err != nil {
 		return err
 	}
+	if err := validateAdapters(m.Adapters); err != nil {
+		return err
+	}
 	return m.validateIndex()
+}
+
+// MaxAdapters is the longest adapter allow-list a model may have.
+const MaxAdapters = 4096
+
+// validateAdapters checks an adapter allow-list: valid names, each once.
+func validateAdapters(names []string) error {
+	if len(names) > MaxAdapters {
+		return &FieldError{Field: "adapters", Value: fmt.Sprintf("%d adapters", len(names)), Reason: fmt.Sprintf("at most %d", MaxAdapters)}
+	}
+	seen := make(map[string]bool, len(names))
+	for i, n := range names {
+		at := fmt.Sprintf("adapters[%d]", i)
+		if p := nameProblem(n); p != "" {
+			return &FieldError{Field: at, Value: n, Reason: p}
+		}
+		if seen[n] {
+			return &FieldError{Field: at, Value: n, Reason: "listed twice"}
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 // validateReplicaCounts checks that no gateway built from the model would

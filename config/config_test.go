@@ -18,7 +18,7 @@ import (
 
 func sample() Model {
 	return Model{
-		Mode:         ModeCacheAware,
+		Mode:         gateway.ModeCacheAware,
 		SLOLatencyMS: 500,
 		LoadWeights:  &LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25},
 		Disaggregate: true,
@@ -86,12 +86,11 @@ func TestModelValidate(t *testing.T) {
 		edit  func(*Model)
 		field string
 	}{
-		{"unknown mode", func(m *Model) { m.Mode = "fastest" }, "mode"},
+		{"unknown mode", func(m *Model) { m.Mode = 7 }, "mode"},
 		{"negative slo", func(m *Model) { m.SLOLatencyMS = -1 }, "slo_latency_ms"},
 		{"slo overflowing time.Duration", func(m *Model) { m.SLOLatencyMS = math.MaxInt64 / 1000 }, "slo_latency_ms"},
 		{"negative weight", func(m *Model) { m.LoadWeights.KV = -2 }, "load_weights.kv"},
 		{"zero weights", func(m *Model) { *m.LoadWeights = LoadWeights{} }, "load_weights"},
-		{"hyphenated mode", func(m *Model) { m.Mode = "cache-aware" }, "mode"},
 		{"huge cache", func(m *Model) { m.Replicas[0].CacheBlocks = 1 << 40 }, "replicas[0].cache_blocks"},
 		{"missing prefill pool", func(m *Model) { m.PrefillPool = "" }, "prefill_pool"},
 		{"missing decode pool", func(m *Model) { m.DecodePool = "" }, "decode_pool"},
@@ -110,6 +109,10 @@ func TestModelValidate(t *testing.T) {
 		{"bad pool replica", func(m *Model) { m.Pools["decode"][0].Name = "" }, "pools.decode[0].name"},
 		{"empty pool name", func(m *Model) { m.Pools[""] = nil }, "pool"},
 		{"too many replicas", func(m *Model) { m.Replicas = manyReplicas("r", gateway.MaxReplicas+1) }, "replicas"},
+		{"empty adapter", func(m *Model) { m.Adapters = []string{"a", ""} }, "adapters[1]"},
+		{"adapter twice", func(m *Model) { m.Adapters = []string{"a", "b", "a"} }, "adapters[2]"},
+		{"adapter with spaces", func(m *Model) { m.Adapters = []string{" a"} }, "adapters[0]"},
+		{"too many adapters", func(m *Model) { m.Adapters = make([]string, MaxAdapters+1) }, "adapters"},
 		{"too many in one pool", func(m *Model) { m.Pools["other"] = manyReplicas("o", gateway.MaxReplicas+1) }, "pools.other"},
 		{"unknown pd mode", func(m *Model) { m.PDMode = "both" }, "pd_mode"},
 		{"pd mode in capitals", func(m *Model) { m.PDMode = "Sidecar" }, "pd_mode"},
@@ -147,14 +150,41 @@ func TestModelValidate(t *testing.T) {
 	assert.Equal(t, MaxPDMinUncachedTokens, *pd.PDMinUncachedTokens, "Clone copies the threshold")
 	undefined := Model{Disaggregate: true, PrefillPool: DefaultPrefillPool, DecodePool: DefaultDecodePool}
 	assert.NoError(t, undefined.Validate(), "pools may be named before they are defined (exa serve routing set --disaggregate)")
-	assert.Equal(t, ModeRoundRobin, Model{}.ModeName())
+	assert.Equal(t, gateway.ModeRoundRobin, Model{}.Mode)
+}
+
+// TestModeText: a mode is written by name, read with hyphens or
+// underscores (an empty name or an absent field is round_robin), and a
+// name that is no mode is an ErrInvalid FieldError naming its path and
+// the file.
+func TestModeText(t *testing.T) {
+	f, err := Decode("f.json", []byte(`{"models":{"a":{"mode":"cache-aware"},"b":{"mode":"load_aware"},"c":{"mode":""},"d":{}}}`))
+	require.NoError(t, err)
+	assert.Equal(t, gateway.ModeCacheAware, f.Models["a"].Mode)
+	assert.Equal(t, gateway.ModeLoadAware, f.Models["b"].Mode)
+	assert.Equal(t, gateway.ModeRoundRobin, f.Models["c"].Mode)
+	assert.Equal(t, gateway.ModeRoundRobin, f.Models["d"].Mode)
+	enc, err := Encode(f)
+	require.NoError(t, err)
+	assert.Contains(t, string(enc), `"mode": "cache_aware"`)
+	assert.Contains(t, string(enc), `"mode": "round_robin"`)
+	assert.NotContains(t, string(enc), "cache-aware")
+
+	_, err = Decode("f.json", []byte(`{"models":{"JPCP":{"mode":"fastest"}}}`))
+	require.ErrorIs(t, err, ErrInvalid)
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "models.JPCP.mode", fe.Field)
+	assert.Equal(t, "fastest", fe.Value)
+	assert.Equal(t, "f.json", fe.File)
+	assert.Contains(t, err.Error(), "want round_robin, cache_aware or load_aware")
+
+	_, err = Decode("f.json", []byte(`{"models":{"JPCP":{"mode":3}}}`))
+	require.ErrorIs(t, err, ErrCorrupt, "a mode that is not a string")
 }
 
 func TestGatewayConversion(t *testing.T) {
 	m := sample()
-	mode, err := m.GatewayMode()
-	require.NoError(t, err)
-	assert.Equal(t, gateway.ModeCacheAware, mode)
 	opts, err := m.Options()
 	require.NoError(t, err)
 	assert.Len(t, opts, 3)
@@ -166,10 +196,8 @@ func TestGatewayConversion(t *testing.T) {
 	opts, err = Model{}.Options()
 	require.NoError(t, err)
 	assert.Len(t, opts, 1)
-
-	c, err := ParseMode("load-aware")
-	require.NoError(t, err)
-	assert.Equal(t, ModeLoadAware, c)
+	_, err = Model{Mode: 9}.Options()
+	require.ErrorIs(t, err, ErrInvalid)
 }
 
 func TestValidateModelName(t *testing.T) {
@@ -251,8 +279,9 @@ func TestDecodeEmptyObject(t *testing.T) {
 // as nil, as Encode leaves them out; a pool with no members survives a
 // round trip as [] (never null, which Decode rejects).
 func TestDecodeNormalisesEmptyLists(t *testing.T) {
-	f, err := Decode("mem", []byte(`{"models":{"M":{"replicas":[],"pools":{}},"N":{"pools":{"p":[]}}}}`))
+	f, err := Decode("mem", []byte(`{"models":{"M":{"replicas":[],"pools":{},"adapters":[]},"N":{"pools":{"p":[]}}}}`))
 	require.NoError(t, err)
+	assert.Nil(t, f.Models["M"].Adapters)
 	assert.Nil(t, f.Models["M"].Replicas)
 	assert.Nil(t, f.Models["M"].Pools)
 	f.Models["N"].Pools["q"] = nil
@@ -319,7 +348,7 @@ func TestUpdateErrorsWriteNothing(t *testing.T) {
 
 	sentinel := errors.New("stop")
 	require.ErrorIs(t, Update(path, func(f *File) error { f.Models["b"] = Model{}; return sentinel }), sentinel)
-	require.ErrorIs(t, Update(path, func(f *File) error { f.Models["b"] = Model{Mode: "x"}; return nil }), ErrInvalid)
+	require.ErrorIs(t, Update(path, func(f *File) error { f.Models["b"] = Model{Mode: 5}; return nil }), ErrInvalid)
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, before, after)
@@ -349,11 +378,14 @@ func TestEncodeDecodeProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		name := rapid.StringMatching(`[A-Za-z0-9][A-Za-z0-9/._-]{0,20}`).Draw(t, "name")
 		m := Model{
-			Mode:         rapid.SampledFrom(Modes).Draw(t, "mode"),
+			Mode:         rapid.SampledFrom(gateway.Modes()).Draw(t, "mode"),
 			SLOLatencyMS: rapid.Int64Range(0, 1e6).Draw(t, "slo"),
 		}
 		for i := range rapid.IntRange(0, 4).Draw(t, "n") {
 			m.Replicas = append(m.Replicas, Replica{Name: fmt.Sprintf("r%d", i), Address: rapid.StringMatching(`(https?://)?[a-z0-9][a-z0-9.-]{0,15}(:[1-9][0-9]{0,3})?(/[a-z0-9]{0,5})?`).Draw(t, "addr")})
+		}
+		for i := range rapid.IntRange(0, 3).Draw(t, "adapters") {
+			m.Adapters = append(m.Adapters, fmt.Sprintf("lora-%d", i))
 		}
 		f := &File{Version: Version, Models: map[string]Model{name: m}}
 		data, err := Encode(f)

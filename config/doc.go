@@ -43,11 +43,12 @@
 // Fields of a model (see [Model]):
 //
 //   - mode: round_robin (the default when absent or empty), cache_aware or
-//     load_aware; the same strings as the gateway package's Mode.
+//     load_aware: a gateway.Mode in its text form (hyphens are read as
+//     underscores; the file is written with underscores).
 //   - slo_latency_ms: latency SLO in whole milliseconds; 0 or absent means
 //     no SLO. Never negative.
 //   - load_weights: weights of the load-aware score (queue, kv, latency, as
-//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights.
+//     in gateway.LoadWeights); absent means gateway.DefaultLoadWeights().
 //     Each weight is finite and not negative, and not all are zero.
 //   - disaggregate: prefill/decode disaggregation on or off (default off).
 //   - prefill_pool, decode_pool: names of the pools used when disaggregate
@@ -84,6 +85,9 @@
 //   - a replica's pod: the name its engine gives in its topics (no '@');
 //     absent means the address's host:port, or its host alone. Two
 //     replicas heard on one endpoint may not answer to the same pod.
+//   - adapters: the model's LoRA adapter allow-list (names as replica
+//     names, each once, at most [MaxAdapters]); absent or empty serves
+//     every adapter its engines list in GET /v1/models (see docs/lora.md).
 //
 // Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
 // valid UTF-8, without surrounding spaces or control characters.

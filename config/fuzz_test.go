@@ -40,6 +40,7 @@ func FuzzDecode(f *testing.F) {
 		`{"models":{"M":{"mode":"cache_aware","index":"exact","block_size":16,"kv_events_bind":"tcp://*:5557","replicas":[{"name":"r0","address":"10.0.0.1:8000","pod":"10.0.0.1"}]}}}`,
 		`{"models":{"M":{"mode":"cache_aware","index":"exact","replicas":[{"name":"r0","address":"10.0.0.1:8000","kv_events":"tcp://10.0.0.1:5557"},{"name":"r1","address":"10.0.0.2:8000","kv_events":"tcp://10.0.0.1:5557","pod":"10.0.0.1:8000"}]}}}`,
 		`{"models":{"M":{"index":"exact","block_size":-1,"kv_events_bind":"tcp://[::1]:0"}}}`,
+		`{"models":{"M":{"mode":"cache_aware","adapters":["a","b"],"replicas":[{"name":"r0","address":"h:1"}]},"N":{"adapters":["a","a"]}}}`,
 		`{"models":{"M":{"index":"approximate","kv_events_bind":"ipc:///tmp/x","replicas":[{"name":"r0","address":"h:1","kv_events":"tcp://*:1","pod":"a@b"}]}}}`,
 		`{"models":{"A":{"mode":"cache_aware","index":"exact","kv_events_bind":"tcp://h:1"},"B":{"replicas":[{"name":"r","address":"h:2","kv_events":"tcp://h:1"}]}}}`,
 	} {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/examlops/gateway"
 )
 
 // Index names accepted in [Model.Index].
@@ -177,8 +179,8 @@ func (m Model) validateIndex() error {
 		return nil
 	}
 	switch {
-	case m.ModeName() != ModeCacheAware:
-		return &FieldError{Field: "index", Value: m.Index, Reason: "needs mode cache_aware (the index informs cache-aware routing only), not " + m.ModeName()}
+	case m.Mode != gateway.ModeCacheAware:
+		return &FieldError{Field: "index", Value: m.Index, Reason: "needs mode " + gateway.ModeCacheAware.String() + " (the index informs cache-aware routing only), not " + m.Mode.String()}
 	case m.Disaggregate:
 		return &FieldError{Field: "index", Value: m.Index, Reason: "is not supported with disaggregate"}
 	}

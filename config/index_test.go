@@ -5,13 +5,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
 )
 
 // exactSample is a model on the exact index: r0 heard on the bind
 // endpoint under its address's pod, r1 connected to its own publisher.
 func exactSample() Model {
 	return Model{
-		Mode:         ModeCacheAware,
+		Mode:         gateway.ModeCacheAware,
 		Index:        IndexExact,
 		BlockSize:    16,
 		KVEventsBind: "tcp://0.0.0.0:5557",
@@ -45,8 +47,8 @@ func TestExactIndexValidate(t *testing.T) {
 		{"empty ipc", func(m *Model) { m.Replicas[1].KVEvents = "ipc://" }, "replicas[1].kv_events"},
 		{"pod with @", func(m *Model) { m.Replicas[1].Pod = "a@b" }, "replicas[1].pod"},
 		{"pod with a control character", func(m *Model) { m.Replicas[0].Pod = "p\x1b" }, "replicas[0].pod"},
-		{"round robin", func(m *Model) { m.Mode = ModeRoundRobin }, "index"},
-		{"load aware", func(m *Model) { m.Mode = ModeLoadAware }, "index"},
+		{"round robin", func(m *Model) { m.Mode = gateway.ModeRoundRobin }, "index"},
+		{"load aware", func(m *Model) { m.Mode = gateway.ModeLoadAware }, "index"},
 		{"disaggregated", func(m *Model) { m.Disaggregate, m.PrefillPool, m.DecodePool = true, "p", "d" }, "index"},
 		{"no event source", func(m *Model) { m.KVEventsBind = "" }, "replicas[0].kv_events"},
 		{"two replicas one pod", func(m *Model) { m.Replicas[1].KVEvents = ""; m.Replicas[1].Pod = "10.0.0.1:8000" }, "replicas[1].pod"},
@@ -95,7 +97,7 @@ func TestExactIndexFileValidate(t *testing.T) {
 func TestExactIndexOptions(t *testing.T) {
 	opts, err := exactSample().Options()
 	require.NoError(t, err)
-	approx, err := Model{Mode: ModeCacheAware}.Options()
+	approx, err := Model{Mode: gateway.ModeCacheAware}.Options()
 	require.NoError(t, err)
 	assert.Len(t, opts, len(approx)+1, "the exact index adds gateway.WithIndex(IndexExact)")
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/examlops/gateway"
 )
 
 // shape is the JSON layout of a configuration file, which checkShape holds
@@ -21,6 +23,9 @@ type shape struct {
 	values *shape
 	// elems: an array of this shape.
 	elems *shape
+	// text, for a scalar: when the value is a string, the reason it is not
+	// acceptable, "" if it is.
+	text func(string) string
 }
 
 // fileShape is the layout of [File].
@@ -28,10 +33,18 @@ var fileShape = func() *shape {
 	scalar := &shape{}
 	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "pod": scalar}}
 	replicas := &shape{elems: replica}
+	mode := &shape{text: func(s string) string {
+		var m gateway.Mode
+		if m.UnmarshalText([]byte(s)) != nil {
+			return "want " + modeChoices()
+		}
+		return ""
+	}}
 	model := &shape{fields: map[string]*shape{
-		"mode": scalar, "slo_latency_ms": scalar, "disaggregate": scalar,
+		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
 		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
+		"adapters":     {elems: scalar},
 		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
 		"replicas":     replicas,
 		"pools":        {values: replicas},
@@ -57,7 +70,8 @@ func (s *shape) what() string {
 // keeps the last), a key that matches a field only when case is ignored
 // (encoding/json accepts it), an unknown key, and an object or array where
 // another kind of value belongs. The error names the value's path, e.g.
-// models.JPCP.replicas[0].adress. Scalars' types and values are left to
+// models.JPCP.replicas[0].adress. A mode name that is not a mode is a
+// *FieldError naming its path; other scalars' types and values are left to
 // encoding/json and Validate.
 func checkShape(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -87,6 +101,11 @@ func walkShape(dec *json.Decoder, s *shape, path string) error {
 	case !isDelim && s.what() != (&shape{}).what():
 		return fmt.Errorf("%s is %s, want %s", at, describeToken(tok), s.what())
 	case !isDelim:
+		if str, ok := tok.(string); ok && s.text != nil {
+			if reason := s.text(str); reason != "" {
+				return &FieldError{Field: path, Value: str, Reason: reason}
+			}
+		}
 		return nil
 	case delim == '[' && s.elems == nil:
 		return fmt.Errorf("%s is an array, want %s", at, s.what())

@@ -62,6 +62,11 @@ func Decode(name string, data []byte) (*File, error) {
 		// Syntax errors are left to the decoder below, which words them
 		// as before; checkShape sees only well-formed JSON.
 		if err := checkShape(data); err != nil {
+			var fe *FieldError
+			if errors.As(err, &fe) { // a well-formed value out of range
+				fe.File = name
+				return nil, fe
+			}
 			return nil, fmt.Errorf("%w %s: %v", ErrCorrupt, name, err)
 		}
 	}
@@ -92,6 +97,9 @@ func Decode(name string, data []byte) (*File, error) {
 		}
 		if len(m.Pools) == 0 {
 			m.Pools = nil
+		}
+		if len(m.Adapters) == 0 {
+			m.Adapters = nil
 		}
 		f.Models[k] = m
 	}

@@ -29,6 +29,12 @@
 //     cached_tokens, two gateways taking turns (exact against
 //     approximate), an engine killed and restarted, the latency added by
 //     tokenization. Figures in docs/kv-events.md.
+//   - TestPicker (picker_test.go): `exa serve picker` over three engines.
+//     No Envoy binary exists here: pickertest.Envoy, a Go ext_proc client,
+//     plays Envoy's message sequence, sends each request to the engine
+//     picked and feeds the response back. Affinity, subset hints, 503 and
+//     404, bodies over 62 KB, client cancellation, 429 shedding, the
+//     fallback list with passive ejection.
 //   - TestAddedLatency: direct, through the gateway and through a bare
 //     httputil.ReverseProxy, taking turns at a steady rate; logs p50, p90
 //     and p99 (EXA_E2E_LATENCY_N, EXA_E2E_LATENCY_RATE tune it).

@@ -80,7 +80,7 @@ type probePolicy struct {
 	last map[string]int
 }
 
-func (p *probePolicy) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *probePolicy) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	p.mu.Lock()
 	p.last = map[string]int{}
 	for _, c := range cands {

@@ -281,8 +281,13 @@ var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, Di
 
 // streamChat sends one streamed chat request and reads the whole answer.
 func streamChat(ctx context.Context, url, system, user string, maxTokens int) result {
+	return streamChatModel(ctx, url, simModel, system, user, maxTokens)
+}
+
+// streamChatModel is streamChat naming model (a LoRA adapter, say).
+func streamChatModel(ctx context.Context, url, model, system, user string, maxTokens int) result {
 	body, _ := json.Marshal(map[string]any{
-		"model": simModel, "stream": true, "max_tokens": maxTokens,
+		"model": model, "stream": true, "max_tokens": maxTokens,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
 	})
 	start := time.Now()

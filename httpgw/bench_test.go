@@ -35,7 +35,7 @@ func benchServer(b *testing.B, transport http.RoundTripper, addr string) *Server
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: config.ModeCacheAware,
+	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: gateway.ModeCacheAware,
 		Replicas: []config.Replica{{Name: "e0", Address: addr}}}}}); err != nil {
 		b.Fatal(err)
 	}

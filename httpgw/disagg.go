@@ -100,7 +100,7 @@ func (pd *pdState) uncachedTokens(d *gateway.Decision) int {
 // proxyPD serves an admitted request of a disaggregated model.
 func (s *Server) proxyPD(c *call) {
 	ms, pd, oc := c.ms, c.ms.pd, &c.oc
-	dd, err := ms.gw.Route(c.key)
+	dd, err := ms.gw.RouteAdapter(c.key, c.adapterName(), c.allow(""))
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
@@ -131,7 +131,7 @@ func (s *Server) proxyPD(c *call) {
 		s.proxy(c)
 		return
 	}
-	pre, err := pd.dis.Prefill.Route(c.key)
+	pre, err := pd.dis.Prefill.RouteAdapter(c.key, c.adapterName(), c.allow(""))
 	if err != nil { // no healthy prefill replica: their ejection was logged
 		s.pdFallback(c, pdPrefillUnavailable, note, nil)
 		s.proxy(c)

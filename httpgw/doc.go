@@ -17,12 +17,26 @@
 //     away cancels the upstream request. Responses carry X-Exa-Replica (the
 //     replica) and X-Exa-Decision (kind and prefix match, e.g.
 //     "affinity; matched=12/14").
-//   - GET /v1/models: the configured models, in OpenAI's list format.
+//   - GET /v1/models: the configured models, in OpenAI's list format,
+//     then the LoRA adapters served, each with its model as "parent".
 //   - GET /stats: routing statistics as JSON (schema below); ?model=NAME
 //     narrows it to one model.
 //   - GET /metrics: the gateway's Prometheus metrics (list below).
 //   - GET /healthz: 200 while the process serves.
 //   - Any other path: 404 with an OpenAI-style error.
+//
+// # Endpoint picker
+//
+// Server.Picker serves the same routing to Envoy as a picker.Router, for
+// the ext_proc endpoint picker of package picker (`exa serve picker`):
+// Envoy sends each request's headers and body, the Picker parses, keys
+// and routes them as the handler does, and Envoy sends the request to the
+// engine's ip:port itself; the response phase feeds first token, end,
+// passive health and metrics. Errors are the handler's (status, OpenAI
+// error object); GET /v1/models is answered from the configuration;
+// replicas whose address has a host name are never picked (Envoy's
+// ORIGINAL_DST cluster takes IP addresses); a disaggregated model is
+// served in sidecar P/D mode only. See Picker and docs/picker.md.
 //
 // # Configuration
 //
@@ -74,8 +88,8 @@
 //
 // Each request's prefix key is built with gateway.Hasher.AppendSegment
 // (Options.BlockSize bytes per block, default 64), one segment per part,
-// each part tagged by kind so that equal text in different roles differs.
-// The parts, in order:
+// each in its role (gateway.Segment) so that equal text in different roles
+// differs. The parts, in order:
 //
 //  1. the system prompt: every message whose role is "system" or
 //     "developer", in order, wherever it stands in the conversation;
@@ -83,10 +97,14 @@
 //  3. the RAG context: the X-RAG-Context header, an opaque name for the
 //     retrieved context the prompt embeds (a document set id, a corpus
 //     version, a hash of the passages);
-//  4. the conversation: every other message in order, each tagged with its
-//     role (user, assistant, tool; other roles share one tag) — or, for
+//  4. the conversation: every other message in order, each in its role
+//     (user, assistant, tool; other roles share one) — or, for
 //     /v1/completions, the prompt (a string; a list of strings joined by
 //     newlines; token arrays by their JSON text).
+//
+// With one system message and no conversation, the key is the library's
+// gateway.PrefixKey(system, session, rag) (at the default block size), so
+// keys built by a Go service and by the HTTP gateway agree.
 //
 // Message content is its text: a string as is, a list of parts as its text
 // parts concatenated (non-text parts contribute their JSON). Every turn of
@@ -134,6 +152,19 @@
 // and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
 // and time to first byte feeds each replica's smoothed latency through
 // Decision.Done. Decision.FirstToken is called at the first response byte.
+// The same scrape reads vllm:lora_requests_info into gateway.UpdateAdapters.
+//
+// # LoRA adapters
+//
+// A request whose "model" is no configured model is resolved as a LoRA
+// adapter of one: every DiscoverInterval (and when Run starts) each
+// engine's GET /v1/models is read, and an adapter it lists with a parent
+// belongs to the configured model the engine serves, routed over that
+// model's replicas whose engines list it (gateway.RouteAdapter), with its
+// prefix key salted by the adapter. A model's "adapters" allow-list limits
+// it to those names (and routes a listed adapter no engine lists over all
+// replicas). Anything else gets 404 model_not_found naming it. The body
+// goes to the engine unchanged. See lora.go and docs/lora.md.
 //
 // # Engine client
 //
@@ -215,6 +246,12 @@
 //	tokenize_cache_hits_total, tokenize_cache_entries
 //	exact_fallbacks_total{model,reason}
 //
+// Served as an endpoint picker (Server.Picker, `exa serve picker`), the
+// same metrics count the requests the picker routes, from the request
+// headers reaching the picker to the end of the response Envoy reports;
+// a request whose ext_proc stream ended before its response did is
+// counted with code stream_ended (the client went away, or Envoy reset it).
+//
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
 // not served here: `exa serve gateway --pprof-listen ADDR` serves
@@ -243,7 +280,8 @@
 //	  },
 //	  "engines": [
 //	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
-//	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41}},
+//	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41},
+//	     "adapters": {"served": ["sql", "support"], "running": ["sql"], "max_loras": 2}},
 //	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
 //	     "load": {"waiting": 2, "running": 8, "kv_utilization": 0.93},
 //	     "scrape_error": "gateway: scrape engine metrics: http://10.0.0.2:8000: ... connection refused"}
@@ -261,7 +299,9 @@
 // scraped (absent before the first good scrape) and the last scrape error,
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not
-// Prometheus text).
+// Prometheus text). "adapters" (EngineAdapters) lists the LoRA adapters the
+// engine's GET /v1/models lists, the last discovery's error, and its last
+// vllm:lora_requests_info (running, waiting, max_loras).
 //
 // A disaggregated model's record is its decode pool's, with
 // "disaggregation" added (config.DisaggregationStats): mode, the decider's
@@ -269,7 +309,8 @@
 // fallbacks by reason, and the prefill pool's own record under "prefill".
 //
 // Each model also has "index" (approximate or exact) and each replica
-// "cached_blocks" (the index size); a model on the exact index has
+// "cached_blocks" (the index size) and "in_flight" (requests routed there
+// that have not ended; omitted when 0); a model on the exact index has
 // "kv_events" (config.KVEventsStats: block_size, tokenize, fallbacks, its
 // engines' event counters, its endpoints), and the document a top-level
 // "kv_events" (malformed frames, unresolved messages, every endpoint)

@@ -25,7 +25,7 @@ func BenchmarkExactKey(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := config.Model{Mode: config.ModeCacheAware, Index: config.IndexExact, KVEventsBind: "ipc://" + b.TempDir() + "/kv",
+	cfg := config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: "ipc://" + b.TempDir() + "/kv",
 		Replicas: []config.Replica{{Name: "r0", Address: "http://127.0.0.1:1"}}}
 	if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": cfg}}); err != nil {
 		b.Fatal(err)

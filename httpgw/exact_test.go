@@ -116,7 +116,7 @@ func newExactFixture(t *testing.T, bs int) *exactFixture {
 	s, err := New(Options{Registerer: ef.reg, Gatherer: ef.reg, Logger: quietLogger(), Tokenizer: ef.tok})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	ef.cfg = config.Model{Mode: config.ModeCacheAware, Index: config.IndexExact, BlockSize: bs, KVEventsBind: ef.bind, Replicas: reps}
+	ef.cfg = config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, BlockSize: bs, KVEventsBind: ef.bind, Replicas: reps}
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: ef.cfg}}))
 	ef.srv = s
 	ef.http = newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -351,7 +351,7 @@ func TestExactKVTable(t *testing.T) {
 	}
 	const bind = "tcp://*:5557"
 	exact := func(reps ...config.Replica) config.Model {
-		return config.Model{Mode: config.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}
+		return config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}
 	}
 	tab := buildKVTable(map[string]*modelState{
 		"base": ms("base", exact(
@@ -369,7 +369,7 @@ func TestExactKVTable(t *testing.T) {
 			m.BlockSize = 32
 			return m
 		}()),
-		"approx": ms("approx", config.Model{Mode: config.ModeCacheAware, KVEventsBind: "tcp://*:9", Replicas: []config.Replica{{Name: "z", Address: "http://10.0.0.1:8000"}}}),
+		"approx": ms("approx", config.Model{Mode: gateway.ModeCacheAware, KVEventsBind: "tcp://*:9", Replicas: []config.Replica{{Name: "z", Address: "http://10.0.0.1:8000"}}}),
 	})
 	require.ElementsMatch(t, []string{bind}, tab.bind)
 	require.ElementsMatch(t, []string{"tcp://10.0.0.5:5557", "tcp://relay:1"}, tab.connect)

@@ -183,7 +183,7 @@ func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 		}
 	}
 	start := len(dst)
-	dst, err := kvevents.AppendKey(dst, kvevents.KeyName(ms.name, ""), tokens, ms.exactBS)
+	dst, err := kvevents.AppendKey(dst, kvevents.KeyName(ms.name, c.adapterName()), tokens, ms.exactBS)
 	if err != nil || len(dst) == start {
 		return s.fallbackKey(c, dst[:start], fallbackShort)
 	}
@@ -193,5 +193,8 @@ func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 // fallbackKey appends the call's approximate key and counts the fallback.
 func (s *Server) fallbackKey(c *call, dst gateway.Key, reason int) (gateway.Key, int) {
 	c.ms.exactCnt.fallbacks[reason].Add(1)
-	return appendKey(s.hasher, dst, c.req, c.r.Header), reason
+	start := len(dst)
+	dst = appendKey(s.hasher, dst, c.req, c.r.Header)
+	gateway.SaltKey(dst[start:], c.adapterName())
+	return dst, reason
 }

@@ -101,6 +101,8 @@ type endpoint struct {
 	hostOnly *url.URL
 	health   healthState
 
+	lora endpointLoRA // LoRA adapters (lora.go)
+
 	mu       sync.Mutex
 	load     gateway.Load
 	hasLoad  bool

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +41,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 // newFixture starts n fake engines and a gateway serving testModel over
 // them in the given mode.
-func newFixture(t *testing.T, n int, mode string, eopts enginetest.Options) *fixture {
+func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options) *fixture {
 	t.Helper()
 	f := &fixture{t: t, reg: prometheus.NewRegistry()}
 	var reps []config.Replica

@@ -182,3 +182,34 @@ func TestKeyMultiTurnProperty(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyMatchesPrefixKey: a chat request with one system message, a
+// session header and a RAG header, and no conversation, gets exactly the
+// key gateway.PrefixKey(system, session, rag) gives a Go service, whatever
+// the segments' lengths (both use the library's segment roles). With a
+// conversation, the key extends it.
+func TestKeyMatchesPrefixKey(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		text := func(label string) string {
+			return rapid.StringMatching(`[a-zA-Z0-9 .,]{0,200}`).Draw(t, label)
+		}
+		system, session, rag := text("system"), text("session"), text("rag")
+		if system == "" {
+			system = "x" // a chat request needs a message
+		}
+		h := http.Header{}
+		if session != "" {
+			h.Set(HeaderSessionID, session)
+		}
+		if rag != "" {
+			h.Set(HeaderRAGContext, rag)
+		}
+		body := `{"model":"m","messages":[{"role":"system","content":` + q(system) + `}]}`
+		want := gateway.PrefixKey(system, session, rag)
+		require.Equal(t, want, keyOf(t, endpointChat, body, h))
+		body = `{"model":"m","messages":[{"role":"system","content":` + q(system) + `},{"role":"user","content":"and a question"}]}`
+		k := keyOf(t, endpointChat, body, h)
+		require.Greater(t, len(k), len(want))
+		require.Equal(t, want, k[:len(want)])
+	})
+}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/stretchr/testify/assert"
@@ -45,7 +45,7 @@ func startLean(t *testing.T, h http.Handler) string {
 
 // newLeanFixture is newFixture with the gateway served by a lean server:
 // f.http.URL points at it.
-func newLeanFixture(t *testing.T, n int, mode string, eopts enginetest.Options) *fixture {
+func newLeanFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options) *fixture {
 	t.Helper()
 	f := newFixture(t, n, mode, eopts)
 	f.http.URL = "http://" + startLean(t, f.http.Config.Handler)
@@ -55,7 +55,7 @@ func newLeanFixture(t *testing.T, n int, mode string, eopts enginetest.Options) 
 // The proxy tests that depend on the front server, through the lean one.
 func TestLeanServerProxy(t *testing.T) {
 	t.Run("chat and completions", func(t *testing.T) {
-		f := newLeanFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+		f := newLeanFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 		for i, tc := range []struct{ path, body string }{
 			{"/v1/chat/completions", chatBody(testModel, false, "system prompt", "hello")},
 			{"/v1/completions", `{"model":"m1","prompt":"once upon a time"}`},
@@ -73,7 +73,7 @@ func TestLeanServerProxy(t *testing.T) {
 		assert.Equal(t, 2.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "200"}))
 	})
 	t.Run("bad request", func(t *testing.T) {
-		f := newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+		f := newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
 		resp := f.post("/v1/chat/completions", `{"model": "m1", "messages": [`)
 		b := readAll(t, resp)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
@@ -81,20 +81,20 @@ func TestLeanServerProxy(t *testing.T) {
 		assert.Equal(t, "invalid_request", *decodeError(t, b).Code)
 	})
 	t.Run("streaming is unbuffered", func(t *testing.T) {
-		checkStreamingIsUnbuffered(t, newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{Chunks: 3}))
+		checkStreamingIsUnbuffered(t, newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{Chunks: 3}))
 	})
 	t.Run("client disconnect cancels upstream", func(t *testing.T) {
-		checkClientDisconnectCancelsUpstream(t, newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{}))
+		checkClientDisconnectCancelsUpstream(t, newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}))
 	})
 	t.Run("expect continue", func(t *testing.T) {
-		f := newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+		f := newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
 		resp := f.post("/v1/chat/completions", chatBody(testModel, false, strings.Repeat("long system prompt ", 200), "hi"), "Expect", "100-continue")
 		b := readAll(t, resp)
 		assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 		assert.Contains(t, string(b), `"choices"`)
 	})
 	t.Run("stats and metrics", func(t *testing.T) {
-		f := newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+		f := newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
 		for _, p := range []string{"/stats", "/metrics", "/v1/models"} {
 			resp, err := http.Get(f.http.URL + p)
 			require.NoError(t, err)
@@ -110,7 +110,7 @@ func TestLeanServerProxy(t *testing.T) {
 // the body unread. A reset loses the answer only sometimes, hence the
 // repetitions.
 func TestLeanServerProxyEarlyAnswer(t *testing.T) {
-	url := newLeanFixture(t, 1, config.ModeRoundRobin, enginetest.Options{}).http.URL + "/v1/chat/completions"
+	url := newLeanFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}).http.URL + "/v1/chat/completions"
 	body := make([]byte, 16<<20)
 	for i := range 10 {
 		resp, err := http.Post(url, "application/octet-stream", bytes.NewReader(body))

@@ -5,18 +5,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
 // The per-request series, cached per model, count every request once, by
 // endpoint and replica, before and after a reload rebuilds the model's
 // table; a series appears only once it has counted something.
 func TestPerRequestMetrics(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	send := func(path, body string) {
 		t.Helper()
 		resp := f.post(path, body)
@@ -36,7 +38,7 @@ func TestPerRequestMetrics(t *testing.T) {
 	// A reload that changes the routing mode builds a new table (and a new
 	// cache); the counts carry on.
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-		Mode: config.ModeCacheAware, Replicas: []config.Replica{
+		Mode: gateway.ModeCacheAware, Replicas: []config.Replica{
 			{Name: "e0", Address: f.engines[0].URL()}, {Name: "e1", Address: f.engines[1].URL()}}}}}))
 	send("/v1/chat/completions", chat)
 
@@ -64,7 +66,7 @@ func TestPerRequestMetrics(t *testing.T) {
 
 // A model table built without cached series (nil) still counts.
 func TestNilModelMetricsLooksUp(t *testing.T) {
-	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
 	var mm *modelMetrics
 	mm.routedC(f.srv.metrics, "x").Inc()
 	mm.replicaReqsC(f.srv.metrics, "x", "r").Inc()

@@ -74,7 +74,10 @@ type call struct {
 	// fallback, for a model on the exact index, is why the request was
 	// keyed without tokens (a fallback* value), -1 if it was not.
 	fallback int
-	oc       outcome
+	// lora is the LoRA adapter the request names (lora.go); nil for the
+	// base model.
+	lora *adapterRoute
+	oc   outcome
 	// first, when set, is the decision of the first try, made before
 	// proxy (a disaggregated model's decode decision, see proxyPD).
 	first *gateway.Decision
@@ -98,7 +101,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 	if c.ms.exactBS > 0 {
 		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
 	} else {
-		c.key = appendKey(s.hasher, (*kp)[:0], c.req, r.Header)
+		c.key = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
 	if c.ms.pd != nil {
@@ -150,11 +153,13 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
 		return false
 	}
-	ms, ok := s.state.Load().models[req.Model]
+	st := s.state.Load()
+	ms, ok := st.models[req.Model]
 	if !ok {
-		oc.fail(w, http.StatusNotFound, typeNotFound, "model_not_found", "model",
-			fmt.Sprintf("%v: %q is not served by this gateway (GET /v1/models lists the models)", ErrModelNotFound, req.Model))
-		return false
+		if c.lora = s.resolveAdapter(c, st, req.Model); c.lora == nil {
+			return false
+		}
+		ms = c.lora.model
 	}
 	oc.model, oc.mm = ms.name, ms.mm
 	if ms.noReps && len(ms.missing) > 0 {
@@ -185,7 +190,7 @@ func (s *Server) proxy(c *call) {
 		if try == 0 && c.first != nil {
 			dec = *c.first
 		} else {
-			dec, err = ms.gw.RouteExcept(c.key, failed)
+			dec, err = ms.gw.RouteAdapter(c.key, c.adapterName(), c.allow(failed))
 		}
 		if err != nil {
 			switch {
@@ -194,6 +199,9 @@ func (s *Server) proxy(c *call) {
 			case try > 0:
 				oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+			case c.lora != nil:
+				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+					fmt.Sprintf("gateway: no healthy replica serving LoRA adapter %q of model %q", c.lora.name, ms.name))
 			default:
 				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
 					fmt.Sprintf("gateway: no healthy replica for model %q", ms.name))

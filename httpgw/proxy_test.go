@@ -13,18 +13,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
 func TestBadRequests(t *testing.T) {
-	f := newFixture(t, 2, config.ModeCacheAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	f.srv.opts.MaxBodyBytes = 1024
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{
-		testModel: {Mode: config.ModeCacheAware, Replicas: []config.Replica{{Name: "e0", Address: f.engines[0].URL()}}},
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "e0", Address: f.engines[0].URL()}}},
 		"empty":   {},
 	}}))
 	tests := []struct {
@@ -71,7 +73,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestProxyChatAndCompletions(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	for i, tc := range []struct{ path, body string }{
 		{"/v1/chat/completions", chatBody(testModel, false, "system prompt", "hello")},
 		{"/v1/completions", `{"model":"m1","prompt":"once upon a time"}`},
@@ -97,7 +99,7 @@ func TestProxyChatAndCompletions(t *testing.T) {
 // The first SSE event reaches the client while the engine still holds the
 // rest: the gateway does not buffer streams.
 func TestStreamingIsUnbuffered(t *testing.T) {
-	checkStreamingIsUnbuffered(t, newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{Chunks: 3}))
+	checkStreamingIsUnbuffered(t, newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{Chunks: 3}))
 }
 
 // checkStreamingIsUnbuffered checks that the first SSE event of a stream
@@ -125,7 +127,7 @@ func checkStreamingIsUnbuffered(t *testing.T, f *fixture) {
 
 // A client that goes away mid-stream cancels the upstream request.
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
-	checkClientDisconnectCancelsUpstream(t, newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{}))
+	checkClientDisconnectCancelsUpstream(t, newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}))
 }
 
 // checkClientDisconnectCancelsUpstream checks that a client that goes away
@@ -153,7 +155,7 @@ func checkClientDisconnectCancelsUpstream(t *testing.T, f *fixture) {
 // A dead replica costs one retry: the request succeeds on another replica,
 // and the dead one is ejected at once (its connection was refused).
 func TestRetryOnDeadReplica(t *testing.T) {
-	f := newFixture(t, 3, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 3, gateway.ModeRoundRobin, enginetest.Options{})
 	f.engines[0].Close()
 	for i := range 6 {
 		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+string(rune('a'+i))))
@@ -173,7 +175,7 @@ func TestRetryOnDeadReplica(t *testing.T) {
 // A 5xx before any byte is retried once on another replica; a second
 // failure is passed to the client.
 func TestRetryOn5xx(t *testing.T) {
-	f := newFixture(t, 2, config.ModeCacheAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	f.engines[0].FailNext(1)
 	f.engines[1].FailNext(1)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hello"))
@@ -195,7 +197,7 @@ func TestRetryOn5xx(t *testing.T) {
 // An engine failing mid-stream ends the client's stream with an error
 // event; a plain response is cut so the client sees the failure.
 func TestMidStreamFailure(t *testing.T) {
-	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{Chunks: 4})
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{Chunks: 4})
 	f.engines[0].BreakStreams(2)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"))
 	b := readAll(t, resp)
@@ -221,7 +223,7 @@ func TestMidStreamFailure(t *testing.T) {
 }
 
 func TestNoHealthyReplica(t *testing.T) {
-	f := newFixture(t, 2, config.ModeCacheAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	for _, e := range f.engines {
 		e.SetHealthy(false)
 	}
@@ -251,7 +253,7 @@ func TestNoHealthyReplica(t *testing.T) {
 
 // A killed engine is ejected and, once restarted, readmitted by probes.
 func TestKilledEngineReadmitted(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	f.engines[1].Close()
 	for range DefaultEjectAfter {
 		f.srv.ProbeAll(context.Background())
@@ -279,7 +281,7 @@ func indexOf(f *fixture, engine int) int {
 }
 
 func TestScrapeFeedsLoad(t *testing.T) {
-	f := newFixture(t, 2, config.ModeLoadAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeLoadAware, enginetest.Options{})
 	f.engines[0].SetLoad(7, 3, 0.5)
 	f.engines[1].SetLoad(0, 1, 0.1)
 	f.srv.ScrapeAll(context.Background())
@@ -301,8 +303,8 @@ func TestScrapeFeedsLoad(t *testing.T) {
 // engine-side prefix-cache hits than round-robin on a shared-prefix
 // workload.
 func TestCacheAwareBeatsRoundRobinOnEngines(t *testing.T) {
-	hits := map[string]int64{}
-	for _, mode := range []string{config.ModeCacheAware, config.ModeRoundRobin} {
+	hits := map[gateway.Mode]int64{}
+	for _, mode := range []gateway.Mode{gateway.ModeCacheAware, gateway.ModeRoundRobin} {
 		// 12 system prompts of 15 blocks each in random order: round-robin
 		// has to warm every engine with every prompt, cache-aware each
 		// prompt once.
@@ -320,11 +322,11 @@ func TestCacheAwareBeatsRoundRobinOnEngines(t *testing.T) {
 		}
 	}
 	t.Logf("engine prefix-cache hit tokens: %v", hits)
-	assert.Greater(t, hits[config.ModeCacheAware], hits[config.ModeRoundRobin]*5/4)
+	assert.Greater(t, hits[gateway.ModeCacheAware], hits[gateway.ModeRoundRobin]*5/4)
 }
 
 func TestModelsAndStatsEndpoints(t *testing.T) {
-	f := newFixture(t, 2, config.ModeCacheAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	for range 3 {
 		readAll(t, f.post("/v1/chat/completions", chatBody(testModel, false, "the same system prompt", "hi")))
 	}
@@ -370,7 +372,7 @@ func TestModelsAndStatsEndpoints(t *testing.T) {
 // A client's Expect: 100-continue is answered by the gateway, not passed
 // to the engine.
 func TestExpectContinueNotForwarded(t *testing.T) {
-	f := newFixture(t, 1, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, strings.Repeat("long system prompt ", 200), "hi"), "Expect", "100-continue")
 	b := readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
 const rawAnswer = `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"real answer"},"finish_reason":"stop"}]}`
@@ -100,7 +102,7 @@ func TestEngineHugeResponseHeader(t *testing.T) {
 
 // Apply closes the idle connections to engines it drops; Close closes all.
 func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	for i := range 2 {
 		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q"+strconv.Itoa(i)))
 		readAll(t, resp)

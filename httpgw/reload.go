@@ -82,6 +82,7 @@ func (s *Server) Apply(f *config.File) error {
 		}
 	}
 	next.kv = buildKVTable(next.models)
+	next.adapters = buildAdapterTable(next)
 	s.state.Store(next)
 	s.kv.sync(next.kv)
 	s.kv.reconcile(old.kv, next.kv)
@@ -194,7 +195,7 @@ func missingPools(cfg config.Model) []string {
 // sameRouting reports whether two model configurations route alike, so a
 // gateway built for a can serve b once its replicas are synced.
 func sameRouting(a, b config.Model) bool {
-	if a.ModeName() != b.ModeName() || a.SLOLatencyMS != b.SLOLatencyMS {
+	if a.Mode != b.Mode || a.SLOLatencyMS != b.SLOLatencyMS {
 		return false
 	}
 	if a.IndexName() != b.IndexName() || (a.Exact() && a.TokenBlockSize() != b.TokenBlockSize()) {
@@ -229,12 +230,7 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 		return s.planPD(name, cfg, old, next)
 	}
 	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(cfg.Replicas)), disaggr: cfg.Disaggregate,
-		missing: missingPools(cfg)}
-	mode, err := cfg.GatewayMode()
-	if err != nil {
-		return modelPlan{}, err
-	}
-	ms.mode = mode
+		missing: missingPools(cfg), mode: cfg.Mode}
 	want, err := s.tableOf(ms, cfg.Replicas, "", old, next)
 	if err != nil {
 		return modelPlan{}, err

@@ -40,7 +40,7 @@ func TestReloadWithoutDroppingTraffic(t *testing.T) {
 	e1 := enginetest.New(enginetest.Options{Name: "e1"})
 	t.Cleanup(e0.Close)
 	t.Cleanup(e1.Close)
-	setModel(t, path, "a", config.Model{Mode: config.ModeCacheAware, Replicas: []config.Replica{{Name: "r0", Address: e0.URL()}}})
+	setModel(t, path, "a", config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "r0", Address: e0.URL()}}})
 
 	reg := prometheus.NewRegistry()
 	s, err := New(Options{ConfigPath: path, Registerer: reg, Gatherer: reg, Logger: quietLogger()})
@@ -65,7 +65,7 @@ func TestReloadWithoutDroppingTraffic(t *testing.T) {
 
 	// Model b appears; model a moves to engine e1 with the same routing options.
 	setModel(t, path, "b", config.Model{Replicas: []config.Replica{{Name: "r0", Address: e1.URL()}}})
-	setModel(t, path, "a", config.Model{Mode: config.ModeCacheAware, Replicas: []config.Replica{{Name: "r1", Address: e1.URL()}}})
+	setModel(t, path, "a", config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "r1", Address: e1.URL()}}})
 	changed, err = s.Reload()
 	require.NoError(t, err)
 	assert.True(t, changed)
@@ -101,16 +101,16 @@ func TestReloadWithoutDroppingTraffic(t *testing.T) {
 // A model whose routing options are unchanged keeps its gateway (and its
 // cache index) across a reload; one whose mode changed gets a new one.
 func TestApplyKeepsGatewayWhenRoutingUnchanged(t *testing.T) {
-	f := newFixture(t, 2, config.ModeCacheAware, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	before := f.srv.state.Load().models[testModel].gw
 	reps := []config.Replica{{Name: "e0", Address: f.engines[0].URL()}, {Name: "e1", Address: f.engines[1].URL()}, {Name: "e2", Address: "127.0.0.1:1"}}
-	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: config.ModeCacheAware, Replicas: reps}}}))
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
 	after := f.srv.state.Load().models[testModel].gw
 	assert.Same(t, before, after)
 	assert.Len(t, after.Replicas(), 3)
 	assert.Equal(t, "http://127.0.0.1:1", f.stats().Engines[0].Address)
 
-	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: config.ModeRoundRobin, Replicas: reps[:1]}}}))
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeRoundRobin, Replicas: reps[:1]}}}))
 	again := f.srv.state.Load().models[testModel].gw
 	assert.NotSame(t, after, again)
 	assert.Len(t, again.Replicas(), 1)
@@ -182,7 +182,7 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			body := chatBody(testModel, false, "sys", "hi")
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 			w := httptest.NewRecorder()
-			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: gateway.KeyFromHashes([]uint64{1})}
+			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: gateway.AppendHashes(nil, []uint64{1})}
 			require.NotPanics(t, func() { s.proxy(c) })
 			assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
 			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
@@ -207,7 +207,7 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	body := chatBody(testModel, false, "sys", "hi")
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 	w := httptest.NewRecorder()
-	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: gateway.KeyFromHashes([]uint64{1})}
+	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: gateway.AppendHashes(nil, []uint64{1})}
 	require.NotPanics(t, func() { s.proxy(c) })
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 	assert.Equal(t, "502", c.oc.code)
@@ -231,7 +231,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 	failB := func(s *Server) {
 		s.newGateway = func(reps []gateway.Replica, opts ...gateway.Option) (*gateway.Gateway, error) {
 			if reps[0].Name == "b0" {
-				return nil, fmt.Errorf("%w: injected", gateway.ErrInvalidOption)
+				return nil, fmt.Errorf("%w: injected", gateway.ErrInvalid)
 			}
 			return gateway.New(reps, opts...)
 		}
@@ -265,7 +265,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 
 // Gauges of engines and models a reload removes leave /metrics.
 func TestReloadDropsStaleGauges(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	series := func(name, label string) map[string]bool {
 		f.srv.refreshGauges()
 		fams, err := f.reg.Gather()

@@ -54,10 +54,22 @@ const MaxLoadCount = 1 << 30
 
 // parseEngineMetrics is ParseEngineMetrics with the parser's error as is.
 func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
+	l, _, err := parseEngineScrape(r)
+	return l, err
+}
+
+// parseEngineScrape parses an engine's /metrics page into its load and,
+// when it exposes vllm:lora_requests_info, its adapter report (else nil;
+// see parseLoRAInfo).
+func parseEngineScrape(r io.Reader) (gateway.Load, *gateway.AdapterReport, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return gateway.Load{}, err
+		return gateway.Load{}, nil, err
+	}
+	var rep *gateway.AdapterReport
+	if a, ok := parseLoRAInfo(fams[metricLoRAInfo]); ok {
+		rep = &a
 	}
 	var l gateway.Load
 	l.QueueDepth = loadCount(sumFamily(fams[metricWaiting]))
@@ -67,7 +79,7 @@ func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
 		kv, _ = maxFamily(fams[metricKVUsageOld])
 	}
 	l.KVUtilization = min(max(kv, 0), 1)
-	return l, nil
+	return l, rep, nil
 }
 
 // loadCount rounds a scraped count and clamps it to 0..MaxLoadCount
@@ -113,25 +125,26 @@ func maxFamily(f *dto.MetricFamily) (float64, bool) {
 	return best, true
 }
 
-// scrape fetches and parses one engine's /metrics.
-func scrape(ctx context.Context, client *http.Client, base string) (gateway.Load, error) {
+// scrape fetches and parses one engine's /metrics: its load and its
+// adapter report (nil when it exposes none).
+func scrape(ctx context.Context, client *http.Client, base string) (gateway.Load, *gateway.AdapterReport, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return gateway.Load{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+		return gateway.Load{}, nil, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := client.Do(req)
 	if err != nil {
-		return gateway.Load{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+		return gateway.Load{}, nil, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return gateway.Load{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
+		return gateway.Load{}, nil, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
 	}
-	l, err := parseEngineMetrics(io.LimitReader(resp.Body, maxMetricsBytes))
+	l, rep, err := parseEngineScrape(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
-		return gateway.Load{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
+		return gateway.Load{}, nil, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}
-	return l, nil
+	return l, rep, nil
 }

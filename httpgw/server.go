@@ -40,6 +40,9 @@ const (
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
 	DefaultTokenizeTimeout = 2 * time.Second
+	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
+	// adapters (Options.DiscoverInterval).
+	DefaultDiscoverInterval = 5 * time.Second
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -59,6 +62,10 @@ type Options struct {
 	// ScrapeInterval is how often Run scrapes each engine's /metrics;
 	// default DefaultScrapeInterval (1s).
 	ScrapeInterval time.Duration
+	// DiscoverInterval is how often Run fetches each engine's GET
+	// /v1/models to learn the LoRA adapters it serves (DiscoverAll; the
+	// first time when Run starts); default DefaultDiscoverInterval (5s).
+	DiscoverInterval time.Duration
 	// EjectAfter is how many consecutive failures (failed probes, 5xx
 	// responses, transport errors) eject an engine; a refused connection
 	// ejects at once. Default DefaultEjectAfter (2).
@@ -175,6 +182,7 @@ type state struct {
 	models    map[string]*modelState
 	endpoints map[string]*endpoint // by normalised address
 	kv        *kvTable             // the exact index's routing of engine events
+	adapters  *adapterTable        // LoRA adapter names to their models (lora.go)
 }
 
 // modelState is one model's routing table.
@@ -278,6 +286,7 @@ func fillOptions(o *Options) error {
 		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
 		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
 		{"TokenizeTimeout", &o.TokenizeTimeout, DefaultTokenizeTimeout},
+		{"DiscoverInterval", &o.DiscoverInterval, DefaultDiscoverInterval},
 	} {
 		if *d.v < 0 {
 			return fmt.Errorf("%w: %s %v is negative", ErrInvalidOptions, d.name, *d.v)

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
 func TestOptionsValidation(t *testing.T) {
@@ -64,7 +66,7 @@ func TestNormalizeAddress(t *testing.T) {
 
 // Repeated 5xx answers eject an engine passively, without any probe.
 func TestPassiveEjectionOn5xx(t *testing.T) {
-	f := newFixture(t, 2, config.ModeRoundRobin, enginetest.Options{})
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	f.engines[0].FailNext(100)
 	for range 6 {
 		resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))

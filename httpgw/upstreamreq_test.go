@@ -13,10 +13,12 @@ import (
 	"testing"
 	"testing/iotest"
 
-	"github.com/examlops/gateway/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 )
 
 // writeCounter counts the writes it receives.
@@ -194,7 +196,7 @@ func TestAnswerFraming(t *testing.T) {
 			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
 			require.NoError(t, err)
 			require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-				Mode: config.ModeRoundRobin, Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}))
+				Mode: gateway.ModeRoundRobin, Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}))
 			gw := newHTTPTestServer(t, s)
 			resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
 			require.NoError(t, err)

@@ -8,7 +8,8 @@ import (
 
 // Run runs the background loops until ctx is done: configuration reloads
 // every ReloadInterval (when ConfigPath is set), /health probes every
-// ProbeInterval, /metrics scrapes every ScrapeInterval and, with the
+// ProbeInterval, /metrics scrapes every ScrapeInterval, LoRA adapter
+// discovery (GET /v1/models) every DiscoverInterval and, with the
 // default transport, closing of connections idle too long to be reused.
 // When ctx is done it closes the default transport's idle connections
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
@@ -36,6 +37,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	loop(s.opts.ProbeInterval, s.ProbeAll)
 	loop(s.opts.ScrapeInterval, s.ScrapeAll)
+	loop(s.opts.DiscoverInterval, s.DiscoverAll)
 	if s.pool != nil {
 		loop(s.pool.IdleTimeout(), func(context.Context) { s.pool.Prune() })
 	}
@@ -78,7 +80,7 @@ func (s *Server) ProbeAll(ctx context.Context) {
 // the gateway of each model it serves. Run calls it every ScrapeInterval.
 func (s *Server) ScrapeAll(ctx context.Context) {
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		l, err := scrape(ctx, s.control, ep.base)
+		l, rep, err := scrape(ctx, s.control, ep.base)
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -86,9 +88,17 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			}
 			return
 		}
+		if rep != nil {
+			ep.lora.report.Store(rep)
+		}
 		s.eachReplicaOf(ep, func(m *modelState, name string) {
 			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+			}
+			if rep != nil {
+				if err := m.gatewayOf(name).UpdateAdapters(name, *rep); err != nil {
+					s.log.Warn("gateway: adapter report rejected", "model", m.name, "replica", name, "err", err)
+				}
 			}
 		})
 	})

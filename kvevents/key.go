@@ -1,7 +1,6 @@
 package kvevents
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
@@ -13,11 +12,8 @@ import (
 // sequence the same way, so both sides call AppendKey (requests) or the
 // Translator, which uses the same functions (events):
 //
-//   - a block's digest is XXH64 of its token ids as little-endian uint32s,
-//     the per-block hash of gateway.KeyFromTokens;
-//   - a block's key chains its digest onto its parent's key with the
-//     gateway's own chain function (reached through gateway.AppendHashKey,
-//     which continues a non-empty Key), as KeyFromTokens chains;
+//   - a block's key is gateway.AppendTokens's: XXH64 of its token ids as
+//     little-endian uint32s, chained on its parent's key;
 //   - the first block's parent is Root(name), where name is the LoRA
 //     adapter the request targets, or else the base model name, so two
 //     adapters (or two models) on one engine never share a key, as their
@@ -34,7 +30,7 @@ func Root(name string) uint64 { return rootOf(xxhash.Sum64String(name)) }
 func rootOf(nameHash uint64) uint64 {
 	var k [1]uint64
 	ids := [1]uint64{nameHash}
-	return gateway.AppendHashKey(gateway.Key(k[:0]), ids[:])[0]
+	return gateway.AppendHashes(gateway.Key(k[:0]), ids[:])[0]
 }
 
 // KeyName is the name whose root a request's or an event's blocks chain
@@ -50,10 +46,11 @@ func KeyName(model, lora string) string {
 // tokens, chained from Root(name): full blocks only, so fewer tokens than
 // a block append nothing. It is the request side of the exact index (the
 // Translator keys engine events the same way). It does not allocate when
-// dst has room. A blockSize below 1 is an error.
+// dst has room for one more key than it appends. A blockSize below 1 is
+// an error.
 func AppendKey(dst gateway.Key, name string, tokens []uint32, blockSize int) (gateway.Key, error) {
 	if blockSize < 1 {
-		return dst, fmt.Errorf("%w: block size %d, want at least 1", gateway.ErrInvalidBlockSize, blockSize)
+		return dst, fmt.Errorf("%w: block size %d, want at least 1", gateway.ErrInvalid, blockSize)
 	}
 	return appendChain(dst, Root(name), tokens, blockSize), nil
 }
@@ -64,39 +61,12 @@ func KeyFromTokens(name string, tokens []uint32, blockSize int) (gateway.Key, er
 }
 
 // appendChain appends the keys of the full blocks of tokens chained from
-// parent. blockSize must be positive.
+// parent. blockSize must be positive. gateway.AppendTokens continues the
+// chain of the key it is given, so it is given dst with the parent as its
+// last element, which is then dropped.
 func appendChain(dst gateway.Key, parent uint64, tokens []uint32, blockSize int) gateway.Key {
-	var digests [16]uint64
-	for len(tokens) >= blockSize {
-		n := 0
-		for n < len(digests) && len(tokens) >= blockSize {
-			digests[n] = blockDigest(tokens[:blockSize])
-			tokens = tokens[blockSize:]
-			n++
-		}
-		// AppendHashKey continues a non-empty key: each id is chained on
-		// the key before it. Seed it with the parent, then drop the seed.
-		start := len(dst)
-		dst = gateway.AppendHashKey(append(dst, parent), digests[:n])
-		copy(dst[start:], dst[start+1:])
-		dst = dst[:len(dst)-1]
-		parent = dst[len(dst)-1]
-	}
-	return dst
-}
-
-// blockDigest is XXH64 of a block's token ids as little-endian uint32s.
-func blockDigest(block []uint32) uint64 {
-	var buf [256]byte
-	var d xxhash.Digest
-	d.Reset()
-	for len(block) > 0 {
-		n := min(len(block), len(buf)/4)
-		for i, t := range block[:n] {
-			binary.LittleEndian.PutUint32(buf[4*i:], t)
-		}
-		_, _ = d.Write(buf[:4*n])
-		block = block[n:]
-	}
-	return d.Sum64()
+	start := len(dst)
+	dst, _ = gateway.AppendTokens(append(dst, parent), tokens, blockSize)
+	copy(dst[start:], dst[start+1:])
+	return dst[:len(dst)-1]
 }

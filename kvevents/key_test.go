@@ -8,13 +8,13 @@ import (
 	"github.com/examlops/gateway"
 )
 
-// TestChainMatchesKeyFromTokens: below the root, keys chain exactly as
-// gateway.KeyFromTokens does (same block digest, same chain function), so
-// the exact index differs from KeyFromTokens only by its salted root.
-func TestChainMatchesKeyFromTokens(t *testing.T) {
-	for _, n := range []int{2, 3, 17, 40} { // across the 16-digest batches of appendChain
+// TestChainMatchesAppendTokens: below the root, keys chain exactly as
+// gateway.AppendTokens does (same block digest, same chain function), so
+// the exact index differs from AppendTokens only by its salted root.
+func TestChainMatchesAppendTokens(t *testing.T) {
+	for _, n := range []int{2, 3, 17, 40} {
 		tokens := seqTokens(7, n*16+5)
-		want, err := gateway.KeyFromTokens(tokens, 16)
+		want, err := gateway.AppendTokens(nil, tokens, 16)
 		require.NoError(t, err)
 		got := appendChain(nil, want[0], tokens[16:], 16)
 		require.Equal(t, want[1:], got, "%d blocks", n)
@@ -47,7 +47,7 @@ func TestAppendKey(t *testing.T) {
 	require.Empty(t, none)
 
 	_, err = AppendKey(nil, "m", tokens, 0)
-	require.ErrorIs(t, err, gateway.ErrInvalidBlockSize)
+	require.ErrorIs(t, err, gateway.ErrInvalid)
 	require.Contains(t, err.Error(), "block size 0")
 }
 

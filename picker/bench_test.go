@@ -37,7 +37,7 @@ func benchMessages() []*extprocv3.ProcessingRequest {
 // include both ends of the gRPC stream (the Envoy side is this Go client)
 // and the HTTP/2 framing between them.
 func BenchmarkPicker(b *testing.B) {
-	gw, _ := newGateway(b, 1)
+	gw := newGateway(b, 1)
 	h := startPicker(b, newRouter(b, gw, 0), Options{})
 	msgs := benchMessages()
 	ctx := context.Background()
@@ -78,7 +78,7 @@ func BenchmarkPicker(b *testing.B) {
 // accumulation, BodyKey's encoding/json decode, routing, building the
 // answers), as httpgw's BenchmarkHandlerCPU measures the handler's own.
 func BenchmarkPickerCPU(b *testing.B) {
-	gw, _ := newGateway(b, 1)
+	gw := newGateway(b, 1)
 	s, err := New(newRouter(b, gw, 0), Options{})
 	if err != nil {
 		b.Fatal(err)

@@ -8,17 +8,6 @@ import (
 	"github.com/examlops/gateway"
 )
 
-// Segment tags of BodyKey, so that the same text in two roles hashes
-// differently.
-const (
-	tagUser      uint64 = 0x7069_0001_7573_6572
-	tagAssistant uint64 = 0x7069_0002_6173_7374
-	tagOther     uint64 = 0x7069_0003_6f74_6872
-	tagPrompt    uint64 = 0x7069_0004_7072_6d74
-	tagModel     uint64 = 0x7069_0005_6d6f_646c
-	tagPath      uint64 = 0x7069_0006_7061_7468
-)
-
 // Headers BodyKey reads, as the HTTP gateway reads them.
 const (
 	HeaderSessionID  = "X-Session-ID"
@@ -34,10 +23,12 @@ const (
 // if models are given, must be one of them (else ErrUnknownModel). The key
 // is, in order: the system (and developer) messages, the session (header
 // X-Session-ID, else the body's "user"), header X-RAG-Context, then the
-// other messages, each tagged by role, or the completions "prompt". A
-// message's content is its text when it is a string, else its JSON. A
-// request with no body gets a one-block key naming its method and path; a
-// body with no text, one naming the model.
+// other messages, each in its role (gateway.Segment), or the completions
+// "prompt"; with one system message, no conversation and a blockSize of
+// gateway.DefaultBlockSize, that is gateway.PrefixKey's key. A message's
+// content is its text when it is a string, else its JSON. A request with
+// no body gets a one-block key naming its method and path; a body with no
+// text, one naming the model.
 func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 	h, err := gateway.NewHasher(blockSize)
 	if err != nil {
@@ -49,7 +40,7 @@ func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 	}
 	return func(dst gateway.Key, req *PickRequest) (gateway.Key, error) {
 		if req.Body == nil {
-			return h.AppendSegment(dst, tagPath, req.Method+" "+req.Path), nil
+			return h.AppendSegment(dst, gateway.SegmentOther, "\x00"+req.Method+" "+req.Path), nil
 		}
 		var b struct {
 			Model    *string `json:"model"`
@@ -82,24 +73,28 @@ func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 			session = b.User
 		}
 		start := len(dst)
-		dst = h.AppendKey(dst, sys.String(), session, req.Header.Get(HeaderRAGContext))
+		dst = h.AppendSegment(dst, gateway.SegmentSystem, sys.String())
+		dst = h.AppendSegment(dst, gateway.SegmentSession, session)
+		dst = h.AppendSegment(dst, gateway.SegmentRAG, req.Header.Get(HeaderRAGContext))
 		for _, m := range b.Messages {
-			tag := tagOther
+			role := gateway.SegmentOther
 			switch m.Role {
 			case "system", "developer":
 				continue
 			case "user":
-				tag = tagUser
+				role = gateway.SegmentUser
 			case "assistant":
-				tag = tagAssistant
+				role = gateway.SegmentAssistant
+			case "tool", "function":
+				role = gateway.SegmentTool
 			}
-			dst = h.AppendSegment(dst, tag, contentText(m.Content))
+			dst = h.AppendSegment(dst, role, contentText(m.Content))
 		}
 		if len(b.Prompt) > 0 {
-			dst = h.AppendSegment(dst, tagPrompt, contentText(b.Prompt))
+			dst = h.AppendSegment(dst, gateway.SegmentPrompt, contentText(b.Prompt))
 		}
 		if len(dst) == start {
-			dst = h.AppendSegment(dst, tagModel, *b.Model)
+			dst = h.AppendSegment(dst, gateway.SegmentOther, "\x00"+*b.Model)
 		}
 		return dst, nil
 	}, nil

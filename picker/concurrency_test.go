@@ -12,7 +12,7 @@ import (
 // pooled exchanges and the router are safe for concurrent use, and at the
 // end no load stays booked.
 func TestConcurrentStreams(t *testing.T) {
-	gw, _ := newGateway(t, 4)
+	gw := newGateway(t, 4)
 	h := startPicker(t, newRouter(t, gw, 2), Options{MaxFallbacks: 2})
 	const workers, each = 6, 15
 	var wg sync.WaitGroup

@@ -46,7 +46,7 @@ func TestGIEConformance(t *testing.T) {
 			if tc.subset == nil {
 				n = 1
 			}
-			gw, _ := newGateway(t, n)
+			gw := newGateway(t, n)
 			h := startPicker(t, newRouter(t, gw, 0), Options{})
 			reqs := gie.GenerateStreamedRequestSet(logr.Discard(), "Say one word.", "m1", "", tc.subset)
 			body := reqs[1].GetRequestBody().GetBody()
@@ -87,7 +87,7 @@ func TestGIEConformance(t *testing.T) {
 // TestGIEResponsePhase: the response phase answers as GIE's expectations
 // for a streamed response: the headers acknowledged, each chunk echoed.
 func TestGIEResponsePhase(t *testing.T) {
-	gw, _ := newGateway(t, 1)
+	gw := newGateway(t, 1)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	e := h.open(t)
 	reqs := gie.GenerateStreamedRequestSet(logr.Discard(), "hello", "m1", "", nil)

@@ -44,6 +44,17 @@
 // Router errors become immediate responses: ErrNoEndpoint 503, ErrShed
 // 429, ErrBadRequest 400, ErrUnknownModel 404, others 500; a body over
 // MaxBodyBytes 413. Bodies are OpenAI error objects, as the HTTP gateway's.
+// A *StatusError chooses the status, type, code and param itself (the HTTP
+// gateway's Router answers exactly as the HTTP gateway does).
+//
+// # Router answers beyond an endpoint
+//
+// A Pick's Headers are set on (or, empty, removed from) the request Envoy
+// sends upstream, in the same headers response (a disaggregated model's
+// x-prefiller-host-port). A Pick's Reply answers the client from the
+// picker, as an immediate response, with no endpoint (a model list).
+//
+// Package pickertest plays Envoy's side of the protocol for tests.
 //
 // # Subset hint
 //

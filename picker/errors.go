@@ -28,9 +28,37 @@ var (
 	ErrInvalidOptions = errors.New("picker: invalid options")
 )
 
+// StatusError is a Router error that chooses its immediate response
+// itself: the HTTP status and the OpenAI error object's type, code and
+// param, so that a Router fronting an HTTP service can answer as that
+// service does. Its message is Err's. The sentinels above still match
+// through Err (errors.Is), but the response follows the StatusError.
+type StatusError struct {
+	// Status is the HTTP status, 400 to 599; another is answered with 500.
+	Status int
+	// Type and Code are the OpenAI error type and code ("" omits the
+	// code); Param names the request field at fault ("" for none).
+	Type, Code, Param string
+	// Err is the error; its text is the response's message. Required.
+	Err error
+}
+
+func (e *StatusError) Error() string {
+	if e.Err == nil {
+		return "picker: error with status " + http.StatusText(e.Status)
+	}
+	return e.Err.Error()
+}
+
+func (e *StatusError) Unwrap() error { return e.Err }
+
 // errorStatus maps an error to the HTTP status of its immediate response
 // and the OpenAI error type and code of its body.
 func errorStatus(err error) (status int, typ, code string) {
+	var se *StatusError
+	if errors.As(err, &se) && se.Status >= 400 && se.Status <= 599 && validStatus(se.Status) {
+		return se.Status, se.Type, se.Code
+	}
 	switch {
 	case errors.Is(err, ErrNoEndpoint):
 		return http.StatusServiceUnavailable, "service_unavailable_error", "no_eligible_endpoint"
@@ -46,18 +74,35 @@ func errorStatus(err error) (status int, typ, code string) {
 	return http.StatusInternalServerError, "server_error", "picker_error"
 }
 
+// errorParam is the request field a StatusError names, "" if none.
+func errorParam(err error) string {
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.Param
+	}
+	return ""
+}
+
 // errorBody is the OpenAI error object the HTTP gateway answers with, so
-// clients see one format whichever way they came in.
-func errorBody(msg, typ, code string) []byte {
+// clients see one format whichever way they came in. Empty code and param
+// are null.
+func errorBody(msg, typ, code, param string) []byte {
 	type apiError struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
 		Param   *string `json:"param"`
-		Code    string  `json:"code"`
+		Code    *string `json:"code"`
+	}
+	e := apiError{Message: msg, Type: typ}
+	if code != "" {
+		e.Code = &code
+	}
+	if param != "" {
+		e.Param = &param
 	}
 	b, err := json.Marshal(struct {
 		Error apiError `json:"error"`
-	}{apiError{Message: msg, Type: typ, Code: code}})
+	}{e})
 	if err != nil { // not reached: every field is a string
 		return []byte(`{"error":{"message":"picker: error","type":"server_error","param":null,"code":"picker_error"}}`)
 	}

@@ -267,13 +267,20 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 			x.req.Body = []byte{}
 		}
 	}
+	x.req.Received = x.start
 	p, err := x.s.router.Pick(x.st.Context(), &x.req)
 	x.req.Body = nil
 	if err != nil {
 		return true, x.immediate(err)
 	}
 	x.tracker = p.Tracker
+	if p.Reply != nil {
+		return true, x.reply(p.Reply)
+	}
 	dest, err := x.destination(&p)
+	if err == nil {
+		err = checkHeaders(p.Headers)
+	}
 	if err != nil {
 		x.complete = true
 		if x.tracker != nil {
@@ -282,7 +289,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		return true, x.immediate(err)
 	}
 	x.ph = phaseRouted
-	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body))); err != nil {
+	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body), p.Headers)); err != nil {
 		return false, err
 	}
 	if hasBody {
@@ -328,6 +335,23 @@ func (x *exchange) destination(p *Pick) (string, error) {
 		added++
 	}
 	return sb.String(), nil
+}
+
+// reply sends a Router's own answer, ending the request; the Tracker, if
+// any, hears of it at once.
+func (x *exchange) reply(r *Reply) error {
+	x.complete = true
+	if !validStatus(r.Status) {
+		err := fmt.Errorf("picker: the router replied with status %d, which is not an HTTP status from 200 to 599", r.Status)
+		if x.tracker != nil {
+			x.tracker.Done(Outcome{Err: err})
+		}
+		return x.immediate(err)
+	}
+	if x.tracker != nil {
+		x.tracker.Done(Outcome{Status: r.Status})
+	}
+	return x.st.Send(replyResponse(r))
 }
 
 // immediate answers the client with the error's status, ending the

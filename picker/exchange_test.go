@@ -14,7 +14,7 @@ import (
 // value, the route cache cleared, Content-Length, the body back unchanged,
 // the response echoed, and the gateway's in-flight count back to zero.
 func TestExchange(t *testing.T) {
-	gw, _ := newGateway(t, 3)
+	gw := newGateway(t, 3)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	e := h.open(t)
 	body := chat("You are terse.", "s1", "hello")
@@ -53,7 +53,7 @@ func TestExchange(t *testing.T) {
 // same endpoint; a cache-aware gateway keeps each conversation where its
 // prefix is cached.
 func TestAffinity(t *testing.T) {
-	gw, _ := newGateway(t, 4)
+	gw := newGateway(t, 4)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	sys := strings.Repeat("You are the ACME support assistant. ", 20)
 	where := map[string]string{}
@@ -91,7 +91,7 @@ func TestFallbacks(t *testing.T) {
 			inSubset: map[string]bool{endpointN(1): true, endpointN(3): true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gw, _ := newGateway(t, 4)
+			gw := newGateway(t, 4)
 			h := startPicker(t, newRouter(t, gw, tc.routerFB), Options{MaxFallbacks: tc.maxFB})
 			e := h.open(t)
 			md := (*corev3Metadata)(nil)
@@ -153,7 +153,7 @@ func TestSubsetHint(t *testing.T) {
 		{name: "struct", hint: map[string]any{"a": "b"}, status: 503},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gw, _ := newGateway(t, 4)
+			gw := newGateway(t, 4)
 			h := startPicker(t, newRouter(t, gw, 0), Options{})
 			var md *corev3Metadata
 			switch v := tc.hint.(type) {
@@ -203,7 +203,7 @@ type structNull struct{}
 // 503; the hint on a body message (GIE reads every message's metadata)
 // takes effect too.
 func TestSubsetHintUnhealthy(t *testing.T) {
-	gw, _ := newGateway(t, 3)
+	gw := newGateway(t, 3)
 	if err := gw.SetHealthy("r1", false); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestSubsetHintUnhealthy(t *testing.T) {
 // one more is admitted once a request finishes.
 func TestNoEndpointAndShed(t *testing.T) {
 	t.Run("503", func(t *testing.T) {
-		gw, _ := newGateway(t, 2)
+		gw := newGateway(t, 2)
 		for _, n := range []string{"r0", "r1"} {
 			if err := gw.SetHealthy(n, false); err != nil {
 				t.Fatal(err)
@@ -249,9 +249,10 @@ func TestNoEndpointAndShed(t *testing.T) {
 		}
 	})
 	t.Run("429", func(t *testing.T) {
-		gw, pol := newGateway(t, 2)
-		pol.ShedAbove = 1
-		h := startPicker(t, newRouter(t, gw, 0), Options{})
+		gw := newGateway(t, 2)
+		router := newRouter(t, gw, 0)
+		router.ShedAbove = 1
+		h := startPicker(t, router, Options{})
 		var open []*envoy
 		for i := range 2 {
 			e := h.open(t)
@@ -275,7 +276,7 @@ func TestNoEndpointAndShed(t *testing.T) {
 // chunks, comes back whole in chunks of at most 62,000 bytes with
 // end_of_stream on the last; a large response chunk is cut the same way.
 func TestLargeBodies(t *testing.T) {
-	gw, _ := newGateway(t, 2)
+	gw := newGateway(t, 2)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	for _, size := range []int{MaxChunkBytes - 1, MaxChunkBytes, MaxChunkBytes + 1, 200_000} {
 		t.Run(strconv.Itoa(size), func(t *testing.T) {
@@ -317,7 +318,7 @@ func TestLargeBodies(t *testing.T) {
 // TestBodyTooLarge: a body over MaxBodyBytes gets 413 before the router
 // sees it, whatever the chunking.
 func TestBodyTooLarge(t *testing.T) {
-	gw, _ := newGateway(t, 1)
+	gw := newGateway(t, 1)
 	h := startPicker(t, newRouter(t, gw, 0), Options{MaxBodyBytes: 1000})
 	ok := h.open(t).request(nil, bytes.Repeat([]byte(" "), 990), 0)
 	if ok.immediate != nil && ok.immediate.GetStatus().GetCode() == 413 {
@@ -335,7 +336,7 @@ func TestBodyTooLarge(t *testing.T) {
 // TestBadInput: bodies the key function refuses get 400 or 404, naming
 // the field.
 func TestBadInput(t *testing.T) {
-	gw, _ := newGateway(t, 1)
+	gw := newGateway(t, 1)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	for _, tc := range []struct {
 		body   string
@@ -366,7 +367,7 @@ func TestBadInput(t *testing.T) {
 // end_of_stream) is picked at once: a headers response, no body, no
 // Content-Length.
 func TestHeaderOnlyRequest(t *testing.T) {
-	gw, _ := newGateway(t, 2)
+	gw := newGateway(t, 2)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	e := h.open(t)
 	e.send(reqHeaders(true, nil, ":method", "GET", ":path", "/v1/models"))
@@ -388,7 +389,7 @@ func TestHeaderOnlyRequest(t *testing.T) {
 // mode; the body goes back without end_of_stream and the trailers are
 // answered after it.
 func TestRequestTrailers(t *testing.T) {
-	gw, _ := newGateway(t, 2)
+	gw := newGateway(t, 2)
 	h := startPicker(t, newRouter(t, gw, 0), Options{})
 	e := h.open(t)
 	body := chat("s", "s", "q")

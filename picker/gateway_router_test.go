@@ -44,7 +44,7 @@ func TestGatewayRouter(t *testing.T) {
 		{Name: "b", Address: "http://10.0.0.2:8000"},
 		{Name: "named", Address: "http://engine:8000"},
 	}
-	gw, err := gateway.New(reps, gateway.WithPolicy(NewScopedPolicy(&gateway.RoundRobin{})))
+	gw, err := gateway.New(reps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,89 +100,119 @@ func TestGatewayRouter(t *testing.T) {
 	if fl := inFlight(gw); fl[2] != 0 {
 		t.Errorf("refused decision left %d in flight", fl[2])
 	}
-	if _, err := NewGatewayRouter(mustGateway(t), r.key, 0); !errors.Is(err, ErrInvalidOptions) {
-		t.Errorf("gateway without ScopedPolicy: %v", err)
+	if _, err := NewGatewayRouter(nil, r.key, 0); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("no gateway: %v", err)
 	}
 }
 
-func mustGateway(t *testing.T) *gateway.Gateway {
-	gw, err := gateway.New([]gateway.Replica{{Name: "x"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return gw
-}
-
-// firstPolicy picks candidate i mod len.
-type firstPolicy struct{ i int }
-
-func (p firstPolicy) Pick(_ *gateway.Request, c []gateway.Candidate) gateway.Choice {
-	return gateway.Choice{Index: p.i % len(c)}
-}
-
-// TestPropScopedPolicy: whatever the candidates and scope, the choice is
-// in scope (or -1 exactly when the scope is empty or every candidate in it
-// is at the shed limit), and the fallbacks are distinct candidates in
-// scope other than the choice, best first: longest match, then fewest
-// outstanding.
-func TestPropScopedPolicy(t *testing.T) {
+// TestPropGatewayRouterScope: whatever the replicas' health and load, the
+// subset hint and the shed limit, a pick is a healthy endpoint in the
+// subset; the request is shed exactly when every healthy replica in the
+// subset is at the limit, and refused with ErrNoEndpoint when there is
+// none; the fallbacks are distinct healthy endpoints in the subset other
+// than the pick, fewest outstanding first, as many as asked and there are.
+func TestPropGatewayRouterScope(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		n := rapid.IntRange(1, 8).Draw(t, "n")
-		cands := make([]gateway.Candidate, n)
-		for i := range cands {
-			cands[i] = gateway.Candidate{Name: fmt.Sprintf("r%d", i),
-				Matched:  rapid.IntRange(0, 4).Draw(t, "matched"),
-				InFlight: rapid.IntRange(0, 4).Draw(t, "inflight")}
+		n := rapid.IntRange(1, 6).Draw(t, "n")
+		reps := make([]gateway.Replica, n)
+		for i := range reps {
+			reps[i] = gateway.Replica{Name: fmt.Sprintf("r%d", i), Address: "http://" + endpointN(i)}
 		}
-		p := NewScopedPolicy(firstPolicy{rapid.IntRange(0, 7).Draw(t, "pick")})
-		p.ShedAbove = rapid.IntRange(0, 5).Draw(t, "shed")
-		p.fallbacks = rapid.IntRange(0, 8).Draw(t, "fallbacks")
-		var inScope []int
+		gw, err := gateway.New(reps, gateway.WithMode(gateway.ModeCacheAware))
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy := make([]bool, n)
+		queue := make([]int, n)
+		for i := range n {
+			healthy[i] = rapid.Float64Range(0, 1).Draw(t, "up") < 0.8
+			queue[i] = rapid.IntRange(0, 4).Draw(t, "queue")
+			name := fmt.Sprintf("r%d", i)
+			if err := gw.SetHealthy(name, healthy[i]); err != nil {
+				t.Fatal(err)
+			}
+			if err := gw.UpdateLoad(name, gateway.Load{QueueDepth: queue[i]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		key, err := BodyKey(gateway.DefaultBlockSize, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewGatewayRouter(gw, key, rapid.IntRange(0, 6).Draw(t, "fallbacks"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.ShedAbove = rapid.IntRange(0, 5).Draw(t, "shed")
+		var sub Subset
+		inSubset := make([]bool, n)
 		if rapid.Bool().Draw(t, "scoped") {
-			p.allow = map[string]struct{}{}
-			for i := range cands {
+			sub = Subset{}
+			for i := range n {
 				if rapid.Bool().Draw(t, "allow") {
-					p.allow[cands[i].Name] = struct{}{}
-					inScope = append(inScope, i)
+					sub = append(sub, endpointN(i))
+					inSubset[i] = true
 				}
 			}
 		} else {
-			for i := range cands {
-				inScope = append(inScope, i)
+			for i := range n {
+				inSubset[i] = true
 			}
 		}
-		ch := p.Pick(&gateway.Request{Key: gateway.Key{1}}, cands)
-		allShed := p.ShedAbove > 0 && !slices.ContainsFunc(inScope, func(i int) bool { return cands[i].Outstanding() < p.ShedAbove })
-		if len(inScope) == 0 || allShed {
-			if ch.Index != -1 || p.empty != (len(inScope) == 0) || p.shed != (len(inScope) > 0) {
-				t.Fatalf("choice %d empty %v shed %v; scope %v", ch.Index, p.empty, p.shed, inScope)
+		var scope []int
+		for i := range n {
+			if healthy[i] && inSubset[i] {
+				scope = append(scope, i)
+			}
+		}
+		allShed := r.ShedAbove > 0 && len(scope) > 0 && !slices.ContainsFunc(scope, func(i int) bool { return queue[i] < r.ShedAbove })
+		p, err := r.Pick(context.Background(), &PickRequest{Body: chat("s", "sess", "q"), Subset: sub})
+		switch {
+		case len(scope) == 0:
+			if !errors.Is(err, ErrNoEndpoint) {
+				t.Fatalf("nothing in scope: %v", err)
 			}
 			return
-		}
-		if !slices.Contains(inScope, ch.Index) {
-			t.Fatalf("chose %d outside %v", ch.Index, inScope)
-		}
-		want := min(p.fallbacks, len(inScope)-1)
-		if len(p.outNames) != want {
-			t.Fatalf("%d fallbacks, want %d", len(p.outNames), want)
-		}
-		seen := map[string]bool{cands[ch.Index].Name: true}
-		prev := -1
-		for _, name := range p.outNames {
-			i := slices.IndexFunc(cands, func(c gateway.Candidate) bool { return c.Name == name })
-			if seen[name] || !slices.Contains(inScope, i) {
-				t.Fatalf("fallback %s repeated or out of scope", name)
+		case allShed:
+			if !errors.Is(err, ErrShed) {
+				t.Fatalf("every replica in scope at %d: %v", r.ShedAbove, err)
 			}
-			seen[name] = true
-			if prev >= 0 {
-				a, b := cands[prev], cands[i]
-				if a.Matched < b.Matched || a.Matched == b.Matched && a.Outstanding() > b.Outstanding() {
-					t.Fatalf("fallback %s ranked after %s", a.Name, b.Name)
-				}
+			return
+		case err != nil:
+			t.Fatal(err)
+		}
+		defer p.Tracker.Done(Outcome{})
+		index := func(ep string) int { return slices.Index(sortedEndpoints(n), ep) }
+		chosen := index(p.Endpoint)
+		if !slices.Contains(scope, chosen) {
+			t.Fatalf("picked %s outside the scope %v", p.Endpoint, scope)
+		}
+		if want := min(r.fallbacks, len(scope)-1); len(p.Fallbacks) != want {
+			t.Fatalf("%d fallbacks, want %d", len(p.Fallbacks), want)
+		}
+		seen := map[int]bool{chosen: true}
+		prev := -1
+		for _, fb := range p.Fallbacks {
+			i := index(fb)
+			if seen[i] || !slices.Contains(scope, i) {
+				t.Fatalf("fallback %s repeated or out of scope", fb)
+			}
+			seen[i] = true
+			if prev >= 0 && queue[prev] > queue[i] {
+				t.Fatalf("fallback %s (queue %d) ranked after %s (queue %d)", endpointN(prev), queue[prev], fb, queue[i])
 			}
 			prev = i
 		}
 	})
+}
+
+// sortedEndpoints lists the endpoints of n test replicas, by index.
+func sortedEndpoints(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = endpointN(i)
+	}
+	return out
 }
 
 func TestBodyKey(t *testing.T) {

@@ -22,21 +22,20 @@ import (
 // endpointN is the endpoint of test replica i.
 func endpointN(i int) string { return fmt.Sprintf("10.0.0.%d:8000", i+1) }
 
-// newGateway returns a cache-aware gateway, scoped for a GatewayRouter,
-// over n replicas r0..r{n-1} at http://10.0.0.{i+1}:8000. Nothing listens
-// there: the picker only names endpoints.
-func newGateway(t testing.TB, n int, opts ...gateway.Option) (*gateway.Gateway, *ScopedPolicy) {
+// newGateway returns a cache-aware gateway over n replicas r0..r{n-1} at
+// http://10.0.0.{i+1}:8000. Nothing listens there: the picker only names
+// endpoints.
+func newGateway(t testing.TB, n int, opts ...gateway.Option) *gateway.Gateway {
 	t.Helper()
 	reps := make([]gateway.Replica, n)
 	for i := range reps {
 		reps[i] = gateway.Replica{Name: fmt.Sprintf("r%d", i), Address: "http://" + endpointN(i)}
 	}
-	pol := NewScopedPolicy(&gateway.CacheAware{})
-	gw, err := gateway.New(reps, append(opts, gateway.WithPolicy(pol))...)
+	gw, err := gateway.New(reps, append(opts, gateway.WithMode(gateway.ModeCacheAware))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return gw, pol
+	return gw
 }
 
 // newRouter returns a GatewayRouter over gw keyed by BodyKey (model m1).

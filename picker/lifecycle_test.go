@@ -188,7 +188,7 @@ func TestClientCancel(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gw, _ := newGateway(t, 2)
+			gw := newGateway(t, 2)
 			rec := newRecorder("10.0.0.9:1")
 			router := newRouter(t, gw, 0)
 			h := startPicker(t, teeRouter{router, rec}, Options{})
@@ -361,7 +361,7 @@ func TestOptions(t *testing.T) {
 	if _, err := New(nil, Options{}); !errors.Is(err, ErrInvalidOptions) {
 		t.Errorf("nil router: %v", err)
 	}
-	gw, _ := newGateway(t, 1)
+	gw := newGateway(t, 1)
 	key, _ := BodyKey(64)
 	if _, err := NewGatewayRouter(gw, key, -1); !errors.Is(err, ErrInvalidOptions) {
 		t.Errorf("negative fallbacks: %v", err)

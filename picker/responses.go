@@ -1,7 +1,9 @@
 package picker
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -17,19 +19,29 @@ import (
 // v1.5.0 does (pkg/epp/handlers/request.go, generateRequestHeaderResponse
 // and generateHeaders). A HeaderValueOption whose append fields are unset
 // overwrites: in ext_proc set_headers, append defaults to false.
-func requestHeadersResponse(dest string, hasBody bool, bodyLen int) *extprocv3.ProcessingResponse {
-	set := make([]*corev3.HeaderValueOption, 1, 2)
+//
+// extra are the Pick's Headers: set, or removed when their value is empty.
+func requestHeadersResponse(dest string, hasBody bool, bodyLen int, extra []Header) *extprocv3.ProcessingResponse {
+	set := make([]*corev3.HeaderValueOption, 1, 2+len(extra))
 	set[0] = &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: DestinationKey, RawValue: []byte(dest)}}
 	if hasBody && bodyLen > 0 {
 		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{
 			Key: "Content-Length", RawValue: strconv.AppendInt(nil, int64(bodyLen), 10)}})
+	}
+	var remove []string
+	for _, h := range extra {
+		if h.Value == "" {
+			remove = append(remove, h.Name)
+			continue
+		}
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: h.Name, RawValue: []byte(h.Value)}})
 	}
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{
 				Response: &extprocv3.CommonResponse{
 					ClearRouteCache: true,
-					HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
+					HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove},
 				},
 			},
 		},
@@ -92,14 +104,72 @@ func sendChunks(st stream, body []byte, eos bool, msg func([]byte, bool) *extpro
 // OpenAI-style JSON error body.
 func immediateResponse(err error) *extprocv3.ProcessingResponse {
 	code, typ, errCode := errorStatus(err)
+	details := "picker_error"
+	if errCode != "" {
+		details = "picker_" + errCode
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status: &typev3.HttpStatus{Code: typev3.StatusCode(code)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
 				Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
 			}}},
-			Body:    errorBody(err.Error(), typ, errCode),
-			Details: "picker_" + errCode,
+			Body:    errorBody(err.Error(), typ, errCode, errorParam(err)),
+			Details: details,
 		},
 	}}
+}
+
+// replyResponse sends a Router's own answer (Pick.Reply) to the client.
+func replyResponse(r *Reply) *extprocv3.ProcessingResponse {
+	im := &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(r.Status)},
+		Body:    r.Body,
+		Details: "picker_reply",
+	}
+	if r.ContentType != "" {
+		im.Headers = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+			Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte(r.ContentType)},
+		}}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: im}}
+}
+
+// validStatus reports whether status is one Envoy's StatusCode enum
+// names (an ImmediateResponse with another fails validation).
+func validStatus(status int) bool {
+	_, ok := typev3.StatusCode_name[int32(status)]
+	return ok && status >= 200 && status <= 599
+}
+
+// checkHeaders checks a Pick's Headers (see Pick.Headers).
+func checkHeaders(hs []Header) error {
+	for _, h := range hs {
+		if !validHeaderName(h.Name) {
+			return fmt.Errorf("picker: the router set header %q, which is not a header name it may set", h.Name)
+		}
+		if strings.ContainsAny(h.Value, "\r\n\x00") {
+			return fmt.Errorf("picker: the router set header %s to %q, which holds CR, LF or NUL", h.Name, h.Value)
+		}
+	}
+	return nil
+}
+
+// validHeaderName reports whether name is an RFC 9110 token that is
+// neither a pseudo-header nor host (which Envoy's default mutation rules
+// refuse).
+func validHeaderName(name string) bool {
+	if name == "" || equalFold(name, "host") {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

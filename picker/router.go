@@ -33,6 +33,9 @@ type PickRequest struct {
 	// Body is the whole request body; nil for a request without one (a
 	// GET, or headers with end_of_stream).
 	Body []byte
+	// Received is when the request headers reached the picker
+	// (Options.Clock): the start of the request's time to first token.
+	Received time.Time
 	// Subset, when non-nil, is the set of endpoints the data plane allows
 	// for this request (the subset hint); the Router must choose within it
 	// or fail with ErrNoEndpoint. nil allows every endpoint. The server
@@ -93,8 +96,35 @@ type Pick struct {
 	// implementing the protocol's fallback list may try if Endpoint fails.
 	// The server sends at most Options.MaxFallbacks of them.
 	Fallbacks []string
-	// Tracker, if not nil, hears how the request goes.
+	// Headers are request headers, besides x-gateway-destination-endpoint,
+	// that the data plane sets on the request it sends to Endpoint,
+	// replacing any the client sent; a Header with an empty Value is
+	// removed instead (a disaggregated model's x-prefiller-host-port, for
+	// one, is set when the request is split and removed when it is not).
+	// Names must be HTTP header names (RFC 9110 tokens) other than
+	// pseudo-headers and host, values free of CR, LF and NUL; a Pick
+	// breaking this is answered with 500.
+	Headers []Header
+	// Reply, when not nil, answers the request from the picker itself: it
+	// goes to no endpoint (Endpoint, Fallbacks and Headers are ignored)
+	// and the client gets Reply's status and body. It is for requests a
+	// Router can answer alone, such as a list of the models it serves.
+	Reply *Reply
+	// Tracker, if not nil, hears how the request goes. With a Reply, its
+	// Done is called at once with the Reply's status.
 	Tracker Tracker
+}
+
+// Reply is an answer the picker sends the client itself (Pick.Reply).
+type Reply struct {
+	// Status is the HTTP status, 200 to 599 (a status Envoy's
+	// envoy.type.v3.StatusCode names). Another is answered with 500.
+	Status int
+	// ContentType is the Content-Type of Body; "" sends none.
+	ContentType string
+	// Body is the response body, sent as it is. The Router must not
+	// change it once Pick has returned it.
+	Body []byte
 }
 
 // Tracker follows one picked request. The server calls FirstToken at most

@@ -20,7 +20,7 @@ type PrefixAffinity struct{}
 var _ gateway.Policy = (*PrefixAffinity)(nil)
 
 // Pick implements gateway.Policy.
-func (p *PrefixAffinity) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *PrefixAffinity) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	best, bestH := -1, uint64(0)
 	for i := range cands {
 		c := &cands[i]
@@ -35,9 +35,5 @@ func (p *PrefixAffinity) Pick(req *gateway.Request, cands []gateway.Candidate) g
 			best, bestH = i, h
 		}
 	}
-	ch := gateway.Choice{Index: best, Kind: gateway.KindAffinity}
-	if req.MaxMatched == 0 {
-		ch.Kind, ch.Fallback = gateway.KindRoundRobin, gateway.FallbackNoMatch
-	}
-	return ch
+	return best
 }

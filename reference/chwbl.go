@@ -20,7 +20,10 @@ import (
 //     Prefix; a completion's prompt for /v1/completions), hashed with
 //     xxHash; here, the user message's content id from Arrive
 //     (Arrival.UserContent), or the prompt's first block when no request
-//     was announced;
+//     was announced; a request for a LoRA adapter hashes the adapter's name
+//     first (internal/loadbalancer/group.go: req.Adapter+req.Prefix), and
+//     KubeAI's filter to endpoints that have the adapter (every replica
+//     here) is the only other adapter rule: it does not see slots;
 //   - a ring of Replication (default 256) points per endpoint, each the
 //     xxHash of the endpoint name followed by the point's number
 //     (internal/loadbalancer/balance_chwbl.go);
@@ -67,7 +70,7 @@ func (p *CHWBL) FirstToken(uint64) {}
 func (p *CHWBL) Done(uint64) {}
 
 // Pick implements gateway.Policy.
-func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	lf := p.LoadFactor
 	if lf == 0 {
 		lf = 1.25
@@ -86,6 +89,17 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 		key = a.UserContent
 	}
 	h := hashUint64(key)
+	if req.Adapter != "" {
+		// KubeAI hashes the adapter's name before the prefix
+		// (internal/loadbalancer/group.go: req.Adapter+req.Prefix).
+		var d xxhash.Digest
+		d.Reset()
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], key)
+		_, _ = d.WriteString(req.Adapter)
+		_, _ = d.Write(b[:])
+		h = d.Sum64()
+	}
 	ring := p.ringFor(cands)
 	start, _ := slices.BinarySearchFunc(ring, h, func(rp ringPoint, h uint64) int { return cmp.Compare(rp.h, h) })
 	first := -1
@@ -95,14 +109,10 @@ func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Ch
 			first = i
 		}
 		if total == 0 || float64(cands[i].InFlight) <= threshold {
-			ch := gateway.Choice{Index: i, Kind: gateway.KindAffinity}
-			if i != first {
-				ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
-			}
-			return ch
+			return i
 		}
 	}
-	return gateway.Choice{Index: first, Kind: gateway.KindAffinity}
+	return first
 }
 
 func indexOf(cands []gateway.Candidate, name string) int {

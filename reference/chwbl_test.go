@@ -69,7 +69,7 @@ func TestCHWBLRebuildsOnChange(t *testing.T) {
 				used[name] = true
 				cs[i] = gateway.Candidate{Name: name, InFlight: rapid.IntRange(0, 5).Draw(t, "load")}
 			}
-			k := gateway.KeyFromHashes([]uint64{rapid.Uint64().Draw(t, "id")})
+			k := gateway.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
 			got := reused.Pick(&gateway.Request{Key: k}, cs)
 			want := (&CHWBL{Replication: 16}).Pick(&gateway.Request{Key: k}, cs)
 			require.Equal(t, want, got)

@@ -160,7 +160,7 @@ func (p *Dynamo) KVEvent(replica string, ev gateway.CacheEvent) {
 }
 
 // Pick implements gateway.Policy.
-func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	wt := p.OverlapWeight
 	if wt == 0 {
 		wt = 1
@@ -224,11 +224,5 @@ func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.C
 			}
 		}
 	}
-	ch := gateway.Choice{Index: best, Kind: gateway.KindAffinity}
-	if c.Matched == 0 {
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackNoMatch
-	} else if c.Matched < req.MaxMatched {
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
-	}
-	return ch
+	return best
 }

@@ -54,6 +54,10 @@ type GIE struct {
 	// engine's KV capacity (autoTune), 500,000 being the 31,250 blocks of
 	// 16 tokens used without it.
 	LRUTokens int
+	// LoRAWeight, when positive, adds GIE's lora-affinity-scorer to the
+	// profile with this weight (see gie_lora.go); 0, the default profile,
+	// leaves it out.
+	LoRAWeight float64
 	// Seed seeds the random tie-breaks.
 	Seed uint64
 
@@ -112,7 +116,7 @@ func (p *GIE) Predicted() int {
 }
 
 // Pick implements gateway.Policy.
-func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	wq, wkv, wp := def64(p.QueueWeight, gieQueueWeight), def64(p.KVWeight, gieKVWeight), def64(p.PrefixWeight, giePrefixWeight)
 	window := p.MaxPrefixTokens
 	if window <= 0 {
@@ -132,18 +136,23 @@ func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choi
 		p.idx.server(cands[i].Name, capTokens/bt)
 	}
 	p.idx.match(hashes)
+	var lora func(i int) float64
+	if p.LoRAWeight > 0 {
+		lora = func(i int) float64 { return p.LoRAWeight * gieLoRAScore(req.Adapter, &cands[i].LoRA) }
+	}
 	best := maxScore(cands, func(i int) float64 {
 		return float64(p.idx.count[p.idx.slot[cands[i].Name]]) / float64(len(hashes))
-	}, wq, wkv, wp, &p.ties, p.rng)
+	}, lora, wq, wkv, wp, &p.ties, p.rng)
 	s := p.idx.slot[cands[best].Name]
 	p.predicted = p.idx.count[s]
 	p.idx.add(hashes, s)
-	return choiceFor(req, cands, best, p.predicted, len(hashes))
+	return best
 }
 
-// maxScore scores candidates as GIE's default profile does and returns the
-// best, drawing ties with r.
-func maxScore(cands []gateway.Candidate, prefix func(i int) float64, wq, wkv, wp float64, t *ties, r seeded) int {
+// maxScore scores candidates as GIE's default profile does, plus extra's
+// weighted score when extra is not nil, and returns the best, drawing ties
+// with r.
+func maxScore(cands []gateway.Candidate, prefix, extra func(i int) float64, wq, wkv, wp float64, t *ties, r seeded) int {
 	minQ, maxQ := cands[0].Load.QueueDepth, cands[0].Load.QueueDepth
 	for i := range cands {
 		minQ, maxQ = min(minQ, cands[i].Load.QueueDepth), max(maxQ, cands[i].Load.QueueDepth)
@@ -157,6 +166,9 @@ func maxScore(cands []gateway.Candidate, prefix func(i int) float64, wq, wkv, wp
 			q = float64(maxQ-c.Load.QueueDepth) / float64(maxQ-minQ)
 		}
 		s := wq*q + wkv*(1-c.Load.KVUtilization) + wp*prefix(i)
+		if extra != nil {
+			s += extra(i)
+		}
 		switch {
 		case t.n() == 0 || s > best:
 			t.reset()
@@ -167,19 +179,6 @@ func maxScore(cands []gateway.Candidate, prefix func(i int) float64, wq, wkv, wp
 		}
 	}
 	return t.draw(r)
-}
-
-// choiceFor labels a pick of a scoring policy: affinity when its index
-// matched all of what it compared, else load-aware.
-func choiceFor(req *gateway.Request, cands []gateway.Candidate, best, matched, total int) gateway.Choice {
-	ch := gateway.Choice{Index: best, Kind: gateway.KindAffinity}
-	switch {
-	case matched == 0:
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackNoMatch
-	case matched < total && cands[best].Matched < req.MaxMatched:
-		ch.Kind, ch.Fallback = gateway.KindLoadAware, gateway.FallbackLoadGuard
-	}
-	return ch
 }
 
 func def64(v, d float64) float64 {
@@ -224,7 +223,7 @@ func NewLLMDPrecise(seed uint64) *LLMDPrecise { return &LLMDPrecise{Seed: seed} 
 var _ gateway.Policy = (*LLMDPrecise)(nil)
 
 // Pick implements gateway.Policy.
-func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	wq, wkv, wp := def64(p.QueueWeight, gieQueueWeight), def64(p.KVWeight, gieKVWeight), def64(p.PrefixWeight, giePrefixWeight)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -233,6 +232,6 @@ func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) gate
 		p.ready = true
 	}
 	n := float64(len(req.Key))
-	best := maxScore(cands, func(i int) float64 { return min(1, float64(cands[i].Matched)/n) }, wq, wkv, wp, &p.ties, p.rng)
-	return choiceFor(req, cands, best, cands[best].Matched, len(req.Key))
+	best := maxScore(cands, func(i int) float64 { return min(1, float64(cands[i].Matched)/n) }, nil, wq, wkv, wp, &p.ties, p.rng)
+	return best
 }

@@ -24,6 +24,11 @@ type Arrival struct {
 	// first user message (KubeAI's CHWBL hashes its first 100 characters);
 	// requests whose first user message starts alike share it.
 	UserContent uint64
+	// BaseKey, for a request naming a LoRA adapter, is its prompt's key
+	// without the adapter's salt (the request's Key is salted), for
+	// routers that match the prompt's text alone whatever the adapter;
+	// nil otherwise. Valid until the Pick that follows.
+	BaseKey gateway.Key
 }
 
 // Tracker is implemented by the policies that follow each request's life

@@ -28,9 +28,9 @@ func NewP2C(seed uint64) *P2C {
 var _ gateway.Policy = (*P2C)(nil)
 
 // Pick implements gateway.Policy.
-func (p *P2C) Pick(_ *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *P2C) Pick(_ *gateway.Request, cands []gateway.Candidate) int {
 	if len(cands) == 1 {
-		return gateway.Choice{Index: 0, Kind: gateway.KindLoadAware}
+		return 0
 	}
 	p.mu.Lock()
 	if p.rng == nil {
@@ -45,5 +45,5 @@ func (p *P2C) Pick(_ *gateway.Request, cands []gateway.Candidate) gateway.Choice
 	if cands[b].Outstanding() < cands[a].Outstanding() {
 		a = b
 	}
-	return gateway.Choice{Index: a, Kind: gateway.KindLoadAware}
+	return a
 }

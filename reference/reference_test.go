@@ -16,7 +16,7 @@ func key(n int) gateway.Key {
 	for i := range ids {
 		ids[i] = uint64(i)
 	}
-	return gateway.KeyFromHashes(ids)
+	return gateway.AppendHashes(nil, ids)
 }
 
 func keyFrom(base uint64, n int) gateway.Key {
@@ -24,7 +24,7 @@ func keyFrom(base uint64, n int) gateway.Key {
 	for i := range ids {
 		ids[i] = base<<20 | uint64(i)
 	}
-	return gateway.KeyFromHashes(ids)
+	return gateway.AppendHashes(nil, ids)
 }
 
 func req(n int, cands []gateway.Candidate) *gateway.Request {
@@ -56,7 +56,7 @@ func route(p gateway.Policy, id uint64, at time.Duration, k gateway.Key, cs []ga
 	if tr, ok := p.(Tracker); ok {
 		tr.Arrive(Arrival{ID: id, Time: t0.Add(at), Tokens: 16 * len(k), BlockTokens: 16, UserContent: k[0]})
 	}
-	return p.Pick(reqFor(k, cs), cs).Index
+	return p.Pick(reqFor(k, cs), cs)
 }
 
 func TestSGLangRules(t *testing.T) {
@@ -317,32 +317,31 @@ func TestLLMDPrecise(t *testing.T) {
 	cs[0].Load.KVUtilization = 0.9
 	cs[2].Matched = 5
 	p := NewLLMDPrecise(1)
-	assert.Equal(t, 2, p.Pick(req(10, cs), cs).Index, "half the prompt cached: 1.5 of prefix score")
+	assert.Equal(t, 2, p.Pick(req(10, cs), cs), "half the prompt cached: 1.5 of prefix score")
 	cs[2].Load.QueueDepth, cs[1].Load.QueueDepth = 10, 0
-	assert.Equal(t, 1, p.Pick(req(10, cs), cs).Index, "its queue now costs 2, more than the prefix gives")
+	assert.Equal(t, 1, p.Pick(req(10, cs), cs), "its queue now costs 2, more than the prefix gives")
 }
 
 func TestCHWBL(t *testing.T) {
 	p := &CHWBL{}
 	cs := cands(4)
 	r := req(3, cs)
-	first := p.Pick(r, cs).Index
+	first := p.Pick(r, cs)
 	for range 10 {
-		require.Equal(t, first, p.Pick(r, cs).Index, "same prefix, same replica")
+		require.Equal(t, first, p.Pick(r, cs), "same prefix, same replica")
 	}
 	// Over 1.25 × the mean with the request: it moves on, clockwise,
 	// deterministically.
 	cs[first].InFlight = 10
 	next := p.Pick(r, cs)
-	assert.NotEqual(t, first, next.Index)
-	assert.Equal(t, gateway.FallbackLoadGuard, next.Fallback)
+	assert.NotEqual(t, first, next)
 	assert.Equal(t, next, p.Pick(r, cs))
 	// Different prefixes spread over replicas.
 	seen := map[int]bool{}
 	cs = cands(4)
 	for i := range 64 {
-		k := gateway.KeyFromHashes([]uint64{uint64(1000 + i)})
-		seen[p.Pick(&gateway.Request{Key: k}, cs).Index] = true
+		k := gateway.AppendHashes(nil, []uint64{uint64(1000 + i)})
+		seen[p.Pick(&gateway.Request{Key: k}, cs)] = true
 	}
 	assert.Len(t, seen, 4)
 }
@@ -359,14 +358,14 @@ func TestCHWBLKeysOnUserMessage(t *testing.T) {
 	spots := map[int]bool{}
 	for u := range 32 {
 		p.Arrive(Arrival{ID: uint64(u), UserContent: uint64(5000 + u)})
-		spots[p.Pick(reqFor(sys, cs), cs).Index] = true
+		spots[p.Pick(reqFor(sys, cs), cs)] = true
 	}
 	assert.Greater(t, len(spots), 4, "one system prompt, many user messages: spread")
 	for s := range 8 {
 		p.Arrive(Arrival{ID: uint64(100 + s), UserContent: 42})
-		got := p.Pick(reqFor(keyFrom(uint64(s), 4), cs), cs).Index
+		got := p.Pick(reqFor(keyFrom(uint64(s), 4), cs), cs)
 		p.Arrive(Arrival{ID: 1, UserContent: 42})
-		assert.Equal(t, got, p.Pick(reqFor(keyFrom(99, 4), cs), cs).Index)
+		assert.Equal(t, got, p.Pick(reqFor(keyFrom(99, 4), cs), cs))
 	}
 }
 
@@ -383,8 +382,8 @@ func TestCHWBLBoundProperty(t *testing.T) {
 			total += c.InFlight
 			minLoad = min(minLoad, c.InFlight)
 		}
-		k := gateway.KeyFromHashes([]uint64{rapid.Uint64().Draw(t, "id")})
-		i := (&CHWBL{}).Pick(&gateway.Request{Key: k}, cs).Index
+		k := gateway.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
+		i := (&CHWBL{}).Pick(&gateway.Request{Key: k}, cs)
 		// KubeAI's bound: load <= 1.25·(total+1)/n, which the least
 		// loaded replica always meets.
 		if total > 0 && float64(cs[i].InFlight) > 1.25*float64(total+1)/float64(n) {
@@ -401,27 +400,26 @@ func TestP2C(t *testing.T) {
 	a, b := NewP2C(1), NewP2C(1)
 	counts := make([]int, len(cs))
 	for range 1000 {
-		i := a.Pick(req(2, cs), cs).Index
-		require.Equal(t, i, b.Pick(req(2, cs), cs).Index, "same seed, same picks")
+		i := a.Pick(req(2, cs), cs)
+		require.Equal(t, i, b.Pick(req(2, cs), cs), "same seed, same picks")
 		counts[i]++
 	}
 	// The most loaded replica is never the lesser of two distinct picks.
 	assert.Zero(t, counts[4])
 	assert.Greater(t, counts[0], counts[3])
-	assert.Equal(t, 0, (&P2C{}).Pick(req(1, cs[:1]), cs[:1]).Index)
+	assert.Equal(t, 0, (&P2C{}).Pick(req(1, cs[:1]), cs[:1]))
 }
 
 func TestPrefixAffinity(t *testing.T) {
 	p := &PrefixAffinity{}
 	cs := cands(4)
 	cs[2].Matched, cs[2].InFlight = 3, 1000
-	assert.Equal(t, 2, p.Pick(req(5, cs), cs).Index, "ignores load")
+	assert.Equal(t, 2, p.Pick(req(5, cs), cs), "ignores load")
 	cs = cands(4)
 	r := req(5, cs)
 	first := p.Pick(r, cs)
-	assert.Equal(t, gateway.FallbackNoMatch, first.Fallback)
 	for range 5 {
-		assert.Equal(t, first.Index, p.Pick(r, cs).Index, "sticky without a match")
+		assert.Equal(t, first, p.Pick(r, cs), "sticky without a match")
 	}
 }
 
@@ -464,7 +462,7 @@ func TestPoliciesThroughGateway(t *testing.T) {
 			g, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}, {Name: "c"}}, gateway.WithPolicy(p))
 			require.NoError(t, err)
 			for i := range 50 {
-				d, err := g.Route(gateway.KeyFromHashes([]uint64{uint64(i % 7), uint64(i)}))
+				d, err := g.Route(gateway.AppendHashes(nil, []uint64{uint64(i % 7), uint64(i)}))
 				require.NoError(t, err)
 				assert.Contains(t, []string{"a", "b", "c"}, d.Replica)
 				d.Done(gateway.DoneInfo{})

@@ -174,7 +174,7 @@ func (p *SGLang) maxChars() int {
 }
 
 // Pick implements gateway.Policy.
-func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	thr, abs, rel := p.CacheThreshold, p.BalanceAbs, p.BalanceRel
 	if thr == 0 {
 		thr = 0.5
@@ -195,34 +195,42 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.C
 	if tokens <= 0 {
 		tokens = len(req.Key) * bt
 	}
+	// The router matches the prompt's text in one tree per worker model
+	// (cache_aware.rs: trees keyed by the worker's model_id), blind to a
+	// LoRA adapter the request names: the same prompt under two adapters
+	// is one path. Match the unsalted key then.
+	key := req.Key
+	if len(a.BaseKey) > 0 {
+		key = a.BaseKey
+	}
 	mn, mx := cands[0].InFlight, cands[0].InFlight
 	for i := range cands {
 		mn, mx = min(mn, cands[i].InFlight), max(mx, cands[i].InFlight)
 	}
 	first := p.firstWith(cands, mn)
-	var ch gateway.Choice
-	m, node := p.tree.match(req.Key)
+	var pick int
+	m, node := p.tree.match(key)
 	switch {
 	case mx-mn > abs && float32(mx) > float32(mn)*float32(rel):
-		ch = gateway.Choice{Index: first, Kind: gateway.KindLoadAware, Fallback: gateway.FallbackLoadGuard}
+		pick = first
 	default:
 		matched := min(m*bt, tokens)
-		if m == len(req.Key) {
+		if m == len(key) {
 			matched = tokens
 		}
 		if float32(matched)/float32(tokens) > float32(thr) {
 			if i := p.indexOf(cands, p.tree.pickTenant(node)); i >= 0 {
 				p.tree.touch(node, p.tree.tenant(cands[i].Name), now)
-				ch = gateway.Choice{Index: i, Kind: gateway.KindAffinity}
+				pick = i
 				break
 			}
 		}
-		ch = gateway.Choice{Index: p.miss(cands, mn), Kind: gateway.KindLoadAware, Fallback: gateway.FallbackNoMatch}
+		pick = p.miss(cands, mn)
 	}
-	t := p.tree.tenant(cands[ch.Index].Name)
-	p.predicted = p.held(req.Key, t)
-	p.tree.insert(req.Key, tokens, bt, t, now)
-	return ch
+	t := p.tree.tenant(cands[pick].Name)
+	p.predicted = p.held(key, t)
+	p.tree.insert(key, tokens, bt, t, now)
+	return pick
 }
 
 // miss returns the candidate a low match goes to.

@@ -50,7 +50,7 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 			continue
 		}
 		n++
-		key = gateway.AppendHashKey(gateway.AppendHashKey(key[:0], req.Blocks), req.OutBlocks)
+		key = gateway.SaltKey(gateway.AppendHashes(gateway.AppendHashes(key[:0], req.Blocks), req.OutBlocks), req.Adapter)
 		prompt := key[:len(req.Blocks)]
 		in += int64(req.InputTokens)
 		if cap(slots) < len(prompt) {

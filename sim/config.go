@@ -23,6 +23,13 @@ type Config struct {
 	// value, gateway.IndexApproximate, warms it at Route;
 	// gateway.IndexExact feeds it the simulated replicas' cache events.
 	Index gateway.IndexMode
+	// Gateways is the number of gateway replicas sharing the traffic,
+	// each with its own index, in-flight counts and demand sketch (see
+	// router): each request goes to one of them drawn at random, seeded by
+	// Seed, so each sees about 1/Gateways of the requests. All are pushed
+	// the same scraped load; with Index exact, all are fed every engine's
+	// KV events. 0 means 1, one gateway; at most MaxGateways.
+	Gateways int
 	// RefreshInterval is how often the replicas' load signals (queue depth,
 	// running, KV utilisation) are pushed to the gateway; 0 means
 	// DefaultRefreshInterval.
@@ -38,6 +45,14 @@ type Config struct {
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
 	MaxQueue int
+	// MaxLoras is each replica's number of LoRA adapter slots (vLLM's
+	// --max-loras), for workloads whose requests name adapters; 0 means
+	// DefaultMaxLoras (1), at most gateway.MaxAdapterSlots.
+	MaxLoras int
+	// AdapterLoad is how much longer a replica's step takes for each
+	// adapter it loads into a slot; 0 means DefaultAdapterLoad (30 ms), a
+	// negative value no cost. See lora.go.
+	AdapterLoad time.Duration
 	// Seed seeds the workload and the randomised policies; the same Config
 	// gives the same Report.
 	Seed uint64
@@ -86,11 +101,23 @@ func (c *Config) fill() error {
 	if c.Policies == nil {
 		c.Policies = DefaultPolicies()
 	}
+	if c.Gateways == 0 {
+		c.Gateways = 1
+	}
 	if c.RefreshInterval == 0 {
 		c.RefreshInterval = DefaultRefreshInterval
 	}
 	if c.SLO == 0 {
 		c.SLO = DefaultSLO
+	}
+	if c.MaxLoras == 0 {
+		c.MaxLoras = DefaultMaxLoras
+	}
+	switch {
+	case c.AdapterLoad == 0:
+		c.AdapterLoad = DefaultAdapterLoad
+	case c.AdapterLoad < 0:
+		c.AdapterLoad = 0
 	}
 	switch {
 	case c.Replicas < 0 || c.Replicas > gateway.MaxReplicas:
@@ -105,8 +132,14 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: RouterSLO %v is negative", ErrInvalidConfig, c.RouterSLO)
 	case c.MaxQueue < 0:
 		return fmt.Errorf("%w: MaxQueue %d is negative", ErrInvalidConfig, c.MaxQueue)
+	case c.Gateways < 0 || c.Gateways > MaxGateways:
+		return fmt.Errorf("%w: Gateways %d, want 1..%d", ErrInvalidConfig, c.Gateways, MaxGateways)
 	case c.Parallel < 0:
 		return fmt.Errorf("%w: Parallel %d is negative", ErrInvalidConfig, c.Parallel)
+	case c.MaxLoras < 0 || c.MaxLoras > gateway.MaxAdapterSlots:
+		return fmt.Errorf("%w: MaxLoras %d, want 1..%d", ErrInvalidConfig, c.MaxLoras, gateway.MaxAdapterSlots)
+	case c.AdapterLoad > time.Hour:
+		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
 	}
@@ -130,7 +163,7 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: policy %q listed twice", ErrInvalidConfig, p.Name)
 		}
 		if p.New == nil {
-			if _, err := gateway.ParseMode(p.Mode.String()); err != nil {
+			if _, err := p.Mode.MarshalText(); err != nil {
 				return fmt.Errorf("%w: policy %q: Mode %d is not a built-in gateway.Mode", ErrInvalidConfig, p.Name, int(p.Mode))
 			}
 		}

@@ -22,7 +22,7 @@ func TestPolicyErrors(t *testing.T) {
 	}{
 		{"unknown mode", Policy{Name: "m7", Mode: 7}, []string{`"m7"`, "Mode 7"}, nil},
 		{"negative mode", Policy{Name: "neg", Mode: -1}, []string{`"neg"`, "Mode -1"}, nil},
-		{"nil custom policy", Policy{Name: "nil", New: func(uint64) gateway.Policy { return nil }}, []string{`"nil"`, "nil policy"}, gateway.ErrInvalidOption},
+		{"nil custom policy", Policy{Name: "nil", New: func(uint64) gateway.Policy { return nil }}, []string{`"nil"`, "nil policy"}, gateway.ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -27,10 +27,20 @@
 // router only sees its own index. The report sets the hit rate the index
 // predicted beside the true one.
 //
+// Config.Gateways simulates several gateways sharing the traffic
+// (active-active): each request goes to one of them drawn at random, each
+// has its own gateway.Gateway (index, in-flight and pending counts, demand
+// sketch) and its own instance of a reference policy, all are pushed the
+// same scraped load, and in exact-index mode all are fed every engine's KV
+// events (docs/multi-gateway.md has the figures).
+//
 // Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,
-// and TraceFile (Mooncake JSONL replay with a speed factor or Poisson
+// LoRAWorkload (requests naming LoRA adapters by Zipf popularity; the
+// engines hold Config.MaxLoras adapter slots each and pay
+// Config.AdapterLoad per load, after vLLM's scheduler: see lora.go), and
+// TraceFile (Mooncake JSONL replay with a speed factor or Poisson
 // arrivals). Presets: "8b-h100" (default, derived from hardware
 // specifications), "8b-h100-blis" (fitted to measurements by BLIS) and
 // "70b-h100-tp8".
@@ -69,7 +79,9 @@
 // package reference (sglang, sglang_cli, sglang_treesize, dynamo, gie,
 // llmd_precise, chwbl, p2c, prefix_affinity), each Policy.Source naming
 // what it follows.
-// PolicyByName resolves the names a command line passes.
+// LoRAPolicies adds gie_lora (GIE's profile with its lora-affinity-scorer)
+// for workloads that name adapters. PolicyByName resolves the names a
+// command line passes.
 //
 // Run is deterministic: the same Config (including Seed) gives the same
 // Report. Policies are simulated concurrently, each on its own copy of the

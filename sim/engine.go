@@ -38,6 +38,9 @@ type seq struct {
 	finish    int64 // step at which the last token is produced
 	ctxBase   int64 // context at step s is ctxBase + s
 	d         gateway.Decision
+	gw        *router // the gateway that routed it
+	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
+	skipped   int64   // when it first waited for an adapter slot, -1 never
 }
 
 type replica struct {
@@ -59,6 +62,7 @@ type replica struct {
 
 	prefillTokens int64
 	requests      int64
+	lora          loraReplica // adapter slots (lora.go)
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -78,14 +82,8 @@ type engine struct {
 	cap   int
 	reps  []*replica
 	byNm  map[string]int32
-	g     *gateway.Gateway
+	gws   []router // Config.Gateways of them
 	exact bool
-
-	// Hooks of a reference policy that follows requests, reads KV events
-	// or predicts hits with an index of its own; nil otherwise.
-	tracker reference.Tracker
-	kv      reference.KVListener
-	pred    reference.Predictor
 
 	now    int64
 	events minHeap[event]
@@ -107,12 +105,14 @@ type engine struct {
 	outTok   int64
 	first    int64
 	last     int64
+	lora     loraSim // adapter ids, slots and figures (lora.go)
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
 	e.cap = e.p.KVTokens / e.bt
 	e.exact = cfg.Index == gateway.IndexExact || pol.Exact
+	e.lora.init(cfg)
 	index := cfg.Index
 	if pol.Exact {
 		index = gateway.IndexExact
@@ -125,27 +125,32 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64())})
 		e.byNm[name] = int32(i)
 	}
-	opts := []gateway.Option{
-		gateway.WithClock(func() time.Time { return time.Unix(0, e.now) }),
-		gateway.WithIndex(index),
+	e.gws = make([]router, max(1, cfg.Gateways))
+	for i := range e.gws {
+		gw := &e.gws[i]
+		opts := []gateway.Option{
+			gateway.WithClock(func() time.Time { return time.Unix(0, e.now) }),
+			gateway.WithIndex(index),
+		}
+		if pol.New != nil {
+			gp := pol.New(policySeed(cfg.Seed, i))
+			gw.policy = gp
+			gw.tracker, _ = gp.(reference.Tracker)
+			gw.kv, _ = gp.(reference.KVListener)
+			gw.pred, _ = gp.(reference.Predictor)
+			opts = append(opts, gateway.WithPolicy(gp))
+		} else {
+			opts = append(opts, gateway.WithMode(pol.Mode))
+		}
+		if cfg.RouterSLO > 0 {
+			opts = append(opts, gateway.WithSLOLatency(cfg.RouterSLO))
+		}
+		g, err := gateway.New(reps, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidConfig, pol.Name, err)
+		}
+		gw.g = g
 	}
-	if pol.New != nil {
-		gp := pol.New(cfg.Seed)
-		e.tracker, _ = gp.(reference.Tracker)
-		e.kv, _ = gp.(reference.KVListener)
-		e.pred, _ = gp.(reference.Predictor)
-		opts = append(opts, gateway.WithPolicy(gp))
-	} else {
-		opts = append(opts, gateway.WithMode(pol.Mode))
-	}
-	if cfg.RouterSLO > 0 {
-		opts = append(opts, gateway.WithSLOLatency(cfg.RouterSLO))
-	}
-	g, err := gateway.New(reps, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidConfig, pol.Name, err)
-	}
-	e.g = g
 	e.res.Policy = pol.Name
 	return e, nil
 }
@@ -204,14 +209,23 @@ func (e *engine) run(st Stream, tick func()) error {
 	return nil
 }
 
+// refresh pushes every replica's load, as scraped now, to every gateway.
 func (e *engine) refresh() {
 	for _, r := range e.reps {
-		_ = e.g.UpdateLoad(r.name, gateway.Load{
+		l := gateway.Load{
 			QueueDepth:    r.waiting.len(),
 			Running:       r.running(),
 			KVUtilization: min(1, float64(r.cache.used())/float64(e.cap)),
-		})
+		}
+		rep, ok := e.lora.report(r)
+		for i := range e.gws {
+			_ = e.gws[i].g.UpdateLoad(r.name, l)
+			if ok {
+				_ = e.gws[i].g.UpdateAdapters(r.name, rep)
+			}
+		}
 	}
+	e.afterRefresh()
 }
 
 func (e *engine) newSeq() *seq {
@@ -231,8 +245,9 @@ func (e *engine) arrive(req *Request) {
 	s := e.newSeq()
 	e.nextID++
 	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
-	s.buf = gateway.AppendHashKey(gateway.AppendHashKey(s.buf[:0], req.Blocks), req.OutBlocks)
+	s.buf = gateway.AppendHashes(gateway.AppendHashes(s.buf[:0], req.Blocks), req.OutBlocks)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
+	base := e.lora.arrive(s, req.Adapter)
 	if cap(s.slots) < len(s.key) {
 		s.slots = make([]int32, len(s.key), 2*len(s.key))
 	}
@@ -243,16 +258,19 @@ func (e *engine) arrive(req *Request) {
 		e.pool = append(e.pool, s)
 		return
 	}
-	if e.tracker != nil {
-		e.tracker.Arrive(reference.Arrival{
+	gw := &e.gws[gatewayOf(e.cfg.Seed, s.id, len(e.gws))]
+	s.gw = gw
+	if gw.tracker != nil {
+		gw.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
 			UserContent: req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)],
+			BaseKey:     base,
 		})
 	}
-	d, err := e.g.Route(s.key)
+	d, err := gw.g.RouteAdapter(s.key, req.Adapter, nil)
 	if err != nil {
-		if e.tracker != nil {
-			e.tracker.Done(s.id)
+		if gw.tracker != nil {
+			gw.tracker.Done(s.id)
 		}
 		e.res.Failed++
 		e.pool = append(e.pool, s)
@@ -262,8 +280,8 @@ func (e *engine) arrive(req *Request) {
 	r := e.reps[ri]
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
 		d.Done(gateway.DoneInfo{Err: errShed})
-		if e.tracker != nil {
-			e.tracker.Done(s.id)
+		if gw.tracker != nil {
+			gw.tracker.Done(s.id)
 		}
 		e.res.Dropped++
 		e.pool = append(e.pool, s)
@@ -274,12 +292,13 @@ func (e *engine) arrive(req *Request) {
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
 	predicted := d.Matched
-	if e.pred != nil {
-		predicted = e.pred.Predicted()
+	if gw.pred != nil {
+		predicted = gw.pred.Predicted()
 	}
 	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
+	r.lora.queued(s)
 	switch {
 	case !r.busy:
 		e.plan(int(ri))
@@ -352,13 +371,19 @@ func (e *engine) plan(ri int) {
 		}
 		take(s)
 	}
+	skipped := e.lora.skipped[:0]
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
 		s := r.waiting.front()
+		if !e.lora.fits(r, s) { // every adapter slot is taken: skip it, as vLLM does
+			skipped = append(skipped, e.lora.skip(r.waiting.pop(), e.now))
+			continue
+		}
 		m := r.cache.match(s.key, s.slots)
 		if !r.cache.fits(s.key, s.slots, m, s.private) {
 			break
 		}
 		r.waiting.pop()
+		chunks += e.lora.admit(r, s, e.now)
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
 		s.committed = m
@@ -372,6 +397,7 @@ func (e *engine) plan(ri int) {
 		r.prefill = append(r.prefill, s)
 		take(s)
 	}
+	e.lora.skipped = requeue(&r.waiting, skipped)
 	C0 := float64(r.sumBase + B*r.step)
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
 	switch {
@@ -445,8 +471,8 @@ func (e *engine) commitComputed(r *replica, s *seq) {
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	s.d.FirstToken()
-	if e.tracker != nil {
-		e.tracker.FirstToken(s.id)
+	if t := s.gw.tracker; t != nil {
+		t.FirstToken(s.id)
 	}
 	r.cache.commit(s.key, s.slots, s.committed)
 	e.event(r, gateway.BlocksStored, s.key)
@@ -474,10 +500,11 @@ func (e *engine) complete(r *replica, s *seq) {
 		e.event(r, gateway.BlocksStored, e.stored)
 	}
 	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)})
-	if e.tracker != nil {
-		e.tracker.Done(s.id)
+	if t := s.gw.tracker; t != nil {
+		t.Done(s.id)
 	}
-	s.d = gateway.Decision{}
+	r.lora.done(s)
+	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
 	e.outTok += int64(s.out)
@@ -494,15 +521,18 @@ func (e *engine) flushEvictions(r *replica) {
 	r.cache.evicted = r.cache.evicted[:0]
 }
 
-// event publishes a KV event of r's engine to the exact index and to a
-// policy that listens.
+// event publishes a KV event of r's engine to every gateway: to its exact
+// index and to its policy if it listens.
 func (e *engine) event(r *replica, kind gateway.CacheEventKind, blocks gateway.Key) {
 	ev := gateway.CacheEvent{Kind: kind, Blocks: blocks}
-	if e.exact {
-		_ = e.g.ApplyEvent(r.name, ev)
-	}
-	if e.kv != nil {
-		e.kv.KVEvent(r.name, ev)
+	for i := range e.gws {
+		gw := &e.gws[i]
+		if e.exact {
+			_ = gw.g.ApplyEvent(r.name, ev)
+		}
+		if gw.kv != nil {
+			gw.kv.KVEvent(r.name, ev)
+		}
 	}
 }
 
@@ -534,13 +564,14 @@ func (e *engine) result() Result {
 	res.Imbalance = res.Share.PrefillMax
 	res.Index = indexName(e.cfg.Index)
 	switch {
-	case e.pred != nil:
+	case e.gws[0].pred != nil:
 		res.Index = "own"
 	case e.exact:
 		res.Index = "exact"
 	}
-	res.Router = e.g.Stats()
-	res.RouterReplicas = e.g.Replicas()
+	res.LoRA = e.lora.result(e.reps)
+	res.Router = routerStats(e.gws)
+	res.RouterReplicas = routerReplicas(e.gws)
 	res.Decisions = res.Router.ByKind
 	res.ttft = &e.ttft
 	return res

@@ -77,13 +77,13 @@ type SharedPrefixConfig struct {
 // differ in their question; every request picks its group uniformly at
 // random.
 func SharedPrefix(c SharedPrefixConfig) (Workload, error) {
-	c.Groups = def(c.Groups, 64)
-	c.Requests = def(c.Requests, c.Groups*16)
-	c.Rate = deff(c.Rate, 32)
-	c.SystemTokens = def(c.SystemTokens, 2048)
-	c.QuestionTokens = def(c.QuestionTokens, 128)
-	c.OutputTokens = def(c.OutputTokens, 256)
-	c.BlockTokens = def(c.BlockTokens, 128)
+	c.Groups = orDefault(c.Groups, 64)
+	c.Requests = orDefault(c.Requests, c.Groups*16)
+	c.Rate = orDefault(c.Rate, 32)
+	c.SystemTokens = orDefault(c.SystemTokens, 2048)
+	c.QuestionTokens = orDefault(c.QuestionTokens, 128)
+	c.OutputTokens = orDefault(c.OutputTokens, 256)
+	c.BlockTokens = orDefault(c.BlockTokens, 128)
 	if err := checkGen("shared-prefix", c.Requests, c.Rate, "Groups", c.Groups, "SystemTokens", c.SystemTokens,
 		"QuestionTokens", c.QuestionTokens, "OutputTokens", c.OutputTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err
@@ -156,14 +156,14 @@ type ChatConfig struct {
 // turn's prompt and answer plus a new user message, and answers are cached
 // once generated (Request.OutBlocks).
 func Chat(c ChatConfig) (Workload, error) {
-	c.Requests = def(c.Requests, 10000)
-	c.Rate = deff(c.Rate, 20)
-	c.Sessions = def(c.Sessions, 200)
-	c.Turns = def(c.Turns, 8)
-	c.SystemTokens = def(c.SystemTokens, 512)
-	c.UserTokens = def(c.UserTokens, 256)
-	c.AnswerTokens = def(c.AnswerTokens, 256)
-	c.BlockTokens = def(c.BlockTokens, 128)
+	c.Requests = orDefault(c.Requests, 10000)
+	c.Rate = orDefault(c.Rate, 20)
+	c.Sessions = orDefault(c.Sessions, 200)
+	c.Turns = orDefault(c.Turns, 8)
+	c.SystemTokens = orDefault(c.SystemTokens, 512)
+	c.UserTokens = orDefault(c.UserTokens, 256)
+	c.AnswerTokens = orDefault(c.AnswerTokens, 256)
+	c.BlockTokens = orDefault(c.BlockTokens, 128)
 	if err := checkGen("chat", c.Requests, c.Rate, "Sessions", c.Sessions, "Turns", c.Turns, "SystemTokens", c.SystemTokens,
 		"UserTokens", c.UserTokens, "AnswerTokens", c.AnswerTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err
@@ -256,16 +256,16 @@ type RAGConfig struct {
 // question. Only the leading document extends a shared prefix; the KV of
 // later ones depends on what precedes them.
 func RAG(c RAGConfig) (Workload, error) {
-	c.Requests = def(c.Requests, 10000)
-	c.Rate = deff(c.Rate, 20)
-	c.Documents = def(c.Documents, 2000)
-	c.DocTokens = def(c.DocTokens, 1024)
-	c.DocsPerPrompt = def(c.DocsPerPrompt, 2)
-	c.Zipf = deff(c.Zipf, 1.1)
-	c.SystemTokens = def(c.SystemTokens, 256)
-	c.QuestionTokens = def(c.QuestionTokens, 64)
-	c.OutputTokens = def(c.OutputTokens, 256)
-	c.BlockTokens = def(c.BlockTokens, 128)
+	c.Requests = orDefault(c.Requests, 10000)
+	c.Rate = orDefault(c.Rate, 20)
+	c.Documents = orDefault(c.Documents, 2000)
+	c.DocTokens = orDefault(c.DocTokens, 1024)
+	c.DocsPerPrompt = orDefault(c.DocsPerPrompt, 2)
+	c.Zipf = orDefault(c.Zipf, 1.1)
+	c.SystemTokens = orDefault(c.SystemTokens, 256)
+	c.QuestionTokens = orDefault(c.QuestionTokens, 64)
+	c.OutputTokens = orDefault(c.OutputTokens, 256)
+	c.BlockTokens = orDefault(c.BlockTokens, 128)
 	if err := checkGen("rag", c.Requests, c.Rate, "Documents", c.Documents, "DocTokens", c.DocTokens, "DocsPerPrompt", c.DocsPerPrompt,
 		"SystemTokens", c.SystemTokens, "QuestionTokens", c.QuestionTokens, "OutputTokens", c.OutputTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err
@@ -324,12 +324,12 @@ type SystemPromptConfig struct {
 // after it: the collapse trap, where a policy that follows the longest match
 // alone sends everything to one replica.
 func SystemPrompt(c SystemPromptConfig) (Workload, error) {
-	c.Requests = def(c.Requests, 10000)
-	c.Rate = deff(c.Rate, 40)
-	c.SystemTokens = def(c.SystemTokens, 2048)
-	c.UserTokens = def(c.UserTokens, 512)
-	c.OutputTokens = def(c.OutputTokens, 128)
-	c.BlockTokens = def(c.BlockTokens, 128)
+	c.Requests = orDefault(c.Requests, 10000)
+	c.Rate = orDefault(c.Rate, 40)
+	c.SystemTokens = orDefault(c.SystemTokens, 2048)
+	c.UserTokens = orDefault(c.UserTokens, 512)
+	c.OutputTokens = orDefault(c.OutputTokens, 128)
+	c.BlockTokens = orDefault(c.BlockTokens, 128)
 	if err := checkGen("system-prompt", c.Requests, c.Rate, "SystemTokens", c.SystemTokens, "UserTokens", c.UserTokens,
 		"OutputTokens", c.OutputTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err
@@ -381,12 +381,12 @@ type LowSharingConfig struct {
 // a small fraction repeating a few popular ones. Cache-aware routing has
 // nothing to gain here and must not lose to load-aware routing.
 func LowSharing(c LowSharingConfig) (Workload, error) {
-	c.Requests = def(c.Requests, 10000)
-	c.Rate = deff(c.Rate, 40)
-	c.InputTokens = def(c.InputTokens, 2048)
-	c.OutputTokens = def(c.OutputTokens, 256)
-	c.Reuse = deff(c.Reuse, 0.02)
-	c.BlockTokens = def(c.BlockTokens, 128)
+	c.Requests = orDefault(c.Requests, 10000)
+	c.Rate = orDefault(c.Rate, 40)
+	c.InputTokens = orDefault(c.InputTokens, 2048)
+	c.OutputTokens = orDefault(c.OutputTokens, 256)
+	c.Reuse = orDefault(c.Reuse, 0.02)
+	c.BlockTokens = orDefault(c.BlockTokens, 128)
 	if err := checkGen("low-sharing", c.Requests, c.Rate, "InputTokens", c.InputTokens, "OutputTokens", c.OutputTokens, "BlockTokens", c.BlockTokens); err != nil {
 		return nil, err
 	}
@@ -424,7 +424,7 @@ func (w *lowSharing) Open(seed uint64) (Stream, error) {
 
 // WorkloadNames lists the names NewWorkload accepts.
 func WorkloadNames() []string {
-	return []string{"default", "shared-prefix", "chat", "rag", "system-prompt", "low-sharing"}
+	return []string{"default", "shared-prefix", "chat", "rag", "system-prompt", "low-sharing", "lora"}
 }
 
 // NewWorkload returns the generated workload called name (see
@@ -436,7 +436,7 @@ func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 		if requests == 0 && rate == 0 {
 			return DefaultWorkload(), nil
 		}
-		return SharedPrefix(SharedPrefixConfig{Requests: def(requests, 20000), Rate: deff(rate, 40), Groups: 256, SystemTokens: 4096, QuestionTokens: 128, OutputTokens: 256})
+		return SharedPrefix(SharedPrefixConfig{Requests: orDefault(requests, 20000), Rate: orDefault(rate, 40), Groups: 256, SystemTokens: 4096, QuestionTokens: 128, OutputTokens: 256})
 	case "shared-prefix":
 		return SharedPrefix(SharedPrefixConfig{Requests: requests, Rate: rate})
 	case "chat":
@@ -447,6 +447,8 @@ func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 		return SystemPrompt(SystemPromptConfig{Requests: requests, Rate: rate})
 	case "low-sharing":
 		return LowSharing(LowSharingConfig{Requests: requests, Rate: rate})
+	case "lora":
+		return LoRAWorkload(LoRAConfig{Requests: requests, Rate: rate})
 	}
 	return nil, fmt.Errorf("%w: workload %q unknown (have %v)", ErrInvalidConfig, name, WorkloadNames())
 }

@@ -152,14 +152,14 @@ func TestNoOrderBias(t *testing.T) {
 // and #33138 with workers listed in index order.
 type firstIdle struct{}
 
-func (firstIdle) Pick(_ *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (firstIdle) Pick(_ *gateway.Request, cands []gateway.Candidate) int {
 	best := 0
 	for i := range cands {
 		if cands[i].InFlight < cands[best].InFlight {
 			best = i
 		}
 	}
-	return gateway.Choice{Index: best, Kind: gateway.KindLoadAware}
+	return best
 }
 
 // TestOrderBiasDetected: the check fails a policy that breaks ties by

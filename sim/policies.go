@@ -34,6 +34,11 @@ type Policy struct {
 	// Source says in one line what the policy follows (project, version);
 	// empty for the gateway's own policies.
 	Source string
+	// Adapters says in a few words what the policy makes of LoRA adapters
+	// (the report shows it beside the adapter figures): whether its keys
+	// tell two adapters' caches apart, and whether it sees the replicas'
+	// adapter slots.
+	Adapters string
 }
 
 // DefaultPolicies returns the policies Run compares by default: the
@@ -44,32 +49,54 @@ type Policy struct {
 // prefix_affinity.
 func DefaultPolicies() []Policy {
 	return []Policy{
-		{Name: "round_robin", Mode: gateway.ModeRoundRobin},
-		{Name: "load_aware", Mode: gateway.ModeLoadAware},
-		{Name: "cache_aware", Mode: gateway.ModeCacheAware},
+		{Name: "round_robin", Mode: gateway.ModeRoundRobin, Adapters: "none"},
+		{Name: "load_aware", Mode: gateway.ModeLoadAware, Adapters: "none (load only)"},
+		{Name: "cache_aware", Mode: gateway.ModeCacheAware, Adapters: "salted keys; slots priced (Candidate.LoRA)"},
 		{Name: "sglang", Source: "SGLang router, sgl-model-gateway main + PR #33138 (Jul 2026), library defaults",
-			New: func(seed uint64) gateway.Policy { return reference.NewSGLang(seed) }},
+			Adapters: "none: prompt text only, one tree per worker model",
+			New:      func(seed uint64) gateway.Policy { return reference.NewSGLang(seed) }},
 		{Name: "sglang_cli", Source: "the same with the router's command-line defaults (0.3, 64, 1.5, 120 s, 2^26 chars)",
-			New: func(seed uint64) gateway.Policy { return reference.NewSGLangCLI(seed) }},
+			Adapters: "none, as sglang",
+			New:      func(seed uint64) gateway.Policy { return reference.NewSGLangCLI(seed) }},
 		{Name: "sglang_treesize", Source: "SGLang router before PR #14650 (Dec 2025): misses go to the smallest tree",
+			Adapters: "none, as sglang",
 			New: func(seed uint64) gateway.Policy {
 				p := reference.NewSGLang(seed)
 				p.Miss = reference.MissSmallestTree
 				return p
 			}},
 		{Name: "dynamo", Exact: true, Source: "NVIDIA Dynamo KV router 1.0–1.1 (scheduler.rs db19bd2a), KV events",
-			New: func(seed uint64) gateway.Policy { return reference.NewDynamo(seed) }},
+			Adapters: "salted keys (engine events); no slots",
+			New:      func(seed uint64) gateway.Policy { return reference.NewDynamo(seed) }},
 		{Name: "gie", Source: "Gateway API Inference Extension EPP default profile (1748e829, Jun 2026)",
-			New: func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }},
+			Adapters: "salted keys (TargetModel in the hash); no slots (scorer not in the profile)",
+			New:      func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }},
 		{Name: "llmd_precise", Exact: true, Source: "llm-d precise-prefix-cache-scorer (520af478, May 2026) in GIE's profile, KV events",
-			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPrecise(seed) }},
+			Adapters: "salted keys (engine events); no slots",
+			New:      func(seed uint64) gateway.Policy { return reference.NewLLMDPrecise(seed) }},
 		{Name: "chwbl", Source: "KubeAI PrefixHash (CHWBL), 2f32ef49 (Jul 2025)",
-			New: func(uint64) gateway.Policy { return &reference.CHWBL{} }},
+			Adapters: "adapter hashed into the ring key; no slots",
+			New:      func(uint64) gateway.Policy { return &reference.CHWBL{} }},
 		{Name: "p2c", Source: "power of two choices, least requests (Envoy, Linkerd)",
-			New: func(seed uint64) gateway.Policy { return reference.NewP2C(seed) }},
+			Adapters: "none",
+			New:      func(seed uint64) gateway.Policy { return reference.NewP2C(seed) }},
 		{Name: "prefix_affinity", Source: "longest cached prefix, no load (Preble's baseline)",
-			New: func(uint64) gateway.Policy { return &reference.PrefixAffinity{} }},
+			Adapters: "salted keys (the gateway's index); no slots",
+			New:      func(uint64) gateway.Policy { return &reference.PrefixAffinity{} }},
 	}
+}
+
+// LoRAPolicies returns DefaultPolicies and gie_lora, GIE's profile with
+// its lora-affinity-scorer added (not in its default profile): the
+// policies Run compares on workloads that name LoRA adapters.
+func LoRAPolicies() []Policy {
+	return append(DefaultPolicies(), gieLoRAPolicy())
+}
+
+func gieLoRAPolicy() Policy {
+	return Policy{Name: "gie_lora", Source: "GIE's profile + lora-affinity-scorer, weight 1 (1748e829)",
+		Adapters: "salted keys; slots scored from the last scrape",
+		New:      func(seed uint64) gateway.Policy { return reference.NewGIELoRA(seed) }}
 }
 
 // PolicyByName returns the default policy called name (hyphens accepted for
@@ -77,7 +104,7 @@ func DefaultPolicies() []Policy {
 func PolicyByName(name string) (Policy, error) {
 	n := strings.ReplaceAll(name, "-", "_")
 	var names []string
-	for _, p := range DefaultPolicies() {
+	for _, p := range LoRAPolicies() {
 		if p.Name == n {
 			return p, nil
 		}

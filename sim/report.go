@@ -26,6 +26,9 @@ type Report struct {
 	CacheBlocks int `json:"cache_blocks"`
 	// Index is "approximate" or "exact".
 	Index string `json:"index"`
+	// Gateways is Config.Gateways when more than one gateway shared the
+	// traffic; 0, and left out of the JSON, for one.
+	Gateways int `json:"gateways,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -43,6 +46,12 @@ type Report struct {
 	// Unbounded is the hit rate of one cache without a size limit, the
 	// ceiling no policy can beat.
 	Unbounded Bound `json:"unbounded"`
+	// MaxLoras is Config.MaxLoras when the workload names LoRA adapters;
+	// 0 otherwise.
+	MaxLoras int `json:"max_loras,omitempty"`
+	// AdapterLoad is Config.AdapterLoad in seconds when the workload
+	// names LoRA adapters; 0 otherwise.
+	AdapterLoad float64 `json:"adapter_load_s,omitempty"`
 	// Ideal is the row "ideal (pooled cache, no queue)": the distribution
 	// of the time to first token each request would see alone on an idle
 	// replica holding the pooled-LRU cache (its hit as in PooledLRU, its
@@ -119,11 +128,16 @@ type Result struct {
 	// to its queue, in the order of PrefillTokens.
 	RequestsPerReplica []int64 `json:"requests_per_replica"`
 	// Decisions counts the gateway's routing decisions, keyed by decision
-	// kind name as in gateway.Stats.ByKind.
+	// kind name as in gateway.Stats.ByKind. The gateway labels them: for
+	// a peer router, affinity means the replica chosen held the longest
+	// prefix any replica held, whatever the router's reason.
 	Decisions map[string]uint64 `json:"decisions"`
 	// Router is the gateway's own Stats at the end of the run; left out
 	// of the JSON, which reports its decisions above.
 	Router gateway.Stats `json:"-"`
+	// LoRA holds the adapter figures when the workload names LoRA
+	// adapters; nil otherwise.
+	LoRA *LoRAResult `json:"lora,omitempty"`
 	// RouterReplicas is the gateway's Replicas() at the end of the run,
 	// in replica order (r0, r1, ...), the order of PrefillTokens; left out
 	// of the JSON.
@@ -199,8 +213,12 @@ func (r *Report) Result(name string) (Result, bool) {
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "workload: %s\n", r.Workload)
-	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index; signals every %gs; TTFT SLO %gs\n",
-		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, r.RefreshInterval, r.SLO)
+	gws := ""
+	if r.Gateways > 1 {
+		gws = fmt.Sprintf("; %d gateways, each routing a random 1/%d of the requests", r.Gateways, r.Gateways)
+	}
+	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
+		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\t×ideal\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\treq share\tprefill share\tSLO\tdone\tdrop\tfail\t")
 	for _, x := range r.Results {
@@ -217,6 +235,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	r.writeLoRATable(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

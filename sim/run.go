@@ -25,6 +25,7 @@ func Run(cfg Config) (*Report, error) {
 		BlockTokens:     bt,
 		CacheBlocks:     capacity,
 		Index:           indexName(cfg.Index),
+		Gateways:        gatewaysField(cfg.Gateways),
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,
@@ -87,6 +88,9 @@ func Run(cfg Config) (*Report, error) {
 	if rep.Requests == 0 && len(rep.Results) > 0 {
 		rep.Requests = rep.Results[0].Requests
 	}
+	if len(rep.Results) > 0 && rep.Results[0].LoRA != nil {
+		rep.MaxLoras, rep.AdapterLoad = cfg.MaxLoras, cfg.AdapterLoad.Seconds()
+	}
 	for i := range rep.Results {
 		if rep.Ideal.Mean > 0 {
 			rep.Results[i].IdealRatio = rep.Results[i].TTFT.Mean / rep.Ideal.Mean
@@ -126,6 +130,9 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 		return err
 	}
 	rep.Results[j] = e.result()
+	if l := rep.Results[j].LoRA; l != nil {
+		l.Handling = pol.Adapters
+	}
 	return nil
 }
 
@@ -134,4 +141,12 @@ func indexName(m gateway.IndexMode) string {
 		return "exact"
 	}
 	return "approximate"
+}
+
+// gatewaysField is Report.Gateways: n when more than one, else 0.
+func gatewaysField(n int) int {
+	if n > 1 {
+		return n
+	}
+	return 0
 }

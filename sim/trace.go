@@ -46,7 +46,7 @@ type TraceDecoder struct {
 func NewTraceDecoder(r io.Reader, blockTokens int) *TraceDecoder {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxTraceLine)
-	return &TraceDecoder{sc: sc, bt: def(blockTokens, MooncakeBlockTokens)}
+	return &TraceDecoder{sc: sc, bt: orDefault(blockTokens, MooncakeBlockTokens)}
 }
 
 // Line returns the number of the last line read, counting from 1.
@@ -158,8 +158,8 @@ func (o *TraceOptions) check() error {
 	case o.BlockTokens < 0:
 		return fmt.Errorf("%w: trace: BlockTokens %d is negative", ErrInvalidConfig, o.BlockTokens)
 	}
-	o.Speed = deff(o.Speed, 1)
-	o.BlockTokens = def(o.BlockTokens, MooncakeBlockTokens)
+	o.Speed = orDefault(o.Speed, 1)
+	o.BlockTokens = orDefault(o.BlockTokens, MooncakeBlockTokens)
 	return nil
 }
 

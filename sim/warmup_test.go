@@ -12,7 +12,7 @@ import (
 // gateway used before it replicated hot prefixes.
 type myopic struct{ gateway.CacheAware }
 
-func (p *myopic) Pick(req *gateway.Request, cands []gateway.Candidate) gateway.Choice {
+func (p *myopic) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	r := *req
 	r.Demand = 0
 	return p.CacheAware.Pick(&r, cands)

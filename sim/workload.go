@@ -32,6 +32,11 @@ type Request struct {
 	// (KubeAI's CHWBL hashes its first characters); 0 when the prompt has
 	// no system part or its structure is unknown (traces).
 	UserBlock int
+	// Adapter is the LoRA adapter the request names; "" is the base model.
+	// Its blocks are the adapter's own (the engine salts them, as vLLM's
+	// block hashes include the adapter), and a replica runs at most
+	// Config.MaxLoras adapters at once (see lora.go).
+	Adapter string
 }
 
 // Workload is a reproducible source of requests.
@@ -119,15 +124,11 @@ func checkGen(name string, requests int, rate float64, fields ...any) error {
 	return nil
 }
 
-func def(v, d int) int {
-	if v == 0 {
-		return d
-	}
-	return v
-}
-
-func deff(v, d float64) float64 {
-	if v == 0 {
+// orDefault returns v, or d when v is the zero value: a Config field left
+// at zero takes its documented default.
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
 		return d
 	}
 	return v

@@ -14,9 +14,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/examlops/gateway/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 )
 
 // exaBin is the exa binary built once for the package's tests.
@@ -111,7 +113,7 @@ func TestSetGetRoundTrip(t *testing.T) {
 	ok(t, cfg, "serve", "routing", "set", "org/other-model", "--mode", "load-aware")
 
 	want := config.Model{
-		Mode: "cache_aware", SLOLatencyMS: 500,
+		Mode: gateway.ModeCacheAware, SLOLatencyMS: 500,
 		LoadWeights:  &config.LoadWeights{Queue: 2, KV: 1, Latency: 0.5},
 		Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode",
 		Replicas: []config.Replica{{Name: "r0", Address: "http://127.0.0.1:8000"}, {Name: "r1", Address: "http://127.0.0.1:8001"}},
@@ -121,7 +123,7 @@ func TestSetGetRoundTrip(t *testing.T) {
 		},
 	}
 	assert.Equal(t, want, getModel(t, cfg, "JPCP"))
-	assert.Equal(t, config.Model{Mode: "load_aware"}, getModel(t, cfg, "org/other-model"))
+	assert.Equal(t, config.Model{Mode: gateway.ModeLoadAware}, getModel(t, cfg, "org/other-model"))
 
 	// The file is what the config package reads, and human-readable.
 	f, err := config.Load(cfg)
@@ -169,7 +171,7 @@ func TestPartialUpdates(t *testing.T) {
 	}{
 		{"no flags changes nothing", nil, func(*config.Model) {}},
 		{"slo only", []string{"--slo-latency-ms", "900"}, func(m *config.Model) { m.SLOLatencyMS = 900 }},
-		{"mode only", []string{"--mode", "load_aware"}, func(m *config.Model) { m.Mode = "load_aware" }},
+		{"mode only", []string{"--mode", "load_aware"}, func(m *config.Model) { m.Mode = gateway.ModeLoadAware }},
 		{"one weight starts from the defaults", []string{"--load-weights", "kv=2"}, func(m *config.Model) {
 			m.LoadWeights = &config.LoadWeights{Queue: 1, KV: 2, Latency: 0.25}
 		}},
@@ -380,7 +382,7 @@ func TestEmptyObjectConfig(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("{}\n"), 0o644))
 	assert.Equal(t, "no models configured in "+cfg+"\n", ok(t, cfg, "serve", "routing", "list"))
 	ok(t, cfg, "serve", "routing", "set", "JPCP")
-	assert.Equal(t, config.Model{Mode: "round_robin"}, getModel(t, cfg, "JPCP"))
+	assert.Equal(t, config.Model{Mode: gateway.ModeRoundRobin}, getModel(t, cfg, "JPCP"))
 }
 
 // TestLongModelNameStats: a model name of the longest accepted length,

@@ -9,21 +9,48 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 )
 
 // modeValue is a --mode flag: a routing mode name, checked as it is parsed.
-type modeValue struct{ mode string }
+type modeValue struct {
+	mode gateway.Mode
+	set  bool
+}
 
-func (v *modeValue) String() string { return v.mode }
-func (v *modeValue) Type() string   { return "mode" }
-func (v *modeValue) Set(s string) error {
-	m, err := config.ParseMode(s)
-	if err != nil || s == "" {
-		return errors.New("want round_robin, cache_aware or load_aware")
+func (v *modeValue) String() string {
+	if !v.set {
+		return ""
 	}
-	v.mode = m
+	return v.mode.String()
+}
+
+func (v *modeValue) Type() string { return "mode" }
+
+func (v *modeValue) Set(s string) error {
+	m, err := gateway.ParseMode(s)
+	if err != nil {
+		return errors.New("want " + modeChoices())
+	}
+	v.mode, v.set = m, true
 	return nil
+}
+
+// modeNames lists the routing modes' names, the default first.
+func modeNames() []string {
+	var names []string
+	for _, m := range gateway.Modes() {
+		names = append(names, m.String())
+	}
+	return names
+}
+
+// modeChoices is modeNames as text: "round_robin, cache_aware or
+// load_aware".
+func modeChoices() string {
+	n := modeNames()
+	return strings.Join(n[:len(n)-1], ", ") + " or " + n[len(n)-1]
 }
 
 // pdModeValue is --pd-mode: gateway or sidecar.

@@ -27,6 +27,7 @@ func init() { serveCmd.AddCommand(newGatewayCmd()) }
 type gatewayFlags struct {
 	config, listen                      string
 	reload, probe, probeTimeout, scrape time.Duration
+	discover                            time.Duration
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
 	firstByteTimeout, shutdownGrace     time.Duration
@@ -82,6 +83,8 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
 	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
 	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&fl.discover, "discover-interval", httpgw.DefaultDiscoverInterval,
+		"how often to list each engine's LoRA adapters (GET /v1/models); see docs/lora.md")
 	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures that eject an engine (a refused connection ejects at once)")
 	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
@@ -108,7 +111,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		name string
 		v    time.Duration
 	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
-		{"tokenize-timeout", fl.tokenizeTimeout}} {
+		{"tokenize-timeout", fl.tokenizeTimeout}, {"discover-interval", fl.discover}} {
 		if d.v <= 0 {
 			return usagef("invalid --%s %q: must be positive", d.name, d.v)
 		}
@@ -162,16 +165,17 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
 	srv, err := httpgw.New(httpgw.Options{
-		ConfigPath:     path,
-		ReloadInterval: fl.reload,
-		ProbeInterval:  fl.probe,
-		ProbeTimeout:   fl.probeTimeout,
-		ScrapeInterval: fl.scrape,
-		EjectAfter:     fl.ejectAfter,
-		ReadmitAfter:   fl.readmitAfter,
-		BlockSize:      fl.blockSize,
-		MaxBodyBytes:   fl.maxBody,
-		Logger:         logger,
+		ConfigPath:       path,
+		ReloadInterval:   fl.reload,
+		ProbeInterval:    fl.probe,
+		ProbeTimeout:     fl.probeTimeout,
+		ScrapeInterval:   fl.scrape,
+		DiscoverInterval: fl.discover,
+		EjectAfter:       fl.ejectAfter,
+		ReadmitAfter:     fl.readmitAfter,
+		BlockSize:        fl.blockSize,
+		MaxBodyBytes:     fl.maxBody,
+		Logger:           logger,
 
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,

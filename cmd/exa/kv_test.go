@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 )
 
@@ -21,7 +22,7 @@ func TestSetExactIndex(t *testing.T) {
 		"--kv-events-bind", "tcp://0.0.0.0:5557", "--kv-events-connect", "r1=tcp://10.0.0.2:5557", "--pod", "r0=10.0.0.1")
 	assert.Contains(t, out, "index:        exact (KV events, blocks of 32 tokens; listening on tcp://0.0.0.0:5557)")
 	assert.Contains(t, out, "r0=http://10.0.0.1:8000 (pod 10.0.0.1), r1=http://10.0.0.2:8000 (events from tcp://10.0.0.2:5557)")
-	want := config.Model{Mode: "cache_aware", Index: "exact", BlockSize: 32, KVEventsBind: "tcp://0.0.0.0:5557",
+	want := config.Model{Mode: gateway.ModeCacheAware, Index: "exact", BlockSize: 32, KVEventsBind: "tcp://0.0.0.0:5557",
 		Replicas: []config.Replica{{Name: "r0", Address: "http://10.0.0.1:8000", Pod: "10.0.0.1"},
 			{Name: "r1", Address: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.0.2:5557"}}}
 	assert.Equal(t, want, getModel(t, cfg, "M"))

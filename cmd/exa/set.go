@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/examlops/gateway"
@@ -29,6 +30,8 @@ type setFlags struct {
 	kvBind        bindValue
 	kvConnect     *perReplicaValue
 	pods          *perReplicaValue
+	adapters      []string
+	clearAdapters bool
 }
 
 func newSetCmd() *cobra.Command {
@@ -58,7 +61,9 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://0.0.0.0:5557
   # ... or the gateway connecting to each engine's publisher (vLLM binds tcp://*:5557):
   exa serve routing set JPCP --mode cache_aware --index exact \
-    --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557`,
+    --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
+  # Serve only these LoRA adapters of the model (by default every adapter its engines list):
+  exa serve routing set JPCP --adapter sql-lora --adapter support-lora`,
 		Args:              modelArg,
 		ValidArgsFunction: completeModels,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -66,10 +71,10 @@ so concurrent "set" commands never lose each other's changes.`,
 		},
 	}
 	f := cmd.Flags()
-	f.Var(&sf.mode, "mode", "routing mode: round_robin (default), cache_aware or load_aware")
+	f.Var(&sf.mode, "mode", "routing mode: "+modeChoices()+" (default "+gateway.ModeRoundRobin.String()+")")
 	f.Var(&sf.slo, "slo-latency-ms", "latency SLO in milliseconds; replicas slower than this are avoided (0 = none)")
 	f.Var(&sf.weights, "load-weights", fmt.Sprintf("load-aware weights, e.g. queue=1,kv=0.5,latency=0.25 (defaults queue=%g,kv=%g,latency=%g)",
-		gateway.DefaultLoadWeights.Queue, gateway.DefaultLoadWeights.KV, gateway.DefaultLoadWeights.Latency))
+		gateway.DefaultLoadWeights().Queue, gateway.DefaultLoadWeights().KV, gateway.DefaultLoadWeights().Latency))
 	f.BoolVar(&sf.disaggregate, "disaggregate", false, "route prefill and decode to separate pools (--disaggregate=false to switch off)")
 	f.StringVar(&sf.prefillPool, "prefill-pool", "", "name of the prefill pool (requires --disaggregate; default \""+config.DefaultPrefillPool+"\")")
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
@@ -88,11 +93,14 @@ so concurrent "set" commands never lose each other's changes.`,
 		"repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
 		"or its host alone; repeat for several; empty clears it")
-	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(config.Modes, cobra.ShellCompDirectiveNoFileComp))
+	f.StringArrayVar(&sf.adapters, "adapter", nil, "LoRA adapter NAME the model may serve; repeat for several; replaces the stored allow-list "+
+		"(without one, every adapter the model's engines list in GET /v1/models is served)")
+	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
+	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
-		"block-size", "kv-events-bind", "kv-events-connect", "pod"} {
+		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -105,7 +113,7 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		return err
 	}
 	changed := cmd.Flags().Changed
-	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}}); err != nil {
+	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}}); err != nil {
 		return err
 	}
 	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
@@ -123,14 +131,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		m := f.Models[name].Clone()
 		if changed("mode") {
 			m.Mode = sf.mode.mode
-		} else if m.Mode == "" {
-			m.Mode = config.ModeRoundRobin
 		}
 		if changed("slo-latency-ms") {
 			m.SLOLatencyMS = sf.slo.ms
 		}
 		if changed("load-weights") {
-			w := config.LoadWeights(gateway.DefaultLoadWeights)
+			w := config.LoadWeights(gateway.DefaultLoadWeights())
 			if m.LoadWeights != nil {
 				w = *m.LoadWeights
 			}
@@ -187,6 +193,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("kv-events-bind") {
 			m.KVEventsBind = sf.kvBind.ep
 		}
+		if sf.clearAdapters {
+			m.Adapters = nil
+		}
+		if changed("adapter") {
+			m.Adapters = slices.Clone(sf.adapters)
+		}
 		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
 			return err
 		}
@@ -239,6 +251,7 @@ var flagOfField = map[string]string{
 	"index":                  "index",
 	"block_size":             "block-size",
 	"kv_events_bind":         "kv-events-bind",
+	"adapters":               "adapter",
 }
 
 // flagOfReplicaField names the set flag that controls a replica's field

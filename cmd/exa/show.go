@@ -68,7 +68,7 @@ func newListCmd() *cobra.Command {
 			for _, name := range f.Names() {
 				m := f.Models[name]
 				pools := slices.Sorted(maps.Keys(m.Pools))
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", name, m.ModeName(), sloText(m), onOff(m.Disaggregate), len(m.Replicas), orDash(strings.Join(pools, ",")))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", name, m.Mode, sloText(m), onOff(m.Disaggregate), len(m.Replicas), orDash(strings.Join(pools, ",")))
 			}
 			return tw.Flush()
 		},
@@ -126,12 +126,12 @@ func writeJSON(w io.Writer, v any) error {
 func describe(w io.Writer, name string, m config.Model) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	fmt.Fprintf(tw, "model:\t%s\n", name)
-	fmt.Fprintf(tw, "mode:\t%s\n", m.ModeName())
+	fmt.Fprintf(tw, "mode:\t%s\n", m.Mode)
 	fmt.Fprintf(tw, "slo latency:\t%s\n", sloText(m))
 	if m.LoadWeights != nil {
 		fmt.Fprintf(tw, "load weights:\t%s\n", weightsText(m.LoadWeights.Gateway()))
 	} else {
-		fmt.Fprintf(tw, "load weights:\t%s (default)\n", weightsText(gateway.DefaultLoadWeights))
+		fmt.Fprintf(tw, "load weights:\t%s (default)\n", weightsText(gateway.DefaultLoadWeights()))
 	}
 	if m.Disaggregate {
 		fmt.Fprintf(tw, "disaggregate:\ton (prefill pool %q, decode pool %q)\n", m.PrefillPool, m.DecodePool)
@@ -146,6 +146,9 @@ func describe(w io.Writer, name string, m config.Model) {
 		fmt.Fprintf(tw, "disaggregate:\toff\n")
 	}
 	fmt.Fprintf(tw, "index:\t%s\n", indexText(m))
+	if len(m.Adapters) > 0 {
+		fmt.Fprintf(tw, "adapters:\t%s (allow-list)\n", strings.Join(m.Adapters, ", "))
+	}
 	fmt.Fprintf(tw, "replicas:\t%s\n", replicasText(m.Replicas))
 	for _, p := range slices.Sorted(maps.Keys(m.Pools)) {
 		fmt.Fprintf(tw, "pool %s:\t%s\n", p, replicasText(m.Pools[p]))

@@ -32,9 +32,13 @@ type simFlags struct {
 	policies             []string
 	preset               string
 	index                string
+	gateways             int
 	asJSON               bool
 	plot                 string
 	progress             string
+	loraAdapters         int
+	maxLoras             int
+	adapterLoadMS        float64
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -55,10 +59,11 @@ const (
 	maxSimRequests = 100_000
 )
 
-// The two policies whose hit rates the spec's lines compare.
-const (
-	cacheAwarePolicy = "cache_aware"
-	roundRobinPolicy = "round_robin"
+// The two policies whose hit rates the spec's lines compare: the built-in
+// modes, which the simulator names as the gateway does.
+var (
+	cacheAwarePolicy = gateway.ModeCacheAware.String()
+	roundRobinPolicy = gateway.ModeRoundRobin.String()
 )
 
 func newSimulateCmd() *cobra.Command {
@@ -88,6 +93,8 @@ deterministic for a seed.`,
   exa serve routing simulate JPCP --replicas 4 --shared-prefix-requests 100
   # Replay a Mooncake trace, two policies, with a plot:
   exa serve routing simulate JPCP --trace mooncake_trace.jsonl --policies cache_aware,round_robin --plot ttft.svg
+  # LoRA adapters: 16 adapters (Zipf popularity), 2 adapter slots per replica, 30 ms per load:
+  exa serve routing simulate --workload lora --lora-adapters 16 --max-loras 2 --adapter-load-ms 30
   # Machine-readable:
   exa serve routing simulate JPCP --workload chat --requests 2000 --json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -117,17 +124,35 @@ deterministic for a seed.`,
 	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"); cache_aware and round_robin are always included")
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
+	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
+	f.IntVar(&sf.loraAdapters, "lora-adapters", 8, fmt.Sprintf("--workload lora: number of LoRA adapters the requests name, by Zipf popularity, 1..%d", sim.MaxAdapters))
+	f.IntVar(&sf.maxLoras, "max-loras", sim.DefaultMaxLoras, fmt.Sprintf("--workload lora: adapter slots per replica (vLLM --max-loras), 1..%d", gateway.MaxAdapterSlots))
+	f.Float64Var(&sf.adapterLoadMS, "adapter-load-ms", float64(sim.DefaultAdapterLoad/time.Millisecond),
+		"--workload lora: milliseconds a replica's step takes longer per adapter it loads into a slot, 0..3600000 (0: no cost)")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions([]string{"approximate", "exact"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("progress", cobra.FixedCompletions([]string{"auto", "always", "never"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, name := range []string{"lora-adapters", "max-loras", "adapter-load-ms"} {
+		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
+	}
 	_ = cmd.MarkFlagFilename("trace", "jsonl", "json")
 	_ = cmd.MarkFlagFilename("plot", "svg")
 	return cmd
+}
+
+// loraPolicyNames is policyNames and the policies only --workload lora
+// runs by default (gie_lora), which --policies accepts for any workload.
+func loraPolicyNames() []string {
+	var names []string
+	for _, p := range sim.LoRAPolicies() {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 func policyNames() []string {
@@ -153,7 +178,7 @@ type simOutput struct {
 // buildSimConfig turns flags and the model's stored configuration into a
 // sim.Config. It returns the policy (if any) whose run is recorded for the
 // model's statistics.
-func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, string, error) {
+func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Model) (sim.Config, error) {
 	changed := cmd.Flags().Changed
 	var cfg sim.Config
 	cfg.Seed = sf.seed
@@ -161,17 +186,17 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		{"trace", "workload"}, {"trace", "shared-prefix-requests"},
 		{"workload", "shared-prefix-requests"}, {"requests", "shared-prefix-requests"},
 	}); err != nil {
-		return cfg, "", err
+		return cfg, err
 	}
 
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
 		if sf.replicas < 1 || sf.replicas > maxSimReplicas {
-			return cfg, "", usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
+			return cfg, usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
 		}
 		cfg.Replicas = sf.replicas
 	} else if n := len(m.Replicas); n > maxSimReplicas {
-		return cfg, "", usagef("model %q has %d replicas, more than the %d simulate takes; pass --replicas N (1..%d)", model, n, maxSimReplicas, maxSimReplicas)
+		return cfg, usagef("model %q has %d replicas, more than the %d simulate takes; pass --replicas N (1..%d)", model, n, maxSimReplicas, maxSimReplicas)
 	} else if n > 0 {
 		cfg.Replicas = n
 	}
@@ -180,38 +205,44 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		v    int
 	}{{"requests", sf.requests}, {"shared-prefix-requests", sf.sharedPrefixRequests}} {
 		if changed(fl.name) && (fl.v < 1 || fl.v > maxSimRequests) {
-			return cfg, "", usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
+			return cfg, usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
 		}
 	}
 	if sf.rate < 0 || sf.rate != sf.rate {
-		return cfg, "", usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+		return cfg, usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+	}
+	lora := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "lora"
+	if err := loraSimFlags(cmd, sf, lora, &cfg); err != nil {
+		return cfg, err
 	}
 
 	var err error
 	switch {
 	case sf.trace != "":
 		if sf.traceSpeed <= 0 {
-			return cfg, "", usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
+			return cfg, usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
 		}
 		cfg.Workload, err = sim.TraceFile(sf.trace, sim.TraceOptions{Speed: sf.traceSpeed, Rate: sf.rate, Limit: sf.requests})
 		if err != nil {
-			return cfg, "", usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+			return cfg, usagef("invalid --trace %q: %s", sf.trace, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
 		}
 	case changed("shared-prefix-requests"):
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
+	case lora:
+		cfg.Workload, err = sim.LoRAWorkload(sim.LoRAConfig{Requests: sf.requests, Rate: sf.rate, Adapters: sf.loraAdapters})
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
-			return cfg, "", usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
+			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
 		}
 		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
 	}
 	if err != nil {
-		return cfg, "", &usageError{err}
+		return cfg, &usageError{err}
 	}
 
 	cfg.Preset, err = sim.PresetByName(sf.preset)
 	if err != nil {
-		return cfg, "", usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
+		return cfg, usagef("invalid --preset %q: want one of %s", sf.preset, strings.Join(sim.PresetNames(), ", "))
 	}
 	switch sf.index {
 	case "approximate":
@@ -219,8 +250,13 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	case "exact":
 		cfg.Index = gateway.IndexExact
 	default:
-		return cfg, "", usagef("invalid --index %q: want approximate or exact", sf.index)
+		return cfg, usagef("invalid --index %q: want approximate or exact", sf.index)
 	}
+
+	if sf.gateways < 1 || sf.gateways > sim.MaxGateways {
+		return cfg, usagef("invalid --gateways %d: want 1..%d", sf.gateways, sim.MaxGateways)
+	}
+	cfg.Gateways = sf.gateways
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -229,7 +265,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, "", usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNames(), ", "))
+				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)
@@ -240,22 +276,25 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 				names = append([]string{must}, names...)
 			}
 		}
+	} else if lora {
+		for _, p := range sim.LoRAPolicies() {
+			names = append(names[:0:0], names...)
+			if !slices.Contains(names, p.Name) {
+				names = append(names, p.Name)
+			}
+		}
 	} else {
 		names = policyNames()
 	}
 
 	// The model's own mode is the one recorded for its statistics, so it
 	// is always simulated; its load weights apply to the load-aware policy.
-	modeName := ""
-	if model != "" {
-		modeName = m.ModeName()
-		if !slices.Contains(names, modeName) {
-			names = append(names, modeName)
-		}
+	if model != "" && !slices.Contains(names, m.Mode.String()) {
+		names = append(names, m.Mode.String())
 	}
 	for _, n := range names {
 		pol, _ := sim.PolicyByName(n)
-		if n == config.ModeLoadAware && m.LoadWeights != nil {
+		if n == gateway.ModeLoadAware.String() && m.LoadWeights != nil {
 			w := m.LoadWeights.Gateway()
 			pol.New = func(uint64) gateway.Policy { return &gateway.LoadAware{Weights: w} }
 		}
@@ -264,7 +303,36 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	if m.SLOLatencyMS > 0 {
 		cfg.RouterSLO = m.SLOLatency()
 	}
-	return cfg, modeName, nil
+	return cfg, nil
+}
+
+// loraSimFlags checks the LoRA flags, which only --workload lora takes,
+// and sets the adapter model of cfg.
+func loraSimFlags(cmd *cobra.Command, sf *simFlags, lora bool, cfg *sim.Config) error {
+	changed := cmd.Flags().Changed
+	for _, name := range []string{"lora-adapters", "max-loras", "adapter-load-ms"} {
+		if changed(name) && !lora {
+			return usagef("--%s applies to --workload lora only", name)
+		}
+	}
+	if !lora {
+		return nil
+	}
+	if sf.loraAdapters < 1 || sf.loraAdapters > sim.MaxAdapters {
+		return usagef("invalid --lora-adapters %d: want 1..%d", sf.loraAdapters, sim.MaxAdapters)
+	}
+	if sf.maxLoras < 1 || sf.maxLoras > gateway.MaxAdapterSlots {
+		return usagef("invalid --max-loras %d: want 1..%d", sf.maxLoras, gateway.MaxAdapterSlots)
+	}
+	if !(sf.adapterLoadMS >= 0 && sf.adapterLoadMS <= 3_600_000) {
+		return usagef("invalid --adapter-load-ms %v: want 0..3600000 milliseconds", sf.adapterLoadMS)
+	}
+	cfg.MaxLoras = sf.maxLoras
+	cfg.AdapterLoad = time.Duration(sf.adapterLoadMS * float64(time.Millisecond))
+	if cfg.AdapterLoad == 0 {
+		cfg.AdapterLoad = -1 // no cost (0 is the simulator's default)
+	}
+	return nil
 }
 
 func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
@@ -286,7 +354,7 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 	default:
 		return usagef("invalid --progress %q: want auto, always or never", sf.progress)
 	}
-	cfg, modeName, err := buildSimConfig(cmd, sf, model, m)
+	cfg, err := buildSimConfig(cmd, sf, model, m)
 	if err != nil {
 		return err
 	}
@@ -322,7 +390,7 @@ func runSimulate(cmd *cobra.Command, model string, sf *simFlags) error {
 		}
 	}
 	if model != "" {
-		if err := saveSimStats(path, model, modeName, line, rep); err != nil {
+		if err := saveSimStats(path, model, m.Mode, line, rep); err != nil {
 			return err
 		}
 	}
@@ -378,6 +446,9 @@ func checkPlotPath(p string) error {
 // workloadLine states the workload and setup in one line.
 func workloadLine(rep *sim.Report, model string, m config.Model) string {
 	s := fmt.Sprintf("%s; %d replicas of %s; seed %d", rep.Workload, rep.Replicas, rep.Preset.Name, rep.Seed)
+	if rep.Gateways > 1 {
+		s += fmt.Sprintf("; %d gateways", rep.Gateways)
+	}
 	if model != "" && m.SLOLatencyMS > 0 {
 		s += fmt.Sprintf("; router SLO %s from %s's configuration", m.SLOLatency(), model)
 	}
@@ -386,8 +457,8 @@ func workloadLine(rep *sim.Report, model string, m config.Model) string {
 
 // saveSimStats stores the gateway statistics of the model's own policy in
 // the simulation as the model's latest statistics.
-func saveSimStats(path, model, mode, line string, rep *sim.Report) error {
-	res, ok := rep.Result(mode)
+func saveSimStats(path, model string, mode gateway.Mode, line string, rep *sim.Report) error {
+	res, ok := rep.Result(mode.String())
 	if !ok {
 		return nil
 	}
@@ -395,11 +466,7 @@ func saveSimStats(path, model, mode, line string, rep *sim.Report) error {
 	if err != nil {
 		return fmt.Errorf("encode simulation: %w", err)
 	}
-	gm, err := gateway.ParseMode(mode)
-	if err != nil {
-		return err
-	}
-	st := config.StatsFromGateway(model, config.SourceSimulated, gm, res.Router, res.RouterReplicas)
+	st := config.StatsFromGateway(model, config.SourceSimulated, mode, res.Router, res.RouterReplicas)
 	st.Workload, st.TokenHitRate, st.Simulation = line, res.TokenHitRate, raw
 	prefill := map[string]int64{}
 	for i, r := range res.RouterReplicas {

@@ -1,6 +1,8 @@
-// Command quickstart routes a few requests with the cache-aware policy and
-// prints each decision: the first request for a prefix goes by load, the
-// repeats go by affinity to the replica that holds it.
+// Command quickstart is the README's quick start made runnable: it routes
+// requests with the cache-aware policy and prints each decision. The
+// first request for a prefix goes by load; repeats, and later turns that
+// extend it, go by affinity to the replica that holds it, while a new
+// system prompt goes to another replica.
 //
 //	go run ./examples/quickstart
 package main
@@ -15,33 +17,47 @@ import (
 
 func main() {
 	gw, err := gateway.New(
-		[]gateway.Replica{{Name: "r0", Address: "http://127.0.0.1:8001"}, {Name: "r1", Address: "http://127.0.0.1:8002"}, {Name: "r2", Address: "http://127.0.0.1:8003"}},
+		[]gateway.Replica{{Name: "r0"}, {Name: "r1"}, {Name: "r2"}, {Name: "r3"}},
 		gateway.WithMode(gateway.ModeCacheAware),
-		gateway.WithSLOLatency(500*time.Millisecond),
+		gateway.WithSLOLatency(500*time.Millisecond), // avoid replicas over the latency SLO
 	)
 	if err != nil {
 		log.Fatal(err)
 	}
-	system := "You are a support assistant for Example Corp. Answer briefly and cite the manual."
-	for _, req := range []struct{ session, rag string }{
-		{"sess-1", "manual-ch1"},
-		{"sess-2", "manual-ch7"},
-		{"sess-1", "manual-ch1"},
-		{"sess-3", ""},
-		{"sess-2", "manual-ch7"},
+	key := gateway.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash") // system prompt, session, RAG context
+
+	d, err := gw.Route(key)
+	if err != nil {
+		log.Fatal(err)
+	}
+	show("sess-42", d)
+	// ... send the request to d.Address ...
+	d.FirstToken()
+	d.Done(gateway.DoneInfo{Latency: 40 * time.Millisecond})
+
+	// More requests: the same session again, another session of the same
+	// assistant, and a session of another assistant.
+	for _, r := range []struct{ system, session, rag string }{
+		{"You are a helpful assistant.", "sess-42", "doc-hash"},
+		{"You are a helpful assistant.", "sess-43", ""},
+		{"You are a Go reviewer. Point out bugs first, then style.", "sess-44", ""},
 	} {
-		key := gateway.PrefixKey(system, req.session, req.rag)
-		d, err := gw.Route(key)
+		d, err := gw.Route(gateway.PrefixKey(r.system, r.session, r.rag))
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("%-7s %-11s -> %s (%s) %-10s matched %d/%d blocks, hit=%v\n",
-			req.session, req.rag, d.Replica, d.Address, d.Kind, d.Matched, d.Blocks, d.Hit)
-		d.Done(gateway.DoneInfo{Latency: 80 * time.Millisecond})
+		show(r.session, d)
+		d.Done(gateway.DoneInfo{Latency: 40 * time.Millisecond})
 	}
 
-	res, err := gateway.DisaggregatedRoute(gateway.PrefixKey(system, "sess-9", ""),
-		[]gateway.Replica{{Name: "p0"}, {Name: "p1"}}, []gateway.Replica{{Name: "d0"}})
+	rate, err := gateway.MeasureHitRate(gw, repeat(key, 100))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("hit rate of 100 repeats: %.2f\n", rate)
+
+	prefillPool, decodePool := []gateway.Replica{{Name: "p0"}}, []gateway.Replica{{Name: "d0"}}
+	res, err := gateway.DisaggregatedRoute(key, prefillPool, decodePool)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -49,4 +65,16 @@ func main() {
 		res.PrefillReplica, res.DecodeReplica, res.IdenticalOutput, res.KVBytes)
 	s := gw.Stats()
 	fmt.Printf("decisions: %v, hit rate %.0f%%\n", s.ByKind, 100*s.HitRate())
+}
+
+func show(session string, d gateway.Decision) {
+	fmt.Printf("%-7s -> %s  %-10s matched %d/%d blocks, hit=%v\n", session, d.Replica, d.Kind, d.Matched, d.Blocks, d.Hit)
+}
+
+func repeat(k gateway.Key, n int) []gateway.Key {
+	keys := make([]gateway.Key, n)
+	for i := range keys {
+		keys[i] = k
+	}
+	return keys
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,10 @@ type Options struct {
 	CacheBlocks int
 	// Chunks is how many content chunks a streamed answer has; default 3.
 	Chunks int
+	// Adapters are LoRA adapters the engine serves: /v1/models lists them
+	// with the model as parent, and requests may name them. Each adapter
+	// has its own prefix cache, as vLLM keys blocks by adapter.
+	Adapters []string
 }
 
 // Engine is a fake vLLM server on a loopback port. Its methods are safe
@@ -60,6 +65,8 @@ type Engine struct {
 	canceled  atomic.Int64
 	gated     chan struct{}
 	cancelCh  chan struct{}
+	byModel   map[string]int64 // requests per "model" field, under mu
+	lora      string           // the lora_requests_info series, under mu
 }
 
 // New starts an Engine on 127.0.0.1 and returns it; Close stops it.
@@ -208,7 +215,11 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 		if name == "" {
 			name = "any"
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm"}}})
+		data := []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm", "parent": nil}}
+		for _, a := range e.opts.Adapters {
+			data = append(data, map[string]any{"id": a, "object": "model", "owned_by": "vllm", "root": "/adapters/" + a, "parent": name})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 	case "/v1/chat/completions", "/v1/completions":
 		e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
 	default:
@@ -227,6 +238,32 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits{model_name=%q} %d\n", m, e.hitTokens.Load())
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries{model_name=%q} %d\n", m, e.queries.Load())
+	e.mu.Lock()
+	lora := e.lora
+	e.mu.Unlock()
+	if lora != "" {
+		fmt.Fprintf(w, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n%s", lora)
+	}
+}
+
+// SetLoRAInfo sets the vllm:lora_requests_info series /metrics shows:
+// each line a series, such as
+// vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",waiting_lora_adapters=""} 1.7e+09.
+func (e *Engine) SetLoRAInfo(lines ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lora = ""
+	for _, l := range lines {
+		e.lora += l + "\n"
+	}
+}
+
+// ModelRequests returns how many inference requests named model in their
+// "model" field.
+func (e *Engine) ModelRequests(model string) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.byModel[model]
 }
 
 type request struct {
@@ -251,10 +288,17 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": err.Error(), "type": "invalid_request_error"}})
 		return
 	}
-	if e.opts.Model != "" && req.Model != e.opts.Model {
+	adapter := slices.Contains(e.opts.Adapters, req.Model)
+	if e.opts.Model != "" && req.Model != e.opts.Model && !adapter {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": "model " + req.Model + " not found", "type": "not_found_error"}})
 		return
 	}
+	e.mu.Lock()
+	if e.byModel == nil {
+		e.byModel = map[string]int64{}
+	}
+	e.byModel[req.Model]++
+	e.mu.Unlock()
 	var text strings.Builder
 	for _, m := range req.Messages {
 		text.WriteString(m.Role)
@@ -276,7 +320,15 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		}
 	}
 	words := strings.Fields(text.String())
+	if adapter {
+		// An adapter's blocks are its own: salt the first word.
+		words = append([]string{"\x00lora:" + req.Model}, words...)
+	}
 	cached := e.lookupAndStore(words)
+	if adapter {
+		words = words[1:]
+		cached = max(cached-1, 0)
+	}
 	e.queries.Add(int64(len(words)))
 	e.hitTokens.Add(int64(cached))
 

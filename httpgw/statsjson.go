@@ -36,6 +36,9 @@ type EngineStats struct {
 	ScrapeError string `json:"scrape_error,omitempty"`
 	// Models lists the models that route to this engine.
 	Models []string `json:"models"`
+	// Adapters is its LoRA adapter state: those its GET /v1/models lists
+	// and its last vllm:lora_requests_info; absent before either.
+	Adapters *EngineAdapters `json:"adapters,omitempty"`
 }
 
 // EngineLoad is a scraped engine load.
@@ -85,7 +88,7 @@ func (s *Server) Stats() Stats {
 	}
 	for _, ep := range st.endpoints {
 		l, has, _, lastErr := ep.snapshotLoad()
-		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep]}
+		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
 		if has {
 			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
 		}
@@ -130,9 +133,13 @@ type modelEntry struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// Parent is a LoRA adapter's model, as vLLM lists it; absent for a
+	// model.
+	Parent string `json:"parent,omitempty"`
 }
 
-// serveModels serves GET /v1/models: the configured models.
+// serveModels serves GET /v1/models: the configured models, then the
+// LoRA adapters the gateway serves, each with its model as parent.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	code := "200"
 	defer func() { s.metrics.requests.WithLabelValues("", "models", code).Inc() }()
@@ -147,6 +154,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	for _, name := range st.file.Names() {
 		list.Data = append(list.Data, modelEntry{ID: name, Object: "model", OwnedBy: "exa"})
 	}
+	list.Data = append(list.Data, adapterEntries(st)...)
 	writeJSON(w, list)
 }
 

@@ -103,6 +103,10 @@ type ReplicaStats struct {
 	// CachedBlocks, for a gateway, is the number of blocks its index holds
 	// for the replica (the index size); 0 for simulations.
 	CachedBlocks int `json:"cached_blocks,omitempty"`
+	// InFlight, for a gateway, counts the requests routed to the replica
+	// that have not ended (gateway.ReplicaStatus.InFlight); 0 (omitted)
+	// for simulations and idle replicas.
+	InFlight int `json:"in_flight,omitempty"`
 }
 
 // StatsDocument is the body of the HTTP gateway's GET /stats: statistics
@@ -133,7 +137,8 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 		total += r.Routed
 	}
 	for _, r := range rs {
-		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: fraction(r.Routed, total), Healthy: r.Healthy})
+		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: fraction(r.Routed, total), Healthy: r.Healthy,
+			InFlight: r.InFlight})
 	}
 	slices.SortFunc(out.Replicas, func(a, b ReplicaStats) int {
 		if a.Name < b.Name {

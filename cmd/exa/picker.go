@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/internal/httpserver"
+	"github.com/examlops/gateway/picker"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+)
+
+func init() { serveCmd.AddCommand(newPickerCmd()) }
+
+// pickerFlags are the flags of `exa serve picker`.
+type pickerFlags struct {
+	config, listen, adminListen         string
+	reload, probe, probeTimeout, scrape time.Duration
+	discover                            time.Duration
+	ejectAfter, readmitAfter, blockSize int
+	maxBody                             int64
+	tokenizeTimeout, shutdownGrace      time.Duration
+	fallbacks, shedAbove                int
+	pprofListen, logLevel               string
+}
+
+// newPickerCmd returns the `exa serve picker` command.
+func newPickerCmd() *cobra.Command {
+	var fl pickerFlags
+	cmd := &cobra.Command{
+		Use:   "picker",
+		Short: "Serve the routing to Envoy as an endpoint picker (ext_proc gRPC, Gateway API Inference Extension)",
+		Long: `Serve the routing to Envoy as an endpoint picker.
+
+It is an Envoy external processor (gRPC service envoy.service.ext_proc.v3.ExternalProcessor,
+plaintext HTTP/2, with the gRPC health service) that follows the Gateway API Inference
+Extension's endpoint picker protocol: Envoy sends each request's headers and body
+(FULL_DUPLEX_STREAMED), the picker answers with the chosen engine's ip:port in the header
+and metadata x-gateway-destination-endpoint, and Envoy sends the request there itself. The
+picker routes with the same configuration, models, LoRA adapters, health checks, load scrapes,
+exact index, metrics and reloads as "exa serve gateway", and reads the response phase (headers, body end)
+to keep each engine's load and latency current. GET /v1/models is answered by the picker
+from the configuration.
+
+Envoy must reach the engines by IP: a replica whose address has a host name is never picked
+(a warning is logged; with no other replica the client gets 503). Disaggregated models are
+served in P/D mode sidecar only (the decode replica is picked and the prefill replica named
+in x-prefiller-host-port for llm-d's pd-sidecar).
+
+--admin-listen serves /metrics (Prometheus), /stats (as "exa serve gateway" serves it) and
+/healthz over HTTP. Envoy's configuration for both deployment modes (plain Envoy with an
+ORIGINAL_DST cluster; Kubernetes, as an InferencePool's endpoint picker) is in docs/picker.md.
+No real Envoy has run against it in this project's tests: they play Envoy's message sequence
+from a Go client.`,
+		Example: `  exa serve routing set JPCP --mode cache_aware --replica e0=http://10.0.0.7:8000 --replica e1=http://10.0.0.8:8000
+  exa serve picker --listen 127.0.0.1:9002 --admin-listen 127.0.0.1:9090`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runPicker(cmd, fl) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
+	f.StringVar(&fl.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC server, host:port")
+	f.StringVar(&fl.adminListen, "admin-listen", "127.0.0.1:9090", `address of the HTTP server of /metrics, /stats and /healthz, host:port ("" = none)`)
+	f.DurationVar(&fl.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
+	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
+	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
+	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&fl.discover, "discover-interval", httpgw.DefaultDiscoverInterval,
+		"how often to list each engine's LoRA adapters (GET /v1/models); requests naming an adapter go to the replicas serving it")
+	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures (failed probes, 5xx answers) that eject an engine")
+	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
+	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
+	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
+	f.DurationVar(&fl.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
+		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
+	f.IntVar(&fl.fallbacks, "max-fallbacks", 0,
+		"fallback endpoints to list after the chosen one in x-gateway-destination-endpoint (ip:port,ip:port...); 0 for plain Envoy, whose ORIGINAL_DST cluster takes one address")
+	f.IntVar(&fl.shedAbove, "shed-above", 0,
+		"answer 429 when every eligible replica of the model has this many requests outstanding or more (0 = never shed)")
+	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let ext_proc streams in flight finish")
+	f.StringVar(&fl.pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof, /debug/pprof/) on this address; off by default")
+	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+func runPicker(cmd *cobra.Command, fl pickerFlags) error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
+		{"tokenize-timeout", fl.tokenizeTimeout}, {"discover-interval", fl.discover}} {
+		if d.v <= 0 {
+			return usagef("invalid --%s %q: must be positive", d.name, d.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    int64
+	}{{"eject-after", int64(fl.ejectAfter)}, {"readmit-after", int64(fl.readmitAfter)}, {"block-size", int64(fl.blockSize)}, {"max-body-bytes", fl.maxBody}} {
+		if d.v < 1 {
+			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
+		}
+	}
+	if fl.maxBody > 1<<30 {
+		return usagef("invalid --max-body-bytes %q: at most %d (1 GiB)", fmt.Sprint(fl.maxBody), 1<<30)
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"max-fallbacks", fl.fallbacks}, {"shed-above", fl.shedAbove}} {
+		if d.v < 0 {
+			return usagef("invalid --%s %q: must not be negative", d.name, fmt.Sprint(d.v))
+		}
+	}
+	if fl.shutdownGrace < 0 {
+		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
+		return usagef("invalid --log-level %q: want debug, info, warn or error", fl.logLevel)
+	}
+	path := fl.config
+	if path == "" {
+		p, err := config.Path()
+		if err != nil {
+			return fmt.Errorf("%w (or pass --config)", err)
+		}
+		path = p
+	}
+	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
+	}
+	srv, err := httpgw.New(httpgw.Options{
+		ConfigPath:       path,
+		ReloadInterval:   fl.reload,
+		ProbeInterval:    fl.probe,
+		ProbeTimeout:     fl.probeTimeout,
+		ScrapeInterval:   fl.scrape,
+		DiscoverInterval: fl.discover,
+		EjectAfter:       fl.ejectAfter,
+		ReadmitAfter:     fl.readmitAfter,
+		BlockSize:        fl.blockSize,
+		MaxBodyBytes:     fl.maxBody,
+		TokenizeTimeout:  fl.tokenizeTimeout,
+		Logger:           logger,
+	})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	router, err := srv.Picker(httpgw.PickerOptions{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove})
+	if err != nil {
+		return err
+	}
+	pk, err := picker.New(router, picker.Options{MaxBodyBytes: int(fl.maxBody), MaxFallbacks: fl.fallbacks})
+	if err != nil {
+		return err
+	}
+	stopPprof, err := startPprof(fl.pprofListen, logger)
+	if err != nil {
+		return usagef("invalid --pprof-listen %q: %v", fl.pprofListen, err)
+	}
+	defer stopPprof()
+	ln, err := net.Listen("tcp", fl.listen)
+	if err != nil {
+		return usagef("invalid --listen %q: %v", fl.listen, err)
+	}
+	var admin *http.Server
+	var adminLn net.Listener
+	if fl.adminListen != "" {
+		if adminLn, err = net.Listen("tcp", fl.adminListen); err != nil {
+			ln.Close()
+			return usagef("invalid --admin-listen %q: %v", fl.adminListen, err)
+		}
+		admin = &http.Server{Handler: adminHandler(srv), ReadHeaderTimeout: httpserver.DefaultReadHeaderTimeout,
+			ReadTimeout: httpserver.DefaultReadTimeout, IdleTimeout: httpserver.DefaultIdleTimeout,
+			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	}
+	// A request body arrives in Envoy's chunks, but allow a message as
+	// large as the largest body accepted, plus framing.
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20)))
+	pk.Register(g)
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	go func() { _ = srv.Run(runCtx) }()
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- g.Serve(ln) }()
+	adminURL := "none"
+	if admin != nil {
+		go func() {
+			if err := admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("admin: %w", err)
+			}
+		}()
+		adminURL = "http://" + adminLn.Addr().String()
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC), admin %s (config %s, %d models)\n",
+		ln.Addr(), adminURL, path, len(srv.Stats().Models))
+	select {
+	case err := <-serveErr:
+		g.Stop()
+		return fmt.Errorf("picker: serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "grace", fl.shutdownGrace)
+	pk.SetServing(false)
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(fl.shutdownGrace):
+		g.Stop()
+	}
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = admin.Shutdown(sctx)
+	}
+	return nil
+}
+
+// adminHandler serves the HTTP gateway's /metrics, /stats and /healthz,
+// and nothing else: inference requests come through Envoy.
+func adminHandler(srv http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	for _, p := range []string{"/metrics", "/stats", "/healthz"} {
+		mux.Handle(p, srv)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "picker admin: no endpoint "+r.URL.Path+" (serving /metrics, /stats, /healthz; requests go through Envoy)", http.StatusNotFound)
+	})
+	return mux
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPickerBadFlags: bad flags of `exa serve picker` are usage errors
+// naming the flag and value, reported before anything serves.
+func TestPickerBadFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-fallbacks", "-1"}, `invalid --max-fallbacks "-1": must not be negative`},
+		{[]string{"--shed-above", "-2"}, `invalid --shed-above "-2": must not be negative`},
+		{[]string{"--probe-interval", "0s"}, `invalid --probe-interval "0s": must be positive`},
+		{[]string{"--discover-interval", "-1s"}, `invalid --discover-interval "-1s": must be positive`},
+		{[]string{"--max-body-bytes", "0"}, `invalid --max-body-bytes "0": must be at least 1`},
+		{[]string{"--log-level", "loud"}, `invalid --log-level "loud"`},
+		{[]string{"--listen", "256.0.0.1:x"}, `invalid --listen "256.0.0.1:x"`},
+		{[]string{"--admin-listen", "256.0.0.1:x"}, `invalid --admin-listen "256.0.0.1:x"`},
+	} {
+		t.Run(tt.args[0], func(t *testing.T) {
+			args := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, tt.args...)
+			r := exa(t, newConfig(t), args...)
+			assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			assert.Contains(t, r.stderr, "exa: "+tt.want)
+		})
+	}
+}
+
+// The admin listener serves the gateway's /metrics, /stats and /healthz
+// and nothing else.
+func TestPickerAdminHandler(t *testing.T) {
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "inner "+r.URL.Path) })
+	srv := httptest.NewServer(adminHandler(inner))
+	defer srv.Close()
+	for _, tt := range []struct {
+		path   string
+		status int
+		want   string
+	}{
+		{"/metrics", 200, "inner /metrics"},
+		{"/stats", 200, "inner /stats"},
+		{"/healthz", 200, "inner /healthz"},
+		{"/v1/chat/completions", 404, "requests go through Envoy"},
+		{"/v1/models", 404, "no endpoint /v1/models"},
+	} {
+		resp, err := http.Get(srv.URL + tt.path)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, tt.status, resp.StatusCode, tt.path)
+		assert.Contains(t, string(b), tt.want, tt.path)
+	}
+}

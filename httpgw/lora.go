@@ -1,0 +1,426 @@
+package httpgw
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/examlops/gateway"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// LoRA adapters (see docs/lora.md).
+//
+// Resolution: a request's "model" names a configured model (its base
+// model) or else a LoRA adapter of one. The gateway learns the adapters
+// from each engine's GET /v1/models, where vLLM (and llm-d-inference-sim)
+// list the adapters they serve with their base model as "parent": an
+// adapter listed by an engine of a configured model is that model's, and
+// is routed over the model's replicas whose engines list it. A model's
+// optional allow-list (config.Model.Adapters) restricts it to the adapters
+// named there; an allowed adapter that no engine lists is routed over all
+// the model's replicas (engines that load adapters on demand). An adapter
+// listed by engines of two models belongs to the model named as its
+// parent, else to the first model by name. A name that is neither gets
+// 404 naming it. The body is forwarded unchanged: the engine reads the
+// adapter from its "model".
+//
+// State: every scrape reads vllm:lora_requests_info into each replica's
+// gateway.AdapterReport, which the policies see (gateway.Candidate.LoRA).
+// The prefix key is salted with the adapter (gateway.SaltKey; on the
+// exact index the key chains from the adapter's name, as the engines'
+// events do), as vLLM's KV blocks are keyed by adapter.
+
+// The engine metric and labels of adapter state (vLLM's names; the llm-d
+// inference simulator uses the same).
+const (
+	metricLoRAInfo = "vllm:lora_requests_info"
+	labelMaxLora   = "max_lora"
+	labelRunning   = "running_lora_adapters"
+	labelWaiting   = "waiting_lora_adapters"
+)
+
+// parseLoRAInfo reads an engine's adapter state from its
+// vllm:lora_requests_info family, whose value is the Unix time its label
+// combination was set and whose old combinations stay exposed: the series
+// with the largest value is the current one. Values equal to the second,
+// as the llm-d simulator sets them, are broken deterministically: the
+// series whose label values, in label-name order (max_lora, running,
+// waiting), compare smallest, which is the first of them on a page that
+// Prometheus' Go client wrote (it sorts a family's series so), the one
+// GIE's LoRASpec.getLatestMetric keeps (pkg/epp/framework/plugins/datalayer/
+// extractor/metrics/loraspec.go at 1748e829: the first series with a
+// strictly larger value). A series with empty lists is a valid state (no
+// adapter in use), as GIE's newer extractor reads it. Lists are split at
+// commas, names trimmed, empty names dropped; names longer than
+// gateway.MaxAdapterName are dropped and lists cut at
+// gateway.MaxReportedAdapters; a max_lora that is not a number in
+// 0..gateway.MaxAdapterSlots reads as 0 (unknown). ok is false when the
+// family is absent or has no series.
+func parseLoRAInfo(f *dto.MetricFamily) (rep gateway.AdapterReport, ok bool) {
+	var best *dto.Metric
+	var bestV float64
+	var bestL [3]string
+	for _, m := range f.GetMetric() {
+		v := sampleValue(m)
+		l := loraLabels(m)
+		if best == nil || v > bestV || (v == bestV && slices.Compare(l[:], bestL[:]) < 0) {
+			best, bestV, bestL = m, v, l
+		}
+	}
+	if best == nil {
+		return rep, false
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(bestL[0])); err == nil && n >= 0 && n <= gateway.MaxAdapterSlots {
+		rep.MaxLoras = n
+	}
+	rep.Running = splitAdapters(bestL[1])
+	rep.Waiting = splitAdapters(bestL[2])
+	return rep, true
+}
+
+// loraLabels returns a series' max_lora, running and waiting label values.
+func loraLabels(m *dto.Metric) [3]string {
+	var l [3]string
+	for _, p := range m.GetLabel() {
+		switch p.GetName() {
+		case labelMaxLora:
+			l[0] = p.GetValue()
+		case labelRunning:
+			l[1] = p.GetValue()
+		case labelWaiting:
+			l[2] = p.GetValue()
+		}
+	}
+	return l
+}
+
+// splitAdapters splits a comma-separated adapter list (see parseLoRAInfo).
+func splitAdapters(csv string) []string {
+	var out []string
+	for n := range strings.SplitSeq(csv, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || len(n) > gateway.MaxAdapterName {
+			continue
+		}
+		if len(out) == gateway.MaxReportedAdapters {
+			break
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// maxModelsBytes bounds the GET /v1/models body read from an engine.
+const maxModelsBytes = 4 << 20
+
+// maxServedModels bounds the entries of an engine's model list.
+const maxServedModels = 1 << 14
+
+// errModelList reports an engine model list that could not be read.
+var errModelList = errors.New("gateway: engine model list")
+
+// parseModelList reads an OpenAI GET /v1/models body and returns the LoRA
+// adapters it lists (entries whose "parent" is a non-empty string, as vLLM
+// lists them), each mapped to its parent. The body must be one JSON object
+// whose "data" is an array of objects with a non-empty string "id" of at
+// most gateway.MaxAdapterName bytes and a "parent" that is a string, null
+// or absent; at most maxServedModels entries. Other members are ignored.
+func parseModelList(body []byte) (map[string]string, error) {
+	var doc struct {
+		Data []struct {
+			ID     *string         `json:"id"`
+			Parent json.RawMessage `json:"parent"`
+		} `json:"data"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", errModelList, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the JSON object", errModelList)
+	}
+	if doc.Data == nil {
+		return nil, fmt.Errorf("%w: no \"data\" array", errModelList)
+	}
+	if len(doc.Data) > maxServedModels {
+		return nil, fmt.Errorf("%w: %d models, at most %d", errModelList, len(doc.Data), maxServedModels)
+	}
+	out := map[string]string{}
+	for i, e := range doc.Data {
+		if e.ID == nil || *e.ID == "" || len(*e.ID) > gateway.MaxAdapterName {
+			return nil, fmt.Errorf("%w: data[%d].id must be a string of 1..%d bytes", errModelList, i, gateway.MaxAdapterName)
+		}
+		p := bytes.TrimSpace(e.Parent)
+		if len(p) == 0 || string(p) == "null" {
+			continue
+		}
+		var parent string
+		if err := json.Unmarshal(p, &parent); err != nil {
+			return nil, fmt.Errorf("%w: data[%d].parent must be a string or null", errModelList, i)
+		}
+		if parent != "" {
+			out[*e.ID] = parent
+		}
+	}
+	return out, nil
+}
+
+// fetchServed fetches an engine's GET /v1/models and returns its adapters.
+func fetchServed(ctx context.Context, client *http.Client, base string) (map[string]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+	}
+	if len(body) > maxModelsBytes {
+		return nil, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
+	}
+	served, err := parseModelList(body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", base, err)
+	}
+	return served, nil
+}
+
+// endpointLoRA is an engine's adapter state: its last adapter report and
+// the adapters its last discovery found.
+type endpointLoRA struct {
+	report atomic.Pointer[gateway.AdapterReport]
+	served atomic.Pointer[servedAdapters]
+}
+
+// servedAdapters is the outcome of an engine's discoveries.
+type servedAdapters struct {
+	// parents maps each adapter the engine lists to its parent: the last
+	// successful discovery's, kept through failures.
+	parents map[string]string
+	// err is the last discovery's error, "" when it succeeded.
+	err string
+}
+
+// DiscoverAll fetches every engine's GET /v1/models once and, when the
+// adapters an engine lists changed, rebuilds the table that resolves
+// adapter names. Run calls it every DiscoverInterval; a failed fetch keeps
+// the engine's last list.
+func (s *Server) DiscoverAll(ctx context.Context) {
+	var changed atomic.Bool
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
+		got, err := fetchServed(ctx, s.control, ep.base)
+		old := ep.lora.served.Load()
+		next := &servedAdapters{parents: got}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Debug("gateway: adapter discovery failed; keeping the engine's last list", "address", ep.base, "err", err)
+			next = &servedAdapters{err: err.Error()}
+			if old != nil {
+				next.parents = old.parents
+			}
+		}
+		ep.lora.served.Store(next)
+		if old == nil || !maps.Equal(old.parents, next.parents) {
+			changed.Store(true)
+		}
+	})
+	if changed.Load() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cur := s.state.Load()
+		next := *cur
+		next.adapters = buildAdapterTable(&next)
+		s.state.Store(&next)
+	}
+}
+
+// adapterRoute is where requests for one adapter go.
+type adapterRoute struct {
+	name  string
+	model *modelState
+	// eligible is the model's replicas whose engines list the adapter;
+	// nil means all of them (allowed but listed by none).
+	eligible map[string]bool
+	// parentMatch: the engines name the model as the adapter's parent.
+	parentMatch bool
+	// refused: the model's engines list it, but its allow-list does not.
+	refused bool
+}
+
+// adapterTable resolves adapter names; immutable once built.
+type adapterTable struct {
+	byName map[string]*adapterRoute
+}
+
+// buildAdapterTable resolves the adapters of st's models from their
+// engines' discoveries and allow-lists (see the top of this file).
+func buildAdapterTable(st *state) *adapterTable {
+	t := &adapterTable{byName: map[string]*adapterRoute{}}
+	for _, name := range slices.Sorted(maps.Keys(st.models)) {
+		ms := st.models[name]
+		allow := map[string]bool{}
+		for _, a := range ms.cfg.Adapters {
+			allow[a] = true
+		}
+		for _, rname := range ms.order {
+			sv := ms.byName[rname].lora.served.Load()
+			if sv == nil {
+				continue
+			}
+			for _, a := range slices.Sorted(maps.Keys(sv.parents)) {
+				if _, isModel := st.models[a]; isModel {
+					continue
+				}
+				r := t.byName[a]
+				if len(allow) > 0 && !allow[a] {
+					if r == nil {
+						t.byName[a] = &adapterRoute{name: a, model: ms, refused: true}
+					}
+					continue
+				}
+				match := sv.parents[a] == ms.name
+				switch {
+				case r == nil || r.refused || (r.model != ms && match && !r.parentMatch):
+					r = &adapterRoute{name: a, model: ms, eligible: map[string]bool{}, parentMatch: match}
+					t.byName[a] = r
+				case r.model != ms || r.eligible == nil:
+					continue
+				}
+				r.eligible[rname] = true
+			}
+		}
+		for _, a := range ms.cfg.Adapters {
+			if _, isModel := st.models[a]; isModel {
+				continue
+			}
+			if r := t.byName[a]; r == nil || r.refused {
+				t.byName[a] = &adapterRoute{name: a, model: ms}
+			}
+		}
+	}
+	return t
+}
+
+// resolveAdapter returns the route of a request whose model names no
+// configured model, or answers the client with 404 and returns nil.
+func (s *Server) resolveAdapter(c *call, st *state, name string) *adapterRoute {
+	r, err := st.adapterRoute(name)
+	if err != nil {
+		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
+		return nil
+	}
+	return r
+}
+
+// adapterRoute returns the route of the adapter name, or an error wrapping
+// ErrModelNotFound (answered with 404) when name is neither a configured
+// model nor an adapter of one, or an adapter the allow-list refuses.
+func (st *state) adapterRoute(name string) (*adapterRoute, error) {
+	var r *adapterRoute
+	if st.adapters != nil {
+		r = st.adapters.byName[name]
+	}
+	switch {
+	case r == nil:
+		return nil, fmt.Errorf("%w: %q is not served by this gateway: it is neither a configured model nor a LoRA adapter of one (GET /v1/models lists them)", ErrModelNotFound, name)
+	case r.refused:
+		return nil, fmt.Errorf("%w: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.model.name, r.model.name)
+	}
+	return r, nil
+}
+
+// allow returns the replicas a call may be routed to, leaving out the
+// replica failed ("" none) and, for an adapter, those whose engines do
+// not serve it; nil when that is every replica.
+func (c *call) allow(failed string) func(name string) bool {
+	var eligible map[string]bool
+	if c.lora != nil {
+		eligible = c.lora.eligible
+	}
+	switch {
+	case eligible == nil && failed == "":
+		return nil
+	case eligible == nil:
+		return func(name string) bool { return name != failed }
+	}
+	return func(name string) bool { return eligible[name] && name != failed }
+}
+
+// adapterName is the call's adapter, "" for the base model.
+func (c *call) adapterName() string {
+	if c.lora == nil {
+		return ""
+	}
+	return c.lora.name
+}
+
+// EngineAdapters is an engine's LoRA adapter state in GET /stats.
+type EngineAdapters struct {
+	// Served lists the adapters its GET /v1/models lists, sorted.
+	Served []string `json:"served"`
+	// DiscoveryError is the last discovery's error, "" when it succeeded.
+	DiscoveryError string `json:"discovery_error,omitempty"`
+	// Running, Waiting and MaxLoras are its last vllm:lora_requests_info
+	// (absent before the first).
+	Running  []string `json:"running,omitempty"`
+	Waiting  []string `json:"waiting,omitempty"`
+	MaxLoras int      `json:"max_loras,omitempty"`
+}
+
+// adapterStats returns ep's adapter state for GET /stats, nil when it has
+// none to show.
+func adapterStats(ep *endpoint) *EngineAdapters {
+	sv, rep := ep.lora.served.Load(), ep.lora.report.Load()
+	if sv == nil && rep == nil {
+		return nil
+	}
+	out := &EngineAdapters{Served: []string{}}
+	if sv != nil {
+		out.Served = slices.Sorted(maps.Keys(sv.parents))
+		out.DiscoveryError = sv.err
+	}
+	if rep != nil {
+		out.Running = slices.Sorted(slices.Values(rep.Running))
+		out.Waiting = slices.Sorted(slices.Values(rep.Waiting))
+		out.MaxLoras = rep.MaxLoras
+	}
+	return out
+}
+
+// adapterEntries returns the adapters GET /v1/models lists beside the
+// configured models, sorted: each with its model as parent.
+func adapterEntries(st *state) []modelEntry {
+	if st.adapters == nil {
+		return nil
+	}
+	var out []modelEntry
+	for _, name := range slices.Sorted(maps.Keys(st.adapters.byName)) {
+		r := st.adapters.byName[name]
+		if r.refused {
+			continue
+		}
+		out = append(out, modelEntry{ID: name, Object: "model", OwnedBy: "exa", Parent: r.model.name})
+	}
+	return out
+}

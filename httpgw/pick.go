@@ -1,0 +1,604 @@
+package httpgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/picker"
+)
+
+// This file serves the Server's routing to Envoy as an endpoint picker
+// (package picker): the same configuration, models, health checks, load
+// scrapes, exact index and reloads as the HTTP gateway, the same request
+// parsing and keys, the same metrics, but Envoy carries the traffic. See
+// docs/picker.md.
+
+// PickerOptions configures a Picker. The zero value offers no fallbacks
+// and never sheds.
+type PickerOptions struct {
+	// Fallbacks is how many fallback endpoints each pick offers
+	// (picker.Pick.Fallbacks): other healthy replicas of the model within
+	// the subset hint, fewest outstanding requests first. The picker
+	// server sends them only up to its own picker.Options.MaxFallbacks.
+	// Default 0.
+	Fallbacks int
+	// ShedAbove, when positive, declines a request with 429 when every
+	// healthy replica of its model within the subset hint has at least
+	// this many requests outstanding: the larger of the gateway's
+	// in-flight count and the engine's scraped queue plus batch, as
+	// gateway.Candidate.Outstanding counts them. Default 0: never.
+	ShedAbove int
+}
+
+// Picker is a picker.Router over a Server's models: a request is parsed
+// and keyed as the HTTP gateway parses and keys it, resolved to its model
+// (or a LoRA adapter of one, routed over the replicas serving it, its key
+// salted, as in lora.go), routed by the model's gateway within the subset
+// hint (gateway.RouteAdapter), and answered with the chosen engine's
+// "ip:port". Create one with Server.Picker; it is safe for concurrent use,
+// and follows the Server's reloads.
+//
+// Errors answer the client as the HTTP gateway does, with the same status
+// and OpenAI error object (picker.StatusError): 400 for a malformed
+// request, 404 for an unknown model or path, 405 for another method, 503
+// when the model has no replicas or none is healthy (and within the
+// hint); 429 when shedding. GET /v1/models is answered by the picker from
+// the configuration (picker.Pick.Reply), as the HTTP gateway answers it.
+//
+// Endpoints must be IP addresses with ports, since Envoy's ORIGINAL_DST
+// cluster connects to the address it is given without resolving names: a
+// replica whose address has a host name is never picked (it is left out as
+// if unhealthy, with a warning logged when the configuration is read) and,
+// if no other replica is eligible, the client gets 503 naming it.
+//
+// A disaggregated model in sidecar mode (config.PDModeSidecar) is served
+// as llm-d's P/D profile serves it: the picker names the decode replica
+// (the sidecar's address) and, when the decider splits the request, sets
+// x-prefiller-host-port to the prefill replica for the sidecar; otherwise
+// it removes a client's x-prefiller-host-port. In gateway mode the HTTP
+// gateway runs the prefill request itself, which a picker cannot: such a
+// model is answered with 500 naming the setting to change.
+type Picker struct {
+	s     *Server
+	opts  PickerOptions
+	table atomic.Pointer[pickTable]
+	mu    sync.Mutex // serialises table builds
+	pool  sync.Pool  // *pickTracker
+}
+
+var _ picker.Router = (*Picker)(nil)
+
+// Picker returns a picker.Router over the Server's models.
+func (s *Server) Picker(opts PickerOptions) (*Picker, error) {
+	if opts.Fallbacks < 0 {
+		return nil, fmt.Errorf("%w: PickerOptions.Fallbacks %d is negative", ErrInvalidOptions, opts.Fallbacks)
+	}
+	if opts.ShedAbove < 0 {
+		return nil, fmt.Errorf("%w: PickerOptions.ShedAbove %d is negative", ErrInvalidOptions, opts.ShedAbove)
+	}
+	p := &Picker{s: s, opts: opts}
+	p.pool.New = func() any { return new(pickTracker) }
+	p.tableOf(s.state.Load())
+	return p, nil
+}
+
+// pickTable is the picker's view of one state snapshot: each engine's
+// "ip:port" endpoint, in canonical form. Immutable once built.
+type pickTable struct {
+	st *state
+	// eps maps an engine's base URL to its endpoint; an engine whose
+	// address is not ip:port is absent, and bad says why.
+	eps  map[string]pickEndpoint
+	byEP map[string]*endpoint // endpoint to engine
+	bad  map[string]string    // base URL to the reason
+	// allIP lists the models all of whose replicas have endpoints.
+	allIP map[string]bool
+}
+
+// pickEndpoint is an engine's endpoint, canonical ("ip:port") and its
+// address alone, for subset entries that name an address without a port.
+type pickEndpoint struct {
+	ep, addr string
+}
+
+// tableOf returns the table of st, building it on the first pick after a
+// reload.
+func (p *Picker) tableOf(st *state) *pickTable {
+	if t := p.table.Load(); t != nil && t.st == st {
+		return t
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.table.Load(); t != nil && t.st == st {
+		return t
+	}
+	t := &pickTable{st: st, eps: map[string]pickEndpoint{}, byEP: map[string]*endpoint{}, bad: map[string]string{}, allIP: map[string]bool{}}
+	for base, ep := range st.endpoints {
+		s, err := picker.EndpointOf(base)
+		if err == nil {
+			ap, perr := netip.ParseAddrPort(s)
+			if perr == nil {
+				pe := pickEndpoint{ep: ap.String(), addr: ap.Addr().String()}
+				t.eps[base] = pe
+				t.byEP[pe.ep] = ep
+				continue
+			}
+			err = perr
+		}
+		t.bad[base] = err.Error()
+	}
+	names := st.file.Names()
+	for _, name := range names {
+		m := st.models[name]
+		if m == nil {
+			continue
+		}
+		ok := true
+		for _, r := range m.order {
+			if m.pd != nil && m.pd.prefillNames[r] {
+				continue // named to the sidecar, which resolves host names
+			}
+			ep := m.byName[r]
+			if why, bad := t.bad[ep.base]; bad {
+				ok = false
+				p.s.log.Warn("picker: a replica's address is not ip:port, so the picker never picks it (Envoy's ORIGINAL_DST cluster connects to IP addresses only; write the engine's IP)",
+					"model", name, "replica", r, "address", ep.base, "err", why)
+			}
+		}
+		t.allIP[name] = ok
+	}
+	p.table.Store(t)
+	return t
+}
+
+// endpointOf returns the endpoint of an engine's base URL.
+func (t *pickTable) endpointOf(base string) (string, error) {
+	if pe, ok := t.eps[base]; ok {
+		return pe.ep, nil
+	}
+	// An engine a reload added after this snapshot.
+	s, err := picker.EndpointOf(base)
+	if err != nil {
+		return "", err
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return "", err
+	}
+	return ap.String(), nil
+}
+
+// allows reports whether the replica name of ms may be picked: its engine
+// has an endpoint, within the subset hint (nil: any).
+func (t *pickTable) allows(ms *modelState, sub picker.Subset, name string) bool {
+	ep := ms.byName[name]
+	if ep == nil {
+		return false
+	}
+	pe, ok := t.eps[ep.base]
+	if !ok {
+		return false
+	}
+	if sub == nil {
+		return true
+	}
+	for _, e := range sub { // canonical entries (picker.Subset)
+		if e == pe.ep || e == pe.addr {
+			return true
+		}
+	}
+	return false
+}
+
+// Pick implements picker.Router.
+func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick, error) {
+	s := p.s
+	start := req.Received
+	if start.IsZero() {
+		start = s.opts.Clock()
+	}
+	path := req.Path
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	var kind endpointKind
+	switch path {
+	case "/v1/chat/completions":
+		kind = endpointChat
+	case "/v1/completions":
+		kind = endpointCompletions
+	case "/v1/models":
+		return p.models(req)
+	default:
+		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
+		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: typeNotFound, Code: "unknown_endpoint",
+			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions and /v1/completions, and answers /v1/models)")}
+	}
+	pr := pickRequest{p: p, kind: kind, start: start}
+	if req.Method != http.MethodPost {
+		return pr.fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "",
+			errors.New("gateway: "+path+" accepts POST only, not "+req.Method))
+	}
+	body := req.Body
+	if body == nil {
+		body = []byte{}
+	}
+	rq, err := parseRequest(kind, body)
+	if err != nil {
+		var re *requestError
+		param := ""
+		if errors.As(err, &re) {
+			param = re.field
+		}
+		return pr.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, fmt.Errorf("%w: %w", picker.ErrBadRequest, err))
+	}
+	st := s.state.Load()
+	ms, ok := st.models[rq.Model]
+	if !ok {
+		// A LoRA adapter of a configured model, or else a 404 (lora.go).
+		if pr.lora, err = st.adapterRoute(rq.Model); err != nil {
+			return pr.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", fmt.Errorf("%w: %w", picker.ErrUnknownModel, err))
+		}
+		ms = pr.lora.model
+	}
+	pr.ms = ms
+	switch {
+	case ms.noReps && len(ms.missing) > 0:
+		return pr.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+			fmt.Errorf("%w: %w: model %q is disaggregated but its pools %q are not defined", picker.ErrNoEndpoint, ErrNoReplicas, ms.name, ms.missing))
+	case ms.noReps:
+		return pr.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, ErrNoReplicas, ms.name))
+	case ms.pd != nil && !ms.pd.sidecar:
+		return pr.fail(http.StatusInternalServerError, typeServer, "pd_mode_gateway", "model",
+			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.name, ms.name))
+	}
+	kp := s.keyPool.Get().(*gateway.Key)
+	defer func() { s.keyPool.Put(kp) }()
+	hdr := keyHeader(req.Header)
+	if ms.exactBS > 0 {
+		hr := (&http.Request{Method: http.MethodPost, Header: hdr}).WithContext(ctx)
+		c := &call{r: hr, body: body, req: rq, ms: ms, lora: pr.lora, oc: outcome{kind: kind}}
+		*kp, pr.fallback = s.exactKey(c, (*kp)[:0])
+	} else {
+		*kp = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], rq, hdr), pr.adapter())
+	}
+	pr.key = *kp
+	pr.tab = p.tableOf(st)
+	pr.sub = req.Subset
+	return pr.route()
+}
+
+// keyHeader returns the request headers a prefix key reads (see
+// appendKey) as an http.Header; nil when there are none.
+func keyHeader(h picker.Headers) http.Header {
+	var out http.Header
+	for _, name := range [...]string{HeaderSessionID, HeaderRAGContext} {
+		if v := h.Get(name); v != "" {
+			if out == nil {
+				out = make(http.Header, 2)
+			}
+			out.Set(name, v)
+		}
+	}
+	return out
+}
+
+// pickRequest is one request being picked for.
+type pickRequest struct {
+	p        *Picker
+	kind     endpointKind
+	start    time.Time
+	ms       *modelState
+	lora     *adapterRoute // the LoRA adapter the request names; nil for the base model
+	key      gateway.Key
+	fallback int
+	tab      *pickTable
+	sub      picker.Subset
+}
+
+// adapter is the request's LoRA adapter, "" for the base model.
+func (pr *pickRequest) adapter() string {
+	if pr.lora == nil {
+		return ""
+	}
+	return pr.lora.name
+}
+
+// fail counts a request the picker answers with an error and returns the
+// error, which answers as the HTTP gateway would.
+func (pr *pickRequest) fail(status int, typ, code, param string, err error) (picker.Pick, error) {
+	s, model := pr.p.s, ""
+	var mm *modelMetrics
+	if pr.ms != nil {
+		model, mm = pr.ms.name, pr.ms.mm
+	}
+	mm.requestsC(s.metrics, model, pr.kind, strconv.Itoa(status)).Inc()
+	if model != "" {
+		mm.durationO(s.metrics, model, pr.kind).Observe(s.opts.Clock().Sub(pr.start).Seconds())
+	}
+	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err}
+}
+
+// allow returns the replicas of the model the pick may choose, for
+// gateway.RouteAdapter: for an adapter, those whose engines serve it;
+// those with an endpoint (unless the prefill pool's, which the sidecar
+// reaches); within the subset hint. nil (all) when that is every replica.
+func (pr *pickRequest) allow(prefill bool) func(string) bool {
+	var eligible map[string]bool
+	if pr.lora != nil {
+		eligible = pr.lora.eligible
+	}
+	tab, ms, sub := pr.tab, pr.ms, pr.sub
+	needEP := sub != nil || (!prefill && !tab.allIP[ms.name])
+	if eligible == nil && !needEP {
+		return nil
+	}
+	return func(name string) bool {
+		if eligible != nil && !eligible[name] {
+			return false
+		}
+		return !needEP || tab.allows(ms, sub, name)
+	}
+}
+
+// noEndpoint is the error of a pick that found no eligible replica.
+func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
+	ms := pr.ms
+	what := "replica"
+	if pool != "" {
+		what = pool + " replica"
+	}
+	msg := fmt.Sprintf("gateway: no healthy %s for model %q", what, ms.name)
+	if pr.lora != nil {
+		msg = fmt.Sprintf("gateway: no healthy %s serving LoRA adapter %q of model %q", what, pr.lora.name, ms.name)
+	}
+	if pr.sub != nil {
+		msg += fmt.Sprintf(" within the subset hint %v", []string(pr.sub))
+	}
+	var bad []string
+	for _, r := range ms.order {
+		if ms.pd != nil && ms.pd.prefillNames[r] {
+			continue
+		}
+		if ep := ms.byName[r]; ep != nil {
+			if _, ok := pr.tab.bad[ep.base]; ok {
+				bad = append(bad, r+"="+ep.base)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		msg += fmt.Sprintf(" (replicas whose address is not ip:port are never picked: %s)", strings.Join(bad, ", "))
+	}
+	return pr.fail(http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+		fmt.Errorf("%w: %s: %v", picker.ErrNoEndpoint, msg, err))
+}
+
+// route routes the request over its model's gateway and returns the pick.
+func (pr *pickRequest) route() (picker.Pick, error) {
+	p, s, ms := pr.p, pr.p.s, pr.ms
+	allow := pr.allow(false)
+	var fallbacks []string
+	if p.opts.ShedAbove > 0 || p.opts.Fallbacks > 0 {
+		var shed bool
+		fallbacks, shed = pr.scan(ms.gw, allow)
+		if shed {
+			return pr.fail(http.StatusTooManyRequests, "rate_limit_error", "shed", "",
+				fmt.Errorf("%w: gateway: model %q: every eligible replica has %d or more requests outstanding", picker.ErrShed, ms.name, p.opts.ShedAbove))
+		}
+	}
+	if ms.pd != nil {
+		return pr.routePD(allow, fallbacks)
+	}
+	var failed string
+	for try := 0; try < 2; try++ {
+		a := allow
+		if failed != "" {
+			a = func(name string) bool { return name != failed && (allow == nil || allow(name)) }
+		}
+		d, err := ms.gw.RouteAdapter(pr.key, pr.adapter(), a)
+		if err != nil {
+			if errors.Is(err, gateway.ErrNoHealthyReplica) {
+				return pr.noEndpoint("", err)
+			}
+			return pr.fail(http.StatusInternalServerError, typeServer, "routing_error", "", err)
+		}
+		ep := s.endpointOf(ms, &d)
+		var endpoint string
+		if ep == nil {
+			err = fmt.Errorf("replica %q (%s) is no longer configured", d.Replica, d.Address)
+		} else {
+			endpoint, err = pr.tab.endpointOf(ep.base)
+		}
+		if err != nil {
+			// A reload moved the replica (or gave it a host name): release
+			// the decision and try another.
+			d.Done(gateway.DoneInfo{Err: err})
+			failed = d.Replica
+			continue
+		}
+		t := pr.track(d, ep, endpoint)
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacksFor(fallbacks, endpoint), Tracker: t}, nil
+	}
+	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
+}
+
+// fallbacksFor returns up to Fallbacks of eps other than the endpoint
+// picked, in their order.
+func (pr *pickRequest) fallbacksFor(eps []string, picked string) []string {
+	if i := slices.Index(eps, picked); i >= 0 {
+		eps = slices.Delete(eps, i, i+1)
+	}
+	return eps[:min(len(eps), pr.p.opts.Fallbacks)]
+}
+
+// track counts a decision and returns the Tracker of its request.
+func (pr *pickRequest) track(d gateway.Decision, ep *endpoint, endpoint string) *pickTracker {
+	s, ms := pr.p.s, pr.ms
+	s.countDecision(ms, &d)
+	ms.mm.replicaReqsC(s.metrics, ms.name, d.Replica).Inc()
+	s.metrics.inFlight.Inc()
+	t := pr.p.pool.Get().(*pickTracker)
+	*t = pickTracker{p: pr.p, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
+	return t
+}
+
+// pickSpare is a replica a fallback may go to.
+type pickSpare struct {
+	ep          string
+	outstanding int
+}
+
+// scan reads gw's replicas for shedding and fallbacks: shed reports that
+// every eligible replica is at ShedAbove, fallbacks are the endpoints of
+// up to Fallbacks eligible replicas (one more, for the one picked), fewest
+// outstanding requests first.
+func (pr *pickRequest) scan(gw *gateway.Gateway, allow func(string) bool) (fallbacks []string, shed bool) {
+	o := pr.p.opts
+	shed = o.ShedAbove > 0
+	inScope := 0
+	var spares []pickSpare
+	for _, r := range gw.Replicas() {
+		if !r.Healthy || (allow != nil && !allow(r.Name)) {
+			continue
+		}
+		inScope++
+		out := max(r.InFlight, r.Load.QueueDepth+r.Load.Running)
+		if out < o.ShedAbove {
+			shed = false
+		}
+		if o.Fallbacks > 0 {
+			if pe, ok := pr.tab.eps[r.Address]; ok {
+				spares = append(spares, pickSpare{pe.ep, out})
+			}
+		}
+	}
+	if inScope == 0 {
+		shed = false // routing answers 503
+	}
+	slices.SortStableFunc(spares, func(a, b pickSpare) int { return a.outstanding - b.outstanding })
+	for i := 0; i < len(spares) && len(fallbacks) <= o.Fallbacks; i++ {
+		fallbacks = append(fallbacks, spares[i].ep)
+	}
+	return fallbacks, shed
+}
+
+// models answers GET /v1/models with the HTTP gateway's own handler, whose
+// answer the picker sends the client (picker.Pick.Reply).
+func (p *Picker) models(req *picker.PickRequest) (picker.Pick, error) {
+	w := &replyWriter{h: http.Header{}}
+	r := &http.Request{Method: req.Method, URL: &url.URL{Path: "/v1/models"}, Header: http.Header{}, Host: req.Authority}
+	p.s.serveModels(w, r)
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	if req.Method == http.MethodHead {
+		w.body = nil
+	}
+	return picker.Pick{Reply: &picker.Reply{Status: w.code, ContentType: w.h.Get("Content-Type"), Body: w.body}}, nil
+}
+
+// replyWriter is an http.ResponseWriter that keeps the answer.
+type replyWriter struct {
+	h    http.Header
+	code int
+	body []byte
+}
+
+func (w *replyWriter) Header() http.Header { return w.h }
+func (w *replyWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+}
+func (w *replyWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	w.body = append(w.body, b...)
+	return len(b), nil
+}
+
+// pickTracker follows a picked request: it feeds its first token and end
+// to the routing decisions, the passive health checks and the metrics, as
+// the HTTP gateway's proxy does. Pooled: Done returns it.
+type pickTracker struct {
+	p        *Picker
+	ms       *modelState
+	kind     endpointKind
+	start    time.Time
+	d        gateway.Decision
+	pre      *gateway.Decision // a split request's prefill decision
+	preD     gateway.Decision  // its storage
+	ep       *endpoint
+	endpoint string
+	tab      *pickTable
+}
+
+var _ picker.Tracker = (*pickTracker)(nil)
+
+// codeStreamEnded is the outcome code of a picked request whose ext_proc
+// stream ended before its response did: the client went away, or the data
+// plane reset the request (the picker cannot tell which).
+const codeStreamEnded = "stream_ended"
+
+// FirstToken implements picker.Tracker.
+func (t *pickTracker) FirstToken() {
+	s := t.p.s
+	t.d.FirstToken()
+	t.ms.mm.ttfbO(s.metrics, t.ms.name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
+}
+
+// Done implements picker.Tracker.
+func (t *pickTracker) Done(o picker.Outcome) {
+	s := t.p.s
+	// Passive health: a 5xx counts against the engine that answered, as
+	// in the HTTP gateway; a fallback that served means the endpoint
+	// picked failed first.
+	served := t.ep
+	if o.Served != "" && o.Served != t.endpoint {
+		if t.ep != nil {
+			s.observe(t.ep, t.ep.health.failure(false))
+		}
+		served = t.tab.byEP[o.Served]
+	}
+	if served != nil && o.Status > 0 {
+		if o.Status >= 500 {
+			s.observe(served, served.health.failure(false))
+		} else {
+			s.observe(served, served.health.success(false))
+		}
+	}
+	code := strconv.Itoa(o.Status)
+	switch {
+	case o.Err != nil && o.Status < 500:
+		code = codeStreamEnded
+		t.d.Done(gateway.DoneInfo{Err: o.Err})
+	case o.Err != nil:
+		t.d.Done(gateway.DoneInfo{Err: o.Err})
+	default:
+		t.d.Done(gateway.DoneInfo{Latency: o.Latency})
+	}
+	if t.pre != nil {
+		// The sidecar ran the prefill; the picker cannot tell when it
+		// ended, so its decision is released with the request, as the
+		// HTTP gateway's sidecar mode releases it.
+		t.pre.Done(gateway.DoneInfo{})
+	}
+	mm := t.ms.mm
+	mm.requestsC(s.metrics, t.ms.name, t.kind, code).Inc()
+	mm.durationO(s.metrics, t.ms.name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
+	s.metrics.inFlight.Dec()
+	p := t.p
+	*t = pickTracker{}
+	p.pool.Put(t)
+}

@@ -1,0 +1,57 @@
+package httpgw
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/picker"
+)
+
+// FuzzPick feeds Picker.Pick arbitrary methods, paths, bodies, session
+// headers and subset entries: it never panics, every error is a
+// picker.StatusError with an HTTP error status, and every pick names an
+// ip:port endpoint within the subset, whose tracker releases the load.
+func FuzzPick(f *testing.F) {
+	f.Add("POST", "/v1/chat/completions", []byte(`{"model":"m1","messages":[{"role":"user","content":"hi"}]}`), "s", "10.0.0.1:8000")
+	f.Add("POST", "/v1/completions?x=1", []byte(`{"model":"m1","prompt":["a","b"]}`), "", "")
+	f.Add("GET", "/v1/models", []byte(nil), "", "10.0.0.2")
+	f.Add("POST", "/v1/chat/completions", []byte(`{"model":"m2"}`), "", "")
+	f.Add("PUT", "/x", []byte(`{`), "\x00", "::1")
+	s := pickServer(f, gateway.ModeCacheAware, "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://engine:8000")
+	p, err := s.Picker(PickerOptions{Fallbacks: 2})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, method, path string, body []byte, session, subset string) {
+		req := &picker.PickRequest{Method: method, Path: path, Body: body, Header: picker.Headers{{Name: "x-session-id", Value: session}}}
+		if subset != "" {
+			req.Subset = picker.Subset{subset}
+		}
+		pk, err := p.Pick(context.Background(), req)
+		if err != nil {
+			var se *picker.StatusError
+			if !errors.As(err, &se) || se.Status < 400 || se.Status > 599 || se.Err == nil {
+				t.Fatalf("error %v (%T) is not a StatusError with an error status", err, err)
+			}
+			return
+		}
+		if pk.Reply != nil {
+			if pk.Reply.Status != 200 && pk.Reply.Status != 405 { // GET /v1/models, or another method
+				t.Fatalf("reply status %d", pk.Reply.Status)
+			}
+			return
+		}
+		if _, err := netip.ParseAddrPort(pk.Endpoint); err != nil || !req.Subset.Allows(pk.Endpoint) {
+			t.Fatalf("endpoint %q (subset %v): %v", pk.Endpoint, req.Subset, err)
+		}
+		pk.Tracker.Done(picker.Outcome{Status: 200})
+		for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+			if r.InFlight != 0 {
+				t.Fatalf("replica %s has %d in flight", r.Name, r.InFlight)
+			}
+		}
+	})
+}

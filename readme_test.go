@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestReadmeQuickStart: every code line of the README's quick start
+// appears, in order, in Example (example_test.go) and in the quickstart
+// command (examples/quickstart), comments and spacing aside, so the
+// snippet a newcomer copies is code that compiles and runs.
+func TestReadmeQuickStart(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)## Quick start \\(library\\)\n+```go\n(.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md has no Go block under \"## Quick start (library)\"")
+	}
+	var want []string
+	for _, l := range strings.Split(string(m[1]), "\n") {
+		if l = codeOf(l); l != "" && !strings.HasPrefix(l, "import ") {
+			want = append(want, l)
+		}
+	}
+	if len(want) < 10 {
+		t.Fatalf("only %d code lines in the quick start: %q", len(want), want)
+	}
+	for _, src := range []struct{ file, fn string }{
+		{"example_test.go", "func Example() {"},
+		{"examples/quickstart/main.go", "func main() {"},
+	} {
+		b, err := os.ReadFile(src.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, body, ok := strings.Cut(string(b), src.fn)
+		if !ok {
+			t.Fatalf("%s has no %q", src.file, src.fn)
+		}
+		body, _, _ = strings.Cut(body, "\n}\n")
+		var got []string
+		for _, l := range strings.Split(body, "\n") {
+			if l = codeOf(l); l != "" {
+				got = append(got, l)
+			}
+		}
+		i := 0
+		for _, l := range got {
+			if i < len(want) && l == want[i] {
+				i++
+			}
+		}
+		if i < len(want) {
+			t.Errorf("%s: %s lacks the README's line %q (or has it out of order)", src.file, src.fn, want[i])
+		}
+	}
+}
+
+// codeOf returns a line's code: its trailing comment cut, its spaces
+// collapsed, "" for a comment line.
+func codeOf(l string) string {
+	if i := strings.Index(l, "// "); i >= 0 {
+		l = l[:i]
+	}
+	return strings.Join(strings.Fields(l), " ")
+}

@@ -1,0 +1,133 @@
+package sim
+
+import (
+	"maps"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/reference"
+)
+
+// MaxGateways is the largest Config.Gateways Run accepts.
+const MaxGateways = 64
+
+// router is one gateway of a simulated deployment: its own
+// gateway.Gateway (index, in-flight and pending counts, demand sketch) and
+// the hooks of its own instance of a reference policy.
+//
+// With Config.Gateways = G > 1, G routers share the traffic as replicas of
+// the gateway behind a load balancer: request n goes to gatewayOf(seed, n,
+// G). Every router is pushed the engines' scraped load at each refresh, as
+// every replica of a gateway scrapes the same engines; only the router
+// that placed a request hears of its first token and completion (its
+// Decision, its Tracker), so in-flight and pending counts are each its own;
+// and in exact-index mode every router's index is fed every engine's KV
+// events, as every gateway subscribes to every engine. In approximate mode
+// a router's index learns only from its own routing decisions.
+type router struct {
+	g *gateway.Gateway
+	// policy is the router's own policy instance, when made by Policy.New.
+	policy gateway.Policy
+
+	// Hooks of a reference policy that follows requests, reads KV events
+	// or predicts hits with an index of its own; nil otherwise.
+	tracker reference.Tracker
+	kv      reference.KVListener
+	pred    reference.Predictor
+}
+
+// refresher is implemented by test policies that model a signal the
+// simulated engines or gateways would share (sharedload_test.go): after
+// every load refresh, each router's policy that implements it is told,
+// with the engine and the router's index in it.
+type refresher interface {
+	refreshed(e *engine, gw int)
+}
+
+// afterRefresh tells every router's policy that implements refresher that
+// the load was refreshed.
+func (e *engine) afterRefresh() {
+	for i := range e.gws {
+		if r, ok := e.gws[i].policy.(refresher); ok {
+			r.refreshed(e, i)
+		}
+	}
+}
+
+// gatewayOf returns the gateway, in 0..n-1, that request id (counted from
+// 1 in arrival order) reaches: a uniform draw seeded by seed and id alone,
+// so every policy's run sends each request through the same gateway, as a
+// load balancer spreading connections at random would.
+func gatewayOf(seed, id uint64, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return int(mix64(seed^0x6a09e667f3bcc908, id) % uint64(n))
+}
+
+// policySeed is the seed of gateway i's policy instance: Config.Seed for
+// the first, so that one gateway runs as before, and a distinct stream for
+// each other, so that randomised tie-breaks are not in lockstep.
+func policySeed(seed uint64, i int) uint64 {
+	if i == 0 {
+		return seed
+	}
+	return mix64(seed, 0x9e3779b97f4a7c15*uint64(i))
+}
+
+// mix64 hashes two words with SplitMix64's finaliser.
+func mix64(a, b uint64) uint64 {
+	z := a + 0x9e3779b97f4a7c15*(b+1)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// routerStats sums the Stats of every gateway.
+func routerStats(rs []router) gateway.Stats {
+	st := rs[0].g.Stats()
+	if len(rs) == 1 {
+		return st
+	}
+	st.ByKind = maps.Clone(st.ByKind)
+	for _, r := range rs[1:] {
+		o := r.g.Stats()
+		st.Routed += o.Routed
+		st.Hits += o.Hits
+		st.SLOExcluded += o.SLOExcluded
+		st.SLOFallbacks += o.SLOFallbacks
+		st.NoMatch += o.NoMatch
+		st.LoadGuard += o.LoadGuard
+		st.NoHealthy += o.NoHealthy
+		st.Blocks += o.Blocks
+		st.MatchedBlocks += o.MatchedBlocks
+		for k, v := range o.ByKind {
+			if st.ByKind == nil {
+				st.ByKind = map[string]uint64{}
+			}
+			st.ByKind[k] += v
+		}
+	}
+	return st
+}
+
+// routerReplicas returns the replicas as the gateways see them together:
+// the first gateway's view (load, latency, health, its index's cached
+// blocks), with the counts each gateway keeps of its own traffic (in
+// flight, pending and assigned prefill, routed, hits) summed over all.
+func routerReplicas(rs []router) []gateway.ReplicaStatus {
+	out := rs[0].g.Replicas()
+	for _, r := range rs[1:] {
+		for i, o := range r.g.Replicas() {
+			if i >= len(out) || out[i].Name != o.Name {
+				continue
+			}
+			x := &out[i]
+			x.InFlight += o.InFlight
+			x.PendingPrefill += o.PendingPrefill
+			x.AssignedPrefill += o.AssignedPrefill
+			x.Routed += o.Routed
+			x.Hits += o.Hits
+		}
+	}
+	return out
+}
