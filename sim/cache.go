@@ -36,9 +36,9 @@ type kvCache struct {
 }
 
 // newKVCache returns an empty cache of capacity blocks whose table places
-// blocks under secret. The table has room for one block more than the capacity, which touch
-// holds for a moment (a new block is added before the LRU one is evicted),
-// so that it never grows.
+// blocks under secret. The table has room for one block more than the
+// capacity, which touch holds for a moment (it adds a new block before
+// evicting the LRU one), so that it never grows.
 func newKVCache(capacity int, secret uint64) *kvCache {
 	return &kvCache{cap: capacity, idx: hashtab.New[int32](capacity+1, secret), head: -1, tail: -1, free: -1}
 }

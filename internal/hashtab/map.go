@@ -69,9 +69,11 @@ func (t *Map[V]) Get(k uint64) (V, bool) {
 // values to vals, which must be as long as ks: Get over a chain of keys,
 // in one call.
 func (t *Map[V]) Prefix(ks []uint64, vals []V) int {
-	keys, vals := t.keys, vals[:len(ks)]
+	// Locals, which the loop's stores to vals cannot change.
+	sd, n, keys, tv := t.seed, t.n, t.keys, t.vals
+	vals = vals[:len(ks)]
 	for j, k := range ks {
-		m := t.seed.Mix(k)
+		m := sd.Mix(k)
 		if m == free {
 			if !t.top {
 				return j
@@ -79,11 +81,11 @@ func (t *Map[V]) Prefix(ks []uint64, vals []V) int {
 			vals[j] = t.topVal
 			continue
 		}
-		i := Find(t.n, m, func(i int) (uint64, bool) { return keys[i], true })
+		i := Find(n, m, func(i int) (uint64, bool) { return keys[i], true })
 		if i < 0 {
 			return j
 		}
-		vals[j] = t.vals[i]
+		vals[j] = tv[i]
 	}
 	return len(ks)
 }
