@@ -173,7 +173,8 @@ func (g *Gateway) RouteAdapter(key Key, adapter string, allow func(name string) 
 // reports, replacing the last report. A report over the limits above (a
 // negative or huge MaxLoras, an empty or huge name, too many names) is an
 // error wrapping ErrInvalid and changes nothing. The report is
-// copied.
+// copied; a report equal to the last is not copied again, so repeating it
+// does not allocate.
 func (g *Gateway) UpdateAdapters(name string, a AdapterReport) error {
 	if err := a.validate(name); err != nil {
 		return err
@@ -181,6 +182,13 @@ func (g *Gateway) UpdateAdapters(name string, a AdapterReport) error {
 	rs, err := g.lookup(name)
 	if err != nil {
 		return err
+	}
+	if cur := rs.lora.rep.Load(); cur != nil && cur.MaxLoras == a.MaxLoras &&
+		slices.Equal(cur.Running, a.Running) && slices.Equal(cur.Waiting, a.Waiting) {
+		// The same report again, as engines repeat it at every scrape:
+		// keep the installed copy rather than make another.
+		rs.lora.report(cur)
+		return nil
 	}
 	rs.lora.report(a.normalized())
 	return nil

@@ -524,3 +524,28 @@ func TestLoRAConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, rec.byName("r0").LoRA.Routed)
 }
+
+// An engine repeats its report at every scrape: the repeat installs
+// nothing new and does not allocate; a changed report still replaces it.
+func TestUpdateAdaptersRepeat(t *testing.T) {
+	g, err := New(replicaNames(1))
+	require.NoError(t, err)
+	rep := AdapterReport{Running: []string{"a", "b"}, Waiting: []string{"c"}, MaxLoras: 2}
+	require.NoError(t, g.UpdateAdapters("r0", rep))
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		if err := g.UpdateAdapters("r0", rep); err != nil {
+			t.Fatal(err)
+		}
+	}))
+	require.Equal(t, rep, g.Replicas()[0].Adapters)
+	for _, next := range []AdapterReport{
+		{Running: []string{"a", "b"}, Waiting: []string{"c"}, MaxLoras: 3},
+		{Running: []string{"b", "a"}, Waiting: []string{"c"}, MaxLoras: 3},
+		{Running: []string{"a"}, Waiting: []string{"c"}, MaxLoras: 3},
+		{Running: []string{"a"}, MaxLoras: 3},
+	} {
+		require.NoError(t, g.UpdateAdapters("r0", next))
+		want := next.normalized()
+		require.Equal(t, *want, g.Replicas()[0].Adapters)
+	}
+}

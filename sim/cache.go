@@ -36,12 +36,17 @@ type kvCache struct {
 }
 
 // newKVCache returns an empty cache of capacity blocks whose table places
-// blocks under secret. The table has room for one block more than the
-// capacity, which touch holds for a moment (it adds a new block before
-// evicting the LRU one), so that it never grows.
+// blocks under secret. The table and the slices start small and grow with
+// the blocks actually cached, so memory follows the workload, not the
+// capacity: a large cluster on a short workload (or the pooled bound,
+// whose capacity is the whole cluster's) never holds its full capacity.
 func newKVCache(capacity int, secret uint64) *kvCache {
-	return &kvCache{cap: capacity, idx: hashtab.New[int32](capacity+1, secret), head: -1, tail: -1, free: -1}
+	return &kvCache{cap: capacity, idx: hashtab.New[int32](min(capacity+1, initialBlocks), secret), head: -1, tail: -1, free: -1}
 }
+
+// initialBlocks is the block count a cache's table has room for before it
+// first grows.
+const initialBlocks = 1024
 
 // blocks is the number of cached blocks, pinned or not.
 func (c *kvCache) blocks() int { return c.pinned + c.lruN }

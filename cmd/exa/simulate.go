@@ -44,18 +44,20 @@ type simFlags struct {
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
-// replica count (each replica's KV block table and router state, once per
-// policy), and its run time with the request count; when the replicas
-// cannot keep up, every request waits in memory at once. Measured with all
-// policies (GNU time's maximum resident set size; see the README):
-//   - replicas: about 0.5 MB each with the 8b-h100 preset and 1.5 MB each
-//     with 70b-h100-tp8 (its KV cache holds 3.2 times the blocks), so 512
-//     replicas take about 0.3 GB and 0.8 GB;
-//   - requests: memory stays flat (about 48 MB for 100,000 requests of the
-//     default workload) while the replicas keep up, but run time grows:
-//     100,000 took 10 to 19 s on 2 cores, quiet to busy; when every
-//     request queues at once (--rate 100000) each holds about 11 kB, so
-//     100,000 requests peak at about 1.1 GB.
+// blocks the replicas actually cache (each replica's KV table grows with
+// use, not with its capacity) and the routers' state, once per policy, and
+// its run time with the request count; when the replicas cannot keep up,
+// every request waits in memory at once. Measured with all policies (GNU
+// time's maximum resident set size, 2 cores, after the KV tables were made
+// to grow with use and repeated LoRA reports stopped being copied):
+//   - 512 replicas: about 0.5 GB on the default workload with any preset,
+//     1.1 GB on --workload lora (it was over 4 GB before those changes);
+//   - 100,000 requests: memory stays flat while the replicas keep up, but
+//     run time grows (10 to 50 s on 2 cores); when every request queues at
+//     once (--rate 100000) they peak at about 1.8 GB, and 512 replicas of
+//     70b-h100-tp8 with 100,000 requests at 1.5 GB.
+//
+// So nothing within the bounds takes more than about 2 GB.
 const (
 	maxSimReplicas = 512
 	maxSimRequests = 100_000
@@ -115,8 +117,8 @@ deterministic for a seed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas, 1..%d; each takes about 0.5 MB of memory (1.5 MB with the 70b-h100-tp8 preset) (default: the model's stored replica count, else %d)", maxSimReplicas, sim.DefaultReplicas))
-	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d; 100,000 take 10-20 s with all policies, and up to 1.1 GB of memory when the replicas cannot keep up (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
+	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas, 1..%d; 512 take about 0.5 GB of memory on the default workload, 1.1 GB on --workload lora (default: the model's stored replica count, else %d)", maxSimReplicas, sim.DefaultReplicas))
+	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d; 100,000 take 10-50 s with all policies, and up to 1.8 GB of memory when the replicas cannot keep up (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
 	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
 	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
 	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, fmt.Sprintf("simulate a shared-prefix stream of N requests, 1..%d (the shared-prefix workload with its request count set)", maxSimRequests))
@@ -196,7 +198,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	cfg.Replicas = sim.DefaultReplicas
 	if changed("replicas") {
 		if sf.replicas < 1 || sf.replicas > maxSimReplicas {
-			return cfg, usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory under about 1 GB)", sf.replicas, maxSimReplicas)
+			return cfg, usagef("invalid --replicas %d: want 1..%d (the limit keeps the simulation's memory within about 2 GB)", sf.replicas, maxSimReplicas)
 		}
 		cfg.Replicas = sf.replicas
 	} else if n := len(m.Replicas); n > maxSimReplicas {
