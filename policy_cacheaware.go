@@ -219,6 +219,9 @@ type adapterPrice struct {
 	// slots and used count the candidates' reported slots and those in
 	// use; mine those the request's adapter holds.
 	slots, used, mine int
+	// clear counts the candidates where the adapter is in the batch and
+	// no other adapter waits for a slot.
+	clear int
 	// contention is (used − mine) / (slots − mine): how much of what the
 	// adapter does not hold other adapters do.
 	contention float64
@@ -233,6 +236,9 @@ func (a *adapterPrice) count(l *LoRAState) {
 	a.used += min(l.Active, l.MaxLoras)
 	if l.InBatch() {
 		a.mine++
+		if l.Active <= l.MaxLoras {
+			a.clear++
+		}
 	}
 }
 
@@ -267,6 +273,9 @@ func (a *adapterPrice) cost(c *Candidate) float64 {
 	l := &c.LoRA
 	switch {
 	case l.InBatch():
+		if a.clear > 0 && l.MaxLoras > 0 && l.Active > l.MaxLoras {
+			return a.wait
+		}
 		return 0
 	case l.Waiting || !l.FreeSlot():
 		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
