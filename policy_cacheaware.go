@@ -162,7 +162,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		shared = req.MaxMatched
 	}
 	if req.Adapter != "" {
-		lp.set(p, dw)
+		lp.set(p, dw, lambda)
 	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
@@ -221,7 +221,8 @@ type adapterPrice struct {
 	slots, used, mine int
 	// clear counts the candidates where the adapter is in the batch and
 	// no other adapter waits for a slot.
-	clear int
+	clear  int
+	lambda float64
 	// contention is (used − mine) / (slots − mine): how much of what the
 	// adapter does not hold other adapters do.
 	contention float64
@@ -244,7 +245,8 @@ func (a *adapterPrice) count(l *LoRAState) {
 
 // set fixes the costs from the policy's parameters once every candidate
 // is counted.
-func (a *adapterPrice) set(p *CacheAware, dw float64) {
+func (a *adapterPrice) set(p *CacheAware, dw, lambda float64) {
+	a.lambda = lambda
 	a.load, a.wait, a.dw = pick(p.AdapterLoad, defaultAdapterLoad), pick(p.AdapterWait, defaultAdapterWait), dw
 	if others := a.slots - a.mine; others > 0 {
 		a.contention = min(1, float64(max(a.used-a.mine, 0))/float64(others))
@@ -278,7 +280,7 @@ func (a *adapterPrice) cost(c *Candidate) float64 {
 		}
 		return 0
 	case l.Waiting || !l.FreeSlot():
-		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
+		return a.load + a.wait*a.lambda + a.dw*float64(c.Outstanding()+1)
 	case l.Loaded:
 		return 0
 	}
