@@ -139,7 +139,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	var lp adapterPrice
 	for i := range cands {
 		if req.Adapter != "" {
-			lp.count(&cands[i].LoRA)
+			lp.count(&cands[i])
 		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
@@ -223,16 +223,27 @@ type adapterPrice struct {
 	// no other adapter waits for a slot.
 	clear  int
 	lambda float64
+	// routed and inflight count the adapter's requests in flight and all
+	// requests in flight over the candidates; reps those with slots.
+	routed, inflight, reps int
+	empty                  int
+	seen                   uint64
 	// contention is (used − mine) / (slots − mine): how much of what the
 	// adapter does not hold other adapters do.
 	contention float64
 }
 
 // count adds a candidate's slots.
-func (a *adapterPrice) count(l *LoRAState) {
+func (a *adapterPrice) count(c *Candidate) {
+	l := &c.LoRA
+	a.routed += l.Routed
+	a.inflight += c.InFlight
+	a.empty += l.Empty
+	a.seen = max(a.seen, c.LastPicked)
 	if l.MaxLoras == 0 {
 		return
 	}
+	a.reps++
 	a.slots += l.MaxLoras
 	a.used += min(l.Active, l.MaxLoras)
 	if l.InBatch() {
@@ -280,9 +291,15 @@ func (a *adapterPrice) cost(c *Candidate) float64 {
 		}
 		return 0
 	case l.Waiting || !l.FreeSlot():
-		return a.load + a.wait*a.lambda + a.dw*float64(c.Outstanding()+1)
+		if a.clear > 0 {
+			return a.load + a.wait*a.lambda + a.dw*float64(c.Outstanding()+1)
+		}
+		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
 	case l.Loaded:
 		return 0
+	}
+	if l.Empty > 0 && a.empty >= 2 && a.seen >= demandWindow && float64(a.mine+1) <= float64(a.routed)/float64(max(a.inflight, demandPrior))*float64(a.reps) {
+		return a.load
 	}
 	return a.load + a.wait*a.contention
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/examlops/gateway"
@@ -58,8 +59,12 @@ func TestLoRAOverloadDiag(t *testing.T) {
 	}
 	w, err := LoRAWorkload(LoRAConfig{Requests: 10000, Rate: 120})
 	require.NoError(t, err)
+	seed := uint64(1)
+	if s, err := strconv.ParseUint(os.Getenv("EXA_LORA_DIAG_SEED"), 10, 64); err == nil {
+		seed = s
+	}
 	log := &choiceLog{Policy: &gateway.CacheAware{}, byAdapter: map[string]int{}}
-	cfg := Config{Workload: w, Seed: 1, Replicas: 8,
+	cfg := Config{Workload: w, Seed: seed, Replicas: 8,
 		Policies: []Policy{{Name: "cache_aware", New: func(uint64) gateway.Policy { return log }}}}
 	require.NoError(t, cfg.fill())
 	e, err := newEngine(&cfg, cfg.Policies[0])
