@@ -176,7 +176,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
+		m := max(c.Matched, shared)
+		if req.Adapter != "" && lp.replicates(c) {
+			m = max(m, req.MaxMatched)
+		}
+		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
@@ -298,8 +302,17 @@ func (a *adapterPrice) cost(c *Candidate) float64 {
 	case l.Loaded:
 		return 0
 	}
-	if l.Empty > 0 && a.empty >= 2 && a.seen >= demandWindow && float64(a.mine+1) <= float64(a.routed)/float64(max(a.inflight, demandPrior))*float64(a.reps) {
+	if a.replicates(c) {
 		return a.load
 	}
 	return a.load + a.wait*a.contention
+}
+
+// replicates reports whether c is an empty slot the adapter should spread
+// to: fewer replicas run it than its share of the requests in flight
+// calls for.
+func (a *adapterPrice) replicates(c *Candidate) bool {
+	l := &c.LoRA
+	return l.Empty > 0 && !l.InBatch() && !l.Loaded && a.empty >= 2 && a.seen >= demandWindow &&
+		float64(a.mine+1) <= float64(a.routed)/float64(max(a.inflight, demandPrior))*float64(a.reps)
 }
