@@ -3,6 +3,8 @@ package gateway
 import (
 	"math/bits"
 	"math/rand/v2"
+
+	"github.com/examlops/gateway/internal/hashtab"
 )
 
 // The cache index records which replica holds which prefix blocks.
@@ -20,14 +22,15 @@ import (
 //     and a small table of the same kind from hash to node, so warming a
 //     block on one replica costs O(1) however many replicas share it.
 //
-// The tables are ordered hash tables (Amble and Knuth 1974): the homes of
-// n slots lie in 0..n-1, maxProbe spare slots follow so that no run wraps
-// around, and, since the home slot grows with the hash, keeping each run
-// sorted by hash keeps the occupied slots in ascending order of hash and
-// of home: Robin Hood placement, with ties broken by hash. A probe stops
-// at the first slot whose hash is not below the one sought, so a lookup
-// for an absent block ends about as soon as one for a present block,
-// with one comparison per slot.
+// The tables are ordered hash tables (Amble and Knuth 1974), probed,
+// filled and emptied by package internal/hashtab, which the simulator's
+// tables share: the homes of n slots lie in 0..n-1, maxProbe spare slots
+// follow so that no run wraps around, and, since the home slot grows with
+// the hash, keeping each run sorted by hash keeps the occupied slots in
+// ascending order of hash and of home: Robin Hood placement, with ties
+// broken by hash. A probe stops at the first slot whose hash is not below
+// the one sought, so a lookup for an absent block ends about as soon as
+// one for a present block, with one comparison per slot.
 //
 // A lookup walks the request's blocks once, ANDing holder bit sets, so it
 // costs one table probe per matched block whatever the replica count.
@@ -78,10 +81,10 @@ const (
 	repLoad     = 0.7  // of a replica's table: cheap slots, short probe runs
 	// maxProbe bounds a block's distance from its home slot, and so the
 	// slots a lookup probes, in every table of the index.
-	maxProbe = 128
+	maxProbe = hashtab.MaxProbe
 	// maxShift bounds the slots an insertion scans for a free slot and
 	// shifts to make room.
-	maxShift = 4096
+	maxShift = hashtab.MaxShift
 )
 
 type index struct {
@@ -101,30 +104,21 @@ type index struct {
 	mk      Key         // scratch for mixKey
 }
 
-// seed is an index's secret: mix(h) = k2·f(k1·(h ⊕ k0)) with
-// f(x) = x ⊕ (x >> 32). k1 and k2 are odd, so every step, and mix, is a
-// permutation of the 64-bit values; the tables use the top bits of the
+// seed is an index's secret, a hashtab.Seed: mix(h) = k2·f(k1·(h ⊕ k0))
+// with f(x) = x ⊕ (x >> 32). k1 and k2 are odd, so every step, and mix, is
+// a permutation of the 64-bit values; the tables use the top bits of the
 // result, which depend on every bit of h.
 type seed struct{ k0, k1, k2 uint64 }
 
-// newSeed expands a secret into a seed with splitmix64.
+// newSeed expands a secret into a seed (hashtab.NewSeed).
 func newSeed(secret uint64) seed {
-	next := func() uint64 {
-		secret += 0x9e3779b97f4a7c15
-		z := secret
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		return z ^ z>>31
-	}
-	return seed{next(), next() | 1, next() | 1}
+	s := hashtab.NewSeed(secret)
+	return seed{s.K0, s.K1, s.K2}
 }
 
-// mix returns the placed hash of block hash h.
+// mix returns the placed hash of block hash h (hashtab.Seed.Mix).
 func (sd *seed) mix(h uint64) uint64 {
-	h ^= sd.k0
-	h *= sd.k1
-	h ^= h >> 32
-	return h * sd.k2
+	return hashtab.Seed{K0: sd.k0, K1: sd.k1, K2: sd.k2}.Mix(h)
 }
 
 // newIndex returns an empty index placing blocks under a secret drawn
@@ -207,16 +201,13 @@ func (ix *index) clear(slot uint32) {
 // cached reports how many blocks a replica holds.
 func (ix *index) cached(slot uint32) int { return ix.reps[slot].n }
 
-func (ix *index) home(m uint64) int {
-	hi, _ := bits.Mul64(m, uint64(ix.n))
-	return int(hi)
-}
+func (ix *index) home(m uint64) int { return hashtab.Home(m, ix.n) }
 
 // dist is how far slot i lies past the home of placed hash m.
 func (ix *index) dist(i int, m uint64) int { return i - ix.home(m) }
 
 // slots is the table's length in slots: n homes, then maxProbe spares.
-func (ix *index) slots() int { return ix.n + maxProbe }
+func (ix *index) slots() int { return hashtab.Slots(ix.n) }
 
 func (ix *index) empty(i int) bool {
 	for _, b := range ix.tab[i*(1+ix.w)+1 : (i+1)*(1+ix.w)] {
@@ -227,32 +218,20 @@ func (ix *index) empty(i int) bool {
 	return true
 }
 
+// at reads slot i of the table for package hashtab: its placed hash and
+// whether it is occupied.
+func (ix *index) at(i int) (uint64, bool) {
+	s := 1 + ix.w
+	return ix.tab[i*s], !ix.empty(i)
+}
+
 // find returns the table slot of placed hash m, or -1. It probes at most
 // maxProbe slots, stopping at the first empty slot or greater hash.
 func (ix *index) find(m uint64) int {
 	if ix.w == 1 { // the common case, up to 64 replicas: one word of holders
-		for i, d := ix.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
-			k, holders := ix.tab[2*i], ix.tab[2*i+1]
-			if holders == 0 || k > m {
-				return -1
-			}
-			if k == m {
-				return i
-			}
-		}
-		return -1
+		return hashtab.Find(ix.n, m, func(i int) (uint64, bool) { return ix.tab[2*i], ix.tab[2*i+1] != 0 })
 	}
-	s := 1 + ix.w
-	for i, d := ix.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
-		k := ix.tab[i*s]
-		if ix.empty(i) || k > m {
-			return -1
-		}
-		if k == m {
-			return i
-		}
-	}
-	return -1
+	return hashtab.Find(ix.n, m, func(i int) (uint64, bool) { return ix.at(i) })
 }
 
 // insert adds placed hash m, which must be absent, and returns its slot,
@@ -271,20 +250,12 @@ func (ix *index) insert(m uint64) int {
 // its home, shift more than maxShift slots or run off the table's end.
 func (ix *index) place(m uint64) int {
 	s := 1 + ix.w
-	h := ix.home(m)
-	i := h
-	for !ix.empty(i) && ix.tab[i*s] < m {
-		if i++; i-h == maxProbe {
-			ix.dropped++
-			return -1
-		}
-	}
-	e := i
-	for ; !ix.empty(e); e++ {
-		if e-i == maxShift || e+1 == ix.slots() || ix.dist(e+1, ix.tab[e*s]) == maxProbe {
-			ix.dropped++
-			return -1
-		}
+	at := func(i int) (uint64, bool) { return ix.at(i) }
+	i := hashtab.Seat(ix.n, m, at)
+	e := hashtab.Room(ix.n, i, at)
+	if e < 0 {
+		ix.dropped++
+		return -1
 	}
 	copy(ix.tab[(i+1)*s:(e+1)*s], ix.tab[i*s:e*s])
 	clear(ix.tab[i*s+1 : (i+1)*s])
@@ -307,7 +278,7 @@ func (ix *index) rebuild(n, w int) {
 	ix.moves++
 	old, oldS := ix.tab, 1+ix.w
 	oldSlots := len(old) / oldS
-	ix.tab, ix.n, ix.used = make([]uint64, (n+maxProbe)*(1+w)), n, 0
+	ix.tab, ix.n, ix.used = make([]uint64, hashtab.Slots(n)*(1+w)), n, 0
 	if w != ix.w {
 		na := make([]uint64, w)
 		copy(na, ix.active)
@@ -352,10 +323,7 @@ func (ix *index) forget(m uint64, holders []uint64) {
 // up to the next empty slot or block at its home.
 func (ix *index) del(i int) {
 	s := 1 + ix.w
-	j := i + 1
-	for j < ix.slots() && !ix.empty(j) && ix.home(ix.tab[j*s]) < j {
-		j++
-	}
+	j := hashtab.Delete(ix.n, i, func(i int) (uint64, bool) { return ix.at(i) })
 	copy(ix.tab[i*s:(j-1)*s], ix.tab[(i+1)*s:j*s])
 	clear(ix.tab[(j-1)*s : j*s])
 	ix.used--
@@ -584,9 +552,15 @@ func newRepCache(slot uint32, capacity int) *repCache {
 	return &repCache{slot: slot, cap: capacity, mru: nilRef, lru: nilRef, free: nilRef}
 }
 
-func (r *repCache) home(m uint64) int {
-	hi, _ := bits.Mul64(m, uint64(r.homes))
-	return int(hi)
+func (r *repCache) home(m uint64) int { return hashtab.Home(m, r.homes) }
+
+// at reads slot i of r's table for package hashtab: its placed hash and
+// whether it is occupied.
+func (r *repCache) at(i int) (uint64, bool) {
+	if v := r.tab[i]; v != 0 {
+		return r.nodes[v-1].hash, true
+	}
+	return 0, false
 }
 
 // dist is how far slot i lies past the home of placed hash m.
@@ -598,17 +572,8 @@ func (r *repCache) lookup(m uint64) uint32 {
 	if r.homes == 0 {
 		return nilRef
 	}
-	for i, d := r.home(m), 0; d < maxProbe; i, d = i+1, d+1 {
-		v := r.tab[i]
-		if v == 0 {
-			return nilRef
-		}
-		if k := r.nodes[v-1].hash; k >= m {
-			if k == m {
-				return v - 1
-			}
-			return nilRef
-		}
+	if i := hashtab.Find(r.homes, m, func(i int) (uint64, bool) { return r.at(i) }); i >= 0 {
+		return r.tab[i] - 1
 	}
 	return nilRef
 }
@@ -617,18 +582,11 @@ func (r *repCache) lookup(m uint64) uint32 {
 // with room, as index.place does; it reports whether l fits within the
 // bounds.
 func (r *repCache) place(m uint64, l uint32) bool {
-	h := r.home(m)
-	i := h
-	for r.tab[i] != 0 && r.nodes[r.tab[i]-1].hash < m {
-		if i++; i-h == maxProbe {
-			return false
-		}
-	}
-	e := i
-	for ; r.tab[e] != 0; e++ {
-		if e-i == maxShift || e+1 == len(r.tab) || r.dist(e+1, r.nodes[r.tab[e]-1].hash) == maxProbe {
-			return false
-		}
+	at := func(i int) (uint64, bool) { return r.at(i) }
+	i := hashtab.Seat(r.homes, m, at)
+	e := hashtab.Room(r.homes, i, at)
+	if e < 0 {
+		return false
 	}
 	copy(r.tab[i+1:e+1], r.tab[i:e])
 	r.tab[i] = l + 1
@@ -655,7 +613,7 @@ func (ix *index) addRep(r *repCache, l uint32) bool {
 func (ix *index) growRep(r *repCache) {
 	n := max(16, min(2*r.homes, int(float64(r.cap)/repLoad)+1), int(float64(r.used+1)/repLoad)+1)
 	old := r.tab
-	r.tab, r.homes, r.used = make([]uint32, n+maxProbe), n, 0
+	r.tab, r.homes, r.used = make([]uint32, hashtab.Slots(n)), n, 0
 	for _, v := range old {
 		if v != 0 && !r.place(r.nodes[v-1].hash, v-1) {
 			ix.unhold(r, r.nodes[v-1].hash)
@@ -669,14 +627,9 @@ func (ix *index) growRep(r *repCache) {
 // drop forgets block m, which must be present, shifting the rest of its
 // run back.
 func (r *repCache) drop(m uint64) {
-	i := r.home(m)
-	for r.nodes[r.tab[i]-1].hash != m {
-		i++
-	}
-	j := i + 1
-	for j < len(r.tab) && r.tab[j] != 0 && r.home(r.nodes[r.tab[j]-1].hash) < j {
-		j++
-	}
+	at := func(i int) (uint64, bool) { return r.at(i) }
+	i := hashtab.Find(r.homes, m, at)
+	j := hashtab.Delete(r.homes, i, at)
 	copy(r.tab[i:j-1], r.tab[i+1:j])
 	r.tab[j-1] = 0
 	r.used--

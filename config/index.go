@@ -129,8 +129,10 @@ func ValidatePod(pod string) error {
 
 // validateIndex checks the index fields of a model: the index name, the
 // block size, the bind endpoint, each replica's kv_events and pod, and
-// that a model on the exact index is cache-aware, not disaggregated, and
-// has an event source for every replica.
+// that a model on the exact index is cache-aware (unless disaggregated)
+// and has an event source for every replica that may serve it: its
+// replicas and, when disaggregated, the members of its prefill and decode
+// pools.
 func (m Model) validateIndex() error {
 	if name, err := ParseIndex(m.Index); err != nil {
 		return err
@@ -178,17 +180,37 @@ func (m Model) validateIndex() error {
 	if !m.Exact() {
 		return nil
 	}
-	switch {
-	case m.Mode != gateway.ModeCacheAware:
-		return &FieldError{Field: "index", Value: m.Index, Reason: "needs mode " + gateway.ModeCacheAware.String() + " (the index informs cache-aware routing only), not " + m.Mode.String()}
-	case m.Disaggregate:
-		return &FieldError{Field: "index", Value: m.Index, Reason: "is not supported with disaggregate"}
+	// A disaggregated model served by its pools routes its prefill pool
+	// cache-aware and its decode pool load-aware whatever its mode; the
+	// exact index informs both (docs/disaggregation.md).
+	if m.Mode != gateway.ModeCacheAware && !m.Disaggregate {
+		return &FieldError{Field: "index", Value: m.Index, Reason: "needs mode " + gateway.ModeCacheAware.String() +
+			" (the index informs cache-aware routing only) or disaggregate, not mode " + m.Mode.String()}
 	}
-	// Every replica needs a source of events, and no two replicas of one
-	// source may answer to the same pod name.
+	if err := m.checkSources("replicas", m.Replicas); err != nil {
+		return err
+	}
+	if m.Disaggregate {
+		for _, pool := range []string{m.PrefillPool, m.DecodePool} {
+			if err := m.checkSources(joinPath("pools", pool), m.Pools[pool]); err != nil {
+				return err
+			}
+			if m.DecodePool == m.PrefillPool {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// checkSources checks that every replica of rs (field names them) has a
+// source of events and that no two of them answer to the same pod of one
+// source. The lists are checked apart: an engine serving both roles may
+// be a member of the prefill and of the decode pool.
+func (m Model) checkSources(field string, rs []Replica) error {
 	pods := map[string]string{} // source + pod → replica
-	for i, r := range m.Replicas {
-		at := fmt.Sprintf("replicas[%d]", i)
+	for i, r := range rs {
+		at := fmt.Sprintf("%s[%d]", field, i)
 		src := r.KVEvents
 		if src == "" {
 			src = m.KVEventsBind
@@ -242,10 +264,17 @@ func (f *File) validateKVSources() error {
 	}
 	for _, name := range f.Names() {
 		m := f.Models[name]
-		for i, r := range m.Replicas {
-			if other, ok := binds[r.KVEvents]; ok && r.KVEvents != "" {
-				return &FieldError{Field: joinPath("models", name) + fmt.Sprintf(".replicas[%d].kv_events", i), Value: r.KVEvents,
-					Reason: fmt.Sprintf("model %q binds that endpoint (kv_events_bind): the gateway cannot both listen and connect there", other)}
+		lists := [][]Replica{m.Replicas}
+		fields := []string{"replicas"}
+		for _, pool := range slices.Sorted(maps.Keys(m.Pools)) {
+			lists, fields = append(lists, m.Pools[pool]), append(fields, joinPath("pools", pool))
+		}
+		for j, rs := range lists {
+			for i, r := range rs {
+				if other, ok := binds[r.KVEvents]; ok && r.KVEvents != "" {
+					return &FieldError{Field: joinPath("models", name) + fmt.Sprintf(".%s[%d].kv_events", fields[j], i), Value: r.KVEvents,
+						Reason: fmt.Sprintf("model %q binds that endpoint (kv_events_bind): the gateway cannot both listen and connect there", other)}
+				}
 			}
 		}
 	}

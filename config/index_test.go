@@ -24,6 +24,57 @@ func exactSample() Model {
 	}
 }
 
+// exactPD is a disaggregated model on the exact index: every pool member
+// heard on the bind endpoint under its address's pod, but d1, connected
+// to its own publisher; its mode is left at the default.
+func exactPD() Model {
+	return Model{
+		Index:        IndexExact,
+		KVEventsBind: "tcp://0.0.0.0:5557",
+		Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode",
+		Pools: map[string][]Replica{
+			"prefill": {{Name: "p0", Address: "http://10.0.1.1:8000"}, {Name: "p1", Address: "http://10.0.1.2:8000"}},
+			"decode":  {{Name: "d0", Address: "http://10.0.2.1:8000"}, {Name: "d1", Address: "http://10.0.2.2:8000", KVEvents: "tcp://10.0.2.2:5557"}},
+			// Not a pool of the model's P/D: it needs no source.
+			"spare": {{Name: "s0", Address: "http://10.0.3.1:8000"}},
+		},
+	}
+}
+
+// TestExactIndexDisaggregated: a disaggregated model is accepted on the
+// exact index, in any mode, when every member of its prefill and decode
+// pools (and every replica) has an event source; one engine may be a
+// member of both pools.
+func TestExactIndexDisaggregated(t *testing.T) {
+	m := exactPD()
+	require.NoError(t, m.Validate())
+	for _, mode := range []gateway.Mode{gateway.ModeRoundRobin, gateway.ModeCacheAware, gateway.ModeLoadAware} {
+		m.Mode = mode
+		require.NoError(t, m.Validate(), mode)
+	}
+	both := exactPD()
+	both.Pools["decode"] = append(both.Pools["decode"], Replica{Name: "p0", Address: "http://10.0.1.1:8000"})
+	require.NoError(t, both.Validate(), "an engine of both roles is a member of each pool")
+	undefined := Model{Index: IndexExact, Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode"}
+	require.NoError(t, undefined.Validate(), "pools may be named before they are defined")
+	off := exactPD()
+	off.Disaggregate = false
+	err := off.Validate()
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe, "not disaggregated, the model needs cache_aware")
+	assert.Equal(t, "index", fe.Field)
+	assert.Contains(t, fe.Reason, "or disaggregate")
+	off.Mode = gateway.ModeCacheAware
+	require.NoError(t, off.Validate(), "the pools are not used: their sources are not required")
+
+	// File level: a pool member may not connect where another model binds.
+	other := exactSample()
+	other.KVEventsBind = "tcp://10.0.2.2:5557"
+	f := &File{Version: Version, Models: map[string]Model{"a": other, "b": exactPD()}}
+	require.ErrorAs(t, f.Validate(), &fe)
+	assert.Equal(t, "models.b.pools.decode[1].kv_events", fe.Field)
+}
+
 func TestExactIndexValidate(t *testing.T) {
 	require.NoError(t, exactSample().Validate())
 	for _, tc := range []struct {
@@ -49,7 +100,18 @@ func TestExactIndexValidate(t *testing.T) {
 		{"pod with a control character", func(m *Model) { m.Replicas[0].Pod = "p\x1b" }, "replicas[0].pod"},
 		{"round robin", func(m *Model) { m.Mode = gateway.ModeRoundRobin }, "index"},
 		{"load aware", func(m *Model) { m.Mode = gateway.ModeLoadAware }, "index"},
-		{"disaggregated", func(m *Model) { m.Disaggregate, m.PrefillPool, m.DecodePool = true, "p", "d" }, "index"},
+		{"disaggregated pool member without a source", func(m *Model) {
+			*m = exactPD()
+			m.KVEventsBind = ""
+		}, "pools.prefill[0].kv_events"},
+		{"disaggregated pool members one pod", func(m *Model) {
+			*m = exactPD()
+			m.Pools["prefill"][1].Pod = "10.0.1.1:8000"
+		}, "pools.prefill[1].pod"},
+		{"disaggregated pool member connecting to the bind endpoint", func(m *Model) {
+			*m = exactPD()
+			m.Pools["decode"][0].KVEvents = m.KVEventsBind
+		}, "pools.decode[0].kv_events"},
 		{"no event source", func(m *Model) { m.KVEventsBind = "" }, "replicas[0].kv_events"},
 		{"two replicas one pod", func(m *Model) { m.Replicas[1].KVEvents = ""; m.Replicas[1].Pod = "10.0.0.1:8000" }, "replicas[1].pod"},
 		{"bad pool kv_events", func(m *Model) {

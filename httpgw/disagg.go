@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -36,6 +37,12 @@ const (
 	// HeaderPrefillReplica names the prefill replica of a split request
 	// (in sidecar mode: the one named to the sidecar).
 	HeaderPrefillReplica = "X-Exa-Prefill-Replica"
+	// HeaderPrefillDecision gives the prefill replica's routing decision
+	// as HeaderDecision gives the decode replica's: its kind and prefix
+	// match, e.g. "affinity; matched=40/64; index=exact". On the exact
+	// index the match is the blocks the prefill engine's own events say it
+	// holds.
+	HeaderPrefillDecision = "X-Exa-Prefill-Decision"
 )
 
 // Request headers of the P/D protocol.
@@ -78,8 +85,9 @@ type pdState struct {
 	// sidecar selects sidecar mode (config.PDModeSidecar).
 	sidecar bool
 	// minUncached is the decider's threshold in tokens; tokensPerBlock
-	// converts unmatched key blocks into tokens.
-	minUncached, tokensPerBlock int
+	// converts unmatched approximate key blocks into tokens, exactBS
+	// (0 on the approximate index) unmatched blocks of engine tokens.
+	minUncached, tokensPerBlock, exactBS int
 	// hostPort maps a prefill replica to the host:port the sidecar is
 	// given; prefillNames holds the prefill replicas' names.
 	hostPort     map[string]string
@@ -92,9 +100,25 @@ type pdState struct {
 const bytesPerToken = 4
 
 // uncachedTokens estimates how many prompt tokens of a request are not
-// cached on the decode replica of d: its unmatched key blocks.
-func (pd *pdState) uncachedTokens(d *gateway.Decision) int {
+// cached on the decode replica of d: its unmatched key blocks. On the
+// exact index a request keyed by its tokens (fallback -1) has blocks of
+// exactBS engine tokens, which the decode engines' own events say they
+// hold or not (the tokens of a last partial block are not counted: no
+// engine caches them); a request keyed without tokens falls back to the
+// approximate key, which the exact index never matches.
+func (pd *pdState) uncachedTokens(d *gateway.Decision, fallback int) int {
+	if pd.exactBS > 0 && fallback < 0 {
+		return (d.Blocks - d.Matched) * pd.exactBS
+	}
 	return (d.Blocks - d.Matched) * pd.tokensPerBlock
+}
+
+// setPrefillHeaders names the prefill replica of a split request and its
+// decision in the answer's headers.
+func setPrefillHeaders(c *call, pre *gateway.Decision) {
+	h := c.w.Header()
+	h.Set(HeaderPrefillReplica, pre.Replica)
+	h.Set(HeaderPrefillDecision, decisionTextOf(c, pre))
 }
 
 // proxyPD serves an admitted request of a disaggregated model.
@@ -113,7 +137,7 @@ func (s *Server) proxyPD(c *call) {
 	// A client's own prefill header never reaches a sidecar.
 	c.upHeader = func(h http.Header) { h.Del(headerPrefillerHostPort) }
 	c.first = &dd
-	uncached := pd.uncachedTokens(&dd)
+	uncached := pd.uncachedTokens(&dd, c.fallback)
 	split := uncached >= pd.minUncached
 	pd.counters.decided.Add(1)
 	note := "; uncached=" + strconv.Itoa(uncached)
@@ -142,7 +166,7 @@ func (s *Server) proxyPD(c *call) {
 		hp := pd.hostPort[pre.Replica]
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
 		h.Set(HeaderDisagg, "split"+note)
-		h.Set(HeaderPrefillReplica, pre.Replica)
+		setPrefillHeaders(c, &pre)
 		// The sidecar runs the prefill; the gateway cannot tell when it
 		// ends, so it releases the decision when the request does.
 		defer pre.Done(gateway.DoneInfo{})
@@ -174,6 +198,7 @@ func (s *Server) pdFallback(c *call, r pdReason, note string, err error) {
 	s.pdCount(c.ms, r)
 	c.w.Header().Set(HeaderDisagg, r.String()+note)
 	c.w.Header().Del(HeaderPrefillReplica)
+	c.w.Header().Del(HeaderPrefillDecision)
 	if err != nil {
 		s.log.Warn("gateway: prefill fallback; decoding co-located", "model", c.ms.name, "reason", r.String(), "err", err)
 	}
@@ -240,7 +265,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		c.first.Done(gateway.DoneInfo{})
 		h := c.w.Header()
 		h.Set(HeaderDisagg, "split"+note)
-		h.Set(HeaderPrefillReplica, pre.Replica)
+		setPrefillHeaders(c, &pre)
 		if ct := hdr.Get("Content-Type"); ct != "" {
 			h.Set("Content-Type", ct)
 		}
@@ -278,9 +303,8 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		h.Del(headerPrefillerHostPort)
 		h.Set(headerRequestID, id)
 	}
-	h := c.w.Header()
-	h.Set(HeaderDisagg, "split"+note)
-	h.Set(HeaderPrefillReplica, pre.Replica)
+	c.w.Header().Set(HeaderDisagg, "split"+note)
+	setPrefillHeaders(c, &pre)
 	return true, true
 }
 
@@ -351,7 +375,14 @@ func (pd *pdState) stats(name string, cfg config.Model) *config.DisaggregationSt
 		out.Fallbacks[r.String()] = pd.counters.fallbacks[r].Load()
 	}
 	if p := pd.dis.Prefill; p != nil {
-		rec := config.StatsFromGateway(name, config.SourceGateway, gateway.ModeCacheAware, p.Stats(), p.Replicas())
+		reps := p.Replicas()
+		rec := config.StatsFromGateway(name, config.SourceGateway, gateway.ModeCacheAware, p.Stats(), reps)
+		rec.Index = cfg.IndexName()
+		for _, r := range reps {
+			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
+				rec.Replicas[i].CachedBlocks = r.CachedBlocks
+			}
+		}
 		out.Prefill = &rec
 	}
 	return out

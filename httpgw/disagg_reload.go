@@ -28,6 +28,9 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 		return modelPlan{}, err
 	}
 	ms.mm = newModelMetrics(ms.order)
+	if cfg.Exact() {
+		ms.exactBS, ms.exactCnt = cfg.TokenBlockSize(), s.kv.countersOf(name)
+	}
 	if len(dwant) == 0 {
 		ms.noReps = true
 		s.log.Warn("gateway: disaggregated model's decode pool has no replicas; it answers 503 until it has",
@@ -40,6 +43,7 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 		tokensPerBlock: max(1, s.opts.BlockSize/bytesPerToken),
 		hostPort:       make(map[string]string, len(pwant)),
 		prefillNames:   make(map[string]bool, len(pwant)),
+		exactBS:        ms.exactBS,
 		counters:       new(pdCounters),
 	}
 	for _, r := range pwant {
@@ -56,6 +60,12 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	}
 	if cfg.LoadWeights != nil {
 		opts = append(opts, gateway.WithLoadWeights(cfg.LoadWeights.Gateway()))
+	}
+	if cfg.Exact() {
+		// Both pools' indexes follow their engines' KV events (exact.go):
+		// the prefill pool's informs its cache-aware choice, the decode
+		// pool's the decider.
+		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
 	dopts := append([]gateway.Option{gateway.WithMode(gateway.ModeLoadAware)}, opts...)
@@ -81,6 +91,33 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	pd.dis = dis
 	ms.gw, ms.pd = dis.Decode, pd
 	return plan, nil
+}
+
+// servedReplicas returns the replicas that serve a model as its routing
+// table names them: the members of its prefill then decode pool, named
+// pool/name, when it is served by its pools (servedByPools), else its
+// replicas.
+func servedReplicas(cfg config.Model) []config.Replica {
+	if !servedByPools(cfg) {
+		return cfg.Replicas
+	}
+	var out []config.Replica
+	for _, pool := range []string{cfg.PrefillPool, cfg.DecodePool} {
+		for _, r := range cfg.Pools[pool] {
+			r.Name = pool + "/" + r.Name
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// prefillGateway returns the prefill pool's gateway of a disaggregated
+// model, nil for other models and an empty prefill pool.
+func (m *modelState) prefillGateway() *gateway.Gateway {
+	if m.pd == nil {
+		return nil
+	}
+	return m.pd.dis.Prefill
 }
 
 // gatewayOf returns the gateway that routes the model's replica name: the

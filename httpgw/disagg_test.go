@@ -134,6 +134,13 @@ type pdFixture struct {
 
 func newPDFixture(t *testing.T, nPrefill, nDecode int, edit func(*config.Model)) *pdFixture {
 	t.Helper()
+	return newPDFixtureOpts(t, nPrefill, nDecode, edit, Options{})
+}
+
+// newPDFixtureOpts is newPDFixture with the Server's options given (its
+// registry and logger are the fixture's).
+func newPDFixtureOpts(t *testing.T, nPrefill, nDecode int, edit func(*config.Model), opts Options) *pdFixture {
+	t.Helper()
 	f := &pdFixture{fixture: &fixture{t: t, reg: prometheus.NewRegistry()}}
 	m := config.Model{Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode",
 		Pools: map[string][]config.Replica{"prefill": {}, "decode": {}}}
@@ -152,8 +159,10 @@ func newPDFixture(t *testing.T, nPrefill, nDecode int, edit func(*config.Model))
 	if edit != nil {
 		edit(&m)
 	}
-	s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()})
+	opts.Registerer, opts.Gatherer, opts.Logger = f.reg, f.reg, quietLogger()
+	s, err := New(opts)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	var n atomic.Int64
 	s.newRequestID = func() string { return fmt.Sprintf("id-%d", n.Add(1)) }
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: m}}))

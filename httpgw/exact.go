@@ -100,7 +100,11 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 		if !m.cfg.Exact() || m.gw == nil {
 			continue
 		}
-		for _, r := range m.cfg.Replicas {
+		for _, r := range servedReplicas(m.cfg) {
+			gw := m.gatewayOf(r.Name)
+			if gw == nil {
+				continue // not reached: a pool without a gateway has no replicas
+			}
 			src, bound := r.KVEvents, false
 			if src == "" {
 				src, bound = m.cfg.KVEventsBind, true
@@ -113,7 +117,7 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 					t.connect = append(t.connect, src)
 				}
 			}
-			h := heard{a: kvAttach{model: name, replica: r.Name, gw: m.gw, ep: m.byName[r.Name], cacheBlocks: r.CacheBlocks},
+			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.byName[r.Name], cacheBlocks: r.CacheBlocks},
 				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.cfg.TokenBlockSize()}
 			if u, err := url.Parse(NormalizeAddress(r.Address)); err == nil {
 				h.host = u.Hostname()
@@ -128,7 +132,9 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 			t.engines[id] = e
 		}
 		for _, a := range e.attach {
-			if a.model == h.a.model && e.err == "" {
+			// One engine may serve both pools of a disaggregated model (a
+			// replica in each gateway), not two replicas of one gateway.
+			if a.model == h.a.model && a.gw == h.a.gw && e.err == "" {
 				e.err = fmt.Sprintf("replicas %q and %q of model %q both answer to this engine; give each its own pod", a.replica, h.a.replica, a.model)
 			}
 		}
@@ -469,7 +475,7 @@ func (t *kvTable) modelOf(id, model string) bool {
 // sourcesOf returns the endpoints model's events come from in t.
 func (t *kvTable) sourcesOf(m config.Model) []string {
 	var out []string
-	for _, r := range m.Replicas {
+	for _, r := range servedReplicas(m) {
 		ep := r.KVEvents
 		if ep == "" {
 			ep = m.KVEventsBind

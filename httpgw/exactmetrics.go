@@ -3,6 +3,7 @@ package httpgw
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -120,9 +121,11 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	st := s.state.Load()
 	for name, m := range st.models {
-		if m.gw != nil {
-			for _, r := range m.gw.Replicas() {
-				gauge(descCached, float64(r.CachedBlocks), name, r.Name)
+		for _, gw := range []*gateway.Gateway{m.gw, m.prefillGateway()} {
+			if gw != nil {
+				for _, r := range gw.Replicas() {
+					gauge(descCached, float64(r.CachedBlocks), name, r.Name)
+				}
 			}
 		}
 		if m.exactCnt == nil {

@@ -41,7 +41,7 @@ func (pr *pickRequest) routePD(allow func(string) bool, fallbacks []string) (pic
 		dd.Done(gateway.DoneInfo{Err: err})
 		return pr.noEndpoint("decode", err)
 	}
-	uncached := pd.uncachedTokens(&dd)
+	uncached := pd.uncachedTokens(&dd, pr.fallback)
 	pd.counters.decided.Add(1)
 	prefill := picker.Header{Name: pickerPrefillHeader} // removed unless split
 	var pre gateway.Decision

@@ -252,8 +252,10 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 // on the exact index, "; index=exact" (matched blocks of ms.exactBS
 // tokens: the engine's cached tokens as the index predicts them) or
 // "; index=exact; fallback=REASON" for a request keyed without tokens.
-func decisionText(c *call) string {
-	d := &c.attempt.d
+func decisionText(c *call) string { return decisionTextOf(c, &c.attempt.d) }
+
+// decisionTextOf describes decision d of call c (HeaderDecision's value).
+func decisionTextOf(c *call, d *gateway.Decision) string {
 	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
 	if c.ms.exactBS == 0 {
 		return s

@@ -2,8 +2,10 @@ package sim
 
 import (
 	"io"
+	"math/rand/v2"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/hashtab"
 )
 
 // Bound is a hit-rate bound computed on the same requests as the policies.
@@ -28,8 +30,10 @@ type Bound struct {
 // Requests too large for one replica (of repCap blocks), which fail in the
 // simulation, are left out of ideal.
 func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick func()) (pooled, unb Bound, err error) {
-	lru := newKVCache(capacity)
-	seen := newHashSet()
+	// Tables placed by per-run secrets: a crafted trace cannot aim
+	// collisions at them, and they are exact whatever the secrets.
+	lru := newKVCache(capacity, rand.Uint64())
+	seen := hashtab.New[struct{}](1024, rand.Uint64())
 	var req Request
 	var key gateway.Key
 	var slots []int32
@@ -62,22 +66,24 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 		if ideal != nil && len(prompt)+private <= repCap {
 			ideal.add(p.LoneTTFT(cached, req.InputTokens-cached).Seconds())
 		}
-		m = 0
-		for m < len(prompt) && seen.has(prompt[m]) {
-			m++
+		// The unbounded cache: the leading blocks of the prompt seen
+		// before, found while adding every block of key (a block of the
+		// leading run repeated later in it was seen before too).
+		u := 0
+		for i, h := range key {
+			if had, _ := seen.Put(h, struct{}{}); had && i == u && i < len(prompt) {
+				u++
+			}
 		}
-		if m > 0 {
+		if u > 0 {
 			unbReq++
-			unbTok += int64(min(m*bt, req.InputTokens-1))
+			unbTok += int64(min(u*bt, req.InputTokens-1))
 		}
 		if len(key) > len(prompt) {
-			lru.touch(key[len(prompt):])
+			lru.touch(key[len(prompt):], nil, 0)
 		}
-		lru.touch(prompt)
+		lru.touch(prompt, slots, m)
 		lru.evicted = lru.evicted[:0]
-		for _, h := range key {
-			seen.add(h)
-		}
 	}
 	pooled = Bound{Name: "pooled-lru", CacheBlocks: capacity}
 	unb = Bound{Name: "unbounded"}
@@ -90,57 +96,4 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 		unb.RequestHitRate = float64(unbReq) / float64(n)
 	}
 	return pooled, unb, nil
-}
-
-// hashSet is an open-addressing set of block hashes, 8 bytes a slot at
-// most half full. Hash 0 is stored aside.
-type hashSet struct {
-	slots []uint64
-	n     int
-	zero  bool
-}
-
-func newHashSet() *hashSet { return &hashSet{slots: make([]uint64, 1024)} }
-
-func (s *hashSet) has(h uint64) bool {
-	if h == 0 {
-		return s.zero
-	}
-	mask := uint64(len(s.slots) - 1)
-	for i := mix(h) & mask; ; i = (i + 1) & mask {
-		switch s.slots[i] {
-		case h:
-			return true
-		case 0:
-			return false
-		}
-	}
-}
-
-func (s *hashSet) add(h uint64) {
-	if h == 0 {
-		s.zero = true
-		return
-	}
-	if 2*(s.n+1) > len(s.slots) {
-		old := s.slots
-		s.slots = make([]uint64, 2*len(old))
-		s.n = 0
-		for _, x := range old {
-			if x != 0 {
-				s.add(x)
-			}
-		}
-	}
-	mask := uint64(len(s.slots) - 1)
-	for i := mix(h) & mask; ; i = (i + 1) & mask {
-		switch s.slots[i] {
-		case h:
-			return
-		case 0:
-			s.slots[i] = h
-			s.n++
-			return
-		}
-	}
 }

@@ -1,5 +1,7 @@
 package sim
 
+import "github.com/examlops/gateway/internal/hashtab"
+
 // kvCache is one replica's KV cache, the simulation's truth about what a
 // replica holds. It has cap block slots. Blocks are identified by their
 // chained hash; a block in use by a running request is pinned (ref > 0);
@@ -8,13 +10,20 @@ package sim
 // (its uncached prompt and its answer) are reserved as an anonymous count
 // from admission, so entries + reserved never exceed cap.
 //
-// Per block it keeps 20 bytes in slices plus a map entry: memory is bounded
-// by the capacity, never by the request count.
+// Blocks are found through an exact table from chained hash to slot
+// (hashtab.Map) placed by a secret: a crafted trace cannot make its
+// probes long, and the secret decides nothing else. A block the table
+// cannot place within its bounds (only someone who knows the secret can
+// choose such blocks) is not cached: it stays reserved while its request
+// runs, as a block still being computed.
+//
+// Per block it keeps 20 bytes in slices plus a table entry: memory is
+// bounded by the capacity, never by the request count.
 type kvCache struct {
 	cap      int
 	reserved int
 	pinned   int
-	idx      blockTable
+	idx      *hashtab.Map[int32] // block hash → slot, every slot in use
 	hash     []uint64
 	ref      []int32
 	prev     []int32 // LRU links; -1 ends. head is least recently used.
@@ -26,9 +35,16 @@ type kvCache struct {
 	evicted  []uint64
 }
 
-func newKVCache(capacity int) *kvCache {
-	return &kvCache{cap: capacity, idx: newBlockTable(capacity), head: -1, tail: -1, free: -1}
+// newKVCache returns an empty cache of capacity blocks whose table places
+// blocks under secret. The table has room for one block more than the
+// capacity, which touch holds for a moment (it adds a new block before
+// evicting the LRU one), so that it never grows.
+func newKVCache(capacity int, secret uint64) *kvCache {
+	return &kvCache{cap: capacity, idx: hashtab.New[int32](capacity+1, secret), head: -1, tail: -1, free: -1}
 }
+
+// blocks is the number of cached blocks, pinned or not.
+func (c *kvCache) blocks() int { return c.pinned + c.lruN }
 
 // used is the number of blocks held by running requests, pinned or
 // reserved: what vLLM reports as KV-cache usage.
@@ -37,21 +53,14 @@ func (c *kvCache) used() int { return c.pinned + c.reserved }
 // match returns how many leading blocks of key are cached, and writes
 // their slots to slots[:m] (slots must have room for key).
 func (c *kvCache) match(key []uint64, slots []int32) int {
-	for i, h := range key {
-		s, ok := c.idx.get(h)
-		if !ok {
-			return i
-		}
-		slots[i] = s
-	}
-	return len(key)
+	return c.idx.Prefix(key, slots[:len(key)])
 }
 
 // fits reports whether a request whose first m blocks of key are cached, at
 // slots, can be admitted with extra more blocks of its own.
 func (c *kvCache) fits(key []uint64, slots []int32, m, extra int) bool {
 	need := len(key) - m + extra
-	avail := c.cap - c.idx.n - c.reserved + c.lruN
+	avail := c.cap - c.blocks() - c.reserved + c.lruN
 	if avail < need {
 		return false
 	}
@@ -71,25 +80,27 @@ func (c *kvCache) admit(key []uint64, slots []int32, m, extra int) {
 		c.pin(s)
 	}
 	c.reserved += len(key) - m + extra
-	for c.idx.n+c.reserved > c.cap {
+	for c.blocks()+c.reserved > c.cap {
 		c.evictLRU()
 	}
 }
 
 // commit turns the reservation of blocks m.. of key into cached, pinned
-// blocks once their prefill is done, recording their slots.
+// blocks once their prefill is done, recording their slots; a block the
+// table cannot place stays reserved, at slot -1.
 func (c *kvCache) commit(key []uint64, slots []int32, m int) {
 	for i, h := range key[m:] {
-		c.reserved--
-		if s, ok := c.idx.get(h); ok {
-			c.pin(s)
-			slots[m+i] = s
+		s, had := c.get(h)
+		if slots[m+i] = s; s < 0 {
 			continue
 		}
-		s := c.alloc(h)
+		c.reserved--
+		if had {
+			c.pin(s)
+			continue
+		}
 		c.ref[s] = 1
 		c.pinned++
-		slots[m+i] = s
 	}
 }
 
@@ -105,26 +116,32 @@ func (c *kvCache) release(slots []int32, extra int, out, dst []uint64) []uint64 
 	c.reserved -= extra
 	for i := len(out) - 1; i >= 0; i-- {
 		h := out[i]
-		if s, ok := c.idx.get(h); ok {
+		if s, ok := c.idx.Get(h); ok {
 			if c.ref[s] == 0 {
 				c.unlink(s)
 				c.pushMRU(s)
 			}
 			continue
 		}
-		for c.idx.n+c.reserved >= c.cap {
+		for c.blocks()+c.reserved >= c.cap {
 			if c.lruN == 0 {
 				break
 			}
 			c.evictLRU()
 		}
-		if c.idx.n+c.reserved >= c.cap {
+		if c.blocks()+c.reserved >= c.cap {
 			continue
 		}
-		c.pushMRU(c.alloc(h))
+		if s := c.alloc(h); s >= 0 {
+			c.pushMRU(s)
+		}
 	}
 	for i := len(slots) - 1; i >= 0; i-- {
 		s := slots[i]
+		if s < 0 { // left reserved by commit
+			c.reserved--
+			continue
+		}
 		c.ref[s]--
 		if c.ref[s] == 0 {
 			c.pinned--
@@ -132,7 +149,7 @@ func (c *kvCache) release(slots []int32, extra int, out, dst []uint64) []uint64 
 		}
 	}
 	for _, h := range out {
-		if _, ok := c.idx.get(h); ok {
+		if c.idx.Has(h) {
 			dst = append(dst, h)
 		}
 	}
@@ -141,18 +158,30 @@ func (c *kvCache) release(slots []int32, extra int, out, dst []uint64) []uint64 
 
 // touch is the pooled-LRU bound's use of the cache: blocks of key not
 // cached are inserted, and all become most recently used, the root last.
-func (c *kvCache) touch(key []uint64) {
+// slots[:m] are where match found key[:m]; a block still at its slot is
+// not looked up again (pass nil, 0 when there is no such match).
+func (c *kvCache) touch(key []uint64, slots []int32, m int) {
 	for i := len(key) - 1; i >= 0; i-- {
 		h := key[i]
-		if s, ok := c.idx.get(h); ok {
-			c.unlink(s)
-			c.pushMRU(s)
-			continue
+		if i < m {
+			// A slot still in use for h holds it: every cached block has
+			// one slot, and a freed slot has ref -1.
+			if s := slots[i]; c.ref[s] >= 0 && c.hash[s] == h {
+				c.unlink(s)
+				c.pushMRU(s)
+				continue
+			}
 		}
-		if c.idx.n >= c.cap {
+		s, had := c.get(h)
+		switch {
+		case had:
+			c.unlink(s)
+		case s < 0:
+			continue
+		case c.blocks() >= c.cap: // h, new, is not on the list yet
 			c.evictLRU()
 		}
-		c.pushMRU(c.alloc(h))
+		c.pushMRU(s)
 	}
 }
 
@@ -164,28 +193,47 @@ func (c *kvCache) pin(s int32) {
 	c.ref[s]++
 }
 
+// alloc takes a free slot for block h, absent, and records it in the
+// table; it returns -1, taking nothing, if the table cannot place h.
 func (c *kvCache) alloc(h uint64) int32 {
-	var s int32
-	if c.free >= 0 {
-		s = c.free
+	s, _ := c.get(h)
+	return s
+}
+
+// get returns the slot of block h and true if h is cached; otherwise it
+// takes a free slot for h, records it in the table and returns it and
+// false, or -1 and false, taking nothing, if the table cannot place h.
+// One probe of the table does both.
+func (c *kvCache) get(h uint64) (int32, bool) {
+	s := c.free
+	if s < 0 {
+		s = int32(len(c.hash))
+	}
+	cur, had, ok := c.idx.Add(h, s)
+	switch {
+	case had:
+		return cur, true
+	case !ok:
+		return -1, false
+	}
+	if s == c.free {
 		c.free = c.next[s]
 	} else {
-		s = int32(len(c.hash))
 		c.hash = append(c.hash, 0)
 		c.ref = append(c.ref, 0)
 		c.prev = append(c.prev, -1)
 		c.next = append(c.next, -1)
 	}
 	c.hash[s], c.ref[s], c.prev[s], c.next[s] = h, 0, -1, -1
-	c.idx.put(h, s)
-	return s
+	return s, false
 }
 
 func (c *kvCache) evictLRU() {
 	s := c.head
 	c.unlink(s)
-	c.idx.del(c.hash[s])
+	c.idx.Delete(c.hash[s])
 	c.evicted = append(c.evicted, c.hash[s])
+	c.ref[s] = -1 // free
 	c.next[s] = c.free
 	c.free = s
 }
@@ -220,15 +268,12 @@ func (c *kvCache) pushMRU(s int32) {
 // check panics if the cache's bookkeeping is inconsistent or over capacity;
 // a test hook.
 func (c *kvCache) check() {
-	if c.idx.n+c.reserved > c.cap {
+	if c.blocks()+c.reserved > c.cap {
 		panic("sim: KV cache over capacity")
 	}
 	pinned, lru := 0, 0
-	for i, s := range c.idx.vals {
-		if s < 0 {
-			continue
-		}
-		if c.hash[s] != c.idx.keys[i] {
+	for h, s := range c.idx.All() {
+		if s < 0 || int(s) >= len(c.hash) || c.hash[s] != h {
 			panic("sim: block table points at the wrong slot")
 		}
 		if c.ref[s] < 0 {
@@ -244,76 +289,7 @@ func (c *kvCache) check() {
 		}
 		lru++
 	}
-	if pinned != c.pinned || lru != c.lruN || pinned+lru != c.idx.n || c.reserved < 0 {
+	if pinned != c.pinned || lru != c.lruN || pinned+lru != c.idx.Len() || c.reserved < 0 {
 		panic("sim: KV cache counts inconsistent")
 	}
-}
-
-// blockTable maps block hashes to cache slots: open addressing with linear
-// probing and backward-shift deletion, sized once for the cache's capacity
-// at most half full. Block hashes are already well mixed.
-type blockTable struct {
-	keys  []uint64
-	vals  []int32 // -1: empty
-	mask  uint64
-	shift uint
-	n     int
-}
-
-func newBlockTable(capacity int) blockTable {
-	size, shift := 16, uint(60)
-	for size < 2*capacity {
-		size, shift = size*2, shift-1
-	}
-	t := blockTable{keys: make([]uint64, size), vals: make([]int32, size), mask: uint64(size - 1), shift: shift}
-	for i := range t.vals {
-		t.vals[i] = -1
-	}
-	return t
-}
-
-func (t *blockTable) home(h uint64) uint64 { return (h * 0x9e3779b97f4a7c15) >> t.shift }
-
-func (t *blockTable) get(h uint64) (int32, bool) {
-	for i := t.home(h); ; i = (i + 1) & t.mask {
-		v := t.vals[i]
-		if v < 0 {
-			return -1, false
-		}
-		if t.keys[i] == h {
-			return v, true
-		}
-	}
-}
-
-// put inserts h, which must be absent.
-func (t *blockTable) put(h uint64, v int32) {
-	i := t.home(h)
-	for t.vals[i] >= 0 {
-		i = (i + 1) & t.mask
-	}
-	t.keys[i], t.vals[i] = h, v
-	t.n++
-}
-
-// del removes h, which must be present.
-func (t *blockTable) del(h uint64) {
-	i := t.home(h)
-	for t.keys[i] != h || t.vals[i] < 0 {
-		i = (i + 1) & t.mask
-	}
-	for j := i; ; {
-		j = (j + 1) & t.mask
-		if t.vals[j] < 0 {
-			break
-		}
-		k := t.home(t.keys[j])
-		// Move j into the hole at i unless its home lies cyclically in (i, j].
-		if (i <= j && (k <= i || k > j)) || (i > j && k <= i && k > j) {
-			t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
-			i = j
-		}
-	}
-	t.vals[i] = -1
-	t.n--
 }

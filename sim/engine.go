@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -47,7 +48,7 @@ type replica struct {
 	cache   *kvCache
 	waiting fifo
 	prefill []*seq
-	decode  seqHeap
+	decode  minHeap[*seq] // by (finish, id)
 	nChunk  int
 
 	step    int64 // steps done
@@ -66,9 +67,10 @@ type replica struct {
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
 
+// event is the end of a replica's step, valid if ver is still the
+// replica's, or a load refresh; events are ordered by (time, the order
+// they were pushed in).
 type event struct {
-	t   int64
-	seq uint64
 	rep int32 // -1: load refresh
 	ver uint32
 }
@@ -86,7 +88,7 @@ type engine struct {
 	peerTotal, peerOwn []int
 
 	now    int64
-	events []event
+	events minHeap[event]
 	evSeq  uint64
 	nextID uint64
 	pool   []*seq
@@ -121,7 +123,8 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	for i := range reps {
 		name := "r" + strconv.Itoa(i)
 		reps[i] = gateway.Replica{Name: name, CacheBlocks: e.cap}
-		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap)})
+		// A per-run secret places the blocks in each replica's table.
+		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64())})
 		e.byNm[name] = int32(i)
 	}
 	e.gws = make([]router, max(1, cfg.Gateways))
@@ -174,10 +177,10 @@ func (e *engine) run(st Stream, tick func()) error {
 		return err
 	}
 	if have {
-		e.push(event{t: int64(req.Arrival), rep: -1})
+		e.push(int64(req.Arrival), event{rep: -1})
 	}
 	for {
-		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].t) {
+		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].key) {
 			e.now = max(e.now, int64(req.Arrival))
 			e.arrive(&req)
 			tick()
@@ -189,12 +192,13 @@ func (e *engine) run(st Stream, tick func()) error {
 		if len(e.events) == 0 {
 			break
 		}
-		ev := e.pop()
-		e.now = ev.t
+		it := e.events.pop()
+		ev := it.v
+		e.now = it.key
 		if ev.rep < 0 {
 			e.refresh()
 			if have || e.inflight > 0 {
-				e.push(event{t: e.now + int64(e.cfg.RefreshInterval), rep: -1})
+				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
 			}
 			continue
 		}
@@ -344,7 +348,7 @@ func (e *engine) truncate(ri int) {
 	}
 	r.stepK = j
 	r.ver++
-	e.push(event{t: r.stepStart + r.macro(j), rep: int32(ri), ver: r.ver})
+	e.push(r.stepStart+r.macro(j), event{rep: int32(ri), ver: r.ver})
 }
 
 // plan admits waiting requests and starts r's next step, if it has work.
@@ -410,17 +414,17 @@ func (e *engine) plan(ri int) {
 		r.stepStart = e.now
 		r.busy = true
 		r.ver++
-		e.push(event{t: e.now + max(1, int64(math.Round(cost*1e9))), rep: int32(ri), ver: r.ver})
+		e.push(e.now+max(1, int64(math.Round(cost*1e9))), event{rep: int32(ri), ver: r.ver})
 	case B > 0:
 		r.u, r.v = fixed, p.DecodePerContextToken*float64(B)
-		r.stepK = r.decode[0].finish - r.step
+		r.stepK = r.decode[0].key - r.step
 		if noMacro {
 			r.stepK = 1
 		}
 		r.stepStart = e.now
 		r.busy = true
 		r.ver++
-		e.push(event{t: e.now + r.macro(r.stepK), rep: int32(ri), ver: r.ver})
+		e.push(e.now+r.macro(r.stepK), event{rep: int32(ri), ver: r.ver})
 	}
 }
 
@@ -447,8 +451,8 @@ func (e *engine) stepEnd(ri int) {
 		r.prefill = keep
 		r.nChunk = 0
 	}
-	for len(r.decode) > 0 && r.decode[0].finish <= r.step {
-		s := r.decode.pop()
+	for len(r.decode) > 0 && r.decode[0].key <= r.step {
+		s := r.decode.pop().v
 		r.sumBase -= s.ctxBase
 		e.complete(r, s)
 	}
@@ -491,7 +495,7 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	s.finish = r.step + int64(s.out) - 1
 	s.ctxBase = int64(s.in) + 1 - r.step
 	r.sumBase += s.ctxBase
-	r.decode.push(s)
+	r.decode.push(s.finish, s.id, s)
 }
 
 func (e *engine) complete(r *replica, s *seq) {
@@ -584,93 +588,10 @@ func latencyOf(h *hist) Latency {
 	return Latency{Mean: h.mean(), P50: h.quantile(0.5), P90: h.quantile(0.9), P99: h.quantile(0.99), Max: h.max}
 }
 
-// event heap ordered by (t, seq).
-
-func (e *engine) push(ev event) {
+// push schedules ev at time t, after the events already scheduled then.
+func (e *engine) push(t int64, ev event) {
 	e.evSeq++
-	ev.seq = e.evSeq
-	h := append(e.events, ev)
-	i := len(h) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !evLess(&h[i], &h[p]) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-	e.events = h
-}
-
-func (e *engine) pop() event {
-	h := e.events
-	top := h[0]
-	n := len(h) - 1
-	h[0] = h[n]
-	h = h[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		c := l
-		if r := l + 1; r < n && evLess(&h[r], &h[l]) {
-			c = r
-		}
-		if !evLess(&h[c], &h[i]) {
-			break
-		}
-		h[i], h[c] = h[c], h[i]
-		i = c
-	}
-	e.events = h
-	return top
-}
-
-func evLess(a, b *event) bool { return a.t < b.t || (a.t == b.t && a.seq < b.seq) }
-
-// seqHeap orders decoding sequences by (finish, id).
-type seqHeap []*seq
-
-func seqLess(a, b *seq) bool { return a.finish < b.finish || (a.finish == b.finish && a.id < b.id) }
-
-func (h *seqHeap) push(s *seq) {
-	*h = append(*h, s)
-	q := *h
-	for i := len(q) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !seqLess(q[i], q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-}
-
-func (h *seqHeap) pop() *seq {
-	q := *h
-	top := q[0]
-	n := len(q) - 1
-	q[0] = q[n]
-	q[n] = nil
-	q = q[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		c := l
-		if r := l + 1; r < n && seqLess(q[r], q[l]) {
-			c = r
-		}
-		if !seqLess(q[c], q[i]) {
-			break
-		}
-		q[i], q[c] = q[c], q[i]
-		i = c
-	}
-	*h = q
-	return top
+	e.events.push(t, e.evSeq, ev)
 }
 
 // fifo is a ring-buffer queue of sequences.

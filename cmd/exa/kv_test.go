@@ -97,3 +97,38 @@ func TestStatsExactIndex(t *testing.T) {
 	assert.Regexp(t, `(?m)M/r0\s+50\s+49\s+1\s+60\s+18\s+42\s+0\s+1\s+1\s+0\s*$`, out)
 	assert.NotContains(t, out, "\x1b")
 }
+
+// A disaggregated model on the exact index: pool members get their event
+// sources and pods as POOL:NAME, keep them when their pool is named again,
+// and a member without a source is refused naming the flag and field.
+func TestSetExactIndexDisaggregated(t *testing.T) {
+	cfg := newConfig(t)
+	out := ok(t, cfg, "serve", "routing", "set", "M", "--disaggregate", "--index", "exact",
+		"--pool", "prefill:p0=http://10.0.1.1:8000", "--pool", "decode:d0=http://10.0.2.1:8000",
+		"--kv-events-connect", "prefill:p0=tcp://10.0.1.1:5557", "--kv-events-connect", "decode:d0=tcp://10.0.2.1:5557", "--pod", "decode:d0=pod-d0")
+	assert.Contains(t, out, "p0=http://10.0.1.1:8000 (events from tcp://10.0.1.1:5557)")
+	want := map[string][]config.Replica{
+		"prefill": {{Name: "p0", Address: "http://10.0.1.1:8000", KVEvents: "tcp://10.0.1.1:5557"}},
+		"decode":  {{Name: "d0", Address: "http://10.0.2.1:8000", KVEvents: "tcp://10.0.2.1:5557", Pod: "pod-d0"}},
+	}
+	m := getModel(t, cfg, "M")
+	assert.Equal(t, want, m.Pools)
+	assert.True(t, m.Disaggregate && m.Exact())
+	assert.Equal(t, gateway.ModeRoundRobin, m.Mode, "a disaggregated model needs no cache_aware mode")
+	ok(t, cfg, "serve", "routing", "set", "M", "--pool", "decode:d0=http://10.0.2.1:8000")
+	assert.Equal(t, want, getModel(t, cfg, "M").Pools, "naming the pool again keeps its members' event sources")
+
+	before, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--pool", "decode:d1=http://10.0.2.2:8000"}, `invalid --kv-events-connect: pools.decode[0].kv_events "": index exact needs a source of KV events`},
+		{[]string{"--kv-events-connect", "decode:d9=tcp://h:1"}, `model "M" has no replica "decode:d9"`},
+		{[]string{"--kv-events-connect", "prefill:p0=tcp://*:1"}, `endpoint a host to connect to, not "*"`},
+	} {
+		r := exa(t, cfg, append([]string{"serve", "routing", "set", "M"}, tc.args...)...)
+		assertRejected(t, r, tc.msg, cfg, before)
+	}
+}

@@ -95,15 +95,23 @@ func (v *perReplicaValue) Set(s string) error {
 	return nil
 }
 
-// apply sets field of each named replica of rs; a name not among them is
-// a usage error naming the flag.
-func (v *perReplicaValue) apply(flag, model string, rs []config.Replica, field func(*config.Replica) *string) error {
+// apply sets field of each named replica: a replica of rs, or else, for a
+// name POOL:NAME, member NAME of pool POOL (a disaggregated model's
+// engines); a name that is neither is a usage error naming the flag.
+func (v *perReplicaValue) apply(flag, model string, rs []config.Replica, pools map[string][]config.Replica, field func(*config.Replica) *string) error {
 	for _, name := range v.order {
-		i := indexOfReplica(rs, name)
-		if i < 0 {
-			return usagef("invalid --%s %s=%q: model %q has no replica %q (name the replicas with --replica)", flag, name, v.set[name], model, name)
+		if i := indexOfReplica(rs, name); i >= 0 {
+			*field(&rs[i]) = v.set[name]
+			continue
 		}
-		*field(&rs[i]) = v.set[name]
+		if pool, member, ok := strings.Cut(name, ":"); ok {
+			if i := indexOfReplica(pools[pool], member); i >= 0 {
+				*field(&pools[pool][i]) = v.set[name]
+				continue
+			}
+		}
+		return usagef("invalid --%s %s=%q: model %q has no replica %q (name the replicas with --replica, pool members POOL:NAME with --pool)",
+			flag, name, v.set[name], model, name)
 	}
 	return nil
 }

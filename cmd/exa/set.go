@@ -64,6 +64,9 @@ so concurrent "set" commands never lose each other's changes.`,
   # ... or the gateway connecting to each engine's publisher (vLLM binds tcp://*:5557):
   exa serve routing set JPCP --mode cache_aware --index exact \
     --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
+  # A disaggregated model on the exact index: every prefill and decode engine publishes events:
+  exa serve routing set JPCP --index exact --kv-events-connect prefill:p0=tcp://10.0.1.1:5557 \
+    --kv-events-connect decode:d0=tcp://10.0.2.1:5557
   # Serve only these LoRA adapters of the model (by default every adapter its engines list):
   exa serve routing set JPCP --adapter sql-lora --adapter support-lora
   # Several gateways routing the model: each adds the prefill the others report pending
@@ -90,14 +93,15 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
 	f.StringSliceVar(&sf.removePools, "remove-pool", nil, "remove the named pool; repeat for several")
 	f.Var(&sf.index, "index", "cache index: approximate (the gateway infers what engines cache from its own routing; default) or exact "+
-		"(follows the engines' KV events, tokenizes requests on the engines; needs --mode cache_aware and an event source: --kv-events-bind or --kv-events-connect)")
+		"(follows the engines' KV events, tokenizes requests on the engines; needs --mode cache_aware unless --disaggregate, and an event source "+
+		"for every replica, and every prefill and decode pool member of a disaggregated model: --kv-events-bind or --kv-events-connect)")
 	f.Var(&sf.blockSize, "block-size", fmt.Sprintf("the engines' KV block size in tokens, for the exact index (vLLM's --block-size; 0 = %d)", config.DefaultBlockSize))
 	f.Var(&sf.kvBind, "kv-events-bind", "ZMQ endpoint the gateway listens on for KV events, tcp://HOST:PORT (engines whose publisher connects, "+
 		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them); \"\" to clear")
 	f.Var(sf.kvConnect, "kv-events-connect", "replica NAME's KV-event publisher to connect to, NAME=tcp://HOST:PORT (vLLM binds tcp://*:5557); "+
-		"repeat for several; an empty endpoint clears it")
+		"NAME may be POOL:NAME, a pool member; repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
-		"or its host alone; repeat for several; empty clears it")
+		"or its host alone; NAME may be POOL:NAME, a pool member; repeat for several; empty clears it")
 	f.StringArrayVar(&sf.adapters, "adapter", nil, "LoRA adapter NAME the model may serve; repeat for several; replaces the stored allow-list "+
 		"(without one, every adapter the model's engines list in GET /v1/models is served)")
 	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
@@ -213,12 +217,6 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("peer") {
 			m.Peers = slices.Clone(sf.peers)
 		}
-		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
-			return err
-		}
-		if err := sf.pods.apply("pod", name, m.Replicas, func(r *config.Replica) *string { return &r.Pod }); err != nil {
-			return err
-		}
 		for _, p := range sf.removePools {
 			if _, ok := m.Pools[p]; !ok {
 				return usagef("invalid --remove-pool %q: model %q has no such pool", p, name)
@@ -229,10 +227,16 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 			if m.Pools == nil {
 				m.Pools = map[string][]config.Replica{}
 			}
-			m.Pools[p] = rs
+			m.Pools[p] = keepEventSources(rs, m.Pools[p])
 		}
 		if len(m.Pools) == 0 {
 			m.Pools = nil
+		}
+		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, m.Pools, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
+			return err
+		}
+		if err := sf.pods.apply("pod", name, m.Replicas, m.Pools, func(r *config.Replica) *string { return &r.Pod }); err != nil {
+			return err
 		}
 		if err := m.Validate(); err != nil {
 			return modelFieldError(err)
@@ -273,7 +277,8 @@ var flagOfField = map[string]string{
 // (replicas[i].kv_events), when it is not --replica.
 var flagOfReplicaField = map[string]string{"kv_events": "kv-events-connect", "pod": "pod"}
 
-// keepEventSources returns the replicas of a --replica list, each keeping
+// keepEventSources returns the replicas of a --replica (or one pool's
+// --pool) list, each keeping
 // the kv_events and pod stored for its name.
 func keepEventSources(list, stored []config.Replica) []config.Replica {
 	out := make([]config.Replica, len(list))
@@ -297,7 +302,7 @@ func modelFieldError(err error) error {
 	if i := strings.IndexAny(head, ".["); i >= 0 {
 		head = head[:i]
 	}
-	if i := strings.LastIndexByte(fe.Field, '.'); i >= 0 && head == "replicas" {
+	if i := strings.LastIndexByte(fe.Field, '.'); i >= 0 && (head == "replicas" || head == "pools") {
 		if flag, ok := flagOfReplicaField[fe.Field[i+1:]]; ok {
 			return usagef("invalid --%s: %s %q: %s", flag, fe.Field, fe.Value, fe.Reason)
 		}
