@@ -122,6 +122,13 @@ type LoRAState struct {
 	// MaxLoras is the replica's number of adapter slots; 0 when its
 	// engine has not reported it.
 	MaxLoras int
+	// Empty counts the replica's slots that no adapter has used, as far
+	// as the gateway knows: MaxLoras less the adapters holding, waiting
+	// for or last using a slot there (the most of Active and the
+	// adapters last routed there or reported running), and 0 when that
+	// is negative or MaxLoras unknown. Taking an empty slot evicts no
+	// adapter.
+	Empty int
 	// Report is the engine's last report, its lists sorted; nil before
 	// the first. It is shared: read it, never modify it.
 	Report *AdapterReport
@@ -265,6 +272,7 @@ func (l *loraState) state(adapter string) LoRAState {
 	l.mu.Lock()
 	s.Routed = l.routed[adapter]
 	s.Active = l.union
+	s.Empty = max(s.MaxLoras-max(l.union, len(l.recent)), 0)
 	s.Loaded = s.Running || s.Routed > 0 || slices.Contains(l.recent, adapter)
 	l.mu.Unlock()
 	return s

@@ -214,7 +214,7 @@ func TestRouteAdapterAllow(t *testing.T) {
 // replica, cheapest first.
 func TestAdapterCost(t *testing.T) {
 	const load, wait, dw = 10.0, 100.0, 4.0
-	a := adapterPrice{load: load, wait: wait, dw: dw, contention: 0.5}
+	a := adapterPrice{load: load, wait: wait, waitBusy: wait, dw: dw, contention: 0.5}
 	for _, tc := range []struct {
 		name string
 		l    LoRAState
@@ -240,18 +240,21 @@ func TestAdapterCost(t *testing.T) {
 	// others do.
 	var p adapterPrice
 	for _, l := range []LoRAState{{Running: true, Active: 1, MaxLoras: 2}, {Active: 2, MaxLoras: 2}, {Active: 0, MaxLoras: 2}, {}} {
-		p.count(&l)
+		p.count(&Candidate{LoRA: l})
 	}
-	p.set(&CacheAware{}, dw)
+	p.set(&CacheAware{}, dw, 3)
 	require.Equal(t, 6, p.slots)
 	require.Equal(t, 3, p.used)
 	require.Equal(t, 1, p.mine)
 	require.InDelta(t, 2.0/5, p.contention, 1e-12)
 	require.Equal(t, float64(defaultAdapterLoad), p.load)
 	require.Equal(t, float64(defaultAdapterWait), p.wait)
-	p.set(&CacheAware{AdapterLoad: -1, AdapterWait: 7}, dw)
+	require.Equal(t, 1, p.clear)
+	require.Equal(t, 3*p.wait, p.waitBusy, "the adapter runs clear at one replica: a wait costs wait × λ")
+	p.set(&CacheAware{AdapterLoad: -1, AdapterWait: 7}, dw, 0.5)
 	require.Zero(t, p.load)
 	require.Equal(t, 7.0, p.wait)
+	require.Equal(t, 7.0, p.waitBusy, "λ below 1 never cheapens a wait")
 }
 
 // loraCluster is n replicas reporting slots empty slots each.

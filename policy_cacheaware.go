@@ -80,6 +80,30 @@ import "math"
 // replicas, the more readily the fewer adapters compete for their slots,
 // rather than piling onto one.
 //
+// Three rules keep adapters from starving one another and from piling up
+// (docs/lora.md has the measurements):
+//
+//   - A wait for a slot lasts until the adapters holding the slots stop
+//     getting requests there, and an engine lets requests of a running
+//     adapter pass one waiting for a slot (vLLM's scheduler does), so
+//     every request sent to the running adapter there prolongs the wait.
+//     Where another adapter waits for a slot (Active > MaxLoras), an
+//     adapter in the batch costs AdapterWait if the adapter is also in
+//     the batch at another replica where none waits: its requests go
+//     there, and the slot drains.
+//   - When the adapter is in the batch at such a replica, a wait for a
+//     slot elsewhere costs AdapterWait × max(1, λ): the busier the
+//     cluster, the longer the slot's holders keep it, and the more a
+//     queue behind the adapter's own replica is worth.
+//   - Replication, as for a hot prefix: a popular adapter held by fewer
+//     replicas than its share of the requests in flight (counted of at
+//     least 16) times the number of candidates spreads into a slot no
+//     adapter has used there (LoRAState.Empty), priced a load and as if
+//     the replica held the request's longest cached prefix. Only once the
+//     gateway has routed 1,024 requests (the adapters in use have shown
+//     up and taken slots by then) and while another empty slot remains
+//     for an adapter yet to come.
+//
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
 // its in-flight count plus this request stays within ⌈LoadFactor × the
@@ -139,7 +163,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	var lp adapterPrice
 	for i := range cands {
 		if req.Adapter != "" {
-			lp.count(&cands[i].LoRA)
+			lp.count(&cands[i])
 		}
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
@@ -162,7 +186,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		shared = req.MaxMatched
 	}
 	if req.Adapter != "" {
-		lp.set(p, dw)
+		lp.set(p, dw, lambda)
 	}
 	bound := math.Inf(1)
 	if p.LoadFactor >= 1 {
@@ -176,7 +200,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
-		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-max(c.Matched, shared))
+		m := max(c.Matched, shared)
+		if req.Adapter != "" && lp.replicates(c) {
+			m = max(m, req.MaxMatched)
+		}
+		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
@@ -216,30 +244,55 @@ func better(a, b *Candidate, replicating, noMatch bool) bool {
 // of the slots other adapters hold.
 type adapterPrice struct {
 	load, wait, dw float64
+	// waitBusy is the wait for a slot while the adapter is in the batch
+	// at a replica where none waits: wait × max(1, λ).
+	waitBusy float64
 	// slots and used count the candidates' reported slots and those in
-	// use; mine those the request's adapter holds.
-	slots, used, mine int
+	// use; mine the candidates where the request's adapter is in the
+	// batch, clear those of them where no other adapter waits for a slot;
+	// reps the candidates that report slots, empty their slots no adapter
+	// has used.
+	slots, used, mine, clear, reps, empty int
+	// routed and inflight count the adapter's requests in flight and all
+	// requests in flight over the candidates.
+	routed, inflight int
+	// seen is the number of requests the gateway has routed, as far as
+	// the candidates tell (Candidate.LastPicked).
+	seen uint64
 	// contention is (used − mine) / (slots − mine): how much of what the
 	// adapter does not hold other adapters do.
 	contention float64
 }
 
-// count adds a candidate's slots.
-func (a *adapterPrice) count(l *LoRAState) {
+// count adds a candidate.
+func (a *adapterPrice) count(c *Candidate) {
+	l := &c.LoRA
+	a.routed += l.Routed
+	a.inflight += c.InFlight
+	a.seen = max(a.seen, c.LastPicked)
 	if l.MaxLoras == 0 {
 		return
 	}
+	a.reps++
+	a.empty += l.Empty
 	a.slots += l.MaxLoras
 	a.used += min(l.Active, l.MaxLoras)
 	if l.InBatch() {
 		a.mine++
+		if l.Active <= l.MaxLoras {
+			a.clear++
+		}
 	}
 }
 
-// set fixes the costs from the policy's parameters once every candidate
-// is counted.
-func (a *adapterPrice) set(p *CacheAware, dw float64) {
+// set fixes the costs from the policy's parameters and λ once every
+// candidate is counted.
+func (a *adapterPrice) set(p *CacheAware, dw, lambda float64) {
 	a.load, a.wait, a.dw = pick(p.AdapterLoad, defaultAdapterLoad), pick(p.AdapterWait, defaultAdapterWait), dw
+	a.waitBusy = a.wait
+	if a.clear > 0 {
+		a.waitBusy = a.wait * max(1, lambda)
+	}
 	if others := a.slots - a.mine; others > 0 {
 		a.contention = min(1, float64(max(a.used-a.mine, 0))/float64(others))
 	}
@@ -257,21 +310,40 @@ func pick(v, def float64) float64 {
 }
 
 // cost is what serving the request's adapter costs at c, in blocks of
-// prefill: nothing when the adapter is in the batch there, or idle in a
-// slot while one is free; a load, plus the wait it may cause another
-// adapter (AdapterWait × contention), when a slot is free; and when it
-// must wait for a slot (all held by other adapters, or it already waits
-// there), a load, AdapterWait, and the decode of the requests outstanding
-// there (DecodeWeight each, plus one).
+// prefill: nothing when the adapter is in the batch there, unless another
+// adapter waits for a slot there and the adapter is in the batch at a
+// replica where none waits (then AdapterWait); nothing when it is idle in
+// a slot while one is free; a load when c is a replica to spread it to
+// (replicates); a load, plus the wait it may cause another adapter
+// (AdapterWait × contention), when a slot is free; and when it must wait
+// for a slot (all held by other adapters, or it already waits there), a
+// load, AdapterWait (× max(1, λ) while it runs clear elsewhere), and the
+// decode of the requests outstanding there (DecodeWeight each, plus one).
 func (a *adapterPrice) cost(c *Candidate) float64 {
 	l := &c.LoRA
 	switch {
 	case l.InBatch():
+		if a.clear > 0 && l.MaxLoras > 0 && l.Active > l.MaxLoras {
+			return a.wait
+		}
 		return 0
 	case l.Waiting || !l.FreeSlot():
-		return a.load + a.wait + a.dw*float64(c.Outstanding()+1)
+		return a.load + a.waitBusy + a.dw*float64(c.Outstanding()+1)
 	case l.Loaded:
 		return 0
+	case a.replicates(c):
+		return a.load
 	}
 	return a.load + a.wait*a.contention
+}
+
+// replicates reports whether the adapter should spread to c: c has a slot
+// no adapter has used and the adapter is not there, another such slot
+// remains among the candidates, the gateway has routed demandWindow
+// requests, and fewer candidates have the adapter in the batch than its
+// share of the requests in flight (of at least demandPrior) calls for.
+func (a *adapterPrice) replicates(c *Candidate) bool {
+	l := &c.LoRA
+	return l.Empty > 0 && !l.Loaded && !l.Waiting && a.empty >= 2 && a.seen >= demandWindow &&
+		float64(a.mine+1) <= float64(a.routed)/float64(max(a.inflight, demandPrior))*float64(a.reps)
 }
