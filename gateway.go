@@ -25,14 +25,18 @@ type Gateway struct {
 	mu     sync.Mutex // guards idx, the scratch below, and table changes
 	idx    *index
 	demand demand
-	seq    uint64 // requests routed; stamps replicaState.lastPicked
+	seq    uint64 // requests routed; stamps picked
 	match  []int32
-	all    []Candidate // one per replica of built, refreshed per Route
-	built  *table
-	state  []uint8     // eligibility per replica of built, this Route
-	cands  []Candidate // eligible subset of all, when not all are eligible
-	owner  []*replicaState
-	req    Request
+	picked []uint64 // by replica slot: seq when last routed there, 0 if never
+	// loraSet says the last Route filled the candidates' LoRA state,
+	// which a route for the base model must clear.
+	loraSet bool
+	all     []Candidate // one per replica of built, refreshed per Route
+	built   *table
+	state   []uint8     // eligibility per replica of built, this Route
+	cands   []Candidate // eligible subset of all, when not all are eligible
+	owner   []*replicaState
+	req     Request
 
 	stats counters
 }
@@ -124,7 +128,9 @@ func (g *Gateway) AddReplica(r Replica) error {
 	rs.slot = g.idx.addReplica(r.CacheBlocks)
 	if n := len(g.idx.reps); n > len(g.match) {
 		g.match = make([]int32, n)
+		g.picked = append(g.picked, make([]uint64, n-len(g.picked))...)
 	}
+	g.picked[rs.slot] = 0
 	t := &table{list: append(old.list[:len(old.list):len(old.list)], rs), byName: make(map[string]*replicaState, len(old.list)+1)}
 	for _, x := range t.list {
 		t.byName[x.name] = x
@@ -188,10 +194,10 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	if err != nil {
 		return err
 	}
-	rs.queue.Store(int64(l.QueueDepth))
-	rs.running.Store(int64(l.Running))
+	rs.queue.Store(int32(l.QueueDepth))
+	rs.running.Store(int32(l.Running))
 	rs.kv.Store(math.Float64bits(l.KVUtilization))
-	rs.peer.Store(int64(l.PeerPrefill))
+	rs.peer.Store(int32(l.PeerPrefill))
 	if l.Latency > 0 {
 		rs.latency.Store(int64(l.Latency))
 		rs.latencyAt.Store(g.clock().UnixNano())
@@ -297,10 +303,11 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 		c.InFlight = int(rs.inflight.Load())
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
-		c.LastPicked = rs.lastPicked
-		c.LoRA = LoRAState{}
+		c.LastPicked = g.picked[rs.slot]
 		if adapter != "" {
 			c.LoRA = rs.lora.state(adapter)
+		} else if g.loraSet {
+			c.LoRA = LoRAState{}
 		}
 		switch {
 		case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
@@ -314,6 +321,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 			healthy++
 		}
 	}
+	g.loraSet = adapter != ""
 	cands, owner := g.all, t.list
 	var fb Fallback
 	if healthy < len(t.list) || excluded > 0 {
@@ -373,7 +381,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 		rs:       rs,
 	}
 	g.seq++
-	rs.lastPicked = g.seq
+	g.picked[rs.slot] = g.seq
 	rs.inflight.Add(1)
 	if adapter != "" {
 		rs.lora.route(adapter)

@@ -154,6 +154,12 @@ func TestRouteAdapterState(t *testing.T) {
 	require.Equal(t, LoRAState{}, s2, "no report, nothing routed")
 	require.True(t, s2.FreeSlot(), "unknown slots count as free")
 
+	// A base-model request after it sees no adapter state again.
+	db, err := g.Route(key)
+	require.NoError(t, err)
+	require.Equal(t, LoRAState{}, rec.byName("r0").LoRA, "cleared after an adapter's route")
+	db.Done(DoneInfo{})
+
 	// The second request for a sees the first counted on r0.
 	d2, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
 	require.NoError(t, err)

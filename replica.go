@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // defaultCacheBlocks is the prefix-cache capacity, in blocks, of a Replica
@@ -111,30 +112,34 @@ const latencyAlpha = 0.3
 // replicaState is a replica's live state. Its identity fields never change;
 // its signals are atomics, so load updates never contend with routing.
 type replicaState struct {
+	// What every Route reads of every replica comes first, in 64 bytes:
+	// the struct is 256 bytes, a size class whose objects are 256-byte
+	// aligned, so these share one cache line (TestReplicaStateLayout).
+	slot     uint32
+	healthy  atomic.Bool
+	queue    atomic.Int32 // Load.QueueDepth, at most maxRequestCount
+	running  atomic.Int32 // Load.Running, likewise
+	peer     atomic.Int32 // Load.PeerPrefill, likewise
+	_        int32
+	kv       atomic.Uint64 // float64 bits
+	latency  atomic.Int64  // smoothed, nanoseconds
+	inflight atomic.Int64
+	pending  atomic.Int64
+	assigned atomic.Int64 // uncached blocks routed here, cumulative
+
+	latencyAt   atomic.Int64 // clock of the last latency sample, Unix nanoseconds
+	routed      atomic.Uint64
+	hits        atomic.Uint64
 	name, addr  string
-	slot        uint32
 	cacheBlocks int
 	clock       func() time.Time
 
-	healthy   atomic.Bool
-	queue     atomic.Int64
-	running   atomic.Int64
-	kv        atomic.Uint64 // float64 bits
-	peer      atomic.Int64  // Load.PeerPrefill
-	latency   atomic.Int64  // smoothed, nanoseconds
-	latencyAt atomic.Int64  // clock of the last latency sample, Unix nanoseconds
-	inflight  atomic.Int64
-	pending   atomic.Int64
-	assigned  atomic.Int64 // uncached blocks routed here, cumulative
-	routed    atomic.Uint64
-	hits      atomic.Uint64
-
-	// lastPicked is the Gateway's seq when it last routed here, 0 if
-	// never (Candidate.LastPicked); guarded by Gateway.mu.
-	lastPicked uint64
-
 	lora loraState // LoRA adapters (lora.go)
+	_    [replicaStatePad]byte
 }
+
+// replicaStatePad pads replicaState to 256 bytes.
+const replicaStatePad = 256 - 136 - unsafe.Sizeof(loraState{})
 
 func (rs *replicaState) load() Load {
 	return Load{
