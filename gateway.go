@@ -299,7 +299,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	for i, rs := range t.list {
 		c := &g.all[i]
 		c.Matched = int(g.match[rs.slot])
-		c.Load = rs.load()
+		rs.loadInto(&c.Load)
 		c.InFlight = int(rs.inflight.Load())
 		c.PendingPrefill = int(rs.pending.Load())
 		c.AssignedPrefill = int(rs.assigned.Load())
