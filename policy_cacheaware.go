@@ -161,10 +161,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
 	var lp adapterPrice
-	for i := range cands {
-		if req.Adapter != "" {
+	lora := req.Adapter != ""
+	if lora {
+		for i := range cands {
 			lp.count(&cands[i])
 		}
+	}
+	for i := range cands {
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
 		o := cands[i].Outstanding()
@@ -185,33 +188,37 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
-	if req.Adapter != "" {
+	if lora {
 		lp.set(p, dw, lambda)
 	}
 	bound := math.Inf(1)
-	if p.LoadFactor >= 1 {
+	capped := p.LoadFactor >= 1
+	if capped {
 		// The least loaded candidate always fits under the ceiling, so the
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
+	// Loop invariants, hoisted by hand (the compiler recomputes them per
+	// candidate); the same values, so the same costs.
+	perBlock, maxMatched := 1+lambda, req.MaxMatched
 	best, bestCost := -1, math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
-		if float64(c.InFlight+1) > bound {
+		if capped && float64(c.InFlight+1) > bound {
 			continue
 		}
 		m := max(c.Matched, shared)
-		if req.Adapter != "" && lp.replicates(c) {
-			m = max(m, req.MaxMatched)
+		if lora && lp.replicates(c) {
+			m = max(m, maxMatched)
 		}
-		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
+		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + perBlock*float64(n-m)
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
-		if req.Adapter != "" {
+		if lora {
 			cost += lp.cost(c)
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
+		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, maxMatched == 0)) {
 			best, bestCost = i, cost
 		}
 	}
