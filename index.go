@@ -210,13 +210,12 @@ func (ix *index) dist(i int, m uint64) int { return i - ix.home(m) }
 func (ix *index) slots() int { return hashtab.Slots(ix.n) }
 
 func (ix *index) empty(i int) bool {
-	// One OR a word and one test: an early exit per word is a branch the
-	// processor mispredicts on holders spread over the words.
-	var or uint64
 	for _, b := range ix.tab[i*(1+ix.w)+1 : (i+1)*(1+ix.w)] {
-		or |= b
+		if b != 0 {
+			return false
+		}
 	}
-	return or == 0
+	return true
 }
 
 // at reads slot i of the table for package hashtab: its placed hash and
@@ -232,12 +231,7 @@ func (ix *index) find(m uint64) int {
 	if ix.w == 1 { // the common case, up to 64 replicas: one word of holders
 		return hashtab.Find(ix.n, m, func(i int) (uint64, bool) { return ix.tab[2*i], ix.tab[2*i+1] != 0 })
 	}
-	// A slot holding a greater key ends the probe whether or not it is
-	// occupied, so its holders are not read: Find sees the same answers.
-	return hashtab.Find(ix.n, m, func(i int) (uint64, bool) {
-		k := ix.tab[i*(1+ix.w)]
-		return k, k > m || !ix.empty(i)
-	})
+	return hashtab.Find(ix.n, m, func(i int) (uint64, bool) { return ix.at(i) })
 }
 
 // insert adds placed hash m, which must be absent, and returns its slot,
