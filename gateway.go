@@ -300,32 +300,55 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	// healthy ones (the candidates when every healthy one is over the SLO).
 	maxEligible, maxHealthy := 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
-	for i, rs := range t.list {
-		c := &all[i]
-		c.Matched = int(g.match[rs.slot])
-		rs.loadInto(&c.Load)
-		c.InFlight = int(rs.inflight.Load())
-		c.PendingPrefill = int(rs.pending.Load())
-		c.AssignedPrefill = int(rs.assigned.Load())
-		c.LastPicked = g.picked[rs.slot]
-		if adapter != "" {
-			c.LoRA = rs.lora.state(adapter)
-		} else if g.loraSet {
-			c.LoRA = LoRAState{}
+	if allow == nil && g.slo <= 0 && adapter == "" && !g.loraSet {
+		// The usual case, the other loop without its calls (which make
+		// the compiler spill the loop's registers): eligible means
+		// healthy, and no LoRA state to set or clear.
+		for i, rs := range t.list {
+			c := &all[i]
+			c.Matched = int(g.match[rs.slot])
+			rs.loadInto(&c.Load)
+			c.InFlight = int(rs.inflight.Load())
+			c.PendingPrefill = int(rs.pending.Load())
+			c.AssignedPrefill = int(rs.assigned.Load())
+			c.LastPicked = g.picked[rs.slot]
+			if rs.healthy.Load() {
+				state[i] = stateEligible
+				healthy++
+				maxEligible = max(maxEligible, c.Matched)
+			} else {
+				state[i] = stateUnhealthy
+			}
 		}
-		switch {
-		case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
-			state[i] = stateUnhealthy
-		case g.slo > 0 && g.breaches(rs, now):
-			state[i] = stateOverSLO
-			healthy++
-			excluded++
-			maxHealthy = max(maxHealthy, c.Matched)
-		default:
-			state[i] = stateEligible
-			healthy++
-			maxHealthy = max(maxHealthy, c.Matched)
-			maxEligible = max(maxEligible, c.Matched)
+		maxHealthy = maxEligible
+	} else {
+		for i, rs := range t.list {
+			c := &all[i]
+			c.Matched = int(g.match[rs.slot])
+			rs.loadInto(&c.Load)
+			c.InFlight = int(rs.inflight.Load())
+			c.PendingPrefill = int(rs.pending.Load())
+			c.AssignedPrefill = int(rs.assigned.Load())
+			c.LastPicked = g.picked[rs.slot]
+			if adapter != "" {
+				c.LoRA = rs.lora.state(adapter)
+			} else if g.loraSet {
+				c.LoRA = LoRAState{}
+			}
+			switch {
+			case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
+				state[i] = stateUnhealthy
+			case g.slo > 0 && g.breaches(rs, now):
+				state[i] = stateOverSLO
+				healthy++
+				excluded++
+				maxHealthy = max(maxHealthy, c.Matched)
+			default:
+				state[i] = stateEligible
+				healthy++
+				maxHealthy = max(maxHealthy, c.Matched)
+				maxEligible = max(maxEligible, c.Matched)
+			}
 		}
 	}
 	g.loraSet = adapter != ""
