@@ -159,6 +159,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	} else if dw < 0 {
 		dw = 0
 	}
+	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
 	var lp adapterPrice
 	lora := req.Adapter != ""
 	if lora {
@@ -166,7 +167,16 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			lp.count(&cands[i])
 		}
 	}
-	total, pending, holders, outstanding, least := sums(cands, req.MaxMatched)
+	for i := range cands {
+		total += cands[i].InFlight
+		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
+		o := cands[i].Outstanding()
+		outstanding += o
+		least = min(least, o)
+		if cands[i].Matched == req.MaxMatched {
+			holders++
+		}
+	}
 	// Outstanding counts up to this are within the random spread.
 	spread := float64(least) + math.Sqrt(float64(outstanding)/float64(len(cands)))
 	n := len(req.Key)
@@ -213,27 +223,6 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		}
 	}
 	return best
-}
-
-// sums returns the candidates' total InFlight, total PendingPrefill plus
-// PeerPrefill, how many hold maxMatched blocks, their total Outstanding
-// and the least. A function of its own, without calls, so that its loop
-// stays in registers.
-//go:noinline
-func sums(cands []Candidate, maxMatched int) (total, pending, holders, outstanding, least int) {
-	least = math.MaxInt
-	for i := range cands {
-		c := &cands[i]
-		total += c.InFlight
-		pending += c.PendingPrefill + c.Load.PeerPrefill
-		o := c.Outstanding()
-		outstanding += o
-		least = min(least, o)
-		if c.Matched == maxMatched {
-			holders++
-		}
-	}
-	return total, pending, holders, outstanding, least
 }
 
 // better reports whether a beats b at equal cost. When
