@@ -161,13 +161,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
 	var lp adapterPrice
-	lora := req.Adapter != ""
-	if lora {
-		for i := range cands {
+	for i := range cands {
+		if req.Adapter != "" {
 			lp.count(&cands[i])
 		}
-	}
-	for i := range cands {
 		total += cands[i].InFlight
 		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
 		o := cands[i].Outstanding()
@@ -188,37 +185,33 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
 		shared = req.MaxMatched
 	}
-	if lora {
+	if req.Adapter != "" {
 		lp.set(p, dw, lambda)
 	}
 	bound := math.Inf(1)
-	capped := p.LoadFactor >= 1
-	if capped {
+	if p.LoadFactor >= 1 {
 		// The least loaded candidate always fits under the ceiling, so the
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
-	// Loop invariants, hoisted by hand (the compiler recomputes them per
-	// candidate); the same values, so the same costs.
-	perBlock, maxMatched := 1+lambda, req.MaxMatched
 	best, bestCost := -1, math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
-		if capped && float64(c.InFlight+1) > bound {
+		if float64(c.InFlight+1) > bound {
 			continue
 		}
 		m := max(c.Matched, shared)
-		if lora && lp.replicates(c) {
-			m = max(m, maxMatched)
+		if req.Adapter != "" && lp.replicates(c) {
+			m = max(m, req.MaxMatched)
 		}
-		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + perBlock*float64(n-m)
+		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
-		if lora {
+		if req.Adapter != "" {
 			cost += lp.cost(c)
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, maxMatched == 0)) {
+		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
 			best, bestCost = i, cost
 		}
 	}
