@@ -296,9 +296,6 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	// Refresh every replica's signals; when all are eligible (the usual
 	// case) the policy sees g.all itself, else a compacted copy.
 	healthy, excluded := 0, 0
-	// The longest match among the eligible replicas, and among all
-	// healthy ones (the candidates when every healthy one is over the SLO).
-	maxEligible, maxHealthy := 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
 	if allow == nil && g.slo <= 0 && adapter == "" && !g.loraSet {
 		// The usual case, the other loop without its calls (which make
@@ -315,12 +312,10 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 			if rs.healthy.Load() {
 				state[i] = stateEligible
 				healthy++
-				maxEligible = max(maxEligible, c.Matched)
 			} else {
 				state[i] = stateUnhealthy
 			}
 		}
-		maxHealthy = maxEligible
 	} else {
 		for i, rs := range t.list {
 			c := &all[i]
@@ -342,19 +337,15 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 				state[i] = stateOverSLO
 				healthy++
 				excluded++
-				maxHealthy = max(maxHealthy, c.Matched)
 			default:
 				state[i] = stateEligible
 				healthy++
-				maxHealthy = max(maxHealthy, c.Matched)
-				maxEligible = max(maxEligible, c.Matched)
 			}
 		}
 	}
 	g.loraSet = adapter != ""
 	cands, owner := g.all, t.list
 	var fb Fallback
-	maxMatched := maxEligible
 	if healthy < len(t.list) || excluded > 0 {
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
@@ -369,7 +360,6 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 		slo := excluded < healthy // some healthy replica is within the SLO
 		if !slo {
 			fb = FallbackSLO
-			maxMatched = maxHealthy
 		}
 		cands, owner = g.cands[:0], g.owner[:0]
 		for i, rs := range t.list {
@@ -379,6 +369,10 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 			cands, owner = append(cands, g.all[i]), append(owner, rs)
 		}
 		g.cands, g.owner = cands, owner
+	}
+	maxMatched := 0
+	for i := range cands {
+		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	share := g.demand.observe(mk, maxMatched)
 	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter}
