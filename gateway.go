@@ -296,29 +296,51 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	// Refresh every replica's signals; when all are eligible (the usual
 	// case) the policy sees g.all itself, else a compacted copy.
 	healthy, excluded := 0, 0
-	for i, rs := range t.list {
-		c := &g.all[i]
-		c.Matched = int(g.match[rs.slot])
-		c.Load = rs.load()
-		c.InFlight = int(rs.inflight.Load())
-		c.PendingPrefill = int(rs.pending.Load())
-		c.AssignedPrefill = int(rs.assigned.Load())
-		c.LastPicked = g.picked[rs.slot]
-		if adapter != "" {
-			c.LoRA = rs.lora.state(adapter)
-		} else if g.loraSet {
-			c.LoRA = LoRAState{}
+	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
+	if allow == nil && g.slo <= 0 && adapter == "" && !g.loraSet {
+		// The usual case, the other loop without its calls (which make
+		// the compiler spill the loop's registers): eligible means
+		// healthy, and no LoRA state to set or clear.
+		for i, rs := range t.list {
+			c := &all[i]
+			c.Matched = int(g.match[rs.slot])
+			rs.loadInto(&c.Load)
+			c.InFlight = int(rs.inflight.Load())
+			c.PendingPrefill = int(rs.pending.Load())
+			c.AssignedPrefill = int(rs.assigned.Load())
+			c.LastPicked = g.picked[rs.slot]
+			if rs.healthy.Load() {
+				state[i] = stateEligible
+				healthy++
+			} else {
+				state[i] = stateUnhealthy
+			}
 		}
-		switch {
-		case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
-			g.state[i] = stateUnhealthy
-		case g.slo > 0 && g.breaches(rs, now):
-			g.state[i] = stateOverSLO
-			healthy++
-			excluded++
-		default:
-			g.state[i] = stateEligible
-			healthy++
+	} else {
+		for i, rs := range t.list {
+			c := &all[i]
+			c.Matched = int(g.match[rs.slot])
+			rs.loadInto(&c.Load)
+			c.InFlight = int(rs.inflight.Load())
+			c.PendingPrefill = int(rs.pending.Load())
+			c.AssignedPrefill = int(rs.assigned.Load())
+			c.LastPicked = g.picked[rs.slot]
+			if adapter != "" {
+				c.LoRA = rs.lora.state(adapter)
+			} else if g.loraSet {
+				c.LoRA = LoRAState{}
+			}
+			switch {
+			case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
+				state[i] = stateUnhealthy
+			case g.slo > 0 && g.breaches(rs, now):
+				state[i] = stateOverSLO
+				healthy++
+				excluded++
+			default:
+				state[i] = stateEligible
+				healthy++
+			}
 		}
 	}
 	g.loraSet = adapter != ""

@@ -151,6 +151,18 @@ func (rs *replicaState) load() Load {
 	}
 }
 
+// loadInto writes the replica's load into l field by field: Route's loop
+// calls it, as assigning load()'s result built the struct on the stack
+// and copied it with 16-byte loads that straddle the 8-byte stores, a
+// store-forwarding stall per replica.
+func (rs *replicaState) loadInto(l *Load) {
+	l.QueueDepth = int(rs.queue.Load())
+	l.Running = int(rs.running.Load())
+	l.KVUtilization = math.Float64frombits(rs.kv.Load())
+	l.Latency = time.Duration(rs.latency.Load())
+	l.PeerPrefill = int(rs.peer.Load())
+}
+
 // observeLatency folds a latency sample into the smoothed latency.
 func (rs *replicaState) observeLatency(d time.Duration, now time.Time) {
 	for {
