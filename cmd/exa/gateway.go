@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/internal/httpserver"
@@ -25,18 +21,10 @@ func init() { serveCmd.AddCommand(newGatewayCmd()) }
 
 // gatewayFlags are the flags of `exa serve gateway`.
 type gatewayFlags struct {
-	config, listen                      string
-	reload, probe, probeTimeout, scrape time.Duration
-	discover                            time.Duration
-	ejectAfter, readmitAfter, blockSize int
-	maxBody                             int64
-	firstByteTimeout, shutdownGrace     time.Duration
-	responseTimeout                     time.Duration
-	tokenizeTimeout                     time.Duration
-	engineClient                        string
-	pprofListen                         string
-	logLevel                            string
-	httpServer                          string
+	serveFlags
+	listen                            string
+	firstByteTimeout, responseTimeout time.Duration
+	engineClient, httpServer          string
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -77,52 +65,27 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		RunE: func(cmd *cobra.Command, _ []string) error { return runGateway(cmd, fl) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&fl.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
+	fl.register(f, serveHelp{
+		discover:      "how often to list each engine's LoRA adapters (GET /v1/models); see docs/lora.md",
+		ejectAfter:    "consecutive failures that eject an engine (a refused connection ejects at once)",
+		shutdownGrace: "on SIGINT/SIGTERM, how long to let requests in flight finish",
+		pprofListen:   "serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port",
+	})
 	f.StringVar(&fl.listen, "listen", "127.0.0.1:8080", "address to listen on, host:port")
-	f.DurationVar(&fl.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
-	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
-	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
-	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
-	f.DurationVar(&fl.discover, "discover-interval", httpgw.DefaultDiscoverInterval,
-		"how often to list each engine's LoRA adapters (GET /v1/models); see docs/lora.md")
-	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures that eject an engine (a refused connection ejects at once)")
-	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
-	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
 	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
-	f.DurationVar(&fl.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
-		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
-	f.StringVar(&fl.pprofListen, "pprof-listen", "",
-		"serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off by default, and never on the gateway's own port")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
-	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
-	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let requests in flight finish")
-	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	return cmd
 }
 
 func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
-		{"tokenize-timeout", fl.tokenizeTimeout}, {"discover-interval", fl.discover}} {
-		if d.v <= 0 {
-			return usagef("invalid --%s %q: must be positive", d.name, d.v)
-		}
-	}
-	for _, d := range []struct {
-		name string
-		v    int64
-	}{{"eject-after", int64(fl.ejectAfter)}, {"readmit-after", int64(fl.readmitAfter)}, {"block-size", int64(fl.blockSize)}, {"max-body-bytes", fl.maxBody}} {
-		if d.v < 1 {
-			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
-		}
+	if err := fl.validate(); err != nil {
+		return err
 	}
 	timeouts := map[string]*time.Duration{"first-byte-timeout": &fl.firstByteTimeout, "response-timeout": &fl.responseTimeout}
 	for _, name := range []string{"first-byte-timeout", "response-timeout"} {
@@ -142,53 +105,25 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	default:
 		return usagef("invalid --engine-client %q: want pool or std", fl.engineClient)
 	}
-	if fl.shutdownGrace < 0 {
-		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
-	}
 	if fl.httpServer != "lean" && fl.httpServer != "std" {
 		return usagef("invalid --http-server %q: want lean or std", fl.httpServer)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
-		return usagef("invalid --log-level %q: want debug, info, warn or error", fl.logLevel)
+	path, logger, err := fl.setup(cmd.ErrOrStderr())
+	if err != nil {
+		return err
 	}
-	path := fl.config
-	if path == "" {
-		p, err := config.Path()
-		if err != nil {
-			return fmt.Errorf("%w (or pass --config)", err)
-		}
-		path = p
-	}
-	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
-	}
-	srv, err := httpgw.New(httpgw.Options{
-		ConfigPath:       path,
-		ReloadInterval:   fl.reload,
-		ProbeInterval:    fl.probe,
-		ProbeTimeout:     fl.probeTimeout,
-		ScrapeInterval:   fl.scrape,
-		DiscoverInterval: fl.discover,
-		EjectAfter:       fl.ejectAfter,
-		ReadmitAfter:     fl.readmitAfter,
-		BlockSize:        fl.blockSize,
-		MaxBodyBytes:     fl.maxBody,
-		Logger:           logger,
-
+	srv, err := fl.newServer(path, logger, httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
-		TokenizeTimeout:  fl.tokenizeTimeout,
 		Transport:        engineClient,
 	})
 	if err != nil {
 		return err
 	}
 	defer srv.Close() // idle engine connections
-	stopPprof, err := startPprof(fl.pprofListen, logger)
+	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
-		return usagef("invalid --pprof-listen %q: %v", fl.pprofListen, err)
+		return err
 	}
 	defer stopPprof()
 	ln, err := net.Listen("tcp", fl.listen)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/examlops/gateway/picker"
@@ -27,16 +24,11 @@ func init() { serveCmd.AddCommand(newPickerCmd()) }
 
 // pickerFlags are the flags of `exa serve picker`.
 type pickerFlags struct {
-	config, listen, adminListen         string
-	reload, probe, probeTimeout, scrape time.Duration
-	discover                            time.Duration
-	ejectAfter, readmitAfter, blockSize int
-	maxBody                             int64
-	tokenizeTimeout, shutdownGrace      time.Duration
-	fallbacks, shedAbove                int
-	pprofListen, logLevel               string
-	tlsCert, tlsKey                     string
-	tlsSelfSigned                       bool
+	serveFlags
+	listen, adminListen  string
+	fallbacks, shedAbove int
+	tlsCert, tlsKey      string
+	tlsSelfSigned        bool
 }
 
 // newPickerCmd returns the `exa serve picker` command.
@@ -87,28 +79,18 @@ from a Go client.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&fl.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
+	fl.register(f, serveHelp{
+		discover:      "how often to list each engine's LoRA adapters (GET /v1/models); requests naming an adapter go to the replicas serving it",
+		ejectAfter:    "consecutive failures (failed probes, 5xx answers) that eject an engine",
+		shutdownGrace: "on SIGINT/SIGTERM, how long to let ext_proc streams in flight finish",
+		pprofListen:   "serve Go profiles (net/http/pprof, /debug/pprof/) on this address; off by default",
+	})
 	f.StringVar(&fl.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC server, host:port")
 	f.StringVar(&fl.adminListen, "admin-listen", "127.0.0.1:9090", `address of the HTTP server of /metrics, /stats and /healthz, host:port ("" = none)`)
-	f.DurationVar(&fl.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
-	f.DurationVar(&fl.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
-	f.DurationVar(&fl.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
-	f.DurationVar(&fl.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
-	f.DurationVar(&fl.discover, "discover-interval", httpgw.DefaultDiscoverInterval,
-		"how often to list each engine's LoRA adapters (GET /v1/models); requests naming an adapter go to the replicas serving it")
-	f.IntVar(&fl.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, "consecutive failures (failed probes, 5xx answers) that eject an engine")
-	f.IntVar(&fl.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
-	f.IntVar(&fl.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
-	f.Int64Var(&fl.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
-	f.DurationVar(&fl.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
-		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
 	f.IntVar(&fl.fallbacks, "max-fallbacks", 0,
 		"fallback endpoints to list after the chosen one in x-gateway-destination-endpoint (ip:port,ip:port...); 0 for plain Envoy, whose ORIGINAL_DST cluster takes one address")
 	f.IntVar(&fl.shedAbove, "shed-above", 0,
 		"answer 429 when every eligible replica of the model has this many requests outstanding or more (0 = never shed)")
-	f.DurationVar(&fl.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGINT/SIGTERM, how long to let ext_proc streams in flight finish")
-	f.StringVar(&fl.pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof, /debug/pprof/) on this address; off by default")
-	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&fl.tlsCert, "tls-cert", "",
 		"serve TLS with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
@@ -118,22 +100,8 @@ from a Go client.`,
 }
 
 func runPicker(cmd *cobra.Command, fl pickerFlags) error {
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"reload-interval", fl.reload}, {"probe-interval", fl.probe}, {"probe-timeout", fl.probeTimeout}, {"scrape-interval", fl.scrape},
-		{"tokenize-timeout", fl.tokenizeTimeout}, {"discover-interval", fl.discover}} {
-		if d.v <= 0 {
-			return usagef("invalid --%s %q: must be positive", d.name, d.v)
-		}
-	}
-	for _, d := range []struct {
-		name string
-		v    int64
-	}{{"eject-after", int64(fl.ejectAfter)}, {"readmit-after", int64(fl.readmitAfter)}, {"block-size", int64(fl.blockSize)}, {"max-body-bytes", fl.maxBody}} {
-		if d.v < 1 {
-			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
-		}
+	if err := fl.validate(); err != nil {
+		return err
 	}
 	if fl.maxBody > 1<<30 {
 		return usagef("invalid --max-body-bytes %q: at most %d (1 GiB)", fmt.Sprint(fl.maxBody), 1<<30)
@@ -146,46 +114,18 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 			return usagef("invalid --%s %q: must not be negative", d.name, fmt.Sprint(d.v))
 		}
 	}
-	if fl.shutdownGrace < 0 {
-		return usagef("invalid --shutdown-grace %q: must not be negative", fl.shutdownGrace)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(fl.logLevel)); err != nil {
-		return usagef("invalid --log-level %q: want debug, info, warn or error", fl.logLevel)
-	}
 	tlsSrc, err := pickerTLS(cmd, fl)
 	if err != nil {
 		return err
 	}
-	path := fl.config
-	if path == "" {
-		p, err := config.Path()
-		if err != nil {
-			return fmt.Errorf("%w (or pass --config)", err)
-		}
-		path = p
+	path, logger, err := fl.setup(cmd.ErrOrStderr())
+	if err != nil {
+		return err
 	}
-	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
 	}
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
-	}
-	srv, err := httpgw.New(httpgw.Options{
-		ConfigPath:       path,
-		ReloadInterval:   fl.reload,
-		ProbeInterval:    fl.probe,
-		ProbeTimeout:     fl.probeTimeout,
-		ScrapeInterval:   fl.scrape,
-		DiscoverInterval: fl.discover,
-		EjectAfter:       fl.ejectAfter,
-		ReadmitAfter:     fl.readmitAfter,
-		BlockSize:        fl.blockSize,
-		MaxBodyBytes:     fl.maxBody,
-		TokenizeTimeout:  fl.tokenizeTimeout,
-		Logger:           logger,
-	})
+	srv, err := fl.newServer(path, logger, httpgw.Options{})
 	if err != nil {
 		return err
 	}
@@ -198,9 +138,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err != nil {
 		return err
 	}
-	stopPprof, err := startPprof(fl.pprofListen, logger)
+	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
-		return usagef("invalid --pprof-listen %q: %v", fl.pprofListen, err)
+		return err
 	}
 	defer stopPprof()
 	ln, err := net.Listen("tcp", fl.listen)

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw"
+	"github.com/spf13/pflag"
+)
+
+// serveFlags are the flags that `exa serve gateway` and `exa serve picker`
+// share: the routing configuration, the engine probes and scrapes, the
+// request limits, profiling, shutdown and logging.
+type serveFlags struct {
+	config                              string
+	reload, probe, probeTimeout, scrape time.Duration
+	discover, tokenizeTimeout           time.Duration
+	ejectAfter, readmitAfter, blockSize int
+	maxBody                             int64
+	shutdownGrace                       time.Duration
+	pprofListen, logLevel               string
+}
+
+// serveHelp holds the help texts of the shared flags that each command
+// words in its own terms.
+type serveHelp struct{ discover, ejectAfter, shutdownGrace, pprofListen string }
+
+// register declares the shared flags on f, with their defaults.
+func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
+	f.StringVar(&s.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
+	f.DurationVar(&s.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
+	f.DurationVar(&s.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
+	f.DurationVar(&s.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
+	f.DurationVar(&s.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&s.discover, "discover-interval", httpgw.DefaultDiscoverInterval, h.discover)
+	f.IntVar(&s.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, h.ejectAfter)
+	f.IntVar(&s.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
+	f.IntVar(&s.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
+	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
+	f.DurationVar(&s.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
+		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
+	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
+	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
+	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// validate returns a usage error naming the first invalid shared flag and
+// its value, or nil.
+func (s *serveFlags) validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"reload-interval", s.reload}, {"probe-interval", s.probe}, {"probe-timeout", s.probeTimeout}, {"scrape-interval", s.scrape},
+		{"tokenize-timeout", s.tokenizeTimeout}, {"discover-interval", s.discover}} {
+		if d.v <= 0 {
+			return usagef("invalid --%s %q: must be positive", d.name, d.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    int64
+	}{{"eject-after", int64(s.ejectAfter)}, {"readmit-after", int64(s.readmitAfter)}, {"block-size", int64(s.blockSize)}, {"max-body-bytes", s.maxBody}} {
+		if d.v < 1 {
+			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
+		}
+	}
+	if s.shutdownGrace < 0 {
+		return usagef("invalid --shutdown-grace %q: must not be negative", s.shutdownGrace)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
+		return usagef("invalid --log-level %q: want debug, info, warn or error", s.logLevel)
+	}
+	return nil
+}
+
+// setup resolves the configuration file's path (--config, else
+// config.Path) and returns it with a text logger on w at --log-level,
+// which validate has accepted.
+func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err error) {
+	path = s.config
+	if path == "" {
+		if path, err = config.Path(); err != nil {
+			return "", nil, fmt.Errorf("%w (or pass --config)", err)
+		}
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(s.logLevel)) // validated
+	return path, slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), nil
+}
+
+// newServer warns when the configuration file at path does not exist yet,
+// then returns the HTTP gateway of o with the shared flags' fields set.
+func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
+	}
+	o.ConfigPath = path
+	o.ReloadInterval = s.reload
+	o.ProbeInterval = s.probe
+	o.ProbeTimeout = s.probeTimeout
+	o.ScrapeInterval = s.scrape
+	o.DiscoverInterval = s.discover
+	o.EjectAfter = s.ejectAfter
+	o.ReadmitAfter = s.readmitAfter
+	o.BlockSize = s.blockSize
+	o.MaxBodyBytes = s.maxBody
+	o.TokenizeTimeout = s.tokenizeTimeout
+	o.Logger = logger
+	return httpgw.New(o)
+}
+
+// startPprof serves the Go profiles on --pprof-listen (see startPprof);
+// a bad address is a usage error.
+func (s *serveFlags) startPprof(logger *slog.Logger) (stop func(), err error) {
+	stop, err = startPprof(s.pprofListen, logger)
+	if err != nil {
+		return nil, usagef("invalid --pprof-listen %q: %v", s.pprofListen, err)
+	}
+	return stop, nil
+}
