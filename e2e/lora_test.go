@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -52,25 +51,11 @@ func loraSimArgs(port int) []string {
 	return args
 }
 
-type loraCluster struct {
-	t    *testing.T
-	sims []*sim
-	cfg  string
-	gw   *gatewayProc
-}
+// loraCluster is a cluster of loraEngines engines serving the adapters.
+type loraCluster struct{ *cluster }
 
 func newLoRACluster(t *testing.T, mode string) *loraCluster {
-	requireBinaries(t)
-	c := &loraCluster{t: t, cfg: filepath.Join(t.TempDir(), "routing.json")}
-	args := []string{"serve", "routing", "set", simModel, "--mode", mode}
-	for i := range loraEngines {
-		port := freePort(t)
-		s := startSim(t, port, loraSimArgs(port))
-		c.sims = append(c.sims, s)
-		args = append(args, "--replica", fmt.Sprintf("e%d=%s", i, s.url()))
-	}
-	exa(t, c.cfg, args...)
-	c.gw = startGateway(t, c.cfg)
+	c := &loraCluster{startCluster(t, mode, loraEngines, loraSimArgs)}
 	c.waitReady()
 	return c
 }
@@ -78,12 +63,7 @@ func newLoRACluster(t *testing.T, mode string) *loraCluster {
 // waitReady waits until every engine is in rotation and the gateway lists
 // the adapters it discovered on them.
 func (c *loraCluster) waitReady() {
-	for _, s := range c.sims {
-		waitFor(c.t, 20*time.Second, "gateway to admit "+s.url(), func() bool {
-			h, _ := c.gw.engineHealthy(c.t, s.url())
-			return h
-		})
-	}
+	c.waitAllHealthy()
 	waitFor(c.t, 20*time.Second, "gateway to list the adapters", func() bool {
 		ids := map[string]string{}
 		for _, m := range gatewayModels(c.t, c.gw.url) {
