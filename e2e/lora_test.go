@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -142,17 +143,9 @@ func loraWaiting(base string) (map[string]bool, float64, error) {
 // queueSeconds sums an engine's vllm:request_queue_time_seconds: the time
 // its requests spent queued before they ran.
 func queueSeconds(t *testing.T, base string) float64 {
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	s := 0.0
-	for _, m := range fams["vllm:request_queue_time_seconds"].GetMetric() {
-		s += m.GetHistogram().GetSampleSum()
-	}
-	return s
+	return sumSeries(metricFamilies(t, base)["vllm:request_queue_time_seconds"], nil, func(m *dto.Metric) float64 {
+		return m.GetHistogram().GetSampleSum()
+	})
 }
 
 type loraPhase struct {
