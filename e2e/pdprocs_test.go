@@ -116,9 +116,9 @@ func pdRequest(system, user string, maxTokens int, stream bool) []byte {
 	return b
 }
 
-// pdPost sends a chat request to base with the given headers and reads the
-// whole answer.
-func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
+// chatRequest is a JSON POST of body to base's /v1/chat/completions with
+// the given headers (name, value pairs).
+func chatRequest(t *testing.T, base string, body []byte, hdr ...string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	require.NoError(t, err)
@@ -126,6 +126,14 @@ func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
+	return req
+}
+
+// pdPost sends a chat request to base with the given headers and reads the
+// whole answer.
+func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
+	t.Helper()
+	req := chatRequest(t, base, body, hdr...)
 	start := time.Now()
 	resp, err := client.Do(req)
 	require.NoError(t, err)
