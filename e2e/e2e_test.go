@@ -62,18 +62,27 @@ type cluster struct {
 // newCluster starts the engines, stores the model's replicas with the
 // exa CLI and starts `exa serve gateway` on that configuration.
 func newCluster(t *testing.T, mode string) *cluster {
+	c := startCluster(t, mode, engines, func(port int) []string { return simArgs(port, kvBlocks, prefillPerToken) })
+	c.waitAllHealthy()
+	return c
+}
+
+// startCluster starts n engines with the flags simFlags gives for their
+// port, stores them as simModel's replicas e0..e<n-1> in mode with the exa
+// CLI and starts `exa serve gateway` on that configuration. It does not
+// wait for the gateway to admit the engines.
+func startCluster(t *testing.T, mode string, n int, simFlags func(port int) []string) *cluster {
 	requireBinaries(t)
 	c := &cluster{t: t, cfg: filepath.Join(t.TempDir(), "routing.json")}
 	args := []string{"serve", "routing", "set", simModel, "--mode", mode}
-	for i := range engines {
+	for i := range n {
 		port := freePort(t)
-		s := startSim(t, port, simArgs(port, kvBlocks, prefillPerToken))
+		s := startSim(t, port, simFlags(port))
 		c.sims = append(c.sims, s)
 		args = append(args, "--replica", fmt.Sprintf("e%d=%s", i, s.url()))
 	}
 	exa(t, c.cfg, args...)
 	c.gw = startGateway(t, c.cfg)
-	c.waitAllHealthy()
 	return c
 }
 

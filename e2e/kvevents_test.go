@@ -190,20 +190,35 @@ func (r kvRequest) msgs() json.RawMessage {
 // prompt tokens it reports cached.
 func (r kvRequest) send(t *testing.T, base string) (cached, promptTokens int) {
 	t.Helper()
-	body := map[string]any{"model": simModel, "max_tokens": 1}
-	path := "/v1/completions"
-	if r.prompt != "" {
-		body["prompt"] = r.prompt
-	} else {
-		body["messages"] = json.RawMessage(r.msgs())
-		path = "/v1/chat/completions"
-	}
-	b, _ := json.Marshal(body)
+	path, b := r.body()
 	resp, err := http.Post(base+path, "application/json", bytes.NewReader(b))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
+	return usageTokens(t, raw)
+}
+
+// body returns the request's path and JSON body (one output token, not
+// streamed): a completion for a prompt, else a chat completion.
+func (r kvRequest) body() (path string, body []byte) {
+	req := map[string]any{"model": simModel, "max_tokens": 1}
+	path = "/v1/completions"
+	if r.prompt != "" {
+		req["prompt"] = r.prompt
+	} else {
+		req["messages"] = json.RawMessage(r.msgs())
+		path = "/v1/chat/completions"
+	}
+	body, _ = json.Marshal(req)
+	return path, body
+}
+
+// usageTokens decodes an answer's usage: the prompt tokens it reports
+// cached, and all its prompt tokens. It fails the test without
+// usage.prompt_tokens_details.
+func usageTokens(t *testing.T, raw []byte) (cached, promptTokens int) {
+	t.Helper()
 	var out struct {
 		Usage struct {
 			PromptTokens        int `json:"prompt_tokens"`

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -61,15 +60,7 @@ var decisionRE = regexp.MustCompile(`matched=(\d+)/(\d+)`)
 // streamed) and reads its decision header and usage.
 func (r kvRequest) sendVia(t *testing.T, base string) kvAnswer {
 	t.Helper()
-	body := map[string]any{"model": simModel, "max_tokens": 1}
-	path := "/v1/completions"
-	if r.prompt != "" {
-		body["prompt"] = r.prompt
-	} else {
-		body["messages"] = json.RawMessage(r.msgs())
-		path = "/v1/chat/completions"
-	}
-	b, _ := json.Marshal(body)
+	path, b := r.body()
 	start := time.Now()
 	resp, err := http.Post(base+path, "application/json", bytes.NewReader(b))
 	require.NoError(t, err)
@@ -86,17 +77,7 @@ func (r kvRequest) sendVia(t *testing.T, base string) kvAnswer {
 	if _, fb, ok := strings.Cut(dec, "fallback="); ok {
 		a.fallback = fb
 	}
-	var out struct {
-		Usage struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			PromptTokensDetails *struct {
-				CachedTokens int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &out))
-	require.NotNil(t, out.Usage.PromptTokensDetails, "usage.prompt_tokens_details in %s", raw)
-	a.cached, a.prompt = out.Usage.PromptTokensDetails.CachedTokens, out.Usage.PromptTokens
+	a.cached, a.prompt = usageTokens(t, raw)
 	return a
 }
 

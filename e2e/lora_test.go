@@ -10,13 +10,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -52,25 +52,11 @@ func loraSimArgs(port int) []string {
 	return args
 }
 
-type loraCluster struct {
-	t    *testing.T
-	sims []*sim
-	cfg  string
-	gw   *gatewayProc
-}
+// loraCluster is a cluster of loraEngines engines serving the adapters.
+type loraCluster struct{ *cluster }
 
 func newLoRACluster(t *testing.T, mode string) *loraCluster {
-	requireBinaries(t)
-	c := &loraCluster{t: t, cfg: filepath.Join(t.TempDir(), "routing.json")}
-	args := []string{"serve", "routing", "set", simModel, "--mode", mode}
-	for i := range loraEngines {
-		port := freePort(t)
-		s := startSim(t, port, loraSimArgs(port))
-		c.sims = append(c.sims, s)
-		args = append(args, "--replica", fmt.Sprintf("e%d=%s", i, s.url()))
-	}
-	exa(t, c.cfg, args...)
-	c.gw = startGateway(t, c.cfg)
+	c := &loraCluster{startCluster(t, mode, loraEngines, loraSimArgs)}
 	c.waitReady()
 	return c
 }
@@ -78,12 +64,7 @@ func newLoRACluster(t *testing.T, mode string) *loraCluster {
 // waitReady waits until every engine is in rotation and the gateway lists
 // the adapters it discovered on them.
 func (c *loraCluster) waitReady() {
-	for _, s := range c.sims {
-		waitFor(c.t, 20*time.Second, "gateway to admit "+s.url(), func() bool {
-			h, _ := c.gw.engineHealthy(c.t, s.url())
-			return h
-		})
-	}
+	c.waitAllHealthy()
 	waitFor(c.t, 20*time.Second, "gateway to list the adapters", func() bool {
 		ids := map[string]string{}
 		for _, m := range gatewayModels(c.t, c.gw.url) {
@@ -162,17 +143,9 @@ func loraWaiting(base string) (map[string]bool, float64, error) {
 // queueSeconds sums an engine's vllm:request_queue_time_seconds: the time
 // its requests spent queued before they ran.
 func queueSeconds(t *testing.T, base string) float64 {
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	s := 0.0
-	for _, m := range fams["vllm:request_queue_time_seconds"].GetMetric() {
-		s += m.GetHistogram().GetSampleSum()
-	}
-	return s
+	return sumSeries(metricFamilies(t, base)["vllm:request_queue_time_seconds"], nil, func(m *dto.Metric) float64 {
+		return m.GetHistogram().GetSampleSum()
+	})
 }
 
 type loraPhase struct {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -113,15 +114,5 @@ func TestPDTTFT(t *testing.T) {
 // simGauge returns the value of an engine's gauge (summed over series).
 func simGauge(t *testing.T, base, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	p := newTextParser()
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	total := 0.0
-	for _, m := range fams[name].GetMetric() {
-		total += m.GetGauge().GetValue()
-	}
-	return total
+	return sumSeries(metricFamilies(t, base)[name], nil, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
 }

@@ -61,17 +61,7 @@ func pdKVPost(t *testing.T, base string, r kvRequest) pdKVAnswer {
 	}
 	match(httpgw.HeaderPrefillDecision, &a.preMatched, &a.preBlocks)
 	match(httpgw.HeaderDecision, &a.decMatched, &a.decBlocks)
-	var out struct {
-		Usage struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			PromptTokensDetails *struct {
-				CachedTokens int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &out))
-	require.NotNil(t, out.Usage.PromptTokensDetails, "usage.prompt_tokens_details in %s", raw)
-	a.decCached, a.prompt = out.Usage.PromptTokensDetails.CachedTokens, out.Usage.PromptTokens
+	a.decCached, a.prompt = usageTokens(t, raw)
 	return a
 }
 

@@ -16,8 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,31 +73,8 @@ func setFaults(t *testing.T, base string, rate int) {
 // labels.
 func simCounter(t *testing.T, base, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	p := newTextParser()
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	total := 0.0
-next:
-	for _, m := range fams[name].GetMetric() {
-		for k, v := range labels {
-			ok := false
-			for _, lp := range m.GetLabel() {
-				ok = ok || (lp.GetName() == k && lp.GetValue() == v)
-			}
-			if !ok {
-				continue next
-			}
-		}
-		total += m.GetCounter().GetValue()
-	}
-	return total
+	return sumSeries(metricFamilies(t, base)[name], labels, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
 }
-
-// newTextParser returns a Prometheus text-format parser.
-func newTextParser() expfmt.TextParser { return expfmt.NewTextParser(model.UTF8Validation) }
 
 // remoteDecodes is how many prefill requests (remote decode asked for) an
 // engine has answered: its vllm:request_success_total with finish reason
@@ -140,9 +116,9 @@ func pdRequest(system, user string, maxTokens int, stream bool) []byte {
 	return b
 }
 
-// pdPost sends a chat request to base with the given headers and reads the
-// whole answer.
-func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
+// chatRequest is a JSON POST of body to base's /v1/chat/completions with
+// the given headers (name, value pairs).
+func chatRequest(t *testing.T, base string, body []byte, hdr ...string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	require.NoError(t, err)
@@ -150,6 +126,14 @@ func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
+	return req
+}
+
+// pdPost sends a chat request to base with the given headers and reads the
+// whole answer.
+func pdPost(t *testing.T, base string, body []byte, hdr ...string) pdReply {
+	t.Helper()
+	req := chatRequest(t, base, body, hdr...)
 	start := time.Now()
 	resp, err := client.Do(req)
 	require.NoError(t, err)

@@ -121,13 +121,7 @@ type picked struct {
 // pickChat sends one chat request through Envoy and reads the answer.
 func pickChat(t *testing.T, url string, body []byte, hdr ...string) picked {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := client.Do(req)
+	resp, err := client.Do(chatRequest(t, url, body, hdr...))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/httpgw"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
@@ -165,12 +166,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 // /metrics: vllm:prefix_cache_hits and vllm:prefix_cache_queries (tokens).
 func engineCounters(t *testing.T, base string) (hits, queries float64) {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
+	fams := metricFamilies(t, base)
 	sum := func(name string) float64 {
 		s := 0.0
 		for _, m := range fams[name].GetMetric() {
@@ -232,15 +228,30 @@ func (g *gatewayProc) engineHealthy(t *testing.T, addr string) (healthy, known b
 // include the given ones.
 func (g *gatewayProc) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get(g.url + "/metrics")
+	return sumSeries(metricFamilies(t, g.url)[name], labels, func(m *dto.Metric) float64 {
+		return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	})
+}
+
+// metricFamilies fetches and parses a server's /metrics (Prometheus text
+// format).
+func metricFamilies(t *testing.T, base string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	require.NoError(t, err)
+	return fams
+}
+
+// sumSeries sums value over fam's series whose labels include labels (all
+// of them when labels is nil). A nil fam sums to 0.
+func sumSeries(fam *dto.MetricFamily, labels map[string]string, value func(*dto.Metric) float64) float64 {
 	total := 0.0
 next:
-	for _, m := range fams[name].GetMetric() {
+	for _, m := range fam.GetMetric() {
 		for k, v := range labels {
 			ok := false
 			for _, lp := range m.GetLabel() {
@@ -250,7 +261,7 @@ next:
 				continue next
 			}
 		}
-		total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		total += value(m)
 	}
 	return total
 }
