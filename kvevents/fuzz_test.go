@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"io"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -126,6 +127,29 @@ func FuzzNextInt(f *testing.F) {
 		}
 		if neg != (li < 0 && b[0] >= 0xd0 || b[0] >= 0xe0) {
 			t.Fatalf("% x: neg %v, library %d", b, neg, li)
+		}
+	})
+}
+
+// FuzzDecodeTokens: any /tokenize answer is decoded or refused with an
+// error, never a panic; an accepted one has its tokens, no more than the
+// bytes the limit lets through could carry.
+func FuzzDecodeTokens(f *testing.F) {
+	for _, s := range []string{`{"tokens":[1,2,3]}`, `{"tokens":[]}`, `{"tokens":null}`, `{}`, `{"tokens":[-1]}`,
+		`{"tokens":[4294967296]}`, `{"count":3,"tokens":[7],"max_model_len":8}`, `[1,2]`, ``, `{"tokens":[1,2` + "\n"} {
+		f.Add([]byte(s))
+	}
+	const max = 64
+	f.Fuzz(func(t *testing.T, b []byte) {
+		toks, err := decodeTokens(&io.LimitedReader{R: bytes.NewReader(b), N: max + 1}, max)
+		if err != nil {
+			return
+		}
+		if toks == nil {
+			t.Fatalf("accepted %q without tokens", b)
+		}
+		if 2*len(toks) > max+1 {
+			t.Fatalf("accepted %d tokens from at most %d bytes", len(toks), max+1)
 		}
 	})
 }

@@ -114,17 +114,28 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 		msg, _ := io.ReadAll(io.LimitReader(lr, 512))
 		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrTokenize, url, resp.StatusCode, bytes.TrimSpace(msg))
 	}
+	toks, err := decodeTokens(lr, t.max)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
+	}
+	return toks, nil
+}
+
+// decodeTokens reads a /tokenize answer, {"tokens": [...]}, from lr,
+// which limits it to max+1 bytes: an answer that does not parse, has no
+// "tokens", or is longer than max bytes is an error.
+func decodeTokens(lr *io.LimitedReader, max int64) ([]uint32, error) {
 	var out struct {
 		Tokens *[]uint32 `json:"tokens"`
 	}
 	if err := json.NewDecoder(lr).Decode(&out); err != nil {
 		if lr.N <= 0 {
-			return nil, fmt.Errorf("%w: %s: response over %d bytes", ErrTokenize, url, t.max)
+			return nil, fmt.Errorf("response over %d bytes", max)
 		}
-		return nil, fmt.Errorf("%w: %s: response: %v", ErrTokenize, url, err)
+		return nil, fmt.Errorf("response: %v", err)
 	}
 	if out.Tokens == nil {
-		return nil, fmt.Errorf("%w: %s: response has no \"tokens\"", ErrTokenize, url)
+		return nil, errors.New(`response has no "tokens"`)
 	}
 	return *out.Tokens, nil
 }
