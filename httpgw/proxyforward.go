@@ -23,7 +23,6 @@ type attempt struct {
 	canRetry bool // whether a failure before any byte sent may be retried
 
 	timeout  time.Duration // the first-byte timeout that applies
-	streamed bool          // whether it is FirstByteTimeout, else ResponseTimeout
 	timedOut *atomic.Bool  // set when it fired; nil without a timer
 	stop     func() bool   // stops the first-byte timer
 	ttfb     time.Duration // from the call's arrival to the first byte
@@ -41,7 +40,6 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
 	a.stop = func() bool { return false }
-	a.streamed = c.req.Stream
 	if a.timeout = s.firstByteTimeout(c.req); a.timeout > 0 {
 		// The timer's function shares only this flag with the attempt, so
 		// that the attempt can stay on the stack.
@@ -96,10 +94,11 @@ func (a *attempt) done(lat time.Duration, err error) {
 }
 
 // cause says what made the upstream fail: the first-byte timer (a failure
-// of the engine) or else err.
-func (a *attempt) cause(err error) error {
-	if a.timedOut != nil && a.timedOut.Load() {
-		if !a.streamed {
+// of the engine; for a non-streamed request the response timeout) or else
+// err.
+func (c *call) cause(err error) error {
+	if a := &c.attempt; a.timedOut != nil && a.timedOut.Load() {
+		if !c.req.Stream {
 			return fmt.Errorf("%w (the response timeout, %v, for a non-streamed answer)", errFirstByteTimeout, a.timeout)
 		}
 		return fmt.Errorf("%w (%v)", errFirstByteTimeout, a.timeout)
@@ -142,7 +141,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 		return nil, false, nil
 	}
 	s.observe(a.ep, a.ep.health.failure(isDialError(err)))
-	err = fmt.Errorf("%s: %w", a.replica(), a.cause(err))
+	err = fmt.Errorf("%s: %w", a.replica(), c.cause(err))
 	a.done(0, err)
 	if a.canRetry {
 		return nil, true, err
@@ -230,7 +229,7 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 		return
 	}
 	s.observe(a.ep, a.ep.health.failure(false))
-	err := fmt.Errorf("%w: %s failed mid-response: %w", ErrUpstream, a.replica(), a.cause(rerr))
+	err := fmt.Errorf("%w: %s failed mid-response: %w", ErrUpstream, a.replica(), c.cause(rerr))
 	a.done(0, err)
 	if sse {
 		_, _ = c.w.Write(streamErrorEvent(err.Error()))
