@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -36,7 +37,7 @@ func TestBadInput(t *testing.T) {
 		{"SetHealthy unknown", func() error { return newG().SetHealthy("nope", true) }, ErrUnknownReplica, []string{`"nope"`}},
 		{"UpdateLoad unknown", func() error { return newG().UpdateLoad("nope", Load{}) }, ErrUnknownReplica, []string{`"nope"`}},
 		{"ApplyEvent unknown", func() error {
-			return newG().ApplyEvent("nope", CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, []uint64{1})})
+			return newG().ApplyEvent("nope", CacheEvent{Kind: BlocksStored, Blocks: keys.AppendHashes(nil, []uint64{1})})
 		}, ErrUnknownReplica, []string{`"nope"`}},
 		{"ApplyEvent bad kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: 7}) }, ErrInvalid, []string{"7", `"r0"`}},
 		{"ApplyEvent negative kind", func() error { return newG().ApplyEvent("r0", CacheEvent{Kind: -1}) }, ErrInvalid, []string{"-1"}},
@@ -49,24 +50,18 @@ func TestBadInput(t *testing.T) {
 		{"infinite KVUtilization", func() error { return newG().UpdateLoad("r0", Load{KVUtilization: math.Inf(1)}) }, ErrInvalid, []string{"KVUtilization", "Inf"}},
 		{"negative Latency", func() error { return newG().UpdateLoad("r0", Load{Latency: -time.Second}) }, ErrInvalid, []string{"Latency", "-1s"}},
 
-		{"NewHasher zero", func() error { _, err := NewHasher(0); return err }, ErrInvalid, []string{"0"}},
-		{"NewHasher negative", func() error { _, err := NewHasher(-3); return err }, ErrInvalid, []string{"-3"}},
-		{"AppendTokens zero", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, 0); return err }, ErrInvalid, []string{"0"}},
-		{"AppendTokens negative", func() error { _, err := AppendTokens(nil, []uint32{1, 2}, -16); return err }, ErrInvalid, []string{"-16"}},
-		{"AppendTokens zero into a buffer", func() error { _, err := AppendTokens(make(Key, 0, 4), nil, 0); return err }, ErrInvalid, []string{"0"}},
-
 		{"Route nil key", func() error { _, err := newG().Route(nil); return err }, ErrInvalid, []string{"key"}},
 		{"Route empty key", func() error { _, err := newG().Route(Key{}); return err }, ErrInvalid, []string{"key"}},
-		{"Route empty PrefixKey", func() error { _, err := newG().Route(PrefixKey("", "", "")); return err }, ErrInvalid, nil},
+		{"Route empty keys.PrefixKey", func() error { _, err := newG().Route(keys.PrefixKey("", "", "")); return err }, ErrInvalid, nil},
 		{"Route short token key", func() error {
-			k, err := AppendTokens(nil, []uint32{1, 2, 3}, 16)
+			k, err := keys.AppendTokens(nil, []uint32{1, 2, 3}, 16)
 			if err != nil {
 				return err
 			}
 			_, err = newG().Route(k)
 			return err
 		}, ErrInvalid, nil},
-		{"DisaggregatedRoute nil key", func() error { _, err := DisaggregatedRoute(nil, two, two); return err }, ErrInvalid, nil},
+		{"PD.Route nil key", func() error { _, err := (&PD{Decode: newG()}).Route(nil, 16, Target{}, Target{}); return err }, ErrInvalid, nil},
 
 		{"negative SLO", func() error { _, err := New(two, WithSLOLatency(-time.Millisecond)); return err }, ErrInvalid, []string{"SLO", "-1ms"}},
 		{"negative latency TTL", func() error { _, err := New(two, WithLatencyTTL(-time.Second)); return err }, ErrInvalid, []string{"TTL", "-1s"}},
@@ -90,25 +85,22 @@ func TestBadInput(t *testing.T) {
 
 		{"no healthy replica", func() error {
 			g := mustNew(t, []Replica{{Name: "a", Unhealthy: true}})
-			_, err := g.Route(PrefixKey("x", "", ""))
+			_, err := g.Route(keys.PrefixKey("x", "", ""))
 			return err
 		}, ErrNoHealthyReplica, nil},
-		{"empty prefill pool", func() error { _, err := NewDisaggregated(nil, two); return err }, ErrInvalid, []string{"prefill"}},
-		{"empty decode pool", func() error { _, err := NewDisaggregated(two, nil); return err }, ErrInvalid, []string{"decode"}},
-		// The two below guard BUG 4 (fixed in 09e6776): the pool context was
-		// put in front of the "gateway:" prefix.
-		{"duplicate in prefill pool", func() error {
-			_, err := NewDisaggregated([]Replica{{Name: "p"}, {Name: "p"}}, two)
+		{"PD without decode pool", func() error {
+			_, err := (&PD{Prefill: newG()}).Route(keys.PrefixKey("x", "", ""), 16, Target{}, Target{})
 			return err
-		}, ErrDuplicateReplica, []string{`"p"`, "prefill"}},
+		}, ErrInvalid, []string{"Decode"}},
+		{"PD zero tokens per block", func() error {
+			_, err := (&PD{Decode: newG()}).Route(keys.PrefixKey("x", "", ""), 0, Target{}, Target{})
+			return err
+		}, ErrInvalid, []string{"tokensPerBlock 0"}},
 		{"no healthy decode replica", func() error {
-			r, err := NewDisaggregated(two, []Replica{{Name: "d", Unhealthy: true}})
-			if err != nil {
-				return err
-			}
-			_, err = r.Route(PrefixKey("x", "", ""))
+			pd := PD{Prefill: newG(), Decode: mustNew(t, []Replica{{Name: "d", Unhealthy: true}})}
+			_, err := pd.Route(keys.PrefixKey("x", "", ""), 16, Target{}, Target{})
 			return err
-		}, ErrNoHealthyReplica, []string{"decode"}},
+		}, ErrNoHealthyReplica, []string{"unhealthy"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,7 +130,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	require.Error(t, g.AddReplica(Replica{Name: "r0"}))
 	require.Error(t, g.AddReplica(Replica{Name: "x", CacheBlocks: -5}))
 	require.Error(t, g.RemoveReplica("x"))
-	require.Error(t, g.ApplyEvent("r0", CacheEvent{Kind: 9, Blocks: AppendHashes(nil, []uint64{1})}))
+	require.Error(t, g.ApplyEvent("r0", CacheEvent{Kind: 9, Blocks: keys.AppendHashes(nil, []uint64{1})}))
 	_, err := g.Route(nil)
 	require.Error(t, err)
 	assert.Equal(t, before, g.Replicas())
@@ -156,7 +148,7 @@ func TestReplicaLimit(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "one-too-many")
 	assert.Contains(t, err.Error(), fmt.Sprint(MaxReplicas))
-	k := AppendHashes(nil, []uint64{1})
+	k := keys.AppendHashes(nil, []uint64{1})
 	require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", MaxReplicas-1), CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d, err := g.Route(k)
 	require.NoError(t, err)

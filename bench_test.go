@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/examlops/gateway/keys"
 )
 
 // Benchmarks for the targets of issue 2:
@@ -65,7 +67,7 @@ func benchRoute(b *testing.B, f routeFixture) {
 	b.ResetTimer()
 	for i := range b.N {
 		p := f.prompts[i%len(f.prompts)]
-		buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
+		buf = appendPrefix(buf[:0], p[:1024], p[1024:], "")
 		d, err := f.g.Route(buf)
 		if err != nil {
 			b.Fatal(err)
@@ -119,7 +121,7 @@ func BenchmarkRouteParallel(b *testing.B) {
 		for pb.Next() {
 			p := f.prompts[i%len(f.prompts)]
 			i++
-			buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
+			buf = appendPrefix(buf[:0], p[:1024], p[1024:], "")
 			d, err := f.g.Route(buf)
 			if err != nil {
 				b.Error(err)
@@ -128,48 +130,6 @@ func BenchmarkRouteParallel(b *testing.B) {
 			d.Done(DoneInfo{})
 		}
 	})
-}
-
-func BenchmarkPrefixKey64KiB(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	raw := make([]byte, 64<<10)
-	for i := range raw {
-		raw[i] = byte('a' + rng.IntN(26))
-	}
-	s := string(raw)
-	buf := make(Key, 0, len(s)/DefaultBlockSize+1)
-	b.Run("streamed", func(b *testing.B) {
-		b.SetBytes(int64(len(s)))
-		b.ReportAllocs()
-		for b.Loop() {
-			buf = defaultHasher.appendPrefix(buf[:0], s, "", "")
-		}
-	})
-	// per-block: the same blocks, each hashed by its own XXH64 call and
-	// chained, as block sizes that are not a multiple of 32 are: the
-	// same-run baseline of the streamed path.
-	b.Run("per-block", func(b *testing.B) {
-		b.SetBytes(int64(len(s)))
-		b.ReportAllocs()
-		for b.Loop() {
-			buf = appendBlocks(buf[:0], chain(0, tagSystem), s, DefaultBlockSize)
-		}
-	})
-}
-
-// BenchmarkTokenKey64KiB hashes 16,384 tokens (64 KiB) in vLLM-sized blocks
-// of 16 tokens.
-func BenchmarkTokenKey64KiB(b *testing.B) {
-	tokens := make([]uint32, 16<<10)
-	for i := range tokens {
-		tokens[i] = uint32(i * 2654435761)
-	}
-	buf := make(Key, 0, len(tokens)/16)
-	b.SetBytes(int64(4 * len(tokens)))
-	b.ReportAllocs()
-	for b.Loop() {
-		buf, _ = AppendTokens(buf[:0], tokens, 16)
-	}
 }
 
 // BenchmarkIndexMemory fills a gateway's index with exactly 1,048,576
@@ -187,7 +147,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 					for j := range ids {
 						ids[j] = uint64(r)<<40 | uint64(c)<<8 | uint64(j)
 					}
-					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, ids)}); err != nil {
+					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: keys.AppendHashes(nil, ids)}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -218,7 +178,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 							ids[j] = 3<<60 | seq<<8 | uint64(j)
 						}
 					}
-					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, ids)}); err != nil {
+					if err := g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: keys.AppendHashes(nil, ids)}); err != nil {
 						b.Fatal(err)
 					}
 					if g.idx.cached(g.snap.Load().byName[name].slot) == 65536 {
@@ -272,4 +232,14 @@ func BenchmarkIndexMemory(b *testing.B) {
 			b.ReportMetric(unique, "blocks")
 		})
 	}
+}
+
+// benchHasher cuts text as keys.PrefixKey does.
+var benchHasher, _ = keys.NewHasher(keys.TextBlockBytes)
+
+// appendPrefix appends keys.PrefixKey's key to dst without allocating.
+func appendPrefix(dst Key, system, session, rag string) Key {
+	dst = benchHasher.AppendSegment(dst, keys.SegmentSystem, system)
+	dst = benchHasher.AppendSegment(dst, keys.SegmentSession, session)
+	return benchHasher.AppendSegment(dst, keys.SegmentRAG, rag)
 }

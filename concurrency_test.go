@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -47,13 +48,13 @@ func concurrentUse(t *testing.T, opts []Option) {
 	for i := range extras {
 		names = append(names, fmt.Sprintf("e%d", i))
 	}
-	keys := make([]Key, 32)
-	for i := range keys {
+	ks := make([]Key, 32)
+	for i := range ks {
 		ids := []uint64{0} // a shared first block, as real traffic has
 		for b := range 1 + i%12 {
 			ids = append(ids, uint64(i%5)<<8|uint64(b))
 		}
-		keys[i] = AppendHashes(nil, ids)
+		ks[i] = keys.AppendHashes(nil, ids)
 	}
 
 	var (
@@ -76,7 +77,7 @@ func concurrentUse(t *testing.T, opts []Option) {
 		guard(fmt.Sprintf("router%d", w), func(rng *rand.Rand) {
 			var open []Decision
 			for i := range iters {
-				d, err := g.Route(keys[rng.IntN(len(keys))])
+				d, err := g.Route(ks[rng.IntN(len(ks))])
 				if err != nil {
 					t.Errorf("Route: %v", err) // r0 stays healthy: routing never fails
 					continue
@@ -127,7 +128,7 @@ func concurrentUse(t *testing.T, opts []Option) {
 	guard("events", func(rng *rand.Rand) {
 		for range iters {
 			name := names[rng.IntN(len(names))]
-			k := keys[rng.IntN(len(keys))]
+			k := ks[rng.IntN(len(ks))]
 			tolerate(g.ApplyEvent(name, CacheEvent{Kind: CacheEventKind(rng.IntN(3)), Blocks: k[:1+rng.IntN(len(k))]}))
 		}
 	})

@@ -1,122 +1,114 @@
 package gateway
 
-import (
-	"fmt"
-	"slices"
+import "fmt"
 
-	"github.com/examlops/gateway/internal/refengine"
-)
-
-// Disaggregated routes prefill and decode to two independently scaled
-// pools: prefill cache-aware over the prefill pool, where a cached
-// prefix saves compute, and decode load-aware over the decode pool, where
-// the work is memory-bound and the KV cache arrives by transfer. Create one
-// with NewDisaggregated. Safe for concurrent use.
-type Disaggregated struct {
-	// Prefill and Decode are the two pools' gateways.
-	Prefill, Decode *Gateway
+// PD plans the requests of a disaggregated model, whose prefill and decode
+// run on two independently scaled pools: the decode replica is chosen
+// first, over the decode pool; the request is split only when enough of
+// its prompt is not cached there, and some prefill replica has no more
+// prefill queued than the decode replica would have with this request's
+// (so a backed-up prefill pool does not hold up what the decode replica
+// could start at once); a split request's prefill replica is then chosen
+// over the prefill pool. Each pool's gateway keeps its own
+// policy (cache-aware for prefill, where a cached prefix saves compute,
+// and load-aware for decode is usual). The HTTP gateway, the endpoint
+// picker and the simulator all plan through it. A PD is a value: its
+// gateways are safe for concurrent use, and so is Route.
+type PD struct {
+	// Decode is the decode pool's gateway. Required.
+	Decode *Gateway
+	// Prefill is the prefill pool's gateway; nil when that pool has no
+	// replicas, and every request is then decoded co-located.
+	Prefill *Gateway
+	// MinUncached is the fewest prompt tokens not cached on the decode
+	// replica for which a request is split, as llm-d's prefix-based
+	// decider's threshold. 0, as there, lets every request split.
+	MinUncached int
 }
 
-// NewDisaggregated returns a router over a prefill pool and a decode pool.
-// opts apply to both gateways, after the default modes (cache-aware for
-// prefill, load-aware for decode), so WithMode or WithPolicy in opts
-// overrides both.
-func NewDisaggregated(prefillPool, decodePool []Replica, opts ...Option) (*Disaggregated, error) {
-	if len(prefillPool) == 0 {
-		return nil, fmt.Errorf("%w: empty prefill pool", ErrInvalid)
-	}
-	if len(decodePool) == 0 {
-		return nil, fmt.Errorf("%w: empty decode pool", ErrInvalid)
-	}
-	p, err := New(prefillPool, append([]Option{WithMode(ModeCacheAware)}, opts...)...)
-	if err != nil {
-		return nil, fmt.Errorf("%w (prefill pool)", err)
-	}
-	d, err := New(decodePool, append([]Option{WithMode(ModeLoadAware)}, opts...)...)
-	if err != nil {
-		return nil, fmt.Errorf("%w (decode pool)", err)
-	}
-	return &Disaggregated{Prefill: p, Decode: d}, nil
+// PDDecision is the plan for one request of a disaggregated model. The
+// caller reports each side's progress on its own Decision.
+type PDDecision struct {
+	// Decode is the decision over the decode pool.
+	Decode Decision
+	// Split says the prefill runs on Prefill's replica and the KV cache is
+	// handed to Decode's; else the decode replica prefills (co-located)
+	// and Prefill is the zero Decision.
+	Split   bool
+	Prefill Decision
+	// Uncached is the estimate of the prompt tokens not cached on the
+	// decode replica: its unmatched blocks times the tokens per block.
+	Uncached int
+	// Reason says why a request is not split: "cached" (Uncached is below
+	// MinUncached), "prefill_unavailable" (no eligible prefill replica) or
+	// "prefill_busy" (every eligible prefill replica has more prefill
+	// queued than the decode replica, this request's included). "" when
+	// Split.
+	Reason string
 }
 
-// DisaggDecision is a pair of decisions: where to prefill and where to
-// decode. The caller reports each side's completion on its own Decision.
-type DisaggDecision struct {
-	// Prefill is the decision over the prefill pool, Decode over the
-	// decode pool.
-	Prefill, Decode Decision
+// Route plans a request whose prefix is key: the decode replica within
+// decode, and for a split, the prefill replica within prefill (a picker
+// may name prefill replicas it cannot reach itself, so the two targets
+// differ). tokensPerBlock converts key blocks into prompt tokens for
+// MinUncached (at least 1). Queued prefill is compared in blocks: a
+// replica's PendingPrefill plus its peers' (Load.PeerPrefill). An error from the
+// decode pool's routing is returned as is (wrapping ErrNoHealthyReplica
+// when no decode replica is eligible); the prefill side never fails the
+// plan, which then decodes co-located. It does not allocate.
+func (p *PD) Route(key Key, tokensPerBlock int, decode, prefill Target) (PDDecision, error) {
+	if p == nil || p.Decode == nil {
+		return PDDecision{}, fmt.Errorf("%w: PD.Decode is nil", ErrInvalid)
+	}
+	if tokensPerBlock < 1 {
+		return PDDecision{}, fmt.Errorf("%w: PD.Route: tokensPerBlock %d, want at least 1", ErrInvalid, tokensPerBlock)
+	}
+	d, err := p.Decode.RouteWith(key, decode)
+	if err != nil {
+		return PDDecision{}, err
+	}
+	out := PDDecision{Decode: d, Uncached: (d.Blocks - d.Matched) * tokensPerBlock}
+	switch {
+	case out.Uncached < p.MinUncached:
+		out.Reason = "cached"
+		return out, nil
+	case p.Prefill == nil:
+		out.Reason = "prefill_unavailable"
+		return out, nil
+	}
+	// The decode replica's queued prefill, this request's uncached blocks
+	// included: what a co-located prefill would wait for and do.
+	colocated := int(d.rs.pending.Load()) + int(d.rs.peer.Load())
+	split, ok := p.Prefill.leastQueued(&prefill)
+	switch {
+	case !ok:
+		out.Reason = "prefill_unavailable"
+		return out, nil
+	case split > colocated:
+		out.Reason = "prefill_busy"
+		return out, nil
+	}
+	pre, err := p.Prefill.RouteWith(key, prefill)
+	if err != nil {
+		out.Reason = "prefill_unavailable"
+		return out, nil
+	}
+	out.Split, out.Prefill = true, pre
+	return out, nil
 }
 
-// Route picks a prefill replica and a decode replica for key. A pool
-// without replicas (all removed) is an error wrapping ErrNoHealthyReplica;
-// a Disaggregated missing a pool's gateway, one wrapping ErrInvalid.
-func (r *Disaggregated) Route(key Key) (DisaggDecision, error) {
-	if r == nil || r.Prefill == nil || r.Decode == nil {
-		return DisaggDecision{}, fmt.Errorf("%w: Disaggregated needs both a Prefill and a Decode gateway", ErrInvalid)
+// leastQueued returns the least prefill queued on an eligible replica
+// (healthy and within t), PendingPrefill + Load.PeerPrefill in blocks;
+// false when no replica is eligible. It takes no lock.
+func (g *Gateway) leastQueued(t *Target) (int, bool) {
+	best, ok := 0, false
+	for _, rs := range g.snap.Load().list {
+		if !rs.healthy.Load() || !t.allows(rs.name) {
+			continue
+		}
+		if q := int(rs.pending.Load()) + int(rs.peer.Load()); !ok || q < best {
+			best, ok = q, true
+		}
 	}
-	p, err := r.Prefill.Route(key)
-	if err != nil {
-		return DisaggDecision{}, fmt.Errorf("%w (prefill pool)", err)
-	}
-	d, err := r.Decode.Route(key)
-	if err != nil {
-		p.Done(DoneInfo{Err: err})
-		return DisaggDecision{}, fmt.Errorf("%w (decode pool)", err)
-	}
-	return DisaggDecision{Prefill: p, Decode: d}, nil
-}
-
-// DisaggResult is what DisaggregatedRoute returns.
-type DisaggResult struct {
-	// PrefillReplica and DecodeReplica are the chosen replicas' names.
-	PrefillReplica, DecodeReplica string
-	// IdenticalOutput reports whether the reference engine, run on a prompt
-	// derived from the key, generated the same tokens with prefill and
-	// decode split (KV cache serialised and handed over) as co-located.
-	IdenticalOutput bool
-	// Output is the co-located generation (16 tokens); KVBytes the size
-	// of the KV transfer.
-	Output  []uint32
-	KVBytes int
-}
-
-// disaggOutputTokens is how many tokens DisaggregatedRoute generates on
-// each path to compare them.
-const disaggOutputTokens = 16
-
-// DisaggregatedRoute routes key once across a prefill pool and a decode
-// pool and checks the split is a scheduling concern only: it runs a small
-// deterministic reference engine (one attention head, float32, in
-// internal/refengine) both co-located and split, with the prefill's KV
-// cache serialised and handed to the decode side, and compares the
-// outputs token for token. The HTTP gateway (package httpgw) runs the
-// split against real engines; its e2e tests compare their answers.
-func DisaggregatedRoute(key Key, prefillPool, decodePool []Replica) (DisaggResult, error) {
-	if len(key) == 0 {
-		return DisaggResult{}, fmt.Errorf("%w: DisaggregatedRoute needs a key of at least one block", ErrInvalid)
-	}
-	r, err := NewDisaggregated(prefillPool, decodePool)
-	if err != nil {
-		return DisaggResult{}, err
-	}
-	dd, err := r.Route(key)
-	if err != nil {
-		return DisaggResult{}, err
-	}
-	defer dd.Prefill.Done(DoneInfo{})
-	defer dd.Decode.Done(DoneInfo{})
-	m := refengine.Default
-	prompt := refengine.PromptOf(key, m.Vocab)
-	co := m.Colocated(prompt, disaggOutputTokens)
-	sp, n, err := m.Split(prompt, disaggOutputTokens)
-	if err != nil {
-		return DisaggResult{}, err
-	}
-	return DisaggResult{
-		PrefillReplica:  dd.Prefill.Replica,
-		DecodeReplica:   dd.Decode.Replica,
-		IdenticalOutput: slices.Equal(co, sp),
-		Output:          co,
-		KVBytes:         n,
-	}, nil
+	return best, ok
 }

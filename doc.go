@@ -11,12 +11,12 @@
 // SLO are left out unless every healthy one breaches it.
 //
 // A request's prefix is a Key, a chain of block hashes built from text
-// (PrefixKey, Hasher), token ids (AppendTokens) or pre-hashed block ids
-// (AppendHashes). Every decision is a function of the key and the
+// (keys.PrefixKey, keys.Hasher), token ids (keys.AppendTokens) or pre-hashed block ids
+// (keys.AppendHashes). Every decision is a function of the key and the
 // gateway's state alone, so the rules are testable without an engine:
 //
 //	gw, err := gateway.New(replicas, gateway.WithMode(gateway.ModeCacheAware))
-//	d, err := gw.Route(gateway.PrefixKey(system, session, rag))
+//	d, err := gw.Route(keys.PrefixKey(system, session, rag))
 //	// ... send the request to d.Address ...
 //	d.FirstToken()                             // optional: prefill finished
 //	d.Done(gateway.DoneInfo{Latency: elapsed}) // frees load, feeds latency

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -27,7 +28,7 @@ func (firstPolicy) Pick(_ *Request, cands []Candidate) int {
 func TestRemoveLastReplicaThenRoute(t *testing.T) {
 	for _, opt := range []Option{WithMode(ModeRoundRobin), WithMode(ModeCacheAware), WithMode(ModeLoadAware), WithPolicy(firstPolicy{})} {
 		g := mustNew(t, replicaNames(2), opt)
-		k := AppendHashes(nil, []uint64{1, 2, 3})
+		k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 		d, err := g.Route(k)
 		require.NoError(t, err)
 		require.NoError(t, g.RemoveReplica("r0"))
@@ -36,7 +37,7 @@ func TestRemoveLastReplicaThenRoute(t *testing.T) {
 		_, err = g.Route(k)
 		require.ErrorIs(t, err, ErrNoHealthyReplica)
 		require.ErrorContains(t, err, "no replicas")
-		_, err = g.RouteWithin(k, func(name string) bool { return name != "r0" })
+		_, err = g.RouteWith(k, Target{Allow: func(name string) bool { return name != "r0" }})
 		require.ErrorIs(t, err, ErrNoHealthyReplica)
 		d.Done(DoneInfo{}) // a decision for a removed replica still completes
 		require.NoError(t, g.AddReplica(Replica{Name: "r9"}))
@@ -56,32 +57,37 @@ func TestNewNilOption(t *testing.T) {
 	_, err = New(replicaNames(1), WithMode(ModeCacheAware), nil, WithIndex(IndexExact))
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "option 2 of 3 is nil")
-	_, err = NewDisaggregated(replicaNames(1), replicaNames(1), nil)
-	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// TestDisaggregatedPoolEmptied: a pool whose replicas were all removed
-// makes Disaggregated.Route return an error naming the pool; when the
-// decode pool is the empty one, the prefill decision is released. A
-// Disaggregated without gateways is an error too.
-func TestDisaggregatedPoolEmptied(t *testing.T) {
-	k := AppendHashes(nil, []uint64{1, 2})
-	r, err := NewDisaggregated(replicaNames(1), replicaNames(1))
+// TestPDPoolEmptied: a decode pool whose replicas were all removed makes
+// PD.Route fail with ErrNoHealthyReplica; an emptied (or absent) prefill
+// pool decodes co-located, with the reason said. A PD without a decode
+// gateway, or with a block of no tokens, is an error.
+func TestPDPoolEmptied(t *testing.T) {
+	k := keys.AppendHashes(nil, []uint64{1, 2})
+	pd := PD{Prefill: mustNew(t, replicaNames(1)), Decode: mustNew(t, replicaNames(1))}
+	require.NoError(t, pd.Prefill.RemoveReplica("r0"))
+	plan, err := pd.Route(k, 16, Target{}, Target{})
 	require.NoError(t, err)
-	require.NoError(t, r.Decode.RemoveReplica("r0"))
-	_, err = r.Route(k)
+	require.False(t, plan.Split)
+	require.Equal(t, "prefill_unavailable", plan.Reason)
+	plan.Decode.Done(DoneInfo{})
+	pd.Prefill = nil
+	plan, err = pd.Route(keys.AppendHashes(nil, []uint64{3, 4}), 16, Target{}, Target{}) // uncached on the decode replica
+	require.NoError(t, err)
+	require.Equal(t, "prefill_unavailable", plan.Reason)
+	plan.Decode.Done(DoneInfo{})
+	require.NoError(t, pd.Decode.RemoveReplica("r0"))
+	_, err = pd.Route(k, 16, Target{}, Target{})
 	require.ErrorIs(t, err, ErrNoHealthyReplica)
-	require.ErrorContains(t, err, "decode pool")
-	require.Zero(t, r.Prefill.Replicas()[0].InFlight, "the prefill decision is released")
-	require.NoError(t, r.Prefill.RemoveReplica("r0"))
-	_, err = r.Route(k)
-	require.ErrorIs(t, err, ErrNoHealthyReplica)
-	require.ErrorContains(t, err, "prefill pool")
 
-	for _, bad := range []*Disaggregated{nil, {}, {Prefill: r.Prefill}, {Decode: r.Decode}} {
-		_, err := bad.Route(k)
+	for _, bad := range []*PD{nil, {}, {Prefill: mustNew(t, replicaNames(1))}} {
+		_, err := bad.Route(k, 16, Target{}, Target{})
 		require.ErrorIs(t, err, ErrInvalid)
 	}
+	_, err = (&PD{Decode: mustNew(t, replicaNames(1))}).Route(k, 0, Target{}, Target{})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "tokensPerBlock 0")
 }
 
 // TestRoundRobinPickEmpty: called directly with no candidates (a Gateway
@@ -104,15 +110,18 @@ func TestPropNoPanics(t *testing.T) {
 			WithPolicy(firstPolicy{}), WithPolicy(&CacheAware{LoadFactor: 1.25}),
 		}).Draw(t, "policy")
 		index := rapid.SampledFrom([]IndexMode{IndexApproximate, IndexExact}).Draw(t, "index")
-		dis, err := NewDisaggregated(replicaNames(2), replicaNames(2), opt, WithIndex(index))
+		pg, err := New(replicaNames(2), WithMode(ModeCacheAware), opt, WithIndex(index))
 		require.NoError(t, err)
+		dg, err := New(replicaNames(2), WithMode(ModeLoadAware), opt, WithIndex(index))
+		require.NoError(t, err)
+		dis := PD{Prefill: pg, Decode: dg}
 		pools := map[*Gateway]map[string]bool{ // name → healthy
 			dis.Prefill: {"r0": true, "r1": true},
 			dis.Decode:  {"r0": true, "r1": true},
 		}
 		name := func(t *rapid.T) string { return fmt.Sprintf("r%d", rapid.IntRange(0, 3).Draw(t, "replica")) }
 		key := func(t *rapid.T) Key {
-			return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 5).Draw(t, "ids"))
+			return keys.AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, 3), 0, 5).Draw(t, "ids"))
 		}
 		var open []Decision
 		for range rapid.IntRange(1, 60).Draw(t, "steps") {
@@ -151,15 +160,17 @@ func TestPropNoPanics(t *testing.T) {
 				}
 			case 7:
 				k := key(t)
-				dd, err := dis.Route(k)
+				dd, err := dis.Route(k, 4, Target{}, Target{})
 				if err == nil {
 					open = append(open, dd.Prefill, dd.Decode)
+				} else if len(k) == 0 {
+					require.ErrorIs(t, err, ErrInvalid)
 				} else if len(k) > 0 {
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 				}
 			default:
 				k, except := key(t), name(t)
-				d, err := g.RouteWithin(k, func(name string) bool { return name != except })
+				d, err := g.RouteWith(k, Target{Allow: func(name string) bool { return name != except }})
 				eligible := 0
 				for n, h := range reps {
 					if h && n != except {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 func repeat(k gateway.Key, n int) []gateway.Key {
@@ -26,7 +27,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	key := gateway.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash") // system prompt, session, RAG context
+	key := keys.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash") // system prompt, session, RAG context
 
 	d, err := gw.Route(key)
 	if err != nil {
@@ -46,17 +47,19 @@ func Example() {
 	rrRate, _ := gateway.MeasureHitRate(rr, repeat(key, 100))
 	fmt.Printf("round-robin hit rate: %.2f\n", rrRate)
 
-	prefillPool, decodePool := []gateway.Replica{{Name: "p0"}}, []gateway.Replica{{Name: "d0"}}
-	res, err := gateway.DisaggregatedRoute(key, prefillPool, decodePool)
+	prefill, _ := gateway.New([]gateway.Replica{{Name: "p0"}}, gateway.WithMode(gateway.ModeCacheAware))
+	decode, _ := gateway.New([]gateway.Replica{{Name: "d0"}}, gateway.WithMode(gateway.ModeLoadAware))
+	pd := gateway.PD{Prefill: prefill, Decode: decode, MinUncached: 32} // split when 32+ prompt tokens are uncached
+	plan, err := pd.Route(key, 16, gateway.Target{}, gateway.Target{})  // 16 tokens a block
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(res.PrefillReplica, res.DecodeReplica, res.IdenticalOutput)
+	fmt.Println(plan.Split, plan.Prefill.Replica, plan.Decode.Replica, plan.Uncached)
 	// Output:
 	// r0 load_aware false 0 3
 	// cache-aware hit rate: 1.00
 	// round-robin hit rate: 0.96
-	// p0 d0 true
+	// true p0 d0 48
 }
 
 // Replicas over the SLO are avoided; if all breach, the healthy set is used.
@@ -70,11 +73,11 @@ func ExampleWithSLOLatency() {
 	)
 	_ = gw.UpdateLoad("slow", gateway.Load{Latency: 900 * time.Millisecond})
 	_ = gw.UpdateLoad("fast", gateway.Load{QueueDepth: 8, Latency: 100 * time.Millisecond})
-	d, _ := gw.Route(gateway.PrefixKey("sys", "", ""))
+	d, _ := gw.Route(keys.PrefixKey("sys", "", ""))
 	fmt.Println(d.Replica, d.Fallback)
 
 	_ = gw.UpdateLoad("fast", gateway.Load{Latency: 700 * time.Millisecond})
-	d, _ = gw.Route(gateway.PrefixKey("sys", "", ""))
+	d, _ = gw.Route(keys.PrefixKey("sys", "", ""))
 	fmt.Println(d.Replica, d.Fallback)
 	// Output:
 	// fast none
@@ -83,8 +86,8 @@ func ExampleWithSLOLatency() {
 
 // Keys share leading blocks exactly as far as their content agrees.
 func ExamplePrefixKey() {
-	a := gateway.PrefixKey("You are a helpful assistant.", "user-1", "")
-	b := gateway.PrefixKey("You are a helpful assistant.", "user-2", "")
+	a := keys.PrefixKey("You are a helpful assistant.", "user-1", "")
+	b := keys.PrefixKey("You are a helpful assistant.", "user-2", "")
 	shared := 0
 	for shared < min(len(a), len(b)) && a[shared] == b[shared] {
 		shared++

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -177,7 +178,7 @@ func TestSecretDoesNotChangeDecisions(t *testing.T) {
 				for range rng.IntN(4) { // the request's own blocks
 					ids = append(ids, 2<<40|rng.Uint64()>>24)
 				}
-				k := AppendHashes(nil, ids)
+				k := keys.AppendHashes(nil, ids)
 				ev := rng.IntN(50)
 				name := fmt.Sprintf("r%d", rng.IntN(6))
 				var ds []Decision

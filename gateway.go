@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,7 @@ type Gateway struct {
 	cands   []Candidate // eligible subset of all, when not all are eligible
 	owner   []*replicaState
 	req     Request
+	names   map[string]string // interned adapter names (intern)
 
 	stats counters
 }
@@ -198,9 +200,11 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	rs.running.Store(int32(l.Running))
 	rs.kv.Store(math.Float64bits(l.KVUtilization))
 	rs.peer.Store(int32(l.PeerPrefill))
+	now := g.clock().UnixNano()
+	rs.loadAt.Store(now)
 	if l.Latency > 0 {
 		rs.latency.Store(int64(l.Latency))
-		rs.latencyAt.Store(g.clock().UnixNano())
+		rs.latencyAt.Store(now)
 	}
 	return nil
 }
@@ -243,32 +247,60 @@ func (g *Gateway) breaches(rs *replicaState, now int64) bool {
 	return g.ttl == 0 || now-rs.latencyAt.Load() < int64(g.ttl)
 }
 
-// Route chooses a replica for a request whose prefix is key. It never
-// chooses an unhealthy replica, nor one over the latency SLO while a
-// healthy one is within it; if every healthy replica breaches the SLO it
-// chooses among them and the decision's Fallback says so. With no healthy
-// replica (or none at all) it returns an error wrapping
-// ErrNoHealthyReplica; an empty key is an error wrapping ErrInvalid.
+// Route chooses a replica for a request whose prefix is key: RouteWith
+// with the zero Target.
+func (g *Gateway) Route(key Key) (Decision, error) {
+	return g.RouteWith(key, Target{})
+}
+
+// Target narrows a route. The zero value lets the policy choose among
+// every healthy replica, for the base model.
+type Target struct {
+	// Adapter is the LoRA adapter the request targets; "" (the default)
+	// is the base model. For an adapter the policy sees it
+	// (Request.Adapter) and each replica's state for it (Candidate.LoRA),
+	// and the gateway counts the request against the adapter on the chosen
+	// replica until its Done. The key should be salted with it
+	// (keys.Salt).
+	Adapter string
+	// Allow, when non-nil, leaves out every replica whose name it rejects,
+	// as if it were unhealthy: a picker given a subset of endpoints by its
+	// data plane stays within it, an adapter's request within the replicas
+	// serving it. It is called once per replica under the gateway's lock,
+	// so it must be quick and must not call the Gateway. nil accepts all.
+	Allow func(name string) bool
+	// Exclude leaves out the replica of that name: the one a retry
+	// avoids, which the health checks may not have ejected yet. "" (the
+	// default) excludes none.
+	Exclude string
+}
+
+// allows reports whether t admits replica name (health aside).
+func (t *Target) allows(name string) bool {
+	return (t.Allow == nil || t.Allow(name)) && (t.Exclude == "" || t.Exclude != name)
+}
+
+// narrowed reports whether t leaves any replica out.
+func (t *Target) narrowed() bool { return t.Allow != nil || t.Exclude != "" }
+
+// RouteWith chooses a replica for a request whose prefix is key, within
+// t. It never chooses an unhealthy replica or one t leaves out, nor one
+// over the latency SLO while an eligible one is within it; if every
+// eligible replica breaches the SLO it chooses among them and the
+// decision's Fallback says so. With no eligible replica (or none at all)
+// it returns an error wrapping ErrNoHealthyReplica; an empty key is an
+// error wrapping ErrInvalid.
 //
 // In IndexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
-func (g *Gateway) Route(key Key) (Decision, error) {
-	return g.RouteWithin(key, nil)
+// RouteWith does not allocate.
+func (g *Gateway) RouteWith(key Key, t Target) (Decision, error) {
+	return g.route(key, t)
 }
 
-// RouteWithin is Route among the replicas allow accepts: a replica whose
-// name allow rejects is left out as if it were unhealthy, and if it leaves
-// no healthy replica the error wraps ErrNoHealthyReplica. A nil allow
-// accepts every replica. A proxy retrying a request that failed on one
-// replica uses it to go elsewhere; a picker given a subset of endpoints by
-// its data plane, to stay within it. allow is called once per replica
-// under the gateway's lock, so it must be quick and must not call the
-// Gateway. RouteWithin does not allocate.
-func (g *Gateway) RouteWithin(key Key, allow func(name string) bool) (Decision, error) {
-	return g.route(key, allow, "")
-}
-
-func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (Decision, error) {
+func (g *Gateway) route(key Key, tg Target) (Decision, error) {
+	allow, exclude := tg.Allow, tg.Exclude
+	narrowed := allow != nil || exclude != ""
 	if len(key) == 0 {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block, got an empty Key", ErrInvalid)
 	}
@@ -278,6 +310,10 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	// The gateway keeps the adapter's name (in the request the policy
+	// sees, the decision, the replica's counts): its interned copy, so that
+	// the caller's Target, Allow closure included, does not escape.
+	adapter := g.intern(tg.Adapter)
 	t := g.snap.Load()
 	if len(t.list) == 0 { // every replica was removed
 		g.stats.noHealthy.Add(1)
@@ -297,7 +333,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	// case) the policy sees g.all itself, else a compacted copy.
 	healthy, excluded := 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
-	if allow == nil && g.slo <= 0 && adapter == "" && !g.loraSet {
+	if !narrowed && g.slo <= 0 && adapter == "" && !g.loraSet {
 		// The usual case, the other loop without its calls (which make
 		// the compiler spill the loop's registers): eligible means
 		// healthy, and no LoRA state to set or clear.
@@ -331,7 +367,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 				c.LoRA = LoRAState{}
 			}
 			switch {
-			case !rs.healthy.Load() || (allow != nil && !allow(rs.name)):
+			case !rs.healthy.Load() || (narrowed && !((allow == nil || allow(rs.name)) && (exclude == "" || rs.name != exclude))):
 				state[i] = stateUnhealthy
 			case g.slo > 0 && g.breaches(rs, now):
 				state[i] = stateOverSLO
@@ -350,9 +386,9 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 		if healthy == 0 {
 			g.stats.noHealthy.Add(1)
 			switch {
-			case allow != nil && adapter != "":
+			case narrowed && adapter != "":
 				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed for adapter %q", ErrNoHealthyReplica, len(t.list), adapter)
-			case allow != nil:
+			case narrowed:
 				return Decision{}, fmt.Errorf("%w: none of the %d replicas is both healthy and allowed", ErrNoHealthyReplica, len(t.list))
 			}
 			return Decision{}, fmt.Errorf("%w: all %d replicas are unhealthy", ErrNoHealthyReplica, len(t.list))
@@ -418,6 +454,29 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 	d.t, d.gen = newTicket()
 	g.stats.record(&d, excluded)
 	return d, nil
+}
+
+// maxInterned bounds how many adapter names a gateway interns; past it a
+// name is copied per request (an allocation) instead.
+const maxInterned = 4096
+
+// intern returns a copy of name that the gateway keeps: the same string
+// for every request naming it, allocated once. g.mu must be held.
+func (g *Gateway) intern(name string) string {
+	if name == "" {
+		return ""
+	}
+	if s, ok := g.names[name]; ok {
+		return s
+	}
+	s := strings.Clone(name)
+	if len(g.names) < maxInterned {
+		if g.names == nil {
+			g.names = map[string]string{}
+		}
+		g.names[s] = s
+	}
+	return s
 }
 
 // classify labels the decision of a prefix-aware policy: affinity when the

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -34,7 +35,7 @@ func status(t testing.TB, g *Gateway, name string) ReplicaStatus {
 // excluded every candidate when nothing was in flight, so r0 was chosen).
 func TestCacheAwareIdleAffinity(t *testing.T) {
 	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware), WithIndex(IndexExact))
-	k := PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash")
+	k := keys.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash")
 	require.NoError(t, g.ApplyEvent("r2", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d, err := g.Route(k)
 	require.NoError(t, err)
@@ -65,7 +66,7 @@ func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 			g := mustNew(t, tt.reps)
 			for _, ids := range tt.steps {
 				require.NotPanics(t, func() {
-					d, err := g.Route(AppendHashes(nil, ids))
+					d, err := g.Route(keys.AppendHashes(nil, ids))
 					require.NoError(t, err)
 					d.Done(DoneInfo{})
 				})
@@ -84,7 +85,7 @@ func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 // pending prefill once, and Done after FirstToken does not free it again.
 func TestDecisionReporting(t *testing.T) {
 	g := mustNew(t, []Replica{{Name: "r0", Address: "http://10.0.0.7:8000"}}, WithIndex(IndexExact))
-	k4 := AppendHashes(nil, []uint64{1, 2, 3, 4})
+	k4 := keys.AppendHashes(nil, []uint64{1, 2, 3, 4})
 	d1, err := g.Route(k4)
 	require.NoError(t, err)
 	assert.Equal(t, "http://10.0.0.7:8000", d1.Address)
@@ -124,7 +125,7 @@ func TestDecisionReporting(t *testing.T) {
 // serve a new decision; reporting on the stale copy changes nothing.
 func TestStaleDecisionAfterTicketReuse(t *testing.T) {
 	g := mustNew(t, replicaNames(1), WithIndex(IndexExact))
-	k := AppendHashes(nil, []uint64{1, 2, 3})
+	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	var stale, fresh Decision
 	reused := false
 	for range 1000 { // the pool may drop tickets (always under -race sometimes); try until one is reused
@@ -161,7 +162,7 @@ func TestStaleDecisionAfterTicketReuse(t *testing.T) {
 // nothing; UpdateLoad with a latency replaces it, without one keeps it.
 func TestLatencySmoothing(t *testing.T) {
 	g := mustNew(t, replicaNames(1))
-	k := PrefixKey("s", "", "")
+	k := keys.PrefixKey("s", "", "")
 	steps := []struct {
 		info DoneInfo
 		want time.Duration
@@ -195,7 +196,7 @@ func TestSLOExclusionAndTTL(t *testing.T) {
 			g := mustNew(t, replicaNames(2), WithSLOLatency(time.Second), WithLatencyTTL(ttl), WithClock(clk.Now))
 			require.NoError(t, g.UpdateLoad("r0", Load{Latency: 2 * time.Second}))
 			for range 4 {
-				d, err := g.Route(PrefixKey("x", "", ""))
+				d, err := g.Route(keys.PrefixKey("x", "", ""))
 				require.NoError(t, err)
 				assert.Equal(t, "r1", d.Replica)
 				assert.Zero(t, d.Fallback)
@@ -205,7 +206,7 @@ func TestSLOExclusionAndTTL(t *testing.T) {
 			clk.Advance(2 * time.Minute)
 			seen := map[string]bool{}
 			for range 4 {
-				d, err := g.Route(PrefixKey("x", "", ""))
+				d, err := g.Route(keys.PrefixKey("x", "", ""))
 				require.NoError(t, err)
 				seen[d.Replica] = true
 				d.Done(DoneInfo{})
@@ -224,7 +225,7 @@ func TestSLOFallbackStats(t *testing.T) {
 	require.NoError(t, g.UpdateLoad("r1", Load{Latency: 3 * time.Second}))
 	require.NoError(t, g.SetHealthy("r2", false))
 	for range 6 {
-		d, err := g.Route(PrefixKey("x", "", ""))
+		d, err := g.Route(keys.PrefixKey("x", "", ""))
 		require.NoError(t, err)
 		assert.NotEqual(t, "r2", d.Replica)
 		assert.Equal(t, FallbackSLO, d.Fallback)
@@ -235,7 +236,7 @@ func TestSLOFallbackStats(t *testing.T) {
 	assert.Zero(t, s.SLOExcluded, "a fallback excludes nobody")
 	require.NoError(t, g.SetHealthy("r0", false))
 	require.NoError(t, g.SetHealthy("r1", false))
-	_, err := g.Route(PrefixKey("x", "", ""))
+	_, err := g.Route(keys.PrefixKey("x", "", ""))
 	require.ErrorIs(t, err, ErrNoHealthyReplica)
 	assert.Equal(t, uint64(1), g.Stats().NoHealthy)
 }
@@ -244,7 +245,7 @@ func TestSLOFallbackStats(t *testing.T) {
 // when its queue outweighs the prefill it saves; the decision says so.
 func TestLoadGuard(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware), WithIndex(IndexExact))
-	k := AppendHashes(nil, []uint64{1, 2, 3, 4})
+	k := keys.AppendHashes(nil, []uint64{1, 2, 3, 4})
 	require.NoError(t, g.ApplyEvent("r0", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	require.NoError(t, g.UpdateLoad("r0", Load{QueueDepth: 100}))
 	d, err := g.Route(k)
@@ -258,7 +259,7 @@ func TestLoadGuard(t *testing.T) {
 func TestStats(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware))
 	assert.Zero(t, g.Stats().HitRate())
-	k := AppendHashes(nil, []uint64{1, 2})
+	k := keys.AppendHashes(nil, []uint64{1, 2})
 	for range 4 {
 		d, err := g.Route(k)
 		require.NoError(t, err)
@@ -284,7 +285,7 @@ func TestStats(t *testing.T) {
 // TestMeasureHitRate checks the figures MeasureHitRate's doc and the README
 // promise: one prefix repeated 100 times on 4 replicas.
 func TestMeasureHitRate(t *testing.T) {
-	k := PrefixKey("You are…", "sess-42", "doc-hash")
+	k := keys.PrefixKey("You are…", "sess-42", "doc-hash")
 	keys := make([]Key, 100)
 	for i := range keys {
 		keys[i] = k
@@ -311,7 +312,7 @@ func TestMeasureHitRate(t *testing.T) {
 // starts cold.
 func TestRemoveReplicaDropsIndex(t *testing.T) {
 	g := mustNew(t, replicaNames(2), WithIndex(IndexExact)) // round robin: r0, then r1
-	k := AppendHashes(nil, []uint64{1, 2, 3})
+	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	require.NoError(t, g.ApplyEvent("r1", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d0, err := g.Route(k)
 	require.NoError(t, err)
@@ -341,7 +342,7 @@ func TestRemoveReplicaDropsIndex(t *testing.T) {
 // TestIndexModes: approximate mode warms the chosen replica on Route; exact
 // mode changes only through ApplyEvent.
 func TestIndexModes(t *testing.T) {
-	k := AppendHashes(nil, []uint64{1, 2, 3})
+	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	for _, tt := range []struct {
 		mode IndexMode
 		want int
@@ -404,7 +405,7 @@ func TestCustomPolicy(t *testing.T) {
 	g := mustNew(t, replicaNames(5), WithPolicy(p), WithIndex(IndexExact), WithSLOLatency(time.Second), WithClock(clk.Now))
 	require.NoError(t, g.SetHealthy("r1", false))
 	require.NoError(t, g.UpdateLoad("r3", Load{Latency: time.Minute}))
-	k := AppendHashes(nil, []uint64{5, 6})
+	k := keys.AppendHashes(nil, []uint64{5, 6})
 	require.NoError(t, g.ApplyEvent("r4", CacheEvent{Kind: BlocksStored, Blocks: k[:1]}))
 	d, err := g.Route(k)
 	require.NoError(t, err)
@@ -455,14 +456,14 @@ func warmGateway(t testing.TB, n, others int, allHold bool, opts ...Option) (*Ga
 	for r := range n {
 		name := fmt.Sprintf("r%d", r)
 		for j := range others {
-			buf = defaultHasher.appendPrefix(buf[:0], prompt(1_000_000 + r*others + j)[:1024], prompt(1_000_000 + r*others + j)[1024:], "")
+			buf = appendPrefix(buf[:0], prompt(1_000_000 + r*others + j)[:1024], prompt(1_000_000 + r*others + j)[1024:], "")
 			require.NoError(t, g.ApplyEvent(name, CacheEvent{Kind: BlocksStored, Blocks: buf}))
 		}
 	}
 	prompts := make([]string, 64)
 	for i := range prompts {
 		prompts[i] = prompt(i)
-		buf = defaultHasher.appendPrefix(buf[:0], prompts[i][:1024], prompts[i][1024:], "")
+		buf = appendPrefix(buf[:0], prompts[i][:1024], prompts[i][1024:], "")
 		holders := []int{i % n, (i + 1 + i/n) % n}
 		if allHold {
 			holders = holders[:0]
@@ -488,7 +489,7 @@ func TestRouteAllocatesNothing(t *testing.T) {
 	op := func() {
 		p := prompts[i%len(prompts)]
 		i++
-		buf = defaultHasher.appendPrefix(buf[:0], p[:1024], p[1024:], "")
+		buf = appendPrefix(buf[:0], p[:1024], p[1024:], "")
 		d, err := g.Route(buf)
 		if err != nil {
 			panic(err)
@@ -515,7 +516,7 @@ func TestZeroLoadWeightsAreDefaults(t *testing.T) {
 		for i := range 40 {
 			name := fmt.Sprintf("r%d", i%4)
 			require.NoError(t, g.UpdateLoad(name, Load{QueueDepth: i % 5, KVUtilization: float64(i%7) / 7, Latency: time.Duration(i%3) * time.Millisecond}))
-			d, err := g.Route(AppendHashes(nil, []uint64{uint64(i)}))
+			d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(i)}))
 			require.NoError(t, err)
 			got = append(got, d.Replica)
 			if i%3 == 0 {

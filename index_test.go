@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -164,7 +165,7 @@ func TestPropIndexRepeatedBlocksStayConsistent(t *testing.T) {
 // modelKeys draws keys from a small universe of chains over ids 0..2, so
 // that keys share prefixes often.
 func drawModelKey(t *rapid.T, label string) Key {
-	return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, 2), 1, 6).Draw(t, label))
+	return keys.AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, 2), 1, 6).Draw(t, label))
 }
 
 // TestPropIndexMatchesModel drives the index with random store, remove,
@@ -249,7 +250,7 @@ func TestIndexManyReplicasMatchesModel(t *testing.T) {
 		for i := range ids {
 			ids[i] = uint64(rng.IntN(3))
 		}
-		return AppendHashes(nil, ids)
+		return keys.AppendHashes(nil, ids)
 	}
 	slots := func() []uint32 { return slices.Sorted(maps.Keys(model)) }
 	out := make([]int32, 256)
@@ -379,7 +380,7 @@ func TestIndexCapacityAndPrefixClosure(t *testing.T) {
 			for i := range ids {
 				ids[i] = uint64(i)
 			}
-			k := AppendHashes(nil, ids)
+			k := keys.AppendHashes(nil, ids)
 			ix.store(s, k)
 			require.Equal(t, c, ix.cached(s))
 			out := make([]int32, 1)
@@ -395,7 +396,7 @@ func TestIndexTableStaysBounded(t *testing.T) {
 	ix := newIndex()
 	s := ix.addReplica(100)
 	for i := range uint64(20000) {
-		ix.store(s, AppendHashes(nil, []uint64{i, i + 1}))
+		ix.store(s, keys.AppendHashes(nil, []uint64{i, i + 1}))
 	}
 	require.Equal(t, 100, ix.cached(s))
 	require.LessOrEqual(t, ix.n, max(16, ix.limit))

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // LoRA adapters. An engine such as vLLM serves many fine-tuned adapters
@@ -18,7 +16,7 @@ import (
 // two adapters is two caches.
 //
 // So a request for an adapter is routed with RouteAdapter, its Key salted
-// with SaltKey (or, on the exact index, keyed from the adapter's root as
+// with keys.Salt (or, on the exact index, keyed from the adapter's root as
 // the engines' events are), and each replica's adapter state is fed with
 // UpdateAdapters from its engine's vllm:lora_requests_info. Policies see
 // the request's adapter (Request.Adapter) and each replica's state for it
@@ -143,38 +141,6 @@ func (s *LoRAState) InBatch() bool { return s.Running || (s.Routed > 0 && !s.Wai
 // once: the slot count is unknown, or fewer adapters than slots hold or
 // wait for one.
 func (s *LoRAState) FreeSlot() bool { return s.MaxLoras == 0 || s.Active < s.MaxLoras }
-
-// SaltKey salts key in place with a LoRA adapter's name and returns it,
-// so that the same prompt under two adapters (or under an adapter and the
-// base model) gives two keys, as vLLM's KV block hashes include the
-// adapter. Two keys salted with the same adapter still agree on exactly as
-// many leading blocks as before. An empty adapter leaves key unchanged.
-// It does not allocate.
-func SaltKey(key Key, adapter string) Key {
-	if adapter == "" {
-		return key
-	}
-	salt := chain(tagAdapter, xxhash.Sum64String(adapter))
-	for i, k := range key {
-		key[i] = chain(salt, k)
-	}
-	return key
-}
-
-const tagAdapter = 0x4c4f524100000006 // "LORA"
-
-// RouteAdapter is RouteWithin for a request that targets a LoRA adapter
-// ("" is the base model, and RouteAdapter then RouteWithin): the policy
-// sees the adapter (Request.Adapter) and each replica's state for it
-// (Candidate.LoRA), and the gateway counts the request against the adapter
-// on the chosen replica until its Done. allow, as for RouteWithin, keeps
-// the choice to the replicas that serve the adapter (and leaves out one a
-// retry avoids); nil allows all. The key should be salted with the adapter
-// (SaltKey). With no allowed healthy replica it returns an error wrapping
-// ErrNoHealthyReplica. It does not allocate.
-func (g *Gateway) RouteAdapter(key Key, adapter string, allow func(name string) bool) (Decision, error) {
-	return g.route(key, allow, adapter)
-}
 
 // UpdateAdapters records the LoRA adapter state a replica's engine
 // reports, replacing the last report. A report over the limits above (a

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/examlops/gateway/keys"
 )
 
 // BenchmarkRouteAdapter16 routes requests for 8 adapters over 16
@@ -24,12 +26,12 @@ func BenchmarkRouteAdapter16(b *testing.B) {
 				}
 			}
 			names := make([]string, 8)
-			keys := make([]Key, 64)
-			for i := range keys {
+			ks := make([]Key, 64)
+			for i := range ks {
 				names[i%8] = fmt.Sprintf("a%d", i%8)
-				keys[i] = loraKey(i, 16, 8)
+				ks[i] = loraKey(i, 16, 8)
 				if tc.adapter {
-					keys[i] = SaltKey(slices.Clone(keys[i]), names[i%8])
+					ks[i] = keys.Salt(slices.Clone(ks[i]), names[i%8])
 				}
 			}
 			b.ReportAllocs()
@@ -39,7 +41,7 @@ func BenchmarkRouteAdapter16(b *testing.B) {
 				if tc.adapter {
 					adapter = names[i%8]
 				}
-				d, err := g.RouteAdapter(keys[i%len(keys)], adapter, nil)
+				d, err := g.RouteWith(ks[i%len(ks)], Target{Adapter: adapter})
 				if err != nil {
 					b.Fatal(err)
 				}

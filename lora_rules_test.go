@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -155,25 +156,25 @@ func TestPropLoRAStarvedSlotDrains(t *testing.T) {
 // TestLoRAEmptySlots: LoRAState.Empty counts the slots no adapter has
 // held, waited for or last used there.
 func TestLoRAEmptySlots(t *testing.T) {
-	key := SaltKey(AppendHashes(nil, []uint64{1, 2}), "a")
+	key := keys.Salt(keys.AppendHashes(nil, []uint64{1, 2}), "a")
 	sp := &spy{inner: &CacheAware{}}
 	g2, err := New(replicaNames(2), WithPolicy(sp))
 	require.NoError(t, err)
 	require.NoError(t, g2.UpdateAdapters("r0", AdapterReport{MaxLoras: 3, Running: []string{"b"}, Waiting: []string{"c"}}))
 	require.NoError(t, g2.UpdateAdapters("r1", AdapterReport{MaxLoras: 3}))
-	d, err := g2.RouteAdapter(key, "a", func(n string) bool { return n == "r1" })
+	d, err := g2.RouteWith(key, Target{Adapter: "a", Allow: func(n string) bool { return n == "r1" }})
 	require.NoError(t, err)
 	require.Equal(t, 3, sp.cands[0].LoRA.Empty, "r1 has held nothing")
-	_, err = g2.RouteAdapter(key, "a", nil)
+	_, err = g2.RouteWith(key, Target{Adapter: "a"})
 	require.NoError(t, err)
 	require.Equal(t, 1, sp.cands[0].LoRA.Empty, "r0: b holds a slot, c waits for one")
 	require.Equal(t, 2, sp.cands[1].LoRA.Empty, "r1: a was routed there")
 	d.Done(DoneInfo{})
-	_, err = g2.RouteAdapter(key, "z", nil)
+	_, err = g2.RouteWith(key, Target{Adapter: "z"})
 	require.NoError(t, err)
 	require.Equal(t, 2, sp.cands[1].LoRA.Empty, "r1: a last used a slot there")
 	require.NoError(t, g2.UpdateAdapters("r1", AdapterReport{}))
-	_, err = g2.RouteAdapter(key, "z", nil)
+	_, err = g2.RouteWith(key, Target{Adapter: "z"})
 	require.NoError(t, err)
 	require.Zero(t, sp.cands[1].LoRA.Empty, "slots unknown")
 }

@@ -9,28 +9,29 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
 func TestSaltKey(t *testing.T) {
-	a := AppendHashes(nil, []uint64{1, 2, 3, 4})
-	b := AppendHashes(nil, []uint64{1, 2, 9})
+	a := keys.AppendHashes(nil, []uint64{1, 2, 3, 4})
+	b := keys.AppendHashes(nil, []uint64{1, 2, 9})
 	plain := slices.Clone(a)
-	require.Equal(t, plain, SaltKey(slices.Clone(a), ""), "no adapter, no salt")
+	require.Equal(t, plain, keys.Salt(slices.Clone(a), ""), "no adapter, no salt")
 
-	sa := SaltKey(slices.Clone(a), "x")
-	sb := SaltKey(slices.Clone(b), "x")
+	sa := keys.Salt(slices.Clone(a), "x")
+	sb := keys.Salt(slices.Clone(b), "x")
 	require.Equal(t, sa[:2], sb[:2], "same adapter: shared blocks stay shared")
 	require.NotEqual(t, sa[2], sb[2], "and differing blocks stay different")
 	for i := range sa {
 		require.NotEqual(t, plain[i], sa[i], "salted block %d equals the base model's", i)
 	}
-	sy := SaltKey(slices.Clone(a), "y")
+	sy := keys.Salt(slices.Clone(a), "y")
 	for i := range sa {
 		require.NotEqual(t, sa[i], sy[i], "two adapters share block %d", i)
 	}
-	require.Zero(t, testing.AllocsPerRun(100, func() { SaltKey(sa, "adapter-with-a-long-name") }))
+	require.Zero(t, testing.AllocsPerRun(100, func() { keys.Salt(sa, "adapter-with-a-long-name") }))
 }
 
 // TestPropSaltKeyKeepsPrefixes: salting two keys with one adapter keeps
@@ -44,13 +45,13 @@ func TestPropSaltKeyKeepsPrefixes(t *testing.T) {
 			common++
 		}
 		x := rapid.StringMatching(`[a-z]{1,8}`).Draw(t, "x")
-		sa, sb := SaltKey(slices.Clone(a), x), SaltKey(slices.Clone(b), x)
+		sa, sb := keys.Salt(slices.Clone(a), x), keys.Salt(slices.Clone(b), x)
 		got := 0
 		for got < min(len(sa), len(sb)) && sa[got] == sb[got] {
 			got++
 		}
 		require.Equal(t, common, got)
-		sy := SaltKey(slices.Clone(b), x+"'")
+		sy := keys.Salt(slices.Clone(b), x+"'")
 		for i := range min(len(sa), len(sy)) {
 			require.NotEqual(t, sa[i], sy[i])
 		}
@@ -127,7 +128,7 @@ func TestRouteAdapterState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, g.UpdateAdapters("r0", AdapterReport{Running: []string{"a"}, Waiting: []string{"b"}, MaxLoras: 2}))
 	require.NoError(t, g.UpdateAdapters("r1", AdapterReport{Waiting: []string{"a", "b"}, MaxLoras: 2}))
-	key := AppendHashes(nil, []uint64{7})
+	key := keys.AppendHashes(nil, []uint64{7})
 
 	// The base model sees no adapter state.
 	d, err := g.Route(key)
@@ -136,7 +137,7 @@ func TestRouteAdapterState(t *testing.T) {
 	require.Equal(t, LoRAState{}, rec.byName("r0").LoRA)
 	d.Done(DoneInfo{})
 
-	d1, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
+	d1, err := g.RouteWith(keys.Salt(slices.Clone(key), "a"), Target{Adapter: "a"})
 	require.NoError(t, err)
 	require.Equal(t, "r0", d1.Replica)
 	require.Equal(t, "a", rec.req.Adapter)
@@ -161,7 +162,7 @@ func TestRouteAdapterState(t *testing.T) {
 	db.Done(DoneInfo{})
 
 	// The second request for a sees the first counted on r0.
-	d2, err := g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
+	d2, err := g.RouteWith(keys.Salt(slices.Clone(key), "a"), Target{Adapter: "a"})
 	require.NoError(t, err)
 	s0 = rec.byName("r0").LoRA
 	require.Equal(t, 1, s0.Routed)
@@ -169,12 +170,12 @@ func TestRouteAdapterState(t *testing.T) {
 
 	// c goes to r2 (the third candidate): r0, full, has no slot for it.
 	rec.pick = func(c []Candidate) int { return 2 }
-	d3, err := g.RouteAdapter(SaltKey(slices.Clone(key), "c"), "c", nil)
+	d3, err := g.RouteWith(keys.Salt(slices.Clone(key), "c"), Target{Adapter: "c"})
 	require.NoError(t, err)
 	require.Equal(t, "r2", d3.Replica)
 	c0 := rec.byName("r0").LoRA
 	require.True(t, !c0.Running && !c0.Loaded && c0.Routed == 0 && !c0.FreeSlot())
-	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "c"), "c", nil)
+	_, err = g.RouteWith(keys.Salt(slices.Clone(key), "c"), Target{Adapter: "c"})
 	require.NoError(t, err)
 	c2 := rec.byName("r2").LoRA
 	require.Equal(t, 1, c2.Routed)
@@ -185,7 +186,7 @@ func TestRouteAdapterState(t *testing.T) {
 	d1.Done(DoneInfo{})
 	d2.Done(DoneInfo{})
 	d2.Done(DoneInfo{}) // counted once
-	_, err = g.RouteAdapter(SaltKey(slices.Clone(key), "a"), "a", nil)
+	_, err = g.RouteWith(keys.Salt(slices.Clone(key), "a"), Target{Adapter: "a"})
 	require.NoError(t, err)
 	require.Equal(t, 0, rec.byName("r0").LoRA.Routed)
 	require.Equal(t, 0, rec.byName("r2").LoRA.Routed)
@@ -195,24 +196,24 @@ func TestRouteAdapterState(t *testing.T) {
 func TestRouteAdapterAllow(t *testing.T) {
 	g, err := New(replicaNames(3), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := SaltKey(AppendHashes(nil, []uint64{1, 2}), "a")
+	key := keys.Salt(keys.AppendHashes(nil, []uint64{1, 2}), "a")
 	serving := func(name string) bool { return name == "r1" || name == "r2" }
 	for range 20 {
-		d, err := g.RouteAdapter(key, "a", serving)
+		d, err := g.RouteWith(key, Target{Adapter: "a", Allow: serving})
 		require.NoError(t, err)
 		require.NotEqual(t, "r0", d.Replica)
 		d.Done(DoneInfo{})
 	}
 	notR1 := func(name string) bool { return serving(name) && name != "r1" }
-	d, err := g.RouteAdapter(key, "a", notR1)
+	d, err := g.RouteWith(key, Target{Adapter: "a", Allow: notR1})
 	require.NoError(t, err)
 	require.Equal(t, "r2", d.Replica)
 
 	require.NoError(t, g.SetHealthy("r2", false))
-	_, err = g.RouteAdapter(key, "a", notR1)
+	_, err = g.RouteWith(key, Target{Adapter: "a", Allow: notR1})
 	require.ErrorIs(t, err, ErrNoHealthyReplica)
 	require.ErrorContains(t, err, `none of the 3 replicas is both healthy and allowed for adapter "a"`)
-	_, err = g.RouteAdapter(key, "", func(string) bool { return false })
+	_, err = g.RouteWith(key, Target{Adapter: "", Allow: func(string) bool { return false }})
 	require.ErrorContains(t, err, "none of the 3 replicas is both healthy and allowed")
 }
 
@@ -310,8 +311,8 @@ func TestPropLoRAAffinityAtIdle(t *testing.T) {
 				class[i] = 2
 			}
 		}
-		key := SaltKey(drawKey(t, "key", 1<<40, 8), "a")
-		d, err := g.RouteAdapter(key, "a", nil)
+		key := keys.Salt(drawKey(t, "key", 1<<40, 8), "a")
+		d, err := g.RouteWith(key, Target{Adapter: "a"})
 		require.NoError(t, err)
 		require.Equal(t, slices.Min(class), class[nameIndex(d.Replica)], "classes %v, chose %s", class, d.Replica)
 	})
@@ -336,7 +337,7 @@ func loraKey(i, shared, own int) Key {
 	for b := range own {
 		ids = append(ids, uint64(i)<<8|uint64(b+1))
 	}
-	return AppendHashes(nil, ids)
+	return keys.AppendHashes(nil, ids)
 }
 
 // TestPropLoRALoadGuard: a popular adapter does not pile onto its
@@ -364,8 +365,8 @@ func TestPropLoRALoadGuard(t *testing.T) {
 				open[j].Done(DoneInfo{})
 				open = slices.Delete(open, j, j+1)
 			}
-			key := SaltKey(loraKey(i, 1, own), "hot")
-			d, err := g.RouteAdapter(key, "hot", nil)
+			key := keys.Salt(loraKey(i, 1, own), "hot")
+			d, err := g.RouteWith(key, Target{Adapter: "hot"})
 			require.NoError(t, err)
 			least, mean := 0, 0.0
 			for k := range sp.cands {
@@ -425,7 +426,7 @@ func TestPropLoRANoCollapse(t *testing.T) {
 				open = slices.Delete(open, j, j+1)
 			}
 			own := 2*load + i%(load+1)
-			d, err := g.RouteAdapter(SaltKey(loraKey(i, shared, own), "hot"), "hot", nil)
+			d, err := g.RouteWith(keys.Salt(loraKey(i, shared, own), "hot"), Target{Adapter: "hot"})
 			require.NoError(t, err)
 			counts[nameIndex(d.Replica)]++
 			open = append(open, d)
@@ -460,7 +461,7 @@ func TestPropLoRAWaitAvoided(t *testing.T) {
 		var open []Decision
 		for i := range 16 * n {
 			a := fmt.Sprintf("a%d", rapid.IntRange(0, k-1).Draw(t, "adapter"))
-			d, err := g.RouteAdapter(SaltKey(AppendHashes(nil, []uint64{uint64(i)}), a), a, nil)
+			d, err := g.RouteWith(keys.Salt(keys.AppendHashes(nil, []uint64{uint64(i)}), a), Target{Adapter: a})
 			require.NoError(t, err)
 			var chosen Candidate
 			for _, x := range sp.cands {
@@ -501,7 +502,7 @@ func TestLoRAConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				a := fmt.Sprintf("a%d", (i+w)%5)
-				d, err := g.RouteAdapter(SaltKey(AppendHashes(nil, []uint64{uint64(i % 7)}), a), a, nil)
+				d, err := g.RouteWith(keys.Salt(keys.AppendHashes(nil, []uint64{uint64(i % 7)}), a), Target{Adapter: a})
 				if err != nil {
 					t.Error(err)
 					return
@@ -529,7 +530,7 @@ func TestLoRAConcurrent(t *testing.T) {
 	rec := &recorder{}
 	g2, err := New(replicaNames(1), WithPolicy(rec))
 	require.NoError(t, err)
-	_, err = g2.RouteAdapter(AppendHashes(nil, []uint64{1}), "x", nil)
+	_, err = g2.RouteWith(keys.AppendHashes(nil, []uint64{1}), Target{Adapter: "x"})
 	require.NoError(t, err)
 	require.Zero(t, rec.byName("r0").LoRA.Routed)
 }

@@ -28,7 +28,7 @@ type Request struct {
 	// held by a candidate was the same as this request's, Key[:MaxMatched]:
 	// how hot that prefix is (see demand.go). 0 when MaxMatched is 0.
 	Demand float64
-	// Adapter is the LoRA adapter the request targets (RouteAdapter); ""
+	// Adapter is the LoRA adapter the request targets (Target.Adapter); ""
 	// is the base model.
 	Adapter string
 }
@@ -66,5 +66,9 @@ type Candidate struct {
 // other gateways' traffic) and the engine's waiting plus running count
 // (complete, but as old as the last scrape).
 func (c *Candidate) Outstanding() int {
-	return max(c.InFlight, c.Load.QueueDepth+c.Load.Running)
+	return outstanding(c.InFlight, c.Load.QueueDepth, c.Load.Running)
 }
+
+// outstanding is the one definition of a replica's outstanding requests:
+// Candidate.Outstanding, the admission rule and the spares use it.
+func outstanding(inflight, queue, running int) int { return max(inflight, queue+running) }

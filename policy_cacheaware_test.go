@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -86,7 +87,7 @@ func TestCacheAwareSpreadsMisses(t *testing.T) {
 	require.NoError(t, err)
 	counts := map[string]int{}
 	for i := range 8 {
-		d, err := g.Route(AppendHashes(nil, []uint64{uint64(100 * i), 1, 2, 3, 4, 5, 6, 7, 8, 9}))
+		d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(100 * i), 1, 2, 3, 4, 5, 6, 7, 8, 9}))
 		require.NoError(t, err)
 		counts[d.Replica]++
 		d.Done(DoneInfo{})
@@ -149,7 +150,7 @@ func TestCacheAwareReplicatesHotPrefix(t *testing.T) {
 // requests, so shares follow the traffic.
 func TestDemandShares(t *testing.T) {
 	var d demand
-	hot, cold := AppendHashes(nil, []uint64{1, 2, 3}), AppendHashes(nil, []uint64{9})
+	hot, cold := keys.AppendHashes(nil, []uint64{1, 2, 3}), keys.AppendHashes(nil, []uint64{9})
 	assert.Zero(t, d.observe(hot, 0), "nothing held: no share")
 	assert.InDelta(t, 1.0/demandPrior, d.observe(hot, 3), 1e-9, "1 of 2 requests, but 2 are too few to tell")
 	for range demandPrior {
@@ -176,7 +177,7 @@ func TestDemandShares(t *testing.T) {
 func TestCacheAwareColdStartKeepsAffinity(t *testing.T) {
 	g, err := New(replicaNames(4), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := AppendHashes(nil, []uint64{1, 2, 3, 4, 5, 6, 7, 8})
+	key := keys.AppendHashes(nil, []uint64{1, 2, 3, 4, 5, 6, 7, 8})
 	for i := range 3 {
 		d, err := g.Route(key)
 		require.NoError(t, err)
@@ -204,7 +205,7 @@ func TestCacheAwareColdPrefixesKeepAffinity(t *testing.T) {
 		}
 		p := rng.IntN(16)
 		ids[0] = uint64(p) // 64 blocks: no queue of four outweighs the match
-		d, err := g.Route(AppendHashes(nil, ids))
+		d, err := g.Route(keys.AppendHashes(nil, ids))
 		require.NoError(t, err)
 		if where[p] == nil {
 			where[p] = map[string]bool{}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -44,7 +45,7 @@ func nameIndex(name string) int {
 // drawKey draws a key from a universe of hash-id chains; a wide id space
 // makes fresh keys, a narrow one shared prefixes.
 func drawKey(t *rapid.T, label string, ids uint64, maxLen int) Key {
-	return AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
+	return keys.AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(0, ids-1), 1, maxLen).Draw(t, label))
 }
 
 // drawLoads gives every replica random queue and running counts.
@@ -83,7 +84,7 @@ func TestPropAffinityAfterWarmup(t *testing.T) {
 				d.Done(DoneInfo{})
 			}
 		}
-		k := AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
+		k := keys.AppendHashes(nil, rapid.SliceOfN(rapid.Uint64Range(8, 1<<20), 1, 12).Draw(t, "key"))
 		first, err := g.Route(k)
 		require.NoError(t, err)
 		first.Done(DoneInfo{})
@@ -115,7 +116,7 @@ func TestPropLongestMatchWins(t *testing.T) {
 			held[i] = rapid.IntRange(0, len(k)).Draw(t, "held")
 			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: k[:held[i]]}))
 			// Unrelated blocks do not count.
-			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: AppendHashes(nil, []uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", i), CacheEvent{Kind: BlocksStored, Blocks: keys.AppendHashes(nil, []uint64{1 << 40, rapid.Uint64().Draw(t, "junk")})}))
 		}
 		longest := slices.Max(held)
 		d, err := g.Route(k)
@@ -277,7 +278,7 @@ func sortedKeys[V any](m map[string]V) []string {
 var allModes = []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware}
 
 // TestPropNeverUnhealthy: no mode ever routes to an unhealthy replica,
-// nor RouteWithin to a replica its allow rejects; with none eligible,
+// nor RouteWith to a replica its allow rejects; with none eligible,
 // routing fails with ErrNoHealthyReplica.
 func TestPropNeverUnhealthy(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -304,7 +305,7 @@ func TestPropNeverUnhealthy(t *testing.T) {
 					open = slices.Delete(open, j, j+1)
 				}
 			default:
-				// RouteWithin leaves out the replicas allow rejects, as if
+				// RouteWith leaves out the replicas allow rejects, as if
 				// they were unhealthy; a nil allow leaves out nothing.
 				var allow func(string) bool
 				eligible := slices.Clone(healthy)
@@ -316,14 +317,14 @@ func TestPropNeverUnhealthy(t *testing.T) {
 					}
 					allow = func(name string) bool { return in[nameIndex(name)] }
 				}
-				d, err := g.RouteWithin(drawKey(t, "key", 4, 5), allow)
+				d, err := g.RouteWith(drawKey(t, "key", 4, 5), Target{Allow: allow})
 				if !slices.Contains(eligible, true) {
 					require.ErrorIs(t, err, ErrNoHealthyReplica)
 					continue
 				}
 				require.NoError(t, err)
 				require.True(t, healthy[nameIndex(d.Replica)], "routed to unhealthy %s", d.Replica)
-				require.True(t, eligible[nameIndex(d.Replica)], "RouteWithin chose %s, which allow rejects", d.Replica)
+				require.True(t, eligible[nameIndex(d.Replica)], "RouteWith chose %s, which allow rejects", d.Replica)
 				open = append(open, d)
 			}
 		}
@@ -532,7 +533,7 @@ func sharedPrefixKey(i, shared int) Key {
 	for b := range 1 + i%8 {
 		ids = append(ids, uint64(i)<<8|uint64(b+1))
 	}
-	return AppendHashes(nil, ids)
+	return keys.AppendHashes(nil, ids)
 }
 
 // TestPropNoCollapseSharedFirstBlock: on a stream where every request

@@ -128,6 +128,7 @@ type replicaState struct {
 	assigned atomic.Int64 // uncached blocks routed here, cumulative
 
 	latencyAt   atomic.Int64 // clock of the last latency sample, Unix nanoseconds
+	loadAt      atomic.Int64 // clock of the last UpdateLoad, Unix nanoseconds; 0 never
 	routed      atomic.Uint64
 	hits        atomic.Uint64
 	name, addr  string
@@ -139,7 +140,7 @@ type replicaState struct {
 }
 
 // replicaStatePad pads replicaState to 256 bytes.
-const replicaStatePad = 256 - 136 - unsafe.Sizeof(loraState{})
+const replicaStatePad = 256 - 144 - unsafe.Sizeof(loraState{})
 
 func (rs *replicaState) load() Load {
 	return Load{

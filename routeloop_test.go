@@ -48,7 +48,7 @@ func TestPropRouteLoopsAgree(t *testing.T) {
 			default:
 				key := drawKey(t, "key", 12, 10)
 				a, errA := fast.Route(key)
-				b, errB := general.RouteWithin(key, everyone)
+				b, errB := general.RouteWith(key, Target{Allow: everyone})
 				require.Equal(t, errA == nil, errB == nil, "step %d: %v / %v", step, errA, errB)
 				if errA != nil {
 					continue

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,19 +15,19 @@ import (
 func TestRouteWithin(t *testing.T) {
 	g, err := New(replicaNames(3), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := AppendHashes(nil, []uint64{1, 2, 3})
+	key := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	d, err := g.Route(key)
 	require.NoError(t, err)
 	d.Done(DoneInfo{})
 	// Only d.Replica holds the key.
-	e, err := g.RouteWithin(key, nil)
+	e, err := g.RouteWith(key, Target{})
 	require.NoError(t, err)
 	require.Equal(t, d.Replica, e.Replica, "a nil allow accepts every replica")
 	require.Equal(t, KindAffinity, e.Kind)
 	e.Done(DoneInfo{})
 	other := func(name string) bool { return name != d.Replica }
 	for i := range 10 {
-		e, err := g.RouteWithin(key, other)
+		e, err := g.RouteWith(key, Target{Allow: other})
 		require.NoError(t, err)
 		require.NotEqual(t, d.Replica, e.Replica)
 		if i == 0 {
@@ -37,12 +38,12 @@ func TestRouteWithin(t *testing.T) {
 	}
 	only := func(name string) bool { return name == "r2" }
 	for range 3 {
-		e, err := g.RouteWithin(key, only)
+		e, err := g.RouteWith(key, Target{Allow: only})
 		require.NoError(t, err)
 		require.Equal(t, "r2", e.Replica)
 		e.Done(DoneInfo{})
 	}
-	_, err = g.RouteWithin(key, func(string) bool { return false })
+	_, err = g.RouteWith(key, Target{Allow: func(string) bool { return false }})
 	require.True(t, errors.Is(err, ErrNoHealthyReplica), "%v", err)
 	require.Contains(t, err.Error(), "allowed")
 
@@ -51,7 +52,7 @@ func TestRouteWithin(t *testing.T) {
 			require.NoError(t, g.SetHealthy(r.Name, false))
 		}
 	}
-	_, err = g.RouteWithin(key, other)
+	_, err = g.RouteWith(key, Target{Allow: other})
 	require.True(t, errors.Is(err, ErrNoHealthyReplica), "%v", err)
 }
 
@@ -60,10 +61,10 @@ func TestRouteWithin(t *testing.T) {
 func TestRouteWithinAllocs(t *testing.T) {
 	g, err := New(replicaNames(4), WithMode(ModeCacheAware))
 	require.NoError(t, err)
-	key := PrefixKey("You are a helpful assistant.", "sess-1", "")
+	key := keys.PrefixKey("You are a helpful assistant.", "sess-1", "")
 	failed := "r1"
 	allocs := testing.AllocsPerRun(200, func() {
-		d, err := g.RouteWithin(key, func(name string) bool { return name != failed })
+		d, err := g.RouteWith(key, Target{Allow: func(name string) bool { return name != failed }})
 		if err != nil || d.Replica == failed {
 			t.Fatalf("%v %v", d.Replica, err)
 		}

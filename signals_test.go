@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,7 +21,7 @@ func TestUpdateLoadRejectsHugeCounts(t *testing.T) {
 		require.Contains(t, err.Error(), "gateway:")
 	}
 	require.NoError(t, g.UpdateLoad("r0", Load{QueueDepth: maxRequestCount, Running: maxRequestCount}))
-	d, err := g.Route(AppendHashes(nil, []uint64{1}))
+	d, err := g.Route(keys.AppendHashes(nil, []uint64{1}))
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Replica, "the overloaded replica must not look idle")
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -406,7 +407,7 @@ func TestStatsStore(t *testing.T) {
 
 	g, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}}, gateway.WithMode(gateway.ModeCacheAware))
 	require.NoError(t, err)
-	_, err = gateway.MeasureHitRate(g, []gateway.Key{gateway.PrefixKey("sys", "", ""), gateway.PrefixKey("sys", "", "")})
+	_, err = gateway.MeasureHitRate(g, []gateway.Key{keys.PrefixKey("sys", "", ""), keys.PrefixKey("sys", "", "")})
 	require.NoError(t, err)
 	rec := StatsFromGateway("org/model", SourceSimulated, gateway.ModeCacheAware, g.Stats(), g.Replicas())
 	assert.Equal(t, uint64(2), rec.Requests)

@@ -21,13 +21,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
 )
 
 // The exact index against real engines: llm-d-inference-sim processes
 // publish their KV events over ZMQ to a kvevents.Subscriber, whose
 // Translator feeds a gateway.Gateway in IndexExact mode. Requests are
-// tokenized by the engines' own /tokenize, keyed with kvevents.AppendKey,
+// tokenized by the engines' own /tokenize, keyed with keys.AppendExact,
 // routed by the gateway and sent straight to the chosen engine, whose
 // usage.prompt_tokens_details.cached_tokens is compared with the blocks
 // the gateway predicted.
@@ -267,7 +268,7 @@ func kvKey(t *testing.T, tok kvevents.Tokenizer, r kvRequest) gateway.Key {
 	t.Helper()
 	tokens, err := tok.Tokenize(context.Background(), r.tokenizeRequest())
 	require.NoError(t, err)
-	k, err := kvevents.AppendKey(nil, kvevents.KeyName(simModel, ""), tokens, kvBlockSize)
+	k, err := keys.AppendExact(nil, keys.ExactName(simModel, ""), tokens, kvBlockSize)
 	require.NoError(t, err)
 	return k
 }
@@ -605,7 +606,7 @@ func TestKVTwoGateways(t *testing.T) {
 // TestKVTokenizeLatency measures what tokenizing on the engine adds per
 // request: /tokenize round trips to a local engine for 1,000-word prompts,
 // uncached and cached, beside keying the same text the approximate way
-// (gateway.PrefixKey, no tokenizer). Logged, not asserted: timings.
+// (keys.PrefixKey, no tokenizer). Logged, not asserted: timings.
 func TestKVTokenizeLatency(t *testing.T) {
 	requireBinaries(t)
 	s := startKVSim(t, freePort(t), 1024, false)
@@ -633,16 +634,16 @@ func TestKVTokenizeLatency(t *testing.T) {
 		toks, err := cached.Tokenize(ctx, kvevents.TokenizeRequest{Model: simModel, Prompt: prompts[i]})
 		require.NoError(t, err)
 		tokens += len(toks)
-		_, err = kvevents.AppendKey(nil, simModel, toks, kvBlockSize)
+		_, err = keys.AppendExact(nil, simModel, toks, kvBlockSize)
 		require.NoError(t, err)
 	})
 	hit := measure(func(i int) {
 		toks, err := cached.Tokenize(ctx, kvevents.TokenizeRequest{Model: simModel, Prompt: prompts[i]})
 		require.NoError(t, err)
-		_, err = kvevents.AppendKey(nil, simModel, toks, kvBlockSize)
+		_, err = keys.AppendExact(nil, simModel, toks, kvBlockSize)
 		require.NoError(t, err)
 	})
-	approx := measure(func(i int) { gateway.PrefixKey(prompts[i], "", "") })
+	approx := measure(func(i int) { keys.PrefixKey(prompts[i], "", "") })
 	pct := func(d []time.Duration, p float64) time.Duration { return d[int(p*float64(len(d)-1))] }
 	t.Logf("tokenize+key, %d prompts of ~%d tokens: uncached p50 %v p90 %v p99 %v; cached p50 %v p99 %v; approximate key (PrefixKey) p50 %v p99 %v",
 		n, tokens/n, pct(uncached, .5), pct(uncached, .9), pct(uncached, .99), pct(hit, .5), pct(hit, .99), pct(approx, .5), pct(approx, .99))

@@ -12,6 +12,7 @@ import (
 	"github.com/examlops/gateway"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/keys"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -100,7 +101,7 @@ func BenchmarkHandler(b *testing.B) {
 func BenchmarkParseAndKey(b *testing.B) {
 	sys := strings.Repeat("You are a helpful assistant for the ACME corporation. ", 300)
 	body := []byte(chatBody("m1", false, sys, "first question about the contract terms?", "an answer that is fairly long and detailed", "a follow-up question"))
-	h, err := gateway.NewHasher(gateway.DefaultBlockSize)
+	h, err := keys.NewHasher(keys.TextBlockBytes)
 	if err != nil {
 		b.Fatal(err)
 	}

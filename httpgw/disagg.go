@@ -60,13 +60,14 @@ type pdReason int
 
 const (
 	pdPrefillUnavailable pdReason = iota // no healthy prefill replica: co-located
+	pdPrefillBusy                        // every prefill replica queued more than the decode one: co-located
 	pdPrefillFailed                      // prefill failed other than with a 4xx: co-located
 	pdPrefillNoKV                        // prefill answer without kv_transfer_params: co-located
 	pdDecodeRetry                        // decode replica failed before its first byte: retried
 	numPDReasons
 )
 
-var pdReasonNames = [numPDReasons]string{"prefill_unavailable", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
+var pdReasonNames = [numPDReasons]string{"prefill_unavailable", "prefill_busy", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
 
 func (r pdReason) String() string { return pdReasonNames[r] }
 
@@ -77,11 +78,12 @@ type pdCounters struct {
 	fallbacks      [numPDReasons]atomic.Uint64
 }
 
-// pdState is a disaggregated model's P/D routing: the library's
-// Disaggregated (its Decode is the model's gw) and the decider's
-// settings. Immutable once built, but for the counters.
+// pdState is a disaggregated model's P/D routing: the library's plan
+// (gateway.PD: its Decode is the model's gw, its MinUncached the
+// decider's threshold) and the settings that execute it. Immutable once
+// built, but for the counters.
 type pdState struct {
-	dis *gateway.Disaggregated // Prefill is nil when the prefill pool is empty
+	dis *gateway.PD // Prefill is nil when the prefill pool is empty
 	// sidecar selects sidecar mode (config.PDModeSidecar).
 	sidecar bool
 	// minUncached is the decider's threshold in tokens; tokensPerBlock
@@ -99,18 +101,52 @@ type pdState struct {
 // llm-d's prefix-based decider estimates it (AverageCharactersPerToken).
 const bytesPerToken = 4
 
-// uncachedTokens estimates how many prompt tokens of a request are not
-// cached on the decode replica of d: its unmatched key blocks. On the
-// exact index a request keyed by its tokens (fallback -1) has blocks of
-// exactBS engine tokens, which the decode engines' own events say they
-// hold or not (the tokens of a last partial block are not counted: no
-// engine caches them); a request keyed without tokens falls back to the
-// approximate key, which the exact index never matches.
-func (pd *pdState) uncachedTokens(d *gateway.Decision, fallback int) int {
+// blockTokens is how many prompt tokens one block of a request's key
+// stands for, for the plan's threshold (gateway.PD.Route). On the exact
+// index a request keyed by its tokens (fallback -1) has blocks of exactBS
+// engine tokens, which the decode engines' own events say they hold or not
+// (the tokens of a last partial block are not counted: no engine caches
+// them); a request keyed without tokens falls back to the approximate key,
+// which the exact index never matches.
+func (pd *pdState) blockTokens(fallback int) int {
 	if pd.exactBS > 0 && fallback < 0 {
-		return (d.Blocks - d.Matched) * pd.exactBS
+		return pd.exactBS
 	}
-	return (d.Blocks - d.Matched) * pd.tokensPerBlock
+	return pd.tokensPerBlock
+}
+
+// decidePD plans a request of a disaggregated model (gateway.PD.Route) and
+// counts the decision; prefill is the target of the prefill side.
+func (s *Server) decidePD(ms *modelState, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
+	pd := ms.pd
+	plan, err := pd.dis.Route(key, pd.blockTokens(fallback), decode, prefill)
+	if err != nil {
+		return plan, err
+	}
+	pd.counters.decided.Add(1)
+	switch {
+	case plan.Split:
+		pd.counters.split.Add(1)
+		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
+		ms.mm.replicaReqsC(s.metrics, ms.name, plan.Prefill.Replica).Inc()
+	case plan.Reason == "cached":
+		s.metrics.pdRequests.WithLabelValues(ms.name, "colocated").Inc()
+	default:
+		// The plan wanted a split but found no prefill replica fit for
+		// it: counted as a split that fell back, as before the plan.
+		pd.counters.split.Add(1)
+		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
+		s.pdCount(ms, pdReasonOf(plan.Reason))
+	}
+	return plan, nil
+}
+
+// pdReasonOf maps a plan's reason for not splitting to its fallback.
+func pdReasonOf(reason string) pdReason {
+	if reason == "prefill_busy" {
+		return pdPrefillBusy
+	}
+	return pdPrefillUnavailable
 }
 
 // setPrefillHeaders names the prefill replica of a split request and its
@@ -124,7 +160,8 @@ func setPrefillHeaders(c *call, pre *gateway.Decision) {
 // proxyPD serves an admitted request of a disaggregated model.
 func (s *Server) proxyPD(c *call) {
 	ms, pd, oc := c.ms, c.ms.pd, &c.oc
-	dd, err := ms.gw.RouteAdapter(c.key, c.adapterName(), c.allow(""))
+	t := c.target("")
+	plan, err := s.decidePD(ms, c.key, c.fallback, t, t)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
@@ -136,32 +173,19 @@ func (s *Server) proxyPD(c *call) {
 	}
 	// A client's own prefill header never reaches a sidecar.
 	c.upHeader = func(h http.Header) { h.Del(headerPrefillerHostPort) }
-	c.first = &dd
-	uncached := pd.uncachedTokens(&dd, c.fallback)
-	split := uncached >= pd.minUncached
-	pd.counters.decided.Add(1)
-	note := "; uncached=" + strconv.Itoa(uncached)
+	c.first = &plan.Decode
+	note := "; uncached=" + strconv.Itoa(plan.Uncached)
 	h := c.w.Header()
-	if !split {
-		s.metrics.pdRequests.WithLabelValues(ms.name, "colocated").Inc()
-		h.Set(HeaderDisagg, "colocated"+note)
+	if !plan.Split {
+		what := "colocated"
+		if plan.Reason != "cached" {
+			what = plan.Reason // counted by planPD
+		}
+		h.Set(HeaderDisagg, what+note)
 		s.proxy(c)
 		return
 	}
-	pd.counters.split.Add(1)
-	s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
-	if pd.dis.Prefill == nil {
-		s.pdFallback(c, pdPrefillUnavailable, note, nil)
-		s.proxy(c)
-		return
-	}
-	pre, err := pd.dis.Prefill.RouteAdapter(c.key, c.adapterName(), c.allow(""))
-	if err != nil { // no healthy prefill replica: their ejection was logged
-		s.pdFallback(c, pdPrefillUnavailable, note, nil)
-		s.proxy(c)
-		return
-	}
-	ms.mm.replicaReqsC(s.metrics, ms.name, pre.Replica).Inc()
+	pre := plan.Prefill
 	if pd.sidecar {
 		hp := pd.hostPort[pre.Replica]
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }

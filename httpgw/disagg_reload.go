@@ -74,7 +74,7 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	plan := modelPlan{ms: ms, want: dwant, opts: dopts, pwant: pwant, popts: popts}
 	prev := old.models[name]
 	reuse := prev != nil && prev.pd != nil && prev.gw != nil && sameRouting(prev.cfg, cfg)
-	dis := &gateway.Disaggregated{}
+	dis := &gateway.PD{MinUncached: pd.minUncached}
 	if reuse {
 		dis.Decode, plan.keep = prev.gw, prev.gw
 		pd.counters = prev.pd.counters

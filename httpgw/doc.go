@@ -86,9 +86,9 @@
 //
 // # Prefix key
 //
-// Each request's prefix key is built with gateway.Hasher.AppendSegment
+// Each request's prefix key is built with keys.Hasher.AppendSegment
 // (Options.BlockSize bytes per block, default 64), one segment per part,
-// each in its role (gateway.Segment) so that equal text in different roles
+// each in its role (keys.Segment) so that equal text in different roles
 // differs. The parts, in order:
 //
 //  1. the system prompt: every message whose role is "system" or
@@ -103,7 +103,7 @@
 //     newlines; token arrays by their JSON text).
 //
 // With one system message and no conversation, the key is the library's
-// gateway.PrefixKey(system, session, rag) (at the default block size), so
+// keys.PrefixKey(system, session, rag) (at the default block size), so
 // keys built by a Go service and by the HTTP gateway agree.
 //
 // Message content is its text: a string as is, a list of parts as its text
@@ -160,7 +160,7 @@
 // adapter of one: every DiscoverInterval (and when Run starts) each
 // engine's GET /v1/models is read, and an adapter it lists with a parent
 // belongs to the configured model the engine serves, routed over that
-// model's replicas whose engines list it (gateway.RouteAdapter), with its
+// model's replicas whose engines list it (gateway.Target.Adapter), with its
 // prefix key salted by the adapter. A model's "adapters" allow-list limits
 // it to those names (and routes a listed adapter no engine lists over all
 // replicas). Anything else gets 404 model_not_found naming it. The body

@@ -6,6 +6,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/internal/jsonscan"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -13,7 +14,7 @@ import (
 // engine will tokenize it (the engine's own /tokenize, through the
 // gateway's cache of tokenized requests), and its tokens are cut into the
 // engines' blocks and chained from the model's name, as the Translator
-// keys the engines' events (kvevents.AppendKey). A request the gateway
+// keys the engines' events (keys.AppendExact). A request the gateway
 // cannot key so falls back to its approximate key (see appendKey), whose
 // blocks the exact index never holds: it is routed as if nothing were
 // cached (by load, for a cache_aware model), and counted by reason.
@@ -183,7 +184,7 @@ func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 		}
 	}
 	start := len(dst)
-	dst, err := kvevents.AppendKey(dst, kvevents.KeyName(ms.name, c.adapterName()), tokens, ms.exactBS)
+	dst, err := keys.AppendExact(dst, keys.ExactName(ms.name, c.adapterName()), tokens, ms.exactBS)
 	if err != nil || len(dst) == start {
 		return s.fallbackKey(c, dst[:start], fallbackShort)
 	}
@@ -195,6 +196,6 @@ func (s *Server) fallbackKey(c *call, dst gateway.Key, reason int) (gateway.Key,
 	c.ms.exactCnt.fallbacks[reason].Add(1)
 	start := len(dst)
 	dst = appendKey(s.hasher, dst, c.req, c.r.Header)
-	gateway.SaltKey(dst[start:], c.adapterName())
+	keys.Salt(dst[start:], c.adapterName())
 	return dst, reason
 }

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // Header names the gateway reads to build a request's prefix key.
@@ -29,19 +30,19 @@ func session(req *inferenceRequest, h http.Header) string {
 // appendKey appends the prefix key of req to dst: system messages in
 // order, then the session, then the RAG context header, then the rest of
 // the conversation (or the completions prompt) in order, each part a
-// segment in its role (gateway.Segment), so that with one system message
-// and no conversation the key is gateway.PrefixKey's. A request with none
+// segment in its role (keys.Segment), so that with one system message
+// and no conversation the key is keys.PrefixKey's. A request with none
 // of these (an empty prompt) gets a one-block key naming the model, so
 // that it can still be routed.
-func appendKey(h *gateway.Hasher, dst gateway.Key, req *inferenceRequest, hdr http.Header) gateway.Key {
+func appendKey(h *keys.Hasher, dst gateway.Key, req *inferenceRequest, hdr http.Header) gateway.Key {
 	start := len(dst)
 	for i := range req.Messages {
 		if m := &req.Messages[i]; isSystemRole(m.Role) {
-			dst = h.AppendSegment(dst, gateway.SegmentSystem, m.Text)
+			dst = h.AppendSegment(dst, keys.SegmentSystem, m.Text)
 		}
 	}
-	dst = h.AppendSegment(dst, gateway.SegmentSession, session(req, hdr))
-	dst = h.AppendSegment(dst, gateway.SegmentRAG, hdr.Get(HeaderRAGContext))
+	dst = h.AppendSegment(dst, keys.SegmentSession, session(req, hdr))
+	dst = h.AppendSegment(dst, keys.SegmentRAG, hdr.Get(HeaderRAGContext))
 	for i := range req.Messages {
 		m := &req.Messages[i]
 		if isSystemRole(m.Role) {
@@ -49,10 +50,10 @@ func appendKey(h *gateway.Hasher, dst gateway.Key, req *inferenceRequest, hdr ht
 		}
 		dst = h.AppendSegment(dst, roleSegment(m.Role), m.Text)
 	}
-	dst = h.AppendSegment(dst, gateway.SegmentPrompt, req.Prompt)
+	dst = h.AppendSegment(dst, keys.SegmentPrompt, req.Prompt)
 	if len(dst) == start {
 		// The leading NUL keeps it apart from any ordinary message text.
-		dst = h.AppendSegment(dst, gateway.SegmentOther, "\x00"+req.Model)
+		dst = h.AppendSegment(dst, keys.SegmentOther, "\x00"+req.Model)
 	}
 	return dst
 }
@@ -62,14 +63,14 @@ func appendKey(h *gateway.Hasher, dst gateway.Key, req *inferenceRequest, hdr ht
 func isSystemRole(role string) bool { return role == "system" || role == "developer" }
 
 // roleSegment is the segment of a conversation message's role.
-func roleSegment(role string) gateway.Segment {
+func roleSegment(role string) keys.Segment {
 	switch role {
 	case "user":
-		return gateway.SegmentUser
+		return keys.SegmentUser
 	case "assistant":
-		return gateway.SegmentAssistant
+		return keys.SegmentAssistant
 	case "tool", "function":
-		return gateway.SegmentTool
+		return keys.SegmentTool
 	}
-	return gateway.SegmentOther
+	return keys.SegmentOther
 }

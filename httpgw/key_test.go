@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -16,7 +17,7 @@ import (
 func keyOf(t require.TestingT, kind endpointKind, body string, hdr http.Header) gateway.Key {
 	req, err := parseRequest(kind, []byte(body))
 	require.NoError(t, err)
-	h, err := gateway.NewHasher(gateway.DefaultBlockSize)
+	h, err := keys.NewHasher(keys.TextBlockBytes)
 	require.NoError(t, err)
 	if hdr == nil {
 		hdr = http.Header{}
@@ -185,7 +186,7 @@ func TestKeyMultiTurnProperty(t *testing.T) {
 
 // TestKeyMatchesPrefixKey: a chat request with one system message, a
 // session header and a RAG header, and no conversation, gets exactly the
-// key gateway.PrefixKey(system, session, rag) gives a Go service, whatever
+// key keys.PrefixKey(system, session, rag) gives a Go service, whatever
 // the segments' lengths (both use the library's segment roles). With a
 // conversation, the key extends it.
 func TestKeyMatchesPrefixKey(t *testing.T) {
@@ -205,7 +206,7 @@ func TestKeyMatchesPrefixKey(t *testing.T) {
 			h.Set(HeaderRAGContext, rag)
 		}
 		body := `{"model":"m","messages":[{"role":"system","content":` + q(system) + `}]}`
-		want := gateway.PrefixKey(system, session, rag)
+		want := keys.PrefixKey(system, session, rag)
 		require.Equal(t, want, keyOf(t, endpointChat, body, h))
 		body = `{"model":"m","messages":[{"role":"system","content":` + q(system) + `},{"role":"user","content":"and a question"}]}`
 		k := keyOf(t, endpointChat, body, h)

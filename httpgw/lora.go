@@ -36,7 +36,7 @@ import (
 //
 // State: every scrape reads vllm:lora_requests_info into each replica's
 // gateway.AdapterReport, which the policies see (gateway.Candidate.LoRA).
-// The prefix key is salted with the adapter (gateway.SaltKey; on the
+// The prefix key is salted with the adapter (keys.Salt; on the
 // exact index the key chains from the adapter's name, as the engines'
 // events do), as vLLM's KV blocks are keyed by adapter.
 
@@ -350,21 +350,18 @@ func (st *state) adapterRoute(name string) (*adapterRoute, error) {
 	return r, nil
 }
 
-// allow returns the replicas a call may be routed to, leaving out the
-// replica failed ("" none) and, for an adapter, those whose engines do
-// not serve it; nil when that is every replica.
-func (c *call) allow(failed string) func(name string) bool {
-	var eligible map[string]bool
+// target returns the replicas a call may be routed to (gateway.Target):
+// for an adapter, those whose engines serve it, its name the policy's to
+// see; leaving out the replica failed ("" none), which a retry avoids.
+func (c *call) target(failed string) gateway.Target {
+	t := gateway.Target{Exclude: failed}
 	if c.lora != nil {
-		eligible = c.lora.eligible
+		t.Adapter = c.lora.name
+		if eligible := c.lora.eligible; eligible != nil {
+			t.Allow = func(name string) bool { return eligible[name] }
+		}
 	}
-	switch {
-	case eligible == nil && failed == "":
-		return nil
-	case eligible == nil:
-		return func(name string) bool { return name != failed }
-	}
-	return func(name string) bool { return eligible[name] && name != failed }
+	return t
 }
 
 // adapterName is the call's adapter, "" for the base model.

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 )
 
@@ -45,7 +45,7 @@ type PickerOptions struct {
 // and keyed as the HTTP gateway parses and keys it, resolved to its model
 // (or a LoRA adapter of one, routed over the replicas serving it, its key
 // salted, as in lora.go), routed by the model's gateway within the subset
-// hint (gateway.RouteAdapter), and answered with the chosen engine's
+// hint (gateway.Target.Adapter), and answered with the chosen engine's
 // "ip:port". Create one with Server.Picker; it is safe for concurrent use,
 // and follows the Server's reloads.
 //
@@ -272,7 +272,7 @@ func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		c := &call{r: hr, body: body, req: rq, ms: ms, lora: pr.lora, oc: outcome{kind: kind}}
 		*kp, pr.fallback = s.exactKey(c, (*kp)[:0])
 	} else {
-		*kp = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], rq, hdr), pr.adapter())
+		*kp = keys.Salt(appendKey(s.hasher, (*kp)[:0], rq, hdr), pr.adapter())
 	}
 	pr.key = *kp
 	pr.tab = p.tableOf(st)
@@ -332,7 +332,7 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 }
 
 // allow returns the replicas of the model the pick may choose, for
-// gateway.RouteAdapter: for an adapter, those whose engines serve it;
+// gateway.Target.Adapter: for an adapter, those whose engines serve it;
 // those with an endpoint (unless the prefill pool's, which the sidecar
 // reaches); within the subset hint. nil (all) when that is every replica.
 func (pr *pickRequest) allow(prefill bool) func(string) bool {
@@ -385,29 +385,27 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 		fmt.Errorf("%w: %s: %v", picker.ErrNoEndpoint, msg, err))
 }
 
+// target is the gateway.Target of a pick within allow (pr.allow).
+func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
+	return gateway.Target{Adapter: pr.adapter(), Allow: allow}
+}
+
 // route routes the request over its model's gateway and returns the pick.
 func (pr *pickRequest) route() (picker.Pick, error) {
 	p, s, ms := pr.p, pr.p.s, pr.ms
 	allow := pr.allow(false)
-	var fallbacks []string
-	if p.opts.ShedAbove > 0 || p.opts.Fallbacks > 0 {
-		var shed bool
-		fallbacks, shed = pr.scan(ms.gw, allow)
-		if shed {
-			return pr.fail(http.StatusTooManyRequests, "rate_limit_error", "shed", "",
-				fmt.Errorf("%w: gateway: model %q: every eligible replica has %d or more requests outstanding", picker.ErrShed, ms.name, p.opts.ShedAbove))
-		}
+	if p.opts.ShedAbove > 0 && ms.gw.Saturated(pr.target(allow), gateway.Admission{Outstanding: p.opts.ShedAbove}) {
+		return pr.fail(http.StatusTooManyRequests, "rate_limit_error", "shed", "",
+			fmt.Errorf("%w: gateway: model %q: every eligible replica has %d or more requests outstanding", picker.ErrShed, ms.name, p.opts.ShedAbove))
 	}
 	if ms.pd != nil {
-		return pr.routePD(allow, fallbacks)
+		return pr.routePD(allow)
 	}
 	var failed string
 	for try := 0; try < 2; try++ {
-		a := allow
-		if failed != "" {
-			a = func(name string) bool { return name != failed && (allow == nil || allow(name)) }
-		}
-		d, err := ms.gw.RouteAdapter(pr.key, pr.adapter(), a)
+		t := pr.target(allow)
+		t.Exclude = failed
+		d, err := ms.gw.RouteWith(pr.key, t)
 		if err != nil {
 			if errors.Is(err, gateway.ErrNoHealthyReplica) {
 				return pr.noEndpoint("", err)
@@ -428,19 +426,32 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 			failed = d.Replica
 			continue
 		}
-		t := pr.track(d, ep, endpoint)
-		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacksFor(fallbacks, endpoint), Tracker: t}, nil
+		tr := pr.track(d, ep, endpoint)
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Tracker: tr}, nil
 	}
 	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
 }
 
-// fallbacksFor returns up to Fallbacks of eps other than the endpoint
-// picked, in their order.
-func (pr *pickRequest) fallbacksFor(eps []string, picked string) []string {
-	if i := slices.Index(eps, picked); i >= 0 {
-		eps = slices.Delete(eps, i, i+1)
+// fallbacks returns the endpoints of up to Fallbacks other eligible
+// replicas than picked, as the library ranks them (gateway.Spares).
+func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []string {
+	n := pr.p.opts.Fallbacks
+	if n == 0 {
+		return nil
 	}
-	return eps[:min(len(eps), pr.p.opts.Fallbacks)]
+	t := pr.target(allow)
+	t.Exclude = picked
+	var buf [8]string
+	names := pr.ms.gw.Spares(buf[:0], n, t)
+	out := make([]string, 0, len(names))
+	for _, name := range names {
+		if ep := pr.ms.byName[name]; ep != nil {
+			if pe, ok := pr.tab.eps[ep.base]; ok {
+				out = append(out, pe.ep)
+			}
+		}
+	}
+	return out
 }
 
 // track counts a decision and returns the Tracker of its request.
@@ -452,46 +463,6 @@ func (pr *pickRequest) track(d gateway.Decision, ep *endpoint, endpoint string) 
 	t := pr.p.pool.Get().(*pickTracker)
 	*t = pickTracker{p: pr.p, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
 	return t
-}
-
-// pickSpare is a replica a fallback may go to.
-type pickSpare struct {
-	ep          string
-	outstanding int
-}
-
-// scan reads gw's replicas for shedding and fallbacks: shed reports that
-// every eligible replica is at ShedAbove, fallbacks are the endpoints of
-// up to Fallbacks eligible replicas (one more, for the one picked), fewest
-// outstanding requests first.
-func (pr *pickRequest) scan(gw *gateway.Gateway, allow func(string) bool) (fallbacks []string, shed bool) {
-	o := pr.p.opts
-	shed = o.ShedAbove > 0
-	inScope := 0
-	var spares []pickSpare
-	for _, r := range gw.Replicas() {
-		if !r.Healthy || (allow != nil && !allow(r.Name)) {
-			continue
-		}
-		inScope++
-		out := max(r.InFlight, r.Load.QueueDepth+r.Load.Running)
-		if out < o.ShedAbove {
-			shed = false
-		}
-		if o.Fallbacks > 0 {
-			if pe, ok := pr.tab.eps[r.Address]; ok {
-				spares = append(spares, pickSpare{pe.ep, out})
-			}
-		}
-	}
-	if inScope == 0 {
-		shed = false // routing answers 503
-	}
-	slices.SortStableFunc(spares, func(a, b pickSpare) int { return a.outstanding - b.outstanding })
-	for i := 0; i < len(spares) && len(fallbacks) <= o.Fallbacks; i++ {
-		fallbacks = append(fallbacks, spares[i].ep)
-	}
-	return fallbacks, shed
 }
 
 // models answers GET /v1/models with the HTTP gateway's own handler, whose

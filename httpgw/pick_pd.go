@@ -21,15 +21,16 @@ const pickerPrefillHeader = "x-prefiller-host-port"
 // a client's own never reaches the sidecar. Both stay within the subset
 // hint. A prefill replica's address may have a host name: the sidecar
 // resolves it.
-func (pr *pickRequest) routePD(allow func(string) bool, fallbacks []string) (picker.Pick, error) {
+func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	s, ms, pd := pr.p.s, pr.ms, pr.ms.pd
-	dd, err := ms.gw.RouteAdapter(pr.key, pr.adapter(), allow)
+	plan, err := s.decidePD(ms, pr.key, pr.fallback, pr.target(allow), pr.target(pr.allow(true)))
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			return pr.noEndpoint("decode", err)
 		}
 		return pr.fail(http.StatusInternalServerError, typeServer, "routing_error", "", err)
 	}
+	dd := plan.Decode
 	ep := s.endpointOf(ms, &dd)
 	var endpoint string
 	if ep == nil {
@@ -39,38 +40,21 @@ func (pr *pickRequest) routePD(allow func(string) bool, fallbacks []string) (pic
 	}
 	if err != nil {
 		dd.Done(gateway.DoneInfo{Err: err})
+		if plan.Split {
+			plan.Prefill.Done(gateway.DoneInfo{Err: err})
+		}
 		return pr.noEndpoint("decode", err)
 	}
-	uncached := pd.uncachedTokens(&dd, pr.fallback)
-	pd.counters.decided.Add(1)
 	prefill := picker.Header{Name: pickerPrefillHeader} // removed unless split
-	var pre gateway.Decision
-	split := false
-	if uncached < pd.minUncached {
-		s.metrics.pdRequests.WithLabelValues(ms.name, "colocated").Inc()
-	} else {
-		pd.counters.split.Add(1)
-		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
-		var perr error = errNoPrefillPool
-		if pd.dis.Prefill != nil {
-			pre, perr = pd.dis.Prefill.RouteAdapter(pr.key, pr.adapter(), pr.allow(true))
-		}
-		if perr != nil {
-			// No healthy prefill replica (their ejection was logged):
-			// decoded co-located, as the HTTP gateway falls back.
-			s.pdCount(ms, pdPrefillUnavailable)
-		} else {
-			split = true
-			ms.mm.replicaReqsC(s.metrics, ms.name, pre.Replica).Inc()
-			prefill.Value = pd.hostPort[pre.Replica]
-		}
+	if plan.Split {
+		prefill.Value = pd.hostPort[plan.Prefill.Replica]
 	}
 	t := pr.track(dd, ep, endpoint)
-	if split {
-		t.preD = pre
+	if plan.Split {
+		t.preD = plan.Prefill
 		t.pre = &t.preD
 	}
-	return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacksFor(fallbacks, endpoint),
+	return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, dd.Replica),
 		Headers: []picker.Header{prefill}, Tracker: t}, nil
 }
 

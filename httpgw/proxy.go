@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // Response headers the gateway adds to proxied responses.
@@ -101,7 +102,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 	if c.ms.exactBS > 0 {
 		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
 	} else {
-		c.key = gateway.SaltKey(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
+		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
 	if c.ms.pd != nil {
@@ -190,7 +191,7 @@ func (s *Server) proxy(c *call) {
 		if try == 0 && c.first != nil {
 			dec = *c.first
 		} else {
-			dec, err = ms.gw.RouteAdapter(c.key, c.adapterName(), c.allow(failed))
+			dec, err = ms.gw.RouteWith(c.key, c.target(failed))
 		}
 		if err != nil {
 			switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/keys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -182,7 +183,7 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			body := chatBody(testModel, false, "sys", "hi")
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 			w := httptest.NewRecorder()
-			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: gateway.AppendHashes(nil, []uint64{1})}
+			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: keys.AppendHashes(nil, []uint64{1})}
 			require.NotPanics(t, func() { s.proxy(c) })
 			assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
 			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
@@ -207,7 +208,7 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	body := chatBody(testModel, false, "sys", "hi")
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 	w := httptest.NewRecorder()
-	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: gateway.AppendHashes(nil, []uint64{1})}
+	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: keys.AppendHashes(nil, []uint64{1})}
 	require.NotPanics(t, func() { s.proxy(c) })
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 	assert.Equal(t, "502", c.oc.code)

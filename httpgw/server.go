@@ -12,6 +12,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -77,7 +78,7 @@ type Options struct {
 	// DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
 	// BlockSize is the prefix-key block size in bytes; default
-	// gateway.DefaultBlockSize.
+	// keys.TextBlockBytes.
 	BlockSize int
 	// FirstByteTimeout bounds the time from sending a streamed request
 	// ("stream": true) to an engine until the first byte of the answer's
@@ -137,7 +138,7 @@ type Options struct {
 // with New. All methods are safe for concurrent use.
 type Server struct {
 	opts    Options
-	hasher  *gateway.Hasher
+	hasher  *keys.Hasher
 	control *http.Client // probes and scrapes
 	metrics *metrics
 	gather  prometheus.Gatherer
@@ -217,7 +218,7 @@ func New(opts Options) (*Server, error) {
 	if err := fillOptions(&opts); err != nil {
 		return nil, err
 	}
-	h, err := gateway.NewHasher(opts.BlockSize)
+	h, err := keys.NewHasher(opts.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("%w: BlockSize: %w", ErrInvalidOptions, err)
 	}
@@ -308,7 +309,7 @@ func fillOptions(o *Options) error {
 	}{
 		{"EjectAfter", &o.EjectAfter, DefaultEjectAfter},
 		{"ReadmitAfter", &o.ReadmitAfter, DefaultReadmitAfter},
-		{"BlockSize", &o.BlockSize, gateway.DefaultBlockSize},
+		{"BlockSize", &o.BlockSize, keys.TextBlockBytes},
 	} {
 		if *d.v < 0 {
 			return fmt.Errorf("%w: %s %d is negative", ErrInvalidOptions, d.name, *d.v)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // Benchmarks for issue 10's speed targets:
@@ -217,18 +218,18 @@ func BenchmarkRouteStreaming(b *testing.B) {
 	// The stable prompts: 8 per engine, 32 blocks, stored under hashes the
 	// rings never use, each engine holding its own and its neighbour's.
 	rng := rand.New(rand.NewPCG(3, 4))
-	var keys []gateway.Key
+	var ks []gateway.Key
 	for e := range streams {
 		for p := range 8 {
 			tokens := make([]uint32, 32*benchBlockSize)
 			for k := range tokens {
 				tokens[k] = rng.Uint32N(128000)
 			}
-			k, err := KeyFromTokens("model", tokens, benchBlockSize)
+			k, err := keys.AppendExact(nil, "model", tokens, benchBlockSize)
 			if err != nil {
 				b.Fatal(err)
 			}
-			keys = append(keys, k)
+			ks = append(ks, k)
 			for _, holder := range []int{e, (e + 1) % len(streams)} {
 				hs := make([]uint64, 32)
 				for j := range hs {
@@ -251,7 +252,7 @@ func BenchmarkRouteStreaming(b *testing.B) {
 		cpu := threadCPU()
 		defer func() { b.ReportMetric(float64(threadCPU()-cpu)/float64(b.N), "cpu-ns/op") }()
 		for i := range b.N {
-			d, err := g.Route(keys[i%len(keys)])
+			d, err := g.Route(ks[i%len(ks)])
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -30,7 +30,7 @@
 // (Tokenizer; by default the engine's own /tokenize, HTTPTokenizer,
 // optionally behind a CachedTokenizer), then keyed with
 //
-//	key, err := kvevents.AppendKey(buf[:0], kvevents.KeyName(model, lora), tokens, blockSize)
+//	key, err := keys.AppendExact(buf[:0], keys.ExactName(model, lora), tokens, blockSize)
 //
 // and routed with gateway.Route. model is the name the Target gives
 // (Target.Model, or the topic's model), lora the LoRA adapter the request

@@ -9,6 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // One engine's state and the application of its events.
@@ -38,7 +39,7 @@ func (e *engine) bind(tgt Target) {
 	if tgt.Model == "" {
 		e.tgt.Model = e.src.Model
 	}
-	e.root = Root(e.tgt.Model)
+	e.root = keys.ExactRoot(e.tgt.Model)
 	e.bs = tgt.BlockSize
 	if e.bs == 0 {
 		e.bs = DefaultBlockSize
@@ -147,23 +148,23 @@ func (e *engine) apply(ev *Event, err error) {
 			e.drop(&e.st.DroppedMedium, nil)
 			return
 		}
-		keys := e.keys[:0]
+		ks := e.keys[:0]
 		for _, h := range ev.Hashes {
 			if k, ok := e.blocks[h]; ok {
 				delete(e.blocks, h)
-				keys = append(keys, k)
+				ks = append(ks, k)
 			}
 		}
-		e.keys = keys
-		if len(keys) > 0 {
-			if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: keys}); err != nil {
+		e.keys = ks
+		if len(ks) > 0 {
+			if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: ks}); err != nil {
 				e.drop(&e.st.DroppedApply, err)
 				e.applyFailed(err)
 				return
 			}
 		}
 		e.st.Applied++
-		e.st.RemovedBlocks += uint64(len(keys))
+		e.st.RemovedBlocks += uint64(len(ks))
 	case AllBlocksCleared:
 		e.clear(false)
 		e.st.Applied++
@@ -190,9 +191,9 @@ func (e *engine) stored(ev *Event) {
 	}
 	parent := e.root
 	if len(ev.LoRA) > 0 {
-		parent = rootOf(xxhash.Sum64(ev.LoRA))
+		parent = keys.ExactRootHash(xxhash.Sum64(ev.LoRA))
 	}
-	keys := e.keys[:0]
+	ks := e.keys[:0]
 	if ev.HasParent {
 		k, ok := e.blocks[ev.Parent]
 		if !ok {
@@ -202,19 +203,19 @@ func (e *engine) stored(ev *Event) {
 		// Storing the parent again refreshes it in the index's LRU order
 		// ahead of its new children.
 		parent = k
-		keys = append(keys, k)
+		ks = append(ks, k)
 	}
 	if n == 0 {
 		e.st.Applied++
 		return
 	}
-	off := len(keys)
-	keys = appendChain(keys, parent, ev.Tokens[:n*e.bs], e.bs)
-	e.keys = keys
+	off := len(ks)
+	ks = keys.AppendChained(ks, parent, ev.Tokens[:n*e.bs], e.bs)
+	e.keys = ks
 	for i, h := range ev.Hashes[:n] {
-		e.blocks[h] = keys[off+i]
+		e.blocks[h] = ks[off+i]
 	}
-	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: keys}); err != nil {
+	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: ks}); err != nil {
 		e.drop(&e.st.DroppedApply, err)
 		e.applyFailed(err)
 		return

@@ -11,6 +11,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // fakeIndex is a model of the gateway's index: the set of keys each
@@ -106,7 +107,7 @@ func statsOf(t *testing.T, tr *Translator, topic string) EngineStats {
 
 func mustKey(t testing.TB, name string, tokens []uint32) gateway.Key {
 	t.Helper()
-	k, err := KeyFromTokens(name, tokens, 16)
+	k, err := keys.AppendExact(nil, name, tokens, 16)
 	require.NoError(t, err)
 	return k
 }

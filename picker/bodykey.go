@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // Headers BodyKey reads, as the HTTP gateway reads them.
@@ -23,14 +24,14 @@ const (
 // if models are given, must be one of them (else ErrUnknownModel). The key
 // is, in order: the system (and developer) messages, the session (header
 // X-Session-ID, else the body's "user"), header X-RAG-Context, then the
-// other messages, each in its role (gateway.Segment), or the completions
+// other messages, each in its role (keys.Segment), or the completions
 // "prompt"; with one system message, no conversation and a blockSize of
-// gateway.DefaultBlockSize, that is gateway.PrefixKey's key. A message's
+// keys.TextBlockBytes, that is keys.PrefixKey's key. A message's
 // content is its text when it is a string, else its JSON. A request with
 // no body gets a one-block key naming its method and path; a body with no
 // text, one naming the model.
 func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
-	h, err := gateway.NewHasher(blockSize)
+	h, err := keys.NewHasher(blockSize)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, err)
 	}
@@ -40,7 +41,7 @@ func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 	}
 	return func(dst gateway.Key, req *PickRequest) (gateway.Key, error) {
 		if req.Body == nil {
-			return h.AppendSegment(dst, gateway.SegmentOther, "\x00"+req.Method+" "+req.Path), nil
+			return h.AppendSegment(dst, keys.SegmentOther, "\x00"+req.Method+" "+req.Path), nil
 		}
 		var b struct {
 			Model    *string `json:"model"`
@@ -73,28 +74,28 @@ func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 			session = b.User
 		}
 		start := len(dst)
-		dst = h.AppendSegment(dst, gateway.SegmentSystem, sys.String())
-		dst = h.AppendSegment(dst, gateway.SegmentSession, session)
-		dst = h.AppendSegment(dst, gateway.SegmentRAG, req.Header.Get(HeaderRAGContext))
+		dst = h.AppendSegment(dst, keys.SegmentSystem, sys.String())
+		dst = h.AppendSegment(dst, keys.SegmentSession, session)
+		dst = h.AppendSegment(dst, keys.SegmentRAG, req.Header.Get(HeaderRAGContext))
 		for _, m := range b.Messages {
-			role := gateway.SegmentOther
+			role := keys.SegmentOther
 			switch m.Role {
 			case "system", "developer":
 				continue
 			case "user":
-				role = gateway.SegmentUser
+				role = keys.SegmentUser
 			case "assistant":
-				role = gateway.SegmentAssistant
+				role = keys.SegmentAssistant
 			case "tool", "function":
-				role = gateway.SegmentTool
+				role = keys.SegmentTool
 			}
 			dst = h.AppendSegment(dst, role, contentText(m.Content))
 		}
 		if len(b.Prompt) > 0 {
-			dst = h.AppendSegment(dst, gateway.SegmentPrompt, contentText(b.Prompt))
+			dst = h.AppendSegment(dst, keys.SegmentPrompt, contentText(b.Prompt))
 		}
 		if len(dst) == start {
-			dst = h.AppendSegment(dst, gateway.SegmentOther, "\x00"+*b.Model)
+			dst = h.AppendSegment(dst, keys.SegmentOther, "\x00"+*b.Model)
 		}
 		return dst, nil
 	}, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 
@@ -39,13 +38,7 @@ type GatewayRouter struct {
 	allow   map[string]struct{}
 	allowed func(name string) bool // reads allow; made once
 	eps     map[string]string      // replica name to endpoint
-	spare   []spare                // fallback candidates of one Pick
-}
-
-// spare is a replica that could serve a request if its pick fails.
-type spare struct {
-	name        string
-	outstanding int
+	names   []string               // fallback replicas of one Pick
 }
 
 var _ Router = (*GatewayRouter)(nil)
@@ -80,42 +73,27 @@ func (r *GatewayRouter) Pick(_ context.Context, req *PickRequest) (Pick, error) 
 	if len(key) == 0 {
 		return Pick{}, fmt.Errorf("%w: the request gives no prefix key", ErrBadRequest)
 	}
-	r.spare = r.spare[:0]
-	if req.Subset != nil || r.fallbacks > 0 || r.ShedAbove > 0 {
+	var allow func(string) bool
+	if req.Subset != nil || r.fallbacks > 0 {
 		// The replica table is read only when the request needs it.
 		clear(r.eps)
 		clear(r.allow)
-		shed, inScope := r.ShedAbove > 0, 0
 		for _, rs := range r.gw.Replicas() {
-			ep, err := EndpointOf(rs.Address)
-			if err == nil {
+			if ep, err := EndpointOf(rs.Address); err == nil {
 				r.eps[rs.Name] = ep
 				if req.Subset.Allows(ep) {
 					r.allow[rs.Name] = struct{}{}
 				}
 			}
-			_, allowed := r.allow[rs.Name]
-			if !rs.Healthy || (req.Subset != nil && !allowed) {
-				continue
-			}
-			inScope++
-			o := max(rs.InFlight, rs.Load.QueueDepth+rs.Load.Running)
-			if o < r.ShedAbove {
-				shed = false
-			}
-			if err == nil {
-				r.spare = append(r.spare, spare{rs.Name, o})
-			}
-		}
-		if shed && inScope > 0 {
-			return Pick{}, fmt.Errorf("%w: every eligible endpoint has %d or more requests outstanding", ErrShed, r.ShedAbove)
 		}
 	}
-	var allow func(string) bool
 	if req.Subset != nil {
 		allow = r.allowed
 	}
-	d, err := r.gw.RouteWithin(key, allow)
+	if r.ShedAbove > 0 && r.gw.Saturated(gateway.Target{Allow: allow}, gateway.Admission{Outstanding: r.ShedAbove}) {
+		return Pick{}, fmt.Errorf("%w: every eligible endpoint has %d or more requests outstanding", ErrShed, r.ShedAbove)
+	}
+	d, err := r.gw.RouteWith(key, gateway.Target{Allow: allow})
 	if err != nil {
 		switch {
 		case errors.Is(err, gateway.ErrNoHealthyReplica) && req.Subset != nil:
@@ -133,23 +111,22 @@ func (r *GatewayRouter) Pick(_ context.Context, req *PickRequest) (Pick, error) 
 	}
 	p := Pick{Endpoint: ep, Tracker: &decisionTracker{d: d}}
 	if r.fallbacks > 0 {
-		p.Fallbacks = r.rankFallbacks(d.Replica)
+		p.Fallbacks = r.rankFallbacks(d.Replica, allow)
 	}
 	return p, nil
 }
 
-// rankFallbacks returns the endpoints of up to r.fallbacks spare replicas
-// other than chosen: fewest outstanding requests first, then table order.
-func (r *GatewayRouter) rankFallbacks(chosen string) []string {
-	slices.SortStableFunc(r.spare, func(a, b spare) int { return a.outstanding - b.outstanding })
-	var out []string
-	for _, s := range r.spare {
-		if len(out) == r.fallbacks {
-			break
-		}
-		if s.name != chosen {
-			out = append(out, r.eps[s.name])
-		}
+// rankFallbacks returns the endpoints of up to r.fallbacks other
+// replicas than chosen, with an endpoint and within allow, as the library
+// ranks them (gateway.Spares).
+func (r *GatewayRouter) rankFallbacks(chosen string, allow func(string) bool) []string {
+	r.names = r.gw.Spares(r.names[:0], r.fallbacks, gateway.Target{Allow: func(name string) bool {
+		_, ok := r.eps[name]
+		return ok && (allow == nil || allow(name))
+	}, Exclude: chosen})
+	out := make([]string, 0, len(r.names))
+	for _, name := range r.names {
+		out = append(out, r.eps[name])
 	}
 	return out
 }

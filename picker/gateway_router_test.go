@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 func TestEndpointOf(t *testing.T) {
@@ -135,7 +136,7 @@ func TestPropGatewayRouterScope(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		key, err := BodyKey(gateway.DefaultBlockSize, "m1")
+		key, err := BodyKey(keys.TextBlockBytes, "m1")
 		if err != nil {
 			t.Fatal(err)
 		}

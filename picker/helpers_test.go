@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // endpointN is the endpoint of test replica i.
@@ -41,7 +42,7 @@ func newGateway(t testing.TB, n int, opts ...gateway.Option) *gateway.Gateway {
 // newRouter returns a GatewayRouter over gw keyed by BodyKey (model m1).
 func newRouter(t testing.TB, gw *gateway.Gateway, fallbacks int) *GatewayRouter {
 	t.Helper()
-	key, err := BodyKey(gateway.DefaultBlockSize, "m1")
+	key, err := BodyKey(keys.TextBlockBytes, "m1")
 	if err != nil {
 		t.Fatal(err)
 	}

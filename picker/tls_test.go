@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
@@ -103,7 +104,7 @@ func startTLSPicker(t *testing.T, get func(*tls.ClientHelloInfo) (*tls.Certifica
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := picker.BodyKey(gateway.DefaultBlockSize, "m1")
+	key, err := picker.BodyKey(keys.TextBlockBytes, "m1")
 	if err != nil {
 		t.Fatal(err)
 	}

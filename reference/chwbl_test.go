@@ -6,6 +6,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -69,7 +70,7 @@ func TestCHWBLRebuildsOnChange(t *testing.T) {
 				used[name] = true
 				cs[i] = gateway.Candidate{Name: name, InFlight: rapid.IntRange(0, 5).Draw(t, "load")}
 			}
-			k := gateway.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
+			k := keys.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
 			got := reused.Pick(&gateway.Request{Key: k}, cs)
 			want := (&CHWBL{Replication: 16}).Pick(&gateway.Request{Key: k}, cs)
 			require.Equal(t, want, got)

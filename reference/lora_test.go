@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -65,7 +66,7 @@ func TestSGLangIgnoresAdapter(t *testing.T) {
 	cs := cands(4)
 	base := key(40)
 	pick := func(id uint64, adapter string) int {
-		salted := gateway.SaltKey(slices.Clone(base), adapter)
+		salted := keys.Salt(slices.Clone(base), adapter)
 		p.Arrive(Arrival{ID: id, Time: t0, Tokens: 640, BlockTokens: 16, UserContent: base[0], BaseKey: base})
 		r := reqFor(salted, cs)
 		r.Adapter = adapter

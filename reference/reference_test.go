@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -16,7 +17,7 @@ func key(n int) gateway.Key {
 	for i := range ids {
 		ids[i] = uint64(i)
 	}
-	return gateway.AppendHashes(nil, ids)
+	return keys.AppendHashes(nil, ids)
 }
 
 func keyFrom(base uint64, n int) gateway.Key {
@@ -24,7 +25,7 @@ func keyFrom(base uint64, n int) gateway.Key {
 	for i := range ids {
 		ids[i] = base<<20 | uint64(i)
 	}
-	return gateway.AppendHashes(nil, ids)
+	return keys.AppendHashes(nil, ids)
 }
 
 func req(n int, cands []gateway.Candidate) *gateway.Request {
@@ -340,7 +341,7 @@ func TestCHWBL(t *testing.T) {
 	seen := map[int]bool{}
 	cs = cands(4)
 	for i := range 64 {
-		k := gateway.AppendHashes(nil, []uint64{uint64(1000 + i)})
+		k := keys.AppendHashes(nil, []uint64{uint64(1000 + i)})
 		seen[p.Pick(&gateway.Request{Key: k}, cs)] = true
 	}
 	assert.Len(t, seen, 4)
@@ -382,7 +383,7 @@ func TestCHWBLBoundProperty(t *testing.T) {
 			total += c.InFlight
 			minLoad = min(minLoad, c.InFlight)
 		}
-		k := gateway.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
+		k := keys.AppendHashes(nil, []uint64{rapid.Uint64().Draw(t, "id")})
 		i := (&CHWBL{}).Pick(&gateway.Request{Key: k}, cs)
 		// KubeAI's bound: load <= 1.25·(total+1)/n, which the least
 		// loaded replica always meets.
@@ -462,7 +463,7 @@ func TestPoliciesThroughGateway(t *testing.T) {
 			g, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}, {Name: "c"}}, gateway.WithPolicy(p))
 			require.NoError(t, err)
 			for i := range 50 {
-				d, err := g.Route(gateway.AppendHashes(nil, []uint64{uint64(i % 7), uint64(i)}))
+				d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(i % 7), uint64(i)}))
 				require.NoError(t, err)
 				assert.Contains(t, []string{"a", "b", "c"}, d.Replica)
 				d.Done(gateway.DoneInfo{})

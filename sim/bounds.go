@@ -6,6 +6,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/internal/hashtab"
+	"github.com/examlops/gateway/keys"
 )
 
 // Bound is a hit-rate bound computed on the same requests as the policies.
@@ -50,7 +51,7 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 			continue
 		}
 		n++
-		key = gateway.SaltKey(gateway.AppendHashes(gateway.AppendHashes(key[:0], req.Blocks), req.OutBlocks), req.Adapter)
+		key = keys.Salt(keys.AppendHashes(keys.AppendHashes(key[:0], req.Blocks), req.OutBlocks), req.Adapter)
 		prompt := key[:len(req.Blocks)]
 		in += int64(req.InputTokens)
 		if cap(slots) < len(prompt) {

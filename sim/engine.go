@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/reference"
 )
 
@@ -252,7 +253,7 @@ func (e *engine) arrive(req *Request) {
 	s := e.newSeq()
 	e.nextID++
 	s.id, s.arrival, s.in, s.out = e.nextID, e.now, req.InputTokens, max(1, req.OutputTokens)
-	s.buf = gateway.AppendHashes(gateway.AppendHashes(s.buf[:0], req.Blocks), req.OutBlocks)
+	s.buf = keys.AppendHashes(keys.AppendHashes(s.buf[:0], req.Blocks), req.OutBlocks)
 	s.key, s.outKey = s.buf[:len(req.Blocks)], s.buf[len(req.Blocks):]
 	base := e.lora.arrive(s, req.Adapter)
 	if cap(s.slots) < len(s.key) {
@@ -274,7 +275,7 @@ func (e *engine) arrive(req *Request) {
 			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.RouteAdapter(s.key, req.Adapter, nil)
+	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: req.Adapter})
 	if err != nil {
 		if gw.tracker != nil {
 			gw.tracker.Done(s.id)

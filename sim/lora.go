@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 // LoRA adapters in the simulated engines, after vLLM's v1 scheduler
@@ -27,8 +28,8 @@ import (
 // in the CPU cache either, so it is read again from disk.
 //
 // Requests name adapters (Request.Adapter); their blocks are salted with
-// it (gateway.SaltKey), in the engine's cache and the router's key alike,
-// and the gateway is told of it (gateway.RouteAdapter) and fed each
+// it (keys.Salt), in the engine's cache and the router's key alike,
+// and the gateway is told of it (gateway.Target.Adapter) and fed each
 // replica's vllm:lora_requests_info (gateway.UpdateAdapters) at every
 // load refresh.
 
@@ -99,7 +100,7 @@ func (l *loraSim) arrive(s *seq, adapter string) gateway.Key {
 	}
 	l.requests++
 	l.base = append(l.base[:0], s.key...)
-	gateway.SaltKey(s.buf, adapter)
+	keys.Salt(s.buf, adapter)
 	return l.base
 }
 

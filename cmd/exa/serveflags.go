@@ -9,9 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/keys"
 	"github.com/spf13/pflag"
 )
 
@@ -42,7 +42,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.discover, "discover-interval", httpgw.DefaultDiscoverInterval, h.discover)
 	f.IntVar(&s.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, h.ejectAfter)
 	f.IntVar(&s.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
-	f.IntVar(&s.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
+	f.IntVar(&s.blockSize, "block-size", keys.TextBlockBytes, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.DurationVar(&s.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
 		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/keys"
 )
 
 func main() {
@@ -24,7 +25,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	key := gateway.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash") // system prompt, session, RAG context
+	key := keys.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash") // system prompt, session, RAG context
 
 	d, err := gw.Route(key)
 	if err != nil {
@@ -42,7 +43,7 @@ func main() {
 		{"You are a helpful assistant.", "sess-43", ""},
 		{"You are a Go reviewer. Point out bugs first, then style.", "sess-44", ""},
 	} {
-		d, err := gw.Route(gateway.PrefixKey(r.system, r.session, r.rag))
+		d, err := gw.Route(keys.PrefixKey(r.system, r.session, r.rag))
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -56,13 +57,17 @@ func main() {
 	}
 	fmt.Printf("hit rate of 100 repeats: %.2f\n", rate)
 
-	prefillPool, decodePool := []gateway.Replica{{Name: "p0"}}, []gateway.Replica{{Name: "d0"}}
-	res, err := gateway.DisaggregatedRoute(key, prefillPool, decodePool)
+	prefill, _ := gateway.New([]gateway.Replica{{Name: "p0"}}, gateway.WithMode(gateway.ModeCacheAware))
+	decode, _ := gateway.New([]gateway.Replica{{Name: "d0"}}, gateway.WithMode(gateway.ModeLoadAware))
+	pd := gateway.PD{Prefill: prefill, Decode: decode, MinUncached: 32} // split when 32+ prompt tokens are uncached
+	plan, err := pd.Route(key, 16, gateway.Target{}, gateway.Target{})  // 16 tokens a block
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("disaggregated: prefill %s, decode %s, identical output: %v (%d-byte KV transfer)\n",
-		res.PrefillReplica, res.DecodeReplica, res.IdenticalOutput, res.KVBytes)
+	fmt.Printf("disaggregated: split %v, prefill %s, decode %s, %d tokens uncached on the decode replica\n",
+		plan.Split, plan.Prefill.Replica, plan.Decode.Replica, plan.Uncached)
+	plan.Prefill.Done(gateway.DoneInfo{})
+	plan.Decode.Done(gateway.DoneInfo{})
 	s := gw.Stats()
 	fmt.Printf("decisions: %v, hit rate %.0f%%\n", s.ByKind, 100*s.HitRate())
 }

@@ -1,6 +1,6 @@
 // Package refengine is a small deterministic language model with a KV
-// cache: one attention head over hash-derived embeddings. Package gateway's
-// DisaggregatedRoute runs it to check that splitting prefill and decode
+// cache: one attention head over hash-derived embeddings. The example
+// examples/disagg runs it to show that splitting prefill and decode
 // across replicas, with the KV cache serialised in between, gives exactly
 // the output of running both on one replica. Its arithmetic is float32, as
 // an engine's is, so a lossy transfer would show. It is a test model, not
@@ -24,7 +24,7 @@ type Engine struct {
 	Vocab int
 }
 
-// Default is the model DisaggregatedRoute runs.
+// Default is the model examples/disagg runs.
 var Default = Engine{Dim: 16, Vocab: 512}
 
 // KVCache holds one key and one value vector per position. The zero value

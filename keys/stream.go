@@ -1,4 +1,4 @@
-package gateway
+package keys
 
 import (
 	"encoding/binary"
@@ -8,7 +8,7 @@ import (
 )
 
 // Streamed block hashing, the fast path of Hasher for block sizes that are
-// a multiple of 32 bytes (DefaultBlockSize among them).
+// a multiple of 32 bytes (TextBlockBytes among them).
 //
 // Hashing each 64-byte block with its own XXH64 call spends about half the
 // time setting up and finishing the hash rather than mixing bytes. Instead

@@ -1,4 +1,4 @@
-package gateway
+package keys
 
 import (
 	"slices"
@@ -55,8 +55,8 @@ func drawSegmentN(t *rapid.T, label string, maxLen int) string {
 }
 
 // blockSizes covers the per-block path (1..8) and the streamed path
-// (multiples of 32, DefaultBlockSize among them).
-var blockSizes = []int{1, 2, 3, 5, 8, 32, DefaultBlockSize, 96}
+// (multiples of 32, TextBlockBytes among them).
+var blockSizes = []int{1, 2, 3, 5, 8, 32, TextBlockBytes, 96}
 
 // TestPropKeySharesExactlyAgreeingBlocks: two keys share exactly as many
 // leading elements as their leading blocks (content and segment boundaries)
@@ -90,7 +90,7 @@ func TestPropKeySharesExactlyAgreeingBlocks(t *testing.T) {
 // TestSegmentsDoNotStraddle: blocks never straddle segments, so moving a
 // boundary changes the key even when the concatenated text is the same.
 func TestSegmentsDoNotStraddle(t *testing.T) {
-	for _, bs := range []int{1, 2, DefaultBlockSize} {
+	for _, bs := range []int{1, 2, TextBlockBytes} {
 		h, err := NewHasher(bs)
 		require.NoError(t, err)
 		tests := []struct {
@@ -124,10 +124,10 @@ func TestPrefixKeyBlocks(t *testing.T) {
 	}{
 		{"all empty", "", "", "", 0},
 		{"one byte", "x", "", "", 1},
-		{"one block", strings.Repeat("x", DefaultBlockSize), "", "", 1},
-		{"block and a byte", strings.Repeat("x", DefaultBlockSize+1), "", "", 2},
+		{"one block", strings.Repeat("x", TextBlockBytes), "", "", 1},
+		{"block and a byte", strings.Repeat("x", TextBlockBytes+1), "", "", 2},
 		{"three segments", "s", "t", "u", 3},
-		{"4 KiB prompt", strings.Repeat("y", 4096), "", "", 4096 / DefaultBlockSize},
+		{"4 KiB prompt", strings.Repeat("y", 4096), "", "", 4096 / TextBlockBytes},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -249,7 +249,7 @@ func TestChainNoZeroCollapse(t *testing.T) {
 // TestAppendKeysAllocateNothing: with a big enough buffer the Append forms
 // allocate nothing.
 func TestAppendKeysAllocateNothing(t *testing.T) {
-	h, err := NewHasher(DefaultBlockSize)
+	h, err := NewHasher(TextBlockBytes)
 	require.NoError(t, err)
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 100)
 	tokens := make([]uint32, 4096)

@@ -1,4 +1,4 @@
-package gateway
+package keys
 
 import (
 	"encoding/binary"
@@ -63,5 +63,5 @@ func TestStreamedAllocatesNothing(t *testing.T) {
 		buf = defaultHasher.appendPrefix(buf[:0], seg, "s", "")
 	})
 	require.Zero(t, allocs)
-	require.Len(t, buf, 4096/DefaultBlockSize+2)
+	require.Len(t, buf, 4096/TextBlockBytes+2)
 }

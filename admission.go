@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"math"
+	"time"
+)
+
+// Admission is a saturation rule, after the Gateway API Inference
+// Extension's saturation detector (pkg/epp/saturationdetector in GIE
+// v1.5.0): a replica has room when its signals are fresh, its queue is
+// below QueueDepth, its KV cache below KVUtilization and its outstanding
+// requests below Outstanding; a request is shed only when no eligible
+// replica has room. Each threshold applies only when set; the zero value
+// never sheds.
+//
+// It fails open: a replica whose load is older than Staleness has no room,
+// but when every eligible replica's load is that old (the scrapes are
+// failing, not the engines) nothing is shed, and the health checks decide.
+// A front answers a shed request with 429 (or 503) and Retry-After.
+type Admission struct {
+	// QueueDepth: a replica whose engine reports this many waiting
+	// requests or more has no room. GIE's default is 5. 0: not checked.
+	QueueDepth int
+	// KVUtilization: a replica whose KV cache is this full (0..1) or more
+	// has no room. GIE's default is 0.8. 0: not checked.
+	KVUtilization float64
+	// Outstanding: a replica with this many requests outstanding or more
+	// (Candidate.Outstanding) has no room. 0: not checked.
+	Outstanding int
+	// Staleness: load older than this (by the gateway's clock) leaves a
+	// replica without room; a replica never reported counts as fresh
+	// until its first report. GIE's default is 200ms. 0: not checked.
+	Staleness time.Duration
+}
+
+// Negative thresholds are read as 0 (not checked); a KVUtilization above 1
+// never binds. The fronts' configuration validates the values it accepts.
+
+// enabled reports whether a checks anything.
+func (a *Admission) enabled() bool {
+	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0
+}
+
+// room reports whether a replica with the given signals has room under a.
+func (a *Admission) room(queue, running int, kv float64, inflight int) bool {
+	return (a.QueueDepth <= 0 || queue < a.QueueDepth) &&
+		(a.KVUtilization <= 0 || kv < a.KVUtilization) &&
+		(a.Outstanding <= 0 || outstanding(inflight, queue, running) < a.Outstanding)
+}
+
+// Saturated reports whether a request within t should be shed under a:
+// some replica is eligible (healthy and within t) and none has room. With
+// no eligible replica it reports false (routing then fails with
+// ErrNoHealthyReplica, which the front reports as such). It takes no lock
+// and does not allocate; t.Allow is called once per replica.
+func (g *Gateway) Saturated(t Target, a Admission) bool {
+	if !a.enabled() {
+		return false
+	}
+	var now int64
+	if a.Staleness > 0 {
+		now = g.clock().UnixNano()
+	}
+	eligible, stale := 0, 0
+	for _, rs := range g.snap.Load().list {
+		if !rs.healthy.Load() || !t.allows(rs.name) {
+			continue
+		}
+		eligible++
+		if a.Staleness > 0 {
+			if at := rs.loadAt.Load(); at != 0 && now-at > int64(a.Staleness) {
+				stale++
+				continue
+			}
+		}
+		if a.room(int(rs.queue.Load()), int(rs.running.Load()), math.Float64frombits(rs.kv.Load()), int(rs.inflight.Load())) {
+			return false
+		}
+	}
+	return eligible > 0 && stale < eligible
+}

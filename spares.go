@@ -1,0 +1,43 @@
+package gateway
+
+// Spares appends to dst the names of up to n eligible replicas (healthy
+// and within t), fewest outstanding requests first (Candidate.Outstanding),
+// then in the order the replicas were added, and returns it. A front
+// offers them as fallbacks to a data plane that retries on its own (the
+// endpoint picker's fallback endpoints); t.Exclude leaves out the replica
+// already chosen. It takes no lock, and does not allocate when dst has
+// room for n names; t.Allow is called once per replica.
+func (g *Gateway) Spares(dst []string, n int, t Target) []string {
+	if n <= 0 {
+		return dst
+	}
+	start := len(dst)
+	// outs[i] is the outstanding count of dst[start+i]; kept on the stack
+	// for the usual few fallbacks.
+	var buf [8]int
+	outs := buf[:0]
+	for _, rs := range g.snap.Load().list {
+		if !rs.healthy.Load() || !t.allows(rs.name) {
+			continue
+		}
+		o := outstanding(int(rs.inflight.Load()), int(rs.queue.Load()), int(rs.running.Load()))
+		k := len(outs)
+		if k == n {
+			if o >= outs[n-1] {
+				continue
+			}
+			k-- // displaces the last
+		} else {
+			dst = append(dst, "")
+			outs = append(outs, 0)
+		}
+		// Insert at the first position with a larger count (stable: ties
+		// keep table order).
+		for k > 0 && outs[k-1] > o {
+			outs[k], dst[start+k] = outs[k-1], dst[start+k-1]
+			k--
+		}
+		outs[k], dst[start+k] = o, rs.name
+	}
+	return dst
+}
