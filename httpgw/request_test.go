@@ -1,13 +1,10 @@
 package httpgw
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-	"pgregory.net/rapid"
 )
 
 // A body nested deeper than jsonscan.MaxDepth is a bad request, not a
@@ -16,99 +13,4 @@ func TestRequestDeepNesting(t *testing.T) {
 	in := strings.Repeat("[", 100000) + strings.Repeat("]", 100000)
 	_, err := parseRequest(endpointChat, []byte(`{"model":"m","x":`+in+`}`))
 	assert.ErrorIs(t, err, ErrBadRequest)
-}
-
-// Requests encoded by encoding/json decode to the same fields.
-func TestDecodeRequestMatchesEncodingJSON(t *testing.T) {
-	type msg struct {
-		Role    string `json:"role"`
-		Content any    `json:"content"`
-	}
-	text := rapid.StringMatching(`[a-zA-Z0-9 "\\\n\t<>&é😀\x00-\x1f]{0,40}`)
-	rapid.Check(t, func(t *rapid.T) {
-		model := rapid.StringMatching(`[a-zA-Z0-9/\-"\\é]{1,20}`).Draw(t, "model")
-		user := text.Draw(t, "user")
-		stream := rapid.Bool().Draw(t, "stream")
-		n := rapid.IntRange(1, 5).Draw(t, "n")
-		var msgs []msg
-		var want []chatMessage
-		for i := range n {
-			role := rapid.SampledFrom([]string{"system", "user", "assistant", "tool", "developer"}).Draw(t, "role")
-			c := text.Draw(t, "content")
-			if rapid.Bool().Draw(t, "parts") {
-				split := rapid.IntRange(0, len(c)).Draw(t, "split")
-				for split > 0 && split < len(c) && (c[split]&0xC0) == 0x80 {
-					split--
-				}
-				msgs = append(msgs, msg{role, []map[string]any{{"type": "text", "text": c[:split]}, {"text": c[split:], "type": "text"}}})
-			} else {
-				msgs = append(msgs, msg{role, c})
-			}
-			want = append(want, chatMessage{Role: role, Text: c})
-			_ = i
-		}
-		body, err := json.Marshal(map[string]any{"model": model, "messages": msgs, "user": user, "stream": stream,
-			"temperature": 0.5, "stop": []any{"x", nil, true}, "extra": map[string]any{"nested": []any{1, "two"}}})
-		require.NoError(t, err)
-		got, err := decodeRequest(body)
-		require.NoError(t, err, "%s", body)
-		// encoding/json replaces invalid UTF-8 with U+FFFD when encoding,
-		// so compare with what it decodes back.
-		var back struct {
-			Model    string `json:"model"`
-			User     string `json:"user"`
-			Messages []struct {
-				Role    string          `json:"role"`
-				Content json.RawMessage `json:"content"`
-			} `json:"messages"`
-		}
-		require.NoError(t, json.Unmarshal(body, &back))
-		assert.Equal(t, back.Model, got.Model)
-		assert.Equal(t, back.User, got.User)
-		assert.Equal(t, stream, got.Stream)
-		require.Len(t, got.Messages, len(want))
-		for i := range want {
-			assert.Equal(t, want[i].Role, got.Messages[i].Role)
-			var s string
-			if json.Unmarshal(back.Messages[i].Content, &s) != nil {
-				var parts []struct{ Text string }
-				require.NoError(t, json.Unmarshal(back.Messages[i].Content, &parts))
-				s = parts[0].Text + parts[1].Text
-			}
-			assert.Equal(t, s, got.Messages[i].Text)
-		}
-	})
-}
-
-func TestDecodeRequestFields(t *testing.T) {
-	tests := []struct {
-		name string
-		body string
-		want inferenceRequest
-	}{
-		{"escapes decode", `{"model":"m\u00e9","messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00"}]}`,
-			inferenceRequest{Model: "mé", HasModel: true, Messages: []chatMessage{{"user", "café 😀"}}}},
-		{"lone surrogate becomes U+FFFD", `{"model":"m","messages":[{"role":"user","content":"a\ud800b"}]}`,
-			inferenceRequest{Model: "m", HasModel: true, Messages: []chatMessage{{"user", "a\uFFFDb"}}}},
-		{"null fields", `{"model":"m","user":null,"stream":null,"messages":[{"role":"user","content":null}]}`,
-			inferenceRequest{Model: "m", HasModel: true, Messages: []chatMessage{{"user", ""}}}},
-		{"image part keeps its JSON", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"hi"}]}]}`,
-			inferenceRequest{Model: "m", HasModel: true, Messages: []chatMessage{{"user", `{"type":"image_url","image_url":{"url":"x"}}hi`}}}},
-		{"token prompt", `{"model":"m","prompt":[1, 2,3]}`, inferenceRequest{Model: "m", HasModel: true, Prompt: "[1, 2,3]", HasPrompt: true}},
-		{"string list prompt", `{"model":"m","prompt":["a","b"]}`, inferenceRequest{Model: "m", HasModel: true, Prompt: "a\nb", HasPrompt: true}},
-		{"last duplicate wins", `{"model":"a","model":"b","stream":true}`, inferenceRequest{Model: "b", HasModel: true, Stream: true}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := decodeRequest([]byte(tt.body))
-			require.NoError(t, err)
-			if tt.want.Messages == nil {
-				tt.want.Messages = got.Messages[:0:0]
-				if got.Messages == nil {
-					tt.want.Messages = nil
-				}
-			}
-			assert.Equal(t, tt.want, *got)
-		})
-	}
 }

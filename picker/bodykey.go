@@ -1,7 +1,7 @@
 package picker
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,25 +11,20 @@ import (
 
 // Headers BodyKey reads, as the HTTP gateway reads them.
 const (
-	HeaderSessionID  = "X-Session-ID"
-	HeaderRAGContext = "X-RAG-Context"
+	HeaderSessionID  = keys.HeaderSessionID
+	HeaderRAGContext = keys.HeaderRAGContext
 )
 
-// BodyKey returns a KeyFunc for OpenAI chat and completions bodies. It is
-// the picker's own, small key builder, for tests and for using the picker
-// before it shares the HTTP gateway's (package httpgw builds its keys in
-// one pass without encoding/json, and reads more content forms).
+// BodyKey returns a KeyFunc for OpenAI bodies: chat, completions and
+// responses requests, read and keyed exactly as the HTTP gateway reads and
+// keys them (keys.Parse, keys.Request.AppendKey), so one body gives one key
+// whichever front routes it. blockSize is the text block size in bytes
+// (keys.TextBlockBytes is the gateway's).
 //
-// The body must be a JSON object with a non-empty string "model", which,
-// if models are given, must be one of them (else ErrUnknownModel). The key
-// is, in order: the system (and developer) messages, the session (header
-// X-Session-ID, else the body's "user"), header X-RAG-Context, then the
-// other messages, each in its role (keys.Segment), or the completions
-// "prompt"; with one system message, no conversation and a blockSize of
-// keys.TextBlockBytes, that is keys.PrefixKey's key. A message's
-// content is its text when it is a string, else its JSON. A request with
-// no body gets a one-block key naming its method and path; a body with no
-// text, one naming the model.
+// The endpoint is the request's path (see parse). The body must be one the endpoint accepts (ErrBadRequest naming
+// the field otherwise), and its "model", if models are given, one of them
+// (else ErrUnknownModel). A request with no body gets a one-block key
+// naming its method and path.
 func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 	h, err := keys.NewHasher(blockSize)
 	if err != nil {
@@ -43,69 +38,40 @@ func BodyKey(blockSize int, models ...string) (KeyFunc, error) {
 		if req.Body == nil {
 			return h.AppendSegment(dst, keys.SegmentOther, "\x00"+req.Method+" "+req.Path), nil
 		}
-		var b struct {
-			Model    *string `json:"model"`
-			User     string  `json:"user"`
-			Messages []struct {
-				Role    string          `json:"role"`
-				Content json.RawMessage `json:"content"`
-			} `json:"messages"`
-			Prompt json.RawMessage `json:"prompt"`
+		b, err := parse(req.Path, req.Body)
+		if err != nil {
+			return dst, fmt.Errorf("%w: %w", ErrBadRequest, err)
 		}
-		if err := json.Unmarshal(req.Body, &b); err != nil {
-			return dst, fmt.Errorf("%w: body is not a valid JSON request: %v", ErrBadRequest, err)
+		if len(served) > 0 && !served[b.Model] {
+			return dst, fmt.Errorf("%w: model %q is not served (models: %s)", ErrUnknownModel, b.Model, strings.Join(models, ", "))
 		}
-		switch {
-		case b.Model == nil:
-			return dst, fmt.Errorf("%w: field \"model\" is required", ErrBadRequest)
-		case *b.Model == "":
-			return dst, fmt.Errorf("%w: field \"model\" is empty", ErrBadRequest)
-		case len(served) > 0 && !served[*b.Model]:
-			return dst, fmt.Errorf("%w: model %q is not served (models: %s)", ErrUnknownModel, *b.Model, strings.Join(models, ", "))
-		}
-		var sys strings.Builder
-		for _, m := range b.Messages {
-			if m.Role == "system" || m.Role == "developer" {
-				sys.WriteString(contentText(m.Content))
-			}
-		}
-		session := req.Header.Get(HeaderSessionID)
-		if session == "" {
-			session = b.User
-		}
-		start := len(dst)
-		dst = h.AppendSegment(dst, keys.SegmentSystem, sys.String())
-		dst = h.AppendSegment(dst, keys.SegmentSession, session)
-		dst = h.AppendSegment(dst, keys.SegmentRAG, req.Header.Get(HeaderRAGContext))
-		for _, m := range b.Messages {
-			role := keys.SegmentOther
-			switch m.Role {
-			case "system", "developer":
-				continue
-			case "user":
-				role = keys.SegmentUser
-			case "assistant":
-				role = keys.SegmentAssistant
-			case "tool", "function":
-				role = keys.SegmentTool
-			}
-			dst = h.AppendSegment(dst, role, contentText(m.Content))
-		}
-		if len(b.Prompt) > 0 {
-			dst = h.AppendSegment(dst, keys.SegmentPrompt, contentText(b.Prompt))
-		}
-		if len(dst) == start {
-			dst = h.AppendSegment(dst, keys.SegmentOther, "\x00"+*b.Model)
-		}
-		return dst, nil
+		return b.AppendKey(h, dst, req.Header.Get(HeaderSessionID), req.Header.Get(HeaderRAGContext)), nil
 	}, nil
 }
 
-// contentText is a JSON string's text, or else the raw JSON.
-func contentText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
+// parse reads body as a request to path: /v1/chat/completions,
+// /v1/completions or /v1/responses; for another path (a data plane may
+// rewrite it, or send none), as whichever of the three the body is (chat,
+// else completions, else responses), as GIE's picker reads a body of any.
+func parse(path string, body []byte) (*keys.Request, error) {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
 	}
-	return string(raw)
+	switch path {
+	case "/v1/chat/completions":
+		return keys.Parse(keys.Chat, body)
+	case "/v1/completions":
+		return keys.Parse(keys.Completions, body)
+	case "/v1/responses":
+		return keys.Parse(keys.Responses, body)
+	}
+	r, err := keys.Parse(keys.Chat, body)
+	var fe *keys.FieldError
+	for _, e := range []keys.Endpoint{keys.Completions, keys.Responses} {
+		if !errors.As(err, &fe) || fe.Field != "messages" && fe.Field != "prompt" {
+			break
+		}
+		r, err = keys.Parse(e, body)
+	}
+	return r, err
 }

@@ -347,7 +347,8 @@ func TestBadInput(t *testing.T) {
 		{`[1,2]`, 400, "JSON"},
 		{`{"messages":[]}`, 400, `"model"`},
 		{`{"model":""}`, 400, `"model"`},
-		{`{"model":"nope","prompt":"x"}`, 404, `"nope"`},
+		{`{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, `"nope"`},
+		{`{"model":"m1","prompt":"x"}`, 400, `"messages"`}, // a completions body on the chat path, as the HTTP gateway answers it
 	} {
 		r := h.open(t).request(nil, []byte(tc.body), 0)
 		if r.immediate == nil || int(r.immediate.GetStatus().GetCode()) != tc.status {

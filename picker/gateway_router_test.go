@@ -243,8 +243,12 @@ func TestBodyKey(t *testing.T) {
 	if slices.Equal(k1, k3) {
 		t.Error("different sessions give the same key")
 	}
-	if len(mk(`{"model":"m1"}`)) == 0 || len(mk(`{"model":"m1","prompt":"hello"}`)) == 0 {
+	if len(mk(`{"model":"m1","messages":[{"role":"user","content":""}]}`)) == 0 || len(mk(`{"model":"m1","prompt":"hello"}`)) == 0 {
 		t.Error("empty key")
+	}
+	// A body no endpoint accepts is refused, as the HTTP gateway refuses it.
+	if _, err := key(nil, &PickRequest{Body: []byte(`{"model":"m1"}`)}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("a body with neither messages, prompt nor input: %v", err)
 	}
 	if k, err := key(nil, &PickRequest{Method: "GET", Path: "/v1/models"}); err != nil || len(k) != 1 {
 		t.Errorf("body-less request: %v %v", k, err)

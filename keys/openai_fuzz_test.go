@@ -1,4 +1,4 @@
-package httpgw
+package keys
 
 import (
 	"bytes"
@@ -11,14 +11,14 @@ import (
 	"github.com/examlops/gateway/internal/jsonscan"
 )
 
-// decodeRequestStd is decodeRequest written with encoding/json: the
+// decodeStd is decode written with encoding/json: the
 // reference the one-pass decoder is fuzzed against, and the alternative it
 // is benchmarked against. Its rules are those of an engine reading the
 // body with Python's json module: member names match exactly (not
 // encoding/json's case-insensitive struct fields), and of repeated
 // members the last one counts, its type included. Nesting is bounded by
-// jsonscan.MaxDepth, as in decodeRequest.
-func decodeRequestStd(body []byte) (*inferenceRequest, error) {
+// jsonscan.MaxDepth, as in decode.
+func decodeStd(body []byte) (*Request, error) {
 	if depth(body) > jsonscan.MaxDepth {
 		return nil, errors.New("nesting too deep")
 	}
@@ -29,7 +29,7 @@ func decodeRequestStd(body []byte) (*inferenceRequest, error) {
 	if top == nil {
 		return nil, errors.New("not an object") // the body was null
 	}
-	req := &inferenceRequest{}
+	req := &Request{}
 	if raw, ok := top["model"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &req.Model); err != nil {
 			return nil, fieldErr("model", "model must be a string")
@@ -51,7 +51,7 @@ func decodeRequestStd(body []byte) (*inferenceRequest, error) {
 		if err := json.Unmarshal(raw, &msgs); err != nil {
 			return nil, fieldErr("messages", "messages must be an array")
 		}
-		req.Messages = make([]chatMessage, 0, len(msgs))
+		req.Messages = make([]Message, 0, len(msgs))
 		for i, raw := range msgs {
 			m, err := messageStd(raw)
 			if err != nil {
@@ -63,13 +63,56 @@ func decodeRequestStd(body []byte) (*inferenceRequest, error) {
 	if raw, ok := top["prompt"]; ok && !isNull(raw) {
 		req.Prompt, req.HasPrompt = promptStd(raw), true
 	}
+	if raw, ok := top["previous_response_id"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &req.PreviousResponseID); err != nil {
+			return nil, fieldErr("previous_response_id", "previous_response_id must be a string")
+		}
+	}
+	var instructions string
+	hasInstructions := false
+	if raw, ok := top["instructions"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &instructions); err != nil {
+			return nil, fieldErr("instructions", "instructions must be a string")
+		}
+		hasInstructions = true
+	}
+	var items []Message
+	if raw, ok := top["input"]; ok && !isNull(raw) {
+		req.hasInput = true
+		var s string
+		var list []json.RawMessage
+		switch {
+		case json.Unmarshal(raw, &s) == nil:
+			items = append(items, Message{Role: "user", Text: s})
+		case json.Unmarshal(raw, &list) == nil:
+			for i, it := range list {
+				m, err := messageStd(it)
+				if err != nil {
+					return nil, fieldErr(fmt.Sprintf("input[%d]", i), err.Error())
+				}
+				if m.Role == "" {
+					m = Message{Role: "tool", Text: string(it)}
+				}
+				items = append(items, m)
+			}
+		default:
+			return nil, fieldErr("input", "input must be a string or an array")
+		}
+	}
+	if hasInstructions || req.hasInput {
+		msgs := req.Messages[:0]
+		if instructions != "" {
+			msgs = append(msgs, Message{Role: "system", Text: instructions})
+		}
+		req.Messages = append(msgs, items...)
+	}
 	return req, nil
 }
 
 func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
 
-func messageStd(raw json.RawMessage) (chatMessage, error) {
-	var m chatMessage
+func messageStd(raw json.RawMessage) (Message, error) {
+	var m Message
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
 		return m, errors.New("not an object")
@@ -107,7 +150,7 @@ func contentStd(raw json.RawMessage) string {
 			continue
 		}
 		var typ, text string
-		if json.Unmarshal(fields["type"], &typ) == nil && typ == "text" && !isNull(fields["type"]) {
+		if json.Unmarshal(fields["type"], &typ) == nil && (typ == "text" || typ == "input_text" || typ == "output_text") && !isNull(fields["type"]) {
 			if t, ok := fields["text"]; ok && !isNull(t) && json.Unmarshal(t, &text) == nil {
 				sb.WriteString(text)
 				continue
@@ -159,14 +202,14 @@ func depth(b []byte) int {
 	return most
 }
 
-// sameRequest compares what decodeRequest and decodeRequestStd make of
+// sameRequest compares what decode and decodeStd make of
 // body: the same accept/reject decision and the same fields.
 func sameRequest(t *testing.T, body []byte) {
 	t.Helper()
-	got, gerr := decodeRequest(body)
-	want, werr := decodeRequestStd(body)
+	got, gerr := decode(body)
+	want, werr := decodeStd(body)
 	if (gerr == nil) != (werr == nil) {
-		t.Fatalf("body %q: decodeRequest error %v, encoding/json error %v", body, gerr, werr)
+		t.Fatalf("body %q: decode error %v, encoding/json error %v", body, gerr, werr)
 	}
 	if gerr != nil {
 		return
@@ -175,7 +218,7 @@ func sameRequest(t *testing.T, body []byte) {
 		got.Messages, want.Messages = nil, nil
 	}
 	if fmt.Sprintf("%#v", *got) != fmt.Sprintf("%#v", *want) {
-		t.Fatalf("body %q:\n decodeRequest %#v\n encoding/json %#v", body, *got, *want)
+		t.Fatalf("body %q:\n decode %#v\n encoding/json %#v", body, *got, *want)
 	}
 }
 
@@ -210,6 +253,11 @@ var decodeSeeds = []string{
 	`{"mod\u0065l":"escaped name"}`,
 	` { "model" : "spaces" , "prompt" : [ "a" , "b" ] } `,
 	`{"model":"m"} trailing`,
+	`{"model":"m","instructions":"Be terse.","input":"hi","previous_response_id":"resp_1"}`,
+	`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"x"}]},{"type":"function_call","name":"f","arguments":"{}"},{"role":"assistant","content":[{"type":"output_text","text":"b"}]}]}`,
+	`{"model":"m","input":[1]}`, `{"model":"m","input":5}`, `{"model":"m","input":null,"instructions":null}`,
+	`{"model":"m","instructions":7,"input":"x"}`, `{"model":"m","input":"x","input":[{"role":null}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"m"}],"input":"i"}`, `{"model":"m","previous_response_id":3}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,
@@ -223,17 +271,17 @@ func TestDecodeRequestMatchesStd(t *testing.T) {
 	}
 }
 
-// FuzzDecodeRequest compares decodeRequest with decodeRequestStd on
+// FuzzDecode compares decode with decodeStd on
 // mutated request bodies. Its seed corpus is decodeSeeds plus
-// testdata/fuzz/FuzzDecodeRequest.
-func FuzzDecodeRequest(f *testing.F) {
+// testdata/fuzz/FuzzDecode.
+func FuzzDecode(f *testing.F) {
 	for _, body := range decodeSeeds {
 		f.Add([]byte(body))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		sameRequest(t, body)
 		if bytes.Count(body, []byte("\"")) > 0 {
-			_, _ = parseRequest(endpointChat, body) // must not panic
+			_, _ = Parse(Chat, body) // must not panic
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package httpgw
+package keys
 
 import (
 	"encoding/json"
@@ -34,16 +34,16 @@ func decodeBodies() []struct {
 
 // BenchmarkDecodeRequest is the A/B of the request decoders: the one-pass
 // decoder (jsonscan) against encoding/json with the same rules
-// (decodeRequestStd). Run it interleaved, e.g.
+// (decodeStd). Run it interleaved, e.g.
 //
-//	go test -c -o /tmp/gw.test ./httpgw
-//	for i in $(seq 10); do /tmp/gw.test -test.run '^$' -test.bench BenchmarkDecodeRequest -test.benchmem; done > dec.txt
+//	go test -c -o /tmp/keys.test ./keys
+//	for i in $(seq 10); do /tmp/keys.test -test.run '^$' -test.bench BenchmarkDecodeRequest -test.benchmem; done > dec.txt
 //	benchstat -col /decoder dec.txt
 func BenchmarkDecodeRequest(b *testing.B) {
 	decoders := []struct {
 		name   string
-		decode func([]byte) (*inferenceRequest, error)
-	}{{"jsonscan", decodeRequest}, {"encoding-json", decodeRequestStd}}
+		decode func([]byte) (*Request, error)
+	}{{"jsonscan", decode}, {"encoding-json", decodeStd}}
 	for _, in := range decodeBodies() {
 		for _, d := range decoders {
 			b.Run("body="+in.name+"/decoder="+d.name, func(b *testing.B) {
@@ -58,3 +58,28 @@ func BenchmarkDecodeRequest(b *testing.B) {
 		}
 	}
 }
+
+// chatBody is a chat request body: the first message the system's, then
+// user and assistant turns.
+func chatBody(model string, stream bool, msgs ...string) string {
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var ms []msg
+	for i, m := range msgs {
+		role := "user"
+		switch {
+		case i == 0:
+			role = "system"
+		case i%2 == 0:
+			role = "assistant"
+		}
+		ms = append(ms, msg{role, m})
+	}
+	b, _ := json.Marshal(map[string]any{"model": model, "messages": ms, "stream": stream, "max_tokens": 4})
+	return string(b)
+}
+
+// benchBody is a small chat request, as the HTTP gateway's benchmarks send.
+var benchBody = []byte(`{"model":"m1","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant that answers in one word."},{"role":"user","content":"Say one word."}]}`)

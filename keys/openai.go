@@ -1,0 +1,432 @@
+package keys
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/examlops/gateway/internal/jsonscan"
+)
+
+// The one OpenAI-body reader both fronts use (the HTTP gateway and the
+// endpoint picker), so a body gives one key whichever front routes it.
+//
+// It reads the routing fields of a request body in one pass
+// (internal/jsonscan), checking the JSON syntax of the whole body; the body
+// itself is forwarded byte for byte. The rules are those of an engine
+// reading the body with Python's json module: member names match exactly,
+// and of repeated members the last one counts, its type included.
+// FuzzDecode checks them against encoding/json.
+
+// Request is the part of an OpenAI chat, completions or responses request
+// that routing reads. Every other field passes through untouched.
+type Request struct {
+	// Model is the "model" field; HasModel is false when it is absent or null.
+	Model    string
+	HasModel bool
+	// Messages are the chat messages (or the responses input items), their
+	// content reduced to text.
+	Messages []Message
+	// Prompt is the completions prompt as text; HasPrompt is false when
+	// it is absent or null.
+	Prompt    string
+	HasPrompt bool
+	// User is the "user" field.
+	User string
+	// Stream is the "stream" field.
+	Stream bool
+	// PreviousResponseID is a responses request's "previous_response_id":
+	// the conversation it continues.
+	PreviousResponseID string
+
+	hasInput bool // "input" is present and not null
+}
+
+// Message is one message of a chat request.
+type Message struct {
+	Role string
+	// Text is the content as text (see content).
+	Text string
+}
+
+// Endpoint is the OpenAI endpoint a body was sent to. The zero value is
+// Chat.
+type Endpoint int
+
+// The endpoints whose bodies Parse reads.
+const (
+	Chat        Endpoint = iota // /v1/chat/completions: "messages"
+	Completions                 // /v1/completions: "prompt"
+	Responses                   // /v1/responses: "instructions", "input"
+)
+
+// String returns chat, completions or responses.
+func (e Endpoint) String() string {
+	switch e {
+	case Completions:
+		return "completions"
+	case Responses:
+		return "responses"
+	}
+	return "chat"
+}
+
+// FieldError is a Parse error about one field of the body.
+type FieldError struct {
+	// Field names the field at fault, as "messages[2].role".
+	Field string
+	// Msg says what is wrong with it.
+	Msg string
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+func fieldErr(field, msg string) error { return &FieldError{Field: field, Msg: msg} }
+
+// ErrSyntax is wrapped by Parse's errors for a body that is not one JSON
+// object.
+var ErrSyntax = errors.New("body is not a valid JSON request")
+
+// Parse reads the routing fields of body, sent to endpoint e, and checks
+// those the endpoint needs: "model" (a non-empty string), and "messages"
+// (a non-empty array) for Chat, "prompt" for Completions, "input" for
+// Responses. A body that is not one JSON object is an error wrapping
+// ErrSyntax; a missing or mistyped field, a *FieldError naming it.
+func Parse(e Endpoint, body []byte) (*Request, error) {
+	req, err := decode(body)
+	if err != nil {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrSyntax, err)
+	}
+	switch {
+	case !req.HasModel:
+		return nil, fieldErr("model", "field \"model\" is required")
+	case req.Model == "":
+		return nil, fieldErr("model", "field \"model\" is empty")
+	}
+	switch e {
+	case Chat:
+		if len(req.Messages) == 0 {
+			return nil, fieldErr("messages", "field \"messages\" is required and must not be empty")
+		}
+	case Completions:
+		if !req.HasPrompt {
+			return nil, fieldErr("prompt", "field \"prompt\" is required")
+		}
+	case Responses:
+		if !req.hasInput {
+			return nil, fieldErr("input", "field \"input\" is required")
+		}
+	}
+	return req, nil
+}
+
+// The fields whose type decode checks, in the order their errors
+// are reported.
+const (
+	fieldModel = iota
+	fieldMessages
+	fieldStream
+	fieldUser
+	fieldInstructions
+	fieldInput
+	fieldPrevious
+	nFields
+)
+
+// requestReader reads one request body.
+type requestReader struct {
+	r   jsonscan.Reader
+	req Request
+	// typeErr holds, per field, the type error of its last occurrence
+	// (nil if it had none). The member is skipped, so that the rest of
+	// the body is still read: a later occurrence may replace it.
+	typeErr [nFields]error
+	// instructions is a responses request's "instructions", and input its
+	// "input" items, joined into Messages at the end (the members may come
+	// in any order).
+	instructions    string
+	hasInstructions bool
+	items           []Message
+}
+
+// decode reads the routing fields of a request body, which must be
+// one JSON object.
+func decode(body []byte) (*Request, error) {
+	d := &requestReader{}
+	d.r.Reset(body)
+	if d.r.Peek() != '{' {
+		return nil, d.r.Errorf("the body must be a JSON object")
+	}
+	if err := d.r.Object(d.member); err != nil {
+		return nil, err
+	}
+	if !d.r.End() {
+		return nil, d.r.Errorf("data after the JSON object")
+	}
+	for _, err := range d.typeErr {
+		if err != nil {
+			return nil, err
+		}
+	}
+	if d.hasInstructions || d.req.hasInput {
+		// A responses request: its instructions open the conversation as a
+		// system message, then its input items. (A chat body has neither,
+		// and "messages" of a body with both is replaced.)
+		msgs := d.req.Messages[:0]
+		if d.hasInstructions && d.instructions != "" {
+			msgs = append(msgs, Message{Role: "system", Text: d.instructions})
+		}
+		d.req.Messages = append(msgs, d.items...)
+	}
+	return &d.req, nil
+}
+
+// input reads a responses request's "input": a string (one user message),
+// or a list of items, each a message ({"role", "content"}, content a string
+// or a list of parts) or another item (a function call or its output),
+// kept as its JSON text in the role "tool". null is no input.
+func (d *requestReader) input() error {
+	r := &d.r
+	d.typeErr[fieldInput] = nil
+	d.items, d.req.hasInput = d.items[:0], false
+	switch r.Peek() {
+	case 'n':
+		if r.Null() {
+			return nil
+		}
+	case '"':
+		s, err := r.String()
+		d.items, d.req.hasInput = append(d.items, Message{Role: "user", Text: s}), true
+		return err
+	case '[':
+		d.req.hasInput = true
+		return r.Array(func() error {
+			i := len(d.items)
+			if r.Peek() != '{' {
+				d.typeErr[fieldInput] = fieldErr(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
+				return r.Skip()
+			}
+			start := r.Offset()
+			m, terr, err := d.message(i)
+			if terr != nil && d.typeErr[fieldInput] == nil {
+				d.typeErr[fieldInput] = terr
+			}
+			if m.Role == "" { // not a message: a call or its output
+				m = Message{Role: "tool", Text: string(r.Since(start))}
+			}
+			d.items = append(d.items, m)
+			return err
+		})
+	}
+	d.typeErr[fieldInput] = fieldErr("input", "field \"input\" must be a string or an array")
+	return r.Skip()
+}
+
+// member reads the value of the top-level member name.
+func (d *requestReader) member(name string) error {
+	r, req := &d.r, &d.req
+	var err error
+	switch name {
+	case "model":
+		req.Model, req.HasModel, err = d.optString(fieldModel, name)
+	case "user":
+		req.User, _, err = d.optString(fieldUser, name)
+	case "stream":
+		d.typeErr[fieldStream] = nil
+		req.Stream = false
+		switch r.Peek() {
+		case 't', 'f':
+			req.Stream, err = r.Bool()
+		default:
+			if !r.Null() {
+				d.typeErr[fieldStream] = fieldErr(name, "field \"stream\" must be true or false")
+				err = r.Skip()
+			}
+		}
+	case "messages":
+		d.typeErr[fieldMessages] = nil
+		req.Messages = req.Messages[:0]
+		switch {
+		case r.Null():
+		case r.Peek() != '[':
+			d.typeErr[fieldMessages] = fieldErr(name, "field \"messages\" must be an array")
+			err = r.Skip()
+		default:
+			err = r.Array(func() error {
+				m, terr, err := d.message(len(req.Messages))
+				if terr != nil && d.typeErr[fieldMessages] == nil {
+					d.typeErr[fieldMessages] = terr
+				}
+				req.Messages = append(req.Messages, m)
+				return err
+			})
+		}
+	case "instructions":
+		// A responses request's system prompt: kept as the first message.
+		var text string
+		var ok bool
+		text, ok, err = d.optString(fieldInstructions, name)
+		d.instructions, d.hasInstructions = text, ok
+	case "input":
+		err = d.input()
+	case "previous_response_id":
+		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
+	case "prompt":
+		req.Prompt, req.HasPrompt = "", false
+		if !r.Null() {
+			req.Prompt, err = d.prompt()
+			req.HasPrompt = true
+		}
+	default:
+		err = r.Skip()
+	}
+	return err
+}
+
+// optString reads the value of the top-level member name (field f), which
+// must be a string or null; ok is false for null.
+func (d *requestReader) optString(f int, name string) (s string, ok bool, err error) {
+	d.typeErr[f] = nil
+	switch {
+	case d.r.Null():
+		return "", false, nil
+	case d.r.Peek() != '"':
+		d.typeErr[f] = fieldErr(name, fmt.Sprintf("field %q must be a string", name))
+		return "", false, d.r.Skip()
+	}
+	s, err = d.r.String()
+	return s, true, err
+}
+
+// message reads one chat message (element i of "messages"). typeErr
+// reports a message that is not an object or whose role is not a string.
+func (d *requestReader) message(i int) (m Message, typeErr, err error) {
+	r := &d.r
+	if r.Peek() != '{' {
+		return m, fieldErr(fmt.Sprintf("messages[%d]", i), fmt.Sprintf("messages[%d] must be an object", i)), r.Skip()
+	}
+	err = r.Object(func(key string) error {
+		switch key {
+		case "role":
+			typeErr, m.Role = nil, ""
+			if r.Peek() != '"' {
+				typeErr = fieldErr(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("messages[%d].role must be a string", i))
+				return r.Skip()
+			}
+			var err error
+			m.Role, err = r.String()
+			return err
+		case "content":
+			var err error
+			m.Text, err = d.content()
+			return err
+		}
+		return r.Skip()
+	})
+	return m, typeErr, err
+}
+
+// content reads a message content as text: a string as is, null as "", a
+// list of parts as its text parts ({"type": "text", "text": "..."})
+// concatenated (a responses request's "input_text" and "output_text" parts
+// alike), other objects in it (images…) as their JSON text so that
+// different images give different keys, anything else as its JSON text.
+func (d *requestReader) content() (string, error) {
+	r := &d.r
+	switch r.Peek() {
+	case '"':
+		return r.String()
+	case 'n':
+		if r.Null() {
+			return "", nil
+		}
+	case '[':
+		var buf [4]string
+		parts := buf[:0]
+		err := r.Array(func() error {
+			part, err := d.part()
+			if part != "" {
+				parts = append(parts, part)
+			}
+			return err
+		})
+		if len(parts) == 1 {
+			return parts[0], err // the usual content: no copy
+		}
+		return strings.Join(parts, ""), err
+	}
+	return r.Raw()
+}
+
+// part reads one element of a content list and returns its text (see
+// content).
+func (d *requestReader) part() (string, error) {
+	r := &d.r
+	if r.Peek() != '{' {
+		return "", r.Skip()
+	}
+	start := r.Offset()
+	var typ, text string
+	var hasText bool
+	err := r.Object(func(key string) error {
+		var err error
+		switch key {
+		case "type":
+			typ = ""
+			if r.Peek() != '"' {
+				return r.Skip()
+			}
+			typ, err = r.String()
+		case "text":
+			text, hasText = "", false
+			if r.Peek() != '"' {
+				return r.Skip()
+			}
+			text, err = r.String()
+			hasText = true
+		default:
+			err = r.Skip()
+		}
+		return err
+	})
+	if (typ == "text" || typ == "input_text" || typ == "output_text") && hasText {
+		return text, err
+	}
+	return string(r.Since(start)), err
+}
+
+// prompt reads a completions prompt as text: a string as is, a list of
+// strings joined with newlines, anything else (token arrays) as its JSON
+// text.
+func (d *requestReader) prompt() (string, error) {
+	r := &d.r
+	switch r.Peek() {
+	case '"':
+		return r.String()
+	case '[':
+		start := r.Offset()
+		var parts []string
+		allStrings := true
+		err := r.Array(func() error {
+			if allStrings && r.Peek() == '"' {
+				s, err := r.String()
+				parts = append(parts, s)
+				return err
+			}
+			allStrings = false
+			return r.Skip()
+		})
+		if err != nil {
+			return "", err
+		}
+		if allStrings {
+			return strings.Join(parts, "\n"), nil
+		}
+		return string(r.Since(start)), nil
+	}
+	return r.Raw()
+}
