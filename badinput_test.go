@@ -26,11 +26,11 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"New nil replicas", func() error { _, err := New(nil); return err }, ErrInvalid, nil},
 		{"New empty replicas", func() error { _, err := New([]Replica{}); return err }, ErrInvalid, nil},
-		{"New duplicate names", func() error { _, err := New([]Replica{{Name: "a"}, {Name: "b"}, {Name: "a"}}); return err }, ErrDuplicateReplica, []string{`"a"`}},
+		{"New duplicate names", func() error { _, err := New([]Replica{{Name: "a"}, {Name: "b"}, {Name: "a"}}); return err }, ErrInvalid, []string{`"a"`}},
 		{"New empty name", func() error { _, err := New([]Replica{{Name: "a"}, {}}); return err }, ErrInvalid, []string{"Name"}},
 		{"New negative CacheBlocks", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: -1}}); return err }, ErrInvalid, []string{"CacheBlocks", "-1", `"a"`}},
 		{"New CacheBlocks too large", func() error { _, err := New([]Replica{{Name: "a", CacheBlocks: MaxCacheBlocks + 1}}); return err }, ErrInvalid, []string{fmt.Sprint(MaxCacheBlocks + 1)}},
-		{"AddReplica duplicate", func() error { return newG().AddReplica(Replica{Name: "r1"}) }, ErrDuplicateReplica, []string{`"r1"`}},
+		{"AddReplica duplicate", func() error { return newG().AddReplica(Replica{Name: "r1"}) }, ErrInvalid, []string{`"r1"`}},
 		{"AddReplica empty name", func() error { return newG().AddReplica(Replica{Address: "http://x"}) }, ErrInvalid, []string{"Name"}},
 
 		{"RemoveReplica unknown", func() error { return newG().RemoveReplica("nope") }, ErrUnknownReplica, []string{`"nope"`}},
@@ -64,7 +64,7 @@ func TestBadInput(t *testing.T) {
 		{"PD.Route nil key", func() error { _, err := (&PD{Decode: newG()}).Route(nil, 16, Target{}, Target{}); return err }, ErrInvalid, nil},
 
 		{"negative SLO", func() error { _, err := New(two, WithSLOLatency(-time.Millisecond)); return err }, ErrInvalid, []string{"SLO", "-1ms"}},
-		{"negative latency TTL", func() error { _, err := New(two, WithLatencyTTL(-time.Second)); return err }, ErrInvalid, []string{"TTL", "-1s"}},
+		{"negative latency TTL", func() error { _, err := New(two, withLatencyTTL(-time.Second)); return err }, ErrInvalid, []string{"TTL", "-1s"}},
 		{"nil policy", func() error { _, err := New(two, WithPolicy(nil)); return err }, ErrInvalid, []string{"policy"}},
 		{"nil clock", func() error { _, err := New(two, WithClock(nil)); return err }, ErrInvalid, []string{"clock"}},
 		{"bad mode", func() error { _, err := New(two, WithMode(Mode(7))); return err }, ErrInvalid, []string{"mode", "7"}},

@@ -118,7 +118,7 @@ func concurrentUse(t *testing.T, opts []Option) {
 	guard("membership", func(rng *rand.Rand) {
 		for range iters / 4 {
 			name := names[len(base)+rng.IntN(extras)]
-			if err := g.AddReplica(Replica{Name: name, CacheBlocks: 1 + rng.IntN(32)}); errors.Is(err, ErrDuplicateReplica) {
+			if err := g.AddReplica(Replica{Name: name, CacheBlocks: 1 + rng.IntN(32)}); errors.Is(err, ErrInvalid) {
 				tolerate(g.RemoveReplica(name))
 			} else if err != nil {
 				t.Errorf("AddReplica: %v", err)

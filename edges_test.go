@@ -132,7 +132,7 @@ func TestPropNoPanics(t *testing.T) {
 				n := name(t)
 				err := g.AddReplica(Replica{Name: n, CacheBlocks: rapid.IntRange(0, 4).Draw(t, "cap")})
 				_, dup := reps[n]
-				require.Equal(t, dup, errors.Is(err, ErrDuplicateReplica))
+				require.Equal(t, dup, errors.Is(err, ErrInvalid))
 				if !dup {
 					reps[n] = true
 				}

@@ -7,7 +7,8 @@ import "errors"
 // the message says what was wrong. Messages start with "gateway:".
 var (
 	// ErrInvalid is returned for bad input: an empty replica list or key,
-	// a replica with no name or an out-of-range capacity, a negative or NaN
+	// a replica with no name, a name already taken or an out-of-range
+	// capacity, a negative or NaN
 	// load signal, an adapter report over its limits, a block size below
 	// 1, an option with a bad value, an unknown cache event, a mode name
 	// not known, or a Policy that picked no candidate. Nothing is changed.
@@ -15,8 +16,6 @@ var (
 	// ErrNoHealthyReplica is returned by Route when no replica is healthy
 	// (or allowed, for RouteWithin).
 	ErrNoHealthyReplica = errors.New("gateway: no healthy replica")
-	// ErrDuplicateReplica is returned when two replicas share a name.
-	ErrDuplicateReplica = errors.New("gateway: duplicate replica")
 	// ErrUnknownReplica is returned when an update names a replica the
 	// gateway does not have.
 	ErrUnknownReplica = errors.New("gateway: unknown replica")

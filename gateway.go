@@ -120,7 +120,7 @@ func (g *Gateway) AddReplica(r Replica) error {
 	defer g.mu.Unlock()
 	old := g.snap.Load()
 	if _, ok := old.byName[r.Name]; ok {
-		return fmt.Errorf("%w: %q", ErrDuplicateReplica, r.Name)
+		return fmt.Errorf("%w: duplicate replica %q", ErrInvalid, r.Name)
 	}
 	if len(old.list) >= MaxReplicas {
 		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalid, r.Name, MaxReplicas)

@@ -50,9 +50,9 @@ type AdapterReport struct {
 	MaxLoras int
 }
 
-// Active returns how many distinct adapters hold or wait for a slot: those
+// active returns how many distinct adapters hold or wait for a slot: those
 // running or waiting.
-func (a *AdapterReport) Active() int {
+func (a *AdapterReport) active() int {
 	n := len(a.Running)
 	for _, w := range a.Waiting {
 		if !slices.Contains(a.Running, w) {
@@ -199,7 +199,7 @@ func (l *loraState) recount() {
 	a := l.rep.Load()
 	n := 0
 	if a != nil {
-		n = a.Active()
+		n = a.active()
 	}
 	for name, c := range l.routed {
 		if c > 0 && (a == nil || (!sortedHas(a.Running, name) && !sortedHas(a.Waiting, name))) {

@@ -305,7 +305,7 @@ func TestPropLoRAAffinityAtIdle(t *testing.T) {
 			switch {
 			case slices.Contains(norm.Running, "a"):
 				class[i] = 0
-			case norm.Active() < slots:
+			case norm.active() < slots:
 				class[i] = 1
 			default:
 				class[i] = 2

@@ -26,9 +26,6 @@ const (
 // forms and every list of names shown to users come from it.
 var modeNames = [numModes]string{"round_robin", "cache_aware", "load_aware"}
 
-// Modes returns the built-in modes, the default first.
-func Modes() []Mode { return []Mode{ModeRoundRobin, ModeCacheAware, ModeLoadAware} }
-
 // String returns the mode's name: round_robin, cache_aware or load_aware.
 func (m Mode) String() string {
 	if m >= 0 && m < numModes {

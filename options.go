@@ -23,7 +23,9 @@ const (
 )
 
 // defaultLatencyTTL is how long a latency sample counts against the SLO
-// unless WithLatencyTTL says otherwise.
+// (a replica excluded for breaching the SLO gets no
+// traffic and so no new samples; once its last sample is this old it is
+// eligible again); tests set another with withLatencyTTL.
 const defaultLatencyTTL = 30 * time.Second
 
 // settings are what the options of New set.
@@ -83,12 +85,12 @@ func WithSLOLatency(d time.Duration) Option {
 	}
 }
 
-// WithLatencyTTL sets how long a latency sample counts against the SLO.
+// withLatencyTTL sets how long a latency sample counts against the SLO.
 // The default is 30 seconds: a replica excluded for breaching the SLO gets
 // no traffic and so no new samples; once its last sample is this old it is
 // eligible again and its next requests measure it afresh. Zero means
 // forever.
-func WithLatencyTTL(d time.Duration) Option {
+func withLatencyTTL(d time.Duration) Option {
 	return func(c *settings) error {
 		if d < 0 {
 			return fmt.Errorf("%w: latency TTL %v is negative", ErrInvalid, d)

@@ -344,7 +344,7 @@ func TestPropSLO(t *testing.T) {
 		clk := newFakeClock()
 		g, err := New(replicaNames(n),
 			WithMode(rapid.SampledFrom(allModes).Draw(t, "mode")),
-			WithSLOLatency(slo), WithLatencyTTL(ttl), WithClock(clk.Now))
+			WithSLOLatency(slo), withLatencyTTL(ttl), WithClock(clk.Now))
 		require.NoError(t, err)
 		healthy := make([]bool, n)
 		for i := range healthy {

@@ -28,14 +28,6 @@ type Stats struct {
 	Blocks, MatchedBlocks uint64
 }
 
-// HitRate returns Hits/Routed, or 0 before any request.
-func (s Stats) HitRate() float64 {
-	if s.Routed == 0 {
-		return 0
-	}
-	return float64(s.Hits) / float64(s.Routed)
-}
-
 type counters struct {
 	routed, hits, sloExcluded, sloFallbacks atomic.Uint64
 	noMatch, loadGuard, noHealthy           atomic.Uint64

@@ -291,7 +291,7 @@ func (m Model) validMode() error {
 // modeChoices lists the mode names, from gateway.Modes: "round_robin,
 // cache_aware or load_aware".
 func modeChoices() string {
-	modes := gateway.Modes()
+	modes := []gateway.Mode{gateway.ModeRoundRobin, gateway.ModeCacheAware, gateway.ModeLoadAware}
 	names := make([]string, len(modes))
 	for i, m := range modes {
 		names[i] = m.String()

@@ -215,3 +215,11 @@ func (mm *modelMetrics) ttfbO(m *metrics, model string, kind endpointKind) prome
 	}
 	return mm.ttfb[kind].get(look)
 }
+
+// hitRate is hits/routed, or 0 before any request.
+func hitRate(hits, routed uint64) float64 {
+	if routed == 0 {
+		return 0
+	}
+	return float64(hits) / float64(routed)
+}

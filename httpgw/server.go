@@ -390,7 +390,8 @@ func (s *Server) refreshGauges() {
 	st := s.state.Load()
 	for name, m := range st.models {
 		if m.gw != nil {
-			s.metrics.hitRate.WithLabelValues(name).Set(m.gw.Stats().HitRate())
+			st := m.gw.Stats()
+			s.metrics.hitRate.WithLabelValues(name).Set(hitRate(st.Hits, st.Routed))
 		}
 		if m.pd != nil {
 			s.metrics.pdSplitShare.WithLabelValues(name).Set(m.pd.splitShare())

@@ -40,7 +40,7 @@ func (v *modeValue) Set(s string) error {
 // modeNames lists the routing modes' names, the default first.
 func modeNames() []string {
 	var names []string
-	for _, m := range gateway.Modes() {
+	for _, m := range []gateway.Mode{gateway.ModeRoundRobin, gateway.ModeCacheAware, gateway.ModeLoadAware} {
 		names = append(names, m.String())
 	}
 	return names

@@ -69,7 +69,7 @@ func main() {
 	plan.Prefill.Done(gateway.DoneInfo{})
 	plan.Decode.Done(gateway.DoneInfo{})
 	s := gw.Stats()
-	fmt.Printf("decisions: %v, hit rate %.0f%%\n", s.ByKind, 100*s.HitRate())
+	fmt.Printf("decisions: %v, hit rate %.0f%%\n", s.ByKind, 100*float64(s.Hits)/float64(s.Routed))
 }
 
 func show(session string, d gateway.Decision) {
