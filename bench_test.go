@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway/keys"
 )
@@ -242,4 +243,31 @@ func appendPrefix(dst Key, system, session, rag string) Key {
 	dst = benchHasher.AppendSegment(dst, keys.SegmentSystem, system)
 	dst = benchHasher.AppendSegment(dst, keys.SegmentSession, session)
 	return benchHasher.AppendSegment(dst, keys.SegmentRAG, rag)
+}
+
+// BenchmarkSaturated is the admission check (Gateway.Saturated) on the
+// Route benchmarks' fixtures, every replica at its queue threshold (so the
+// check reads them all and sheds), beside Route/hot of the same fixture:
+// the check's cost relative to a Route.
+//
+//	go test -run '^$' -bench 'Saturated' -benchmem -count 6 .
+func BenchmarkSaturated(b *testing.B) {
+	for _, n := range []int{16, 256} {
+		f := fixture(b, n, 50, false, ModeCacheAware)
+		for _, st := range f.g.Replicas() {
+			if err := f.g.UpdateLoad(st.Name, Load{QueueDepth: 5}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		a := Admission{QueueDepth: 5, KVUtilization: 0.8, Staleness: time.Hour}
+		b.Run(fmt.Sprintf("replicas=%d/check=saturated", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !f.g.Saturated(Target{}, a) {
+					b.Fatal("not saturated")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("replicas=%d/check=route-hot", n), func(b *testing.B) { benchRoute(b, hot(f)) })
+	}
 }

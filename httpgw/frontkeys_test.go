@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 )
@@ -69,6 +70,40 @@ func TestFrontsKeyAlike(t *testing.T) {
 			require.Equal(t, [4]any{dg.Replica, dg.Kind, dg.Matched, dg.Blocks}, [4]any{dp.Replica, dp.Kind, dp.Matched, dp.Blocks}, name)
 			dg.Done(gateway.DoneInfo{})
 			dp.Done(gateway.DoneInfo{})
+		}
+	}
+}
+
+// TestFrontsDecideAlike: the same requests, one at a time, through the
+// HTTP gateway and through the endpoint picker behind Envoy (played by
+// pickertest.Envoy) over fresh servers of the same configuration: each
+// front answers with the same replica and the same decision text
+// (X-Exa-Replica, X-Exa-Decision), so the two can be compared from
+// outside.
+func TestFrontsDecideAlike(t *testing.T) {
+	gw := newFixture(t, 4, gateway.ModeCacheAware, enginetest.Options{})
+	pk := newPickFixture(t, 4, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
+	for round := range 3 {
+		for i, b := range frontBodies {
+			if b.path == "/v1/responses" {
+				continue // the picker routes chat and completions
+			}
+			name := fmt.Sprintf("round %d body %d", round, i)
+			var hdr []string
+			if b.session != "" {
+				hdr = []string{HeaderSessionID, b.session}
+			}
+			rg := gw.post(b.path, b.body, hdr...)
+			readAll(t, rg)
+			gw.settle() // the request is done: its load released
+			rp := pk.post(b.path, b.body, hdr...)
+			readAll(t, rp)
+			pk.waitIdle()
+			require.Equal(t, http.StatusOK, rg.StatusCode, name)
+			require.Equal(t, http.StatusOK, rp.StatusCode, name)
+			require.NotEmpty(t, rp.Header.Get(HeaderDecision), name)
+			require.Equal(t, rg.Header.Get(HeaderReplica), rp.Header.Get(HeaderReplica), name)
+			require.Equal(t, rg.Header.Get(HeaderDecision), rp.Header.Get(HeaderDecision), name)
 		}
 	}
 }

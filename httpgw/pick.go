@@ -427,7 +427,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 			continue
 		}
 		tr := pr.track(d, ep, endpoint)
-		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Tracker: tr}, nil
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
 	}
 	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
 }
@@ -452,6 +452,28 @@ func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []strin
 		}
 	}
 	return out
+}
+
+// describeDecision is HeaderDecision's value for decision d of a request
+// of ms keyed with fallback (see exactKey): its kind and prefix match, and
+// on the exact index which key matched. The HTTP gateway and the picker
+// both report decisions with it.
+func describeDecision(ms *modelState, fallback int, d *gateway.Decision) string {
+	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
+	if ms.exactBS == 0 {
+		return s
+	}
+	if fallback >= 0 {
+		return s + "; index=exact; fallback=" + fallbackNames[fallback]
+	}
+	return s + "; index=exact"
+}
+
+// decisionHeaders are the response headers that report a pick's decision
+// to the client as the HTTP gateway reports its own (HeaderReplica,
+// HeaderDecision).
+func (pr *pickRequest) decisionHeaders(d *gateway.Decision) []picker.Header {
+	return []picker.Header{{Name: HeaderReplica, Value: d.Replica}, {Name: HeaderDecision, Value: describeDecision(pr.ms, pr.fallback, d)}}
 }
 
 // track counts a decision and returns the Tracker of its request.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/picker"
@@ -46,16 +47,25 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 		return pr.noEndpoint("decode", err)
 	}
 	prefill := picker.Header{Name: pickerPrefillHeader} // removed unless split
-	if plan.Split {
+	resp := pr.decisionHeaders(&dd)
+	what := "colocated"
+	switch {
+	case plan.Split:
 		prefill.Value = pd.hostPort[plan.Prefill.Replica]
+		what = "split"
+		resp = append(resp, picker.Header{Name: HeaderPrefillReplica, Value: plan.Prefill.Replica},
+			picker.Header{Name: HeaderPrefillDecision, Value: describeDecision(ms, pr.fallback, &plan.Prefill)})
+	case plan.Reason != "cached":
+		what = plan.Reason
 	}
+	resp = append(resp, picker.Header{Name: HeaderDisagg, Value: what + "; uncached=" + strconv.Itoa(plan.Uncached)})
 	t := pr.track(dd, ep, endpoint)
 	if plan.Split {
 		t.preD = plan.Prefill
 		t.pre = &t.preD
 	}
 	return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, dd.Replica),
-		Headers: []picker.Header{prefill}, Tracker: t}, nil
+		Headers: []picker.Header{prefill}, ResponseHeaders: resp, Tracker: t}, nil
 }
 
 // errNoPrefillPool: the model's prefill pool has no replicas.

@@ -255,12 +255,5 @@ func decisionText(c *call) string { return decisionTextOf(c, &c.attempt.d) }
 
 // decisionTextOf describes decision d of call c (HeaderDecision's value).
 func decisionTextOf(c *call, d *gateway.Decision) string {
-	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
-	if c.ms.exactBS == 0 {
-		return s
-	}
-	if c.fallback >= 0 {
-		return s + "; index=exact; fallback=" + fallbackNames[c.fallback]
-	}
-	return s + "; index=exact"
+	return describeDecision(c.ms, c.fallback, d)
 }

@@ -56,14 +56,15 @@ type exchange struct {
 	// NONE mode, where the response ends with its headers.
 	respEcho, respNone bool
 
-	tracker  Tracker
-	first    bool          // FirstToken reported
-	latency  time.Duration // request headers to first token
-	status   int
-	sse      bool
-	served   string
-	complete bool  // Done reported
-	cause    error // why the stream ended early, if known
+	tracker     Tracker
+	respHeaders []Header      // Pick.ResponseHeaders, set on the response
+	first       bool          // FirstToken reported
+	latency     time.Duration // request headers to first token
+	status      int
+	sse         bool
+	served      string
+	complete    bool  // Done reported
+	cause       error // why the stream ended early, if known
 }
 
 func (x *exchange) reset(s *Server, st stream) {
@@ -79,7 +80,7 @@ func (x *exchange) release() {
 	}
 	clear(x.req.Header[:cap(x.req.Header)])
 	x.req = PickRequest{Header: x.req.Header[:0]}
-	x.st, x.tracker, x.cause, x.hintErr = nil, nil, nil, nil
+	x.st, x.tracker, x.cause, x.hintErr, x.respHeaders = nil, nil, nil, nil, nil
 }
 
 // finish reports Done to the Tracker of a request whose stream ended
@@ -281,6 +282,9 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 	if err == nil {
 		err = checkHeaders(p.Headers)
 	}
+	if err == nil {
+		err = checkHeaders(p.ResponseHeaders)
+	}
 	if err != nil {
 		x.complete = true
 		if x.tracker != nil {
@@ -289,6 +293,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		return true, x.immediate(err)
 	}
 	x.ph = phaseRouted
+	x.respHeaders = p.ResponseHeaders
 	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body), p.Headers)); err != nil {
 		return false, err
 	}
@@ -376,7 +381,11 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 		x.firstToken()
 	}
 	x.ph = phaseResponse
-	if err := x.st.Send(responseHeadersAnswer); err != nil {
+	answer := responseHeadersAnswer
+	if len(x.respHeaders) > 0 {
+		answer = responseHeadersResponse(x.respHeaders)
+	}
+	if err := x.st.Send(answer); err != nil {
 		return err
 	}
 	if h.GetEndOfStream() || x.respNone {

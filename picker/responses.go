@@ -53,6 +53,23 @@ func requestHeadersResponse(dest string, hasBody bool, bodyLen int, extra []Head
 	}
 }
 
+// responseHeadersResponse answers the response headers, setting h on the
+// client's response (a Header with an empty Value removes it).
+func responseHeadersResponse(h []Header) *extprocv3.ProcessingResponse {
+	var set []*corev3.HeaderValueOption
+	var remove []string
+	for _, x := range h {
+		if x.Value == "" {
+			remove = append(remove, x.Name)
+			continue
+		}
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: x.Name, RawValue: []byte(x.Value)}})
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}},
+	}}}
+}
+
 func streamed(chunk []byte, eos bool) *extprocv3.BodyResponse {
 	return &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
 		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{

@@ -105,6 +105,12 @@ type Pick struct {
 	// pseudo-headers and host, values free of CR, LF and NUL; a Pick
 	// breaking this is answered with 500.
 	Headers []Header
+	// ResponseHeaders are headers set on the client's response, as the
+	// HTTP gateway sets X-Exa-Replica and X-Exa-Decision: the picker adds
+	// them when the data plane sends it the response headers (GIE's default
+	// processing mode does; in mode NONE they are not sent). The same rules
+	// as for Headers apply.
+	ResponseHeaders []Header
 	// Reply, when not nil, answers the request from the picker itself: it
 	// goes to no endpoint (Endpoint, Fallbacks and Headers are ignored)
 	// and the client gets Reply's status and body. It is for requests a

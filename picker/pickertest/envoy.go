@@ -147,13 +147,20 @@ func (e *Envoy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			hdr = append(hdr, picker.Header{Name: name, Value: v})
 		}
 	}
-	if err := x.ResponseHeaders(resp.StatusCode, hdr, md, false); err != nil {
+	set, remove, err := x.ResponseHeadersMutation(resp.StatusCode, hdr, md, false)
+	if err != nil {
 		return
 	}
 	for name, vv := range resp.Header {
 		if !hopHeader(name) {
 			w.Header()[name] = vv
 		}
+	}
+	for _, name := range remove {
+		w.Header().Del(name)
+	}
+	for _, h := range set {
+		w.Header().Set(h.Name, h.Value)
 	}
 	w.Header().Set(HeaderEndpoint, served)
 	w.WriteHeader(resp.StatusCode)

@@ -218,6 +218,14 @@ func (x *Exchange) readRouted(hasBody bool) (Routed, error) {
 // ResponseHeaders sends the response headers (":status" and header, with
 // metadata md, e.g. ServedMetadata) and reads the picker's answer.
 func (x *Exchange) ResponseHeaders(status int, header []picker.Header, md *corev3.Metadata, eos bool) error {
+	_, _, err := x.ResponseHeadersMutation(status, header, md, eos)
+	return err
+}
+
+// ResponseHeadersMutation is ResponseHeaders, returning the headers the
+// picker sets on the response and those it removes
+// (picker.Pick.ResponseHeaders).
+func (x *Exchange) ResponseHeadersMutation(status int, header []picker.Header, md *corev3.Metadata, eos bool) (set []picker.Header, remove []string, err error) {
 	kv := []string{":status", strconv.Itoa(status)}
 	for _, h := range header {
 		kv = append(kv, strings.ToLower(h.Name), h.Value)
@@ -225,16 +233,24 @@ func (x *Exchange) ResponseHeaders(status int, header []picker.Header, md *corev
 	m := ResponseHeaders(eos, kv...)
 	m.MetadataContext = md
 	if err := x.Send(m); err != nil {
-		return err
+		return nil, nil, err
 	}
 	a, err := x.Recv()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if a.GetResponseHeaders() == nil {
-		return fmt.Errorf("pickertest: answer to the response headers is %T", a.GetResponse())
+		return nil, nil, fmt.Errorf("pickertest: answer to the response headers is %T", a.GetResponse())
 	}
-	return nil
+	mu := a.GetResponseHeaders().GetResponse().GetHeaderMutation()
+	for _, o := range mu.GetSetHeaders() {
+		h := picker.Header{Name: o.GetHeader().GetKey(), Value: string(o.GetHeader().GetRawValue())}
+		if h.Value == "" {
+			h.Value = o.GetHeader().GetValue()
+		}
+		set = append(set, h)
+	}
+	return set, mu.GetRemoveHeaders(), nil
 }
 
 // ResponseBody sends one response body chunk and returns the body the
