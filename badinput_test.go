@@ -70,15 +70,15 @@ func TestBadInput(t *testing.T) {
 		{"bad mode", func() error { _, err := New(two, WithMode(Mode(7))); return err }, ErrInvalid, []string{"mode", "7"}},
 		{"bad index mode", func() error { _, err := New(two, WithIndex(IndexMode(5))); return err }, ErrInvalid, []string{"index", "5"}},
 		{"negative weight", func() error {
-			_, err := New(two, WithLoadWeights(LoadWeights{Queue: -1, KV: 1}))
+			_, err := New(two, WithPolicy(&LoadAware{Weights: LoadWeights{Queue: -1, KV: 1}}))
 			return err
 		}, ErrInvalid, []string{"Queue", "-1"}},
 		{"NaN weight", func() error {
-			_, err := New(two, WithLoadWeights(LoadWeights{Queue: 1, KV: math.NaN()}))
+			_, err := New(two, WithPolicy(&LoadAware{Weights: LoadWeights{Queue: 1, KV: math.NaN()}}))
 			return err
 		}, ErrInvalid, []string{"KV", "NaN"}},
 		{"infinite weight", func() error {
-			_, err := New(two, WithLoadWeights(LoadWeights{Queue: 1, Latency: math.Inf(1)}))
+			_, err := New(two, WithPolicy(&LoadAware{Weights: LoadWeights{Queue: 1, Latency: math.Inf(1)}}))
 			return err
 		}, ErrInvalid, []string{"Latency", "Inf"}},
 		{"unknown mode name", func() error { _, err := ParseMode("fastest"); return err }, ErrInvalid, []string{`"fastest"`}},

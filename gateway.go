@@ -85,15 +85,18 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		case ModeCacheAware:
 			g.policy = &CacheAware{}
 		case ModeLoadAware:
-			g.policy = &LoadAware{Weights: c.weights}
+			g.policy = &LoadAware{}
 		default:
 			g.policy = &RoundRobin{}
 		}
 	}
-	switch g.policy.(type) {
+	switch p := g.policy.(type) {
 	case *RoundRobin:
 		g.fixed, g.kind = true, KindRoundRobin
 	case *LoadAware:
+		if err := p.Weights.validate(); err != nil {
+			return nil, err
+		}
 		g.fixed, g.kind = true, KindLoadAware
 	}
 	g.snap.Store(&table{byName: map[string]*replicaState{}})

@@ -507,7 +507,7 @@ func TestRouteAllocatesNothing(t *testing.T) {
 }
 
 // TestZeroLoadWeightsAreDefaults: the zero LoadWeights stands for the
-// defaults, through WithLoadWeights as in LoadAware.Weights.
+// defaults, as LoadAware.Weights.
 func TestZeroLoadWeightsAreDefaults(t *testing.T) {
 	assert.Equal(t, LoadWeights{Queue: 1, KV: 0.5, Latency: 0.25}, DefaultLoadWeights())
 	route := func(opts ...Option) []string {
@@ -525,8 +525,8 @@ func TestZeroLoadWeightsAreDefaults(t *testing.T) {
 		}
 		return got
 	}
-	want := route(WithMode(ModeLoadAware), WithLoadWeights(DefaultLoadWeights()))
-	assert.Equal(t, want, route(WithMode(ModeLoadAware), WithLoadWeights(LoadWeights{})))
+	want := route(WithPolicy(&LoadAware{Weights: DefaultLoadWeights()}))
+	assert.Equal(t, want, route(WithPolicy(&LoadAware{Weights: LoadWeights{}})))
 	assert.Equal(t, want, route(WithPolicy(&LoadAware{})))
-	assert.NotEqual(t, want, route(WithMode(ModeLoadAware), WithLoadWeights(LoadWeights{Latency: 1})), "the weights matter")
+	assert.NotEqual(t, want, route(WithPolicy(&LoadAware{Weights: LoadWeights{Latency: 1}})), "the weights matter")
 }

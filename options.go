@@ -34,7 +34,6 @@ type settings struct {
 	mode    Mode
 	slo     time.Duration
 	ttl     time.Duration
-	weights LoadWeights
 	index   IndexMode
 	clock   func() time.Time
 	secret  *uint64 // fixes the index's placement secret; tests only
@@ -96,18 +95,6 @@ func withLatencyTTL(d time.Duration) Option {
 			return fmt.Errorf("%w: latency TTL %v is negative", ErrInvalid, d)
 		}
 		c.ttl = d
-		return nil
-	}
-}
-
-// WithLoadWeights sets the weights of ModeLoadAware. The default, and the
-// zero LoadWeights, is DefaultLoadWeights().
-func WithLoadWeights(w LoadWeights) Option {
-	return func(c *settings) error {
-		if err := w.validate(); err != nil {
-			return err
-		}
-		c.weights = w
 		return nil
 	}
 }

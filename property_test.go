@@ -171,7 +171,7 @@ func TestPropLoadAwareScore(t *testing.T) {
 				Latency: float64(rapid.IntRange(1, 4).Draw(t, "wl")),
 			}
 		}
-		g, err := New(replicaNames(n), WithMode(ModeLoadAware), WithLoadWeights(w))
+		g, err := New(replicaNames(n), WithPolicy(&LoadAware{Weights: w}))
 		require.NoError(t, err)
 		loads := drawLoads(t, g, n)
 		for i := range loads {

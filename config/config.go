@@ -212,8 +212,8 @@ func (m Model) Options() ([]gateway.Option, error) {
 	if m.SLOLatencyMS > 0 {
 		opts = append(opts, gateway.WithSLOLatency(m.SLOLatency()))
 	}
-	if m.LoadWeights != nil {
-		opts = append(opts, gateway.WithLoadWeights(m.LoadWeights.Gateway()))
+	if m.LoadWeights != nil && m.Mode == gateway.ModeLoadAware {
+		opts = append(opts, gateway.WithPolicy(&gateway.LoadAware{Weights: m.LoadWeights.Gateway()}))
 	}
 	if m.Exact() {
 		opts = append(opts, gateway.WithIndex(gateway.IndexExact))

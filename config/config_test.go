@@ -188,7 +188,7 @@ func TestGatewayConversion(t *testing.T) {
 	m := sample()
 	opts, err := m.Options()
 	require.NoError(t, err)
-	assert.Len(t, opts, 3)
+	assert.Len(t, opts, 2, "mode and SLO; the sample's load weights apply to load_aware only")
 	g, err := gateway.New(GatewayReplicas(m.Replicas), opts...)
 	require.NoError(t, err)
 	assert.Equal(t, gateway.ModeCacheAware.String(), "cache_aware")

@@ -58,9 +58,6 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	if cfg.SLOLatencyMS > 0 {
 		opts = append(opts, gateway.WithSLOLatency(cfg.SLOLatency()))
 	}
-	if cfg.LoadWeights != nil {
-		opts = append(opts, gateway.WithLoadWeights(cfg.LoadWeights.Gateway()))
-	}
 	if cfg.Exact() {
 		// Both pools' indexes follow their engines' KV events (exact.go):
 		// the prefill pool's informs its cache-aware choice, the decode
@@ -68,7 +65,11 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
-	dopts := append([]gateway.Option{gateway.WithMode(gateway.ModeLoadAware)}, opts...)
+	dpol := &gateway.LoadAware{} // the decode pool's policy, with the model's weights
+	if cfg.LoadWeights != nil {
+		dpol.Weights = cfg.LoadWeights.Gateway()
+	}
+	dopts := append([]gateway.Option{gateway.WithPolicy(dpol)}, opts...)
 	popts := append([]gateway.Option{gateway.WithMode(gateway.ModeCacheAware)}, opts...)
 
 	plan := modelPlan{ms: ms, want: dwant, opts: dopts, pwant: pwant, popts: popts}
