@@ -10,10 +10,21 @@
 // loaded). Unhealthy replicas are never chosen; replicas over the latency
 // SLO are left out unless every healthy one breaches it.
 //
-// A request's prefix is a Key, a chain of block hashes built from text
-// (keys.PrefixKey, keys.Hasher), token ids (keys.AppendTokens) or pre-hashed block ids
-// (keys.AppendHashes). Every decision is a function of the key and the
-// gateway's state alone, so the rules are testable without an engine:
+// Every routing decision a front makes is a function here, called alike by
+// the HTTP gateway (package httpgw), the endpoint picker (package picker)
+// and the simulator (package sim):
+//
+//   - Route and RouteWith: a replica for a request, within a Target (the
+//     replicas allowed, one a retry leaves out, a LoRA adapter);
+//   - PD.Route: the plan of a disaggregated model (decode replica, whether
+//     to split, prefill replica);
+//   - Saturated: whether to shed a request (Admission's rule);
+//   - Spares: the replicas a data plane may fall back to.
+//
+// A request's prefix is a Key, a chain of block hashes; package keys builds
+// every Key, from text, token ids, hash ids or an OpenAI request body.
+// Every decision is a function of the key and the gateway's state alone,
+// so the rules are testable without an engine:
 //
 //	gw, err := gateway.New(replicas, gateway.WithMode(gateway.ModeCacheAware))
 //	d, err := gw.Route(keys.PrefixKey(system, session, rag))
@@ -21,11 +32,9 @@
 //	d.FirstToken()                             // optional: prefill finished
 //	d.Done(gateway.DoneInfo{Latency: elapsed}) // frees load, feeds latency
 //
-// Disaggregated routes prefill and decode to separate pools. Package sim
-// compares the policies on simulated clusters; packages httpgw and picker
-// put a Gateway in front of real engines.
-//
 // Every exported function and method is safe for concurrent use. Load and
 // health updates are atomics; Route does not allocate and holds one short
 // mutex, under which a Policy's Pick runs, so Pick must not block.
+// Saturated and Spares read an immutable snapshot of the replica table and
+// take no lock.
 package gateway
