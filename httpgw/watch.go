@@ -72,7 +72,7 @@ func (s *Server) ProbeAll(ctx context.Context) {
 			return
 		}
 		s.metrics.probeFails.WithLabelValues(ep.base).Inc()
-		s.observe(ep, ep.health.failure(false))
+		s.observe(ep, ep.health.probeFailure())
 	})
 }
 

@@ -24,7 +24,7 @@ type serveFlags struct {
 	discover, tokenizeTimeout           time.Duration
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
-	shutdownGrace                       time.Duration
+	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel               string
 }
 
@@ -41,6 +41,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
 	f.DurationVar(&s.discover, "discover-interval", httpgw.DefaultDiscoverInterval, h.discover)
 	f.IntVar(&s.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, h.ejectAfter)
+	f.DurationVar(&s.ejectionTime, "ejection-time", httpgw.DefaultEjectionTime,
+		"back-off of an engine ejected for its answers (--eject-after consecutive 5xx or gateway errors while /health may pass, or one prefill timeout): no probe readmits it for this long times the number of such ejections, at most 10 times it (0 = probes readmit at once)")
 	f.IntVar(&s.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&s.blockSize, "block-size", gateway.DefaultBlockSize, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
@@ -70,6 +72,9 @@ func (s *serveFlags) validate() error {
 		if d.v < 1 {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
+	}
+	if s.ejectionTime < 0 {
+		return usagef("invalid --ejection-time %q: must not be negative", s.ejectionTime)
 	}
 	if s.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", s.shutdownGrace)
@@ -110,6 +115,10 @@ func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Option
 	o.DiscoverInterval = s.discover
 	o.EjectAfter = s.ejectAfter
 	o.ReadmitAfter = s.readmitAfter
+	o.EjectionTime = s.ejectionTime
+	if o.EjectionTime == 0 {
+		o.EjectionTime = -1
+	}
 	o.BlockSize = s.blockSize
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
