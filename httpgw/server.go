@@ -76,6 +76,13 @@ type Options struct {
 	// ReadmitAfter is how many consecutive successful probes readmit an
 	// ejected engine; default DefaultReadmitAfter (2).
 	ReadmitAfter int
+	// PeerTokenFile, when set, names a file holding the peer token (see
+	// ReadPeerToken): /metrics then answers only requests carrying
+	// "Authorization: Bearer <token>" (others get 401), and the peer
+	// scrapes send it. Every gateway sharing pending prefill, and any
+	// Prometheus scraping /metrics, needs the same token. The file is
+	// re-read when it changes. Default "": /metrics is open, as before.
+	PeerTokenFile string
 	// EjectionTime is the back-off of an engine ejected for its answers
 	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
 	// timeout), as Envoy's outlier detection's base_ejection_time: no
@@ -280,6 +287,9 @@ func New(opts Options) (*Server, error) {
 	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorizeMetrics(w, r) {
+			return
+		}
 		s.refreshGauges()
 		metricsHandler.ServeHTTP(w, r)
 	}))
