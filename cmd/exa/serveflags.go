@@ -26,6 +26,7 @@ type serveFlags struct {
 	maxBody                             int64
 	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel               string
+	peerTokenFile                       string
 }
 
 // serveHelp holds the help texts of the shared flags that each command
@@ -51,6 +52,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
 	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
+		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
 }
 
 // validate returns a usage error naming the first invalid shared flag and
@@ -82,6 +85,11 @@ func (s *serveFlags) validate() error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return usagef("invalid --log-level %q: want debug, info, warn or error", s.logLevel)
+	}
+	if s.peerTokenFile != "" {
+		if _, err := httpgw.ReadPeerToken(s.peerTokenFile); err != nil {
+			return usagef("invalid --peer-token-file %q: %v", s.peerTokenFile, err)
+		}
 	}
 	return nil
 }
@@ -122,6 +130,7 @@ func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Option
 	o.BlockSize = s.blockSize
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
+	o.PeerTokenFile = s.peerTokenFile
 	o.Logger = logger
 	return httpgw.New(o)
 }
