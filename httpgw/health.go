@@ -195,6 +195,11 @@ type endpoint struct {
 
 	lora endpointLoRA // LoRA adapters (lora.go)
 
+	// feed serialises feeding this engine's load to the gateways: the
+	// engines' scrapes and the peers' pushes run in loops of their own,
+	// and a push must not overwrite a newer scrape with an older one.
+	feed sync.Mutex
+
 	mu       sync.Mutex
 	load     gateway.Load
 	hasLoad  bool

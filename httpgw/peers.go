@@ -406,9 +406,12 @@ func (s *Server) pushPeerPrefill() {
 			continue
 		}
 		for name, ep := range m.byName {
+			ep.feed.Lock()
 			l, _, _, _ := ep.snapshotLoad()
 			l.PeerPrefill = s.peerPrefill(m, name)
-			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
+			err := m.gatewayOf(name).UpdateLoad(name, l)
+			ep.feed.Unlock()
+			if err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
 		}

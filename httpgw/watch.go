@@ -104,6 +104,8 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 func (s *Server) scrapeEngines(ctx context.Context) {
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
 		l, rep, err := scrape(ctx, s.control, ep.base)
+		ep.feed.Lock()
+		defer ep.feed.Unlock()
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
