@@ -41,16 +41,17 @@ const metricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 // A peer's count at a replica is capped relative to this gateway's own
 // view of the model: at most peerCapFactor times this gateway's own mean
 // pending prefill over the model's replicas (rounded up), and never below
-// peerCapFloor blocks. Gateways behind one load balancer see about the
-// same traffic, so an honest peer's count at a replica is about this
-// gateway's mean there; twice it leaves room for a peer that just routed
-// a long prompt. The floor (256 blocks of the default 64 bytes: a 16 KiB,
-// about 4k-token, prompt) keeps an idle gateway honouring one request's
-// worth. A peer lying about a replica can thus make it look at most
-// max(256, 2×mean) blocks busier, not 2³¹ (docs/multi-gateway.md).
+// the blocks of peerCapFloorBytes of prompt (4,096 blocks at the default
+// 64-byte blocks). Gateways behind one load balancer see about the same
+// traffic, so an honest peer's count at a replica is about this gateway's
+// mean there; twice it leaves room for a peer that just routed a long
+// prompt. The floor, 256 KiB of prompt (about 64k tokens), lets an idle
+// gateway still honour a peer's one long request. A peer lying about a
+// replica can thus make it look at most max(floor, 2×mean) blocks busier,
+// not 2³¹ (docs/multi-gateway.md).
 const (
-	peerCapFactor = 2
-	peerCapFloor  = 256
+	peerCapFactor     = 2
+	peerCapFloorBytes = 256 << 10
 )
 
 // maxPeerTokenBytes bounds the peer token file.
@@ -72,7 +73,7 @@ var (
 	descPeerErrors = prometheus.NewDesc("exa_gateway_peer_scrape_errors_total",
 		"Failed /metrics scrapes of a peer gateway (down, slow, refused, or a page that does not parse).", []string{"peer"}, nil)
 	descPeerCapped = prometheus.NewDesc("exa_gateway_peer_capped_total",
-		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (twice this gateway's own mean per replica, at least 256 blocks).", []string{"peer"}, nil)
+		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (twice this gateway's own mean per replica, at least 256 KiB of prompt in blocks).", []string{"peer"}, nil)
 )
 
 // peerState is what the gateway knows of one peer.
@@ -343,21 +344,25 @@ func (s *Server) knownPeers() int {
 	return len(s.peers.peers)
 }
 
-// peerCap is the most pending prefill one peer may add at a replica of m
+// peerCap is the most pending prefill one peer may add at a replica
 // served by gateway g: peerCapFactor times g's own mean pending prefill
-// per replica (rounded up), at least peerCapFloor.
-func peerCap(g *gateway.Gateway) int {
+// per replica (rounded up), at least peerFloor.
+func (s *Server) peerCap(g *gateway.Gateway) int {
 	reps := g.Replicas()
-	if len(reps) == 0 {
-		return peerCapFloor
-	}
 	sum := 0
 	for _, r := range reps {
 		sum += r.PendingPrefill
 	}
-	mean := (sum + len(reps) - 1) / len(reps)
-	return min(max(peerCapFloor, peerCapFactor*mean), MaxLoadCount)
+	mean := 0
+	if len(reps) > 0 {
+		mean = (sum + len(reps) - 1) / len(reps)
+	}
+	return min(max(s.peerFloor(), peerCapFactor*mean), MaxLoadCount)
 }
+
+// peerFloor is the least cap of a peer's count: peerCapFloorBytes of
+// prompt, in blocks.
+func (s *Server) peerFloor() int { return peerCapFloorBytes / max(s.opts.BlockSize, 1) }
 
 // overCap reports whether counts, a peer's report, exceeds the cap at any
 // replica of a model that has peers.
@@ -367,7 +372,7 @@ func (s *Server) overCap(counts map[string]map[string]int) bool {
 			continue
 		}
 		for rep, n := range counts[name] {
-			if _, ok := m.byName[rep]; ok && n > peerCap(m.gatewayOf(rep)) {
+			if _, ok := m.byName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
 				return true
 			}
 		}
@@ -377,13 +382,13 @@ func (s *Server) overCap(counts map[string]map[string]int) bool {
 
 // peerPrefill returns the pending prefill m's peers report at its replica
 // name: the sum over its peers whose last good scrape is at most peerTTL
-// scrape intervals old, each peer's count capped at peerCap, clamped to
+// scrape intervals old, each peer's count capped at s.peerCap, clamped to
 // 0..MaxLoadCount.
 func (s *Server) peerPrefill(m *modelState, name string) int {
 	if len(m.cfg.Peers) == 0 {
 		return 0
 	}
-	limit := peerCap(m.gatewayOf(name))
+	limit := s.peerCap(m.gatewayOf(name))
 	oldest := s.opts.Clock().Add(-peerTTL * s.opts.ScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()

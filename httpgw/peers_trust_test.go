@@ -127,8 +127,9 @@ func TestReadPeerToken(t *testing.T) {
 
 // TestLyingPeer: a peer reporting huge pending prefill at two of three
 // replicas no longer sends every request to the third: its counts are
-// capped relative to this gateway's own (twice its mean, at least 256
-// blocks).
+// capped relative to this gateway's own (twice its mean, at least 4,096
+// blocks). Requests are 300 blocks (19 KiB of prompt, about 5k tokens),
+// 24 in prefill at a time.
 func TestLyingPeer(t *testing.T) {
 	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "%s{model=%q,replica=\"r0\"} 2e9\n%s{model=%q,replica=\"r1\"} 2e9\n",
@@ -144,7 +145,7 @@ func TestLyingPeer(t *testing.T) {
 		if i%10 == 0 {
 			s.ScrapeAll(ctx)
 		}
-		key := make(gateway.Key, 32)
+		key := make(gateway.Key, 300)
 		for j := range key {
 			key[j] = uint64(i*1000 + j + 1)
 		}
@@ -164,7 +165,7 @@ func TestLyingPeer(t *testing.T) {
 	assert.Positive(t, s.peers.peers[liar.URL].capped, "the capped reports are counted")
 	s.peers.mu.Unlock()
 	for _, r := range gw.Replicas() {
-		assert.LessOrEqual(t, r.Load.PeerPrefill, peerCapFloor+peerCapFactor*32*24, "replica %s", r.Name)
+		assert.LessOrEqual(t, r.Load.PeerPrefill, max(s.peerFloor(), peerCapFactor*(300*24+2)/3), "replica %s", r.Name)
 	}
 }
 
