@@ -277,7 +277,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		c.oc.code = codeClientCanceled
 		return false, false
 	case err != nil:
-		s.observe(ep, ep.health.failure(isDialError(err)))
+		s.observe(ep, ep.health.failedWith(err, timedOut.Load()))
 		pre.Done(gateway.DoneInfo{Err: err})
 		s.pdFallback(c, pdPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
 		return true, false

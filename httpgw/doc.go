@@ -143,11 +143,15 @@
 // # Engine signals
 //
 // Health: every ProbeInterval each engine address gets GET /health; after
-// EjectAfter consecutive failures (failed probes, 5xx answers, transport
-// errors, answers whose first byte misses the first-byte timeout; a refused
-// connection ejects at once) the engine is ejected from
-// every model that uses it, and after ReadmitAfter consecutive successful
-// probes it is readmitted. Load: every ScrapeInterval each engine's
+// EjectAfter consecutive failed probes, or EjectAfter consecutive failed
+// answers (5xx, transport errors, answers whose first byte misses the
+// first-byte timeout; a refused connection ejects at once, and so does one
+// prefill timeout), the engine is ejected from every model that uses it,
+// and after ReadmitAfter consecutive successful probes it is readmitted.
+// As in Envoy's outlier detection, the two counts are apart: a passing
+// probe does not reset the failed answers, and an engine ejected for its
+// answers stays out for EjectionTime times the number of such ejections
+// (at most 10 times), whatever its probes say (health.go). Load: every ScrapeInterval each engine's
 // /metrics is parsed with the Prometheus text parser (ParseEngineMetrics)
 // and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
 // and time to first byte feeds each replica's smoothed latency through

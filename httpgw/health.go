@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/examlops/gateway"
 )
@@ -20,19 +21,42 @@ const (
 	healthReadmitted
 )
 
-// healthState tracks one endpoint's health: it is ejected after
-// ejectAfter consecutive failures (active probe failures, 5xx responses,
-// connection errors; a refused connection ejects at once) and readmitted
-// after readmitAfter consecutive successful probes. Only active probes
-// readmit an ejected endpoint: no traffic goes to it to prove otherwise.
-// It is safe for concurrent use; the zero value is a healthy endpoint with
-// thresholds of 1.
+// healthState tracks one endpoint's health, as Envoy's active health
+// checking and outlier detection do together:
+//
+//   - Active probes: ejectAfter consecutive failed probes eject the
+//     endpoint; readmitAfter consecutive successful probes readmit it.
+//   - Passive (outlier) detection on served traffic: ejectAfter consecutive
+//     failures (5xx answers, gateway errors: a reset, a timeout) eject it
+//     for a back-off of backoff × the number of times it was ejected so
+//     (at most maxBackoff; Envoy's base_ejection_time and
+//     max_ejection_time, 30s and 300s by default), during which no probe
+//     readmits it; after it, readmitAfter successful probes do. A
+//     successful probe does not reset the passive count: an engine whose
+//     /health passes while its answers fail stays ejected.
+//   - A refused connection (fatal) ejects at once; probes readmit it, as
+//     they would after probe failures: the engine is down, not misbehaving.
+//   - A request that timed out ejects at once with the back-off (timeout:
+//     a hanging engine costs one timeout, not ejectAfter of them).
+//
+// Only active probes readmit: no traffic goes to an ejected endpoint to
+// prove otherwise. A successful answer resets the passive count and
+// lowers the back-off multiplier by one. It is safe for concurrent use;
+// the zero value is a healthy endpoint with thresholds of 1 and no
+// back-off (clock nil).
 type healthState struct {
 	mu           sync.Mutex
 	ejected      bool
-	fails, oks   int
+	probeFails   int // consecutive failed probes
+	fails        int // consecutive passive failures
+	oks          int // consecutive successful probes while ejected
 	ejectAfter   int
 	readmitAfter int
+
+	clock               func() time.Time // nil: no back-off
+	backoff, maxBackoff time.Duration
+	until               time.Time // end of the current outlier back-off
+	outliers            int       // the back-off multiplier
 }
 
 func (h *healthState) healthy() bool {
@@ -41,13 +65,72 @@ func (h *healthState) healthy() bool {
 	return !h.ejected
 }
 
-// failure records a failed observation; fatal ejects at once.
+// failure records a failed answer or exchange (passive); fatal (a refused
+// connection) ejects at once, without back-off.
 func (h *healthState) failure(fatal bool) healthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.oks = 0
 	h.fails++
-	if !h.ejected && (fatal || h.fails >= max(h.ejectAfter, 1)) {
+	if h.ejected {
+		return healthNoChange
+	}
+	if fatal {
+		h.ejected = true
+		return healthEjected
+	}
+	if h.fails >= max(h.ejectAfter, 1) {
+		h.eject()
+		return healthEjected
+	}
+	return healthNoChange
+}
+
+// timeout records a request the endpoint did not answer in time: it is
+// ejected at once, with the back-off.
+func (h *healthState) timeout() healthEvent {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.oks = 0
+	h.fails++
+	if h.ejected {
+		return healthNoChange
+	}
+	h.eject()
+	return healthEjected
+}
+
+// failedWith records a failed exchange whose error was err: a refused
+// connection ejects at once (failure(true)), a timeout (timedOut) ejects at
+// once with the back-off (timeout), another error counts (failure(false)).
+func (h *healthState) failedWith(err error, timedOut bool) healthEvent {
+	if timedOut {
+		return h.timeout()
+	}
+	return h.failure(isDialError(err))
+}
+
+// eject ejects the endpoint as an outlier, with the back-off; h.mu held.
+func (h *healthState) eject() {
+	h.ejected = true
+	h.outliers++
+	if h.clock == nil || h.backoff <= 0 {
+		return
+	}
+	d := h.backoff * time.Duration(min(h.outliers, 1<<16))
+	if h.maxBackoff > 0 {
+		d = min(d, h.maxBackoff)
+	}
+	h.until = h.clock().Add(d)
+}
+
+// probeFailure records a failed active probe.
+func (h *healthState) probeFailure() healthEvent {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.oks = 0
+	h.probeFails++
+	if !h.ejected && h.probeFails >= max(h.ejectAfter, 1) {
 		h.ejected = true
 		return healthEjected
 	}
@@ -59,17 +142,26 @@ func (h *healthState) failure(fatal bool) healthEvent {
 func (h *healthState) success(probe bool) healthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.fails = 0
+	if !probe {
+		h.fails = 0
+		h.outliers = max(h.outliers-1, 0)
+		return healthNoChange
+	}
+	h.probeFails = 0
 	if !h.ejected {
 		return healthNoChange
 	}
-	if !probe {
+	if h.clock != nil && h.clock().Before(h.until) {
+		// In an outlier back-off: the probe passing says nothing of
+		// the answers.
+		h.oks = 0
 		return healthNoChange
 	}
 	h.oks++
 	if h.oks >= max(h.readmitAfter, 1) {
 		h.ejected = false
-		h.oks = 0
+		h.oks, h.fails = 0, 0
+		h.until = time.Time{}
 		return healthReadmitted
 	}
 	return healthNoChange
@@ -102,6 +194,11 @@ type endpoint struct {
 	health   healthState
 
 	lora endpointLoRA // LoRA adapters (lora.go)
+
+	// feed serialises feeding this engine's load to the gateways: the
+	// engines' scrapes and the peers' pushes run in loops of their own,
+	// and a push must not overwrite a newer scrape with an older one.
+	feed sync.Mutex
 
 	mu       sync.Mutex
 	load     gateway.Load

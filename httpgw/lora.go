@@ -132,74 +132,103 @@ var errModelList = errors.New("gateway: engine model list")
 // parseModelList reads an OpenAI GET /v1/models body and returns the LoRA
 // adapters it lists (entries whose "parent" is a non-empty string, as vLLM
 // lists them), each mapped to its parent. The body must be one JSON object
-// whose "data" is an array of objects with a non-empty string "id" of at
-// most gateway.MaxAdapterName bytes and a "parent" that is a string, null
-// or absent; at most maxServedModels entries. Other members are ignored.
-func parseModelList(body []byte) (map[string]string, error) {
+// whose "data" is an array of at most maxServedModels entries; an entry
+// that is not an object with a non-empty string "id" of at most
+// gateway.MaxAdapterName bytes and a "parent" that is a string, null or
+// absent is skipped: skipped counts them and bad describes the first
+// (one broken entry does not cost the engine its other adapters). Other
+// members are ignored.
+func parseModelList(body []byte) (servedList, error) {
 	var doc struct {
-		Data []struct {
-			ID     *string         `json:"id"`
-			Parent json.RawMessage `json:"parent"`
-		} `json:"data"`
+		Data []json.RawMessage `json:"data"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("%w: %v", errModelList, err)
+		return servedList{}, fmt.Errorf("%w: %v", errModelList, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: data after the JSON object", errModelList)
+		return servedList{}, fmt.Errorf("%w: data after the JSON object", errModelList)
 	}
 	if doc.Data == nil {
-		return nil, fmt.Errorf("%w: no \"data\" array", errModelList)
+		return servedList{}, fmt.Errorf("%w: no \"data\" array", errModelList)
 	}
 	if len(doc.Data) > maxServedModels {
-		return nil, fmt.Errorf("%w: %d models, at most %d", errModelList, len(doc.Data), maxServedModels)
+		return servedList{}, fmt.Errorf("%w: %d models, at most %d", errModelList, len(doc.Data), maxServedModels)
 	}
-	out := map[string]string{}
-	for i, e := range doc.Data {
-		if e.ID == nil || *e.ID == "" || len(*e.ID) > gateway.MaxAdapterName {
-			return nil, fmt.Errorf("%w: data[%d].id must be a string of 1..%d bytes", errModelList, i, gateway.MaxAdapterName)
-		}
-		p := bytes.TrimSpace(e.Parent)
-		if len(p) == 0 || string(p) == "null" {
+	out := servedList{parents: map[string]string{}}
+	for i, raw := range doc.Data {
+		id, parent, err := parseModelEntry(raw)
+		if err != nil {
+			if out.skipped == 0 {
+				out.bad = fmt.Errorf("%w: data[%d]: %v", errModelList, i, err)
+			}
+			out.skipped++
 			continue
 		}
-		var parent string
-		if err := json.Unmarshal(p, &parent); err != nil {
-			return nil, fmt.Errorf("%w: data[%d].parent must be a string or null", errModelList, i)
-		}
 		if parent != "" {
-			out[*e.ID] = parent
+			out.parents[id] = parent
 		}
 	}
 	return out, nil
 }
 
-// fetchServed fetches an engine's GET /v1/models and returns its adapters.
-func fetchServed(ctx context.Context, client *http.Client, base string) (map[string]string, error) {
+// servedList is what parseModelList read: the adapters, each mapped to its
+// parent, and the entries it skipped (bad describes the first).
+type servedList struct {
+	parents map[string]string
+	skipped int
+	bad     error
+}
+
+// parseModelEntry reads one entry of a model list: its id and its parent
+// ("" when null or absent).
+func parseModelEntry(raw json.RawMessage) (id, parent string, err error) {
+	var e struct {
+		ID     *string         `json:"id"`
+		Parent json.RawMessage `json:"parent"`
+	}
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return "", "", fmt.Errorf("not an object with a string id: %v", err)
+	}
+	if e.ID == nil || *e.ID == "" || len(*e.ID) > gateway.MaxAdapterName {
+		return "", "", fmt.Errorf("id must be a string of 1..%d bytes", gateway.MaxAdapterName)
+	}
+	p := bytes.TrimSpace(e.Parent)
+	if len(p) == 0 || string(p) == "null" {
+		return *e.ID, "", nil
+	}
+	if err := json.Unmarshal(p, &parent); err != nil {
+		return "", "", fmt.Errorf("id %q: parent must be a string or null", *e.ID)
+	}
+	return *e.ID, parent, nil
+}
+
+// fetchServed fetches an engine's GET /v1/models and returns its adapters,
+// with the entries skipped (see parseModelList).
+func fetchServed(ctx context.Context, client *http.Client, base string) (servedList, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
+		return servedList{}, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
 	if len(body) > maxModelsBytes {
-		return nil, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
+		return servedList{}, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
 	}
 	served, err := parseModelList(body)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", base, err)
+		return servedList{}, fmt.Errorf("%s: %w", base, err)
 	}
 	return served, nil
 }
@@ -207,8 +236,9 @@ func fetchServed(ctx context.Context, client *http.Client, base string) (map[str
 // endpointLoRA is an engine's adapter state: its last adapter report and
 // the adapters its last discovery found.
 type endpointLoRA struct {
-	report atomic.Pointer[gateway.AdapterReport]
-	served atomic.Pointer[servedAdapters]
+	report  atomic.Pointer[gateway.AdapterReport]
+	served  atomic.Pointer[servedAdapters]
+	skipped atomic.Uint64 // model list entries skipped, over all discoveries
 }
 
 // servedAdapters is the outcome of an engine's discoveries.
@@ -228,8 +258,12 @@ func (s *Server) DiscoverAll(ctx context.Context) {
 	var changed atomic.Bool
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
 		got, err := fetchServed(ctx, s.control, ep.base)
+		if got.skipped > 0 {
+			ep.lora.skipped.Add(uint64(got.skipped))
+			s.log.Debug("gateway: adapter discovery skipped bad entries of the engine's model list", "address", ep.base, "skipped", got.skipped, "first", got.bad)
+		}
 		old := ep.lora.served.Load()
-		next := &servedAdapters{parents: got}
+		next := &servedAdapters{parents: got.parents}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -378,6 +412,9 @@ type EngineAdapters struct {
 	Served []string `json:"served"`
 	// DiscoveryError is the last discovery's error, "" when it succeeded.
 	DiscoveryError string `json:"discovery_error,omitempty"`
+	// SkippedEntries counts the entries of its model lists that were
+	// skipped as malformed, over all discoveries.
+	SkippedEntries uint64 `json:"skipped_entries,omitempty"`
 	// Running, Waiting and MaxLoras are its last vllm:lora_requests_info
 	// (absent before the first).
 	Running  []string `json:"running,omitempty"`
@@ -397,6 +434,7 @@ func adapterStats(ep *endpoint) *EngineAdapters {
 		out.Served = slices.Sorted(maps.Keys(sv.parents))
 		out.DiscoveryError = sv.err
 	}
+	out.SkippedEntries = ep.lora.skipped.Load()
 	if rep != nil {
 		out.Running = slices.Sorted(slices.Values(rep.Running))
 		out.Waiting = slices.Sorted(slices.Values(rep.Waiting))

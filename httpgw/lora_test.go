@@ -69,14 +69,24 @@ func TestParseModelList(t *testing.T) {
 	simList := `{"object":"list","data":[{"id":"m","object":"model","created":1796079723,"owned_by":"vllm","root":"m","parent":null,"max_model_len":1024},{"id":"b","object":"model","root":"/x/b","parent":"m"},{"id":"a","object":"model","root":"/x/a","parent":"m"}]}`
 	got, err := parseModelList([]byte(simList))
 	require.NoError(t, err)
-	require.Equal(t, map[string]string{"a": "m", "b": "m"}, got, "llm-d-inference-sim v0.10.2's list")
+	require.Equal(t, map[string]string{"a": "m", "b": "m"}, got.parents, "llm-d-inference-sim v0.10.2's list")
+	require.Zero(t, got.skipped)
 	got, err = parseModelList([]byte(`{"data":[{"id":"m"},{"id":"x","parent":""}]}`))
 	require.NoError(t, err)
-	require.Empty(t, got, "no parent, empty parent: not adapters")
-	for _, bad := range []string{``, `[]`, `{}`, `{"data":{}}`, `{"data":[{"parent":"m"}]}`, `{"data":[{"id":""}]}`,
-		`{"data":[{"id":"a","parent":3}]}`, `{"data":[]} x`, `{"data":[{"id":7}]}`} {
+	require.Empty(t, got.parents, "no parent, empty parent: not adapters")
+	for _, bad := range []string{``, `[]`, `{}`, `{"data":{}}`, `{"data":[]} x`} {
 		_, err := parseModelList([]byte(bad))
 		require.ErrorIs(t, err, errModelList, bad)
+	}
+	// A bad entry is skipped and counted; the others stand.
+	for _, entry := range []string{`{"parent":"m"}`, `{"id":""}`, `{"id":"a","parent":3}`, `{"id":7}`, `"x"`, `null`, `[1]`} {
+		body := `{"data":[{"id":"good","parent":"m"},` + entry + `,{"id":"also","parent":"m"}]}`
+		got, err := parseModelList([]byte(body))
+		require.NoError(t, err, body)
+		require.Equal(t, map[string]string{"good": "m", "also": "m"}, got.parents, body)
+		require.Equal(t, 1, got.skipped, body)
+		require.ErrorIs(t, got.bad, errModelList, body)
+		require.Contains(t, got.bad.Error(), "data[1]", body)
 	}
 }
 
@@ -110,25 +120,32 @@ func FuzzParseModelList(f *testing.F) {
 	f.Add(`{"data":[{"id":"a","parent":"m","parent":null}]}`)
 	f.Add(`{"data":[{"id":"a","Parent":"m"}]}`)
 	f.Add(`{"data":[]}`)
+	f.Add(`{"data":[{"id":"a","parent":"m"},{"id":7},"x",{"id":"b","parent":3},{"id":"c","parent":"m"}]}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		got, err := parseModelList([]byte(body))
 		if err != nil {
 			return
 		}
 		var doc struct {
-			Data []struct {
-				ID     string  `json:"id"`
-				Parent *string `json:"parent"`
-			} `json:"data"`
+			Data []json.RawMessage `json:"data"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(body), &doc))
-		want := map[string]string{}
-		for _, e := range doc.Data {
+		want, skipped := map[string]string{}, 0
+		for _, raw := range doc.Data {
+			var e struct {
+				ID     *string `json:"id"`
+				Parent *string `json:"parent"`
+			}
+			if json.Unmarshal(raw, &e) != nil || e.ID == nil || *e.ID == "" || len(*e.ID) > gateway.MaxAdapterName {
+				skipped++
+				continue
+			}
 			if e.Parent != nil && *e.Parent != "" {
-				want[e.ID] = *e.Parent
+				want[*e.ID] = *e.Parent
 			}
 		}
-		require.Equal(t, want, got)
+		require.Equal(t, want, got.parents)
+		require.Equal(t, skipped, got.skipped)
 	})
 }
 

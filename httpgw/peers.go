@@ -1,10 +1,14 @@
 package httpgw
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -34,6 +38,25 @@ import (
 // per replica, which its peers scrape.
 const metricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 
+// A peer's count at a replica is capped relative to this gateway's own
+// view of the model: at most peerCapFactor times this gateway's own mean
+// pending prefill over the model's replicas (rounded up), and never below
+// the blocks of peerCapFloorBytes of prompt (4,096 blocks at the default
+// 64-byte blocks). Gateways behind one load balancer see about the same
+// traffic, so an honest peer's count at a replica is about this gateway's
+// mean there; twice it leaves room for a peer that just routed a long
+// prompt. The floor, 256 KiB of prompt (about 64k tokens), lets an idle
+// gateway still honour a peer's one long request. A peer lying about a
+// replica can thus make it look at most max(floor, 2×mean) blocks busier,
+// not 2³¹ (docs/multi-gateway.md).
+const (
+	peerCapFactor     = 2
+	peerCapFloorBytes = 256 << 10
+)
+
+// maxPeerTokenBytes bounds the peer token file.
+const maxPeerTokenBytes = 4096
+
 // peerTTL is how many scrape intervals a peer's last good counts are
 // used for: a peer that stops answering stops counting after this long.
 const peerTTL = 3
@@ -48,7 +71,9 @@ var (
 	descPeerUp = prometheus.NewDesc("exa_gateway_peer_up",
 		"1 if the peer gateway's last /metrics scrape succeeded, 0 if not.", []string{"peer"}, nil)
 	descPeerErrors = prometheus.NewDesc("exa_gateway_peer_scrape_errors_total",
-		"Failed /metrics scrapes of a peer gateway (down, slow, or a page that does not parse).", []string{"peer"}, nil)
+		"Failed /metrics scrapes of a peer gateway (down, slow, refused, or a page that does not parse).", []string{"peer"}, nil)
+	descPeerCapped = prometheus.NewDesc("exa_gateway_peer_capped_total",
+		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (twice this gateway's own mean per replica, at least 256 KiB of prompt in blocks).", []string{"peer"}, nil)
 )
 
 // peerState is what the gateway knows of one peer.
@@ -59,13 +84,95 @@ type peerState struct {
 	at     time.Time
 	up     bool
 	errors uint64
+	capped uint64
 }
 
-// peerTable holds every configured peer's state, by normalised base URL.
-// Safe for concurrent use; the zero value is empty.
+// peerTable holds every configured peer's state, by normalised base URL,
+// and the peer token. Safe for concurrent use; the zero value is empty.
 type peerTable struct {
 	mu    sync.Mutex
 	peers map[string]*peerState
+	token tokenFile
+}
+
+// tokenFile is a bearer token read from a file, re-read when the file's
+// size or modification time changes. Safe for concurrent use.
+type tokenFile struct {
+	mu   sync.Mutex
+	mod  time.Time
+	size int64
+	tok  []byte
+}
+
+// get returns the token in the file at path: its contents with
+// surrounding white space trimmed, which must be 1..maxPeerTokenBytes
+// bytes. An error names the file.
+func (t *tokenFile) get(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("peer token file: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.tok != nil && fi.ModTime().Equal(t.mod) && fi.Size() == t.size {
+		return t.tok, nil
+	}
+	tok, err := ReadPeerToken(path)
+	if err != nil {
+		return nil, err
+	}
+	t.tok, t.mod, t.size = tok, fi.ModTime(), fi.Size()
+	return tok, nil
+}
+
+// ReadPeerToken reads a peer token file (Options.PeerTokenFile): its
+// contents, white space around them trimmed, must be 1 to 4,096 bytes.
+func ReadPeerToken(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("peer token file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxPeerTokenBytes+1<<10))
+	if err != nil {
+		return nil, fmt.Errorf("peer token file %s: %w", path, err)
+	}
+	b = bytes.TrimSpace(b)
+	switch {
+	case len(b) == 0:
+		return nil, fmt.Errorf("peer token file %s: empty", path)
+	case len(b) > maxPeerTokenBytes:
+		return nil, fmt.Errorf("peer token file %s: over %d bytes", path, maxPeerTokenBytes)
+	case bytes.ContainsAny(b, "\r\n\x00"):
+		return nil, fmt.Errorf("peer token file %s: the token holds a line break or NUL", path)
+	}
+	return b, nil
+}
+
+// errPeerUnauthorized is the scrape error of a peer that answered 401.
+var errPeerUnauthorized = errors.New("status 401: the peer wants a bearer token this gateway does not have (Options.PeerTokenFile)")
+
+// authorizeMetrics checks, when Options.PeerTokenFile is set, that a
+// /metrics request carries "Authorization: Bearer <token>"; when it does
+// not, it answers 401 (503 if the token file cannot be read) and returns
+// false.
+func (s *Server) authorizeMetrics(w http.ResponseWriter, r *http.Request) bool {
+	if s.opts.PeerTokenFile == "" {
+		return true
+	}
+	tok, err := s.peers.token.get(s.opts.PeerTokenFile)
+	if err != nil {
+		s.log.Warn("gateway: /metrics refused: the peer token cannot be read", "err", err)
+		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "peer_token_unavailable", "", "gateway: /metrics needs a bearer token, and this gateway's token file cannot be read")
+		return false
+	}
+	got, ok := bytes.CutPrefix([]byte(r.Header.Get("Authorization")), []byte("Bearer "))
+	if !ok || subtle.ConstantTimeCompare(got, tok) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="exa-gateway"`)
+		writeError(w, http.StatusUnauthorized, typeInvalidRequest, "invalid_api_key", "", "gateway: /metrics needs Authorization: Bearer with the peer token")
+		return false
+	}
+	return true
 }
 
 // parsePeerPending parses a gateway's /metrics page into its
@@ -101,18 +208,26 @@ func parsePeerPending(r io.Reader) (map[string]map[string]int, error) {
 	return out, nil
 }
 
-// scrapePeer fetches and parses one peer's /metrics.
-func scrapePeer(ctx context.Context, client *http.Client, base string) (map[string]map[string]int, error) {
+// scrapePeer fetches and parses one peer's /metrics, sending token as a
+// bearer token when it is not nil.
+func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte) (map[string]map[string]int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, errPeerUnauthorized
+	}
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil, fmt.Errorf("status %d", resp.StatusCode)
@@ -135,12 +250,41 @@ func (st *state) peerBases() map[string]bool {
 	return out
 }
 
-// scrapePeers scrapes every configured peer once, concurrently; each is
-// bounded by the control client's timeout (ProbeTimeout). A peer that
-// fails keeps its last counts until they expire (peerTTL scrape
+// ScrapePeers scrapes every model's peer gateways once (scrapePeers), then
+// feeds each replica's gateway the pending prefill they report there,
+// capped (pushPeerPrefill). Run calls it every ScrapeInterval, in a loop
+// of its own: a slow peer never delays the engines' scrapes.
+func (s *Server) ScrapePeers(ctx context.Context) {
+	s.scrapePeers(ctx)
+	s.pushPeerPrefill()
+}
+
+// peerTimeout bounds one round of peer scrapes: ProbeTimeout, at most
+// one ScrapeInterval.
+func (s *Server) peerTimeout() time.Duration {
+	return min(s.opts.ProbeTimeout, s.opts.ScrapeInterval)
+}
+
+// scrapePeers scrapes every configured peer once, concurrently, within
+// peerTimeout, with the peer token when Options.PeerTokenFile is set. A
+// peer that fails keeps its last counts until they expire (peerTTL scrape
 // intervals) and is logged when it goes down and when it comes back.
 func (s *Server) scrapePeers(ctx context.Context) {
 	bases := s.state.Load().peerBases()
+	if len(bases) == 0 && s.knownPeers() == 0 {
+		return
+	}
+	var token []byte
+	if s.opts.PeerTokenFile != "" {
+		t, err := s.peers.token.get(s.opts.PeerTokenFile)
+		if err != nil {
+			s.log.Warn("gateway: peer token unreadable; scraping peers without it", "err", err)
+		}
+		token = t
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, s.peerTimeout())
+	defer cancel()
 	s.peers.mu.Lock()
 	if s.peers.peers == nil {
 		s.peers.peers = map[string]*peerState{}
@@ -161,7 +305,8 @@ func (s *Server) scrapePeers(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := scrapePeer(ctx, s.control, b)
+			c, err := scrapePeer(ctx, s.control, b, token)
+			capped := err == nil && s.overCap(c)
 			now := s.opts.Clock()
 			s.peers.mu.Lock()
 			p := s.peers.peers[b]
@@ -172,7 +317,10 @@ func (s *Server) scrapePeers(ctx context.Context) {
 			was := p.up
 			if err == nil {
 				p.counts, p.at, p.up = c, now, true
-			} else if ctx.Err() == nil {
+				if capped {
+					p.capped++
+				}
+			} else if parent.Err() == nil {
 				p.up = false
 				p.errors++
 			}
@@ -189,13 +337,58 @@ func (s *Server) scrapePeers(ctx context.Context) {
 	wg.Wait()
 }
 
+// knownPeers returns how many peers the table holds.
+func (s *Server) knownPeers() int {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	return len(s.peers.peers)
+}
+
+// peerCap is the most pending prefill one peer may add at a replica
+// served by gateway g: peerCapFactor times g's own mean pending prefill
+// per replica (rounded up), at least peerFloor.
+func (s *Server) peerCap(g *gateway.Gateway) int {
+	reps := g.Replicas()
+	sum := 0
+	for _, r := range reps {
+		sum += r.PendingPrefill
+	}
+	mean := 0
+	if len(reps) > 0 {
+		mean = (sum + len(reps) - 1) / len(reps)
+	}
+	return min(max(s.peerFloor(), peerCapFactor*mean), MaxLoadCount)
+}
+
+// peerFloor is the least cap of a peer's count: peerCapFloorBytes of
+// prompt, in blocks.
+func (s *Server) peerFloor() int { return peerCapFloorBytes / max(s.opts.BlockSize, 1) }
+
+// overCap reports whether counts, a peer's report, exceeds the cap at any
+// replica of a model that has peers.
+func (s *Server) overCap(counts map[string]map[string]int) bool {
+	for name, m := range s.state.Load().models {
+		if m.gw == nil || len(m.cfg.Peers) == 0 {
+			continue
+		}
+		for rep, n := range counts[name] {
+			if _, ok := m.byName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // peerPrefill returns the pending prefill m's peers report at its replica
 // name: the sum over its peers whose last good scrape is at most peerTTL
-// scrape intervals old, clamped to 0..MaxLoadCount.
+// scrape intervals old, each peer's count capped at s.peerCap, clamped to
+// 0..MaxLoadCount.
 func (s *Server) peerPrefill(m *modelState, name string) int {
 	if len(m.cfg.Peers) == 0 {
 		return 0
 	}
+	limit := s.peerCap(m.gatewayOf(name))
 	oldest := s.opts.Clock().Add(-peerTTL * s.opts.ScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
@@ -205,7 +398,7 @@ func (s *Server) peerPrefill(m *modelState, name string) int {
 		if p == nil || p.counts == nil || p.at.Before(oldest) {
 			continue
 		}
-		sum = min(sum+p.counts[m.name][name], MaxLoadCount)
+		sum = min(sum+min(p.counts[m.name][name], limit), MaxLoadCount)
 	}
 	return sum
 }
@@ -218,9 +411,12 @@ func (s *Server) pushPeerPrefill() {
 			continue
 		}
 		for name, ep := range m.byName {
+			ep.feed.Lock()
 			l, _, _, _ := ep.snapshotLoad()
 			l.PeerPrefill = s.peerPrefill(m, name)
-			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
+			err := m.gatewayOf(name).UpdateLoad(name, l)
+			ep.feed.Unlock()
+			if err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
 			}
 		}
@@ -235,7 +431,7 @@ var _ prometheus.Collector = peerCollector{}
 
 // Describe implements prometheus.Collector.
 func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descPeerPrefill, descPeerUp, descPeerErrors} {
+	for _, d := range []*prometheus.Desc{descPending, descPeerPrefill, descPeerUp, descPeerErrors, descPeerCapped} {
 		ch <- d
 	}
 }
@@ -269,5 +465,6 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, b)
 		ch <- prometheus.MustNewConstMetric(descPeerErrors, prometheus.CounterValue, float64(p.errors), b)
+		ch <- prometheus.MustNewConstMetric(descPeerCapped, prometheus.CounterValue, float64(p.capped), b)
 	}
 }

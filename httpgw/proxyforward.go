@@ -154,14 +154,14 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 // reports the attempt's end.
 func (s *Server) relay(c *call, resp *http.Response) {
 	a := &c.attempt
-	h := c.w.Header()
-	copyHeaders(h, resp.Header)
-	h.Set(HeaderReplica, a.d.Replica)
-	h.Set(HeaderDecision, decisionText(c))
-	c.w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	rc := http.NewResponseController(c.w)
+	// A stream's head goes at once; a whole answer's waits for its first
+	// byte (or its end), so that an engine cutting it before any byte
+	// still leaves room for a 502.
+	began := sse
 	if sse {
+		s.beginAnswer(c, resp)
 		_ = rc.Flush()
 	}
 	bp := s.bufPool.Get().(*[]byte)
@@ -180,6 +180,10 @@ func (s *Server) relay(c *call, resp *http.Response) {
 		// the copied Content-Length, as it would have. Streams are sent
 		// event by event.
 		complete := rerr == io.EOF && !sse && resp.ContentLength >= 0
+		if !began && (n > 0 || rerr == io.EOF) {
+			began = true
+			s.beginAnswer(c, resp)
+		}
 		if n > 0 {
 			if first {
 				a.ttfb = s.opts.Clock().Sub(c.start)
@@ -211,11 +215,39 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			}
 			c.oc.code = strconv.Itoa(resp.StatusCode)
 			return
+		case rerr != nil && !began:
+			s.failBeforeAnswer(c, rerr)
+			return
 		case rerr != nil:
 			s.failMidAnswer(c, rerr, sse, rc)
 			return
 		}
 	}
+}
+
+// beginAnswer writes the head of the engine's answer to the client.
+func (s *Server) beginAnswer(c *call, resp *http.Response) {
+	h := c.w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderReplica, c.attempt.d.Replica)
+	h.Set(HeaderDecision, decisionText(c))
+	c.w.WriteHeader(resp.StatusCode)
+}
+
+// failBeforeAnswer ends a whole (not streamed) answer that the engine cut
+// before its first byte: nothing has gone to the client, which gets a 502
+// with an OpenAI error object.
+func (s *Server) failBeforeAnswer(c *call, rerr error) {
+	a := &c.attempt
+	if c.r.Context().Err() != nil {
+		a.done(0, c.r.Context().Err())
+		c.oc.code = codeClientCanceled
+		return
+	}
+	s.observe(a.ep, a.ep.health.failure(false))
+	err := fmt.Errorf("%s cut its answer before its first byte: %w", a.replica(), c.cause(rerr))
+	a.done(0, err)
+	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // failMidAnswer ends an answer whose engine failed after its first bytes

@@ -216,6 +216,7 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 		ep = newEndpoint(addr)
 		ep.health.ejectAfter = s.opts.EjectAfter
 		ep.health.readmitAfter = s.opts.ReadmitAfter
+		ep.health.clock, ep.health.backoff, ep.health.maxBackoff = s.opts.Clock, s.opts.EjectionTime, 10*s.opts.EjectionTime
 	}
 	next.endpoints[addr] = ep
 	return ep

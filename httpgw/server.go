@@ -27,7 +27,10 @@ const (
 	DefaultScrapeInterval = time.Second
 	DefaultEjectAfter     = 2
 	DefaultReadmitAfter   = 2
-	DefaultMaxBodyBytes   = 8 << 20
+	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
+	// outlier detection base_ejection_time.
+	DefaultEjectionTime = 30 * time.Second
+	DefaultMaxBodyBytes = 8 << 20
 	// DefaultFirstByteTimeout bounds the wait for the first byte of a
 	// streamed answer (Options.FirstByteTimeout): 30s, 1.5 times the
 	// ~20s prefill of a 100k-token prompt at 5k tokens/s (a 70B-class
@@ -74,6 +77,20 @@ type Options struct {
 	// ReadmitAfter is how many consecutive successful probes readmit an
 	// ejected engine; default DefaultReadmitAfter (2).
 	ReadmitAfter int
+	// PeerTokenFile, when set, names a file holding the peer token (see
+	// ReadPeerToken): /metrics then answers only requests carrying
+	// "Authorization: Bearer <token>" (others get 401), and the peer
+	// scrapes send it. Every gateway sharing pending prefill, and any
+	// Prometheus scraping /metrics, needs the same token. The file is
+	// re-read when it changes. Default "": /metrics is open, as before.
+	PeerTokenFile string
+	// EjectionTime is the back-off of an engine ejected for its answers
+	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
+	// timeout), as Envoy's outlier detection's base_ejection_time: no
+	// probe readmits it for EjectionTime times the number of times it was
+	// so ejected, at most 10 times EjectionTime. Default
+	// DefaultEjectionTime (30s, Envoy's default); negative, none.
+	EjectionTime time.Duration
 	// MaxBodyBytes bounds request bodies; larger ones get 413. Default
 	// DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
@@ -271,6 +288,9 @@ func New(opts Options) (*Server, error) {
 	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorizeMetrics(w, r) {
+			return
+		}
 		s.refreshGauges()
 		metricsHandler.ServeHTTP(w, r)
 	}))
@@ -317,6 +337,9 @@ func fillOptions(o *Options) error {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if o.EjectionTime == 0 {
+		o.EjectionTime = DefaultEjectionTime
 	}
 	if o.FirstByteTimeout == 0 {
 		o.FirstByteTimeout = DefaultFirstByteTimeout

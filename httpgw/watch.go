@@ -36,7 +36,10 @@ func (s *Server) Run(ctx context.Context) error {
 		loop(s.opts.ReloadInterval, func(context.Context) { _, _ = s.Reload() })
 	}
 	loop(s.opts.ProbeInterval, s.ProbeAll)
-	loop(s.opts.ScrapeInterval, s.ScrapeAll)
+	// Engines and peers are scraped in loops of their own: a slow peer
+	// never delays the engines' load.
+	loop(s.opts.ScrapeInterval, s.scrapeEngines)
+	loop(s.opts.ScrapeInterval, s.ScrapePeers)
 	loop(s.opts.DiscoverInterval, s.DiscoverAll)
 	if s.pool != nil {
 		loop(s.pool.IdleTimeout(), func(context.Context) { s.pool.Prune() })
@@ -72,7 +75,7 @@ func (s *Server) ProbeAll(ctx context.Context) {
 			return
 		}
 		s.metrics.probeFails.WithLabelValues(ep.base).Inc()
-		s.observe(ep, ep.health.failure(false))
+		s.observe(ep, ep.health.probeFailure())
 	})
 }
 
@@ -81,16 +84,28 @@ func (s *Server) ProbeAll(ctx context.Context) {
 // model's peer gateways (config.Model.Peers) and, once both are done,
 // feeds each replica's gateway the pending prefill the peers report
 // there (gateway.Load.PeerPrefill; peers.go). A peer that does not answer
-// within ProbeTimeout is skipped; its last counts are used for 3 scrape
-// intervals, then dropped. Run calls it every ScrapeInterval.
+// within ProbeTimeout (at most ScrapeInterval) is skipped; its last counts
+// are used for 3 scrape intervals, then dropped. Run does the same in two
+// loops, every ScrapeInterval: the engines' scrapes, and ScrapePeers.
 func (s *Server) ScrapeAll(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		s.scrapePeers(ctx)
 	}()
+	s.scrapeEngines(ctx)
+	<-done
+	s.pushPeerPrefill()
+}
+
+// scrapeEngines scrapes every engine's /metrics once and feeds the load,
+// with the peers' last pending prefill, into the gateway of each model it
+// serves.
+func (s *Server) scrapeEngines(ctx context.Context) {
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
 		l, rep, err := scrape(ctx, s.control, ep.base)
+		ep.feed.Lock()
+		defer ep.feed.Unlock()
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -114,8 +129,6 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			}
 		})
 	})
-	<-done
-	s.pushPeerPrefill()
 }
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,

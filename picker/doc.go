@@ -63,6 +63,17 @@
 // pick to those endpoints (PickRequest.Subset). An empty hint, or one none
 // of whose endpoints is eligible, gets 503.
 //
+// # Bounds
+//
+// A stream still in its request phase Options.RequestTimeout after it
+// opened is answered 408; a routed stream with no response headers
+// Options.ResponseTimeout after routing ends with DeadlineExceeded (its
+// request Done with an error). Request bodies being read hold at most
+// Options.MaxBufferedBytes together; a body past it is answered 503.
+// GRPCOptions sets MaxConcurrentStreams and keepalive enforcement on the
+// *grpc.Server. Stats counts them. docs/picker.md ("Security") has the
+// measured figures.
+//
 // # Health
 //
 // Register also registers the gRPC health service, SERVING for "" and for

@@ -24,6 +24,12 @@ var (
 	// ErrBodyTooLarge: the request body exceeds Options.MaxBodyBytes.
 	// Answered with 413.
 	ErrBodyTooLarge = errors.New("picker: request body too large")
+	// ErrOverloaded: the request body would take the memory held by all
+	// streams' bodies past Options.MaxBufferedBytes. Answered with 503.
+	ErrOverloaded = errors.New("picker: overloaded")
+	// ErrRequestTimeout: the stream's request phase outlasted
+	// Options.RequestTimeout. Answered with 408.
+	ErrRequestTimeout = errors.New("picker: request timeout")
 	// ErrInvalidOptions: an Options field is out of range (New).
 	ErrInvalidOptions = errors.New("picker: invalid options")
 )
@@ -70,6 +76,10 @@ func errorStatus(err error) (status int, typ, code string) {
 		return http.StatusNotFound, "not_found_error", "model_not_found"
 	case errors.Is(err, ErrBodyTooLarge):
 		return http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large"
+	case errors.Is(err, ErrOverloaded):
+		return http.StatusServiceUnavailable, "service_unavailable_error", "overloaded"
+	case errors.Is(err, ErrRequestTimeout):
+		return http.StatusRequestTimeout, "invalid_request_error", "request_timeout"
 	}
 	return http.StatusInternalServerError, "server_error", "picker_error"
 }

@@ -45,11 +45,13 @@ type exchange struct {
 	st stream
 	ph phase
 
-	start   time.Time
-	req     PickRequest
-	body    []byte
-	subset  Subset
-	hintErr error // a subset hint that allows nothing
+	start    time.Time
+	req      PickRequest
+	body     []byte  // the request body read so far, in *buf's array
+	buf      *[]byte // from Server.bodies while the body is read, else nil
+	reserved int64   // bytes of Server.buffered this exchange holds
+	subset   Subset
+	hintErr  error // a subset hint that allows nothing
 
 	// Response-body handling: streamed (echoed as streamed_response) in
 	// FULL_DUPLEX_STREAMED mode, acknowledged in other modes, absent in
@@ -68,16 +70,66 @@ type exchange struct {
 }
 
 func (x *exchange) reset(s *Server, st stream) {
-	body, hdr, sub := x.body[:0], x.req.Header[:0], x.subset[:0]
-	*x = exchange{s: s, st: st, body: body, subset: sub, respEcho: true}
+	hdr, sub := x.req.Header[:0], x.subset[:0]
+	*x = exchange{s: s, st: st, subset: sub, respEcho: true}
 	x.req.Header = hdr
+}
+
+// grow makes room for n more body bytes, reserving the buffer's capacity
+// from the Server's MaxBufferedBytes budget first; the error wraps
+// ErrOverloaded when the budget cannot hold it (nothing is then
+// allocated). The caller has checked MaxBodyBytes.
+func (x *exchange) grow(n int) error {
+	if n == 0 {
+		return nil
+	}
+	if x.buf == nil {
+		x.buf = x.s.bodies.Get().(*[]byte)
+		x.body = (*x.buf)[:0]
+	}
+	need, c := len(x.body)+n, cap(x.body)
+	if need > c {
+		c = min(max(need, 2*c, 4096), max(need, x.s.opts.MaxBodyBytes))
+	}
+	if d := int64(c) - x.reserved; d > 0 {
+		if x.s.buffered.Add(d) > x.s.opts.MaxBufferedBytes {
+			x.s.buffered.Add(-d)
+			x.s.ovl.Add(1)
+			return fmt.Errorf("%w: request bodies being read hold %d bytes, and this one needs %d more, past MaxBufferedBytes (%d)",
+				ErrOverloaded, x.s.buffered.Load(), d, x.s.opts.MaxBufferedBytes)
+		}
+		x.reserved += d
+	}
+	if c > cap(x.body) {
+		b := make([]byte, len(x.body), c)
+		copy(b, x.body)
+		x.body = b
+	}
+	return nil
+}
+
+// releaseBody returns the body buffer to the Server's pool (a small one)
+// and its reservation to the budget: once routed, the body is not needed.
+func (x *exchange) releaseBody() {
+	if x.reserved != 0 {
+		x.s.buffered.Add(-x.reserved)
+		x.reserved = 0
+	}
+	if x.buf == nil {
+		return
+	}
+	if cap(x.body) <= retainBodyBytes {
+		*x.buf = x.body[:0]
+	} else {
+		*x.buf = nil
+	}
+	x.s.bodies.Put(x.buf)
+	x.buf, x.body = nil, nil
 }
 
 // release drops references the pooled exchange must not keep.
 func (x *exchange) release() {
-	if cap(x.body) > retainBodyBytes {
-		x.body = nil
-	}
+	x.releaseBody()
 	clear(x.req.Header[:cap(x.req.Header)])
 	x.req = PickRequest{Header: x.req.Header[:0]}
 	x.st, x.tracker, x.cause, x.hintErr, x.respHeaders = nil, nil, nil, nil, nil
@@ -133,6 +185,9 @@ func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error)
 		b := r.RequestBody
 		if len(x.body)+len(b.GetBody()) > x.s.opts.MaxBodyBytes {
 			return true, x.immediate(fmt.Errorf("%w: request body exceeds MaxBodyBytes (%d bytes)", ErrBodyTooLarge, x.s.opts.MaxBodyBytes))
+		}
+		if err := x.grow(len(b.GetBody())); err != nil {
+			return true, x.immediate(err)
 		}
 		x.body = append(x.body, b.GetBody()...)
 		if !b.GetEndOfStream() {
@@ -302,6 +357,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 			return false, err
 		}
 	}
+	x.releaseBody()
 	if trailers {
 		return false, x.st.Send(requestTrailersAnswer)
 	}

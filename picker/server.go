@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -32,6 +35,39 @@ type Server struct {
 	opts   Options
 	health *health.Server
 	pool   sync.Pool // *exchange
+	bodies sync.Pool // *[]byte, request body buffers of at most retainBodyBytes
+
+	// after starts a timer (time.NewTimer's C and Stop); tests replace it.
+	after func(time.Duration) (<-chan time.Time, func() bool)
+
+	buffered                       atomic.Int64 // body buffer bytes reserved (exchange.grow)
+	streams                        atomic.Int64
+	reqTimeouts, respTimeouts, ovl atomic.Uint64
+}
+
+// Stats counts what the Server's bounds did. All fields are totals since
+// New except BufferedBytes and Streams, which are current.
+type Stats struct {
+	// Streams is the number of ext_proc streams being served.
+	Streams int64
+	// BufferedBytes is the request body memory the streams hold, at most
+	// Options.MaxBufferedBytes.
+	BufferedBytes int64
+	// RequestTimeouts counts streams ended because their request phase
+	// outlasted Options.RequestTimeout (answered 408).
+	RequestTimeouts uint64
+	// ResponseTimeouts counts routed streams ended because no response
+	// headers came within Options.ResponseTimeout.
+	ResponseTimeouts uint64
+	// Overloaded counts streams answered 503 because their body would
+	// have taken BufferedBytes past Options.MaxBufferedBytes.
+	Overloaded uint64
+}
+
+// Stats returns the Server's counters.
+func (s *Server) Stats() Stats {
+	return Stats{Streams: s.streams.Load(), BufferedBytes: s.buffered.Load(), RequestTimeouts: s.reqTimeouts.Load(),
+		ResponseTimeouts: s.respTimeouts.Load(), Overloaded: s.ovl.Load()}
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -47,6 +83,11 @@ func New(r Router, opts Options) (*Server, error) {
 	}
 	s := &Server{router: r, opts: o, health: health.NewServer()}
 	s.pool.New = func() any { return new(exchange) }
+	s.bodies.New = func() any { return new([]byte) }
+	s.after = func(d time.Duration) (<-chan time.Time, func() bool) {
+		t := time.NewTimer(d)
+		return t.C, t.Stop
+	}
 	s.SetServing(true)
 	return s, nil
 }
@@ -70,8 +111,59 @@ func (s *Server) SetServing(serving bool) {
 }
 
 // Process serves one ext_proc stream: one HTTP request and its response.
+// The stream's messages are read by a goroutine of their own so that the
+// stream can end on Options.RequestTimeout and Options.ResponseTimeout
+// even while no message comes.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	return s.serve(srv)
+	type recvd struct {
+		m   *extprocv3.ProcessingRequest
+		err error
+	}
+	msgs := make(chan recvd)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		// Recv returns once the handler has returned, if not before: gRPC
+		// cancels the stream's context then.
+		for {
+			m, err := srv.Recv()
+			select {
+			case msgs <- recvd{m, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var reqC, respC <-chan time.Time
+	stopResp := func() bool { return false }
+	if s.opts.RequestTimeout > 0 {
+		c, stop := s.after(s.opts.RequestTimeout)
+		defer stop()
+		reqC = c
+	}
+	defer func() { stopResp() }()
+	return s.run(srv, func(x *exchange) (*extprocv3.ProcessingRequest, error) {
+		var timeout <-chan time.Time
+		var terr error
+		switch x.ph {
+		case phaseHeaders, phaseBody:
+			timeout, terr = reqC, errRequestTimedOut
+		case phaseRouted:
+			if respC == nil && s.opts.ResponseTimeout > 0 {
+				respC, stopResp = s.after(s.opts.ResponseTimeout)
+			}
+			timeout, terr = respC, errResponseTimedOut
+		}
+		select {
+		case r := <-msgs:
+			return r.m, r.err
+		case <-timeout:
+			return nil, terr
+		}
+	})
 }
 
 // stream is the part of an ext_proc server stream the picker uses, so
@@ -86,20 +178,40 @@ type stream interface {
 // before its response did.
 var errStreamEnded = errors.New("picker: ext_proc stream ended before the response did")
 
-func (s *Server) serve(st stream) (err error) {
+// The errors a Process receive function returns when a deadline passes.
+var (
+	errRequestTimedOut  = errors.New("request phase timed out")
+	errResponseTimedOut = errors.New("response headers timed out")
+)
+
+// serve serves st with no deadlines, reading in the calling goroutine.
+func (s *Server) serve(st stream) error {
+	return s.run(st, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
+}
+
+// run serves one stream, reading its messages with recv.
+func (s *Server) run(st stream, recv func(*exchange) (*extprocv3.ProcessingRequest, error)) (err error) {
+	s.streams.Add(1)
 	x := s.pool.Get().(*exchange)
 	x.reset(s, st)
 	defer func() {
 		x.finish(err)
 		x.release()
 		s.pool.Put(x)
+		s.streams.Add(-1)
 	}()
 	for {
-		m, rerr := st.Recv()
-		if rerr == io.EOF {
+		m, rerr := recv(x)
+		switch {
+		case rerr == io.EOF:
 			return nil
-		}
-		if rerr != nil {
+		case rerr == errRequestTimedOut:
+			s.reqTimeouts.Add(1)
+			return x.immediate(fmt.Errorf("%w: the request phase (headers and body) did not end within RequestTimeout (%v)", ErrRequestTimeout, s.opts.RequestTimeout))
+		case rerr == errResponseTimedOut:
+			s.respTimeouts.Add(1)
+			return status.Errorf(codes.DeadlineExceeded, "picker: no response headers within ResponseTimeout (%v) of routing the request", s.opts.ResponseTimeout)
+		case rerr != nil:
 			if status.Code(rerr) == codes.Canceled || errors.Is(rerr, context.Canceled) {
 				// Envoy cancels the stream when the client goes away;
 				// finish reports it to the Tracker.
@@ -112,5 +224,78 @@ func (s *Server) serve(st stream) (err error) {
 		if herr != nil || stop {
 			return herr
 		}
+	}
+}
+
+// Defaults of GRPCLimits.
+const (
+	// DefaultMaxConcurrentStreams is the default of
+	// GRPCLimits.MaxConcurrentStreams: 1,024 streams (requests in
+	// flight) per connection. Envoy opens another connection when its
+	// HTTP/2 pool reaches a server's limit.
+	DefaultMaxConcurrentStreams = 1024
+	// DefaultKeepaliveMinTime is the default of GRPCLimits.KeepaliveMinTime:
+	// 10s, below the intervals Envoy's connection_keepalive is usually
+	// given (a client pinging more often is disconnected).
+	DefaultKeepaliveMinTime = 10 * time.Second
+	// DefaultKeepaliveTime and DefaultKeepaliveTimeout are the defaults
+	// of GRPCLimits.KeepaliveTime and KeepaliveTimeout: a connection idle
+	// for 30s is pinged and closed, with its streams, if the ping is not
+	// answered within 10s.
+	DefaultKeepaliveTime    = 30 * time.Second
+	DefaultKeepaliveTimeout = 10 * time.Second
+)
+
+// GRPCLimits are the gRPC transport bounds GRPCOptions sets on the
+// *grpc.Server a Server is registered on. The zero value takes every
+// default.
+type GRPCLimits struct {
+	// MaxConcurrentStreams bounds the streams of one connection. Zero
+	// means DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// KeepaliveMinTime is the shortest interval between a client's
+	// keepalive pings the server accepts (enforcement policy, pings
+	// without streams allowed); a client pinging more often is
+	// disconnected. Zero means DefaultKeepaliveMinTime.
+	KeepaliveMinTime time.Duration
+	// KeepaliveTime and KeepaliveTimeout: the server pings a connection
+	// idle for KeepaliveTime and closes it when no answer comes within
+	// KeepaliveTimeout. Zero means DefaultKeepaliveTime,
+	// DefaultKeepaliveTimeout.
+	KeepaliveTime, KeepaliveTimeout time.Duration
+	// MaxConnectionAge, when positive, sends a connection GOAWAY after it
+	// and closes it, with whatever streams it still has, after a further
+	// MaxConnectionAgeGrace (zero: no forced close). Zero, the default,
+	// never does: it is the backstop against a client that stops reading
+	// its stream, which only the connection's end releases.
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+}
+
+// GRPCOptions returns the gRPC server options that set l's bounds.
+func GRPCOptions(l GRPCLimits) []grpc.ServerOption {
+	if l.MaxConcurrentStreams == 0 {
+		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if l.KeepaliveMinTime <= 0 {
+		l.KeepaliveMinTime = DefaultKeepaliveMinTime
+	}
+	if l.KeepaliveTime <= 0 {
+		l.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if l.KeepaliveTimeout <= 0 {
+		l.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
+	sp := keepalive.ServerParameters{Time: l.KeepaliveTime, Timeout: l.KeepaliveTimeout}
+	if l.MaxConnectionAge > 0 {
+		sp.MaxConnectionAge = l.MaxConnectionAge
+		sp.MaxConnectionAgeGrace = l.MaxConnectionAgeGrace
+		if sp.MaxConnectionAgeGrace <= 0 {
+			sp.MaxConnectionAgeGrace = time.Duration(1<<63 - 1)
+		}
+	}
+	return []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(sp),
 	}
 }

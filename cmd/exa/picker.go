@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/examlops/gateway/picker"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -29,6 +32,11 @@ type pickerFlags struct {
 	fallbacks, shedAbove int
 	tlsCert, tlsKey      string
 	tlsSelfSigned        bool
+
+	requestTimeout, responseTimeout time.Duration
+	maxBuffered                     int64
+	maxStreams                      uint32
+	maxConnAge, maxConnAgeGrace     time.Duration
 }
 
 // newPickerCmd returns the `exa serve picker` command.
@@ -91,6 +99,18 @@ from a Go client.`,
 		"fallback endpoints to list after the chosen one in x-gateway-destination-endpoint (ip:port,ip:port...); 0 for plain Envoy, whose ORIGINAL_DST cluster takes one address")
 	f.IntVar(&fl.shedAbove, "shed-above", 0,
 		"answer 429 when every eligible replica of the model has this many requests outstanding or more (0 = never shed)")
+	f.DurationVar(&fl.requestTimeout, "request-timeout", picker.DefaultRequestTimeout,
+		"how long a stream's request phase (headers and whole body) may take before the client gets 408 and the stream ends (0 = no limit)")
+	f.DurationVar(&fl.responseTimeout, "response-timeout", picker.DefaultResponseTimeout,
+		"how long a routed request may wait for its response headers before its stream ends and its load is released (0 = no limit); keep it above Envoy's route timeout")
+	f.Int64Var(&fl.maxBuffered, "max-buffered-bytes", picker.DefaultMaxBufferedBytes,
+		"request body memory all streams together may hold while bodies are read; a body that would go past it gets 503 (at least --max-body-bytes)")
+	f.Uint32Var(&fl.maxStreams, "max-concurrent-streams", picker.DefaultMaxConcurrentStreams,
+		"ext_proc streams (requests in flight) one gRPC connection may have open; Envoy opens more connections past it")
+	f.DurationVar(&fl.maxConnAge, "max-connection-age", 0,
+		"send GOAWAY to a gRPC connection this old, then close it after --max-connection-age-grace (0 = never)")
+	f.DurationVar(&fl.maxConnAgeGrace, "max-connection-age-grace", 10*time.Minute,
+		"after --max-connection-age, how long the connection's streams may still run before it is closed")
 	f.StringVar(&fl.tlsCert, "tls-cert", "",
 		"serve TLS with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
@@ -108,11 +128,22 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	for _, d := range []struct {
 		name string
-		v    int
-	}{{"max-fallbacks", fl.fallbacks}, {"shed-above", fl.shedAbove}} {
+		v    int64
+	}{{"max-fallbacks", int64(fl.fallbacks)}, {"shed-above", int64(fl.shedAbove)}, {"request-timeout", int64(fl.requestTimeout)},
+		{"response-timeout", int64(fl.responseTimeout)}, {"max-connection-age", int64(fl.maxConnAge)}, {"max-connection-age-grace", int64(fl.maxConnAgeGrace)}} {
 		if d.v < 0 {
-			return usagef("invalid --%s %q: must not be negative", d.name, fmt.Sprint(d.v))
+			v := fmt.Sprint(d.v)
+			if strings.HasSuffix(d.name, "timeout") || strings.Contains(d.name, "age") {
+				v = time.Duration(d.v).String()
+			}
+			return usagef("invalid --%s %q: must not be negative", d.name, v)
 		}
+	}
+	if fl.maxBuffered < fl.maxBody {
+		return usagef("invalid --max-buffered-bytes %q: must be at least --max-body-bytes (%d)", fmt.Sprint(fl.maxBuffered), fl.maxBody)
+	}
+	if fl.maxStreams == 0 {
+		return usagef("invalid --max-concurrent-streams %q: must be at least 1", "0")
 	}
 	tlsSrc, err := pickerTLS(cmd, fl)
 	if err != nil {
@@ -125,7 +156,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
 	}
-	srv, err := fl.newServer(path, logger, httpgw.Options{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := fl.newServer(path, logger, httpgw.Options{Registerer: reg, Gatherer: reg})
 	if err != nil {
 		return err
 	}
@@ -134,10 +167,18 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err != nil {
 		return err
 	}
-	pk, err := picker.New(router, picker.Options{MaxBodyBytes: int(fl.maxBody), MaxFallbacks: fl.fallbacks})
+	noLimit := func(d time.Duration) time.Duration {
+		if d == 0 {
+			return -1
+		}
+		return d
+	}
+	pk, err := picker.New(router, picker.Options{MaxBodyBytes: int(fl.maxBody), MaxFallbacks: fl.fallbacks,
+		MaxBufferedBytes: fl.maxBuffered, RequestTimeout: noLimit(fl.requestTimeout), ResponseTimeout: noLimit(fl.responseTimeout)})
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(pickerCollector(pk)...)
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
 		return err
@@ -160,7 +201,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	// A request body arrives in Envoy's chunks, but allow a message as
 	// large as the largest body accepted, plus framing.
-	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20))}
+	gopts := append(picker.GRPCOptions(picker.GRPCLimits{MaxConcurrentStreams: fl.maxStreams,
+		MaxConnectionAge: fl.maxConnAge, MaxConnectionAgeGrace: fl.maxConnAgeGrace}),
+		grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20)))
 	security := "plaintext"
 	if tlsSrc != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(picker.TLSConfig(tlsSrc.get))))
@@ -212,6 +255,23 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		_ = admin.Shutdown(sctx)
 	}
 	return nil
+}
+
+// pickerCollector exports pk's Stats: the streams open, the body memory
+// they hold, and what the bounds refused.
+func pickerCollector(pk *picker.Server) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_streams",
+			Help: "ext_proc streams being served."}, func() float64 { return float64(pk.Stats().Streams) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_buffered_body_bytes",
+			Help: "Request body buffer bytes the streams hold (at most --max-buffered-bytes)."}, func() float64 { return float64(pk.Stats().BufferedBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_request_timeouts_total",
+			Help: "Streams answered 408 because their request phase outlasted --request-timeout."}, func() float64 { return float64(pk.Stats().RequestTimeouts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_response_timeouts_total",
+			Help: "Routed streams ended because no response headers came within --response-timeout."}, func() float64 { return float64(pk.Stats().ResponseTimeouts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_overloaded_total",
+			Help: "Streams answered 503 because their body would have taken the buffered bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
+	}
 }
 
 // adminHandler serves the HTTP gateway's /metrics, /stats and /healthz,

@@ -23,6 +23,13 @@ func TestPickerBadFlags(t *testing.T) {
 		{[]string{"--discover-interval", "-1s"}, `invalid --discover-interval "-1s": must be positive`},
 		{[]string{"--max-body-bytes", "0"}, `invalid --max-body-bytes "0": must be at least 1`},
 		{[]string{"--log-level", "loud"}, `invalid --log-level "loud"`},
+		{[]string{"--request-timeout", "-1s"}, `invalid --request-timeout "-1s": must not be negative`},
+		{[]string{"--response-timeout", "-2s"}, `invalid --response-timeout "-2s": must not be negative`},
+		{[]string{"--max-connection-age", "-1m"}, `invalid --max-connection-age "-1m0s": must not be negative`},
+		{[]string{"--max-buffered-bytes", "1024"}, `invalid --max-buffered-bytes "1024": must be at least --max-body-bytes (8388608)`},
+		{[]string{"--peer-token-file", "/nonexistent/token"}, `invalid --peer-token-file "/nonexistent/token"`},
+		{[]string{"--ejection-time", "-1s"}, `invalid --ejection-time "-1s": must not be negative`},
+		{[]string{"--max-concurrent-streams", "0"}, `invalid --max-concurrent-streams "0": must be at least 1`},
 		{[]string{"--listen", "256.0.0.1:x"}, `invalid --listen "256.0.0.1:x"`},
 		{[]string{"--admin-listen", "256.0.0.1:x"}, `invalid --admin-listen "256.0.0.1:x"`},
 	} {

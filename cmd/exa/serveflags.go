@@ -24,8 +24,9 @@ type serveFlags struct {
 	discover, tokenizeTimeout           time.Duration
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
-	shutdownGrace                       time.Duration
+	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel               string
+	peerTokenFile                       string
 }
 
 // serveHelp holds the help texts of the shared flags that each command
@@ -41,6 +42,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
 	f.DurationVar(&s.discover, "discover-interval", httpgw.DefaultDiscoverInterval, h.discover)
 	f.IntVar(&s.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, h.ejectAfter)
+	f.DurationVar(&s.ejectionTime, "ejection-time", httpgw.DefaultEjectionTime,
+		"back-off of an engine ejected for its answers (--eject-after consecutive 5xx or gateway errors while /health may pass, or one prefill timeout): no probe readmits it for this long times the number of such ejections, at most 10 times it (0 = probes readmit at once)")
 	f.IntVar(&s.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&s.blockSize, "block-size", keys.TextBlockBytes, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
@@ -49,6 +52,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
 	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
+		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
 }
 
 // validate returns a usage error naming the first invalid shared flag and
@@ -71,12 +76,20 @@ func (s *serveFlags) validate() error {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
 	}
+	if s.ejectionTime < 0 {
+		return usagef("invalid --ejection-time %q: must not be negative", s.ejectionTime)
+	}
 	if s.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", s.shutdownGrace)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return usagef("invalid --log-level %q: want debug, info, warn or error", s.logLevel)
+	}
+	if s.peerTokenFile != "" {
+		if _, err := httpgw.ReadPeerToken(s.peerTokenFile); err != nil {
+			return usagef("invalid --peer-token-file %q: %v", s.peerTokenFile, err)
+		}
 	}
 	return nil
 }
@@ -110,9 +123,14 @@ func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Option
 	o.DiscoverInterval = s.discover
 	o.EjectAfter = s.ejectAfter
 	o.ReadmitAfter = s.readmitAfter
+	o.EjectionTime = s.ejectionTime
+	if o.EjectionTime == 0 {
+		o.EjectionTime = -1
+	}
 	o.BlockSize = s.blockSize
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
+	o.PeerTokenFile = s.peerTokenFile
 	o.Logger = logger
 	return httpgw.New(o)
 }

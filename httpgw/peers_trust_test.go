@@ -1,0 +1,212 @@
+package httpgw
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+)
+
+// writeToken writes a peer token file and returns its path.
+func writeToken(t *testing.T, tok string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "peer-token")
+	require.NoError(t, os.WriteFile(p, []byte(tok+"\n"), 0o600))
+	return p
+}
+
+// peerServer is a gateway with opts serving testModel over the engines
+// at addrs with the given peers, behind a test server.
+func peerServer(t *testing.T, opts Options, peers []string, addrs ...string) (*Server, *httptest.Server) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	opts.Registerer, opts.Gatherer, opts.Logger = reg, reg, quietLogger()
+	s, err := New(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	var reps []config.Replica
+	for i, a := range addrs {
+		reps = append(reps, config.Replica{Name: fmt.Sprintf("r%d", i), Address: a})
+	}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: peers}}}))
+	h := httptest.NewServer(s)
+	t.Cleanup(h.Close)
+	return s, h
+}
+
+func getMetrics(t *testing.T, base, auth string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+"/metrics", nil)
+	require.NoError(t, err)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// TestPeerToken: with a peer token, /metrics answers 401 to a request
+// without it (or with another) and the page to one with it; a peer
+// scraping with the token reads the counts, one without it gets nothing
+// and counts the failure. A changed token file is read again.
+func TestPeerToken(t *testing.T) {
+	engine := engineMetrics(t)
+	tokA := writeToken(t, "s3cret-token")
+	a, aHTTP := peerServer(t, Options{PeerTokenFile: tokA}, nil, engine)
+	for _, auth := range []string{"", "Bearer wrong", "Basic s3cret-token", "Bearer s3cret-token2", "bearer s3cret-token"} {
+		code, hdr, body := getMetrics(t, aHTTP.URL, auth)
+		assert.Equal(t, http.StatusUnauthorized, code, "Authorization %q", auth)
+		assert.Equal(t, `Bearer realm="exa-gateway"`, hdr.Get("WWW-Authenticate"))
+		assert.NotContains(t, body, metricPendingPrefill)
+	}
+	code, _, body := getMetrics(t, aHTTP.URL, "Bearer s3cret-token")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, metricPendingPrefill)
+
+	_, err := a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3})
+	require.NoError(t, err)
+	withTok, wHTTP := peerServer(t, Options{PeerTokenFile: writeToken(t, "s3cret-token")}, []string{aHTTP.URL}, engine)
+	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine)
+	ctx := context.Background()
+	withTok.ScrapeAll(ctx)
+	without.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 3}, peerLoad(t, withTok, testModel))
+	assert.Equal(t, map[string]int{"r0": 0}, peerLoad(t, without, testModel))
+	without.peers.mu.Lock()
+	assert.Equal(t, uint64(1), without.peers.peers[aHTTP.URL].errors)
+	without.peers.mu.Unlock()
+	code, _, _ = getMetrics(t, wHTTP.URL, "")
+	assert.Equal(t, http.StatusUnauthorized, code, "the scraping gateway's own /metrics wants its token too")
+
+	// A new token (a rotated Secret): the old one is refused.
+	require.NoError(t, os.WriteFile(tokA, []byte("rotated-token-value"), 0o600))
+	require.NoError(t, os.Chtimes(tokA, time.Now(), time.Now().Add(time.Hour)))
+	code, _, _ = getMetrics(t, aHTTP.URL, "Bearer s3cret-token")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = getMetrics(t, aHTTP.URL, "Bearer rotated-token-value")
+	assert.Equal(t, http.StatusOK, code)
+
+	// An unreadable token file: /metrics fails closed.
+	require.NoError(t, os.Remove(tokA))
+	code, _, _ = getMetrics(t, aHTTP.URL, "Bearer rotated-token-value")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+}
+
+func TestReadPeerToken(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"empty": " \n", "long": string(make([]byte, 5000)), "newline": "a\nb"} {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		_, err := ReadPeerToken(p)
+		assert.ErrorContains(t, err, p, name)
+	}
+	_, err := ReadPeerToken(filepath.Join(dir, "missing"))
+	assert.Error(t, err)
+	tok, err := ReadPeerToken(writeToken(t, "  abc  "))
+	require.NoError(t, err)
+	assert.Equal(t, "abc", string(tok))
+}
+
+// TestLyingPeer: a peer reporting huge pending prefill at two of three
+// replicas no longer sends every request to the third: its counts are
+// capped relative to this gateway's own (twice its mean, at least 4,096
+// blocks). Requests are 300 blocks (19 KiB of prompt, about 5k tokens),
+// 24 in prefill at a time.
+func TestLyingPeer(t *testing.T) {
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "%s{model=%q,replica=\"r0\"} 2e9\n%s{model=%q,replica=\"r1\"} 2e9\n",
+			metricPendingPrefill, testModel, metricPendingPrefill, testModel)
+	}))
+	t.Cleanup(liar.Close)
+	s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
+	ctx := context.Background()
+	gw := s.state.Load().models[testModel].gw
+	counts := map[string]int{}
+	var open []gateway.Decision
+	for i := range 500 {
+		if i%10 == 0 {
+			s.ScrapeAll(ctx)
+		}
+		key := make(gateway.Key, 300)
+		for j := range key {
+			key[j] = uint64(i*1000 + j + 1)
+		}
+		d, err := gw.Route(key)
+		require.NoError(t, err)
+		counts[d.Replica]++
+		open = append(open, d)
+		if len(open) > 24 { // 24 requests in prefill at a time
+			open[0].Done(gateway.DoneInfo{})
+			open = open[1:]
+		}
+	}
+	t.Logf("requests per replica with a peer lying about r0 and r1: %v", counts)
+	assert.GreaterOrEqual(t, counts["r0"], 50, "r0 still gets traffic")
+	assert.GreaterOrEqual(t, counts["r1"], 50, "r1 still gets traffic")
+	s.peers.mu.Lock()
+	assert.Positive(t, s.peers.peers[liar.URL].capped, "the capped reports are counted")
+	s.peers.mu.Unlock()
+	for _, r := range gw.Replicas() {
+		assert.LessOrEqual(t, r.Load.PeerPrefill, max(s.peerFloor(), peerCapFactor*(300*24+2)/3), "replica %s", r.Name)
+	}
+}
+
+// TestHangingPeerDoesNotDelayEngines: under Run, the engines' scrapes go
+// on every ScrapeInterval while a peer never answers (its scrapes are cut
+// at min(ProbeTimeout, ScrapeInterval) in a loop of their own). Before,
+// each round of engine scrapes waited for the peer's ProbeTimeout (an
+// hour here, so the test would not end).
+func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
+	hang := make(chan struct{})
+	var peerHits atomic.Int32
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peerHits.Add(1)
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(peer.Close)
+	t.Cleanup(func() { close(hang) })
+	scraped := make(chan struct{}, 100)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			select {
+			case scraped <- struct{}{}:
+			default:
+			}
+		}
+		_, _ = io.WriteString(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
+	}))
+	t.Cleanup(engine.Close)
+	s, _ := peerServer(t, Options{ScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour},
+		[]string{peer.URL}, engine.URL)
+	assert.Equal(t, 5*time.Millisecond, s.peerTimeout())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	for range 5 {
+		<-scraped
+	}
+	cancel()
+	<-done
+	assert.Positive(t, peerHits.Load(), "the peer was being scraped meanwhile")
+}
