@@ -41,11 +41,11 @@ func (a *Admission) enabled() bool {
 	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0
 }
 
-// room reports whether a replica with the given signals has room under a.
-func (a *Admission) room(queue, running int, kv float64, inflight int) bool {
-	return (a.QueueDepth <= 0 || queue < a.QueueDepth) &&
-		(a.KVUtilization <= 0 || kv < a.KVUtilization) &&
-		(a.Outstanding <= 0 || outstanding(inflight, queue, running) < a.Outstanding)
+// room reports whether replica rs has room under a.
+func (a *Admission) room(rs *replicaState) bool {
+	return (a.QueueDepth <= 0 || int(rs.queue.Load()) < a.QueueDepth) &&
+		(a.KVUtilization <= 0 || math.Float64frombits(rs.kv.Load()) < a.KVUtilization) &&
+		(a.Outstanding <= 0 || rs.outstanding() < a.Outstanding)
 }
 
 // Saturated reports whether a request within t should be shed under a:
@@ -73,7 +73,7 @@ func (g *Gateway) Saturated(t Target, a Admission) bool {
 				continue
 			}
 		}
-		if a.room(int(rs.queue.Load()), int(rs.running.Load()), math.Float64frombits(rs.kv.Load()), int(rs.inflight.Load())) {
+		if a.room(rs) {
 			return false
 		}
 	}

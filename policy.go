@@ -65,10 +65,9 @@ type Candidate struct {
 // the larger of the gateway's own in-flight count (fresh, but blind to
 // other gateways' traffic) and the engine's waiting plus running count
 // (complete, but as old as the last scrape).
+//
+// It is the one definition of outstanding requests: the admission rule
+// (Saturated) and the spares (Spares) count a replica's through it too.
 func (c *Candidate) Outstanding() int {
-	return outstanding(c.InFlight, c.Load.QueueDepth, c.Load.Running)
+	return max(c.InFlight, c.Load.QueueDepth+c.Load.Running)
 }
-
-// outstanding is the one definition of a replica's outstanding requests:
-// Candidate.Outstanding, the admission rule and the spares use it.
-func outstanding(inflight, queue, running int) int { return max(inflight, queue+running) }

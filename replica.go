@@ -164,6 +164,12 @@ func (rs *replicaState) loadInto(l *Load) {
 	l.PeerPrefill = int(rs.peer.Load())
 }
 
+// outstanding is the replica's Candidate.Outstanding.
+func (rs *replicaState) outstanding() int {
+	c := Candidate{InFlight: int(rs.inflight.Load()), Load: Load{QueueDepth: int(rs.queue.Load()), Running: int(rs.running.Load())}}
+	return c.Outstanding()
+}
+
 // observeLatency folds a latency sample into the smoothed latency.
 func (rs *replicaState) observeLatency(d time.Duration, now time.Time) {
 	for {

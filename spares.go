@@ -20,7 +20,7 @@ func (g *Gateway) Spares(dst []string, n int, t Target) []string {
 		if !rs.healthy.Load() || !t.allows(rs.name) {
 			continue
 		}
-		o := outstanding(int(rs.inflight.Load()), int(rs.queue.Load()), int(rs.running.Load()))
+		o := rs.outstanding()
 		k := len(outs)
 		if k == n {
 			if o >= outs[n-1] {
