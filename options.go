@@ -30,13 +30,13 @@ const defaultLatencyTTL = 30 * time.Second
 
 // settings are what the options of New set.
 type settings struct {
-	policy  Policy
-	mode    Mode
-	slo     time.Duration
-	ttl     time.Duration
-	index   IndexMode
-	clock   func() time.Time
-	secret  *uint64 // fixes the index's placement secret; tests only
+	policy Policy
+	mode   Mode
+	slo    time.Duration
+	ttl    time.Duration
+	index  IndexMode
+	clock  func() time.Time
+	secret *uint64 // fixes the index's placement secret; tests only
 }
 
 // withSecret fixes the secret the index places blocks under, which New
