@@ -70,6 +70,12 @@ type KVEngineStats struct {
 	Restarts  uint64 `json:"restarts"`
 	Overflows uint64 `json:"overflows"`
 	Clears    uint64 `json:"clears"`
+	// Skipped counts messages not applied because they showed a gap or a
+	// restart (nothing vouches for such a batch); Rejected messages
+	// refused because their topic named the engine with another model,
+	// or the engine was already heard under too many topics.
+	Skipped  uint64 `json:"skipped"`
+	Rejected uint64 `json:"rejected"`
 	// Resets counts the times the gateway reset the engine: its replica
 	// was ejected by the health checks, removed or reconfigured.
 	Resets uint64 `json:"resets"`

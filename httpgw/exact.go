@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -298,6 +299,12 @@ func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 		return kvevents.Target{}, fmt.Errorf("no replica answers to pod %q on %s (set the replica's pod, or its address to the engine's POD_IP)", pod, src.Endpoint)
 	case e.err != "":
 		return kvevents.Target{}, errors.New(e.err)
+	}
+	// A topic that names a model must name one of the engine's: a topic
+	// variant naming another is no source of this engine's events.
+	if src.Model != "" && !t.modelOf(id, src.Model) {
+		return kvevents.Target{}, fmt.Errorf("topic %q names model %q, which engine %q does not serve (its replicas: %s)",
+			src.Topic, src.Model, pod, strings.Join(t.replicasOf(id), ", "))
 	}
 	model := e.model
 	if model == "" {

@@ -403,12 +403,16 @@ func TestExactKVTable(t *testing.T) {
 		err     string
 	}{
 		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@base", Pod: "10.0.0.1", Model: "base"}, kvID(bind, "10.0.0.1"), "base", ""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8001@served-name", Pod: "10.0.0.2:8001", Model: "served-name"}, kvID(bind, "10.0.0.2:8001"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@base", Pod: "10.0.0.2:8000", Model: "base"}, kvID(bind, "10.0.0.2:8000"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@other", Pod: "10.0.0.2:8000", Model: "other"}, "", "", "names model \"other\""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@lora", Pod: "10.0.0.1", Model: "lora"}, kvID(bind, "10.0.0.1"), "lora", ""},
 		{kvevents.Source{Endpoint: bind, Topic: ""}, "", "", "names no pod"},
 		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.3@base", Pod: "10.0.0.3", Model: "base"}, "", "", "no replica answers to pod"},
 		{kvevents.Source{Endpoint: bind, Topic: "kv@pod-d@base", Pod: "pod-d", Model: "base"}, "", "", "block sizes"},
 		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: ""}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@base", Pod: "whatever", Model: "base"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "vllm-free-topic"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, "", "", "names model \"x\""},
 		{kvevents.Source{Endpoint: "tcp://relay:1", Topic: "kv@10.0.0.7@base", Pod: "10.0.0.7", Model: "base"}, kvID("tcp://relay:1", "10.0.0.7"), "base", ""},
 		{kvevents.Source{Endpoint: "tcp://other:1"}, "", "", "not configured"},
 	} {

@@ -35,6 +35,8 @@ var (
 	descKVRestarts = kvDesc("kv_restarts_total", "Sequences that went back (the engine restarted), per engine; each clears the engine's blocks.", engineLabels...)
 	descKVOverflow = kvDesc("kv_overflows_total", "Times an engine's block-hash map reached its bound, per engine.", engineLabels...)
 	descKVClears   = kvDesc("kv_clears_total", "Times an engine's blocks were cleared from the index for a gap, restart, overflow or unreadable message, per engine.", engineLabels...)
+	descKVSkipped  = kvDesc("kv_messages_skipped_total", "KV-event messages not applied because they showed a sequence gap or restart (their batch cannot be verified), per engine.", engineLabels...)
+	descKVRejected = kvDesc("kv_messages_rejected_total", "KV-event messages refused because their topic named the engine with another model, or the engine was heard under too many topics, per engine.", engineLabels...)
 	descKVResets   = kvDesc("kv_resets_total", "Times the gateway reset an engine: its replica ejected, removed or reconfigured, per engine.", engineLabels...)
 	descKVMapped   = kvDesc("kv_mapped_blocks", "Blocks of the engine the index holds from its events, per engine.", engineLabels...)
 	descKVFrames   = kvDesc("kv_malformed_frames_total", "KV-event messages without topic, 8-byte sequence number and payload.")
@@ -53,7 +55,7 @@ var (
 		"model", "reason")
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
-		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVResets, descKVMapped, descKVFrames, descKVUnres,
+		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVMapped, descKVFrames, descKVUnres,
 		descKVConn, descKVConnects, descKVFails, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
 )
 
@@ -104,6 +106,8 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descKVRestarts, e.Restarts, l...)
 		counter(descKVOverflow, e.Overflows, l...)
 		counter(descKVClears, e.Clears, l...)
+		counter(descKVSkipped, e.Skipped, l...)
+		counter(descKVRejected, e.Rejected, l...)
 		counter(descKVResets, e.Resets, l...)
 		gauge(descKVMapped, float64(e.Mapped), l...)
 	}

@@ -70,6 +70,7 @@ func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvT
 			Messages: e.Messages, Events: e.Events, Applied: e.Applied, Dropped: e.Dropped, MalformedMessages: e.MalformedMessages,
 			StoredBlocks: e.StoredBlocks, RemovedBlocks: e.RemovedBlocks,
 			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, Resets: e.Resets,
+			Skipped: e.Skipped, Rejected: e.Rejected,
 			MappedBlocks: e.Mapped, LastError: e.LastError,
 		}
 		for _, d := range droppedBy(e) {
