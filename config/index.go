@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -114,6 +115,24 @@ func ValidateKVEndpoint(ep string, bind bool) error {
 	return nil
 }
 
+// ParseKVAllow parses an entry of [Model.KVEventsAllow]: an IP address
+// (a prefix of that address alone) or a CIDR prefix. The error is a
+// [*FieldError] for field "kv_events_allow".
+func ParseKVAllow(s string) (netip.Prefix, error) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, &FieldError{Field: "kv_events_allow", Value: s, Reason: "want an IP address or a CIDR prefix (10.0.0.0/24)"}
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, &FieldError{Field: "kv_events_allow", Value: s, Reason: "write an IPv4 prefix in IPv4 form"}
+	}
+	return p.Masked(), nil
+}
+
 // ValidatePod reports whether pod can name an engine in its events'
 // topics (kv@POD@MODEL): a name (see [ValidateName]) without '@'. The
 // error is a [*FieldError] for field "pod".
@@ -147,6 +166,15 @@ func (m Model) validateIndex() error {
 			err.(*FieldError).Field = "kv_events_bind"
 			return err
 		}
+	}
+	for i, a := range m.KVEventsAllow {
+		if _, err := ParseKVAllow(a); err != nil {
+			err.(*FieldError).Field = fmt.Sprintf("kv_events_allow[%d]", i)
+			return err
+		}
+	}
+	if len(m.KVEventsAllow) > 0 && m.KVEventsBind == "" {
+		return &FieldError{Field: "kv_events_allow", Value: strings.Join(m.KVEventsAllow, ","), Reason: "needs kv_events_bind: it lists who may publish there"}
 	}
 	check := func(field string, rs []Replica) error {
 		for i, r := range rs {

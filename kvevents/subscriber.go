@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -32,11 +34,39 @@ type Options struct {
 	// HandshakeTimeout bounds a connection's ZMTP greeting and handshake,
 	// and a dial. Default 10s.
 	HandshakeTimeout time.Duration
+	// MessageTimeout bounds the time from a message's first byte to its
+	// last: a connection that stalls mid-message is closed. A connection
+	// may stay quiet between messages for any time. Default 10s.
+	MessageTimeout time.Duration
 	// MaxConns bounds the connections a bound endpoint accepts at once
-	// (each buffers up to 10 messages). Default 1024.
+	// (each buffers up to 10 messages). Default 64.
 	MaxConns int
+	// Policy decides, on bound endpoints, which connections may publish
+	// and under which topics (see SourcePolicy). Nil accepts every
+	// connection and topic: then only the network keeps rogue publishers
+	// out.
+	Policy SourcePolicy
 	// Logf receives connection events and faults. Default: discarded.
 	Logf func(format string, args ...any)
+}
+
+// DefaultMaxConns is the default of Options.MaxConns.
+const DefaultMaxConns = 64
+
+// SourcePolicy binds a bound endpoint's publishers to the engines they
+// claim to be. Its methods are called on the connections' goroutines and
+// must be safe for concurrent use.
+type SourcePolicy interface {
+	// AcceptConn is asked when a publisher connects to endpoint from
+	// remote (the zero Addr for a Unix socket); an error refuses the
+	// connection before its handshake.
+	AcceptConn(endpoint string, remote netip.Addr) error
+	// AcceptTopic is asked when a connection from remote sends a message
+	// under topic, the first time and whenever the topic differs from the
+	// last allowed one or Reauthorize was called since; an error closes
+	// the connection before the message reaches the Translator. topic is
+	// valid only during the call.
+	AcceptTopic(endpoint string, remote netip.Addr, topic []byte) error
 }
 
 // ExponentialBackoff waits lo before the first retry, doubling up to hi.
@@ -72,8 +102,11 @@ func (o Options) withDefaults() Options {
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 10 * time.Second
 	}
+	if o.MessageTimeout <= 0 {
+		o.MessageTimeout = 10 * time.Second
+	}
 	if o.MaxConns <= 0 {
-		o.MaxConns = 1024
+		o.MaxConns = DefaultMaxConns
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -98,6 +131,8 @@ type Subscriber struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	gen atomic.Uint64 // policy generation: see Reauthorize
+
 	mu   sync.Mutex
 	subs map[string]*subscription
 }
@@ -106,6 +141,7 @@ type Subscriber struct {
 // and its goroutine's end.
 type subscription struct {
 	st     EndpointStatus
+	guard  guardCounters
 	cancel context.CancelFunc
 	sock   zmq4.Socket // Bind only
 	done   chan struct{}
@@ -124,6 +160,8 @@ type EndpointStatus struct {
 	Connects, Failures uint64
 	// LastError is the last failure.
 	LastError string
+	// Guard counts what the guard did to the endpoint's connections.
+	Guard GuardStats
 }
 
 // NewSubscriber returns a Subscriber feeding tr. Close it to stop.
@@ -133,9 +171,15 @@ func NewSubscriber(tr *Translator, o Options) *Subscriber {
 	return &Subscriber{tr: tr, opt: o.withDefaults(), ctx: ctx, cancel: cancel, subs: map[string]*subscription{}}
 }
 
-func (s *Subscriber) newSocket(ctx context.Context) zmq4.Socket {
-	ctx = withGuard(ctx, &guardConfig{maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
-		handshake: s.opt.HandshakeTimeout, maxConns: s.opt.MaxConns})
+// Reauthorize makes every connection ask the Policy again about the next
+// message of each topic: call it when the policy's answers change (a
+// configuration reload).
+func (s *Subscriber) Reauthorize() { s.gen.Add(1) }
+
+func (s *Subscriber) newSocket(ctx context.Context, sub *subscription) zmq4.Socket {
+	ctx = withGuard(ctx, &guardConfig{endpoint: sub.st.Endpoint, maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
+		handshake: s.opt.HandshakeTimeout, message: s.opt.MessageTimeout, maxConns: s.opt.MaxConns,
+		policy: s.opt.Policy, gen: &s.gen, st: &sub.guard})
 	logger := log.New(logWriter(s.opt.Logf), "zmq4: ", 0)
 	return zmq4.NewSub(ctx, zmq4.WithLogger(logger), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opt.HandshakeTimeout))
@@ -177,7 +221,7 @@ func (s *Subscriber) Bind(endpoint string) (net.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
-	sock := s.newSocket(ctx)
+	sock := s.newSocket(ctx, sub)
 	err = sock.SetOption(zmq4.OptionSubscribe, "")
 	if err == nil {
 		err = sock.Listen(ep)
@@ -230,7 +274,7 @@ func (s *Subscriber) Connect(endpoint string) error {
 func (s *Subscriber) connectLoop(ctx context.Context, sub *subscription, ep string) {
 	endpoint := sub.st.Endpoint
 	for attempt := 0; ; {
-		sock := s.newSocket(ctx)
+		sock := s.newSocket(ctx, sub)
 		err := sock.SetOption(zmq4.OptionSubscribe, "")
 		if err == nil {
 			err = sock.Dial(ep)
@@ -296,7 +340,9 @@ func (s *Subscriber) Endpoints() []EndpointStatus {
 	defer s.mu.Unlock()
 	out := make([]EndpointStatus, 0, len(s.subs))
 	for _, sub := range s.subs {
-		out = append(out, sub.st)
+		st := sub.st
+		st.Guard = sub.guard.snapshot()
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b EndpointStatus) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	return out
