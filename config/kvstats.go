@@ -101,4 +101,14 @@ type KVEndpointStats struct {
 	Failures uint64 `json:"failures"`
 	// LastError is the last failure, "" if none.
 	LastError string `json:"last_error,omitempty"`
+	// Open is the connections open now (publishers of a bound endpoint),
+	// Accepted the connections accepted so far.
+	Open     uint64 `json:"open"`
+	Accepted uint64 `json:"accepted"`
+	// Closed counts connections refused or closed by the gateway's guard,
+	// by reason: full (max connections open), source (an address not
+	// allowed to publish there), topic (a topic its address may not
+	// publish), handshake_timeout, message_timeout (stalled mid-message),
+	// oversize (a message over the size or frame limit). Nil when none.
+	Closed map[string]uint64 `json:"closed,omitempty"`
 }

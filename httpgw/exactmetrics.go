@@ -44,6 +44,10 @@ var (
 	descKVConn     = kvDesc("kv_endpoint_connected", "1 while the gateway listens on (bound) or is connected to a KV-event endpoint.", "endpoint", "bound")
 	descKVConnects = kvDesc("kv_endpoint_connects_total", "Connections made to a KV-event endpoint the gateway dials.", "endpoint", "bound")
 	descKVFails    = kvDesc("kv_endpoint_failures_total", "Failed connection attempts and connections ended, per KV-event endpoint.", "endpoint", "bound")
+	descKVOpen     = kvDesc("kv_endpoint_open_connections", "Publishers' connections open on a KV-event endpoint the gateway listens on.", "endpoint", "bound")
+	descKVClosed   = kvDesc("kv_endpoint_closed_total",
+		"Connections to a KV-event endpoint refused or closed by the gateway's guard, by reason: full (max connections open), source (address not allowed), topic (a topic its address may not publish), handshake_timeout, message_timeout (stalled mid-message), oversize.",
+		"endpoint", "bound", "reason")
 	descCached     = kvDesc("index_cached_blocks", "Blocks the routing index holds for a replica (the index size), by model and replica.", "model", "replica")
 	descTokReqs    = kvDesc("tokenize_requests_total", "Requests of a model on the exact index that were tokenized.", "model")
 	descTokCalls   = kvDesc("tokenize_engine_calls_total", "Calls to an engine's /tokenize (the others were answered from the gateway's cache), by model.", "model")
@@ -56,7 +60,7 @@ var (
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
 		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVMapped, descKVFrames, descKVUnres,
-		descKVConn, descKVConnects, descKVFails, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
+		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
 )
 
 // droppedBy lists an engine's dropped events by reason.
@@ -71,6 +75,17 @@ func droppedBy(e *kvevents.EngineStats) [7]struct {
 		{"malformed", e.DroppedMalformed}, {"unknown", e.DroppedUnknown}, {"limit", e.DroppedLimit}, {"medium", e.DroppedMedium},
 		{"block_size", e.DroppedBlockSize}, {"orphan", e.DroppedOrphan}, {"apply", e.DroppedApply},
 	}
+}
+
+type reasonCount struct {
+	reason string
+	n      uint64
+}
+
+// guardClosed lists an endpoint's connections refused or closed, by reason.
+func guardClosed(g kvevents.GuardStats) [6]reasonCount {
+	return [6]reasonCount{{"full", g.Full}, {"source", g.RefusedSource}, {"topic", g.RefusedTopic},
+		{"handshake_timeout", g.HandshakeTimeouts}, {"message_timeout", g.MessageTimeouts}, {"oversize", g.Oversize}}
 }
 
 // Describe implements prometheus.Collector.
@@ -122,6 +137,10 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descKVConn, v, ep.Endpoint, b)
 		counter(descKVConnects, ep.Connects, ep.Endpoint, b)
 		counter(descKVFails, ep.Failures, ep.Endpoint, b)
+		gauge(descKVOpen, float64(ep.Guard.Open), ep.Endpoint, b)
+		for _, c := range guardClosed(ep.Guard) {
+			counter(descKVClosed, c.n, ep.Endpoint, b, c.reason)
+		}
 	}
 	st := s.state.Load()
 	for name, m := range st.models {

@@ -151,6 +151,13 @@ func TestExactSourceBinding(t *testing.T) {
 	require.Equal(t, uint64(1), g.RefusedTopic)
 	require.Equal(t, uint64(2), g.Accepted)
 	waitFor(t, func() bool { return s.kv.endpoints()[0].Guard.Open == 1 })
+	f := &fixture{t: t, reg: reg}
+	require.Equal(t, 1.0, f.counter("exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "source"}))
+	require.Equal(t, 1.0, f.counter("exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "topic"}))
+	ks := s.Stats().Models[testModel].KVEvents
+	require.Len(t, ks.Endpoints, 1)
+	require.Equal(t, map[string]uint64{"source": 1, "topic": 1}, ks.Endpoints[0].Closed)
+	require.Equal(t, uint64(1), ks.Endpoints[0].Open)
 
 	// kv_events_allow admits a relay on 127.0.0.99, for any topic.
 	cfg.KVEventsAllow = []string{"127.0.0.99/32"}
