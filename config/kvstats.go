@@ -106,7 +106,8 @@ type KVEndpointStats struct {
 	Open     uint64 `json:"open"`
 	Accepted uint64 `json:"accepted"`
 	// Closed counts connections refused or closed by the gateway's guard,
-	// by reason: full (max connections open), source (an address not
+	// by reason: full (max connections open), host_full (max connections
+	// open from its address), source (an address not
 	// allowed to publish there), topic (a topic its address may not
 	// publish), handshake_timeout, message_timeout (stalled mid-message),
 	// oversize (a message over the size or frame limit). Nil when none.

@@ -15,9 +15,13 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// DefaultMaxMessageBytes is the default limit of one ZMQ message: 16 MiB,
-// some 3M token ids.
-const DefaultMaxMessageBytes = 16 << 20
+// DefaultMaxMessageBytes is the default limit of one ZMQ message: 8 MiB,
+// room for an event of DefaultMaxTokens token ids at 5 bytes each and
+// its hashes. A bound endpoint holds at most about (10 + 2 × MaxConns)
+// messages at once (the library's queue, and per connection one being
+// read and one waiting for the queue); see docs/kv-events.md for the
+// measured figures.
+const DefaultMaxMessageBytes = 8 << 20
 
 // Options configure a Subscriber. The zero value is valid: every field
 // has a default.
@@ -38,9 +42,11 @@ type Options struct {
 	// last: a connection that stalls mid-message is closed. A connection
 	// may stay quiet between messages for any time. Default 10s.
 	MessageTimeout time.Duration
-	// MaxConns bounds the connections a bound endpoint accepts at once
-	// (each buffers up to 10 messages). Default 64.
-	MaxConns int
+	// MaxConns bounds the connections a bound endpoint accepts at once,
+	// MaxConnsPerHost those from one source address (a Unix socket's
+	// peers count as one address). Each connection holds up to two
+	// messages. Defaults DefaultMaxConns and DefaultMaxConnsPerHost.
+	MaxConns, MaxConnsPerHost int
 	// Policy decides, on bound endpoints, which connections may publish
 	// and under which topics (see SourcePolicy). Nil accepts every
 	// connection and topic: then only the network keeps rogue publishers
@@ -50,8 +56,12 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
-// DefaultMaxConns is the default of Options.MaxConns.
-const DefaultMaxConns = 64
+// Defaults of Options.MaxConns and Options.MaxConnsPerHost: an engine
+// publishes on one connection, and reconnects after a failure.
+const (
+	DefaultMaxConns        = 64
+	DefaultMaxConnsPerHost = 4
+)
 
 // SourcePolicy binds a bound endpoint's publishers to the engines they
 // claim to be. Its methods are called on the connections' goroutines and
@@ -107,6 +117,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConnsPerHost <= 0 {
+		o.MaxConnsPerHost = DefaultMaxConnsPerHost
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -179,7 +192,7 @@ func (s *Subscriber) Reauthorize() { s.gen.Add(1) }
 func (s *Subscriber) newSocket(ctx context.Context, sub *subscription) zmq4.Socket {
 	ctx = withGuard(ctx, &guardConfig{endpoint: sub.st.Endpoint, maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
 		handshake: s.opt.HandshakeTimeout, message: s.opt.MessageTimeout, maxConns: s.opt.MaxConns,
-		policy: s.opt.Policy, gen: &s.gen, st: &sub.guard})
+		maxPerHost: s.opt.MaxConnsPerHost, policy: s.opt.Policy, gen: &s.gen, st: &sub.guard})
 	logger := log.New(logWriter(s.opt.Logf), "zmq4: ", 0)
 	return zmq4.NewSub(ctx, zmq4.WithLogger(logger), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opt.HandshakeTimeout))

@@ -184,15 +184,20 @@ func zmtpPeer(t *testing.T, addr string) net.Conn {
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
+	greetAsPub(t, c)
+	return c
+}
+
+// greetAsPub sends a PUB's greeting and READY on c.
+func greetAsPub(t *testing.T, c net.Conn) {
 	greeting := make([]byte, 64)
 	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
 	copy(greeting[12:], "NULL")
 	ready := []byte{0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11}
 	ready = append(ready, "Socket-Type"...)
 	ready = append(ready, 0, 0, 0, 3, 'P', 'U', 'B')
-	_, err = c.Write(append(greeting, ready...))
+	_, err := c.Write(append(greeting, ready...))
 	require.NoError(t, err)
-	return c
 }
 
 // closedByPeer reads until the connection ends.
@@ -363,4 +368,30 @@ func TestSubscriberHandshakeTimeout(t *testing.T) {
 	closedByPeer(t, silent)
 	eventually(t, "counted", func() bool { return sub.Endpoints()[0].Guard.HandshakeTimeouts == 1 })
 	require.Zero(t, sub.Endpoints()[0].Guard.MessageTimeouts)
+}
+
+// TestSubscriberPerHost: at most MaxConnsPerHost connections from one
+// address; another address is still served.
+func TestSubscriberPerHost(t *testing.T) {
+	tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+	sub := NewSubscriber(tr, Options{MaxConnsPerHost: 2})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://127.0.0.1:0")
+	require.NoError(t, err)
+	guard := func() GuardStats { return sub.Endpoints()[0].Guard }
+	from := func(ip string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", addr.String())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		greetAsPub(t, c)
+		return c
+	}
+	from("127.0.0.21")
+	from("127.0.0.21")
+	eventually(t, "2 open", func() bool { return guard().Open == 2 })
+	closedByPeer(t, from("127.0.0.21"))
+	require.Equal(t, uint64(1), guard().HostFull)
+	from("127.0.0.22")
+	eventually(t, "another host served", func() bool { return guard().Open == 3 })
 }

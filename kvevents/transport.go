@@ -40,6 +40,7 @@ type guardConfig struct {
 	handshake  time.Duration // greeting and handshake deadline
 	message    time.Duration // deadline of a message once its first byte is read
 	maxConns   int           // accepted connections at once (bind)
+	maxPerHost int           // accepted connections at once from one address (bind)
 	policy     SourcePolicy  // who may publish what (bind); nil: anyone
 	gen        *atomic.Uint64
 	st         *guardCounters
@@ -47,12 +48,37 @@ type guardConfig struct {
 
 // guardCounters count what the guard of one endpoint did, over its life.
 type guardCounters struct {
-	open, accepted, full, refusedSource, refusedTopic,
+	open, accepted, full, hostFull, refusedSource, refusedTopic,
 	handshakeTimeouts, messageTimeouts, oversize atomic.Uint64
+
+	mu     sync.Mutex
+	byHost map[netip.Addr]int // open connections by source address
+}
+
+// takeHost counts a connection from a, unless max are open from it.
+func (c *guardCounters) takeHost(a netip.Addr, max int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byHost[a] >= max {
+		return false
+	}
+	if c.byHost == nil {
+		c.byHost = map[netip.Addr]int{}
+	}
+	c.byHost[a]++
+	return true
+}
+
+func (c *guardCounters) releaseHost(a netip.Addr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byHost[a]--; c.byHost[a] <= 0 {
+		delete(c.byHost, a)
+	}
 }
 
 func (c *guardCounters) snapshot() GuardStats {
-	return GuardStats{Open: c.open.Load(), Accepted: c.accepted.Load(), Full: c.full.Load(),
+	return GuardStats{Open: c.open.Load(), Accepted: c.accepted.Load(), Full: c.full.Load(), HostFull: c.hostFull.Load(),
 		RefusedSource: c.refusedSource.Load(), RefusedTopic: c.refusedTopic.Load(),
 		HandshakeTimeouts: c.handshakeTimeouts.Load(), MessageTimeouts: c.messageTimeouts.Load(), Oversize: c.oversize.Load()}
 }
@@ -64,8 +90,9 @@ type GuardStats struct {
 	Open uint64
 	// Accepted counts connections accepted (bind).
 	Accepted uint64
-	// Full counts connections refused because MaxConns were open.
-	Full uint64
+	// Full counts connections refused because MaxConns were open,
+	// HostFull because MaxConnsPerHost were open from their address.
+	Full, HostFull uint64
 	// RefusedSource counts connections refused by the SourcePolicy
 	// because of their source address; RefusedTopic connections closed
 	// because they published a topic their source may not.
@@ -89,7 +116,7 @@ func guardOf(ctx context.Context) *guardConfig {
 		return g
 	}
 	return &guardConfig{maxMessage: DefaultMaxMessageBytes, maxFrames: 16, handshake: 10 * time.Second,
-		message: 10 * time.Second, maxConns: 1024, gen: new(atomic.Uint64), st: &guardCounters{}}
+		message: 10 * time.Second, maxConns: DefaultMaxConns, maxPerHost: DefaultMaxConnsPerHost, gen: new(atomic.Uint64), st: &guardCounters{}}
 }
 
 var registerOnce sync.Once
@@ -161,8 +188,14 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
+		if !st.takeHost(remote, l.g.maxPerHost) {
+			st.open.Add(^uint64(0))
+			st.hostFull.Add(1)
+			c.Close()
+			continue
+		}
 		st.accepted.Add(1)
-		gc := newGuardConn(c, l.g, func() { st.open.Add(^uint64(0)) })
+		gc := newGuardConn(c, l.g, func() { st.open.Add(^uint64(0)); st.releaseHost(remote) })
 		gc.remote, gc.checkTopics = remote, l.g.policy != nil
 		return gc, nil
 	}
