@@ -3,6 +3,7 @@ package httpgw
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/kvevents"
 )
 
 // rawPub speaks ZMTP 3 (NULL mechanism) as a PUB, from a chosen local
@@ -200,4 +202,39 @@ func TestKVPolicyHostnames(t *testing.T) {
 	require.Error(t, p.AcceptTopic(bind, ip("127.0.0.1"), []byte("kv@nobody@"+testModel)))
 	require.Error(t, p.AcceptConn("tcp://127.0.0.1:1", ip("127.0.0.1")), "an endpoint not configured")
 	require.NoError(t, p.AcceptConn(bind, netip.Addr{}), "a Unix socket is trusted")
+}
+
+// TestExactMapBoundFromCapacity: an engine's map of block hashes is
+// bounded by kvMapFactor times its replica's capacity (issue 21: the
+// bound was 1M blocks per topic variant whatever the replica), the
+// gateway's default capacity when cache_blocks is not set.
+func TestExactMapBoundFromCapacity(t *testing.T) {
+	ef := newExactFixture(t, 4)
+	cfg := ef.cfg
+	cfg.Replicas = append([]config.Replica(nil), ef.cfg.Replicas...)
+	cfg.Replicas[0].CacheBlocks = 4
+	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	tab := ef.srv.state.Load().kv
+	require.Equal(t, kvMapFactor*4, tab.engines[kvID(ef.bind, ef.pod(0))].maxBlocks)
+	require.Equal(t, kvMapFactor*16384, tab.engines[kvID(ef.bind, ef.pod(1))].maxBlocks, "the gateway's default capacity")
+
+	// 4 x 4 blocks fit; one more overflows and clears the engine.
+	for i := range 4 {
+		ef.store(0, uint64(i+1), uint64(100*i), wordTokens(words(fmt.Sprint("p", i), 16)), 4)
+	}
+	engine0 := func() kvevents.EngineStats {
+		st, _ := ef.srv.kv.tr.Stats()
+		for _, e := range st {
+			if e.Source.Pod == ef.pod(0) {
+				return e
+			}
+		}
+		t.Fatal("engine 0 not heard")
+		return kvevents.EngineStats{}
+	}
+	require.Equal(t, 16, engine0().Mapped)
+	require.Zero(t, engine0().Overflows)
+	ef.store(0, 5, 1000, wordTokens(words("q", 4)), 4)
+	require.Equal(t, uint64(1), engine0().Overflows)
+	require.Equal(t, 1, engine0().Mapped)
 }
