@@ -506,6 +506,26 @@ func (p kvPolicy) AcceptConn(endpoint string, remote netip.Addr) error {
 	return fmt.Errorf("%s is neither a replica's host nor in kv_events_allow of %s", remote, endpoint)
 }
 
+var _ kvevents.ConnLimiter = kvPolicy{}
+
+// MaxConnsFrom implements kvevents.ConnLimiter: two connections per
+// engine of the endpoint at remote, and two more (an engine reconnects
+// before its old connection is seen closed); the Subscriber's default
+// for other addresses (kv_events_allow, engines named by host name).
+func (p kvPolicy) MaxConnsFrom(endpoint string, remote netip.Addr) int {
+	t := p.s.state.Load().kv
+	engines := map[kvAttach]bool{} // an engine heard as pod and as host is one
+	for id, e := range t.engines {
+		if kvSourceOf(id) == endpoint && len(e.attach) > 0 && slices.Contains(e.hosts, remote) {
+			engines[e.attach[0]] = true
+		}
+	}
+	if len(engines) == 0 {
+		return 0
+	}
+	return 2*len(engines) + 2
+}
+
 // AcceptTopic implements kvevents.SourcePolicy.
 func (p kvPolicy) AcceptTopic(endpoint string, remote netip.Addr, topic []byte) error {
 	if !remote.IsValid() {

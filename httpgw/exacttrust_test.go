@@ -201,6 +201,8 @@ func TestKVPolicyHostnames(t *testing.T) {
 	require.NoError(t, p.AcceptTopic(bind, ip("::1"), []byte("kv@localhost:8001@"+testModel)))
 	require.Error(t, p.AcceptTopic(bind, ip("127.0.0.1"), []byte("kv@nobody@"+testModel)))
 	require.Error(t, p.AcceptConn("tcp://127.0.0.1:1", ip("127.0.0.1")), "an endpoint not configured")
+	require.Equal(t, 4, p.MaxConnsFrom(bind, ip("127.0.0.1")), "one engine at 127.0.0.1: 2 + 2")
+	require.Zero(t, p.MaxConnsFrom(bind, ip("10.1.2.3")), "a host name: the subscriber's default")
 	require.NoError(t, p.AcceptConn(bind, netip.Addr{}), "a Unix socket is trusted")
 }
 

@@ -44,8 +44,9 @@ type Options struct {
 	MessageTimeout time.Duration
 	// MaxConns bounds the connections a bound endpoint accepts at once,
 	// MaxConnsPerHost those from one source address (a Unix socket's
-	// peers count as one address). Each connection holds up to two
-	// messages. Defaults DefaultMaxConns and DefaultMaxConnsPerHost.
+	// peers count as one address) unless the Policy is a ConnLimiter
+	// that says otherwise. Each connection holds up to two messages.
+	// Defaults DefaultMaxConns and DefaultMaxConnsPerHost.
 	MaxConns, MaxConnsPerHost int
 	// Policy decides, on bound endpoints, which connections may publish
 	// and under which topics (see SourcePolicy). Nil accepts every
@@ -60,7 +61,7 @@ type Options struct {
 // publishes on one connection, and reconnects after a failure.
 const (
 	DefaultMaxConns        = 64
-	DefaultMaxConnsPerHost = 4
+	DefaultMaxConnsPerHost = 8
 )
 
 // SourcePolicy binds a bound endpoint's publishers to the engines they
@@ -77,6 +78,14 @@ type SourcePolicy interface {
 	// the connection before the message reaches the Translator. topic is
 	// valid only during the call.
 	AcceptTopic(endpoint string, remote netip.Addr, topic []byte) error
+}
+
+// ConnLimiter is an optional interface of a SourcePolicy: MaxConnsFrom
+// returns how many connections may be open at once from remote on
+// endpoint (an address of several engines may need several), or 0 for
+// Options.MaxConnsPerHost.
+type ConnLimiter interface {
+	MaxConnsFrom(endpoint string, remote netip.Addr) int
 }
 
 // ExponentialBackoff waits lo before the first retry, doubling up to hi.

@@ -188,7 +188,13 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		if !st.takeHost(remote, l.g.maxPerHost) {
+		perHost := l.g.maxPerHost
+		if lim, ok := l.g.policy.(ConnLimiter); ok {
+			if n := lim.MaxConnsFrom(l.g.endpoint, remote); n > 0 {
+				perHost = n
+			}
+		}
+		if !st.takeHost(remote, perHost) {
 			st.open.Add(^uint64(0))
 			st.hostFull.Add(1)
 			c.Close()
