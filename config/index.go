@@ -102,7 +102,7 @@ func ValidateKVEndpoint(ep string, bind bool) error {
 	}
 	switch {
 	case host == "":
-		return bad("missing host; write * or 0.0.0.0 to listen on every interface")
+		return bad("missing host; write the address to listen on (127.0.0.1 for this host only; * or 0.0.0.0 for every interface, see docs/kv-events.md, Security)")
 	case !bind && (host == "*" || host == "0.0.0.0" || host == "::"):
 		return bad("a host to connect to, not " + strconv.Quote(host))
 	case host != "*" && strings.IndexFunc(host, func(r rune) bool { return !hostChar(r) }) >= 0:

@@ -44,7 +44,7 @@ type Options struct {
 	MessageTimeout time.Duration
 	// MaxConns bounds the connections a bound endpoint accepts at once,
 	// MaxConnsPerHost those from one source address (a Unix socket's
-	// peers count as one address) unless the Policy is a ConnLimiter
+	// peers, which have none, only count towards MaxConns) unless the Policy is a ConnLimiter
 	// that says otherwise. Each connection holds up to two messages.
 	// Defaults DefaultMaxConns and DefaultMaxConnsPerHost.
 	MaxConns, MaxConnsPerHost int
@@ -232,12 +232,17 @@ func (s *Subscriber) register(endpoint string, bound bool) (*subscription, conte
 
 // Bind listens on endpoint (tcp://host:port, port 0 for any, or
 // ipc://path) for publishers to connect, and returns the address it
-// listens on. Messages are handled as received on endpoint, the string
-// given (Source.Endpoint).
+// listens on. An empty host (tcp://:5557) means loopback, 127.0.0.1;
+// every interface must be asked for (tcp://0.0.0.0:5557 or tcp://*:5557).
+// Messages are handled as received on endpoint, the string given
+// (Source.Endpoint).
 func (s *Subscriber) Bind(endpoint string) (net.Addr, error) {
 	ep, err := guardedEndpoint(endpoint)
 	if err != nil {
 		return nil, err
+	}
+	if rest, ok := strings.CutPrefix(ep, "kvtcp://:"); ok {
+		ep = "kvtcp://127.0.0.1:" + rest
 	}
 	sub, ctx, err := s.register(endpoint, true)
 	if err != nil {

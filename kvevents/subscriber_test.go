@@ -395,3 +395,13 @@ func TestSubscriberPerHost(t *testing.T) {
 	from("127.0.0.22")
 	eventually(t, "another host served", func() bool { return guard().Open == 3 })
 }
+
+// TestSubscriberBindLoopbackByDefault: a bind endpoint without a host
+// listens on loopback only.
+func TestSubscriberBindLoopbackByDefault(t *testing.T) {
+	sub := NewSubscriber(NewTranslator(podResolver(newFakeIndex(), nil), Limits{}), Options{})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://:0")
+	require.NoError(t, err)
+	require.True(t, addr.(*net.TCPAddr).IP.IsLoopback(), "%v", addr)
+}

@@ -194,14 +194,20 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 				perHost = n
 			}
 		}
-		if !st.takeHost(remote, perHost) {
+		byHost := remote.IsValid() // a Unix socket's peers have no address
+		if byHost && !st.takeHost(remote, perHost) {
 			st.open.Add(^uint64(0))
 			st.hostFull.Add(1)
 			c.Close()
 			continue
 		}
 		st.accepted.Add(1)
-		gc := newGuardConn(c, l.g, func() { st.open.Add(^uint64(0)); st.releaseHost(remote) })
+		gc := newGuardConn(c, l.g, func() {
+			st.open.Add(^uint64(0))
+			if byHost {
+				st.releaseHost(remote)
+			}
+		})
 		gc.remote, gc.checkTopics = remote, l.g.policy != nil
 		return gc, nil
 	}

@@ -58,12 +58,14 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
   exa serve routing set JPCP --pool prefill:p0=http://10.0.1.1:8000 --pool decode:d0=http://10.0.2.1:8000
-  # Route on the engines' own KV events, engines publishing to the gateway (llm-d-inference-sim,
-  # POD_IP=10.0.0.1:8000 and --zmq-endpoint tcp://GATEWAY:5557):
-  exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://0.0.0.0:5557
-  # ... or the gateway connecting to each engine's publisher (vLLM binds tcp://*:5557):
+  # Route on the engines' own KV events, the gateway connecting to each engine's publisher
+  # (recommended: no listener; vLLM binds tcp://*:5557):
   exa serve routing set JPCP --mode cache_aware --index exact \
     --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
+  # ... or engines publishing to the gateway (llm-d-inference-sim, POD_IP=10.0.0.1:8000 and
+  # --zmq-endpoint tcp://10.0.0.100:5557), the gateway listening on its address 10.0.0.100 only;
+  # events are taken only from the replicas' hosts (docs/kv-events.md, Security):
+  exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://10.0.0.100:5557
   # A disaggregated model on the exact index: every prefill and decode engine publishes events:
   exa serve routing set JPCP --index exact --kv-events-connect prefill:p0=tcp://10.0.1.1:5557 \
     --kv-events-connect decode:d0=tcp://10.0.2.1:5557
@@ -97,7 +99,8 @@ so concurrent "set" commands never lose each other's changes.`,
 		"for every replica, and every prefill and decode pool member of a disaggregated model: --kv-events-bind or --kv-events-connect)")
 	f.Var(&sf.blockSize, "block-size", fmt.Sprintf("the engines' KV block size in tokens, for the exact index (vLLM's --block-size; 0 = %d)", config.DefaultBlockSize))
 	f.Var(&sf.kvBind, "kv-events-bind", "ZMQ endpoint the gateway listens on for KV events, tcp://HOST:PORT (engines whose publisher connects, "+
-		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them); \"\" to clear")
+		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them, and their connection must come from the replica's host); "+
+		"HOST is the address to listen on, not 0.0.0.0 unless every network it reaches may publish; \"\" to clear")
 	f.Var(sf.kvConnect, "kv-events-connect", "replica NAME's KV-event publisher to connect to, NAME=tcp://HOST:PORT (vLLM binds tcp://*:5557); "+
 		"NAME may be POOL:NAME, a pool member; repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
