@@ -70,8 +70,9 @@ func (m Model) TokenBlockSize() int {
 
 // ValidateKVEndpoint reports whether ep can be a ZMQ endpoint of KV events:
 // tcp://HOST:PORT with a port in 1..65535, or ipc://PATH. bind says whether
-// the gateway listens there (kv_events_bind: HOST may be * or 0.0.0.0 for
-// every interface) or dials it (a replica's kv_events: a host to reach).
+// the gateway listens there (kv_events_bind: HOST is the address to listen
+// on, * or 0.0.0.0 for every interface, which docs/kv-events.md warns
+// about) or dials it (a replica's kv_events: a host to reach).
 // The error is a [*FieldError] for field "kv_events".
 func ValidateKVEndpoint(ep string, bind bool) error {
 	bad := func(reason string) error { return &FieldError{Field: "kv_events", Value: ep, Reason: reason} }
