@@ -226,6 +226,7 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 			t.byEndpoint[h.a.ep] = append(t.byEndpoint[h.a.ep], id)
 		}
 	}
+	hostNames := map[string]string{} // engine id by host alone → by host:port
 	for src, hs := range bySource {
 		so := t.sources[src]
 		if !so.bound {
@@ -263,9 +264,19 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 				add(kvID(src, h.addrPod), h)
 			}
 			if h.host != "" && h.host != h.addrPod && len(pods[h.host]) == 1 {
-				add(kvID(src, h.host), h)
+				if h.addrPod != "" {
+					// The host alone is another name of the same engine:
+					// one engine, one state in the Translator, whichever
+					// name its topic uses.
+					hostNames[kvID(src, h.host)] = kvID(src, h.addrPod)
+				} else {
+					add(kvID(src, h.host), h)
+				}
 			}
 		}
+	}
+	for alias, id := range hostNames {
+		t.engines[alias] = t.engines[id]
 	}
 	return t
 }

@@ -144,6 +144,16 @@ func TestExactSourceBinding(t *testing.T) {
 	require.Equal(t, uint64(1), glob.Unresolved)
 	require.Contains(t, glob.LastError, `names model "other-model"`)
 
+	// The engine's other name (its host alone) is the same engine: its
+	// sequence continues, and there is one state.
+	require.NoError(t, e1.send(blocks("kv@127.0.0.11@"+testModel, 3, 82)))
+	waitFor(t, func() bool { return held("r1") == 6 })
+	engines, _ := s.kv.tr.Stats()
+	require.Len(t, engines, 2, "r1 and r2, however named")
+	for _, e := range engines {
+		require.Zero(t, e.Gaps+e.Restarts+e.Rejected, "%+v", e)
+	}
+
 	require.Equal(t, 2, held("r2"), "the rogue's blocks never reached r2")
 	require.Equal(t, 0, held("r3"), "r2's engine could not publish as r3")
 	eps := s.kv.endpoints()
