@@ -134,7 +134,8 @@ type Model struct {
 	// the host of a replica of the endpoint, and publishes only the
 	// topics of that host's engines. "0.0.0.0/0" and "::/0" accept
 	// anyone (then only the network keeps rogue publishers out). Nil or
-	// empty means none. See [ParseKVAllow].
+	// empty means none; at most [MaxKVAllow] entries, each once; kept,
+	// inactive, without KVEventsBind. See [ParseKVAllow].
 	KVEventsAllow []string `json:"kv_events_allow,omitempty"`
 	// Adapters, when not empty, is the model's LoRA adapter allow-list:
 	// requests may name only these adapters (each a name as in

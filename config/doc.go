@@ -83,7 +83,8 @@
 //     are taken only from its replicas' hosts.
 //   - kv_events_allow: source addresses (IP addresses or CIDR prefixes,
 //     see [ParseKVAllow]) that may also publish on kv_events_bind, under
-//     any topic (relays, NAT); only with kv_events_bind.
+//     any topic (relays, NAT); at most [MaxKVAllow], each once; inactive
+//     without kv_events_bind.
 //   - a replica's kv_events: the endpoint of its engine's publisher, which
 //     the gateway connects to (tcp://HOST:PORT, HOST not * or 0.0.0.0); no
 //     endpoint is both bound by a model and connected to by a replica.

@@ -116,6 +116,9 @@ func ValidateKVEndpoint(ep string, bind bool) error {
 	return nil
 }
 
+// MaxKVAllow is the most entries of [Model.KVEventsAllow].
+const MaxKVAllow = 256
+
 // ParseKVAllow parses an entry of [Model.KVEventsAllow]: an IP address
 // (a prefix of that address alone) or a CIDR prefix. The error is a
 // [*FieldError] for field "kv_events_allow".
@@ -174,8 +177,15 @@ func (m Model) validateIndex() error {
 			return err
 		}
 	}
-	if len(m.KVEventsAllow) > 0 && m.KVEventsBind == "" {
-		return &FieldError{Field: "kv_events_allow", Value: strings.Join(m.KVEventsAllow, ","), Reason: "needs kv_events_bind: it lists who may publish there"}
+	for i, a := range m.KVEventsAllow {
+		for j := range i {
+			if m.KVEventsAllow[j] == a {
+				return &FieldError{Field: fmt.Sprintf("kv_events_allow[%d]", i), Value: a, Reason: fmt.Sprintf("listed twice (kv_events_allow[%d])", j)}
+			}
+		}
+	}
+	if len(m.KVEventsAllow) > MaxKVAllow {
+		return &FieldError{Field: "kv_events_allow", Value: fmt.Sprint(len(m.KVEventsAllow)), Reason: fmt.Sprintf("%d entries, at most %d (use CIDR prefixes)", len(m.KVEventsAllow), MaxKVAllow)}
 	}
 	check := func(field string, rs []Replica) error {
 		for i, r := range rs {

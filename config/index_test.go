@@ -101,7 +101,8 @@ func TestExactIndexValidate(t *testing.T) {
 		{"allow not an address", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.1", "pod-1"} }, "kv_events_allow[1]"},
 		{"allow prefix out of range", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.0/33"} }, "kv_events_allow[0]"},
 		{"allow with a zone", func(m *Model) { m.KVEventsAllow = []string{"fe80::1%eth0"} }, "kv_events_allow[0]"},
-		{"allow without bind", func(m *Model) { m.KVEventsBind = ""; m.KVEventsAllow = []string{"10.0.0.1"} }, "kv_events_allow"},
+		{"allow twice", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.1", "10.0.0.0/8", "10.0.0.1"} }, "kv_events_allow[2]"},
+		{"allow too long", func(m *Model) { m.KVEventsAllow = make([]string, MaxKVAllow+1) }, "kv_events_allow[0]"},
 		{"round robin", func(m *Model) { m.Mode = gateway.ModeRoundRobin }, "index"},
 		{"load aware", func(m *Model) { m.Mode = gateway.ModeLoadAware }, "index"},
 		{"disaggregated pool member without a source", func(m *Model) {

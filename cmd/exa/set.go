@@ -34,6 +34,8 @@ type setFlags struct {
 	clearAdapters bool
 	peers         []string
 	clearPeers    bool
+	kvAllow       []string
+	clearKVAllow  bool
 }
 
 func newSetCmd() *cobra.Command {
@@ -111,11 +113,14 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringArrayVar(&sf.peers, "peer", nil, "base URL of another gateway process routing this model to the same replicas, whose /metrics reports the prefill it has pending "+
 		"at each (cache_aware adds it to this gateway's own); repeat for several; replaces the stored peer list")
 	f.BoolVar(&sf.clearPeers, "clear-peers", false, "remove the peer list: count only the prefill this gateway routed")
+	f.StringArrayVar(&sf.kvAllow, "kv-events-allow", nil, "source address (IP or CIDR prefix) that may publish KV events on --kv-events-bind besides the replicas' hosts, "+
+		"under any topic (a relay, NAT); repeat for several; replaces the stored list")
+	f.BoolVar(&sf.clearKVAllow, "clear-kv-events-allow", false, "remove the --kv-events-allow list: take events only from the replicas' hosts")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
-		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer"} {
+		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer", "kv-events-allow"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -128,7 +133,7 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		return err
 	}
 	changed := cmd.Flags().Changed
-	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}, {"peer", "clear-peers"}}); err != nil {
+	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}, {"peer", "clear-peers"}, {"kv-events-allow", "clear-kv-events-allow"}}); err != nil {
 		return err
 	}
 	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
@@ -220,6 +225,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("peer") {
 			m.Peers = slices.Clone(sf.peers)
 		}
+		if sf.clearKVAllow {
+			m.KVEventsAllow = nil
+		}
+		if changed("kv-events-allow") {
+			m.KVEventsAllow = slices.Clone(sf.kvAllow)
+		}
 		for _, p := range sf.removePools {
 			if _, ok := m.Pools[p]; !ok {
 				return usagef("invalid --remove-pool %q: model %q has no such pool", p, name)
@@ -274,6 +285,7 @@ var flagOfField = map[string]string{
 	"kv_events_bind":         "kv-events-bind",
 	"adapters":               "adapter",
 	"peers":                  "peer",
+	"kv_events_allow":        "kv-events-allow",
 }
 
 // flagOfReplicaField names the set flag that controls a replica's field
