@@ -126,6 +126,17 @@ type Model struct {
 	// its engine: the replica whose Pod is POD (see [Replica.Pod]). ""
 	// means none: every replica then needs its own KVEvents.
 	KVEventsBind string `json:"kv_events_bind,omitempty"`
+	// KVEventsAllow lists the source addresses (IP addresses, or CIDR
+	// prefixes such as 10.0.0.0/24), besides its replicas' hosts, that
+	// may publish on KVEventsBind, under any topic: relays, or engines
+	// whose connections come from another address than their replica's
+	// (NAT, a sidecar). Without it, a connection is accepted only from
+	// the host of a replica of the endpoint, and publishes only the
+	// topics of that host's engines. "0.0.0.0/0" and "::/0" accept
+	// anyone (then only the network keeps rogue publishers out). Nil or
+	// empty means none; at most [MaxKVAllow] entries, each once; kept,
+	// inactive, without KVEventsBind. See [ParseKVAllow].
+	KVEventsAllow []string `json:"kv_events_allow,omitempty"`
 	// Adapters, when not empty, is the model's LoRA adapter allow-list:
 	// requests may name only these adapters (each a name as in
 	// [ValidateName], listed once). The gateway discovers the adapters
@@ -242,6 +253,7 @@ func (m Model) Clone() Model {
 	}
 	c.Replicas = slices.Clone(m.Replicas)
 	c.Adapters = slices.Clone(m.Adapters)
+	c.KVEventsAllow = slices.Clone(m.KVEventsAllow)
 	c.Peers = slices.Clone(m.Peers)
 	if m.Pools != nil {
 		c.Pools = make(map[string][]Replica, len(m.Pools))

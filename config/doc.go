@@ -76,9 +76,15 @@
 //     disaggregation, and an event source for every replica.
 //   - block_size: the engines' KV block size in tokens for the exact index,
 //     0..[MaxBlockSize] (0 or absent means 16).
-//   - kv_events_bind: a ZMQ endpoint (tcp://HOST:PORT, HOST may be * or
-//     0.0.0.0; or ipc://PATH) the gateway listens on for the KV events of
-//     engines whose publisher connects; topics kv@POD@MODEL name them.
+//   - kv_events_bind: a ZMQ endpoint (tcp://HOST:PORT, HOST the address
+//     to listen on, * or 0.0.0.0 for every interface; or ipc://PATH) the
+//     gateway listens on for the KV events of engines whose publisher
+//     connects; topics kv@POD@MODEL name them, and an engine's messages
+//     are taken only from its replicas' hosts.
+//   - kv_events_allow: source addresses (IP addresses or CIDR prefixes,
+//     see [ParseKVAllow]) that may also publish on kv_events_bind, under
+//     any topic (relays, NAT); at most [MaxKVAllow], each once; inactive
+//     without kv_events_bind.
 //   - a replica's kv_events: the endpoint of its engine's publisher, which
 //     the gateway connects to (tcp://HOST:PORT, HOST not * or 0.0.0.0); no
 //     endpoint is both bound by a model and connected to by a replica.

@@ -43,6 +43,9 @@ func FuzzDecode(f *testing.F) {
 		`{"models":{"M":{"mode":"cache_aware","adapters":["a","b"],"replicas":[{"name":"r0","address":"h:1"}]},"N":{"adapters":["a","a"]}}}`,
 		`{"models":{"M":{"index":"approximate","kv_events_bind":"ipc:///tmp/x","replicas":[{"name":"r0","address":"h:1","kv_events":"tcp://*:1","pod":"a@b"}]}}}`,
 		`{"models":{"A":{"mode":"cache_aware","index":"exact","kv_events_bind":"tcp://h:1"},"B":{"replicas":[{"name":"r","address":"h:2","kv_events":"tcp://h:1"}]}}}`,
+		`{"models":{"M":{"kv_events_bind":"tcp://10.0.0.2:1","kv_events_allow":["10.0.0.1","10.0.1.0/24","::1","fd00::/8"]}}}`,
+		`{"models":{"M":{"kv_events_allow":["10.0.0.1/33","x","::ffff:10.0.0.0/120","fe80::1%eth0","10.0.0.1","10.0.0.1"]}}}`,
+		`{"models":{"M":{"kv_events_allow":"10.0.0.1"}}}`,
 	} {
 		f.Add([]byte(seed))
 	}

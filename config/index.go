@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -69,8 +70,9 @@ func (m Model) TokenBlockSize() int {
 
 // ValidateKVEndpoint reports whether ep can be a ZMQ endpoint of KV events:
 // tcp://HOST:PORT with a port in 1..65535, or ipc://PATH. bind says whether
-// the gateway listens there (kv_events_bind: HOST may be * or 0.0.0.0 for
-// every interface) or dials it (a replica's kv_events: a host to reach).
+// the gateway listens there (kv_events_bind: HOST is the address to listen
+// on, * or 0.0.0.0 for every interface, which docs/kv-events.md warns
+// about) or dials it (a replica's kv_events: a host to reach).
 // The error is a [*FieldError] for field "kv_events".
 func ValidateKVEndpoint(ep string, bind bool) error {
 	bad := func(reason string) error { return &FieldError{Field: "kv_events", Value: ep, Reason: reason} }
@@ -101,7 +103,7 @@ func ValidateKVEndpoint(ep string, bind bool) error {
 	}
 	switch {
 	case host == "":
-		return bad("missing host; write * or 0.0.0.0 to listen on every interface")
+		return bad("missing host; write the address to listen on (127.0.0.1 for this host only; * or 0.0.0.0 for every interface, see docs/kv-events.md, Security)")
 	case !bind && (host == "*" || host == "0.0.0.0" || host == "::"):
 		return bad("a host to connect to, not " + strconv.Quote(host))
 	case host != "*" && strings.IndexFunc(host, func(r rune) bool { return !hostChar(r) }) >= 0:
@@ -112,6 +114,27 @@ func ValidateKVEndpoint(ep string, bind bool) error {
 		return bad("port " + strconv.Quote(port) + " out of range 1..65535")
 	}
 	return nil
+}
+
+// MaxKVAllow is the most entries of [Model.KVEventsAllow].
+const MaxKVAllow = 256
+
+// ParseKVAllow parses an entry of [Model.KVEventsAllow]: an IP address
+// (a prefix of that address alone) or a CIDR prefix. The error is a
+// [*FieldError] for field "kv_events_allow".
+func ParseKVAllow(s string) (netip.Prefix, error) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, &FieldError{Field: "kv_events_allow", Value: s, Reason: "want an IP address or a CIDR prefix (10.0.0.0/24)"}
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, &FieldError{Field: "kv_events_allow", Value: s, Reason: "write an IPv4 prefix in IPv4 form"}
+	}
+	return p.Masked(), nil
 }
 
 // ValidatePod reports whether pod can name an engine in its events'
@@ -147,6 +170,22 @@ func (m Model) validateIndex() error {
 			err.(*FieldError).Field = "kv_events_bind"
 			return err
 		}
+	}
+	for i, a := range m.KVEventsAllow {
+		if _, err := ParseKVAllow(a); err != nil {
+			err.(*FieldError).Field = fmt.Sprintf("kv_events_allow[%d]", i)
+			return err
+		}
+	}
+	for i, a := range m.KVEventsAllow {
+		for j := range i {
+			if m.KVEventsAllow[j] == a {
+				return &FieldError{Field: fmt.Sprintf("kv_events_allow[%d]", i), Value: a, Reason: fmt.Sprintf("listed twice (kv_events_allow[%d])", j)}
+			}
+		}
+	}
+	if len(m.KVEventsAllow) > MaxKVAllow {
+		return &FieldError{Field: "kv_events_allow", Value: fmt.Sprint(len(m.KVEventsAllow)), Reason: fmt.Sprintf("%d entries, at most %d (use CIDR prefixes)", len(m.KVEventsAllow), MaxKVAllow)}
 	}
 	check := func(field string, rs []Replica) error {
 		for i, r := range rs {

@@ -98,6 +98,11 @@ func TestExactIndexValidate(t *testing.T) {
 		{"empty ipc", func(m *Model) { m.Replicas[1].KVEvents = "ipc://" }, "replicas[1].kv_events"},
 		{"pod with @", func(m *Model) { m.Replicas[1].Pod = "a@b" }, "replicas[1].pod"},
 		{"pod with a control character", func(m *Model) { m.Replicas[0].Pod = "p\x1b" }, "replicas[0].pod"},
+		{"allow not an address", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.1", "pod-1"} }, "kv_events_allow[1]"},
+		{"allow prefix out of range", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.0/33"} }, "kv_events_allow[0]"},
+		{"allow with a zone", func(m *Model) { m.KVEventsAllow = []string{"fe80::1%eth0"} }, "kv_events_allow[0]"},
+		{"allow twice", func(m *Model) { m.KVEventsAllow = []string{"10.0.0.1", "10.0.0.0/8", "10.0.0.1"} }, "kv_events_allow[2]"},
+		{"allow too long", func(m *Model) { m.KVEventsAllow = make([]string, MaxKVAllow+1) }, "kv_events_allow[0]"},
 		{"round robin", func(m *Model) { m.Mode = gateway.ModeRoundRobin }, "index"},
 		{"load aware", func(m *Model) { m.Mode = gateway.ModeLoadAware }, "index"},
 		{"disaggregated pool member without a source", func(m *Model) {
@@ -171,4 +176,22 @@ func TestAddressPod(t *testing.T) {
 	} {
 		assert.Equal(t, want, AddressPod(addr), addr)
 	}
+}
+
+func TestParseKVAllow(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.7": "10.0.0.7/32", "10.0.0.7/24": "10.0.0.0/24", "::1": "::1/128", "::ffff:10.0.0.7": "10.0.0.7/32",
+		"0.0.0.0/0": "0.0.0.0/0", "fd00::/8": "fd00::/8",
+	} {
+		p, err := ParseKVAllow(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, p.String(), in)
+	}
+	for _, in := range []string{"", "host", "10.0.0.1/", "::ffff:10.0.0.0/120", "10.0.0.1 "} {
+		_, err := ParseKVAllow(in)
+		require.Error(t, err, in)
+	}
+	m := exactSample()
+	m.KVEventsAllow = []string{"10.0.0.0/24", "127.0.0.1"}
+	require.NoError(t, m.Validate())
 }

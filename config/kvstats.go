@@ -70,6 +70,12 @@ type KVEngineStats struct {
 	Restarts  uint64 `json:"restarts"`
 	Overflows uint64 `json:"overflows"`
 	Clears    uint64 `json:"clears"`
+	// Skipped counts messages not applied because they showed a gap or a
+	// restart (nothing vouches for such a batch); Rejected messages
+	// refused because their topic named the engine with another model,
+	// or the engine was already heard under too many topics.
+	Skipped  uint64 `json:"skipped"`
+	Rejected uint64 `json:"rejected"`
 	// Resets counts the times the gateway reset the engine: its replica
 	// was ejected by the health checks, removed or reconfigured.
 	Resets uint64 `json:"resets"`
@@ -95,4 +101,15 @@ type KVEndpointStats struct {
 	Failures uint64 `json:"failures"`
 	// LastError is the last failure, "" if none.
 	LastError string `json:"last_error,omitempty"`
+	// Open is the connections open now (publishers of a bound endpoint),
+	// Accepted the connections accepted so far.
+	Open     uint64 `json:"open"`
+	Accepted uint64 `json:"accepted"`
+	// Closed counts connections refused or closed by the gateway's guard,
+	// by reason: full (max connections open), host_full (max connections
+	// open from its address), source (an address not
+	// allowed to publish there), topic (a topic its address may not
+	// publish), handshake_timeout, message_timeout (stalled mid-message),
+	// oversize (a message over the size or frame limit). Nil when none.
+	Closed map[string]uint64 `json:"closed,omitempty"`
 }

@@ -44,11 +44,12 @@ var fileShape = func() *shape {
 		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
 		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
-		"adapters":     {elems: scalar},
-		"peers":        {elems: scalar},
-		"load_weights": {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
-		"replicas":     replicas,
-		"pools":        {values: replicas},
+		"adapters":        {elems: scalar},
+		"peers":           {elems: scalar},
+		"kv_events_allow": {elems: scalar},
+		"load_weights":    {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
+		"replicas":        replicas,
+		"pools":           {values: replicas},
 	}}
 	return &shape{fields: map[string]*shape{"version": scalar, "models": {values: model}}}
 }()

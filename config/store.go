@@ -101,6 +101,9 @@ func Decode(name string, data []byte) (*File, error) {
 		if len(m.Adapters) == 0 {
 			m.Adapters = nil
 		}
+		if len(m.KVEventsAllow) == 0 {
+			m.KVEventsAllow = nil
+		}
 		f.Models[k] = m
 	}
 	if err := f.Validate(); err != nil {

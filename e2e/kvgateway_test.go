@@ -4,9 +4,12 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/examlops/gateway/config"
 )
@@ -410,4 +414,106 @@ func TestKVGatewayLatency(t *testing.T) {
 	t.Logf("exact gateway: %d tokenizations, %d engine /tokenize calls", rec.Tokenize.Requests, rec.Tokenize.EngineCalls)
 	require.Equal(t, uint64(2*n), rec.Tokenize.Requests)
 	require.Equal(t, uint64(n), rec.Tokenize.EngineCalls, "each distinct request tokenized on an engine once")
+}
+
+// rawPublisher speaks ZMTP 3 (NULL mechanism) as a PUB from a chosen
+// local address: a rogue on another loopback address (Linux routes all
+// of 127.0.0.0/8 to lo without setup).
+func rawPublisher(t *testing.T, from, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	b := make([]byte, 64)
+	b[0], b[9], b[10] = 0xff, 0x7f, 3
+	copy(b[12:], "NULL")
+	b = append(b, 0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11)
+	b = append(b, "Socket-Type"...)
+	b = append(b, 0, 0, 0, 3, 'P', 'U', 'B')
+	_, _ = c.Write(b)
+	return c
+}
+
+// rogueStored writes, on c, one message of topic with sequence number seq
+// announcing the blocks of tokens as stored (array encoding); write errors
+// (a connection the gateway closed) are returned.
+func rogueStored(t *testing.T, c net.Conn, topic string, seq uint64, tokens []uint32) error {
+	t.Helper()
+	n := len(tokens) / kvBlockSize
+	hashes := make([]any, n)
+	for i := range hashes {
+		hashes[i] = seq<<20 + uint64(i)
+	}
+	payload, err := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, tokens[:n*kvBlockSize], kvBlockSize, nil, "GPU", nil}}, 0})
+	require.NoError(t, err)
+	var msg []byte
+	for i, f := range [][]byte{[]byte(topic), binary.BigEndian.AppendUint64(nil, seq), payload} {
+		flags := byte(0)
+		if i < 2 {
+			flags = 1
+		}
+		msg = append(msg, flags|2)
+		msg = binary.BigEndian.AppendUint64(msg, uint64(len(f)))
+		msg = append(msg, f...)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Write(msg)
+	return err
+}
+
+// TestKVGatewayRoguePublisher: the attacks of issue 21 against three
+// engines publishing to the gateway's bound endpoint. Before each of 60
+// requests with fresh prompts, a rogue on 127.0.0.99 connects and
+// publishes the request's blocks as stored by engine s0 (with a sequence
+// number that skips ahead, which used to clear s0 and apply the batch),
+// and a process on the engines' own host publishes them under a topic
+// variant naming another model (which used to be a new engine with its
+// own state). None of it reaches the index: every prediction equals the
+// engine's cached_tokens, and the requests are not drawn to s0.
+func TestKVGatewayRoguePublisher(t *testing.T) {
+	requireBinaries(t)
+	zmqPort := freePort(t)
+	sims := []*kvSim{startKVSim(t, zmqPort, 4096, false), startKVSim(t, zmqPort, 4096, false), startKVSim(t, zmqPort, 4096, false)}
+	cfg := filepath.Join(t.TempDir(), "routing.json")
+	bind := "127.0.0.1:" + strconv.Itoa(zmqPort)
+	exaSet(t, cfg, append([]string{"--mode", "cache_aware", "--index", "exact", "--block-size", strconv.Itoa(kvBlockSize),
+		"--kv-events-bind", "tcp://" + bind}, kvReplicaArgs(sims)...)...)
+	g := startGateway(t, cfg)
+	kvGatewayWarmUp(t, sims, g)
+
+	rng := rand.New(rand.NewPCG(21, 99))
+	reqs := make([]kvRequest, 60)
+	for i := range reqs {
+		reqs[i] = kvRequest{prompt: fmt.Sprintf("Rogue %d. ", i) + kvWords(rng, 150)}
+	}
+	tok := tokenizerFor(sims[1])
+	s0 := "kv@" + sims[0].pod() + "@" + simModel
+	variant := "kv@" + sims[0].pod() + "@" + simModel + "-variant"
+	local := rawPublisher(t, "127.0.0.1", bind) // the engines' host: allowed to connect
+	var answers []kvAnswer
+	for i, r := range reqs {
+		tokens, err := tok.Tokenize(context.Background(), r.tokenizeRequest())
+		require.NoError(t, err)
+		rogue := rawPublisher(t, "127.0.0.99", bind)
+		_ = rogueStored(t, rogue, s0, 1_000_000+uint64(i), tokens)
+		require.NoError(t, rogueStored(t, local, variant, uint64(i+1), tokens))
+		waitFor(t, 10*time.Second, "the rogue refused and the variant heard", func() bool {
+			return g.metric(t, "exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "source"}) == float64(i+1) &&
+				g.metric(t, "exa_gateway_kv_unresolved_total", nil) == float64(i+1)
+		})
+		answers = append(answers, kvRunVia(t, []*gatewayProc{g}, []kvRequest{r}, true)...)
+	}
+	by := map[string]int{}
+	for i, a := range answers {
+		by[a.replica]++
+		require.True(t, a.exact, "request %d keyed on the exact index", i)
+		require.Equal(t, a.cached/kvBlockSize, a.matched, "request %d on %s: the prediction is the engine's own cache", i, a.replica)
+	}
+	t.Logf("60 requests with a rogue on 127.0.0.99 and a topic variant from 127.0.0.1: by replica %v; rogue connections refused %v, variant messages unresolved %v",
+		by, g.metric(t, "exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "source"}), g.metric(t, "exa_gateway_kv_unresolved_total", nil))
+	require.Less(t, by["s0"], len(reqs)/2, "the rogue does not draw requests to s0")
+	for _, e := range g.stats(t).Models[simModel].KVEvents.Engines {
+		require.Zero(t, e.Gaps+e.Restarts+e.Clears+e.Skipped+e.Rejected, "%+v", e)
+	}
 }

@@ -246,10 +246,12 @@
 //	kv_messages_total, kv_malformed_messages_total, kv_events_total,
 //	kv_events_applied_total, kv_blocks_stored_total, kv_blocks_removed_total,
 //	kv_sequence_gaps_total, kv_restarts_total, kv_overflows_total,
-//	kv_clears_total, kv_resets_total, kv_mapped_blocks   {endpoint,topic} per engine
+//	kv_clears_total, kv_messages_skipped_total, kv_messages_rejected_total,
+//	kv_resets_total, kv_mapped_blocks                    {endpoint,topic} per engine
 //	kv_events_dropped_total{endpoint,topic,reason}
 //	kv_malformed_frames_total, kv_unresolved_total
 //	kv_endpoint_connected, kv_endpoint_connects_total, kv_endpoint_failures_total {endpoint,bound}
+//	kv_endpoint_open_connections {endpoint,bound}, kv_endpoint_closed_total {endpoint,bound,reason}
 //	tokenize_requests_total, tokenize_engine_calls_total, tokenize_errors_total,
 //	tokenize_seconds (histogram)                                    {model}
 //	tokenize_cache_hits_total, tokenize_cache_entries

@@ -5,11 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -49,6 +53,13 @@ type kvSource struct {
 	// single: a connect endpoint of one engine, whose messages need no
 	// pod in their topic (plain vLLM leaves the topic empty).
 	single bool
+	// Who may publish on a bound endpoint (kvPolicy): the hosts of its
+	// engines' replicas (hostnames true when some are names, looked up
+	// when a connection's topic is checked) and the models'
+	// kv_events_allow prefixes, which may publish any topic.
+	hosts     map[netip.Addr]bool
+	hostnames bool
+	allow     []netip.Prefix
 }
 
 // kvEngine is one engine: the replicas its events update.
@@ -64,6 +75,16 @@ type kvEngine struct {
 	// one model answering to its pod, models disagreeing on the block
 	// size); "" when they can.
 	err string
+	// hosts are the addresses its replicas' hosts name, names the hosts
+	// that are names: a bound endpoint takes the engine's messages only
+	// from these (or from the source's allow-list).
+	hosts []netip.Addr
+	names []string
+	// maxBlocks bounds the engine's map of block hashes: kvMapFactor
+	// times its largest replica's capacity (cache_blocks, or the
+	// gateway's default), or the Translator's default when a capacity is
+	// unknown.
+	maxBlocks int
 }
 
 // kvAttach is one replica an engine's events update.
@@ -78,6 +99,30 @@ type kvAttach struct {
 // on a single-engine connect endpoint). Both are printable and the
 // endpoint has no space, so the id is unambiguous.
 func kvID(endpoint, pod string) string { return endpoint + " " + pod }
+
+// kvSourceOf is the endpoint of an engine id.
+func kvSourceOf(id string) string { ep, _, _ := strings.Cut(id, " "); return ep }
+
+// kvMapFactor is how many times its replica's capacity (cache_blocks) an
+// engine's map of block hashes may hold: an engine announcing more has
+// lost removals, or is not the engine, and is cleared (an overflow).
+const kvMapFactor = 4
+
+// hostAddrs returns the addresses a replica's host names: an IP address
+// itself, localhost the loopback addresses; any other name is returned as
+// name, to be looked up.
+func hostAddrs(host string) (addrs []netip.Addr, name string) {
+	if host == "" {
+		return nil, ""
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a.WithZone("").Unmap()}, ""
+	}
+	if strings.EqualFold(host, "localhost") {
+		return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}, ""
+	}
+	return nil, host
+}
 
 // buildKVTable builds the routing of events for the models of a state.
 func buildKVTable(models map[string]*modelState) *kvTable {
@@ -110,14 +155,29 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 				src, bound = m.cfg.KVEventsBind, true
 			}
 			if t.sources[src] == nil {
-				t.sources[src] = &kvSource{endpoint: src, bound: bound}
+				t.sources[src] = &kvSource{endpoint: src, bound: bound, hosts: map[netip.Addr]bool{}}
 				if bound {
 					t.bind = append(t.bind, src)
 				} else {
 					t.connect = append(t.connect, src)
 				}
 			}
-			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.byName[r.Name], cacheBlocks: r.CacheBlocks},
+			if bound {
+				for _, a := range m.cfg.KVEventsAllow {
+					if p, err := config.ParseKVAllow(a); err == nil && !slices.Contains(t.sources[src].allow, p) {
+						t.sources[src].allow = append(t.sources[src].allow, p)
+					}
+				}
+			}
+			cb := r.CacheBlocks
+			if cb == 0 { // the gateway's default capacity
+				for _, gr := range gw.Replicas() {
+					if gr.Name == r.Name {
+						cb = gr.CacheBlocks
+					}
+				}
+			}
+			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.byName[r.Name], cacheBlocks: cb},
 				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.cfg.TokenBlockSize()}
 			if u, err := url.Parse(NormalizeAddress(r.Address)); err == nil {
 				h.host = u.Hostname()
@@ -145,10 +205,28 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 			e.err = fmt.Sprintf("models %q and %q share the engine with block sizes %d and %d", e.attach[0].model, h.a.model, e.bs, h.bs)
 		}
 		e.attach = append(e.attach, h.a)
+		switch {
+		case h.a.cacheBlocks <= 0:
+			e.maxBlocks = -1 // a replica of unknown capacity: the default
+		case e.maxBlocks >= 0:
+			e.maxBlocks = max(e.maxBlocks, kvMapFactor*h.a.cacheBlocks)
+		}
+		addrs, name := hostAddrs(h.host)
+		for _, a := range addrs {
+			if !slices.Contains(e.hosts, a) {
+				e.hosts = append(e.hosts, a)
+			}
+			t.sources[kvSourceOf(id)].hosts[a] = true
+		}
+		if name != "" && !slices.Contains(e.names, name) {
+			e.names = append(e.names, name)
+			t.sources[kvSourceOf(id)].hostnames = true
+		}
 		if !slices.Contains(t.byEndpoint[h.a.ep], id) {
 			t.byEndpoint[h.a.ep] = append(t.byEndpoint[h.a.ep], id)
 		}
 	}
+	hostNames := map[string]string{} // engine id by host alone → by host:port
 	for src, hs := range bySource {
 		so := t.sources[src]
 		if !so.bound {
@@ -186,9 +264,19 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 				add(kvID(src, h.addrPod), h)
 			}
 			if h.host != "" && h.host != h.addrPod && len(pods[h.host]) == 1 {
-				add(kvID(src, h.host), h)
+				if h.addrPod != "" {
+					// The host alone is another name of the same engine:
+					// one engine, one state in the Translator, whichever
+					// name its topic uses.
+					hostNames[kvID(src, h.host)] = kvID(src, h.addrPod)
+				} else {
+					add(kvID(src, h.host), h)
+				}
 			}
 		}
+	}
+	for alias, id := range hostNames {
+		t.engines[alias] = t.engines[id]
 	}
 	return t
 }
@@ -299,6 +387,12 @@ func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 	case e.err != "":
 		return kvevents.Target{}, errors.New(e.err)
 	}
+	// A topic that names a model must name one of the engine's: a topic
+	// variant naming another is no source of this engine's events.
+	if src.Model != "" && !t.modelOf(id, src.Model) {
+		return kvevents.Target{}, fmt.Errorf("topic %q names model %q, which engine %q does not serve (its replicas: %s)",
+			src.Topic, src.Model, pod, strings.Join(t.replicasOf(id), ", "))
+	}
 	model := e.model
 	if model == "" {
 		model = src.Model
@@ -306,7 +400,7 @@ func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 	if model == "" {
 		return kvevents.Target{}, fmt.Errorf("the engine serves several models and its topic %q names none (want kv@POD@MODEL)", src.Topic)
 	}
-	return kvevents.Target{Index: kvSink{s}, Replica: e.id, Model: model, BlockSize: e.bs}, nil
+	return kvevents.Target{Index: kvSink{s}, Replica: e.id, Model: model, BlockSize: e.bs, MaxBlocks: max(e.maxBlocks, 0)}, nil
 }
 
 // subscriber returns the Subscriber, creating it if needed. k.mu held.
@@ -375,6 +469,117 @@ func (k *kvRuntime) sync(t *kvTable) {
 			k.subs[ep] = false
 		}
 	}
+	if k.sub != nil {
+		k.sub.Reauthorize() // who may publish what follows the new table
+	}
+}
+
+// kvPolicy binds a bound endpoint's publishers to the engines they claim
+// to be (kvevents.SourcePolicy): a connection is accepted from the host of
+// one of the endpoint's engines' replicas or from the endpoint's
+// allow-list (kv_events_allow), and may publish an engine's topic only
+// from that engine's replicas' hosts (or the allow-list). A Unix socket
+// (ipc://) is trusted: its file's permissions decide who connects.
+type kvPolicy struct {
+	s *Server
+	// lookup resolves a replica's host name; nil means the system's
+	// resolver, with a timeout of kvLookupTimeout.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+}
+
+var _ kvevents.SourcePolicy = kvPolicy{}
+
+// kvLookupTimeout bounds the lookup of a replica's host name when a
+// connection's topic is checked.
+const kvLookupTimeout = 2 * time.Second
+
+func (p kvPolicy) allowed(so *kvSource, remote netip.Addr) bool {
+	for _, pr := range so.allow {
+		if pr.Contains(remote) {
+			return true
+		}
+	}
+	return false
+}
+
+// AcceptConn implements kvevents.SourcePolicy.
+func (p kvPolicy) AcceptConn(endpoint string, remote netip.Addr) error {
+	if !remote.IsValid() {
+		return nil
+	}
+	so := p.s.state.Load().kv.sources[endpoint]
+	switch {
+	case so == nil:
+		return fmt.Errorf("endpoint %s is not configured", endpoint)
+	case so.hosts[remote] || so.hostnames || p.allowed(so, remote):
+		return nil
+	}
+	return fmt.Errorf("%s is neither a replica's host nor in kv_events_allow of %s", remote, endpoint)
+}
+
+var _ kvevents.ConnLimiter = kvPolicy{}
+
+// MaxConnsFrom implements kvevents.ConnLimiter: two connections per
+// engine of the endpoint at remote, and two more (an engine reconnects
+// before its old connection is seen closed); the Subscriber's default
+// for other addresses (kv_events_allow, engines named by host name).
+func (p kvPolicy) MaxConnsFrom(endpoint string, remote netip.Addr) int {
+	t := p.s.state.Load().kv
+	engines := map[kvAttach]bool{} // an engine heard as pod and as host is one
+	for id, e := range t.engines {
+		if kvSourceOf(id) == endpoint && len(e.attach) > 0 && slices.Contains(e.hosts, remote) {
+			engines[e.attach[0]] = true
+		}
+	}
+	if len(engines) == 0 {
+		return 0
+	}
+	return 2*len(engines) + 2
+}
+
+// AcceptTopic implements kvevents.SourcePolicy.
+func (p kvPolicy) AcceptTopic(endpoint string, remote netip.Addr, topic []byte) error {
+	if !remote.IsValid() {
+		return nil
+	}
+	t := p.s.state.Load().kv
+	so := t.sources[endpoint]
+	if so == nil {
+		return fmt.Errorf("endpoint %s is not configured", endpoint)
+	}
+	if p.allowed(so, remote) {
+		return nil
+	}
+	src := kvevents.Source{Endpoint: endpoint, Topic: string(topic)}
+	src.Pod, src.Model, _ = kvevents.ParseTopic(src.Topic)
+	id, err := t.idOf(src)
+	if err != nil {
+		return err
+	}
+	e := t.engines[id]
+	if e == nil {
+		return fmt.Errorf("topic %q names no engine of %s", src.Topic, endpoint)
+	}
+	if slices.Contains(e.hosts, remote) {
+		return nil
+	}
+	lookup := p.lookup
+	if lookup == nil {
+		lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	for _, name := range e.names {
+		ctx, cancel := context.WithTimeout(context.Background(), kvLookupTimeout)
+		addrs, _ := lookup(ctx, name)
+		cancel()
+		for _, a := range addrs {
+			if a.Unmap() == remote {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("topic %q from %s: engine %q publishes from its replicas' hosts only", src.Topic, remote, src.Pod)
 }
 
 // endpoints returns the status of every endpoint listened on or dialled.
@@ -419,7 +624,8 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 	}
 	k.tr.Reset(func(src kvevents.Source, tg kvevents.Target) bool {
 		ne := next.engines[tg.Replica]
-		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model
+		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
+			max(ne.maxBlocks, 0) != tg.MaxBlocks
 	})
 	if len(fill) > 0 {
 		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return fill[tg.Replica] != nil },

@@ -384,6 +384,7 @@ func TestExactKVTable(t *testing.T) {
 	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1:8000")), "an engine of two models")
 	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1")), "its host alone")
 	require.Equal(t, "", tab.engines[kvID(bind, "10.0.0.1")].model, "two models: the topic names the chain root")
+	require.Same(t, tab.engines[kvID(bind, "10.0.0.1:8000")], tab.engines[kvID(bind, "10.0.0.1")], "one engine by either name: one state")
 	require.Equal(t, []string{"base/b"}, attach(kvID(bind, "10.0.0.2:8000")))
 	require.Nil(t, attach(kvID(bind, "10.0.0.2")), "a host of two engines names neither")
 	require.Nil(t, attach(kvID(bind, "10.0.0.4:8000")), "an explicit pod replaces the address")
@@ -402,14 +403,19 @@ func TestExactKVTable(t *testing.T) {
 		model   string
 		err     string
 	}{
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@base", Pod: "10.0.0.1", Model: "base"}, kvID(bind, "10.0.0.1"), "base", ""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8001@served-name", Pod: "10.0.0.2:8001", Model: "served-name"}, kvID(bind, "10.0.0.2:8001"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@base", Pod: "10.0.0.1", Model: "base"}, kvID(bind, "10.0.0.1:8000"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1:8000@base", Pod: "10.0.0.1:8000", Model: "base"}, kvID(bind, "10.0.0.1:8000"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@base", Pod: "10.0.0.2:8000", Model: "base"}, kvID(bind, "10.0.0.2:8000"), "base", ""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@other", Pod: "10.0.0.2:8000", Model: "other"}, "", "", "names model \"other\""},
+		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@lora", Pod: "10.0.0.1", Model: "lora"}, kvID(bind, "10.0.0.1:8000"), "lora", ""},
 		{kvevents.Source{Endpoint: bind, Topic: ""}, "", "", "names no pod"},
 		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.3@base", Pod: "10.0.0.3", Model: "base"}, "", "", "no replica answers to pod"},
 		{kvevents.Source{Endpoint: bind, Topic: "kv@pod-d@base", Pod: "pod-d", Model: "base"}, "", "", "block sizes"},
 		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: ""}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://relay:1", Topic: "kv@10.0.0.7@base", Pod: "10.0.0.7", Model: "base"}, kvID("tcp://relay:1", "10.0.0.7"), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@base", Pod: "whatever", Model: "base"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "vllm-free-topic"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
+		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, "", "", "names model \"x\""},
+		{kvevents.Source{Endpoint: "tcp://relay:1", Topic: "kv@10.0.0.7@base", Pod: "10.0.0.7", Model: "base"}, kvID("tcp://relay:1", "10.0.0.7:8000"), "base", ""},
 		{kvevents.Source{Endpoint: "tcp://other:1"}, "", "", "not configured"},
 	} {
 		tg, err := s.resolveKV(tc.src)

@@ -35,6 +35,8 @@ var (
 	descKVRestarts = kvDesc("kv_restarts_total", "Sequences that went back (the engine restarted), per engine; each clears the engine's blocks.", engineLabels...)
 	descKVOverflow = kvDesc("kv_overflows_total", "Times an engine's block-hash map reached its bound, per engine.", engineLabels...)
 	descKVClears   = kvDesc("kv_clears_total", "Times an engine's blocks were cleared from the index for a gap, restart, overflow or unreadable message, per engine.", engineLabels...)
+	descKVSkipped  = kvDesc("kv_messages_skipped_total", "KV-event messages not applied because they showed a sequence gap or restart (their batch cannot be verified), per engine.", engineLabels...)
+	descKVRejected = kvDesc("kv_messages_rejected_total", "KV-event messages refused because their topic named the engine with another model, or the engine was heard under too many topics, per engine.", engineLabels...)
 	descKVResets   = kvDesc("kv_resets_total", "Times the gateway reset an engine: its replica ejected, removed or reconfigured, per engine.", engineLabels...)
 	descKVMapped   = kvDesc("kv_mapped_blocks", "Blocks of the engine the index holds from its events, per engine.", engineLabels...)
 	descKVFrames   = kvDesc("kv_malformed_frames_total", "KV-event messages without topic, 8-byte sequence number and payload.")
@@ -42,6 +44,10 @@ var (
 	descKVConn     = kvDesc("kv_endpoint_connected", "1 while the gateway listens on (bound) or is connected to a KV-event endpoint.", "endpoint", "bound")
 	descKVConnects = kvDesc("kv_endpoint_connects_total", "Connections made to a KV-event endpoint the gateway dials.", "endpoint", "bound")
 	descKVFails    = kvDesc("kv_endpoint_failures_total", "Failed connection attempts and connections ended, per KV-event endpoint.", "endpoint", "bound")
+	descKVOpen     = kvDesc("kv_endpoint_open_connections", "Publishers' connections open on a KV-event endpoint the gateway listens on.", "endpoint", "bound")
+	descKVClosed   = kvDesc("kv_endpoint_closed_total",
+		"Connections to a KV-event endpoint refused or closed by the gateway's guard, by reason: full (max connections open), host_full (max connections open from its address), source (address not allowed), topic (a topic its address may not publish), handshake_timeout, message_timeout (stalled mid-message), oversize.",
+		"endpoint", "bound", "reason")
 	descCached     = kvDesc("index_cached_blocks", "Blocks the routing index holds for a replica (the index size), by model and replica.", "model", "replica")
 	descTokReqs    = kvDesc("tokenize_requests_total", "Requests of a model on the exact index that were tokenized.", "model")
 	descTokCalls   = kvDesc("tokenize_engine_calls_total", "Calls to an engine's /tokenize (the others were answered from the gateway's cache), by model.", "model")
@@ -53,8 +59,8 @@ var (
 		"model", "reason")
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
-		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVResets, descKVMapped, descKVFrames, descKVUnres,
-		descKVConn, descKVConnects, descKVFails, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
+		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVMapped, descKVFrames, descKVUnres,
+		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
 )
 
 // droppedBy lists an engine's dropped events by reason.
@@ -69,6 +75,17 @@ func droppedBy(e *kvevents.EngineStats) [7]struct {
 		{"malformed", e.DroppedMalformed}, {"unknown", e.DroppedUnknown}, {"limit", e.DroppedLimit}, {"medium", e.DroppedMedium},
 		{"block_size", e.DroppedBlockSize}, {"orphan", e.DroppedOrphan}, {"apply", e.DroppedApply},
 	}
+}
+
+type reasonCount struct {
+	reason string
+	n      uint64
+}
+
+// guardClosed lists an endpoint's connections refused or closed, by reason.
+func guardClosed(g kvevents.GuardStats) [7]reasonCount {
+	return [7]reasonCount{{"full", g.Full}, {"host_full", g.HostFull}, {"source", g.RefusedSource}, {"topic", g.RefusedTopic},
+		{"handshake_timeout", g.HandshakeTimeouts}, {"message_timeout", g.MessageTimeouts}, {"oversize", g.Oversize}}
 }
 
 // Describe implements prometheus.Collector.
@@ -104,6 +121,8 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descKVRestarts, e.Restarts, l...)
 		counter(descKVOverflow, e.Overflows, l...)
 		counter(descKVClears, e.Clears, l...)
+		counter(descKVSkipped, e.Skipped, l...)
+		counter(descKVRejected, e.Rejected, l...)
 		counter(descKVResets, e.Resets, l...)
 		gauge(descKVMapped, float64(e.Mapped), l...)
 	}
@@ -118,6 +137,10 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descKVConn, v, ep.Endpoint, b)
 		counter(descKVConnects, ep.Connects, ep.Endpoint, b)
 		counter(descKVFails, ep.Failures, ep.Endpoint, b)
+		gauge(descKVOpen, float64(ep.Guard.Open), ep.Endpoint, b)
+		for _, c := range guardClosed(ep.Guard) {
+			counter(descKVClosed, c.n, ep.Endpoint, b, c.reason)
+		}
 	}
 	st := s.state.Load()
 	for name, m := range st.models {

@@ -23,8 +23,17 @@ type KVEventsGlobal struct {
 }
 
 func endpointStats(ep kvevents.EndpointStatus) config.KVEndpointStats {
-	return config.KVEndpointStats{Endpoint: ep.Endpoint, Bound: ep.Bound, Connected: ep.Connected,
-		Connects: ep.Connects, Failures: ep.Failures, LastError: ep.LastError}
+	out := config.KVEndpointStats{Endpoint: ep.Endpoint, Bound: ep.Bound, Connected: ep.Connected,
+		Connects: ep.Connects, Failures: ep.Failures, LastError: ep.LastError, Open: ep.Guard.Open, Accepted: ep.Guard.Accepted}
+	for _, c := range guardClosed(ep.Guard) {
+		if c.n > 0 {
+			if out.Closed == nil {
+				out.Closed = map[string]uint64{}
+			}
+			out.Closed[c.reason] = c.n
+		}
+	}
+	return out
 }
 
 // kvGlobalStats returns the Stats.KVEvents section, nil when no model is
@@ -70,6 +79,7 @@ func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvT
 			Messages: e.Messages, Events: e.Events, Applied: e.Applied, Dropped: e.Dropped, MalformedMessages: e.MalformedMessages,
 			StoredBlocks: e.StoredBlocks, RemovedBlocks: e.RemovedBlocks,
 			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, Resets: e.Resets,
+			Skipped: e.Skipped, Rejected: e.Rejected,
 			MappedBlocks: e.Mapped, LastError: e.LastError,
 		}
 		for _, d := range droppedBy(e) {

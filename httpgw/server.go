@@ -258,7 +258,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
 	s.kv = &kvRuntime{counters: map[string]*exactCounters{},
-		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }}}
+		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
 	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
 	s.kv.tok = opts.Tokenizer
 	if s.kv.tok == nil {

@@ -7,7 +7,7 @@
 //	Subscriber (ZMQ SUB: Bind and/or Connect per engine)
 //	  → Translator.Handle(endpoint, frames)
 //	      Frames: topic, 8-byte big-endian sequence number, msgpack payload
-//	      per engine (endpoint + topic): sequence check, Decoder, rehash
+//	      per engine (Target.Replica): sequence check, Decoder, rehash
 //	  → gateway.Gateway.ApplyEvent(replica, CacheEvent) with our keys
 //
 // The wire format is vLLM's vllm/distributed/kv_events.py (EventBatch,
@@ -22,7 +22,19 @@
 // keys to find parents and removals, as llm-d's kv-cache manager and
 // Dynamo do. A sequence gap or restart, an unreadable payload or removal,
 // or the map reaching its bound clears the engine's blocks from the index:
-// a missed removal would otherwise leave a stale entry for good.
+// a missed removal would otherwise leave a stale entry for good. The
+// message that shows a gap is not applied: nothing vouches for it.
+//
+// # Trust
+//
+// An engine is what the Resolver names (Target.Replica): every topic
+// resolving to it shares its one state, so topic variants cannot act as
+// new engines. On a bound endpoint, a SourcePolicy (Options.Policy) binds
+// each connection's source address to the topics it may publish, checked
+// in the transport before a message reaches the Translator; a Subscriber
+// bounds message size, connections (in all and per address), the
+// handshake and each message's time, and counts what it refuses
+// (EndpointStatus.Guard).
 //
 // # Requests in
 //
@@ -49,12 +61,21 @@
 // With an empty topic, the endpoint alone names the engine (Source), so
 // the Resolver maps the endpoint to the replica.
 //
+// Connecting is the safer mode: the Subscriber opens no port, and what
+// arrives on a connection it dialled comes from the engine it dialled.
+//
 // llm-d-inference-sim (its PUB connects; bind once for all engines, each
 // named by its topic kv@$POD_IP@MODEL):
 //
 //	POD_IP=10.0.0.7:8000 llm-d-inference-sim --enable-kvcache --block-size 16 \
-//	  --zmq-endpoint tcp://GATEWAY_HOST:5557 ...
-//	sub.Bind("tcp://0.0.0.0:5557")
+//	  --zmq-endpoint tcp://10.0.0.2:5557 ...
+//	sub := kvevents.NewSubscriber(tr, kvevents.Options{Policy: policy})
+//	sub.Bind("tcp://10.0.0.2:5557") // the gateway's address on the engines' network
+//
+// A bound endpoint is open to anything that reaches its address: give the
+// Subscriber a SourcePolicy that admits each engine's topics only from its
+// own host (the HTTP gateway's does), and do not listen on 0.0.0.0 where
+// other networks reach.
 //
 // The HTTP gateway (package httpgw, `exa serve gateway`) does all of this
 // from its configuration for models on the exact index: see

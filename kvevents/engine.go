@@ -32,6 +32,28 @@ type engine struct {
 
 	applyFn func(*Event, error)
 	st      EngineStats
+	topics  int // sources resolved to the engine; guarded by Translator.mu
+}
+
+// same reports whether a source resolved to tgt may share the resolved
+// engine's state: its events chain from the same root in blocks of the
+// same size.
+func (e *engine) same(src Source, tgt Target) bool {
+	model := tgt.Model
+	if model == "" {
+		model = src.Model
+	}
+	bs := tgt.BlockSize
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	return model == e.tgt.Model && bs == e.bs
+}
+
+// refuse counts a message refused from a source of the engine.
+func (e *engine) refuse(why string) {
+	e.st.Rejected++
+	e.st.LastError = why
 }
 
 func (e *engine) bind(tgt Target) {
@@ -59,7 +81,12 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 		} else {
 			e.st.Gaps++
 		}
+		// The batch cannot be verified: neither applied nor trusted to
+		// follow anything; the engine starts over from the next message.
 		e.clear(true)
+		e.last = seq
+		e.st.Skipped++
+		return
 	}
 	e.seen, e.last = true, seq
 	if err := e.dec.Decode(payload, e.applyFn); err != nil {

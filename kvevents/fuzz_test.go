@@ -70,7 +70,7 @@ func FuzzDecode(f *testing.F) {
 		tr.Handle("e", frames(topicA, 1, root))
 		tr.Handle("e", frames(topicA, 1+uint64(step%3), payload))
 		tr.Handle("e", frames(topicA, 5, payload))
-		e := tr.engines["e"][topicA]
+		e := tr.engines["10.0.0.1:8000"]
 		mapped := map[uint64]bool{}
 		for _, k := range e.blocks {
 			mapped[k] = true

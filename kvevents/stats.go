@@ -33,6 +33,14 @@ type EngineStats struct {
 	// cleared from the index for any of these reasons or an unreadable
 	// message (not counting the engine's own AllBlocksCleared).
 	Gaps, Restarts, Overflows, Clears uint64
+	// Skipped counts messages not applied because they showed a gap or a
+	// restart: nothing vouches for a batch that does not follow the last.
+	Skipped uint64
+	// Rejected counts messages refused because their source named the
+	// engine with another model or block size than it is heard with, or
+	// because the engine was already heard under MaxTopicsPerEngine
+	// sources.
+	Rejected uint64
 	// Resets counts the Translator.Reset calls that cleared the engine.
 	Resets uint64
 	// Mapped is the number of engine block hashes currently mapped.
@@ -52,18 +60,14 @@ type GlobalStats struct {
 	LastError string
 }
 
-// Stats returns every engine's counters, ordered by endpoint and topic,
+// Stats returns every engine's counters, ordered by the endpoint and topic
+// it was first heard under (Source),
 // and the counters of messages no engine is charged with.
 func (t *Translator) Stats() ([]EngineStats, GlobalStats) {
 	t.mu.Lock()
 	glob := t.glob
-	var all []*engine
-	for _, byTopic := range t.engines {
-		for _, e := range byTopic {
-			all = append(all, e)
-		}
-	}
 	t.mu.Unlock()
+	all := t.all()
 	out := make([]EngineStats, 0, len(all))
 	for _, e := range all {
 		e.mu.Lock()

@@ -5,17 +5,23 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
 
-// DefaultMaxMessageBytes is the default limit of one ZMQ message: 16 MiB,
-// some 3M token ids.
-const DefaultMaxMessageBytes = 16 << 20
+// DefaultMaxMessageBytes is the default limit of one ZMQ message: 8 MiB,
+// room for an event of DefaultMaxTokens token ids at 5 bytes each and
+// its hashes. A bound endpoint holds at most about (10 + 2 × MaxConns)
+// messages at once (the library's queue, and per connection one being
+// read and one waiting for the queue); see docs/kv-events.md for the
+// measured figures.
+const DefaultMaxMessageBytes = 8 << 20
 
 // Options configure a Subscriber. The zero value is valid: every field
 // has a default.
@@ -32,11 +38,54 @@ type Options struct {
 	// HandshakeTimeout bounds a connection's ZMTP greeting and handshake,
 	// and a dial. Default 10s.
 	HandshakeTimeout time.Duration
-	// MaxConns bounds the connections a bound endpoint accepts at once
-	// (each buffers up to 10 messages). Default 1024.
-	MaxConns int
+	// MessageTimeout bounds the time from a message's first byte to its
+	// last: a connection that stalls mid-message is closed. A connection
+	// may stay quiet between messages for any time. Default 10s.
+	MessageTimeout time.Duration
+	// MaxConns bounds the connections a bound endpoint accepts at once,
+	// MaxConnsPerHost those from one source address (a Unix socket's
+	// peers, which have none, only count towards MaxConns) unless the Policy is a ConnLimiter
+	// that says otherwise. Each connection holds up to two messages.
+	// Defaults DefaultMaxConns and DefaultMaxConnsPerHost.
+	MaxConns, MaxConnsPerHost int
+	// Policy decides, on bound endpoints, which connections may publish
+	// and under which topics (see SourcePolicy). Nil accepts every
+	// connection and topic: then only the network keeps rogue publishers
+	// out.
+	Policy SourcePolicy
 	// Logf receives connection events and faults. Default: discarded.
 	Logf func(format string, args ...any)
+}
+
+// Defaults of Options.MaxConns and Options.MaxConnsPerHost: an engine
+// publishes on one connection, and reconnects after a failure.
+const (
+	DefaultMaxConns        = 64
+	DefaultMaxConnsPerHost = 8
+)
+
+// SourcePolicy binds a bound endpoint's publishers to the engines they
+// claim to be. Its methods are called on the connections' goroutines and
+// must be safe for concurrent use.
+type SourcePolicy interface {
+	// AcceptConn is asked when a publisher connects to endpoint from
+	// remote (the zero Addr for a Unix socket); an error refuses the
+	// connection before its handshake.
+	AcceptConn(endpoint string, remote netip.Addr) error
+	// AcceptTopic is asked when a connection from remote sends a message
+	// under topic, the first time and whenever the topic differs from the
+	// last allowed one or Reauthorize was called since; an error closes
+	// the connection before the message reaches the Translator. topic is
+	// valid only during the call.
+	AcceptTopic(endpoint string, remote netip.Addr, topic []byte) error
+}
+
+// ConnLimiter is an optional interface of a SourcePolicy: MaxConnsFrom
+// returns how many connections may be open at once from remote on
+// endpoint (an address of several engines may need several), or 0 for
+// Options.MaxConnsPerHost.
+type ConnLimiter interface {
+	MaxConnsFrom(endpoint string, remote netip.Addr) int
 }
 
 // ExponentialBackoff waits lo before the first retry, doubling up to hi.
@@ -72,8 +121,14 @@ func (o Options) withDefaults() Options {
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 10 * time.Second
 	}
+	if o.MessageTimeout <= 0 {
+		o.MessageTimeout = 10 * time.Second
+	}
 	if o.MaxConns <= 0 {
-		o.MaxConns = 1024
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConnsPerHost <= 0 {
+		o.MaxConnsPerHost = DefaultMaxConnsPerHost
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -98,6 +153,8 @@ type Subscriber struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	gen atomic.Uint64 // policy generation: see Reauthorize
+
 	mu   sync.Mutex
 	subs map[string]*subscription
 }
@@ -106,6 +163,7 @@ type Subscriber struct {
 // and its goroutine's end.
 type subscription struct {
 	st     EndpointStatus
+	guard  guardCounters
 	cancel context.CancelFunc
 	sock   zmq4.Socket // Bind only
 	done   chan struct{}
@@ -124,6 +182,8 @@ type EndpointStatus struct {
 	Connects, Failures uint64
 	// LastError is the last failure.
 	LastError string
+	// Guard counts what the guard did to the endpoint's connections.
+	Guard GuardStats
 }
 
 // NewSubscriber returns a Subscriber feeding tr. Close it to stop.
@@ -133,9 +193,15 @@ func NewSubscriber(tr *Translator, o Options) *Subscriber {
 	return &Subscriber{tr: tr, opt: o.withDefaults(), ctx: ctx, cancel: cancel, subs: map[string]*subscription{}}
 }
 
-func (s *Subscriber) newSocket(ctx context.Context) zmq4.Socket {
-	ctx = withGuard(ctx, &guardConfig{maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
-		handshake: s.opt.HandshakeTimeout, maxConns: s.opt.MaxConns})
+// Reauthorize makes every connection ask the Policy again about the next
+// message of each topic: call it when the policy's answers change (a
+// configuration reload).
+func (s *Subscriber) Reauthorize() { s.gen.Add(1) }
+
+func (s *Subscriber) newSocket(ctx context.Context, sub *subscription) zmq4.Socket {
+	ctx = withGuard(ctx, &guardConfig{endpoint: sub.st.Endpoint, maxMessage: s.opt.MaxMessageBytes, maxFrames: 16,
+		handshake: s.opt.HandshakeTimeout, message: s.opt.MessageTimeout, maxConns: s.opt.MaxConns,
+		maxPerHost: s.opt.MaxConnsPerHost, policy: s.opt.Policy, gen: &s.gen, st: &sub.guard})
 	logger := log.New(logWriter(s.opt.Logf), "zmq4: ", 0)
 	return zmq4.NewSub(ctx, zmq4.WithLogger(logger), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opt.HandshakeTimeout))
@@ -166,18 +232,23 @@ func (s *Subscriber) register(endpoint string, bound bool) (*subscription, conte
 
 // Bind listens on endpoint (tcp://host:port, port 0 for any, or
 // ipc://path) for publishers to connect, and returns the address it
-// listens on. Messages are handled as received on endpoint, the string
-// given (Source.Endpoint).
+// listens on. An empty host (tcp://:5557) means loopback, 127.0.0.1;
+// every interface must be asked for (tcp://0.0.0.0:5557 or tcp://*:5557).
+// Messages are handled as received on endpoint, the string given
+// (Source.Endpoint).
 func (s *Subscriber) Bind(endpoint string) (net.Addr, error) {
 	ep, err := guardedEndpoint(endpoint)
 	if err != nil {
 		return nil, err
 	}
+	if rest, ok := strings.CutPrefix(ep, "kvtcp://:"); ok {
+		ep = "kvtcp://127.0.0.1:" + rest
+	}
 	sub, ctx, err := s.register(endpoint, true)
 	if err != nil {
 		return nil, err
 	}
-	sock := s.newSocket(ctx)
+	sock := s.newSocket(ctx, sub)
 	err = sock.SetOption(zmq4.OptionSubscribe, "")
 	if err == nil {
 		err = sock.Listen(ep)
@@ -230,7 +301,7 @@ func (s *Subscriber) Connect(endpoint string) error {
 func (s *Subscriber) connectLoop(ctx context.Context, sub *subscription, ep string) {
 	endpoint := sub.st.Endpoint
 	for attempt := 0; ; {
-		sock := s.newSocket(ctx)
+		sock := s.newSocket(ctx, sub)
 		err := sock.SetOption(zmq4.OptionSubscribe, "")
 		if err == nil {
 			err = sock.Dial(ep)
@@ -296,7 +367,9 @@ func (s *Subscriber) Endpoints() []EndpointStatus {
 	defer s.mu.Unlock()
 	out := make([]EndpointStatus, 0, len(s.subs))
 	for _, sub := range s.subs {
-		out = append(out, sub.st)
+		st := sub.st
+		st.Guard = sub.guard.snapshot()
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b EndpointStatus) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	return out

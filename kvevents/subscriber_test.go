@@ -184,15 +184,20 @@ func zmtpPeer(t *testing.T, addr string) net.Conn {
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
+	greetAsPub(t, c)
+	return c
+}
+
+// greetAsPub sends a PUB's greeting and READY on c.
+func greetAsPub(t *testing.T, c net.Conn) {
 	greeting := make([]byte, 64)
 	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
 	copy(greeting[12:], "NULL")
 	ready := []byte{0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11}
 	ready = append(ready, "Socket-Type"...)
 	ready = append(ready, 0, 0, 0, 3, 'P', 'U', 'B')
-	_, err = c.Write(append(greeting, ready...))
+	_, err := c.Write(append(greeting, ready...))
 	require.NoError(t, err)
-	return c
 }
 
 // closedByPeer reads until the connection ends.
@@ -278,4 +283,125 @@ func TestSubscriberUnsubscribe(t *testing.T) {
 	require.NoError(t, sub.Close())
 	_, err = sub.Bind(ep)
 	require.ErrorContains(t, err, "closed")
+}
+
+// rawSend writes one ZMTP message of short frames on c.
+func rawSend(t *testing.T, c net.Conn, frames [][]byte) {
+	t.Helper()
+	var b []byte
+	for i, f := range frames {
+		flags := byte(0)
+		if i < len(frames)-1 {
+			flags = 1
+		}
+		require.Less(t, len(f), 256)
+		b = append(b, flags, byte(len(f)))
+		b = append(b, f...)
+	}
+	_, err := c.Write(b)
+	require.NoError(t, err)
+}
+
+// TestSubscriberStalled: the issue-21 finding. Connections that greet and
+// stall mid-message used to be kept with no deadline, filling MaxConns, so
+// that a real publisher connecting afterwards was refused. Now each is
+// closed MessageTimeout after its message began; a connection quiet
+// between messages is kept; the connections refused while full, and the
+// timeouts, are counted; a real publisher connecting afterwards is heard.
+func TestSubscriberStalled(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	sub := NewSubscriber(tr, Options{HandshakeTimeout: 5 * time.Second, MessageTimeout: 300 * time.Millisecond, MaxConns: 4})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://127.0.0.1:0")
+	require.NoError(t, err)
+	guard := func() GuardStats { return sub.Endpoints()[0].Guard }
+
+	// A quiet publisher: one whole message, then nothing.
+	quiet := zmtpPeer(t, addr.String())
+	rawSend(t, quiet, frames(topicB, 1, pack(t, arrayBatch(stored{hashes: []uint64{7}, tokens: seqTokens(7, 16), bs: 16}.array()))))
+	eventually(t, "the quiet publisher's block", func() bool { return len(idx.keys("10.0.0.2:8000")) == 1 })
+
+	var stalled []net.Conn
+	for range 3 {
+		c := zmtpPeer(t, addr.String())
+		_, err := c.Write([]byte{0x01, 200, 'k', 'v'}) // a 200-byte topic frame, 2 bytes of it
+		require.NoError(t, err)
+		stalled = append(stalled, c)
+	}
+	eventually(t, "4 connections open", func() bool { return guard().Open == 4 })
+	extra := zmtpPeer(t, addr.String())
+	closedByPeer(t, extra)
+	require.Equal(t, uint64(1), guard().Full, "refused while MaxConns are open")
+
+	for _, c := range stalled {
+		closedByPeer(t, c)
+	}
+	eventually(t, "timeouts counted", func() bool { return guard().MessageTimeouts == 3 })
+	require.Equal(t, uint64(1), guard().Open, "the quiet publisher is kept")
+
+	// The quiet publisher, idle for longer than MessageTimeout, still
+	// publishes; a real publisher connecting now is heard.
+	rawSend(t, quiet, frames(topicB, 2, pack(t, arrayBatch(stored{hashes: []uint64{8}, parent: uint64(7), tokens: seqTokens(8, 16), bs: 16}.array()))))
+	eventually(t, "the quiet publisher's second block", func() bool { return len(idx.keys("10.0.0.2:8000")) == 2 })
+	pub := newTestPub(t, topicA)
+	require.NoError(t, pub.sock.Dial("tcp://"+addr.String()))
+	warmUp(t, pub, tr)
+	for i := range 300 {
+		pub.send(arrayBatch(stored{hashes: []uint64{uint64(100 + i)}, tokens: seqTokens(uint32(i), 16), bs: 16}.array()))
+	}
+	eventually(t, "all 300 blocks indexed", func() bool { return len(idx.keys("10.0.0.1:8000")) == 300 })
+	require.Zero(t, guard().HandshakeTimeouts)
+}
+
+// TestSubscriberHandshakeTimeout: a connection that never greets is
+// closed after HandshakeTimeout, counted.
+func TestSubscriberHandshakeTimeout(t *testing.T) {
+	tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+	sub := NewSubscriber(tr, Options{HandshakeTimeout: 200 * time.Millisecond})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://127.0.0.1:0")
+	require.NoError(t, err)
+	silent, err := net.Dial("tcp", addr.String())
+	require.NoError(t, err)
+	defer silent.Close()
+	closedByPeer(t, silent)
+	eventually(t, "counted", func() bool { return sub.Endpoints()[0].Guard.HandshakeTimeouts == 1 })
+	require.Zero(t, sub.Endpoints()[0].Guard.MessageTimeouts)
+}
+
+// TestSubscriberPerHost: at most MaxConnsPerHost connections from one
+// address; another address is still served.
+func TestSubscriberPerHost(t *testing.T) {
+	tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+	sub := NewSubscriber(tr, Options{MaxConnsPerHost: 2})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://127.0.0.1:0")
+	require.NoError(t, err)
+	guard := func() GuardStats { return sub.Endpoints()[0].Guard }
+	from := func(ip string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", addr.String())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		greetAsPub(t, c)
+		return c
+	}
+	from("127.0.0.21")
+	from("127.0.0.21")
+	eventually(t, "2 open", func() bool { return guard().Open == 2 })
+	closedByPeer(t, from("127.0.0.21"))
+	require.Equal(t, uint64(1), guard().HostFull)
+	from("127.0.0.22")
+	eventually(t, "another host served", func() bool { return guard().Open == 3 })
+}
+
+// TestSubscriberBindLoopbackByDefault: a bind endpoint without a host
+// listens on loopback only.
+func TestSubscriberBindLoopbackByDefault(t *testing.T) {
+	sub := NewSubscriber(NewTranslator(podResolver(newFakeIndex(), nil), Limits{}), Options{})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://:0")
+	require.NoError(t, err)
+	require.True(t, addr.(*net.TCPAddr).IP.IsLoopback(), "%v", addr)
 }

@@ -50,8 +50,28 @@ func (r TokenizeRequest) validate() error {
 // ErrTokenize wraps the failures of HTTPTokenizer.
 var ErrTokenize = errors.New("kvevents: tokenize")
 
-// DefaultMaxTokenizeResponse bounds a /tokenize response: 64 MiB.
-const DefaultMaxTokenizeResponse = 64 << 20
+// DefaultMaxTokenizeResponse bounds a /tokenize response: 16 MiB, some
+// 2M token ids, more than any context. A response is also bounded by its
+// request (tokenizeLimit).
+const DefaultMaxTokenizeResponse = 16 << 20
+
+// A prompt's tokens each cover at least one byte of its text (byte-level
+// BPE, or byte fallback), and a token id takes at most 11 bytes of JSON
+// ("4294967295,"); the chat template adds a bounded number of tokens.
+// So a /tokenize response is bounded by tokenizeBytesPer bytes per byte
+// of the request's prompt, messages, tools and template arguments, plus
+// tokenizeSlack for the template's tokens and the response's other
+// fields, and DefaultMaxTokenizeResponse regardless.
+const (
+	tokenizeBytesPer = 12
+	tokenizeSlack    = 256 << 10
+)
+
+// tokenizeLimit is the largest /tokenize response accepted for req.
+func tokenizeLimit(req TokenizeRequest, max int64) int64 {
+	in := int64(len(req.Prompt) + len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs))
+	return min(max, tokenizeSlack+tokenizeBytesPer*in)
+}
 
 // HTTPTokenizer asks an engine's vLLM-compatible POST /tokenize endpoint
 // (vLLM's entrypoints/openai: TokenizeCompletionRequest {model, prompt},
@@ -109,12 +129,13 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
 	}
 	defer resp.Body.Close()
-	lr := &io.LimitedReader{R: resp.Body, N: t.max + 1}
+	limit := tokenizeLimit(req, t.max)
+	lr := &io.LimitedReader{R: resp.Body, N: limit + 1}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(lr, 512))
 		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrTokenize, url, resp.StatusCode, bytes.TrimSpace(msg))
 	}
-	toks, err := decodeTokens(lr, t.max)
+	toks, err := decodeTokens(lr, limit)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
 	}

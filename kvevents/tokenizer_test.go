@@ -40,6 +40,8 @@ func TestHTTPTokenizer(t *testing.T) {
 			io.WriteString(w, `{"tokens":[-1]}`)
 		case `"huge"`:
 			io.WriteString(w, `{"tokens":[`+strings.Repeat("1,", 1000)+`1]}`)
+		case `"flood"`: // 1 MB of token ids for any prompt
+			io.WriteString(w, `{"tokens":[`+strings.Repeat("1,", 500_000)+`1]}`)
 		default:
 			io.WriteString(w, `{"count":3,"max_model_len":8192,"tokens":[5,6,4294967295]}`)
 		}
@@ -65,6 +67,14 @@ func TestHTTPTokenizer(t *testing.T) {
 	require.JSONEq(t, string(tools), string(got[1]["tools"]))
 	require.JSONEq(t, `{"enable_thinking":false}`, string(got[1]["chat_template_kwargs"]))
 	require.NotContains(t, got[1], "prompt")
+
+	// An answer out of proportion to the prompt is refused (issue 21:
+	// answers up to 64 MiB were accepted for any prompt).
+	_, err = tok.Tokenize(ctx, TokenizeRequest{Model: "flood", Prompt: "hi"})
+	require.ErrorContains(t, err, fmt.Sprintf("response over %d bytes", tokenizeSlack+2*tokenizeBytesPer))
+	toks, err = tok.Tokenize(ctx, TokenizeRequest{Model: "flood", Prompt: strings.Repeat("word ", 20_000)})
+	require.NoError(t, err, "a prompt of 100 kB may have 500k tokens")
+	require.Len(t, toks, 500_001)
 
 	tok.max = 1000
 	for _, tc := range []struct {

@@ -73,11 +73,19 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // Translator turns engines' KV-cache event messages into ApplyEvent calls
 // with the gateway's own keys.
 //
-// Each engine (a Source) has its own state: the sequence number of its
-// last message, and a map from its block hashes to our keys, through
-// which a stored block's parent and a removed block are found. A stored
-// event's blocks are keyed from their token ids (see AppendKey): the
-// first chained on the parent's key, or on Root of the LoRA adapter or
+// Each engine has its own state: the sequence number of its last message,
+// and a map from its block hashes to our keys, through which a stored
+// block's parent and a removed block are found. An engine is what the
+// Resolver names: its Target's Replica. Messages are tied to it by their
+// source (endpoint and topic), resolved once; several sources may resolve
+// to one engine (at most MaxTopicsPerEngine), and they then share its
+// state, sequence numbers included, so a made-up variant of an engine's
+// topic is no new engine. A source resolving to an engine already heard
+// under another chain root or block size (a topic naming another model)
+// is refused and counted (Rejected).
+//
+// A stored event's blocks are keyed from their token ids (see AppendKey):
+// the first chained on the parent's key, or on Root of the LoRA adapter or
 // model name when the event starts a chain. An event whose parent is not
 // in the map (an orphan: its ancestors were stored before we listened, or
 // lost) cannot be keyed and is dropped.
@@ -86,11 +94,13 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // removal the engine announces can be applied: the map loses a block when
 // the engine removes it (BlockRemoved), clears (AllBlocksCleared) or
 // loses its sequence (a gap or a restart: its whole state is cleared from
-// the index, as missed removals would otherwise leave stale entries), and
-// when Reset forgets it. An engine's map holds at most as many blocks as
-// its cache, as long as its events are consistent; Target.MaxBlocks caps
-// it regardless, and reaching the cap (an engine announcing more blocks
-// than it could hold, its removals lost) clears the engine like a gap.
+// the index, as missed removals would otherwise leave stale entries, and
+// the message that showed the gap is not applied, as nothing vouches for
+// it: counted Skipped), and when Reset forgets it. An engine's map holds
+// at most as many blocks as its cache, as long as its events are
+// consistent; Target.MaxBlocks caps it regardless, and reaching the cap
+// (an engine announcing more blocks than it could hold, its removals
+// lost) clears the engine like a gap.
 //
 // Handle and the other methods are safe for concurrent use; messages of
 // one engine must arrive in order, as they do from one ZMQ socket.
@@ -98,21 +108,28 @@ type Translator struct {
 	resolve Resolver
 	lim     Limits
 
+	// mu guards the maps, glob and each engine's topics. An engine's mu
+	// may be held while taking mu, never the other way round.
 	mu         sync.Mutex
-	engines    map[string]map[string]*engine // by endpoint, then topic
-	count      int
+	engines    map[string]*engine            // by Target.Replica
+	sources    map[string]map[string]*engine // by endpoint, then topic
 	maxEngines int
 	glob       GlobalStats
 }
 
-// MaxEngines bounds the number of sources a Translator tracks; messages of
-// further sources are counted as unresolved.
+// MaxEngines bounds the number of engines a Translator tracks; messages of
+// further engines are counted as unresolved.
 const MaxEngines = 4096
+
+// MaxTopicsPerEngine bounds the sources (endpoint and topic) one engine is
+// heard under; messages of further sources are refused (EngineStats.Rejected).
+const MaxTopicsPerEngine = 4
 
 // NewTranslator returns a Translator resolving sources with resolve and
 // decoding payloads within lim.
 func NewTranslator(resolve Resolver, lim Limits) *Translator {
-	return &Translator{resolve: resolve, lim: lim.withDefaults(), engines: map[string]map[string]*engine{}, maxEngines: MaxEngines}
+	return &Translator{resolve: resolve, lim: lim.withDefaults(), engines: map[string]*engine{},
+		sources: map[string]map[string]*engine{}, maxEngines: MaxEngines}
 }
 
 // Handle processes one ZMQ message (its frames) received on endpoint.
@@ -134,50 +151,105 @@ func (t *Translator) Handle(endpoint string, frames [][]byte) {
 	e.handle(t, seq, payload)
 }
 
-// engine returns the locked state of a source, resolving it if needed,
-// or nil if it cannot be resolved. Only resolved sources get a state, so
-// messages under made-up topics cost a Resolver call and a counter, and
-// never crowd out the engines.
+// engine returns the locked state of a source's engine, resolving the
+// source if needed, or nil if it cannot be resolved or is refused. Only
+// resolved sources get a state, so messages under made-up topics cost a
+// Resolver call and a counter, and never crowd out the engines.
 func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	t.mu.Lock()
-	e := t.engines[endpoint][string(topic)]
+	e := t.sources[endpoint][string(topic)]
 	t.mu.Unlock()
+	if e != nil {
+		e.mu.Lock()
+		if e.resolved {
+			return e
+		}
+		e.mu.Unlock() // after Reset, or once its replica went away
+	}
+	src := Source{Endpoint: endpoint, Topic: string(topic)}
+	src.Pod, src.Model, _ = ParseTopic(src.Topic)
+	tgt, err := t.resolveTarget(src)
+	if err != nil {
+		return nil
+	}
+	t.mu.Lock()
+	e = t.engines[tgt.Replica]
 	if e == nil {
-		src := Source{Endpoint: endpoint, Topic: string(topic)}
-		src.Pod, src.Model, _ = ParseTopic(src.Topic)
-		tgt, err := t.resolveTarget(src)
-		if err != nil {
+		if len(t.engines) >= t.maxEngines {
+			t.glob.Unresolved++
+			t.glob.LastError = fmt.Sprintf("source %q on %s: over %d engines", src.Topic, endpoint, t.maxEngines)
+			t.mu.Unlock()
 			return nil
 		}
-		t.mu.Lock()
-		if e = t.engines[endpoint][src.Topic]; e == nil {
-			if t.count >= t.maxEngines {
-				t.glob.Unresolved++
-				t.glob.LastError = fmt.Sprintf("source %q on %s: over %d engines", src.Topic, endpoint, t.maxEngines)
-				t.mu.Unlock()
-				return nil
-			}
-			e = &engine{src: src, dec: NewDecoder(t.lim)}
-			e.applyFn = e.apply
-			e.bind(tgt)
-			if t.engines[endpoint] == nil {
-				t.engines[endpoint] = map[string]*engine{}
-			}
-			t.engines[endpoint][src.Topic] = e
-			t.count++
-		}
-		t.mu.Unlock()
+		e = &engine{src: src, dec: NewDecoder(t.lim)}
+		e.applyFn = e.apply
+		t.engines[tgt.Replica] = e
 	}
+	t.mu.Unlock()
 	e.mu.Lock()
-	if !e.resolved { // after Reset, or once its replica went away
-		tgt, err := t.resolveTarget(e.src)
-		if err != nil {
+	if e.resolved && !e.same(src, tgt) {
+		e.refuse(fmt.Sprintf("source %q on %s: the engine is heard as %q on %s, with model %q and block size %d",
+			src.Topic, endpoint, e.src.Topic, e.src.Endpoint, e.tgt.Model, e.bs))
+		e.mu.Unlock()
+		return nil
+	}
+	t.mu.Lock()
+	byTopic := t.sources[endpoint]
+	if old := byTopic[src.Topic]; old != e {
+		if e.topics >= MaxTopicsPerEngine {
+			t.mu.Unlock()
+			e.refuse(fmt.Sprintf("source %q on %s: the engine is already heard under %d topics", src.Topic, endpoint, MaxTopicsPerEngine))
 			e.mu.Unlock()
 			return nil
 		}
+		if old != nil {
+			old.topics--
+		}
+		if byTopic == nil {
+			byTopic = map[string]*engine{}
+			t.sources[endpoint] = byTopic
+		}
+		byTopic[src.Topic] = e
+		e.topics++
+	}
+	t.mu.Unlock()
+	if !e.resolved {
+		e.src = src
 		e.bind(tgt)
 	}
 	return e
+}
+
+// forget drops the sources resolved to the engines of gone, which are
+// resolved again on their next message.
+func (t *Translator) forget(gone map[*engine]bool) {
+	if len(gone) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ep, byTopic := range t.sources {
+		for topic, e := range byTopic {
+			if gone[e] {
+				delete(byTopic, topic)
+				e.topics--
+			}
+		}
+		if len(byTopic) == 0 {
+			delete(t.sources, ep)
+		}
+	}
+}
+
+// all returns every engine.
+func (t *Translator) all() []*engine {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*engine, 0, len(t.engines))
+	for _, e := range t.engines {
+		out = append(out, e)
+	}
+	return out
 }
 
 // resolveTarget resolves and validates a source's target, counting a
@@ -217,26 +289,19 @@ func (tg Target) validate() error {
 // engine is known to have gone (a failed health check): its blocks leave
 // the index at once. It returns how many engines it reset.
 func (t *Translator) Reset(match func(Source, Target) bool) int {
-	t.mu.Lock()
-	var all []*engine
-	for _, byTopic := range t.engines {
-		for _, e := range byTopic {
-			all = append(all, e)
-		}
-	}
-	t.mu.Unlock()
-	n := 0
-	for _, e := range all {
+	gone := map[*engine]bool{}
+	for _, e := range t.all() {
 		e.mu.Lock()
 		if e.resolved && (match == nil || match(e.src, e.tgt)) {
 			e.clear(false)
 			e.resolved, e.seen = false, false
 			e.st.Resets++
-			n++
+			gone[e] = true
 		}
 		e.mu.Unlock()
 	}
-	return n
+	t.forget(gone)
+	return len(gone)
 }
 
 // Replay calls fn, for every resolved engine for which match returns true
@@ -249,16 +314,8 @@ func (t *Translator) Reset(match func(Source, Target) bool) int {
 // event of the engine is applied between the snapshot and fn; it must
 // not call the Translator. The keys are valid only during the call.
 func (t *Translator) Replay(match func(Source, Target) bool, fn func(Source, Target, gateway.Key)) int {
-	t.mu.Lock()
-	var all []*engine
-	for _, byTopic := range t.engines {
-		for _, e := range byTopic {
-			all = append(all, e)
-		}
-	}
-	t.mu.Unlock()
 	n := 0
-	for _, e := range all {
+	for _, e := range t.all() {
 		e.mu.Lock()
 		if e.resolved && (match == nil || match(e.src, e.tgt)) {
 			keys := e.keys[:0]

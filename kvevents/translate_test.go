@@ -186,21 +186,95 @@ func TestTranslateSequence(t *testing.T) {
 	require.Len(t, idx.keys("10.0.0.1:8000"), 2)
 
 	send(topicA, 10, 4) // gap: 9 is lost
-	require.Equal(t, []uint64{mustKey(t, "m", seqTokens(4, 16))[0]}, idx.keys("10.0.0.1:8000"))
+	require.Empty(t, idx.keys("10.0.0.1:8000"), "a gap clears the engine and its batch is not applied")
 	require.Len(t, idx.keys("10.0.0.2:8000"), 1, "other engines keep their blocks")
 	st := statsOf(t, tr, topicA)
 	require.Equal(t, uint64(1), st.Gaps)
 	require.Equal(t, uint64(1), st.Clears)
+	require.Equal(t, uint64(1), st.Skipped)
+	send(topicA, 11, 7) // the next message follows the skipped one
+	require.Equal(t, []uint64{mustKey(t, "m", seqTokens(7, 16))[0]}, idx.keys("10.0.0.1:8000"))
 
 	send(topicA, 1, 5) // restart
-	require.Equal(t, []uint64{mustKey(t, "m", seqTokens(5, 16))[0]}, idx.keys("10.0.0.1:8000"))
+	require.Empty(t, idx.keys("10.0.0.1:8000"))
 	st = statsOf(t, tr, topicA)
 	require.Equal(t, uint64(1), st.Restarts)
 	require.Equal(t, uint64(2), st.Clears)
-	require.Equal(t, 1, st.Mapped)
+	require.Equal(t, uint64(2), st.Skipped)
+	require.Zero(t, st.Mapped)
+	send(topicA, 2, 8)
+	require.Equal(t, []uint64{mustKey(t, "m", seqTokens(8, 16))[0]}, idx.keys("10.0.0.1:8000"))
 
-	send(topicA, 1, 6) // a repeated number is a restart too
+	send(topicA, 2, 6) // a repeated number is a restart too
 	require.Equal(t, uint64(2), statsOf(t, tr, topicA).Restarts)
+	require.Empty(t, idx.keys("10.0.0.1:8000"), "a repeated number clears and applies nothing")
+}
+
+// TestTranslateGapBatchNotApplied: the issue-21 attack. A rogue message
+// with a wrong sequence number under an engine's topic used to clear the
+// engine and then apply the rogue batch; now it only clears.
+func TestTranslateGapBatchNotApplied(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	msg := func(seq uint64, base uint32) [][]byte {
+		return frames(topicA, seq, pack(t, arrayBatch(stored{hashes: []uint64{uint64(base)}, tokens: seqTokens(base, 16), bs: 16}.array())))
+	}
+	tr.Handle("e", msg(1, 1))
+	tr.Handle("e", msg(1000, 99)) // rogue: any number but 2
+	require.Empty(t, idx.keys("10.0.0.1:8000"))
+	st := statsOf(t, tr, topicA)
+	require.Equal(t, uint64(1), st.Skipped)
+	require.Zero(t, st.StoredBlocks-1, "only the first message's block was ever stored")
+}
+
+// TestTranslateTopicVariants: sources resolving to one engine share its
+// state (a variant is no new engine with its own sequence numbers); a
+// source naming the engine with another model is refused, and so are
+// sources beyond MaxTopicsPerEngine.
+func TestTranslateTopicVariants(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(func(s Source) (Target, error) {
+		if s.Pod == "" {
+			return Target{}, fmt.Errorf("no pod")
+		}
+		return Target{Index: idx, Replica: s.Pod}, nil // model from the topic
+	}, Limits{})
+	ev := func(base uint32) []byte {
+		return pack(t, arrayBatch(stored{hashes: []uint64{uint64(base)}, tokens: seqTokens(base, 16), bs: 16}.array()))
+	}
+	tr.Handle("e", frames("kv@p@m", 1, ev(1)))
+	tr.Handle("e", frames("kv@p@m", 2, ev(2)))
+	// Another model under the engine's pod: refused, applies nothing.
+	for i := range 10 {
+		tr.Handle("e", frames("kv@p@other", uint64(i+1), ev(50)))
+	}
+	st, _ := tr.Stats()
+	require.Len(t, st, 1, "one engine")
+	require.Equal(t, uint64(10), st[0].Rejected)
+	require.Equal(t, uint64(2), st[0].Messages)
+	require.Equal(t, sortedKey(append(mustKey(t, "m", seqTokens(1, 16)), mustKey(t, "m", seqTokens(2, 16))...)), idx.keys("p"))
+
+	// The same engine on another endpoint: shares the sequence, so a
+	// variant's own numbering is a gap, not a fresh engine.
+	tr.Handle("f", frames("kv@p@m", 1, ev(3)))
+	require.Empty(t, idx.keys("p"), "the variant's number does not follow the engine's: cleared, not applied")
+	st, _ = tr.Stats()
+	require.Len(t, st, 1)
+	require.Equal(t, uint64(1), st[0].Restarts)
+
+	// At most MaxTopicsPerEngine sources per engine.
+	for i := range MaxTopicsPerEngine + 3 {
+		tr.Handle(fmt.Sprintf("ep%d", i), frames("kv@p@m", uint64(100+i), ev(4)))
+	}
+	st, _ = tr.Stats()
+	require.Len(t, st, 1)
+	require.Equal(t, uint64(10+5), st[0].Rejected, "2 endpoints heard before, 2 more accepted, 5 refused")
+	require.Contains(t, st[0].LastError, "already heard under 4 topics")
+
+	// Reset forgets the sources: the engine may be heard elsewhere now.
+	require.Equal(t, 1, tr.Reset(nil))
+	tr.Handle("g", frames("kv@p@m", 1, ev(5)))
+	require.Equal(t, []uint64{mustKey(t, "m", seqTokens(5, 16))[0]}, idx.keys("p"))
 }
 
 // TestTranslateFaults: each kind of fault is counted under its reason;
@@ -417,7 +491,7 @@ func TestPropIndexWithinMap(t *testing.T) {
 			tr.Handle("e", frames(topicA, seq, pack(rt, arrayBatch(ev))))
 
 			tr.mu.Lock()
-			e := tr.engines["e"][topicA]
+			e := tr.engines["10.0.0.1:8000"]
 			tr.mu.Unlock()
 			mapped := map[uint64]bool{}
 			for _, k := range e.blocks {

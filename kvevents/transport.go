@@ -1,11 +1,13 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,18 +25,86 @@ import (
 // which wrap TCP and Unix sockets with a guard that reads the ZMTP 3
 // stream alongside the library: it fails the connection on a frame or a
 // message over the size limit or with too many frames, and on a handshake
-// not done within the deadline. The limits travel in the context the
-// socket was made with.
+// not done within the deadline, or a message not done within its own
+// deadline once begun; on a bound endpoint it also refuses connections
+// and topics the SourcePolicy refuses. The limits travel in the context
+// the socket was made with.
 
 type guardKey struct{}
 
 // guardConfig is what the guard of a socket's connections enforces.
 type guardConfig struct {
+	endpoint   string        // as given to Bind or Connect
 	maxMessage int           // bytes per message, all frames
 	maxFrames  int           // frames per message
 	handshake  time.Duration // greeting and handshake deadline
+	message    time.Duration // deadline of a message once its first byte is read
 	maxConns   int           // accepted connections at once (bind)
-	conns      atomic.Int64
+	maxPerHost int           // accepted connections at once from one address (bind)
+	policy     SourcePolicy  // who may publish what (bind); nil: anyone
+	gen        *atomic.Uint64
+	st         *guardCounters
+}
+
+// guardCounters count what the guard of one endpoint did, over its life.
+type guardCounters struct {
+	open, accepted, full, hostFull, refusedSource, refusedTopic,
+	handshakeTimeouts, messageTimeouts, oversize atomic.Uint64
+
+	mu     sync.Mutex
+	byHost map[netip.Addr]int // open connections by source address
+}
+
+// takeHost counts a connection from a, unless max are open from it.
+func (c *guardCounters) takeHost(a netip.Addr, max int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byHost[a] >= max {
+		return false
+	}
+	if c.byHost == nil {
+		c.byHost = map[netip.Addr]int{}
+	}
+	c.byHost[a]++
+	return true
+}
+
+func (c *guardCounters) releaseHost(a netip.Addr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byHost[a]--; c.byHost[a] <= 0 {
+		delete(c.byHost, a)
+	}
+}
+
+func (c *guardCounters) snapshot() GuardStats {
+	return GuardStats{Open: c.open.Load(), Accepted: c.accepted.Load(), Full: c.full.Load(), HostFull: c.hostFull.Load(),
+		RefusedSource: c.refusedSource.Load(), RefusedTopic: c.refusedTopic.Load(),
+		HandshakeTimeouts: c.handshakeTimeouts.Load(), MessageTimeouts: c.messageTimeouts.Load(), Oversize: c.oversize.Load()}
+}
+
+// GuardStats count what a Subscriber's guard did to the connections of one
+// endpoint. Counters only grow; Open is the connections open now.
+type GuardStats struct {
+	// Open is the connections open now (a bound endpoint's publishers).
+	Open uint64
+	// Accepted counts connections accepted (bind).
+	Accepted uint64
+	// Full counts connections refused because MaxConns were open,
+	// HostFull because MaxConnsPerHost were open from their address.
+	Full, HostFull uint64
+	// RefusedSource counts connections refused by the SourcePolicy
+	// because of their source address; RefusedTopic connections closed
+	// because they published a topic their source may not.
+	RefusedSource, RefusedTopic uint64
+	// HandshakeTimeouts counts connections closed for not completing
+	// their ZMTP greeting and handshake within HandshakeTimeout;
+	// MessageTimeouts for not completing a message within MessageTimeout
+	// of its first byte.
+	HandshakeTimeouts, MessageTimeouts uint64
+	// Oversize counts connections closed for a message over
+	// MaxMessageBytes or of too many frames.
+	Oversize uint64
 }
 
 func withGuard(ctx context.Context, g *guardConfig) context.Context {
@@ -45,7 +115,8 @@ func guardOf(ctx context.Context) *guardConfig {
 	if g, ok := ctx.Value(guardKey{}).(*guardConfig); ok {
 		return g
 	}
-	return &guardConfig{maxMessage: DefaultMaxMessageBytes, maxFrames: 16, handshake: 10 * time.Second, maxConns: 1024}
+	return &guardConfig{maxMessage: DefaultMaxMessageBytes, maxFrames: 16, handshake: 10 * time.Second,
+		message: 10 * time.Second, maxConns: DefaultMaxConns, maxPerHost: DefaultMaxConnsPerHost, gen: new(atomic.Uint64), st: &guardCounters{}}
 }
 
 var registerOnce sync.Once
@@ -97,18 +168,60 @@ type guardedListener struct {
 }
 
 func (l *guardedListener) Accept() (net.Conn, error) {
+	st := l.g.st
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.g.conns.Add(1) > int64(l.g.maxConns) {
-			l.g.conns.Add(-1)
+		remote := remoteAddr(c)
+		if l.g.policy != nil {
+			if err := l.g.policy.AcceptConn(l.g.endpoint, remote); err != nil {
+				st.refusedSource.Add(1)
+				c.Close()
+				continue
+			}
+		}
+		if st.open.Add(1) > uint64(l.g.maxConns) {
+			st.open.Add(^uint64(0))
+			st.full.Add(1)
 			c.Close()
 			continue
 		}
-		return newGuardConn(c, l.g, func() { l.g.conns.Add(-1) }), nil
+		perHost := l.g.maxPerHost
+		if lim, ok := l.g.policy.(ConnLimiter); ok {
+			if n := lim.MaxConnsFrom(l.g.endpoint, remote); n > 0 {
+				perHost = n
+			}
+		}
+		byHost := remote.IsValid() // a Unix socket's peers have no address
+		if byHost && !st.takeHost(remote, perHost) {
+			st.open.Add(^uint64(0))
+			st.hostFull.Add(1)
+			c.Close()
+			continue
+		}
+		st.accepted.Add(1)
+		gc := newGuardConn(c, l.g, func() {
+			st.open.Add(^uint64(0))
+			if byHost {
+				st.releaseHost(remote)
+			}
+		})
+		gc.remote, gc.checkTopics = remote, l.g.policy != nil
+		return gc, nil
 	}
+}
+
+// remoteAddr is a connection's source address, unmapped; the zero Addr
+// for a Unix socket.
+func remoteAddr(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return ip.Unmap()
+		}
+	}
+	return netip.Addr{}
 }
 
 var errGuard = errors.New("kvevents: ZMTP guard")
@@ -127,11 +240,26 @@ type guardConn struct {
 	hdrBuf    [9]byte
 	body      uint64 // body bytes still to read
 	more      bool   // the frame being read has MORE set
+	command   bool   // the frame being read is a command
 	frames    int    // frames of the current message so far
 	msgBytes  uint64 // bytes of the current message so far
 	handshook bool
+	inMessage bool // a message (or command) has begun: its deadline runs
 	err       error
+
+	// Topic checks (bind with a SourcePolicy): the first frame of each
+	// message is its topic, which the policy must allow from remote.
+	checkTopics bool
+	remote      netip.Addr
+	capturing   bool   // the frame being read is a topic
+	topic       []byte // the topic read so far
+	allowed     []byte // the last topic allowed
+	allowedGen  uint64 // the policy generation it was allowed in
+	hasAllowed  bool
 }
+
+// maxTopicBytes bounds a topic checked against a SourcePolicy.
+const maxTopicBytes = 512
 
 func newGuardConn(c net.Conn, g *guardConfig, onDone func()) *guardConn {
 	gc := &guardConn{Conn: c, g: g, onDone: onDone, greeting: 64}
@@ -152,6 +280,13 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		return 0, gerr
 	}
 	if err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			if !c.handshook {
+				c.g.st.handshakeTimeouts.Add(1)
+			} else {
+				c.g.st.messageTimeouts.Add(1)
+			}
+		}
 		// The library does not close a connection whose handshake
 		// failed; closing here frees it, whatever the stage.
 		c.Close()
@@ -181,14 +316,23 @@ func (c *guardConn) follow(b []byte) error {
 			if k > c.body {
 				k = c.body
 			}
+			if c.capturing {
+				c.topic = append(c.topic, b[:k]...)
+			}
 			c.body -= k
 			b = b[k:]
 			if c.body == 0 {
-				c.frameDone()
+				if err := c.frameDone(); err != nil {
+					return err
+				}
 			}
 		default: // a frame header
 			if len(c.hdr) == 0 {
 				c.hdr = c.hdrBuf[:0]
+				if c.handshook && !c.inMessage && c.g.message > 0 {
+					c.inMessage = true
+					_ = c.Conn.SetReadDeadline(time.Now().Add(c.g.message))
+				}
 			}
 			c.hdr = append(c.hdr, b[0])
 			b = b[1:]
@@ -208,34 +352,75 @@ func (c *guardConn) follow(b []byte) error {
 			}
 			c.hdr = c.hdr[:0]
 			command := flags&4 != 0
+			c.command = command
 			c.more = flags&1 != 0 && !command
 			if !command {
 				c.frames++
 				c.msgBytes += size
 				if c.frames > c.g.maxFrames {
+					c.g.st.oversize.Add(1)
 					return fmt.Errorf("%w: a message of more than %d frames", errGuard, c.g.maxFrames)
 				}
 			}
 			if size > uint64(c.g.maxMessage) || c.msgBytes > uint64(c.g.maxMessage) {
+				c.g.st.oversize.Add(1)
 				return fmt.Errorf("%w: a frame of %d bytes makes a message over the %d-byte limit", errGuard, size, c.g.maxMessage)
+			}
+			c.capturing = c.checkTopics && c.handshook && !command && c.frames == 1
+			if c.capturing {
+				if size > maxTopicBytes {
+					c.g.st.refusedTopic.Add(1)
+					return fmt.Errorf("%w: a topic of %d bytes, over %d", errGuard, size, maxTopicBytes)
+				}
+				c.topic = c.topic[:0]
 			}
 			c.body = size
 			if size == 0 {
-				c.frameDone()
+				if err := c.frameDone(); err != nil {
+					return err
+				}
 			}
 		}
 	}
 	return nil
 }
 
-func (c *guardConn) frameDone() {
+func (c *guardConn) frameDone() error {
+	if c.capturing {
+		c.capturing = false
+		if err := c.checkTopic(); err != nil {
+			return err
+		}
+	}
 	if !c.more {
 		c.frames, c.msgBytes = 0, 0
+		if c.inMessage {
+			c.inMessage = false
+			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
 	}
-	if !c.handshook { // the peer's READY: the handshake is over
+	if !c.handshook && c.command { // the peer's READY: the handshake is over
 		c.handshook = true
 		if c.g.handshake > 0 {
 			_ = c.Conn.SetReadDeadline(time.Time{})
 		}
 	}
+	return nil
+}
+
+// checkTopic asks the policy whether the connection may publish the topic
+// just read, unless it is the one last allowed under the same policy
+// generation.
+func (c *guardConn) checkTopic() error {
+	gen := c.g.gen.Load()
+	if c.hasAllowed && c.allowedGen == gen && bytes.Equal(c.topic, c.allowed) {
+		return nil
+	}
+	if err := c.g.policy.AcceptTopic(c.g.endpoint, c.remote, c.topic); err != nil {
+		c.g.st.refusedTopic.Add(1)
+		return fmt.Errorf("%w: %v", errGuard, err)
+	}
+	c.allowed = append(c.allowed[:0], c.topic...)
+	c.allowedGen, c.hasAllowed = gen, true
+	return nil
 }

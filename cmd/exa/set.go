@@ -34,6 +34,8 @@ type setFlags struct {
 	clearAdapters bool
 	peers         []string
 	clearPeers    bool
+	kvAllow       []string
+	clearKVAllow  bool
 }
 
 func newSetCmd() *cobra.Command {
@@ -58,12 +60,14 @@ so concurrent "set" commands never lose each other's changes.`,
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
   exa serve routing set JPCP --pool prefill:p0=http://10.0.1.1:8000 --pool decode:d0=http://10.0.2.1:8000
-  # Route on the engines' own KV events, engines publishing to the gateway (llm-d-inference-sim,
-  # POD_IP=10.0.0.1:8000 and --zmq-endpoint tcp://GATEWAY:5557):
-  exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://0.0.0.0:5557
-  # ... or the gateway connecting to each engine's publisher (vLLM binds tcp://*:5557):
+  # Route on the engines' own KV events, the gateway connecting to each engine's publisher
+  # (recommended: no listener; vLLM binds tcp://*:5557):
   exa serve routing set JPCP --mode cache_aware --index exact \
     --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
+  # ... or engines publishing to the gateway (llm-d-inference-sim, POD_IP=10.0.0.1:8000 and
+  # --zmq-endpoint tcp://10.0.0.100:5557), the gateway listening on its address 10.0.0.100 only;
+  # events are taken only from the replicas' hosts (docs/kv-events.md, Security):
+  exa serve routing set JPCP --mode cache_aware --index exact --kv-events-bind tcp://10.0.0.100:5557
   # A disaggregated model on the exact index: every prefill and decode engine publishes events:
   exa serve routing set JPCP --index exact --kv-events-connect prefill:p0=tcp://10.0.1.1:5557 \
     --kv-events-connect decode:d0=tcp://10.0.2.1:5557
@@ -97,7 +101,8 @@ so concurrent "set" commands never lose each other's changes.`,
 		"for every replica, and every prefill and decode pool member of a disaggregated model: --kv-events-bind or --kv-events-connect)")
 	f.Var(&sf.blockSize, "block-size", fmt.Sprintf("the engines' KV block size in tokens, for the exact index (vLLM's --block-size; 0 = %d)", config.DefaultBlockSize))
 	f.Var(&sf.kvBind, "kv-events-bind", "ZMQ endpoint the gateway listens on for KV events, tcp://HOST:PORT (engines whose publisher connects, "+
-		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them); \"\" to clear")
+		"e.g. llm-d-inference-sim --zmq-endpoint; their topic kv@POD@MODEL names them, and their connection must come from the replica's host); "+
+		"HOST is the address to listen on, not 0.0.0.0 unless every network it reaches may publish; \"\" to clear")
 	f.Var(sf.kvConnect, "kv-events-connect", "replica NAME's KV-event publisher to connect to, NAME=tcp://HOST:PORT (vLLM binds tcp://*:5557); "+
 		"NAME may be POOL:NAME, a pool member; repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
@@ -108,11 +113,14 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringArrayVar(&sf.peers, "peer", nil, "base URL of another gateway process routing this model to the same replicas, whose /metrics reports the prefill it has pending "+
 		"at each (cache_aware adds it to this gateway's own); repeat for several; replaces the stored peer list")
 	f.BoolVar(&sf.clearPeers, "clear-peers", false, "remove the peer list: count only the prefill this gateway routed")
+	f.StringArrayVar(&sf.kvAllow, "kv-events-allow", nil, "source address (IP or CIDR prefix) that may publish KV events on --kv-events-bind besides the replicas' hosts, "+
+		"under any topic (a relay, NAT); repeat for several; replaces the stored list")
+	f.BoolVar(&sf.clearKVAllow, "clear-kv-events-allow", false, "remove the --kv-events-allow list: take events only from the replicas' hosts")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
-		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer"} {
+		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer", "kv-events-allow"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -125,7 +133,7 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		return err
 	}
 	changed := cmd.Flags().Changed
-	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}, {"peer", "clear-peers"}}); err != nil {
+	if err := exclusive(cmd, [][2]string{{"replica", "clear-replicas"}, {"adapter", "clear-adapters"}, {"peer", "clear-peers"}, {"kv-events-allow", "clear-kv-events-allow"}}); err != nil {
 		return err
 	}
 	for _, flag := range []struct{ name, value string }{{"prefill-pool", sf.prefillPool}, {"decode-pool", sf.decodePool}} {
@@ -217,6 +225,12 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("peer") {
 			m.Peers = slices.Clone(sf.peers)
 		}
+		if sf.clearKVAllow {
+			m.KVEventsAllow = nil
+		}
+		if changed("kv-events-allow") {
+			m.KVEventsAllow = slices.Clone(sf.kvAllow)
+		}
 		for _, p := range sf.removePools {
 			if _, ok := m.Pools[p]; !ok {
 				return usagef("invalid --remove-pool %q: model %q has no such pool", p, name)
@@ -271,6 +285,7 @@ var flagOfField = map[string]string{
 	"kv_events_bind":         "kv-events-bind",
 	"adapters":               "adapter",
 	"peers":                  "peer",
+	"kv_events_allow":        "kv-events-allow",
 }
 
 // flagOfReplicaField names the set flag that controls a replica's field

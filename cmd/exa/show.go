@@ -152,6 +152,9 @@ func describe(w io.Writer, name string, m config.Model) {
 	if len(m.Peers) > 0 {
 		fmt.Fprintf(tw, "peers:\t%s (their pending prefill is added to this gateway's)\n", strings.Join(m.Peers, ", "))
 	}
+	if len(m.KVEventsAllow) > 0 {
+		fmt.Fprintf(tw, "events from:\t%s (may publish KV events besides the replicas' hosts)\n", strings.Join(m.KVEventsAllow, ", "))
+	}
 	fmt.Fprintf(tw, "replicas:\t%s\n", replicasText(m.Replicas))
 	for _, p := range slices.Sorted(maps.Keys(m.Pools)) {
 		fmt.Fprintf(tw, "pool %s:\t%s\n", p, replicasText(m.Pools[p]))

@@ -1,0 +1,148 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+// The memory figures of docs/kv-events.md ("Security"), measured with
+//
+//	EXA_MEASURE_MEMORY=1 go test ./kvevents -run TestMeasureMemory -v
+//
+// They are printed, not asserted: heap sizes vary with the Go version.
+
+func heapNow() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// nopIndex accepts every event and keeps nothing: the engine's own
+// state is measured, not the gateway's index.
+type nopIndex struct{}
+
+func (nopIndex) ApplyEvent(string, gateway.CacheEvent) error { return nil }
+
+func TestMeasureMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE_MEMORY") == "" {
+		t.Skip("set EXA_MEASURE_MEMORY=1 to measure")
+	}
+	t.Run("engine", func(t *testing.T) {
+		for _, bound := range []int{4 * 16384, DefaultMaxMapped} {
+			before := heapNow()
+			tr := NewTranslator(func(s Source) (Target, error) {
+				return Target{Index: nopIndex{}, Replica: s.Pod, MaxBlocks: bound}, nil
+			}, Limits{})
+			const per = 256 // blocks per event
+			tokens := seqTokens(1, per*16)
+			hashes := make([]uint64, per)
+			for seq := 1; seq <= bound/per; seq++ {
+				for i := range hashes {
+					hashes[i] = uint64(seq*per + i)
+				}
+				tr.Handle("e", frames(topicA, uint64(seq), pack(t, arrayBatch(stored{hashes: hashes, tokens: tokens, bs: 16}.array()))))
+			}
+			st, _ := tr.Stats()
+			after := heapNow()
+			t.Logf("one engine at its bound of %d mapped blocks (mapped %d, overflows %d): %.1f MiB, %.0f bytes a block",
+				bound, st[0].Mapped, st[0].Overflows, float64(after-before)/(1<<20), float64(after-before)/float64(st[0].Mapped))
+			runtime.KeepAlive(tr)
+		}
+	})
+	t.Run("stalled connections", func(t *testing.T) {
+		const conns = 32
+		tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+		sub := NewSubscriber(tr, Options{MessageTimeout: time.Minute, MaxConnsPerHost: 64})
+		defer sub.Close()
+		addr, err := sub.Bind("tcp://127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := heapNow()
+		for range conns {
+			c := zmtpPeer(t, addr.String())
+			hdr := []byte{0x02, 0, 0, 0, 0, 0, 0, 0, 0, 'x'} // a frame of the largest size, 1 byte of it
+			binary.BigEndian.PutUint64(hdr[1:9], DefaultMaxMessageBytes)
+			if _, err := c.Write(hdr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, "all open", func() bool { return sub.Endpoints()[0].Guard.Open == conns })
+		after := settle()
+		t.Logf("%d connections each announcing a %d-byte frame and stalling: %.1f MiB, %.2f MiB a connection",
+			conns, DefaultMaxMessageBytes, float64(after-before)/(1<<20), float64(after-before)/conns/(1<<20))
+		empty := settleConns(t, addr.String(), conns)
+		t.Logf("%d connections idle after their handshake: %.1f KiB a connection", conns, empty/1024)
+	})
+	t.Run("flood with a stalled consumer", func(t *testing.T) {
+		const conns, size = 8, DefaultMaxMessageBytes - 64
+		hold := make(chan struct{})
+		tr := NewTranslator(func(s Source) (Target, error) {
+			<-hold // the consumer stalls: the library's queue fills
+			return Target{}, fmt.Errorf("no")
+		}, Limits{})
+		sub := NewSubscriber(tr, Options{MessageTimeout: time.Minute, MaxConnsPerHost: 64})
+		defer sub.Close()
+		defer close(hold)
+		addr, err := sub.Bind("tcp://127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := heapNow()
+		payload := make([]byte, size)
+		for range conns {
+			c := zmtpPeer(t, addr.String())
+			go func() {
+				for range 4 {
+					var b []byte
+					b = append(b, 1, 1, 't', 1, 8, 0, 0, 0, 0, 0, 0, 0, 1, 0x02)
+					b = binary.BigEndian.AppendUint64(b, uint64(len(payload)))
+					if _, err := c.Write(append(b, payload...)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+		after := settle()
+		t.Logf("%d connections flooding %d-byte messages, consumer stalled: %.1f MiB (%.1f messages held; bound 10 + 1 + 2 x %d = %d)",
+			conns, size, float64(after-before)/(1<<20), float64(after-before)/float64(size), conns, 11+2*conns)
+	})
+}
+
+// settle polls the heap until it stops growing and returns it.
+func settle() uint64 {
+	last := heapNow()
+	for stable := 0; stable < 5; {
+		time.Sleep(100 * time.Millisecond)
+		now := heapNow()
+		if now <= last+(64<<10) {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = max(last, now)
+	}
+	return last
+}
+
+// settleConns opens n idle connections and returns the heap per
+// connection.
+func settleConns(t *testing.T, addr string, n int) float64 {
+	before := heapNow()
+	var cs []net.Conn
+	for range n {
+		cs = append(cs, zmtpPeer(t, addr))
+	}
+	after := settle()
+	runtime.KeepAlive(cs)
+	return float64(after-before) / float64(n)
+}
