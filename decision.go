@@ -24,7 +24,9 @@ type Decision struct {
 	rs      *replicaState
 	t       *ticket
 	gen     uint64
-	adapter string // counted against rs until Done
+	adapter string   // counted against rs until Done
+	obs     Observer // the policy, if it observes its decisions
+	id      uint64   // the request's id for obs
 }
 
 // DoneInfo reports how a routed request ended.
@@ -70,6 +72,9 @@ func (d Decision) FirstToken() {
 		}
 		if d.t.state.CompareAndSwap(s, s|flagFirst) {
 			addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
+			if d.obs != nil {
+				d.obs.FirstToken(d.id)
+			}
 			return
 		}
 	}
@@ -99,6 +104,9 @@ func (d Decision) Done(info DoneInfo) {
 				d.rs.observeLatency(info.Latency, d.rs.clock())
 			}
 			tickets.Put(d.t)
+			if d.obs != nil {
+				d.obs.Done(d.id, info)
+			}
 			return
 		}
 	}

@@ -14,6 +14,7 @@ import (
 // one with New. All methods are safe for concurrent use.
 type Gateway struct {
 	policy Policy
+	obs    Observer // policy, if it is one
 	kind   Kind // the kind of every decision, if fixed is set
 	fixed  bool // the policy ignores prefixes (RoundRobin, LoadAware)
 	slo    time.Duration
@@ -90,6 +91,7 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 			g.policy = &RoundRobin{}
 		}
 	}
+	g.obs, _ = g.policy.(Observer)
 	switch p := g.policy.(type) {
 	case *RoundRobin:
 		g.fixed, g.kind = true, KindRoundRobin
@@ -455,6 +457,10 @@ func (g *Gateway) route(key Key, tg Target) (Decision, error) {
 		rs.hits.Add(1)
 	}
 	d.t, d.gen = newTicket()
+	if g.obs != nil {
+		d.obs, d.id = g.obs, g.seq
+		g.obs.Routed(d.id, rs.name)
+	}
 	g.stats.record(&d, excluded)
 	return d, nil
 }

@@ -18,6 +18,29 @@ type Policy interface {
 	Pick(req *Request, cands []Candidate) int
 }
 
+// Observer is an optional interface of a Policy that keeps state of its
+// own per request, as the routers it may reproduce do (SGLang's counts of
+// requests per worker, Dynamo's active sequences): the Gateway tells it
+// that the request its last Pick placed was routed, then of the request's
+// first token and of its end, as gRPC's balancer hears of a pick's end
+// through its Done. A request's calls come in that order, each at most
+// once (FirstToken may be skipped; Done comes even for a request that
+// fails). Routed is called under the gateway's routing lock right after
+// the Pick that placed the request; FirstToken and Done from whichever
+// goroutine reports them to the Decision, so they must be safe for
+// concurrent use and must not block.
+type Observer interface {
+	// Routed reports that the request the last Pick placed went to
+	// replica; id names it in the calls that follow, unique among the
+	// gateway's requests.
+	Routed(id uint64, replica string)
+	// FirstToken reports that request id's first token arrived
+	// (Decision.FirstToken).
+	FirstToken(id uint64)
+	// Done reports that request id ended (Decision.Done).
+	Done(id uint64, info DoneInfo)
+}
+
 // Request is what a Policy knows of the request being routed.
 type Request struct {
 	// Key is the request's prefix; never empty.
