@@ -15,8 +15,8 @@ import (
 type Gateway struct {
 	policy Policy
 	obs    Observer // policy, if it is one
-	kind   Kind // the kind of every decision, if fixed is set
-	fixed  bool // the policy ignores prefixes (RoundRobin, LoadAware)
+	kind   Kind     // the kind of every decision, if fixed is set
+	fixed  bool     // the policy ignores prefixes (RoundRobin, LoadAware)
 	slo    time.Duration
 	ttl    time.Duration
 	index  IndexMode
