@@ -177,6 +177,9 @@ type Server struct {
 
 	// peers is what the peer gateways last reported (peers.go).
 	peers peerTable
+	// engines is the engine type each engine's metrics page showed
+	// (engines.go).
+	engines engineTable
 }
 
 // state is an immutable snapshot of the configured models and engines.

@@ -89,8 +89,11 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 		defer close(done)
 		s.scrapePeers(ctx)
 	}()
+	st := s.state.Load()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		l, rep, err := scrape(ctx, s.control, ep.base)
+		engine := s.engineTypeOf(st, ep)
+		res, err := scrape(ctx, s.control, ep.base, engine)
+		l, rep := res.load, res.adapters
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -98,6 +101,7 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 			}
 			return
 		}
+		s.noteEngine(ep, engine, res.engine)
 		if rep != nil {
 			ep.lora.report.Store(rep)
 		}
@@ -115,6 +119,7 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 		})
 	})
 	<-done
+	s.pruneEngines(s.state.Load())
 	s.pushPeerPrefill()
 }
 

@@ -21,6 +21,7 @@ type setFlags struct {
 	decodePool    string
 	pdMode        pdModeValue
 	pdMinUncached tokensValue
+	engine        engineValue
 	replicas      replicasValue
 	pools         poolsValue
 	clearReplicas bool
@@ -54,6 +55,9 @@ so concurrent "set" commands never lose each other's changes.`,
   # Split only prompts with at least 2000 tokens not cached on the decode replica,
   # for decode replicas behind llm-d's pd-sidecar:
   exa serve routing set JPCP --pd-min-uncached-tokens 2000 --pd-mode sidecar
+  # Engines are SGLang servers: read their load from sglang:num_queue_reqs etc.
+  # (default auto: detected from each engine's /metrics, vLLM's names first):
+  exa serve routing set JPCP --engine sglang
   # Name the replicas the HTTP gateway proxies to:
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
@@ -88,6 +92,8 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
 	f.Var(&sf.pdMode, "pd-mode", "how the gateway splits requests (requires --disaggregate): gateway (default: it sends the prefill and decode requests) or sidecar (decode replicas run llm-d's pd-sidecar)")
 	f.Var(&sf.pdMinUncached, "pd-min-uncached-tokens", fmt.Sprintf("split a request only when at least this many prompt tokens are not cached on its decode replica (requires --disaggregate; default %d; 0 splits every request)", config.DefaultPDMinUncachedTokens))
+	f.Var(&sf.engine, "engine", "the engines' type, whose /metrics names the gateway reads for their load: vllm, sglang, trtllm, or auto "+
+		"(default: detected from each engine's metrics page, vLLM's names first; a page with none is warned about)")
 	f.Var(&sf.replicas, "replica", "replica NAME=ADDRESS; repeat for several; replaces the stored replica list")
 	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
@@ -110,6 +116,7 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.BoolVar(&sf.clearPeers, "clear-peers", false, "remove the peer list: count only the prefill this gateway routed")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(append([]string{"auto"}, config.Engines...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
 		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer"} {
@@ -199,6 +206,9 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("index") {
 			m.Index = sf.index.index
 		}
+		if changed("engine") {
+			m.Engine = sf.engine.engine
+		}
 		if changed("block-size") {
 			m.BlockSize = sf.blockSize.n
 		}
@@ -267,6 +277,7 @@ var flagOfField = map[string]string{
 	"pools":                  "pool",
 	"pool":                   "pool",
 	"index":                  "index",
+	"engine":                 "engine",
 	"block_size":             "block-size",
 	"kv_events_bind":         "kv-events-bind",
 	"adapters":               "adapter",

@@ -38,6 +38,13 @@ type Options struct {
 	// with the model as parent, and requests may name them. Each adapter
 	// has its own prefix cache, as vLLM keys blocks by adapter.
 	Adapters []string
+	// Metrics is the engine type whose load metric names /metrics uses:
+	// "" or "vllm" (vllm:num_requests_waiting, ...), "sglang"
+	// (sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage,
+	// labelled as SGLang labels them) or "trtllm" (Triton TensorRT-LLM's
+	// nv_trt_llm_request_metrics and nv_trt_llm_kv_cache_block_metrics).
+	// The prefix-cache counters and vllm:lora_requests_info stay vLLM's.
+	Metrics string
 }
 
 // Engine is a fake vLLM server on a loopback port. Its methods are safe
@@ -144,7 +151,8 @@ func (e *Engine) FailNext(n int) { e.fail5xx.Store(int32(n)) }
 func (e *Engine) BreakStreams(n int) { e.breakAt.Store(int32(n)) }
 
 // SetLoad sets the values /metrics reports for vllm:num_requests_waiting,
-// vllm:num_requests_running and vllm:kv_cache_usage_perc.
+// vllm:num_requests_running and vllm:kv_cache_usage_perc (or the series
+// of Options.Metrics' engine type).
 func (e *Engine) SetLoad(waiting, running int, kv float64) {
 	e.mu.Lock()
 	e.waiting, e.running, e.kv = waiting, running, kv
@@ -233,9 +241,23 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 	e.mu.Unlock()
 	m := e.opts.Model
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", m, waiting)
-	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n", m, running)
-	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
+	switch e.opts.Metrics {
+	case "sglang":
+		l := fmt.Sprintf(`{engine_type="unified",model_name=%q,pp_rank="0",tp_rank="0"}`, m)
+		fmt.Fprintf(w, "# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs%s %d.0\n", l, running)
+		fmt.Fprintf(w, "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs%s %d.0\n", l, waiting)
+		fmt.Fprintf(w, "# HELP sglang:token_usage The token usage.\n# TYPE sglang:token_usage gauge\nsglang:token_usage%s %g\n", l, kv)
+	case "trtllm":
+		fmt.Fprintf(w, "# HELP nv_trt_llm_request_metrics TRT LLM request metrics\n# TYPE nv_trt_llm_request_metrics gauge\n")
+		fmt.Fprintf(w, "nv_trt_llm_request_metrics{model=%q,request_type=\"scheduled\",version=\"1\"} %d\n", m, running)
+		fmt.Fprintf(w, "nv_trt_llm_request_metrics{model=%q,request_type=\"waiting\",version=\"1\"} %d\n", m, waiting)
+		fmt.Fprintf(w, "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics\n# TYPE nv_trt_llm_kv_cache_block_metrics gauge\n")
+		fmt.Fprintf(w, "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\",model=%q,version=\"1\"} %g\n", m, kv)
+	default:
+		fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", m, waiting)
+		fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n", m, running)
+		fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
+	}
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits{model_name=%q} %d\n", m, e.hitTokens.Load())
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries{model_name=%q} %d\n", m, e.queries.Load())
 	e.mu.Lock()
