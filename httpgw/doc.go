@@ -205,20 +205,25 @@
 // "data: {"error": {...,"code":"upstream_error"}}" and cuts a plain
 // answer's connection, so a client never mistakes a partial answer for a
 // whole one. Every request is counted in exa_gateway_requests_total with
-// the status sent, or stream_error, aborted or client_canceled.
+// code the HTTP status sent and reason empty, or, for an answer that did
+// not end as begun, a reason: client_canceled (code 499, nginx's "client
+// closed request"), stream_error or aborted (code 200, the status of the
+// relayed answer's head as engines send it for streams).
 //
 // # Metrics
 //
 // All names start with exa_gateway_:
 //
-//	requests_total{model,endpoint,code}        every request and its outcome (endpoint chat,
-//	                                           completions, models or other)
+//	requests_total{model,endpoint,code,reason} every request and its outcome: code the HTTP
+//	                                           status, reason empty or how it ended early
+//	                                           (endpoint chat, completions, embeddings,
+//	                                           tokenize, detokenize, models or other)
 //	decisions_total{model,kind}                routing decisions by kind
 //	routed_total{model}, prefix_hits_total{model}
 //	prefix_blocks_total{model}, prefix_matched_blocks_total{model}
-//	prefix_hit_rate{model}                     hits/routed of the current routing table
 //	replica_requests_total{model,replica}      forwards per replica (retries included)
-//	request_duration_seconds{model,endpoint}   histogram, receipt to end of answer
+//	request_duration_seconds{model,endpoint}   histogram, receipt to end of answer (buckets
+//	                                           1 ms to 1 h, past the 10-minute response timeout)
 //	time_to_first_byte_seconds{model,endpoint} histogram, receipt to first upstream byte
 //	retries_total{model}
 //	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
@@ -231,7 +236,6 @@
 //	peer_up{peer}, peer_scrape_errors_total{peer}
 //	index_cached_blocks{model,replica}         blocks the index holds per replica
 //	disagg_requests_total{model,path}          P/D decider's choice: split or colocated
-//	disagg_split_share{model}                  split/decided of the current routing table
 //	disagg_fallbacks_total{model,reason}       prefill_unavailable, prefill_failed,
 //	                                           prefill_no_kv_params, decode_retry
 //	disagg_phase_seconds{model,phase}          histogram (gateway mode): prefill,
@@ -255,7 +259,27 @@
 // same metrics count the requests the picker routes, from the request
 // headers reaching the picker to the end of the response Envoy reports;
 // a request whose ext_proc stream ended before its response did is
-// counted with code stream_ended (the client went away, or Envoy reset it).
+// counted with reason stream_ended (the client went away, or Envoy reset it).
+//
+// Ratios are not exported as gauges (they would restart with each routing
+// table and cannot be aggregated across gateways); compute them in PromQL
+// from the counters, e.g.
+//
+//	prefix hit rate:   sum by (model) (rate(exa_gateway_prefix_hits_total[5m]))
+//	                     / sum by (model) (rate(exa_gateway_routed_total[5m]))
+//	block hit rate:    sum by (model) (rate(exa_gateway_prefix_matched_blocks_total[5m]))
+//	                     / sum by (model) (rate(exa_gateway_prefix_blocks_total[5m]))
+//	P/D split share:   sum by (model) (rate(exa_gateway_disagg_requests_total{path="split"}[5m]))
+//	                     / sum by (model) (rate(exa_gateway_disagg_requests_total[5m]))
+//	error ratio:       sum by (model) (rate(exa_gateway_requests_total{code=~"5.."}[5m]))
+//	                     / sum by (model) (rate(exa_gateway_requests_total[5m]))
+//	p99 latency:       histogram_quantile(0.99, sum by (model, le)
+//	                     (rate(exa_gateway_request_duration_seconds_bucket[5m])))
+//
+// /stats keeps the gateway's own ratios (hit_rate, split_share) of the
+// current routing table. The exposition passes promlint (TestMetricsLint)
+// and, where promtool is installed, `promtool check metrics`
+// (TestMetricsPromtool; CI installs Debian's prometheus package).
 //
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is

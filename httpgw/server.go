@@ -390,14 +390,6 @@ func (s *Server) refreshGauges() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.state.Load()
-	for name, m := range st.models {
-		if m.gw != nil {
-			s.metrics.hitRate.WithLabelValues(name).Set(m.gw.Stats().HitRate())
-		}
-		if m.pd != nil {
-			s.metrics.pdSplitShare.WithLabelValues(name).Set(m.pd.splitShare())
-		}
-	}
 	for addr, ep := range st.endpoints {
 		v := 0.0
 		if ep.health.healthy() {
