@@ -45,7 +45,7 @@ func TestBadRequests(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", chatBody("nope", false, "sys", "hi"), 404, "model_not_found", "model"},
 		{"oversized body", "POST", "/v1/chat/completions", chatBody("m1", false, strings.Repeat("x", 2000)), 413, "request_too_large", ""},
 		{"wrong method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed", ""},
-		{"unknown endpoint", "POST", "/v1/embeddings", `{"model":"m1","input":"x"}`, 404, "unknown_endpoint", ""},
+		{"unknown endpoint", "POST", "/v1/audio/speech", `{"model":"m1","input":"x"}`, 404, "unknown_endpoint", ""},
 		{"model without replicas", "POST", "/v1/chat/completions", chatBody("empty", false, "sys"), 503, "no_replicas", "model"},
 	}
 	for _, tt := range tests {

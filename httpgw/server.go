@@ -125,6 +125,12 @@ type Options struct {
 	// that reproduces the engines' tokens and chat templates exactly may
 	// supply it; it is used as is.
 	Tokenizer kvevents.Tokenizer
+	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
+	// for any) whose cross-origin requests the gateway allows: their
+	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
+	// requests are answered (204). Nil (the default) means CORS is off:
+	// no CORS headers, and OPTIONS gets 405.
+	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
 	// (see the package doc). Default DefaultTokenizeTimeout (2s).
@@ -180,6 +186,8 @@ type Server struct {
 	// engines is the engine type each engine's metrics page showed
 	// (engines.go).
 	engines engineTable
+	// pass is the pass-through endpoints' load (passthrough.go).
+	pass passLoad
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -263,13 +271,17 @@ func New(opts Options) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
+	for path := range passEndpoints {
+		s.mux.HandleFunc(path, s.servePassThrough)
+	}
 	s.mux.HandleFunc("/v1/models", s.serveModels)
 	s.mux.HandleFunc("/stats", s.serveStats)
+	s.mux.HandleFunc("/health", s.serveHealth)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
 		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
-			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/models, /stats, /metrics, /healthz)")
+			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -326,6 +338,11 @@ func fillOptions(o *Options) error {
 	if o.ResponseTimeout == 0 {
 		o.ResponseTimeout = DefaultResponseTimeout
 	}
+	for _, origin := range o.CORSOrigins {
+		if err := validOrigin(origin); err != nil {
+			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
+		}
+	}
 	if o.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidOptions, o.MaxBodyBytes)
 	}
@@ -360,9 +377,16 @@ func fillOptions(o *Options) error {
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// ServeHTTP serves /v1/chat/completions, /v1/completions, /v1/models,
-// /stats, /metrics and /healthz.
+// ServeHTTP serves /v1/chat/completions, /v1/completions, the
+// pass-through /v1/embeddings, /tokenize and /detokenize, /v1/models,
+// /health, /stats, /metrics and /healthz. The client's address is appended
+// to X-Forwarded-For; with Options.CORSOrigins set, CORS headers are added
+// and preflight requests answered.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if len(s.opts.CORSOrigins) > 0 && s.cors(w, r) {
+		return
+	}
+	appendForwardedFor(r)
 	s.mux.ServeHTTP(w, r)
 }
 

@@ -1,16 +1,19 @@
 // Package enginetest provides an in-process fake model server that speaks
 // enough of vLLM's HTTP API for gateway tests: /v1/chat/completions and
-// /v1/completions (plain and streamed), /v1/models, /health and a /metrics
-// page with vLLM's metric names, backed by a prefix cache over
-// whitespace-separated words. It answers at once; tests steer it with
+// /v1/completions (plain and streamed), /v1/embeddings, /tokenize,
+// /detokenize, /v1/models, /health and a /metrics page with vLLM's metric
+// names (or SGLang's or TensorRT-LLM's, Options.Metrics), backed by a
+// prefix cache over whitespace-separated words. It answers at once; tests steer it with
 // failure switches and gates rather than timing.
 package enginetest
 
 import (
+	"bytes"
 	"container/list"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -74,6 +77,9 @@ type Engine struct {
 	cancelCh  chan struct{}
 	byModel   map[string]int64 // requests per "model" field, under mu
 	lora      string           // the lora_requests_info series, under mu
+	byPath    map[string]int64 // requests per path, under mu
+	lastHdr   http.Header      // the last request's headers, under mu
+	lastBody  []byte           // the last POST body, under mu
 }
 
 // New starts an Engine on 127.0.0.1 and returns it; Close stops it.
@@ -209,6 +215,21 @@ func (e *Engine) noteCanceled() {
 }
 
 func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
+	var body []byte
+	if r.Method == http.MethodPost {
+		body, _ = io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	e.mu.Lock()
+	if e.byPath == nil {
+		e.byPath = map[string]int64{}
+	}
+	e.byPath[r.URL.Path]++
+	e.lastHdr = r.Header.Clone()
+	if body != nil {
+		e.lastBody = body
+	}
+	e.mu.Unlock()
 	switch r.URL.Path {
 	case "/health":
 		if !e.healthy.Load() {
@@ -230,6 +251,8 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 	case "/v1/chat/completions", "/v1/completions":
 		e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
+	case "/v1/embeddings", "/tokenize", "/detokenize":
+		e.serveAux(w, r, body)
 	default:
 		http.NotFound(w, r)
 	}
@@ -277,6 +300,77 @@ func (e *Engine) SetLoRAInfo(lines ...string) {
 	e.lora = ""
 	for _, l := range lines {
 		e.lora += l + "\n"
+	}
+}
+
+// PathRequests returns how many requests came to path (any method).
+func (e *Engine) PathRequests(path string) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.byPath[path]
+}
+
+// LastRequest returns the headers and (for a POST) body of the last
+// request received.
+func (e *Engine) LastRequest() (http.Header, []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastHdr.Clone(), slices.Clone(e.lastBody)
+}
+
+// MaxModelLen is the max_model_len the engine reports in /tokenize
+// answers and /v1/models.
+const MaxModelLen = 4096
+
+// serveAux answers /v1/embeddings, /tokenize and /detokenize as vLLM
+// shapes them: an embedding of two numbers per request, the prompt's
+// words as tokens (one id per word, its position), and the words back.
+func (e *Engine) serveAux(w http.ResponseWriter, r *http.Request, body []byte) {
+	w.Header().Set("X-Engine", e.opts.Name)
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{"message": "POST only", "type": "invalid_request_error"}})
+		return
+	}
+	if n := e.fail5xx.Load(); n > 0 && e.fail5xx.CompareAndSwap(n, n-1) {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{"message": "injected failure", "type": "server_error"}})
+		return
+	}
+	var req struct {
+		Model  *string         `json:"model"`
+		Input  json.RawMessage `json:"input"`
+		Prompt string          `json:"prompt"`
+		Tokens []int           `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": err.Error(), "type": "invalid_request_error"}})
+		return
+	}
+	model := e.opts.Model
+	if req.Model != nil {
+		model = *req.Model
+	}
+	if e.opts.Model != "" && model != e.opts.Model && !slices.Contains(e.opts.Adapters, model) {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": "model " + model + " not found", "type": "not_found_error"}})
+		return
+	}
+	switch r.URL.Path {
+	case "/v1/embeddings":
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "model": model,
+			"data":  []any{map[string]any{"object": "embedding", "index": 0, "embedding": []float64{0.25, -0.5}}},
+			"usage": map[string]any{"prompt_tokens": 1, "total_tokens": 1}})
+	case "/tokenize":
+		words := strings.Fields(req.Prompt)
+		toks := make([]int, len(words))
+		for i := range toks {
+			toks[i] = i
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": MaxModelLen, "tokens": toks, "token_strs": nil})
+	case "/detokenize":
+		words := make([]string, len(req.Tokens))
+		for i, t := range req.Tokens {
+			words[i] = fmt.Sprintf("w%d", t)
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"prompt": strings.Join(words, " ")})
 	}
 }
 

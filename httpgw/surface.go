@@ -1,0 +1,107 @@
+package httpgw
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// serveHealth serves GET /health as vLLM's does: 200 with an empty body
+// while the gateway can serve, that is while some configured model has a
+// healthy replica; otherwise 503 with an OpenAI error naming the cause.
+// (/healthz stays the process's liveness: always 200.)
+func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /health accepts GET only")
+		return
+	}
+	st := s.state.Load()
+	if len(st.models) == 0 {
+		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_models", "", "gateway: no model configured")
+		return
+	}
+	for _, m := range st.models {
+		for _, ep := range m.byName {
+			if ep.health.healthy() {
+				w.WriteHeader(http.StatusOK)
+				return
+			}
+		}
+	}
+	writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", "gateway: no healthy replica of any model")
+}
+
+// appendForwardedFor adds the client's address to the request's
+// X-Forwarded-For (after any the client sent), so that the engines, which
+// see the gateway's address as the peer, can log the client's. The
+// request's own header map is edited: the gateway owns it for the
+// request's life, and the proxy copies it to the engine's request.
+func appendForwardedFor(r *http.Request) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil || host == "" {
+		return
+	}
+	if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+		host = strings.Join(prior, ", ") + ", " + host
+	}
+	r.Header.Set("X-Forwarded-For", host)
+}
+
+// corsExposed are the gateway's response headers a browser client may read.
+const corsExposed = HeaderReplica + ", " + HeaderDecision + ", X-Exa-Disagg, X-Exa-Prefill-Replica, X-Exa-Prefill-Decision"
+
+// cors applies Options.CORSOrigins to a request: with an Origin the list
+// allows, the answer carries Access-Control-Allow-Origin (and Vary:
+// Origin); a preflight (OPTIONS with Access-Control-Request-Method) is
+// answered here with 204 and the methods and headers allowed. It returns
+// true when it has answered. With no origins configured (the default) it
+// does nothing: no CORS headers, and OPTIONS gets the endpoints' 405.
+func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
+	origins := s.opts.CORSOrigins
+	origin := r.Header.Get("Origin")
+	if len(origins) == 0 || origin == "" {
+		return false
+	}
+	h := w.Header()
+	h.Add("Vary", "Origin")
+	allowed := slices.Contains(origins, "*") || slices.Contains(origins, origin)
+	if !allowed {
+		return false
+	}
+	if slices.Contains(origins, "*") {
+		h.Set("Access-Control-Allow-Origin", "*")
+	} else {
+		h.Set("Access-Control-Allow-Origin", origin)
+	}
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		h.Set("Access-Control-Expose-Headers", corsExposed)
+		return false
+	}
+	h.Add("Vary", "Access-Control-Request-Method")
+	h.Add("Vary", "Access-Control-Request-Headers")
+	h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+	if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+		h.Set("Access-Control-Allow-Headers", req)
+	}
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
+}
+
+// validOrigin checks a CORS origin: "*", or scheme://host[:port] with
+// scheme http or https and nothing after the host, as browsers send it.
+func validOrigin(o string) error {
+	if o == "*" {
+		return nil
+	}
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" ||
+		u.Fragment != "" || u.User != nil || u.String() != o {
+		return fmt.Errorf("origin %q: want * or http(s)://HOST[:PORT], no path", o)
+	}
+	return nil
+}
