@@ -188,6 +188,9 @@ type Server struct {
 	engines engineTable
 	// pass is the pass-through endpoints' load (passthrough.go).
 	pass passLoad
+	// modelInfo is what the engines' /v1/models say of their models
+	// (modelinfo.go).
+	modelInfo modelInfoTable
 }
 
 // state is an immutable snapshot of the configured models and engines.

@@ -143,9 +143,33 @@ type modelEntry struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
-	// Parent is a LoRA adapter's model, as vLLM lists it; absent for a
-	// model.
-	Parent string `json:"parent,omitempty"`
+	// Root is what vLLM calls the model's root: the weights its engines
+	// report for it, or its name; for an adapter, its name. "" is
+	// written as the ID.
+	Root string `json:"root"`
+	// Parent is a LoRA adapter's model, as vLLM lists it; "" (a model) is
+	// written as null.
+	Parent string `json:"parent"`
+	// MaxModelLen is the smallest max_model_len the model's engines
+	// report; nil (omitted) when none does.
+	MaxModelLen *int `json:"max_model_len,omitempty"`
+}
+
+// MarshalJSON writes the entry as vLLM's ModelCard: root defaults to the
+// id, and a model's parent is null.
+func (e modelEntry) MarshalJSON() ([]byte, error) {
+	type plain modelEntry
+	out := struct {
+		plain
+		Parent *string `json:"parent"`
+	}{plain: plain(e)}
+	if out.Root == "" {
+		out.Root = e.ID
+	}
+	if e.Parent != "" {
+		out.Parent = &e.Parent
+	}
+	return json.Marshal(out)
 }
 
 // serveModels serves GET /v1/models: the configured models, then the
@@ -162,7 +186,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	st := s.state.Load()
 	list := modelList{Object: "list", Data: []modelEntry{}}
 	for _, name := range st.file.Names() {
-		list.Data = append(list.Data, modelEntry{ID: name, Object: "model", OwnedBy: "exa"})
+		list.Data = append(list.Data, s.modelCard(st.models[name], name))
 	}
 	list.Data = append(list.Data, adapterEntries(st)...)
 	writeJSON(w, list)

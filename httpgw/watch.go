@@ -38,6 +38,7 @@ func (s *Server) Run(ctx context.Context) error {
 	loop(s.opts.ProbeInterval, s.ProbeAll)
 	loop(s.opts.ScrapeInterval, s.ScrapeAll)
 	loop(s.opts.DiscoverInterval, s.DiscoverAll)
+	loop(s.opts.DiscoverInterval, s.DiscoverModelInfo)
 	if s.pool != nil {
 		loop(s.pool.IdleTimeout(), func(context.Context) { s.pool.Prune() })
 	}

@@ -244,7 +244,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 		if name == "" {
 			name = "any"
 		}
-		data := []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm", "parent": nil}}
+		data := []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm", "root": "/models/" + name, "parent": nil, "max_model_len": MaxModelLen}}
 		for _, a := range e.opts.Adapters {
 			data = append(data, map[string]any{"id": a, "object": "model", "owned_by": "vllm", "root": "/adapters/" + a, "parent": name})
 		}
