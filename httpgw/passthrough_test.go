@@ -250,3 +250,27 @@ func FuzzPassModel(f *testing.F) {
 		}
 	})
 }
+
+// The gateway forwards the client's Content-Type as it is: an engine that
+// requires application/json (as vLLM's does) answers a request without
+// it with 400 through the gateway, as directly; with it, 200. (Hence the
+// README's and help's curl examples send -H 'Content-Type: application/json'.)
+func TestContentTypeForwarded(t *testing.T) {
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{RequireJSON: true})
+	for _, tc := range []struct {
+		ct   string
+		want int
+	}{{"", http.StatusBadRequest}, {"text/plain", http.StatusBadRequest}, {"application/json", http.StatusOK}, {"application/json; charset=utf-8", http.StatusOK}} {
+		for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
+			req, err := http.NewRequest(http.MethodPost, f.http.URL+path, strings.NewReader(chatBody(testModel, false, "s", "hi")))
+			require.NoError(t, err)
+			if tc.ct != "" {
+				req.Header.Set("Content-Type", tc.ct)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			b := readAll(t, resp)
+			assert.Equal(t, tc.want, resp.StatusCode, "%s %q: %s", path, tc.ct, b)
+		}
+	}
+}

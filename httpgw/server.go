@@ -342,7 +342,7 @@ func fillOptions(o *Options) error {
 		o.ResponseTimeout = DefaultResponseTimeout
 	}
 	for _, origin := range o.CORSOrigins {
-		if err := validOrigin(origin); err != nil {
+		if err := ValidCORSOrigin(origin); err != nil {
 			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
 		}
 	}

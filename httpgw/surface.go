@@ -92,9 +92,10 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// validOrigin checks a CORS origin: "*", or scheme://host[:port] with
-// scheme http or https and nothing after the host, as browsers send it.
-func validOrigin(o string) error {
+// ValidCORSOrigin checks an Options.CORSOrigins entry: "*", or
+// scheme://host[:port] with scheme http or https and nothing after the
+// host, as browsers send it in Origin.
+func ValidCORSOrigin(o string) error {
 	if o == "*" {
 		return nil
 	}

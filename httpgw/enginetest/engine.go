@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -48,6 +49,10 @@ type Options struct {
 	// nv_trt_llm_request_metrics and nv_trt_llm_kv_cache_block_metrics).
 	// The prefix-cache counters and vllm:lora_requests_info stay vLLM's.
 	Metrics string
+	// RequireJSON makes POST requests without Content-Type
+	// application/json answer 400, as vLLM's server (FastAPI) does;
+	// default off (lenient, as most tests send none).
+	RequireJSON bool
 }
 
 // Engine is a fake vLLM server on a loopback port. Its methods are safe
@@ -249,9 +254,18 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 			data = append(data, map[string]any{"id": a, "object": "model", "owned_by": "vllm", "root": "/adapters/" + a, "parent": name})
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-	case "/v1/chat/completions", "/v1/completions":
-		e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
-	case "/v1/embeddings", "/tokenize", "/detokenize":
+	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize":
+		if e.opts.RequireJSON && r.Method == http.MethodPost && !isJSON(r.Header.Get("Content-Type")) {
+			// vLLM's server (FastAPI) does not read a body that is not
+			// declared JSON.
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{
+				"message": "Content-Type must be application/json", "type": "BadRequestError", "code": 400}})
+			return
+		}
+		if r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions" {
+			e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
+			return
+		}
 		e.serveAux(w, r, body)
 	default:
 		http.NotFound(w, r)
@@ -301,6 +315,13 @@ func (e *Engine) SetLoRAInfo(lines ...string) {
 	for _, l := range lines {
 		e.lora += l + "\n"
 	}
+}
+
+// isJSON reports whether a Content-Type is application/json (any
+// parameters, any case).
+func isJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 // PathRequests returns how many requests came to path (any method).
