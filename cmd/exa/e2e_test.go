@@ -461,7 +461,8 @@ func TestStatsFromGateway(t *testing.T) {
 }
 
 // TestStatsFromHostileGateway: the strings of a gateway's /stats reach the
-// terminal escaped, and a body that is not statistics is a note, not a crash.
+// terminal escaped, and an error answer fails the command (exit 1) with
+// its message escaped, not a crash.
 func TestStatsFromHostileGateway(t *testing.T) {
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "JPCP")
@@ -482,9 +483,10 @@ func TestStatsFromHostileGateway(t *testing.T) {
 	assert.NotContains(t, out, "\u009b")
 
 	ok(t, cfg, "serve", "routing", "set", "bad")
-	out = ok(t, cfg, "serve", "routing", "stats", "bad", "--gateway", srv.URL)
-	assert.Contains(t, out, `500 Internal Server Error: "boom\x1b[2J"`)
-	assert.NotContains(t, out, "\x1b")
+	r := exa(t, cfg, "serve", "routing", "stats", "bad", "--gateway", srv.URL)
+	assert.Equal(t, 1, r.code, "a gateway answering with an error fails the command")
+	assert.Contains(t, r.stderr, `500 Internal Server Error: "boom\x1b[2J"`)
+	assert.NotContains(t, r.stderr, "\x1b")
 }
 
 func TestHelpAndCompletion(t *testing.T) {
