@@ -404,13 +404,16 @@ func (s *Server) Reload() (bool, error) {
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
 		s.log.Error(failed, "file", path, "err", err)
+		s.reportReload(path, fi, err)
 		return false, err
 	}
 	if err := s.applyCounted(f); err != nil {
 		s.log.Error(failed, "file", path, "err", err)
+		s.reportReload(path, fi, err)
 		return false, err
 	}
 	s.log.Info("gateway: configuration loaded", "file", path, "models", len(f.Models))
+	s.reportReload(path, fi, nil)
 	return true, nil
 }
 

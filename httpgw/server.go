@@ -125,6 +125,11 @@ type Options struct {
 	// that reproduces the engines' tokens and chat templates exactly may
 	// supply it; it is used as is.
 	Tokenizer kvevents.Tokenizer
+	// OnReload, when set, is called after each load of ConfigPath (by New
+	// and Run), from the loading goroutine, with the version of the file
+	// read and the outcome; the CLI records it so that `exa serve routing
+	// set` can tell when a running process failed to apply a change.
+	OnReload func(ReloadResult)
 	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
 	// for any) whose cross-origin requests the gateway allows: their
 	// answers carry Access-Control-Allow-Origin and preflight OPTIONS

@@ -127,7 +127,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
-	srv, err := fl.newServer(path, logger, httpgw.Options{
+	srv, err := fl.newServer("gateway", path, logger, httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
@@ -136,6 +136,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	defer fl.cleanup()
 	defer srv.Close() // idle engine connections
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {

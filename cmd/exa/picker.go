@@ -125,10 +125,11 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
 	}
-	srv, err := fl.newServer(path, logger, httpgw.Options{})
+	srv, err := fl.newServer("picker", path, logger, httpgw.Options{})
 	if err != nil {
 		return err
 	}
+	defer fl.cleanup()
 	defer srv.Close()
 	router, err := srv.Picker(httpgw.PickerOptions{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove})
 	if err != nil {

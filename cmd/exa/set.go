@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -47,7 +48,13 @@ func newSetCmd() *cobra.Command {
 Only the fields whose flags are given change; the rest keep their stored values
 (or the defaults for a new model: round_robin, no SLO, default load weights,
 no disaggregation, no replicas). The file is rewritten atomically under a lock,
-so concurrent "set" commands never lose each other's changes.`,
+so concurrent "set" commands never lose each other's changes.
+
+Running gateways and pickers (exa serve gateway, exa serve picker) on the file reload
+it within their --reload-interval; set waits up to 3s for them, and exits 1 when one
+of them could not apply the change (for example a --kv-events-bind endpoint that
+another process already listens on), naming the process and the reason. The file
+keeps the change; the process keeps its previous configuration until it is fixed.`,
 		Example: `  # Opt a model into cache-aware routing with a latency SLO:
   exa serve routing set JPCP --mode cache_aware --slo-latency-ms 500
   # Enable prefill/decode disaggregation:
@@ -261,6 +268,15 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "saved %s in %s\n", name, path)
 	describe(out, name, stored)
+	// The running gateways and pickers reload the file within their
+	// --reload-interval; one that cannot apply it fails the command.
+	pending, err := waitReloads(path, reloadWait, time.Sleep)
+	if err != nil {
+		return fmt.Errorf("saved %s in %s, but %w", name, path, err)
+	}
+	for _, p := range pending {
+		fmt.Fprintf(cmd.ErrOrStderr(), "note: exa serve %s (pid %d) has not loaded the change within %v (its --reload-interval may be longer)\n", p.Command, p.PID, reloadWait)
+	}
 	return nil
 }
 
