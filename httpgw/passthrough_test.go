@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -171,6 +172,14 @@ func TestForwardedFor(t *testing.T) {
 	readAll(t, f.post("/tokenize", `{"model":"m1","prompt":"a"}`))
 	h, _ = f.engines[0].LastRequest()
 	assert.Equal(t, "127.0.0.1", h.Get("X-Forwarded-For"))
+
+	// The caller's Request is left as it was.
+	req := httptest.NewRequest(http.MethodPost, "/tokenize", strings.NewReader(`{"model":"m1","prompt":"a"}`))
+	req.Header.Set("Content-Type", "application/json")
+	f.srv.ServeHTTP(httptest.NewRecorder(), req)
+	assert.Empty(t, req.Header.Values("X-Forwarded-For"))
+	h, _ = f.engines[0].LastRequest()
+	assert.Equal(t, "192.0.2.1", h.Get("X-Forwarded-For"), "httptest's RemoteAddr")
 }
 
 // CORS is off by default: no CORS headers, preflight gets 405. With

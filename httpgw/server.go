@@ -394,8 +394,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if len(s.opts.CORSOrigins) > 0 && s.cors(w, r) {
 		return
 	}
-	appendForwardedFor(r)
+	ff := appendForwardedFor(r)
 	s.mux.ServeHTTP(w, r)
+	ff.restore(r)
 }
 
 // Close closes the idle connections of the default engine transport (a

@@ -35,20 +35,43 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", "gateway: no healthy replica of any model")
 }
 
+// forwardedFor is a request's X-Forwarded-For before appendForwardedFor
+// edited it.
+type forwardedFor struct {
+	prior    []string
+	had, set bool
+}
+
 // appendForwardedFor adds the client's address to the request's
 // X-Forwarded-For (after any the client sent), so that the engines, which
-// see the gateway's address as the peer, can log the client's. The
-// request's own header map is edited: the gateway owns it for the
-// request's life, and the proxy copies it to the engine's request.
-func appendForwardedFor(r *http.Request) {
+// see the gateway's address as the peer, can log the client's; the proxy
+// copies the request's headers to the engine's request. It edits the
+// request's header map; ServeHTTP puts it back (restore) once the handler
+// is done, so that a caller serving the same Request twice does not see
+// it grow.
+func appendForwardedFor(r *http.Request) forwardedFor {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil || host == "" {
-		return
+		return forwardedFor{}
 	}
-	if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-		host = strings.Join(prior, ", ") + ", " + host
+	prior, had := r.Header["X-Forwarded-For"]
+	v := host
+	if len(prior) > 0 {
+		v = strings.Join(prior, ", ") + ", " + host
 	}
-	r.Header.Set("X-Forwarded-For", host)
+	r.Header["X-Forwarded-For"] = []string{v}
+	return forwardedFor{prior: prior, had: had, set: true}
+}
+
+// restore puts back the X-Forwarded-For that appendForwardedFor edited.
+func (f forwardedFor) restore(r *http.Request) {
+	switch {
+	case !f.set:
+	case f.had:
+		r.Header["X-Forwarded-For"] = f.prior
+	default:
+		delete(r.Header, "X-Forwarded-For")
+	}
 }
 
 // corsExposed are the gateway's response headers a browser client may read.
