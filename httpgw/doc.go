@@ -1,6 +1,7 @@
 // Package httpgw is an embeddable OpenAI-compatible HTTP gateway that
-// routes requests across model-server replicas (vLLM, SGLang, or anything
-// speaking the OpenAI API and exposing vLLM's Prometheus metrics) with the
+// routes requests across model-server replicas (vLLM, SGLang, TensorRT-LLM,
+// or anything speaking the OpenAI API and exposing one of their sets of
+// Prometheus load metrics) with the
 // routing library github.com/examlops/gateway. `exa serve gateway` runs it;
 // other Go servers can mount a *Server as an http.Handler.
 //
@@ -17,13 +18,44 @@
 //     away cancels the upstream request. Responses carry X-Exa-Replica (the
 //     replica) and X-Exa-Decision (kind and prefix match, e.g.
 //     "affinity; matched=12/14").
-//   - GET /v1/models: the configured models, in OpenAI's list format,
-//     then the LoRA adapters served, each with its model as "parent".
+//   - POST /v1/embeddings, /tokenize, /detokenize: passed through, body
+//     unchanged, to the least loaded healthy replica of the model named
+//     (gateway.LoadAware over the scraped load and the gateway's own
+//     pass-through requests in flight, equal scores taken in turn); they
+//     have no prefix key and leave the index alone. One retry on another
+//     replica after a transport error or 5xx, as for inference. A LoRA
+//     adapter's name goes to its model's replicas.
+//   - "model" may be left out (or null) when exactly one model is
+//     configured, as vLLM serves its one model: the body is forwarded with
+//     "model" naming it appended as its last member (the last of repeated
+//     members counts, for the engine as for the gateway). With several
+//     models it is required (400 naming the count).
+//   - GET /v1/models: the configured models, in OpenAI's list format with
+//     vLLM's fields: "root" (the weights the model's engines report in
+//     their own /v1/models, else the name), "parent" (null) and
+//     "max_model_len" (the smallest its engines report; absent until one
+//     does); then the LoRA adapters served, each with its model as
+//     "parent". The engines' lists are read every DiscoverInterval.
+//   - GET /health: as vLLM's, 200 with an empty body while some model has
+//     a healthy replica, else 503 with an OpenAI error (no_models,
+//     no_healthy_replica): a readiness probe.
 //   - GET /stats: routing statistics as JSON (schema below); ?model=NAME
 //     narrows it to one model.
 //   - GET /metrics: the gateway's Prometheus metrics (list below).
-//   - GET /healthz: 200 while the process serves.
+//   - GET /healthz: 200 while the process serves (liveness).
 //   - Any other path: 404 with an OpenAI-style error.
+//
+// Every request forwarded carries the client's address appended to
+// X-Forwarded-For (the caller's *http.Request is restored after
+// ServeHTTP). CORS is off by default: no CORS headers, and an OPTIONS
+// request gets the endpoint's 405. With Options.CORSOrigins (`exa serve
+// gateway --cors-origins`), a request from an origin listed (or any, with
+// "*") gets Access-Control-Allow-Origin and Access-Control-Expose-Headers
+// (the X-Exa-* headers), and a preflight (OPTIONS with
+// Access-Control-Request-Method) is answered 204 with the methods GET,
+// POST, OPTIONS, the headers asked for, and a 10-minute max age. The
+// Content-Type the client sends is forwarded as is: vLLM's server answers
+// 400 to a body not declared application/json.
 //
 // # Endpoint picker
 //
@@ -148,8 +180,15 @@
 // connection ejects at once) the engine is ejected from
 // every model that uses it, and after ReadmitAfter consecutive successful
 // probes it is readmitted. Load: every ScrapeInterval each engine's
-// /metrics is parsed with the Prometheus text parser (ParseEngineMetrics)
-// and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
+// /metrics is parsed with the Prometheus text parser
+// (ParseEngineMetricsFor) with the metric names of the model's engine
+// type (config.Model.Engine: vllm, sglang or trtllm; by default detected
+// from the page, vLLM's names first, then SGLang's, then TensorRT-LLM's,
+// as GIE's model-server protocol lists them). A page with none of the
+// expected load series reads as idle: the gateway logs a warning once per
+// engine (again after it recovers) and /stats shows it as the engine's
+// load_warning, with the type found as its "engine". The load is fed to
+// gateway.UpdateLoad; the gateway adds its own in-flight counts,
 // and time to first byte feeds each replica's smoothed latency through
 // Decision.Done. Decision.FirstToken is called at the first response byte.
 // The same scrape reads vllm:lora_requests_info into gateway.UpdateAdapters.
@@ -308,7 +347,7 @@
 //	    }
 //	  },
 //	  "engines": [
-//	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
+//	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"], "engine": "vllm",
 //	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41},
 //	     "adapters": {"served": ["sql", "support"], "running": ["sql"], "max_loras": 2}},
 //	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
@@ -324,7 +363,9 @@
 // every prompt ends in something new); decisions by kind; SLO exclusions
 // and fallbacks; no_healthy counts requests refused for want of a healthy
 // replica; replicas lists each replica's routed requests, hits, share and
-// health. Per engine: its address, whether it is in rotation, the load last
+// health. Per engine: its address, whether it is in rotation, the engine
+// type whose metric names its last page had ("engine"; with none of them,
+// "load_warning" says which series were expected), the load last
 // scraped (absent before the first good scrape) and the last scrape error,
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not
