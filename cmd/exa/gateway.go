@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/httpgw/tracing"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/spf13/cobra"
@@ -26,6 +27,9 @@ type gatewayFlags struct {
 	firstByteTimeout, responseTimeout time.Duration
 	engineClient, httpServer          string
 	corsOrigins                       []string
+	otlpEndpoint                      string
+	otlpInsecure                      bool
+	otlpSampleRatio                   float64
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -43,6 +47,8 @@ of the model named; GET /v1/models, /health (200 while a replica is healthy, as 
 /stats (routing statistics as JSON, read by "exa serve routing stats MODEL --gateway URL")
 and /metrics (Prometheus). "model" may be left out when one model is served. The
 client's address is appended to X-Forwarded-For. CORS is off unless --cors-origins.
+With --otlp-endpoint each request is traced (OpenTelemetry, W3C traceparent in and on
+to the engine, the routing decision as span attributes); off by default.
 
 The models and replicas come from the routing configuration file: --config if given,
 else $EXA_CONFIG if set, else the user config dir's exa/routing.json. The file is
@@ -88,6 +94,10 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
 		"browser origins allowed to call the gateway cross-origin, http(s)://HOST[:PORT] or * (comma-separated or repeated); their preflight requests are answered. Off by default")
+	f.StringVar(&fl.otlpEndpoint, "otlp-endpoint", "",
+		"OTLP/gRPC collector (host:port, e.g. 127.0.0.1:4317) to send a trace span per request to, continuing the client's W3C traceparent, with the routing decision as attributes; off by default")
+	f.BoolVar(&fl.otlpInsecure, "otlp-insecure", false, "send spans to --otlp-endpoint in plain text instead of TLS")
+	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	return cmd
@@ -149,7 +159,21 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	front, err := newFrontServer(fl.httpServer, srv, logger, defaultFrontLimits)
+	if fl.otlpSampleRatio <= 0 || fl.otlpSampleRatio > 1 {
+		ln.Close()
+		return usagef("invalid --otlp-sample-ratio %v: want a share in (0, 1]", fl.otlpSampleRatio)
+	}
+	tp, stopTracing, err := tracing.Setup(cmd.Context(), tracing.Options{Endpoint: fl.otlpEndpoint, Insecure: fl.otlpInsecure, SampleRatio: fl.otlpSampleRatio})
+	if err != nil {
+		ln.Close()
+		return usagef("invalid --otlp-endpoint %q: %v", fl.otlpEndpoint, err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(ctx)
+	}()
+	front, err := newFrontServer(fl.httpServer, tracing.Handler(srv, tp), logger, defaultFrontLimits)
 	if err != nil {
 		ln.Close()
 		return err
