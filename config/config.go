@@ -105,6 +105,11 @@ type Model struct {
 	// its decode replica. Nil means [DefaultPDMinUncachedTokens]; 0
 	// splits every request.
 	PDMinUncachedTokens *int `json:"pd_min_uncached_tokens,omitempty"`
+	// Engine is the engines' type, whose metric names the HTTP gateway
+	// reads for their load: vllm, sglang or trtllm (see [EngineVLLM] and
+	// the others); "" (the default) detects it from each engine's
+	// metrics page ([EngineAuto]).
+	Engine string `json:"engine,omitempty"`
 	// Replicas serve the model when it is not disaggregated; nil means none configured.
 	Replicas []Replica `json:"replicas,omitempty"`
 	// Pools maps a pool name to its replicas; nil means no pools.
@@ -392,6 +397,9 @@ func (m Model) Validate() error {
 		}
 	}
 	if err := m.validatePD(); err != nil {
+		return err
+	}
+	if err := m.validateEngine(); err != nil {
 		return err
 	}
 	if err := validateReplicas("replicas", m.Replicas); err != nil {

@@ -500,3 +500,18 @@ func manyReplicas(prefix string, n int) []Replica {
 	}
 	return out
 }
+
+func TestModelEngine(t *testing.T) {
+	for _, e := range []string{"", "vllm", "sglang", "trtllm"} {
+		require.NoError(t, Model{Engine: e}.Validate(), e)
+	}
+	for _, e := range []string{"auto", "tgi", "VLLM"} {
+		err := Model{Engine: e}.Validate()
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, e)
+		assert.Equal(t, "engine", fe.Field)
+		assert.Equal(t, e, fe.Value)
+	}
+	assert.Equal(t, "auto", Model{}.EngineName())
+	assert.Equal(t, "sglang", Model{Engine: "sglang"}.EngineName())
+}

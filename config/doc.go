@@ -63,6 +63,11 @@
 //     split only when at least this many prompt tokens are not cached on
 //     its decode replica; absent means [DefaultPDMinUncachedTokens] (512),
 //     0 splits every request, at most [MaxPDMinUncachedTokens].
+//   - engine: the engines' type, whose /metrics names the HTTP gateway
+//     reads for their load: vllm, sglang or trtllm; absent or empty means
+//     detected from each engine's page (vLLM's names first, then SGLang's,
+//     then TensorRT-LLM's; none found is logged as a warning and shown in
+//     /stats as load_warning).
 //   - replicas: the replicas serving the model when it is not
 //     disaggregated, each with a unique name and an address: an http:// or
 //     https:// base URL with a host, an optional port in 1..65535 and an

@@ -42,7 +42,7 @@ var fileShape = func() *shape {
 	}}
 	model := &shape{fields: map[string]*shape{
 		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
-		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "pd_min_uncached_tokens": scalar,
+		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "engine": scalar, "pd_min_uncached_tokens": scalar,
 		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
 		"adapters":        {elems: scalar},
 		"peers":           {elems: scalar},

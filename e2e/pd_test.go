@@ -248,7 +248,7 @@ func TestPDGatewayMode(t *testing.T) {
 		assert.Equal(t, uint64(decided), d.Decided)
 		assert.Equal(t, uint64(split), d.Split)
 		assert.InDelta(t, float64(split)/float64(decided), d.SplitShare, 1e-9)
-		assert.InDelta(t, d.SplitShare, c.gw.metric(t, "exa_gateway_disagg_split_share", map[string]string{"model": simModel}), 1e-9)
+		assert.Equal(t, float64(split), c.gw.metric(t, "exa_gateway_disagg_requests_total", map[string]string{"model": simModel, "path": "split"}))
 		assert.Equal(t, float64(split), remoteDecodes(t, p0.url()))
 		t.Logf("decider at %d tokens: %d of %d requests split (share %.3f)", d.MinUncachedTokens, d.Split, d.Decided, d.SplitShare)
 	})

@@ -306,7 +306,7 @@ func TestPicker(t *testing.T) {
 
 	t.Run("client cancellation", func(t *testing.T) {
 		waitFor(t, 5*time.Second, "earlier requests to settle", func() bool { return pp.inFlight(t) == 0 })
-		before := pp.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "code": "stream_ended"})
+		before := pp.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "reason": "stream_ended"})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions",
@@ -324,7 +324,7 @@ func TestPicker(t *testing.T) {
 		waitFor(t, 5*time.Second, "the in-flight gauge back to 0", func() bool {
 			return pp.metric(t, "exa_gateway_in_flight_requests", nil) == 0
 		})
-		require.Equal(t, before+1, pp.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "code": "stream_ended"}))
+		require.Equal(t, before+1, pp.metric(t, "exa_gateway_requests_total", map[string]string{"model": simModel, "reason": "stream_ended"}))
 	})
 
 	t.Run("shed 429", func(t *testing.T) {

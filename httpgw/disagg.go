@@ -411,12 +411,3 @@ func (pd *pdState) stats(name string, cfg config.Model) *config.DisaggregationSt
 	}
 	return out
 }
-
-// splitShare is the share of decided requests split, 0 with none.
-func (pd *pdState) splitShare() float64 {
-	d := pd.counters.decided.Load()
-	if d == 0 {
-		return 0
-	}
-	return float64(pd.counters.split.Load()) / float64(d)
-}

@@ -320,7 +320,8 @@ func TestPDDecider(t *testing.T) {
 
 	rec := httptest.NewRecorder()
 	f.srv.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	assert.Contains(t, rec.Body.String(), `exa_gateway_disagg_split_share{model="m1"} 0.4`)
+	assert.Contains(t, rec.Body.String(), `exa_gateway_disagg_requests_total{model="m1",path="split"} 2`)
+	assert.NotContains(t, rec.Body.String(), "split_share", "ratios are left to PromQL, not exported as gauges")
 }
 
 // Fallbacks: a prefill failure other than a 4xx decodes co-located on the
@@ -416,7 +417,7 @@ func TestPDFallbacks(t *testing.T) {
 		_, err = http.DefaultClient.Do(req)
 		require.Error(t, err)
 		// counter waits for the handler, which had started: the prefill entered.
-		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": codeClientCanceled}))
+		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "499", "reason": codeClientCanceled}))
 		assert.Empty(t, f.decode[0].requests())
 		ms := f.srv.state.Load().models[testModel]
 		assert.Zero(t, ms.gw.Replicas()[0].InFlight, "the decode decision is released")

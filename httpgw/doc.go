@@ -1,6 +1,7 @@
 // Package httpgw is an embeddable OpenAI-compatible HTTP gateway that
-// routes requests across model-server replicas (vLLM, SGLang, or anything
-// speaking the OpenAI API and exposing vLLM's Prometheus metrics) with the
+// routes requests across model-server replicas (vLLM, SGLang, TensorRT-LLM,
+// or anything speaking the OpenAI API and exposing one of their sets of
+// Prometheus load metrics) with the
 // routing library github.com/examlops/gateway. `exa serve gateway` runs it;
 // other Go servers can mount a *Server as an http.Handler.
 //
@@ -17,13 +18,44 @@
 //     away cancels the upstream request. Responses carry X-Exa-Replica (the
 //     replica) and X-Exa-Decision (kind and prefix match, e.g.
 //     "affinity; matched=12/14").
-//   - GET /v1/models: the configured models, in OpenAI's list format,
-//     then the LoRA adapters served, each with its model as "parent".
+//   - POST /v1/embeddings, /tokenize, /detokenize: passed through, body
+//     unchanged, to the least loaded healthy replica of the model named
+//     (gateway.LoadAware over the scraped load and the gateway's own
+//     pass-through requests in flight, equal scores taken in turn); they
+//     have no prefix key and leave the index alone. One retry on another
+//     replica after a transport error or 5xx, as for inference. A LoRA
+//     adapter's name goes to its model's replicas.
+//   - "model" may be left out (or null) when exactly one model is
+//     configured, as vLLM serves its one model: the body is forwarded with
+//     "model" naming it appended as its last member (the last of repeated
+//     members counts, for the engine as for the gateway). With several
+//     models it is required (400 naming the count).
+//   - GET /v1/models: the configured models, in OpenAI's list format with
+//     vLLM's fields: "root" (the weights the model's engines report in
+//     their own /v1/models, else the name), "parent" (null) and
+//     "max_model_len" (the smallest its engines report; absent until one
+//     does); then the LoRA adapters served, each with its model as
+//     "parent". The engines' lists are read every DiscoverInterval.
+//   - GET /health: as vLLM's, 200 with an empty body while some model has
+//     a healthy replica, else 503 with an OpenAI error (no_models,
+//     no_healthy_replica): a readiness probe.
 //   - GET /stats: routing statistics as JSON (schema below); ?model=NAME
 //     narrows it to one model.
 //   - GET /metrics: the gateway's Prometheus metrics (list below).
-//   - GET /healthz: 200 while the process serves.
+//   - GET /healthz: 200 while the process serves (liveness).
 //   - Any other path: 404 with an OpenAI-style error.
+//
+// Every request forwarded carries the client's address appended to
+// X-Forwarded-For (the caller's *http.Request is restored after
+// ServeHTTP). CORS is off by default: no CORS headers, and an OPTIONS
+// request gets the endpoint's 405. With Options.CORSOrigins (`exa serve
+// gateway --cors-origins`), a request from an origin listed (or any, with
+// "*") gets Access-Control-Allow-Origin and Access-Control-Expose-Headers
+// (the X-Exa-* headers), and a preflight (OPTIONS with
+// Access-Control-Request-Method) is answered 204 with the methods GET,
+// POST, OPTIONS, the headers asked for, and a 10-minute max age. The
+// Content-Type the client sends is forwarded as is: vLLM's server answers
+// 400 to a body not declared application/json.
 //
 // # Endpoint picker
 //
@@ -151,9 +183,16 @@
 // As in Envoy's outlier detection, the two counts are apart: a passing
 // probe does not reset the failed answers, and an engine ejected for its
 // answers stays out for EjectionTime times the number of such ejections
-// (at most 10 times), whatever its probes say (health.go). Load: every ScrapeInterval each engine's
-// /metrics is parsed with the Prometheus text parser (ParseEngineMetrics)
-// and fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
+// (at most 10 times), whatever its probes say (health.go). Load: every
+// ScrapeInterval each engine's /metrics is parsed with the Prometheus text
+// parser (ParseEngineMetricsFor) with the metric names of the model's
+// engine type (config.Model.Engine: vllm, sglang or trtllm; by default
+// detected from the page, vLLM's names first, then SGLang's, then
+// TensorRT-LLM's, as GIE's model-server protocol lists them). A page with
+// none of the expected load series reads as idle: the gateway logs a
+// warning once per engine (again after it recovers) and /stats shows it as
+// the engine's load_warning, with the type found as its "engine". The load
+// is fed to gateway.UpdateLoad; the gateway adds its own in-flight counts,
 // and time to first byte feeds each replica's smoothed latency through
 // Decision.Done. Decision.FirstToken is called at the first response byte.
 // The same scrape reads vllm:lora_requests_info into gateway.UpdateAdapters.
@@ -209,20 +248,25 @@
 // "data: {"error": {...,"code":"upstream_error"}}" and cuts a plain
 // answer's connection, so a client never mistakes a partial answer for a
 // whole one. Every request is counted in exa_gateway_requests_total with
-// the status sent, or stream_error, aborted or client_canceled.
+// code the HTTP status sent and reason empty, or, for an answer that did
+// not end as begun, a reason: client_canceled (code 499, nginx's "client
+// closed request"), stream_error or aborted (code 200, the status of the
+// relayed answer's head as engines send it for streams).
 //
 // # Metrics
 //
 // All names start with exa_gateway_:
 //
-//	requests_total{model,endpoint,code}        every request and its outcome (endpoint chat,
-//	                                           completions, models or other)
+//	requests_total{model,endpoint,code,reason} every request and its outcome: code the HTTP
+//	                                           status, reason empty or how it ended early
+//	                                           (endpoint chat, completions, embeddings,
+//	                                           tokenize, detokenize, models or other)
 //	decisions_total{model,kind}                routing decisions by kind
 //	routed_total{model}, prefix_hits_total{model}
 //	prefix_blocks_total{model}, prefix_matched_blocks_total{model}
-//	prefix_hit_rate{model}                     hits/routed of the current routing table
 //	replica_requests_total{model,replica}      forwards per replica (retries included)
-//	request_duration_seconds{model,endpoint}   histogram, receipt to end of answer
+//	request_duration_seconds{model,endpoint}   histogram, receipt to end of answer (buckets
+//	                                           1 ms to 1 h, past the 10-minute response timeout)
 //	time_to_first_byte_seconds{model,endpoint} histogram, receipt to first upstream byte
 //	retries_total{model}
 //	ejections_total{address}, readmissions_total{address}, endpoint_healthy{address}
@@ -235,7 +279,6 @@
 //	peer_up{peer}, peer_scrape_errors_total{peer}
 //	index_cached_blocks{model,replica}         blocks the index holds per replica
 //	disagg_requests_total{model,path}          P/D decider's choice: split or colocated
-//	disagg_split_share{model}                  split/decided of the current routing table
 //	disagg_fallbacks_total{model,reason}       prefill_unavailable, prefill_failed,
 //	                                           prefill_no_kv_params, decode_retry
 //	disagg_phase_seconds{model,phase}          histogram (gateway mode): prefill,
@@ -261,7 +304,27 @@
 // same metrics count the requests the picker routes, from the request
 // headers reaching the picker to the end of the response Envoy reports;
 // a request whose ext_proc stream ended before its response did is
-// counted with code stream_ended (the client went away, or Envoy reset it).
+// counted with reason stream_ended (the client went away, or Envoy reset it).
+//
+// Ratios are not exported as gauges (they would restart with each routing
+// table and cannot be aggregated across gateways); compute them in PromQL
+// from the counters, e.g.
+//
+//	prefix hit rate:   sum by (model) (rate(exa_gateway_prefix_hits_total[5m]))
+//	                     / sum by (model) (rate(exa_gateway_routed_total[5m]))
+//	block hit rate:    sum by (model) (rate(exa_gateway_prefix_matched_blocks_total[5m]))
+//	                     / sum by (model) (rate(exa_gateway_prefix_blocks_total[5m]))
+//	P/D split share:   sum by (model) (rate(exa_gateway_disagg_requests_total{path="split"}[5m]))
+//	                     / sum by (model) (rate(exa_gateway_disagg_requests_total[5m]))
+//	error ratio:       sum by (model) (rate(exa_gateway_requests_total{code=~"5.."}[5m]))
+//	                     / sum by (model) (rate(exa_gateway_requests_total[5m]))
+//	p99 latency:       histogram_quantile(0.99, sum by (model, le)
+//	                     (rate(exa_gateway_request_duration_seconds_bucket[5m])))
+//
+// /stats keeps the gateway's own ratios (hit_rate, split_share) of the
+// current routing table. The exposition passes promlint (TestMetricsLint)
+// and, where promtool is installed, `promtool check metrics`
+// (TestMetricsPromtool; CI installs Debian's prometheus package).
 //
 // With its own registry (Options.Registerer nil) /metrics also carries the
 // Go runtime's and the process's metrics (go_*, process_*). Profiling is
@@ -290,7 +353,7 @@
 //	    }
 //	  },
 //	  "engines": [
-//	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"],
+//	    {"address": "http://10.0.0.1:8000", "healthy": true, "models": ["JPCP"], "engine": "vllm",
 //	     "load": {"waiting": 0, "running": 3, "kv_utilization": 0.41},
 //	     "adapters": {"served": ["sql", "support"], "running": ["sql"], "max_loras": 2}},
 //	    {"address": "http://10.0.0.2:8000", "healthy": false, "models": ["JPCP"],
@@ -306,7 +369,9 @@
 // every prompt ends in something new); decisions by kind; SLO exclusions
 // and fallbacks; no_healthy counts requests refused for want of a healthy
 // replica; replicas lists each replica's routed requests, hits, share and
-// health. Per engine: its address, whether it is in rotation, the load last
+// health. Per engine: its address, whether it is in rotation, the engine
+// type whose metric names its last page had ("engine"; with none of them,
+// "load_warning" says which series were expected), the load last
 // scraped (absent before the first good scrape) and the last scrape error,
 // always "gateway: scrape engine metrics: ADDRESS: " followed by the cause
 // (a transport error, "status N", or "parse: ..." for a page that is not

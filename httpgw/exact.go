@@ -435,7 +435,7 @@ func (k *kvRuntime) bindNew(t *kvTable, models map[string]*modelState) ([]string
 					break
 				}
 			}
-			return nil, &config.FieldError{Field: field, Value: ep, Reason: "cannot listen: " + err.Error()}
+			return nil, &config.FieldError{Field: field, Value: ep, Reason: "cannot listen: " + err.Error() + bindInUseHint(err, field)}
 		}
 		k.subs[ep] = true
 		started = append(started, ep)

@@ -513,6 +513,10 @@ func TestExactBindFailureChangesNothing(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	require.Equal(t, "models.m2.kv_events_bind", fe.Field)
 	require.Equal(t, taken, fe.Value)
+	// The error names the endpoint and the fix.
+	require.Contains(t, err.Error(), taken)
+	require.Contains(t, err.Error(), "only one process can bind a KV-event endpoint")
+	require.Contains(t, err.Error(), "exa serve routing set m2 --kv-events-bind \"\" --kv-events-connect")
 	require.NotContains(t, ef.srv.state.Load().models, "m2")
 	eps := ef.srv.kv.endpoints()
 	require.Len(t, eps, 1)

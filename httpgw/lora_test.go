@@ -191,9 +191,9 @@ func errorOf(t *testing.T, resp *http.Response) apiError {
 func TestAdapterResolution(t *testing.T) {
 	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
 	require.Equal(t, []modelEntry{
-		{ID: testModel, Object: "model", OwnedBy: "exa"},
-		{ID: "a", Object: "model", OwnedBy: "exa", Parent: testModel},
-		{ID: "b", Object: "model", OwnedBy: "exa", Parent: testModel},
+		{ID: testModel, Object: "model", OwnedBy: "exa", Root: testModel},
+		{ID: "a", Object: "model", OwnedBy: "exa", Root: "a", Parent: testModel},
+		{ID: "b", Object: "model", OwnedBy: "exa", Root: "b", Parent: testModel},
 	}, f.models())
 
 	// b is served by e0 only: every request for it goes there, its model
@@ -240,9 +240,9 @@ func TestAdapterSaltsKey(t *testing.T) {
 func TestAdapterAllowList(t *testing.T) {
 	f := loraFixture(t, config.Model{Mode: gateway.ModeRoundRobin, Adapters: []string{"a", "c"}})
 	require.Equal(t, []modelEntry{
-		{ID: testModel, Object: "model", OwnedBy: "exa"},
-		{ID: "a", Object: "model", OwnedBy: "exa", Parent: testModel},
-		{ID: "c", Object: "model", OwnedBy: "exa", Parent: testModel},
+		{ID: testModel, Object: "model", OwnedBy: "exa", Root: testModel},
+		{ID: "a", Object: "model", OwnedBy: "exa", Root: "a", Parent: testModel},
+		{ID: "c", Object: "model", OwnedBy: "exa", Root: "c", Parent: testModel},
 	}, f.models())
 	resp := f.post("/v1/completions", `{"model":"b","prompt":"x"}`)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)

@@ -11,7 +11,7 @@ import (
 // gateway's own and survive configuration reloads; the routing library's
 // counters (which restart when a model's gateway is rebuilt) back /stats.
 type metrics struct {
-	requests     *prometheus.CounterVec   // model, endpoint, code
+	requests     requestCounter           // model, endpoint, code, reason
 	decisions    *prometheus.CounterVec   // model, kind
 	routed       *prometheus.CounterVec   // model
 	hits         *prometheus.CounterVec   // model
@@ -28,22 +28,67 @@ type metrics struct {
 	scrapeErrors *prometheus.CounterVec   // address
 	reloads      *prometheus.CounterVec   // result
 	inFlight     prometheus.Gauge
-	hitRate      *prometheus.GaugeVec // model
 	// tokenizeSeconds times the tokenization of requests on the exact
 	// index, by model.
 	tokenizeSeconds *prometheus.HistogramVec
 	pdMetrics
 }
 
-// latencyBuckets span 1 ms to about 65 s.
-var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+// latencyBuckets span 1 ms to an hour: past DefaultResponseTimeout (10
+// minutes), so that a slow non-streamed answer lands in a bucket of its
+// own rather than in +Inf, with the usual 1-2.5-5 steps below a minute.
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60,
+	120, 300, 600, 1200, 1800, 3600}
+
+// requestCounter is exa_gateway_requests_total: its code label is the
+// HTTP status only, and a request that ended otherwise than with the
+// answer it began carries a reason (see outcomeLabels).
+type requestCounter struct{ vec *prometheus.CounterVec }
+
+// WithLabelValues returns the series of a request's model, endpoint and
+// outcome code (an HTTP status, or one of the outcome words of
+// outcomeLabels).
+func (r requestCounter) WithLabelValues(model, endpoint, code string) prometheus.Counter {
+	status, reason := outcomeLabels(code)
+	return r.vec.WithLabelValues(model, endpoint, status, reason)
+}
+
+// StatusClientClosed is the code label of a request whose client went
+// away before its answer ended: 499, nginx's "client closed request".
+const StatusClientClosed = 499
+
+// outcomeLabels splits an outcome code into exa_gateway_requests_total's
+// code (an HTTP status) and reason labels: an HTTP status is the code with
+// no reason; client_canceled is code 499 (StatusClientClosed); the
+// outcomes of an answer cut after its head was relayed (stream_error,
+// aborted, and the picker's stream_ended) are code 200, the status engines
+// send for streamed answers (the relayed status is not kept with the
+// outcome), with the word as reason. Any other word is code "" (none
+// sent) with the word as reason.
+func outcomeLabels(code string) (status, reason string) {
+	if isStatus(code) {
+		return code, ""
+	}
+	switch code {
+	case codeClientCanceled:
+		return "499", code
+	case codeStreamError, codeAborted, codeStreamEnded:
+		return "200", code
+	}
+	return "", code
+}
+
+// isStatus reports whether code is a three-digit HTTP status.
+func isStatus(code string) bool {
+	return len(code) == 3 && code[0] >= '1' && code[0] <= '5' && code[1] >= '0' && code[1] <= '9' && code[2] >= '0' && code[2] <= '9'
+}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns = "exa_gateway"
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
-			Help: "Requests received, by model, endpoint (chat, completions, models) and outcome code: the HTTP status sent, or stream_error / client_canceled."},
-			[]string{"model", "endpoint", "code"}),
+		requests: requestCounter{prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
+			Help: "Requests received, by model, endpoint (chat, completions, embeddings, tokenize, detokenize, models, other), code (the HTTP status; 499 when the client went away) and reason (empty, or how an answer ended early: client_canceled, stream_error, aborted, stream_ended)."},
+			[]string{"model", "endpoint", "code", "reason"})},
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decisions_total",
 			Help: "Routing decisions by model and kind (affinity, load_aware, round_robin)."}, []string{"model", "kind"}),
 		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_total",
@@ -78,18 +123,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Configuration loads, by result (ok, error)."}, []string{"result"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight_requests",
 			Help: "Inference requests being served."}),
-		hitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "prefix_hit_rate",
-			Help: "Fraction of decisions whose chosen replica held the whole prefix, by model, since the model's routing table was built."},
-			[]string{"model"}),
 		tokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
 			Help:    "Time to tokenize a request of a model on the exact index (the engine's /tokenize, or the gateway's cache of tokenized requests), by model.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"model"}),
 		pdMetrics: newPDMetrics(ns),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.decisions, m.routed, m.hits, m.blocks, m.matched,
+	for _, c := range []prometheus.Collector{m.requests.vec, m.decisions, m.routed, m.hits, m.blocks, m.matched,
 		m.replicaReqs, m.duration, m.ttfb, m.retries, m.ejections, m.readmissions, m.healthy, m.probeFails,
-		m.scrapeErrors, m.reloads, m.inFlight, m.hitRate, m.tokenizeSeconds,
-		m.pdRequests, m.pdFallbacks, m.pdPhase, m.pdSplitShare} {
+		m.scrapeErrors, m.reloads, m.inFlight, m.tokenizeSeconds,
+		m.pdRequests, m.pdFallbacks, m.pdPhase} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -214,12 +256,4 @@ func (mm *modelMetrics) ttfbO(m *metrics, model string, kind endpointKind) prome
 		return look()
 	}
 	return mm.ttfb[kind].get(look)
-}
-
-// hitRate is hits/routed, or 0 before any request.
-func hitRate(hits, routed uint64) float64 {
-	if routed == 0 {
-		return 0
-	}
-	return float64(hits) / float64(routed)
 }

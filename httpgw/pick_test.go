@@ -282,7 +282,7 @@ func TestPickerClientCancel(t *testing.T) {
 	<-done
 	<-f.engines[0].CanceledC() // Envoy cancelled the upstream request
 	f.waitIdle()
-	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": codeStreamEnded}))
+	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "200", "reason": codeStreamEnded}))
 }
 
 func TestPickerShed(t *testing.T) {

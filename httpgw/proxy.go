@@ -146,6 +146,10 @@ func (s *Server) admit(c *call) bool {
 	}
 	req, err := parseRequest(oc.kind, body)
 	if err != nil {
+		// "model" may be left out when the gateway serves one model.
+		req, body, err = defaultModel(s.state.Load(), oc.kind, body, err)
+	}
+	if err != nil {
 		var re *requestError
 		param := ""
 		if errors.As(err, &re) {

@@ -45,7 +45,7 @@ func TestBadRequests(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", chatBody("nope", false, "sys", "hi"), 404, "model_not_found", "model"},
 		{"oversized body", "POST", "/v1/chat/completions", chatBody("m1", false, strings.Repeat("x", 2000)), 413, "request_too_large", ""},
 		{"wrong method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed", ""},
-		{"unknown endpoint", "POST", "/v1/embeddings", `{"model":"m1","input":"x"}`, 404, "unknown_endpoint", ""},
+		{"unknown endpoint", "POST", "/v1/audio/speech", `{"model":"m1","input":"x"}`, 404, "unknown_endpoint", ""},
 		{"model without replicas", "POST", "/v1/chat/completions", chatBody("empty", false, "sys"), 503, "no_replicas", "model"},
 	}
 	for _, tt := range tests {
@@ -209,7 +209,7 @@ func TestMidStreamFailure(t *testing.T) {
 	last := strings.TrimPrefix(events[len(events)-1], "data: ")
 	e := decodeError(t, []byte(last))
 	assert.Contains(t, e.Message, "mid-response")
-	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": codeStreamError}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": codeStreamError}))
 
 	req, err := http.NewRequest(http.MethodPost, f.http.URL+"/v1/chat/completions", strings.NewReader(chatBody(testModel, false, "sys", "hi")))
 	require.NoError(t, err)
@@ -219,7 +219,7 @@ func TestMidStreamFailure(t *testing.T) {
 		resp.Body.Close()
 	}
 	assert.Error(t, err, "a cut plain response is an error for the client, not a short body")
-	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": codeAborted}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": codeAborted}))
 }
 
 func TestNoHealthyReplica(t *testing.T) {
@@ -361,12 +361,14 @@ func TestModelsAndStatsEndpoints(t *testing.T) {
 	resp, err = http.Get(f.http.URL + "/metrics")
 	require.NoError(t, err)
 	text := string(readAll(t, resp))
-	for _, name := range []string{"exa_gateway_requests_total", "exa_gateway_decisions_total", "exa_gateway_prefix_hit_rate",
+	for _, name := range []string{"exa_gateway_requests_total", "exa_gateway_decisions_total", "exa_gateway_prefix_hits_total",
 		"exa_gateway_replica_requests_total", "exa_gateway_request_duration_seconds_bucket", "exa_gateway_time_to_first_byte_seconds_bucket",
 		"exa_gateway_endpoint_healthy"} {
 		assert.Contains(t, text, name)
 	}
-	assert.Contains(t, text, `exa_gateway_prefix_hit_rate{model="m1"} 0.6666666666666666`)
+	assert.Contains(t, text, `exa_gateway_prefix_hits_total{model="m1"} 2`)
+	assert.Contains(t, text, `exa_gateway_routed_total{model="m1"} 3`)
+	assert.NotContains(t, text, "hit_rate", "ratios are left to PromQL, not exported as gauges")
 }
 
 // A client's Expect: 100-continue is answered by the gateway, not passed

@@ -94,20 +94,13 @@ func (s *Server) Apply(f *config.File) error {
 	return nil
 }
 
-// dropStaleSeries deletes the gauge series of engines and models that old
-// had and next does not, so /metrics stops reporting their last values.
+// dropStaleSeries deletes the gauge series of engines that old had and
+// next does not, so /metrics stops reporting their last values. (The
+// per-model series are counters, kept across reloads.)
 func (s *Server) dropStaleSeries(old, next *state) {
 	for addr := range old.endpoints {
 		if _, ok := next.endpoints[addr]; !ok {
 			s.metrics.healthy.DeleteLabelValues(addr)
-		}
-	}
-	for name := range old.models {
-		if m, ok := next.models[name]; !ok || m.gw == nil {
-			s.metrics.hitRate.DeleteLabelValues(name)
-		}
-		if m, ok := next.models[name]; !ok || m.pd == nil {
-			s.metrics.pdSplitShare.DeleteLabelValues(name)
 		}
 	}
 }
@@ -412,13 +405,16 @@ func (s *Server) Reload() (bool, error) {
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
 		s.log.Error(failed, "file", path, "err", err)
+		s.reportReload(path, fi, err)
 		return false, err
 	}
 	if err := s.applyCounted(f); err != nil {
 		s.log.Error(failed, "file", path, "err", err)
+		s.reportReload(path, fi, err)
 		return false, err
 	}
 	s.log.Info("gateway: configuration loaded", "file", path, "models", len(f.Models))
+	s.reportReload(path, fi, nil)
 	return true, nil
 }
 

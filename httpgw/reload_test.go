@@ -288,9 +288,7 @@ func TestReloadDropsStaleGauges(t *testing.T) {
 	}
 	e0, e1 := f.engines[0].URL(), f.engines[1].URL()
 	require.Equal(t, map[string]bool{e0: true, e1: true}, series("exa_gateway_endpoint_healthy", "address"))
-	require.Equal(t, map[string]bool{testModel: true}, series("exa_gateway_prefix_hit_rate", "model"))
 
 	require.NoError(t, applyModels(t, f.srv, map[string][]config.Replica{"other": {{Name: "e0", Address: e0}}}))
 	assert.Equal(t, map[string]bool{e0: true}, series("exa_gateway_endpoint_healthy", "address"))
-	assert.Equal(t, map[string]bool{"other": true}, series("exa_gateway_prefix_hit_rate", "model"))
 }

@@ -42,6 +42,20 @@ func parseRequest(kind endpointKind, body []byte) (*inferenceRequest, error) {
 	return req, nil
 }
 
+// decodeRequest reads the routing fields of body without the endpoint's
+// checks (keys.Decode), its errors as parseRequest's.
+func decodeRequest(body []byte) (*inferenceRequest, error) {
+	req, err := keys.Decode(body)
+	if err != nil {
+		var fe *keys.FieldError
+		if errors.As(err, &fe) {
+			return nil, fieldErr(fe.Field, fe.Msg)
+		}
+		return nil, err
+	}
+	return req, nil
+}
+
 // requestError is a bad-request error that names the offending field.
 type requestError struct {
 	field string

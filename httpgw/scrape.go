@@ -9,18 +9,10 @@ import (
 	"net/http"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-)
-
-// Engine metric names read from each engine's /metrics (vLLM's names; the
-// llm-d inference simulator uses the same).
-const (
-	metricWaiting    = "vllm:num_requests_waiting"
-	metricRunning    = "vllm:num_requests_running"
-	metricKVUsage    = "vllm:kv_cache_usage_perc"
-	metricKVUsageOld = "vllm:gpu_cache_usage_perc"
 )
 
 // ErrScrape reports an engine /metrics page that could not be fetched or
@@ -30,21 +22,42 @@ var ErrScrape = errors.New("gateway: scrape engine metrics")
 // maxMetricsBytes bounds the /metrics page read from an engine.
 const maxMetricsBytes = 8 << 20
 
-// ParseEngineMetrics parses a Prometheus text exposition, as vLLM serves
-// it at /metrics, into a gateway.Load: QueueDepth is the sum of
-// vllm:num_requests_waiting over its series (one per model_name),
-// Running the sum of vllm:num_requests_running, KVUtilization the largest
-// vllm:kv_cache_usage_perc (or, from older vLLM versions,
-// vllm:gpu_cache_usage_perc), clamped to 0..1. Missing metrics read as
-// zero; Latency is left zero so the gateway keeps its own measurement.
-// Counts are clamped to 0..MaxLoadCount. A page that does not parse is an
-// error wrapping ErrScrape.
+// ParseEngineMetrics parses a Prometheus text exposition, as an engine
+// serves it at /metrics, into a gateway.Load, detecting the engine's type
+// from the names on the page (see ParseEngineMetricsFor with
+// config.EngineAuto). A page that does not parse is an error wrapping
+// ErrScrape.
 func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
-	l, err := parseEngineMetrics(r)
+	l, _, err := ParseEngineMetricsFor(r, config.EngineAuto)
+	return l, err
+}
+
+// ParseEngineMetricsFor parses an engine's /metrics page into a
+// gateway.Load with the metric names of engine type engine (a
+// config.Engines value; config.EngineAuto tries them in that order and
+// takes the first whose load series the page has). It also returns the
+// type whose series it found, "" when the page has none of that type's
+// (or, for auto, of any type's) series: the load then reads as zero.
+//
+// QueueDepth is the sum of the waiting series (vllm:num_requests_waiting,
+// sglang:num_queue_reqs, nv_trt_llm_request_metrics{request_type="waiting"})
+// over their series (one per model, rank or GPU), Running the sum of the
+// running ones (vllm:num_requests_running, sglang:num_running_reqs,
+// nv_trt_llm_request_metrics{request_type="scheduled"}), KVUtilization the
+// largest KV-cache usage (vllm:kv_cache_usage_perc, or from older vLLM
+// versions vllm:gpu_cache_usage_perc; sglang:token_usage;
+// nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}),
+// clamped to 0..1. Missing series read as zero; Latency is left zero so the
+// gateway keeps its own measurement. Counts are clamped to 0..MaxLoadCount.
+// The names are those of GIE's model-server protocol table
+// (docs/proposals/003-model-server-protocol/README.md). A page that does
+// not parse, or an unknown engine type, is an error wrapping ErrScrape.
+func ParseEngineMetricsFor(r io.Reader, engine string) (gateway.Load, string, error) {
+	res, err := parseEngineScrapeAs(r, engine)
 	if err != nil {
-		return gateway.Load{}, fmt.Errorf("%w: %v", ErrScrape, err)
+		return gateway.Load{}, "", fmt.Errorf("%w: %v", ErrScrape, err)
 	}
-	return l, nil
+	return res.load, res.engine, nil
 }
 
 // MaxLoadCount is the largest request count ParseEngineMetrics reports;
@@ -58,28 +71,47 @@ func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
 	return l, err
 }
 
-// parseEngineScrape parses an engine's /metrics page into its load and,
-// when it exposes vllm:lora_requests_info, its adapter report (else nil;
-// see parseLoRAInfo).
+// parseEngineScrape parses an engine's /metrics page, detecting its type,
+// into its load and, when it exposes vllm:lora_requests_info, its adapter
+// report (else nil; see parseLoRAInfo).
 func parseEngineScrape(r io.Reader) (gateway.Load, *gateway.AdapterReport, error) {
+	res, err := parseEngineScrapeAs(r, config.EngineAuto)
+	return res.load, res.adapters, err
+}
+
+// scrapeResult is what one engine's /metrics page says.
+type scrapeResult struct {
+	load gateway.Load
+	// adapters is the engine's vllm:lora_requests_info report, nil
+	// without one.
+	adapters *gateway.AdapterReport
+	// engine is the engine type whose load series the page has, "" when
+	// none (see ParseEngineMetricsFor).
+	engine string
+}
+
+// parseEngineScrapeAs parses an engine's /metrics page with the names of
+// engine type engine (config.EngineAuto detects it).
+func parseEngineScrapeAs(r io.Reader, engine string) (scrapeResult, error) {
+	var res scrapeResult
+	if _, err := config.ParseEngine(engine); err != nil {
+		return res, err
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return gateway.Load{}, nil, err
+		return res, err
 	}
-	var rep *gateway.AdapterReport
 	if a, ok := parseLoRAInfo(fams[metricLoRAInfo]); ok {
-		rep = &a
+		res.adapters = &a
 	}
-	var l gateway.Load
-	l.QueueDepth = loadCount(sumFamily(fams[metricWaiting]))
-	l.Running = loadCount(sumFamily(fams[metricRunning]))
-	kv, ok := maxFamily(fams[metricKVUsage])
-	if !ok {
-		kv, _ = maxFamily(fams[metricKVUsageOld])
+	for _, n := range engineNames {
+		if (engine == config.EngineAuto || engine == n.engine) && n.present(fams) {
+			res.load, res.engine = n.load(fams), n.engine
+			break
+		}
 	}
-	l.KVUtilization = min(max(kv, 0), 1)
-	return l, rep, nil
+	return res, nil
 }
 
 // loadCount rounds a scraped count and clamps it to 0..MaxLoadCount
@@ -106,45 +138,26 @@ func sampleValue(m *dto.Metric) float64 {
 	return v
 }
 
-func sumFamily(f *dto.MetricFamily) float64 {
-	var s float64
-	for _, m := range f.GetMetric() {
-		s += sampleValue(m)
-	}
-	return s
-}
-
-func maxFamily(f *dto.MetricFamily) (float64, bool) {
-	if len(f.GetMetric()) == 0 {
-		return 0, false
-	}
-	best := math.Inf(-1)
-	for _, m := range f.GetMetric() {
-		best = max(best, sampleValue(m))
-	}
-	return best, true
-}
-
-// scrape fetches and parses one engine's /metrics: its load and its
-// adapter report (nil when it exposes none).
-func scrape(ctx context.Context, client *http.Client, base string) (gateway.Load, *gateway.AdapterReport, error) {
+// scrape fetches and parses one engine's /metrics with the names of
+// engine type engine (config.EngineAuto detects it).
+func scrape(ctx context.Context, client *http.Client, base, engine string) (scrapeResult, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return gateway.Load{}, nil, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+		return scrapeResult{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := client.Do(req)
 	if err != nil {
-		return gateway.Load{}, nil, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
+		return scrapeResult{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return gateway.Load{}, nil, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
+		return scrapeResult{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
 	}
-	l, rep, err := parseEngineScrape(io.LimitReader(resp.Body, maxMetricsBytes))
+	res, err := parseEngineScrapeAs(io.LimitReader(resp.Body, maxMetricsBytes), engine)
 	if err != nil {
-		return gateway.Load{}, nil, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
+		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}
-	return l, rep, nil
+	return res, nil
 }

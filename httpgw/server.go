@@ -143,6 +143,17 @@ type Options struct {
 	// that reproduces the engines' tokens and chat templates exactly may
 	// supply it; it is used as is.
 	Tokenizer kvevents.Tokenizer
+	// OnReload, when set, is called after each load of ConfigPath (by New
+	// and Run), from the loading goroutine, with the version of the file
+	// read and the outcome; the CLI records it so that `exa serve routing
+	// set` can tell when a running process failed to apply a change.
+	OnReload func(ReloadResult)
+	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
+	// for any) whose cross-origin requests the gateway allows: their
+	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
+	// requests are answered (204). Nil (the default) means CORS is off:
+	// no CORS headers, and OPTIONS gets 405.
+	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
 	// (see the package doc). Default DefaultTokenizeTimeout (2s).
@@ -195,6 +206,14 @@ type Server struct {
 
 	// peers is what the peer gateways last reported (peers.go).
 	peers peerTable
+	// engines is the engine type each engine's metrics page showed
+	// (engines.go).
+	engines engineTable
+	// pass is the pass-through endpoints' load (passthrough.go).
+	pass passLoad
+	// modelInfo is what the engines' /v1/models say of their models
+	// (modelinfo.go).
+	modelInfo modelInfoTable
 }
 
 // state is an immutable snapshot of the configured models and engines.
@@ -278,13 +297,17 @@ func New(opts Options) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
+	for path := range passEndpoints {
+		s.mux.HandleFunc(path, s.servePassThrough)
+	}
 	s.mux.HandleFunc("/v1/models", s.serveModels)
 	s.mux.HandleFunc("/stats", s.serveStats)
+	s.mux.HandleFunc("/health", s.serveHealth)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
 		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
-			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/models, /stats, /metrics, /healthz)")
+			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -347,6 +370,11 @@ func fillOptions(o *Options) error {
 	if o.ResponseTimeout == 0 {
 		o.ResponseTimeout = DefaultResponseTimeout
 	}
+	for _, origin := range o.CORSOrigins {
+		if err := ValidCORSOrigin(origin); err != nil {
+			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
+		}
+	}
 	if o.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidOptions, o.MaxBodyBytes)
 	}
@@ -381,10 +409,18 @@ func fillOptions(o *Options) error {
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// ServeHTTP serves /v1/chat/completions, /v1/completions, /v1/models,
-// /stats, /metrics and /healthz.
+// ServeHTTP serves /v1/chat/completions, /v1/completions, the
+// pass-through /v1/embeddings, /tokenize and /detokenize, /v1/models,
+// /health, /stats, /metrics and /healthz. The client's address is appended
+// to X-Forwarded-For; with Options.CORSOrigins set, CORS headers are added
+// and preflight requests answered.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if len(s.opts.CORSOrigins) > 0 && s.cors(w, r) {
+		return
+	}
+	ff := appendForwardedFor(r)
 	s.mux.ServeHTTP(w, r)
+	ff.restore(r)
 }
 
 // Close closes the idle connections of the default engine transport (a
@@ -411,15 +447,6 @@ func (s *Server) refreshGauges() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.state.Load()
-	for name, m := range st.models {
-		if m.gw != nil {
-			st := m.gw.Stats()
-			s.metrics.hitRate.WithLabelValues(name).Set(hitRate(st.Hits, st.Routed))
-		}
-		if m.pd != nil {
-			s.metrics.pdSplitShare.WithLabelValues(name).Set(m.pd.splitShare())
-		}
-	}
 	for addr, ep := range st.endpoints {
 		v := 0.0
 		if ep.health.healthy() {

@@ -34,6 +34,13 @@ type EngineStats struct {
 	Load *EngineLoad `json:"load,omitempty"`
 	// ScrapeError is the last scrape's error, "" when it succeeded.
 	ScrapeError string `json:"scrape_error,omitempty"`
+	// Engine is the engine type (vllm, sglang, trtllm) whose metric
+	// names its last metrics page had; absent before the first
+	// successful scrape or when the page had none.
+	Engine string `json:"engine,omitempty"`
+	// LoadWarning says that its last metrics page had none of the load
+	// series expected (Load then reads zero); absent otherwise.
+	LoadWarning string `json:"load_warning,omitempty"`
 	// Models lists the models that route to this engine.
 	Models []string `json:"models"`
 	// Adapters is its LoRA adapter state: those its GET /v1/models lists
@@ -43,11 +50,13 @@ type EngineStats struct {
 
 // EngineLoad is a scraped engine load.
 type EngineLoad struct {
-	// Waiting is vllm:num_requests_waiting.
+	// Waiting is vllm:num_requests_waiting (or the engine type's
+	// equivalent: sglang:num_queue_reqs, ...; see ParseEngineMetricsFor).
 	Waiting int `json:"waiting"`
-	// Running is vllm:num_requests_running.
+	// Running is vllm:num_requests_running (sglang:num_running_reqs, ...).
 	Running int `json:"running"`
-	// KVUtilization is vllm:kv_cache_usage_perc, 0..1.
+	// KVUtilization is vllm:kv_cache_usage_perc (sglang:token_usage,
+	// ...), 0..1.
 	KVUtilization float64 `json:"kv_utilization"`
 }
 
@@ -89,6 +98,7 @@ func (s *Server) Stats() Stats {
 	for _, ep := range st.endpoints {
 		l, has, _, lastErr := ep.snapshotLoad()
 		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
+		es.Engine, es.LoadWarning = s.engineOf(ep)
 		if has {
 			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
 		}
@@ -133,9 +143,33 @@ type modelEntry struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
-	// Parent is a LoRA adapter's model, as vLLM lists it; absent for a
-	// model.
-	Parent string `json:"parent,omitempty"`
+	// Root is what vLLM calls the model's root: the weights its engines
+	// report for it, or its name; for an adapter, its name. "" is
+	// written as the ID.
+	Root string `json:"root"`
+	// Parent is a LoRA adapter's model, as vLLM lists it; "" (a model) is
+	// written as null.
+	Parent string `json:"parent"`
+	// MaxModelLen is the smallest max_model_len the model's engines
+	// report; nil (omitted) when none does.
+	MaxModelLen *int `json:"max_model_len,omitempty"`
+}
+
+// MarshalJSON writes the entry as vLLM's ModelCard: root defaults to the
+// id, and a model's parent is null.
+func (e modelEntry) MarshalJSON() ([]byte, error) {
+	type plain modelEntry
+	out := struct {
+		plain
+		Parent *string `json:"parent"`
+	}{plain: plain(e)}
+	if out.Root == "" {
+		out.Root = e.ID
+	}
+	if e.Parent != "" {
+		out.Parent = &e.Parent
+	}
+	return json.Marshal(out)
 }
 
 // serveModels serves GET /v1/models: the configured models, then the
@@ -152,7 +186,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	st := s.state.Load()
 	list := modelList{Object: "list", Data: []modelEntry{}}
 	for _, name := range st.file.Names() {
-		list.Data = append(list.Data, modelEntry{ID: name, Object: "model", OwnedBy: "exa"})
+		list.Data = append(list.Data, s.modelCard(st.models[name], name))
 	}
 	list.Data = append(list.Data, adapterEntries(st)...)
 	writeJSON(w, list)

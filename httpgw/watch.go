@@ -41,6 +41,7 @@ func (s *Server) Run(ctx context.Context) error {
 	loop(s.opts.ScrapeInterval, s.scrapeEngines)
 	loop(s.opts.ScrapeInterval, s.ScrapePeers)
 	loop(s.opts.DiscoverInterval, s.DiscoverAll)
+	loop(s.opts.DiscoverInterval, s.DiscoverModelInfo)
 	if s.pool != nil {
 		loop(s.pool.IdleTimeout(), func(context.Context) { s.pool.Prune() })
 	}
@@ -98,12 +99,15 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 	s.pushPeerPrefill()
 }
 
-// scrapeEngines scrapes every engine's /metrics once and feeds the load,
-// with the peers' last pending prefill, into the gateway of each model it
-// serves.
+// scrapeEngines scrapes every engine's /metrics once, with the metric
+// names of its engine type, and feeds the load, with the peers' last
+// pending prefill, into the gateway of each model it serves.
 func (s *Server) scrapeEngines(ctx context.Context) {
+	st := s.state.Load()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		l, rep, err := scrape(ctx, s.control, ep.base)
+		engine := s.engineTypeOf(st, ep)
+		res, err := scrape(ctx, s.control, ep.base, engine)
+		l, rep := res.load, res.adapters
 		ep.feed.Lock()
 		defer ep.feed.Unlock()
 		ep.setLoad(l, err)
@@ -113,6 +117,7 @@ func (s *Server) scrapeEngines(ctx context.Context) {
 			}
 			return
 		}
+		s.noteEngine(ep, engine, res.engine)
 		if rep != nil {
 			ep.lora.report.Store(rep)
 		}
@@ -129,6 +134,7 @@ func (s *Server) scrapeEngines(ctx context.Context) {
 			}
 		})
 	})
+	s.pruneEngines(s.state.Load())
 }
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,

@@ -93,7 +93,7 @@ var ErrSyntax = errors.New("body is not a valid JSON request")
 // Responses. A body that is not one JSON object is an error wrapping
 // ErrSyntax; a missing or mistyped field, a *FieldError naming it.
 func Parse(e Endpoint, body []byte) (*Request, error) {
-	req, err := decode(body)
+	req, err := Decode(body)
 	if err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
@@ -153,9 +153,12 @@ type requestReader struct {
 	items           []Message
 }
 
-// decode reads the routing fields of a request body, which must be
-// one JSON object.
-func decode(body []byte) (*Request, error) {
+// Decode reads the routing fields of a request body, which must be one
+// JSON object, checking their types but requiring none: Parse without the
+// endpoint's checks, for bodies of other endpoints (embeddings,
+// tokenize) that name a model or not. Its errors are Parse's, but for
+// ErrSyntax, which it does not wrap.
+func Decode(body []byte) (*Request, error) {
 	d := &requestReader{}
 	d.r.Reset(body)
 	if d.r.Peek() != '{' {

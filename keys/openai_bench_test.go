@@ -43,7 +43,7 @@ func BenchmarkDecodeRequest(b *testing.B) {
 	decoders := []struct {
 		name   string
 		decode func([]byte) (*Request, error)
-	}{{"jsonscan", decode}, {"encoding-json", decodeStd}}
+	}{{"jsonscan", Decode}, {"encoding-json", decodeStd}}
 	for _, in := range decodeBodies() {
 		for _, d := range decoders {
 			b.Run("body="+in.name+"/decoder="+d.name, func(b *testing.B) {

@@ -206,7 +206,7 @@ func depth(b []byte) int {
 // body: the same accept/reject decision and the same fields.
 func sameRequest(t *testing.T, body []byte) {
 	t.Helper()
-	got, gerr := decode(body)
+	got, gerr := Decode(body)
 	want, werr := decodeStd(body)
 	if (gerr == nil) != (werr == nil) {
 		t.Fatalf("body %q: decode error %v, encoding/json error %v", body, gerr, werr)

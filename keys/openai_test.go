@@ -41,7 +41,7 @@ func TestDecodeRequestMatchesEncodingJSON(t *testing.T) {
 		body, err := json.Marshal(map[string]any{"model": model, "messages": msgs, "user": user, "stream": stream,
 			"temperature": 0.5, "stop": []any{"x", nil, true}, "extra": map[string]any{"nested": []any{1, "two"}}})
 		require.NoError(t, err)
-		got, err := decode(body)
+		got, err := Decode(body)
 		require.NoError(t, err, "%s", body)
 		// encoding/json replaces invalid UTF-8 with U+FFFD when encoding,
 		// so compare with what it decodes back.
@@ -91,7 +91,7 @@ func TestDecodeRequestFields(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := decode([]byte(tt.body))
+			got, err := Decode([]byte(tt.body))
 			require.NoError(t, err)
 			if tt.want.Messages == nil {
 				tt.want.Messages = got.Messages[:0:0]

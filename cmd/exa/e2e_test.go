@@ -194,6 +194,8 @@ func TestPartialUpdates(t *testing.T) {
 		{"remove pool", []string{"--remove-pool", "pp"}, func(m *config.Model) { m.Pools = nil }},
 		{"clear replicas", []string{"--clear-replicas"}, func(m *config.Model) { m.Replicas = nil }},
 		{"slo zero means none", []string{"--slo-latency-ms", "0"}, func(m *config.Model) { m.SLOLatencyMS = 0 }},
+		{"engine type", []string{"--engine", "sglang"}, func(m *config.Model) { m.Engine = "sglang" }},
+		{"engine auto clears it", []string{"--engine", "auto"}, func(m *config.Model) { m.Engine = "" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := getModel(t, cfg, "M")
@@ -292,6 +294,7 @@ func TestBadInputLeavesFileUntouched(t *testing.T) {
 		{"same pools", []string{"set", "JPCP", "--disaggregate", "--prefill-pool", "x", "--decode-pool", "x"}, `invalid --decode-pool: decode_pool "x": must differ from prefill_pool`},
 		{"p/d mode without disaggregate", []string{"set", "JPCP", "--pd-mode", "sidecar"}, `--pd-mode sidecar requires --disaggregate`},
 		{"unknown p/d mode", []string{"set", "JPCP", "--disaggregate", "--pd-mode", "both"}, `invalid --pd-mode "both": want gateway or sidecar`},
+		{"unknown engine", []string{"set", "JPCP", "--engine", "tgi"}, `invalid --engine "tgi": want vllm, sglang, trtllm or auto`},
 		{"negative threshold", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "-1"}, `invalid --pd-min-uncached-tokens "-1": want a whole number of tokens from 0`},
 		{"threshold too large", []string{"set", "JPCP", "--disaggregate", "--pd-min-uncached-tokens", "10000001"}, `invalid --pd-min-uncached-tokens "10000001"`},
 		{"empty model name", []string{"set", ""}, `invalid MODEL "": must not be empty`},
@@ -458,7 +461,8 @@ func TestStatsFromGateway(t *testing.T) {
 }
 
 // TestStatsFromHostileGateway: the strings of a gateway's /stats reach the
-// terminal escaped, and a body that is not statistics is a note, not a crash.
+// terminal escaped, and an error answer fails the command (exit 1) with
+// its message escaped, not a crash.
 func TestStatsFromHostileGateway(t *testing.T) {
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "JPCP")
@@ -479,9 +483,10 @@ func TestStatsFromHostileGateway(t *testing.T) {
 	assert.NotContains(t, out, "\u009b")
 
 	ok(t, cfg, "serve", "routing", "set", "bad")
-	out = ok(t, cfg, "serve", "routing", "stats", "bad", "--gateway", srv.URL)
-	assert.Contains(t, out, `500 Internal Server Error: "boom\x1b[2J"`)
-	assert.NotContains(t, out, "\x1b")
+	r := exa(t, cfg, "serve", "routing", "stats", "bad", "--gateway", srv.URL)
+	assert.Equal(t, 1, r.code, "a gateway answering with an error fails the command")
+	assert.Contains(t, r.stderr, `500 Internal Server Error: "boom\x1b[2J"`)
+	assert.NotContains(t, r.stderr, "\x1b")
 }
 
 func TestHelpAndCompletion(t *testing.T) {

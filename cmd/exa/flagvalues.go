@@ -67,6 +67,25 @@ func (v *pdModeValue) Set(s string) error {
 	return nil
 }
 
+// engineValue is --engine: vllm, sglang, trtllm or auto.
+type engineValue struct{ engine string }
+
+func (v *engineValue) String() string {
+	if v.engine == config.EngineAuto {
+		return "auto"
+	}
+	return v.engine
+}
+func (v *engineValue) Type() string { return "engine" }
+func (v *engineValue) Set(s string) error {
+	e, err := config.ParseEngine(strings.TrimSpace(s))
+	if err != nil {
+		return errors.New("want vllm, sglang, trtllm or auto")
+	}
+	v.engine = e
+	return nil
+}
+
 // tokensValue is --pd-min-uncached-tokens: 0..config.MaxPDMinUncachedTokens.
 type tokensValue struct{ n int }
 

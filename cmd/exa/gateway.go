@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/httpgw/tracing"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/spf13/cobra"
@@ -25,6 +26,10 @@ type gatewayFlags struct {
 	listen                            string
 	firstByteTimeout, responseTimeout time.Duration
 	engineClient, httpServer          string
+	corsOrigins                       []string
+	otlpEndpoint                      string
+	otlpInsecure                      bool
+	otlpSampleRatio                   float64
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -36,16 +41,22 @@ func newGatewayCmd() *cobra.Command {
 		Long: `Run the OpenAI-compatible HTTP gateway.
 
 It serves POST /v1/chat/completions and /v1/completions, forwarding each request to
-the replica that the model's routing mode picks (exa serve routing set MODEL --mode ...),
-and GET /v1/models, /stats (routing statistics as JSON, read by
-"exa serve routing stats MODEL --gateway URL") and /metrics (Prometheus).
+the replica that the model's routing mode picks (exa serve routing set MODEL --mode ...);
+POST /v1/embeddings, /tokenize and /detokenize, forwarded to the least loaded replica
+of the model named; GET /v1/models, /health (200 while a replica is healthy, as vLLM's),
+/stats (routing statistics as JSON, read by "exa serve routing stats MODEL --gateway URL")
+and /metrics (Prometheus). "model" may be left out when one model is served. The
+client's address is appended to X-Forwarded-For. CORS is off unless --cors-origins.
+With --otlp-endpoint each request is traced (OpenTelemetry, W3C traceparent in and on
+to the engine, the routing decision as span attributes); off by default.
 
 The models and replicas come from the routing configuration file: --config if given,
 else $EXA_CONFIG if set, else the user config dir's exa/routing.json. The file is
 re-read when it changes, without dropping requests. Engines are probed at /health
 (ejected after --eject-after failures, readmitted after --readmit-after successes)
 and their /metrics scraped for load (vLLM's num_requests_waiting, num_requests_running,
-kv_cache_usage_perc). The prefix-key mapping and the /stats schema are documented in
+kv_cache_usage_perc, or SGLang's or TensorRT-LLM's names: exa serve routing set MODEL
+--engine; by default detected from the page, with a warning when none is found). The prefix-key mapping and the /stats schema are documented in
 package github.com/examlops/gateway/httpgw.
 
 Models on the exact index (exa serve routing set MODEL --index exact) are routed on the
@@ -60,7 +71,10 @@ connection may idle 2m. The front servers do not time-bound responses (streams m
 long); --first-byte-timeout and --response-timeout bound the wait for an engine.`,
 		Example: `  exa serve routing set JPCP --mode cache_aware
   exa serve gateway --listen 127.0.0.1:8080
-  curl -s localhost:8080/v1/chat/completions -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'`,
+  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
+    -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'
+  # Let a browser app on https://app.example call the gateway:
+  exa serve gateway --cors-origins https://app.example`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runGateway(cmd, fl) },
 	}
@@ -78,6 +92,12 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
+	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
+		"browser origins allowed to call the gateway cross-origin, http(s)://HOST[:PORT] or * (comma-separated or repeated); their preflight requests are answered. Off by default")
+	f.StringVar(&fl.otlpEndpoint, "otlp-endpoint", "",
+		"OTLP/gRPC collector (host:port, e.g. 127.0.0.1:4317) to send a trace span per request to, continuing the client's W3C traceparent, with the routing decision as attributes; off by default")
+	f.BoolVar(&fl.otlpInsecure, "otlp-insecure", false, "send spans to --otlp-endpoint in plain text instead of TLS")
+	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	return cmd
@@ -105,6 +125,11 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	default:
 		return usagef("invalid --engine-client %q: want pool or std", fl.engineClient)
 	}
+	for _, o := range fl.corsOrigins {
+		if err := httpgw.ValidCORSOrigin(o); err != nil {
+			return usagef("invalid --cors-origins %q: want * or http(s)://HOST[:PORT], no path", o)
+		}
+	}
 	if fl.httpServer != "lean" && fl.httpServer != "std" {
 		return usagef("invalid --http-server %q: want lean or std", fl.httpServer)
 	}
@@ -112,14 +137,16 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
-	srv, err := fl.newServer(path, logger, httpgw.Options{
+	srv, err := fl.newServer("gateway", path, logger, httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
+		CORSOrigins:      fl.corsOrigins,
 	})
 	if err != nil {
 		return err
 	}
+	defer fl.cleanup()
 	defer srv.Close() // idle engine connections
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
@@ -132,7 +159,21 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	front, err := newFrontServer(fl.httpServer, srv, logger, defaultFrontLimits)
+	if fl.otlpSampleRatio <= 0 || fl.otlpSampleRatio > 1 {
+		ln.Close()
+		return usagef("invalid --otlp-sample-ratio %v: want a share in (0, 1]", fl.otlpSampleRatio)
+	}
+	tp, stopTracing, err := tracing.Setup(cmd.Context(), tracing.Options{Endpoint: fl.otlpEndpoint, Insecure: fl.otlpInsecure, SampleRatio: fl.otlpSampleRatio})
+	if err != nil {
+		ln.Close()
+		return usagef("invalid --otlp-endpoint %q: %v", fl.otlpEndpoint, err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(ctx)
+	}()
+	front, err := newFrontServer(fl.httpServer, tracing.Handler(srv, tp), logger, defaultFrontLimits)
 	if err != nil {
 		ln.Close()
 		return err

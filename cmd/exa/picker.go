@@ -158,10 +158,11 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := fl.newServer(path, logger, httpgw.Options{Registerer: reg, Gatherer: reg})
+	srv, err := fl.newServer("picker", path, logger, httpgw.Options{Registerer: reg, Gatherer: reg})
 	if err != nil {
 		return err
 	}
+	defer fl.cleanup()
 	defer srv.Close()
 	router, err := srv.Picker(httpgw.PickerOptions{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove})
 	if err != nil {

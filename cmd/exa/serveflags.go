@@ -27,6 +27,9 @@ type serveFlags struct {
 	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel               string
 	peerTokenFile                       string
+	// removeStatus removes the process's reload status file (see
+	// reloadRecorder); set by newServer, nil before.
+	removeStatus func()
 }
 
 // serveHelp holds the help texts of the shared flags that each command
@@ -111,7 +114,9 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 
 // newServer warns when the configuration file at path does not exist yet,
 // then returns the HTTP gateway of o with the shared flags' fields set.
-func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
+// command (gateway or picker) names the process in its reload status
+// file, which the caller removes with s.cleanup when it exits.
+func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
@@ -132,7 +137,20 @@ func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Option
 	o.TokenizeTimeout = s.tokenizeTimeout
 	o.PeerTokenFile = s.peerTokenFile
 	o.Logger = logger
-	return httpgw.New(o)
+	o.OnReload, s.removeStatus = reloadRecorder(path, command, logger.Warn)
+	srv, err := httpgw.New(o)
+	if err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	return srv, nil
+}
+
+// cleanup removes the reload status file newServer started, if any.
+func (s *serveFlags) cleanup() {
+	if s.removeStatus != nil {
+		s.removeStatus()
+	}
 }
 
 // startPprof serves the Go profiles on --pprof-listen (see startPprof);

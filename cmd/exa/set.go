@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -21,6 +22,7 @@ type setFlags struct {
 	decodePool    string
 	pdMode        pdModeValue
 	pdMinUncached tokensValue
+	engine        engineValue
 	replicas      replicasValue
 	pools         poolsValue
 	clearReplicas bool
@@ -48,7 +50,13 @@ func newSetCmd() *cobra.Command {
 Only the fields whose flags are given change; the rest keep their stored values
 (or the defaults for a new model: round_robin, no SLO, default load weights,
 no disaggregation, no replicas). The file is rewritten atomically under a lock,
-so concurrent "set" commands never lose each other's changes.`,
+so concurrent "set" commands never lose each other's changes.
+
+Running gateways and pickers (exa serve gateway, exa serve picker) on the file reload
+it within their --reload-interval; set waits up to 3s for them, and exits 1 when one
+of them could not apply the change (for example a --kv-events-bind endpoint that
+another process already listens on), naming the process and the reason. The file
+keeps the change; the process keeps its previous configuration until it is fixed.`,
 		Example: `  # Opt a model into cache-aware routing with a latency SLO:
   exa serve routing set JPCP --mode cache_aware --slo-latency-ms 500
   # Enable prefill/decode disaggregation:
@@ -56,6 +64,9 @@ so concurrent "set" commands never lose each other's changes.`,
   # Split only prompts with at least 2000 tokens not cached on the decode replica,
   # for decode replicas behind llm-d's pd-sidecar:
   exa serve routing set JPCP --pd-min-uncached-tokens 2000 --pd-mode sidecar
+  # Engines are SGLang servers: read their load from sglang:num_queue_reqs etc.
+  # (default auto: detected from each engine's /metrics, vLLM's names first):
+  exa serve routing set JPCP --engine sglang
   # Name the replicas the HTTP gateway proxies to:
   exa serve routing set JPCP --replica r0=http://10.0.0.1:8000 --replica r1=http://10.0.0.2:8000
   # Fill the pools:
@@ -92,6 +103,8 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.StringVar(&sf.decodePool, "decode-pool", "", "name of the decode pool (requires --disaggregate; default \""+config.DefaultDecodePool+"\")")
 	f.Var(&sf.pdMode, "pd-mode", "how the gateway splits requests (requires --disaggregate): gateway (default: it sends the prefill and decode requests) or sidecar (decode replicas run llm-d's pd-sidecar)")
 	f.Var(&sf.pdMinUncached, "pd-min-uncached-tokens", fmt.Sprintf("split a request only when at least this many prompt tokens are not cached on its decode replica (requires --disaggregate; default %d; 0 splits every request)", config.DefaultPDMinUncachedTokens))
+	f.Var(&sf.engine, "engine", "the engines' type, whose /metrics names the gateway reads for their load: vllm, sglang, trtllm, or auto "+
+		"(default: detected from each engine's metrics page, vLLM's names first; a page with none is warned about)")
 	f.Var(&sf.replicas, "replica", "replica NAME=ADDRESS; repeat for several; replaces the stored replica list")
 	f.Var(&sf.pools, "pool", "pool member POOL:NAME=ADDRESS; repeat for several; replaces the members of each pool named")
 	f.BoolVar(&sf.clearReplicas, "clear-replicas", false, "remove all replicas (not pools)")
@@ -118,6 +131,7 @@ so concurrent "set" commands never lose each other's changes.`,
 	f.BoolVar(&sf.clearKVAllow, "clear-kv-events-allow", false, "remove the --kv-events-allow list: take events only from the replicas' hosts")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions(modeNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("pd-mode", cobra.FixedCompletions(config.PDModes, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(append([]string{"auto"}, config.Engines...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
 		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer", "kv-events-allow"} {
@@ -207,6 +221,9 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if changed("index") {
 			m.Index = sf.index.index
 		}
+		if changed("engine") {
+			m.Engine = sf.engine.engine
+		}
 		if changed("block-size") {
 			m.BlockSize = sf.blockSize.n
 		}
@@ -265,6 +282,15 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "saved %s in %s\n", name, path)
 	describe(out, name, stored)
+	// The running gateways and pickers reload the file within their
+	// --reload-interval; one that cannot apply it fails the command.
+	pending, err := waitReloads(path, reloadWait, time.Sleep)
+	if err != nil {
+		return fmt.Errorf("saved %s in %s, but %w", name, path, err)
+	}
+	for _, p := range pending {
+		fmt.Fprintf(cmd.ErrOrStderr(), "note: exa serve %s (pid %d) has not loaded the change within %v (its --reload-interval may be longer)\n", p.Command, p.PID, reloadWait)
+	}
 	return nil
 }
 
@@ -281,6 +307,7 @@ var flagOfField = map[string]string{
 	"pools":                  "pool",
 	"pool":                   "pool",
 	"index":                  "index",
+	"engine":                 "engine",
 	"block_size":             "block-size",
 	"kv_events_bind":         "kv-events-bind",
 	"adapters":               "adapter",

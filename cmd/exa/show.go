@@ -146,6 +146,9 @@ func describe(w io.Writer, name string, m config.Model) {
 		fmt.Fprintf(tw, "disaggregate:\toff\n")
 	}
 	fmt.Fprintf(tw, "index:\t%s\n", indexText(m))
+	if m.Engine != config.EngineAuto {
+		fmt.Fprintf(tw, "engine:\t%s (its metric names are read for load)\n", m.Engine)
+	}
 	if len(m.Adapters) > 0 {
 		fmt.Fprintf(tw, "adapters:\t%s (allow-list)\n", strings.Join(m.Adapters, ", "))
 	}

@@ -39,9 +39,11 @@ kind (affinity, load_aware, round_robin), hit rate, share of requests per
 replica, SLO exclusions and fallbacks.
 
 The statistics come from a running gateway when --gateway (default
-$EXA_GATEWAY) names one that answers GET URL/stats; otherwise from the latest
-"exa serve routing simulate MODEL", labelled simulated. If neither exists the
-command says so.`,
+$EXA_GATEWAY) names one; otherwise from the latest
+"exa serve routing simulate MODEL", labelled simulated. A gateway that cannot
+be reached, or answers GET URL/stats with an error, fails the command (exit
+status 1); one that does not serve the model falls back to the simulation.
+If neither exists the command says so.`,
 		Example:           "  exa serve routing stats JPCP\n  exa serve routing stats JPCP --gateway http://127.0.0.1:8080\n  exa serve routing stats JPCP --json",
 		Args:              modelArg,
 		ValidArgsFunction: completeModels,
@@ -80,10 +82,15 @@ func runStats(cmd *cobra.Command, model, gatewayURL string, asJSON bool) error {
 		if errors.As(err, &ue) {
 			return err
 		}
-		if err == nil {
+		switch {
+		case err == nil:
 			out.Stats = &rec
-		} else {
+		case errors.Is(err, config.ErrNotServed):
 			notes = append(notes, fmt.Sprintf("no live statistics from gateway %s: %v", gatewayURL, err))
+		default:
+			// The gateway asked for did not answer (or answered with an
+			// error): fail rather than show other figures.
+			return fmt.Errorf("gateway %s: %w (for the simulated statistics, leave out --gateway and $%s)", printable(gatewayURL), err, gatewayEnv)
 		}
 	}
 	if out.Stats == nil {

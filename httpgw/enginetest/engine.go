@@ -1,16 +1,20 @@
 // Package enginetest provides an in-process fake model server that speaks
 // enough of vLLM's HTTP API for gateway tests: /v1/chat/completions and
-// /v1/completions (plain and streamed), /v1/models, /health and a /metrics
-// page with vLLM's metric names, backed by a prefix cache over
-// whitespace-separated words. It answers at once; tests steer it with
+// /v1/completions (plain and streamed), /v1/embeddings, /tokenize,
+// /detokenize, /v1/models, /health and a /metrics page with vLLM's metric
+// names (or SGLang's or TensorRT-LLM's, Options.Metrics), backed by a
+// prefix cache over whitespace-separated words. It answers at once; tests steer it with
 // failure switches and gates rather than timing.
 package enginetest
 
 import (
+	"bytes"
 	"container/list"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -38,6 +42,17 @@ type Options struct {
 	// with the model as parent, and requests may name them. Each adapter
 	// has its own prefix cache, as vLLM keys blocks by adapter.
 	Adapters []string
+	// Metrics is the engine type whose load metric names /metrics uses:
+	// "" or "vllm" (vllm:num_requests_waiting, ...), "sglang"
+	// (sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage,
+	// labelled as SGLang labels them) or "trtllm" (Triton TensorRT-LLM's
+	// nv_trt_llm_request_metrics and nv_trt_llm_kv_cache_block_metrics).
+	// The prefix-cache counters and vllm:lora_requests_info stay vLLM's.
+	Metrics string
+	// RequireJSON makes POST requests without Content-Type
+	// application/json answer 400, as vLLM's server (FastAPI) does;
+	// default off (lenient, as most tests send none).
+	RequireJSON bool
 }
 
 // Engine is a fake vLLM server on a loopback port. Its methods are safe
@@ -67,6 +82,9 @@ type Engine struct {
 	cancelCh  chan struct{}
 	byModel   map[string]int64 // requests per "model" field, under mu
 	lora      string           // the lora_requests_info series, under mu
+	byPath    map[string]int64 // requests per path, under mu
+	lastHdr   http.Header      // the last request's headers, under mu
+	lastBody  []byte           // the last POST body, under mu
 }
 
 // New starts an Engine on 127.0.0.1 and returns it; Close stops it.
@@ -144,7 +162,8 @@ func (e *Engine) FailNext(n int) { e.fail5xx.Store(int32(n)) }
 func (e *Engine) BreakStreams(n int) { e.breakAt.Store(int32(n)) }
 
 // SetLoad sets the values /metrics reports for vllm:num_requests_waiting,
-// vllm:num_requests_running and vllm:kv_cache_usage_perc.
+// vllm:num_requests_running and vllm:kv_cache_usage_perc (or the series
+// of Options.Metrics' engine type).
 func (e *Engine) SetLoad(waiting, running int, kv float64) {
 	e.mu.Lock()
 	e.waiting, e.running, e.kv = waiting, running, kv
@@ -201,6 +220,21 @@ func (e *Engine) noteCanceled() {
 }
 
 func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
+	var body []byte
+	if r.Method == http.MethodPost {
+		body, _ = io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	e.mu.Lock()
+	if e.byPath == nil {
+		e.byPath = map[string]int64{}
+	}
+	e.byPath[r.URL.Path]++
+	e.lastHdr = r.Header.Clone()
+	if body != nil {
+		e.lastBody = body
+	}
+	e.mu.Unlock()
 	switch r.URL.Path {
 	case "/health":
 		if !e.healthy.Load() {
@@ -215,13 +249,24 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 		if name == "" {
 			name = "any"
 		}
-		data := []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm", "parent": nil}}
+		data := []any{map[string]any{"id": name, "object": "model", "owned_by": "vllm", "root": "/models/" + name, "parent": nil, "max_model_len": MaxModelLen}}
 		for _, a := range e.opts.Adapters {
 			data = append(data, map[string]any{"id": a, "object": "model", "owned_by": "vllm", "root": "/adapters/" + a, "parent": name})
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-	case "/v1/chat/completions", "/v1/completions":
-		e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
+	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize":
+		if e.opts.RequireJSON && r.Method == http.MethodPost && !isJSON(r.Header.Get("Content-Type")) {
+			// vLLM's server (FastAPI) does not read a body that is not
+			// declared JSON.
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{
+				"message": "Content-Type must be application/json", "type": "BadRequestError", "code": 400}})
+			return
+		}
+		if r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions" {
+			e.serveInference(w, r, r.URL.Path == "/v1/chat/completions")
+			return
+		}
+		e.serveAux(w, r, body)
 	default:
 		http.NotFound(w, r)
 	}
@@ -233,9 +278,23 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 	e.mu.Unlock()
 	m := e.opts.Model
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", m, waiting)
-	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n", m, running)
-	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
+	switch e.opts.Metrics {
+	case "sglang":
+		l := fmt.Sprintf(`{engine_type="unified",model_name=%q,pp_rank="0",tp_rank="0"}`, m)
+		fmt.Fprintf(w, "# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs%s %d.0\n", l, running)
+		fmt.Fprintf(w, "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs%s %d.0\n", l, waiting)
+		fmt.Fprintf(w, "# HELP sglang:token_usage The token usage.\n# TYPE sglang:token_usage gauge\nsglang:token_usage%s %g\n", l, kv)
+	case "trtllm":
+		fmt.Fprintf(w, "# HELP nv_trt_llm_request_metrics TRT LLM request metrics\n# TYPE nv_trt_llm_request_metrics gauge\n")
+		fmt.Fprintf(w, "nv_trt_llm_request_metrics{model=%q,request_type=\"scheduled\",version=\"1\"} %d\n", m, running)
+		fmt.Fprintf(w, "nv_trt_llm_request_metrics{model=%q,request_type=\"waiting\",version=\"1\"} %d\n", m, waiting)
+		fmt.Fprintf(w, "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics\n# TYPE nv_trt_llm_kv_cache_block_metrics gauge\n")
+		fmt.Fprintf(w, "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\",model=%q,version=\"1\"} %g\n", m, kv)
+	default:
+		fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", m, waiting)
+		fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n", m, running)
+		fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", m, kv)
+	}
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits{model_name=%q} %d\n", m, e.hitTokens.Load())
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries{model_name=%q} %d\n", m, e.queries.Load())
 	e.mu.Lock()
@@ -255,6 +314,84 @@ func (e *Engine) SetLoRAInfo(lines ...string) {
 	e.lora = ""
 	for _, l := range lines {
 		e.lora += l + "\n"
+	}
+}
+
+// isJSON reports whether a Content-Type is application/json (any
+// parameters, any case).
+func isJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// PathRequests returns how many requests came to path (any method).
+func (e *Engine) PathRequests(path string) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.byPath[path]
+}
+
+// LastRequest returns the headers and (for a POST) body of the last
+// request received.
+func (e *Engine) LastRequest() (http.Header, []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastHdr.Clone(), slices.Clone(e.lastBody)
+}
+
+// MaxModelLen is the max_model_len the engine reports in /tokenize
+// answers and /v1/models.
+const MaxModelLen = 4096
+
+// serveAux answers /v1/embeddings, /tokenize and /detokenize as vLLM
+// shapes them: an embedding of two numbers per request, the prompt's
+// words as tokens (one id per word, its position), and the words back.
+func (e *Engine) serveAux(w http.ResponseWriter, r *http.Request, body []byte) {
+	w.Header().Set("X-Engine", e.opts.Name)
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{"message": "POST only", "type": "invalid_request_error"}})
+		return
+	}
+	if n := e.fail5xx.Load(); n > 0 && e.fail5xx.CompareAndSwap(n, n-1) {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{"message": "injected failure", "type": "server_error"}})
+		return
+	}
+	var req struct {
+		Model  *string         `json:"model"`
+		Input  json.RawMessage `json:"input"`
+		Prompt string          `json:"prompt"`
+		Tokens []int           `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": err.Error(), "type": "invalid_request_error"}})
+		return
+	}
+	model := e.opts.Model
+	if req.Model != nil {
+		model = *req.Model
+	}
+	if e.opts.Model != "" && model != e.opts.Model && !slices.Contains(e.opts.Adapters, model) {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": "model " + model + " not found", "type": "not_found_error"}})
+		return
+	}
+	switch r.URL.Path {
+	case "/v1/embeddings":
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "model": model,
+			"data":  []any{map[string]any{"object": "embedding", "index": 0, "embedding": []float64{0.25, -0.5}}},
+			"usage": map[string]any{"prompt_tokens": 1, "total_tokens": 1}})
+	case "/tokenize":
+		words := strings.Fields(req.Prompt)
+		toks := make([]int, len(words))
+		for i := range toks {
+			toks[i] = i
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"count": len(toks), "max_model_len": MaxModelLen, "tokens": toks, "token_strs": nil})
+	case "/detokenize":
+		words := make([]string, len(req.Tokens))
+		for i, t := range req.Tokens {
+			words[i] = fmt.Sprintf("w%d", t)
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"prompt": strings.Join(words, " ")})
 	}
 }
 

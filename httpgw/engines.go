@@ -1,0 +1,120 @@
+package httpgw
+
+import (
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/examlops/gateway/config"
+)
+
+// engineTable records, per engine address, the engine type whose metric
+// names its last /metrics page had, so that /stats shows it and a page
+// with no known load series is warned about once, not at every scrape.
+// The zero value is empty; safe for concurrent use.
+type engineTable struct {
+	mu sync.Mutex
+	m  map[string]engineSeen // by address; only configured addresses (prune)
+}
+
+// engineSeen is what the last successful scrape of one engine found.
+type engineSeen struct {
+	configured string // the type its models name, "" for autodetection
+	detected   string // the type whose series the page had, "" none
+}
+
+// engineTypeOf returns the engine type configured for ep: that of the
+// first model, in name order, that names one and routes to ep; "" (auto)
+// when none does.
+func (s *Server) engineTypeOf(st *state, ep *endpoint) string {
+	var names []string
+	for name, m := range st.models {
+		if m.cfg.Engine == config.EngineAuto {
+			continue
+		}
+		for _, e := range m.byName {
+			if e == ep {
+				names = append(names, name)
+				break
+			}
+		}
+	}
+	if len(names) == 0 {
+		return config.EngineAuto
+	}
+	return st.models[slices.Min(names)].cfg.Engine
+}
+
+// noteEngine records what ep's page showed, logging a warning when it has
+// no load series of the expected type (the engine then reads as idle)
+// and a note when it has them again.
+func (s *Server) noteEngine(ep *endpoint, configured, detected string) {
+	t := &s.engines
+	t.mu.Lock()
+	old, seen := t.m[ep.base]
+	if t.m == nil {
+		t.m = map[string]engineSeen{}
+	}
+	now := engineSeen{configured: configured, detected: detected}
+	t.m[ep.base] = now
+	t.mu.Unlock()
+	if seen && old == now {
+		return
+	}
+	switch {
+	case detected == "":
+		s.log.Warn("gateway: engine metrics page has none of the expected load series; its load reads as zero",
+			"address", ep.base, "engine", engineLabel(configured), "expected", expectedSeries(configured),
+			"fix", "set the model's engine type: exa serve routing set MODEL --engine vllm|sglang|trtllm")
+	case seen && old.detected == "" || !seen && configured == config.EngineAuto && detected != config.EngineVLLM:
+		s.log.Info("gateway: engine load series found", "address", ep.base, "engine", detected)
+	}
+}
+
+// engineOf returns the type whose names ep's last successful scrape read,
+// and a warning when it found none; "", "" before any scrape.
+func (s *Server) engineOf(ep *endpoint) (engine, warning string) {
+	t := &s.engines
+	t.mu.Lock()
+	e, ok := t.m[ep.base]
+	t.mu.Unlock()
+	if !ok || e.detected != "" {
+		return e.detected, ""
+	}
+	return "", "no " + engineLabel(e.configured) + " load series on the metrics page (" + expectedSeries(e.configured) + "); load reads as zero"
+}
+
+// pruneEngines forgets the addresses no longer configured.
+func (s *Server) pruneEngines(st *state) {
+	t := &s.engines
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for a := range t.m {
+		if st.endpoints[a] == nil {
+			delete(t.m, a)
+		}
+	}
+}
+
+func engineLabel(engine string) string {
+	if engine == config.EngineAuto {
+		return "known"
+	}
+	return engine
+}
+
+// expectedSeries names the waiting-request series of the engine type (of
+// every type for autodetection).
+func expectedSeries(engine string) string {
+	var names []string
+	for _, n := range engineNames {
+		if engine == config.EngineAuto || engine == n.engine {
+			s := n.waiting.family
+			if n.waiting.label != "" {
+				s += "{" + n.waiting.label + "=\"" + n.waiting.value + "\"}"
+			}
+			names = append(names, s)
+		}
+	}
+	return strings.Join(names, ", ")
+}

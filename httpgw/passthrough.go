@@ -1,0 +1,346 @@
+package httpgw
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/examlops/gateway"
+)
+
+// Pass-through endpoints: requests the gateway forwards to one replica of
+// the model they name, chosen for its load alone (they leave nothing in a
+// prefix cache that a later request could reuse, so they have no prefix
+// key and leave the index untouched), with the body forwarded byte for
+// byte and the answer relayed as it arrives.
+const (
+	pathEmbeddings = "/v1/embeddings"
+	pathTokenize   = "/tokenize"
+	pathDetokenize = "/detokenize"
+)
+
+// passEndpoints maps each pass-through path to its endpoint label in
+// exa_gateway_requests_total.
+var passEndpoints = map[string]string{
+	pathEmbeddings: "embeddings",
+	pathTokenize:   "tokenize",
+	pathDetokenize: "detokenize",
+}
+
+// passLoad counts the pass-through requests in flight at each engine
+// (the gateway's own view, fresher than a scrape), and turns the start of
+// the candidate list so that equally loaded replicas take turns. Safe for
+// concurrent use; the zero value is empty.
+type passLoad struct {
+	turn atomic.Uint64
+	mu   sync.Mutex
+	// inFlight is keyed by engine address; an entry is deleted when its
+	// count returns to zero, so it holds at most one entry per engine
+	// with requests in flight.
+	inFlight map[string]int
+}
+
+func (p *passLoad) add(addr string, d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight == nil {
+		p.inFlight = map[string]int{}
+	}
+	n := p.inFlight[addr] + d
+	if n <= 0 {
+		delete(p.inFlight, addr)
+		return
+	}
+	p.inFlight[addr] = n
+}
+
+func (p *passLoad) get(addr string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inFlight[addr]
+}
+
+// passCall is one pass-through request.
+type passCall struct {
+	w        http.ResponseWriter
+	r        *http.Request
+	endpoint string // the metric's endpoint label
+	model    string
+	code     string
+}
+
+func (pc *passCall) fail(status int, typ, code, param, msg string) {
+	pc.code = strconv.Itoa(status)
+	writeError(pc.w, status, typ, code, param, msg)
+}
+
+// servePassThrough handles POST /v1/embeddings, /tokenize and /detokenize.
+func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
+	pc := &passCall{w: w, r: r, endpoint: passEndpoints[r.URL.Path]}
+	s.metrics.inFlight.Inc()
+	defer func() {
+		s.metrics.inFlight.Dec()
+		s.metrics.requests.WithLabelValues(pc.model, pc.endpoint, pc.code).Inc()
+	}()
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		pc.fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
+		return
+	}
+	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			pc.fail(http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
+				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
+			return
+		}
+		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		return
+	}
+	st := s.state.Load()
+	name, body, err := passModel(st, body)
+	if err != nil {
+		var re *requestError
+		param := ""
+		if errors.As(err, &re) {
+			param = re.field
+		}
+		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
+		return
+	}
+	ms, ok := st.models[name]
+	if !ok {
+		rt, err := st.adapterRoute(name)
+		if err != nil {
+			pc.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
+			return
+		}
+		ms = rt.model
+	}
+	pc.model = ms.name
+	if ms.noReps || len(ms.order) == 0 {
+		pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
+		return
+	}
+	s.passForward(pc, ms, body)
+}
+
+// passModel returns the model a pass-through body names and the body to
+// forward. A body without "model" (or with null), when the gateway serves
+// exactly one model, names that one; the body forwarded then names it
+// too (see withSoleModel).
+func passModel(st *state, body []byte) (string, []byte, error) {
+	req, err := decodeRequest(body)
+	if err != nil {
+		var re *requestError
+		if errors.As(err, &re) {
+			return "", nil, err
+		}
+		return "", nil, fmt.Errorf("%w: body is not a valid JSON request: %v", ErrBadRequest, err)
+	}
+	if !req.HasModel {
+		return withSoleModel(st, body)
+	}
+	if req.Model == "" {
+		return "", nil, fieldErr("model", "field \"model\" is empty")
+	}
+	return req.Model, body, nil
+}
+
+// defaultModel is parseRequest's second chance for a chat or completions
+// body without "model" (or with null): when the gateway serves exactly
+// one model, the body names it (withSoleModel) and is parsed again. err
+// is parseRequest's error; any other error is returned as is.
+func defaultModel(st *state, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
+	var re *requestError
+	if !errors.As(err, &re) || re.field != "model" {
+		return nil, nil, err
+	}
+	if d, derr := decodeRequest(body); derr != nil || d.HasModel {
+		return nil, nil, err
+	}
+	_, nb, serr := withSoleModel(st, body)
+	if serr != nil {
+		return nil, nil, serr
+	}
+	req, err := parseRequest(kind, nb)
+	if err != nil {
+		return nil, nil, err
+	}
+	return req, nb, nil
+}
+
+// passForward sends the call to the least loaded healthy replica of ms and
+// relays its answer, retrying once on another replica when the first
+// fails before answering (a transport error or a 5xx).
+func (s *Server) passForward(pc *passCall, ms *modelState, body []byte) {
+	var failed *endpoint
+	var lastErr error
+	for try := 0; try < 2; try++ {
+		ep := s.passPick(ms, failed)
+		if ep == nil {
+			if try > 0 {
+				pc.fail(http.StatusBadGateway, typeServer, "upstream_error", "",
+					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+				return
+			}
+			pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+				fmt.Sprintf("gateway: no healthy replica for model %q", ms.name))
+			return
+		}
+		retry, err := s.passSend(pc, ep, body, try == 0)
+		if !retry {
+			return
+		}
+		failed, lastErr = ep, err
+	}
+}
+
+// passSend forwards the call to ep. It returns retry=true, with the cause,
+// when ep failed before answering and canRetry allows another try;
+// otherwise it has answered the client.
+func (s *Server) passSend(pc *passCall, ep *endpoint, body []byte, canRetry bool) (bool, error) {
+	s.pass.add(ep.base, 1)
+	defer s.pass.add(ep.base, -1)
+	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
+	if err != nil {
+		pc.fail(http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.base, err))
+		return false, nil
+	}
+	copyHeaders(out.Header, pc.r.Header)
+	out.Header.Del("Expect")
+	resp, err := s.opts.Transport.RoundTrip(out)
+	if err == nil && resp.StatusCode < 200 {
+		resp.Body.Close()
+		err = fmt.Errorf("%w: status %d", errUpstreamInterim, resp.StatusCode)
+	}
+	if err != nil {
+		if pc.r.Context().Err() != nil {
+			pc.code = codeClientCanceled
+			return false, nil
+		}
+		s.observe(ep, ep.health.failure(isDialError(err)))
+		err = fmt.Errorf("engine %s: %w", ep.base, err)
+		if canRetry {
+			return true, err
+		}
+		pc.fail(http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		return false, nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		s.observe(ep, ep.health.failure(false))
+		if canRetry {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			return true, fmt.Errorf("engine %s: %w: status %d", ep.base, errUpstreamStatus, resp.StatusCode)
+		}
+	} else {
+		s.observe(ep, ep.health.success(false))
+	}
+	h := pc.w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderReplica, s.replicaName(ep, pc.model))
+	pc.w.WriteHeader(resp.StatusCode)
+	pc.code = strconv.Itoa(resp.StatusCode)
+	bp := s.bufPool.Get().(*[]byte)
+	defer s.bufPool.Put(bp)
+	if _, err := io.CopyBuffer(writerOnly{pc.w}, resp.Body, *bp); err != nil {
+		if pc.r.Context().Err() != nil {
+			pc.code = codeClientCanceled
+			return false, nil
+		}
+		// A body cannot carry an error once begun: cut the connection
+		// (see failMidAnswer).
+		pc.code = codeAborted
+		panic(http.ErrAbortHandler)
+	}
+	return false, nil
+}
+
+// writerOnly hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
+// uses the pooled buffer.
+type writerOnly struct{ io.Writer }
+
+// replicaName returns the name model gives the engine ep ("" if none).
+func (s *Server) replicaName(ep *endpoint, model string) string {
+	if ms := s.state.Load().models[model]; ms != nil {
+		for _, name := range ms.order {
+			if ms.byName[name] == ep {
+				return name
+			}
+		}
+	}
+	return ""
+}
+
+// passPick returns the least loaded healthy replica of ms other than
+// skip, by the routing library's load-aware policy (gateway.LoadAware with
+// the model's load weights) over the engines' scraped load and the
+// gateway's pass-through requests in flight; nil when there is none.
+// Equal scores go to the replicas in turn.
+func (s *Server) passPick(ms *modelState, skip *endpoint) *endpoint {
+	n := len(ms.order)
+	cands := make([]gateway.Candidate, 0, n)
+	eps := make([]*endpoint, 0, n)
+	start := int(s.pass.turn.Add(1) % uint64(n))
+	for i := range n {
+		name := ms.order[(start+i)%n]
+		ep := ms.byName[name]
+		if ep == nil || ep == skip || !ep.health.healthy() {
+			continue
+		}
+		l, _, _, _ := ep.snapshotLoad()
+		cands = append(cands, gateway.Candidate{Name: name, Load: l, InFlight: s.pass.get(ep.base)})
+		eps = append(eps, ep)
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	var w gateway.LoadWeights
+	if lw := ms.cfg.LoadWeights; lw != nil {
+		w = gateway.LoadWeights(*lw)
+	}
+	return eps[(&gateway.LoadAware{Weights: w}).Pick(nil, cands)]
+}
+
+// withSoleModel returns the one model the gateway serves and body with
+// "model" set to it, appended as the object's last member, so that it
+// wins over an earlier "model": null for the engine (Python's json keeps
+// the last of repeated members) as for the gateway. Without exactly one
+// model it is the error a missing "model" gets. body is one JSON object
+// (decodeRequest checked it).
+func withSoleModel(st *state, body []byte) (string, []byte, error) {
+	if len(st.models) != 1 {
+		return "", nil, fieldErr("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.models)))
+	}
+	var name string
+	for n := range st.models {
+		name = n
+	}
+	b := bytes.TrimRight(body, " \t\r\n")
+	if len(b) == 0 || b[len(b)-1] != '}' {
+		return "", nil, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+	}
+	inner := bytes.TrimRight(b[:len(b)-1], " \t\r\n")
+	q, err := json.Marshal(name)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: model name %q: %v", ErrBadRequest, name, err)
+	}
+	out := make([]byte, 0, len(b)+len(q)+12)
+	out = append(out, inner...)
+	if len(inner) > 0 && inner[len(inner)-1] != '{' {
+		out = append(out, ',')
+	}
+	out = append(out, `"model":`...)
+	out = append(out, q...)
+	out = append(out, '}')
+	return name, out, nil
+}

@@ -1,0 +1,131 @@
+package tracing
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/httpgw/enginetest"
+)
+
+const clientTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+func gatewayOver(t *testing.T, engines ...*enginetest.Engine) *httpgw.Server {
+	t.Helper()
+	var reps []config.Replica
+	for i, e := range engines {
+		reps = append(reps, config.Replica{Name: "e" + string(rune('0'+i)), Address: e.URL()})
+	}
+	s, err := httpgw.New(httpgw.Options{})
+	require.NoError(t, err)
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
+	return s
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[string]attribute.Value {
+	out := map[string]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		out[string(kv.Key)] = kv.Value
+	}
+	return out
+}
+
+// A request with a traceparent gets a server span in the client's trace,
+// with the routing decision as attributes; the engine receives the
+// gateway span's context; the caller's request keeps the client's.
+func TestHandlerSpan(t *testing.T) {
+	eng := enginetest.New(enginetest.Options{Model: "m1"})
+	defer eng.Close()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	h := Handler(gatewayOver(t, eng), tp)
+
+	parent := "00-" + clientTrace + "-00f067aa0ba902b7-01"
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello there"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", parent)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	assert.Equal(t, parent, req.Header.Get("Traceparent"), "the caller's request is restored")
+
+	spans := exp.GetSpans().Snapshots()
+	require.Len(t, spans, 1)
+	s := spans[0]
+	assert.Equal(t, clientTrace, s.SpanContext().TraceID().String())
+	assert.Equal(t, "00f067aa0ba902b7", s.Parent().SpanID().String())
+	a := attrs(s)
+	assert.Equal(t, "e0", a["exa.replica"].AsString())
+	assert.Equal(t, "load_aware", a["exa.decision.kind"].AsString(), "a cold cache-aware model routes by load")
+	assert.Equal(t, int64(0), a["exa.decision.matched_blocks"].AsInt64())
+	assert.Positive(t, a["exa.decision.blocks"].AsInt64())
+	assert.Equal(t, int64(200), a["http.response.status_code"].AsInt64())
+
+	hdr, _ := eng.LastRequest()
+	tpEngine := hdr.Get("Traceparent")
+	assert.True(t, strings.HasPrefix(tpEngine, "00-"+clientTrace+"-"+s.SpanContext().SpanID().String()), tpEngine)
+}
+
+// A 5xx answer marks the span as an error; a request without a
+// traceparent starts a trace of its own.
+func TestHandlerErrorSpan(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	h := Handler(gatewayOver(t), tp) // m1 has no replicas: 503
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"x"}]}`))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	spans := exp.GetSpans().Snapshots()
+	require.Len(t, spans, 1)
+	assert.False(t, spans[0].Parent().IsValid())
+	assert.Equal(t, codes.Error, spans[0].Status().Code)
+	assert.Empty(t, req.Header.Values("Traceparent"))
+}
+
+// Off by default: no endpoint, no wrapping.
+func TestSetupOff(t *testing.T) {
+	tp, shutdown, err := Setup(context.Background(), Options{})
+	require.NoError(t, err)
+	require.NoError(t, shutdown(context.Background()))
+	mux := http.NewServeMux()
+	assert.Same(t, mux, Handler(mux, tp), "the handler is returned as is")
+
+	_, _, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", SampleRatio: 2})
+	require.ErrorIs(t, err, ErrOptions)
+	tp, shutdown, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", Insecure: true})
+	require.NoError(t, err, "the exporter connects lazily")
+	assert.NotNil(t, tp)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = shutdown(ctx)
+}
+
+func TestDecisionAttributes(t *testing.T) {
+	got := map[string]attribute.Value{}
+	for _, kv := range decisionAttributes("affinity; matched=12/14; index=exact") {
+		got[string(kv.Key)] = kv.Value
+	}
+	assert.Equal(t, "affinity", got["exa.decision.kind"].AsString())
+	assert.Equal(t, int64(12), got["exa.decision.matched_blocks"].AsInt64())
+	assert.Equal(t, int64(14), got["exa.decision.blocks"].AsInt64())
+	got = map[string]attribute.Value{}
+	for _, kv := range decisionAttributes("weird; matched=x/y") {
+		got[string(kv.Key)] = kv.Value
+	}
+	assert.NotContains(t, got, "exa.decision.blocks")
+}
