@@ -160,6 +160,10 @@ func (in *tokenizeInput) readPrompt(r *jsonscan.Reader) error {
 // value, or -1).
 func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 	ms := c.ms
+	if c.oc.kind == endpointResponses {
+		// The engine's /tokenize takes chat and completions bodies only.
+		return s.fallbackKey(c, dst, fallbackUnsupported)
+	}
 	in := readTokenizeInput(c.oc.kind, ms.name, c.body)
 	if in.unsupported != "" {
 		return s.fallbackKey(c, dst, fallbackUnsupported)

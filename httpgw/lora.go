@@ -386,14 +386,20 @@ func (st *state) adapterRoute(name string) (*adapterRoute, error) {
 
 // target returns the replicas a call may be routed to (gateway.Target):
 // for an adapter, those whose engines serve it, its name the policy's to
-// see; leaving out the replica failed ("" none), which a retry avoids.
+// see; for a continued response, the replica holding it (call.pin);
+// leaving out the replica failed ("" none), which a retry avoids.
 func (c *call) target(failed string) gateway.Target {
 	t := gateway.Target{Exclude: failed}
+	var eligible map[string]bool
 	if c.lora != nil {
-		t.Adapter = c.lora.name
-		if eligible := c.lora.eligible; eligible != nil {
-			t.Allow = func(name string) bool { return eligible[name] }
-		}
+		t.Adapter, eligible = c.lora.name, c.lora.eligible
+	}
+	switch pin := c.pin; {
+	case pin != "":
+		// A continued response goes where its conversation is stored.
+		t.Allow = func(name string) bool { return name == pin && (eligible == nil || eligible[name]) }
+	case eligible != nil:
+		t.Allow = func(name string) bool { return eligible[name] }
 	}
 	return t
 }

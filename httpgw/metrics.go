@@ -159,7 +159,7 @@ func (l *lazy[T]) get(look func() T) T {
 }
 
 // numEndpointKinds is how many endpointKind values there are.
-const numEndpointKinds = 2
+const numEndpointKinds = 3 // chat, completions, responses
 
 // modelMetrics caches one model's series of the per-request metrics, so
 // that a request does not hash its labels and search each vector. The

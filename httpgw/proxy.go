@@ -86,17 +86,29 @@ type call struct {
 	// after the client's are copied (P/D: x-request-id,
 	// x-prefiller-host-port).
 	upHeader func(http.Header)
+	// pin, when set, is the one replica the call may go to: the one
+	// holding the response a Responses API request continues
+	// (responses.go).
+	pin string
+	// head holds the start of a Responses API answer until its id is
+	// learned; learned says it was (or cannot be).
+	head    []byte
+	learned bool
 	// attempt is the current try on a replica (forward).
 	attempt
 }
 
-// serveInference handles /v1/chat/completions and /v1/completions.
+// serveInference handles /v1/chat/completions, /v1/completions and
+// /v1/responses.
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
 	c := &call{w: w, r: r, start: s.opts.Clock(), oc: outcome{kind: kind}}
 	s.metrics.inFlight.Inc()
 	defer s.record(c)
 	if !s.admit(c) {
 		return
+	}
+	if kind == endpointResponses && c.req.PreviousResponseID != "" {
+		c.pin, _ = s.respIDs.owner(c.req.PreviousResponseID, c.ms.name)
 	}
 	kp := s.keyPool.Get().(*gateway.Key)
 	if c.ms.exactBS > 0 {
@@ -105,8 +117,8 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
-	if c.ms.pd != nil {
-		s.proxyPD(c)
+	if c.ms.pd != nil && kind != endpointResponses {
+		s.proxyPD(c) // a responses request is decoded co-located
 		return
 	}
 	s.proxy(c)

@@ -188,6 +188,9 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				a.ttfb = s.opts.Clock().Sub(c.start)
 			}
+			if c.oc.kind == endpointResponses && !c.learned && resp.StatusCode == http.StatusOK {
+				c.learned = s.learnResponse(c, buf[:n])
+			}
 			if _, werr := c.w.Write(buf[:n]); werr != nil {
 				// The client is gone; returning cancels the upstream request.
 				a.done(0, werr)

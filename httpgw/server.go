@@ -186,6 +186,7 @@ type Server struct {
 
 	keyPool sync.Pool
 	bufPool sync.Pool
+	respIDs responseIDs // which replica produced each recent response (responses.go)
 
 	// pool is Options.Transport when it is the default connection pool
 	// (which Apply, Run and Close tidy), else nil.
@@ -297,6 +298,7 @@ func New(opts Options) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
+	s.mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointResponses) })
 	for path := range passEndpoints {
 		s.mux.HandleFunc(path, s.servePassThrough)
 	}
@@ -307,7 +309,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
 		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
-			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
+			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
 	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
 	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -85,6 +85,7 @@ type Engine struct {
 	byPath    map[string]int64 // requests per path, under mu
 	lastHdr   http.Header      // the last request's headers, under mu
 	lastBody  []byte           // the last POST body, under mu
+	responses map[string]bool  // ids of the responses it stored, under mu
 }
 
 // New starts an Engine on 127.0.0.1 and returns it; Close stops it.
@@ -267,8 +268,67 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.serveAux(w, r, body)
+	case "/v1/responses":
+		e.serveResponses(w, body)
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// serveResponses answers POST /v1/responses as vLLM's Responses API does
+// with store=true: each response gets an id ("resp_" then the engine's
+// name and a count) that this engine alone remembers, and a request
+// continuing one (previous_response_id) this engine does not hold gets
+// 404. The answer echoes the input; "stream": true streams it as
+// response.created, response.output_text.delta and response.completed
+// events.
+func (e *Engine) serveResponses(w http.ResponseWriter, body []byte) {
+	e.requests.Add(1)
+	w.Header().Set("X-Engine", e.opts.Name)
+	var req struct {
+		Model    string          `json:"model"`
+		Input    json.RawMessage `json:"input"`
+		Previous string          `json:"previous_response_id"`
+		Stream   bool            `json:"stream"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": err.Error(), "type": "invalid_request_error"}})
+		return
+	}
+	e.mu.Lock()
+	if e.responses == nil {
+		e.responses = map[string]bool{}
+	}
+	if req.Previous != "" && !e.responses[req.Previous] {
+		e.mu.Unlock()
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
+			"message": "Response with id '" + req.Previous + "' not found.", "type": "invalid_request_error", "param": "previous_response_id"}})
+		return
+	}
+	id := fmt.Sprintf("resp_%s_%d", e.opts.Name, len(e.responses)+1)
+	e.responses[id] = true
+	e.mu.Unlock()
+	text := "echo: " + string(req.Input)
+	resp := map[string]any{"id": id, "object": "response", "model": req.Model, "status": "completed",
+		"previous_response_id": req.Previous,
+		"output": []any{map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": text}}}},
+		"usage":  map[string]any{"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+	if !req.Stream {
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	for _, ev := range []map[string]any{
+		{"type": "response.created", "response": map[string]any{"id": id, "object": "response", "model": req.Model, "status": "in_progress"}},
+		{"type": "response.output_text.delta", "delta": text},
+		{"type": "response.completed", "response": resp},
+	} {
+		b, _ := json.Marshal(ev)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev["type"], b)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 	}
 }
 
