@@ -311,8 +311,8 @@ func (e *Engine) serveResponses(w http.ResponseWriter, body []byte) {
 	text := "echo: " + string(req.Input)
 	resp := map[string]any{"id": id, "object": "response", "model": req.Model, "status": "completed",
 		"previous_response_id": req.Previous,
-		"output": []any{map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": text}}}},
-		"usage":  map[string]any{"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+		"output":               []any{map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": text}}}},
+		"usage":                map[string]any{"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
 	if !req.Stream {
 		writeJSON(w, http.StatusOK, resp)
 		return
