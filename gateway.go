@@ -375,7 +375,7 @@ func (g *Gateway) route(key Key, allow func(name string) bool, adapter string) (
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	share := g.demand.observe(mk, maxMatched)
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq}
 	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if pick < 0 || pick >= len(cands) {

@@ -141,6 +141,9 @@ const (
 	defaultDecodeWeight = 4
 	defaultAdapterLoad  = 16
 	defaultAdapterWait  = 1024
+	// freeCacheCredit is what a block of prefill costs less where it
+	// lands in free cache space, evicting nothing (see CacheAware).
+	freeCacheCredit = 0.5
 )
 
 var _ Policy = (*CacheAware)(nil)
@@ -194,7 +197,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
-	best, bestCost := -1, math.Inf(1)
+	best, bestCost, ties := -1, math.Inf(1), 0
 	for i := range cands {
 		c := &cands[i]
 		if float64(c.InFlight+1) > bound {
@@ -211,11 +214,33 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if req.Adapter != "" {
 			cost += lp.cost(c)
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
-			best, bestCost = i, cost
+		if evict := n - m - max(c.CacheBlocks-c.AssignedPrefill, 0); evict > 0 {
+			cost += freeCacheCredit * float64(evict)
+		}
+		switch {
+		case best < 0 || cost < bestCost:
+			best, bestCost, ties = i, cost, 1
+		case cost > bestCost:
+		case better(c, &cands[best], shared > 0, req.MaxMatched == 0):
+			best, ties = i, 1
+		case !better(&cands[best], c, shared > 0, req.MaxMatched == 0):
+			// A full tie: keep each of the k tied so far with
+			// probability 1/k, drawn from req.Tie.
+			ties++
+			if mix64(req.Tie, uint64(ties))%uint64(ties) == 0 {
+				best = i
+			}
 		}
 	}
 	return best
+}
+
+// mix64 hashes two words with SplitMix64's finaliser.
+func mix64(a, b uint64) uint64 {
+	z := a + 0x9e3779b97f4a7c15*(b+1)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // better reports whether a beats b at equal cost. When
