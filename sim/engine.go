@@ -41,6 +41,7 @@ type seq struct {
 	gw        *router // the gateway that routed it
 	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
 	skipped   int64   // when it first waited for an adapter slot, -1 never
+	quiet     bool    // the client does not stream: d hears nothing at the first token
 }
 
 type replica struct {
@@ -295,6 +296,7 @@ func (e *engine) arrive(req *Request) {
 		return
 	}
 	s.d = d
+	s.quiet = e.nonStreamed(s.id)
 	r.requests++
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
@@ -315,6 +317,20 @@ func (e *engine) arrive(req *Request) {
 			e.truncate(int(ri))
 		}
 	}
+}
+
+// nonStreamed reports whether request id's client does not stream
+// (Config.NonStreamed): a draw from the seed and id alone, so that every
+// policy's run has the same clients stream.
+func (e *engine) nonStreamed(id uint64) bool {
+	f := e.cfg.NonStreamed
+	switch {
+	case f <= 0:
+		return false
+	case f >= 1:
+		return true
+	}
+	return float64(mix64(e.cfg.Seed^0xbb67ae8584caa73b, id)>>11)/(1<<53) < f
 }
 
 // macro returns the time in ns of the first k steps of r's decode run.
@@ -477,7 +493,9 @@ func (e *engine) commitComputed(r *replica, s *seq) {
 
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
-	s.d.FirstToken()
+	if !s.quiet {
+		s.d.FirstToken()
+	}
 	if t := s.gw.tracker; t != nil {
 		t.FirstToken(s.id)
 	}

@@ -32,6 +32,9 @@ type Report struct {
 	// SharePending is Config.SharePending when more than one gateway
 	// shared the traffic; false, and left out of the JSON, otherwise.
 	SharePending bool `json:"share_pending,omitempty"`
+	// NonStreamed is Config.NonStreamed, the share of clients that do not
+	// stream; 0, and left out of the JSON, when all stream.
+	NonStreamed float64 `json:"non_streamed,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -222,6 +225,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if r.SharePending {
 			gws += ", sharing their pending prefill"
 		}
+	}
+	if r.NonStreamed > 0 {
+		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway hears the others' first token at completion)", 100*(1-r.NonStreamed))
 	}
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
