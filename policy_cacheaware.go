@@ -163,8 +163,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
+	// common is the prefix every candidate sent work holds.
+	common := math.MaxInt
 	var lp adapterPrice
 	for i := range cands {
+		if cands[i].AssignedPrefill > 0 {
+			common = min(common, cands[i].Matched)
+		}
 		if req.Adapter != "" {
 			lp.count(&cands[i])
 		}
@@ -197,6 +202,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
+	// A replicated prefix no longer than the rest of the request warms a
+	// replica never sent work before one already holding it.
+	warm := 2*req.MaxMatched <= n
 	best, bestCost, ties := -1, math.Inf(1), 0
 	for i := range cands {
 		c := &cands[i]
@@ -204,6 +212,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			continue
 		}
 		m := max(c.Matched, shared)
+		if c.AssignedPrefill == 0 && common != math.MaxInt && 2*common <= n {
+			m = max(m, common)
+		}
 		if req.Adapter != "" && lp.replicates(c) {
 			m = max(m, req.MaxMatched)
 		}
@@ -221,18 +232,25 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		case best < 0 || cost < bestCost:
 			best, bestCost, ties = i, cost, 1
 		case cost > bestCost:
-		case better(c, &cands[best], shared > 0, req.MaxMatched == 0):
+		case better(c, &cands[best], shared > 0, warm, req.MaxMatched == 0):
 			best, ties = i, 1
-		case !better(&cands[best], c, shared > 0, req.MaxMatched == 0):
+		case !better(&cands[best], c, shared > 0, warm, req.MaxMatched == 0):
 			// A full tie: keep each of the k tied so far with
 			// probability 1/k, drawn from req.Tie.
 			ties++
-			if mix64(req.Tie, uint64(ties))%uint64(ties) == 0 {
+			if drawTie(req.Tie, ties) {
 				best = i
 			}
 		}
 	}
 	return best
+}
+
+// drawTie reports whether the k-th of candidates tied in every respect
+// replaces the one kept so far: with probability 1/k, drawn from tie (a
+// Request.Tie), so that each of them is chosen alike.
+func drawTie(tie uint64, k int) bool {
+	return mix64(tie, uint64(k))%uint64(k) == 0
 }
 
 // mix64 hashes two words with SplitMix64's finaliser.
@@ -249,14 +267,22 @@ func mix64(a, b uint64) uint64 {
 // more of the prefix (replication is for load, not for its own sake). Then
 // less prefill work sent so far, then the replica chosen least recently;
 // the earlier candidate stays on a full tie.
-func better(a, b *Candidate, replicating, noMatch bool) bool {
+func better(a, b *Candidate, replicating, spread, noMatch bool) bool {
 	if replicating || noMatch {
 		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
 			return oa < ob
 		}
 	}
-	if replicating && a.Matched != b.Matched {
-		return a.Matched > b.Matched
+	if replicating {
+		if spread {
+			// A replica never sent work evicts nothing for the copy.
+			if fa, fb := a.AssignedPrefill == 0, b.AssignedPrefill == 0; fa != fb {
+				return fa
+			}
+		}
+		if a.Matched != b.Matched {
+			return a.Matched > b.Matched
+		}
 	}
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill

@@ -30,8 +30,12 @@ func TestManyReplicasTrace(t *testing.T) {
 		t.Skip("full trace at 32 and 64 replicas")
 	}
 	w := mooncake(t)
+	ls, err := LowSharing(LowSharingConfig{Requests: 1000, Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ca, _ := PolicyByName("cache_aware")
-	for _, wl := range []Workload{w, sharedFirst{w}} {
+	for _, wl := range []Workload{w, sharedFirst{w}, sharedFirst{ls}} {
 		for _, n := range []int{32, 64} {
 			rep, err := Run(Config{Workload: wl, Replicas: n, Seed: 1, Policies: []Policy{ca}})
 			if err != nil {
