@@ -45,3 +45,22 @@ func TestManyReplicasTrace(t *testing.T) {
 		}
 	}
 }
+
+// TestCHWBLTrace logs CHWBL's figures on the shared trace, as recorded and
+// with one block shared by every request, at 8 replicas: keyed on the
+// user message the trace decoder infers (go test ./sim -run
+// TestCHWBLTrace -v). Skipped with -short or without the trace.
+func TestCHWBLTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("full trace")
+	}
+	w := mooncake(t)
+	ch, _ := PolicyByName("chwbl")
+	for _, wl := range []Workload{w, sharedFirst{w}} {
+		rep, err := Run(Config{Workload: wl, Replicas: 8, Seed: 1, Policies: []Policy{ch}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", wl.Name(), manyStats(rep, "chwbl"))
+	}
+}

@@ -19,8 +19,8 @@ func (s sharedFirst) Open(seed uint64) (Stream, error) {
 
 type sharedFirstStream struct {
 	Stream
-	bt  int
-	buf []uint64
+	bt         int
+	inner, buf []uint64 // the inner stream's blocks, and the request's
 }
 
 // sharedBlock is the id of the common block; ids of w are chained before
@@ -28,10 +28,12 @@ type sharedFirstStream struct {
 const sharedBlock = 1<<63 + 12345
 
 func (s *sharedFirstStream) Next(r *Request) error {
+	r.Blocks = s.inner // the inner stream reuses its own slice, never ours
 	if err := s.Stream.Next(r); err != nil {
 		return err
 	}
-	s.buf = append(append(s.buf[:0], sharedBlock), r.Blocks...)
+	s.inner = r.Blocks
+	s.buf = append(append(s.buf[:0], sharedBlock), s.inner...)
 	r.Blocks = s.buf
 	r.InputTokens += s.bt
 	r.UserBlock++
