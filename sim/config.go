@@ -61,6 +61,10 @@ type Config struct {
 	// the other peers do not use it). 0, the default, has every client
 	// stream.
 	NonStreamed float64
+	// Admission, when set, sheds requests the gateway's own policies (those
+	// without Policy.Source) would route while no replica has room (see
+	// Admission); peers run without it. The zero value sheds nothing.
+	Admission Admission
 	// MaxQueue, when positive, caps each replica's waiting queue; requests
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
@@ -164,6 +168,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
+	}
+	if err := c.Admission.validate(); err != nil {
+		return err
 	}
 	if err := c.Preset.validate(); err != nil {
 		return err

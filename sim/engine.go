@@ -96,6 +96,7 @@ type engine struct {
 
 	inflight int
 	stored   gateway.Key // scratch: the answer blocks release cached
+	admit    bool        // Config.Admission applies to this policy
 
 	res      Result
 	ttft     hist
@@ -155,6 +156,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		gw.g = g
 	}
 	e.res.Policy = pol.Name
+	e.admit = cfg.Admission.enabled() && pol.Source == ""
 	return e, nil
 }
 
@@ -268,6 +270,12 @@ func (e *engine) arrive(req *Request) {
 	}
 	gw := &e.gws[gatewayOf(e.cfg.Seed, s.id, len(e.gws))]
 	s.gw = gw
+	if e.admit && e.saturated(gw) {
+		e.res.Dropped++
+		e.res.Shed++
+		e.pool = append(e.pool, s)
+		return
+	}
 	if gw.tracker != nil {
 		gw.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
@@ -307,6 +315,7 @@ func (e *engine) arrive(req *Request) {
 	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
+	e.res.PeakQueue = max(e.res.PeakQueue, r.waiting.len())
 	r.lora.queued(s)
 	switch {
 	case !r.busy:
@@ -579,6 +588,7 @@ func (e *engine) result() Result {
 		res.Duration = float64(e.last-e.first) / 1e9
 		res.Throughput = float64(e.outTok) / res.Duration
 		res.RequestRate = float64(res.Completed) / res.Duration
+		res.Goodput = float64(e.sloMet) / res.Duration
 	}
 	for _, r := range e.reps {
 		res.PrefillTokens = append(res.PrefillTokens, r.prefillTokens)
