@@ -56,13 +56,30 @@ import "math"
 // observation: a prefix shared by a fraction f of the traffic wants about
 // f of the replicas).
 //
+// The cost is also blind to the cache a request fills: its uncached
+// blocks evict others' prefixes where the cache is full, and nothing where
+// it has room. So each uncached block beyond a replica's free space
+// (CacheBlocks − AssignedPrefill, the prefill sent there so far being what
+// it has cached) costs freeCacheCredit (0.5) more: a replica with room
+// wins over a full one holding a block or two more of the prompt. With 32
+// replicas and every request of the Mooncake trace behind one shared
+// block, 16 replicas were left without a request, and token hit fell to
+// 78% of the pooled bound (docs/results.md).
+//
+// A replica the gateway has never sent work (AssignedPrefill 0) matches
+// nothing in its index, though it would hold a shared system prompt after
+// one request; it is priced as holding the prefix every replica already
+// sent work holds, when that prefix is no longer than the rest of the
+// request, and when replicating such a prefix it warms up before a holder
+// (at equal load): new or added replicas take their share at once.
+//
 // Exact ties, common when idle replicas hold nothing of a new prompt, go
 // to the replica with fewer requests outstanding if no replica holds any
 // of the prompt, then to the one that has been sent the least prefill work
 // (AssignedPrefill), then to the one the gateway chose least recently
-// (Candidate.LastPicked), then to the earlier candidate: decisions are
-// deterministic, misses spread evenly, and equal replicas take turns in
-// rotation rather than in the order they were listed.
+// (Candidate.LastPicked), then to one drawn from Request.Tie: decisions
+// are deterministic for a sequence of routes, misses spread evenly, and
+// equal replicas take turns, never in the order they were listed.
 //
 // A request for a LoRA adapter (Request.Adapter) also pays for the
 // adapter where it is not already in the running batch (Candidate.LoRA,
@@ -263,10 +280,11 @@ func mix64(a, b uint64) uint64 {
 
 // better reports whether a beats b at equal cost. When
 // replicating, or when no replica holds any of the key, the replica with
-// fewer requests outstanding wins; when replicating, then one that holds
-// more of the prefix (replication is for load, not for its own sake). Then
-// less prefill work sent so far, then the replica chosen least recently;
-// the earlier candidate stays on a full tie.
+// fewer requests outstanding wins; when replicating, then (with spread) a
+// replica never sent work, then one that holds more of the prefix
+// (replication is for load, not for its own sake). Then less prefill work
+// sent so far, then the replica chosen least recently; a full tie is drawn
+// by the caller.
 func better(a, b *Candidate, replicating, spread, noMatch bool) bool {
 	if replicating || noMatch {
 		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
