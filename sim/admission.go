@@ -19,14 +19,14 @@ import "fmt"
 // admission (GIE's flow control, Dynamo's busy thresholds) is not
 // modelled.
 type Admission struct {
-	// QueueDepth: a replica with this many requests waiting or more has
-	// no room; 0 does not check.
+	// QueueDepth is the waiting requests at which a replica has no room;
+	// 0 does not check.
 	QueueDepth int
-	// KVUtilization: a replica whose KV cache is this full (0..1) or more
-	// has no room; 0 does not check.
+	// KVUtilization is the KV-cache fill (0..1) at which a replica has no
+	// room; 0 does not check.
 	KVUtilization float64
-	// Outstanding: a replica with this many requests outstanding or more
-	// has no room; 0 does not check.
+	// Outstanding is the requests outstanding at which a replica has no
+	// room; 0 does not check.
 	Outstanding int
 }
 
