@@ -54,6 +54,12 @@ type Request struct {
 	// Adapter is the LoRA adapter the request targets (Target.Adapter); ""
 	// is the base model.
 	Adapter string
+	// Tie is a value that changes from one Route to the next, for the
+	// policy to break exact ties with (CacheAware hashes it), so that
+	// equal candidates are chosen without regard to their order. The
+	// Gateway sets it to the number of requests it routed before this
+	// one: deterministic for a given sequence of calls.
+	Tie uint64
 }
 
 // Candidate is one eligible replica as a Policy sees it.

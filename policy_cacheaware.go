@@ -56,13 +56,30 @@ import "math"
 // observation: a prefix shared by a fraction f of the traffic wants about
 // f of the replicas).
 //
+// The cost is also blind to the cache a request fills: its uncached
+// blocks evict others' prefixes where the cache is full, and nothing where
+// it has room. So each uncached block beyond a replica's free space
+// (CacheBlocks − AssignedPrefill, the prefill sent there so far being what
+// it has cached) costs freeCacheCredit (0.5) more: a replica with room
+// wins over a full one holding a block or two more of the prompt. With 32
+// replicas and every request of the Mooncake trace behind one shared
+// block, 16 replicas were left without a request, and token hit fell to
+// 78% of the pooled bound (docs/results.md).
+//
+// A replica the gateway has never sent work (AssignedPrefill 0) matches
+// nothing in its index, though it would hold a shared system prompt after
+// one request; it is priced as holding the prefix every replica already
+// sent work holds, when that prefix is no longer than the rest of the
+// request, and when replicating such a prefix it warms up before a holder
+// (at equal load): new or added replicas take their share at once.
+//
 // Exact ties, common when idle replicas hold nothing of a new prompt, go
 // to the replica with fewer requests outstanding if no replica holds any
 // of the prompt, then to the one that has been sent the least prefill work
 // (AssignedPrefill), then to the one the gateway chose least recently
-// (Candidate.LastPicked), then to the earlier candidate: decisions are
-// deterministic, misses spread evenly, and equal replicas take turns in
-// rotation rather than in the order they were listed.
+// (Candidate.LastPicked), then to one drawn from Request.Tie: decisions
+// are deterministic for a sequence of routes, misses spread evenly, and
+// equal replicas take turns, never in the order they were listed.
 //
 // A request for a LoRA adapter (Request.Adapter) also pays for the
 // adapter where it is not already in the running batch (Candidate.LoRA,
@@ -141,6 +158,9 @@ const (
 	defaultDecodeWeight = 4
 	defaultAdapterLoad  = 16
 	defaultAdapterWait  = 1024
+	// freeCacheCredit is what a block of prefill costs less where it
+	// lands in free cache space, evicting nothing (see CacheAware).
+	freeCacheCredit = 0.5
 )
 
 var _ Policy = (*CacheAware)(nil)
@@ -160,8 +180,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		dw = 0
 	}
 	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
+	// common is the prefix every candidate sent work holds.
+	common := math.MaxInt
 	var lp adapterPrice
 	for i := range cands {
+		if cands[i].AssignedPrefill > 0 {
+			common = min(common, cands[i].Matched)
+		}
 		if req.Adapter != "" {
 			lp.count(&cands[i])
 		}
@@ -194,13 +219,19 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
-	best, bestCost := -1, math.Inf(1)
+	// A replicated prefix no longer than the rest of the request warms a
+	// replica never sent work before one already holding it.
+	warm := 2*req.MaxMatched <= n
+	best, bestCost, ties := -1, math.Inf(1), 0
 	for i := range cands {
 		c := &cands[i]
 		if float64(c.InFlight+1) > bound {
 			continue
 		}
 		m := max(c.Matched, shared)
+		if c.AssignedPrefill == 0 && common != math.MaxInt && 2*common <= n {
+			m = max(m, common)
+		}
 		if req.Adapter != "" && lp.replicates(c) {
 			m = max(m, req.MaxMatched)
 		}
@@ -211,27 +242,65 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if req.Adapter != "" {
 			cost += lp.cost(c)
 		}
-		if best < 0 || cost < bestCost || (cost == bestCost && better(c, &cands[best], shared > 0, req.MaxMatched == 0)) {
-			best, bestCost = i, cost
+		if evict := n - m - max(c.CacheBlocks-c.AssignedPrefill, 0); evict > 0 {
+			cost += freeCacheCredit * float64(evict)
+		}
+		switch {
+		case best < 0 || cost < bestCost:
+			best, bestCost, ties = i, cost, 1
+		case cost > bestCost:
+		case better(c, &cands[best], shared > 0, warm, req.MaxMatched == 0):
+			best, ties = i, 1
+		case !better(&cands[best], c, shared > 0, warm, req.MaxMatched == 0):
+			// A full tie: keep each of the k tied so far with
+			// probability 1/k, drawn from req.Tie.
+			ties++
+			if drawTie(req.Tie, ties) {
+				best = i
+			}
 		}
 	}
 	return best
 }
 
+// drawTie reports whether the k-th of candidates tied in every respect
+// replaces the one kept so far: with probability 1/k, drawn from tie (a
+// Request.Tie), so that each of them is chosen alike.
+func drawTie(tie uint64, k int) bool {
+	return mix64(tie, uint64(k))%uint64(k) == 0
+}
+
+// mix64 hashes two words with SplitMix64's finaliser.
+func mix64(a, b uint64) uint64 {
+	z := a + 0x9e3779b97f4a7c15*(b+1)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
 // better reports whether a beats b at equal cost. When
 // replicating, or when no replica holds any of the key, the replica with
-// fewer requests outstanding wins; when replicating, then one that holds
-// more of the prefix (replication is for load, not for its own sake). Then
-// less prefill work sent so far, then the replica chosen least recently;
-// the earlier candidate stays on a full tie.
-func better(a, b *Candidate, replicating, noMatch bool) bool {
+// fewer requests outstanding wins; when replicating, then (with spread) a
+// replica never sent work, then one that holds more of the prefix
+// (replication is for load, not for its own sake). Then less prefill work
+// sent so far, then the replica chosen least recently; a full tie is drawn
+// by the caller.
+func better(a, b *Candidate, replicating, spread, noMatch bool) bool {
 	if replicating || noMatch {
 		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
 			return oa < ob
 		}
 	}
-	if replicating && a.Matched != b.Matched {
-		return a.Matched > b.Matched
+	if replicating {
+		if spread {
+			// A replica never sent work evicts nothing for the copy.
+			if fa, fb := a.AssignedPrefill == 0, b.AssignedPrefill == 0; fa != fb {
+				return fa
+			}
+		}
+		if a.Matched != b.Matched {
+			return a.Matched > b.Matched
+		}
 	}
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill

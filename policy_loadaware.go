@@ -58,13 +58,14 @@ type LoadAware struct {
 var _ Policy = (*LoadAware)(nil)
 
 // Pick returns the least loaded candidate.
-func (p *LoadAware) Pick(_ *Request, cands []Candidate) int {
-	return leastLoaded(cands, p.Weights)
+func (p *LoadAware) Pick(req *Request, cands []Candidate) int {
+	return leastLoaded(cands, p.Weights, req.Tie)
 }
 
 // lessLoadedTie breaks a load-score tie: less prefill work sent so far,
-// then fewer in flight; the earlier candidate only when both are equal, so
-// that idle replicas share the work instead of the first taking it all.
+// then fewer in flight; when both are equal, one drawn from Request.Tie
+// (see leastLoaded), so that idle replicas share the work instead of the
+// first taking it all.
 func lessLoadedTie(a, b *Candidate) bool {
 	if a.AssignedPrefill != b.AssignedPrefill {
 		return a.AssignedPrefill < b.AssignedPrefill
@@ -72,8 +73,9 @@ func lessLoadedTie(a, b *Candidate) bool {
 	return a.InFlight < b.InFlight
 }
 
-// leastLoaded returns the index of the candidate with the lowest load score.
-func leastLoaded(cands []Candidate, w LoadWeights) int {
+// leastLoaded returns the index of the candidate with the lowest load
+// score; of candidates tied in every respect, one drawn from tie.
+func leastLoaded(cands []Candidate, w LoadWeights, tie uint64) int {
 	if w == (LoadWeights{}) {
 		w = defaultLoadWeights
 	}
@@ -83,7 +85,7 @@ func leastLoaded(cands []Candidate, w LoadWeights) int {
 		pmax = max(pmax, cands[i].PendingPrefill)
 		lmax = max(lmax, int64(cands[i].Load.Latency))
 	}
-	best, bestScore := 0, math.Inf(1)
+	best, bestScore, ties := 0, math.Inf(1), 0
 	for i := range cands {
 		c := &cands[i]
 		s := w.KV * c.Load.KVUtilization
@@ -96,8 +98,17 @@ func leastLoaded(cands []Candidate, w LoadWeights) int {
 		if lmax > 0 {
 			s += w.Latency * float64(c.Load.Latency) / float64(lmax)
 		}
-		if s < bestScore || (s == bestScore && lessLoadedTie(c, &cands[best])) {
-			best, bestScore = i, s
+		switch {
+		case s < bestScore:
+			best, bestScore, ties = i, s, 1
+		case s > bestScore:
+		case lessLoadedTie(c, &cands[best]):
+			best, ties = i, 1
+		case !lessLoadedTie(&cands[best], c):
+			ties++
+			if drawTie(tie, ties) {
+				best = i
+			}
 		}
 	}
 	return best

@@ -432,6 +432,8 @@ var seededPolicies = map[string]func(seed uint64) gateway.Policy{
 	"gie":          func(s uint64) gateway.Policy { return NewGIE(s) },
 	"llmd_precise": func(s uint64) gateway.Policy { return NewLLMDPrecise(s) },
 	"p2c":          func(s uint64) gateway.Policy { return NewP2C(s) },
+	"smg":          func(s uint64) gateway.Policy { return NewSMG(s, false) },
+	"smg_events":   func(s uint64) gateway.Policy { return NewSMG(s, true) },
 }
 
 // TestSameSeedSamePicks: two instances with one seed make the same
@@ -458,7 +460,7 @@ func TestSameSeedSamePicks(t *testing.T) {
 }
 
 func TestPoliciesThroughGateway(t *testing.T) {
-	for _, p := range []gateway.Policy{NewSGLang(1), NewSGLangCLI(1), NewDynamo(1), NewGIE(1), NewLLMDPrecise(1), &CHWBL{}, NewP2C(3), &PrefixAffinity{}} {
+	for _, p := range []gateway.Policy{NewSGLang(1), NewSGLangCLI(1), NewDynamo(1), NewGIE(1), NewLLMDPrecise(1), &CHWBL{}, NewP2C(3), &PrefixAffinity{}, NewSMG(1, false), NewSMG(1, true)} {
 		t.Run(fmt.Sprintf("%T", p), func(t *testing.T) {
 			g, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}, {Name: "c"}}, gateway.WithPolicy(p))
 			require.NoError(t, err)

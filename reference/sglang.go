@@ -87,6 +87,9 @@ type SGLang struct {
 	nextEvict int64
 	predicted int
 	ties      ties
+	// minLoad, when set (SMG), replaces both the imbalance path and the
+	// miss path: the candidate it returns takes the request.
+	minLoad func(cands []gateway.Candidate) int
 }
 
 // SGLang's command-line defaults (sgl-model-gateway src/main.rs).
@@ -207,12 +210,15 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	for i := range cands {
 		mn, mx = min(mn, cands[i].InFlight), max(mx, cands[i].InFlight)
 	}
-	first := p.firstWith(cands, mn)
 	var pick int
 	m, node := p.tree.match(key)
 	switch {
 	case mx-mn > abs && float32(mx) > float32(mn)*float32(rel):
-		pick = first
+		if p.minLoad != nil {
+			pick = p.minLoad(cands)
+			break
+		}
+		pick = p.firstWith(cands, mn)
 	default:
 		matched := min(m*bt, tokens)
 		if m == len(key) {
@@ -224,6 +230,10 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 				pick = i
 				break
 			}
+		}
+		if p.minLoad != nil {
+			pick = p.minLoad(cands)
+			break
 		}
 		pick = p.miss(cands, mn)
 	}

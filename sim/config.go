@@ -49,6 +49,22 @@ type Config struct {
 	// gateway avoids replicas whose smoothed time to first token exceeds
 	// it. Zero disables it.
 	RouterSLO time.Duration
+	// NonStreamed is the share, 0..1, of requests whose client does not
+	// stream its answer. The HTTP gateway learns a request's first token
+	// from the first byte of the response, which for a non-streamed
+	// answer is its completion: for these requests the gateway's Decision
+	// is told nothing at the first token, and Done, at completion, frees
+	// the pending prefill. Which requests they are is drawn from Seed and
+	// the request's number, the same for every policy. Reference policies
+	// keep their own signals (a Tracker is told of every first token:
+	// Dynamo's frontend streams from the engine whatever the client asked;
+	// the other peers do not use it). 0, the default, has every client
+	// stream.
+	NonStreamed float64
+	// Admission, when set, sheds requests the gateway's own policies (those
+	// without Policy.Source) would route while no replica has room (see
+	// Admission); peers run without it. The zero value sheds nothing.
+	Admission Admission
 	// MaxQueue, when positive, caps each replica's waiting queue; requests
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
@@ -138,6 +154,8 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: SLO %v is negative", ErrInvalidConfig, c.SLO)
 	case c.RouterSLO < 0:
 		return fmt.Errorf("%w: RouterSLO %v is negative", ErrInvalidConfig, c.RouterSLO)
+	case !(c.NonStreamed >= 0 && c.NonStreamed <= 1):
+		return fmt.Errorf("%w: NonStreamed %v, want 0..1", ErrInvalidConfig, c.NonStreamed)
 	case c.MaxQueue < 0:
 		return fmt.Errorf("%w: MaxQueue %d is negative", ErrInvalidConfig, c.MaxQueue)
 	case c.Gateways < 0 || c.Gateways > MaxGateways:
@@ -150,6 +168,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
+	}
+	if err := c.Admission.validate(); err != nil {
+		return err
 	}
 	if err := c.Preset.validate(); err != nil {
 		return err

@@ -42,6 +42,7 @@ type seq struct {
 	gw        *router // the gateway that routed it
 	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
 	skipped   int64   // when it first waited for an adapter slot, -1 never
+	quiet     bool    // the client does not stream: d hears nothing at the first token
 }
 
 type replica struct {
@@ -96,6 +97,7 @@ type engine struct {
 
 	inflight int
 	stored   gateway.Key // scratch: the answer blocks release cached
+	admit    bool        // Config.Admission applies to this policy
 
 	res      Result
 	ttft     hist
@@ -155,6 +157,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		gw.g = g
 	}
 	e.res.Policy = pol.Name
+	e.admit = cfg.Admission.enabled() && pol.Source == ""
 	return e, nil
 }
 
@@ -268,6 +271,12 @@ func (e *engine) arrive(req *Request) {
 	}
 	gw := &e.gws[gatewayOf(e.cfg.Seed, s.id, len(e.gws))]
 	s.gw = gw
+	if e.admit && e.saturated(gw) {
+		e.res.Dropped++
+		e.res.Shed++
+		e.pool = append(e.pool, s)
+		return
+	}
 	if gw.tracker != nil {
 		gw.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
@@ -296,6 +305,7 @@ func (e *engine) arrive(req *Request) {
 		return
 	}
 	s.d = d
+	s.quiet = e.nonStreamed(s.id)
 	r.requests++
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
@@ -306,6 +316,7 @@ func (e *engine) arrive(req *Request) {
 	e.routerTk += int64(min(predicted*e.bt, s.in-1))
 	e.inflight++
 	r.waiting.push(s)
+	e.res.PeakQueue = max(e.res.PeakQueue, r.waiting.len())
 	r.lora.queued(s)
 	switch {
 	case !r.busy:
@@ -316,6 +327,20 @@ func (e *engine) arrive(req *Request) {
 			e.truncate(int(ri))
 		}
 	}
+}
+
+// nonStreamed reports whether request id's client does not stream
+// (Config.NonStreamed): a draw from the seed and id alone, so that every
+// policy's run has the same clients stream.
+func (e *engine) nonStreamed(id uint64) bool {
+	f := e.cfg.NonStreamed
+	switch {
+	case f <= 0:
+		return false
+	case f >= 1:
+		return true
+	}
+	return float64(mix64(e.cfg.Seed^0xbb67ae8584caa73b, id)>>11)/(1<<53) < f
 }
 
 // macro returns the time in ns of the first k steps of r's decode run.
@@ -478,7 +503,9 @@ func (e *engine) commitComputed(r *replica, s *seq) {
 
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
-	s.d.FirstToken()
+	if !s.quiet {
+		s.d.FirstToken()
+	}
 	if t := s.gw.tracker; t != nil {
 		t.FirstToken(s.id)
 	}
@@ -562,6 +589,7 @@ func (e *engine) result() Result {
 		res.Duration = float64(e.last-e.first) / 1e9
 		res.Throughput = float64(e.outTok) / res.Duration
 		res.RequestRate = float64(res.Completed) / res.Duration
+		res.Goodput = float64(e.sloMet) / res.Duration
 	}
 	for _, r := range e.reps {
 		res.PrefillTokens = append(res.PrefillTokens, r.prefillTokens)

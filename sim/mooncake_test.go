@@ -11,7 +11,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const mooncakePath = "../../shared/traces/mooncake_synthetic_trace.jsonl"
+// mooncakePath is the shared trace: ../shared/traces relative to the
+// project root, as the project's checkout or a worktree beside it sees it.
+var mooncakePath = func() string {
+	for _, p := range []string{"../../shared/traces/mooncake_synthetic_trace.jsonl", "../../../shared/traces/mooncake_synthetic_trace.jsonl"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "../../shared/traces/mooncake_synthetic_trace.jsonl"
+}()
 
 func mooncake(t testing.TB) Workload {
 	t.Helper()

@@ -45,7 +45,8 @@ type Policy struct {
 // gateway's round_robin, load_aware and cache_aware modes, then the routers
 // of the field as package reference reproduces them: sglang (current),
 // sglang_cli (its command-line defaults), sglang_treesize (its miss path
-// before December 2025), dynamo, gie, llmd_precise, chwbl, p2c and
+// before December 2025), smg and smg_events (its successor, SMG, over HTTP
+// and with KV events), dynamo, gie, llmd_precise, chwbl, p2c and
 // prefix_affinity.
 func DefaultPolicies() []Policy {
 	return []Policy{
@@ -65,6 +66,12 @@ func DefaultPolicies() []Policy {
 				p.Miss = reference.MissSmallestTree
 				return p
 			}},
+		{Name: "smg", Source: "Shepherd Model Gateway (SGLang router's successor) cache_aware, HTTP mode, 73da68ca (Aug 2026), CLI defaults",
+			Adapters: "none: prompt text only, one tree per worker model",
+			New:      func(seed uint64) gateway.Policy { return reference.NewSMG(seed, false) }},
+		{Name: "smg_events", Exact: true, Source: "the same, gRPC workers with KV events (event-driven overlap)",
+			Adapters: "salted keys (engine events); no slots",
+			New:      func(seed uint64) gateway.Policy { return reference.NewSMG(seed, true) }},
 		{Name: "dynamo", Exact: true, Source: "NVIDIA Dynamo KV router 1.0–1.1 (scheduler.rs db19bd2a), KV events",
 			Adapters: "salted keys (engine events); no slots",
 			New:      func(seed uint64) gateway.Policy { return reference.NewDynamo(seed) }},

@@ -32,6 +32,9 @@ type Report struct {
 	// SharePending is Config.SharePending when more than one gateway
 	// shared the traffic; false, and left out of the JSON, otherwise.
 	SharePending bool `json:"share_pending,omitempty"`
+	// NonStreamed is Config.NonStreamed, the share of clients that do not
+	// stream; 0, and left out of the JSON, when all stream.
+	NonStreamed float64 `json:"non_streamed,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -74,9 +77,18 @@ type Result struct {
 	Requests int `json:"requests"`
 	// Completed is the number of requests that produced their last token.
 	Completed int `json:"completed"`
-	// Dropped is the number of requests shed because the replica they were
-	// routed to had Config.MaxQueue requests waiting; 0 when MaxQueue is 0.
+	// Dropped is the number of requests shed: by Config.Admission (Shed),
+	// or because the replica they were routed to had Config.MaxQueue
+	// requests waiting.
 	Dropped int `json:"dropped"`
+	// Shed is the number of the Dropped requests that Config.Admission
+	// shed before routing.
+	Shed int `json:"shed"`
+	// Goodput is the requests whose first token came within Config.SLO,
+	// per second of Duration: the work done in time.
+	Goodput float64 `json:"goodput"`
+	// PeakQueue is the most requests ever waiting at one replica.
+	PeakQueue int `json:"peak_queue"`
 	// Failed is the number of requests with an empty prompt, too large for
 	// one replica's KV cache (prompt plus answer), or that the gateway
 	// could not route.
@@ -223,20 +235,23 @@ func (r *Report) WriteTable(w io.Writer) error {
 			gws += ", sharing their pending prefill"
 		}
 	}
+	if r.NonStreamed > 0 {
+		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway hears the others' first token at completion)", 100*(1-r.NonStreamed))
+	}
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\t×ideal\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\treq share\tprefill share\tSLO\tdone\tdrop\tfail\t")
+	fmt.Fprintln(tw, "policy\ttok hit\treq hit\tindex says\tTTFT mean\t×ideal\tp50\tp90\tp99\tE2E mean\tp99\ttok/s\timbal\treq share\tprefill share\tSLO\tgood/s\tdone\tdrop\tfail\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.2f–%.2f\t%.2f–%.2f\t%s\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.2f–%.2f\t%.2f–%.2f\t%s\t%.1f\t%d\t%d\t%d\t\n",
 			x.Policy, pct(x.TokenHitRate), pct(x.RequestHitRate), pct(x.RouterTokenHitRate), sec(x.TTFT.Mean), x.IdealRatio, sec(x.TTFT.P50), sec(x.TTFT.P90), sec(x.TTFT.P99),
 			sec(x.E2E.Mean), sec(x.E2E.P99), x.Throughput, x.Imbalance, x.Share.RequestsMin, x.Share.RequestsMax, x.Share.PrefillMin, x.Share.PrefillMax,
-			pct(x.SLOAttainment), x.Completed, x.Dropped, x.Failed)
+			pct(x.SLOAttainment), x.Goodput, x.Completed, x.Dropped, x.Failed)
 	}
-	fmt.Fprintf(tw, "ideal (pooled cache, no queue)\t%s\t%s\t\t%s\t1.00\t%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\n",
+	fmt.Fprintf(tw, "ideal (pooled cache, no queue)\t%s\t%s\t\t%s\t1.00\t%s\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\n",
 		pct(r.PooledLRU.TokenHitRate), pct(r.PooledLRU.RequestHitRate), sec(r.Ideal.Mean), sec(r.Ideal.P50), sec(r.Ideal.P90), sec(r.Ideal.P99))
 	for _, bd := range []Bound{r.PooledLRU, r.Unbounded} {
-		fmt.Fprintf(tw, "%s (bound)\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", bd.Name, pct(bd.TokenHitRate), pct(bd.RequestHitRate))
+		fmt.Fprintf(tw, "%s (bound)\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", bd.Name, pct(bd.TokenHitRate), pct(bd.RequestHitRate))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -27,6 +27,7 @@ func Run(cfg Config) (*Report, error) {
 		Index:           indexName(cfg.Index),
 		Gateways:        gatewaysField(cfg.Gateways),
 		SharePending:    cfg.SharePending && cfg.Gateways > 1,
+		NonStreamed:     cfg.NonStreamed,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -112,6 +113,8 @@ func targetCases(t *testing.T) []targetCase {
 //
 //	EXA_TARGETS=1 go test ./sim -run TestIssue9Targets -v -timeout 1h
 //
+// and with EXA_STREAMED=0 with no client streaming (see Config.NonStreamed).
+//
 // It reports; it does not fail on a missed target (the README states
 // them), only on a broken run.
 func TestIssue9Targets(t *testing.T) {
@@ -121,10 +124,18 @@ func TestIssue9Targets(t *testing.T) {
 	old := checkInvariants
 	checkInvariants = false
 	defer func() { checkInvariants = old }()
+	// EXA_STREAMED, a share 0..1, runs with that share of clients
+	// streaming (exa simulate --streamed); unset, all stream.
+	nonStreamed := 0.0
+	if v := os.Getenv("EXA_STREAMED"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		require.NoError(t, err)
+		nonStreamed = 1 - f
+	}
 	var summary, compact strings.Builder
 	total := 0
 	for _, c := range targetCases(t) {
-		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1})
+		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1, NonStreamed: nonStreamed})
 		require.NoError(t, err)
 		var b strings.Builder
 		require.NoError(t, rep.WriteTable(&b))

@@ -33,12 +33,15 @@ const maxDurationF = float64(math.MaxInt64)
 // MaxTraceTimestamp), input_length (> 0),
 // output_length (>= 0) and hash_ids (ceil(input_length / block tokens)
 // non-negative ids). Blank lines are skipped; unknown fields are ignored.
+// Request.UserBlock is inferred from the prefixes shared by the requests
+// read so far (see userStart).
 // A TraceDecoder is not safe for concurrent use.
 type TraceDecoder struct {
 	sc   *bufio.Scanner
 	bt   int
 	line int
 	last float64
+	user userStart
 }
 
 // NewTraceDecoder returns a decoder reading r, whose hash ids each stand for
@@ -124,6 +127,7 @@ func (d *TraceDecoder) parse(b []byte, r *Request) error {
 	r.Arrival = time.Duration(ts * float64(time.Millisecond))
 	r.InputTokens, r.OutputTokens = int(in), int(out)
 	r.OutBlocks = r.OutBlocks[:0]
+	r.UserBlock = d.user.block(r.Blocks)
 	return nil
 }
 

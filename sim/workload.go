@@ -30,7 +30,8 @@ type Request struct {
 	// UserBlock is the index in Blocks of the block where the first user
 	// message begins, after the system prompt, for routers that key on it
 	// (KubeAI's CHWBL hashes its first characters); 0 when the prompt has
-	// no system part or its structure is unknown (traces).
+	// no system part. Traces do not say: their decoder infers it from where
+	// the prompts read so far first branch (after a shared system prompt).
 	UserBlock int
 	// Adapter is the LoRA adapter the request names; "" is the base model.
 	// Its blocks are the adapter's own (the engine salts them, as vLLM's

@@ -34,6 +34,10 @@ type simFlags struct {
 	index                string
 	gateways             int
 	sharePending         bool
+	streamed             float64
+	admitQueue           int
+	admitKV              float64
+	admitOutstanding     int
 	refresh              time.Duration
 	asJSON               bool
 	plot                 string
@@ -131,6 +135,10 @@ deterministic for a seed.`,
 	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
 	f.DurationVar(&sf.refresh, "refresh-interval", sim.DefaultRefreshInterval, "how often the engines' load (and, with --share-pending, the gateways' pending prefill) reaches the gateways, as the HTTP gateway's --scrape-interval; 1ms..1m")
 	f.BoolVar(&sf.sharePending, "share-pending", false, "with --gateways 2 or more, the gateways share their pending prefill at every load refresh, as gateways configured with each other as peers do (see docs/multi-gateway.md)")
+	f.Float64Var(&sf.streamed, "streamed", 1, "share of requests whose client streams, 0..1; for the others the gateway learns the first token only at completion, as the HTTP gateway does from a non-streamed answer's first byte (peers keep their own signals)")
+	f.IntVar(&sf.admitQueue, "admission-queue-depth", 0, "admission control for the gateway's own policies (peers run without): shed a request while every replica has this many requests waiting or more (GIE's saturation detector uses 5); 0: off")
+	f.Float64Var(&sf.admitKV, "admission-kv", 0, "admission control: shed while every replica's KV cache is this full or more, 0..1 (GIE: 0.8); 0: off")
+	f.IntVar(&sf.admitOutstanding, "admission-outstanding", 0, "admission control: shed while every replica has this many requests outstanding or more; 0: off")
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
@@ -271,6 +279,19 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --refresh-interval %v: want 1ms..1m", sf.refresh)
 	}
 	cfg.RefreshInterval = sf.refresh
+	if !(sf.streamed >= 0 && sf.streamed <= 1) {
+		return cfg, usagef("invalid --streamed %v: want a share 0..1 of streaming clients", sf.streamed)
+	}
+	cfg.NonStreamed = 1 - sf.streamed
+	switch {
+	case sf.admitQueue < 0:
+		return cfg, usagef("invalid --admission-queue-depth %d: want 0 (off) or more", sf.admitQueue)
+	case !(sf.admitKV >= 0 && sf.admitKV <= 1):
+		return cfg, usagef("invalid --admission-kv %v: want 0..1 (0: off)", sf.admitKV)
+	case sf.admitOutstanding < 0:
+		return cfg, usagef("invalid --admission-outstanding %d: want 0 (off) or more", sf.admitOutstanding)
+	}
+	cfg.Admission = sim.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {

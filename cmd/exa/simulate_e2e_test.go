@@ -153,6 +153,26 @@ func TestSimulateSharePending(t *testing.T) {
 	assert.Equal(t, 0.05, shared.Report.RefreshInterval, "the default")
 }
 
+// --streamed 0 has no client stream: the report says so, and
+// cache_aware, whose pending prefill is then freed at completion, routes
+// differently; --streamed 1, the default, changes nothing.
+func TestSimulateStreamed(t *testing.T) {
+	cfg := newConfig(t)
+	args := []string{"serve", "routing", "simulate", "--workload", "chat", "--requests", "300", "--replicas", "2", "--policies", "cache_aware", "--json"}
+	var plain, all, none simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, args...)), &plain))
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--streamed", "1")...)), &all))
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--streamed", "0")...)), &none))
+	assert.Equal(t, plain.Report.Results, all.Report.Results)
+	assert.Equal(t, 0.0, plain.Report.NonStreamed)
+	assert.Equal(t, 1.0, none.Report.NonStreamed)
+	a, _ := plain.Report.Result("cache_aware")
+	b, _ := none.Report.Result("cache_aware")
+	assert.NotEqual(t, a.TTFT, b.TTFT)
+	assert.Contains(t, ok(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "50", "--replicas", "2", "--streamed", "0.25"),
+		"25% of clients streaming")
+}
+
 func TestSimulateBadInput(t *testing.T) {
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
@@ -186,6 +206,12 @@ func TestSimulateBadInput(t *testing.T) {
 		{"non-numeric gateways", []string{"JPCP", "--gateways", "two"}, `invalid --gateways "two"`},
 		{"zero refresh interval", []string{"JPCP", "--refresh-interval", "0s"}, `invalid --refresh-interval 0s: want 1ms..1m`},
 		{"long refresh interval", []string{"JPCP", "--refresh-interval", "2m"}, `invalid --refresh-interval 2m0s: want 1ms..1m`},
+		{"streamed above 1", []string{"JPCP", "--streamed", "1.5"}, `invalid --streamed 1.5: want a share 0..1 of streaming clients`},
+		{"negative streamed", []string{"JPCP", "--streamed", "-0.1"}, `invalid --streamed -0.1: want a share 0..1 of streaming clients`},
+		{"NaN streamed", []string{"JPCP", "--streamed", "NaN"}, `invalid --streamed NaN: want a share 0..1 of streaming clients`},
+		{"negative admission queue", []string{"JPCP", "--admission-queue-depth", "-1"}, `invalid --admission-queue-depth -1: want 0 (off) or more`},
+		{"admission kv above 1", []string{"JPCP", "--admission-kv", "1.2"}, `invalid --admission-kv 1.2: want 0..1 (0: off)`},
+		{"negative admission outstanding", []string{"JPCP", "--admission-outstanding", "-3"}, `invalid --admission-outstanding -3: want 0 (off) or more`},
 		{"share-pending with one gateway", []string{"JPCP", "--share-pending"}, `invalid --share-pending with --gateways 1: sharing needs at least 2 gateways`},
 		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
