@@ -416,7 +416,7 @@ func (g *Gateway) route(key Key, tg Target) (Decision, error) {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	share := g.demand.observe(mk, maxMatched)
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == IndexExact}
 	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if pick < 0 || pick >= len(cands) {

@@ -60,6 +60,11 @@ type Request struct {
 	// Gateway sets it to the number of requests it routed before this
 	// one: deterministic for a given sequence of calls.
 	Tie uint64
+
+	// exact says the gateway's index is exact (IndexExact): what it says a
+	// replica holds, the replica's engine reported, so CacheAware does not
+	// price a replica never sent work as holding a shared prefix.
+	exact bool
 }
 
 // Candidate is one eligible replica as a Policy sees it.

@@ -71,7 +71,8 @@ import "math"
 // one request; it is priced as holding the prefix every replica already
 // sent work holds, when that prefix is no longer than the rest of the
 // request, and when replicating such a prefix it warms up before a holder
-// (at equal load): new or added replicas take their share at once.
+// (at equal load): new or added replicas take their share at once. On the
+// exact index, which knows what every engine holds, it is priced as it is.
 //
 // Exact ties, common when idle replicas hold nothing of a new prompt, go
 // to the replica with fewer requests outstanding if no replica holds any
@@ -229,7 +230,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			continue
 		}
 		m := max(c.Matched, shared)
-		if c.AssignedPrefill == 0 && common != math.MaxInt && 2*common <= n {
+		if c.AssignedPrefill == 0 && common != math.MaxInt && 2*common <= n && !req.exact {
 			m = max(m, common)
 		}
 		if req.Adapter != "" && lp.replicates(c) {

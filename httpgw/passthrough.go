@@ -285,12 +285,14 @@ func (s *Server) replicaName(ep *endpoint, model string) string {
 // skip, by the routing library's load-aware policy (gateway.LoadAware with
 // the model's load weights) over the engines' scraped load and the
 // gateway's pass-through requests in flight; nil when there is none.
-// Equal scores go to the replicas in turn.
+// Equal scores are drawn from a count of pass-through requests
+// (gateway.Request.Tie), as the gateway draws its own ties.
 func (s *Server) passPick(ms *modelState, skip *endpoint) *endpoint {
 	n := len(ms.order)
 	cands := make([]gateway.Candidate, 0, n)
 	eps := make([]*endpoint, 0, n)
-	start := int(s.pass.turn.Add(1) % uint64(n))
+	turn := s.pass.turn.Add(1)
+	start := int(turn % uint64(n))
 	for i := range n {
 		name := ms.order[(start+i)%n]
 		ep := ms.byName[name]
@@ -308,7 +310,7 @@ func (s *Server) passPick(ms *modelState, skip *endpoint) *endpoint {
 	if lw := ms.cfg.LoadWeights; lw != nil {
 		w = gateway.LoadWeights(*lw)
 	}
-	return eps[(&gateway.LoadAware{Weights: w}).Pick(nil, cands)]
+	return eps[(&gateway.LoadAware{Weights: w}).Pick(&gateway.Request{Tie: turn}, cands)]
 }
 
 // withSoleModel returns the one model the gateway serves and body with

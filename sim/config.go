@@ -64,7 +64,7 @@ type Config struct {
 	// Admission, when set, sheds requests the gateway's own policies (those
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.
-	Admission Admission
+	Admission gateway.Admission
 	// MaxQueue, when positive, caps each replica's waiting queue; requests
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
@@ -169,7 +169,7 @@ func (c *Config) fill() error {
 	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
 	}
-	if err := c.Admission.validate(); err != nil {
+	if err := validAdmission(c.Admission); err != nil {
 		return err
 	}
 	if err := c.Preset.validate(); err != nil {

@@ -157,7 +157,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		gw.g = g
 	}
 	e.res.Policy = pol.Name
-	e.admit = cfg.Admission.enabled() && pol.Source == ""
+	e.admit = admits(cfg.Admission) && pol.Source == ""
 	return e, nil
 }
 
@@ -271,7 +271,7 @@ func (e *engine) arrive(req *Request) {
 	}
 	gw := &e.gws[gatewayOf(e.cfg.Seed, s.id, len(e.gws))]
 	s.gw = gw
-	if e.admit && e.saturated(gw) {
+	if e.admit && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
 		e.res.Dropped++
 		e.res.Shed++
 		e.pool = append(e.pool, s)

@@ -291,7 +291,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	case sf.admitOutstanding < 0:
 		return cfg, usagef("invalid --admission-outstanding %d: want 0 (off) or more", sf.admitOutstanding)
 	}
-	cfg.Admission = sim.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
+	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
