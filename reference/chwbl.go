@@ -63,11 +63,14 @@ func (p *CHWBL) Arrive(a Arrival) {
 	p.pend = pending{a: a, set: true}
 }
 
-// FirstToken implements Tracker; CHWBL does not use it.
+// FirstToken implements gateway.Observer; CHWBL does not use it.
 func (p *CHWBL) FirstToken(uint64) {}
 
-// Done implements Tracker; the load is the gateway's in-flight count.
-func (p *CHWBL) Done(uint64) {}
+// Done implements gateway.Observer; the load is the gateway's in-flight count.
+func (p *CHWBL) Done(uint64, gateway.DoneInfo) {}
+
+// Routed implements gateway.Observer; the request is the last Pick's.
+func (p *CHWBL) Routed(uint64, string) {}
 
 // Pick implements gateway.Policy.
 func (p *CHWBL) Pick(req *gateway.Request, cands []gateway.Candidate) int {

@@ -50,6 +50,7 @@ type Dynamo struct {
 	pend    pending
 	workers map[string]*dynWorker
 	reqs    map[uint64]*dynRequest
+	placed  *dynRequest // the last Pick's request, until Routed
 	ties    ties
 	best    []int
 }
@@ -104,8 +105,8 @@ func (p *Dynamo) Arrive(a Arrival) {
 	p.pend = pending{a: a, set: true}
 }
 
-// FirstToken implements Tracker: the request's prefill tokens stop
-// counting (mark_prefill_completed).
+// FirstToken implements gateway.Observer: the request's prefill tokens
+// stop counting (mark_prefill_completed).
 func (p *Dynamo) FirstToken(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -116,8 +117,8 @@ func (p *Dynamo) FirstToken(id uint64) {
 	}
 }
 
-// Done implements Tracker: the request's blocks are freed.
-func (p *Dynamo) Done(id uint64) {
+// Done implements gateway.Observer: the request's blocks are freed.
+func (p *Dynamo) Done(id uint64, _ gateway.DoneInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.init()
@@ -214,15 +215,27 @@ func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	best := p.ties.draw(p.rng)
 	c := &cands[best]
 	w := p.worker(c.Name)
+	p.placed = nil
 	if a.ID != 0 || a.Tokens > 0 {
-		r := &dynRequest{w: w, blocks: append([]uint64(nil), seq...), prefill: max(0, isl-c.Matched*bt), prefilling: true}
-		if old := p.reqs[a.ID]; old == nil {
-			p.reqs[a.ID] = r
-			w.activeTokens += r.prefill
-			for _, b := range r.blocks {
-				w.unique[b]++
-			}
-		}
+		p.placed = &dynRequest{w: w, blocks: append([]uint64(nil), seq...), prefill: max(0, isl-c.Matched*bt), prefilling: true}
 	}
 	return best
+}
+
+// Routed implements gateway.Observer: the request the last Pick placed
+// becomes active on its worker (add_request).
+func (p *Dynamo) Routed(id uint64, _ string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.init()
+	r := p.placed
+	p.placed = nil
+	if r == nil || p.reqs[id] != nil {
+		return
+	}
+	p.reqs[id] = r
+	r.w.activeTokens += r.prefill
+	for _, b := range r.blocks {
+		r.w.unique[b]++
+	}
 }

@@ -102,11 +102,14 @@ func (p *GIE) Arrive(a Arrival) {
 	p.pend = pending{a: a, set: true}
 }
 
-// FirstToken implements Tracker; the EPP does not use it.
+// FirstToken implements gateway.Observer; the EPP does not use it.
 func (p *GIE) FirstToken(uint64) {}
 
-// Done implements Tracker; the EPP does not use it.
-func (p *GIE) Done(uint64) {}
+// Done implements gateway.Observer; the EPP does not use it.
+func (p *GIE) Done(uint64, gateway.DoneInfo) {}
+
+// Routed implements gateway.Observer; the request is the last Pick's.
+func (p *GIE) Routed(uint64, string) {}
 
 // Predicted implements Predictor: blocks of the hashed window matched.
 func (p *GIE) Predicted() int {

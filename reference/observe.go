@@ -35,19 +35,20 @@ type Arrival struct {
 // themselves, as the routers they reproduce do: SGLang's counts and radix
 // tree, Dynamo's active sequences, GIE's prefix index, KubeAI's prefix.
 //
-// The caller announces a request with Arrive just before the Route (and so
+// A request's progress reaches the policy through the gateway, as any
+// observing policy's does (gateway.Observer): Routed right after the Pick
+// that placed it, then FirstToken and Done from the request's Decision,
+// under the gateway's request id. Arrive is what the gateway cannot give:
+// what a router reads of the request beyond its key (its length, its first
+// user message, when it arrived), announced just before the Route (and so
 // the Pick) that places it; Arrive and that Route must not interleave with
 // another request's, which the simulator, routing one request at a time,
-// guarantees. FirstToken and Done report its progress; Done also ends a
-// request that was never admitted. A Tracker not told of a request routes
-// it as one of zero tokens arriving at the time of the last Arrive.
+// guarantees. A Tracker not told of a request routes it as one of zero
+// tokens arriving at the time of the last Arrive.
 type Tracker interface {
+	gateway.Observer
 	// Arrive announces the request the next Pick places.
 	Arrive(a Arrival)
-	// FirstToken reports that request id's prefill is done.
-	FirstToken(id uint64)
-	// Done reports that request id finished, failed or was shed.
-	Done(id uint64)
 }
 
 // KVListener is implemented by the policies that keep their own view of

@@ -54,10 +54,15 @@ var t0 = time.Unix(1000, 0)
 // route announces a request of n blocks of 16 tokens to a Tracker, then
 // picks for it.
 func route(p gateway.Policy, id uint64, at time.Duration, k gateway.Key, cs []gateway.Candidate) int {
-	if tr, ok := p.(Tracker); ok {
+	tr, ok := p.(Tracker)
+	if ok {
 		tr.Arrive(Arrival{ID: id, Time: t0.Add(at), Tokens: 16 * len(k), BlockTokens: 16, UserContent: k[0]})
 	}
-	return p.Pick(reqFor(k, cs), cs)
+	i := p.Pick(reqFor(k, cs), cs)
+	if ok {
+		tr.Routed(id, cs[i].Name) // as the gateway reports it, under the request's id
+	}
+	return i
 }
 
 func TestSGLangRules(t *testing.T) {
@@ -207,7 +212,7 @@ func TestDynamo(t *testing.T) {
 		// r1 now has 20 uncached blocks prefilling and 30 active blocks.
 		assert.Equal(t, 0, route(p, 3, 0, key(10), cs))
 		p.FirstToken(2)
-		p.Done(2)
+		p.Done(2, gateway.DoneInfo{})
 		assert.Equal(t, 1, route(p, 4, 0, key(10), cs), "freed: the overlap wins again")
 	})
 	t.Run("shared active blocks count once", func(t *testing.T) {
@@ -219,9 +224,9 @@ func TestDynamo(t *testing.T) {
 		assert.Len(t, w.unique, 10)
 		require.Equal(t, 0, route(p, 2, 0, key(10), cs))
 		assert.Len(t, w.unique, 10)
-		p.Done(1)
+		p.Done(1, gateway.DoneInfo{})
 		assert.Len(t, w.unique, 10)
-		p.Done(2)
+		p.Done(2, gateway.DoneInfo{})
 		assert.Empty(t, w.unique)
 		assert.Zero(t, w.activeTokens)
 	})
@@ -233,7 +238,7 @@ func TestDynamo(t *testing.T) {
 		p.KVEvent("r1", gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: keyFrom(7, 1)})
 		for i := range 5 {
 			assert.Equal(t, 1, route(p, uint64(i+1), 0, keyFrom(uint64(i), 2), cands(3)))
-			p.Done(uint64(i + 1))
+			p.Done(uint64(i+1), gateway.DoneInfo{})
 		}
 	})
 	t.Run("equal trees tie at random", func(t *testing.T) {
@@ -241,7 +246,7 @@ func TestDynamo(t *testing.T) {
 		p := NewDynamo(4)
 		for i := range 64 {
 			seen[route(p, uint64(i+1), 0, keyFrom(uint64(i), 2), cands(4))] = true
-			p.Done(uint64(i + 1))
+			p.Done(uint64(i+1), gateway.DoneInfo{})
 		}
 		assert.Len(t, seen, 4)
 	})

@@ -140,11 +140,14 @@ func (p *SGLang) Arrive(a Arrival) {
 	}
 }
 
-// FirstToken implements Tracker; SGLang's router does not use it.
+// FirstToken implements gateway.Observer; SGLang's router does not use it.
 func (p *SGLang) FirstToken(uint64) {}
 
-// Done implements Tracker; the load is the gateway's in-flight count.
-func (p *SGLang) Done(uint64) {}
+// Done implements gateway.Observer; the load is the gateway's in-flight count.
+func (p *SGLang) Done(uint64, gateway.DoneInfo) {}
+
+// Routed implements gateway.Observer; the request is the last Pick's.
+func (p *SGLang) Routed(uint64, string) {}
 
 // Predicted implements Predictor.
 func (p *SGLang) Predicted() int {

@@ -168,11 +168,14 @@ func (p *SMG) Arrive(a Arrival) {
 	p.tree.Arrive(a)
 }
 
-// FirstToken implements Tracker; SMG's cache-aware policy does not use it.
+// FirstToken implements gateway.Observer; SMG's cache-aware policy does not use it.
 func (p *SMG) FirstToken(uint64) {}
 
-// Done implements Tracker; the load is the gateway's in-flight count.
-func (p *SMG) Done(uint64) {}
+// Done implements gateway.Observer; the load is the gateway's in-flight count.
+func (p *SMG) Done(uint64, gateway.DoneInfo) {}
+
+// Routed implements gateway.Observer; the request is the last Pick's.
+func (p *SMG) Routed(uint64, string) {}
 
 // Predicted implements Predictor: the blocks the tree (HTTP mode) or the
 // event indexer (event-driven mode) matched on the chosen worker.

@@ -56,7 +56,8 @@ type Config struct {
 	// is told nothing at the first token, and Done, at completion, frees
 	// the pending prefill. Which requests they are is drawn from Seed and
 	// the request's number, the same for every policy. Reference policies
-	// keep their own signals (a Tracker is told of every first token:
+	// keep their own signals (a Tracker's Decision is told of every first
+	// token:
 	// Dynamo's frontend streams from the engine whatever the client asked;
 	// the other peers do not use it). 0, the default, has every client
 	// stream.

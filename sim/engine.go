@@ -286,9 +286,6 @@ func (e *engine) arrive(req *Request) {
 	}
 	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: req.Adapter})
 	if err != nil {
-		if gw.tracker != nil {
-			gw.tracker.Done(s.id)
-		}
 		e.res.Failed++
 		e.pool = append(e.pool, s)
 		return
@@ -297,15 +294,15 @@ func (e *engine) arrive(req *Request) {
 	r := e.reps[ri]
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
 		d.Done(gateway.DoneInfo{Err: errShed})
-		if gw.tracker != nil {
-			gw.tracker.Done(s.id)
-		}
 		e.res.Dropped++
 		e.pool = append(e.pool, s)
 		return
 	}
 	s.d = d
-	s.quiet = e.nonStreamed(s.id)
+	// A peer with its own tracking keeps its real signal (its front
+	// sees first tokens); the gateway's own policies hear a quiet
+	// client's first token at its end.
+	s.quiet = e.nonStreamed(s.id) && gw.tracker == nil
 	r.requests++
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
@@ -504,10 +501,7 @@ func (e *engine) commitComputed(r *replica, s *seq) {
 func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	if !s.quiet {
-		s.d.FirstToken()
-	}
-	if t := s.gw.tracker; t != nil {
-		t.FirstToken(s.id)
+		s.d.FirstToken() // a Tracker hears of it through the Decision
 	}
 	r.cache.commit(s.key, s.slots, s.committed)
 	e.event(r, gateway.BlocksStored, s.key)
@@ -534,10 +528,7 @@ func (e *engine) complete(r *replica, s *seq) {
 	if len(e.stored) > 0 {
 		e.event(r, gateway.BlocksStored, e.stored)
 	}
-	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)})
-	if t := s.gw.tracker; t != nil {
-		t.Done(s.id)
-	}
+	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)}) // and of this
 	r.lora.done(s)
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)

@@ -12,7 +12,8 @@ import (
 // custom gateway.Policy made by New.
 //
 // A policy made by New that implements reference.Tracker is told of each
-// request before it is routed and of its first token and completion; one
+// request before it is routed (Arrive) and, through its gateway
+// (gateway.Observer), of its first token and completion; one
 // that implements reference.KVListener receives its replicas' KV events
 // (blocks stored and removed); one that implements reference.Predictor
 // supplies the "index says" hit rate from its own index.
