@@ -81,7 +81,7 @@ func TestBadInput(t *testing.T) {
 			_, err := New(two, WithPolicy(&LoadAware{Weights: LoadWeights{Queue: 1, Latency: math.Inf(1)}}))
 			return err
 		}, ErrInvalid, []string{"Latency", "Inf"}},
-		{"unknown mode name", func() error { _, err := ParseMode("fastest"); return err }, ErrInvalid, []string{`"fastest"`}},
+		{"unknown mode name", func() error { _, err := parseMode("fastest"); return err }, ErrInvalid, []string{`"fastest"`}},
 
 		{"no healthy replica", func() error {
 			g := mustNew(t, []Replica{{Name: "a", Unhealthy: true}})

@@ -30,7 +30,7 @@ func FuzzModeText(f *testing.F) {
 		if string(text) != m.String() || (s != "" && strings.ReplaceAll(s, "-", "_") != string(text)) {
 			t.Fatalf("%q read as %v, written %q", s, m, text)
 		}
-		back, err := ParseMode(string(text))
+		back, err := parseMode(string(text))
 		if err != nil || back != m {
 			t.Fatalf("%q does not parse back to %v: %v, %v", text, m, back, err)
 		}

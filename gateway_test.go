@@ -425,10 +425,10 @@ func TestNames(t *testing.T) {
 	for m, s := range map[Mode]string{ModeRoundRobin: "round_robin", ModeCacheAware: "cache_aware", ModeLoadAware: "load_aware", Mode(9): "Mode(9)"} {
 		assert.Equal(t, s, m.String())
 		if m != 9 {
-			got, err := ParseMode(s)
+			got, err := parseMode(s)
 			require.NoError(t, err)
 			assert.Equal(t, m, got)
-			got, err = ParseMode(strings.ReplaceAll(s, "_", "-"))
+			got, err = parseMode(strings.ReplaceAll(s, "_", "-"))
 			require.NoError(t, err)
 			assert.Equal(t, m, got)
 		}

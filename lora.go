@@ -132,15 +132,15 @@ type LoRAState struct {
 	Report *AdapterReport
 }
 
-// InBatch reports whether the adapter is in the replica's running batch,
+// inBatch reports whether the adapter is in the replica's running batch,
 // as far as the gateway knows: reported running, or routed there and not
 // reported waiting (requests sent since the report).
-func (s *LoRAState) InBatch() bool { return s.Running || (s.Routed > 0 && !s.Waiting) }
+func (s *LoRAState) inBatch() bool { return s.Running || (s.Routed > 0 && !s.Waiting) }
 
-// FreeSlot reports whether another adapter could be scheduled there at
+// freeSlot reports whether another adapter could be scheduled there at
 // once: the slot count is unknown, or fewer adapters than slots hold or
 // wait for one.
-func (s *LoRAState) FreeSlot() bool { return s.MaxLoras == 0 || s.Active < s.MaxLoras }
+func (s *LoRAState) freeSlot() bool { return s.MaxLoras == 0 || s.Active < s.MaxLoras }
 
 // UpdateAdapters records the LoRA adapter state a replica's engine
 // reports, replacing the last report. A report over the limits above (a

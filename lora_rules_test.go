@@ -148,7 +148,7 @@ func TestPropLoRAStarvedSlotDrains(t *testing.T) {
 		got := pickAdapter(t, &CacheAware{}, 8, cands)
 		l := cands[nameIndex(got)].LoRA
 		if clear {
-			require.False(t, l.InBatch() && l.Active > l.MaxLoras, "chose %s %+v, where another adapter waits, over a clear replica", got, l)
+			require.False(t, l.inBatch() && l.Active > l.MaxLoras, "chose %s %+v, where another adapter waits, over a clear replica", got, l)
 		}
 	})
 }

@@ -142,18 +142,18 @@ func TestRouteAdapterState(t *testing.T) {
 	require.Equal(t, "r0", d1.Replica)
 	require.Equal(t, "a", rec.req.Adapter)
 	s0 := rec.byName("r0").LoRA
-	require.True(t, s0.Running && !s0.Waiting && s0.Loaded && s0.InBatch())
+	require.True(t, s0.Running && !s0.Waiting && s0.Loaded && s0.inBatch())
 	require.Equal(t, 0, s0.Routed)
 	require.Equal(t, 2, s0.Active, "a running, b waiting")
 	require.Equal(t, 2, s0.MaxLoras)
-	require.False(t, s0.FreeSlot())
+	require.False(t, s0.freeSlot())
 	require.Equal(t, []string{"a"}, s0.Report.Running)
 	s1 := rec.byName("r1").LoRA
-	require.True(t, !s1.Running && s1.Waiting && !s1.Loaded && !s1.InBatch())
+	require.True(t, !s1.Running && s1.Waiting && !s1.Loaded && !s1.inBatch())
 	require.Equal(t, 2, s1.Active)
 	s2 := rec.byName("r2").LoRA
 	require.Equal(t, LoRAState{}, s2, "no report, nothing routed")
-	require.True(t, s2.FreeSlot(), "unknown slots count as free")
+	require.True(t, s2.freeSlot(), "unknown slots count as free")
 
 	// A base-model request after it sees no adapter state again.
 	db, err := g.Route(key)
@@ -174,13 +174,13 @@ func TestRouteAdapterState(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "r2", d3.Replica)
 	c0 := rec.byName("r0").LoRA
-	require.True(t, !c0.Running && !c0.Loaded && c0.Routed == 0 && !c0.FreeSlot())
+	require.True(t, !c0.Running && !c0.Loaded && c0.Routed == 0 && !c0.freeSlot())
 	_, err = g.RouteWith(keys.Salt(slices.Clone(key), "c"), Target{Adapter: "c"})
 	require.NoError(t, err)
 	c2 := rec.byName("r2").LoRA
 	require.Equal(t, 1, c2.Routed)
 	require.Equal(t, 1, c2.Active)
-	require.True(t, c2.Loaded && c2.InBatch() && c2.FreeSlot())
+	require.True(t, c2.Loaded && c2.inBatch() && c2.freeSlot())
 
 	// Done releases the counts; the adapter stays in the recent slots.
 	d1.Done(DoneInfo{})
@@ -469,9 +469,9 @@ func TestPropLoRAWaitAvoided(t *testing.T) {
 					chosen = x
 				}
 			}
-			if l := chosen.LoRA; !l.InBatch() && !l.FreeSlot() {
+			if l := chosen.LoRA; !l.inBatch() && !l.freeSlot() {
 				for _, x := range sp.cands {
-					ok := x.LoRA.InBatch() || x.LoRA.FreeSlot()
+					ok := x.LoRA.inBatch() || x.LoRA.freeSlot()
 					require.False(t, ok && x.Outstanding() <= chosen.Outstanding() && x.PendingPrefill <= chosen.PendingPrefill,
 						"%s made %s wait for a slot; %s could take it (%+v)", d.Replica, a, x.Name, x.LoRA)
 				}

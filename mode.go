@@ -22,7 +22,7 @@ const (
 	numModes
 )
 
-// modeNames is the one table of mode names: String, ParseMode, the text
+// modeNames is the one table of mode names: String, parseMode, the text
 // forms and every list of names shown to users come from it.
 var modeNames = [numModes]string{"round_robin", "cache_aware", "load_aware"}
 
@@ -34,10 +34,10 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// ParseMode returns the Mode named s (round_robin, cache_aware or
+// parseMode returns the Mode named s (round_robin, cache_aware or
 // load_aware; hyphens are accepted for underscores). Any other name is an
 // error wrapping ErrInvalid that lists the names.
-func ParseMode(s string) (Mode, error) {
+func parseMode(s string) (Mode, error) {
 	for i, n := range modeNames {
 		if s == n || s == strings.ReplaceAll(n, "_", "-") {
 			return Mode(i), nil
@@ -55,14 +55,14 @@ func (m Mode) MarshalText() ([]byte, error) {
 	return []byte(modeNames[m]), nil
 }
 
-// UnmarshalText sets m to the mode named by text, as ParseMode reads it;
+// UnmarshalText sets m to the mode named by text, as parseMode reads it;
 // empty text is the default, ModeRoundRobin, as an absent field is.
 func (m *Mode) UnmarshalText(text []byte) error {
 	if len(text) == 0 {
 		*m = ModeRoundRobin
 		return nil
 	}
-	v, err := ParseMode(string(text))
+	v, err := parseMode(string(text))
 	if err != nil {
 		return err
 	}

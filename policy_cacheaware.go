@@ -347,7 +347,7 @@ func (a *adapterPrice) count(c *Candidate) {
 	a.empty += l.Empty
 	a.slots += l.MaxLoras
 	a.used += min(l.Active, l.MaxLoras)
-	if l.InBatch() {
+	if l.inBatch() {
 		a.mine++
 		if l.Active <= l.MaxLoras {
 			a.clear++
@@ -392,12 +392,12 @@ func pick(v, def float64) float64 {
 func (a *adapterPrice) cost(c *Candidate) float64 {
 	l := &c.LoRA
 	switch {
-	case l.InBatch():
+	case l.inBatch():
 		if a.clear > 0 && l.MaxLoras > 0 && l.Active > l.MaxLoras {
 			return a.wait
 		}
 		return 0
-	case l.Waiting || !l.FreeSlot():
+	case l.Waiting || !l.freeSlot():
 		return a.load + a.waitBusy + a.dw*float64(c.Outstanding()+1)
 	case l.Loaded:
 		return 0

@@ -28,19 +28,19 @@ func (c *choiceLog) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	}
 	c.picks++
 	l := &cands[i].LoRA
-	if !l.InBatch() && (l.Waiting || !l.FreeSlot()) {
+	if !inBatch(l) && (l.Waiting || !freeSlot(l)) {
 		c.waitPicks++
 		c.byAdapter[req.Adapter]++
 		for j := range cands {
 			o := &cands[j].LoRA
-			if o.InBatch() {
+			if inBatch(o) {
 				c.inBatchAvail++
 				break
 			}
 		}
 		for j := range cands {
 			o := &cands[j].LoRA
-			if !o.Waiting && o.FreeSlot() {
+			if !o.Waiting && freeSlot(o) {
 				c.freeBusier++
 				break
 			}
@@ -141,3 +141,9 @@ func TestLoRAOverloadDiag(t *testing.T) {
 		t.Logf("replica %d: %d requests, %d loads, slots %v", ri, r.requests, r.lora.loads, r.lora.slots)
 	}
 }
+
+// inBatch and freeSlot read a replica's adapter state as CacheAware does:
+// the adapter is (or is about to be) in the running batch; another adapter
+// could take a slot at once.
+func inBatch(s *gateway.LoRAState) bool { return s.Running || (s.Routed > 0 && !s.Waiting) }
+func freeSlot(s *gateway.LoRAState) bool { return s.MaxLoras == 0 || s.Active < s.MaxLoras }

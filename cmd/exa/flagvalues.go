@@ -29,8 +29,8 @@ func (v *modeValue) String() string {
 func (v *modeValue) Type() string { return "mode" }
 
 func (v *modeValue) Set(s string) error {
-	m, err := gateway.ParseMode(s)
-	if err != nil {
+	var m gateway.Mode
+	if err := m.UnmarshalText([]byte(s)); err != nil || s == "" {
 		return errors.New("want " + modeChoices())
 	}
 	v.mode, v.set = m, true
