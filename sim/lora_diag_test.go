@@ -145,5 +145,5 @@ func TestLoRAOverloadDiag(t *testing.T) {
 // inBatch and freeSlot read a replica's adapter state as CacheAware does:
 // the adapter is (or is about to be) in the running batch; another adapter
 // could take a slot at once.
-func inBatch(s *gateway.LoRAState) bool { return s.Running || (s.Routed > 0 && !s.Waiting) }
+func inBatch(s *gateway.LoRAState) bool  { return s.Running || (s.Routed > 0 && !s.Waiting) }
 func freeSlot(s *gateway.LoRAState) bool { return s.MaxLoras == 0 || s.Active < s.MaxLoras }
