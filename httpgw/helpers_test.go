@@ -41,7 +41,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 // newFixture starts n fake engines and a gateway serving testModel over
 // them in the given mode.
-func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options) *fixture {
+func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, set ...func(*Options)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, reg: prometheus.NewRegistry()}
 	var reps []config.Replica
@@ -54,7 +54,11 @@ func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options
 		f.engines = append(f.engines, e)
 		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
 	}
-	s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()})
+	opts := Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()}
+	for _, o := range set {
+		o(&opts)
+	}
+	s, err := New(opts)
 	require.NoError(t, err)
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
 	f.srv = s

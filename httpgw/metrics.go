@@ -70,6 +70,8 @@ func outcomeLabels(code string) (status, reason string) {
 		return code, ""
 	}
 	switch code {
+	case codeShed429:
+		return "429", codeShed
 	case codeClientCanceled:
 		return "499", code
 	case codeStreamError, codeAborted, codeStreamEnded:

@@ -37,7 +37,9 @@ type PickerOptions struct {
 	// healthy replica of its model within the subset hint has at least
 	// this many requests outstanding: the larger of the gateway's
 	// in-flight count and the engine's scraped queue plus batch, as
-	// gateway.Candidate.Outstanding counts them. Default 0: never.
+	// gateway.Candidate.Outstanding counts them. It is the Outstanding
+	// threshold of the Server's admission rule (Options.Admission), whose
+	// other thresholds apply too. Default 0: the Server's.
 	ShedAbove int
 }
 
@@ -385,6 +387,17 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 		fmt.Errorf("%w: %s: %v", picker.ErrNoEndpoint, msg, err))
 }
 
+// admission is the picker's admission rule: the Server's
+// (Options.Admission), with PickerOptions.ShedAbove as its Outstanding
+// threshold when set.
+func (p *Picker) admission() gateway.Admission {
+	a := p.s.opts.Admission
+	if p.opts.ShedAbove > 0 {
+		a.Outstanding = p.opts.ShedAbove
+	}
+	return a
+}
+
 // target is the gateway.Target of a pick within allow (pr.allow).
 func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
 	return gateway.Target{Adapter: pr.adapter(), Allow: allow}
@@ -394,9 +407,9 @@ func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
 func (pr *pickRequest) route() (picker.Pick, error) {
 	p, s, ms := pr.p, pr.p.s, pr.ms
 	allow := pr.allow(false)
-	if p.opts.ShedAbove > 0 && ms.gw.Saturated(pr.target(allow), gateway.Admission{Outstanding: p.opts.ShedAbove}) {
+	if a := p.admission(); ms.gw.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, "rate_limit_error", "shed", "",
-			fmt.Errorf("%w: gateway: model %q: every eligible replica has %d or more requests outstanding", picker.ErrShed, ms.name, p.opts.ShedAbove))
+			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.name, admissionText(a)))
 	}
 	if ms.pd != nil {
 		return pr.routePD(allow)

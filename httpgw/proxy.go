@@ -117,6 +117,9 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
+	if s.shed(c) {
+		return
+	}
 	if c.ms.pd != nil && kind != endpointResponses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return

@@ -52,6 +52,13 @@ const (
 // Options configures a Server. The zero value is usable: every zero field
 // takes the default named in its comment.
 type Options struct {
+	// Admission sheds a model's requests with 429 and Retry-After when no
+	// eligible replica has room (gateway.Admission, the library's rule;
+	// admission.go), at the HTTP gateway and the picker alike. The zero
+	// value sheds nothing. When a threshold is set and Staleness is 0,
+	// load older than three scrape intervals counts as no room (unless
+	// every replica's is: admission then fails open).
+	Admission gateway.Admission
 	// ConfigPath is the routing configuration file (package config's
 	// format) that New loads and Run polls for changes. "" means none:
 	// the embedder calls Apply instead.
@@ -346,6 +353,14 @@ func fillOptions(o *Options) error {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	switch a := &o.Admission; {
+	case a.QueueDepth < 0 || a.Outstanding < 0 || a.Staleness < 0:
+		return fmt.Errorf("%w: Admission %+v has a negative threshold", ErrInvalidOptions, *a)
+	case !(a.KVUtilization >= 0 && a.KVUtilization <= 1):
+		return fmt.Errorf("%w: Admission.KVUtilization %v is outside 0..1", ErrInvalidOptions, a.KVUtilization)
+	case (a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0) && a.Staleness == 0:
+		a.Staleness = 3 * o.ScrapeInterval
 	}
 	for _, d := range []struct {
 		name string

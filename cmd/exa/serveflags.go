@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/keys"
@@ -27,6 +28,7 @@ type serveFlags struct {
 	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel               string
 	peerTokenFile                       string
+	admission                           gateway.Admission // --shed-*
 	// removeStatus removes the process's reload status file (see
 	// reloadRecorder); set by newServer, nil before.
 	removeStatus func()
@@ -55,6 +57,12 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
 	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.IntVar(&s.admission.QueueDepth, "shed-queue-depth", 0,
+		"admission control: shed a request (429 with Retry-After) when every eligible replica of its model has this many requests waiting or more, as GIE's saturation detector (GIE's default 5; 0 = not checked)")
+	f.Float64Var(&s.admission.KVUtilization, "shed-kv", 0, "admission control: ... or its KV cache this full (0..1; GIE's default 0.8; 0 = not checked)")
+	f.IntVar(&s.admission.Outstanding, "shed-outstanding", 0, "admission control: ... or this many requests outstanding (0 = not checked)")
+	f.DurationVar(&s.admission.Staleness, "shed-staleness", 0,
+		"admission control: load older than this counts as no room, unless every replica's is (fail open); default 3 scrape intervals")
 	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
 		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
 }
@@ -81,6 +89,16 @@ func (s *serveFlags) validate() error {
 	}
 	if s.ejectionTime < 0 {
 		return usagef("invalid --ejection-time %q: must not be negative", s.ejectionTime)
+	}
+	switch a := s.admission; {
+	case a.QueueDepth < 0:
+		return usagef("invalid --shed-queue-depth %q: must not be negative", fmt.Sprint(a.QueueDepth))
+	case !(a.KVUtilization >= 0 && a.KVUtilization <= 1):
+		return usagef("invalid --shed-kv %q: want 0..1", fmt.Sprint(a.KVUtilization))
+	case a.Outstanding < 0:
+		return usagef("invalid --shed-outstanding %q: must not be negative", fmt.Sprint(a.Outstanding))
+	case a.Staleness < 0:
+		return usagef("invalid --shed-staleness %q: must not be negative", a.Staleness)
 	}
 	if s.shutdownGrace < 0 {
 		return usagef("invalid --shutdown-grace %q: must not be negative", s.shutdownGrace)
@@ -136,6 +154,7 @@ func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o http
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
 	o.PeerTokenFile = s.peerTokenFile
+	o.Admission = s.admission
 	o.Logger = logger
 	o.OnReload, s.removeStatus = reloadRecorder(path, command, logger.Warn)
 	srv, err := httpgw.New(o)

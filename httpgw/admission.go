@@ -1,0 +1,67 @@
+package httpgw
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/examlops/gateway"
+)
+
+// Admission at the fronts: a request of a model whose eligible replicas
+// have no room under Options.Admission (the library's rule,
+// gateway.Gateway.Saturated, after GIE's saturation detector) is shed with
+// 429, an OpenAI rate_limit_error and Retry-After, before any replica is
+// chosen; the picker answers the same (PickerOptions). Shed requests are
+// counted in exa_gateway_requests_total{code="429",reason="shed"}.
+
+// codeShed is the outcome of a request shed by admission control.
+const codeShed = "shed"
+
+// retryAfter is the Retry-After a shed request gets: one scrape interval
+// rounded up to a second, when the load it was shed for is next read.
+func (s *Server) retryAfter() string {
+	return strconv.Itoa(max(1, int((s.opts.ScrapeInterval+time.Second-1)/time.Second)))
+}
+
+// shed sheds call c, answering 429, if its model is saturated under
+// Options.Admission, and reports whether it did.
+func (s *Server) shed(c *call) bool {
+	a := s.opts.Admission
+	if !c.ms.gw.Saturated(c.target(""), a) {
+		return false
+	}
+	c.w.Header().Set("Retry-After", s.retryAfter())
+	c.oc.fail(c.w, http.StatusTooManyRequests, "rate_limit_error", codeShed, "",
+		fmt.Sprintf("gateway: model %q is saturated: no eligible replica has room (%s); retry later", c.ms.name, admissionText(a)))
+	c.oc.code = codeShed429
+	return true
+}
+
+// codeShed429 records a shed request as status 429 with reason shed.
+const codeShed429 = "429:" + codeShed
+
+// admissionText describes the thresholds of a, for error messages.
+func admissionText(a gateway.Admission) string {
+	s := ""
+	add := func(t string) {
+		if s != "" {
+			s += ", "
+		}
+		s += t
+	}
+	if a.QueueDepth > 0 {
+		add(fmt.Sprintf("queue >= %d", a.QueueDepth))
+	}
+	if a.KVUtilization > 0 {
+		add(fmt.Sprintf("KV cache >= %g", a.KVUtilization))
+	}
+	if a.Outstanding > 0 {
+		add(fmt.Sprintf("outstanding >= %d", a.Outstanding))
+	}
+	if a.Staleness > 0 {
+		add(fmt.Sprintf("load older than %v", a.Staleness))
+	}
+	return s
+}
