@@ -118,7 +118,7 @@ type Options struct {
 	// response heads bounded to 64 KiB (a larger head fails the request:
 	// 502, or a retry on another replica). The e2e latency test measured
 	// it 70–150 µs faster per request than http.Transport (see "Engine
-	// client" in the package doc).
+	// client" in docs/gateway.md).
 	Transport http.RoundTripper
 	// Registerer receives the gateway's metrics; default a fresh
 	// prometheus.Registry with the Go runtime and process collectors
@@ -156,7 +156,7 @@ type Options struct {
 	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
-	// (see the package doc). Default DefaultTokenizeTimeout (2s).
+	// (see docs/gateway.md). Default DefaultTokenizeTimeout (2s).
 	TokenizeTimeout time.Duration
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/examlops/gateway/config"
 )
 
-// Stats is the body of GET /stats (schema in the package documentation).
+// Stats is the body of GET /stats (schema in docs/stats.md).
 // It embeds config.StatsDocument, so a client that decodes the body into a
 // config.StatsDocument reads the per-model statistics and ignores the rest.
 type Stats struct {
