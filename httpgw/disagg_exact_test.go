@@ -138,7 +138,7 @@ func TestPDExactIndex(t *testing.T) {
 func TestPDExactIndexEngineInBothPools(t *testing.T) {
 	f := newPDExactFixture(t, 1, 1, 0, nil)
 	p0 := f.prefill[0]
-	m := f.srv.state.Load().file.Models[testModel]
+	m := f.srv.state.Load().File.Models[testModel]
 	m.Pools["decode"] = append(m.Pools["decode"], config.Replica{Name: "p0", Address: p0.srv.URL})
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: m}}))
 	f.store(p0, 1, words("doc", 8))

@@ -27,7 +27,7 @@ func TestEngineTypeLoadDrivesRouting(t *testing.T) {
 	} {
 		t.Run(tc.metrics+"/"+tc.configured, func(t *testing.T) {
 			f := newFixture(t, 2, gateway.ModeLoadAware, enginetest.Options{Metrics: tc.metrics})
-			cfg := f.srv.state.Load().file.Models[testModel]
+			cfg := f.srv.state.Load().File.Models[testModel]
 			cfg.Engine = tc.configured
 			require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
 			f.engines[0].SetLoad(7, 3, 0.5)
@@ -58,7 +58,7 @@ func TestEngineTypeLoadDrivesRouting(t *testing.T) {
 // with a warning naming the series expected, and so does the log, once.
 func TestEngineTypeMismatchWarns(t *testing.T) {
 	f := newFixture(t, 1, gateway.ModeLoadAware, enginetest.Options{Metrics: "sglang"})
-	cfg := f.srv.state.Load().file.Models[testModel]
+	cfg := f.srv.state.Load().File.Models[testModel]
 	cfg.Engine = config.EngineVLLM
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
 	var logs logBuffer

@@ -342,10 +342,10 @@ func FuzzReadTokenizeInput(f *testing.F) {
 func TestExactKVTable(t *testing.T) {
 	gw, err := gateway.New([]gateway.Replica{{Name: "x"}})
 	require.NoError(t, err)
-	ms := func(name string, cfg config.Model) *modelState {
-		m := &modelState{name: name, cfg: cfg, gw: gw, byName: map[string]*endpoint{}}
+	ms := func(name string, cfg config.Model) *Model {
+		m := &Model{Name: name, Cfg: cfg, Gateway: gw, ByName: map[string]*Endpoint{}}
 		for _, r := range cfg.Replicas {
-			m.byName[r.Name] = newEndpoint(NormalizeAddress(r.Address))
+			m.ByName[r.Name] = newEndpoint(NormalizeAddress(r.Address))
 		}
 		return m
 	}
@@ -353,7 +353,7 @@ func TestExactKVTable(t *testing.T) {
 	exact := func(reps ...config.Replica) config.Model {
 		return config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}
 	}
-	tab := buildKVTable(map[string]*modelState{
+	tab := buildKVTable(map[string]*Model{
 		"base": ms("base", exact(
 			config.Replica{Name: "a", Address: "http://10.0.0.1:8000"},                                  // pods 10.0.0.1:8000 and 10.0.0.1
 			config.Replica{Name: "b", Address: "http://10.0.0.2:8000"},                                  // 10.0.0.2:8000 only: c shares the host
@@ -395,7 +395,7 @@ func TestExactKVTable(t *testing.T) {
 	require.Nil(t, attach(kvID("tcp://*:9", "10.0.0.1:8000")), "approximate models are not heard")
 
 	s := &Server{}
-	st := &state{kv: tab, models: map[string]*modelState{}}
+	st := &State{KV: tab, Models: map[string]*Model{}}
 	s.state.Store(st)
 	for _, tc := range []struct {
 		src     kvevents.Source
@@ -441,7 +441,7 @@ func TestExactReload(t *testing.T) {
 	ef.store(0, 1, 100, wordTokens(prompt), 4)
 	ef.store(1, 1, 200, wordTokens(words("other", 8)), 4)
 	held := func(model, replica string) int {
-		for _, r := range ef.srv.state.Load().models[model].gw.Replicas() {
+		for _, r := range ef.srv.state.Load().Models[model].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -475,9 +475,9 @@ func TestExactReload(t *testing.T) {
 	require.Zero(t, e1.Mapped)
 
 	// e0 is ejected: its blocks leave both models' indexes.
-	ep := ef.srv.state.Load().models[testModel].byName["e0"]
-	for ep.health.healthy() {
-		ef.srv.observe(ep, ep.health.failure(true))
+	ep := ef.srv.state.Load().Models[testModel].ByName["e0"]
+	for ep.Health.Healthy() {
+		ef.srv.Observe(ep, ep.Health.Failure(true))
 	}
 	require.Zero(t, held(testModel, "e0"))
 	require.Zero(t, held("m2", "e0"))
@@ -517,7 +517,7 @@ func TestExactBindFailureChangesNothing(t *testing.T) {
 	require.Contains(t, err.Error(), taken)
 	require.Contains(t, err.Error(), "only one process can bind a KV-event endpoint")
 	require.Contains(t, err.Error(), "exa serve routing set m2 --kv-events-bind \"\" --kv-events-connect")
-	require.NotContains(t, ef.srv.state.Load().models, "m2")
+	require.NotContains(t, ef.srv.state.Load().Models, "m2")
 	eps := ef.srv.kv.endpoints()
 	require.Len(t, eps, 1)
 	require.Equal(t, ef.bind, eps[0].Endpoint)
@@ -532,7 +532,7 @@ func TestExactOverZMQ(t *testing.T) {
 	pub := zmqPub(ctx, t)
 	require.NoError(t, pub.Dial(ef.bind))
 	held := func(replica string) int {
-		for _, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range ef.srv.state.Load().Models[testModel].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -614,10 +614,10 @@ func TestExactConcurrent(t *testing.T) {
 	run(60, func(i int) {
 		require.NoError(t, ef.srv.Apply(files[i%len(files)]))
 		if i%5 == 0 {
-			ep := ef.srv.state.Load().models[testModel].byName["e0"]
-			ef.srv.observe(ep, ep.health.failure(true))
-			ef.srv.observe(ep, ep.health.success(true))
-			ef.srv.observe(ep, ep.health.success(true))
+			ep := ef.srv.state.Load().Models[testModel].ByName["e0"]
+			ef.srv.Observe(ep, ep.Health.Failure(true))
+			ef.srv.Observe(ep, ep.Health.Success(true))
+			ef.srv.Observe(ep, ep.Health.Success(true))
 		}
 	})
 	wg.Wait()
@@ -632,7 +632,7 @@ func TestExactConcurrent(t *testing.T) {
 			mapped[e.Source.Pod] = e.Mapped
 		}
 	}
-	for i, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+	for i, r := range ef.srv.state.Load().Models[testModel].Gateway.Replicas() {
 		require.LessOrEqual(t, r.CachedBlocks, mapped[ef.pod(i)], r.Name)
 	}
 }

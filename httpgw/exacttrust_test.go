@@ -102,7 +102,7 @@ func TestExactSourceBinding(t *testing.T) {
 	}
 	apply(cfg)
 	held := func(replica string) int {
-		for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range s.state.Load().Models[testModel].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -226,7 +226,7 @@ func TestExactMapBoundFromCapacity(t *testing.T) {
 	cfg.Replicas = append([]config.Replica(nil), ef.cfg.Replicas...)
 	cfg.Replicas[0].CacheBlocks = 4
 	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
-	tab := ef.srv.state.Load().kv
+	tab := ef.srv.state.Load().KV
 	require.Equal(t, kvMapFactor*4, tab.engines[kvID(ef.bind, ef.pod(0))].maxBlocks)
 	require.Equal(t, kvMapFactor*16384, tab.engines[kvID(ef.bind, ef.pod(1))].maxBlocks, "the gateway's default capacity")
 

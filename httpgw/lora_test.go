@@ -264,7 +264,7 @@ func TestAdapterScrape(t *testing.T) {
 		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 10`,
 		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="b",waiting_lora_adapters="a"} 11`)
 	f.srv.ScrapeAll(context.Background())
-	reps := f.srv.state.Load().models[testModel].gw.Replicas()
+	reps := f.srv.state.Load().Models[testModel].Gateway.Replicas()
 	require.Equal(t, gateway.AdapterReport{Running: []string{"b"}, Waiting: []string{"a"}, MaxLoras: 1}, reps[0].Adapters)
 	require.Zero(t, reps[1].Adapters.MaxLoras, "e1 exposes no adapter state")
 	st := f.stats()
@@ -304,21 +304,21 @@ func TestAdapterDiscoveryFailureKeepsList(t *testing.T) {
 
 // TestAdapterTable: ownership when two models' engines list one adapter.
 func TestAdapterTable(t *testing.T) {
-	ep := func(parents map[string]string) *endpoint {
+	ep := func(parents map[string]string) *Endpoint {
 		e := newEndpoint("http://x")
 		e.lora.served.Store(&servedAdapters{parents: parents})
 		return e
 	}
 	e1 := ep(map[string]string{"shared": "B", "only1": "A", "B": "A"})
 	e2 := ep(map[string]string{"shared": "B"})
-	st := &state{models: map[string]*modelState{
-		"A": {name: "A", order: []string{"r1"}, byName: map[string]*endpoint{"r1": e1}},
-		"B": {name: "B", order: []string{"r2"}, byName: map[string]*endpoint{"r2": e2}},
+	st := &State{Models: map[string]*Model{
+		"A": {Name: "A", Order: []string{"r1"}, ByName: map[string]*Endpoint{"r1": e1}},
+		"B": {Name: "B", Order: []string{"r2"}, ByName: map[string]*Endpoint{"r2": e2}},
 	}}
 	tab := buildAdapterTable(st)
-	require.Equal(t, "B", tab.byName["shared"].model.name, "its parent's")
-	require.Equal(t, map[string]bool{"r2": true}, tab.byName["shared"].eligible)
-	require.Equal(t, "A", tab.byName["only1"].model.name)
+	require.Equal(t, "B", tab.byName["shared"].Model.Name, "its parent's")
+	require.Equal(t, map[string]bool{"r2": true}, tab.byName["shared"].Eligible)
+	require.Equal(t, "A", tab.byName["only1"].Model.Name)
 	require.NotContains(t, tab.byName, "B", "a configured model's name is the model")
 }
 

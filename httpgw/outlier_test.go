@@ -35,8 +35,8 @@ func (c *testClock) Add(d time.Duration) {
 
 // withHealthClock makes every engine's outlier back-off read clk.
 func withHealthClock(f *fixture, clk *testClock) {
-	for _, ep := range f.srv.state.Load().endpoints {
-		ep.health.clock = clk.Now
+	for _, ep := range f.srv.state.Load().Endpoints {
+		ep.Health.clock = clk.Now
 	}
 }
 
@@ -95,34 +95,34 @@ func TestOutlierEjection(t *testing.T) {
 // once; a probe failure streak ejects without back-off.
 func TestHealthStateOutlier(t *testing.T) {
 	clk := &testClock{now: time.Unix(1e9, 0)}
-	h := &healthState{ejectAfter: 3, readmitAfter: 1, clock: clk.Now, backoff: 10 * time.Second, maxBackoff: 25 * time.Second}
-	assert.Equal(t, healthNoChange, h.failure(false))
-	assert.Equal(t, healthNoChange, h.success(true))
-	assert.Equal(t, healthNoChange, h.failure(false))
-	assert.Equal(t, healthNoChange, h.success(true))
-	assert.Equal(t, healthEjected, h.failure(false), "the third 500 ejects, probes between")
+	h := &Health{ejectAfter: 3, readmitAfter: 1, clock: clk.Now, backoff: 10 * time.Second, maxBackoff: 25 * time.Second}
+	assert.Equal(t, healthNoChange, h.Failure(false))
+	assert.Equal(t, healthNoChange, h.Success(true))
+	assert.Equal(t, healthNoChange, h.Failure(false))
+	assert.Equal(t, healthNoChange, h.Success(true))
+	assert.Equal(t, healthEjected, h.Failure(false), "the third 500 ejects, probes between")
 	for i, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second, 25 * time.Second} {
 		if i > 0 {
-			assert.Equal(t, healthEjected, h.timeout(), "ejection %d", i+1)
+			assert.Equal(t, healthEjected, h.Timeout(), "ejection %d", i+1)
 		}
 		clk.Add(wait - time.Millisecond)
-		assert.Equal(t, healthNoChange, h.success(true), "ejection %d: within %v", i+1, wait)
+		assert.Equal(t, healthNoChange, h.Success(true), "ejection %d: within %v", i+1, wait)
 		clk.Add(time.Millisecond)
-		assert.Equal(t, healthReadmitted, h.success(true), "ejection %d: after %v", i+1, wait)
+		assert.Equal(t, healthReadmitted, h.Success(true), "ejection %d: after %v", i+1, wait)
 	}
 	// Served answers lower the multiplier again.
 	for range 10 {
-		h.success(false)
+		h.Success(false)
 	}
-	assert.Equal(t, healthEjected, h.timeout())
+	assert.Equal(t, healthEjected, h.Timeout())
 	clk.Add(10 * time.Second)
-	assert.Equal(t, healthReadmitted, h.success(true))
+	assert.Equal(t, healthReadmitted, h.Success(true))
 	// Probe failures: no back-off.
 	for range 2 {
 		assert.Equal(t, healthNoChange, h.probeFailure())
 	}
 	assert.Equal(t, healthEjected, h.probeFailure())
-	assert.Equal(t, healthReadmitted, h.success(true))
+	assert.Equal(t, healthReadmitted, h.Success(true))
 }
 
 // TestPrefillTimeoutEjects: a prefill engine that hangs is ejected from

@@ -239,8 +239,8 @@ func FuzzPassModel(f *testing.F) {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
-	one := &state{models: map[string]*modelState{"m1": {name: "m1"}}}
-	two := &state{models: map[string]*modelState{"m1": {name: "m1"}, "m2": {name: "m2"}}}
+	one := &State{Models: map[string]*Model{"m1": {Name: "m1"}}}
+	two := &State{Models: map[string]*Model{"m1": {Name: "m1"}, "m2": {Name: "m2"}}}
 	f.Fuzz(func(t *testing.T, body []byte, single bool) {
 		st := two
 		if single {

@@ -240,10 +240,10 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 }
 
 // peerBases returns the normalised base URLs of every model's peers.
-func (st *state) peerBases() map[string]bool {
+func (st *State) peerBases() map[string]bool {
 	out := map[string]bool{}
-	for _, m := range st.models {
-		for _, p := range m.cfg.Peers {
+	for _, m := range st.Models {
+		for _, p := range m.Cfg.Peers {
 			out[NormalizeAddress(p)] = true
 		}
 	}
@@ -367,12 +367,12 @@ func (s *Server) peerFloor() int { return peerCapFloorBytes / max(s.opts.BlockSi
 // overCap reports whether counts, a peer's report, exceeds the cap at any
 // replica of a model that has peers.
 func (s *Server) overCap(counts map[string]map[string]int) bool {
-	for name, m := range s.state.Load().models {
-		if m.gw == nil || len(m.cfg.Peers) == 0 {
+	for name, m := range s.state.Load().Models {
+		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
 		for rep, n := range counts[name] {
-			if _, ok := m.byName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
+			if _, ok := m.ByName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
 				return true
 			}
 		}
@@ -384,8 +384,8 @@ func (s *Server) overCap(counts map[string]map[string]int) bool {
 // name: the sum over its peers whose last good scrape is at most peerTTL
 // scrape intervals old, each peer's count capped at s.peerCap, clamped to
 // 0..MaxLoadCount.
-func (s *Server) peerPrefill(m *modelState, name string) int {
-	if len(m.cfg.Peers) == 0 {
+func (s *Server) peerPrefill(m *Model, name string) int {
+	if len(m.Cfg.Peers) == 0 {
 		return 0
 	}
 	limit := s.peerCap(m.gatewayOf(name))
@@ -393,12 +393,12 @@ func (s *Server) peerPrefill(m *modelState, name string) int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	sum := 0
-	for _, b := range m.cfg.Peers {
+	for _, b := range m.Cfg.Peers {
 		p := s.peers.peers[NormalizeAddress(b)]
 		if p == nil || p.counts == nil || p.at.Before(oldest) {
 			continue
 		}
-		sum = min(sum+min(p.counts[m.name][name], limit), MaxLoadCount)
+		sum = min(sum+min(p.counts[m.Name][name], limit), MaxLoadCount)
 	}
 	return sum
 }
@@ -406,18 +406,18 @@ func (s *Server) peerPrefill(m *modelState, name string) int {
 // pushPeerPrefill feeds every replica's gateway its endpoint's last load
 // with the peers' current pending prefill.
 func (s *Server) pushPeerPrefill() {
-	for _, m := range s.state.Load().models {
-		if m.gw == nil || len(m.cfg.Peers) == 0 {
+	for _, m := range s.state.Load().Models {
+		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
-		for name, ep := range m.byName {
+		for name, ep := range m.ByName {
 			ep.feed.Lock()
-			l, _, _, _ := ep.snapshotLoad()
+			l, _, _, _ := ep.SnapshotLoad()
 			l.PeerPrefill = s.peerPrefill(m, name)
 			err := m.gatewayOf(name).UpdateLoad(name, l)
 			ep.feed.Unlock()
 			if err != nil {
-				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+				s.log.Warn("gateway: load update rejected", "model", m.Name, "replica", name, "err", err)
 			}
 		}
 	}
@@ -439,10 +439,10 @@ func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	for name, m := range s.state.Load().models {
-		gws := []*gateway.Gateway{m.gw}
-		if m.pd != nil && m.pd.dis.Prefill != nil && m.pd.dis.Prefill != m.gw {
-			gws = append(gws, m.pd.dis.Prefill)
+	for name, m := range s.state.Load().Models {
+		gws := []*gateway.Gateway{m.Gateway}
+		if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
+			gws = append(gws, m.PD.Plan.Prefill)
 		}
 		for _, g := range gws {
 			if g == nil {
@@ -450,7 +450,7 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			for _, r := range g.Replicas() {
 				ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(r.PendingPrefill), name, r.Name)
-				if len(m.cfg.Peers) > 0 {
+				if len(m.Cfg.Peers) > 0 {
 					ch <- prometheus.MustNewConstMetric(descPeerPrefill, prometheus.GaugeValue, float64(r.Load.PeerPrefill), name, r.Name)
 				}
 			}

@@ -128,7 +128,7 @@ func newPeerRig(t *testing.T, extraB ...string) *peerRig {
 
 func peerLoad(t *testing.T, s *Server, model string) map[string]int {
 	out := map[string]int{}
-	for _, st := range s.state.Load().models[model].gw.Replicas() {
+	for _, st := range s.state.Load().Models[model].Gateway.Replicas() {
 		out[st.Name] = st.Load.PeerPrefill
 	}
 	return out
@@ -139,7 +139,7 @@ func peerLoad(t *testing.T, s *Server, model string) map[string]int {
 func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
-	gwA := r.a.state.Load().models[testModel].gw
+	gwA := r.a.state.Load().Models[testModel].Gateway
 	d, err := gwA.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 	require.NoError(t, err)
 	require.Equal(t, "r0", d.Replica, "the first of two idle replicas")
@@ -161,10 +161,10 @@ func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	// B sends a new prompt where A's prefill is not queued; without the
 	// peer it would take r0, the first of two idle replicas (as "other"
 	// does).
-	dB, err := r.b.state.Load().models[testModel].gw.Route(gateway.Key{20, 21, 22})
+	dB, err := r.b.state.Load().Models[testModel].Gateway.Route(gateway.Key{20, 21, 22})
 	require.NoError(t, err)
 	assert.Equal(t, "r1", dB.Replica)
-	dO, err := r.b.state.Load().models["other"].gw.Route(gateway.Key{20, 21, 22})
+	dO, err := r.b.state.Load().Models["other"].Gateway.Route(gateway.Key{20, 21, 22})
 	require.NoError(t, err)
 	assert.Equal(t, "r0", dO.Replica)
 
@@ -201,7 +201,7 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 
 	r := newPeerRig(t, slow.URL, garbage.URL, deadURL)
 	ctx := context.Background()
-	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3, 4})
+	_, err := r.a.state.Load().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 4, "r1": 0}, peerLoad(t, r.b, testModel), "A counts; the others are skipped")
@@ -228,11 +228,11 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 func TestPeersReload(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
-	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2})
+	_, err := r.a.state.Load().Models[testModel].Gateway.Route(gateway.Key{1, 2})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)
 	require.Equal(t, 2, peerLoad(t, r.b, testModel)["r0"])
-	f := r.b.state.Load().file.Clone()
+	f := r.b.state.Load().File.Clone()
 	m := f.Models[testModel]
 	m.Peers = nil
 	f.Models[testModel] = m

@@ -81,7 +81,7 @@ func TestPeerToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, metricPendingPrefill)
 
-	_, err := a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3})
+	_, err := a.state.Load().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3})
 	require.NoError(t, err)
 	withTok, wHTTP := peerServer(t, Options{PeerTokenFile: writeToken(t, "s3cret-token")}, []string{aHTTP.URL}, engine)
 	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine)
@@ -138,7 +138,7 @@ func TestLyingPeer(t *testing.T) {
 	t.Cleanup(liar.Close)
 	s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
 	ctx := context.Background()
-	gw := s.state.Load().models[testModel].gw
+	gw := s.state.Load().Models[testModel].Gateway
 	counts := map[string]int{}
 	var open []gateway.Decision
 	for i := range 500 {

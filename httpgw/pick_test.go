@@ -112,7 +112,7 @@ func TestPickerErrors(t *testing.T) {
 	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": "", "endpoint": "other", "code": "404"}))
 
 	// Every replica ejected: 503, as the HTTP gateway answers.
-	f.srv.observe(f.srv.state.Load().endpoints[f.engines[0].URL()], f.srv.state.Load().endpoints[f.engines[0].URL()].health.failure(true))
+	f.srv.Observe(f.srv.state.Load().Endpoints[f.engines[0].URL()], f.srv.state.Load().Endpoints[f.engines[0].URL()].Health.Failure(true))
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "u"))
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b)
@@ -184,8 +184,8 @@ func TestPickerSubsetHint(t *testing.T) {
 		})
 	}
 	// An unhealthy engine in the subset is not picked.
-	ep := f.srv.state.Load().endpoints[f.engines[other].URL()]
-	f.srv.observe(ep, ep.health.failure(true))
+	ep := f.srv.state.Load().Endpoints[f.engines[other].URL()]
+	f.srv.Observe(ep, ep.Health.Failure(true))
 	resp = f.post("/v1/chat/completions", body, "X-Test-Subset", f.endpoint(other))
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
@@ -355,10 +355,10 @@ func TestPickerFallbacks(t *testing.T) {
 	f.waitIdle()
 	// The data plane reported the fallback as served: the endpoint picked
 	// counts one failure.
-	ep := f.srv.state.Load().endpoints[f.engines[home].URL()]
-	ep.health.mu.Lock()
-	fails := ep.health.fails
-	ep.health.mu.Unlock()
+	ep := f.srv.state.Load().Endpoints[f.engines[home].URL()]
+	ep.Health.mu.Lock()
+	fails := ep.Health.fails
+	ep.Health.mu.Unlock()
 	require.Equal(t, 1, fails)
 }
 
@@ -492,8 +492,8 @@ func TestPickerAdapters(t *testing.T) {
 	require.Equal(t, "model_not_found", *e.Code)
 	require.Contains(t, e.Message, `"zz" is not served by this gateway: it is neither a configured model nor a LoRA adapter of one`)
 	// No healthy engine serving b: 503 naming the adapter.
-	ep := f.srv.state.Load().endpoints[f.engines[0].URL()]
-	f.srv.observe(ep, ep.health.failure(true))
+	ep := f.srv.state.Load().Endpoints[f.engines[0].URL()]
+	f.srv.Observe(ep, ep.Health.Failure(true))
 	resp = f.post("/v1/chat/completions", chatBody("b", false, "sys", "q"))
 	b = readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)

@@ -285,7 +285,7 @@ func TestScrapeFeedsLoad(t *testing.T) {
 	f.engines[0].SetLoad(7, 3, 0.5)
 	f.engines[1].SetLoad(0, 1, 0.1)
 	f.srv.ScrapeAll(context.Background())
-	gw := f.srv.state.Load().models[testModel].gw
+	gw := f.srv.state.Load().Models[testModel].Gateway
 	byName := map[string]int{}
 	for _, r := range gw.Replicas() {
 		byName[r.Name] = r.Load.QueueDepth*100 + r.Load.Running

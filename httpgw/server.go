@@ -173,7 +173,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 
-	state atomic.Pointer[state]
+	state atomic.Pointer[State]
 
 	mu       sync.Mutex // serialises Apply, reloads and health transitions
 	fileInfo os.FileInfo
@@ -217,35 +217,35 @@ type Server struct {
 	modelInfo modelInfoTable
 }
 
-// state is an immutable snapshot of the configured models and engines.
-type state struct {
-	file      *config.File
-	models    map[string]*modelState
-	endpoints map[string]*endpoint // by normalised address
-	kv        *kvTable             // the exact index's routing of engine events
-	adapters  *adapterTable        // LoRA adapter names to their models (lora.go)
+// State is an immutable snapshot of the configured models and engines.
+type State struct {
+	File      *config.File
+	Models    map[string]*Model
+	Endpoints map[string]*Endpoint // by normalised address
+	KV        *kvTable             // the exact index's routing of engine events
+	Adapters  *adapterTable        // LoRA adapter names to their models (lora.go)
 }
 
-// modelState is one model's routing table.
-type modelState struct {
-	name    string
-	cfg     config.Model
-	mode    gateway.Mode
-	gw      *gateway.Gateway // nil when the model has no replicas
-	order   []string         // replica names in configuration order
-	byName  map[string]*endpoint
-	noReps  bool
-	disaggr bool
-	missing []string      // prefill/decode pools named but not defined
-	mm      *modelMetrics // cached metric series; nil means look them up
-	// pd, for a disaggregated model served by its two pools, holds the
+// Model is one model's routing table.
+type Model struct {
+	Name         string
+	Cfg          config.Model
+	Mode         gateway.Mode
+	Gateway      *gateway.Gateway // nil when the model has no replicas
+	Order        []string         // replica names in configuration order
+	ByName       map[string]*Endpoint
+	NoReplicas   bool
+	Disaggregate bool
+	MissingPools []string      // prefill/decode pools named but not defined
+	mm           *modelMetrics // cached metric series; nil means look them up
+	// PD, for a disaggregated model served by its two pools, holds the
 	// prefill pool's gateway and the decider's settings; gw is then the
 	// decode pool's gateway. Nil otherwise.
-	pd *pdState
-	// exactBS is the block size in tokens of a model on the exact index,
+	PD *Disagg
+	// ExactBlockSize is the block size in tokens of a model on the exact index,
 	// 0 on the approximate index; exactCnt its counters.
-	exactBS  int
-	exactCnt *exactCounters
+	ExactBlockSize int
+	ExactCounters  *ExactCounters
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
@@ -277,7 +277,7 @@ func New(opts Options) (*Server, error) {
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
-	s.kv = &kvRuntime{counters: map[string]*exactCounters{},
+	s.kv = &kvRuntime{counters: map[string]*ExactCounters{},
 		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
 	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
 	s.kv.tok = opts.Tokenizer
@@ -294,7 +294,7 @@ func New(opts Options) (*Server, error) {
 	if err := opts.Registerer.Register(peerCollector{s}); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
-	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}, kv: buildKVTable(nil)})
+	s.state.Store(&State{File: &config.File{Version: config.Version}, Models: map[string]*Model{}, Endpoints: map[string]*Endpoint{}, KV: buildKVTable(nil)})
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
@@ -449,9 +449,9 @@ func (s *Server) refreshGauges() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.state.Load()
-	for addr, ep := range st.endpoints {
+	for addr, ep := range st.Endpoints {
 		v := 0.0
-		if ep.health.healthy() {
+		if ep.Health.Healthy() {
 			v = 1
 		}
 		s.metrics.healthy.WithLabelValues(addr).Set(v)

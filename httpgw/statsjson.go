@@ -63,41 +63,41 @@ type EngineLoad struct {
 // Stats returns the gateway's statistics, as GET /stats serves them.
 func (s *Server) Stats() Stats {
 	st := s.state.Load()
-	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.models))}, Engines: []EngineStats{}}
-	users := map[*endpoint][]string{}
+	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.Models))}, Engines: []EngineStats{}}
+	users := map[*Endpoint][]string{}
 	engines, glob := s.kv.tr.Stats()
 	eps := s.kv.endpoints()
 	out.KVEvents = s.kvGlobalStats(engines, glob, eps)
-	for name, m := range st.models {
-		if m.gw == nil {
-			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.mode.String(), Index: m.cfg.IndexName(),
+	for name, m := range st.Models {
+		if m.Gateway == nil {
+			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.Mode.String(), Index: m.Cfg.IndexName(),
 				Decisions: map[string]uint64{}, Replicas: []config.ReplicaStats{}}
 			continue
 		}
-		reps := m.gw.Replicas()
-		rec := config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), reps)
-		rec.Index = m.cfg.IndexName()
+		reps := m.Gateway.Replicas()
+		rec := config.StatsFromGateway(name, config.SourceGateway, m.Mode, m.Gateway.Stats(), reps)
+		rec.Index = m.Cfg.IndexName()
 		for _, r := range reps {
 			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
 				rec.Replicas[i].CachedBlocks = r.CachedBlocks
 			}
 		}
-		if m.pd != nil {
-			rec.Disaggregation = m.pd.stats(name, m.cfg)
+		if m.PD != nil {
+			rec.Disaggregation = m.PD.stats(name, m.Cfg)
 		}
-		if m.exactCnt != nil {
-			s.exactModelStats(&rec, m, st.kv, engines, eps)
+		if m.ExactCounters != nil {
+			s.exactModelStats(&rec, m, st.KV, engines, eps)
 		}
 		out.Models[name] = rec
-		for _, ep := range m.byName {
+		for _, ep := range m.ByName {
 			if !slices.Contains(users[ep], name) {
 				users[ep] = append(users[ep], name)
 			}
 		}
 	}
-	for _, ep := range st.endpoints {
-		l, has, _, lastErr := ep.snapshotLoad()
-		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
+	for _, ep := range st.Endpoints {
+		l, has, _, lastErr := ep.SnapshotLoad()
+		es := EngineStats{Address: ep.Base, Healthy: ep.Health.Healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
 		es.Engine, es.LoadWarning = s.engineOf(ep)
 		if has {
 			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
@@ -185,8 +185,8 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	}
 	st := s.state.Load()
 	list := modelList{Object: "list", Data: []modelEntry{}}
-	for _, name := range st.file.Names() {
-		list.Data = append(list.Data, s.modelCard(st.models[name], name))
+	for _, name := range st.File.Names() {
+		list.Data = append(list.Data, s.modelCard(st.Models[name], name))
 	}
 	list.Data = append(list.Data, adapterEntries(st)...)
 	writeJSON(w, list)

@@ -20,13 +20,13 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := s.state.Load()
-	if len(st.models) == 0 {
+	if len(st.Models) == 0 {
 		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_models", "", "gateway: no model configured")
 		return
 	}
-	for _, m := range st.models {
-		for _, ep := range m.byName {
-			if ep.health.healthy() {
+	for _, m := range st.Models {
+		for _, ep := range m.ByName {
+			if ep.Health.Healthy() {
 				w.WriteHeader(http.StatusOK)
 				return
 			}

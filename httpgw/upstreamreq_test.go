@@ -53,7 +53,7 @@ func TestUpstreamRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ep := newEndpoint(tc.base)
-			assert.Equal(t, tc.hostOnly, ep.hostOnly != nil, "hostOnly")
+			assert.Equal(t, tc.hostOnly, ep.HostOnly != nil, "hostOnly")
 			u, err := url.ParseRequestURI(tc.uri)
 			require.NoError(t, err)
 			out, err := upstreamRequest(context.Background(), ep, u, body)
@@ -83,7 +83,7 @@ func TestUpstreamRequest(t *testing.T) {
 
 func TestUpstreamRequestBadAddress(t *testing.T) {
 	ep := newEndpoint("http://bad host:80")
-	assert.Nil(t, ep.hostOnly)
+	assert.Nil(t, ep.HostOnly)
 	_, err := upstreamRequest(context.Background(), ep, &url.URL{Path: "/v1/completions"}, []byte("{}"))
 	assert.Error(t, err)
 }
