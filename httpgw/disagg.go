@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // This file serves a disaggregated model: the decode replica is chosen
@@ -55,69 +54,9 @@ const (
 	headerRequestID = "X-Request-Id"
 )
 
-// PDReason is why a disaggregated request left the decider's plan.
-type PDReason int
-
-const (
-	PDPrefillUnavailable PDReason = iota // no healthy prefill replica: co-located
-	PDPrefillBusy                        // every prefill replica queued more than the decode one: co-located
-	PDPrefillFailed                      // prefill failed other than with a 4xx: co-located
-	PDPrefillNoKV                        // prefill answer without kv_transfer_params: co-located
-	PDDecodeRetry                        // decode replica failed before its first byte: retried
-	NumPDReasons
-)
-
-var pdReasonNames = [NumPDReasons]string{"prefill_unavailable", "prefill_busy", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
-
-func (r PDReason) String() string { return pdReasonNames[r] }
-
-// DisaggCounters are a disaggregated model's decider figures for /stats. They
-// live as long as the model's gateways.
-type DisaggCounters struct {
-	Decided, Split atomic.Uint64
-	Fallbacks      [NumPDReasons]atomic.Uint64
-}
-
-// Disagg is a disaggregated model's P/D routing: the library's plan
-// (gateway.PD: its Decode is the model's gw, its MinUncached the
-// decider's threshold) and the settings that execute it. Immutable once
-// built, but for the counters.
-type Disagg struct {
-	Plan *gateway.PD // Prefill is nil when the prefill pool is empty
-	// Sidecar selects Sidecar mode (config.PDModeSidecar).
-	Sidecar bool
-	// MinUncached is the decider's threshold in tokens; tokensPerBlock
-	// converts unmatched approximate key blocks into tokens, exactBS
-	// (0 on the approximate index) unmatched blocks of engine tokens.
-	MinUncached, tokensPerBlock, exactBS int
-	// HostPort maps a prefill replica to the host:port the sidecar is
-	// given; prefillNames holds the prefill replicas' names.
-	HostPort     map[string]string
-	PrefillNames map[string]bool
-	Counters     *DisaggCounters
-}
-
-// bytesPerToken is the decider's estimate of prompt bytes per token, as
-// llm-d's prefix-based decider estimates it (AverageCharactersPerToken).
-const bytesPerToken = 4
-
-// BlockTokens is how many prompt tokens one block of a request's key
-// stands for, for the plan's threshold (gateway.PD.Route). On the exact
-// index a request keyed by its tokens (fallback -1) has blocks of exactBS
-// engine tokens, which the decode engines' own events say they hold or not
-// (the tokens of a last partial block are not counted: no engine caches
-// them); a request keyed without tokens falls back to the approximate key,
-// which the exact index never matches.
-func (pd *Disagg) BlockTokens(fallback int) int {
-	if pd.exactBS > 0 && fallback < 0 {
-		return pd.exactBS
-	}
-	return pd.tokensPerBlock
-}
-
 // decidePD plans a request of a disaggregated model (gateway.PD.Route) and
 // counts the decision; prefill is the target of the prefill side.
-func (s *Server) decidePD(ms *Model, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
+func (s *Server) decidePD(ms *fleet.Model, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
 	pd := ms.PD
 	plan, err := pd.Plan.Route(key, pd.BlockTokens(fallback), decode, prefill)
 	if err != nil {
@@ -128,7 +67,7 @@ func (s *Server) decidePD(ms *Model, key gateway.Key, fallback int, decode, pref
 	case plan.Split:
 		pd.Counters.Split.Add(1)
 		s.metrics.pdRequests.WithLabelValues(ms.Name, "split").Inc()
-		ms.mm.replicaReqsC(s.metrics, ms.Name, plan.Prefill.Replica).Inc()
+		mmOf(ms).replicaReqsC(s.metrics, ms.Name, plan.Prefill.Replica).Inc()
 	case plan.Reason == "cached":
 		s.metrics.pdRequests.WithLabelValues(ms.Name, "colocated").Inc()
 	default:
@@ -142,11 +81,11 @@ func (s *Server) decidePD(ms *Model, key gateway.Key, fallback int, decode, pref
 }
 
 // pdReasonOf maps a plan's reason for not splitting to its fallback.
-func pdReasonOf(reason string) PDReason {
+func pdReasonOf(reason string) fleet.PDReason {
 	if reason == "prefill_busy" {
-		return PDPrefillBusy
+		return fleet.PDPrefillBusy
 	}
-	return PDPrefillUnavailable
+	return fleet.PDPrefillUnavailable
 }
 
 // setPrefillHeaders names the prefill replica of a split request and its
@@ -211,14 +150,14 @@ func (s *Server) proxyPD(c *call) {
 }
 
 // pdCount counts a fallback of a disaggregated model.
-func (s *Server) pdCount(ms *Model, r PDReason) {
+func (s *Server) pdCount(ms *fleet.Model, r fleet.PDReason) {
 	ms.PD.Counters.Fallbacks[r].Add(1)
 	s.metrics.pdFallbacks.WithLabelValues(ms.Name, r.String()).Inc()
 }
 
 // pdFallback counts a prefill fallback and marks the answer with it; the
 // request goes on co-located, with its own body, on its decode replica.
-func (s *Server) pdFallback(c *call, r PDReason, note string, err error) {
+func (s *Server) pdFallback(c *call, r fleet.PDReason, note string, err error) {
 	s.pdCount(c.ms, r)
 	c.w.Header().Set(HeaderDisagg, r.String()+note)
 	c.w.Header().Del(HeaderPrefillReplica)
@@ -246,13 +185,13 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 	if ep == nil {
 		err := fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address)
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, PDPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	body, err := prefillBody(c.body)
 	if err != nil { // not reached: admit parsed the body as an object
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, PDPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	id := s.newRequestID()
@@ -279,7 +218,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 	case err != nil:
 		s.Observe(ep, ep.Health.FailedWith(err, timedOut.Load()))
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, PDPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
+		s.pdFallback(c, fleet.PDPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
 		return true, false
 	case status >= 400 && status <= 451:
 		// The request itself is at fault: decoding it elsewhere would
@@ -304,20 +243,20 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		}
 		err := fmt.Errorf("%s: %w: status %d", where, errUpstreamStatus, status)
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, PDPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	s.Observe(ep, ep.Health.Success(false))
 	kv, ok := answerKVParams(answer)
 	if !ok {
 		pre.Done(gateway.DoneInfo{})
-		s.pdFallback(c, PDPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
+		s.pdFallback(c, fleet.PDPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
 		return true, false
 	}
 	dbody, err := decodeBody(c.body, kv)
 	if err != nil { // not reached, as above
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, PDPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	pre.Done(gateway.DoneInfo{Latency: elapsed})
@@ -335,7 +274,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 // exchange sends a prefill request to ep and reads the whole answer,
 // bounded by maxPrefillAnswer. It returns the answer's body, status and
 // headers, or the error that prevented it.
-func (s *Server) exchange(ctx context.Context, c *call, ep *Endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
+func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
 	out, err := upstreamRequest(ctx, ep, c.r.URL, body)
 	if err != nil {
 		return nil, 0, nil, err
@@ -381,33 +320,4 @@ func newUUID() string {
 		out = append(out, hex[x>>4], hex[x&15])
 	}
 	return string(out)
-}
-
-// stats returns the model's P/D record; dec is the decode pool's record.
-func (pd *Disagg) stats(name string, cfg config.Model) *config.DisaggregationStats {
-	out := &config.DisaggregationStats{
-		Mode:              cfg.PDModeName(),
-		MinUncachedTokens: pd.MinUncached,
-		Decided:           pd.Counters.Decided.Load(),
-		Split:             pd.Counters.Split.Load(),
-		Fallbacks:         make(map[string]uint64, NumPDReasons),
-	}
-	if out.Decided > 0 {
-		out.SplitShare = float64(out.Split) / float64(out.Decided)
-	}
-	for r := range NumPDReasons {
-		out.Fallbacks[r.String()] = pd.Counters.Fallbacks[r].Load()
-	}
-	if p := pd.Plan.Prefill; p != nil {
-		reps := p.Replicas()
-		rec := config.StatsFromGateway(name, config.SourceGateway, gateway.ModeCacheAware, p.Stats(), reps)
-		rec.Index = cfg.IndexName()
-		for _, r := range reps {
-			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
-				rec.Replicas[i].CachedBlocks = r.CachedBlocks
-			}
-		}
-		out.Prefill = &rec
-	}
-	return out
 }

@@ -419,7 +419,7 @@ func TestPDFallbacks(t *testing.T) {
 		// counter waits for the handler, which had started: the prefill entered.
 		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "499", "reason": codeClientCanceled}))
 		assert.Empty(t, f.decode[0].requests())
-		ms := f.srv.state.Load().Models[testModel]
+		ms := f.srv.Snapshot().Models[testModel]
 		assert.Zero(t, ms.Gateway.Replicas()[0].InFlight, "the decode decision is released")
 		assert.Zero(t, ms.PD.Plan.Prefill.Replicas()[0].InFlight, "the prefill decision is released")
 	})
@@ -493,14 +493,14 @@ func TestPDSidecarMode(t *testing.T) {
 func TestPDReload(t *testing.T) {
 	f := newPDFixture(t, 1, 1, nil)
 	readAll(t, f.post("/v1/chat/completions", pdBody(false, "hello")))
-	cfg := f.srv.state.Load().File.Clone()
+	cfg := f.srv.Snapshot().File.Clone()
 	m := cfg.Models[testModel]
 	extra := newPDEngine(t, "d1")
 	m.Pools["decode"] = append(m.Pools["decode"], config.Replica{Name: "d1", Address: extra.srv.URL})
 	cfg.Models[testModel] = m
-	before := f.srv.state.Load().Models[testModel]
+	before := f.srv.Snapshot().Models[testModel]
 	require.NoError(t, f.srv.Apply(cfg))
-	after := f.srv.state.Load().Models[testModel]
+	after := f.srv.Snapshot().Models[testModel]
 	assert.Same(t, before.Gateway, after.Gateway)
 	assert.Same(t, before.PD.Plan.Prefill, after.PD.Plan.Prefill)
 	assert.Len(t, after.Gateway.Replicas(), 2)

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/jsonscan"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -162,35 +163,35 @@ func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 	ms := c.ms
 	if c.oc.kind == endpointResponses {
 		// The engine's /tokenize takes chat and completions bodies only.
-		return s.fallbackKey(c, dst, FallbackUnsupported)
+		return s.fallbackKey(c, dst, fleet.FallbackUnsupported)
 	}
 	in := readTokenizeInput(c.oc.kind, ms.Name, c.body)
 	if in.unsupported != "" {
-		return s.fallbackKey(c, dst, FallbackUnsupported)
+		return s.fallbackKey(c, dst, fleet.FallbackUnsupported)
 	}
 	tokens := in.tokens
 	if !in.hasTokens {
 		if in.req.Prompt == "" && len(in.req.Messages) == 0 {
-			return s.fallbackKey(c, dst, FallbackShort) // an empty prompt
+			return s.fallbackKey(c, dst, fleet.FallbackShort) // an empty prompt
 		}
 		cnt := ms.ExactCounters
 		cnt.Tokenize.Add(1)
 		ctx, cancel := context.WithTimeout(c.r.Context(), s.opts.TokenizeTimeout)
 		start := s.opts.Clock()
 		var err error
-		tokens, err = s.kv.tok.Tokenize(ctx, in.req)
+		tokens, err = s.Tokenizer().Tokenize(ctx, in.req)
 		cancel()
 		s.metrics.tokenizeSeconds.WithLabelValues(ms.Name).Observe(s.opts.Clock().Sub(start).Seconds())
 		if err != nil {
 			cnt.Errors.Add(1)
 			s.log.Debug("gateway: tokenization failed; routing the request as if nothing were cached", "model", ms.Name, "err", err)
-			return s.fallbackKey(c, dst, FallbackTokenize)
+			return s.fallbackKey(c, dst, fleet.FallbackTokenize)
 		}
 	}
 	start := len(dst)
 	dst, err := keys.AppendExact(dst, keys.ExactName(ms.Name, c.adapterName()), tokens, ms.ExactBlockSize)
 	if err != nil || len(dst) == start {
-		return s.fallbackKey(c, dst[:start], FallbackShort)
+		return s.fallbackKey(c, dst[:start], fleet.FallbackShort)
 	}
 	return dst, -1
 }

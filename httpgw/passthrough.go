@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 )
 
 // Pass-through endpoints: requests the gateway forwards to one replica of
@@ -104,7 +105,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return
 	}
-	st := s.state.Load()
+	st := s.Snapshot()
 	name, body, err := passModel(st, body)
 	if err != nil {
 		var re *requestError
@@ -137,7 +138,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // forward. A body without "model" (or with null), when the gateway serves
 // exactly one model, names that one; the body forwarded then names it
 // too (see withSoleModel).
-func passModel(st *State, body []byte) (string, []byte, error) {
+func passModel(st *fleet.State, body []byte) (string, []byte, error) {
 	req, err := decodeRequest(body)
 	if err != nil {
 		var re *requestError
@@ -159,7 +160,7 @@ func passModel(st *State, body []byte) (string, []byte, error) {
 // body without "model" (or with null): when the gateway serves exactly
 // one model, the body names it (withSoleModel) and is parsed again. err
 // is parseRequest's error; any other error is returned as is.
-func defaultModel(st *State, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
+func defaultModel(st *fleet.State, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
 	var re *requestError
 	if !errors.As(err, &re) || re.field != "model" {
 		return nil, nil, err
@@ -181,8 +182,8 @@ func defaultModel(st *State, kind endpointKind, body []byte, err error) (*infere
 // passForward sends the call to the least loaded healthy replica of ms and
 // relays its answer, retrying once on another replica when the first
 // fails before answering (a transport error or a 5xx).
-func (s *Server) passForward(pc *passCall, ms *Model, body []byte) {
-	var failed *Endpoint
+func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
+	var failed *fleet.Endpoint
 	var lastErr error
 	for try := 0; try < 2; try++ {
 		ep := s.passPick(ms, failed)
@@ -207,7 +208,7 @@ func (s *Server) passForward(pc *passCall, ms *Model, body []byte) {
 // passSend forwards the call to ep. It returns retry=true, with the cause,
 // when ep failed before answering and canRetry allows another try;
 // otherwise it has answered the client.
-func (s *Server) passSend(pc *passCall, ep *Endpoint, body []byte, canRetry bool) (bool, error) {
+func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
 	s.pass.add(ep.Base, 1)
 	defer s.pass.add(ep.Base, -1)
 	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
@@ -270,8 +271,8 @@ func (s *Server) passSend(pc *passCall, ep *Endpoint, body []byte, canRetry bool
 type writerOnly struct{ io.Writer }
 
 // replicaName returns the name model gives the engine ep ("" if none).
-func (s *Server) replicaName(ep *Endpoint, model string) string {
-	if ms := s.state.Load().Models[model]; ms != nil {
+func (s *Server) replicaName(ep *fleet.Endpoint, model string) string {
+	if ms := s.Snapshot().Models[model]; ms != nil {
 		for _, name := range ms.Order {
 			if ms.ByName[name] == ep {
 				return name
@@ -286,10 +287,10 @@ func (s *Server) replicaName(ep *Endpoint, model string) string {
 // the model's load weights) over the engines' scraped load and the
 // gateway's pass-through requests in flight; nil when there is none.
 // Equal scores go to the replicas in turn.
-func (s *Server) passPick(ms *Model, skip *Endpoint) *Endpoint {
+func (s *Server) passPick(ms *fleet.Model, skip *fleet.Endpoint) *fleet.Endpoint {
 	n := len(ms.Order)
 	cands := make([]gateway.Candidate, 0, n)
-	eps := make([]*Endpoint, 0, n)
+	eps := make([]*fleet.Endpoint, 0, n)
 	start := int(s.pass.turn.Add(1) % uint64(n))
 	for i := range n {
 		name := ms.Order[(start+i)%n]
@@ -317,7 +318,7 @@ func (s *Server) passPick(ms *Model, skip *Endpoint) *Endpoint {
 // the last of repeated members) as for the gateway. Without exactly one
 // model it is the error a missing "model" gets. body is one JSON object
 // (decodeRequest checked it).
-func withSoleModel(st *State, body []byte) (string, []byte, error) {
+func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
 	if len(st.Models) != 1 {
 		return "", nil, fieldErr("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))
 	}

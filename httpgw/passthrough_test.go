@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
@@ -239,8 +240,8 @@ func FuzzPassModel(f *testing.F) {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
-	one := &State{Models: map[string]*Model{"m1": {Name: "m1"}}}
-	two := &State{Models: map[string]*Model{"m1": {Name: "m1"}, "m2": {Name: "m2"}}}
+	one := &fleet.State{Models: map[string]*fleet.Model{"m1": {Name: "m1"}}}
+	two := &fleet.State{Models: map[string]*fleet.Model{"m1": {Name: "m1"}, "m2": {Name: "m2"}}}
 	f.Fuzz(func(t *testing.T, body []byte, single bool) {
 		st := two
 		if single {

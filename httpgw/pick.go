@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 )
@@ -89,19 +90,19 @@ func (s *Server) Picker(opts PickerOptions) (*Picker, error) {
 	}
 	p := &Picker{s: s, opts: opts}
 	p.pool.New = func() any { return new(pickTracker) }
-	p.tableOf(s.state.Load())
+	p.tableOf(s.Snapshot())
 	return p, nil
 }
 
 // pickTable is the picker's view of one state snapshot: each engine's
 // "ip:port" endpoint, in canonical form. Immutable once built.
 type pickTable struct {
-	st *State
+	st *fleet.State
 	// eps maps an engine's base URL to its endpoint; an engine whose
 	// address is not ip:port is absent, and bad says why.
 	eps  map[string]pickEndpoint
-	byEP map[string]*Endpoint // endpoint to engine
-	bad  map[string]string    // base URL to the reason
+	byEP map[string]*fleet.Endpoint // endpoint to engine
+	bad  map[string]string          // base URL to the reason
 	// allIP lists the models all of whose replicas have endpoints.
 	allIP map[string]bool
 }
@@ -114,7 +115,7 @@ type pickEndpoint struct {
 
 // tableOf returns the table of st, building it on the first pick after a
 // reload.
-func (p *Picker) tableOf(st *State) *pickTable {
+func (p *Picker) tableOf(st *fleet.State) *pickTable {
 	if t := p.table.Load(); t != nil && t.st == st {
 		return t
 	}
@@ -123,7 +124,7 @@ func (p *Picker) tableOf(st *State) *pickTable {
 	if t := p.table.Load(); t != nil && t.st == st {
 		return t
 	}
-	t := &pickTable{st: st, eps: map[string]pickEndpoint{}, byEP: map[string]*Endpoint{}, bad: map[string]string{}, allIP: map[string]bool{}}
+	t := &pickTable{st: st, eps: map[string]pickEndpoint{}, byEP: map[string]*fleet.Endpoint{}, bad: map[string]string{}, allIP: map[string]bool{}}
 	for base, ep := range st.Endpoints {
 		s, err := picker.EndpointOf(base)
 		if err == nil {
@@ -181,7 +182,7 @@ func (t *pickTable) endpointOf(base string) (string, error) {
 
 // allows reports whether the replica name of ms may be picked: its engine
 // has an endpoint, within the subset hint (nil: any).
-func (t *pickTable) allows(ms *Model, sub picker.Subset, name string) bool {
+func (t *pickTable) allows(ms *fleet.Model, sub picker.Subset, name string) bool {
 	ep := ms.ByName[name]
 	if ep == nil {
 		return false
@@ -243,7 +244,7 @@ func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 		return pr.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, fmt.Errorf("%w: %w", picker.ErrBadRequest, err))
 	}
-	st := s.state.Load()
+	st := s.Snapshot()
 	ms, ok := st.Models[rq.Model]
 	if !ok {
 		// A LoRA adapter of a configured model, or else a 404 (lora.go).
@@ -300,8 +301,8 @@ type pickRequest struct {
 	p        *Picker
 	kind     endpointKind
 	start    time.Time
-	ms       *Model
-	lora     *AdapterRoute // the LoRA adapter the request names; nil for the base model
+	ms       *fleet.Model
+	lora     *fleet.AdapterRoute // the LoRA adapter the request names; nil for the base model
 	key      gateway.Key
 	fallback int
 	tab      *pickTable
@@ -322,7 +323,7 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	s, model := pr.p.s, ""
 	var mm *modelMetrics
 	if pr.ms != nil {
-		model, mm = pr.ms.Name, pr.ms.mm
+		model, mm = pr.ms.Name, mmOf(pr.ms)
 	}
 	mm.requestsC(s.metrics, model, pr.kind, strconv.Itoa(status)).Inc()
 	if model != "" {
@@ -458,13 +459,13 @@ func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []strin
 // of ms keyed with fallback (see exactKey): its kind and prefix match, and
 // on the exact index which key matched. The HTTP gateway and the picker
 // both report decisions with it.
-func describeDecision(ms *Model, fallback int, d *gateway.Decision) string {
+func describeDecision(ms *fleet.Model, fallback int, d *gateway.Decision) string {
 	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
 	if ms.ExactBlockSize == 0 {
 		return s
 	}
 	if fallback >= 0 {
-		return s + "; index=exact; fallback=" + FallbackNames[fallback]
+		return s + "; index=exact; fallback=" + fleet.FallbackNames[fallback]
 	}
 	return s + "; index=exact"
 }
@@ -477,10 +478,10 @@ func (pr *pickRequest) decisionHeaders(d *gateway.Decision) []picker.Header {
 }
 
 // track counts a decision and returns the Tracker of its request.
-func (pr *pickRequest) track(d gateway.Decision, ep *Endpoint, endpoint string) *pickTracker {
+func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint string) *pickTracker {
 	s, ms := pr.p.s, pr.ms
 	s.countDecision(ms, &d)
-	ms.mm.replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
+	mmOf(ms).replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
 	s.metrics.inFlight.Inc()
 	t := pr.p.pool.Get().(*pickTracker)
 	*t = pickTracker{p: pr.p, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
@@ -526,13 +527,13 @@ func (w *replyWriter) Write(b []byte) (int, error) {
 // the HTTP gateway's proxy does. Pooled: Done returns it.
 type pickTracker struct {
 	p        *Picker
-	ms       *Model
+	ms       *fleet.Model
 	kind     endpointKind
 	start    time.Time
 	d        gateway.Decision
 	pre      *gateway.Decision // a split request's prefill decision
 	preD     gateway.Decision  // its storage
-	ep       *Endpoint
+	ep       *fleet.Endpoint
 	endpoint string
 	tab      *pickTable
 }
@@ -548,7 +549,7 @@ const codeStreamEnded = "stream_ended"
 func (t *pickTracker) FirstToken() {
 	s := t.p.s
 	t.d.FirstToken()
-	t.ms.mm.ttfbO(s.metrics, t.ms.Name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
+	mmOf(t.ms).ttfbO(s.metrics, t.ms.Name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
 }
 
 // Done implements picker.Tracker.
@@ -587,7 +588,7 @@ func (t *pickTracker) Done(o picker.Outcome) {
 		// HTTP gateway's sidecar mode releases it.
 		t.pre.Done(gateway.DoneInfo{})
 	}
-	mm := t.ms.mm
+	mm := mmOf(t.ms)
 	mm.requestsC(s.metrics, t.ms.Name, t.kind, code).Inc()
 	mm.durationO(s.metrics, t.ms.Name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
 	s.metrics.inFlight.Dec()

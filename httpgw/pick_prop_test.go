@@ -54,7 +54,7 @@ func TestPropPickerScope(t *testing.T) {
 		for i := range healthy {
 			healthy[i] = rapid.Bool().Draw(rt, fmt.Sprintf("healthy%d", i))
 			if !healthy[i] {
-				ep := s.state.Load().Endpoints[addrs[i]]
+				ep := s.Snapshot().Endpoints[addrs[i]]
 				s.Observe(ep, ep.Health.Failure(true))
 			}
 		}
@@ -94,7 +94,7 @@ func TestPropPickerScope(t *testing.T) {
 			require.LessOrEqual(t, len(pk.Fallbacks), min(p.opts.Fallbacks, len(eligible)-1))
 			pk.Tracker.Done(picker.Outcome{Status: 200})
 		}
-		for _, r := range s.state.Load().Models[testModel].Gateway.Replicas() {
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 			require.Zero(t, r.InFlight)
 		}
 	})
@@ -129,8 +129,8 @@ func TestPickerConcurrent(t *testing.T) {
 			reps := []config.Replica{{Name: "r0", Address: addrs[0]}, {Name: "r1", Address: addrs[1+i%2]}}
 			_ = s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}})
 			_ = s.Stats()
-			s.refreshGauges()
-			ep := s.state.Load().Endpoints[addrs[0]]
+			s.RefreshGauges()
+			ep := s.Snapshot().Endpoints[addrs[0]]
 			if i%2 == 0 {
 				s.Observe(ep, ep.Health.Failure(true))
 			} else {
@@ -166,7 +166,7 @@ func TestPickerConcurrent(t *testing.T) {
 	picks.Wait()
 	close(stop)
 	wg.Wait()
-	for _, r := range s.state.Load().Models[testModel].Gateway.Replicas() {
+	for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 		require.Zero(t, r.InFlight, "replica %s", r.Name)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/keys"
 )
 
@@ -70,14 +70,14 @@ type call struct {
 	start time.Time // when it arrived
 	body  []byte
 	req   *inferenceRequest
-	ms    *Model // the model's routing table
+	ms    *fleet.Model // the model's routing table
 	key   gateway.Key
 	// fallback, for a model on the exact index, is why the request was
 	// keyed without tokens (a fallback* value), -1 if it was not.
 	fallback int
 	// lora is the LoRA adapter the request names (lora.go); nil for the
 	// base model.
-	lora *AdapterRoute
+	lora *fleet.AdapterRoute
 	oc   outcome
 	// first, when set, is the decision of the first try, made before
 	// proxy (a disaggregated model's decode decision, see proxyPD).
@@ -159,7 +159,7 @@ func (s *Server) admit(c *call) bool {
 	req, err := parseRequest(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
-		req, body, err = defaultModel(s.state.Load(), oc.kind, body, err)
+		req, body, err = defaultModel(s.Snapshot(), oc.kind, body, err)
 	}
 	if err != nil {
 		var re *requestError
@@ -170,7 +170,7 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
 		return false
 	}
-	st := s.state.Load()
+	st := s.Snapshot()
 	ms, ok := st.Models[req.Model]
 	if !ok {
 		if c.lora = s.resolveAdapter(c, st, req.Model); c.lora == nil {
@@ -178,7 +178,7 @@ func (s *Server) admit(c *call) bool {
 		}
 		ms = c.lora.Model
 	}
-	oc.model, oc.mm = ms.Name, ms.mm
+	oc.model, oc.mm = ms.Name, mmOf(ms)
 	if ms.NoReplicas && len(ms.MissingPools) > 0 {
 		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.Name, ms.MissingPools))
@@ -230,11 +230,11 @@ func (s *Server) proxy(c *call) {
 		if try > 0 {
 			s.metrics.retries.WithLabelValues(ms.Name).Inc()
 			if ms.PD != nil {
-				s.pdCount(ms, PDDecodeRetry)
+				s.pdCount(ms, fleet.PDDecodeRetry)
 			}
 		}
 		s.countDecision(ms, d)
-		ms.mm.replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
+		mmOf(ms).replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
 		ep := s.endpointOf(ms, d)
 		if ep == nil {
 			// The shared gateway chose a replica that a reload added or
@@ -269,8 +269,8 @@ func (s *Server) proxy(c *call) {
 // that a reload moved to another address. The decision's Address is the
 // engine's base URL as the gateway holds it now: it is looked up in the
 // current snapshot first, then in the request's. nil means neither has it.
-func (s *Server) endpointOf(ms *Model, d *gateway.Decision) *Endpoint {
-	if ep := s.state.Load().Endpoints[d.Address]; ep != nil {
+func (s *Server) endpointOf(ms *fleet.Model, d *gateway.Decision) *fleet.Endpoint {
+	if ep := s.Snapshot().Endpoints[d.Address]; ep != nil {
 		return ep
 	}
 	if ep := ms.ByName[d.Replica]; ep != nil && ep.Base == d.Address {
@@ -279,8 +279,8 @@ func (s *Server) endpointOf(ms *Model, d *gateway.Decision) *Endpoint {
 	return nil
 }
 
-func (s *Server) countDecision(ms *Model, d *gateway.Decision) {
-	m, mm := s.metrics, ms.mm
+func (s *Server) countDecision(ms *fleet.Model, d *gateway.Decision) {
+	m, mm := s.metrics, mmOf(ms)
 	mm.routedC(m, ms.Name).Inc()
 	mm.decisionsC(m, ms.Name, d.Kind).Inc()
 	if d.Hit {
@@ -322,7 +322,7 @@ func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 // (one TCP segment for a small request) rather than flushing the head
 // first. For the usual engine address (scheme and host only) and a path
 // without a query it is built without parsing a URL.
-func upstreamRequest(ctx context.Context, ep *Endpoint, u *url.URL, body []byte) (*http.Request, error) {
+func upstreamRequest(ctx context.Context, ep *fleet.Endpoint, u *url.URL, body []byte) (*http.Request, error) {
 	newBody := func() io.ReadCloser { return io.NopCloser(bytes.NewReader(body)) }
 	if ep.HostOnly != nil && u.RawQuery == "" && u.Path != "" {
 		out := &http.Request{
@@ -391,7 +391,4 @@ next:
 
 // isDialError reports whether err is a failure to connect (the engine is
 // not listening), which ejects the engine at once.
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
+func isDialError(err error) bool { return fleet.IsDialError(err) }

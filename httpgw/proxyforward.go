@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 )
 
 // attempt is one try of a call on one replica: the decision that chose it
@@ -19,7 +20,7 @@ import (
 // the stack.)
 type attempt struct {
 	d        gateway.Decision
-	ep       *Endpoint
+	ep       *fleet.Endpoint
 	canRetry bool // whether a failure before any byte sent may be retried
 
 	timeout  time.Duration // the first-byte timeout that applies
@@ -203,7 +204,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				first = false
 				a.d.FirstToken()
-				c.ms.mm.ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
+				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 		}
 		switch {

@@ -1,16 +1,15 @@
 package httpgw
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -21,15 +20,15 @@ import (
 
 // Defaults of Options fields left zero.
 const (
-	DefaultReloadInterval = time.Second
-	DefaultProbeInterval  = time.Second
-	DefaultProbeTimeout   = time.Second
-	DefaultScrapeInterval = time.Second
-	DefaultEjectAfter     = 2
-	DefaultReadmitAfter   = 2
+	DefaultReloadInterval = fleet.DefaultReloadInterval
+	DefaultProbeInterval  = fleet.DefaultProbeInterval
+	DefaultProbeTimeout   = fleet.DefaultProbeTimeout
+	DefaultScrapeInterval = fleet.DefaultScrapeInterval
+	DefaultEjectAfter     = fleet.DefaultEjectAfter
+	DefaultReadmitAfter   = fleet.DefaultReadmitAfter
 	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
 	// outlier detection base_ejection_time.
-	DefaultEjectionTime = 30 * time.Second
+	DefaultEjectionTime = fleet.DefaultEjectionTime
 	DefaultMaxBodyBytes = 8 << 20
 	// DefaultFirstByteTimeout bounds the wait for the first byte of a
 	// streamed answer (Options.FirstByteTimeout): 30s, 1.5 times the
@@ -46,7 +45,7 @@ const (
 	DefaultTokenizeTimeout = 2 * time.Second
 	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
 	// adapters (Options.DiscoverInterval).
-	DefaultDiscoverInterval = 5 * time.Second
+	DefaultDiscoverInterval = fleet.DefaultDiscoverInterval
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -165,87 +164,30 @@ type Options struct {
 // (Run) that reload the configuration and watch the engines. Create one
 // with New. All methods are safe for concurrent use.
 type Server struct {
+	// Fleet is the control plane the Server serves from (package fleet):
+	// its Apply, Reload, Run, ProbeAll, ScrapeAll, DiscoverAll and Stats
+	// are the Server's.
+	*fleet.Fleet
+
 	opts    Options
 	hasher  *keys.Hasher
-	control *http.Client // probes and scrapes
 	metrics *metrics
 	gather  prometheus.Gatherer
 	log     *slog.Logger
 	mux     *http.ServeMux
 
-	state atomic.Pointer[State]
-
-	mu       sync.Mutex // serialises Apply, reloads and health transitions
-	fileInfo os.FileInfo
-	fileMod  time.Time
-	fileSize int64
-	fileSeen bool
-	// fileMissing records that the file was found missing before any
-	// load, and the empty configuration applied.
-	fileMissing bool
-
 	keyPool sync.Pool
 	bufPool sync.Pool
 	respIDs responseIDs // which replica produced each recent response (responses.go)
 
-	// pool is Options.Transport when it is the default connection pool
-	// (which Apply, Run and Close tidy), else nil.
-	pool *httpclient.Pool
-
-	// newGateway builds a model's gateway: gateway.New, replaced by tests.
-	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
 	// newRequestID names the two requests of a disaggregated request
 	// (x-request-id): newUUID, replaced by tests.
 	newRequestID func() string
 
-	// kv is the exact index's machinery (exact.go); tokTurn spreads
-	// tokenization over a model's replicas.
-	kv      *kvRuntime
-	tokTurn atomic.Uint64
-
-	// peers is what the peer gateways last reported (peers.go).
-	peers peerTable
-	// engines is the engine type each engine's metrics page showed
-	// (engines.go).
-	engines engineTable
 	// pass is the pass-through endpoints' load (passthrough.go).
 	pass passLoad
-	// modelInfo is what the engines' /v1/models say of their models
-	// (modelinfo.go).
-	modelInfo modelInfoTable
-}
-
-// State is an immutable snapshot of the configured models and engines.
-type State struct {
-	File      *config.File
-	Models    map[string]*Model
-	Endpoints map[string]*Endpoint // by normalised address
-	KV        *kvTable             // the exact index's routing of engine events
-	Adapters  *adapterTable        // LoRA adapter names to their models (lora.go)
-}
-
-// Model is one model's routing table.
-type Model struct {
-	Name         string
-	Cfg          config.Model
-	Mode         gateway.Mode
-	Gateway      *gateway.Gateway // nil when the model has no replicas
-	Order        []string         // replica names in configuration order
-	ByName       map[string]*Endpoint
-	NoReplicas   bool
-	Disaggregate bool
-	MissingPools []string      // prefill/decode pools named but not defined
-	mm           *modelMetrics // cached metric series; nil means look them up
-	// PD, for a disaggregated model served by its two pools, holds the
-	// prefill pool's gateway and the decider's settings; gw is then the
-	// decode pool's gateway. Nil otherwise.
-	PD *Disagg
-	// ExactBlockSize is the block size in tokens of a model on the exact index,
-	// 0 on the approximate index; exactCnt its counters.
-	ExactBlockSize int
-	ExactCounters  *ExactCounters
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
@@ -260,41 +202,24 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("%w: BlockSize: %w", ErrInvalidOptions, err)
 	}
 	s := &Server{
-		opts:    opts,
-		hasher:  h,
-		control: &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
-		log:     opts.Logger,
-		gather:  opts.Gatherer,
+		opts:   opts,
+		hasher: h,
+		log:    opts.Logger,
+		gather: opts.Gatherer,
 
-		newGateway: gateway.New,
-		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
 
 		newRequestID: newUUID,
 	}
-	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
-	s.kv = &kvRuntime{counters: map[string]*ExactCounters{},
-		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
-	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
-	s.kv.tok = opts.Tokenizer
-	if s.kv.tok == nil {
-		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}
-		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{kvevents.NewHTTPTokenizer(client, s.tokenizeBase), s.kv}, kvevents.CacheOptions{})
-		s.kv.tok = s.kv.tc
-	} else {
-		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
+	s.Fleet, err = fleet.New(fleetOptions(opts))
+	if err != nil {
+		return nil, fleetError(err)
 	}
-	if err := opts.Registerer.Register(kvCollector{s}); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
-	}
-	if err := opts.Registerer.Register(peerCollector{s}); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
-	}
-	s.state.Store(&State{File: &config.File{Version: config.Version}, Models: map[string]*Model{}, Endpoints: map[string]*Endpoint{}, KV: buildKVTable(nil)})
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
@@ -316,14 +241,9 @@ func New(opts Options) (*Server, error) {
 		if !s.authorizeMetrics(w, r) {
 			return
 		}
-		s.refreshGauges()
+		s.RefreshGauges()
 		metricsHandler.ServeHTTP(w, r)
 	}))
-	if opts.ConfigPath != "" {
-		if _, err := s.Reload(); err != nil {
-			return nil, err
-		}
-	}
 	return s, nil
 }
 
@@ -409,8 +329,6 @@ func fillOptions(o *Options) error {
 	return nil
 }
 
-func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-
 // ServeHTTP serves /v1/chat/completions, /v1/completions, the
 // pass-through /v1/embeddings, /tokenize and /detokenize, /v1/models,
 // /health, /stats, /metrics and /healthz. The client's address is appended
@@ -433,27 +351,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // subscribes to KV events again. Call it once the Server is no longer
 // used, e.g. after http.Server.Shutdown, so no connection is left open.
 // It returns nil.
-func (s *Server) Close() error {
-	if s.pool != nil {
-		s.pool.CloseIdleConnections()
+func (s *Server) Close() error { return s.Fleet.Close() }
+
+// fleetOptions are the control plane's options of a Server's (filled).
+func fleetOptions(o Options) fleet.Options {
+	return fleet.Options{
+		ConfigPath: o.ConfigPath, ReloadInterval: o.ReloadInterval,
+		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout,
+		ScrapeInterval: o.ScrapeInterval, DiscoverInterval: o.DiscoverInterval,
+		EjectAfter: o.EjectAfter, ReadmitAfter: o.ReadmitAfter, EjectionTime: o.EjectionTime,
+		PeerTokenFile: o.PeerTokenFile, BlockSize: o.BlockSize,
+		Transport: o.Transport, Registerer: o.Registerer, Logger: o.Logger, Clock: o.Clock,
+		GatewayOptions: o.GatewayOptions, Tokenizer: o.Tokenizer, OnReload: o.OnReload,
+		Attach: func(m *fleet.Model) any { return newModelMetrics(m.Order) },
 	}
-	s.kv.close()
-	return nil
 }
 
-// refreshGauges sets the gauges computed from the routing library's
-// counters, just before /metrics is gathered.
-func (s *Server) refreshGauges() {
-	// Under s.mu, so that a concurrent Apply cannot delete a series that
-	// this then sets again from the old snapshot.
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state.Load()
-	for addr, ep := range st.Endpoints {
-		v := 0.0
-		if ep.Health.Healthy() {
-			v = 1
-		}
-		s.metrics.healthy.WithLabelValues(addr).Set(v)
+// fleetError maps the control plane's invalid options to the Server's.
+func fleetError(err error) error {
+	if errors.Is(err, fleet.ErrInvalidOptions) {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
+	return err
 }

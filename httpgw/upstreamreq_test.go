@@ -19,6 +19,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // writeCounter counts the writes it receives.
@@ -52,7 +53,7 @@ func TestUpstreamRequest(t *testing.T) {
 		{"https", "https://engine.example:443", "/v1/chat/completions", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ep := newEndpoint(tc.base)
+			ep := fleet.NewEndpoint(tc.base)
 			assert.Equal(t, tc.hostOnly, ep.HostOnly != nil, "hostOnly")
 			u, err := url.ParseRequestURI(tc.uri)
 			require.NoError(t, err)
@@ -82,7 +83,7 @@ func TestUpstreamRequest(t *testing.T) {
 }
 
 func TestUpstreamRequestBadAddress(t *testing.T) {
-	ep := newEndpoint("http://bad host:80")
+	ep := fleet.NewEndpoint("http://bad host:80")
 	assert.Nil(t, ep.HostOnly)
 	_, err := upstreamRequest(context.Background(), ep, &url.URL{Path: "/v1/completions"}, []byte("{}"))
 	assert.Error(t, err)

@@ -1,8 +1,10 @@
-package httpgw
+package fleet
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -107,7 +109,7 @@ func (h *Health) FailedWith(err error, timedOut bool) HealthEvent {
 	if timedOut {
 		return h.Timeout()
 	}
-	return h.Failure(isDialError(err))
+	return h.Failure(IsDialError(err))
 }
 
 // eject ejects the endpoint as an outlier, with the back-off; h.mu held.
@@ -224,8 +226,8 @@ func (e *Endpoint) SnapshotLoad() (gateway.Load, bool, bool, string) {
 	return e.load, e.hasLoad, e.scrapeOK, e.lastErr
 }
 
-// newEndpoint returns the endpoint of a normalised engine address.
-func newEndpoint(base string) *Endpoint {
+// NewEndpoint returns the endpoint of a normalised engine address.
+func NewEndpoint(base string) *Endpoint {
 	ep := &Endpoint{Base: base}
 	u, err := url.Parse(base)
 	if err == nil && u.Scheme == "http" && u.Host != "" && !strings.HasSuffix(u.Host, ":") && u.Path == "" &&
@@ -233,4 +235,27 @@ func newEndpoint(base string) *Endpoint {
 		ep.HostOnly = u
 	}
 	return ep
+}
+
+// IsDialError reports whether err is a failure to connect (the engine is
+// not listening), which ejects the engine at once.
+func IsDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// Failures returns the consecutive failed answers counted (the passive
+// count that EjectAfter is compared with).
+func (h *Health) Failures() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fails
+}
+
+// SetClock sets the time source of the outlier back-off (nil: no
+// back-off); Apply sets it to Options.Clock.
+func (h *Health) SetClock(clock func() time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.clock = clock
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"
@@ -254,7 +254,7 @@ type servedAdapters struct {
 // adapters an engine lists changed, rebuilds the table that resolves
 // adapter names. Run calls it every DiscoverInterval; a failed fetch keeps
 // the engine's last list.
-func (s *Server) DiscoverAll(ctx context.Context) {
+func (s *Fleet) DiscoverAll(ctx context.Context) {
 	var changed atomic.Bool
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		got, err := fetchServed(ctx, s.control, ep.Base)
@@ -356,17 +356,6 @@ func buildAdapterTable(st *State) *adapterTable {
 	return t
 }
 
-// resolveAdapter returns the route of a request whose model names no
-// configured model, or answers the client with 404 and returns nil.
-func (s *Server) resolveAdapter(c *call, st *State, name string) *AdapterRoute {
-	r, err := st.AdapterRoute(name)
-	if err != nil {
-		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
-		return nil
-	}
-	return r
-}
-
 // AdapterRoute returns the route of the adapter name, or an error wrapping
 // ErrModelNotFound (answered with 404) when name is neither a configured
 // model nor an adapter of one, or an adapter the allow-list refuses.
@@ -382,34 +371,6 @@ func (st *State) AdapterRoute(name string) (*AdapterRoute, error) {
 		return nil, fmt.Errorf("%w: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.Model.Name, r.Model.Name)
 	}
 	return r, nil
-}
-
-// target returns the replicas a call may be routed to (gateway.Target):
-// for an adapter, those whose engines serve it, its name the policy's to
-// see; for a continued response, the replica holding it (call.pin);
-// leaving out the replica failed ("" none), which a retry avoids.
-func (c *call) target(failed string) gateway.Target {
-	t := gateway.Target{Exclude: failed}
-	var eligible map[string]bool
-	if c.lora != nil {
-		t.Adapter, eligible = c.lora.Name, c.lora.Eligible
-	}
-	switch pin := c.pin; {
-	case pin != "":
-		// A continued response goes where its conversation is stored.
-		t.Allow = func(name string) bool { return name == pin && (eligible == nil || eligible[name]) }
-	case eligible != nil:
-		t.Allow = func(name string) bool { return eligible[name] }
-	}
-	return t
-}
-
-// adapterName is the call's adapter, "" for the base model.
-func (c *call) adapterName() string {
-	if c.lora == nil {
-		return ""
-	}
-	return c.lora.Name
 }
 
 // EngineAdapters is an engine's LoRA adapter state in GET /stats.
@@ -451,17 +412,17 @@ func adapterStats(ep *Endpoint) *EngineAdapters {
 
 // adapterEntries returns the adapters GET /v1/models lists beside the
 // configured models, sorted: each with its model as parent.
-func adapterEntries(st *State) []modelEntry {
+func adapterEntries(st *State) []ModelEntry {
 	if st.Adapters == nil {
 		return nil
 	}
-	var out []modelEntry
+	var out []ModelEntry
 	for _, name := range slices.Sorted(maps.Keys(st.Adapters.byName)) {
 		r := st.Adapters.byName[name]
 		if r.refused {
 			continue
 		}
-		out = append(out, modelEntry{ID: name, Object: "model", OwnedBy: "exa", Parent: r.Model.Name})
+		out = append(out, ModelEntry{ID: name, Object: "model", OwnedBy: "exa", Parent: r.Model.Name})
 	}
 	return out
 }

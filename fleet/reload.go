@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ import (
 // new table without touching the running ones, and only then updates the
 // kept gateways and publishes the new tables. An invalid configuration is
 // an error and changes nothing.
-func (s *Server) Apply(f *config.File) error {
+func (s *Fleet) Apply(f *config.File) error {
 	if f == nil {
 		f = &config.File{Version: config.Version}
 	}
@@ -97,7 +97,7 @@ func (s *Server) Apply(f *config.File) error {
 // dropStaleSeries deletes the gauge series of engines that old had and
 // next does not, so /metrics stops reporting their last values. (The
 // per-model series are counters, kept across reloads.)
-func (s *Server) dropStaleSeries(old, next *State) {
+func (s *Fleet) dropStaleSeries(old, next *State) {
 	for addr := range old.Endpoints {
 		if _, ok := next.Endpoints[addr]; !ok {
 			s.metrics.healthy.DeleteLabelValues(addr)
@@ -109,7 +109,7 @@ func (s *Server) dropStaleSeries(old, next *State) {
 // and next does not (unless another engine of next shares the host).
 // Requests still in flight to them keep their connections, which prune
 // closes once they fall idle.
-func (s *Server) closeDropped(old, next *State) {
+func (s *Fleet) closeDropped(old, next *State) {
 	if s.pool == nil {
 		return
 	}
@@ -129,7 +129,7 @@ func (s *Server) closeDropped(old, next *State) {
 
 // syncKept syncs a kept gateway to want and returns it, or when that
 // fails (it should not: phase 1 checked every limit) a fresh gateway.
-func (s *Server) syncKept(model string, keep *gateway.Gateway, want []gateway.Replica, opts []gateway.Option) *gateway.Gateway {
+func (s *Fleet) syncKept(model string, keep *gateway.Gateway, want []gateway.Replica, opts []gateway.Option) *gateway.Gateway {
 	err := syncReplicas(keep, want)
 	if err == nil {
 		return keep
@@ -200,13 +200,13 @@ func sameRouting(a, b config.Model) bool {
 	return a.LoadWeights == nil || *a.LoadWeights == *b.LoadWeights
 }
 
-func (s *Server) endpointFor(addr string, old, next *State) *Endpoint {
+func (s *Fleet) endpointFor(addr string, old, next *State) *Endpoint {
 	if ep, ok := next.Endpoints[addr]; ok {
 		return ep
 	}
 	ep, ok := old.Endpoints[addr]
 	if !ok {
-		ep = newEndpoint(addr)
+		ep = NewEndpoint(addr)
 		ep.Health.ejectAfter = s.opts.EjectAfter
 		ep.Health.readmitAfter = s.opts.ReadmitAfter
 		ep.Health.clock, ep.Health.backoff, ep.Health.maxBackoff = s.opts.Clock, s.opts.EjectionTime, 10*s.opts.EjectionTime
@@ -219,7 +219,7 @@ func (s *Server) endpointFor(addr string, old, next *State) *Endpoint {
 // gateway: a fresh gateway when the routing options changed, otherwise the
 // list of replicas the running gateway is to be synced to, checked against
 // every limit AddReplica enforces.
-func (s *Server) planModel(name string, cfg config.Model, old, next *State) (modelPlan, error) {
+func (s *Fleet) planModel(name string, cfg config.Model, old, next *State) (modelPlan, error) {
 	if servedByPools(cfg) {
 		return s.planPD(name, cfg, old, next)
 	}
@@ -229,7 +229,9 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *State) (mod
 	if err != nil {
 		return modelPlan{}, err
 	}
-	ms.mm = newModelMetrics(ms.Order)
+	if s.opts.Attach != nil {
+		ms.Front = s.opts.Attach(ms)
+	}
 	if cfg.Exact() {
 		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
 	}
@@ -261,7 +263,7 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *State) (mod
 // tableOf adds replicas to a model's table (its endpoints, names and
 // order), each named pool/name when pool is not "", and returns them as
 // gateway replicas with their engines' health.
-func (s *Server) tableOf(ms *Model, reps []config.Replica, pool string, old, next *State) ([]gateway.Replica, error) {
+func (s *Fleet) tableOf(ms *Model, reps []config.Replica, pool string, old, next *State) ([]gateway.Replica, error) {
 	field := "models." + ms.Name + ".replicas"
 	if pool != "" {
 		field = "models." + ms.Name + ".pools." + pool
@@ -367,7 +369,7 @@ func NormalizeAddress(addr string) string {
 // invalid file is an error and the running configuration stays; so does a
 // file that disappears after it was loaded. Run calls Reload every
 // ReloadInterval; tests and embedders may call it directly.
-func (s *Server) Reload() (bool, error) {
+func (s *Fleet) Reload() (bool, error) {
 	path := s.opts.ConfigPath
 	if path == "" {
 		return false, nil
@@ -418,7 +420,7 @@ func (s *Server) Reload() (bool, error) {
 	return true, nil
 }
 
-func (s *Server) applyCounted(f *config.File) error {
+func (s *Fleet) applyCounted(f *config.File) error {
 	if err := s.Apply(f); err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
 		return err

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"
@@ -80,7 +80,7 @@ func parseModelInfo(body []byte) (map[string]engineModel, error) {
 // root and max_model_len of the models it serves, which the gateway's own
 // /v1/models then shows. A failed fetch keeps the engine's last answer.
 // Run calls it every DiscoverInterval.
-func (s *Server) DiscoverModelInfo(ctx context.Context) {
+func (s *Fleet) DiscoverModelInfo(ctx context.Context) {
 	st := s.state.Load()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		got, err := fetchModelInfo(ctx, s.control, ep.Base)
@@ -134,8 +134,8 @@ func fetchModelInfo(ctx context.Context, client *http.Client, base string) (map[
 // one base model an engine lists), else the name; max_model_len the
 // smallest its engines report (what every replica accepts), absent when
 // none does.
-func (s *Server) modelCard(ms *Model, name string) modelEntry {
-	e := modelEntry{ID: name, Object: "model", OwnedBy: "exa", Root: name}
+func (s *Fleet) modelCard(ms *Model, name string) ModelEntry {
+	e := ModelEntry{ID: name, Object: "model", OwnedBy: "exa", Root: name}
 	if ms == nil {
 		return e
 	}

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,7 +11,7 @@ import (
 // (the Translator, the Subscriber, the tokenizer cache, the routing
 // tables) when /metrics is gathered, so that event handling counts
 // nothing twice.
-type kvCollector struct{ s *Server }
+type kvCollector struct{ s *Fleet }
 
 var _ prometheus.Collector = kvCollector{}
 

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // When ctx is done it closes the default transport's idle connections
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
-func (s *Server) Run(ctx context.Context) error {
+func (s *Fleet) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loop := func(every time.Duration, f func(context.Context)) {
 		wg.Add(1)
@@ -51,7 +51,7 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // eachEndpoint calls f concurrently for every configured engine and waits.
-func (s *Server) eachEndpoint(ctx context.Context, f func(context.Context, *Endpoint)) {
+func (s *Fleet) eachEndpoint(ctx context.Context, f func(context.Context, *Endpoint)) {
 	st := s.state.Load()
 	var wg sync.WaitGroup
 	for _, ep := range st.Endpoints {
@@ -66,7 +66,7 @@ func (s *Server) eachEndpoint(ctx context.Context, f func(context.Context, *Endp
 
 // ProbeAll probes every engine's /health once and ejects or readmits
 // engines as the thresholds say. Run calls it every ProbeInterval.
-func (s *Server) ProbeAll(ctx context.Context) {
+func (s *Fleet) ProbeAll(ctx context.Context) {
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		if probe(ctx, s.control, ep.Base) {
 			s.Observe(ep, ep.Health.Success(true))
@@ -88,7 +88,7 @@ func (s *Server) ProbeAll(ctx context.Context) {
 // within ProbeTimeout (at most ScrapeInterval) is skipped; its last counts
 // are used for 3 scrape intervals, then dropped. Run does the same in two
 // loops, every ScrapeInterval: the engines' scrapes, and ScrapePeers.
-func (s *Server) ScrapeAll(ctx context.Context) {
+func (s *Fleet) ScrapeAll(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -102,7 +102,7 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 // scrapeEngines scrapes every engine's /metrics once, with the metric
 // names of its engine type, and feeds the load, with the peers' last
 // pending prefill, into the gateway of each model it serves.
-func (s *Server) scrapeEngines(ctx context.Context) {
+func (s *Fleet) scrapeEngines(ctx context.Context) {
 	st := s.state.Load()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
@@ -139,7 +139,7 @@ func (s *Server) scrapeEngines(ctx context.Context) {
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,
 // that ep serves in the current state.
-func (s *Server) eachReplicaOf(ep *Endpoint, fn func(m *Model, name string)) {
+func (s *Fleet) eachReplicaOf(ep *Endpoint, fn func(m *Model, name string)) {
 	for _, m := range s.state.Load().Models {
 		if m.Gateway == nil {
 			continue
@@ -153,7 +153,7 @@ func (s *Server) eachReplicaOf(ep *Endpoint, fn func(m *Model, name string)) {
 }
 
 // Observe applies a health transition of ep to every model that uses it.
-func (s *Server) Observe(ep *Endpoint, ev HealthEvent) {
+func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 	if ev == healthNoChange {
 		return
 	}

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"slices"
@@ -26,7 +26,7 @@ type engineSeen struct {
 // engineTypeOf returns the engine type configured for ep: that of the
 // first model, in name order, that names one and routes to ep; "" (auto)
 // when none does.
-func (s *Server) engineTypeOf(st *State, ep *Endpoint) string {
+func (s *Fleet) engineTypeOf(st *State, ep *Endpoint) string {
 	var names []string
 	for name, m := range st.Models {
 		if m.Cfg.Engine == config.EngineAuto {
@@ -48,7 +48,7 @@ func (s *Server) engineTypeOf(st *State, ep *Endpoint) string {
 // noteEngine records what ep's page showed, logging a warning when it has
 // no load series of the expected type (the engine then reads as idle)
 // and a note when it has them again.
-func (s *Server) noteEngine(ep *Endpoint, configured, detected string) {
+func (s *Fleet) noteEngine(ep *Endpoint, configured, detected string) {
 	t := &s.engines
 	t.mu.Lock()
 	old, seen := t.m[ep.Base]
@@ -73,7 +73,7 @@ func (s *Server) noteEngine(ep *Endpoint, configured, detected string) {
 
 // engineOf returns the type whose names ep's last successful scrape read,
 // and a warning when it found none; "", "" before any scrape.
-func (s *Server) engineOf(ep *Endpoint) (engine, warning string) {
+func (s *Fleet) engineOf(ep *Endpoint) (engine, warning string) {
 	t := &s.engines
 	t.mu.Lock()
 	e, ok := t.m[ep.Base]
@@ -85,7 +85,7 @@ func (s *Server) engineOf(ep *Endpoint) (engine, warning string) {
 }
 
 // pruneEngines forgets the addresses no longer configured.
-func (s *Server) pruneEngines(st *State) {
+func (s *Fleet) pruneEngines(st *State) {
 	t := &s.engines
 	t.mu.Lock()
 	defer t.mu.Unlock()

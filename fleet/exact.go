@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"cmp"
@@ -103,10 +103,10 @@ func kvID(endpoint, pod string) string { return endpoint + " " + pod }
 // kvSourceOf is the endpoint of an engine id.
 func kvSourceOf(id string) string { ep, _, _ := strings.Cut(id, " "); return ep }
 
-// kvMapFactor is how many times its replica's capacity (cache_blocks) an
+// KVMapFactor is how many times its replica's capacity (cache_blocks) an
 // engine's map of block hashes may hold: an engine announcing more has
 // lost removals, or is not the engine, and is cleared (an overflow).
-const kvMapFactor = 4
+const KVMapFactor = 4
 
 // hostAddrs returns the addresses a replica's host names: an IP address
 // itself, localhost the loopback addresses; any other name is returned as
@@ -209,7 +209,7 @@ func buildKVTable(models map[string]*Model) *kvTable {
 		case h.a.cacheBlocks <= 0:
 			e.maxBlocks = -1 // a replica of unknown capacity: the default
 		case e.maxBlocks >= 0:
-			e.maxBlocks = max(e.maxBlocks, kvMapFactor*h.a.cacheBlocks)
+			e.maxBlocks = max(e.maxBlocks, KVMapFactor*h.a.cacheBlocks)
 		}
 		addrs, name := hostAddrs(h.host)
 		for _, a := range addrs {
@@ -326,7 +326,7 @@ func (k *kvRuntime) countersOf(model string) *ExactCounters {
 
 // kvSink is the Index every engine's Target names: it applies an event of
 // engine id to each replica the current snapshot attaches to it.
-type kvSink struct{ s *Server }
+type kvSink struct{ s *Fleet }
 
 var _ kvevents.Index = kvSink{}
 
@@ -373,7 +373,7 @@ func (t *kvTable) idOf(src kvevents.Source) (string, error) {
 
 // resolveKV is the Translator's Resolver: the engine a message comes from,
 // by its endpoint and its topic's pod.
-func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
+func (s *Fleet) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 	t := s.state.Load().KV
 	id, err := t.idOf(src)
 	if err != nil {
@@ -481,7 +481,7 @@ func (k *kvRuntime) sync(t *kvTable) {
 // from that engine's replicas' hosts (or the allow-list). A Unix socket
 // (ipc://) is trusted: its file's permissions decide who connects.
 type kvPolicy struct {
-	s *Server
+	s *Fleet
 	// lookup resolves a replica's host name; nil means the system's
 	// resolver, with a timeout of kvLookupTimeout.
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -696,7 +696,7 @@ func (t *kvTable) sourcesOf(m config.Model) []string {
 
 // tokenizeBase is the HTTPTokenizer's base URL for model: a healthy
 // replica of it, taken in turn.
-func (s *Server) tokenizeBase(model string) (string, error) {
+func (s *Fleet) tokenizeBase(model string) (string, error) {
 	m := s.state.Load().Models[model]
 	if m == nil || len(m.Order) == 0 {
 		return "", fmt.Errorf("model %q has no replicas", model)

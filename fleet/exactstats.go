@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"slices"
@@ -38,7 +38,7 @@ func endpointStats(ep kvevents.EndpointStatus) config.KVEndpointStats {
 
 // kvGlobalStats returns the Stats.KVEvents section, nil when no model is
 // on the exact index and nothing was ever heard.
-func (s *Server) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.GlobalStats, eps []kvevents.EndpointStatus) *KVEventsGlobal {
+func (s *Fleet) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.GlobalStats, eps []kvevents.EndpointStatus) *KVEventsGlobal {
 	if len(eps) == 0 && len(engines) == 0 && glob.MalformedFrames == 0 && glob.Unresolved == 0 {
 		return nil
 	}
@@ -51,7 +51,7 @@ func (s *Server) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.Glo
 }
 
 // exactModelStats fills the exact index's part of a model's record.
-func (s *Server) exactModelStats(rec *config.RoutingStats, m *Model, t *kvTable, engines []kvevents.EngineStats, eps []kvevents.EndpointStatus) {
+func (s *Fleet) exactModelStats(rec *config.RoutingStats, m *Model, t *kvTable, engines []kvevents.EngineStats, eps []kvevents.EndpointStatus) {
 	cnt := m.ExactCounters
 	ks := &config.KVEventsStats{
 		BlockSize: m.ExactBlockSize,

@@ -1,10 +1,8 @@
-package httpgw
+package fleet
 
 import (
 	"encoding/json"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/examlops/gateway/config"
@@ -61,7 +59,7 @@ type EngineLoad struct {
 }
 
 // Stats returns the gateway's statistics, as GET /stats serves them.
-func (s *Server) Stats() Stats {
+func (s *Fleet) Stats() Stats {
 	st := s.state.Load()
 	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.Models))}, Engines: []EngineStats{}}
 	users := map[*Endpoint][]string{}
@@ -112,33 +110,13 @@ func (s *Server) Stats() Stats {
 	return out
 }
 
-// serveStats serves GET /stats; ?model=NAME narrows it to one model (404
-// when the gateway does not serve it).
-func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /stats accepts GET only")
-		return
-	}
-	st := s.Stats()
-	if model := r.URL.Query().Get("model"); model != "" {
-		rs, ok := st.Models[model]
-		if !ok {
-			writeError(w, http.StatusNotFound, typeNotFound, "model_not_found", "model", "gateway: model not found: "+strconv.Quote(model))
-			return
-		}
-		st.Models = map[string]config.RoutingStats{model: rs}
-	}
-	writeJSON(w, st)
-}
-
-// modelList is the OpenAI GET /v1/models body.
-type modelList struct {
+// ModelList is the OpenAI GET /v1/models body.
+type ModelList struct {
 	Object string       `json:"object"`
-	Data   []modelEntry `json:"data"`
+	Data   []ModelEntry `json:"data"`
 }
 
-type modelEntry struct {
+type ModelEntry struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
@@ -157,8 +135,8 @@ type modelEntry struct {
 
 // MarshalJSON writes the entry as vLLM's ModelCard: root defaults to the
 // id, and a model's parent is null.
-func (e modelEntry) MarshalJSON() ([]byte, error) {
-	type plain modelEntry
+func (e ModelEntry) MarshalJSON() ([]byte, error) {
+	type plain ModelEntry
 	out := struct {
 		plain
 		Parent *string `json:"parent"`
@@ -172,34 +150,14 @@ func (e modelEntry) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// serveModels serves GET /v1/models: the configured models, then the
-// LoRA adapters the gateway serves, each with its model as parent.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	code := "200"
-	defer func() { s.metrics.requests.WithLabelValues("", "models", code).Inc() }()
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		code = "405"
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /v1/models accepts GET only")
-		return
-	}
+// ModelList is the body of GET /v1/models: the configured models, then
+// the LoRA adapters served, each with its model as parent.
+func (s *Fleet) ModelList() ModelList {
 	st := s.state.Load()
-	list := modelList{Object: "list", Data: []modelEntry{}}
+	list := ModelList{Object: "list", Data: []ModelEntry{}}
 	for _, name := range st.File.Names() {
 		list.Data = append(list.Data, s.modelCard(st.Models[name], name))
 	}
 	list.Data = append(list.Data, adapterEntries(st)...)
-	writeJSON(w, list)
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, typeServer, "encode_error", "", "gateway: encode response: "+err.Error())
-		return
-	}
-	b = append(b, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	_, _ = w.Write(b)
+	return list
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // A decode pool without replicas leaves the model without a gateway (503);
 // a prefill pool without replicas leaves every request co-located
 // (fallback prefill_unavailable).
-func (s *Server) planPD(name string, cfg config.Model, old, next *State) (modelPlan, error) {
+func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPlan, error) {
 	prefill, decode := cfg.Pools[cfg.PrefillPool], cfg.Pools[cfg.DecodePool]
 	ms := &Model{Name: name, Cfg: cfg, ByName: make(map[string]*Endpoint, len(prefill)+len(decode)),
 		Disaggregate: true, Mode: gateway.ModeLoadAware}
@@ -27,7 +27,9 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *State) (modelP
 	if err != nil {
 		return modelPlan{}, err
 	}
-	ms.mm = newModelMetrics(ms.Order)
+	if s.opts.Attach != nil {
+		ms.Front = s.opts.Attach(ms)
+	}
 	if cfg.Exact() {
 		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
 	}
