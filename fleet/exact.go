@@ -24,7 +24,7 @@ import (
 // only their engines' KV events change (package kvevents), and key their
 // requests from the engines' own tokens (exactkey.go).
 //
-// One Translator and one Subscriber serve every model for the Server's
+// One Translator and one Subscriber serve every model for the Fleet's
 // life, so an engine's state (its sequence number, its map of block
 // hashes) survives reloads that do not concern it. Each state snapshot
 // carries a kvTable: which engine, heard on which endpoint under which
@@ -281,7 +281,7 @@ func buildKVTable(models map[string]*Model) *kvTable {
 	return t
 }
 
-// kvRuntime is the Server's part of the exact index that outlives
+// kvRuntime is the Fleet's part of the exact index that outlives
 // snapshots.
 type kvRuntime struct {
 	tr   *kvevents.Translator
@@ -297,7 +297,7 @@ type kvRuntime struct {
 	counters map[string]*ExactCounters // by model
 }
 
-// ExactCounters count one model's keying, over the Server's life.
+// ExactCounters count one model's keying, over the Fleet's life.
 type ExactCounters struct {
 	Tokenize, engineCalls, Errors atomic.Uint64
 	Fallbacks                     [NumFallbacks]atomic.Uint64

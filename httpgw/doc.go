@@ -12,9 +12,12 @@
 //
 // The control plane (configuration apply and reload, probes and outlier
 // ejection, load scrapes, LoRA and model discovery, KV-event wiring, peer
-// gateways) is being moved to package fleet; Server.Apply and Server.Run
-// keep driving it. Server.Picker serves the same routing to Envoy's
-// ext_proc endpoint picker (package picker, `exa serve picker`).
+// gateways, /stats) is package fleet: a Server embeds a *fleet.Fleet, whose
+// Apply, Reload, Run, ProbeAll, ScrapeAll and Stats are the Server's, and
+// reads its snapshot for each request; the data plane reports what
+// engines answer (passive health) back through it. Server.Picker serves
+// the same routing over the same fleet to Envoy's ext_proc endpoint picker
+// (package picker, `exa serve picker`): pick.go and pick_pd.go.
 //
 // Reference: docs/gateway.md (endpoints, configuration, disaggregation,
 // keys, exact index, engine signals, LoRA, failures), docs/metrics.md
