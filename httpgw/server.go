@@ -51,45 +51,22 @@ const (
 // Options configures a Server. The zero value is usable: every zero field
 // takes the default named in its comment.
 type Options struct {
-	// ConfigPath is the routing configuration file (package config's
-	// format) that New loads and Run polls for changes. "" means none:
-	// the embedder calls Apply instead.
-	ConfigPath string
-	// ReloadInterval is how often Run checks the file's modification time
-	// and size; default DefaultReloadInterval (1s).
-	ReloadInterval time.Duration
-	// ProbeInterval is how often Run probes each engine's /health; default
-	// DefaultProbeInterval (1s). ProbeTimeout bounds each probe; default
-	// DefaultProbeTimeout (1s).
+	// The control plane's settings, passed to package fleet (see the
+	// fleet.Options fields of the same names for what each does; the
+	// defaults are this package's Default* constants): the configuration
+	// file and its polling, probes, scrapes, discovery, outlier ejection,
+	// the peer token, the exact index's tokenizer and the reload hook.
+	ConfigPath                  string
+	ReloadInterval              time.Duration
 	ProbeInterval, ProbeTimeout time.Duration
-	// ScrapeInterval is how often Run scrapes each engine's /metrics;
-	// default DefaultScrapeInterval (1s).
-	ScrapeInterval time.Duration
-	// DiscoverInterval is how often Run fetches each engine's GET
-	// /v1/models to learn the LoRA adapters it serves (DiscoverAll; the
-	// first time when Run starts); default DefaultDiscoverInterval (5s).
-	DiscoverInterval time.Duration
-	// EjectAfter is how many consecutive failures (failed probes, 5xx
-	// responses, transport errors) eject an engine; a refused connection
-	// ejects at once. Default DefaultEjectAfter (2).
-	EjectAfter int
-	// ReadmitAfter is how many consecutive successful probes readmit an
-	// ejected engine; default DefaultReadmitAfter (2).
-	ReadmitAfter int
-	// PeerTokenFile, when set, names a file holding the peer token (see
-	// ReadPeerToken): /metrics then answers only requests carrying
-	// "Authorization: Bearer <token>" (others get 401), and the peer
-	// scrapes send it. Every gateway sharing pending prefill, and any
-	// Prometheus scraping /metrics, needs the same token. The file is
-	// re-read when it changes. Default "": /metrics is open, as before.
-	PeerTokenFile string
-	// EjectionTime is the back-off of an engine ejected for its answers
-	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
-	// timeout), as Envoy's outlier detection's base_ejection_time: no
-	// probe readmits it for EjectionTime times the number of times it was
-	// so ejected, at most 10 times EjectionTime. Default
-	// DefaultEjectionTime (30s, Envoy's default); negative, none.
-	EjectionTime time.Duration
+	ScrapeInterval              time.Duration
+	DiscoverInterval            time.Duration
+	EjectAfter                  int
+	ReadmitAfter                int
+	PeerTokenFile               string
+	EjectionTime                time.Duration
+	Tokenizer                   kvevents.Tokenizer
+	OnReload                    func(ReloadResult)
 	// MaxBodyBytes bounds request bodies; larger ones get 413. Default
 	// DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
@@ -135,18 +112,6 @@ type Options struct {
 	// GatewayOptions are added to every model's gateway.New options, after
 	// the ones its configuration implies.
 	GatewayOptions []gateway.Option
-	// Tokenizer tokenizes the requests of models on the exact index;
-	// default the engines' own POST /tokenize (kvevents.HTTPTokenizer, on
-	// a healthy replica of the request's model, taken in turn) behind a
-	// kvevents.CachedTokenizer. An embedder with an in-process tokenizer
-	// that reproduces the engines' tokens and chat templates exactly may
-	// supply it; it is used as is.
-	Tokenizer kvevents.Tokenizer
-	// OnReload, when set, is called after each load of ConfigPath (by New
-	// and Run), from the loading goroutine, with the version of the file
-	// read and the outcome; the CLI records it so that `exa serve routing
-	// set` can tell when a running process failed to apply a change.
-	OnReload func(ReloadResult)
 	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
 	// for any) whose cross-origin requests the gateway allows: their
 	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
