@@ -29,12 +29,12 @@ func (s *Server) retryAfter() string {
 // Options.Admission, and reports whether it did.
 func (s *Server) shed(c *call) bool {
 	a := s.opts.Admission
-	if !c.ms.gw.Saturated(c.target(""), a) {
+	if !c.ms.Gateway.Saturated(c.target(""), a) {
 		return false
 	}
 	c.w.Header().Set("Retry-After", s.retryAfter())
 	c.oc.fail(c.w, http.StatusTooManyRequests, "rate_limit_error", codeShed, "",
-		fmt.Sprintf("gateway: model %q is saturated: no eligible replica has room (%s); retry later", c.ms.name, admissionText(a)))
+		fmt.Sprintf("gateway: model %q is saturated: no eligible replica has room (%s); retry later", c.ms.Name, admissionText(a)))
 	c.oc.code = codeShed429
 	return true
 }

@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // This file serves a disaggregated model: the decode replica is chosen
@@ -55,98 +54,38 @@ const (
 	headerRequestID = "X-Request-Id"
 )
 
-// pdReason is why a disaggregated request left the decider's plan.
-type pdReason int
-
-const (
-	pdPrefillUnavailable pdReason = iota // no healthy prefill replica: co-located
-	pdPrefillBusy                        // every prefill replica queued more than the decode one: co-located
-	pdPrefillFailed                      // prefill failed other than with a 4xx: co-located
-	pdPrefillNoKV                        // prefill answer without kv_transfer_params: co-located
-	pdDecodeRetry                        // decode replica failed before its first byte: retried
-	numPDReasons
-)
-
-var pdReasonNames = [numPDReasons]string{"prefill_unavailable", "prefill_busy", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
-
-func (r pdReason) String() string { return pdReasonNames[r] }
-
-// pdCounters are a disaggregated model's decider figures for /stats. They
-// live as long as the model's gateways.
-type pdCounters struct {
-	decided, split atomic.Uint64
-	fallbacks      [numPDReasons]atomic.Uint64
-}
-
-// pdState is a disaggregated model's P/D routing: the library's plan
-// (gateway.PD: its Decode is the model's gw, its MinUncached the
-// decider's threshold) and the settings that execute it. Immutable once
-// built, but for the counters.
-type pdState struct {
-	dis *gateway.PD // Prefill is nil when the prefill pool is empty
-	// sidecar selects sidecar mode (config.PDModeSidecar).
-	sidecar bool
-	// minUncached is the decider's threshold in tokens; tokensPerBlock
-	// converts unmatched approximate key blocks into tokens, exactBS
-	// (0 on the approximate index) unmatched blocks of engine tokens.
-	minUncached, tokensPerBlock, exactBS int
-	// hostPort maps a prefill replica to the host:port the sidecar is
-	// given; prefillNames holds the prefill replicas' names.
-	hostPort     map[string]string
-	prefillNames map[string]bool
-	counters     *pdCounters
-}
-
-// bytesPerToken is the decider's estimate of prompt bytes per token, as
-// llm-d's prefix-based decider estimates it (AverageCharactersPerToken).
-const bytesPerToken = 4
-
-// blockTokens is how many prompt tokens one block of a request's key
-// stands for, for the plan's threshold (gateway.PD.Route). On the exact
-// index a request keyed by its tokens (fallback -1) has blocks of exactBS
-// engine tokens, which the decode engines' own events say they hold or not
-// (the tokens of a last partial block are not counted: no engine caches
-// them); a request keyed without tokens falls back to the approximate key,
-// which the exact index never matches.
-func (pd *pdState) blockTokens(fallback int) int {
-	if pd.exactBS > 0 && fallback < 0 {
-		return pd.exactBS
-	}
-	return pd.tokensPerBlock
-}
-
 // decidePD plans a request of a disaggregated model (gateway.PD.Route) and
 // counts the decision; prefill is the target of the prefill side.
-func (s *Server) decidePD(ms *modelState, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
-	pd := ms.pd
-	plan, err := pd.dis.Route(key, pd.blockTokens(fallback), decode, prefill)
+func (s *Server) decidePD(ms *fleet.Model, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
+	pd := ms.PD
+	plan, err := pd.Plan.Route(key, pd.BlockTokens(fallback), decode, prefill)
 	if err != nil {
 		return plan, err
 	}
-	pd.counters.decided.Add(1)
+	pd.Counters.Decided.Add(1)
 	switch {
 	case plan.Split:
-		pd.counters.split.Add(1)
-		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
-		ms.mm.replicaReqsC(s.metrics, ms.name, plan.Prefill.Replica).Inc()
+		pd.Counters.Split.Add(1)
+		s.metrics.pdRequests.WithLabelValues(ms.Name, "split").Inc()
+		mmOf(ms).replicaReqsC(s.metrics, ms.Name, plan.Prefill.Replica).Inc()
 	case plan.Reason == "cached":
-		s.metrics.pdRequests.WithLabelValues(ms.name, "colocated").Inc()
+		s.metrics.pdRequests.WithLabelValues(ms.Name, "colocated").Inc()
 	default:
 		// The plan wanted a split but found no prefill replica fit for
 		// it: counted as a split that fell back, as before the plan.
-		pd.counters.split.Add(1)
-		s.metrics.pdRequests.WithLabelValues(ms.name, "split").Inc()
+		pd.Counters.Split.Add(1)
+		s.metrics.pdRequests.WithLabelValues(ms.Name, "split").Inc()
 		s.pdCount(ms, pdReasonOf(plan.Reason))
 	}
 	return plan, nil
 }
 
 // pdReasonOf maps a plan's reason for not splitting to its fallback.
-func pdReasonOf(reason string) pdReason {
+func pdReasonOf(reason string) fleet.PDReason {
 	if reason == "prefill_busy" {
-		return pdPrefillBusy
+		return fleet.PDPrefillBusy
 	}
-	return pdPrefillUnavailable
+	return fleet.PDPrefillUnavailable
 }
 
 // setPrefillHeaders names the prefill replica of a split request and its
@@ -159,13 +98,13 @@ func setPrefillHeaders(c *call, pre *gateway.Decision) {
 
 // proxyPD serves an admitted request of a disaggregated model.
 func (s *Server) proxyPD(c *call) {
-	ms, pd, oc := c.ms, c.ms.pd, &c.oc
+	ms, pd, oc := c.ms, c.ms.PD, &c.oc
 	t := c.target("")
 	plan, err := s.decidePD(ms, c.key, c.fallback, t, t)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
-				fmt.Sprintf("gateway: no healthy decode replica for model %q", ms.name))
+				fmt.Sprintf("gateway: no healthy decode replica for model %q", ms.Name))
 			return
 		}
 		oc.fail(c.w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
@@ -186,8 +125,8 @@ func (s *Server) proxyPD(c *call) {
 		return
 	}
 	pre := plan.Prefill
-	if pd.sidecar {
-		hp := pd.hostPort[pre.Replica]
+	if pd.Sidecar {
+		hp := pd.HostPort[pre.Replica]
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
 		h.Set(HeaderDisagg, "split"+note)
 		setPrefillHeaders(c, &pre)
@@ -205,26 +144,26 @@ func (s *Server) proxyPD(c *call) {
 	s.proxy(c)
 	if handed && c.attempt.ttfb > 0 {
 		first := c.start.Add(c.attempt.ttfb).Sub(decodeStart)
-		s.metrics.pdPhase.WithLabelValues(ms.name, "decode_first_byte").Observe(max(first, 0).Seconds())
-		s.metrics.pdPhase.WithLabelValues(ms.name, "decode").Observe(s.opts.Clock().Sub(decodeStart).Seconds())
+		s.metrics.pdPhase.WithLabelValues(ms.Name, "decode_first_byte").Observe(max(first, 0).Seconds())
+		s.metrics.pdPhase.WithLabelValues(ms.Name, "decode").Observe(s.opts.Clock().Sub(decodeStart).Seconds())
 	}
 }
 
 // pdCount counts a fallback of a disaggregated model.
-func (s *Server) pdCount(ms *modelState, r pdReason) {
-	ms.pd.counters.fallbacks[r].Add(1)
-	s.metrics.pdFallbacks.WithLabelValues(ms.name, r.String()).Inc()
+func (s *Server) pdCount(ms *fleet.Model, r fleet.PDReason) {
+	ms.PD.Counters.Fallbacks[r].Add(1)
+	s.metrics.pdFallbacks.WithLabelValues(ms.Name, r.String()).Inc()
 }
 
 // pdFallback counts a prefill fallback and marks the answer with it; the
 // request goes on co-located, with its own body, on its decode replica.
-func (s *Server) pdFallback(c *call, r pdReason, note string, err error) {
+func (s *Server) pdFallback(c *call, r fleet.PDReason, note string, err error) {
 	s.pdCount(c.ms, r)
 	c.w.Header().Set(HeaderDisagg, r.String()+note)
 	c.w.Header().Del(HeaderPrefillReplica)
 	c.w.Header().Del(HeaderPrefillDecision)
 	if err != nil {
-		s.log.Warn("gateway: prefill fallback; decoding co-located", "model", c.ms.name, "reason", r.String(), "err", err)
+		s.log.Warn("gateway: prefill fallback; decoding co-located", "model", c.ms.Name, "reason", r.String(), "err", err)
 	}
 }
 
@@ -246,13 +185,13 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 	if ep == nil {
 		err := fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address)
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, pdPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	body, err := prefillBody(c.body)
 	if err != nil { // not reached: admit parsed the body as an object
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, pdPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	id := s.newRequestID()
@@ -269,7 +208,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 	if err != nil && timedOut.Load() {
 		err = fmt.Errorf("%w (%v)", errFirstByteTimeout, s.opts.FirstByteTimeout)
 	}
-	where := fmt.Sprintf("prefill replica %q (%s)", pre.Replica, ep.base)
+	where := fmt.Sprintf("prefill replica %q (%s)", pre.Replica, ep.Base)
 	switch {
 	case err != nil && c.r.Context().Err() != nil:
 		pre.Done(gateway.DoneInfo{Err: err})
@@ -277,14 +216,14 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		c.oc.code = codeClientCanceled
 		return false, false
 	case err != nil:
-		s.observe(ep, ep.health.failedWith(err, timedOut.Load()))
+		s.Observe(ep, ep.Health.FailedWith(err, timedOut.Load()))
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, pdPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
+		s.pdFallback(c, fleet.PDPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
 		return true, false
 	case status >= 400 && status <= 451:
 		// The request itself is at fault: decoding it elsewhere would
 		// fail alike (pd-sidecar's shouldFallbackToDecode).
-		s.observe(ep, ep.health.success(false))
+		s.Observe(ep, ep.Health.Success(false))
 		pre.Done(gateway.DoneInfo{})
 		c.first.Done(gateway.DoneInfo{})
 		h := c.w.Header()
@@ -300,28 +239,28 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		return false, false
 	case status < 200 || status > 299:
 		if status >= 500 {
-			s.observe(ep, ep.health.failure(false))
+			s.Observe(ep, ep.Health.Failure(false))
 		}
 		err := fmt.Errorf("%s: %w: status %d", where, errUpstreamStatus, status)
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, pdPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
-	s.observe(ep, ep.health.success(false))
+	s.Observe(ep, ep.Health.Success(false))
 	kv, ok := answerKVParams(answer)
 	if !ok {
 		pre.Done(gateway.DoneInfo{})
-		s.pdFallback(c, pdPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
+		s.pdFallback(c, fleet.PDPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
 		return true, false
 	}
 	dbody, err := decodeBody(c.body, kv)
 	if err != nil { // not reached, as above
 		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, pdPrefillFailed, note, err)
+		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
 	pre.Done(gateway.DoneInfo{Latency: elapsed})
-	s.metrics.pdPhase.WithLabelValues(ms.name, "prefill").Observe(elapsed.Seconds())
+	s.metrics.pdPhase.WithLabelValues(ms.Name, "prefill").Observe(elapsed.Seconds())
 	c.body = dbody
 	c.upHeader = func(h http.Header) {
 		h.Del(headerPrefillerHostPort)
@@ -335,7 +274,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 // exchange sends a prefill request to ep and reads the whole answer,
 // bounded by maxPrefillAnswer. It returns the answer's body, status and
 // headers, or the error that prevented it.
-func (s *Server) exchange(ctx context.Context, c *call, ep *endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
+func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
 	out, err := upstreamRequest(ctx, ep, c.r.URL, body)
 	if err != nil {
 		return nil, 0, nil, err
@@ -381,33 +320,4 @@ func newUUID() string {
 		out = append(out, hex[x>>4], hex[x&15])
 	}
 	return string(out)
-}
-
-// stats returns the model's P/D record; dec is the decode pool's record.
-func (pd *pdState) stats(name string, cfg config.Model) *config.DisaggregationStats {
-	out := &config.DisaggregationStats{
-		Mode:              cfg.PDModeName(),
-		MinUncachedTokens: pd.minUncached,
-		Decided:           pd.counters.decided.Load(),
-		Split:             pd.counters.split.Load(),
-		Fallbacks:         make(map[string]uint64, numPDReasons),
-	}
-	if out.Decided > 0 {
-		out.SplitShare = float64(out.Split) / float64(out.Decided)
-	}
-	for r := range numPDReasons {
-		out.Fallbacks[r.String()] = pd.counters.fallbacks[r].Load()
-	}
-	if p := pd.dis.Prefill; p != nil {
-		reps := p.Replicas()
-		rec := config.StatsFromGateway(name, config.SourceGateway, gateway.ModeCacheAware, p.Stats(), reps)
-		rec.Index = cfg.IndexName()
-		for _, r := range reps {
-			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
-				rec.Replicas[i].CachedBlocks = r.CachedBlocks
-			}
-		}
-		out.Prefill = &rec
-	}
-	return out
 }

@@ -46,7 +46,7 @@ func (f *pdExactFixture) store(e *pdEngine, base uint64, text string) {
 		hashes[i] = base + uint64(i)
 	}
 	f.seq[pod]++
-	f.srv.kv.tr.Handle(f.bind, eventFrames(f.t, "kv@"+pod+"@"+testModel, f.seq[pod], storedEvent(hashes, nil, tokens[:4*len(hashes)], 4)))
+	f.srv.HandleKVFrames(f.bind, eventFrames(f.t, "kv@"+pod+"@"+testModel, f.seq[pod], storedEvent(hashes, nil, tokens[:4*len(hashes)], 4)))
 }
 
 // cachedBlocks returns the blocks each replica (pool/name) holds in the
@@ -138,7 +138,7 @@ func TestPDExactIndex(t *testing.T) {
 func TestPDExactIndexEngineInBothPools(t *testing.T) {
 	f := newPDExactFixture(t, 1, 1, 0, nil)
 	p0 := f.prefill[0]
-	m := f.srv.state.Load().file.Models[testModel]
+	m := f.srv.Snapshot().File.Models[testModel]
 	m.Pools["decode"] = append(m.Pools["decode"], config.Replica{Name: "p0", Address: p0.srv.URL})
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: m}}))
 	f.store(p0, 1, words("doc", 8))
@@ -179,7 +179,7 @@ func TestPickerPDExactIndex(t *testing.T) {
 		for i := range hashes {
 			hashes[i] = seq*100 + uint64(i)
 		}
-		f.srv.kv.tr.Handle(bind, eventFrames(t, "kv@"+pod+"@"+testModel, seq, storedEvent(hashes, nil, tokens[:4*len(hashes)], 4)))
+		f.srv.HandleKVFrames(bind, eventFrames(t, "kv@"+pod+"@"+testModel, seq, storedEvent(hashes, nil, tokens[:4*len(hashes)], 4)))
 	}
 	store("prefill-1.example:8000", 1, " "+sys)
 	pick := func(user string) (string, bool) {

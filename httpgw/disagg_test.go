@@ -419,9 +419,9 @@ func TestPDFallbacks(t *testing.T) {
 		// counter waits for the handler, which had started: the prefill entered.
 		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "499", "reason": codeClientCanceled}))
 		assert.Empty(t, f.decode[0].requests())
-		ms := f.srv.state.Load().models[testModel]
-		assert.Zero(t, ms.gw.Replicas()[0].InFlight, "the decode decision is released")
-		assert.Zero(t, ms.pd.dis.Prefill.Replicas()[0].InFlight, "the prefill decision is released")
+		ms := f.srv.Snapshot().Models[testModel]
+		assert.Zero(t, ms.Gateway.Replicas()[0].InFlight, "the decode decision is released")
+		assert.Zero(t, ms.PD.Plan.Prefill.Replicas()[0].InFlight, "the prefill decision is released")
 	})
 	t.Run("decode 5xx retried", func(t *testing.T) {
 		f := newPDFixture(t, 1, 2, nil)
@@ -493,22 +493,22 @@ func TestPDSidecarMode(t *testing.T) {
 func TestPDReload(t *testing.T) {
 	f := newPDFixture(t, 1, 1, nil)
 	readAll(t, f.post("/v1/chat/completions", pdBody(false, "hello")))
-	cfg := f.srv.state.Load().file.Clone()
+	cfg := f.srv.Snapshot().File.Clone()
 	m := cfg.Models[testModel]
 	extra := newPDEngine(t, "d1")
 	m.Pools["decode"] = append(m.Pools["decode"], config.Replica{Name: "d1", Address: extra.srv.URL})
 	cfg.Models[testModel] = m
-	before := f.srv.state.Load().models[testModel]
+	before := f.srv.Snapshot().Models[testModel]
 	require.NoError(t, f.srv.Apply(cfg))
-	after := f.srv.state.Load().models[testModel]
-	assert.Same(t, before.gw, after.gw)
-	assert.Same(t, before.pd.dis.Prefill, after.pd.dis.Prefill)
-	assert.Len(t, after.gw.Replicas(), 2)
+	after := f.srv.Snapshot().Models[testModel]
+	assert.Same(t, before.Gateway, after.Gateway)
+	assert.Same(t, before.PD.Plan.Prefill, after.PD.Plan.Prefill)
+	assert.Len(t, after.Gateway.Replicas(), 2)
 	assert.Equal(t, uint64(1), f.srv.Stats().Models[testModel].Disaggregation.Split)
 
 	// Engine health reaches the pool's own gateway.
-	f.srv.observe(after.byName["prefill/p0"], after.byName["prefill/p0"].health.failure(true))
-	assert.False(t, after.pd.dis.Prefill.Replicas()[0].Healthy)
+	f.srv.Observe(after.ByName["prefill/p0"], after.ByName["prefill/p0"].Health.Failure(true))
+	assert.False(t, after.PD.Plan.Prefill.Replicas()[0].Healthy)
 	resp := f.post("/v1/chat/completions", pdBody(false, "hello"))
 	readAll(t, resp)
 	assert.Regexp(t, `^prefill_unavailable; `, resp.Header.Get(HeaderDisagg))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+
+	"github.com/examlops/gateway/fleet"
 )
 
 // Sentinel errors of the HTTP gateway. Errors are wrapped with context, so
@@ -17,7 +19,7 @@ var (
 	ErrBodyTooLarge = errors.New("gateway: request body too large")
 	// ErrModelNotFound reports a request for a model the configuration
 	// does not name.
-	ErrModelNotFound = errors.New("gateway: model not found")
+	ErrModelNotFound = fleet.ErrModelNotFound
 	// ErrNoReplicas reports a configured model without replicas.
 	ErrNoReplicas = errors.New("gateway: model has no replicas")
 	// ErrUpstream reports an engine that failed before sending a response.

@@ -36,7 +36,7 @@ func BenchmarkExactKey(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := &call{w: httptest.NewRecorder(), r: httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil),
-		body: body, req: req, ms: s.state.Load().models["m1"], oc: outcome{kind: endpointChat}}
+		body: body, req: req, ms: s.Snapshot().Models["m1"], oc: outcome{kind: endpointChat}}
 	key := make(gateway.Key, 0, 512)
 	if key, fb := s.exactKey(c, key[:0]); fb >= 0 || len(key) == 0 {
 		b.Fatalf("fell back (%d) or empty key", fb)

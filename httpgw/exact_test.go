@@ -138,7 +138,7 @@ func (ef *exactFixture) store(i int, seq, base uint64, tokens []uint32, bs int) 
 	for j := range hashes {
 		hashes[j] = base + uint64(j)
 	}
-	ef.srv.kv.tr.Handle(ef.bind, eventFrames(ef.t, "kv@"+ef.pod(i)+"@"+testModel, seq, storedEvent(hashes, nil, tokens, bs)))
+	ef.srv.HandleKVFrames(ef.bind, eventFrames(ef.t, "kv@"+ef.pod(i)+"@"+testModel, seq, storedEvent(hashes, nil, tokens, bs)))
 }
 
 // complete posts a completion and returns the replica and the decision.
@@ -339,99 +339,6 @@ func FuzzReadTokenizeInput(f *testing.F) {
 	})
 }
 
-func TestExactKVTable(t *testing.T) {
-	gw, err := gateway.New([]gateway.Replica{{Name: "x"}})
-	require.NoError(t, err)
-	ms := func(name string, cfg config.Model) *modelState {
-		m := &modelState{name: name, cfg: cfg, gw: gw, byName: map[string]*endpoint{}}
-		for _, r := range cfg.Replicas {
-			m.byName[r.Name] = newEndpoint(NormalizeAddress(r.Address))
-		}
-		return m
-	}
-	const bind = "tcp://*:5557"
-	exact := func(reps ...config.Replica) config.Model {
-		return config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}
-	}
-	tab := buildKVTable(map[string]*modelState{
-		"base": ms("base", exact(
-			config.Replica{Name: "a", Address: "http://10.0.0.1:8000"},                                  // pods 10.0.0.1:8000 and 10.0.0.1
-			config.Replica{Name: "b", Address: "http://10.0.0.2:8000"},                                  // 10.0.0.2:8000 only: c shares the host
-			config.Replica{Name: "c", Address: "http://10.0.0.2:8001"},                                  // 10.0.0.2:8001 only
-			config.Replica{Name: "d", Address: "http://10.0.0.4:8000", Pod: "pod-d"},                    // pod-d only
-			config.Replica{Name: "v", Address: "http://10.0.0.5:8000", KVEvents: "tcp://10.0.0.5:5557"}, // its own publisher
-			config.Replica{Name: "r1", Address: "http://10.0.0.6:8000", KVEvents: "tcp://relay:1"},
-			config.Replica{Name: "r2", Address: "http://10.0.0.7:8000", KVEvents: "tcp://relay:1"},
-		)),
-		"lora": ms("lora", exact(config.Replica{Name: "a2", Address: "http://10.0.0.1:8000"})),
-		"big": ms("big", func() config.Model {
-			m := exact(config.Replica{Name: "d2", Address: "http://10.0.0.9:1", Pod: "pod-d"})
-			m.BlockSize = 32
-			return m
-		}()),
-		"approx": ms("approx", config.Model{Mode: gateway.ModeCacheAware, KVEventsBind: "tcp://*:9", Replicas: []config.Replica{{Name: "z", Address: "http://10.0.0.1:8000"}}}),
-	})
-	require.ElementsMatch(t, []string{bind}, tab.bind)
-	require.ElementsMatch(t, []string{"tcp://10.0.0.5:5557", "tcp://relay:1"}, tab.connect)
-	require.True(t, tab.sources["tcp://10.0.0.5:5557"].single)
-	require.False(t, tab.sources["tcp://relay:1"].single)
-	attach := func(id string) []string {
-		if tab.engines[id] == nil {
-			return nil
-		}
-		return tab.replicasOf(id)
-	}
-	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1:8000")), "an engine of two models")
-	require.Equal(t, []string{"base/a", "lora/a2"}, attach(kvID(bind, "10.0.0.1")), "its host alone")
-	require.Equal(t, "", tab.engines[kvID(bind, "10.0.0.1")].model, "two models: the topic names the chain root")
-	require.Same(t, tab.engines[kvID(bind, "10.0.0.1:8000")], tab.engines[kvID(bind, "10.0.0.1")], "one engine by either name: one state")
-	require.Equal(t, []string{"base/b"}, attach(kvID(bind, "10.0.0.2:8000")))
-	require.Nil(t, attach(kvID(bind, "10.0.0.2")), "a host of two engines names neither")
-	require.Nil(t, attach(kvID(bind, "10.0.0.4:8000")), "an explicit pod replaces the address")
-	require.Contains(t, tab.engines[kvID(bind, "pod-d")].err, "block sizes 16 and 32")
-	require.Equal(t, []string{"base/v"}, attach(kvID("tcp://10.0.0.5:5557", "")))
-	require.Equal(t, "base", tab.engines[kvID("tcp://10.0.0.5:5557", "")].model)
-	require.Equal(t, []string{"base/r1"}, attach(kvID("tcp://relay:1", "10.0.0.6:8000")))
-	require.Nil(t, attach(kvID("tcp://*:9", "10.0.0.1:8000")), "approximate models are not heard")
-
-	s := &Server{}
-	st := &state{kv: tab, models: map[string]*modelState{}}
-	s.state.Store(st)
-	for _, tc := range []struct {
-		src     kvevents.Source
-		replica string
-		model   string
-		err     string
-	}{
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@base", Pod: "10.0.0.1", Model: "base"}, kvID(bind, "10.0.0.1:8000"), "base", ""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1:8000@base", Pod: "10.0.0.1:8000", Model: "base"}, kvID(bind, "10.0.0.1:8000"), "base", ""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@base", Pod: "10.0.0.2:8000", Model: "base"}, kvID(bind, "10.0.0.2:8000"), "base", ""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.2:8000@other", Pod: "10.0.0.2:8000", Model: "other"}, "", "", "names model \"other\""},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1@lora", Pod: "10.0.0.1", Model: "lora"}, kvID(bind, "10.0.0.1:8000"), "lora", ""},
-		{kvevents.Source{Endpoint: bind, Topic: ""}, "", "", "names no pod"},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.3@base", Pod: "10.0.0.3", Model: "base"}, "", "", "no replica answers to pod"},
-		{kvevents.Source{Endpoint: bind, Topic: "kv@pod-d@base", Pod: "pod-d", Model: "base"}, "", "", "block sizes"},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: ""}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@base", Pod: "whatever", Model: "base"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "vllm-free-topic"}, kvID("tcp://10.0.0.5:5557", ""), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://10.0.0.5:5557", Topic: "kv@whatever@x", Pod: "whatever", Model: "x"}, "", "", "names model \"x\""},
-		{kvevents.Source{Endpoint: "tcp://relay:1", Topic: "kv@10.0.0.7@base", Pod: "10.0.0.7", Model: "base"}, kvID("tcp://relay:1", "10.0.0.7:8000"), "base", ""},
-		{kvevents.Source{Endpoint: "tcp://other:1"}, "", "", "not configured"},
-	} {
-		tg, err := s.resolveKV(tc.src)
-		if tc.err != "" {
-			require.ErrorContains(t, err, tc.err, "%+v", tc.src)
-			continue
-		}
-		require.NoError(t, err, "%+v", tc.src)
-		require.Equal(t, tc.replica, tg.Replica)
-		require.Equal(t, tc.model, tg.Model)
-	}
-	// Two models on one engine, and a topic that names no model: no root.
-	_, err = s.resolveKV(kvevents.Source{Endpoint: bind, Topic: "kv@10.0.0.1:8000", Pod: "10.0.0.1:8000"})
-	require.Error(t, err)
-}
-
 // TestExactReload: a replica added to another model on the same engine
 // gets the blocks the index holds; an engine removed from the
 // configuration, or ejected, leaves the index; a new block size resets.
@@ -441,7 +348,7 @@ func TestExactReload(t *testing.T) {
 	ef.store(0, 1, 100, wordTokens(prompt), 4)
 	ef.store(1, 1, 200, wordTokens(words("other", 8)), 4)
 	held := func(model, replica string) int {
-		for _, r := range ef.srv.state.Load().models[model].gw.Replicas() {
+		for _, r := range ef.srv.Snapshot().Models[model].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -465,7 +372,7 @@ func TestExactReload(t *testing.T) {
 	only.Replicas = ef.cfg.Replicas[:1]
 	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: only, "m2": second}}))
 	var e1 kvevents.EngineStats
-	engines, _ := ef.srv.kv.tr.Stats()
+	engines, _ := ef.srv.KVStats()
 	for _, e := range engines {
 		if e.Source.Pod == ef.pod(1) {
 			e1 = e
@@ -475,9 +382,9 @@ func TestExactReload(t *testing.T) {
 	require.Zero(t, e1.Mapped)
 
 	// e0 is ejected: its blocks leave both models' indexes.
-	ep := ef.srv.state.Load().models[testModel].byName["e0"]
-	for ep.health.healthy() {
-		ef.srv.observe(ep, ep.health.failure(true))
+	ep := ef.srv.Snapshot().Models[testModel].ByName["e0"]
+	for ep.Health.Healthy() {
+		ef.srv.Observe(ep, ep.Health.Failure(true))
 	}
 	require.Zero(t, held(testModel, "e0"))
 	require.Zero(t, held("m2", "e0"))
@@ -492,7 +399,7 @@ func TestExactReload(t *testing.T) {
 	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: bigger}}))
 	require.Zero(t, held(testModel, "e0"))
 	ef.store(0, 2, 500, wordTokens(words("eight", 8)), 4)
-	engines, _ = ef.srv.kv.tr.Stats()
+	engines, _ = ef.srv.KVStats()
 	for _, e := range engines {
 		if e.Source.Pod == ef.pod(0) {
 			require.Equal(t, uint64(1), e.DroppedBlockSize, "events of the old block size are dropped")
@@ -517,8 +424,8 @@ func TestExactBindFailureChangesNothing(t *testing.T) {
 	require.Contains(t, err.Error(), taken)
 	require.Contains(t, err.Error(), "only one process can bind a KV-event endpoint")
 	require.Contains(t, err.Error(), "exa serve routing set m2 --kv-events-bind \"\" --kv-events-connect")
-	require.NotContains(t, ef.srv.state.Load().models, "m2")
-	eps := ef.srv.kv.endpoints()
+	require.NotContains(t, ef.srv.Snapshot().Models, "m2")
+	eps := ef.srv.KVEndpoints()
 	require.Len(t, eps, 1)
 	require.Equal(t, ef.bind, eps[0].Endpoint)
 }
@@ -532,7 +439,7 @@ func TestExactOverZMQ(t *testing.T) {
 	pub := zmqPub(ctx, t)
 	require.NoError(t, pub.Dial(ef.bind))
 	held := func(replica string) int {
-		for _, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range ef.srv.Snapshot().Models[testModel].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -560,7 +467,7 @@ func TestExactOverZMQ(t *testing.T) {
 		_ = pub2.Send(zmqMsg(eventFrames(t, "", seq, storedEvent([]uint64{seq}, nil, wordTokens(words(fmt.Sprint("y", seq), 4)), 4))))
 		return held("e1") > 0
 	})
-	eps := ef.srv.kv.endpoints()
+	eps := ef.srv.KVEndpoints()
 	require.Len(t, eps, 2)
 }
 
@@ -614,10 +521,10 @@ func TestExactConcurrent(t *testing.T) {
 	run(60, func(i int) {
 		require.NoError(t, ef.srv.Apply(files[i%len(files)]))
 		if i%5 == 0 {
-			ep := ef.srv.state.Load().models[testModel].byName["e0"]
-			ef.srv.observe(ep, ep.health.failure(true))
-			ef.srv.observe(ep, ep.health.success(true))
-			ef.srv.observe(ep, ep.health.success(true))
+			ep := ef.srv.Snapshot().Models[testModel].ByName["e0"]
+			ef.srv.Observe(ep, ep.Health.Failure(true))
+			ef.srv.Observe(ep, ep.Health.Success(true))
+			ef.srv.Observe(ep, ep.Health.Success(true))
 		}
 	})
 	wg.Wait()
@@ -625,14 +532,14 @@ func TestExactConcurrent(t *testing.T) {
 	require.NoError(t, ef.srv.Apply(files[0]))
 	// After the last reload, every replica's index holds no more blocks
 	// than its engine's map.
-	engines, _ := ef.srv.kv.tr.Stats()
+	engines, _ := ef.srv.KVStats()
 	mapped := map[string]int{}
 	for _, e := range engines {
 		if e.Replica != "" {
 			mapped[e.Source.Pod] = e.Mapped
 		}
 	}
-	for i, r := range ef.srv.state.Load().models[testModel].gw.Replicas() {
+	for i, r := range ef.srv.Snapshot().Models[testModel].Gateway.Replicas() {
 		require.LessOrEqual(t, r.CachedBlocks, mapped[ef.pod(i)], r.Name)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/jsonscan"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -162,42 +163,42 @@ func (s *Server) exactKey(c *call, dst gateway.Key) (gateway.Key, int) {
 	ms := c.ms
 	if c.oc.kind == endpointResponses {
 		// The engine's /tokenize takes chat and completions bodies only.
-		return s.fallbackKey(c, dst, fallbackUnsupported)
+		return s.fallbackKey(c, dst, fleet.FallbackUnsupported)
 	}
-	in := readTokenizeInput(c.oc.kind, ms.name, c.body)
+	in := readTokenizeInput(c.oc.kind, ms.Name, c.body)
 	if in.unsupported != "" {
-		return s.fallbackKey(c, dst, fallbackUnsupported)
+		return s.fallbackKey(c, dst, fleet.FallbackUnsupported)
 	}
 	tokens := in.tokens
 	if !in.hasTokens {
 		if in.req.Prompt == "" && len(in.req.Messages) == 0 {
-			return s.fallbackKey(c, dst, fallbackShort) // an empty prompt
+			return s.fallbackKey(c, dst, fleet.FallbackShort) // an empty prompt
 		}
-		cnt := ms.exactCnt
-		cnt.tokenize.Add(1)
+		cnt := ms.ExactCounters
+		cnt.Tokenize.Add(1)
 		ctx, cancel := context.WithTimeout(c.r.Context(), s.opts.TokenizeTimeout)
 		start := s.opts.Clock()
 		var err error
-		tokens, err = s.kv.tok.Tokenize(ctx, in.req)
+		tokens, err = s.Tokenizer().Tokenize(ctx, in.req)
 		cancel()
-		s.metrics.tokenizeSeconds.WithLabelValues(ms.name).Observe(s.opts.Clock().Sub(start).Seconds())
+		s.metrics.tokenizeSeconds.WithLabelValues(ms.Name).Observe(s.opts.Clock().Sub(start).Seconds())
 		if err != nil {
-			cnt.errors.Add(1)
-			s.log.Debug("gateway: tokenization failed; routing the request as if nothing were cached", "model", ms.name, "err", err)
-			return s.fallbackKey(c, dst, fallbackTokenize)
+			cnt.Errors.Add(1)
+			s.log.Debug("gateway: tokenization failed; routing the request as if nothing were cached", "model", ms.Name, "err", err)
+			return s.fallbackKey(c, dst, fleet.FallbackTokenize)
 		}
 	}
 	start := len(dst)
-	dst, err := keys.AppendExact(dst, keys.ExactName(ms.name, c.adapterName()), tokens, ms.exactBS)
+	dst, err := keys.AppendExact(dst, keys.ExactName(ms.Name, c.adapterName()), tokens, ms.ExactBlockSize)
 	if err != nil || len(dst) == start {
-		return s.fallbackKey(c, dst[:start], fallbackShort)
+		return s.fallbackKey(c, dst[:start], fleet.FallbackShort)
 	}
 	return dst, -1
 }
 
 // fallbackKey appends the call's approximate key and counts the fallback.
 func (s *Server) fallbackKey(c *call, dst gateway.Key, reason int) (gateway.Key, int) {
-	c.ms.exactCnt.fallbacks[reason].Add(1)
+	c.ms.ExactCounters.Fallbacks[reason].Add(1)
 	start := len(dst)
 	dst = appendKey(s.hasher, dst, c.req, c.r.Header)
 	keys.Salt(dst[start:], c.adapterName())

@@ -1,11 +1,9 @@
 package httpgw
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -102,7 +101,7 @@ func TestExactSourceBinding(t *testing.T) {
 	}
 	apply(cfg)
 	held := func(replica string) int {
-		for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 			if r.Name == replica {
 				return r.CachedBlocks
 			}
@@ -140,7 +139,7 @@ func TestExactSourceBinding(t *testing.T) {
 	require.NoError(t, e1.send(blocks("kv@127.0.0.11:8000@other-model", 1, 40)))
 	require.NoError(t, e1.send(blocks(topic("127.0.0.11"), 2, 50)))
 	waitFor(t, func() bool { return held("r1") == 4 })
-	_, glob := s.kv.tr.Stats()
+	_, glob := s.KVStats()
 	require.Equal(t, uint64(1), glob.Unresolved)
 	require.Contains(t, glob.LastError, `names model "other-model"`)
 
@@ -148,7 +147,7 @@ func TestExactSourceBinding(t *testing.T) {
 	// sequence continues, and there is one state.
 	require.NoError(t, e1.send(blocks("kv@127.0.0.11@"+testModel, 3, 82)))
 	waitFor(t, func() bool { return held("r1") == 6 })
-	engines, _ := s.kv.tr.Stats()
+	engines, _ := s.KVStats()
 	require.Len(t, engines, 2, "r1 and r2, however named")
 	for _, e := range engines {
 		require.Zero(t, e.Gaps+e.Restarts+e.Rejected, "%+v", e)
@@ -156,13 +155,13 @@ func TestExactSourceBinding(t *testing.T) {
 
 	require.Equal(t, 2, held("r2"), "the rogue's blocks never reached r2")
 	require.Equal(t, 0, held("r3"), "r2's engine could not publish as r3")
-	eps := s.kv.endpoints()
+	eps := s.KVEndpoints()
 	require.Len(t, eps, 1)
 	g := eps[0].Guard
 	require.Equal(t, uint64(1), g.RefusedSource)
 	require.Equal(t, uint64(1), g.RefusedTopic)
 	require.Equal(t, uint64(2), g.Accepted)
-	waitFor(t, func() bool { return s.kv.endpoints()[0].Guard.Open == 1 })
+	waitFor(t, func() bool { return s.KVEndpoints()[0].Guard.Open == 1 })
 	f := &fixture{t: t, reg: reg}
 	require.Equal(t, 1.0, f.counter("exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "source"}))
 	require.Equal(t, 1.0, f.counter("exa_gateway_kv_endpoint_closed_total", map[string]string{"reason": "topic"}))
@@ -187,37 +186,8 @@ func TestExactSourceBinding(t *testing.T) {
 	require.Equal(t, 2, held("r3"))
 }
 
-func TestKVPolicyHostnames(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Tokenizer: &wordTokenizer{}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	bind := freeTCP(t)
-	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
-		Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind,
-		Replicas: []config.Replica{{Name: "a", Address: "http://engine-a:8000"}, {Name: "l", Address: "http://localhost:8001"}}}}}))
-	lookups := 0
-	p := kvPolicy{s: s, lookup: func(_ context.Context, host string) ([]netip.Addr, error) {
-		lookups++
-		require.Equal(t, "engine-a", host)
-		return []netip.Addr{netip.MustParseAddr("10.1.2.3")}, nil
-	}}
-	ip := netip.MustParseAddr
-	require.NoError(t, p.AcceptConn(bind, ip("10.9.9.9")), "a name's addresses are known only when its topic is checked")
-	require.NoError(t, p.AcceptTopic(bind, ip("10.1.2.3"), []byte("kv@engine-a:8000@"+testModel)))
-	require.Error(t, p.AcceptTopic(bind, ip("10.9.9.9"), []byte("kv@engine-a:8000@"+testModel)))
-	require.Equal(t, 2, lookups)
-	require.NoError(t, p.AcceptTopic(bind, ip("127.0.0.1"), []byte("kv@localhost:8001@"+testModel)), "localhost needs no lookup")
-	require.NoError(t, p.AcceptTopic(bind, ip("::1"), []byte("kv@localhost:8001@"+testModel)))
-	require.Error(t, p.AcceptTopic(bind, ip("127.0.0.1"), []byte("kv@nobody@"+testModel)))
-	require.Error(t, p.AcceptConn("tcp://127.0.0.1:1", ip("127.0.0.1")), "an endpoint not configured")
-	require.Equal(t, 4, p.MaxConnsFrom(bind, ip("127.0.0.1")), "one engine at 127.0.0.1: 2 + 2")
-	require.Zero(t, p.MaxConnsFrom(bind, ip("10.1.2.3")), "a host name: the subscriber's default")
-	require.NoError(t, p.AcceptConn(bind, netip.Addr{}), "a Unix socket is trusted")
-}
-
 // TestExactMapBoundFromCapacity: an engine's map of block hashes is
-// bounded by kvMapFactor times its replica's capacity (issue 21: the
+// bounded by fleet.KVMapFactor times its replica's capacity (issue 21: the
 // bound was 1M blocks per topic variant whatever the replica), the
 // gateway's default capacity when cache_blocks is not set.
 func TestExactMapBoundFromCapacity(t *testing.T) {
@@ -226,16 +196,16 @@ func TestExactMapBoundFromCapacity(t *testing.T) {
 	cfg.Replicas = append([]config.Replica(nil), ef.cfg.Replicas...)
 	cfg.Replicas[0].CacheBlocks = 4
 	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
-	tab := ef.srv.state.Load().kv
-	require.Equal(t, kvMapFactor*4, tab.engines[kvID(ef.bind, ef.pod(0))].maxBlocks)
-	require.Equal(t, kvMapFactor*16384, tab.engines[kvID(ef.bind, ef.pod(1))].maxBlocks, "the gateway's default capacity")
+	tab := ef.srv.Snapshot()
+	require.Equal(t, fleet.KVMapFactor*4, tab.KVMapBound(ef.bind, ef.pod(0)))
+	require.Equal(t, fleet.KVMapFactor*16384, tab.KVMapBound(ef.bind, ef.pod(1)), "the gateway's default capacity")
 
 	// 4 x 4 blocks fit; one more overflows and clears the engine.
 	for i := range 4 {
 		ef.store(0, uint64(i+1), uint64(100*i), wordTokens(words(fmt.Sprint("p", i), 16)), 4)
 	}
 	engine0 := func() kvevents.EngineStats {
-		st, _ := ef.srv.kv.tr.Stats()
+		st, _ := ef.srv.KVStats()
 		for _, e := range st {
 			if e.Source.Pod == ef.pod(0) {
 				return e

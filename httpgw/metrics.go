@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -11,23 +12,17 @@ import (
 // gateway's own and survive configuration reloads; the routing library's
 // counters (which restart when a model's gateway is rebuilt) back /stats.
 type metrics struct {
-	requests     requestCounter           // model, endpoint, code, reason
-	decisions    *prometheus.CounterVec   // model, kind
-	routed       *prometheus.CounterVec   // model
-	hits         *prometheus.CounterVec   // model
-	blocks       *prometheus.CounterVec   // model
-	matched      *prometheus.CounterVec   // model
-	replicaReqs  *prometheus.CounterVec   // model, replica
-	duration     *prometheus.HistogramVec // model, endpoint
-	ttfb         *prometheus.HistogramVec // model, endpoint
-	retries      *prometheus.CounterVec   // model
-	ejections    *prometheus.CounterVec   // address
-	readmissions *prometheus.CounterVec   // address
-	healthy      *prometheus.GaugeVec     // address
-	probeFails   *prometheus.CounterVec   // address
-	scrapeErrors *prometheus.CounterVec   // address
-	reloads      *prometheus.CounterVec   // result
-	inFlight     prometheus.Gauge
+	requests    requestCounter           // model, endpoint, code, reason
+	decisions   *prometheus.CounterVec   // model, kind
+	routed      *prometheus.CounterVec   // model
+	hits        *prometheus.CounterVec   // model
+	blocks      *prometheus.CounterVec   // model
+	matched     *prometheus.CounterVec   // model
+	replicaReqs *prometheus.CounterVec   // model, replica
+	duration    *prometheus.HistogramVec // model, endpoint
+	ttfb        *prometheus.HistogramVec // model, endpoint
+	retries     *prometheus.CounterVec   // model
+	inFlight    prometheus.Gauge
 	// tokenizeSeconds times the tokenization of requests on the exact
 	// index, by model.
 	tokenizeSeconds *prometheus.HistogramVec
@@ -111,18 +106,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"model", "endpoint"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
 			Help: "Requests retried on another replica after an upstream failure before any response byte."}, []string{"model"}),
-		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "ejections_total",
-			Help: "Times an engine address was ejected as unhealthy."}, []string{"address"}),
-		readmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "readmissions_total",
-			Help: "Times an ejected engine address was readmitted."}, []string{"address"}),
-		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "endpoint_healthy",
-			Help: "1 if the engine address is in rotation, 0 if ejected."}, []string{"address"}),
-		probeFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "probe_failures_total",
-			Help: "Failed active /health probes, by engine address."}, []string{"address"}),
-		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scrape_errors_total",
-			Help: "Failed /metrics scrapes, by engine address."}, []string{"address"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "config_reloads_total",
-			Help: "Configuration loads, by result (ok, error)."}, []string{"result"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight_requests",
 			Help: "Inference requests being served."}),
 		tokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
@@ -131,8 +114,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		pdMetrics: newPDMetrics(ns),
 	}
 	for _, c := range []prometheus.Collector{m.requests.vec, m.decisions, m.routed, m.hits, m.blocks, m.matched,
-		m.replicaReqs, m.duration, m.ttfb, m.retries, m.ejections, m.readmissions, m.healthy, m.probeFails,
-		m.scrapeErrors, m.reloads, m.inFlight, m.tokenizeSeconds,
+		m.replicaReqs, m.duration, m.ttfb, m.retries, m.inFlight, m.tokenizeSeconds,
 		m.pdRequests, m.pdFallbacks, m.pdPhase} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -258,4 +240,11 @@ func (mm *modelMetrics) ttfbO(m *metrics, model string, kind endpointKind) prome
 		return look()
 	}
 	return mm.ttfb[kind].get(look)
+}
+
+// mmOf returns a model's cached series (fleet.Model.Front, set by the
+// Attach hook of New), nil (look each series up) when it has none.
+func mmOf(ms *fleet.Model) *modelMetrics {
+	mm, _ := ms.Front.(*modelMetrics)
+	return mm
 }

@@ -41,7 +41,7 @@ func exposition(t *testing.T) []byte {
 // The /metrics exposition passes the Prometheus linter (promlint, which
 // `promtool check metrics` runs): counters end in _total, units are base
 // units, no ratio gauge is left (ratios are PromQL over counters; see
-// the package doc), and latency histograms reach an hour.
+// docs/metrics.md), and latency histograms reach an hour.
 func TestMetricsLint(t *testing.T) {
 	page := exposition(t)
 	problems, err := promlint.New(bytes.NewReader(page)).Lint()

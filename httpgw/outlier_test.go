@@ -15,28 +15,10 @@ import (
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
-// testClock is a clock the test moves.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // withHealthClock makes every engine's outlier back-off read clk.
 func withHealthClock(f *fixture, clk *testClock) {
-	for _, ep := range f.srv.state.Load().endpoints {
-		ep.health.clock = clk.Now
+	for _, ep := range f.srv.Snapshot().Endpoints {
+		ep.Health.SetClock(clk.Now)
 	}
 }
 
@@ -90,41 +72,6 @@ func TestOutlierEjection(t *testing.T) {
 	assert.Equal(t, 2.0, f.counter("exa_gateway_ejections_total", nil))
 }
 
-// TestHealthStateOutlier: the passive count survives passing probes; the
-// back-off grows with each ejection up to its cap; a timeout ejects at
-// once; a probe failure streak ejects without back-off.
-func TestHealthStateOutlier(t *testing.T) {
-	clk := &testClock{now: time.Unix(1e9, 0)}
-	h := &healthState{ejectAfter: 3, readmitAfter: 1, clock: clk.Now, backoff: 10 * time.Second, maxBackoff: 25 * time.Second}
-	assert.Equal(t, healthNoChange, h.failure(false))
-	assert.Equal(t, healthNoChange, h.success(true))
-	assert.Equal(t, healthNoChange, h.failure(false))
-	assert.Equal(t, healthNoChange, h.success(true))
-	assert.Equal(t, healthEjected, h.failure(false), "the third 500 ejects, probes between")
-	for i, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second, 25 * time.Second} {
-		if i > 0 {
-			assert.Equal(t, healthEjected, h.timeout(), "ejection %d", i+1)
-		}
-		clk.Add(wait - time.Millisecond)
-		assert.Equal(t, healthNoChange, h.success(true), "ejection %d: within %v", i+1, wait)
-		clk.Add(time.Millisecond)
-		assert.Equal(t, healthReadmitted, h.success(true), "ejection %d: after %v", i+1, wait)
-	}
-	// Served answers lower the multiplier again.
-	for range 10 {
-		h.success(false)
-	}
-	assert.Equal(t, healthEjected, h.timeout())
-	clk.Add(10 * time.Second)
-	assert.Equal(t, healthReadmitted, h.success(true))
-	// Probe failures: no back-off.
-	for range 2 {
-		assert.Equal(t, healthNoChange, h.probeFailure())
-	}
-	assert.Equal(t, healthEjected, h.probeFailure())
-	assert.Equal(t, healthReadmitted, h.success(true))
-}
-
 // TestPrefillTimeoutEjects: a prefill engine that hangs is ejected from
 // the prefill pool by its first timeout: the next request is not split
 // (prefill_unavailable) and does not wait on it again.
@@ -150,4 +97,20 @@ func TestPrefillTimeoutEjects(t *testing.T) {
 	}
 	assert.Len(t, p.requests(), 1, "the hanging prefill engine was asked once")
 	assert.Len(t, f.decode[0].requests(), 2)
+}
+
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }

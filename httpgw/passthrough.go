@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 )
 
 // Pass-through endpoints: requests the gateway forwards to one replica of
@@ -104,7 +105,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return
 	}
-	st := s.state.Load()
+	st := s.Snapshot()
 	name, body, err := passModel(st, body)
 	if err != nil {
 		var re *requestError
@@ -115,19 +116,19 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
 		return
 	}
-	ms, ok := st.models[name]
+	ms, ok := st.Models[name]
 	if !ok {
-		rt, err := st.adapterRoute(name)
+		rt, err := st.AdapterRoute(name)
 		if err != nil {
 			pc.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
 			return
 		}
-		ms = rt.model
+		ms = rt.Model
 	}
-	pc.model = ms.name
-	if ms.noReps || len(ms.order) == 0 {
+	pc.model = ms.Name
+	if ms.NoReplicas || len(ms.Order) == 0 {
 		pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
-			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
+			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
 	s.passForward(pc, ms, body)
@@ -137,7 +138,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // forward. A body without "model" (or with null), when the gateway serves
 // exactly one model, names that one; the body forwarded then names it
 // too (see withSoleModel).
-func passModel(st *state, body []byte) (string, []byte, error) {
+func passModel(st *fleet.State, body []byte) (string, []byte, error) {
 	req, err := decodeRequest(body)
 	if err != nil {
 		var re *requestError
@@ -159,7 +160,7 @@ func passModel(st *state, body []byte) (string, []byte, error) {
 // body without "model" (or with null): when the gateway serves exactly
 // one model, the body names it (withSoleModel) and is parsed again. err
 // is parseRequest's error; any other error is returned as is.
-func defaultModel(st *state, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
+func defaultModel(st *fleet.State, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
 	var re *requestError
 	if !errors.As(err, &re) || re.field != "model" {
 		return nil, nil, err
@@ -181,19 +182,19 @@ func defaultModel(st *state, kind endpointKind, body []byte, err error) (*infere
 // passForward sends the call to the least loaded healthy replica of ms and
 // relays its answer, retrying once on another replica when the first
 // fails before answering (a transport error or a 5xx).
-func (s *Server) passForward(pc *passCall, ms *modelState, body []byte) {
-	var failed *endpoint
+func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
+	var failed *fleet.Endpoint
 	var lastErr error
 	for try := 0; try < 2; try++ {
 		ep := s.passPick(ms, failed)
 		if ep == nil {
 			if try > 0 {
 				pc.fail(http.StatusBadGateway, typeServer, "upstream_error", "",
-					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 				return
 			}
 			pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
-				fmt.Sprintf("gateway: no healthy replica for model %q", ms.name))
+				fmt.Sprintf("gateway: no healthy replica for model %q", ms.Name))
 			return
 		}
 		retry, err := s.passSend(pc, ep, body, try == 0)
@@ -207,12 +208,12 @@ func (s *Server) passForward(pc *passCall, ms *modelState, body []byte) {
 // passSend forwards the call to ep. It returns retry=true, with the cause,
 // when ep failed before answering and canRetry allows another try;
 // otherwise it has answered the client.
-func (s *Server) passSend(pc *passCall, ep *endpoint, body []byte, canRetry bool) (bool, error) {
-	s.pass.add(ep.base, 1)
-	defer s.pass.add(ep.base, -1)
+func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
+	s.pass.add(ep.Base, 1)
+	defer s.pass.add(ep.Base, -1)
 	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
 	if err != nil {
-		pc.fail(http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.base, err))
+		pc.fail(http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
 		return false, nil
 	}
 	copyHeaders(out.Header, pc.r.Header)
@@ -227,8 +228,8 @@ func (s *Server) passSend(pc *passCall, ep *endpoint, body []byte, canRetry bool
 			pc.code = codeClientCanceled
 			return false, nil
 		}
-		s.observe(ep, ep.health.failure(isDialError(err)))
-		err = fmt.Errorf("engine %s: %w", ep.base, err)
+		s.Observe(ep, ep.Health.Failure(isDialError(err)))
+		err = fmt.Errorf("engine %s: %w", ep.Base, err)
 		if canRetry {
 			return true, err
 		}
@@ -237,13 +238,13 @@ func (s *Server) passSend(pc *passCall, ep *endpoint, body []byte, canRetry bool
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 {
-		s.observe(ep, ep.health.failure(false))
+		s.Observe(ep, ep.Health.Failure(false))
 		if canRetry {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			return true, fmt.Errorf("engine %s: %w: status %d", ep.base, errUpstreamStatus, resp.StatusCode)
+			return true, fmt.Errorf("engine %s: %w: status %d", ep.Base, errUpstreamStatus, resp.StatusCode)
 		}
 	} else {
-		s.observe(ep, ep.health.success(false))
+		s.Observe(ep, ep.Health.Success(false))
 	}
 	h := pc.w.Header()
 	copyHeaders(h, resp.Header)
@@ -270,10 +271,10 @@ func (s *Server) passSend(pc *passCall, ep *endpoint, body []byte, canRetry bool
 type writerOnly struct{ io.Writer }
 
 // replicaName returns the name model gives the engine ep ("" if none).
-func (s *Server) replicaName(ep *endpoint, model string) string {
-	if ms := s.state.Load().models[model]; ms != nil {
-		for _, name := range ms.order {
-			if ms.byName[name] == ep {
+func (s *Server) replicaName(ep *fleet.Endpoint, model string) string {
+	if ms := s.Snapshot().Models[model]; ms != nil {
+		for _, name := range ms.Order {
+			if ms.ByName[name] == ep {
 				return name
 			}
 		}
@@ -287,27 +288,27 @@ func (s *Server) replicaName(ep *endpoint, model string) string {
 // gateway's pass-through requests in flight; nil when there is none.
 // Equal scores are drawn from a count of pass-through requests
 // (gateway.Request.Tie), as the gateway draws its own ties.
-func (s *Server) passPick(ms *modelState, skip *endpoint) *endpoint {
-	n := len(ms.order)
+func (s *Server) passPick(ms *fleet.Model, skip *fleet.Endpoint) *fleet.Endpoint {
+	n := len(ms.Order)
 	cands := make([]gateway.Candidate, 0, n)
-	eps := make([]*endpoint, 0, n)
+	eps := make([]*fleet.Endpoint, 0, n)
 	turn := s.pass.turn.Add(1)
 	start := int(turn % uint64(n))
 	for i := range n {
-		name := ms.order[(start+i)%n]
-		ep := ms.byName[name]
-		if ep == nil || ep == skip || !ep.health.healthy() {
+		name := ms.Order[(start+i)%n]
+		ep := ms.ByName[name]
+		if ep == nil || ep == skip || !ep.Health.Healthy() {
 			continue
 		}
-		l, _, _, _ := ep.snapshotLoad()
-		cands = append(cands, gateway.Candidate{Name: name, Load: l, InFlight: s.pass.get(ep.base)})
+		l, _, _, _ := ep.SnapshotLoad()
+		cands = append(cands, gateway.Candidate{Name: name, Load: l, InFlight: s.pass.get(ep.Base)})
 		eps = append(eps, ep)
 	}
 	if len(cands) == 0 {
 		return nil
 	}
 	var w gateway.LoadWeights
-	if lw := ms.cfg.LoadWeights; lw != nil {
+	if lw := ms.Cfg.LoadWeights; lw != nil {
 		w = gateway.LoadWeights(*lw)
 	}
 	return eps[(&gateway.LoadAware{Weights: w}).Pick(&gateway.Request{Tie: turn}, cands)]
@@ -319,12 +320,12 @@ func (s *Server) passPick(ms *modelState, skip *endpoint) *endpoint {
 // the last of repeated members) as for the gateway. Without exactly one
 // model it is the error a missing "model" gets. body is one JSON object
 // (decodeRequest checked it).
-func withSoleModel(st *state, body []byte) (string, []byte, error) {
-	if len(st.models) != 1 {
-		return "", nil, fieldErr("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.models)))
+func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
+	if len(st.Models) != 1 {
+		return "", nil, fieldErr("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))
 	}
 	var name string
-	for n := range st.models {
+	for n := range st.Models {
 		name = n
 	}
 	b := bytes.TrimRight(body, " \t\r\n")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
@@ -241,8 +242,8 @@ func FuzzPassModel(f *testing.F) {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
-	one := &state{models: map[string]*modelState{"m1": {name: "m1"}}}
-	two := &state{models: map[string]*modelState{"m1": {name: "m1"}, "m2": {name: "m2"}}}
+	one := &fleet.State{Models: map[string]*fleet.Model{"m1": {Name: "m1"}}}
+	two := &fleet.State{Models: map[string]*fleet.Model{"m1": {Name: "m1"}, "m2": {Name: "m2"}}}
 	f.Fuzz(func(t *testing.T, body []byte, single bool) {
 		st := two
 		if single {

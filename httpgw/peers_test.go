@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,58 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func TestParsePeerPending(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		page string
-		want map[string]map[string]int
-	}{
-		{"empty page", "", map[string]map[string]int{}},
-		{"two models", `# TYPE exa_gateway_pending_prefill_blocks gauge
-exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 12
-exa_gateway_pending_prefill_blocks{model="m1",replica="r1"} 0
-exa_gateway_pending_prefill_blocks{model="m2",replica="r0"} 3
-exa_gateway_peer_prefill_blocks{model="m1",replica="r0"} 99
-vllm:num_requests_waiting 4
-`, map[string]map[string]int{"m1": {"r0": 12, "r1": 0}, "m2": {"r0": 3}}},
-		{"missing label skipped", "exa_gateway_pending_prefill_blocks{model=\"m1\"} 5\nexa_gateway_pending_prefill_blocks{model=\"m1\",replica=\"r\"} 1\n",
-			map[string]map[string]int{"m1": {"r": 1}}},
-		{"absurd values clamped", "exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"a\"} -4\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"b\"} 1e300\n" +
-			"exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"c\"} NaN\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"d\"} 2.6\n",
-			map[string]map[string]int{"m": {"a": 0, "b": MaxLoadCount, "c": 0, "d": 3}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parsePeerPending(strings.NewReader(tc.page))
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-		})
-	}
-	_, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"))
-	assert.Error(t, err)
-}
-
-// FuzzParsePeerPending: a peer's /metrics page is untrusted bytes; the
-// parser never panics, and every count it returns is within 0..MaxLoadCount.
-func FuzzParsePeerPending(f *testing.F) {
-	f.Add("exa_gateway_pending_prefill_blocks{model=\"m1\",replica=\"r0\"} 12\n")
-	f.Add("# TYPE exa_gateway_pending_prefill_blocks gauge\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\n")
-	f.Add("exa_gateway_pending_prefill_blocks{model=\"\",replica=\"\"} -Inf\n")
-	f.Add("# TYPE exa_gateway_pending_prefill_blocks histogram\nexa_gateway_pending_prefill_blocks_bucket{le=\"+Inf\"} 1\n")
-	f.Fuzz(func(t *testing.T, page string) {
-		got, err := parsePeerPending(strings.NewReader(page))
-		if err != nil {
-			return
-		}
-		for m, reps := range got {
-			for r, n := range reps {
-				if n < 0 || n > MaxLoadCount {
-					t.Fatalf("%s/%s: %d outside 0..%d", m, r, n, MaxLoadCount)
-				}
-			}
-		}
-	})
-}
 
 // peerRig is two gateway processes, A and B, in front of the same two
 // fake engines, each configured with the other as its peer.
@@ -128,7 +75,7 @@ func newPeerRig(t *testing.T, extraB ...string) *peerRig {
 
 func peerLoad(t *testing.T, s *Server, model string) map[string]int {
 	out := map[string]int{}
-	for _, st := range s.state.Load().models[model].gw.Replicas() {
+	for _, st := range s.Snapshot().Models[model].Gateway.Replicas() {
 		out[st.Name] = st.Load.PeerPrefill
 	}
 	return out
@@ -139,7 +86,7 @@ func peerLoad(t *testing.T, s *Server, model string) map[string]int {
 func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
-	gwA := r.a.state.Load().models[testModel].gw
+	gwA := r.a.Snapshot().Models[testModel].Gateway
 	d, err := gwA.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 	require.NoError(t, err)
 	require.Equal(t, "r0", d.Replica, "the first of two idle replicas")
@@ -161,10 +108,10 @@ func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	// B sends a new prompt where A's prefill is not queued; without the
 	// peer it would take r0, the first of two idle replicas (as "other"
 	// does).
-	dB, err := r.b.state.Load().models[testModel].gw.Route(gateway.Key{20, 21, 22})
+	dB, err := r.b.Snapshot().Models[testModel].Gateway.Route(gateway.Key{20, 21, 22})
 	require.NoError(t, err)
 	assert.Equal(t, "r1", dB.Replica)
-	dO, err := r.b.state.Load().models["other"].gw.Route(gateway.Key{20, 21, 22})
+	dO, err := r.b.Snapshot().Models["other"].Gateway.Route(gateway.Key{20, 21, 22})
 	require.NoError(t, err)
 	assert.Equal(t, "r0", dO.Replica)
 
@@ -201,7 +148,7 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 
 	r := newPeerRig(t, slow.URL, garbage.URL, deadURL)
 	ctx := context.Background()
-	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3, 4})
+	_, err := r.a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 4, "r1": 0}, peerLoad(t, r.b, testModel), "A counts; the others are skipped")
@@ -228,11 +175,11 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 func TestPeersReload(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
-	_, err := r.a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2})
+	_, err := r.a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)
 	require.Equal(t, 2, peerLoad(t, r.b, testModel)["r0"])
-	f := r.b.state.Load().file.Clone()
+	f := r.b.Snapshot().File.Clone()
 	m := f.Models[testModel]
 	m.Peers = nil
 	f.Models[testModel] = m

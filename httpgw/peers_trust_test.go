@@ -18,6 +18,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // writeToken writes a peer token file and returns its path.
@@ -75,13 +76,13 @@ func TestPeerToken(t *testing.T) {
 		code, hdr, body := getMetrics(t, aHTTP.URL, auth)
 		assert.Equal(t, http.StatusUnauthorized, code, "Authorization %q", auth)
 		assert.Equal(t, `Bearer realm="exa-gateway"`, hdr.Get("WWW-Authenticate"))
-		assert.NotContains(t, body, metricPendingPrefill)
+		assert.NotContains(t, body, fleet.MetricPendingPrefill)
 	}
 	code, _, body := getMetrics(t, aHTTP.URL, "Bearer s3cret-token")
 	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, metricPendingPrefill)
+	assert.Contains(t, body, fleet.MetricPendingPrefill)
 
-	_, err := a.state.Load().models[testModel].gw.Route(gateway.Key{1, 2, 3})
+	_, err := a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3})
 	require.NoError(t, err)
 	withTok, wHTTP := peerServer(t, Options{PeerTokenFile: writeToken(t, "s3cret-token")}, []string{aHTTP.URL}, engine)
 	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine)
@@ -90,9 +91,7 @@ func TestPeerToken(t *testing.T) {
 	without.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 3}, peerLoad(t, withTok, testModel))
 	assert.Equal(t, map[string]int{"r0": 0}, peerLoad(t, without, testModel))
-	without.peers.mu.Lock()
-	assert.Equal(t, uint64(1), without.peers.peers[aHTTP.URL].errors)
-	without.peers.mu.Unlock()
+	assert.Equal(t, 1.0, peerCounter(t, without, "exa_gateway_peer_scrape_errors_total", aHTTP.URL))
 	code, _, _ = getMetrics(t, wHTTP.URL, "")
 	assert.Equal(t, http.StatusUnauthorized, code, "the scraping gateway's own /metrics wants its token too")
 
@@ -133,12 +132,12 @@ func TestReadPeerToken(t *testing.T) {
 func TestLyingPeer(t *testing.T) {
 	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "%s{model=%q,replica=\"r0\"} 2e9\n%s{model=%q,replica=\"r1\"} 2e9\n",
-			metricPendingPrefill, testModel, metricPendingPrefill, testModel)
+			fleet.MetricPendingPrefill, testModel, fleet.MetricPendingPrefill, testModel)
 	}))
 	t.Cleanup(liar.Close)
 	s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
 	ctx := context.Background()
-	gw := s.state.Load().models[testModel].gw
+	gw := s.Snapshot().Models[testModel].Gateway
 	counts := map[string]int{}
 	var open []gateway.Decision
 	for i := range 500 {
@@ -161,11 +160,9 @@ func TestLyingPeer(t *testing.T) {
 	t.Logf("requests per replica with a peer lying about r0 and r1: %v", counts)
 	assert.GreaterOrEqual(t, counts["r0"], 50, "r0 still gets traffic")
 	assert.GreaterOrEqual(t, counts["r1"], 50, "r1 still gets traffic")
-	s.peers.mu.Lock()
-	assert.Positive(t, s.peers.peers[liar.URL].capped, "the capped reports are counted")
-	s.peers.mu.Unlock()
+	assert.Positive(t, peerCounter(t, s, "exa_gateway_peer_capped_total", liar.URL), "the capped reports are counted")
 	for _, r := range gw.Replicas() {
-		assert.LessOrEqual(t, r.Load.PeerPrefill, max(s.peerFloor(), peerCapFactor*(300*24+2)/3), "replica %s", r.Name)
+		assert.LessOrEqual(t, r.Load.PeerPrefill, max(fleet.PeerCapFloorBytes/s.opts.BlockSize, fleet.PeerCapFactor*(300*24+2)/3), "replica %s", r.Name)
 	}
 }
 
@@ -199,7 +196,7 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 	t.Cleanup(engine.Close)
 	s, _ := peerServer(t, Options{ScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour},
 		[]string{peer.URL}, engine.URL)
-	assert.Equal(t, 5*time.Millisecond, s.peerTimeout())
+	assert.Equal(t, 5*time.Millisecond, s.PeerTimeout())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
@@ -209,4 +206,22 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 	cancel()
 	<-done
 	assert.Positive(t, peerHits.Load(), "the peer was being scraped meanwhile")
+}
+
+// peerCounter is the value of s's counter name for peer (0 if absent).
+func peerCounter(t *testing.T, s *Server, name, peer string) float64 {
+	t.Helper()
+	fams, err := s.gather.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if matches(m, map[string]string{"peer": peer}) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 )
@@ -91,19 +92,19 @@ func (s *Server) Picker(opts PickerOptions) (*Picker, error) {
 	}
 	p := &Picker{s: s, opts: opts}
 	p.pool.New = func() any { return new(pickTracker) }
-	p.tableOf(s.state.Load())
+	p.tableOf(s.Snapshot())
 	return p, nil
 }
 
 // pickTable is the picker's view of one state snapshot: each engine's
 // "ip:port" endpoint, in canonical form. Immutable once built.
 type pickTable struct {
-	st *state
+	st *fleet.State
 	// eps maps an engine's base URL to its endpoint; an engine whose
 	// address is not ip:port is absent, and bad says why.
 	eps  map[string]pickEndpoint
-	byEP map[string]*endpoint // endpoint to engine
-	bad  map[string]string    // base URL to the reason
+	byEP map[string]*fleet.Endpoint // endpoint to engine
+	bad  map[string]string          // base URL to the reason
 	// allIP lists the models all of whose replicas have endpoints.
 	allIP map[string]bool
 }
@@ -116,7 +117,7 @@ type pickEndpoint struct {
 
 // tableOf returns the table of st, building it on the first pick after a
 // reload.
-func (p *Picker) tableOf(st *state) *pickTable {
+func (p *Picker) tableOf(st *fleet.State) *pickTable {
 	if t := p.table.Load(); t != nil && t.st == st {
 		return t
 	}
@@ -125,8 +126,8 @@ func (p *Picker) tableOf(st *state) *pickTable {
 	if t := p.table.Load(); t != nil && t.st == st {
 		return t
 	}
-	t := &pickTable{st: st, eps: map[string]pickEndpoint{}, byEP: map[string]*endpoint{}, bad: map[string]string{}, allIP: map[string]bool{}}
-	for base, ep := range st.endpoints {
+	t := &pickTable{st: st, eps: map[string]pickEndpoint{}, byEP: map[string]*fleet.Endpoint{}, bad: map[string]string{}, allIP: map[string]bool{}}
+	for base, ep := range st.Endpoints {
 		s, err := picker.EndpointOf(base)
 		if err == nil {
 			ap, perr := netip.ParseAddrPort(s)
@@ -140,22 +141,22 @@ func (p *Picker) tableOf(st *state) *pickTable {
 		}
 		t.bad[base] = err.Error()
 	}
-	names := st.file.Names()
+	names := st.File.Names()
 	for _, name := range names {
-		m := st.models[name]
+		m := st.Models[name]
 		if m == nil {
 			continue
 		}
 		ok := true
-		for _, r := range m.order {
-			if m.pd != nil && m.pd.prefillNames[r] {
+		for _, r := range m.Order {
+			if m.PD != nil && m.PD.PrefillNames[r] {
 				continue // named to the sidecar, which resolves host names
 			}
-			ep := m.byName[r]
-			if why, bad := t.bad[ep.base]; bad {
+			ep := m.ByName[r]
+			if why, bad := t.bad[ep.Base]; bad {
 				ok = false
 				p.s.log.Warn("picker: a replica's address is not ip:port, so the picker never picks it (Envoy's ORIGINAL_DST cluster connects to IP addresses only; write the engine's IP)",
-					"model", name, "replica", r, "address", ep.base, "err", why)
+					"model", name, "replica", r, "address", ep.Base, "err", why)
 			}
 		}
 		t.allIP[name] = ok
@@ -183,12 +184,12 @@ func (t *pickTable) endpointOf(base string) (string, error) {
 
 // allows reports whether the replica name of ms may be picked: its engine
 // has an endpoint, within the subset hint (nil: any).
-func (t *pickTable) allows(ms *modelState, sub picker.Subset, name string) bool {
-	ep := ms.byName[name]
+func (t *pickTable) allows(ms *fleet.Model, sub picker.Subset, name string) bool {
+	ep := ms.ByName[name]
 	if ep == nil {
 		return false
 	}
-	pe, ok := t.eps[ep.base]
+	pe, ok := t.eps[ep.Base]
 	if !ok {
 		return false
 	}
@@ -245,31 +246,31 @@ func (p *Picker) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 		return pr.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, fmt.Errorf("%w: %w", picker.ErrBadRequest, err))
 	}
-	st := s.state.Load()
-	ms, ok := st.models[rq.Model]
+	st := s.Snapshot()
+	ms, ok := st.Models[rq.Model]
 	if !ok {
 		// A LoRA adapter of a configured model, or else a 404 (lora.go).
-		if pr.lora, err = st.adapterRoute(rq.Model); err != nil {
+		if pr.lora, err = st.AdapterRoute(rq.Model); err != nil {
 			return pr.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", fmt.Errorf("%w: %w", picker.ErrUnknownModel, err))
 		}
-		ms = pr.lora.model
+		ms = pr.lora.Model
 	}
 	pr.ms = ms
 	switch {
-	case ms.noReps && len(ms.missing) > 0:
+	case ms.NoReplicas && len(ms.MissingPools) > 0:
 		return pr.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
-			fmt.Errorf("%w: %w: model %q is disaggregated but its pools %q are not defined", picker.ErrNoEndpoint, ErrNoReplicas, ms.name, ms.missing))
-	case ms.noReps:
+			fmt.Errorf("%w: %w: model %q is disaggregated but its pools %q are not defined", picker.ErrNoEndpoint, ErrNoReplicas, ms.Name, ms.MissingPools))
+	case ms.NoReplicas:
 		return pr.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
-			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, ErrNoReplicas, ms.name))
-	case ms.pd != nil && !ms.pd.sidecar:
+			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, ErrNoReplicas, ms.Name))
+	case ms.PD != nil && !ms.PD.Sidecar:
 		return pr.fail(http.StatusInternalServerError, typeServer, "pd_mode_gateway", "model",
-			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.name, ms.name))
+			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.Name, ms.Name))
 	}
 	kp := s.keyPool.Get().(*gateway.Key)
 	defer func() { s.keyPool.Put(kp) }()
 	hdr := keyHeader(req.Header)
-	if ms.exactBS > 0 {
+	if ms.ExactBlockSize > 0 {
 		hr := (&http.Request{Method: http.MethodPost, Header: hdr}).WithContext(ctx)
 		c := &call{r: hr, body: body, req: rq, ms: ms, lora: pr.lora, oc: outcome{kind: kind}}
 		*kp, pr.fallback = s.exactKey(c, (*kp)[:0])
@@ -302,8 +303,8 @@ type pickRequest struct {
 	p        *Picker
 	kind     endpointKind
 	start    time.Time
-	ms       *modelState
-	lora     *adapterRoute // the LoRA adapter the request names; nil for the base model
+	ms       *fleet.Model
+	lora     *fleet.AdapterRoute // the LoRA adapter the request names; nil for the base model
 	key      gateway.Key
 	fallback int
 	tab      *pickTable
@@ -315,7 +316,7 @@ func (pr *pickRequest) adapter() string {
 	if pr.lora == nil {
 		return ""
 	}
-	return pr.lora.name
+	return pr.lora.Name
 }
 
 // fail counts a request the picker answers with an error and returns the
@@ -324,7 +325,7 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	s, model := pr.p.s, ""
 	var mm *modelMetrics
 	if pr.ms != nil {
-		model, mm = pr.ms.name, pr.ms.mm
+		model, mm = pr.ms.Name, mmOf(pr.ms)
 	}
 	mm.requestsC(s.metrics, model, pr.kind, strconv.Itoa(status)).Inc()
 	if model != "" {
@@ -340,10 +341,10 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 func (pr *pickRequest) allow(prefill bool) func(string) bool {
 	var eligible map[string]bool
 	if pr.lora != nil {
-		eligible = pr.lora.eligible
+		eligible = pr.lora.Eligible
 	}
 	tab, ms, sub := pr.tab, pr.ms, pr.sub
-	needEP := sub != nil || (!prefill && !tab.allIP[ms.name])
+	needEP := sub != nil || (!prefill && !tab.allIP[ms.Name])
 	if eligible == nil && !needEP {
 		return nil
 	}
@@ -362,21 +363,21 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 	if pool != "" {
 		what = pool + " replica"
 	}
-	msg := fmt.Sprintf("gateway: no healthy %s for model %q", what, ms.name)
+	msg := fmt.Sprintf("gateway: no healthy %s for model %q", what, ms.Name)
 	if pr.lora != nil {
-		msg = fmt.Sprintf("gateway: no healthy %s serving LoRA adapter %q of model %q", what, pr.lora.name, ms.name)
+		msg = fmt.Sprintf("gateway: no healthy %s serving LoRA adapter %q of model %q", what, pr.lora.Name, ms.Name)
 	}
 	if pr.sub != nil {
 		msg += fmt.Sprintf(" within the subset hint %v", []string(pr.sub))
 	}
 	var bad []string
-	for _, r := range ms.order {
-		if ms.pd != nil && ms.pd.prefillNames[r] {
+	for _, r := range ms.Order {
+		if ms.PD != nil && ms.PD.PrefillNames[r] {
 			continue
 		}
-		if ep := ms.byName[r]; ep != nil {
-			if _, ok := pr.tab.bad[ep.base]; ok {
-				bad = append(bad, r+"="+ep.base)
+		if ep := ms.ByName[r]; ep != nil {
+			if _, ok := pr.tab.bad[ep.Base]; ok {
+				bad = append(bad, r+"="+ep.Base)
 			}
 		}
 	}
@@ -407,18 +408,18 @@ func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
 func (pr *pickRequest) route() (picker.Pick, error) {
 	p, s, ms := pr.p, pr.p.s, pr.ms
 	allow := pr.allow(false)
-	if a := p.admission(); ms.gw.Saturated(pr.target(allow), a) {
+	if a := p.admission(); ms.Gateway.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, "rate_limit_error", "shed", "",
-			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.name, admissionText(a)))
+			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, admissionText(a)))
 	}
-	if ms.pd != nil {
+	if ms.PD != nil {
 		return pr.routePD(allow)
 	}
 	var failed string
 	for try := 0; try < 2; try++ {
 		t := pr.target(allow)
 		t.Exclude = failed
-		d, err := ms.gw.RouteWith(pr.key, t)
+		d, err := ms.Gateway.RouteWith(pr.key, t)
 		if err != nil {
 			if errors.Is(err, gateway.ErrNoHealthyReplica) {
 				return pr.noEndpoint("", err)
@@ -430,7 +431,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		if ep == nil {
 			err = fmt.Errorf("replica %q (%s) is no longer configured", d.Replica, d.Address)
 		} else {
-			endpoint, err = pr.tab.endpointOf(ep.base)
+			endpoint, err = pr.tab.endpointOf(ep.Base)
 		}
 		if err != nil {
 			// A reload moved the replica (or gave it a host name): release
@@ -455,11 +456,11 @@ func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []strin
 	t := pr.target(allow)
 	t.Exclude = picked
 	var buf [8]string
-	names := pr.ms.gw.Spares(buf[:0], n, t)
+	names := pr.ms.Gateway.Spares(buf[:0], n, t)
 	out := make([]string, 0, len(names))
 	for _, name := range names {
-		if ep := pr.ms.byName[name]; ep != nil {
-			if pe, ok := pr.tab.eps[ep.base]; ok {
+		if ep := pr.ms.ByName[name]; ep != nil {
+			if pe, ok := pr.tab.eps[ep.Base]; ok {
 				out = append(out, pe.ep)
 			}
 		}
@@ -471,13 +472,13 @@ func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []strin
 // of ms keyed with fallback (see exactKey): its kind and prefix match, and
 // on the exact index which key matched. The HTTP gateway and the picker
 // both report decisions with it.
-func describeDecision(ms *modelState, fallback int, d *gateway.Decision) string {
+func describeDecision(ms *fleet.Model, fallback int, d *gateway.Decision) string {
 	s := d.Kind.String() + "; matched=" + strconv.Itoa(d.Matched) + "/" + strconv.Itoa(d.Blocks)
-	if ms.exactBS == 0 {
+	if ms.ExactBlockSize == 0 {
 		return s
 	}
 	if fallback >= 0 {
-		return s + "; index=exact; fallback=" + fallbackNames[fallback]
+		return s + "; index=exact; fallback=" + fleet.FallbackNames[fallback]
 	}
 	return s + "; index=exact"
 }
@@ -490,10 +491,10 @@ func (pr *pickRequest) decisionHeaders(d *gateway.Decision) []picker.Header {
 }
 
 // track counts a decision and returns the Tracker of its request.
-func (pr *pickRequest) track(d gateway.Decision, ep *endpoint, endpoint string) *pickTracker {
+func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint string) *pickTracker {
 	s, ms := pr.p.s, pr.ms
 	s.countDecision(ms, &d)
-	ms.mm.replicaReqsC(s.metrics, ms.name, d.Replica).Inc()
+	mmOf(ms).replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
 	s.metrics.inFlight.Inc()
 	t := pr.p.pool.Get().(*pickTracker)
 	*t = pickTracker{p: pr.p, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
@@ -539,13 +540,13 @@ func (w *replyWriter) Write(b []byte) (int, error) {
 // the HTTP gateway's proxy does. Pooled: Done returns it.
 type pickTracker struct {
 	p        *Picker
-	ms       *modelState
+	ms       *fleet.Model
 	kind     endpointKind
 	start    time.Time
 	d        gateway.Decision
 	pre      *gateway.Decision // a split request's prefill decision
 	preD     gateway.Decision  // its storage
-	ep       *endpoint
+	ep       *fleet.Endpoint
 	endpoint string
 	tab      *pickTable
 }
@@ -561,7 +562,7 @@ const codeStreamEnded = "stream_ended"
 func (t *pickTracker) FirstToken() {
 	s := t.p.s
 	t.d.FirstToken()
-	t.ms.mm.ttfbO(s.metrics, t.ms.name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
+	mmOf(t.ms).ttfbO(s.metrics, t.ms.Name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
 }
 
 // Done implements picker.Tracker.
@@ -573,15 +574,15 @@ func (t *pickTracker) Done(o picker.Outcome) {
 	served := t.ep
 	if o.Served != "" && o.Served != t.endpoint {
 		if t.ep != nil {
-			s.observe(t.ep, t.ep.health.failure(false))
+			s.Observe(t.ep, t.ep.Health.Failure(false))
 		}
 		served = t.tab.byEP[o.Served]
 	}
 	if served != nil && o.Status > 0 {
 		if o.Status >= 500 {
-			s.observe(served, served.health.failure(false))
+			s.Observe(served, served.Health.Failure(false))
 		} else {
-			s.observe(served, served.health.success(false))
+			s.Observe(served, served.Health.Success(false))
 		}
 	}
 	code := strconv.Itoa(o.Status)
@@ -600,9 +601,9 @@ func (t *pickTracker) Done(o picker.Outcome) {
 		// HTTP gateway's sidecar mode releases it.
 		t.pre.Done(gateway.DoneInfo{})
 	}
-	mm := t.ms.mm
-	mm.requestsC(s.metrics, t.ms.name, t.kind, code).Inc()
-	mm.durationO(s.metrics, t.ms.name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
+	mm := mmOf(t.ms)
+	mm.requestsC(s.metrics, t.ms.Name, t.kind, code).Inc()
+	mm.durationO(s.metrics, t.ms.Name, t.kind).Observe(s.opts.Clock().Sub(t.start).Seconds())
 	s.metrics.inFlight.Dec()
 	p := t.p
 	*t = pickTracker{}

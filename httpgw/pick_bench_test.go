@@ -182,7 +182,7 @@ func BenchmarkPickerPick(b *testing.B) {
 
 // benchCheckIdle fails the benchmark if a request's load was not released.
 func benchCheckIdle(b *testing.B, s *Server) {
-	for _, r := range s.state.Load().models["m1"].gw.Replicas() {
+	for _, r := range s.Snapshot().Models["m1"].Gateway.Replicas() {
 		if r.InFlight != 0 {
 			b.Fatalf("replica %s: %d in flight", r.Name, r.InFlight)
 		}

@@ -48,7 +48,7 @@ func FuzzPick(f *testing.F) {
 			t.Fatalf("endpoint %q (subset %v): %v", pk.Endpoint, req.Subset, err)
 		}
 		pk.Tracker.Done(picker.Outcome{Status: 200})
-		for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 			if r.InFlight != 0 {
 				t.Fatalf("replica %s has %d in flight", r.Name, r.InFlight)
 			}

@@ -116,7 +116,7 @@ func (f *pickFixture) engineOf(ep string) int {
 // inFlight returns the model's in-flight count per replica.
 func (f *pickFixture) inFlight() []int {
 	var out []int
-	for _, r := range f.srv.state.Load().models[testModel].gw.Replicas() {
+	for _, r := range f.srv.Snapshot().Models[testModel].Gateway.Replicas() {
 		out = append(out, r.InFlight)
 	}
 	return out

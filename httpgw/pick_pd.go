@@ -23,7 +23,7 @@ const pickerPrefillHeader = "x-prefiller-host-port"
 // hint. A prefill replica's address may have a host name: the sidecar
 // resolves it.
 func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
-	s, ms, pd := pr.p.s, pr.ms, pr.ms.pd
+	s, ms, pd := pr.p.s, pr.ms, pr.ms.PD
 	plan, err := s.decidePD(ms, pr.key, pr.fallback, pr.target(allow), pr.target(pr.allow(true)))
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
@@ -37,7 +37,7 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	if ep == nil {
 		err = fmt.Errorf("replica %q (%s) is no longer configured", dd.Replica, dd.Address)
 	} else {
-		endpoint, err = pr.tab.endpointOf(ep.base)
+		endpoint, err = pr.tab.endpointOf(ep.Base)
 	}
 	if err != nil {
 		dd.Done(gateway.DoneInfo{Err: err})
@@ -51,7 +51,7 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	what := "colocated"
 	switch {
 	case plan.Split:
-		prefill.Value = pd.hostPort[plan.Prefill.Replica]
+		prefill.Value = pd.HostPort[plan.Prefill.Replica]
 		what = "split"
 		resp = append(resp, picker.Header{Name: HeaderPrefillReplica, Value: plan.Prefill.Replica},
 			picker.Header{Name: HeaderPrefillDecision, Value: describeDecision(ms, pr.fallback, &plan.Prefill)})

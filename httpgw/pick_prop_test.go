@@ -54,8 +54,8 @@ func TestPropPickerScope(t *testing.T) {
 		for i := range healthy {
 			healthy[i] = rapid.Bool().Draw(rt, fmt.Sprintf("healthy%d", i))
 			if !healthy[i] {
-				ep := s.state.Load().endpoints[addrs[i]]
-				s.observe(ep, ep.health.failure(true))
+				ep := s.Snapshot().Endpoints[addrs[i]]
+				s.Observe(ep, ep.Health.Failure(true))
 			}
 		}
 		var sub picker.Subset
@@ -94,7 +94,7 @@ func TestPropPickerScope(t *testing.T) {
 			require.LessOrEqual(t, len(pk.Fallbacks), min(p.opts.Fallbacks, len(eligible)-1))
 			pk.Tracker.Done(picker.Outcome{Status: 200})
 		}
-		for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 			require.Zero(t, r.InFlight)
 		}
 	})
@@ -129,13 +129,13 @@ func TestPickerConcurrent(t *testing.T) {
 			reps := []config.Replica{{Name: "r0", Address: addrs[0]}, {Name: "r1", Address: addrs[1+i%2]}}
 			_ = s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}})
 			_ = s.Stats()
-			s.refreshGauges()
-			ep := s.state.Load().endpoints[addrs[0]]
+			s.RefreshGauges()
+			ep := s.Snapshot().Endpoints[addrs[0]]
 			if i%2 == 0 {
-				s.observe(ep, ep.health.failure(true))
+				s.Observe(ep, ep.Health.Failure(true))
 			} else {
-				s.observe(ep, ep.health.success(true))
-				s.observe(ep, ep.health.success(true))
+				s.Observe(ep, ep.Health.Success(true))
+				s.Observe(ep, ep.Health.Success(true))
 			}
 		}
 	}()
@@ -166,7 +166,7 @@ func TestPickerConcurrent(t *testing.T) {
 	picks.Wait()
 	close(stop)
 	wg.Wait()
-	for _, r := range s.state.Load().models[testModel].gw.Replicas() {
+	for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
 		require.Zero(t, r.InFlight, "replica %s", r.Name)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
@@ -118,7 +119,7 @@ func TestPickerErrors(t *testing.T) {
 	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": "", "endpoint": "other", "code": "404"}))
 
 	// Every replica ejected: 503, as the HTTP gateway answers.
-	f.srv.observe(f.srv.state.Load().endpoints[f.engines[0].URL()], f.srv.state.Load().endpoints[f.engines[0].URL()].health.failure(true))
+	f.srv.Observe(f.srv.Snapshot().Endpoints[f.engines[0].URL()], f.srv.Snapshot().Endpoints[f.engines[0].URL()].Health.Failure(true))
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "u"))
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b)
@@ -137,7 +138,7 @@ func TestPickerModels(t *testing.T) {
 		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 		require.Empty(t, resp.Header.Get(pickertest.HeaderPicked), "answered by the picker, sent to no engine")
 		if method == "GET" {
-			var list modelList
+			var list fleet.ModelList
 			require.NoError(t, json.Unmarshal(b, &list))
 			require.Equal(t, "list", list.Object)
 			require.Len(t, list.Data, 1)
@@ -190,8 +191,8 @@ func TestPickerSubsetHint(t *testing.T) {
 		})
 	}
 	// An unhealthy engine in the subset is not picked.
-	ep := f.srv.state.Load().endpoints[f.engines[other].URL()]
-	f.srv.observe(ep, ep.health.failure(true))
+	ep := f.srv.Snapshot().Endpoints[f.engines[other].URL()]
+	f.srv.Observe(ep, ep.Health.Failure(true))
 	resp = f.post("/v1/chat/completions", body, "X-Test-Subset", f.endpoint(other))
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
@@ -361,10 +362,8 @@ func TestPickerFallbacks(t *testing.T) {
 	f.waitIdle()
 	// The data plane reported the fallback as served: the endpoint picked
 	// counts one failure.
-	ep := f.srv.state.Load().endpoints[f.engines[home].URL()]
-	ep.health.mu.Lock()
-	fails := ep.health.fails
-	ep.health.mu.Unlock()
+	ep := f.srv.Snapshot().Endpoints[f.engines[home].URL()]
+	fails := ep.Health.Failures()
 	require.Equal(t, 1, fails)
 }
 
@@ -498,8 +497,8 @@ func TestPickerAdapters(t *testing.T) {
 	require.Equal(t, "model_not_found", *e.Code)
 	require.Contains(t, e.Message, `"zz" is not served by this gateway: it is neither a configured model nor a LoRA adapter of one`)
 	// No healthy engine serving b: 503 naming the adapter.
-	ep := f.srv.state.Load().endpoints[f.engines[0].URL()]
-	f.srv.observe(ep, ep.health.failure(true))
+	ep := f.srv.Snapshot().Endpoints[f.engines[0].URL()]
+	f.srv.Observe(ep, ep.Health.Failure(true))
 	resp = f.post("/v1/chat/completions", chatBody("b", false, "sys", "q"))
 	b = readAll(t, resp)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
@@ -507,7 +506,7 @@ func TestPickerAdapters(t *testing.T) {
 	// /v1/models lists the adapters, from the HTTP gateway's own handler.
 	resp, err := http.Get(f.http.URL + "/v1/models")
 	require.NoError(t, err)
-	var list modelList
+	var list fleet.ModelList
 	require.NoError(t, json.Unmarshal(readAll(t, resp), &list))
 	require.Len(t, list.Data, 3)
 	f.waitIdle()

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/keys"
 )
 
@@ -70,14 +70,14 @@ type call struct {
 	start time.Time // when it arrived
 	body  []byte
 	req   *inferenceRequest
-	ms    *modelState // the model's routing table
+	ms    *fleet.Model // the model's routing table
 	key   gateway.Key
 	// fallback, for a model on the exact index, is why the request was
 	// keyed without tokens (a fallback* value), -1 if it was not.
 	fallback int
 	// lora is the LoRA adapter the request names (lora.go); nil for the
 	// base model.
-	lora *adapterRoute
+	lora *fleet.AdapterRoute
 	oc   outcome
 	// first, when set, is the decision of the first try, made before
 	// proxy (a disaggregated model's decode decision, see proxyPD).
@@ -108,10 +108,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		return
 	}
 	if kind == endpointResponses && c.req.PreviousResponseID != "" {
-		c.pin, _ = s.respIDs.owner(c.req.PreviousResponseID, c.ms.name)
+		c.pin, _ = s.respIDs.owner(c.req.PreviousResponseID, c.ms.Name)
 	}
 	kp := s.keyPool.Get().(*gateway.Key)
-	if c.ms.exactBS > 0 {
+	if c.ms.ExactBlockSize > 0 {
 		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
 	} else {
 		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
@@ -120,7 +120,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 	if s.shed(c) {
 		return
 	}
-	if c.ms.pd != nil && kind != endpointResponses {
+	if c.ms.PD != nil && kind != endpointResponses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return
 	}
@@ -162,7 +162,7 @@ func (s *Server) admit(c *call) bool {
 	req, err := parseRequest(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
-		req, body, err = defaultModel(s.state.Load(), oc.kind, body, err)
+		req, body, err = defaultModel(s.Snapshot(), oc.kind, body, err)
 	}
 	if err != nil {
 		var re *requestError
@@ -173,23 +173,23 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
 		return false
 	}
-	st := s.state.Load()
-	ms, ok := st.models[req.Model]
+	st := s.Snapshot()
+	ms, ok := st.Models[req.Model]
 	if !ok {
 		if c.lora = s.resolveAdapter(c, st, req.Model); c.lora == nil {
 			return false
 		}
-		ms = c.lora.model
+		ms = c.lora.Model
 	}
-	oc.model, oc.mm = ms.name, ms.mm
-	if ms.noReps && len(ms.missing) > 0 {
+	oc.model, oc.mm = ms.Name, mmOf(ms)
+	if ms.NoReplicas && len(ms.MissingPools) > 0 {
 		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
-			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.name, ms.missing))
+			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.Name, ms.MissingPools))
 		return false
 	}
-	if ms.noReps {
+	if ms.NoReplicas {
 		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
-			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.name))
+			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return false
 	}
 	c.body, c.req, c.ms = body, req, ms
@@ -210,7 +210,7 @@ func (s *Server) proxy(c *call) {
 		if try == 0 && c.first != nil {
 			dec = *c.first
 		} else {
-			dec, err = ms.gw.RouteWith(c.key, c.target(failed))
+			dec, err = ms.Gateway.RouteWith(c.key, c.target(failed))
 		}
 		if err != nil {
 			switch {
@@ -218,26 +218,26 @@ func (s *Server) proxy(c *call) {
 				oc.fail(c.w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
 			case try > 0:
 				oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "",
-					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.name, lastErr))
+					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 			case c.lora != nil:
 				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
-					fmt.Sprintf("gateway: no healthy replica serving LoRA adapter %q of model %q", c.lora.name, ms.name))
+					fmt.Sprintf("gateway: no healthy replica serving LoRA adapter %q of model %q", c.lora.Name, ms.Name))
 			default:
 				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
-					fmt.Sprintf("gateway: no healthy replica for model %q", ms.name))
+					fmt.Sprintf("gateway: no healthy replica for model %q", ms.Name))
 			}
 			return
 		}
 		c.attempt = attempt{d: dec}
 		d := &c.d
 		if try > 0 {
-			s.metrics.retries.WithLabelValues(ms.name).Inc()
-			if ms.pd != nil {
-				s.pdCount(ms, pdDecodeRetry)
+			s.metrics.retries.WithLabelValues(ms.Name).Inc()
+			if ms.PD != nil {
+				s.pdCount(ms, fleet.PDDecodeRetry)
 			}
 		}
 		s.countDecision(ms, d)
-		ms.mm.replicaReqsC(s.metrics, ms.name, d.Replica).Inc()
+		mmOf(ms).replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
 		ep := s.endpointOf(ms, d)
 		if ep == nil {
 			// The shared gateway chose a replica that a reload added or
@@ -263,7 +263,7 @@ func (s *Server) proxy(c *call) {
 	// always answers. Kept so that a change there cannot leave the client
 	// with an empty 200.
 	oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "",
-		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.name, lastErr))
+		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.Name, lastErr))
 }
 
 // endpointOf returns the engine a decision is to be sent to. A model's
@@ -272,25 +272,25 @@ func (s *Server) proxy(c *call) {
 // that a reload moved to another address. The decision's Address is the
 // engine's base URL as the gateway holds it now: it is looked up in the
 // current snapshot first, then in the request's. nil means neither has it.
-func (s *Server) endpointOf(ms *modelState, d *gateway.Decision) *endpoint {
-	if ep := s.state.Load().endpoints[d.Address]; ep != nil {
+func (s *Server) endpointOf(ms *fleet.Model, d *gateway.Decision) *fleet.Endpoint {
+	if ep := s.Snapshot().Endpoints[d.Address]; ep != nil {
 		return ep
 	}
-	if ep := ms.byName[d.Replica]; ep != nil && ep.base == d.Address {
+	if ep := ms.ByName[d.Replica]; ep != nil && ep.Base == d.Address {
 		return ep
 	}
 	return nil
 }
 
-func (s *Server) countDecision(ms *modelState, d *gateway.Decision) {
-	m, mm := s.metrics, ms.mm
-	mm.routedC(m, ms.name).Inc()
-	mm.decisionsC(m, ms.name, d.Kind).Inc()
+func (s *Server) countDecision(ms *fleet.Model, d *gateway.Decision) {
+	m, mm := s.metrics, mmOf(ms)
+	mm.routedC(m, ms.Name).Inc()
+	mm.decisionsC(m, ms.Name, d.Kind).Inc()
 	if d.Hit {
-		mm.hitsC(m, ms.name).Inc()
+		mm.hitsC(m, ms.Name).Inc()
 	}
-	mm.blocksC(m, ms.name).Add(float64(d.Blocks))
-	mm.matchedC(m, ms.name).Add(float64(d.Matched))
+	mm.blocksC(m, ms.Name).Add(float64(d.Blocks))
+	mm.matchedC(m, ms.Name).Add(float64(d.Matched))
 }
 
 // readBody reads r to its end, like io.ReadAll, into a buffer sized for
@@ -325,12 +325,12 @@ func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 // (one TCP segment for a small request) rather than flushing the head
 // first. For the usual engine address (scheme and host only) and a path
 // without a query it is built without parsing a URL.
-func upstreamRequest(ctx context.Context, ep *endpoint, u *url.URL, body []byte) (*http.Request, error) {
+func upstreamRequest(ctx context.Context, ep *fleet.Endpoint, u *url.URL, body []byte) (*http.Request, error) {
 	newBody := func() io.ReadCloser { return io.NopCloser(bytes.NewReader(body)) }
-	if ep.hostOnly != nil && u.RawQuery == "" && u.Path != "" {
+	if ep.HostOnly != nil && u.RawQuery == "" && u.Path != "" {
 		out := &http.Request{
 			Method:        http.MethodPost,
-			URL:           &url.URL{Scheme: ep.hostOnly.Scheme, Host: ep.hostOnly.Host, Path: u.Path, RawPath: u.RawPath},
+			URL:           &url.URL{Scheme: ep.HostOnly.Scheme, Host: ep.HostOnly.Host, Path: u.Path, RawPath: u.RawPath},
 			Proto:         "HTTP/1.1",
 			ProtoMajor:    1,
 			ProtoMinor:    1,
@@ -338,11 +338,11 @@ func upstreamRequest(ctx context.Context, ep *endpoint, u *url.URL, body []byte)
 			Body:          newBody(),
 			GetBody:       func() (io.ReadCloser, error) { return newBody(), nil },
 			ContentLength: int64(len(body)),
-			Host:          ep.hostOnly.Host,
+			Host:          ep.HostOnly.Host,
 		}
 		return out.WithContext(ctx), nil
 	}
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.base+u.RequestURI(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.Base+u.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +394,4 @@ next:
 
 // isDialError reports whether err is a failure to connect (the engine is
 // not listening), which ejects the engine at once.
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
+func isDialError(err error) bool { return fleet.IsDialError(err) }

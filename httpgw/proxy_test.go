@@ -19,6 +19,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
@@ -285,7 +286,7 @@ func TestScrapeFeedsLoad(t *testing.T) {
 	f.engines[0].SetLoad(7, 3, 0.5)
 	f.engines[1].SetLoad(0, 1, 0.1)
 	f.srv.ScrapeAll(context.Background())
-	gw := f.srv.state.Load().models[testModel].gw
+	gw := f.srv.Snapshot().Models[testModel].Gateway
 	byName := map[string]int{}
 	for _, r := range gw.Replicas() {
 		byName[r.Name] = r.Load.QueueDepth*100 + r.Load.Running
@@ -293,7 +294,7 @@ func TestScrapeFeedsLoad(t *testing.T) {
 	assert.Equal(t, map[string]int{"e0": 703, "e1": 1}, byName)
 	st := f.stats()
 	require.NotNil(t, st.Engines[indexOf(f, 0)].Load)
-	assert.Equal(t, EngineLoad{Waiting: 7, Running: 3, KVUtilization: 0.5}, *st.Engines[indexOf(f, 0)].Load)
+	assert.Equal(t, fleet.EngineLoad{Waiting: 7, Running: 3, KVUtilization: 0.5}, *st.Engines[indexOf(f, 0)].Load)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
 	readAll(t, resp)
 	assert.Equal(t, "e1", resp.Header.Get(HeaderReplica), "load-aware routing avoids the loaded engine")
@@ -332,7 +333,7 @@ func TestModelsAndStatsEndpoints(t *testing.T) {
 	}
 	resp, err := http.Get(f.http.URL + "/v1/models")
 	require.NoError(t, err)
-	var ml modelList
+	var ml fleet.ModelList
 	require.NoError(t, json.Unmarshal(readAll(t, resp), &ml))
 	assert.Equal(t, "list", ml.Object)
 	require.Len(t, ml.Data, 1)

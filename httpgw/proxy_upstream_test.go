@@ -16,6 +16,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/httpclient"
 )
 
 const rawAnswer = `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"real answer"},"finish_reason":"stop"}]}`
@@ -110,14 +111,14 @@ func TestIdleConnectionsOfDroppedEnginesClosed(t *testing.T) {
 	}
 	host := func(i int) string { return strings.TrimPrefix(f.engines[i].URL(), "http://") }
 	f.settle() // a handler returns its engine connection after answering
-	require.Equal(t, map[string]int{host(0): 1, host(1): 1}, f.srv.pool.IdleCounts())
+	require.Equal(t, map[string]int{host(0): 1, host(1): 1}, f.srv.opts.Transport.(*httpclient.Pool).IdleCounts())
 
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
 		Replicas: []config.Replica{{Name: "e0", Address: f.engines[0].URL()}}}}}))
-	assert.Equal(t, map[string]int{host(0): 1}, f.srv.pool.IdleCounts(), "the dropped engine's idle connection is closed")
+	assert.Equal(t, map[string]int{host(0): 1}, f.srv.opts.Transport.(*httpclient.Pool).IdleCounts(), "the dropped engine's idle connection is closed")
 
 	require.NoError(t, f.srv.Close())
-	assert.Empty(t, f.srv.pool.IdleCounts())
+	assert.Empty(t, f.srv.opts.Transport.(*httpclient.Pool).IdleCounts())
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "after close"))
 	readAll(t, resp)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the server stays usable after Close")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 )
 
 // attempt is one try of a call on one replica: the decision that chose it
@@ -19,7 +20,7 @@ import (
 // the stack.)
 type attempt struct {
 	d        gateway.Decision
-	ep       *endpoint
+	ep       *fleet.Endpoint
 	canRetry bool // whether a failure before any byte sent may be retried
 
 	timeout  time.Duration // the first-byte timeout that applies
@@ -57,7 +58,7 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 {
-		s.observe(a.ep, a.ep.health.failure(false))
+		s.Observe(a.ep, a.ep.Health.Failure(false))
 		if a.canRetry {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			err := fmt.Errorf("%s: %w: status %d", a.replica(), errUpstreamStatus, resp.StatusCode)
@@ -65,7 +66,7 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 			return true, err
 		}
 	} else {
-		s.observe(a.ep, a.ep.health.success(false))
+		s.Observe(a.ep, a.ep.Health.Success(false))
 	}
 	s.relay(c, resp)
 	return false, nil
@@ -85,7 +86,7 @@ func (s *Server) firstByteTimeout(req *inferenceRequest) time.Duration {
 
 // replica names the attempt's replica in errors.
 func (a *attempt) replica() string {
-	return fmt.Sprintf("replica %q (%s)", a.d.Replica, a.ep.base)
+	return fmt.Sprintf("replica %q (%s)", a.d.Replica, a.ep.Base)
 }
 
 // done reports the attempt's end to the routing decision.
@@ -140,7 +141,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 		c.oc.code = codeClientCanceled
 		return nil, false, nil
 	}
-	s.observe(a.ep, a.ep.health.failure(isDialError(err)))
+	s.Observe(a.ep, a.ep.Health.Failure(isDialError(err)))
 	err = fmt.Errorf("%s: %w", a.replica(), c.cause(err))
 	a.done(0, err)
 	if a.canRetry {
@@ -203,7 +204,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				first = false
 				a.d.FirstToken()
-				c.ms.mm.ttfbO(s.metrics, c.ms.name, c.oc.kind).Observe(a.ttfb.Seconds())
+				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 		}
 		switch {
@@ -247,7 +248,7 @@ func (s *Server) failBeforeAnswer(c *call, rerr error) {
 		c.oc.code = codeClientCanceled
 		return
 	}
-	s.observe(a.ep, a.ep.health.failure(false))
+	s.Observe(a.ep, a.ep.Health.Failure(false))
 	err := fmt.Errorf("%s cut its answer before its first byte: %w", a.replica(), c.cause(rerr))
 	a.done(0, err)
 	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
@@ -263,7 +264,7 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 		c.oc.code = codeClientCanceled
 		return
 	}
-	s.observe(a.ep, a.ep.health.failure(false))
+	s.Observe(a.ep, a.ep.Health.Failure(false))
 	err := fmt.Errorf("%w: %s failed mid-response: %w", ErrUpstream, a.replica(), c.cause(rerr))
 	a.done(0, err)
 	if sse {

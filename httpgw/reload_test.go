@@ -2,7 +2,6 @@ package httpgw
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/keys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,16 +103,16 @@ func TestReloadWithoutDroppingTraffic(t *testing.T) {
 // cache index) across a reload; one whose mode changed gets a new one.
 func TestApplyKeepsGatewayWhenRoutingUnchanged(t *testing.T) {
 	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
-	before := f.srv.state.Load().models[testModel].gw
+	before := f.srv.Snapshot().Models[testModel].Gateway
 	reps := []config.Replica{{Name: "e0", Address: f.engines[0].URL()}, {Name: "e1", Address: f.engines[1].URL()}, {Name: "e2", Address: "127.0.0.1:1"}}
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
-	after := f.srv.state.Load().models[testModel].gw
+	after := f.srv.Snapshot().Models[testModel].Gateway
 	assert.Same(t, before, after)
 	assert.Len(t, after.Replicas(), 3)
 	assert.Equal(t, "http://127.0.0.1:1", f.stats().Engines[0].Address)
 
 	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeRoundRobin, Replicas: reps[:1]}}}))
-	again := f.srv.state.Load().models[testModel].gw
+	again := f.srv.Snapshot().Models[testModel].Gateway
 	assert.NotSame(t, after, again)
 	assert.Len(t, again.Replicas(), 1)
 	assert.Len(t, f.stats().Engines, 1, "engines no model uses are dropped")
@@ -175,10 +175,10 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
 			require.NoError(t, err)
 			require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: tt.before}))
-			stale := s.state.Load().models[testModel]
+			stale := s.Snapshot().Models[testModel]
 			e0Before, e1Before := e0.Requests(), e1.Requests()
 			require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: tt.after}))
-			require.Same(t, stale.gw, s.state.Load().models[testModel].gw, "the gateway is shared across the snapshots")
+			require.Same(t, stale.Gateway, s.Snapshot().Models[testModel].Gateway, "the gateway is shared across the snapshots")
 
 			body := chatBody(testModel, false, "sys", "hi")
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
@@ -189,7 +189,7 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
 			assert.Equal(t, int64(1), e1.Requests()-e1Before, "served by the engine the replica has now")
 			assert.Equal(t, e0Before, e0.Requests())
-			for _, r := range stale.gw.Replicas() {
+			for _, r := range stale.Gateway.Replicas() {
 				assert.Zero(t, r.InFlight, "replica %s: the decision was released", r.Name)
 			}
 		})
@@ -204,7 +204,7 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	require.NoError(t, err)
 	gw, err := gateway.New([]gateway.Replica{{Name: "ghost", Address: "http://127.0.0.1:1"}})
 	require.NoError(t, err)
-	ms := &modelState{name: testModel, gw: gw, byName: map[string]*endpoint{}}
+	ms := &fleet.Model{Name: testModel, Gateway: gw, ByName: map[string]*fleet.Endpoint{}}
 	body := chatBody(testModel, false, "sys", "hi")
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 	w := httptest.NewRecorder()
@@ -218,57 +218,11 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	assert.Zero(t, gw.Replicas()[0].InFlight, "the decision was released")
 }
 
-// A configuration that fails part way changes nothing: not the published
-// tables and not the gateways they share.
-func TestFailedApplyChangesNothing(t *testing.T) {
-	e0 := enginetest.New(enginetest.Options{Name: "e0", Model: "a"})
-	t.Cleanup(e0.Close)
-	r0 := config.Replica{Name: "r0", Address: e0.URL()}
-	r1 := config.Replica{Name: "r1", Address: "127.0.0.1:1"}
-	tooMany := make([]config.Replica, gateway.MaxReplicas+1)
-	for i := range tooMany {
-		tooMany[i] = config.Replica{Name: fmt.Sprintf("x%d", i), Address: fmt.Sprintf("10.0.0.1:%d", 1000+i)}
-	}
-	failB := func(s *Server) {
-		s.newGateway = func(reps []gateway.Replica, opts ...gateway.Option) (*gateway.Gateway, error) {
-			if reps[0].Name == "b0" {
-				return nil, fmt.Errorf("%w: injected", gateway.ErrInvalid)
-			}
-			return gateway.New(reps, opts...)
-		}
-	}
-	tests := []struct {
-		name   string
-		inject func(*Server)
-		b      []config.Replica
-	}{
-		{"more than MaxReplicas", func(*Server) {}, tooMany},
-		{"gateway.New fails for a later model", failB, []config.Replica{{Name: "b0", Address: "127.0.0.1:2"}}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger()})
-			require.NoError(t, err)
-			require.NoError(t, applyModels(t, s, map[string][]config.Replica{"a": {r0}}))
-			before := s.state.Load()
-			tt.inject(s)
-			err = applyModels(t, s, map[string][]config.Replica{"a": {r0, r1}, "b": tt.b})
-			require.Error(t, err)
-			assert.NotContains(t, err.Error(), "gateway: model", "one gateway: prefix")
-			assert.Same(t, before, s.state.Load())
-			reps := before.models["a"].gw.Replicas()
-			require.Len(t, reps, 1, "the running gateway of model a is untouched")
-			assert.Equal(t, "r0", reps[0].Name)
-		})
-	}
-}
-
 // Gauges of engines and models a reload removes leave /metrics.
 func TestReloadDropsStaleGauges(t *testing.T) {
 	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	series := func(name, label string) map[string]bool {
-		f.srv.refreshGauges()
+		f.srv.RefreshGauges()
 		fams, err := f.reg.Gather()
 		require.NoError(t, err)
 		out := map[string]bool{}

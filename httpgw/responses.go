@@ -105,7 +105,7 @@ func responseID(head []byte) string {
 func (s *Server) learnResponse(c *call, chunk []byte) bool {
 	c.head = append(c.head, chunk[:min(len(chunk), maxResponseHead-len(c.head))]...)
 	if id := responseID(c.head); id != "" {
-		s.respIDs.add(id, c.ms.name, c.attempt.d.Replica)
+		s.respIDs.add(id, c.ms.Name, c.attempt.d.Replica)
 		c.head = nil
 		return true
 	}

@@ -1,16 +1,15 @@
 package httpgw
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -21,15 +20,15 @@ import (
 
 // Defaults of Options fields left zero.
 const (
-	DefaultReloadInterval = time.Second
-	DefaultProbeInterval  = time.Second
-	DefaultProbeTimeout   = time.Second
-	DefaultScrapeInterval = time.Second
-	DefaultEjectAfter     = 2
-	DefaultReadmitAfter   = 2
+	DefaultReloadInterval = fleet.DefaultReloadInterval
+	DefaultProbeInterval  = fleet.DefaultProbeInterval
+	DefaultProbeTimeout   = fleet.DefaultProbeTimeout
+	DefaultScrapeInterval = fleet.DefaultScrapeInterval
+	DefaultEjectAfter     = fleet.DefaultEjectAfter
+	DefaultReadmitAfter   = fleet.DefaultReadmitAfter
 	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
 	// outlier detection base_ejection_time.
-	DefaultEjectionTime = 30 * time.Second
+	DefaultEjectionTime = fleet.DefaultEjectionTime
 	DefaultMaxBodyBytes = 8 << 20
 	// DefaultFirstByteTimeout bounds the wait for the first byte of a
 	// streamed answer (Options.FirstByteTimeout): 30s, 1.5 times the
@@ -46,7 +45,7 @@ const (
 	DefaultTokenizeTimeout = 2 * time.Second
 	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
 	// adapters (Options.DiscoverInterval).
-	DefaultDiscoverInterval = 5 * time.Second
+	DefaultDiscoverInterval = fleet.DefaultDiscoverInterval
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -59,45 +58,22 @@ type Options struct {
 	// load older than three scrape intervals counts as no room (unless
 	// every replica's is: admission then fails open).
 	Admission gateway.Admission
-	// ConfigPath is the routing configuration file (package config's
-	// format) that New loads and Run polls for changes. "" means none:
-	// the embedder calls Apply instead.
-	ConfigPath string
-	// ReloadInterval is how often Run checks the file's modification time
-	// and size; default DefaultReloadInterval (1s).
-	ReloadInterval time.Duration
-	// ProbeInterval is how often Run probes each engine's /health; default
-	// DefaultProbeInterval (1s). ProbeTimeout bounds each probe; default
-	// DefaultProbeTimeout (1s).
+	// The control plane's settings, passed to package fleet (see the
+	// fleet.Options fields of the same names for what each does; the
+	// defaults are this package's Default* constants): the configuration
+	// file and its polling, probes, scrapes, discovery, outlier ejection,
+	// the peer token, the exact index's tokenizer and the reload hook.
+	ConfigPath                  string
+	ReloadInterval              time.Duration
 	ProbeInterval, ProbeTimeout time.Duration
-	// ScrapeInterval is how often Run scrapes each engine's /metrics;
-	// default DefaultScrapeInterval (1s).
-	ScrapeInterval time.Duration
-	// DiscoverInterval is how often Run fetches each engine's GET
-	// /v1/models to learn the LoRA adapters it serves (DiscoverAll; the
-	// first time when Run starts); default DefaultDiscoverInterval (5s).
-	DiscoverInterval time.Duration
-	// EjectAfter is how many consecutive failures (failed probes, 5xx
-	// responses, transport errors) eject an engine; a refused connection
-	// ejects at once. Default DefaultEjectAfter (2).
-	EjectAfter int
-	// ReadmitAfter is how many consecutive successful probes readmit an
-	// ejected engine; default DefaultReadmitAfter (2).
-	ReadmitAfter int
-	// PeerTokenFile, when set, names a file holding the peer token (see
-	// ReadPeerToken): /metrics then answers only requests carrying
-	// "Authorization: Bearer <token>" (others get 401), and the peer
-	// scrapes send it. Every gateway sharing pending prefill, and any
-	// Prometheus scraping /metrics, needs the same token. The file is
-	// re-read when it changes. Default "": /metrics is open, as before.
-	PeerTokenFile string
-	// EjectionTime is the back-off of an engine ejected for its answers
-	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
-	// timeout), as Envoy's outlier detection's base_ejection_time: no
-	// probe readmits it for EjectionTime times the number of times it was
-	// so ejected, at most 10 times EjectionTime. Default
-	// DefaultEjectionTime (30s, Envoy's default); negative, none.
-	EjectionTime time.Duration
+	ScrapeInterval              time.Duration
+	DiscoverInterval            time.Duration
+	EjectAfter                  int
+	ReadmitAfter                int
+	PeerTokenFile               string
+	EjectionTime                time.Duration
+	Tokenizer                   kvevents.Tokenizer
+	OnReload                    func(ReloadResult)
 	// MaxBodyBytes bounds request bodies; larger ones get 413. Default
 	// DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
@@ -125,7 +101,7 @@ type Options struct {
 	// response heads bounded to 64 KiB (a larger head fails the request:
 	// 502, or a retry on another replica). The e2e latency test measured
 	// it 70–150 µs faster per request than http.Transport (see "Engine
-	// client" in the package doc).
+	// client" in docs/gateway.md).
 	Transport http.RoundTripper
 	// Registerer receives the gateway's metrics; default a fresh
 	// prometheus.Registry with the Go runtime and process collectors
@@ -143,18 +119,6 @@ type Options struct {
 	// GatewayOptions are added to every model's gateway.New options, after
 	// the ones its configuration implies.
 	GatewayOptions []gateway.Option
-	// Tokenizer tokenizes the requests of models on the exact index;
-	// default the engines' own POST /tokenize (kvevents.HTTPTokenizer, on
-	// a healthy replica of the request's model, taken in turn) behind a
-	// kvevents.CachedTokenizer. An embedder with an in-process tokenizer
-	// that reproduces the engines' tokens and chat templates exactly may
-	// supply it; it is used as is.
-	Tokenizer kvevents.Tokenizer
-	// OnReload, when set, is called after each load of ConfigPath (by New
-	// and Run), from the loading goroutine, with the version of the file
-	// read and the outcome; the CLI records it so that `exa serve routing
-	// set` can tell when a running process failed to apply a change.
-	OnReload func(ReloadResult)
 	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
 	// for any) whose cross-origin requests the gateway allows: their
 	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
@@ -163,7 +127,7 @@ type Options struct {
 	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
-	// (see the package doc). Default DefaultTokenizeTimeout (2s).
+	// (see docs/gateway.md). Default DefaultTokenizeTimeout (2s).
 	TokenizeTimeout time.Duration
 }
 
@@ -172,87 +136,30 @@ type Options struct {
 // (Run) that reload the configuration and watch the engines. Create one
 // with New. All methods are safe for concurrent use.
 type Server struct {
+	// Fleet is the control plane the Server serves from (package fleet):
+	// its Apply, Reload, Run, ProbeAll, ScrapeAll, DiscoverAll and Stats
+	// are the Server's.
+	*fleet.Fleet
+
 	opts    Options
 	hasher  *keys.Hasher
-	control *http.Client // probes and scrapes
 	metrics *metrics
 	gather  prometheus.Gatherer
 	log     *slog.Logger
 	mux     *http.ServeMux
 
-	state atomic.Pointer[state]
-
-	mu       sync.Mutex // serialises Apply, reloads and health transitions
-	fileInfo os.FileInfo
-	fileMod  time.Time
-	fileSize int64
-	fileSeen bool
-	// fileMissing records that the file was found missing before any
-	// load, and the empty configuration applied.
-	fileMissing bool
-
 	keyPool sync.Pool
 	bufPool sync.Pool
 	respIDs responseIDs // which replica produced each recent response (responses.go)
 
-	// pool is Options.Transport when it is the default connection pool
-	// (which Apply, Run and Close tidy), else nil.
-	pool *httpclient.Pool
-
-	// newGateway builds a model's gateway: gateway.New, replaced by tests.
-	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
 	// newRequestID names the two requests of a disaggregated request
 	// (x-request-id): newUUID, replaced by tests.
 	newRequestID func() string
 
-	// kv is the exact index's machinery (exact.go); tokTurn spreads
-	// tokenization over a model's replicas.
-	kv      *kvRuntime
-	tokTurn atomic.Uint64
-
-	// peers is what the peer gateways last reported (peers.go).
-	peers peerTable
-	// engines is the engine type each engine's metrics page showed
-	// (engines.go).
-	engines engineTable
 	// pass is the pass-through endpoints' load (passthrough.go).
 	pass passLoad
-	// modelInfo is what the engines' /v1/models say of their models
-	// (modelinfo.go).
-	modelInfo modelInfoTable
-}
-
-// state is an immutable snapshot of the configured models and engines.
-type state struct {
-	file      *config.File
-	models    map[string]*modelState
-	endpoints map[string]*endpoint // by normalised address
-	kv        *kvTable             // the exact index's routing of engine events
-	adapters  *adapterTable        // LoRA adapter names to their models (lora.go)
-}
-
-// modelState is one model's routing table.
-type modelState struct {
-	name    string
-	cfg     config.Model
-	mode    gateway.Mode
-	gw      *gateway.Gateway // nil when the model has no replicas
-	order   []string         // replica names in configuration order
-	byName  map[string]*endpoint
-	noReps  bool
-	disaggr bool
-	missing []string      // prefill/decode pools named but not defined
-	mm      *modelMetrics // cached metric series; nil means look them up
-	// pd, for a disaggregated model served by its two pools, holds the
-	// prefill pool's gateway and the decider's settings; gw is then the
-	// decode pool's gateway. Nil otherwise.
-	pd *pdState
-	// exactBS is the block size in tokens of a model on the exact index,
-	// 0 on the approximate index; exactCnt its counters.
-	exactBS  int
-	exactCnt *exactCounters
 }
 
 // New returns a Server. With Options.ConfigPath set it loads the file; a
@@ -267,41 +174,24 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("%w: BlockSize: %w", ErrInvalidOptions, err)
 	}
 	s := &Server{
-		opts:    opts,
-		hasher:  h,
-		control: &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
-		log:     opts.Logger,
-		gather:  opts.Gatherer,
+		opts:   opts,
+		hasher: h,
+		log:    opts.Logger,
+		gather: opts.Gatherer,
 
-		newGateway: gateway.New,
-		afterFunc:  func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop },
 
 		newRequestID: newUUID,
 	}
-	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
-	s.kv = &kvRuntime{counters: map[string]*exactCounters{},
-		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
-	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
-	s.kv.tok = opts.Tokenizer
-	if s.kv.tok == nil {
-		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}
-		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{kvevents.NewHTTPTokenizer(client, s.tokenizeBase), s.kv}, kvevents.CacheOptions{})
-		s.kv.tok = s.kv.tc
-	} else {
-		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
+	s.Fleet, err = fleet.New(fleetOptions(opts))
+	if err != nil {
+		return nil, fleetError(err)
 	}
-	if err := opts.Registerer.Register(kvCollector{s}); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
-	}
-	if err := opts.Registerer.Register(peerCollector{s}); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
-	}
-	s.state.Store(&state{file: &config.File{Version: config.Version}, models: map[string]*modelState{}, endpoints: map[string]*endpoint{}, kv: buildKVTable(nil)})
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
@@ -323,14 +213,9 @@ func New(opts Options) (*Server, error) {
 		if !s.authorizeMetrics(w, r) {
 			return
 		}
-		s.refreshGauges()
+		s.RefreshGauges()
 		metricsHandler.ServeHTTP(w, r)
 	}))
-	if opts.ConfigPath != "" {
-		if _, err := s.Reload(); err != nil {
-			return nil, err
-		}
-	}
 	return s, nil
 }
 
@@ -424,8 +309,6 @@ func fillOptions(o *Options) error {
 	return nil
 }
 
-func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-
 // ServeHTTP serves /v1/chat/completions, /v1/completions, the
 // pass-through /v1/embeddings, /tokenize and /detokenize, /v1/models,
 // /health, /stats, /metrics and /healthz. The client's address is appended
@@ -448,27 +331,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // subscribes to KV events again. Call it once the Server is no longer
 // used, e.g. after http.Server.Shutdown, so no connection is left open.
 // It returns nil.
-func (s *Server) Close() error {
-	if s.pool != nil {
-		s.pool.CloseIdleConnections()
+func (s *Server) Close() error { return s.Fleet.Close() }
+
+// fleetOptions are the control plane's options of a Server's (filled).
+func fleetOptions(o Options) fleet.Options {
+	return fleet.Options{
+		ConfigPath: o.ConfigPath, ReloadInterval: o.ReloadInterval,
+		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout,
+		ScrapeInterval: o.ScrapeInterval, DiscoverInterval: o.DiscoverInterval,
+		EjectAfter: o.EjectAfter, ReadmitAfter: o.ReadmitAfter, EjectionTime: o.EjectionTime,
+		PeerTokenFile: o.PeerTokenFile, BlockSize: o.BlockSize,
+		Transport: o.Transport, Registerer: o.Registerer, Logger: o.Logger, Clock: o.Clock,
+		GatewayOptions: o.GatewayOptions, Tokenizer: o.Tokenizer, OnReload: o.OnReload,
+		Attach: func(m *fleet.Model) any { return newModelMetrics(m.Order) },
 	}
-	s.kv.close()
-	return nil
 }
 
-// refreshGauges sets the gauges computed from the routing library's
-// counters, just before /metrics is gathered.
-func (s *Server) refreshGauges() {
-	// Under s.mu, so that a concurrent Apply cannot delete a series that
-	// this then sets again from the old snapshot.
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state.Load()
-	for addr, ep := range st.endpoints {
-		v := 0.0
-		if ep.health.healthy() {
-			v = 1
-		}
-		s.metrics.healthy.WithLabelValues(addr).Set(v)
+// fleetError maps the control plane's invalid options to the Server's.
+func fleetError(err error) error {
+	if errors.Is(err, fleet.ErrInvalidOptions) {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
+	return err
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
@@ -59,7 +60,7 @@ func TestNormalizeAddress(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			assert.Equal(t, tt.want, NormalizeAddress(tt.in))
+			assert.Equal(t, tt.want, fleet.NormalizeAddress(tt.in))
 		})
 	}
 }

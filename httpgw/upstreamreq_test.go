@@ -19,6 +19,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // writeCounter counts the writes it receives.
@@ -52,8 +53,8 @@ func TestUpstreamRequest(t *testing.T) {
 		{"https", "https://engine.example:443", "/v1/chat/completions", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ep := newEndpoint(tc.base)
-			assert.Equal(t, tc.hostOnly, ep.hostOnly != nil, "hostOnly")
+			ep := fleet.NewEndpoint(tc.base)
+			assert.Equal(t, tc.hostOnly, ep.HostOnly != nil, "hostOnly")
 			u, err := url.ParseRequestURI(tc.uri)
 			require.NoError(t, err)
 			out, err := upstreamRequest(context.Background(), ep, u, body)
@@ -82,8 +83,8 @@ func TestUpstreamRequest(t *testing.T) {
 }
 
 func TestUpstreamRequestBadAddress(t *testing.T) {
-	ep := newEndpoint("http://bad host:80")
-	assert.Nil(t, ep.hostOnly)
+	ep := fleet.NewEndpoint("http://bad host:80")
+	assert.Nil(t, ep.HostOnly)
 	_, err := upstreamRequest(context.Background(), ep, &url.URL{Path: "/v1/completions"}, []byte("{}"))
 	assert.Error(t, err)
 }

@@ -1,8 +1,10 @@
-package httpgw
+package fleet
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -12,16 +14,16 @@ import (
 	"github.com/examlops/gateway"
 )
 
-// healthEvent is what a health observation did to an endpoint.
-type healthEvent int
+// HealthEvent is what a health observation did to an endpoint.
+type HealthEvent int
 
 const (
-	healthNoChange healthEvent = iota
+	healthNoChange HealthEvent = iota
 	healthEjected
 	healthReadmitted
 )
 
-// healthState tracks one endpoint's health, as Envoy's active health
+// Health tracks one endpoint's health, as Envoy's active health
 // checking and outlier detection do together:
 //
 //   - Active probes: ejectAfter consecutive failed probes eject the
@@ -44,7 +46,7 @@ const (
 // lowers the back-off multiplier by one. It is safe for concurrent use;
 // the zero value is a healthy endpoint with thresholds of 1 and no
 // back-off (clock nil).
-type healthState struct {
+type Health struct {
 	mu           sync.Mutex
 	ejected      bool
 	probeFails   int // consecutive failed probes
@@ -59,15 +61,15 @@ type healthState struct {
 	outliers            int       // the back-off multiplier
 }
 
-func (h *healthState) healthy() bool {
+func (h *Health) Healthy() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return !h.ejected
 }
 
-// failure records a failed answer or exchange (passive); fatal (a refused
+// Failure records a failed answer or exchange (passive); fatal (a refused
 // connection) ejects at once, without back-off.
-func (h *healthState) failure(fatal bool) healthEvent {
+func (h *Health) Failure(fatal bool) HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.oks = 0
@@ -86,9 +88,9 @@ func (h *healthState) failure(fatal bool) healthEvent {
 	return healthNoChange
 }
 
-// timeout records a request the endpoint did not answer in time: it is
+// Timeout records a request the endpoint did not answer in time: it is
 // ejected at once, with the back-off.
-func (h *healthState) timeout() healthEvent {
+func (h *Health) Timeout() HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.oks = 0
@@ -100,18 +102,18 @@ func (h *healthState) timeout() healthEvent {
 	return healthEjected
 }
 
-// failedWith records a failed exchange whose error was err: a refused
+// FailedWith records a failed exchange whose error was err: a refused
 // connection ejects at once (failure(true)), a timeout (timedOut) ejects at
 // once with the back-off (timeout), another error counts (failure(false)).
-func (h *healthState) failedWith(err error, timedOut bool) healthEvent {
+func (h *Health) FailedWith(err error, timedOut bool) HealthEvent {
 	if timedOut {
-		return h.timeout()
+		return h.Timeout()
 	}
-	return h.failure(isDialError(err))
+	return h.Failure(IsDialError(err))
 }
 
 // eject ejects the endpoint as an outlier, with the back-off; h.mu held.
-func (h *healthState) eject() {
+func (h *Health) eject() {
 	h.ejected = true
 	h.outliers++
 	if h.clock == nil || h.backoff <= 0 {
@@ -125,7 +127,7 @@ func (h *healthState) eject() {
 }
 
 // probeFailure records a failed active probe.
-func (h *healthState) probeFailure() healthEvent {
+func (h *Health) probeFailure() HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.oks = 0
@@ -137,9 +139,9 @@ func (h *healthState) probeFailure() healthEvent {
 	return healthNoChange
 }
 
-// success records a successful observation; probe says whether it came
+// Success records a successful observation; probe says whether it came
 // from an active probe (which may readmit) or from served traffic.
-func (h *healthState) success(probe bool) healthEvent {
+func (h *Health) Success(probe bool) HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !probe {
@@ -183,15 +185,15 @@ func probe(ctx context.Context, client *http.Client, base string) bool {
 	return resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
-// endpoint is one engine address, shared by every replica entry (of any
+// Endpoint is one engine address, shared by every replica entry (of any
 // model) that names it: health and load are properties of the engine.
-type endpoint struct {
-	base string // normalised base URL, no trailing slash
-	// hostOnly is base parsed, when it is plain http with a host and
+type Endpoint struct {
+	Base string // normalised base URL, no trailing slash
+	// HostOnly is base parsed, when it is plain http with a host and
 	// nothing else (no path, query, user or fragment): the usual case,
 	// for which requests are built without parsing a URL. Else nil.
-	hostOnly *url.URL
-	health   healthState
+	HostOnly *url.URL
+	Health   Health
 
 	lora endpointLoRA // LoRA adapters (lora.go)
 
@@ -207,7 +209,7 @@ type endpoint struct {
 	scrapeOK bool
 }
 
-func (e *endpoint) setLoad(l gateway.Load, err error) {
+func (e *Endpoint) setLoad(l gateway.Load, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
@@ -218,19 +220,42 @@ func (e *endpoint) setLoad(l gateway.Load, err error) {
 	e.load, e.hasLoad, e.scrapeOK, e.lastErr = l, true, true, ""
 }
 
-func (e *endpoint) snapshotLoad() (gateway.Load, bool, bool, string) {
+func (e *Endpoint) SnapshotLoad() (gateway.Load, bool, bool, string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.load, e.hasLoad, e.scrapeOK, e.lastErr
 }
 
-// newEndpoint returns the endpoint of a normalised engine address.
-func newEndpoint(base string) *endpoint {
-	ep := &endpoint{base: base}
+// NewEndpoint returns the endpoint of a normalised engine address.
+func NewEndpoint(base string) *Endpoint {
+	ep := &Endpoint{Base: base}
 	u, err := url.Parse(base)
 	if err == nil && u.Scheme == "http" && u.Host != "" && !strings.HasSuffix(u.Host, ":") && u.Path == "" &&
 		u.RawQuery == "" && u.Fragment == "" && u.User == nil && u.Opaque == "" && !u.ForceQuery {
-		ep.hostOnly = u
+		ep.HostOnly = u
 	}
 	return ep
+}
+
+// IsDialError reports whether err is a failure to connect (the engine is
+// not listening), which ejects the engine at once.
+func IsDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// Failures returns the consecutive failed answers counted (the passive
+// count that EjectAfter is compared with).
+func (h *Health) Failures() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fails
+}
+
+// SetClock sets the time source of the outlier back-off (nil: no
+// back-off); Apply sets it to Options.Clock.
+func (h *Health) SetClock(clock func() time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.clock = clock
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"
@@ -254,13 +254,13 @@ type servedAdapters struct {
 // adapters an engine lists changed, rebuilds the table that resolves
 // adapter names. Run calls it every DiscoverInterval; a failed fetch keeps
 // the engine's last list.
-func (s *Server) DiscoverAll(ctx context.Context) {
+func (s *Fleet) DiscoverAll(ctx context.Context) {
 	var changed atomic.Bool
-	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		got, err := fetchServed(ctx, s.control, ep.base)
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
+		got, err := fetchServed(ctx, s.control, ep.Base)
 		if got.skipped > 0 {
 			ep.lora.skipped.Add(uint64(got.skipped))
-			s.log.Debug("gateway: adapter discovery skipped bad entries of the engine's model list", "address", ep.base, "skipped", got.skipped, "first", got.bad)
+			s.log.Debug("gateway: adapter discovery skipped bad entries of the engine's model list", "address", ep.Base, "skipped", got.skipped, "first", got.bad)
 		}
 		old := ep.lora.served.Load()
 		next := &servedAdapters{parents: got.parents}
@@ -268,7 +268,7 @@ func (s *Server) DiscoverAll(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.Debug("gateway: adapter discovery failed; keeping the engine's last list", "address", ep.base, "err", err)
+			s.log.Debug("gateway: adapter discovery failed; keeping the engine's last list", "address", ep.Base, "err", err)
 			next = &servedAdapters{err: err.Error()}
 			if old != nil {
 				next.parents = old.parents
@@ -284,18 +284,18 @@ func (s *Server) DiscoverAll(ctx context.Context) {
 		defer s.mu.Unlock()
 		cur := s.state.Load()
 		next := *cur
-		next.adapters = buildAdapterTable(&next)
+		next.Adapters = buildAdapterTable(&next)
 		s.state.Store(&next)
 	}
 }
 
-// adapterRoute is where requests for one adapter go.
-type adapterRoute struct {
-	name  string
-	model *modelState
-	// eligible is the model's replicas whose engines list the adapter;
+// AdapterRoute is where requests for one adapter go.
+type AdapterRoute struct {
+	Name  string
+	Model *Model
+	// Eligible is the model's replicas whose engines list the adapter;
 	// nil means all of them (allowed but listed by none).
-	eligible map[string]bool
+	Eligible map[string]bool
 	// parentMatch: the engines name the model as the adapter's parent.
 	parentMatch bool
 	// refused: the model's engines list it, but its allow-list does not.
@@ -304,112 +304,73 @@ type adapterRoute struct {
 
 // adapterTable resolves adapter names; immutable once built.
 type adapterTable struct {
-	byName map[string]*adapterRoute
+	byName map[string]*AdapterRoute
 }
 
 // buildAdapterTable resolves the adapters of st's models from their
 // engines' discoveries and allow-lists (see the top of this file).
-func buildAdapterTable(st *state) *adapterTable {
-	t := &adapterTable{byName: map[string]*adapterRoute{}}
-	for _, name := range slices.Sorted(maps.Keys(st.models)) {
-		ms := st.models[name]
+func buildAdapterTable(st *State) *adapterTable {
+	t := &adapterTable{byName: map[string]*AdapterRoute{}}
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		ms := st.Models[name]
 		allow := map[string]bool{}
-		for _, a := range ms.cfg.Adapters {
+		for _, a := range ms.Cfg.Adapters {
 			allow[a] = true
 		}
-		for _, rname := range ms.order {
-			sv := ms.byName[rname].lora.served.Load()
+		for _, rname := range ms.Order {
+			sv := ms.ByName[rname].lora.served.Load()
 			if sv == nil {
 				continue
 			}
 			for _, a := range slices.Sorted(maps.Keys(sv.parents)) {
-				if _, isModel := st.models[a]; isModel {
+				if _, isModel := st.Models[a]; isModel {
 					continue
 				}
 				r := t.byName[a]
 				if len(allow) > 0 && !allow[a] {
 					if r == nil {
-						t.byName[a] = &adapterRoute{name: a, model: ms, refused: true}
+						t.byName[a] = &AdapterRoute{Name: a, Model: ms, refused: true}
 					}
 					continue
 				}
-				match := sv.parents[a] == ms.name
+				match := sv.parents[a] == ms.Name
 				switch {
-				case r == nil || r.refused || (r.model != ms && match && !r.parentMatch):
-					r = &adapterRoute{name: a, model: ms, eligible: map[string]bool{}, parentMatch: match}
+				case r == nil || r.refused || (r.Model != ms && match && !r.parentMatch):
+					r = &AdapterRoute{Name: a, Model: ms, Eligible: map[string]bool{}, parentMatch: match}
 					t.byName[a] = r
-				case r.model != ms || r.eligible == nil:
+				case r.Model != ms || r.Eligible == nil:
 					continue
 				}
-				r.eligible[rname] = true
+				r.Eligible[rname] = true
 			}
 		}
-		for _, a := range ms.cfg.Adapters {
-			if _, isModel := st.models[a]; isModel {
+		for _, a := range ms.Cfg.Adapters {
+			if _, isModel := st.Models[a]; isModel {
 				continue
 			}
 			if r := t.byName[a]; r == nil || r.refused {
-				t.byName[a] = &adapterRoute{name: a, model: ms}
+				t.byName[a] = &AdapterRoute{Name: a, Model: ms}
 			}
 		}
 	}
 	return t
 }
 
-// resolveAdapter returns the route of a request whose model names no
-// configured model, or answers the client with 404 and returns nil.
-func (s *Server) resolveAdapter(c *call, st *state, name string) *adapterRoute {
-	r, err := st.adapterRoute(name)
-	if err != nil {
-		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
-		return nil
-	}
-	return r
-}
-
-// adapterRoute returns the route of the adapter name, or an error wrapping
+// AdapterRoute returns the route of the adapter name, or an error wrapping
 // ErrModelNotFound (answered with 404) when name is neither a configured
 // model nor an adapter of one, or an adapter the allow-list refuses.
-func (st *state) adapterRoute(name string) (*adapterRoute, error) {
-	var r *adapterRoute
-	if st.adapters != nil {
-		r = st.adapters.byName[name]
+func (st *State) AdapterRoute(name string) (*AdapterRoute, error) {
+	var r *AdapterRoute
+	if st.Adapters != nil {
+		r = st.Adapters.byName[name]
 	}
 	switch {
 	case r == nil:
 		return nil, fmt.Errorf("%w: %q is not served by this gateway: it is neither a configured model nor a LoRA adapter of one (GET /v1/models lists them)", ErrModelNotFound, name)
 	case r.refused:
-		return nil, fmt.Errorf("%w: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.model.name, r.model.name)
+		return nil, fmt.Errorf("%w: LoRA adapter %q of model %q is not in the model's adapter allow-list (models.%s.adapters)", ErrModelNotFound, name, r.Model.Name, r.Model.Name)
 	}
 	return r, nil
-}
-
-// target returns the replicas a call may be routed to (gateway.Target):
-// for an adapter, those whose engines serve it, its name the policy's to
-// see; for a continued response, the replica holding it (call.pin);
-// leaving out the replica failed ("" none), which a retry avoids.
-func (c *call) target(failed string) gateway.Target {
-	t := gateway.Target{Exclude: failed}
-	var eligible map[string]bool
-	if c.lora != nil {
-		t.Adapter, eligible = c.lora.name, c.lora.eligible
-	}
-	switch pin := c.pin; {
-	case pin != "":
-		// A continued response goes where its conversation is stored.
-		t.Allow = func(name string) bool { return name == pin && (eligible == nil || eligible[name]) }
-	case eligible != nil:
-		t.Allow = func(name string) bool { return eligible[name] }
-	}
-	return t
-}
-
-// adapterName is the call's adapter, "" for the base model.
-func (c *call) adapterName() string {
-	if c.lora == nil {
-		return ""
-	}
-	return c.lora.name
 }
 
 // EngineAdapters is an engine's LoRA adapter state in GET /stats.
@@ -430,7 +391,7 @@ type EngineAdapters struct {
 
 // adapterStats returns ep's adapter state for GET /stats, nil when it has
 // none to show.
-func adapterStats(ep *endpoint) *EngineAdapters {
+func adapterStats(ep *Endpoint) *EngineAdapters {
 	sv, rep := ep.lora.served.Load(), ep.lora.report.Load()
 	if sv == nil && rep == nil {
 		return nil
@@ -451,17 +412,17 @@ func adapterStats(ep *endpoint) *EngineAdapters {
 
 // adapterEntries returns the adapters GET /v1/models lists beside the
 // configured models, sorted: each with its model as parent.
-func adapterEntries(st *state) []modelEntry {
-	if st.adapters == nil {
+func adapterEntries(st *State) []ModelEntry {
+	if st.Adapters == nil {
 		return nil
 	}
-	var out []modelEntry
-	for _, name := range slices.Sorted(maps.Keys(st.adapters.byName)) {
-		r := st.adapters.byName[name]
+	var out []ModelEntry
+	for _, name := range slices.Sorted(maps.Keys(st.Adapters.byName)) {
+		r := st.Adapters.byName[name]
 		if r.refused {
 			continue
 		}
-		out = append(out, modelEntry{ID: name, Object: "model", OwnedBy: "exa", Parent: r.model.name})
+		out = append(out, ModelEntry{ID: name, Object: "model", OwnedBy: "exa", Parent: r.Model.Name})
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ import (
 // new table without touching the running ones, and only then updates the
 // kept gateways and publishes the new tables. An invalid configuration is
 // an error and changes nothing.
-func (s *Server) Apply(f *config.File) error {
+func (s *Fleet) Apply(f *config.File) error {
 	if f == nil {
 		f = &config.File{Version: config.Version}
 	}
@@ -47,7 +47,7 @@ func (s *Server) Apply(f *config.File) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.state.Load()
-	next := &state{file: f, models: make(map[string]*modelState, len(f.Models)), endpoints: map[string]*endpoint{}}
+	next := &State{File: f, Models: make(map[string]*Model, len(f.Models)), Endpoints: map[string]*Endpoint{}}
 	// Phase 1: build every table; nothing running is changed.
 	plans := make([]modelPlan, 0, len(f.Models))
 	for _, name := range f.Names() {
@@ -56,11 +56,11 @@ func (s *Server) Apply(f *config.File) error {
 			return err
 		}
 		plans = append(plans, p)
-		next.models[name] = p.ms
+		next.Models[name] = p.ms
 	}
 	// Listen where the exact index's events come to: a port taken fails
 	// the configuration, before anything running is changed.
-	bound, err := s.kv.bindNew(buildKVTable(next.models), next.models)
+	bound, err := s.kv.bindNew(buildKVTable(next.Models), next.Models)
 	if err != nil {
 		return err
 	}
@@ -71,21 +71,21 @@ func (s *Server) Apply(f *config.File) error {
 		if p.keep == nil {
 			continue
 		}
-		p.ms.gw = s.syncKept(p.ms.name, p.keep, p.want, p.opts)
-		if p.ms.pd != nil {
-			p.ms.pd.dis.Decode = p.ms.gw
+		p.ms.Gateway = s.syncKept(p.ms.Name, p.keep, p.want, p.opts)
+		if p.ms.PD != nil {
+			p.ms.PD.Plan.Decode = p.ms.Gateway
 		}
 	}
 	for _, p := range plans {
 		if p.pkeep != nil {
-			p.ms.pd.dis.Prefill = s.syncKept(p.ms.name, p.pkeep, p.pwant, p.popts)
+			p.ms.PD.Plan.Prefill = s.syncKept(p.ms.Name, p.pkeep, p.pwant, p.popts)
 		}
 	}
-	next.kv = buildKVTable(next.models)
-	next.adapters = buildAdapterTable(next)
+	next.KV = buildKVTable(next.Models)
+	next.Adapters = buildAdapterTable(next)
 	s.state.Store(next)
-	s.kv.sync(next.kv)
-	s.kv.reconcile(old.kv, next.kv)
+	s.kv.sync(next.KV)
+	s.kv.reconcile(old.KV, next.KV)
 	if len(bound) > 0 {
 		s.log.Info("gateway: listening for KV events", "endpoints", bound)
 	}
@@ -97,9 +97,9 @@ func (s *Server) Apply(f *config.File) error {
 // dropStaleSeries deletes the gauge series of engines that old had and
 // next does not, so /metrics stops reporting their last values. (The
 // per-model series are counters, kept across reloads.)
-func (s *Server) dropStaleSeries(old, next *state) {
-	for addr := range old.endpoints {
-		if _, ok := next.endpoints[addr]; !ok {
+func (s *Fleet) dropStaleSeries(old, next *State) {
+	for addr := range old.Endpoints {
+		if _, ok := next.Endpoints[addr]; !ok {
 			s.metrics.healthy.DeleteLabelValues(addr)
 		}
 	}
@@ -109,16 +109,16 @@ func (s *Server) dropStaleSeries(old, next *state) {
 // and next does not (unless another engine of next shares the host).
 // Requests still in flight to them keep their connections, which prune
 // closes once they fall idle.
-func (s *Server) closeDropped(old, next *state) {
+func (s *Fleet) closeDropped(old, next *State) {
 	if s.pool == nil {
 		return
 	}
-	live := make(map[string]bool, len(next.endpoints))
-	for addr := range next.endpoints {
+	live := make(map[string]bool, len(next.Endpoints))
+	for addr := range next.Endpoints {
 		live[httpclient.HostKey(addr)] = true
 	}
-	for addr := range old.endpoints {
-		if _, ok := next.endpoints[addr]; ok {
+	for addr := range old.Endpoints {
+		if _, ok := next.Endpoints[addr]; ok {
 			continue
 		}
 		if host := httpclient.HostKey(addr); host != "" && !live[host] {
@@ -129,7 +129,7 @@ func (s *Server) closeDropped(old, next *state) {
 
 // syncKept syncs a kept gateway to want and returns it, or when that
 // fails (it should not: phase 1 checked every limit) a fresh gateway.
-func (s *Server) syncKept(model string, keep *gateway.Gateway, want []gateway.Replica, opts []gateway.Option) *gateway.Gateway {
+func (s *Fleet) syncKept(model string, keep *gateway.Gateway, want []gateway.Replica, opts []gateway.Option) *gateway.Gateway {
 	err := syncReplicas(keep, want)
 	if err == nil {
 		return keep
@@ -148,7 +148,7 @@ func (s *Server) syncKept(model string, keep *gateway.Gateway, want []gateway.Re
 // modelPlan is one model's part of an Apply: its new table and, when its
 // gateway is kept, the replicas that gateway must be synced to.
 type modelPlan struct {
-	ms   *modelState
+	ms   *Model
 	keep *gateway.Gateway // the running gateway to sync; nil when ms.gw is new
 	want []gateway.Replica
 	opts []gateway.Option
@@ -200,18 +200,18 @@ func sameRouting(a, b config.Model) bool {
 	return a.LoadWeights == nil || *a.LoadWeights == *b.LoadWeights
 }
 
-func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
-	if ep, ok := next.endpoints[addr]; ok {
+func (s *Fleet) endpointFor(addr string, old, next *State) *Endpoint {
+	if ep, ok := next.Endpoints[addr]; ok {
 		return ep
 	}
-	ep, ok := old.endpoints[addr]
+	ep, ok := old.Endpoints[addr]
 	if !ok {
-		ep = newEndpoint(addr)
-		ep.health.ejectAfter = s.opts.EjectAfter
-		ep.health.readmitAfter = s.opts.ReadmitAfter
-		ep.health.clock, ep.health.backoff, ep.health.maxBackoff = s.opts.Clock, s.opts.EjectionTime, 10*s.opts.EjectionTime
+		ep = NewEndpoint(addr)
+		ep.Health.ejectAfter = s.opts.EjectAfter
+		ep.Health.readmitAfter = s.opts.ReadmitAfter
+		ep.Health.clock, ep.Health.backoff, ep.Health.maxBackoff = s.opts.Clock, s.opts.EjectionTime, 10*s.opts.EjectionTime
 	}
-	next.endpoints[addr] = ep
+	next.Endpoints[addr] = ep
 	return ep
 }
 
@@ -219,25 +219,27 @@ func (s *Server) endpointFor(addr string, old, next *state) *endpoint {
 // gateway: a fresh gateway when the routing options changed, otherwise the
 // list of replicas the running gateway is to be synced to, checked against
 // every limit AddReplica enforces.
-func (s *Server) planModel(name string, cfg config.Model, old, next *state) (modelPlan, error) {
+func (s *Fleet) planModel(name string, cfg config.Model, old, next *State) (modelPlan, error) {
 	if servedByPools(cfg) {
 		return s.planPD(name, cfg, old, next)
 	}
-	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(cfg.Replicas)), disaggr: cfg.Disaggregate,
-		missing: missingPools(cfg), mode: cfg.Mode}
+	ms := &Model{Name: name, Cfg: cfg, ByName: make(map[string]*Endpoint, len(cfg.Replicas)), Disaggregate: cfg.Disaggregate,
+		MissingPools: missingPools(cfg), Mode: cfg.Mode}
 	want, err := s.tableOf(ms, cfg.Replicas, "", old, next)
 	if err != nil {
 		return modelPlan{}, err
 	}
-	ms.mm = newModelMetrics(ms.order)
+	if s.opts.Attach != nil {
+		ms.Front = s.opts.Attach(ms)
+	}
 	if cfg.Exact() {
-		ms.exactBS, ms.exactCnt = cfg.TokenBlockSize(), s.kv.countersOf(name)
+		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
 	}
 	if len(want) == 0 {
-		ms.noReps = true
-		if len(ms.missing) > 0 {
+		ms.NoReplicas = true
+		if len(ms.MissingPools) > 0 {
 			s.log.Warn("gateway: disaggregated model names pools that are not defined; it answers 503 until they are",
-				"model", name, "pools", ms.missing)
+				"model", name, "pools", ms.MissingPools)
 		}
 		return modelPlan{ms: ms}, nil
 	}
@@ -246,25 +248,25 @@ func (s *Server) planModel(name string, cfg config.Model, old, next *state) (mod
 		return modelPlan{}, err
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
-	if prev, ok := old.models[name]; ok && prev.gw != nil && prev.pd == nil && sameRouting(prev.cfg, cfg) {
-		ms.gw = prev.gw
-		return modelPlan{ms: ms, keep: prev.gw, want: want, opts: opts}, nil
+	if prev, ok := old.Models[name]; ok && prev.Gateway != nil && prev.PD == nil && sameRouting(prev.Cfg, cfg) {
+		ms.Gateway = prev.Gateway
+		return modelPlan{ms: ms, keep: prev.Gateway, want: want, opts: opts}, nil
 	}
 	gw, err := s.newGateway(want, opts...)
 	if err != nil {
 		return modelPlan{}, fmt.Errorf("%w (model %q)", err, name)
 	}
-	ms.gw = gw
+	ms.Gateway = gw
 	return modelPlan{ms: ms, want: want, opts: opts}, nil
 }
 
 // tableOf adds replicas to a model's table (its endpoints, names and
 // order), each named pool/name when pool is not "", and returns them as
 // gateway replicas with their engines' health.
-func (s *Server) tableOf(ms *modelState, reps []config.Replica, pool string, old, next *state) ([]gateway.Replica, error) {
-	field := "models." + ms.name + ".replicas"
+func (s *Fleet) tableOf(ms *Model, reps []config.Replica, pool string, old, next *State) ([]gateway.Replica, error) {
+	field := "models." + ms.Name + ".replicas"
 	if pool != "" {
-		field = "models." + ms.name + ".pools." + pool
+		field = "models." + ms.Name + ".pools." + pool
 	}
 	if len(reps) > gateway.MaxReplicas {
 		return nil, &config.FieldError{Field: field, Value: fmt.Sprint(len(reps)),
@@ -275,18 +277,18 @@ func (s *Server) tableOf(ms *modelState, reps []config.Replica, pool string, old
 		if pool != "" {
 			r.Name = pool + "/" + r.Name
 		}
-		if _, dup := ms.byName[r.Name]; r.Name == "" || dup || r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
+		if _, dup := ms.ByName[r.Name]; r.Name == "" || dup || r.CacheBlocks < 0 || r.CacheBlocks > gateway.MaxCacheBlocks {
 			// config.Validate rejects these; checked again because phase 2 must not fail.
 			return nil, &config.FieldError{Field: field, Value: r.Name,
 				Reason: "empty or duplicate name, or cache_blocks out of range"}
 		}
 		ep := s.endpointFor(NormalizeAddress(r.Address), old, next)
-		ms.byName[r.Name] = ep
-		ms.order = append(ms.order, r.Name)
+		ms.ByName[r.Name] = ep
+		ms.Order = append(ms.Order, r.Name)
 		g := r.Gateway()
 		g.Name = r.Name
-		g.Address = ep.base
-		g.Unhealthy = !ep.health.healthy()
+		g.Address = ep.Base
+		g.Unhealthy = !ep.Health.Healthy()
 		want = append(want, g)
 	}
 	return want, nil
@@ -367,7 +369,7 @@ func NormalizeAddress(addr string) string {
 // invalid file is an error and the running configuration stays; so does a
 // file that disappears after it was loaded. Run calls Reload every
 // ReloadInterval; tests and embedders may call it directly.
-func (s *Server) Reload() (bool, error) {
+func (s *Fleet) Reload() (bool, error) {
 	path := s.opts.ConfigPath
 	if path == "" {
 		return false, nil
@@ -418,7 +420,7 @@ func (s *Server) Reload() (bool, error) {
 	return true, nil
 }
 
-func (s *Server) applyCounted(f *config.File) error {
+func (s *Fleet) applyCounted(f *config.File) error {
 	if err := s.Apply(f); err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
 		return err

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"cmp"
@@ -24,7 +24,7 @@ import (
 // only their engines' KV events change (package kvevents), and key their
 // requests from the engines' own tokens (exactkey.go).
 //
-// One Translator and one Subscriber serve every model for the Server's
+// One Translator and one Subscriber serve every model for the Fleet's
 // life, so an engine's state (its sequence number, its map of block
 // hashes) survives reloads that do not concern it. Each state snapshot
 // carries a kvTable: which engine, heard on which endpoint under which
@@ -41,7 +41,7 @@ type kvTable struct {
 	engines map[string]*kvEngine // by engine id (kvID)
 	// byEndpoint lists the engines each engine address (of a replica)
 	// receives events from, for resets on ejection.
-	byEndpoint map[*endpoint][]string
+	byEndpoint map[*Endpoint][]string
 	// bind and connect are the endpoints to listen on and to dial.
 	bind, connect []string
 }
@@ -91,7 +91,7 @@ type kvEngine struct {
 type kvAttach struct {
 	model, replica string
 	gw             *gateway.Gateway
-	ep             *endpoint
+	ep             *Endpoint
 	cacheBlocks    int
 }
 
@@ -103,10 +103,10 @@ func kvID(endpoint, pod string) string { return endpoint + " " + pod }
 // kvSourceOf is the endpoint of an engine id.
 func kvSourceOf(id string) string { ep, _, _ := strings.Cut(id, " "); return ep }
 
-// kvMapFactor is how many times its replica's capacity (cache_blocks) an
+// KVMapFactor is how many times its replica's capacity (cache_blocks) an
 // engine's map of block hashes may hold: an engine announcing more has
 // lost removals, or is not the engine, and is cleared (an overflow).
-const kvMapFactor = 4
+const KVMapFactor = 4
 
 // hostAddrs returns the addresses a replica's host names: an IP address
 // itself, localhost the loopback addresses; any other name is returned as
@@ -125,8 +125,8 @@ func hostAddrs(host string) (addrs []netip.Addr, name string) {
 }
 
 // buildKVTable builds the routing of events for the models of a state.
-func buildKVTable(models map[string]*modelState) *kvTable {
-	t := &kvTable{sources: map[string]*kvSource{}, engines: map[string]*kvEngine{}, byEndpoint: map[*endpoint][]string{}}
+func buildKVTable(models map[string]*Model) *kvTable {
+	t := &kvTable{sources: map[string]*kvSource{}, engines: map[string]*kvEngine{}, byEndpoint: map[*Endpoint][]string{}}
 	type heard struct {
 		a   kvAttach
 		pod string // explicit pod, or ""
@@ -142,17 +142,17 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 	sort.Strings(names)
 	for _, name := range names {
 		m := models[name]
-		if !m.cfg.Exact() || m.gw == nil {
+		if !m.Cfg.Exact() || m.Gateway == nil {
 			continue
 		}
-		for _, r := range servedReplicas(m.cfg) {
+		for _, r := range servedReplicas(m.Cfg) {
 			gw := m.gatewayOf(r.Name)
 			if gw == nil {
 				continue // not reached: a pool without a gateway has no replicas
 			}
 			src, bound := r.KVEvents, false
 			if src == "" {
-				src, bound = m.cfg.KVEventsBind, true
+				src, bound = m.Cfg.KVEventsBind, true
 			}
 			if t.sources[src] == nil {
 				t.sources[src] = &kvSource{endpoint: src, bound: bound, hosts: map[netip.Addr]bool{}}
@@ -163,7 +163,7 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 				}
 			}
 			if bound {
-				for _, a := range m.cfg.KVEventsAllow {
+				for _, a := range m.Cfg.KVEventsAllow {
 					if p, err := config.ParseKVAllow(a); err == nil && !slices.Contains(t.sources[src].allow, p) {
 						t.sources[src].allow = append(t.sources[src].allow, p)
 					}
@@ -177,8 +177,8 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 					}
 				}
 			}
-			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.byName[r.Name], cacheBlocks: cb},
-				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.cfg.TokenBlockSize()}
+			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.ByName[r.Name], cacheBlocks: cb},
+				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.Cfg.TokenBlockSize()}
 			if u, err := url.Parse(NormalizeAddress(r.Address)); err == nil {
 				h.host = u.Hostname()
 			}
@@ -209,7 +209,7 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 		case h.a.cacheBlocks <= 0:
 			e.maxBlocks = -1 // a replica of unknown capacity: the default
 		case e.maxBlocks >= 0:
-			e.maxBlocks = max(e.maxBlocks, kvMapFactor*h.a.cacheBlocks)
+			e.maxBlocks = max(e.maxBlocks, KVMapFactor*h.a.cacheBlocks)
 		}
 		addrs, name := hostAddrs(h.host)
 		for _, a := range addrs {
@@ -281,7 +281,7 @@ func buildKVTable(models map[string]*modelState) *kvTable {
 	return t
 }
 
-// kvRuntime is the Server's part of the exact index that outlives
+// kvRuntime is the Fleet's part of the exact index that outlives
 // snapshots.
 type kvRuntime struct {
 	tr   *kvevents.Translator
@@ -294,31 +294,31 @@ type kvRuntime struct {
 	subs map[string]bool      // endpoint → bound
 
 	cmu      sync.Mutex
-	counters map[string]*exactCounters // by model
+	counters map[string]*ExactCounters // by model
 }
 
-// exactCounters count one model's keying, over the Server's life.
-type exactCounters struct {
-	tokenize, engineCalls, errors atomic.Uint64
-	fallbacks                     [numFallbacks]atomic.Uint64
+// ExactCounters count one model's keying, over the Fleet's life.
+type ExactCounters struct {
+	Tokenize, engineCalls, Errors atomic.Uint64
+	Fallbacks                     [NumFallbacks]atomic.Uint64
 }
 
 // Reasons a request on the exact index is keyed without tokens.
 const (
-	fallbackTokenize    = iota // the tokenizer failed
-	fallbackShort              // fewer tokens than a block
-	fallbackUnsupported        // a prompt or field the gateway does not tokenize
-	numFallbacks
+	FallbackTokenize    = iota // the tokenizer failed
+	FallbackShort              // fewer tokens than a block
+	FallbackUnsupported        // a prompt or field the gateway does not tokenize
+	NumFallbacks
 )
 
-var fallbackNames = [numFallbacks]string{"tokenize_error", "short_prompt", "unsupported"}
+var FallbackNames = [NumFallbacks]string{"tokenize_error", "short_prompt", "unsupported"}
 
-func (k *kvRuntime) countersOf(model string) *exactCounters {
+func (k *kvRuntime) countersOf(model string) *ExactCounters {
 	k.cmu.Lock()
 	defer k.cmu.Unlock()
 	c := k.counters[model]
 	if c == nil {
-		c = &exactCounters{}
+		c = &ExactCounters{}
 		k.counters[model] = c
 	}
 	return c
@@ -326,13 +326,13 @@ func (k *kvRuntime) countersOf(model string) *exactCounters {
 
 // kvSink is the Index every engine's Target names: it applies an event of
 // engine id to each replica the current snapshot attaches to it.
-type kvSink struct{ s *Server }
+type kvSink struct{ s *Fleet }
 
 var _ kvevents.Index = kvSink{}
 
 // ApplyEvent implements kvevents.Index; replica is an engine id.
 func (k kvSink) ApplyEvent(id string, ev gateway.CacheEvent) error {
-	t := k.s.state.Load().kv
+	t := k.s.state.Load().KV
 	e := t.engines[id]
 	if e == nil || e.err != "" {
 		return fmt.Errorf("%w: engine %q is no longer configured", gateway.ErrUnknownReplica, id)
@@ -373,8 +373,8 @@ func (t *kvTable) idOf(src kvevents.Source) (string, error) {
 
 // resolveKV is the Translator's Resolver: the engine a message comes from,
 // by its endpoint and its topic's pod.
-func (s *Server) resolveKV(src kvevents.Source) (kvevents.Target, error) {
-	t := s.state.Load().kv
+func (s *Fleet) resolveKV(src kvevents.Source) (kvevents.Target, error) {
+	t := s.state.Load().KV
 	id, err := t.idOf(src)
 	if err != nil {
 		return kvevents.Target{}, err
@@ -415,7 +415,7 @@ func (k *kvRuntime) subscriber() *kvevents.Subscriber {
 // bindNew listens on the bind endpoints of t not listened on yet. On a
 // failure it stops those it started and returns an error naming the
 // model and field.
-func (k *kvRuntime) bindNew(t *kvTable, models map[string]*modelState) ([]string, error) {
+func (k *kvRuntime) bindNew(t *kvTable, models map[string]*Model) ([]string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var started []string
@@ -430,7 +430,7 @@ func (k *kvRuntime) bindNew(t *kvTable, models map[string]*modelState) ([]string
 			}
 			field := "kv_events_bind"
 			for name, m := range models {
-				if m.cfg.KVEventsBind == ep {
+				if m.Cfg.KVEventsBind == ep {
 					field = "models." + name + ".kv_events_bind"
 					break
 				}
@@ -481,7 +481,7 @@ func (k *kvRuntime) sync(t *kvTable) {
 // from that engine's replicas' hosts (or the allow-list). A Unix socket
 // (ipc://) is trusted: its file's permissions decide who connects.
 type kvPolicy struct {
-	s *Server
+	s *Fleet
 	// lookup resolves a replica's host name; nil means the system's
 	// resolver, with a timeout of kvLookupTimeout.
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -507,7 +507,7 @@ func (p kvPolicy) AcceptConn(endpoint string, remote netip.Addr) error {
 	if !remote.IsValid() {
 		return nil
 	}
-	so := p.s.state.Load().kv.sources[endpoint]
+	so := p.s.state.Load().KV.sources[endpoint]
 	switch {
 	case so == nil:
 		return fmt.Errorf("endpoint %s is not configured", endpoint)
@@ -524,7 +524,7 @@ var _ kvevents.ConnLimiter = kvPolicy{}
 // before its old connection is seen closed); the Subscriber's default
 // for other addresses (kv_events_allow, engines named by host name).
 func (p kvPolicy) MaxConnsFrom(endpoint string, remote netip.Addr) int {
-	t := p.s.state.Load().kv
+	t := p.s.state.Load().KV
 	engines := map[kvAttach]bool{} // an engine heard as pod and as host is one
 	for id, e := range t.engines {
 		if kvSourceOf(id) == endpoint && len(e.attach) > 0 && slices.Contains(e.hosts, remote) {
@@ -542,7 +542,7 @@ func (p kvPolicy) AcceptTopic(endpoint string, remote netip.Addr, topic []byte) 
 	if !remote.IsValid() {
 		return nil
 	}
-	t := p.s.state.Load().kv
+	t := p.s.state.Load().KV
 	so := t.sources[endpoint]
 	if so == nil {
 		return fmt.Errorf("endpoint %s is not configured", endpoint)
@@ -643,7 +643,7 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 // resetEngines resets the engines whose events reach replicas at ep: an
 // engine ejected by the health checks may have lost its cache, and the
 // index must not hold blocks it no longer has.
-func (k *kvRuntime) resetEngines(t *kvTable, ep *endpoint) int {
+func (k *kvRuntime) resetEngines(t *kvTable, ep *Endpoint) int {
 	ids := t.byEndpoint[ep]
 	if len(ids) == 0 {
 		return 0
@@ -696,17 +696,17 @@ func (t *kvTable) sourcesOf(m config.Model) []string {
 
 // tokenizeBase is the HTTPTokenizer's base URL for model: a healthy
 // replica of it, taken in turn.
-func (s *Server) tokenizeBase(model string) (string, error) {
-	m := s.state.Load().models[model]
-	if m == nil || len(m.order) == 0 {
+func (s *Fleet) tokenizeBase(model string) (string, error) {
+	m := s.state.Load().Models[model]
+	if m == nil || len(m.Order) == 0 {
 		return "", fmt.Errorf("model %q has no replicas", model)
 	}
-	n := uint64(len(m.order))
+	n := uint64(len(m.Order))
 	start := s.tokTurn.Add(1)
 	for i := range n {
-		ep := m.byName[m.order[(start+i)%n]]
-		if ep != nil && ep.health.healthy() {
-			return ep.base, nil
+		ep := m.ByName[m.Order[(start+i)%n]]
+		if ep != nil && ep.Health.Healthy() {
+			return ep.Base, nil
 		}
 	}
 	return "", fmt.Errorf("model %q has no healthy replica to tokenize on", model)

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"

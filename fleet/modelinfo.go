@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"
@@ -80,10 +80,10 @@ func parseModelInfo(body []byte) (map[string]engineModel, error) {
 // root and max_model_len of the models it serves, which the gateway's own
 // /v1/models then shows. A failed fetch keeps the engine's last answer.
 // Run calls it every DiscoverInterval.
-func (s *Server) DiscoverModelInfo(ctx context.Context) {
+func (s *Fleet) DiscoverModelInfo(ctx context.Context) {
 	st := s.state.Load()
-	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		got, err := fetchModelInfo(ctx, s.control, ep.base)
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
+		got, err := fetchModelInfo(ctx, s.control, ep.Base)
 		if err != nil {
 			return
 		}
@@ -92,14 +92,14 @@ func (s *Server) DiscoverModelInfo(ctx context.Context) {
 		if t.m == nil {
 			t.m = map[string]map[string]engineModel{}
 		}
-		t.m[ep.base] = got
+		t.m[ep.Base] = got
 		t.mu.Unlock()
 	})
 	t := &s.modelInfo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for a := range t.m {
-		if st.endpoints[a] == nil && s.state.Load().endpoints[a] == nil {
+		if st.Endpoints[a] == nil && s.state.Load().Endpoints[a] == nil {
 			delete(t.m, a)
 		}
 	}
@@ -134,8 +134,8 @@ func fetchModelInfo(ctx context.Context, client *http.Client, base string) (map[
 // one base model an engine lists), else the name; max_model_len the
 // smallest its engines report (what every replica accepts), absent when
 // none does.
-func (s *Server) modelCard(ms *modelState, name string) modelEntry {
-	e := modelEntry{ID: name, Object: "model", OwnedBy: "exa", Root: name}
+func (s *Fleet) modelCard(ms *Model, name string) ModelEntry {
+	e := ModelEntry{ID: name, Object: "model", OwnedBy: "exa", Root: name}
 	if ms == nil {
 		return e
 	}
@@ -143,12 +143,12 @@ func (s *Server) modelCard(ms *modelState, name string) modelEntry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var roots []string
-	for _, rep := range ms.order {
-		ep := ms.byName[rep]
+	for _, rep := range ms.Order {
+		ep := ms.ByName[rep]
 		if ep == nil {
 			continue
 		}
-		models := t.m[ep.base]
+		models := t.m[ep.Base]
 		m, ok := models[name]
 		if !ok && len(models) == 1 {
 			for _, only := range models {

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,7 +11,7 @@ import (
 // (the Translator, the Subscriber, the tokenizer cache, the routing
 // tables) when /metrics is gathered, so that event handling counts
 // nothing twice.
-type kvCollector struct{ s *Server }
+type kvCollector struct{ s *Fleet }
 
 var _ prometheus.Collector = kvCollector{}
 
@@ -143,23 +143,23 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	st := s.state.Load()
-	for name, m := range st.models {
-		for _, gw := range []*gateway.Gateway{m.gw, m.prefillGateway()} {
+	for name, m := range st.Models {
+		for _, gw := range []*gateway.Gateway{m.Gateway, m.prefillGateway()} {
 			if gw != nil {
 				for _, r := range gw.Replicas() {
 					gauge(descCached, float64(r.CachedBlocks), name, r.Name)
 				}
 			}
 		}
-		if m.exactCnt == nil {
+		if m.ExactCounters == nil {
 			continue
 		}
-		cnt := m.exactCnt
-		counter(descTokReqs, cnt.tokenize.Load(), name)
+		cnt := m.ExactCounters
+		counter(descTokReqs, cnt.Tokenize.Load(), name)
 		counter(descTokCalls, cnt.engineCalls.Load(), name)
-		counter(descTokErrs, cnt.errors.Load(), name)
-		for i := range cnt.fallbacks {
-			counter(descFallbacks, cnt.fallbacks[i].Load(), name, fallbackNames[i])
+		counter(descTokErrs, cnt.Errors.Load(), name)
+		for i := range cnt.Fallbacks {
+			counter(descFallbacks, cnt.Fallbacks[i].Load(), name, FallbackNames[i])
 		}
 	}
 	if s.kv.tc != nil {

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // When ctx is done it closes the default transport's idle connections
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
-func (s *Server) Run(ctx context.Context) error {
+func (s *Fleet) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loop := func(every time.Duration, f func(context.Context)) {
 		wg.Add(1)
@@ -51,10 +51,10 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // eachEndpoint calls f concurrently for every configured engine and waits.
-func (s *Server) eachEndpoint(ctx context.Context, f func(context.Context, *endpoint)) {
+func (s *Fleet) eachEndpoint(ctx context.Context, f func(context.Context, *Endpoint)) {
 	st := s.state.Load()
 	var wg sync.WaitGroup
-	for _, ep := range st.endpoints {
+	for _, ep := range st.Endpoints {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -66,17 +66,17 @@ func (s *Server) eachEndpoint(ctx context.Context, f func(context.Context, *endp
 
 // ProbeAll probes every engine's /health once and ejects or readmits
 // engines as the thresholds say. Run calls it every ProbeInterval.
-func (s *Server) ProbeAll(ctx context.Context) {
-	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
-		if probe(ctx, s.control, ep.base) {
-			s.observe(ep, ep.health.success(true))
+func (s *Fleet) ProbeAll(ctx context.Context) {
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
+		if probe(ctx, s.control, ep.Base) {
+			s.Observe(ep, ep.Health.Success(true))
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		s.metrics.probeFails.WithLabelValues(ep.base).Inc()
-		s.observe(ep, ep.health.probeFailure())
+		s.metrics.probeFails.WithLabelValues(ep.Base).Inc()
+		s.Observe(ep, ep.Health.probeFailure())
 	})
 }
 
@@ -88,7 +88,7 @@ func (s *Server) ProbeAll(ctx context.Context) {
 // within ProbeTimeout (at most ScrapeInterval) is skipped; its last counts
 // are used for 3 scrape intervals, then dropped. Run does the same in two
 // loops, every ScrapeInterval: the engines' scrapes, and ScrapePeers.
-func (s *Server) ScrapeAll(ctx context.Context) {
+func (s *Fleet) ScrapeAll(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -102,18 +102,18 @@ func (s *Server) ScrapeAll(ctx context.Context) {
 // scrapeEngines scrapes every engine's /metrics once, with the metric
 // names of its engine type, and feeds the load, with the peers' last
 // pending prefill, into the gateway of each model it serves.
-func (s *Server) scrapeEngines(ctx context.Context) {
+func (s *Fleet) scrapeEngines(ctx context.Context) {
 	st := s.state.Load()
-	s.eachEndpoint(ctx, func(ctx context.Context, ep *endpoint) {
+	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
-		res, err := scrape(ctx, s.control, ep.base, engine)
+		res, err := scrape(ctx, s.control, ep.Base, engine)
 		l, rep := res.load, res.adapters
 		ep.feed.Lock()
 		defer ep.feed.Unlock()
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.metrics.scrapeErrors.WithLabelValues(ep.base).Inc()
+				s.metrics.scrapeErrors.WithLabelValues(ep.Base).Inc()
 			}
 			return
 		}
@@ -121,15 +121,15 @@ func (s *Server) scrapeEngines(ctx context.Context) {
 		if rep != nil {
 			ep.lora.report.Store(rep)
 		}
-		s.eachReplicaOf(ep, func(m *modelState, name string) {
+		s.eachReplicaOf(ep, func(m *Model, name string) {
 			l := l
 			l.PeerPrefill = s.peerPrefill(m, name)
 			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
-				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+				s.log.Warn("gateway: load update rejected", "model", m.Name, "replica", name, "err", err)
 			}
 			if rep != nil {
 				if err := m.gatewayOf(name).UpdateAdapters(name, *rep); err != nil {
-					s.log.Warn("gateway: adapter report rejected", "model", m.name, "replica", name, "err", err)
+					s.log.Warn("gateway: adapter report rejected", "model", m.Name, "replica", name, "err", err)
 				}
 			}
 		})
@@ -139,12 +139,12 @@ func (s *Server) scrapeEngines(ctx context.Context) {
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,
 // that ep serves in the current state.
-func (s *Server) eachReplicaOf(ep *endpoint, fn func(m *modelState, name string)) {
-	for _, m := range s.state.Load().models {
-		if m.gw == nil {
+func (s *Fleet) eachReplicaOf(ep *Endpoint, fn func(m *Model, name string)) {
+	for _, m := range s.state.Load().Models {
+		if m.Gateway == nil {
 			continue
 		}
-		for name, e := range m.byName {
+		for name, e := range m.ByName {
 			if e == ep {
 				fn(m, name)
 			}
@@ -152,26 +152,26 @@ func (s *Server) eachReplicaOf(ep *endpoint, fn func(m *modelState, name string)
 	}
 }
 
-// observe applies a health transition of ep to every model that uses it.
-func (s *Server) observe(ep *endpoint, ev healthEvent) {
+// Observe applies a health transition of ep to every model that uses it.
+func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 	if ev == healthNoChange {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	healthy := ep.health.healthy()
+	healthy := ep.Health.Healthy()
 	switch ev {
 	case healthEjected:
-		s.metrics.ejections.WithLabelValues(ep.base).Inc()
-		s.log.Warn("gateway: engine ejected", "address", ep.base)
+		s.metrics.ejections.WithLabelValues(ep.Base).Inc()
+		s.log.Warn("gateway: engine ejected", "address", ep.Base)
 		// On the exact index, its blocks leave the index: it may come
 		// back with an empty cache (see kvRuntime.resetEngines).
-		if n := s.kv.resetEngines(s.state.Load().kv, ep); n > 0 {
-			s.log.Info("gateway: KV events of an ejected engine reset", "address", ep.base, "engines", n)
+		if n := s.kv.resetEngines(s.state.Load().KV, ep); n > 0 {
+			s.log.Info("gateway: KV events of an ejected engine reset", "address", ep.Base, "engines", n)
 		}
 	case healthReadmitted:
-		s.metrics.readmissions.WithLabelValues(ep.base).Inc()
-		s.log.Info("gateway: engine readmitted", "address", ep.base)
+		s.metrics.readmissions.WithLabelValues(ep.Base).Inc()
+		s.log.Info("gateway: engine readmitted", "address", ep.Base)
 	}
-	s.eachReplicaOf(ep, func(m *modelState, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
+	s.eachReplicaOf(ep, func(m *Model, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
 }

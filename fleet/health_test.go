@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 func TestHealthState(t *testing.T) {
 	type step struct {
 		op   string // "fail", "fatal", "probe-ok", "traffic-ok"
-		want healthEvent
+		want HealthEvent
 	}
 	tests := []struct {
 		name          string
@@ -34,22 +34,22 @@ func TestHealthState(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := &healthState{ejectAfter: tt.eject, readmitAfter: tt.readmt}
+			h := &Health{ejectAfter: tt.eject, readmitAfter: tt.readmt}
 			for i, s := range tt.steps {
-				var got healthEvent
+				var got HealthEvent
 				switch s.op {
 				case "fail":
-					got = h.failure(false)
+					got = h.Failure(false)
 				case "fatal":
-					got = h.failure(true)
+					got = h.Failure(true)
 				case "probe-ok":
-					got = h.success(true)
+					got = h.Success(true)
 				case "traffic-ok":
-					got = h.success(false)
+					got = h.Success(false)
 				}
 				assert.Equal(t, s.want, got, "step %d (%s)", i, s.op)
 			}
-			assert.Equal(t, tt.healthy, h.healthy())
+			assert.Equal(t, tt.healthy, h.Healthy())
 		})
 	}
 }

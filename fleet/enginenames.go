@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	dto "github.com/prometheus/client_model/go"

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"slices"
@@ -26,13 +26,13 @@ type engineSeen struct {
 // engineTypeOf returns the engine type configured for ep: that of the
 // first model, in name order, that names one and routes to ep; "" (auto)
 // when none does.
-func (s *Server) engineTypeOf(st *state, ep *endpoint) string {
+func (s *Fleet) engineTypeOf(st *State, ep *Endpoint) string {
 	var names []string
-	for name, m := range st.models {
-		if m.cfg.Engine == config.EngineAuto {
+	for name, m := range st.Models {
+		if m.Cfg.Engine == config.EngineAuto {
 			continue
 		}
-		for _, e := range m.byName {
+		for _, e := range m.ByName {
 			if e == ep {
 				names = append(names, name)
 				break
@@ -42,21 +42,21 @@ func (s *Server) engineTypeOf(st *state, ep *endpoint) string {
 	if len(names) == 0 {
 		return config.EngineAuto
 	}
-	return st.models[slices.Min(names)].cfg.Engine
+	return st.Models[slices.Min(names)].Cfg.Engine
 }
 
 // noteEngine records what ep's page showed, logging a warning when it has
 // no load series of the expected type (the engine then reads as idle)
 // and a note when it has them again.
-func (s *Server) noteEngine(ep *endpoint, configured, detected string) {
+func (s *Fleet) noteEngine(ep *Endpoint, configured, detected string) {
 	t := &s.engines
 	t.mu.Lock()
-	old, seen := t.m[ep.base]
+	old, seen := t.m[ep.Base]
 	if t.m == nil {
 		t.m = map[string]engineSeen{}
 	}
 	now := engineSeen{configured: configured, detected: detected}
-	t.m[ep.base] = now
+	t.m[ep.Base] = now
 	t.mu.Unlock()
 	if seen && old == now {
 		return
@@ -64,19 +64,19 @@ func (s *Server) noteEngine(ep *endpoint, configured, detected string) {
 	switch {
 	case detected == "":
 		s.log.Warn("gateway: engine metrics page has none of the expected load series; its load reads as zero",
-			"address", ep.base, "engine", engineLabel(configured), "expected", expectedSeries(configured),
+			"address", ep.Base, "engine", engineLabel(configured), "expected", expectedSeries(configured),
 			"fix", "set the model's engine type: exa serve routing set MODEL --engine vllm|sglang|trtllm")
 	case seen && old.detected == "" || !seen && configured == config.EngineAuto && detected != config.EngineVLLM:
-		s.log.Info("gateway: engine load series found", "address", ep.base, "engine", detected)
+		s.log.Info("gateway: engine load series found", "address", ep.Base, "engine", detected)
 	}
 }
 
 // engineOf returns the type whose names ep's last successful scrape read,
 // and a warning when it found none; "", "" before any scrape.
-func (s *Server) engineOf(ep *endpoint) (engine, warning string) {
+func (s *Fleet) engineOf(ep *Endpoint) (engine, warning string) {
 	t := &s.engines
 	t.mu.Lock()
-	e, ok := t.m[ep.base]
+	e, ok := t.m[ep.Base]
 	t.mu.Unlock()
 	if !ok || e.detected != "" {
 		return e.detected, ""
@@ -85,12 +85,12 @@ func (s *Server) engineOf(ep *endpoint) (engine, warning string) {
 }
 
 // pruneEngines forgets the addresses no longer configured.
-func (s *Server) pruneEngines(st *state) {
+func (s *Fleet) pruneEngines(st *State) {
 	t := &s.engines
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for a := range t.m {
-		if st.endpoints[a] == nil {
+		if st.Endpoints[a] == nil {
 			delete(t.m, a)
 		}
 	}

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"errors"
@@ -22,7 +22,7 @@ type ReloadResult struct {
 
 // reportReload passes the outcome of loading the version fi of path to
 // Options.OnReload.
-func (s *Server) reportReload(path string, fi os.FileInfo, err error) {
+func (s *Fleet) reportReload(path string, fi os.FileInfo, err error) {
 	if s.opts.OnReload == nil {
 		return
 	}

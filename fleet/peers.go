@@ -1,9 +1,8 @@
-package httpgw
+package fleet
 
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -34,14 +33,14 @@ import (
 // already makes: no event plane, nothing lost to replay, at the cost of
 // one scrape interval of staleness.
 
-// metricPendingPrefill is the gauge of a gateway's own pending prefill
+// MetricPendingPrefill is the gauge of a gateway's own pending prefill
 // per replica, which its peers scrape.
-const metricPendingPrefill = "exa_gateway_pending_prefill_blocks"
+const MetricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 
 // A peer's count at a replica is capped relative to this gateway's own
-// view of the model: at most peerCapFactor times this gateway's own mean
+// view of the model: at most PeerCapFactor times this gateway's own mean
 // pending prefill over the model's replicas (rounded up), and never below
-// the blocks of peerCapFloorBytes of prompt (4,096 blocks at the default
+// the blocks of PeerCapFloorBytes of prompt (4,096 blocks at the default
 // 64-byte blocks). Gateways behind one load balancer see about the same
 // traffic, so an honest peer's count at a replica is about this gateway's
 // mean there; twice it leaves room for a peer that just routed a long
@@ -50,8 +49,8 @@ const metricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 // replica can thus make it look at most max(floor, 2×mean) blocks busier,
 // not 2³¹ (docs/multi-gateway.md).
 const (
-	peerCapFactor     = 2
-	peerCapFloorBytes = 256 << 10
+	PeerCapFactor     = 2
+	PeerCapFloorBytes = 256 << 10
 )
 
 // maxPeerTokenBytes bounds the peer token file.
@@ -62,7 +61,7 @@ const maxPeerTokenBytes = 4096
 const peerTTL = 3
 
 var (
-	descPending = prometheus.NewDesc(metricPendingPrefill,
+	descPending = prometheus.NewDesc(MetricPendingPrefill,
 		"Uncached prefix blocks this gateway routed to a replica whose first token has not come back (its own pending prefill, which its peers scrape), by model and replica.",
 		[]string{"model", "replica"}, nil)
 	descPeerPrefill = prometheus.NewDesc("exa_gateway_peer_prefill_blocks",
@@ -152,29 +151,6 @@ func ReadPeerToken(path string) ([]byte, error) {
 // errPeerUnauthorized is the scrape error of a peer that answered 401.
 var errPeerUnauthorized = errors.New("status 401: the peer wants a bearer token this gateway does not have (Options.PeerTokenFile)")
 
-// authorizeMetrics checks, when Options.PeerTokenFile is set, that a
-// /metrics request carries "Authorization: Bearer <token>"; when it does
-// not, it answers 401 (503 if the token file cannot be read) and returns
-// false.
-func (s *Server) authorizeMetrics(w http.ResponseWriter, r *http.Request) bool {
-	if s.opts.PeerTokenFile == "" {
-		return true
-	}
-	tok, err := s.peers.token.get(s.opts.PeerTokenFile)
-	if err != nil {
-		s.log.Warn("gateway: /metrics refused: the peer token cannot be read", "err", err)
-		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "peer_token_unavailable", "", "gateway: /metrics needs a bearer token, and this gateway's token file cannot be read")
-		return false
-	}
-	got, ok := bytes.CutPrefix([]byte(r.Header.Get("Authorization")), []byte("Bearer "))
-	if !ok || subtle.ConstantTimeCompare(got, tok) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="exa-gateway"`)
-		writeError(w, http.StatusUnauthorized, typeInvalidRequest, "invalid_api_key", "", "gateway: /metrics needs Authorization: Bearer with the peer token")
-		return false
-	}
-	return true
-}
-
 // parsePeerPending parses a gateway's /metrics page into its
 // metricPendingPrefill counts: model → replica → blocks, each clamped to
 // 0..MaxLoadCount (series without both labels are skipped; one given twice
@@ -186,7 +162,7 @@ func parsePeerPending(r io.Reader) (map[string]map[string]int, error) {
 		return nil, err
 	}
 	out := map[string]map[string]int{}
-	for _, m := range fams[metricPendingPrefill].GetMetric() {
+	for _, m := range fams[MetricPendingPrefill].GetMetric() {
 		var mod, rep string
 		var hasM, hasR bool
 		for _, l := range m.GetLabel() {
@@ -240,10 +216,10 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 }
 
 // peerBases returns the normalised base URLs of every model's peers.
-func (st *state) peerBases() map[string]bool {
+func (st *State) peerBases() map[string]bool {
 	out := map[string]bool{}
-	for _, m := range st.models {
-		for _, p := range m.cfg.Peers {
+	for _, m := range st.Models {
+		for _, p := range m.Cfg.Peers {
 			out[NormalizeAddress(p)] = true
 		}
 	}
@@ -254,14 +230,14 @@ func (st *state) peerBases() map[string]bool {
 // feeds each replica's gateway the pending prefill they report there,
 // capped (pushPeerPrefill). Run calls it every ScrapeInterval, in a loop
 // of its own: a slow peer never delays the engines' scrapes.
-func (s *Server) ScrapePeers(ctx context.Context) {
+func (s *Fleet) ScrapePeers(ctx context.Context) {
 	s.scrapePeers(ctx)
 	s.pushPeerPrefill()
 }
 
-// peerTimeout bounds one round of peer scrapes: ProbeTimeout, at most
+// PeerTimeout bounds one round of peer scrapes: ProbeTimeout, at most
 // one ScrapeInterval.
-func (s *Server) peerTimeout() time.Duration {
+func (s *Fleet) PeerTimeout() time.Duration {
 	return min(s.opts.ProbeTimeout, s.opts.ScrapeInterval)
 }
 
@@ -269,7 +245,7 @@ func (s *Server) peerTimeout() time.Duration {
 // peerTimeout, with the peer token when Options.PeerTokenFile is set. A
 // peer that fails keeps its last counts until they expire (peerTTL scrape
 // intervals) and is logged when it goes down and when it comes back.
-func (s *Server) scrapePeers(ctx context.Context) {
+func (s *Fleet) scrapePeers(ctx context.Context) {
 	bases := s.state.Load().peerBases()
 	if len(bases) == 0 && s.knownPeers() == 0 {
 		return
@@ -283,7 +259,7 @@ func (s *Server) scrapePeers(ctx context.Context) {
 		token = t
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, s.peerTimeout())
+	ctx, cancel := context.WithTimeout(ctx, s.PeerTimeout())
 	defer cancel()
 	s.peers.mu.Lock()
 	if s.peers.peers == nil {
@@ -338,7 +314,7 @@ func (s *Server) scrapePeers(ctx context.Context) {
 }
 
 // knownPeers returns how many peers the table holds.
-func (s *Server) knownPeers() int {
+func (s *Fleet) knownPeers() int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	return len(s.peers.peers)
@@ -347,7 +323,7 @@ func (s *Server) knownPeers() int {
 // peerCap is the most pending prefill one peer may add at a replica
 // served by gateway g: peerCapFactor times g's own mean pending prefill
 // per replica (rounded up), at least peerFloor.
-func (s *Server) peerCap(g *gateway.Gateway) int {
+func (s *Fleet) peerCap(g *gateway.Gateway) int {
 	reps := g.Replicas()
 	sum := 0
 	for _, r := range reps {
@@ -357,22 +333,22 @@ func (s *Server) peerCap(g *gateway.Gateway) int {
 	if len(reps) > 0 {
 		mean = (sum + len(reps) - 1) / len(reps)
 	}
-	return min(max(s.peerFloor(), peerCapFactor*mean), MaxLoadCount)
+	return min(max(s.peerFloor(), PeerCapFactor*mean), MaxLoadCount)
 }
 
 // peerFloor is the least cap of a peer's count: peerCapFloorBytes of
 // prompt, in blocks.
-func (s *Server) peerFloor() int { return peerCapFloorBytes / max(s.opts.BlockSize, 1) }
+func (s *Fleet) peerFloor() int { return PeerCapFloorBytes / max(s.opts.BlockSize, 1) }
 
 // overCap reports whether counts, a peer's report, exceeds the cap at any
 // replica of a model that has peers.
-func (s *Server) overCap(counts map[string]map[string]int) bool {
-	for name, m := range s.state.Load().models {
-		if m.gw == nil || len(m.cfg.Peers) == 0 {
+func (s *Fleet) overCap(counts map[string]map[string]int) bool {
+	for name, m := range s.state.Load().Models {
+		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
 		for rep, n := range counts[name] {
-			if _, ok := m.byName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
+			if _, ok := m.ByName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
 				return true
 			}
 		}
@@ -384,8 +360,8 @@ func (s *Server) overCap(counts map[string]map[string]int) bool {
 // name: the sum over its peers whose last good scrape is at most peerTTL
 // scrape intervals old, each peer's count capped at s.peerCap, clamped to
 // 0..MaxLoadCount.
-func (s *Server) peerPrefill(m *modelState, name string) int {
-	if len(m.cfg.Peers) == 0 {
+func (s *Fleet) peerPrefill(m *Model, name string) int {
+	if len(m.Cfg.Peers) == 0 {
 		return 0
 	}
 	limit := s.peerCap(m.gatewayOf(name))
@@ -393,31 +369,31 @@ func (s *Server) peerPrefill(m *modelState, name string) int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	sum := 0
-	for _, b := range m.cfg.Peers {
+	for _, b := range m.Cfg.Peers {
 		p := s.peers.peers[NormalizeAddress(b)]
 		if p == nil || p.counts == nil || p.at.Before(oldest) {
 			continue
 		}
-		sum = min(sum+min(p.counts[m.name][name], limit), MaxLoadCount)
+		sum = min(sum+min(p.counts[m.Name][name], limit), MaxLoadCount)
 	}
 	return sum
 }
 
 // pushPeerPrefill feeds every replica's gateway its endpoint's last load
 // with the peers' current pending prefill.
-func (s *Server) pushPeerPrefill() {
-	for _, m := range s.state.Load().models {
-		if m.gw == nil || len(m.cfg.Peers) == 0 {
+func (s *Fleet) pushPeerPrefill() {
+	for _, m := range s.state.Load().Models {
+		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
-		for name, ep := range m.byName {
+		for name, ep := range m.ByName {
 			ep.feed.Lock()
-			l, _, _, _ := ep.snapshotLoad()
+			l, _, _, _ := ep.SnapshotLoad()
 			l.PeerPrefill = s.peerPrefill(m, name)
 			err := m.gatewayOf(name).UpdateLoad(name, l)
 			ep.feed.Unlock()
 			if err != nil {
-				s.log.Warn("gateway: load update rejected", "model", m.name, "replica", name, "err", err)
+				s.log.Warn("gateway: load update rejected", "model", m.Name, "replica", name, "err", err)
 			}
 		}
 	}
@@ -425,7 +401,7 @@ func (s *Server) pushPeerPrefill() {
 
 // peerCollector exports each model's own and peers' pending prefill per
 // replica, and each peer's scrape state.
-type peerCollector struct{ s *Server }
+type peerCollector struct{ s *Fleet }
 
 var _ prometheus.Collector = peerCollector{}
 
@@ -439,10 +415,10 @@ func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	for name, m := range s.state.Load().models {
-		gws := []*gateway.Gateway{m.gw}
-		if m.pd != nil && m.pd.dis.Prefill != nil && m.pd.dis.Prefill != m.gw {
-			gws = append(gws, m.pd.dis.Prefill)
+	for name, m := range s.state.Load().Models {
+		gws := []*gateway.Gateway{m.Gateway}
+		if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
+			gws = append(gws, m.PD.Plan.Prefill)
 		}
 		for _, g := range gws {
 			if g == nil {
@@ -450,7 +426,7 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			for _, r := range g.Replicas() {
 				ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(r.PendingPrefill), name, r.Name)
-				if len(m.cfg.Peers) > 0 {
+				if len(m.Cfg.Peers) > 0 {
 					ch <- prometheus.MustNewConstMetric(descPeerPrefill, prometheus.GaugeValue, float64(r.Load.PeerPrefill), name, r.Name)
 				}
 			}

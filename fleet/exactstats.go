@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"slices"
@@ -38,7 +38,7 @@ func endpointStats(ep kvevents.EndpointStatus) config.KVEndpointStats {
 
 // kvGlobalStats returns the Stats.KVEvents section, nil when no model is
 // on the exact index and nothing was ever heard.
-func (s *Server) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.GlobalStats, eps []kvevents.EndpointStatus) *KVEventsGlobal {
+func (s *Fleet) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.GlobalStats, eps []kvevents.EndpointStatus) *KVEventsGlobal {
 	if len(eps) == 0 && len(engines) == 0 && glob.MalformedFrames == 0 && glob.Unresolved == 0 {
 		return nil
 	}
@@ -51,17 +51,17 @@ func (s *Server) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.Glo
 }
 
 // exactModelStats fills the exact index's part of a model's record.
-func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvTable, engines []kvevents.EngineStats, eps []kvevents.EndpointStatus) {
-	cnt := m.exactCnt
+func (s *Fleet) exactModelStats(rec *config.RoutingStats, m *Model, t *kvTable, engines []kvevents.EngineStats, eps []kvevents.EndpointStatus) {
+	cnt := m.ExactCounters
 	ks := &config.KVEventsStats{
-		BlockSize: m.exactBS,
-		Tokenize:  config.TokenizeStats{Requests: cnt.tokenize.Load(), EngineCalls: cnt.engineCalls.Load(), Errors: cnt.errors.Load()},
+		BlockSize: m.ExactBlockSize,
+		Tokenize:  config.TokenizeStats{Requests: cnt.Tokenize.Load(), EngineCalls: cnt.engineCalls.Load(), Errors: cnt.Errors.Load()},
 		Fallbacks: map[string]uint64{},
 		Engines:   []config.KVEngineStats{},
 		Endpoints: []config.KVEndpointStats{},
 	}
-	for i, name := range fallbackNames {
-		ks.Fallbacks[name] = cnt.fallbacks[i].Load()
+	for i, name := range FallbackNames {
+		ks.Fallbacks[name] = cnt.Fallbacks[i].Load()
 	}
 	for i := range engines {
 		e := &engines[i]
@@ -71,7 +71,7 @@ func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvT
 		if id == "" {
 			id, _ = t.idOf(e.Source)
 		}
-		if id == "" || !t.modelOf(id, m.name) {
+		if id == "" || !t.modelOf(id, m.Name) {
 			continue
 		}
 		es := config.KVEngineStats{
@@ -92,7 +92,7 @@ func (s *Server) exactModelStats(rec *config.RoutingStats, m *modelState, t *kvT
 		}
 		ks.Engines = append(ks.Engines, es)
 	}
-	srcs := t.sourcesOf(m.cfg)
+	srcs := t.sourcesOf(m.Cfg)
 	for _, ep := range eps {
 		if slices.Contains(srcs, ep.Endpoint) {
 			ks.Endpoints = append(ks.Endpoints, endpointStats(ep))

@@ -1,16 +1,14 @@
-package httpgw
+package fleet
 
 import (
 	"encoding/json"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/examlops/gateway/config"
 )
 
-// Stats is the body of GET /stats (schema in the package documentation).
+// Stats is the body of GET /stats (schema in docs/stats.md).
 // It embeds config.StatsDocument, so a client that decodes the body into a
 // config.StatsDocument reads the per-model statistics and ignores the rest.
 type Stats struct {
@@ -61,43 +59,43 @@ type EngineLoad struct {
 }
 
 // Stats returns the gateway's statistics, as GET /stats serves them.
-func (s *Server) Stats() Stats {
+func (s *Fleet) Stats() Stats {
 	st := s.state.Load()
-	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.models))}, Engines: []EngineStats{}}
-	users := map[*endpoint][]string{}
+	out := Stats{StatsDocument: config.StatsDocument{Models: make(map[string]config.RoutingStats, len(st.Models))}, Engines: []EngineStats{}}
+	users := map[*Endpoint][]string{}
 	engines, glob := s.kv.tr.Stats()
 	eps := s.kv.endpoints()
 	out.KVEvents = s.kvGlobalStats(engines, glob, eps)
-	for name, m := range st.models {
-		if m.gw == nil {
-			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.mode.String(), Index: m.cfg.IndexName(),
+	for name, m := range st.Models {
+		if m.Gateway == nil {
+			out.Models[name] = config.RoutingStats{Model: name, Source: config.SourceGateway, Mode: m.Mode.String(), Index: m.Cfg.IndexName(),
 				Decisions: map[string]uint64{}, Replicas: []config.ReplicaStats{}}
 			continue
 		}
-		reps := m.gw.Replicas()
-		rec := config.StatsFromGateway(name, config.SourceGateway, m.mode, m.gw.Stats(), reps)
-		rec.Index = m.cfg.IndexName()
+		reps := m.Gateway.Replicas()
+		rec := config.StatsFromGateway(name, config.SourceGateway, m.Mode, m.Gateway.Stats(), reps)
+		rec.Index = m.Cfg.IndexName()
 		for _, r := range reps {
 			if i := slices.IndexFunc(rec.Replicas, func(x config.ReplicaStats) bool { return x.Name == r.Name }); i >= 0 {
 				rec.Replicas[i].CachedBlocks = r.CachedBlocks
 			}
 		}
-		if m.pd != nil {
-			rec.Disaggregation = m.pd.stats(name, m.cfg)
+		if m.PD != nil {
+			rec.Disaggregation = m.PD.stats(name, m.Cfg)
 		}
-		if m.exactCnt != nil {
-			s.exactModelStats(&rec, m, st.kv, engines, eps)
+		if m.ExactCounters != nil {
+			s.exactModelStats(&rec, m, st.KV, engines, eps)
 		}
 		out.Models[name] = rec
-		for _, ep := range m.byName {
+		for _, ep := range m.ByName {
 			if !slices.Contains(users[ep], name) {
 				users[ep] = append(users[ep], name)
 			}
 		}
 	}
-	for _, ep := range st.endpoints {
-		l, has, _, lastErr := ep.snapshotLoad()
-		es := EngineStats{Address: ep.base, Healthy: ep.health.healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
+	for _, ep := range st.Endpoints {
+		l, has, _, lastErr := ep.SnapshotLoad()
+		es := EngineStats{Address: ep.Base, Healthy: ep.Health.Healthy(), ScrapeError: lastErr, Models: users[ep], Adapters: adapterStats(ep)}
 		es.Engine, es.LoadWarning = s.engineOf(ep)
 		if has {
 			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
@@ -112,33 +110,13 @@ func (s *Server) Stats() Stats {
 	return out
 }
 
-// serveStats serves GET /stats; ?model=NAME narrows it to one model (404
-// when the gateway does not serve it).
-func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /stats accepts GET only")
-		return
-	}
-	st := s.Stats()
-	if model := r.URL.Query().Get("model"); model != "" {
-		rs, ok := st.Models[model]
-		if !ok {
-			writeError(w, http.StatusNotFound, typeNotFound, "model_not_found", "model", "gateway: model not found: "+strconv.Quote(model))
-			return
-		}
-		st.Models = map[string]config.RoutingStats{model: rs}
-	}
-	writeJSON(w, st)
-}
-
-// modelList is the OpenAI GET /v1/models body.
-type modelList struct {
+// ModelList is the OpenAI GET /v1/models body.
+type ModelList struct {
 	Object string       `json:"object"`
-	Data   []modelEntry `json:"data"`
+	Data   []ModelEntry `json:"data"`
 }
 
-type modelEntry struct {
+type ModelEntry struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
@@ -157,8 +135,8 @@ type modelEntry struct {
 
 // MarshalJSON writes the entry as vLLM's ModelCard: root defaults to the
 // id, and a model's parent is null.
-func (e modelEntry) MarshalJSON() ([]byte, error) {
-	type plain modelEntry
+func (e ModelEntry) MarshalJSON() ([]byte, error) {
+	type plain ModelEntry
 	out := struct {
 		plain
 		Parent *string `json:"parent"`
@@ -172,34 +150,14 @@ func (e modelEntry) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// serveModels serves GET /v1/models: the configured models, then the
-// LoRA adapters the gateway serves, each with its model as parent.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	code := "200"
-	defer func() { s.metrics.requests.WithLabelValues("", "models", code).Inc() }()
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		code = "405"
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /v1/models accepts GET only")
-		return
-	}
+// ModelList is the body of GET /v1/models: the configured models, then
+// the LoRA adapters served, each with its model as parent.
+func (s *Fleet) ModelList() ModelList {
 	st := s.state.Load()
-	list := modelList{Object: "list", Data: []modelEntry{}}
-	for _, name := range st.file.Names() {
-		list.Data = append(list.Data, s.modelCard(st.models[name], name))
+	list := ModelList{Object: "list", Data: []ModelEntry{}}
+	for _, name := range st.File.Names() {
+		list.Data = append(list.Data, s.modelCard(st.Models[name], name))
 	}
 	list.Data = append(list.Data, adapterEntries(st)...)
-	writeJSON(w, list)
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, typeServer, "encode_error", "", "gateway: encode response: "+err.Error())
-		return
-	}
-	b = append(b, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	_, _ = w.Write(b)
+	return list
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleet
 
 import (
 	"fmt"
@@ -15,10 +15,10 @@ import (
 // A decode pool without replicas leaves the model without a gateway (503);
 // a prefill pool without replicas leaves every request co-located
 // (fallback prefill_unavailable).
-func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelPlan, error) {
+func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPlan, error) {
 	prefill, decode := cfg.Pools[cfg.PrefillPool], cfg.Pools[cfg.DecodePool]
-	ms := &modelState{name: name, cfg: cfg, byName: make(map[string]*endpoint, len(prefill)+len(decode)),
-		disaggr: true, mode: gateway.ModeLoadAware}
+	ms := &Model{Name: name, Cfg: cfg, ByName: make(map[string]*Endpoint, len(prefill)+len(decode)),
+		Disaggregate: true, Mode: gateway.ModeLoadAware}
 	pwant, err := s.tableOf(ms, prefill, cfg.PrefillPool, old, next)
 	if err != nil {
 		return modelPlan{}, err
@@ -27,32 +27,34 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	if err != nil {
 		return modelPlan{}, err
 	}
-	ms.mm = newModelMetrics(ms.order)
+	if s.opts.Attach != nil {
+		ms.Front = s.opts.Attach(ms)
+	}
 	if cfg.Exact() {
-		ms.exactBS, ms.exactCnt = cfg.TokenBlockSize(), s.kv.countersOf(name)
+		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
 	}
 	if len(dwant) == 0 {
-		ms.noReps = true
+		ms.NoReplicas = true
 		s.log.Warn("gateway: disaggregated model's decode pool has no replicas; it answers 503 until it has",
 			"model", name, "pool", cfg.DecodePool)
 		return modelPlan{ms: ms}, nil
 	}
-	pd := &pdState{
-		sidecar:        cfg.PDModeName() == config.PDModeSidecar,
-		minUncached:    cfg.MinUncachedTokens(),
+	pd := &Disagg{
+		Sidecar:        cfg.PDModeName() == config.PDModeSidecar,
+		MinUncached:    cfg.MinUncachedTokens(),
 		tokensPerBlock: max(1, s.opts.BlockSize/bytesPerToken),
-		hostPort:       make(map[string]string, len(pwant)),
-		prefillNames:   make(map[string]bool, len(pwant)),
-		exactBS:        ms.exactBS,
-		counters:       new(pdCounters),
+		HostPort:       make(map[string]string, len(pwant)),
+		PrefillNames:   make(map[string]bool, len(pwant)),
+		exactBS:        ms.ExactBlockSize,
+		Counters:       new(DisaggCounters),
 	}
 	for _, r := range pwant {
-		pd.prefillNames[r.Name] = true
+		pd.PrefillNames[r.Name] = true
 		u, err := url.Parse(r.Address)
 		if err != nil { // config.ValidateAddress accepted it, so url.Parse does
 			return modelPlan{}, &config.FieldError{Field: "models." + name + ".pools." + cfg.PrefillPool, Value: r.Address, Reason: err.Error()}
 		}
-		pd.hostPort[r.Name] = u.Host
+		pd.HostPort[r.Name] = u.Host
 	}
 	var opts []gateway.Option
 	if cfg.SLOLatencyMS > 0 {
@@ -73,24 +75,24 @@ func (s *Server) planPD(name string, cfg config.Model, old, next *state) (modelP
 	popts := append([]gateway.Option{gateway.WithMode(gateway.ModeCacheAware)}, opts...)
 
 	plan := modelPlan{ms: ms, want: dwant, opts: dopts, pwant: pwant, popts: popts}
-	prev := old.models[name]
-	reuse := prev != nil && prev.pd != nil && prev.gw != nil && sameRouting(prev.cfg, cfg)
-	dis := &gateway.PD{MinUncached: pd.minUncached}
+	prev := old.Models[name]
+	reuse := prev != nil && prev.PD != nil && prev.Gateway != nil && sameRouting(prev.Cfg, cfg)
+	dis := &gateway.PD{MinUncached: pd.MinUncached}
 	if reuse {
-		dis.Decode, plan.keep = prev.gw, prev.gw
-		pd.counters = prev.pd.counters
+		dis.Decode, plan.keep = prev.Gateway, prev.Gateway
+		pd.Counters = prev.PD.Counters
 	} else if dis.Decode, err = s.newGateway(dwant, dopts...); err != nil {
 		return modelPlan{}, fmt.Errorf("%w (model %q, pool %q)", err, name, cfg.DecodePool)
 	}
 	if len(pwant) > 0 {
-		if reuse && prev.pd.dis.Prefill != nil {
-			dis.Prefill, plan.pkeep = prev.pd.dis.Prefill, prev.pd.dis.Prefill
+		if reuse && prev.PD.Plan.Prefill != nil {
+			dis.Prefill, plan.pkeep = prev.PD.Plan.Prefill, prev.PD.Plan.Prefill
 		} else if dis.Prefill, err = s.newGateway(pwant, popts...); err != nil {
 			return modelPlan{}, fmt.Errorf("%w (model %q, pool %q)", err, name, cfg.PrefillPool)
 		}
 	}
-	pd.dis = dis
-	ms.gw, ms.pd = dis.Decode, pd
+	pd.Plan = dis
+	ms.Gateway, ms.PD = dis.Decode, pd
 	return plan, nil
 }
 
@@ -114,18 +116,18 @@ func servedReplicas(cfg config.Model) []config.Replica {
 
 // prefillGateway returns the prefill pool's gateway of a disaggregated
 // model, nil for other models and an empty prefill pool.
-func (m *modelState) prefillGateway() *gateway.Gateway {
-	if m.pd == nil {
+func (m *Model) prefillGateway() *gateway.Gateway {
+	if m.PD == nil {
 		return nil
 	}
-	return m.pd.dis.Prefill
+	return m.PD.Plan.Prefill
 }
 
 // gatewayOf returns the gateway that routes the model's replica name: the
 // prefill pool's for a prefill replica of a disaggregated model, else gw.
-func (m *modelState) gatewayOf(name string) *gateway.Gateway {
-	if m.pd != nil && m.pd.prefillNames[name] {
-		return m.pd.dis.Prefill
+func (m *Model) gatewayOf(name string) *gateway.Gateway {
+	if m.PD != nil && m.PD.PrefillNames[name] {
+		return m.PD.Plan.Prefill
 	}
-	return m.gw
+	return m.Gateway
 }

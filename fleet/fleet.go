@@ -1,0 +1,346 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/examlops/gateway/keys"
+	"github.com/examlops/gateway/kvevents"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of Options fields left zero.
+const (
+	DefaultReloadInterval = time.Second
+	DefaultProbeInterval  = time.Second
+	DefaultProbeTimeout   = time.Second
+	DefaultScrapeInterval = time.Second
+	DefaultEjectAfter     = 2
+	DefaultReadmitAfter   = 2
+	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
+	// outlier detection base_ejection_time.
+	DefaultEjectionTime = 30 * time.Second
+	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
+	// adapters and models (Options.DiscoverInterval).
+	DefaultDiscoverInterval = 5 * time.Second
+)
+
+// ErrInvalidOptions is returned by New for Options it cannot use.
+var ErrInvalidOptions = errors.New("fleet: invalid options")
+
+// Options configures a Fleet. The zero value is usable: every zero field
+// takes the default named in its comment (httpgw.Options passes its own
+// fields of the same names).
+type Options struct {
+	// ConfigPath is the routing configuration file (package config's
+	// format) that New loads and Run polls for changes. "" means none:
+	// the embedder calls Apply instead.
+	ConfigPath string
+	// ReloadInterval is how often Run checks the file's modification time
+	// and size; default DefaultReloadInterval (1s).
+	ReloadInterval time.Duration
+	// ProbeInterval is how often Run probes each engine's /health; default
+	// DefaultProbeInterval (1s). ProbeTimeout bounds each probe; default
+	// DefaultProbeTimeout (1s).
+	ProbeInterval, ProbeTimeout time.Duration
+	// ScrapeInterval is how often Run scrapes each engine's /metrics;
+	// default DefaultScrapeInterval (1s).
+	ScrapeInterval time.Duration
+	// DiscoverInterval is how often Run fetches each engine's GET
+	// /v1/models to learn the LoRA adapters it serves (DiscoverAll; the
+	// first time when Run starts); default DefaultDiscoverInterval (5s).
+	DiscoverInterval time.Duration
+	// EjectAfter is how many consecutive failures (failed probes, 5xx
+	// responses, transport errors) eject an engine; a refused connection
+	// ejects at once. Default DefaultEjectAfter (2).
+	EjectAfter int
+	// ReadmitAfter is how many consecutive successful probes readmit an
+	// ejected engine; default DefaultReadmitAfter (2).
+	ReadmitAfter int
+	// PeerTokenFile, when set, names a file holding the peer token (see
+	// ReadPeerToken): /metrics then answers only requests carrying
+	// "Authorization: Bearer <token>" (others get 401), and the peer
+	// scrapes send it. Every gateway sharing pending prefill, and any
+	// Prometheus scraping /metrics, needs the same token. The file is
+	// re-read when it changes. Default "": /metrics is open, as before.
+	PeerTokenFile string
+	// EjectionTime is the back-off of an engine ejected for its answers
+	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
+	// timeout), as Envoy's outlier detection's base_ejection_time: no
+	// probe readmits it for EjectionTime times the number of times it was
+	// so ejected, at most 10 times EjectionTime. Default
+	// DefaultEjectionTime (30s, Envoy's default); negative, none.
+	EjectionTime time.Duration
+	// Tokenizer tokenizes the requests of models on the exact index;
+	// default the engines' own POST /tokenize (kvevents.HTTPTokenizer, on
+	// a healthy replica of the request's model, taken in turn) behind a
+	// kvevents.CachedTokenizer. An embedder with an in-process tokenizer
+	// that reproduces the engines' tokens and chat templates exactly may
+	// supply it; it is used as is.
+	Tokenizer kvevents.Tokenizer
+	// OnReload, when set, is called after each load of ConfigPath (by New
+	// and Run), from the loading goroutine, with the version of the file
+	// read and the outcome; the CLI records it so that `exa serve routing
+	// set` can tell when a running process failed to apply a change.
+	OnReload func(ReloadResult)
+	// BlockSize is the approximate key's block size in bytes; default
+	// keys.TextBlockBytes.
+	BlockSize int
+	// Transport carries probes, scrapes, discovery and tokenization;
+	// default a fresh internal/httpclient.Pool (closed by Close).
+	Transport http.RoundTripper
+	// Registerer receives the control plane's metrics; default a fresh
+	// registry.
+	Registerer prometheus.Registerer
+	// Logger: default slog.Default(). Clock: default time.Now.
+	Logger *slog.Logger
+	Clock  func() time.Time
+	// GatewayOptions are added to every model's gateway.New options.
+	GatewayOptions []gateway.Option
+	// Attach, when set, is called for every model of a configuration
+	// being applied, before it is published; its result is the model's
+	// Front, the data plane's own per-model state (e.g. cached metric
+	// series). Nil: Front is nil.
+	Attach func(m *Model) any
+}
+
+// Fleet is the control plane: it applies configurations (Apply, Reload),
+// probes and scrapes the engines, discovers their adapters and models,
+// wires KV events to the exact index and scrapes the peer gateways (Run),
+// and publishes each result as an immutable State that the data planes
+// (httpgw, the endpoint picker) read with Snapshot. All methods are safe
+// for concurrent use.
+type Fleet struct {
+	opts    Options
+	control *http.Client // probes and scrapes
+	metrics *metrics
+	log     *slog.Logger
+
+	state atomic.Pointer[State]
+
+	mu       sync.Mutex // serialises Apply, reloads and health transitions
+	fileInfo os.FileInfo
+	fileMod  time.Time
+	fileSize int64
+	fileSeen bool
+	// fileMissing records that the file was found missing before any
+	// load, and the empty configuration applied.
+	fileMissing bool
+
+	// pool is Options.Transport when it is the default connection pool
+	// (which Apply, Run and Close tidy), else nil.
+	pool *httpclient.Pool
+
+	// newGateway builds a model's gateway: gateway.New, replaced by tests.
+	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
+
+	// kv is the exact index's machinery (exact.go); tokTurn spreads
+	// tokenization over a model's replicas.
+	kv      *kvRuntime
+	tokTurn atomic.Uint64
+
+	// peers is what the peer gateways last reported (peers.go).
+	peers peerTable
+	// engines is the engine type each engine's metrics page showed
+	// (engines.go).
+	engines engineTable
+	// modelInfo is what the engines' /v1/models say of their models
+	// (modelinfo.go).
+	modelInfo modelInfoTable
+}
+
+// New returns a Fleet. With Options.ConfigPath set it loads the file; a
+// missing file is an empty configuration (no models) that Run picks up
+// once it appears, a corrupt one an error.
+func New(opts Options) (*Fleet, error) {
+	if err := fillOptions(&opts); err != nil {
+		return nil, err
+	}
+	s := &Fleet{
+		opts:       opts,
+		control:    &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
+		log:        opts.Logger,
+		newGateway: gateway.New,
+	}
+	s.pool, _ = opts.Transport.(*httpclient.Pool)
+	var err error
+	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	s.kv = &kvRuntime{counters: map[string]*ExactCounters{},
+		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
+	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
+	s.kv.tok = opts.Tokenizer
+	if s.kv.tok == nil {
+		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}
+		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{kvevents.NewHTTPTokenizer(client, s.tokenizeBase), s.kv}, kvevents.CacheOptions{})
+		s.kv.tok = s.kv.tc
+	} else {
+		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
+	}
+	if err := opts.Registerer.Register(kvCollector{s}); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	if err := opts.Registerer.Register(peerCollector{s}); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	s.state.Store(&State{File: &config.File{Version: config.Version}, Models: map[string]*Model{}, Endpoints: map[string]*Endpoint{}, KV: buildKVTable(nil)})
+	if opts.ConfigPath != "" {
+		if _, err := s.Reload(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func fillOptions(o *Options) error {
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"ReloadInterval", &o.ReloadInterval, DefaultReloadInterval},
+		{"ProbeInterval", &o.ProbeInterval, DefaultProbeInterval},
+		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
+		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
+		{"DiscoverInterval", &o.DiscoverInterval, DefaultDiscoverInterval},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%w: %s %v is negative", ErrInvalidOptions, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"EjectAfter", &o.EjectAfter, DefaultEjectAfter},
+		{"ReadmitAfter", &o.ReadmitAfter, DefaultReadmitAfter},
+		{"BlockSize", &o.BlockSize, keys.TextBlockBytes},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%w: %s %d is negative", ErrInvalidOptions, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if o.EjectionTime == 0 {
+		o.EjectionTime = DefaultEjectionTime
+	}
+	if o.Transport == nil {
+		o.Transport = httpclient.New(httpclient.Options{})
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return nil
+}
+
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// Snapshot returns the current state: immutable (but for the endpoints'
+// health and load, and the counters, which are safe for concurrent use).
+// A request reads one snapshot from start to end.
+func (s *Fleet) Snapshot() *State { return s.state.Load() }
+
+// Tokenizer is what tokenizes requests of models on the exact index
+// (Options.Tokenizer, or the engines' /tokenize behind a cache), counted
+// per model.
+func (s *Fleet) Tokenizer() kvevents.Tokenizer { return s.kv.tok }
+
+// Close closes the idle connections of the default transport (a Transport
+// given in Options is left alone) and stops listening for and connecting
+// to KV events. It does not stop Run; the Fleet stays usable. It returns
+// nil.
+func (s *Fleet) Close() error {
+	if s.pool != nil {
+		s.pool.CloseIdleConnections()
+	}
+	s.kv.close()
+	return nil
+}
+
+// RefreshGauges sets the gauges computed from the engines' health, just
+// before /metrics is gathered.
+func (s *Fleet) RefreshGauges() {
+	// Under s.mu, so that a concurrent Apply cannot delete a series that
+	// this then sets again from the old snapshot.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state.Load()
+	for addr, ep := range st.Endpoints {
+		v := 0.0
+		if ep.Health.Healthy() {
+			v = 1
+		}
+		s.metrics.healthy.WithLabelValues(addr).Set(v)
+	}
+}
+
+// PeerToken returns the peer bearer token that /metrics requires, or
+// required false when Options.PeerTokenFile is not set. The file is
+// re-read when it changes.
+func (s *Fleet) PeerToken() (tok []byte, required bool, err error) {
+	if s.opts.PeerTokenFile == "" {
+		return nil, false, nil
+	}
+	tok, err = s.peers.token.get(s.opts.PeerTokenFile)
+	return tok, true, err
+}
+
+// metrics are the control plane's Prometheus collectors.
+type metrics struct {
+	ejections    *prometheus.CounterVec // address
+	readmissions *prometheus.CounterVec // address
+	healthy      *prometheus.GaugeVec   // address
+	probeFails   *prometheus.CounterVec // address
+	scrapeErrors *prometheus.CounterVec // address
+	reloads      *prometheus.CounterVec // result
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns = "exa_gateway"
+	m := &metrics{
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "ejections_total",
+			Help: "Times an engine address was ejected as unhealthy."}, []string{"address"}),
+		readmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "readmissions_total",
+			Help: "Times an ejected engine address was readmitted."}, []string{"address"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "endpoint_healthy",
+			Help: "1 if the engine address is in rotation, 0 if ejected."}, []string{"address"}),
+		probeFails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "probe_failures_total",
+			Help: "Failed active /health probes, by engine address."}, []string{"address"}),
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scrape_errors_total",
+			Help: "Failed /metrics scrapes, by engine address."}, []string{"address"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "config_reloads_total",
+			Help: "Configuration loads, by result (ok, error)."}, []string{"result"}),
+	}
+	for _, c := range []prometheus.Collector{m.ejections, m.readmissions, m.healthy, m.probeFails, m.scrapeErrors, m.reloads} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// ErrModelNotFound reports a request for a model (or LoRA adapter) the
+// configuration does not name.
+var ErrModelNotFound = errors.New("gateway: model not found")

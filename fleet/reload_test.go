@@ -1,0 +1,67 @@
+package fleet
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A configuration that fails part way changes nothing: not the published
+// tables and not the gateways they share.
+func TestFailedApplyChangesNothing(t *testing.T) {
+	e0 := enginetest.New(enginetest.Options{Name: "e0", Model: "a"})
+	t.Cleanup(e0.Close)
+	r0 := config.Replica{Name: "r0", Address: e0.URL()}
+	r1 := config.Replica{Name: "r1", Address: "127.0.0.1:1"}
+	tooMany := make([]config.Replica, gateway.MaxReplicas+1)
+	for i := range tooMany {
+		tooMany[i] = config.Replica{Name: fmt.Sprintf("x%d", i), Address: fmt.Sprintf("10.0.0.1:%d", 1000+i)}
+	}
+	failB := func(s *Fleet) {
+		s.newGateway = func(reps []gateway.Replica, opts ...gateway.Option) (*gateway.Gateway, error) {
+			if reps[0].Name == "b0" {
+				return nil, fmt.Errorf("%w: injected", gateway.ErrInvalid)
+			}
+			return gateway.New(reps, opts...)
+		}
+	}
+	tests := []struct {
+		name   string
+		inject func(*Fleet)
+		b      []config.Replica
+	}{
+		{"more than MaxReplicas", func(*Fleet) {}, tooMany},
+		{"gateway.New fails for a later model", failB, []config.Replica{{Name: "b0", Address: "127.0.0.1:2"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{Registerer: reg, Logger: quietLogger()})
+			require.NoError(t, err)
+			require.NoError(t, applyModels(t, s, map[string][]config.Replica{"a": {r0}}))
+			before := s.Snapshot()
+			tt.inject(s)
+			err = applyModels(t, s, map[string][]config.Replica{"a": {r0, r1}, "b": tt.b})
+			require.Error(t, err)
+			assert.NotContains(t, err.Error(), "gateway: model", "one gateway: prefix")
+			assert.Same(t, before, s.Snapshot())
+			reps := before.Models["a"].Gateway.Replicas()
+			require.Len(t, reps, 1, "the running gateway of model a is untouched")
+			assert.Equal(t, "r0", reps[0].Name)
+		})
+	}
+}
+func applyModels(t *testing.T, s *Fleet, models map[string][]config.Replica) error {
+	t.Helper()
+	f := &config.File{Version: config.Version, Models: map[string]config.Model{}}
+	for name, reps := range models {
+		f.Models[name] = config.Model{Replicas: reps}
+	}
+	return s.Apply(f)
+}
