@@ -68,7 +68,7 @@ func TestBadInput(t *testing.T) {
 		{"nil policy", func() error { _, err := New(two, WithPolicy(nil)); return err }, ErrInvalid, []string{"policy"}},
 		{"nil clock", func() error { _, err := New(two, WithClock(nil)); return err }, ErrInvalid, []string{"clock"}},
 		{"bad mode", func() error { _, err := New(two, WithMode(Mode(7))); return err }, ErrInvalid, []string{"mode", "7"}},
-		{"bad index mode", func() error { _, err := New(two, WithIndex(IndexMode(5))); return err }, ErrInvalid, []string{"index", "5"}},
+		{"bad index mode", func() error { _, err := New(two, withIndex(indexMode(5))); return err }, ErrInvalid, []string{"index", "5"}},
 		{"negative weight", func() error {
 			_, err := New(two, WithPolicy(&LoadAware{Weights: LoadWeights{Queue: -1, KV: 1}}))
 			return err

@@ -24,7 +24,7 @@ import (
 // touches stay in the processor's caches; warm, 64 prompts in turn over an
 // index of about 205k entries (16 replicas) whose tables outgrow the
 // caches, so most probes miss; all-hold, where every replica holds every
-// prompt; and warm-exact, IndexExact, where Route does not warm the index.
+// prompt; and warm-exact, indexExact, where Route does not warm the index.
 //
 // Run: go test -run '^$' -bench . -benchmem -count 6 .
 
@@ -80,9 +80,9 @@ func benchRoute(b *testing.B, f routeFixture) {
 func BenchmarkRoute16(b *testing.B) {
 	b.Run("warm", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware)) })
 	b.Run("all-hold", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, true, ModeCacheAware)) })
-	// exact: the index is not warmed on Route (IndexExact), isolating the
+	// exact: the index is not warmed on Route (indexExact), isolating the
 	// lookup and policy from the approximate index's warming.
-	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, WithIndex(IndexExact))) })
+	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, withIndex(indexExact))) })
 	// hot: the same fixture, one prompt over and over, so the blocks it
 	// touches stay in the processor's caches: the cost of the work itself,
 	// without the cache misses of a large index.
@@ -92,7 +92,7 @@ func BenchmarkRoute16(b *testing.B) {
 func BenchmarkRoute256(b *testing.B) {
 	b.Run("warm", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware)) })
 	b.Run("all-hold", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, true, ModeCacheAware)) })
-	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware, WithIndex(IndexExact))) })
+	b.Run("warm-exact", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware, withIndex(indexExact))) })
 	b.Run("hot", func(b *testing.B) { benchRoute(b, hot(fixture(b, 256, 50, false, ModeCacheAware))) })
 }
 
@@ -211,7 +211,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 				for i := range reps {
 					reps[i].CacheBlocks = bc.cap
 				}
-				g, err := New(reps, WithIndex(IndexExact))
+				g, err := New(reps, withIndex(indexExact))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -25,7 +25,7 @@ func TestConcurrentUse(t *testing.T) {
 		opts []Option
 	}{
 		{"cache_aware", []Option{WithMode(ModeCacheAware)}},
-		{"cache_aware/exact", []Option{WithMode(ModeCacheAware), WithIndex(IndexExact)}},
+		{"cache_aware/exact", []Option{WithMode(ModeCacheAware), withIndex(indexExact)}},
 		{"round_robin", nil},
 		{"load_aware/slo", []Option{WithMode(ModeLoadAware), WithSLOLatency(50 * time.Millisecond)}},
 	}

@@ -26,7 +26,7 @@ func BenchmarkCPU(b *testing.B) {
 		{"Route16-warm", func(b *testing.B) { benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware)) }},
 		{"Route16-hot", func(b *testing.B) { benchRoute(b, hot(fixture(b, 16, 200, false, ModeCacheAware))) }},
 		{"Route16-warm-exact", func(b *testing.B) {
-			benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, WithIndex(IndexExact)))
+			benchRoute(b, fixture(b, 16, 200, false, ModeCacheAware, withIndex(indexExact)))
 		}},
 		{"Route256-warm", func(b *testing.B) { benchRoute(b, fixture(b, 256, 50, false, ModeCacheAware)) }},
 		{"Route256-hot", func(b *testing.B) { benchRoute(b, hot(fixture(b, 256, 50, false, ModeCacheAware))) }},

@@ -22,7 +22,7 @@ import (
 // requests of other keys; it returns the gateway and, per replica, how many
 // leading blocks of key it holds.
 func drawTable(t *rapid.T, label string, n int, key Key, opts ...Option) (*Gateway, []int) {
-	g, err := New(replicaNames(n), append([]Option{WithIndex(IndexExact)}, opts...)...)
+	g, err := New(replicaNames(n), append([]Option{withIndex(indexExact)}, opts...)...)
 	require.NoError(t, err)
 	held := make([]int, n)
 	for i := range n {

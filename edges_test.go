@@ -54,7 +54,7 @@ func TestNewNilOption(t *testing.T) {
 	_, err := New(replicaNames(1), nil)
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "option 1 of 1 is nil")
-	_, err = New(replicaNames(1), WithMode(ModeCacheAware), nil, WithIndex(IndexExact))
+	_, err = New(replicaNames(1), WithMode(ModeCacheAware), nil, withIndex(indexExact))
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "option 2 of 3 is nil")
 }
@@ -109,10 +109,10 @@ func TestPropNoPanics(t *testing.T) {
 			WithMode(ModeRoundRobin), WithMode(ModeCacheAware), WithMode(ModeLoadAware),
 			WithPolicy(firstPolicy{}), WithPolicy(&CacheAware{LoadFactor: 1.25}),
 		}).Draw(t, "policy")
-		index := rapid.SampledFrom([]IndexMode{IndexApproximate, IndexExact}).Draw(t, "index")
-		pg, err := New(replicaNames(2), WithMode(ModeCacheAware), opt, WithIndex(index))
+		index := rapid.SampledFrom([]indexMode{indexApproximate, indexExact}).Draw(t, "index")
+		pg, err := New(replicaNames(2), WithMode(ModeCacheAware), opt, withIndex(index))
 		require.NoError(t, err)
-		dg, err := New(replicaNames(2), WithMode(ModeLoadAware), opt, WithIndex(index))
+		dg, err := New(replicaNames(2), WithMode(ModeLoadAware), opt, withIndex(index))
 		require.NoError(t, err)
 		dis := PD{Prefill: pg, Decode: dg}
 		pools := map[*Gateway]map[string]bool{ // name → healthy

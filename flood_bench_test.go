@@ -19,8 +19,8 @@ import (
 // consecutive or top20 block into one cluster of slots. Each family runs
 // on 16 replicas of 4,096 blocks each, filled to capacity with keys of the
 // same family before timing, so every op inserts 16 blocks and evicts as
-// many: route routes a new key cache-aware (IndexApproximate records it on
-// the chosen replica), apply stores one on the next replica (IndexExact).
+// many: route routes a new key cache-aware (indexApproximate records it on
+// the chosen replica), apply stores one on the next replica (indexExact).
 //
 // This file uses only the public API, so that it also builds against
 // older code for a same-run comparison: copy it into a checkout and build
@@ -92,7 +92,7 @@ func newFloodFixture(b *testing.B, fam, op string) *floodFixture {
 	}
 	opts := []Option{WithMode(ModeCacheAware)}
 	if op == "apply" {
-		opts = append(opts, WithIndex(IndexExact))
+		opts = append(opts, withIndex(indexExact))
 	}
 	g, err := New(reps, opts...)
 	if err != nil {

@@ -95,7 +95,7 @@ func probeStats(ix *index) (mean float64, most int) {
 
 // TestFloodKeysSpreadOut: consecutive and top-20-bit keys, which an
 // unkeyed placement puts in one cluster, sit as close to their homes as
-// random keys, through both Route (IndexApproximate) and ApplyEvent, with
+// random keys, through both Route (indexApproximate) and ApplyEvent, with
 // no block left out.
 func TestFloodKeysSpreadOut(t *testing.T) {
 	type result struct {

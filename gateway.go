@@ -19,7 +19,7 @@ type Gateway struct {
 	fixed  bool     // the policy ignores prefixes (RoundRobin, LoadAware)
 	slo    time.Duration
 	ttl    time.Duration
-	index  IndexMode
+	index  indexMode
 	clock  func() time.Time
 
 	snap atomic.Pointer[table]
@@ -296,7 +296,7 @@ func (t *Target) narrowed() bool { return t.Allow != nil || t.Exclude != "" }
 // it returns an error wrapping ErrNoHealthyReplica; an empty key is an
 // error wrapping ErrInvalid.
 //
-// In IndexApproximate mode the chosen replica is recorded as holding key.
+// In indexApproximate mode the chosen replica is recorded as holding key.
 // The caller should call the decision's Done when the request finishes.
 // RouteWith does not allocate.
 func (g *Gateway) RouteWith(key Key, t Target) (Decision, error) {
@@ -416,7 +416,7 @@ func (g *Gateway) route(key Key, tg Target) (Decision, error) {
 		maxMatched = max(maxMatched, cands[i].Matched)
 	}
 	share := g.demand.observe(mk, maxMatched)
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == IndexExact}
+	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact}
 	pick := g.policy.Pick(&g.req, cands)
 	g.req.Key = nil
 	if pick < 0 || pick >= len(cands) {
@@ -430,7 +430,7 @@ func (g *Gateway) route(key Key, tg Target) (Decision, error) {
 		kind, why = classify(matched, maxMatched)
 		fb |= why
 	}
-	if g.index == IndexApproximate {
+	if g.index == indexApproximate {
 		g.idx.storeMatched(rs.slot, mk, matched)
 	}
 	d := Decision{
@@ -531,7 +531,7 @@ type CacheEvent struct {
 }
 
 // ApplyEvent updates the cache index with an event from a replica's engine.
-// It works in either index mode; in IndexExact mode it is the only way the
+// It works in either index mode; in indexExact mode it is the only way the
 // index changes.
 func (g *Gateway) ApplyEvent(name string, ev CacheEvent) error {
 	if ev.Kind < BlocksStored || ev.Kind > AllCleared {

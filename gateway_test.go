@@ -34,7 +34,7 @@ func status(t testing.TB, g *Gateway, name string) ReplicaStatus {
 // by one replica goes to that replica. Regression test for BUG 1, fixed in 09e6776 (the load bound
 // excluded every candidate when nothing was in flight, so r0 was chosen).
 func TestCacheAwareIdleAffinity(t *testing.T) {
-	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware), WithIndex(IndexExact))
+	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware), withIndex(indexExact))
 	k := keys.PrefixKey("You are a helpful assistant.", "sess-42", "doc-hash")
 	require.NoError(t, g.ApplyEvent("r2", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d, err := g.Route(k)
@@ -84,7 +84,7 @@ func TestRouteWarmEvictsMatchedPrefix(t *testing.T) {
 // TestDecisionReporting: Done frees in-flight load once, FirstToken frees
 // pending prefill once, and Done after FirstToken does not free it again.
 func TestDecisionReporting(t *testing.T) {
-	g := mustNew(t, []Replica{{Name: "r0", Address: "http://10.0.0.7:8000"}}, WithIndex(IndexExact))
+	g := mustNew(t, []Replica{{Name: "r0", Address: "http://10.0.0.7:8000"}}, withIndex(indexExact))
 	k4 := keys.AppendHashes(nil, []uint64{1, 2, 3, 4})
 	d1, err := g.Route(k4)
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestDecisionReporting(t *testing.T) {
 // TestStaleDecisionAfterTicketReuse: once a decision is done its ticket may
 // serve a new decision; reporting on the stale copy changes nothing.
 func TestStaleDecisionAfterTicketReuse(t *testing.T) {
-	g := mustNew(t, replicaNames(1), WithIndex(IndexExact))
+	g := mustNew(t, replicaNames(1), withIndex(indexExact))
 	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	var stale, fresh Decision
 	reused := false
@@ -244,7 +244,7 @@ func TestSLOFallbackStats(t *testing.T) {
 // TestLoadGuard: a replica holding the whole prefix loses to an idle one
 // when its queue outweighs the prefill it saves; the decision says so.
 func TestLoadGuard(t *testing.T) {
-	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware), WithIndex(IndexExact))
+	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware), withIndex(indexExact))
 	k := keys.AppendHashes(nil, []uint64{1, 2, 3, 4})
 	require.NoError(t, g.ApplyEvent("r0", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	require.NoError(t, g.UpdateLoad("r0", Load{QueueDepth: 100}))
@@ -311,7 +311,7 @@ func TestMeasureHitRate(t *testing.T) {
 // its outstanding decisions still complete; a new replica of the same name
 // starts cold.
 func TestRemoveReplicaDropsIndex(t *testing.T) {
-	g := mustNew(t, replicaNames(2), WithIndex(IndexExact)) // round robin: r0, then r1
+	g := mustNew(t, replicaNames(2), withIndex(indexExact)) // round robin: r0, then r1
 	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	require.NoError(t, g.ApplyEvent("r1", CacheEvent{Kind: BlocksStored, Blocks: k}))
 	d0, err := g.Route(k)
@@ -344,16 +344,16 @@ func TestRemoveReplicaDropsIndex(t *testing.T) {
 func TestIndexModes(t *testing.T) {
 	k := keys.AppendHashes(nil, []uint64{1, 2, 3})
 	for _, tt := range []struct {
-		mode IndexMode
+		mode indexMode
 		want int
-	}{{IndexApproximate, 3}, {IndexExact, 0}} {
-		g := mustNew(t, replicaNames(1), WithIndex(tt.mode))
+	}{{indexApproximate, 3}, {indexExact, 0}} {
+		g := mustNew(t, replicaNames(1), withIndex(tt.mode))
 		d, err := g.Route(k)
 		require.NoError(t, err)
 		d.Done(DoneInfo{})
 		assert.Equal(t, tt.want, status(t, g, "r0").CachedBlocks, "mode %d", tt.mode)
 	}
-	g := mustNew(t, replicaNames(1), WithIndex(IndexExact))
+	g := mustNew(t, replicaNames(1), withIndex(indexExact))
 	for _, ev := range []struct {
 		ev   CacheEvent
 		want int
@@ -402,7 +402,7 @@ func (p *recordingPolicy) Pick(req *Request, cands []Candidate) int {
 func TestCustomPolicy(t *testing.T) {
 	clk := newFakeClock()
 	p := &recordingPolicy{pick: 1}
-	g := mustNew(t, replicaNames(5), WithPolicy(p), WithIndex(IndexExact), WithSLOLatency(time.Second), WithClock(clk.Now))
+	g := mustNew(t, replicaNames(5), WithPolicy(p), withIndex(indexExact), WithSLOLatency(time.Second), WithClock(clk.Now))
 	require.NoError(t, g.SetHealthy("r1", false))
 	require.NoError(t, g.UpdateLoad("r3", Load{Latency: time.Minute}))
 	k := keys.AppendHashes(nil, []uint64{5, 6})

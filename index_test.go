@@ -296,7 +296,7 @@ func TestIndexManyReplicasMatchesModel(t *testing.T) {
 }
 
 // TestPropGatewayIndexMatchesModel checks the same model through the public
-// API: Route warms the chosen replica (IndexApproximate), ApplyEvent
+// API: Route warms the chosen replica (indexApproximate), ApplyEvent
 // stores, removes and clears, replicas come and go. Every decision's
 // Matched and Hit, and every replica's CachedBlocks, must equal the model,
 // and CachedBlocks never exceeds CacheBlocks.

@@ -8,18 +8,19 @@ import (
 // Option configures a Gateway in New. A nil Option is an error.
 type Option func(*settings) error
 
-// IndexMode says how the gateway keeps its cache index current.
-// The zero value is IndexApproximate.
-type IndexMode int
+// indexMode says how the gateway keeps its cache index current. The zero
+// value is indexApproximate.
+type indexMode int
 
 const (
-	// IndexApproximate: routing a request records its blocks as cached on
+	// indexApproximate: routing a request records its blocks as cached on
 	// the chosen replica, the way the engine will cache them once it serves
-	// it. Needs no engine cooperation.
-	IndexApproximate IndexMode = iota
-	// IndexExact: the index changes only through ApplyEvent, fed by the
-	// engines' KV-cache events (blocks stored, blocks removed, all cleared).
-	IndexExact
+	// it. Needs no engine cooperation. The default.
+	indexApproximate indexMode = iota
+	// indexExact: the index changes only through ApplyEvent, fed by the
+	// engines' KV-cache events (blocks stored, blocks removed, all
+	// cleared); WithExactIndex.
+	indexExact
 )
 
 // defaultLatencyTTL is how long a latency sample counts against the SLO
@@ -34,7 +35,7 @@ type settings struct {
 	mode   Mode
 	slo    time.Duration
 	ttl    time.Duration
-	index  IndexMode
+	index  indexMode
 	clock  func() time.Time
 	secret *uint64 // fixes the index's placement secret; tests only
 }
@@ -99,11 +100,18 @@ func withLatencyTTL(d time.Duration) Option {
 	}
 }
 
-// WithIndex selects how the cache index is kept current. The default is
-// IndexApproximate.
-func WithIndex(m IndexMode) Option {
+// WithExactIndex keeps the cache index exact: it changes only through
+// ApplyEvent, fed by the engines' KV-cache events (blocks stored, blocks
+// removed, all cleared), and routing records nothing. The default is the
+// approximate index: routing a request records its blocks as cached on the
+// chosen replica, the way the engine will cache them once it serves it,
+// with no engine cooperation.
+func WithExactIndex() Option { return withIndex(indexExact) }
+
+// withIndex selects how the cache index is kept current (tests).
+func withIndex(m indexMode) Option {
 	return func(c *settings) error {
-		if m != IndexApproximate && m != IndexExact {
+		if m != indexApproximate && m != indexExact {
 			return fmt.Errorf("%w: index mode %d", ErrInvalid, int(m))
 		}
 		c.index = m

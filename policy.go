@@ -61,7 +61,7 @@ type Request struct {
 	// one: deterministic for a given sequence of calls.
 	Tie uint64
 
-	// exact says the gateway's index is exact (IndexExact): what it says a
+	// exact says the gateway's index is exact (indexExact): what it says a
 	// replica holds, the replica's engine reported, so CacheAware does not
 	// price a replica never sent work as holding a shared prefix.
 	exact bool

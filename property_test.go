@@ -108,7 +108,7 @@ func TestPropAffinityAfterWarmup(t *testing.T) {
 func TestPropLongestMatchWins(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 8).Draw(t, "replicas")
-		g, err := New(replicaNames(n), WithMode(ModeCacheAware), WithIndex(IndexExact))
+		g, err := New(replicaNames(n), WithMode(ModeCacheAware), withIndex(indexExact))
 		require.NoError(t, err)
 		k := drawKey(t, "key", 1<<20, 10)
 		held := make([]int, n)
@@ -429,13 +429,13 @@ func TestPropDeterministic(t *testing.T) {
 			reps[i].CacheBlocks = rapid.IntRange(1, 20).Draw(t, "cap")
 		}
 		mode := rapid.SampledFrom(allModes).Draw(t, "mode")
-		idx := rapid.SampledFrom([]IndexMode{IndexApproximate, IndexExact}).Draw(t, "index")
+		idx := rapid.SampledFrom([]indexMode{indexApproximate, indexExact}).Draw(t, "index")
 		var gs [2]*Gateway
 		var clks [2]*fakeClock
 		for j := range gs {
 			clks[j] = newFakeClock()
 			var err error
-			gs[j], err = New(reps, WithMode(mode), WithIndex(idx), WithSLOLatency(100*time.Millisecond), WithClock(clks[j].Now))
+			gs[j], err = New(reps, WithMode(mode), withIndex(idx), WithSLOLatency(100*time.Millisecond), WithClock(clks[j].Now))
 			require.NoError(t, err)
 		}
 		var open [2][]Decision

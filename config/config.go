@@ -232,7 +232,7 @@ func (m Model) Options() ([]gateway.Option, error) {
 		opts = append(opts, gateway.WithPolicy(&gateway.LoadAware{Weights: m.LoadWeights.Gateway()}))
 	}
 	if m.Exact() {
-		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
+		opts = append(opts, gateway.WithExactIndex())
 	}
 	return opts, nil
 }

@@ -107,7 +107,7 @@ func newKVGateway(t *testing.T, sims []*kvSim, cacheBlocks int) *kvGateway {
 		reps = append(reps, gateway.Replica{Name: s.pod(), Address: s.url(), CacheBlocks: cacheBlocks})
 	}
 	var err error
-	g.gw, err = gateway.New(reps, gateway.WithPolicy(g.probe), gateway.WithIndex(gateway.IndexExact))
+	g.gw, err = gateway.New(reps, gateway.WithPolicy(g.probe), gateway.WithExactIndex())
 	require.NoError(t, err)
 	g.tr = kvevents.NewTranslator(func(src kvevents.Source) (kvevents.Target, error) {
 		for _, r := range reps {

@@ -64,7 +64,7 @@ func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPl
 		// Both pools' indexes follow their engines' KV events (exact.go):
 		// the prefill pool's informs its cache-aware choice, the decode
 		// pool's the decider.
-		opts = append(opts, gateway.WithIndex(gateway.IndexExact))
+		opts = append(opts, gateway.WithExactIndex())
 	}
 	opts = append(opts, s.opts.GatewayOptions...)
 	dpol := &gateway.LoadAware{} // the decode pool's policy, with the model's weights

@@ -112,7 +112,7 @@ func benchGateway(tb fataler) *gateway.Gateway {
 	for i := range reps {
 		reps[i] = gateway.Replica{Name: fmt.Sprintf("pod-%d", i), CacheBlocks: 4096}
 	}
-	g, err := gateway.New(reps, gateway.WithMode(gateway.ModeCacheAware), gateway.WithIndex(gateway.IndexExact))
+	g, err := gateway.New(reps, gateway.WithMode(gateway.ModeCacheAware), gateway.WithExactIndex())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -7,6 +7,18 @@ import (
 	"github.com/examlops/gateway"
 )
 
+// IndexMode is how a simulated gateway keeps its cache index current.
+type IndexMode int
+
+// The index modes.
+const (
+	// IndexApproximate: routing records a request's blocks on the chosen
+	// replica (the gateway's default).
+	IndexApproximate IndexMode = iota
+	// IndexExact: the index follows the replicas' cache events.
+	IndexExact
+)
+
 // Config configures Run. The zero value simulates DefaultWorkload on 8
 // replicas of DefaultPreset with DefaultPolicies.
 type Config struct {
@@ -20,9 +32,10 @@ type Config struct {
 	// DefaultPolicies().
 	Policies []Policy
 	// Index is how the gateway's cache index is kept current: the zero
-	// value, gateway.IndexApproximate, warms it at Route;
-	// gateway.IndexExact feeds it the simulated replicas' cache events.
-	Index gateway.IndexMode
+	// value, IndexApproximate, warms it at Route;
+	// IndexExact feeds it the simulated replicas' cache events
+	// (gateway.WithExactIndex).
+	Index IndexMode
 	// Gateways is the number of gateway replicas sharing the traffic,
 	// each with its own index, in-flight counts and demand sketch (see
 	// router): each request goes to one of them drawn at random, seeded by
@@ -167,7 +180,7 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: MaxLoras %d, want 1..%d", ErrInvalidConfig, c.MaxLoras, gateway.MaxAdapterSlots)
 	case c.AdapterLoad > time.Hour:
 		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
-	case c.Index != gateway.IndexApproximate && c.Index != gateway.IndexExact:
+	case c.Index != IndexApproximate && c.Index != IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
 	}
 	if err := validAdmission(c.Admission); err != nil {

@@ -116,12 +116,8 @@ type engine struct {
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e := &engine{cfg: cfg, p: cfg.Preset, bt: cfg.Workload.BlockTokens(), byNm: map[string]int32{}, first: -1}
 	e.cap = e.p.KVTokens / e.bt
-	e.exact = cfg.Index == gateway.IndexExact || pol.Exact
+	e.exact = cfg.Index == IndexExact || pol.Exact
 	e.lora.init(cfg)
-	index := cfg.Index
-	if pol.Exact {
-		index = gateway.IndexExact
-	}
 	reps := make([]gateway.Replica, cfg.Replicas)
 	for i := range reps {
 		name := "r" + strconv.Itoa(i)
@@ -133,9 +129,9 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 	e.gws = make([]router, max(1, cfg.Gateways))
 	for i := range e.gws {
 		gw := &e.gws[i]
-		opts := []gateway.Option{
-			gateway.WithClock(func() time.Time { return time.Unix(0, e.now) }),
-			gateway.WithIndex(index),
+		opts := []gateway.Option{gateway.WithClock(func() time.Time { return time.Unix(0, e.now) })}
+		if e.exact {
+			opts = append(opts, gateway.WithExactIndex())
 		}
 		if pol.New != nil {
 			gp := pol.New(policySeed(cfg.Seed, i))

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +22,7 @@ func TestRouterHitRateCountsAdmittedOnly(t *testing.T) {
 		require.NoError(t, err)
 		pols = append(pols, p)
 	}
-	for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+	for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 		rep, err := Run(Config{Workload: w, Replicas: 2, MaxQueue: 1, Seed: 1, Policies: pols, Index: idx})
 		require.NoError(t, err)
 		for _, r := range rep.Results {
@@ -68,7 +67,7 @@ func TestQueuedRequestFindsPrefillInProgress(t *testing.T) {
 			require.NoError(t, err)
 			p, err := PolicyByName("round_robin")
 			require.NoError(t, err)
-			for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+			for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 				rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}, Index: idx})
 				require.NoError(t, err)
 				r := rep.Results[0]

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -15,7 +14,7 @@ import (
 // One gateway given explicitly is the default, to the byte; the cmd/exa
 // golden files hold the output from before Config.Gateways existed.
 func TestGatewaysOneIsDefault(t *testing.T) {
-	for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+	for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 		cfg := Config{Workload: fixture(t, TraceOptions{}), Replicas: 3, Preset: smallPreset(), Seed: 5, Index: idx}
 		a, err := Run(cfg)
 		require.NoError(t, err)
@@ -32,7 +31,7 @@ func TestGatewaysOneIsDefault(t *testing.T) {
 // (the reference ones too) runs, the report says how many gateways, and
 // another seed draws another split.
 func TestGatewaysDeterministic(t *testing.T) {
-	for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+	for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 		cfg := Config{Workload: fixture(t, TraceOptions{}), Replicas: 3, Preset: smallPreset(), Seed: 5, Index: idx, Gateways: 3}
 		a, err := Run(cfg)
 		require.NoError(t, err)
@@ -115,7 +114,7 @@ func TestGatewaysIndexKnowledge(t *testing.T) {
 		"{\"timestamp\": 10000, \"input_length\": 2048, \"output_length\": 4, \"hash_ids\": [1, 2, 3, 4]}\n"
 	w, err := TraceBytes("two", []byte(trace), TraceOptions{})
 	require.NoError(t, err)
-	says := func(g int, idx gateway.IndexMode) float64 {
+	says := func(g int, idx IndexMode) float64 {
 		rep, err := Run(Config{Workload: w, Replicas: 2, Seed: seed, Gateways: g, Index: idx, Policies: DefaultPolicies()[2:3]})
 		require.NoError(t, err)
 		r := rep.Results[0]
@@ -124,9 +123,9 @@ func TestGatewaysIndexKnowledge(t *testing.T) {
 		return r.RouterTokenHitRate
 	}
 	want := 0.5 * 2047 / 2048
-	assert.InDelta(t, want, says(1, gateway.IndexApproximate), 1e-9)
-	assert.InDelta(t, want, says(2, gateway.IndexExact), 1e-9)
-	assert.Zero(t, says(2, gateway.IndexApproximate), "the second gateway never saw the first request")
+	assert.InDelta(t, want, says(1, IndexApproximate), 1e-9)
+	assert.InDelta(t, want, says(2, IndexExact), 1e-9)
+	assert.Zero(t, says(2, IndexApproximate), "the second gateway never saw the first request")
 }
 
 // On a generated workload whose prompts do not all fit in every replica's
@@ -144,7 +143,7 @@ func TestGatewaysHitRate(t *testing.T) {
 	w, err := NewWorkload("default", 3000, 0)
 	require.NoError(t, err)
 	hit := map[string]float64{}
-	for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+	for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 		for _, g := range []int{1, 2, 4} {
 			rep, err := Run(Config{Workload: w, Seed: 1, Gateways: g, Index: idx, Policies: DefaultPolicies()[2:3]})
 			require.NoError(t, err)

@@ -3,8 +3,6 @@ package sim
 import (
 	"runtime"
 	"sync"
-
-	"github.com/examlops/gateway"
 )
 
 // Run simulates every policy of cfg on the same requests, computes the
@@ -138,8 +136,8 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 	return nil
 }
 
-func indexName(m gateway.IndexMode) string {
-	if m == gateway.IndexExact {
+func indexName(m IndexMode) string {
+	if m == IndexExact {
 		return "exact"
 	}
 	return "approximate"

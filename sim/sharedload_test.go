@@ -224,7 +224,7 @@ func sharedPolicies(stats *sharedStats) []Policy {
 // one gateway.
 func TestSharePendingIsPeers(t *testing.T) {
 	w := fixture(t, TraceOptions{Speed: 4})
-	for _, idx := range []gateway.IndexMode{gateway.IndexExact, gateway.IndexApproximate} {
+	for _, idx := range []IndexMode{IndexExact, IndexApproximate} {
 		for _, g := range []int{2, 3} {
 			base := Config{Workload: w, Replicas: 3, Preset: smallPreset(), Seed: 5, Gateways: g, Index: idx}
 			plain := base
@@ -258,7 +258,7 @@ func TestSharePendingIsPeers(t *testing.T) {
 // The wrapper with nothing shared routes as cache_aware, so the modes
 // differ from it only by what they model.
 func TestSharedLoadNoneIsCacheAware(t *testing.T) {
-	cfg := Config{Workload: fixture(t, TraceOptions{}), Replicas: 3, Preset: smallPreset(), Seed: 5, Gateways: 2, Index: gateway.IndexExact,
+	cfg := Config{Workload: fixture(t, TraceOptions{}), Replicas: 3, Preset: smallPreset(), Seed: 5, Gateways: 2, Index: IndexExact,
 		Policies: []Policy{{Name: "a", Mode: gateway.ModeCacheAware}, {Name: "b", New: func(uint64) gateway.Policy { return &sharedLoad{} }}}}
 	rep, err := Run(cfg)
 	require.NoError(t, err)
@@ -305,7 +305,7 @@ func TestSharedLoad(t *testing.T) {
 	b.WriteString("\n|---|---|--:|" + strings.Repeat("--:|", len(names)) + "\n")
 	var notes strings.Builder
 	for _, c := range cases {
-		for _, idx := range []gateway.IndexMode{gateway.IndexExact, gateway.IndexApproximate} {
+		for _, idx := range []IndexMode{IndexExact, IndexApproximate} {
 			for _, g := range []int{1, 2, 4} {
 				seeds := 4
 				if g == 1 {
@@ -374,7 +374,7 @@ func TestSharedLoadWide(t *testing.T) {
 		for _, g := range []int{2, 4} {
 			m, p := make([]float64, len(pols)), make([]float64, len(pols))
 			for s := 1; s <= 2; s++ {
-				rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: uint64(s), Gateways: g, Index: gateway.IndexExact, Policies: pols})
+				rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: uint64(s), Gateways: g, Index: IndexExact, Policies: pols})
 				require.NoError(t, err)
 				for i, r := range rep.Results {
 					m[i] += r.TTFT.Mean / 2

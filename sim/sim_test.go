@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -81,7 +80,7 @@ func TestDeterminism(t *testing.T) {
 func TestConservation(t *testing.T) {
 	for name, w := range workloads(t) {
 		for _, q := range []int{0, 2} {
-			for _, idx := range []gateway.IndexMode{gateway.IndexApproximate, gateway.IndexExact} {
+			for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 				t.Run(name, func(t *testing.T) {
 					rep, err := Run(Config{Workload: w, Replicas: 3, Preset: smallPreset(), MaxQueue: q, Index: idx, Seed: 3})
 					require.NoError(t, err)
@@ -125,7 +124,7 @@ func TestCacheNeverOverCapacity(t *testing.T) {
 	p := smallPreset()
 	p.KVTokens = 40 * 512
 	w := fixture(t, TraceOptions{Speed: 4})
-	rep, err := Run(Config{Workload: w, Preset: p, Replicas: 2, Index: gateway.IndexExact})
+	rep, err := Run(Config{Workload: w, Preset: p, Replicas: 2, Index: IndexExact})
 	require.NoError(t, err)
 	for _, r := range rep.Results {
 		assert.Equal(t, r.Requests, r.Completed+r.Failed, r.Policy)

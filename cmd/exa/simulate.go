@@ -260,9 +260,9 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 	switch sf.index {
 	case "approximate":
-		cfg.Index = gateway.IndexApproximate
+		cfg.Index = sim.IndexApproximate
 	case "exact":
-		cfg.Index = gateway.IndexExact
+		cfg.Index = sim.IndexExact
 	default:
 		return cfg, usagef("invalid --index %q: want approximate or exact", sf.index)
 	}
