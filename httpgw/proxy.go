@@ -86,6 +86,9 @@ type call struct {
 	// after the client's are copied (P/D: x-request-id,
 	// x-prefiller-host-port).
 	upHeader func(http.Header)
+	// aggregate is set when the engine is asked to stream the answer of
+	// a non-streamed request (upstream.go).
+	aggregate bool
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -105,6 +108,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
 	}
 	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
+	s.upstreamStream(c)
 	if c.ms.pd != nil {
 		s.proxyPD(c)
 		return
