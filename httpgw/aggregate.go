@@ -522,6 +522,9 @@ func (g *aggregator) logprobs(ch *aggChoice, b []byte) error {
 // answer returns the assembled answer. It is an error if the stream did not
 // end with [DONE] or carried no chunk.
 func (g *aggregator) answer() ([]byte, error) {
+	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
+		g.line = g.line[:0] // a last line without its newline
+	}
 	if !g.done && g.hasData && string(bytes.TrimSpace(g.data)) == "[DONE]" {
 		g.done = true // a last event without its blank line
 	}
