@@ -103,7 +103,9 @@ func TestUpstreamStreamPendingUntilFirstChunk(t *testing.T) {
 	f := rawFixture(t, Options{}, addr)
 	name := f.srv.state.Load().models[testModel].order[0]
 	done := make(chan []byte, 1)
-	go func() { done <- readAll(t, f.post("/v1/chat/completions", chatBody(testModel, false, "sys", strings.Repeat("uncached ", 100)))) }()
+	go func() {
+		done <- readAll(t, f.post("/v1/chat/completions", chatBody(testModel, false, "sys", strings.Repeat("uncached ", 100))))
+	}()
 	<-arrived
 	before := f.pending()[name]
 	assert.Positive(t, before, "prefill pending while the engine prefills")
