@@ -215,12 +215,14 @@ func (g *aggregator) grow(n int) error {
 
 // find returns the member named name of ms, adding it if absent (and
 // counting its weight: the next merge checks the limit).
-func (g *aggregator) find(ms *[]aggMember, name string) *aggMember {
-	if m := lookup(*ms, name); m != nil {
-		return m
+func (g *aggregator) find(ms *[]aggMember, name []byte) *aggMember {
+	for i := range *ms {
+		if (*ms)[i].name == string(name) {
+			return &(*ms)[i]
+		}
 	}
 	g.size += len(name) + 48
-	*ms = append(*ms, aggMember{name: name})
+	*ms = append(*ms, aggMember{name: string(name)})
 	return &(*ms)[len(*ms)-1]
 }
 
@@ -280,13 +282,13 @@ func (g *aggregator) chunk(b []byte) error {
 		return fmt.Errorf("%w: a chunk is not a JSON object", errAggregate)
 	}
 	var evErr error
-	err := r.Object(func(name string) error {
-		switch name {
+	err := r.ObjectBytes(func(name []byte) error {
+		switch string(name) {
 		case aggChoices:
 			if r.Null() {
 				return nil
 			}
-			g.find(&g.top, aggChoices).kind = kindRaw // placed where first seen
+			g.find(&g.top, []byte(aggChoices)).kind = kindRaw // placed where first seen
 			pos := 0
 			return r.Array(func() error {
 				defer func() { pos++ }()
@@ -357,8 +359,8 @@ func (g *aggregator) choice(b []byte, pos int) error {
 	if r.Peek() != '{' {
 		return fmt.Errorf("%w: a choice is not an object", errAggregate)
 	}
-	err := r.Object(func(name string) error {
-		if name != aggIndex {
+	err := r.ObjectBytes(func(name []byte) error {
+		if string(name) != aggIndex {
 			return r.Skip()
 		}
 		var err error
@@ -374,20 +376,20 @@ func (g *aggregator) choice(b []byte, pos int) error {
 	if err := g.grow(0); err != nil {
 		return err
 	}
-	err = r.Object(func(name string) error {
+	err = r.ObjectBytes(func(name []byte) error {
 		switch {
-		case name == aggIndex:
+		case string(name) == aggIndex:
 			return r.Skip()
-		case name == aggDelta && g.chat:
+		case string(name) == aggDelta && g.chat:
 			if r.Null() {
 				return nil
 			}
-			return r.Object(func(name string) error { return g.delta(ch, name, b) })
-		case name == aggLogprobs:
+			return r.ObjectBytes(func(name []byte) error { return g.delta(ch, name, b) })
+		case string(name) == aggLogprobs:
 			return g.logprobs(ch, b)
-		case name == "text" && !g.chat:
+		case string(name) == "text" && !g.chat:
 			return g.merge(g.find(&ch.other, name), b, kindString)
-		case name == "token_ids":
+		case string(name) == "token_ids":
 			return g.merge(g.find(&ch.other, name), b, kindArray)
 		}
 		return g.merge(g.find(&ch.other, name), b, kindRaw)
@@ -412,9 +414,9 @@ func (g *aggregator) choiceAt(idx int) *aggChoice {
 }
 
 // delta reads one member of a chat choice's delta.
-func (g *aggregator) delta(ch *aggChoice, name string, b []byte) error {
+func (g *aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 	r := &g.r
-	switch name {
+	switch string(name) {
 	case "content", "reasoning_content", "reasoning", "refusal":
 		return g.merge(g.find(&ch.msg, name), b, kindString)
 	case aggToolCalls:
@@ -439,8 +441,8 @@ func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 	}
 	save := *r
 	idx := pos
-	err := r.Object(func(name string) error {
-		if name != aggIndex {
+	err := r.ObjectBytes(func(name []byte) error {
+		if string(name) != aggIndex {
 			return r.Skip()
 		}
 		var err error
@@ -466,8 +468,8 @@ func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 		ch.tools = append(ch.tools, aggTool{index: idx})
 		tc = &ch.tools[len(ch.tools)-1]
 	}
-	err = r.Object(func(name string) error {
-		switch name {
+	err = r.ObjectBytes(func(name []byte) error {
+		switch string(name) {
 		case "id":
 			return g.mergeNonEmpty(&tc.id, b)
 		case "type":
@@ -476,8 +478,8 @@ func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 			if r.Null() {
 				return nil
 			}
-			return r.Object(func(name string) error {
-				switch name {
+			return r.ObjectBytes(func(name []byte) error {
+				switch string(name) {
 				case "name":
 					return g.merge(&tc.fnName, b, kindString)
 				case "arguments":
@@ -512,7 +514,7 @@ func (g *aggregator) logprobs(ch *aggChoice, b []byte) error {
 		return nil
 	case r.Peek() == '{' && (ch.lpObj || ch.lpRaw.kind == kindNone):
 		ch.lpObj = true
-		return r.Object(func(name string) error { return g.merge(g.find(&ch.lpMembers, name), b, kindArray) })
+		return r.ObjectBytes(func(name []byte) error { return g.merge(g.find(&ch.lpMembers, name), b, kindArray) })
 	}
 	ch.lpObj = false
 	ch.lpMembers = ch.lpMembers[:0]
