@@ -14,9 +14,9 @@ import (
 func FuzzAggregate(f *testing.F) {
 	const head = `"id":"c","object":"chat.completion.chunk","created":1,"model":"m"`
 	for _, s := range []string{
-		sse(`{` + head + `,"choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}`,
-			`{` + head + `,"choices":[{"index":0,"delta":{"content":" \ud83d"},"logprobs":{"content":[{"token":"x","logprob":-1}]},"finish_reason":"stop"}]}`,
-			`{` + head + `,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`),
+		sse(`{`+head+`,"choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}`,
+			`{`+head+`,"choices":[{"index":0,"delta":{"content":" \ud83d"},"logprobs":{"content":[{"token":"x","logprob":-1}]},"finish_reason":"stop"}]}`,
+			`{`+head+`,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`),
 		sse(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","type":"function","function":{"name":"f","arguments":"{"}}]}}]}`,
 			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"}"}}]},"finish_reason":"tool_calls"}]}`),
 		sse(`{"id":"t","object":"text_completion","choices":[{"index":1,"text":"b","logprobs":{"tokens":["b"],"text_offset":[0]}},{"index":0,"text":"a"}]}`),
