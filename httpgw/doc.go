@@ -173,8 +173,10 @@
 // stream every chat and completions request whose "stream" is false or
 // absent, as Dynamo's frontend does: it appends
 // "stream":true,"stream_options":{"include_usage":true} as the body's last
-// members (engines read JSON with Python's json module, or Go's
-// encoding/json, where the last of repeated members counts), calls
+// members, after removing the client's own "stream" and "stream_options"
+// (so that no member is repeated; the rest of the body is kept byte for
+// byte; were one left, spelled with escapes, engines reading JSON with
+// Python's json module or Go's encoding/json take the last), calls
 // FirstToken at the first SSE chunk, and answers the client with the
 // non-streamed JSON assembled from the chunks (aggregate.go): top-level
 // members in the order first seen with their last non-null value ("object"

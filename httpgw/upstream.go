@@ -34,16 +34,20 @@ const (
 // answer (32 MiB by default); one SSE event is bounded by MaxBodyBytes.
 const aggregateLimitFactor = 4
 
-// streamTail is what a streamed-upstream request body ends with: as the
-// engines read JSON (Python's json module; Go's encoding/json alike), the
-// last of repeated members counts, so these override the client's own.
-const streamTail = `,"stream":true,"stream_options":{"include_usage":true}}`
+// streamMembers are the members a streamed-upstream request body ends
+// with.
+const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 
 // upstreamStream makes the engine stream a non-streamed chat or completions
 // call's answer (when Options.UpstreamStream allows): it appends
-// streamTail's members to the body and marks the call for relayAggregated.
-// Bodies asking for beam search or best_of, which vLLM refuses to stream,
-// are left alone.
+// streamMembers to the body and marks the call for relayAggregated. A body
+// that may name "stream" or "stream_options" has them removed first (a
+// rewrite of its top-level members, see pdbody.go), so that no member is
+// repeated: engines reading JSON with Python's json module (or Go's
+// encoding/json) would take the last, but stricter readers (serde's
+// derived structs) refuse repeated fields. One spelled with escapes
+// ("\u0073tream") stays, and the last member counts. Bodies asking for
+// beam search or best_of, which vLLM refuses to stream, are left alone.
 func (s *Server) upstreamStream(c *call) {
 	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream ||
 		(c.oc.kind != endpointChat && c.oc.kind != endpointCompletions) ||
@@ -54,9 +58,20 @@ func (s *Server) upstreamStream(c *call) {
 	if len(b) < 2 || b[len(b)-1] != '}' {
 		return // not reached: admit parsed it as one object, with a model
 	}
-	out := make([]byte, 0, len(b)+len(streamTail))
-	out = append(out, b[:len(b)-1]...)
-	out = append(out, streamTail...)
+	var out []byte
+	if bytes.Contains(b, []byte(`"stream`)) {
+		var err error
+		out, err = rewrite(b, func(name string) bool { return name == fieldStreamName || name == fieldStreamOptions }, streamMembers)
+		if err != nil {
+			return // not reached, as above
+		}
+	} else {
+		out = make([]byte, 0, len(b)+len(streamMembers)+1)
+		out = append(out, b[:len(b)-1]...)
+		out = append(out, ',')
+		out = append(out, streamMembers...)
+		out = append(out, '}')
+	}
 	c.body, c.aggregate = out, true
 	s.metrics.upstreamStreamed.WithLabelValues(c.ms.name, c.oc.kind.String()).Inc()
 }

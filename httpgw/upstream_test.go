@@ -128,9 +128,8 @@ func TestUpstreamStreamLeavesStreams(t *testing.T) {
 	assert.Contains(t, err.Error(), "UpstreamStream 7")
 }
 
-// The body sent to the engine ends with the stream members, after the
-// client's own (which the engine's JSON reading then overrides); bodies
-// asking for beam search or best_of are not streamed.
+// The body sent to the engine ends with the stream members, the client's
+// own removed; bodies asking for beam search or best_of are not streamed.
 func TestUpstreamStreamBody(t *testing.T) {
 	var got []string
 	addr := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -142,12 +141,16 @@ func TestUpstreamStreamBody(t *testing.T) {
 	for _, body := range []string{
 		`{"model":"` + testModel + `","stream":false,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"q"}]}  ` + "\n",
 		`{"model":"` + testModel + `","best_of":2,"messages":[{"role":"user","content":"q"}]}`,
+		`{"model":"` + testModel + `" , "messages":[{"role":"user","content":"q"}] }`,
 	} {
 		resp := f.post("/v1/chat/completions", body)
 		readAll(t, resp)
 	}
-	require.Len(t, got, 2)
-	assert.Equal(t, `{"model":"`+testModel+`","stream":false,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"q"}],"stream":true,"stream_options":{"include_usage":true}}`, got[0])
+	require.Len(t, got, 3)
+	assert.Equal(t, `{"model":"`+testModel+`" , "messages":[{"role":"user","content":"q"}] ,"stream":true,"stream_options":{"include_usage":true}}`, got[2],
+		"a body without stream members: appended, the rest byte for byte")
+	assert.Equal(t, `{"model":"`+testModel+`","messages":[{"role":"user","content":"q"}],"stream":true,"stream_options":{"include_usage":true}}`, got[0],
+		"the client's stream members removed, the gateway's appended")
 	var last struct {
 		Stream        bool `json:"stream"`
 		StreamOptions struct {
