@@ -134,7 +134,10 @@ type pdFixture struct {
 
 func newPDFixture(t *testing.T, nPrefill, nDecode int, edit func(*config.Model)) *pdFixture {
 	t.Helper()
-	return newPDFixtureOpts(t, nPrefill, nDecode, edit, Options{})
+	// Non-streamed decode requests go to the engine as the client sent
+	// them: these tests check the P/D bodies (upstream_test.go checks the
+	// streamed-upstream default).
+	return newPDFixtureOpts(t, nPrefill, nDecode, edit, Options{UpstreamStream: UpstreamStreamOff})
 }
 
 // newPDFixtureOpts is newPDFixture with the Server's options given (its

@@ -19,7 +19,7 @@
 // the same routing over the same fleet to Envoy's ext_proc endpoint picker
 // (package picker, `exa serve picker`): pick.go and pick_pd.go.
 //
-// Reference: docs/gateway.md (endpoints, configuration, disaggregation,
+// Reference: docs/gateway.md (endpoints, non-streamed requests, configuration, disaggregation,
 // keys, exact index, engine signals, LoRA, failures), docs/metrics.md
 // (every metric) and docs/stats.md (the GET /stats schema).
 //

@@ -43,6 +43,17 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // them in the given mode.
 func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, set ...func(*Options)) *fixture {
 	t.Helper()
+	var opts Options
+	for _, o := range set {
+		o(&opts)
+	}
+	return newFixtureOpts(t, n, mode, eopts, opts)
+}
+
+// newFixtureOpts is newFixture with the Server's options (its registry and
+// logger are the fixture's).
+func newFixtureOpts(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, opts Options) *fixture {
+	t.Helper()
 	f := &fixture{t: t, reg: prometheus.NewRegistry()}
 	var reps []config.Replica
 	for i := range n {
@@ -54,10 +65,7 @@ func newFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options
 		f.engines = append(f.engines, e)
 		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
 	}
-	opts := Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()}
-	for _, o := range set {
-		o(&opts)
-	}
+	opts.Registerer, opts.Gatherer, opts.Logger = f.reg, f.reg, quietLogger()
 	s, err := New(opts)
 	require.NoError(t, err)
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))

@@ -26,6 +26,10 @@ type metrics struct {
 	// tokenizeSeconds times the tokenization of requests on the exact
 	// index, by model.
 	tokenizeSeconds *prometheus.HistogramVec
+	// upstreamStreamed counts non-streamed requests streamed from the
+	// engine, upstreamStreamFailed those of them whose stream could not
+	// be assembled (a 502), by model and endpoint (upstream.go).
+	upstreamStreamed, upstreamStreamFailed *prometheus.CounterVec
 	pdMetrics
 }
 
@@ -111,10 +115,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		tokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
 			Help:    "Time to tokenize a request of a model on the exact index (the engine's /tokenize, or the gateway's cache of tokenized requests), by model.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"model"}),
+		upstreamStreamed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_streamed_total",
+			Help: "Non-streamed chat and completions requests the gateway asked the engine to stream (to learn their first token), answered with the JSON assembled from the stream, by model and endpoint."},
+			[]string{"model", "endpoint"}),
+		upstreamStreamFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_stream_failures_total",
+			Help: "Streamed-upstream requests whose stream was cut, carried an error event or could not be assembled (answered 502), by model and endpoint."},
+			[]string{"model", "endpoint"}),
 		pdMetrics: newPDMetrics(ns),
 	}
 	for _, c := range []prometheus.Collector{m.requests.vec, m.decisions, m.routed, m.hits, m.blocks, m.matched,
-		m.replicaReqs, m.duration, m.ttfb, m.retries, m.inFlight, m.tokenizeSeconds,
+		m.replicaReqs, m.duration, m.ttfb, m.retries, m.inFlight, m.tokenizeSeconds, m.upstreamStreamed, m.upstreamStreamFailed,
 		m.pdRequests, m.pdFallbacks, m.pdPhase} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

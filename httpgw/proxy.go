@@ -94,6 +94,9 @@ type call struct {
 	// learned; learned says it was (or cannot be).
 	head    []byte
 	learned bool
+	// aggregate is set when the engine is asked to stream the answer of
+	// a non-streamed request (upstream.go).
+	aggregate bool
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -120,6 +123,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 	if s.shed(c) {
 		return
 	}
+	s.upstreamStream(c)
 	if c.ms.PD != nil && kind != endpointResponses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return

@@ -212,9 +212,23 @@ func TestMidStreamFailure(t *testing.T) {
 	assert.Contains(t, e.Message, "mid-response")
 	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": codeStreamError}))
 
+	// A non-streamed request is streamed from the engine (the default):
+	// nothing was sent to the client when the stream broke, so it gets a
+	// 502. TestCutPlainAnswer has a plain answer cut (upstream streaming
+	// off).
+	resp = f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
+	b = readAll(t, resp)
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
+	assert.Contains(t, decodeError(t, b).Message, "reading the stream: unexpected EOF")
+	assert.Equal(t, 1.0, f.counter("exa_gateway_upstream_stream_failures_total", nil))
+}
+
+func TestCutPlainAnswer(t *testing.T) {
+	f := newFixtureOpts(t, 1, gateway.ModeRoundRobin, enginetest.Options{Chunks: 4}, Options{UpstreamStream: UpstreamStreamOff})
+	f.engines[0].BreakStreams(2)
 	req, err := http.NewRequest(http.MethodPost, f.http.URL+"/v1/chat/completions", strings.NewReader(chatBody(testModel, false, "sys", "hi")))
 	require.NoError(t, err)
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err == nil {
 		_, err = io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -422,7 +436,7 @@ func TestFirstByteTimeout(t *testing.T) {
 			}
 			f := &fixture{t: t, reg: prometheus.NewRegistry()}
 			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), EjectAfter: 1,
-				FirstByteTimeout: streamed, ResponseTimeout: whole})
+				FirstByteTimeout: streamed, ResponseTimeout: whole, UpstreamStream: UpstreamStreamOff})
 			require.NoError(t, err)
 			want := whole
 			if tt.stream {

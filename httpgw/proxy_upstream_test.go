@@ -136,7 +136,10 @@ func TestEngineNeverAnswers(t *testing.T) {
 				return false
 			})
 			t.Cleanup(func() { close(release) }) // before rawEngine's cleanup waits
-			opts := Options{FirstByteTimeout: time.Hour, ResponseTimeout: time.Hour}
+			// Off: a non-streamed request is forwarded as it is, its
+			// wait bounded by ResponseTimeout (TestUpstreamStreamTimeout
+			// has the default).
+			opts := Options{FirstByteTimeout: time.Hour, ResponseTimeout: time.Hour, UpstreamStream: UpstreamStreamOff}
 			want := &opts.ResponseTimeout
 			if stream {
 				want = &opts.FirstByteTimeout

@@ -41,7 +41,7 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
 	a.stop = func() bool { return false }
-	if a.timeout = s.firstByteTimeout(c.req); a.timeout > 0 {
+	if a.timeout = s.firstByteTimeout(c.req.Stream || c.aggregate); a.timeout > 0 {
 		// The timer's function shares only this flag with the attempt, so
 		// that the attempt can stay on the stack.
 		timedOut := new(atomic.Bool)
@@ -68,17 +68,21 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	} else {
 		s.Observe(a.ep, a.ep.Health.Success(false))
 	}
-	s.relay(c, resp)
+	if c.aggregate && resp.StatusCode/100 == 2 && isEventStream(resp) {
+		s.relayAggregated(c, resp)
+	} else {
+		s.relay(c, resp)
+	}
 	return false, nil
 }
 
-// firstByteTimeout is the first-byte timeout for req: FirstByteTimeout
-// for a streamed answer, whose first byte is its first token,
+// firstByteTimeout is the first-byte timeout: FirstByteTimeout for a
+// streamed answer (from the engine), whose first byte is its first token,
 // ResponseTimeout for a whole one, whose first byte comes when it is
 // complete; 0 for none.
-func (s *Server) firstByteTimeout(req *inferenceRequest) time.Duration {
+func (s *Server) firstByteTimeout(streamed bool) time.Duration {
 	d := s.opts.ResponseTimeout
-	if req.Stream {
+	if streamed {
 		d = s.opts.FirstByteTimeout
 	}
 	return max(d, 0)
@@ -99,7 +103,7 @@ func (a *attempt) done(lat time.Duration, err error) {
 // err.
 func (c *call) cause(err error) error {
 	if a := &c.attempt; a.timedOut != nil && a.timedOut.Load() {
-		if !c.req.Stream {
+		if !c.req.Stream && !c.aggregate {
 			return fmt.Errorf("%w (the response timeout, %v, for a non-streamed answer)", errFirstByteTimeout, a.timeout)
 		}
 		return fmt.Errorf("%w (%v)", errFirstByteTimeout, a.timeout)

@@ -94,6 +94,17 @@ type Options struct {
 	// above the longest such generation. Default DefaultResponseTimeout
 	// (10 minutes), negative means no bound.
 	ResponseTimeout time.Duration
+	// UpstreamStream says whether a chat or completions request whose
+	// client does not stream is streamed from the engine (its body gets
+	// "stream": true and "stream_options": {"include_usage": true} as its
+	// last members), so that the gateway learns its first token when it
+	// comes, and answered with the non-streamed JSON assembled from the
+	// stream (see "Non-streamed requests" in the package doc). Its wait
+	// for the first token is then bounded by FirstByteTimeout, like a
+	// streamed request's. The assembled answer is bounded by
+	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502).
+	// Default UpstreamStreamDefault: on.
+	UpstreamStream UpstreamStreamMode
 	// Transport carries requests to the engines; default an
 	// internal/httpclient.Pool: keep-alive HTTP/1.1 connections, each
 	// exchange done on the request's own goroutine (plain http; anything
@@ -276,6 +287,9 @@ func fillOptions(o *Options) error {
 		if err := ValidCORSOrigin(origin); err != nil {
 			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
 		}
+	}
+	if o.UpstreamStream < UpstreamStreamDefault || o.UpstreamStream > UpstreamStreamOff {
+		return fmt.Errorf("%w: UpstreamStream %d is not a mode", ErrInvalidOptions, o.UpstreamStream)
 	}
 	if o.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidOptions, o.MaxBodyBytes)

@@ -30,6 +30,7 @@ type gatewayFlags struct {
 	otlpEndpoint                      string
 	otlpInsecure                      bool
 	otlpSampleRatio                   float64
+	upstreamStream                    bool
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -90,6 +91,8 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
 		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+	f.BoolVar(&fl.upstreamStream, "upstream-stream", true,
+		"ask the engine to stream the answer of a chat or completions request whose client does not stream, and answer the client with the JSON assembled from the stream, so that the gateway learns the request's first token (its prefill's end) when it comes rather than at completion; --upstream-stream=false forwards such requests as they are")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
@@ -137,11 +140,16 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	upstream := httpgw.UpstreamStreamOn
+	if !fl.upstreamStream {
+		upstream = httpgw.UpstreamStreamOff
+	}
 	srv, err := fl.newServer("gateway", path, logger, httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
 		CORSOrigins:      fl.corsOrigins,
+		UpstreamStream:   upstream,
 	})
 	if err != nil {
 		return err

@@ -470,7 +470,10 @@ type request struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	Prompt json.RawMessage `json:"prompt"`
+	Prompt        json.RawMessage `json:"prompt"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
 }
 
 func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -561,7 +564,11 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		if breakAt > 0 && i == breakAt {
 			panic(http.ErrAbortHandler)
 		}
-		chunk, _ := json.Marshal(map[string]any{"id": "fake-1", "object": object + ".chunk", "model": req.Model,
+		chunkObject := object // vLLM's completions chunks are "text_completion" too
+		if chat {
+			chunkObject += ".chunk"
+		}
+		chunk, _ := json.Marshal(map[string]any{"id": "fake-1", "object": chunkObject, "model": req.Model,
 			"choices": []any{choice(chat, fmt.Sprintf("tok%d ", i), true)}})
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", chunk); err != nil {
 			e.noteCanceled()
@@ -577,6 +584,16 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 				return
 			}
 		}
+	}
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		// As vLLM: a last chunk with no choices and the usage.
+		chunkObject := object
+		if chat {
+			chunkObject += ".chunk"
+		}
+		chunk, _ := json.Marshal(map[string]any{"id": "fake-1", "object": chunkObject, "model": req.Model,
+			"choices": []any{}, "usage": usage})
+		fmt.Fprintf(w, "data: %s\n\n", chunk)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = rc.Flush()

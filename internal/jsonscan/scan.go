@@ -133,6 +133,47 @@ func (r *Reader) Object(member func(name string) error) error {
 	}
 }
 
+// ObjectBytes is Object with each member's decoded name given as bytes,
+// valid only until member reads on (it is not copied, so reading an object
+// allocates nothing).
+func (r *Reader) ObjectBytes(member func(name []byte) error) error {
+	if err := r.expect('{'); err != nil {
+		return err
+	}
+	if r.depth++; r.depth > MaxDepth {
+		return r.Errorf("nesting deeper than %d", MaxDepth)
+	}
+	defer func() { r.depth-- }()
+	if r.Peek() == '}' {
+		r.i++
+		return nil
+	}
+	for {
+		if r.Peek() != '"' {
+			return r.Errorf("want a member name")
+		}
+		key, err := r.strBytes(true)
+		if err != nil {
+			return err
+		}
+		if err := r.expect(':'); err != nil {
+			return err
+		}
+		if err := member(key); err != nil {
+			return err
+		}
+		switch r.Peek() {
+		case ',':
+			r.i++
+		case '}':
+			r.i++
+			return nil
+		default:
+			return r.Errorf("want ',' or '}' in object")
+		}
+	}
+}
+
 // Array reads an array, calling elem for each element; elem must consume
 // it.
 func (r *Reader) Array(elem func() error) error {
@@ -167,7 +208,7 @@ func (r *Reader) Array(elem func() error) error {
 func (r *Reader) Skip() error {
 	switch c := r.Peek(); {
 	case c == '{':
-		return r.Object(func(string) error { return r.Skip() })
+		return r.ObjectBytes(func([]byte) error { return r.Skip() })
 	case c == '[':
 		return r.Array(r.Skip)
 	case c == '"':

@@ -1,0 +1,723 @@
+package httpgw
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/examlops/gateway/internal/jsonscan"
+)
+
+// This file assembles a non-streamed answer from an engine's stream.
+//
+// A non-streamed answer's first byte is its completion, so a gateway that
+// relays it learns the request's first token (gateway.Decision.FirstToken,
+// which releases its pending prefill) only when the whole answer is
+// generated. As Dynamo's frontend does, the gateway instead asks the engine
+// to stream every chat and completions request whose client did not
+// (upstream.go) and gives the client the non-streamed JSON answer it asked
+// for, assembled here from the stream's chunks:
+//
+//   - top level: every member the chunks carry (id, object, created, model,
+//     system_fingerprint, usage, ...), in the order first seen, each with its
+//     last non-null value; "object" "chat.completion.chunk" becomes
+//     "chat.completion" ("text_completion" stays);
+//   - choices, by "index", ascending: for chat a "message" merged from the
+//     deltas (role, default "assistant"; content, reasoning_content,
+//     reasoning and refusal concatenated; tool_calls merged by index: id
+//     and type last non-empty, function name and arguments concatenated;
+//     any other delta member last non-null), for completions "text"
+//     concatenated; "logprobs" with every array member concatenated
+//     (content for chat; tokens, token_logprobs, top_logprobs, text_offset
+//     for completions); "token_ids" concatenated; finish_reason and any
+//     other member last non-null.
+//
+// The chunks' strings are joined as written (escaped JSON), never decoded
+// and encoded again, so the answer holds the engine's own text.
+
+// Member names the aggregator treats specially.
+const (
+	aggChoices      = "choices"
+	aggIndex        = "index"
+	aggDelta        = "delta"
+	aggLogprobs     = "logprobs"
+	aggToolCalls    = "tool_calls"
+	aggFinishReason = "finish_reason"
+	aggObject       = "object"
+	aggError        = "error"
+)
+
+// maxAggChoices bounds the choices of one answer (a request's "n"); an
+// index outside [0, maxAggChoices) is an error.
+const maxAggChoices = 1 << 12
+
+// errAggregate marks a stream the gateway could not assemble into an
+// answer; the client gets a 502.
+var errAggregate = errors.New("the engine's stream cannot be assembled into an answer")
+
+// errStreamEvent marks an error event in the engine's stream.
+var errStreamEvent = errors.New("the engine's stream carried an error event")
+
+// How a member's values combine.
+const (
+	kindNone   = iota // no non-null value yet
+	kindRaw           // last non-null value, as written
+	kindString        // strings joined: raw holds the escaped interior
+	kindArray         // arrays joined: raw holds the elements, comma separated
+)
+
+// aggMember is one member of an assembled object.
+type aggMember struct {
+	name string
+	kind int
+	raw  []byte
+}
+
+// aggTool is one tool call of a chat choice.
+type aggTool struct {
+	index             int
+	id, typ           aggMember
+	fnName, arguments aggMember
+}
+
+// aggChoice is one choice of the answer.
+type aggChoice struct {
+	index int
+	// msg holds the chat delta's members (text, for completions, is in
+	// other), tools its tool calls.
+	msg   []aggMember
+	tools []aggTool
+	// lp is the logprobs: when lpObj, an object whose members are in
+	// lpMembers, else lpRaw (null when kindNone).
+	lpObj     bool
+	lpMembers []aggMember
+	lpRaw     aggMember
+	// other holds every other member of the choice (finish_reason, text...).
+	other []aggMember
+}
+
+// aggregator assembles an answer from an engine's SSE stream (feed, then
+// answer). lineLimit bounds one SSE line, limit the bytes held in all. The
+// zero value is not usable: see newAggregator. Not safe for concurrent use.
+type aggregator struct {
+	chat             bool
+	limit, lineLimit int
+	size             int // bytes held, against limit
+
+	line    []byte // a partial line, across feeds
+	data    []byte // the current event's data
+	hasData bool
+
+	// chunks counts the completion chunks read; done is set at [DONE].
+	chunks int
+	done   bool
+
+	top     []aggMember
+	choices []aggChoice
+	r       jsonscan.Reader
+}
+
+// newAggregator returns an aggregator for a chat (or else completions)
+// answer, holding at most limit bytes, with SSE lines of at most
+// lineLimit bytes.
+func newAggregator(chat bool, limit, lineLimit int) *aggregator {
+	return &aggregator{chat: chat, limit: limit, lineLimit: lineLimit}
+}
+
+// feed reads the next bytes of the stream. An error (a malformed or
+// oversized chunk, an error event) ends the aggregation.
+func (g *aggregator) feed(b []byte) error {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if len(g.line)+len(b) > g.lineLimit {
+				return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+			}
+			g.line = append(g.line, b...)
+			return nil
+		}
+		line := b[:i]
+		if len(g.line) > 0 {
+			if len(g.line)+i > g.lineLimit {
+				return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+			}
+			g.line = append(g.line, line...)
+			line = g.line
+		} else if i > g.lineLimit {
+			return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+		}
+		b = b[i+1:]
+		err := g.onLine(bytes.TrimSuffix(line, []byte("\r")))
+		g.line = g.line[:0]
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// onLine reads one SSE line (the WHATWG event-stream rules: data lines
+// joined by newlines, an empty line ends the event, comments and other
+// fields ignored).
+func (g *aggregator) onLine(line []byte) error {
+	if len(line) == 0 {
+		if !g.hasData {
+			return nil
+		}
+		g.hasData = false
+		return g.event(g.data)
+	}
+	field, value := line, []byte(nil)
+	if i := bytes.IndexByte(line, ':'); i >= 0 {
+		field, value = line[:i], line[i+1:]
+		value = bytes.TrimPrefix(value, []byte(" "))
+	}
+	if string(field) != "data" {
+		return nil // a comment (":..."), event, id or retry line
+	}
+	if !g.hasData {
+		g.data = g.data[:0]
+	} else {
+		g.data = append(g.data, '\n')
+	}
+	if len(g.data)+len(value) > g.lineLimit {
+		return fmt.Errorf("%w: an SSE event exceeds %d bytes", errAggregate, g.lineLimit)
+	}
+	g.data = append(g.data, value...)
+	g.hasData = true
+	return nil
+}
+
+// event reads one event's data: [DONE], or a JSON chunk.
+func (g *aggregator) event(data []byte) error {
+	if g.done {
+		return nil // nothing counts after [DONE]
+	}
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		g.done = true
+		return nil
+	}
+	if err := g.chunk(data); err != nil {
+		return err
+	}
+	g.chunks++
+	return nil
+}
+
+// grow counts n more bytes held (n may be negative).
+func (g *aggregator) grow(n int) error {
+	g.size += n
+	if g.size > g.limit {
+		return fmt.Errorf("%w: the answer exceeds %d bytes", errAggregate, g.limit)
+	}
+	return nil
+}
+
+// find returns the member named name of ms, adding it if absent (and
+// counting its weight: the next merge checks the limit).
+func (g *aggregator) find(ms *[]aggMember, name []byte) *aggMember {
+	for i := range *ms {
+		if (*ms)[i].name == string(name) {
+			return &(*ms)[i]
+		}
+	}
+	g.size += len(name) + 48
+	*ms = append(*ms, aggMember{name: string(name)})
+	return &(*ms)[len(*ms)-1]
+}
+
+// lookup returns the member named name of ms, nil if absent.
+func lookup(ms []aggMember, name string) *aggMember {
+	for i := range ms {
+		if ms[i].name == name {
+			return &ms[i]
+		}
+	}
+	return nil
+}
+
+// none is a member without a value (rendered null).
+var none aggMember
+
+// merge reads the next value of b into m: kind kindString joins strings,
+// kindArray joins arrays, kindRaw keeps the last one. A null changes
+// nothing; a value of another type than the join expects replaces the
+// member's value (last wins).
+func (g *aggregator) merge(m *aggMember, b []byte, join int) error {
+	r := &g.r
+	c := r.Peek()
+	start := r.Offset()
+	if err := r.Skip(); err != nil {
+		return err
+	}
+	raw := b[start:r.Offset()]
+	if c == 'n' {
+		return g.grow(0)
+	}
+	old := len(m.raw)
+	switch {
+	case join == kindString && c == '"' && m.kind != kindRaw:
+		m.kind = kindString
+		m.raw = append(m.raw, raw[1:len(raw)-1]...)
+	case join == kindArray && c == '[' && m.kind != kindRaw:
+		m.kind = kindArray
+		if in := bytes.TrimSpace(raw[1 : len(raw)-1]); len(in) > 0 {
+			if len(m.raw) > 0 {
+				m.raw = append(m.raw, ',')
+			}
+			m.raw = append(m.raw, in...)
+		}
+	default:
+		m.kind = kindRaw
+		m.raw = append(m.raw[:0], raw...)
+	}
+	return g.grow(len(m.raw) - old)
+}
+
+// chunk reads one JSON chunk of the stream.
+func (g *aggregator) chunk(b []byte) error {
+	r := &g.r
+	r.Reset(b)
+	if r.Peek() != '{' {
+		return fmt.Errorf("%w: a chunk is not a JSON object", errAggregate)
+	}
+	var evErr error
+	err := r.ObjectBytes(func(name []byte) error {
+		switch string(name) {
+		case aggChoices:
+			if r.Null() {
+				return nil
+			}
+			g.find(&g.top, []byte(aggChoices)).kind = kindRaw // placed where first seen
+			pos := 0
+			return r.Array(func() error {
+				defer func() { pos++ }()
+				return g.choice(b, pos)
+			})
+		case aggError:
+			start := r.Offset()
+			if err := r.Skip(); err != nil {
+				return err
+			}
+			evErr = fmt.Errorf("%w: %s", errStreamEvent, clip(b[start:r.Offset()], 1024))
+			return nil
+		}
+		return g.merge(g.find(&g.top, name), b, kindRaw)
+	})
+	if err == nil && !r.End() {
+		err = r.Errorf("data after the chunk")
+	}
+	switch {
+	case evErr != nil:
+		return evErr
+	case errors.Is(err, errAggregate):
+		return err
+	case err != nil:
+		return fmt.Errorf("%w: a chunk: %w", errAggregate, err)
+	}
+	return nil
+}
+
+// clip returns b, cut to at most n bytes, as a string.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+// uint reads a non-negative integer below maxAggChoices.
+func (g *aggregator) uint(b []byte, what string) (int, error) {
+	r := &g.r
+	start := r.Offset()
+	if err := r.Skip(); err != nil {
+		return 0, err
+	}
+	v := 0
+	for _, c := range b[start:r.Offset()] {
+		if c < '0' || c > '9' || v >= maxAggChoices {
+			return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", errAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
+		}
+		v = v*10 + int(c-'0')
+	}
+	if v >= maxAggChoices || start == r.Offset() {
+		return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", errAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
+	}
+	return v, nil
+}
+
+// choice reads one element of a chunk's choices (pos is its place in the
+// array, its index when it gives none).
+func (g *aggregator) choice(b []byte, pos int) error {
+	r := &g.r
+	// The index may come after the members it qualifies: read it first.
+	save := *r
+	idx := pos
+	if pos >= maxAggChoices {
+		return fmt.Errorf("%w: more than %d choices", errAggregate, maxAggChoices)
+	}
+	if r.Peek() != '{' {
+		return fmt.Errorf("%w: a choice is not an object", errAggregate)
+	}
+	err := r.ObjectBytes(func(name []byte) error {
+		if string(name) != aggIndex {
+			return r.Skip()
+		}
+		var err error
+		idx, err = g.uint(b, "choices[].index")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	end := *r
+	*r = save
+	ch := g.choiceAt(idx)
+	if err := g.grow(0); err != nil {
+		return err
+	}
+	err = r.ObjectBytes(func(name []byte) error {
+		switch {
+		case string(name) == aggIndex:
+			return r.Skip()
+		case string(name) == aggDelta && g.chat:
+			if r.Null() {
+				return nil
+			}
+			return r.ObjectBytes(func(name []byte) error { return g.delta(ch, name, b) })
+		case string(name) == aggLogprobs:
+			return g.logprobs(ch, b)
+		case string(name) == "text" && !g.chat:
+			return g.merge(g.find(&ch.other, name), b, kindString)
+		case string(name) == "token_ids":
+			return g.merge(g.find(&ch.other, name), b, kindArray)
+		}
+		return g.merge(g.find(&ch.other, name), b, kindRaw)
+	})
+	if err != nil {
+		return err
+	}
+	*r = end
+	return nil
+}
+
+// choiceAt returns the choice of index idx, adding it if absent.
+func (g *aggregator) choiceAt(idx int) *aggChoice {
+	for i := range g.choices {
+		if g.choices[i].index == idx {
+			return &g.choices[i]
+		}
+	}
+	g.size += 64 // a choice's own weight, so that many empty ones count
+	g.choices = append(g.choices, aggChoice{index: idx})
+	return &g.choices[len(g.choices)-1]
+}
+
+// delta reads one member of a chat choice's delta.
+func (g *aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
+	r := &g.r
+	switch string(name) {
+	case "content", "reasoning_content", "reasoning", "refusal":
+		return g.merge(g.find(&ch.msg, name), b, kindString)
+	case aggToolCalls:
+		if r.Null() {
+			return nil
+		}
+		pos := 0
+		return r.Array(func() error {
+			defer func() { pos++ }()
+			return g.toolCall(ch, b, pos)
+		})
+	}
+	return g.merge(g.find(&ch.msg, name), b, kindRaw)
+}
+
+// toolCall reads one element of a delta's tool_calls (pos is its place in
+// the array, its index when it gives none).
+func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
+	r := &g.r
+	if r.Peek() != '{' {
+		return fmt.Errorf("%w: a tool call is not an object", errAggregate)
+	}
+	save := *r
+	idx := pos
+	err := r.ObjectBytes(func(name []byte) error {
+		if string(name) != aggIndex {
+			return r.Skip()
+		}
+		var err error
+		idx, err = g.uint(b, "tool_calls[].index")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	end := *r
+	*r = save
+	var tc *aggTool
+	for i := range ch.tools {
+		if ch.tools[i].index == idx {
+			tc = &ch.tools[i]
+		}
+	}
+	if tc == nil {
+		if len(ch.tools) >= maxAggChoices {
+			return fmt.Errorf("%w: more than %d tool calls", errAggregate, maxAggChoices)
+		}
+		g.size += 64
+		ch.tools = append(ch.tools, aggTool{index: idx})
+		tc = &ch.tools[len(ch.tools)-1]
+	}
+	err = r.ObjectBytes(func(name []byte) error {
+		switch string(name) {
+		case "id":
+			return g.mergeNonEmpty(&tc.id, b)
+		case "type":
+			return g.mergeNonEmpty(&tc.typ, b)
+		case "function":
+			if r.Null() {
+				return nil
+			}
+			return r.ObjectBytes(func(name []byte) error {
+				switch string(name) {
+				case "name":
+					return g.merge(&tc.fnName, b, kindString)
+				case "arguments":
+					return g.merge(&tc.arguments, b, kindString)
+				}
+				return r.Skip()
+			})
+		}
+		return r.Skip()
+	})
+	if err != nil {
+		return err
+	}
+	*r = end
+	return nil
+}
+
+// mergeNonEmpty is merge keeping the last value that is neither null nor
+// the empty string.
+func (g *aggregator) mergeNonEmpty(m *aggMember, b []byte) error {
+	if bytes.HasPrefix(b[g.r.Offset():], []byte(`""`)) {
+		return g.r.Skip()
+	}
+	return g.merge(m, b, kindRaw)
+}
+
+// logprobs reads a choice's logprobs: an object's array members join.
+func (g *aggregator) logprobs(ch *aggChoice, b []byte) error {
+	r := &g.r
+	switch {
+	case r.Null():
+		return nil
+	case r.Peek() == '{' && (ch.lpObj || ch.lpRaw.kind == kindNone):
+		ch.lpObj = true
+		return r.ObjectBytes(func(name []byte) error { return g.merge(g.find(&ch.lpMembers, name), b, kindArray) })
+	}
+	ch.lpObj = false
+	ch.lpMembers = ch.lpMembers[:0]
+	return g.merge(&ch.lpRaw, b, kindRaw)
+}
+
+// answer returns the assembled answer. It is an error if the stream did not
+// end with [DONE] or carried no chunk.
+func (g *aggregator) answer() ([]byte, error) {
+	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
+		g.line = g.line[:0] // a last line without its newline
+	}
+	if !g.done && g.hasData && string(bytes.TrimSpace(g.data)) == "[DONE]" {
+		g.done = true // a last event without its blank line
+	}
+	if !g.done {
+		return nil, fmt.Errorf("%w: the stream ended before its data: [DONE]", errAggregate)
+	}
+	if g.chunks == 0 {
+		return nil, fmt.Errorf("%w: the stream carried no chunk", errAggregate)
+	}
+	// Choices in index order (insertion sort: they are few, and mostly in order).
+	cs := g.choices
+	for i := 1; i < len(cs); i++ {
+		for j := i; j > 0 && cs[j].index < cs[j-1].index; j-- {
+			cs[j], cs[j-1] = cs[j-1], cs[j]
+		}
+	}
+	out := make([]byte, 0, g.size+128+64*len(cs))
+	out = append(out, '{')
+	hasChoices := false
+	for i := range g.top {
+		m := &g.top[i]
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = appendName(out, m.name)
+		switch {
+		case m.name == aggChoices:
+			hasChoices = true
+			out = g.appendChoices(out)
+		case m.name == aggObject && string(m.raw) == `"chat.completion.chunk"`:
+			out = append(out, `"chat.completion"`...)
+		default:
+			out = appendValue(out, m)
+		}
+	}
+	if !hasChoices {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = appendName(out, aggChoices)
+		out = g.appendChoices(out)
+	}
+	return append(out, '}'), nil
+}
+
+// appendName appends a member's name and colon; names are written as
+// the engine wrote them, once decoded, so they are quoted again here.
+func appendName(out []byte, name string) []byte {
+	out = appendJSONString(out, name)
+	return append(out, ':')
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(out []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			out = append(out, '\\', c)
+		case c < 0x20:
+			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+		default:
+			out = append(out, c)
+		}
+	}
+	return append(out, '"')
+}
+
+// orNone returns m, or none when m is nil.
+func orNone(m *aggMember) *aggMember {
+	if m == nil {
+		return &none
+	}
+	return m
+}
+
+// appendValue appends a member's value.
+func appendValue(out []byte, m *aggMember) []byte {
+	switch m.kind {
+	case kindString:
+		out = append(out, '"')
+		out = append(out, m.raw...)
+		return append(out, '"')
+	case kindArray:
+		out = append(out, '[')
+		out = append(out, m.raw...)
+		return append(out, ']')
+	case kindRaw:
+		return append(out, m.raw...)
+	}
+	return append(out, "null"...)
+}
+
+// appendMembers appends ms as members (after a first one when comma).
+func appendMembers(out []byte, ms []aggMember, comma bool, skip func(string) bool) []byte {
+	for i := range ms {
+		if skip != nil && skip(ms[i].name) {
+			continue
+		}
+		if comma {
+			out = append(out, ',')
+		}
+		comma = true
+		out = appendName(out, ms[i].name)
+		out = appendValue(out, &ms[i])
+	}
+	return out
+}
+
+// appendChoices appends the choices array.
+func (g *aggregator) appendChoices(out []byte) []byte {
+	out = append(out, '[')
+	for i := range g.choices {
+		ch := &g.choices[i]
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"index":`...)
+		out = fmt.Appendf(out, "%d", ch.index)
+		if g.chat {
+			out = append(out, `,"message":`...)
+			out = ch.appendMessage(out)
+		} else {
+			out = append(out, `,"text":`...)
+			if t := lookup(ch.other, "text"); t != nil && t.kind != kindNone {
+				out = appendValue(out, t)
+			} else {
+				out = append(out, `""`...)
+			}
+		}
+		out = append(out, `,"logprobs":`...)
+		if ch.lpObj {
+			out = append(out, '{')
+			out = appendMembers(out, ch.lpMembers, false, nil)
+			out = append(out, '}')
+		} else {
+			out = appendValue(out, &ch.lpRaw)
+		}
+		out = append(out, `,"finish_reason":`...)
+		out = appendValue(out, orNone(lookup(ch.other, aggFinishReason)))
+		out = appendMembers(out, ch.other, true, func(n string) bool { return n == aggFinishReason || n == "text" })
+		out = append(out, '}')
+	}
+	return append(out, ']')
+}
+
+// appendMessage appends a chat choice's message.
+func (ch *aggChoice) appendMessage(out []byte) []byte {
+	out = append(out, `{"role":`...)
+	if role := lookup(ch.msg, "role"); role != nil && role.kind != kindNone {
+		out = appendValue(out, role)
+	} else {
+		out = append(out, `"assistant"`...)
+	}
+	out = append(out, `,"content":`...)
+	out = appendValue(out, orNone(lookup(ch.msg, "content")))
+	out = appendMembers(out, ch.msg, true, func(n string) bool { return n == "role" || n == "content" })
+	if len(ch.tools) > 0 {
+		ts := ch.tools
+		for i := 1; i < len(ts); i++ {
+			for j := i; j > 0 && ts[j].index < ts[j-1].index; j-- {
+				ts[j], ts[j-1] = ts[j-1], ts[j]
+			}
+		}
+		out = append(out, `,"tool_calls":[`...)
+		for i := range ts {
+			t := &ts[i]
+			if i > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, `{"id":`...)
+			out = appendValue(out, &t.id)
+			out = append(out, `,"type":`...)
+			if t.typ.kind == kindNone {
+				out = append(out, `"function"`...)
+			} else {
+				out = appendValue(out, &t.typ)
+			}
+			out = append(out, `,"function":{"name":`...)
+			out = appendValue(out, &t.fnName)
+			out = append(out, `,"arguments":`...)
+			if t.arguments.kind == kindNone {
+				out = append(out, `""`...)
+			} else {
+				out = appendValue(out, &t.arguments)
+			}
+			out = append(out, "}}"...)
+		}
+		out = append(out, ']')
+	}
+	return append(out, '}')
+}

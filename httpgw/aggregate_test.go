@@ -1,0 +1,156 @@
+package httpgw
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// sse frames chunks as an engine's stream, [DONE] included.
+func sse(chunks ...string) string {
+	var b strings.Builder
+	for _, c := range chunks {
+		b.WriteString("data: " + c + "\n\n")
+	}
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
+// aggregate feeds stream to a fresh aggregator in one piece.
+func aggregate(t *testing.T, chat bool, stream string) ([]byte, error) {
+	t.Helper()
+	g := newAggregator(chat, 1<<20, 1<<16)
+	if err := g.feed([]byte(stream)); err != nil {
+		return nil, err
+	}
+	return g.answer()
+}
+
+// A chat stream as vLLM sends it (role first, content, reasoning and tool
+// calls in pieces, logprobs per token, finish_reason last, then the usage
+// chunk) is assembled into vLLM's non-streamed shape.
+func TestAggregateChat(t *testing.T) {
+	const head = `"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","system_fingerprint":"fp"`
+	stream := sse(
+		`{`+head+`,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"reasoning_content":"think "},"logprobs":null,"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"reasoning_content":"more"},"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"content":"Hel"},"logprobs":{"content":[{"token":"Hel","logprob":-0.1,"bytes":[72,101,108],"top_logprobs":[]}]},"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"content":"lo \"q\"\n\ud83d"},"logprobs":{"content":[{"token":"lo","logprob":-0.2,"bytes":null,"top_logprobs":[]}]},"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"content":"\ude00"},"logprobs":{"content":[]},"finish_reason":null}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_","arguments":""}}]}}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"f2","arguments":"{\"x\""}}]}}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"weather","arguments":"{\"city\":"}}]}}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"","function":{"arguments":":1}"}},{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]}`,
+		`{`+head+`,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}]}`,
+		`{`+head+`,"choices":[],"usage":{"prompt_tokens":7,"total_tokens":17,"completion_tokens":10,"prompt_tokens_details":null}}`,
+	)
+	got, err := aggregate(t, true, stream)
+	require.NoError(t, err)
+	require.True(t, json.Valid(got), "%s", got)
+	assert.JSONEq(t, `{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","system_fingerprint":"fp",
+		"choices":[{"index":0,"message":{"role":"assistant","content":"Hello \"q\"\n😀","reasoning_content":"think more",
+			"tool_calls":[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"f2","arguments":"{\"x\":1}"}}]},
+			"logprobs":{"content":[{"token":"Hel","logprob":-0.1,"bytes":[72,101,108],"top_logprobs":[]},{"token":"lo","logprob":-0.2,"bytes":null,"top_logprobs":[]}]},
+			"finish_reason":"tool_calls","stop_reason":null}],
+		"usage":{"prompt_tokens":7,"total_tokens":17,"completion_tokens":10,"prompt_tokens_details":null}}`, string(got))
+	// The top level keeps the engine's order, choices where they came.
+	assert.True(t, strings.HasPrefix(string(got), `{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","system_fingerprint":"fp","choices":[`), "%s", got)
+}
+
+// Completions with n=2: choices interleaved and out of order are sorted by
+// index; text and each logprobs array are joined.
+func TestAggregateCompletions(t *testing.T) {
+	const head = `"id":"cmpl-1","object":"text_completion","created":5,"model":"m"`
+	lp := func(tok string, off int) string {
+		return `{"text_offset":[` + itoa(off) + `],"token_logprobs":[-1.5],"tokens":["` + tok + `"],"top_logprobs":[{"` + tok + `":-1.5}]}`
+	}
+	stream := sse(
+		`{`+head+`,"choices":[{"index":1,"text":"B1","logprobs":`+lp("B1", 0)+`,"finish_reason":null}],"usage":null}`,
+		`{`+head+`,"choices":[{"index":0,"text":"A1","logprobs":`+lp("A1", 0)+`,"finish_reason":null}],"usage":null}`,
+		`{`+head+`,"choices":[{"index":0,"text":" A2","logprobs":`+lp(" A2", 2)+`,"finish_reason":"length","stop_reason":null}],"usage":null}`,
+		`{`+head+`,"choices":[{"index":1,"text":"","logprobs":null,"finish_reason":"stop","stop_reason":"</s>"}],"usage":null}`,
+		`{`+head+`,"choices":[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}`,
+	)
+	got, err := aggregate(t, false, stream)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"id":"cmpl-1","object":"text_completion","created":5,"model":"m",
+		"choices":[
+			{"index":0,"text":"A1 A2","logprobs":{"text_offset":[0,2],"token_logprobs":[-1.5,-1.5],"tokens":["A1"," A2"],"top_logprobs":[{"A1":-1.5},{" A2":-1.5}]},"finish_reason":"length","stop_reason":null},
+			{"index":1,"text":"B1","logprobs":{"text_offset":[0],"token_logprobs":[-1.5],"tokens":["B1"],"top_logprobs":[{"B1":-1.5}]},"finish_reason":"stop","stop_reason":"</s>"}],
+		"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}`, string(got))
+}
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
+
+// However the stream is cut into reads, the answer is the same; CRLF line
+// ends, comments, other fields and multi-line data are read as SSE says.
+func TestAggregateSplitReads(t *testing.T) {
+	stream := ": keep-alive\r\nevent: message\r\nid: 1\r\ndata: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\r\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\"ab\"}}]}\r\n\r\n" +
+		"data:{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"},\"finish_reason\":\"stop\"}]}\n\n" +
+		"data: [DONE]\n\n"
+	want, err := aggregate(t, true, stream)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"abc"},"logprobs":null,"finish_reason":"stop"}]}`, string(want))
+	for i := 0; i <= len(stream); i++ {
+		g := newAggregator(true, 1<<20, 1<<16)
+		require.NoError(t, g.feed([]byte(stream[:i])))
+		require.NoError(t, g.feed([]byte(stream[i:])))
+		got, err := g.answer()
+		require.NoError(t, err, "split at %d", i)
+		require.Equal(t, string(want), string(got), "split at %d", i)
+	}
+}
+
+func TestAggregateErrors(t *testing.T) {
+	ok := `{"id":"x","choices":[{"index":0,"delta":{"content":"hi"}}]}`
+	big := `{"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("y", 200) + `"}}]}`
+	tests := []struct {
+		name, stream string
+		want         error
+		msg          string
+	}{
+		{"error event", sse(ok, `{"error":{"message":"boom","type":"BadRequestError","code":400}}`), errStreamEvent, `"message":"boom"`},
+		{"no [DONE]", "data: " + ok + "\n\n", errAggregate, "ended before its data: [DONE]"},
+		{"only [DONE]", sse(), errAggregate, "no chunk"},
+		{"not JSON", sse(`{"id":`), errAggregate, "a chunk"},
+		{"not an object", sse(`[1]`), errAggregate, "not a JSON object"},
+		{"data after the chunk", sse(ok + ` {}`), errAggregate, "data after the chunk"},
+		{"bad index", sse(`{"choices":[{"index":-1}]}`), errAggregate, "choices[].index -1"},
+		{"index too large", sse(`{"choices":[{"index":4096}]}`), errAggregate, "choices[].index 4096"},
+		{"choice not an object", sse(`{"choices":[1]}`), errAggregate, "a choice is not an object"},
+		{"tool call not an object", sse(`{"choices":[{"delta":{"tool_calls":[1]}}]}`), errAggregate, "a tool call is not an object"},
+		{"line too long", "data: " + strings.Repeat("x", 300) + "\n\n", errAggregate, "an SSE line exceeds 256 bytes"},
+		{"event too long", strings.Repeat("data: "+strings.Repeat("x", 100)+"\n", 3) + "\n", errAggregate, "an SSE event exceeds 256 bytes"},
+		{"answer too large", sse(big, big, big), errAggregate, "the answer exceeds 512 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newAggregator(true, 512, 256)
+			err := g.feed([]byte(tt.stream))
+			if err == nil {
+				_, err = g.answer()
+			}
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, tt.want), "%v", err)
+			assert.Contains(t, err.Error(), tt.msg)
+		})
+	}
+}
+
+// Nothing after [DONE] counts; a last [DONE] without its blank line ends
+// the stream too.
+func TestAggregateDone(t *testing.T) {
+	ok := `{"choices":[{"index":0,"delta":{"content":"hi"}}]}`
+	got, err := aggregate(t, true, sse(ok)+"data: {not json}\n\n")
+	require.NoError(t, err)
+	assert.Contains(t, string(got), `"content":"hi"`)
+	got, err = aggregate(t, true, "data: "+ok+"\n\ndata: [DONE]")
+	require.NoError(t, err)
+	assert.Contains(t, string(got), `"content":"hi"`)
+}

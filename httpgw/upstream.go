@@ -1,0 +1,159 @@
+package httpgw
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// This file streams non-streamed requests from the engine (see
+// aggregate.go for why, and for the answer's shape).
+
+// UpstreamStreamMode says whether the gateway asks the engine to stream the
+// answer of a chat or completions request whose client did not ask for a
+// stream (Options.UpstreamStream).
+type UpstreamStreamMode int
+
+const (
+	// UpstreamStreamDefault is the zero value: UpstreamStreamOn.
+	UpstreamStreamDefault UpstreamStreamMode = iota
+	// UpstreamStreamOn streams such answers from the engine and gives the
+	// client the non-streamed answer assembled from the stream, so the
+	// gateway learns the first token when it comes.
+	UpstreamStreamOn
+	// UpstreamStreamOff forwards such requests as they are: the gateway
+	// learns their first token only once the answer is complete.
+	UpstreamStreamOff
+)
+
+// aggregateLimitFactor times Options.MaxBodyBytes bounds an assembled
+// answer (32 MiB by default); one SSE event is bounded by MaxBodyBytes.
+const aggregateLimitFactor = 4
+
+// streamMembers are the members a streamed-upstream request body ends
+// with.
+const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
+
+// upstreamStream makes the engine stream a non-streamed chat or completions
+// call's answer (when Options.UpstreamStream allows): it appends
+// streamMembers to the body and marks the call for relayAggregated. A body
+// that may name "stream" or "stream_options" has them removed first (a
+// rewrite of its top-level members, see pdbody.go), so that no member is
+// repeated: engines reading JSON with Python's json module (or Go's
+// encoding/json) would take the last, but stricter readers (serde's
+// derived structs) refuse repeated fields. One spelled with escapes
+// ("\u0073tream") stays, and the last member counts. Bodies asking for
+// beam search or best_of, which vLLM refuses to stream, are left alone.
+func (s *Server) upstreamStream(c *call) {
+	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream ||
+		(c.oc.kind != endpointChat && c.oc.kind != endpointCompletions) ||
+		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
+		return
+	}
+	b := bytes.TrimRight(c.body, " \t\r\n")
+	if len(b) < 2 || b[len(b)-1] != '}' {
+		return // not reached: admit parsed it as one object, with a model
+	}
+	var out []byte
+	if bytes.Contains(b, []byte(`"stream`)) {
+		var err error
+		out, err = rewrite(b, func(name string) bool { return name == fieldStreamName || name == fieldStreamOptions }, streamMembers)
+		if err != nil {
+			return // not reached, as above
+		}
+	} else {
+		out = make([]byte, 0, len(b)+len(streamMembers)+1)
+		out = append(out, b[:len(b)-1]...)
+		out = append(out, ',')
+		out = append(out, streamMembers...)
+		out = append(out, '}')
+	}
+	c.body, c.aggregate = out, true
+	s.metrics.upstreamStreamed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
+}
+
+// relayAggregated reads the engine's stream for a call marked by
+// upstreamStream, reports the first token at its first chunk, and answers
+// the client with the assembled answer once the stream ends. A stream that
+// is cut, carries an error event or cannot be assembled gets the client a
+// 502 (nothing was sent to it yet).
+func (s *Server) relayAggregated(c *call, resp *http.Response) {
+	a := &c.attempt
+	limit := s.opts.MaxBodyBytes
+	g := newAggregator(c.oc.kind == endpointChat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
+	bp := s.bufPool.Get().(*[]byte)
+	defer s.bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			before := g.chunks
+			err := g.feed(buf[:n])
+			if before == 0 && g.chunks > 0 {
+				a.stop()
+				a.ttfb = s.opts.Clock().Sub(c.start)
+				a.d.FirstToken()
+				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
+			}
+			if err != nil {
+				s.failAggregated(c, err, !errors.Is(err, errStreamEvent))
+				return
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			s.failAggregated(c, fmt.Errorf("%w: reading the stream: %w", errAggregate, c.cause(rerr)), true)
+			return
+		}
+	}
+	body, err := g.answer()
+	if err != nil {
+		s.failAggregated(c, err, true)
+		return
+	}
+	h := c.w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set(HeaderReplica, a.d.Replica)
+	h.Set(HeaderDecision, decisionText(c))
+	c.w.WriteHeader(resp.StatusCode)
+	if _, werr := c.w.Write(body); werr != nil {
+		a.done(0, werr)
+		c.oc.code = codeClientCanceled
+		return
+	}
+	a.done(a.ttfb, nil)
+	c.oc.code = strconv.Itoa(resp.StatusCode)
+}
+
+// failAggregated answers a call whose streamed-upstream answer failed with
+// a 502 (or notes a client gone away); engineFault counts it against the
+// engine's health (not for an error event, which the engine sent
+// deliberately).
+func (s *Server) failAggregated(c *call, err error, engineFault bool) {
+	a := &c.attempt
+	if c.r.Context().Err() != nil {
+		a.done(0, c.r.Context().Err())
+		c.oc.code = codeClientCanceled
+		return
+	}
+	if engineFault {
+		s.Observe(a.ep, a.ep.Health.Failure(false))
+	}
+	err = fmt.Errorf("%s: %w", a.replica(), err)
+	a.done(0, err)
+	s.metrics.upstreamStreamFailed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
+	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+}
+
+// isEventStream reports whether resp is an SSE stream.
+func isEventStream(resp *http.Response) bool {
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+}
