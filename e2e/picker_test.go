@@ -131,7 +131,9 @@ func pickChat(t *testing.T, url string, body []byte, hdr ...string) picked {
 }
 
 func chatJSON(system, user string, stream bool, maxTokens int) []byte {
-	b, _ := json.Marshal(map[string]any{"model": simModel, "stream": stream, "max_tokens": maxTokens,
+	// ignore_eos: the answer is maxTokens long, so that a long one is still
+	// streaming when a test cancels it.
+	b, _ := json.Marshal(map[string]any{"model": simModel, "stream": stream, "max_tokens": maxTokens, "ignore_eos": true,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
 	return b
 }
@@ -346,7 +348,7 @@ func TestPicker(t *testing.T) {
 		}
 		p := pickChat(t, surl, chatJSON(system(2), "another", false, 2), "X-Test-Subset", home[2])
 		require.Equal(t, http.StatusTooManyRequests, p.status, "%s", p.body)
-		require.Contains(t, string(p.body), "requests outstanding")
+		require.Contains(t, string(p.body), "is saturated: no eligible replica has room (outstanding")
 		p = pickChat(t, surl, chatJSON(system(2), "another", false, 2))
 		require.Equal(t, http.StatusOK, p.status, "other engines are free: %s", p.body)
 		cancel()
