@@ -25,7 +25,7 @@ type serveFlags struct {
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
 	shutdownGrace                       time.Duration
-	pprofListen, logLevel               string
+	pprofListen, logLevel, logFormat    string
 }
 
 // serveHelp holds the help texts of the shared flags that each command
@@ -49,6 +49,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
 	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&s.logFormat, "log-format", "text", "log format: text or json (one JSON object per line)")
 }
 
 // validate returns a usage error naming the first invalid shared flag and
@@ -78,6 +79,9 @@ func (s *serveFlags) validate() error {
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return usagef("invalid --log-level %q: want debug, info, warn or error", s.logLevel)
 	}
+	if s.logFormat != "text" && s.logFormat != "json" {
+		return usagef("invalid --log-format %q: want text or json", s.logFormat)
+	}
 	return nil
 }
 
@@ -93,13 +97,17 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(s.logLevel)) // validated
-	return path, slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), nil
+	ho := &slog.HandlerOptions{Level: level}
+	if s.logFormat == "json" {
+		return path, slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return path, slog.New(slog.NewTextHandler(w, ho)), nil
 }
 
 // newServer warns when the configuration file at path does not exist yet,
 // then returns the HTTP gateway of o with the shared flags' fields set.
 func (s *serveFlags) newServer(path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); path != "" && errors.Is(err, fs.ErrNotExist) {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
 	o.ConfigPath = path
