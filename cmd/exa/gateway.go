@@ -25,6 +25,7 @@ type gatewayFlags struct {
 	listen                            string
 	firstByteTimeout, responseTimeout time.Duration
 	engineClient, httpServer          string
+	disc                              discoveryFlags
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -80,11 +81,15 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
+	fl.disc.register(f)
 	return cmd
 }
 
 func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err := fl.validate(); err != nil {
+		return err
+	}
+	if err := fl.disc.validate(); err != nil {
 		return err
 	}
 	timeouts := map[string]*time.Duration{"first-byte-timeout": &fl.firstByteTimeout, "response-timeout": &fl.responseTimeout}
@@ -112,7 +117,11 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
-	srv, err := fl.newServer(path, logger, httpgw.Options{
+	srvPath := path
+	if fl.disc.enabled() {
+		srvPath = "" // discovery reads the file and applies it with the replicas
+	}
+	srv, err := fl.newServer(srvPath, logger, httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
@@ -121,6 +130,13 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		return err
 	}
 	defer srv.Close() // idle engine connections
+	if fl.disc.enabled() {
+		_, stopDisc, err := fl.disc.start(path, fl.reload, srv, logger)
+		if err != nil {
+			return err
+		}
+		defer stopDisc()
+	}
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
 		return err
