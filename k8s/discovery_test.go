@@ -120,6 +120,8 @@ func (r *recorder) await(t *testing.T, m string, want ...string) (*config.File, 
 func makePool(ns string, ports ...int32) *giev1.InferencePool {
 	p := testPool(ports...)
 	p.Namespace = ns
+	p.Spec.EndpointPickerRef.Name = "exa-picker" // required by the CRD
+	p.Spec.EndpointPickerRef.Port = &giev1.Port{Number: 9002}
 	return p
 }
 
@@ -293,6 +295,8 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 	cfg, c := apiServer(t)
 	ctx := context.Background()
 	ns := newNamespace(t, c)
+	// The API server refuses loopback addresses in EndpointSlices; nothing
+	// connects to these.
 	yes, no := true, false
 	port, name := int32(8000), "http"
 	slice := &discoveryv1.EndpointSlice{
@@ -300,9 +304,9 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
 		Endpoints: []discoveryv1.Endpoint{
-			{Addresses: []string{"127.0.0.31"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes},
+			{Addresses: []string{"10.0.0.31"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes},
 				TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "e-a"}},
-			{Addresses: []string{"127.0.0.32"}, Conditions: discoveryv1.EndpointConditions{Ready: &no},
+			{Addresses: []string{"10.0.0.32"}, Conditions: discoveryv1.EndpointConditions{Ready: &no},
 				TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "e-b"}},
 		}}
 	require.NoError(t, c.Create(ctx, slice))
@@ -316,7 +320,7 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 	slice.Endpoints[1].Conditions.Ready = &yes
 	require.NoError(t, c.Update(ctx, slice))
 	f, _ := rec.await(t, "m", "e-a", "e-b")
-	require.Equal(t, "http://127.0.0.32:8000", f.Models["m"].Replicas[1].Address)
+	require.Equal(t, "http://10.0.0.32:8000", f.Models["m"].Replicas[1].Address)
 	require.NoError(t, c.Delete(ctx, slice))
 	rec.await(t, "m")
 }
