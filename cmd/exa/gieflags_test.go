@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,4 +116,20 @@ func TestVersionAndJSONLogs(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &rec), "line %q", lines[0])
 	assert.Equal(t, "WARN", rec["level"])
 	assert.Contains(t, rec["msg"], "configuration file does not exist yet")
+}
+
+// The image's build (deploy/image/Dockerfile, .ko.yaml): a static binary
+// (CGO_ENABLED=0) whose --version prints the version set at link time.
+func TestStaticBuildVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("links a second exa binary; not with -short")
+	}
+	bin := filepath.Join(t.TempDir(), "exa-static")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v9.8.7-test", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	assert.Regexp(t, `^exa version v9\.8\.7-test go\d`, string(out))
 }

@@ -5,6 +5,11 @@ import (
 	"strings"
 )
 
+// version, when set at link time (-ldflags "-X main.version=v1.2.3", as
+// deploy/image/Dockerfile does with its VERSION argument), is the version
+// `exa --version` prints; "" means the build information's.
+var version = ""
+
 // buildVersion returns the version `exa --version` prints, from the
 // binary's build information: the main module's version (a tag, or a
 // pseudo-version when built with go install), else the VCS revision
@@ -13,6 +18,9 @@ func buildVersion() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"
+	}
+	if version != "" {
+		return version + " " + bi.GoVersion
 	}
 	v := bi.Main.Version
 	var rev, dirty string

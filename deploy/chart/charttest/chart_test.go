@@ -36,7 +36,7 @@ const chartDir = "../exa"
 // InferencePool it creates, and the gateway following a Service.
 var values = map[string]map[string]any{
 	"picker": {"mode": "picker", "models": []any{"llama"},
-		"pool": map[string]any{"create": true, "selector": map[string]any{"app": "vllm"}, "targetPorts": []any{8000}},
+		"pool":    map[string]any{"create": true, "selector": map[string]any{"app": "vllm"}, "targetPorts": []any{8000}},
 		"routing": map[string]any{"version": 1, "models": map[string]any{"llama": map[string]any{"mode": "cache_aware"}}}},
 	"gateway": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm", "port": "http"}},
 }
@@ -99,8 +99,6 @@ func TestChartRenders(t *testing.T) {
 	p := kinds(values["picker"])
 	require.Contains(t, p, "InferencePool")
 	require.Contains(t, p, "ConfigMap")
-	args, _, _ := unstructured.NestedStringSlice(p["Deployment"].Object, "spec", "template", "spec", "containers")
-	_ = args
 	c := p["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Subset(t, c["args"], []any{"serve", "picker", "--pool-name=exa", "--pool-namespace=llm", "--pool-model=llama",
 		"--config=/etc/exa/routing.json", "--grpc-health-port=9003", "--secure-serving=true"})
