@@ -33,7 +33,8 @@ import (
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 )
 
-// TestKubernetesPicker runs `exa serve picker --pool-name` against a real
+// TestKubernetesPicker runs `exa serve picker --pool-name` (and `exa
+// serve gateway --pool-name` beside it) against a real
 // kube-apiserver and etcd (envtest; e2e/k8s/install.sh installs them)
 // with GIE's InferencePool CRD. The pods are API objects whose status the
 // test sets as a kubelet would (Ready, pod IP); each pod IP is a loopback
@@ -85,9 +86,16 @@ func TestKubernetesPicker(t *testing.T) {
 	pp := startPickerProc(t, "picker", filepath.Join(t.TempDir(), "routing.json"),
 		"--pool-name", "pool", "--pool-namespace", ns, "--pool-model", simModel, "--kubeconfig", kubeconfig,
 		"--secure-serving=false", "--grpc-health-port", strconv.Itoa(health), "--log-format", "json")
-	replicas := func() []string {
+	// The HTTP gateway follows the same pool.
+	gport := freePort(t)
+	gw := &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(gport)}
+	gw.p = startProc(t, "gateway", []string{"EXA_CONFIG=" + filepath.Join(t.TempDir(), "routing.json")}, exaBin, "serve", "gateway",
+		"--listen", "127.0.0.1:"+strconv.Itoa(gport), "--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms",
+		"--pool-name", "pool", "--pool-namespace", ns, "--pool-model", simModel, "--kubeconfig", kubeconfig)
+	waitFor(t, 20*time.Second, "gateway /healthz", func() bool { return get(gw.url+"/healthz") == http.StatusOK })
+	replicasOf := func(g *gatewayProc) []string {
 		var names []string
-		for _, m := range pp.stats(t).Models {
+		for _, m := range g.stats(t).Models {
 			for _, r := range m.Replicas {
 				names = append(names, r.Name)
 			}
@@ -95,12 +103,21 @@ func TestKubernetesPicker(t *testing.T) {
 		sort.Strings(names)
 		return names
 	}
-	waitFor(t, 30*time.Second, "the picker to discover sim-0 and sim-1", func() bool { return fmt.Sprint(replicas()) == "[sim-0 sim-1]" })
+	// replicas is the picker's replica list once the gateway's is the same.
+	replicas := func() []string {
+		p, g := replicasOf(pp.gatewayProc), replicasOf(gw)
+		if fmt.Sprint(p) != fmt.Sprint(g) {
+			return nil
+		}
+		return p
+	}
+	waitFor(t, 30*time.Second, "the picker and the gateway to discover sim-0 and sim-1", func() bool { return fmt.Sprint(replicas()) == "[sim-0 sim-1]" })
 	for _, svc := range []string{"inference-extension", "liveness", "readiness"} {
 		require.Equal(t, healthpb.HealthCheckResponse_SERVING, healthOf(t, "127.0.0.1:"+strconv.Itoa(health), svc), svc)
 	}
 
-	// Requests flow while pods come and go.
+	// Requests flow while pods come and go: two workers through the
+	// picker (Envoy played by the Go client), two through the gateway.
 	url := pp.envoy(t, false)
 	var (
 		mu      sync.Mutex
@@ -120,12 +137,19 @@ func TestKubernetesPicker(t *testing.T) {
 					return
 				default:
 				}
-				p := pickChatNoFail(url, chatJSON(fmt.Sprintf("worker %d group %d", w, i%7), fmt.Sprintf("q%d", i), i%2 == 0, 4))
+				to := url
+				if w >= 2 {
+					to = gw.url
+				}
+				p := pickChatNoFail(to, chatJSON(fmt.Sprintf("worker %d group %d", w, i%7), fmt.Sprintf("q%d", i), i%2 == 0, 4))
 				sent.Add(1)
 				mu.Lock()
-				if p.status != http.StatusOK {
-					failed = append(failed, fmt.Sprintf("%d %s", p.status, p.body))
-				} else {
+				switch {
+				case p.status != http.StatusOK:
+					failed = append(failed, fmt.Sprintf("%s: %d %s", to, p.status, p.body))
+				case w >= 2:
+					served["gateway"]++
+				default:
 					served[p.endpoint]++
 				}
 				mu.Unlock()
@@ -156,7 +180,10 @@ func TestKubernetesPicker(t *testing.T) {
 	require.NoError(t, c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sim-0", Namespace: ns}}, crclient.GracePeriodSeconds(0)))
 	// Keep sending until sim-1 and sim-2 have served more.
 	b1, b2 := servedBy(ep(1)), servedBy(ep(2))
-	waitFor(t, 30*time.Second, "more requests after the scale-down", func() bool { return servedBy(ep(1)) > b1+10 && servedBy(ep(2)) > b2+10 })
+	bg := servedBy("gateway")
+	waitFor(t, 30*time.Second, "more requests after the scale-down", func() bool {
+		return servedBy(ep(1)) > b1+10 && servedBy(ep(2)) > b2+10 && servedBy("gateway") > bg+20
+	})
 	close(stopReq)
 	wg.Wait()
 	mu.Lock()
