@@ -190,6 +190,11 @@ func TestKubernetesPicker(t *testing.T) {
 	defer mu.Unlock()
 	require.Empty(t, failed, "requests lost across scale-up and scale-down (%d sent)", sent.Load())
 	require.Equal(t, before, served[ep(0)], "no request reached sim-0 after it left")
+	// GIE's series, for GIE's dashboards.
+	for _, g := range []*gatewayProc{pp.gatewayProc, gw} {
+		require.Equal(t, 2.0, g.metric(t, "inference_pool_ready_pods", map[string]string{"name": "pool"}))
+		require.Greater(t, g.metric(t, "inference_objective_request_total", map[string]string{"model_name": simModel}), 0.0)
+	}
 	t.Logf("%d requests, none lost; served %v; discovery: join seen on /stats %v after the API write, leave %v",
 		sent.Load(), served, joined.Round(time.Millisecond), left.Round(time.Millisecond))
 }

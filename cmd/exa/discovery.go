@@ -10,6 +10,8 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/k8s"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -83,11 +85,25 @@ func (d *discoveryFlags) restConfig() (*rest.Config, error) {
 	return c, nil
 }
 
+// metrics, when discovery is on, gives o a registry of its own (with the
+// Go runtime and process collectors, as httpgw's default) on which start
+// registers GIE's pool series (k8s.PoolCollector); nil otherwise.
+func (d *discoveryFlags) metrics(o *httpgw.Options) *prometheus.Registry {
+	if !d.enabled() {
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	o.Registerer, o.Gatherer = reg, reg
+	return reg
+}
+
 // start starts discovery feeding srv, with the configuration file at path
 // as the base it merges the replicas into, re-read every reload (srv must
 // not reload the file itself). It returns once discovery runs; stop ends
 // it.
-func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Server, logger *slog.Logger) (disc *k8s.Discovery, stop func(), err error) {
+// When reg is not nil, GIE's pool series are registered on it.
+func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Server, reg *prometheus.Registry, logger *slog.Logger) (disc *k8s.Discovery, stop func(), err error) {
 	rc, err := d.restConfig()
 	if err != nil {
 		return nil, nil, err
@@ -103,6 +119,15 @@ func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Se
 		Logger:   logger}, srv)
 	if err != nil {
 		return nil, nil, usagef("%v", err)
+	}
+	if reg != nil {
+		name := d.poolName
+		if name == "" {
+			name = d.service
+		}
+		if err := reg.Register(k8s.NewPoolCollector(name, srv.Stats, disc)); err != nil {
+			return nil, nil, err
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -121,17 +121,19 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if fl.disc.enabled() {
 		srvPath = "" // discovery reads the file and applies it with the replicas
 	}
-	srv, err := fl.newServer(srvPath, logger, httpgw.Options{
+	o := httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
-	})
+	}
+	reg := fl.disc.metrics(&o)
+	srv, err := fl.newServer(srvPath, logger, o)
 	if err != nil {
 		return err
 	}
 	defer srv.Close() // idle engine connections
 	if fl.disc.enabled() {
-		_, stopDisc, err := fl.disc.start(path, fl.reload, srv, logger)
+		_, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
 		if err != nil {
 			return err
 		}

@@ -141,14 +141,16 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if fl.disc.enabled() {
 		srvPath = "" // discovery reads the file and applies it with the replicas
 	}
-	srv, err := fl.newServer(srvPath, logger, httpgw.Options{})
+	var o httpgw.Options
+	reg := fl.disc.metrics(&o)
+	srv, err := fl.newServer(srvPath, logger, o)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 	ready := func() bool { return true }
 	if fl.disc.enabled() {
-		disc, stopDisc, err := fl.disc.start(path, fl.reload, srv, logger)
+		disc, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
 		if err != nil {
 			return err
 		}
