@@ -150,7 +150,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	front, err := newFrontServer(fl.httpServer, srv, logger, defaultFrontLimits)
+	front, err := newFrontServer(fl.httpServer, logRequests(srv, logger), logger, defaultFrontLimits)
 	if err != nil {
 		ln.Close()
 		return err

@@ -200,6 +200,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	// A request body arrives in Envoy's chunks, but allow a message as
 	// large as the largest body accepted, plus framing.
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20))}
+	if ic := logStreams(logger); ic != nil {
+		gopts = append(gopts, grpc.StreamInterceptor(ic))
+	}
 	security := "plaintext"
 	if tlsSrc != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(picker.TLSConfig(tlsSrc.get))))
