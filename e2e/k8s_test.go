@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/examlops/gateway/internal/k8stest"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	corev1 "k8s.io/api/core/v1"
@@ -197,6 +199,26 @@ func TestKubernetesPicker(t *testing.T) {
 	}
 	t.Logf("%d requests, none lost; served %v; discovery: join seen on /stats %v after the API write, leave %v",
 		sent.Load(), served, joined.Round(time.Millisecond), left.Round(time.Millisecond))
+
+	// GIE's own chart's arguments (config/charts/epplib v1.5.0,
+	// _deployment.yaml) with its plugins file: the picker starts with TLS
+	// (self-signed, as GIE's), answers the probes the chart sets and
+	// routes. --listen/--admin-listen and the health port replace GIE's
+	// fixed ports so the test does not bind all interfaces.
+	plugins := filepath.Join(t.TempDir(), "default-plugins.yaml")
+	require.NoError(t, os.WriteFile(plugins, []byte("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"+
+		"plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n"), 0o600))
+	gieHealth := freePort(t)
+	gp := startPickerProcCreds(t, "gie-args-picker", filepath.Join(t.TempDir(), "routing.json"),
+		credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}),
+		"--pool-name", "pool", "--pool-namespace", ns, "--pool-group", "inference.networking.k8s.io",
+		"--zap-encoder", "json", "--config-file", plugins, "--tracing=false", "--metrics-endpoint-auth=false",
+		"--grpc-health-port", strconv.Itoa(gieHealth), "--pool-model", simModel, "--kubeconfig", kubeconfig)
+	waitFor(t, 30*time.Second, "the GIE-args picker to discover sim-1 and sim-2", func() bool { return fmt.Sprint(replicasOf(gp.gatewayProc)) == "[sim-1 sim-2]" })
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, healthOf(t, "127.0.0.1:"+strconv.Itoa(gieHealth), "inference-extension"))
+	p := pickChatNoFail(gp.envoy(t, false), chatJSON("gie", "args", false, 4))
+	require.Equal(t, http.StatusOK, p.status, "%s", p.body)
+	require.Contains(t, []string{ep(1), ep(2)}, p.endpoint)
 }
 
 // pickChatNoFail sends one chat request through Envoy and reports the
