@@ -186,6 +186,11 @@ func routingOrGIEConfig(path string) (bool, error) {
 	if err != nil {
 		return false, usagef("invalid --config-file %q: %v", path, err)
 	}
+	return classifyConfig(path, data)
+}
+
+// classifyConfig is routingOrGIEConfig on the file's bytes.
+func classifyConfig(path string, data []byte) (bool, error) {
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' && json.Valid(t) {
 		if _, err := config.Decode(path, data); err != nil {
 			return false, err
