@@ -109,28 +109,39 @@ func TestGIESideBySide(t *testing.T) {
 	require.NoError(t, c.Create(ctx, pool))
 
 	reqs := workload(1, requestsPerMode)
+	// counters sums the engines' prefix-cache counters; they appear
+	// with an engine's first request (0 before).
+	counters := func() (hits, queries float64) {
+		for _, s := range sims {
+			fams := metricFamilies(t, s.url())
+			for name, dst := range map[string]*float64{"vllm:prefix_cache_hits": &hits, "vllm:prefix_cache_queries": &queries} {
+				for _, m := range fams[name].GetMetric() {
+					*dst += m.GetCounter().GetValue() + m.GetUntyped().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+		return hits, queries
+	}
 	run := func(name, url string) phase {
+		h0, q0 := counters()
 		rs := runWorkload(url, reqs, workers, 4, nil)
 		for j, r := range rs {
 			require.True(t, r.status == http.StatusOK && r.done, "%s request %d: status %d, error %q, net %v", name, j, r.status, r.errText, r.netErr)
 		}
-		var hits, queries float64
-		for _, s := range sims {
-			h, q := engineCounters(t, s.url())
-			hits += h
-			queries += q
-		}
-		ph := summarize(name, rs, hits, queries)
+		hits, queries := counters()
+		ph := summarize(name, rs, hits-h0, queries-q0)
 		t.Logf("%-10s engine prefix-cache hits %6.0f of %6.0f prompt tokens (%.1f%%); TTFT p50 %v p90 %v mean %v; %d ok",
 			name, ph.hits, ph.queries, 100*ph.hits/ph.queries, ph.p50.Round(time.Millisecond), ph.p90.Round(time.Millisecond),
 			ph.mean.Round(time.Millisecond), ph.ok)
 		return ph
 	}
-	restart := func() {
+	// restart restarts the engines with kv blocks of cache each (empty).
+	restart := func(kv int) {
 		for _, s := range sims {
 			s.kill()
 		}
 		for _, s := range sims {
+			s.args = simArgs(s.port, kv, 100*time.Microsecond)
 			s.start()
 		}
 	}
@@ -138,53 +149,92 @@ func TestGIESideBySide(t *testing.T) {
 	// GIE's endpoint picker, plaintext, its chart's default plugins.
 	plugins := filepath.Join(t.TempDir(), "default-plugins.yaml")
 	require.NoError(t, os.WriteFile(plugins, []byte(gieDefaultPlugins), 0o600))
-	gport, ghealth, gmetrics := freePort(t), freePort(t), freePort(t)
-	gp := startProc(t, "gie-epp", []string{"KUBECONFIG=" + kubeconfig}, gieBin,
-		"--pool-name", "pool", "--pool-namespace", ns, "--pool-group", "inference.networking.k8s.io",
-		"--grpc-port", strconv.Itoa(gport), "--grpc-health-port", strconv.Itoa(ghealth), "--metrics-port", strconv.Itoa(gmetrics),
-		"--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", "--config-file", plugins, "--zap-encoder", "json")
-	waitFor(t, 60*time.Second, "GIE's epp to serve", func() bool {
-		conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(ghealth), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		r, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
-		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
-	})
-	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(gport), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	gieEnvoy := httptest.NewServer(&pickertest.Envoy{Client: pickertest.NewClient(conn)})
-	t.Cleanup(gieEnvoy.Close)
-	// Before the run, GIE's own metrics must count the three pods ready
-	// (it flushes them every 5 s).
-	waitFor(t, 60*time.Second, "GIE's inference_pool_ready_pods to be 3", func() bool {
-		return strings.Contains(scrapeText("127.0.0.1:"+strconv.Itoa(gmetrics)), `inference_pool_ready_pods{name="pool"} 3`)
-	})
-	gie := run("gie-epp", gieEnvoy.URL)
-	gp.kill()
-
-	restart()
-	pp := startPickerProc(t, "exa-picker", filepath.Join(t.TempDir(), "routing.json"),
-		"--pool-name", "pool", "--pool-namespace", ns, "--pool-model", simModel, "--kubeconfig", kubeconfig,
-		"--secure-serving=false", "--grpc-health-port", strconv.Itoa(freePort(t)))
-	waitFor(t, 30*time.Second, "the exa picker to discover the pods", func() bool {
-		m := pp.stats(t).Models[simModel]
-		return len(m.Replicas) == 3
-	})
-	for _, s := range sims {
-		waitFor(t, 20*time.Second, "exa picker to admit "+s.url(), func() bool {
-			h, _ := pp.engineHealthy(t, "http://"+net.JoinHostPort(fmt.Sprintf("127.0.0.%d", 21+indexOf(sims, s)), strconv.Itoa(port)))
-			return h
+	startGIE := func(name string) (url string, stop func()) {
+		gport, ghealth, gmetrics := freePort(t), freePort(t), freePort(t)
+		gp := startProc(t, name, []string{"KUBECONFIG=" + kubeconfig}, gieBin,
+			"--pool-name", "pool", "--pool-namespace", ns, "--pool-group", "inference.networking.k8s.io",
+			"--grpc-port", strconv.Itoa(gport), "--grpc-health-port", strconv.Itoa(ghealth), "--metrics-port", strconv.Itoa(gmetrics),
+			"--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", "--config-file", plugins, "--zap-encoder", "json")
+		waitFor(t, 60*time.Second, "GIE's epp to serve", func() bool {
+			conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(ghealth), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return false
+			}
+			defer conn.Close()
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			r, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
+			return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
 		})
+		conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(gport), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		srv := httptest.NewServer(&pickertest.Envoy{Client: pickertest.NewClient(conn), Upstream: pseudoHeaders{}})
+		// Before the run, GIE's own metrics must count the three pods
+		// ready (it flushes them every 5 s).
+		waitFor(t, 60*time.Second, "GIE's inference_pool_ready_pods to be 3", func() bool {
+			return strings.Contains(scrapeText("127.0.0.1:"+strconv.Itoa(gmetrics)), `inference_pool_ready_pods{name="pool"} 3`)
+		})
+		return srv.URL, func() { srv.Close(); conn.Close(); gp.kill() }
 	}
-	exa := run("exa", pp.envoy(t, false))
-	t.Logf("side by side, %d requests each: engine prefix-cache hit rate gie-epp %.1f%%, exa %.1f%%; TTFT p50 gie-epp %v, exa %v; mean gie-epp %v, exa %v",
-		requestsPerMode, 100*gie.hits/gie.queries, 100*exa.hits/exa.queries, gie.p50.Round(time.Millisecond), exa.p50.Round(time.Millisecond),
-		gie.mean.Round(time.Millisecond), exa.mean.Round(time.Millisecond))
+	startExa := func(name string) (url string, stop func()) {
+		pp := startPickerProc(t, name, filepath.Join(t.TempDir(), "routing.json"),
+			"--pool-name", "pool", "--pool-namespace", ns, "--pool-model", simModel, "--kubeconfig", kubeconfig,
+			"--secure-serving=false", "--grpc-health-port", strconv.Itoa(freePort(t)))
+		waitFor(t, 30*time.Second, "the exa picker to discover the pods", func() bool {
+			return len(pp.stats(t).Models[simModel].Replicas) == 3
+		})
+		for i := range sims {
+			addr := "http://" + net.JoinHostPort(fmt.Sprintf("127.0.0.%d", 21+i), strconv.Itoa(port))
+			waitFor(t, 20*time.Second, "exa picker to admit "+addr, func() bool { h, _ := pp.engineHealthy(t, addr); return h })
+		}
+		return pp.envoy(t, false), pp.p.kill
+	}
+
+	// Two cache sizes per engine: 2048 blocks (every prompt fits on every
+	// engine) and 64 blocks (the 24 prompts, ~22 blocks each, do not fit:
+	// placement decides the hits). Each run starts on restarted engines
+	// (empty caches) and a fresh picker.
+	for _, kv := range []int{2048, 64} {
+		restart(kv)
+		url, stop := startGIE(fmt.Sprintf("gie-epp-kv%d", kv))
+		gie := run(fmt.Sprintf("gie-epp kv=%d", kv), url)
+		stop()
+		restart(kv)
+		url, stop = startExa(fmt.Sprintf("exa-picker-kv%d", kv))
+		exa := run(fmt.Sprintf("exa kv=%d", kv), url)
+		stop()
+		t.Logf("side by side, kv %d blocks/engine, %d requests each: engine prefix-cache hit rate gie-epp %.1f%%, exa %.1f%%; TTFT p50 gie-epp %v, exa %v; p90 gie-epp %v, exa %v; mean gie-epp %v, exa %v",
+			kv, requestsPerMode, 100*gie.hits/gie.queries, 100*exa.hits/exa.queries, gie.p50.Round(time.Millisecond), exa.p50.Round(time.Millisecond),
+			gie.p90.Round(time.Millisecond), exa.p90.Round(time.Millisecond), gie.mean.Round(time.Millisecond), exa.mean.Round(time.Millisecond))
+	}
+}
+
+// pseudoHeaders applies the HTTP/2 pseudo-headers an external processor
+// sets (GIE's epp sets :path), as Envoy does, before sending the request
+// upstream: :path becomes the URL's path and query, :authority its host;
+// others are dropped. pickertest.Envoy would otherwise send them as header
+// fields, which net/http refuses.
+type pseudoHeaders struct{}
+
+func (pseudoHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for name, vv := range r.Header {
+		if !strings.HasPrefix(name, ":") {
+			continue
+		}
+		delete(r.Header, name)
+		switch strings.ToLower(name) {
+		case ":path":
+			u, err := r.URL.Parse(vv[0])
+			if err != nil {
+				return nil, err
+			}
+			r.URL.Path, r.URL.RawPath, r.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+		case ":authority":
+			r.Host = vv[0]
+		}
+	}
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // scrapeText returns the /metrics page at addr over HTTP, else HTTPS
@@ -204,13 +254,4 @@ func scrapeText(addr string) string {
 		}
 	}
 	return ""
-}
-
-func indexOf(sims []*sim, s *sim) int {
-	for i, x := range sims {
-		if x == s {
-			return i
-		}
-	}
-	return -1
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/internal/k8stest"
+	"github.com/examlops/gateway/picker/pickertest"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -235,7 +236,7 @@ func pickChatNoFail(url string, body []byte) picked {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return picked{status: resp.StatusCode, endpoint: resp.Header.Get("X-Pickertest-Endpoint"), body: b}
+	return picked{status: resp.StatusCode, endpoint: resp.Header.Get(pickertest.HeaderEndpoint), picked: resp.Header.Get(pickertest.HeaderPicked), body: b}
 }
 
 // running is the engine's requests running plus waiting (its /metrics).
