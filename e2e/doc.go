@@ -38,6 +38,18 @@
 //   - TestAddedLatency: direct, through the gateway and through a bare
 //     httputil.ReverseProxy, taking turns at a steady rate; logs p50, p90
 //     and p99 (EXA_E2E_LATENCY_N, EXA_E2E_LATENCY_RATE tune it).
+//   - TestKubernetesPicker (k8s_test.go): a real kube-apiserver and etcd
+//     (envtest; e2e/k8s/install.sh) with GIE's InferencePool CRD; `exa
+//     serve picker --pool-name` and `exa serve gateway --pool-name`
+//     follow pods created, made unready and deleted while requests flow
+//     through both: none may fail. Pod IPs are loopback addresses relayed
+//     to the engines. Then a picker started with GIE's chart arguments.
+//     Skips when the control plane binaries are absent.
+//   - TestGIESideBySide (gie_side_test.go): the same workload through
+//     GIE's own endpoint picker v1.5.0 and `exa serve picker`, each
+//     discovering the same pool; engines' prefix-cache hits and TTFT per
+//     picker (docs/results.md). Skips without GIE's epp
+//     (e2e/k8s/install-gie-epp.sh).
 //
 // run.sh reads EXA_E2E_BIN (where to put the binaries, default
 // $TMPDIR/exa-e2e-bin); the tests read EXA_E2E_SIM and EXA_E2E_EXA, which

@@ -31,6 +31,7 @@ type gatewayFlags struct {
 	otlpInsecure                      bool
 	otlpSampleRatio                   float64
 	upstreamStream                    bool
+	disc                              discoveryFlags
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -103,11 +104,15 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
+	fl.disc.register(f)
 	return cmd
 }
 
 func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err := fl.validate(); err != nil {
+		return err
+	}
+	if err := fl.disc.validate(); err != nil {
 		return err
 	}
 	timeouts := map[string]*time.Duration{"first-byte-timeout": &fl.firstByteTimeout, "response-timeout": &fl.responseTimeout}
@@ -144,18 +149,31 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if !fl.upstreamStream {
 		upstream = httpgw.UpstreamStreamOff
 	}
-	srv, err := fl.newServer("gateway", path, logger, httpgw.Options{
+	srvPath := path
+	if fl.disc.enabled() {
+		srvPath = "" // discovery reads the file and applies it with the replicas
+	}
+	o := httpgw.Options{
 		FirstByteTimeout: fl.firstByteTimeout,
 		ResponseTimeout:  fl.responseTimeout,
 		Transport:        engineClient,
 		CORSOrigins:      fl.corsOrigins,
 		UpstreamStream:   upstream,
-	})
+	}
+	reg := fl.disc.metrics(&o)
+	srv, err := fl.newServer("gateway", srvPath, logger, o)
 	if err != nil {
 		return err
 	}
 	defer fl.cleanup()
 	defer srv.Close() // idle engine connections
+	if fl.disc.enabled() {
+		_, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
+		if err != nil {
+			return err
+		}
+		defer stopDisc()
+	}
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
 		return err
@@ -181,7 +199,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		defer cancel()
 		_ = stopTracing(ctx)
 	}()
-	front, err := newFrontServer(fl.httpServer, tracing.Handler(srv, tp), logger, defaultFrontLimits)
+	front, err := newFrontServer(fl.httpServer, tracing.Handler(logRequests(srv, logger), tp), logger, defaultFrontLimits)
 	if err != nil {
 		ln.Close()
 		return err

@@ -37,6 +37,9 @@ type pickerFlags struct {
 	maxBuffered                     int64
 	maxStreams                      uint32
 	maxConnAge, maxConnAgeGrace     time.Duration
+	disc                            discoveryFlags
+	gie                             gieFlags
+	gieConfigIgnored                bool
 }
 
 // newPickerCmd returns the `exa serve picker` command.
@@ -78,6 +81,9 @@ from a Go client.`,
   exa serve picker --listen 0.0.0.0:9002 --tls-self-signed`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fl.gie.apply(cmd, &fl); err != nil {
+				return err
+			}
 			for _, f := range []string{"tls-cert", "tls-key"} {
 				if fl.tlsSelfSigned && cmd.Flags().Changed(f) {
 					return usagef("--%s and --tls-self-signed cannot be used together", f)
@@ -116,11 +122,16 @@ from a Go client.`,
 	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
 		"serve TLS with a self-signed certificate made at start (ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification")
+	fl.disc.register(f)
+	fl.gie.register(f)
 	return cmd
 }
 
 func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err := fl.validate(); err != nil {
+		return err
+	}
+	if err := fl.disc.validate(); err != nil {
 		return err
 	}
 	if fl.maxBody > 1<<30 {
@@ -156,14 +167,33 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := fl.newServer("picker", path, logger, httpgw.Options{Registerer: reg, Gatherer: reg})
+	fl.logIgnored(logger)
+	srvPath := path
+	if fl.disc.enabled() {
+		srvPath = "" // discovery reads the file and applies it with the replicas
+	}
+	var o httpgw.Options
+	reg := fl.disc.metrics(&o)
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		o.Registerer, o.Gatherer = reg, reg
+	}
+	srv, err := fl.newServer("picker", srvPath, logger, o)
 	if err != nil {
 		return err
 	}
 	defer fl.cleanup()
 	defer srv.Close()
+	ready := func() bool { return true }
+	if fl.disc.enabled() {
+		disc, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
+		if err != nil {
+			return err
+		}
+		defer stopDisc()
+		ready = disc.Synced
+	}
 	router, err := srv.Picker(httpgw.PickerOptions{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove})
 	if err != nil {
 		return err
@@ -189,6 +219,18 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err != nil {
 		return usagef("invalid --listen %q: %v", fl.listen, err)
 	}
+	healthAddr := "none"
+	stopHealth := func() {}
+	if fl.gie.grpcHealthPort > 0 {
+		hln, err := net.Listen("tcp", net.JoinHostPort("", fmt.Sprint(fl.gie.grpcHealthPort)))
+		if err != nil {
+			ln.Close()
+			return usagef("invalid --grpc-health-port %q: %v", fmt.Sprint(fl.gie.grpcHealthPort), err)
+		}
+		hg, down := healthPort(hln, ready)
+		defer hg.Stop()
+		stopHealth, healthAddr = down, hln.Addr().String()
+	}
 	var admin *http.Server
 	var adminLn net.Listener
 	if fl.adminListen != "" {
@@ -205,6 +247,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	gopts := append(picker.GRPCOptions(picker.GRPCLimits{MaxConcurrentStreams: fl.maxStreams,
 		MaxConnectionAge: fl.maxConnAge, MaxConnectionAgeGrace: fl.maxConnAgeGrace}),
 		grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20)))
+	if ic := logStreams(logger); ic != nil {
+		gopts = append(gopts, grpc.StreamInterceptor(ic))
+	}
 	security := "plaintext"
 	if tlsSrc != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(picker.TLSConfig(tlsSrc.get))))
@@ -235,6 +280,12 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC, %s), admin %s (config %s, %d models)\n",
 		ln.Addr(), security, adminURL, path, len(srv.Stats().Models))
+	if fl.disc.enabled() {
+		fmt.Fprintf(cmd.OutOrStdout(), "exa: picker discovering replicas (pool %q, service %q, namespace %q), gRPC health on %s\n",
+			fl.disc.poolName, fl.disc.service, fl.disc.namespace(), healthAddr)
+	} else if healthAddr != "none" {
+		fmt.Fprintf(cmd.OutOrStdout(), "exa: picker gRPC health on %s\n", healthAddr)
+	}
 	select {
 	case err := <-serveErr:
 		g.Stop()
@@ -243,6 +294,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	logger.Info("shutting down", "grace", fl.shutdownGrace)
 	pk.SetServing(false)
+	stopHealth()
 	done := make(chan struct{})
 	go func() { g.GracefulStop(); close(done) }()
 	select {

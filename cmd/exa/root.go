@@ -51,6 +51,7 @@ func groupArgs(*cobra.Command, []string) error { return nil }
 func init() {
 	rootCmd.SetFlagErrorFunc(flagError)
 	rootCmd.CompletionOptions.HiddenDefaultCmd = false
+	rootCmd.Version = buildVersion()
 	routingCmd.PersistentFlags().StringVar(&configFlag, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
 	serveCmd.AddCommand(routingCmd)
 	rootCmd.AddCommand(serveCmd)

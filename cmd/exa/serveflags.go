@@ -26,7 +26,7 @@ type serveFlags struct {
 	ejectAfter, readmitAfter, blockSize int
 	maxBody                             int64
 	shutdownGrace, ejectionTime         time.Duration
-	pprofListen, logLevel               string
+	pprofListen, logLevel, logFormat    string
 	peerTokenFile                       string
 	admission                           gateway.Admission // --shed-*
 	// removeStatus removes the process's reload status file (see
@@ -65,6 +65,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 		"admission control: load older than this counts as no room, unless every replica's is (fail open); default 3 scrape intervals")
 	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
 		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
+	f.StringVar(&s.logFormat, "log-format", "text", "log format: text or json (one JSON object per line)")
 }
 
 // validate returns a usage error naming the first invalid shared flag and
@@ -112,6 +113,9 @@ func (s *serveFlags) validate() error {
 			return usagef("invalid --peer-token-file %q: %v", s.peerTokenFile, err)
 		}
 	}
+	if s.logFormat != "text" && s.logFormat != "json" {
+		return usagef("invalid --log-format %q: want text or json", s.logFormat)
+	}
 	return nil
 }
 
@@ -127,7 +131,11 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(s.logLevel)) // validated
-	return path, slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), nil
+	ho := &slog.HandlerOptions{Level: level}
+	if s.logFormat == "json" {
+		return path, slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return path, slog.New(slog.NewTextHandler(w, ho)), nil
 }
 
 // newServer warns when the configuration file at path does not exist yet,
@@ -135,7 +143,7 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 // command (gateway or picker) names the process in its reload status
 // file, which the caller removes with s.cleanup when it exits.
 func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); path != "" && errors.Is(err, fs.ErrNotExist) {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
 	o.ConfigPath = path

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/examlops/gateway/config"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"sigs.k8s.io/yaml"
+)
+
+// gieFlags are GIE's endpoint-picker flags (cmd/epp v1.5.0,
+// pkg/epp/server/options.go) that `exa serve picker` accepts, so the
+// picker can replace GIE's in GIE's InferencePool chart. With --pool-name
+// set ("GIE mode") the ports, TLS and probes default as GIE's do.
+type gieFlags struct {
+	grpcPort, grpcHealthPort, metricsPort int
+	secureServing                         bool
+	certPath, configFile                  string
+	zapEncoder                            string
+	verbosity                             int
+	bools                                 map[string]*bool
+}
+
+// GIE's defaults (v1.5.0 pkg/epp/server/options.go NewOptions).
+const (
+	gieGRPCPort       = 9002
+	gieGRPCHealthPort = 9003
+	gieMetricsPort    = 9090
+)
+
+// gieUnsupported are GIE endpoint-picker flags that have no counterpart
+// here: setting one is a usage error saying why (rather than cobra's
+// "unknown flag").
+var gieUnsupported = map[string]string{
+	"endpoint-selector":                "discovery is from an InferencePool (--pool-name) or a Service (--service)",
+	"endpoint-target-ports":            "the ports come from the InferencePool's targetPorts",
+	"config-text":                      "GIE plugin configurations do not apply; routing comes from --config",
+	"model-server-metrics-scheme":      "engines' /metrics are scraped over their replica address",
+	"model-server-metrics-path":        "engines' /metrics path is fixed",
+	"model-server-metrics-port":        "engines' /metrics are scraped on their serving port",
+	"refresh-metrics-interval":         "use --scrape-interval",
+	"total-queued-requests-metric":     "the engine metrics read are fixed (vLLM and SGLang names)",
+	"total-running-requests-metric":    "the engine metrics read are fixed (vLLM and SGLang names)",
+	"kv-cache-usage-percentage-metric": "the engine metrics read are fixed (vLLM and SGLang names)",
+	"lora-info-metric":                 "LoRA adapters are discovered from GET /v1/models",
+	"cache-info-metric":                "cache capacity comes from the configuration",
+}
+
+// gieBools are GIE's boolean flags accepted only with the value that
+// matches this picker's behaviour; the other value is a usage error.
+var gieBools = map[string]struct {
+	ok  bool
+	why string
+}{
+	"ha-enable-leader-election":      {false, "leader election is not implemented; run one picker replica"},
+	"enable-cert-reload":             {true, "certificates in --cert-path are always re-read every --reload-interval"},
+	"disable-endpoint-subset-filter": {false, "the subset filter is always honoured"},
+	"health-checking":                {true, "engines are always health-checked (--probe-interval)"},
+	"enable-pprof":                   {false, "use --pprof-listen to serve profiles"},
+	"tracing":                        {false, "tracing is not implemented"},
+	"metrics-endpoint-auth":          {false, "metrics authentication is not implemented"},
+}
+
+// register declares GIE's flags on f.
+func (g *gieFlags) register(f *pflag.FlagSet) {
+	f.IntVar(&g.grpcPort, "grpc-port", gieGRPCPort, "GIE: ext_proc gRPC port on all interfaces (same as --listen :PORT; the default applies with --pool-name)")
+	f.IntVar(&g.grpcHealthPort, "grpc-health-port", gieGRPCHealthPort, "GIE: port of the gRPC health service (services inference-extension, liveness, readiness) on all interfaces; on with --pool-name or when set, 0 = none")
+	f.IntVar(&g.metricsPort, "metrics-port", gieMetricsPort, "GIE: port of /metrics, /stats and /healthz on all interfaces (same as --admin-listen :PORT; the default applies with --pool-name)")
+	f.BoolVar(&g.secureServing, "secure-serving", true, "GIE: serve ext_proc over TLS (--cert-path, else a self-signed certificate); applies with --pool-name or when set")
+	f.StringVar(&g.certPath, "cert-path", "", "GIE: directory holding tls.crt and tls.key for --secure-serving (re-read every --reload-interval)")
+	f.StringVar(&g.configFile, "config-file", "", "GIE: a routing configuration (as --config), or GIE's EndpointPickerConfig, whose plugins are ignored (logged)")
+	f.StringVar(&g.zapEncoder, "zap-encoder", "", "GIE: log encoding, json or console (same as --log-format)")
+	f.IntVarP(&g.verbosity, "v", "v", 0, "GIE: log verbosity; 4 or more logs at debug (same as --log-level debug)")
+	g.bools = map[string]*bool{}
+	for name, b := range gieBools {
+		g.bools[name] = f.Bool(name, b.ok, fmt.Sprintf("GIE flag; only %v is supported", b.ok))
+		_ = f.MarkHidden(name)
+	}
+	for name := range gieUnsupported {
+		f.String(name, "", "GIE flag, not supported")
+		_ = f.MarkHidden(name)
+	}
+}
+
+// apply translates the GIE flags set (or, in GIE mode, defaulted) into
+// the picker's own flags. It returns a usage error for unsupported flags
+// and conflicts.
+func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
+	f := cmd.Flags()
+	for name, why := range gieUnsupported {
+		if f.Changed(name) {
+			return usagef("--%s (a GIE endpoint-picker flag) is not supported: %s", name, why)
+		}
+	}
+	for name, b := range gieBools {
+		if v := *g.bools[name]; v != b.ok {
+			return usagef("invalid --%s %q (a GIE endpoint-picker flag): only %v is supported: %s", name, fmt.Sprint(v), b.ok, b.why)
+		}
+	}
+	gie := fl.disc.poolName != ""
+	for _, p := range []struct {
+		gieName, own string
+		v            int
+		dst          *string
+	}{{"grpc-port", "listen", g.grpcPort, &fl.listen}, {"metrics-port", "admin-listen", g.metricsPort, &fl.adminListen}} {
+		if p.v < 0 || p.v > 65535 {
+			return usagef("invalid --%s %q: want a port, 0-65535", p.gieName, fmt.Sprint(p.v))
+		}
+		if f.Changed(p.gieName) && f.Changed(p.own) {
+			return usagef("invalid --%s %q: --%s is set too; use one", p.gieName, fmt.Sprint(p.v), p.own)
+		}
+		if f.Changed(p.gieName) || (gie && !f.Changed(p.own)) {
+			*p.dst = net.JoinHostPort("", strconv.Itoa(p.v))
+		}
+	}
+	if g.grpcHealthPort < 0 || g.grpcHealthPort > 65535 {
+		return usagef("invalid --grpc-health-port %q: want a port, 0-65535", fmt.Sprint(g.grpcHealthPort))
+	}
+	if !gie && !f.Changed("grpc-health-port") {
+		g.grpcHealthPort = 0
+	}
+	tlsOwn := f.Changed("tls-cert") || f.Changed("tls-key") || f.Changed("tls-self-signed")
+	if tlsOwn && (f.Changed("secure-serving") || f.Changed("cert-path")) {
+		return usagef("--secure-serving/--cert-path and --tls-cert/--tls-key/--tls-self-signed cannot be used together")
+	}
+	if !tlsOwn && (gie || f.Changed("secure-serving") || f.Changed("cert-path")) {
+		switch {
+		case !g.secureServing && f.Changed("cert-path"):
+			return usagef("invalid --cert-path %q: --secure-serving is false", g.certPath)
+		case !g.secureServing:
+		case g.certPath != "":
+			fl.tlsCert, fl.tlsKey = filepath.Join(g.certPath, "tls.crt"), filepath.Join(g.certPath, "tls.key")
+		default:
+			fl.tlsSelfSigned = true
+		}
+	}
+	switch g.zapEncoder {
+	case "":
+	case "json", "console":
+		if f.Changed("log-format") {
+			return usagef("invalid --zap-encoder %q: --log-format is set too; use one", g.zapEncoder)
+		}
+		fl.logFormat = map[string]string{"json": "json", "console": "text"}[g.zapEncoder]
+	default:
+		return usagef("invalid --zap-encoder %q: want json or console", g.zapEncoder)
+	}
+	if f.Changed("v") && !f.Changed("log-level") && g.verbosity >= 4 {
+		fl.logLevel = "debug"
+	}
+	if g.configFile != "" {
+		if f.Changed("config") {
+			return usagef("invalid --config-file %q: --config is set too; use one", g.configFile)
+		}
+		own, err := routingOrGIEConfig(g.configFile)
+		if err != nil {
+			return err
+		}
+		if own {
+			fl.config = g.configFile
+		} else {
+			fl.gieConfigIgnored = true // logged by logIgnored
+		}
+	}
+	return nil
+}
+
+// routingOrGIEConfig reports whether the file at path is a routing
+// configuration (true) or GIE's EndpointPickerConfig (false); anything
+// else is a usage error naming the file.
+func routingOrGIEConfig(path string) (bool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, usagef("invalid --config-file %q: %v", path, err)
+	}
+	return classifyConfig(path, data)
+}
+
+// classifyConfig is routingOrGIEConfig on the file's bytes.
+func classifyConfig(path string, data []byte) (bool, error) {
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' && json.Valid(t) {
+		if _, err := config.Decode(path, data); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(data, &head); err != nil || head.Kind != "EndpointPickerConfig" {
+		return false, usagef("invalid --config-file %q: neither a routing configuration (JSON) nor GIE's EndpointPickerConfig (kind %q)", path, head.Kind)
+	}
+	return false, nil
+}
+
+// healthServices are the gRPC health services the health port answers:
+// GIE's chart probes inference-extension (one replica) or liveness and
+// readiness; "" and the ext_proc service are the overall status.
+var healthServices = []string{"", "inference-extension", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName}
+
+// healthPort serves grpc.health.v1.Health on ln (plaintext, as the kubelet
+// probes it): liveness SERVING at once, the others once ready() reports
+// true, polled on every check. It returns the server to stop and a
+// function marking every service NOT_SERVING (at shutdown).
+func healthPort(ln net.Listener, ready func() bool) (*grpc.Server, func()) {
+	hs := &readyHealth{Server: health.NewServer(), ready: ready}
+	hs.Server.SetServingStatus("liveness", healthpb.HealthCheckResponse_SERVING)
+	g := grpc.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	go func() { _ = g.Serve(ln) }()
+	return g, func() { hs.down.Store(true); hs.Server.Shutdown() }
+}
+
+// readyHealth answers the readiness services by ready() and otherwise as
+// the wrapped health server.
+type readyHealth struct {
+	*health.Server
+	ready func() bool
+	down  atomic.Bool
+}
+
+// Check answers SERVING for a known service when ready (liveness: always
+// until shutdown), NOT_SERVING otherwise, and NotFound for other services.
+func (h *readyHealth) Check(ctx context.Context, in *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	known := false
+	for _, s := range healthServices {
+		known = known || s == in.Service
+	}
+	if !known {
+		return h.Server.Check(ctx, in) // NotFound
+	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if !h.down.Load() && (in.Service == "liveness" || h.ready()) {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	return &healthpb.HealthCheckResponse{Status: st}, nil
+}
+
+// logIgnored logs what GIE mode ignores.
+func (fl *pickerFlags) logIgnored(logger *slog.Logger) {
+	if fl.gieConfigIgnored {
+		logger.Warn("GIE EndpointPickerConfig given with --config-file: its plugins are ignored; routing comes from the routing configuration and --pool-model",
+			"file", fl.gie.configFile)
+	}
+}

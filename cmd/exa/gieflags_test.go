@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// GIE's endpoint-picker flags without a counterpart, or with a value this
+// picker does not implement, are usage errors saying so.
+func TestPickerGIEBadFlags(t *testing.T) {
+	gieCfg := filepath.Join(t.TempDir(), "epp.yaml")
+	require.NoError(t, os.WriteFile(gieCfg, []byte("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins: []\n"), 0o600))
+	junk := filepath.Join(t.TempDir(), "junk.yaml")
+	require.NoError(t, os.WriteFile(junk, []byte("kind: Deployment\n"), 0o600))
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ha-enable-leader-election"}, `invalid --ha-enable-leader-election "true" (a GIE endpoint-picker flag): only false is supported`},
+		{[]string{"--tracing=true"}, `invalid --tracing "true"`},
+		{[]string{"--metrics-endpoint-auth=true"}, `invalid --metrics-endpoint-auth "true"`},
+		{[]string{"--endpoint-selector", "app=x"}, `--endpoint-selector (a GIE endpoint-picker flag) is not supported`},
+		{[]string{"--total-queued-requests-metric", "x"}, `--total-queued-requests-metric (a GIE endpoint-picker flag) is not supported`},
+		{[]string{"--pool-group", "inference.networking.x-k8s.io"}, `invalid --pool-group "inference.networking.x-k8s.io": only inference.networking.k8s.io`},
+		{[]string{"--pool-name", "p", "--service", "s"}, `invalid --service "s": --pool-name "p" is set`},
+		{[]string{"--pool-model", " m"}, `invalid --pool-model " m"`},
+		{[]string{"--grpc-port", "70000"}, `invalid --grpc-port "70000": want a port`},
+		{[]string{"--grpc-health-port", "-1"}, `invalid --grpc-health-port "-1": want a port`},
+		{[]string{"--grpc-port", "9002", "--listen", "127.0.0.1:0"}, `invalid --grpc-port "9002": --listen is set too`},
+		{[]string{"--secure-serving=false", "--cert-path", "/x"}, `invalid --cert-path "/x": --secure-serving is false`},
+		{[]string{"--cert-path", "/x", "--tls-self-signed"}, `--secure-serving/--cert-path and --tls-cert/--tls-key/--tls-self-signed cannot be used together`},
+		{[]string{"--zap-encoder", "yaml"}, `invalid --zap-encoder "yaml": want json or console`},
+		{[]string{"--log-format", "xml"}, `invalid --log-format "xml": want text or json`},
+		{[]string{"--config-file", junk}, `invalid --config-file "` + junk + `": neither a routing configuration (JSON) nor GIE's EndpointPickerConfig (kind "Deployment")`},
+		{[]string{"--config-file", gieCfg, "--config", gieCfg}, `invalid --config-file "` + gieCfg + `": --config is set too`},
+		{[]string{"--pool-name", "p", "--kubeconfig", "/nonexistent/kubeconfig"}, `invalid --kubeconfig "/nonexistent/kubeconfig"`},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			args := append([]string{"serve", "picker", "--admin-listen", "", "--grpc-health-port", "0"}, tt.args...)
+			if !strings.Contains(strings.Join(tt.args, " "), "--listen") && !strings.Contains(strings.Join(tt.args, " "), "--grpc-port") {
+				args = append(args, "--listen", "127.0.0.1:0")
+			}
+			r := exa(t, newConfig(t), args...)
+			assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			assert.Contains(t, r.stderr, "exa: "+tt.want)
+		})
+	}
+}
+
+// freePort returns a loopback port free a moment ago.
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// healthStatus asks the gRPC health service at addr about service.
+func healthStatus(t *testing.T, addr, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return r.GetStatus(), err
+}
+
+// --grpc-health-port serves the health services GIE's chart probes, and
+// no others; GIE's flags --grpc-port and --zap-encoder work as --listen
+// and --log-format.
+func TestPickerHealthPort(t *testing.T) {
+	port := freePort(t)
+	addr, line := startPickerBin(t, "--grpc-health-port", fmt.Sprint(port), "--zap-encoder", "json")
+	assert.Contains(t, line, "(ext_proc gRPC, plaintext)")
+	require.NoError(t, healthCheck(t, addr, insecure.NewCredentials()))
+	hp := fmt.Sprintf("127.0.0.1:%d", port)
+	for _, s := range []string{"inference-extension", "liveness", "readiness", "", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		st, err := healthStatus(t, hp, s)
+		require.NoError(t, err, "service %q", s)
+		assert.Equal(t, healthpb.HealthCheckResponse_SERVING, st, "service %q", s)
+	}
+	_, err := healthStatus(t, hp, "nope")
+	assert.Equal(t, codes.NotFound, status.Code(err))
+}
+
+// `exa --version` prints the build's version; --log-format json logs one
+// JSON object per line.
+func TestVersionAndJSONLogs(t *testing.T) {
+	r := exa(t, newConfig(t), "--version")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `^exa version \S+ go\d`, r.stdout)
+	// The missing configuration file is warned about before the bad
+	// --listen fails the start.
+	r = exa(t, newConfig(t), "serve", "picker", "--log-format", "json", "--admin-listen", "", "--listen", "256.0.0.1:x")
+	require.Equal(t, 2, r.code)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.GreaterOrEqual(t, len(lines), 2, r.stderr)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &rec), "line %q", lines[0])
+	assert.Equal(t, "WARN", rec["level"])
+	assert.Contains(t, rec["msg"], "configuration file does not exist yet")
+}
+
+// The image's build (deploy/image/Dockerfile, .ko.yaml): a static binary
+// (CGO_ENABLED=0) whose --version prints the version set at link time.
+func TestStaticBuildVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("links a second exa binary; not with -short")
+	}
+	bin := filepath.Join(t.TempDir(), "exa-static")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=v9.8.7-test", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	assert.Regexp(t, `^exa version v9\.8\.7-test go\d`, string(out))
+}

@@ -1,0 +1,183 @@
+// Package charttest lints and renders the exa Helm chart (deploy/chart/exa)
+// with Helm's own Go packages (the code of `helm lint` and `helm
+// template`), and applies the rendered objects to a real kube-apiserver
+// (envtest, binaries from e2e/k8s/install.sh) with GIE's InferencePool CRD.
+// It is a module of its own so that Helm stays out of the library's go.mod.
+//
+//	cd deploy/chart/charttest && go test ./...
+package charttest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+const chartDir = "../exa"
+
+// values are the value sets the tests render: the picker for an
+// InferencePool it creates, and the gateway following a Service.
+var values = map[string]map[string]any{
+	"picker": {"mode": "picker", "models": []any{"llama"},
+		"pool":    map[string]any{"create": true, "selector": map[string]any{"app": "vllm"}, "targetPorts": []any{8000}},
+		"routing": map[string]any{"version": 1, "models": map[string]any{"llama": map[string]any{"mode": "cache_aware"}}}},
+	"gateway": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm", "port": "http"}},
+}
+
+// render renders the chart as `helm template exa deploy/chart/exa
+// --namespace llm` with vals, returning the manifests by file.
+func render(t *testing.T, vals map[string]any) map[string]string {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	require.NoError(t, err)
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm", IsInstall: true}, nil)
+	require.NoError(t, err)
+	out, err := engine.Render(ch, rv)
+	require.NoError(t, err)
+	return out
+}
+
+// objects decodes the rendered manifests into objects.
+func objects(t *testing.T, files map[string]string) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for name, text := range files {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader([]byte(text)), 4096)
+		for {
+			var m map[string]any
+			err := dec.Decode(&m)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err, "%s", name)
+			if len(m) == 0 {
+				continue
+			}
+			objs = append(objs, &unstructured.Unstructured{Object: m})
+		}
+	}
+	return objs
+}
+
+func TestChartLints(t *testing.T) {
+	for name, v := range values {
+		lr := lint.AllWithKubeVersion(chartDir, v, "llm", nil)
+		for _, m := range lr.Messages {
+			require.Less(t, m.Severity, support.WarningSev, "%s: %s", name, m)
+		}
+	}
+}
+
+func TestChartRenders(t *testing.T) {
+	kinds := func(vals map[string]any) map[string]*unstructured.Unstructured {
+		got := map[string]*unstructured.Unstructured{}
+		for _, o := range objects(t, render(t, vals)) {
+			got[o.GetKind()] = o
+		}
+		return got
+	}
+	p := kinds(values["picker"])
+	require.Contains(t, p, "InferencePool")
+	require.Contains(t, p, "ConfigMap")
+	c := p["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	require.Subset(t, c["args"], []any{"serve", "picker", "--pool-name=exa", "--pool-namespace=llm", "--pool-model=llama",
+		"--config=/etc/exa/routing.json", "--grpc-health-port=9003", "--secure-serving=true"})
+	require.Equal(t, "readiness", c["readinessProbe"].(map[string]any)["grpc"].(map[string]any)["service"])
+	g := kinds(values["gateway"])
+	require.NotContains(t, g, "InferencePool")
+	c = g["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	require.Subset(t, c["args"], []any{"serve", "gateway", "--service=vllm", "--service-port=http", "--listen=0.0.0.0:8080"})
+	// Bad values fail the render with a message.
+	ch, err := loader.Load(chartDir)
+	require.NoError(t, err)
+	rv, err := chartutil.ToRenderValues(ch, map[string]any{"mode": "proxy"}, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm"}, nil)
+	require.NoError(t, err)
+	_, err = engine.Render(ch, rv)
+	require.ErrorContains(t, err, `mode "proxy": want picker or gateway`)
+}
+
+// TestChartApplies creates every rendered object on a real API server
+// with GIE's CRDs: the InferencePool passes the CRD's validation, the
+// Deployment, Service and RBAC the API server's.
+func TestChartApplies(t *testing.T) {
+	assets := assetsDir(t)
+	crds := gieCRDs(t)
+	t.Setenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", envOr("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", "120s"))
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, name := range []string{"picker", "gateway"} {
+		ns := "ns-" + name
+		nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
+		require.NoError(t, c.Create(ctx, nsObj))
+		ch, err := loader.Load(chartDir)
+		require.NoError(t, err)
+		rv, err := chartutil.ToRenderValues(ch, values[name], chartutil.ReleaseOptions{Name: "exa", Namespace: ns, IsInstall: true}, nil)
+		require.NoError(t, err)
+		files, err := engine.Render(ch, rv)
+		require.NoError(t, err)
+		objs := objects(t, files)
+		require.NotEmpty(t, objs)
+		for _, o := range objs {
+			require.NoError(t, c.Create(ctx, o), "%s %s: %s", name, o.GetKind(), o.GetName())
+		}
+		t.Logf("%s: %d objects created", name, len(objs))
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// assetsDir is the kube-apiserver and etcd directory, as
+// internal/k8stest finds it; the test skips when they are absent.
+func assetsDir(t *testing.T) string {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		cache := os.Getenv("EXA_K8S_CACHE")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache", "exa-k8s")
+		}
+		dir = filepath.Join(cache, "bin")
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Skipf("skipping: no %s in %s: run e2e/k8s/install.sh", b, dir)
+		}
+	}
+	return dir
+}
+
+func gieCRDs(t *testing.T) string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
+	require.NoError(t, err)
+	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")
+}

@@ -1,0 +1,301 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+)
+
+// DefaultPoolGroup is the API group of the InferencePool kind, the only
+// one supported (as GIE v1.5.0's --pool-group default).
+const DefaultPoolGroup = giev1.GroupName
+
+// DefaultDebounce is how long a burst of events is coalesced before one
+// Apply, when Options.Debounce is 0.
+const DefaultDebounce = 50 * time.Millisecond
+
+// Applier receives the configurations discovery builds; *httpgw.Server
+// satisfies it.
+type Applier interface {
+	Apply(*config.File) error
+}
+
+// Options configure a [Discovery]. Config, Namespace and one of Pool and
+// Service are required.
+type Options struct {
+	// Config reaches the API server.
+	Config *rest.Config
+	// Namespace holds the pool or Service and its pods.
+	Namespace string
+	// Pool names an InferencePool whose pods are the replicas; "" when
+	// Service is used.
+	Pool string
+	// PoolGroup is the InferencePool's API group; "" means
+	// DefaultPoolGroup, the only one supported.
+	PoolGroup string
+	// Service names a Service whose ready EndpointSlice endpoints are the
+	// replicas; "" when Pool is used.
+	Service string
+	// ServicePort names the EndpointSlice port to use; "" means each
+	// slice's first port.
+	ServicePort string
+	// Models are the models the discovered replicas serve; nil means every
+	// model of the base configuration that is not disaggregated.
+	Models []string
+	// Template is the configuration of a model of Models that the base
+	// configuration does not define; its zero value is round-robin.
+	Template config.Model
+	// Base returns the configuration the replicas are merged into (the
+	// routing configuration file); nil means an empty one. An error keeps
+	// the running configuration.
+	Base func() (*config.File, error)
+	// Debounce is how long events are coalesced before an Apply; 0 means
+	// DefaultDebounce, negative means none.
+	Debounce time.Duration
+	// Logger logs applied changes and errors; nil discards.
+	Logger *slog.Logger
+}
+
+// Discovery watches an InferencePool and its pods, or a Service's
+// EndpointSlices, and applies the replicas they list. Its methods are safe
+// for concurrent use. Create it with [New] and start it with Run.
+type Discovery struct {
+	o      Options
+	apply  Applier
+	cache  cache.Cache
+	kick   chan struct{}
+	synced atomic.Bool
+
+	mu      sync.Mutex       // serialises rebuilds; guards last and lastRep
+	last    *config.File     // last applied configuration
+	lastRep []config.Replica // its discovered replicas
+	applied atomic.Int64     // count of Applies made
+}
+
+// New checks o and returns a Discovery that applies to apply.
+func New(o Options, apply Applier) (*Discovery, error) {
+	switch {
+	case o.Config == nil:
+		return nil, errors.New("k8s: no API server configuration")
+	case o.Namespace == "":
+		return nil, errors.New("k8s: invalid namespace \"\": must be set")
+	case (o.Pool == "") == (o.Service == ""):
+		return nil, fmt.Errorf("k8s: invalid pool %q and service %q: set exactly one", o.Pool, o.Service)
+	case apply == nil:
+		return nil, errors.New("k8s: nil Applier")
+	}
+	if o.PoolGroup == "" {
+		o.PoolGroup = DefaultPoolGroup
+	}
+	if o.PoolGroup != DefaultPoolGroup {
+		return nil, fmt.Errorf("k8s: invalid pool group %q: only %s (InferencePool v1) is supported", o.PoolGroup, DefaultPoolGroup)
+	}
+	for _, m := range o.Models {
+		if err := config.ValidateModelName(m); err != nil {
+			return nil, err
+		}
+	}
+	if o.Debounce == 0 {
+		o.Debounce = DefaultDebounce
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := giev1.Install(scheme); err != nil {
+		return nil, err
+	}
+	byObject := map[client.Object]cache.ByObject{}
+	if o.Service != "" {
+		byObject[&discoveryv1.EndpointSlice{}] = cache.ByObject{
+			Label: labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: o.Service})}
+	}
+	c, err := cache.New(o.Config, cache.Options{Scheme: scheme,
+		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
+		DefaultTransform:  cache.TransformStripManagedFields(),
+		ByObject:          byObject})
+	if err != nil {
+		return nil, fmt.Errorf("k8s: %w", err)
+	}
+	return &Discovery{o: o, apply: apply, cache: c, kick: make(chan struct{}, 1)}, nil
+}
+
+// Synced reports whether the watches have synced and the first
+// configuration was applied: a picker is ready then.
+func (d *Discovery) Synced() bool { return d.synced.Load() }
+
+// Replicas returns the replicas last applied (sorted by name); nil before
+// the first Apply.
+func (d *Discovery) Replicas() []config.Replica {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]config.Replica(nil), d.lastRep...)
+}
+
+// Applied returns how many configurations discovery has applied.
+func (d *Discovery) Applied() int64 { return d.applied.Load() }
+
+// Resync asks for the configuration to be rebuilt (for example when the
+// base file changed); it is applied only if it differs from the last.
+func (d *Discovery) Resync() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run watches until ctx ends, applying each change. It returns an error
+// when the watches cannot start or sync.
+func (d *Discovery) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	objs := []client.Object{&corev1.Pod{}, &giev1.InferencePool{}}
+	if d.o.Service != "" {
+		objs = []client.Object{&discoveryv1.EndpointSlice{}}
+	}
+	h := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { d.Resync() },
+		UpdateFunc: func(any, any) { d.Resync() },
+		DeleteFunc: func(any) { d.Resync() },
+	}
+	for _, o := range objs {
+		inf, err := d.cache.GetInformer(ctx, o)
+		if err != nil {
+			return fmt.Errorf("k8s: watch %T: %w", o, err)
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("k8s: watch %T: %w", o, err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- d.cache.Start(ctx) }()
+	if !d.cache.WaitForCacheSync(ctx) {
+		cancel()
+		if err := <-errc; err != nil {
+			return fmt.Errorf("k8s: watches did not sync: %w", err)
+		}
+		return fmt.Errorf("k8s: watches did not sync: %w", ctx.Err())
+	}
+	d.o.Logger.Info("k8s: watching", "namespace", d.o.Namespace, "pool", d.o.Pool, "service", d.o.Service)
+	d.rebuild(ctx)
+	var timer *time.Timer
+	for {
+		select {
+		case <-ctx.Done():
+			return <-errc
+		case <-d.kick:
+		}
+		if d.o.Debounce > 0 {
+			// Coalesce the burst: events arriving meanwhile refill kick,
+			// which the next rebuild's read of the cache covers.
+			if timer == nil {
+				timer = time.NewTimer(d.o.Debounce)
+			} else {
+				timer.Reset(d.o.Debounce)
+			}
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return <-errc
+			case <-timer.C:
+			}
+			select {
+			case <-d.kick:
+			default:
+			}
+		}
+		d.rebuild(ctx)
+	}
+}
+
+// rebuild reads the caches and the base configuration and applies the
+// result when it differs from the last applied one.
+// Rebuilds are serialised, so an older view is never applied after a
+// newer one.
+func (d *Discovery) rebuild(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	reps, ok := d.discover(ctx)
+	if !ok {
+		return
+	}
+	var base *config.File
+	if d.o.Base != nil {
+		b, err := d.o.Base()
+		if err != nil {
+			d.o.Logger.Error("k8s: reading the base configuration failed; keeping the running configuration", "err", err)
+			return
+		}
+		base = b
+	}
+	if len(reps) > gateway.MaxReplicas {
+		d.o.Logger.Error("k8s: more replicas than a model may have; keeping the first", "replicas", len(reps), "max", gateway.MaxReplicas)
+		reps = reps[:gateway.MaxReplicas]
+	}
+	next := Merge(base, d.o.Models, d.o.Template, reps)
+	if d.last != nil && reflect.DeepEqual(d.last, next) {
+		d.synced.Store(true)
+		return
+	}
+	if err := d.apply.Apply(next); err != nil {
+		d.o.Logger.Error("k8s: applying the discovered replicas failed; keeping the running configuration", "err", err, "replicas", len(reps))
+		return
+	}
+	d.applied.Add(1)
+	d.o.Logger.Info("k8s: replicas applied", "replicas", len(reps), "models", len(next.Models))
+	d.last, d.lastRep = next, reps
+	d.synced.Store(true)
+}
+
+// discover lists the replicas from the caches; false when the source is
+// missing or unreadable (the running configuration is kept).
+func (d *Discovery) discover(ctx context.Context) ([]config.Replica, bool) {
+	if d.o.Service != "" {
+		var list discoveryv1.EndpointSliceList
+		if err := d.cache.List(ctx, &list, client.InNamespace(d.o.Namespace),
+			client.MatchingLabels{discoveryv1.LabelServiceName: d.o.Service}); err != nil {
+			d.o.Logger.Error("k8s: listing EndpointSlices failed", "err", err)
+			return nil, false
+		}
+		return SliceReplicas(list.Items, d.o.ServicePort), true
+	}
+	var pool giev1.InferencePool
+	if err := d.cache.Get(ctx, types.NamespacedName{Namespace: d.o.Namespace, Name: d.o.Pool}, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			d.o.Logger.Warn("k8s: InferencePool not found; keeping the running configuration", "namespace", d.o.Namespace, "pool", d.o.Pool)
+		} else {
+			d.o.Logger.Error("k8s: reading the InferencePool failed", "err", err)
+		}
+		return nil, false
+	}
+	var pods corev1.PodList
+	if err := d.cache.List(ctx, &pods, client.InNamespace(d.o.Namespace),
+		client.MatchingLabelsSelector{Selector: PoolSelector(&pool)}); err != nil {
+		d.o.Logger.Error("k8s: listing pods failed", "err", err)
+		return nil, false
+	}
+	return PoolReplicas(&pool, pods.Items), true
+}

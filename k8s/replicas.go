@@ -1,0 +1,162 @@
+package k8s
+
+import (
+	"net"
+	"slices"
+	"strconv"
+
+	"github.com/examlops/gateway/config"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+)
+
+// PodReady reports whether a pod can take requests: not being deleted,
+// condition Ready true and a pod IP, as GIE's IsPodReady (v1.5.0,
+// pkg/epp/util/pod/pod.go) plus the IP a replica address needs.
+func PodReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PoolSelector returns the label selector of a pool's spec.selector. An
+// empty selector selects nothing (the CRD requires at least one label).
+func PoolSelector(pool *giev1.InferencePool) labels.Selector {
+	set := make(labels.Set, len(pool.Spec.Selector.MatchLabels))
+	for k, v := range pool.Spec.Selector.MatchLabels {
+		set[string(k)] = string(v)
+	}
+	if len(set) == 0 {
+		return labels.Nothing()
+	}
+	return labels.SelectorFromSet(set)
+}
+
+// PoolReplicas returns the replicas of a pool: for each ready pod in the
+// pool's namespace matching its selector, one replica per target port,
+// named after the pod (POD-rank-I when the pool has several target ports,
+// as GIE names its endpoints) with address http://POD_IP:PORT. The list
+// is sorted by name. pods may hold pods of other namespaces or labels;
+// they are skipped.
+func PoolReplicas(pool *giev1.InferencePool, pods []corev1.Pod) []config.Replica {
+	sel := PoolSelector(pool)
+	var out []config.Replica
+	for i := range pods {
+		p := &pods[i]
+		if p.Namespace != pool.Namespace || !sel.Matches(labels.Set(p.Labels)) || !PodReady(p) {
+			continue
+		}
+		for idx, port := range pool.Spec.TargetPorts {
+			name := p.Name
+			if len(pool.Spec.TargetPorts) > 1 {
+				name += "-rank-" + strconv.Itoa(idx)
+			}
+			out = append(out, config.Replica{Name: name, Address: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port.Number)))})
+		}
+	}
+	sortReplicas(out)
+	return out
+}
+
+// SliceReplicas returns the replicas of a Service's EndpointSlices: every
+// ready endpoint (conditions.ready unset or true, not terminating) on the
+// port named port ("" = each slice's first port), named after its target
+// pod (else its address) and deduplicated by name, sorted by name. Slices
+// of the FQDN address type are skipped (the picker needs IPs).
+func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.Replica {
+	seen := map[string]bool{}
+	var out []config.Replica
+	for i := range slicesIn {
+		s := &slicesIn[i]
+		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		pnum := slicePort(s, port)
+		if pnum == 0 {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if len(ep.Addresses) == 0 || (ep.Conditions.Ready != nil && !*ep.Conditions.Ready) ||
+				(ep.Conditions.Terminating != nil && *ep.Conditions.Terminating) {
+				continue
+			}
+			name := ep.Addresses[0]
+			if ep.TargetRef != nil && ep.TargetRef.Name != "" {
+				name = ep.TargetRef.Name
+			}
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			out = append(out, config.Replica{Name: name, Address: "http://" + net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(pnum)))})
+		}
+	}
+	sortReplicas(out)
+	return out
+}
+
+// slicePort returns the number of the slice's port named name ("" = its
+// first port), or 0 when it has none.
+func slicePort(s *discoveryv1.EndpointSlice, name string) int32 {
+	for _, p := range s.Ports {
+		if p.Port == nil {
+			continue
+		}
+		if name == "" || (p.Name != nil && *p.Name == name) {
+			return *p.Port
+		}
+	}
+	return 0
+}
+
+func sortReplicas(rs []config.Replica) {
+	slices.SortFunc(rs, func(a, b config.Replica) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+}
+
+// Merge returns a copy of base in which every model of models has reps as
+// its replicas; models nil means every model of base that is not
+// disaggregated. A model of models absent from base is added as template.
+// Disaggregated models are left as base has them (their pools are not
+// discovered). base is not changed; nil is an empty configuration.
+func Merge(base *config.File, models []string, template config.Model, reps []config.Replica) *config.File {
+	var out *config.File
+	if base == nil {
+		out = &config.File{Version: config.Version}
+	} else {
+		out = base.Clone()
+	}
+	if out.Models == nil {
+		out.Models = map[string]config.Model{}
+	}
+	if models == nil {
+		models = out.Names()
+	}
+	for _, name := range models {
+		m, ok := out.Models[name]
+		if !ok {
+			m = template.Clone()
+		}
+		if m.Disaggregate {
+			continue
+		}
+		m.Replicas = slices.Clone(reps)
+		out.Models[name] = m
+	}
+	return out
+}

@@ -1,0 +1,110 @@
+package k8s
+
+import (
+	"testing"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+)
+
+func testPool(ports ...int32) *giev1.InferencePool {
+	p := &giev1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: "ns"}}
+	p.Spec.Selector.MatchLabels = map[giev1.LabelKey]giev1.LabelValue{"app": "sim"}
+	for _, n := range ports {
+		p.Spec.TargetPorts = append(p.Spec.TargetPorts, giev1.Port{Number: giev1.PortNumber(n)})
+	}
+	return p
+}
+
+func testPod(name, ns, app, ip string, ready bool) corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
+		Status: corev1.PodStatus{PodIP: ip, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}}}
+}
+
+func TestPoolReplicas(t *testing.T) {
+	now := metav1.Now()
+	deleting := testPod("d", "ns", "sim", "10.0.0.9", true)
+	deleting.DeletionTimestamp = &now
+	pods := []corev1.Pod{
+		testPod("b", "ns", "sim", "10.0.0.2", true),
+		testPod("a", "ns", "sim", "10.0.0.1", true),
+		testPod("notready", "ns", "sim", "10.0.0.3", false),
+		testPod("noip", "ns", "sim", "", true),
+		testPod("other", "ns", "other", "10.0.0.4", true),
+		testPod("elsewhere", "ns2", "sim", "10.0.0.5", true),
+		testPod("v6", "ns", "sim", "fd00::1", true),
+		deleting,
+	}
+	require.Equal(t, []config.Replica{
+		{Name: "a", Address: "http://10.0.0.1:8000"},
+		{Name: "b", Address: "http://10.0.0.2:8000"},
+		{Name: "v6", Address: "http://[fd00::1]:8000"},
+	}, PoolReplicas(testPool(8000), pods))
+	// Several target ports: one replica per pod and port, named as GIE does.
+	require.Equal(t, []config.Replica{
+		{Name: "a-rank-0", Address: "http://10.0.0.1:8000"},
+		{Name: "a-rank-1", Address: "http://10.0.0.1:8001"},
+	}, PoolReplicas(testPool(8000, 8001), pods[1:2]))
+	// An empty selector selects nothing.
+	empty := testPool(8000)
+	empty.Spec.Selector.MatchLabels = nil
+	require.Empty(t, PoolReplicas(empty, pods))
+}
+
+func TestSliceReplicas(t *testing.T) {
+	yes, no := true, false
+	http, metrics := "http", "metrics"
+	p8000, p9090 := int32(8000), int32(9090)
+	s := discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{Name: &metrics, Port: &p9090}, {Name: &http, Port: &p8000}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.0.0.2"}, TargetRef: &corev1.ObjectReference{Name: "pod-b"}},
+			{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}},
+			{Addresses: []string{"10.0.0.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
+			{Addresses: []string{"10.0.0.4"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes, Terminating: &yes}},
+			{Addresses: nil},
+		}}
+	dup := s
+	dup.Endpoints = s.Endpoints[:1]
+	fqdn := discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeFQDN, Ports: s.Ports, Endpoints: s.Endpoints}
+	require.Equal(t, []config.Replica{
+		{Name: "10.0.0.1", Address: "http://10.0.0.1:8000"},
+		{Name: "pod-b", Address: "http://10.0.0.2:8000"},
+	}, SliceReplicas([]discoveryv1.EndpointSlice{s, dup, fqdn}, "http"))
+	// "" takes the first port; an unknown port name lists nothing.
+	require.Equal(t, "http://10.0.0.1:9090", SliceReplicas([]discoveryv1.EndpointSlice{s}, "")[0].Address)
+	require.Empty(t, SliceReplicas([]discoveryv1.EndpointSlice{s}, "grpc"))
+}
+
+func TestMerge(t *testing.T) {
+	base := &config.File{Version: config.Version, Models: map[string]config.Model{
+		"a":  {Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "static", Address: "http://10.1.1.1:80"}}},
+		"pd": {Disaggregate: true, PrefillPool: "p", DecodePool: "d"},
+	}}
+	reps := []config.Replica{{Name: "x", Address: "http://10.0.0.1:8000"}}
+	// nil models: every model of base that is not disaggregated.
+	got := Merge(base, nil, config.Model{}, reps)
+	require.Equal(t, reps, got.Models["a"].Replicas)
+	require.Equal(t, gateway.ModeCacheAware, got.Models["a"].Mode)
+	require.Nil(t, got.Models["pd"].Replicas)
+	require.Equal(t, "static", base.Models["a"].Replicas[0].Name, "base must not change")
+	// Named models: absent ones come from the template.
+	got = Merge(base, []string{"new"}, config.Model{Mode: gateway.ModeLoadAware}, reps)
+	require.Equal(t, gateway.ModeLoadAware, got.Models["new"].Mode)
+	require.Equal(t, reps, got.Models["new"].Replicas)
+	require.Equal(t, "static", got.Models["a"].Replicas[0].Name, "a model not named keeps its replicas")
+	require.NoError(t, got.Validate())
+	// No base, no pods: the named model has no replicas (it answers 503).
+	got = Merge(nil, []string{"m"}, config.Model{}, nil)
+	require.Empty(t, got.Models["m"].Replicas)
+	require.NoError(t, got.Validate())
+}
