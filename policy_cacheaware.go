@@ -223,6 +223,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
 	warm := 2*req.MaxMatched <= n
+	// fresh: a replica never sent work is priced as holding common.
+	fresh := common != math.MaxInt && 2*common <= n && !req.exact
+	adapter, replicating, noMatch := req.Adapter != "", shared > 0, req.MaxMatched == 0
 	best, bestCost, ties := -1, math.Inf(1), 0
 	for i := range cands {
 		c := &cands[i]
@@ -230,17 +233,17 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			continue
 		}
 		m := max(c.Matched, shared)
-		if c.AssignedPrefill == 0 && common != math.MaxInt && 2*common <= n && !req.exact {
+		if fresh && c.AssignedPrefill == 0 {
 			m = max(m, common)
 		}
-		if req.Adapter != "" && lp.replicates(c) {
+		if adapter && lp.replicates(c) {
 			m = max(m, req.MaxMatched)
 		}
 		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
 		if excess := float64(c.Outstanding()) - spread; excess > 0 {
 			cost += dw * excess
 		}
-		if req.Adapter != "" {
+		if adapter {
 			cost += lp.cost(c)
 		}
 		if evict := n - m - max(c.CacheBlocks-c.AssignedPrefill, 0); evict > 0 {
@@ -250,14 +253,17 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		case best < 0 || cost < bestCost:
 			best, bestCost, ties = i, cost, 1
 		case cost > bestCost:
-		case better(c, &cands[best], shared > 0, warm, req.MaxMatched == 0):
-			best, ties = i, 1
-		case !better(&cands[best], c, shared > 0, warm, req.MaxMatched == 0):
-			// A full tie: keep each of the k tied so far with
-			// probability 1/k, drawn from req.Tie.
-			ties++
-			if drawTie(req.Tie, ties) {
-				best = i
+		default:
+			switch o := tieOrder(c, &cands[best], replicating, warm, noMatch); {
+			case o < 0:
+				best, ties = i, 1
+			case o == 0:
+				// A full tie: keep each of the k tied so far with
+				// probability 1/k, drawn from req.Tie.
+				ties++
+				if drawTie(req.Tie, ties) {
+					best = i
+				}
 			}
 		}
 	}
@@ -279,34 +285,42 @@ func mix64(a, b uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
-// better reports whether a beats b at equal cost. When
+// tieOrder orders a and b at equal cost: negative when a is better,
+// positive when b is, 0 on a full tie (which the caller draws). When
 // replicating, or when no replica holds any of the key, the replica with
 // fewer requests outstanding wins; when replicating, then (with spread) a
 // replica never sent work, then one that holds more of the prefix
 // (replication is for load, not for its own sake). Then less prefill work
-// sent so far, then the replica chosen least recently; a full tie is drawn
-// by the caller.
-func better(a, b *Candidate, replicating, spread, noMatch bool) bool {
+// sent so far, then the replica chosen least recently. One call decides
+// both ways, as the tied candidates of a cluster that shares one prompt
+// are many.
+func tieOrder(a, b *Candidate, replicating, spread, noMatch bool) int {
 	if replicating || noMatch {
-		if oa, ob := a.Outstanding(), b.Outstanding(); oa != ob {
-			return oa < ob
+		if d := a.Outstanding() - b.Outstanding(); d != 0 {
+			return d
 		}
 	}
 	if replicating {
-		if spread {
-			// A replica never sent work evicts nothing for the copy.
-			if fa, fb := a.AssignedPrefill == 0, b.AssignedPrefill == 0; fa != fb {
-				return fa
+		if fa, fb := a.AssignedPrefill == 0, b.AssignedPrefill == 0; spread && fa != fb {
+			if fa {
+				return -1 // a replica never sent work evicts nothing for the copy
 			}
+			return 1
 		}
-		if a.Matched != b.Matched {
-			return a.Matched > b.Matched
+		if d := b.Matched - a.Matched; d != 0 {
+			return d
 		}
 	}
-	if a.AssignedPrefill != b.AssignedPrefill {
-		return a.AssignedPrefill < b.AssignedPrefill
+	if d := a.AssignedPrefill - b.AssignedPrefill; d != 0 {
+		return d
 	}
-	return a.LastPicked < b.LastPicked
+	switch {
+	case a.LastPicked < b.LastPicked:
+		return -1
+	case a.LastPicked > b.LastPicked:
+		return 1
+	}
+	return 0
 }
 
 // adapterPrice prices a request's adapter at each candidate (see
