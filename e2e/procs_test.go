@@ -198,7 +198,11 @@ func startGateway(t *testing.T, cfg string) *gatewayProc {
 	port := freePort(t)
 	p := startProc(t, "gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, exaBin, "serve", "gateway",
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--reload-interval", "100ms",
-		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms")
+		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms",
+		// Scaled down as the intervals are: an engine ejected for its
+		// failed answers (as one killed mid-run is) waits 2 s, not 30 s,
+		// before its probes may readmit it.
+		"--ejection-time", "2s")
 	g := &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(port), p: p}
 	waitFor(t, 20*time.Second, "gateway /healthz", func() bool { return get(g.url+"/healthz") == http.StatusOK })
 	return g
