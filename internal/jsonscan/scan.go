@@ -96,41 +96,7 @@ func (r *Reader) expect(c byte) error {
 // Object reads an object, calling member for each member with its
 // (decoded) name; member must consume the member's value.
 func (r *Reader) Object(member func(name string) error) error {
-	if err := r.expect('{'); err != nil {
-		return err
-	}
-	if r.depth++; r.depth > MaxDepth {
-		return r.Errorf("nesting deeper than %d", MaxDepth)
-	}
-	defer func() { r.depth-- }()
-	if r.Peek() == '}' {
-		r.i++
-		return nil
-	}
-	for {
-		if r.Peek() != '"' {
-			return r.Errorf("want a member name")
-		}
-		key, err := r.String()
-		if err != nil {
-			return err
-		}
-		if err := r.expect(':'); err != nil {
-			return err
-		}
-		if err := member(key); err != nil {
-			return err
-		}
-		switch r.Peek() {
-		case ',':
-			r.i++
-		case '}':
-			r.i++
-			return nil
-		default:
-			return r.Errorf("want ',' or '}' in object")
-		}
-	}
+	return r.ObjectBytes(func(name []byte) error { return member(string(name)) })
 }
 
 // ObjectBytes is Object with each member's decoded name given as bytes,
