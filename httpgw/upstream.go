@@ -47,9 +47,12 @@ const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // encoding/json) would take the last, but stricter readers (serde's
 // derived structs) refuse repeated fields. One spelled with escapes
 // ("\u0073tream") stays, and the last member counts. Bodies asking for
-// beam search or best_of, which vLLM refuses to stream, are left alone.
+// beam search or best_of, which vLLM refuses to stream, are left alone, and
+// so are those whose answer is one token (max_tokens or
+// max_completion_tokens 1): its first token is its end, so streaming would
+// tell the gateway nothing sooner and only cost the stream's overhead.
 func (s *Server) upstreamStream(c *call) {
-	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream ||
+	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 ||
 		(c.oc.kind != endpointChat && c.oc.kind != endpointCompletions) ||
 		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
 		return

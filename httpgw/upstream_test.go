@@ -1,6 +1,7 @@
 package httpgw
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -220,4 +221,25 @@ func TestUpstreamStreamTimeout(t *testing.T) {
 func readAllReq(r *http.Request) string {
 	b, _ := io.ReadAll(r.Body)
 	return string(b)
+}
+
+// A one-token answer is not streamed from the engine: its first token is
+// its end.
+func TestUpstreamStreamSkipsOneToken(t *testing.T) {
+	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{})
+	for _, tc := range []struct {
+		body     string
+		streamed bool
+	}{
+		{`{"model":"m1","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m1","max_completion_tokens":1,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m1","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, true},
+		{`{"model":"m1","messages":[{"role":"user","content":"hi"}]}`, true},
+	} {
+		resp := f.post("/v1/chat/completions", tc.body)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		_, body := f.engines[0].LastRequest()
+		assert.Equal(t, tc.streamed, bytes.Contains(body, []byte(`"stream":true`)), "%s", tc.body)
+	}
 }

@@ -1,8 +1,10 @@
 package keys
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/examlops/gateway/internal/jsonscan"
@@ -38,6 +40,10 @@ type Request struct {
 	// PreviousResponseID is a responses request's "previous_response_id":
 	// the conversation it continues.
 	PreviousResponseID string
+	// MaxTokens is the answer's length limit, as vLLM reads it:
+	// "max_completion_tokens" when it is an integer, else "max_tokens"
+	// when it is; 0 when neither is.
+	MaxTokens int
 
 	hasInput bool // "input" is present and not null
 }
@@ -151,6 +157,9 @@ type requestReader struct {
 	instructions    string
 	hasInstructions bool
 	items           []Message
+	// The answer's limits as read (ok: an integer), resolved at the end.
+	maxTokens, maxCompletion       int
+	hasMaxTokens, hasMaxCompletion bool
 }
 
 // Decode reads the routing fields of a request body, which must be one
@@ -174,6 +183,12 @@ func Decode(body []byte) (*Request, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	switch {
+	case d.hasMaxCompletion:
+		d.req.MaxTokens = d.maxCompletion
+	case d.hasMaxTokens:
+		d.req.MaxTokens = d.maxTokens
 	}
 	if d.hasInstructions || d.req.hasInput {
 		// A responses request: its instructions open the conversation as a
@@ -276,6 +291,15 @@ func (d *requestReader) member(name string) error {
 		d.instructions, d.hasInstructions = text, ok
 	case "input":
 		err = d.input()
+	case "max_tokens", "max_completion_tokens":
+		start := r.Offset()
+		err = r.Skip()
+		n, ok := tokenLimit(r.Since(start))
+		if name == "max_tokens" {
+			d.maxTokens, d.hasMaxTokens = n, ok
+		} else {
+			d.maxCompletion, d.hasMaxCompletion = n, ok
+		}
 	case "previous_response_id":
 		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
 	case "prompt":
@@ -432,4 +456,15 @@ func (d *requestReader) prompt() (string, error) {
 		return string(r.Since(start)), nil
 	}
 	return r.Raw()
+}
+
+// tokenLimit reads a JSON value as a token limit: a non-negative integer
+// that fits an int; ok is false for anything else (null, a float, a
+// string), which leaves the limit to the engine.
+func tokenLimit(raw []byte) (n int, ok bool) {
+	n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -68,6 +69,22 @@ func decodeStd(body []byte) (*Request, error) {
 			return nil, fieldErr("previous_response_id", "previous_response_id must be a string")
 		}
 	}
+	limit := func(name string) (int, bool) {
+		raw, ok := top[name]
+		if !ok {
+			return 0, false
+		}
+		var n int
+		if json.Unmarshal(raw, &n) != nil || n < 0 || isNull(raw) || !isInteger(raw) {
+			return 0, false
+		}
+		return n, true
+	}
+	if n, ok := limit("max_completion_tokens"); ok {
+		req.MaxTokens = n
+	} else if n, ok := limit("max_tokens"); ok {
+		req.MaxTokens = n
+	}
 	var instructions string
 	hasInstructions := false
 	if raw, ok := top["instructions"]; ok && !isNull(raw) {
@@ -110,6 +127,13 @@ func decodeStd(body []byte) (*Request, error) {
 }
 
 func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
+
+// isInteger reports whether a JSON number is written as an integer (no
+// fraction or exponent), as strconv.Atoi reads it.
+func isInteger(raw json.RawMessage) bool {
+	_, err := strconv.Atoi(string(raw))
+	return err == nil
+}
 
 func messageStd(raw json.RawMessage) (Message, error) {
 	var m Message
