@@ -5,6 +5,9 @@ package e2e
 import (
 	"context"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -95,5 +98,49 @@ func TestOpenAIGoSDK(t *testing.T) {
 	require.Len(t, replicas, 5+3)
 	for i, name := range replicas {
 		require.NotEmpty(t, name, "answer %d names the replica that served it", i)
+	}
+}
+
+// TestOpenAINodeSDK: the official Node client (npm openai 7.59.0, e2e/node)
+// through the gateway: responses.create streamed and not, chat,
+// completions and embeddings. It installs the package with npm into a
+// cache outside the repo; without node and npm it is skipped.
+func TestOpenAINodeSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not found")
+	}
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("npm not found")
+	}
+	cache := os.Getenv("EXA_E2E_NODE_CACHE")
+	if cache == "" {
+		home, err := os.UserCacheDir()
+		require.NoError(t, err)
+		cache = filepath.Join(home, "exa-e2e-node")
+	}
+	require.NoError(t, os.MkdirAll(cache, 0o755))
+	for _, f := range []string{"package.json", "sdk.mjs"} {
+		b, err := os.ReadFile(filepath.Join("node", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(cache, f), b, 0o644))
+	}
+	if _, err := os.Stat(filepath.Join(cache, "node_modules", "openai", "package.json")); err != nil {
+		install := exec.Command(npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
+		install.Dir = cache
+		out, err := install.CombinedOutput()
+		require.NoError(t, err, "npm install: %s", out)
+	}
+	c := newCluster(t, "cache_aware")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := exec.CommandContext(ctx, node, "sdk.mjs", c.gw.url+"/v1", simModel)
+	run.Dir = cache
+	out, err := run.CombinedOutput()
+	require.NoError(t, err, "node sdk.mjs: %s", out)
+	t.Logf("%s", out)
+	for _, call := range []string{"responses.create resp_", "responses.create stream", "chat.completions.create", "completions.create", "embeddings.create"} {
+		require.Contains(t, string(out), call)
 	}
 }
