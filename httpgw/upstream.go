@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/examlops/gateway/internal/sseagg"
 )
 
 // This file streams non-streamed requests from the engine (see
@@ -87,23 +89,23 @@ func (s *Server) upstreamStream(c *call) {
 func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	a := &c.attempt
 	limit := s.opts.MaxBodyBytes
-	g := newAggregator(c.oc.kind == endpointChat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
+	g := sseagg.New(c.oc.kind == endpointChat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
 	buf := *bp
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			before := g.chunks
-			err := g.feed(buf[:n])
-			if before == 0 && g.chunks > 0 {
+			before := g.Chunks()
+			err := g.Feed(buf[:n])
+			if before == 0 && g.Chunks() > 0 {
 				a.stop()
 				a.ttfb = s.opts.Clock().Sub(c.start)
 				a.d.FirstToken()
 				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 			if err != nil {
-				s.failAggregated(c, err, !errors.Is(err, errStreamEvent))
+				s.failAggregated(c, err, !errors.Is(err, sseagg.ErrStreamEvent))
 				return
 			}
 		}
@@ -111,11 +113,11 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 			break
 		}
 		if rerr != nil {
-			s.failAggregated(c, fmt.Errorf("%w: reading the stream: %w", errAggregate, c.cause(rerr)), true)
+			s.failAggregated(c, fmt.Errorf("%w: reading the stream: %w", sseagg.ErrAggregate, c.cause(rerr)), true)
 			return
 		}
 	}
-	body, err := g.answer()
+	body, err := g.Answer()
 	if err != nil {
 		s.failAggregated(c, err, true)
 		return

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // benchTransports are the engine transports BenchmarkTransport compares.
@@ -213,4 +216,38 @@ func median(d []time.Duration) time.Duration {
 	}
 	slices.Sort(d)
 	return d[len(d)/2]
+}
+
+// BenchmarkUpstreamStream is the handler path (parse, key, route, forward
+// to a loopback engine that streams 64 chunks, answer) for a non-streamed
+// request, with UpstreamStream on (assembled JSON answer) and off (the
+// same stream relayed as it is): the cost of aggregation on the whole
+// path.
+func BenchmarkUpstreamStream(b *testing.B) {
+	eng := streamEngine(64)
+	defer eng.Close()
+	for _, mode := range []UpstreamStreamMode{UpstreamStreamOff, UpstreamStreamOn} {
+		name := map[UpstreamStreamMode]string{UpstreamStreamOff: "off", UpstreamStreamOn: "on"}[mode]
+		b.Run("upstream-stream="+name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), UpstreamStream: mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: gateway.ModeCacheAware,
+				Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(benchBody))
+				w := httptest.NewRecorder()
+				s.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
 }

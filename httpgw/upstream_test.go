@@ -243,3 +243,13 @@ func TestUpstreamStreamSkipsOneToken(t *testing.T) {
 		assert.Equal(t, tc.streamed, bytes.Contains(body, []byte(`"stream":true`)), "%s", tc.body)
 	}
 }
+
+// sse frames chunks as an engine's stream, [DONE] included.
+func sse(chunks ...string) string {
+	var b strings.Builder
+	for _, c := range chunks {
+		b.WriteString("data: " + c + "\n\n")
+	}
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}

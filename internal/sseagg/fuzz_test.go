@@ -1,4 +1,4 @@
-package httpgw
+package sseagg
 
 import (
 	"bytes"
@@ -33,18 +33,18 @@ func FuzzAggregate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, split uint16, chat bool) {
 		const limit, lineLimit = 1 << 16, 1 << 12
 		run := func(parts ...[]byte) ([]byte, error) {
-			g := newAggregator(chat, limit, lineLimit)
+			g := New(chat, limit, lineLimit)
 			for _, p := range parts {
-				if err := g.feed(p); err != nil {
+				if err := g.Feed(p); err != nil {
 					return nil, err
 				}
 			}
-			return g.answer()
+			return g.Answer()
 		}
 		whole, err := run(b)
 		if err != nil {
-			if !errors.Is(err, errAggregate) && !errors.Is(err, errStreamEvent) {
-				t.Fatalf("error %v is neither errAggregate nor errStreamEvent", err)
+			if !errors.Is(err, ErrAggregate) && !errors.Is(err, ErrStreamEvent) {
+				t.Fatalf("error %v is neither ErrAggregate nor ErrStreamEvent", err)
 			}
 		} else {
 			if !json.Valid(whole) {

@@ -1,4 +1,4 @@
-package httpgw
+package sseagg
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ import (
 // The chunks' strings are joined as written (escaped JSON), never decoded
 // and encoded again, so the answer holds the engine's own text.
 
-// Member names the aggregator treats specially.
+// Member names the Aggregator treats specially.
 const (
 	aggChoices      = "choices"
 	aggIndex        = "index"
@@ -51,12 +51,12 @@ const (
 // index outside [0, maxAggChoices) is an error.
 const maxAggChoices = 1 << 12
 
-// errAggregate marks a stream the gateway could not assemble into an
+// ErrAggregate marks a stream the gateway could not assemble into an
 // answer; the client gets a 502.
-var errAggregate = errors.New("the engine's stream cannot be assembled into an answer")
+var ErrAggregate = errors.New("the engine's stream cannot be assembled into an answer")
 
-// errStreamEvent marks an error event in the engine's stream.
-var errStreamEvent = errors.New("the engine's stream carried an error event")
+// ErrStreamEvent marks an error event in the engine's stream.
+var ErrStreamEvent = errors.New("the engine's stream carried an error event")
 
 // How a member's values combine.
 const (
@@ -96,10 +96,10 @@ type aggChoice struct {
 	other []aggMember
 }
 
-// aggregator assembles an answer from an engine's SSE stream (feed, then
+// Aggregator assembles an answer from an engine's SSE stream (feed, then
 // answer). lineLimit bounds one SSE line, limit the bytes held in all. The
 // zero value is not usable: see newAggregator. Not safe for concurrent use.
-type aggregator struct {
+type Aggregator struct {
 	chat             bool
 	limit, lineLimit int
 	size             int // bytes held, against limit
@@ -117,21 +117,25 @@ type aggregator struct {
 	r       jsonscan.Reader
 }
 
-// newAggregator returns an aggregator for a chat (or else completions)
+// New returns an Aggregator for a chat (or else completions)
 // answer, holding at most limit bytes, with SSE lines of at most
 // lineLimit bytes.
-func newAggregator(chat bool, limit, lineLimit int) *aggregator {
-	return &aggregator{chat: chat, limit: limit, lineLimit: lineLimit}
+func New(chat bool, limit, lineLimit int) *Aggregator {
+	return &Aggregator{chat: chat, limit: limit, lineLimit: lineLimit}
 }
 
-// feed reads the next bytes of the stream. An error (a malformed or
+// Chunks returns how many completion chunks Feed has read so far: the
+// first one is the answer's first token.
+func (g *Aggregator) Chunks() int { return g.chunks }
+
+// Feed reads the next bytes of the stream. An error (a malformed or
 // oversized chunk, an error event) ends the aggregation.
-func (g *aggregator) feed(b []byte) error {
+func (g *Aggregator) Feed(b []byte) error {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
 			if len(g.line)+len(b) > g.lineLimit {
-				return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
 			g.line = append(g.line, b...)
 			return nil
@@ -139,12 +143,12 @@ func (g *aggregator) feed(b []byte) error {
 		line := b[:i]
 		if len(g.line) > 0 {
 			if len(g.line)+i > g.lineLimit {
-				return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
 			g.line = append(g.line, line...)
 			line = g.line
 		} else if i > g.lineLimit {
-			return fmt.Errorf("%w: an SSE line exceeds %d bytes", errAggregate, g.lineLimit)
+			return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 		}
 		b = b[i+1:]
 		err := g.onLine(bytes.TrimSuffix(line, []byte("\r")))
@@ -159,7 +163,7 @@ func (g *aggregator) feed(b []byte) error {
 // onLine reads one SSE line (the WHATWG event-stream rules: data lines
 // joined by newlines, an empty line ends the event, comments and other
 // fields ignored).
-func (g *aggregator) onLine(line []byte) error {
+func (g *Aggregator) onLine(line []byte) error {
 	if len(line) == 0 {
 		if !g.hasData {
 			return nil
@@ -181,7 +185,7 @@ func (g *aggregator) onLine(line []byte) error {
 		g.data = append(g.data, '\n')
 	}
 	if len(g.data)+len(value) > g.lineLimit {
-		return fmt.Errorf("%w: an SSE event exceeds %d bytes", errAggregate, g.lineLimit)
+		return fmt.Errorf("%w: an SSE event exceeds %d bytes", ErrAggregate, g.lineLimit)
 	}
 	g.data = append(g.data, value...)
 	g.hasData = true
@@ -189,7 +193,7 @@ func (g *aggregator) onLine(line []byte) error {
 }
 
 // event reads one event's data: [DONE], or a JSON chunk.
-func (g *aggregator) event(data []byte) error {
+func (g *Aggregator) event(data []byte) error {
 	if g.done {
 		return nil // nothing counts after [DONE]
 	}
@@ -205,17 +209,17 @@ func (g *aggregator) event(data []byte) error {
 }
 
 // grow counts n more bytes held (n may be negative).
-func (g *aggregator) grow(n int) error {
+func (g *Aggregator) grow(n int) error {
 	g.size += n
 	if g.size > g.limit {
-		return fmt.Errorf("%w: the answer exceeds %d bytes", errAggregate, g.limit)
+		return fmt.Errorf("%w: the answer exceeds %d bytes", ErrAggregate, g.limit)
 	}
 	return nil
 }
 
 // find returns the member named name of ms, adding it if absent (and
 // counting its weight: the next merge checks the limit).
-func (g *aggregator) find(ms *[]aggMember, name []byte) *aggMember {
+func (g *Aggregator) find(ms *[]aggMember, name []byte) *aggMember {
 	for i := range *ms {
 		if (*ms)[i].name == string(name) {
 			return &(*ms)[i]
@@ -243,7 +247,7 @@ var none aggMember
 // kindArray joins arrays, kindRaw keeps the last one. A null changes
 // nothing; a value of another type than the join expects replaces the
 // member's value (last wins).
-func (g *aggregator) merge(m *aggMember, b []byte, join int) error {
+func (g *Aggregator) merge(m *aggMember, b []byte, join int) error {
 	r := &g.r
 	c := r.Peek()
 	start := r.Offset()
@@ -275,11 +279,11 @@ func (g *aggregator) merge(m *aggMember, b []byte, join int) error {
 }
 
 // chunk reads one JSON chunk of the stream.
-func (g *aggregator) chunk(b []byte) error {
+func (g *Aggregator) chunk(b []byte) error {
 	r := &g.r
 	r.Reset(b)
 	if r.Peek() != '{' {
-		return fmt.Errorf("%w: a chunk is not a JSON object", errAggregate)
+		return fmt.Errorf("%w: a chunk is not a JSON object", ErrAggregate)
 	}
 	var evErr error
 	err := r.ObjectBytes(func(name []byte) error {
@@ -299,7 +303,7 @@ func (g *aggregator) chunk(b []byte) error {
 			if err := r.Skip(); err != nil {
 				return err
 			}
-			evErr = fmt.Errorf("%w: %s", errStreamEvent, clip(b[start:r.Offset()], 1024))
+			evErr = fmt.Errorf("%w: %s", ErrStreamEvent, clip(b[start:r.Offset()], 1024))
 			return nil
 		}
 		return g.merge(g.find(&g.top, name), b, kindRaw)
@@ -310,10 +314,10 @@ func (g *aggregator) chunk(b []byte) error {
 	switch {
 	case evErr != nil:
 		return evErr
-	case errors.Is(err, errAggregate):
+	case errors.Is(err, ErrAggregate):
 		return err
 	case err != nil:
-		return fmt.Errorf("%w: a chunk: %w", errAggregate, err)
+		return fmt.Errorf("%w: a chunk: %w", ErrAggregate, err)
 	}
 	return nil
 }
@@ -327,7 +331,7 @@ func clip(b []byte, n int) string {
 }
 
 // uint reads a non-negative integer below maxAggChoices.
-func (g *aggregator) uint(b []byte, what string) (int, error) {
+func (g *Aggregator) uint(b []byte, what string) (int, error) {
 	r := &g.r
 	start := r.Offset()
 	if err := r.Skip(); err != nil {
@@ -336,28 +340,28 @@ func (g *aggregator) uint(b []byte, what string) (int, error) {
 	v := 0
 	for _, c := range b[start:r.Offset()] {
 		if c < '0' || c > '9' || v >= maxAggChoices {
-			return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", errAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
+			return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", ErrAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
 		}
 		v = v*10 + int(c-'0')
 	}
 	if v >= maxAggChoices || start == r.Offset() {
-		return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", errAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
+		return 0, fmt.Errorf("%w: %s %s is not an integer in [0, %d)", ErrAggregate, what, clip(b[start:r.Offset()], 32), maxAggChoices)
 	}
 	return v, nil
 }
 
 // choice reads one element of a chunk's choices (pos is its place in the
 // array, its index when it gives none).
-func (g *aggregator) choice(b []byte, pos int) error {
+func (g *Aggregator) choice(b []byte, pos int) error {
 	r := &g.r
 	// The index may come after the members it qualifies: read it first.
 	save := *r
 	idx := pos
 	if pos >= maxAggChoices {
-		return fmt.Errorf("%w: more than %d choices", errAggregate, maxAggChoices)
+		return fmt.Errorf("%w: more than %d choices", ErrAggregate, maxAggChoices)
 	}
 	if r.Peek() != '{' {
-		return fmt.Errorf("%w: a choice is not an object", errAggregate)
+		return fmt.Errorf("%w: a choice is not an object", ErrAggregate)
 	}
 	err := r.ObjectBytes(func(name []byte) error {
 		if string(name) != aggIndex {
@@ -402,7 +406,7 @@ func (g *aggregator) choice(b []byte, pos int) error {
 }
 
 // choiceAt returns the choice of index idx, adding it if absent.
-func (g *aggregator) choiceAt(idx int) *aggChoice {
+func (g *Aggregator) choiceAt(idx int) *aggChoice {
 	for i := range g.choices {
 		if g.choices[i].index == idx {
 			return &g.choices[i]
@@ -414,7 +418,7 @@ func (g *aggregator) choiceAt(idx int) *aggChoice {
 }
 
 // delta reads one member of a chat choice's delta.
-func (g *aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
+func (g *Aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 	r := &g.r
 	switch string(name) {
 	case "content", "reasoning_content", "reasoning", "refusal":
@@ -434,10 +438,10 @@ func (g *aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 
 // toolCall reads one element of a delta's tool_calls (pos is its place in
 // the array, its index when it gives none).
-func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
+func (g *Aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 	r := &g.r
 	if r.Peek() != '{' {
-		return fmt.Errorf("%w: a tool call is not an object", errAggregate)
+		return fmt.Errorf("%w: a tool call is not an object", ErrAggregate)
 	}
 	save := *r
 	idx := pos
@@ -462,7 +466,7 @@ func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 	}
 	if tc == nil {
 		if len(ch.tools) >= maxAggChoices {
-			return fmt.Errorf("%w: more than %d tool calls", errAggregate, maxAggChoices)
+			return fmt.Errorf("%w: more than %d tool calls", ErrAggregate, maxAggChoices)
 		}
 		g.size += 64
 		ch.tools = append(ch.tools, aggTool{index: idx})
@@ -499,7 +503,7 @@ func (g *aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 
 // mergeNonEmpty is merge keeping the last value that is neither null nor
 // the empty string.
-func (g *aggregator) mergeNonEmpty(m *aggMember, b []byte) error {
+func (g *Aggregator) mergeNonEmpty(m *aggMember, b []byte) error {
 	if bytes.HasPrefix(b[g.r.Offset():], []byte(`""`)) {
 		return g.r.Skip()
 	}
@@ -507,7 +511,7 @@ func (g *aggregator) mergeNonEmpty(m *aggMember, b []byte) error {
 }
 
 // logprobs reads a choice's logprobs: an object's array members join.
-func (g *aggregator) logprobs(ch *aggChoice, b []byte) error {
+func (g *Aggregator) logprobs(ch *aggChoice, b []byte) error {
 	r := &g.r
 	switch {
 	case r.Null():
@@ -521,9 +525,9 @@ func (g *aggregator) logprobs(ch *aggChoice, b []byte) error {
 	return g.merge(&ch.lpRaw, b, kindRaw)
 }
 
-// answer returns the assembled answer. It is an error if the stream did not
+// Answer returns the assembled answer. It is an error if the stream did not
 // end with [DONE] or carried no chunk.
-func (g *aggregator) answer() ([]byte, error) {
+func (g *Aggregator) Answer() ([]byte, error) {
 	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
 		g.line = g.line[:0] // a last line without its newline
 	}
@@ -531,10 +535,10 @@ func (g *aggregator) answer() ([]byte, error) {
 		g.done = true // a last event without its blank line
 	}
 	if !g.done {
-		return nil, fmt.Errorf("%w: the stream ended before its data: [DONE]", errAggregate)
+		return nil, fmt.Errorf("%w: the stream ended before its data: [DONE]", ErrAggregate)
 	}
 	if g.chunks == 0 {
-		return nil, fmt.Errorf("%w: the stream carried no chunk", errAggregate)
+		return nil, fmt.Errorf("%w: the stream carried no chunk", ErrAggregate)
 	}
 	// Choices in index order (insertion sort: they are few, and mostly in order).
 	cs := g.choices
@@ -639,7 +643,7 @@ func appendMembers(out []byte, ms []aggMember, comma bool, skip func(string) boo
 }
 
 // appendChoices appends the choices array.
-func (g *aggregator) appendChoices(out []byte) []byte {
+func (g *Aggregator) appendChoices(out []byte) []byte {
 	out = append(out, '[')
 	for i := range g.choices {
 		ch := &g.choices[i]

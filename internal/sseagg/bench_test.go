@@ -1,16 +1,10 @@
-package httpgw
+package sseagg
 
 import (
 	"bytes"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/examlops/gateway"
-	"github.com/examlops/gateway/config"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // benchStream is a vLLM-like chat stream of n one-token chunks, then the
@@ -45,13 +39,13 @@ func BenchmarkAggregate(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(stream)))
 		for b.Loop() {
-			g := newAggregator(true, 32<<20, 8<<20)
+			g := New(true, 32<<20, 8<<20)
 			feed(func(p []byte) {
-				if err := g.feed(p); err != nil {
+				if err := g.Feed(p); err != nil {
 					b.Fatal(err)
 				}
 			})
-			if _, err := g.answer(); err != nil {
+			if _, err := g.Answer(); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -65,38 +59,4 @@ func BenchmarkAggregate(b *testing.B) {
 		}
 		_ = lines
 	})
-}
-
-// BenchmarkUpstreamStream is the handler path (parse, key, route, forward
-// to a loopback engine that streams 64 chunks, answer) for a non-streamed
-// request, with UpstreamStream on (assembled JSON answer) and off (the
-// same stream relayed as it is): the cost of aggregation on the whole
-// path.
-func BenchmarkUpstreamStream(b *testing.B) {
-	eng := streamEngine(64)
-	defer eng.Close()
-	for _, mode := range []UpstreamStreamMode{UpstreamStreamOff, UpstreamStreamOn} {
-		name := map[UpstreamStreamMode]string{UpstreamStreamOff: "off", UpstreamStreamOn: "on"}[mode]
-		b.Run("upstream-stream="+name, func(b *testing.B) {
-			reg := prometheus.NewRegistry()
-			s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), UpstreamStream: mode})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			if err := s.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: gateway.ModeCacheAware,
-				Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(benchBody))
-				w := httptest.NewRecorder()
-				s.ServeHTTP(w, req)
-				if w.Code != http.StatusOK {
-					b.Fatalf("status %d: %s", w.Code, w.Body)
-				}
-			}
-		})
-	}
 }

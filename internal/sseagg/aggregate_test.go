@@ -1,4 +1,4 @@
-package httpgw
+package sseagg
 
 import (
 	"encoding/json"
@@ -20,14 +20,14 @@ func sse(chunks ...string) string {
 	return b.String()
 }
 
-// aggregate feeds stream to a fresh aggregator in one piece.
+// aggregate feeds stream to a fresh Aggregator in one piece.
 func aggregate(t *testing.T, chat bool, stream string) ([]byte, error) {
 	t.Helper()
-	g := newAggregator(chat, 1<<20, 1<<16)
-	if err := g.feed([]byte(stream)); err != nil {
+	g := New(chat, 1<<20, 1<<16)
+	if err := g.Feed([]byte(stream)); err != nil {
 		return nil, err
 	}
-	return g.answer()
+	return g.Answer()
 }
 
 // A chat stream as vLLM sends it (role first, content, reasoning and tool
@@ -98,10 +98,10 @@ func TestAggregateSplitReads(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"abc"},"logprobs":null,"finish_reason":"stop"}]}`, string(want))
 	for i := 0; i <= len(stream); i++ {
-		g := newAggregator(true, 1<<20, 1<<16)
-		require.NoError(t, g.feed([]byte(stream[:i])))
-		require.NoError(t, g.feed([]byte(stream[i:])))
-		got, err := g.answer()
+		g := New(true, 1<<20, 1<<16)
+		require.NoError(t, g.Feed([]byte(stream[:i])))
+		require.NoError(t, g.Feed([]byte(stream[i:])))
+		got, err := g.Answer()
 		require.NoError(t, err, "split at %d", i)
 		require.Equal(t, string(want), string(got), "split at %d", i)
 	}
@@ -115,26 +115,26 @@ func TestAggregateErrors(t *testing.T) {
 		want         error
 		msg          string
 	}{
-		{"error event", sse(ok, `{"error":{"message":"boom","type":"BadRequestError","code":400}}`), errStreamEvent, `"message":"boom"`},
-		{"no [DONE]", "data: " + ok + "\n\n", errAggregate, "ended before its data: [DONE]"},
-		{"only [DONE]", sse(), errAggregate, "no chunk"},
-		{"not JSON", sse(`{"id":`), errAggregate, "a chunk"},
-		{"not an object", sse(`[1]`), errAggregate, "not a JSON object"},
-		{"data after the chunk", sse(ok + ` {}`), errAggregate, "data after the chunk"},
-		{"bad index", sse(`{"choices":[{"index":-1}]}`), errAggregate, "choices[].index -1"},
-		{"index too large", sse(`{"choices":[{"index":4096}]}`), errAggregate, "choices[].index 4096"},
-		{"choice not an object", sse(`{"choices":[1]}`), errAggregate, "a choice is not an object"},
-		{"tool call not an object", sse(`{"choices":[{"delta":{"tool_calls":[1]}}]}`), errAggregate, "a tool call is not an object"},
-		{"line too long", "data: " + strings.Repeat("x", 300) + "\n\n", errAggregate, "an SSE line exceeds 256 bytes"},
-		{"event too long", strings.Repeat("data: "+strings.Repeat("x", 100)+"\n", 3) + "\n", errAggregate, "an SSE event exceeds 256 bytes"},
-		{"answer too large", sse(big, big, big), errAggregate, "the answer exceeds 512 bytes"},
+		{"error event", sse(ok, `{"error":{"message":"boom","type":"BadRequestError","code":400}}`), ErrStreamEvent, `"message":"boom"`},
+		{"no [DONE]", "data: " + ok + "\n\n", ErrAggregate, "ended before its data: [DONE]"},
+		{"only [DONE]", sse(), ErrAggregate, "no chunk"},
+		{"not JSON", sse(`{"id":`), ErrAggregate, "a chunk"},
+		{"not an object", sse(`[1]`), ErrAggregate, "not a JSON object"},
+		{"data after the chunk", sse(ok + ` {}`), ErrAggregate, "data after the chunk"},
+		{"bad index", sse(`{"choices":[{"index":-1}]}`), ErrAggregate, "choices[].index -1"},
+		{"index too large", sse(`{"choices":[{"index":4096}]}`), ErrAggregate, "choices[].index 4096"},
+		{"choice not an object", sse(`{"choices":[1]}`), ErrAggregate, "a choice is not an object"},
+		{"tool call not an object", sse(`{"choices":[{"delta":{"tool_calls":[1]}}]}`), ErrAggregate, "a tool call is not an object"},
+		{"line too long", "data: " + strings.Repeat("x", 300) + "\n\n", ErrAggregate, "an SSE line exceeds 256 bytes"},
+		{"event too long", strings.Repeat("data: "+strings.Repeat("x", 100)+"\n", 3) + "\n", ErrAggregate, "an SSE event exceeds 256 bytes"},
+		{"answer too large", sse(big, big, big), ErrAggregate, "the answer exceeds 512 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := newAggregator(true, 512, 256)
-			err := g.feed([]byte(tt.stream))
+			g := New(true, 512, 256)
+			err := g.Feed([]byte(tt.stream))
 			if err == nil {
-				_, err = g.answer()
+				_, err = g.Answer()
 			}
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, tt.want), "%v", err)
