@@ -18,7 +18,8 @@ import (
 // restarted, or the id was forgotten) is routed by its key.
 //
 // Bounds: the gateway remembers the maxResponseIDs most recent ids
-// (first in, first out), about 100 bytes each: 6.6 MB at the bound.
+// (first in, first out): 12.1 MiB at the bound, 194 bytes an id of vLLM's
+// shape (EXA_MEASURE=1 go test -run TestResponseIDsMemory -v ./httpgw).
 
 // maxResponseIDs is how many response ids the gateway remembers.
 const maxResponseIDs = 1 << 16

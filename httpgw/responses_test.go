@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -102,4 +104,24 @@ func FuzzResponseID(f *testing.F) {
 			t.Fatalf("responseID(%q) = %q", head, id)
 		}
 	})
+}
+
+// TestResponseIDsMemory measures the store at its bound (EXA_MEASURE=1):
+// maxResponseIDs ids of vLLM's shape ("resp_" and 32 hex digits).
+func TestResponseIDsMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("set EXA_MEASURE=1 to measure")
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var r responseIDs
+	for i := range maxResponseIDs {
+		r.add(fmt.Sprintf("resp_%032x", i), "meta-llama/Llama-3.1-8B-Instruct", fmt.Sprintf("r%d", i%8))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	t.Logf("%d ids: %.1f MiB, %.0f bytes an id", maxResponseIDs, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20),
+		float64(after.HeapAlloc-before.HeapAlloc)/maxResponseIDs)
+	runtime.KeepAlive(&r)
 }
