@@ -239,15 +239,7 @@ func BenchmarkUpstreamStream(b *testing.B) {
 				Replicas: []config.Replica{{Name: "e0", Address: eng.URL}}}}}); err != nil {
 				b.Fatal(err)
 			}
-			b.ReportAllocs()
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(benchBody))
-				w := httptest.NewRecorder()
-				s.ServeHTTP(w, req)
-				if w.Code != http.StatusOK {
-					b.Fatalf("status %d: %s", w.Code, w.Body)
-				}
-			}
+			benchHandlerLoop(b, s)
 		})
 	}
 }
