@@ -27,12 +27,7 @@ func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPl
 	if err != nil {
 		return modelPlan{}, err
 	}
-	if s.opts.Attach != nil {
-		ms.Front = s.opts.Attach(ms)
-	}
-	if cfg.Exact() {
-		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
-	}
+	s.attach(ms)
 	if len(dwant) == 0 {
 		ms.NoReplicas = true
 		s.log.Warn("gateway: disaggregated model's decode pool has no replicas; it answers 503 until it has",

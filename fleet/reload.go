@@ -215,6 +215,17 @@ func (s *Fleet) endpointFor(addr string, old, next *State) *Endpoint {
 	return ep
 }
 
+// attach gives a model's state what the front keeps with it
+// (Options.Attach) and, on the exact index, its block size and counters.
+func (s *Fleet) attach(ms *Model) {
+	if s.opts.Attach != nil {
+		ms.Front = s.opts.Attach(ms)
+	}
+	if ms.Cfg.Exact() {
+		ms.ExactBlockSize, ms.ExactCounters = ms.Cfg.TokenBlockSize(), s.kv.countersOf(ms.Name)
+	}
+}
+
 // planModel builds a model's new table without changing any running
 // gateway: a fresh gateway when the routing options changed, otherwise the
 // list of replicas the running gateway is to be synced to, checked against
@@ -229,12 +240,7 @@ func (s *Fleet) planModel(name string, cfg config.Model, old, next *State) (mode
 	if err != nil {
 		return modelPlan{}, err
 	}
-	if s.opts.Attach != nil {
-		ms.Front = s.opts.Attach(ms)
-	}
-	if cfg.Exact() {
-		ms.ExactBlockSize, ms.ExactCounters = cfg.TokenBlockSize(), s.kv.countersOf(name)
-	}
+	s.attach(ms)
 	if len(want) == 0 {
 		ms.NoReplicas = true
 		if len(ms.MissingPools) > 0 {
