@@ -121,7 +121,7 @@ type StatsDocument struct {
 func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, rs []gateway.ReplicaStatus) RoutingStats {
 	out := RoutingStats{
 		Model: model, Source: source, Mode: mode.String(),
-		Requests: s.Routed, Hits: s.Hits, HitRate: ratio(s.Hits, s.Routed),
+		Requests: s.Routed, Hits: s.Hits, HitRate: fraction(s.Hits, s.Routed),
 		Blocks: s.Blocks, MatchedBlocks: s.MatchedBlocks, BlockHitRate: fraction(s.MatchedBlocks, s.Blocks),
 		Decisions:    map[string]uint64{},
 		SLOExcluded:  s.SLOExcluded,
@@ -261,12 +261,4 @@ func DecodeGatewayStats(body []byte, model string) (RoutingStats, error) {
 	}
 	rec.Model = model
 	return rec, nil
-}
-
-// ratio is n/of, or 0 when of is 0.
-func ratio(n, of uint64) float64 {
-	if of == 0 {
-		return 0
-	}
-	return float64(n) / float64(of)
 }
