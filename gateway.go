@@ -296,16 +296,12 @@ func (t *Target) narrowed() bool { return t.Allow != nil || t.Exclude != "" }
 // it returns an error wrapping ErrNoHealthyReplica; an empty key is an
 // error wrapping ErrInvalid.
 //
-// In indexApproximate mode the chosen replica is recorded as holding key.
+// On the approximate index (the default) the chosen replica is recorded as
+// holding key.
 // The caller should call the decision's Done when the request finishes.
 // RouteWith does not allocate.
-func (g *Gateway) RouteWith(key Key, t Target) (Decision, error) {
-	return g.route(key, t)
-}
-
-func (g *Gateway) route(key Key, tg Target) (Decision, error) {
-	allow, exclude := tg.Allow, tg.Exclude
-	narrowed := allow != nil || exclude != ""
+func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
+	narrowed := tg.narrowed()
 	if len(key) == 0 {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block, got an empty Key", ErrInvalid)
 	}
@@ -372,7 +368,7 @@ func (g *Gateway) route(key Key, tg Target) (Decision, error) {
 				c.LoRA = LoRAState{}
 			}
 			switch {
-			case !rs.healthy.Load() || (narrowed && !((allow == nil || allow(rs.name)) && (exclude == "" || rs.name != exclude))):
+			case !rs.healthy.Load() || (narrowed && !tg.allows(rs.name)):
 				state[i] = stateUnhealthy
 			case g.slo > 0 && g.breaches(rs, now):
 				state[i] = stateOverSLO
@@ -531,8 +527,8 @@ type CacheEvent struct {
 }
 
 // ApplyEvent updates the cache index with an event from a replica's engine.
-// It works in either index mode; in indexExact mode it is the only way the
-// index changes.
+// It works on either index; on the exact one (WithExactIndex) it is the
+// only way the index changes.
 func (g *Gateway) ApplyEvent(name string, ev CacheEvent) error {
 	if ev.Kind < BlocksStored || ev.Kind > AllCleared {
 		return fmt.Errorf("%w: replica %q: cache event kind %d", ErrInvalid, name, int(ev.Kind))
