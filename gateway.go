@@ -462,7 +462,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 }
 
 // maxInterned bounds how many adapter names a gateway interns; past it a
-// name is copied per request (an allocation) instead.
+// name is copied per request (an allocation) instead. At the bound, with
+// names of MaxAdapterName bytes, the table holds 4.28 MiB
+// (EXA_MEASURE=1 go test -run TestInternedNamesMemory -v .).
 const maxInterned = 4096
 
 // intern returns a copy of name that the gateway keeps: the same string

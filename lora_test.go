@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -558,4 +559,26 @@ func TestUpdateAdaptersRepeat(t *testing.T) {
 		want := next.normalized()
 		require.Equal(t, *want, g.Replicas()[0].Adapters)
 	}
+}
+
+// TestInternedNamesMemory measures the adapter names a gateway interns at
+// their bound (EXA_MEASURE=1): maxInterned names of MaxAdapterName bytes.
+func TestInternedNamesMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("set EXA_MEASURE=1 to measure")
+	}
+	g := mustNew(t, replicaNames(2))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range maxInterned {
+		name := fmt.Sprintf("%0*d", MaxAdapterName, i)
+		g.mu.Lock()
+		g.intern(name)
+		g.mu.Unlock()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	require.Len(t, g.names, maxInterned)
+	t.Logf("%d names of %d bytes: %.2f MiB", maxInterned, MaxAdapterName, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20))
 }
