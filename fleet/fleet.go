@@ -262,6 +262,11 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // A request reads one snapshot from start to end.
 func (s *Fleet) Snapshot() *State { return s.state.Load() }
 
+// Options returns the Fleet's options, defaults filled in: the data
+// planes read the approximate key's BlockSize and the ScrapeInterval
+// (admission's staleness) from it.
+func (s *Fleet) Options() Options { return s.opts }
+
 // Tokenizer is what tokenizes requests of models on the exact index
 // (Options.Tokenizer, or the engines' /tokenize behind a cache), counted
 // per model.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // resolveAdapter returns the route of a request whose model names no
@@ -12,7 +13,7 @@ import (
 func (s *Server) resolveAdapter(c *call, st *fleet.State, name string) *fleet.AdapterRoute {
 	r, err := st.AdapterRoute(name)
 	if err != nil {
-		c.oc.fail(c.w, http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
+		c.oc.fail(c.w, http.StatusNotFound, front.TypeNotFound, "model_not_found", "model", err.Error())
 		return nil
 	}
 	return r

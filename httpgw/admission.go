@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // Admission at the fronts: a request of a model whose eligible replicas
@@ -15,9 +15,6 @@ import (
 // 429, an OpenAI rate_limit_error and Retry-After, before any replica is
 // chosen; the picker answers the same (PickerOptions). Shed requests are
 // counted in exa_gateway_requests_total{code="429",reason="shed"}.
-
-// codeShed is the outcome of a request shed by admission control.
-const codeShed = "shed"
 
 // retryAfter is the Retry-After a shed request gets: one scrape interval
 // rounded up to a second, when the load it was shed for is next read.
@@ -33,35 +30,8 @@ func (s *Server) shed(c *call) bool {
 		return false
 	}
 	c.w.Header().Set("Retry-After", s.retryAfter())
-	c.oc.fail(c.w, http.StatusTooManyRequests, "rate_limit_error", codeShed, "",
-		fmt.Sprintf("gateway: model %q is saturated: no eligible replica has room (%s); retry later", c.ms.Name, admissionText(a)))
-	c.oc.code = codeShed429
+	c.oc.fail(c.w, http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
+		fmt.Sprintf("gateway: model %q is saturated: no eligible replica has room (%s); retry later", c.ms.Name, front.AdmissionText(a)))
+	c.oc.code = front.CodeShed429
 	return true
-}
-
-// codeShed429 records a shed request as status 429 with reason shed.
-const codeShed429 = "429:" + codeShed
-
-// admissionText describes the thresholds of a, for error messages.
-func admissionText(a gateway.Admission) string {
-	s := ""
-	add := func(t string) {
-		if s != "" {
-			s += ", "
-		}
-		s += t
-	}
-	if a.QueueDepth > 0 {
-		add(fmt.Sprintf("queue >= %d", a.QueueDepth))
-	}
-	if a.KVUtilization > 0 {
-		add(fmt.Sprintf("KV cache >= %g", a.KVUtilization))
-	}
-	if a.Outstanding > 0 {
-		add(fmt.Sprintf("outstanding >= %d", a.Outstanding))
-	}
-	if a.Staleness > 0 {
-		add(fmt.Sprintf("load older than %v", a.Staleness))
-	}
-	return s
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // This file serves a disaggregated model: the decode replica is chosen
@@ -25,23 +26,20 @@ import (
 // x-prefiller-host-port, for the sidecar in front of it to run them.
 
 // Response headers the gateway adds to the answers of a disaggregated
-// model.
+// model (the picker adds the same ones, defined in internal/front).
 const (
 	// HeaderDisagg says what the P/D path did, then the decider's estimate
 	// of the prompt tokens not cached on the decode replica: "split;
 	// uncached=N", "colocated; uncached=N", or a fallback reason
 	// (prefill_unavailable, prefill_failed, prefill_no_kv_params) in place
 	// of split.
-	HeaderDisagg = "X-Exa-Disagg"
+	HeaderDisagg = front.HeaderDisagg
 	// HeaderPrefillReplica names the prefill replica of a split request
 	// (in sidecar mode: the one named to the sidecar).
-	HeaderPrefillReplica = "X-Exa-Prefill-Replica"
+	HeaderPrefillReplica = front.HeaderPrefillReplica
 	// HeaderPrefillDecision gives the prefill replica's routing decision
-	// as HeaderDecision gives the decode replica's: its kind and prefix
-	// match, e.g. "affinity; matched=40/64; index=exact". On the exact
-	// index the match is the blocks the prefill engine's own events say it
-	// holds.
-	HeaderPrefillDecision = "X-Exa-Prefill-Decision"
+	// as HeaderDecision gives the decode replica's.
+	HeaderPrefillDecision = front.HeaderPrefillDecision
 )
 
 // Request headers of the P/D protocol.
@@ -53,40 +51,6 @@ const (
 	// sidecar does.
 	headerRequestID = "X-Request-Id"
 )
-
-// decidePD plans a request of a disaggregated model (gateway.PD.Route) and
-// counts the decision; prefill is the target of the prefill side.
-func (s *Server) decidePD(ms *fleet.Model, key gateway.Key, fallback int, decode, prefill gateway.Target) (gateway.PDDecision, error) {
-	pd := ms.PD
-	plan, err := pd.Plan.Route(key, pd.BlockTokens(fallback), decode, prefill)
-	if err != nil {
-		return plan, err
-	}
-	pd.Counters.Decided.Add(1)
-	switch {
-	case plan.Split:
-		pd.Counters.Split.Add(1)
-		s.metrics.pdRequests.WithLabelValues(ms.Name, "split").Inc()
-		mmOf(ms).replicaReqsC(s.metrics, ms.Name, plan.Prefill.Replica).Inc()
-	case plan.Reason == "cached":
-		s.metrics.pdRequests.WithLabelValues(ms.Name, "colocated").Inc()
-	default:
-		// The plan wanted a split but found no prefill replica fit for
-		// it: counted as a split that fell back, as before the plan.
-		pd.Counters.Split.Add(1)
-		s.metrics.pdRequests.WithLabelValues(ms.Name, "split").Inc()
-		s.pdCount(ms, pdReasonOf(plan.Reason))
-	}
-	return plan, nil
-}
-
-// pdReasonOf maps a plan's reason for not splitting to its fallback.
-func pdReasonOf(reason string) fleet.PDReason {
-	if reason == "prefill_busy" {
-		return fleet.PDPrefillBusy
-	}
-	return fleet.PDPrefillUnavailable
-}
 
 // setPrefillHeaders names the prefill replica of a split request and its
 // decision in the answer's headers.
@@ -100,14 +64,14 @@ func setPrefillHeaders(c *call, pre *gateway.Decision) {
 func (s *Server) proxyPD(c *call) {
 	ms, pd, oc := c.ms, c.ms.PD, &c.oc
 	t := c.target("")
-	plan, err := s.decidePD(ms, c.key, c.fallback, t, t)
+	plan, err := s.metrics.DecidePD(ms, c.key, c.fallback, t, t)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
-			oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+			oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
 				fmt.Sprintf("gateway: no healthy decode replica for model %q", ms.Name))
 			return
 		}
-		oc.fail(c.w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
+		oc.fail(c.w, http.StatusInternalServerError, front.TypeServer, "routing_error", "", err.Error())
 		return
 	}
 	// A client's own prefill header never reaches a sidecar.
@@ -118,7 +82,7 @@ func (s *Server) proxyPD(c *call) {
 	if !plan.Split {
 		what := "colocated"
 		if plan.Reason != "cached" {
-			what = plan.Reason // counted by planPD
+			what = plan.Reason // counted by DecidePD
 		}
 		h.Set(HeaderDisagg, what+note)
 		s.proxy(c)
@@ -144,21 +108,15 @@ func (s *Server) proxyPD(c *call) {
 	s.proxy(c)
 	if handed && c.attempt.ttfb > 0 {
 		first := c.start.Add(c.attempt.ttfb).Sub(decodeStart)
-		s.metrics.pdPhase.WithLabelValues(ms.Name, "decode_first_byte").Observe(max(first, 0).Seconds())
-		s.metrics.pdPhase.WithLabelValues(ms.Name, "decode").Observe(s.opts.Clock().Sub(decodeStart).Seconds())
+		s.metrics.PDPhase.WithLabelValues(ms.Name, "decode_first_byte").Observe(max(first, 0).Seconds())
+		s.metrics.PDPhase.WithLabelValues(ms.Name, "decode").Observe(s.opts.Clock().Sub(decodeStart).Seconds())
 	}
-}
-
-// pdCount counts a fallback of a disaggregated model.
-func (s *Server) pdCount(ms *fleet.Model, r fleet.PDReason) {
-	ms.PD.Counters.Fallbacks[r].Add(1)
-	s.metrics.pdFallbacks.WithLabelValues(ms.Name, r.String()).Inc()
 }
 
 // pdFallback counts a prefill fallback and marks the answer with it; the
 // request goes on co-located, with its own body, on its decode replica.
 func (s *Server) pdFallback(c *call, r fleet.PDReason, note string, err error) {
-	s.pdCount(c.ms, r)
+	s.metrics.PDCount(c.ms, r)
 	c.w.Header().Set(HeaderDisagg, r.String()+note)
 	c.w.Header().Del(HeaderPrefillReplica)
 	c.w.Header().Del(HeaderPrefillDecision)
@@ -181,7 +139,7 @@ func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20
 // report proceed the call's decode decision is released too.
 func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, handed bool) {
 	ms := c.ms
-	ep := s.endpointOf(ms, &pre)
+	ep := front.EndpointOf(s.Snapshot(), ms, &pre)
 	if ep == nil {
 		err := fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address)
 		pre.Done(gateway.DoneInfo{Err: err})
@@ -213,7 +171,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 	case err != nil && c.r.Context().Err() != nil:
 		pre.Done(gateway.DoneInfo{Err: err})
 		c.first.Done(gateway.DoneInfo{Err: err})
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return false, false
 	case err != nil:
 		s.Observe(ep, ep.Health.FailedWith(err, timedOut.Load()))
@@ -260,7 +218,7 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		return true, false
 	}
 	pre.Done(gateway.DoneInfo{Latency: elapsed})
-	s.metrics.pdPhase.WithLabelValues(ms.Name, "prefill").Observe(elapsed.Seconds())
+	s.metrics.PDPhase.WithLabelValues(ms.Name, "prefill").Observe(elapsed.Seconds())
 	c.body = dbody
 	c.upHeader = func(h http.Header) {
 		h.Del(headerPrefillerHostPort)

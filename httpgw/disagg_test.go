@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -420,7 +421,7 @@ func TestPDFallbacks(t *testing.T) {
 		_, err = http.DefaultClient.Do(req)
 		require.Error(t, err)
 		// counter waits for the handler, which had started: the prefill entered.
-		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "499", "reason": codeClientCanceled}))
+		assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "499", "reason": front.CodeClientCanceled}))
 		assert.Empty(t, f.decode[0].requests())
 		ms := f.srv.Snapshot().Models[testModel]
 		assert.Zero(t, ms.Gateway.Replicas()[0].InFlight, "the decode decision is released")

@@ -2,13 +2,13 @@ package httpgw
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -35,15 +35,15 @@ func BenchmarkExactKey(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := &call{w: httptest.NewRecorder(), r: httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil),
-		body: body, req: req, ms: s.Snapshot().Models["m1"], oc: outcome{kind: endpointChat}}
+	ms, in := s.Snapshot().Models["m1"], front.Input{Kind: keys.Chat, Body: body, Req: req}
+	ctx := context.Background()
 	key := make(gateway.Key, 0, 512)
-	if key, fb := s.exactKey(c, key[:0]); fb >= 0 || len(key) == 0 {
+	if key, fb := s.keyer.Key(ctx, key[:0], ms, in); fb >= 0 || len(key) == 0 {
 		b.Fatalf("fell back (%d) or empty key", fb)
 	}
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		key, _ = s.exactKey(c, key[:0])
+		key, _ = s.keyer.Key(ctx, key[:0], ms, in)
 	}
 }

@@ -2,11 +2,8 @@ package httpgw
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"net/http"
 	"strconv"
@@ -18,81 +15,12 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/kvevents"
 )
-
-// wordTokenizer is an in-process tokenizer: one token per word of the
-// prompt, or of the messages' contents joined; a prompt starting "fail"
-// fails.
-type wordTokenizer struct {
-	mu    sync.Mutex
-	calls int
-}
-
-func wordTokens(text string) []uint32 {
-	var out []uint32
-	for _, w := range strings.Fields(text) {
-		h := fnv.New32a()
-		h.Write([]byte(w))
-		out = append(out, h.Sum32())
-	}
-	return out
-}
-
-func (w *wordTokenizer) Tokenize(_ context.Context, req kvevents.TokenizeRequest) ([]uint32, error) {
-	w.mu.Lock()
-	w.calls++
-	w.mu.Unlock()
-	text := req.Prompt
-	if len(req.Messages) > 0 {
-		var msgs []struct{ Content string }
-		if err := json.Unmarshal(req.Messages, &msgs); err != nil {
-			return nil, err
-		}
-		for _, m := range msgs {
-			text += " " + m.Content
-		}
-	}
-	if strings.HasPrefix(text, "fail") {
-		return nil, errors.New("tokenizer down")
-	}
-	return wordTokens(text), nil
-}
-
-// eventFrames encodes one message of BlockStored events (array encoding).
-func eventFrames(t *testing.T, topic string, seq uint64, events ...[]any) [][]byte {
-	t.Helper()
-	evs := make([]any, len(events))
-	for i, e := range events {
-		evs[i] = e
-	}
-	payload, err := msgpack.Marshal([]any{1.5, evs, 0})
-	require.NoError(t, err)
-	var s [8]byte
-	binary.BigEndian.PutUint64(s[:], seq)
-	return [][]byte{[]byte(topic), s[:], payload}
-}
-
-func storedEvent(hashes []uint64, parent any, tokens []uint32, bs int) []any {
-	hs := make([]any, len(hashes))
-	for i, h := range hashes {
-		hs[i] = h
-	}
-	return []any{"BlockStored", hs, parent, tokens, bs, nil, "GPU", nil}
-}
-
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
-}
 
 // exactFixture is a gateway serving testModel on the exact index over two
 // fake engines, listening for KV events on a loopback endpoint.
@@ -150,14 +78,6 @@ func (ef *exactFixture) complete(body string) (replica, decision string) {
 	return resp.Header.Get(HeaderReplica), resp.Header.Get(HeaderDecision)
 }
 
-func words(prefix string, n int) string {
-	w := make([]string, n)
-	for i := range w {
-		w[i] = fmt.Sprintf("%s%d", prefix, i)
-	}
-	return strings.Join(w, " ")
-}
-
 func TestExactRoutesOnEngineEvents(t *testing.T) {
 	ef := newExactFixture(t, 4)
 	prompt := words("doc", 12) // 3 blocks of 4
@@ -166,14 +86,14 @@ func TestExactRoutesOnEngineEvents(t *testing.T) {
 	rep, dec := ef.complete(`{"model":"m1","prompt":"` + prompt + `"}`)
 	require.Equal(t, "e1", rep)
 	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
-	require.Equal(t, 1, ef.tok.calls)
+	require.Equal(t, 1, ef.tok.Calls())
 
 	// A prompt of token ids needs no tokenizer.
 	ids, _ := json.Marshal(wordTokens(prompt))
 	rep, dec = ef.complete(`{"model":"m1","prompt":` + string(ids) + `}`)
 	require.Equal(t, "e1", rep)
 	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
-	require.Equal(t, 1, ef.tok.calls)
+	require.Equal(t, 1, ef.tok.Calls())
 
 	// The exact index changes only through events: routing e1 did not
 	// add the third block.
@@ -244,99 +164,6 @@ func TestExactFallbacks(t *testing.T) {
 	require.Equal(t, uint64(1), m.Fallbacks["tokenize_error"])
 	require.Equal(t, uint64(2), m.Fallbacks["short_prompt"])
 	require.Equal(t, uint64(5), m.Fallbacks["unsupported"])
-}
-
-func TestReadTokenizeInput(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		kind        endpointKind
-		body        string
-		want        kvevents.TokenizeRequest
-		tokens      []uint32
-		unsupported string
-	}{
-		{"prompt", endpointCompletions, `{"model":"m","prompt":"hi there"}`, kvevents.TokenizeRequest{Model: "m", Prompt: "hi there"}, nil, ""},
-		{"last prompt counts", endpointCompletions, `{"prompt":["a","b"],"prompt":"x"}`, kvevents.TokenizeRequest{Model: "m", Prompt: "x"}, nil, ""},
-		{"token ids", endpointCompletions, `{"prompt":[1, 2,4294967295]}`, kvevents.TokenizeRequest{Model: "m"}, []uint32{1, 2, 4294967295}, ""},
-		{"token id too large", endpointCompletions, `{"prompt":[4294967296]}`, kvevents.TokenizeRequest{Model: "m"}, nil, "prompt"},
-		{"negative token id", endpointCompletions, `{"prompt":[-1]}`, kvevents.TokenizeRequest{Model: "m"}, nil, "prompt"},
-		{"fractional token id", endpointCompletions, `{"prompt":[1.5]}`, kvevents.TokenizeRequest{Model: "m"}, []uint32{}, "prompt"},
-		{"messages verbatim", endpointChat, `{"messages": [ {"role":"user","content":"x"} ] ,"tools":[{"type":"function"}],"chat_template_kwargs":{"a":1}}`,
-			kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[ {"role":"user","content":"x"} ]`), Tools: []byte(`[{"type":"function"}]`), ChatTemplateKwargs: []byte(`{"a":1}`)}, nil, ""},
-		{"null tools", endpointChat, `{"messages":[],"tools":null}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, ""},
-		{"prompt ignored in chat", endpointChat, `{"messages":[],"prompt":"x"}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, ""},
-		{"chat template", endpointChat, `{"messages":[],"chat_template":"{{x}}"}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, "chat_template"},
-		{"add_special_tokens true on completions", endpointCompletions, `{"prompt":"x","add_special_tokens":true}`, kvevents.TokenizeRequest{Model: "m", Prompt: "x"}, nil, ""},
-		{"add_special_tokens true on chat", endpointChat, `{"messages":[],"add_special_tokens":true}`, kvevents.TokenizeRequest{Model: "m", Messages: []byte(`[]`)}, nil, "add_special_tokens"},
-		{"not an object", endpointChat, `[1]`, kvevents.TokenizeRequest{Model: "m"}, nil, "body"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			in := readTokenizeInput(tc.kind, "m", []byte(tc.body))
-			require.Equal(t, tc.unsupported, in.unsupported)
-			if tc.unsupported != "" {
-				return
-			}
-			require.Equal(t, tc.want.Prompt, in.req.Prompt)
-			require.Equal(t, string(tc.want.Messages), string(in.req.Messages))
-			require.Equal(t, string(tc.want.Tools), string(in.req.Tools))
-			require.Equal(t, string(tc.want.ChatTemplateKwargs), string(in.req.ChatTemplateKwargs))
-			require.Equal(t, tc.tokens, in.tokens)
-		})
-	}
-}
-
-// FuzzReadTokenizeInput: any body that parseRequest accepts is read
-// without panicking, and what it reads agrees with encoding/json: the
-// messages, tools and template arguments are the last members' text, the
-// prompt the last member's string.
-func FuzzReadTokenizeInput(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"m","prompt":"hi"}`, `{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":["a",[1]]}`,
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"chat_template_kwargs":{}}`,
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[{"role":"system","content":"y"}]}`,
-		`{"model":"m","prompt":"x","cache_salt":"s","add_special_tokens":false}`,
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"add_generation_prompt":"yes"}`,
-	} {
-		f.Add(s, false)
-		f.Add(s, true)
-	}
-	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		kind := endpointCompletions
-		if chat {
-			kind = endpointChat
-		}
-		if _, err := parseRequest(kind, []byte(body)); err != nil {
-			return
-		}
-		in := readTokenizeInput(kind, "m", []byte(body))
-		if in.unsupported != "" {
-			return
-		}
-		var ref map[string]json.RawMessage
-		if err := json.Unmarshal([]byte(body), &ref); err != nil {
-			return // encoding/json is stricter on invalid UTF-8 in names; parseRequest's own fuzz compares them
-		}
-		if kind == endpointChat {
-			require.JSONEq(t, string(ref["messages"]), string(in.req.Messages))
-			for name, got := range map[string][]byte{"tools": in.req.Tools, "chat_template_kwargs": in.req.ChatTemplateKwargs} {
-				if want, ok := ref[name]; ok && string(want) != "null" {
-					require.JSONEq(t, string(want), string(got), name)
-				} else {
-					require.Empty(t, got, name)
-				}
-			}
-			return
-		}
-		if in.hasTokens {
-			var ids []uint32
-			require.NoError(t, json.Unmarshal(ref["prompt"], &ids))
-			require.Equal(t, len(ids), len(in.tokens))
-			return
-		}
-		var p string
-		require.NoError(t, json.Unmarshal(ref["prompt"], &p))
-		require.Equal(t, p, in.req.Prompt)
-	})
 }
 
 // TestExactReload: a replica added to another model on the same engine

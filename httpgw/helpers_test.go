@@ -10,15 +10,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,37 +80,9 @@ func newFixtureOpts(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 	return f
 }
 
-func chatBody(model string, stream bool, msgs ...string) string {
-	type msg struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	var ms []msg
-	for i, m := range msgs {
-		role := "user"
-		switch {
-		case i == 0:
-			role = "system"
-		case i%2 == 0:
-			role = "assistant"
-		}
-		ms = append(ms, msg{role, m})
-	}
-	b, _ := json.Marshal(map[string]any{"model": model, "messages": ms, "stream": stream, "max_tokens": 4})
-	return string(b)
-}
-
 func (f *fixture) post(path, body string, hdr ...string) *http.Response {
 	f.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, f.http.URL+path, strings.NewReader(body))
-	require.NoError(f.t, err)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(f.t, err)
-	return resp
+	return fronttest.Post(f.t, f.http.URL, path, body, hdr...)
 }
 
 func readAll(t *testing.T, resp *http.Response) []byte {
@@ -134,57 +107,24 @@ func (f *fixture) stats() Stats {
 func (f *fixture) series(name string, labels map[string]string) []*dto.Metric {
 	f.t.Helper()
 	f.settle()
-	fams, err := f.reg.Gather()
-	require.NoError(f.t, err)
-	var out []*dto.Metric
-	for _, fam := range fams {
-		if fam.GetName() != name {
-			continue
-		}
-		for _, m := range fam.GetMetric() {
-			if matches(m, labels) {
-				out = append(out, m)
-			}
-		}
-	}
-	return out
+	return fronttest.Series(f.t, f.reg, name, labels)
 }
 
 // counter returns the value of a counter series from the fixture's
-// registry (summed over the matching series), 0 when absent.
+// registry (summed over the matching series), 0 when absent, once its
+// handlers have finished.
 func (f *fixture) counter(name string, labels map[string]string) float64 {
 	f.t.Helper()
-	total := 0.0
-	for _, m := range f.series(name, labels) {
-		total += m.GetCounter().GetValue()
-	}
-	return total
+	f.settle()
+	return fronttest.Counter(f.t, f.reg, name, labels)
 }
 
 // histCount returns the sample count of a histogram series (summed over
 // the matching series), 0 when absent.
 func (f *fixture) histCount(name string, labels map[string]string) uint64 {
 	f.t.Helper()
-	var total uint64
-	for _, m := range f.series(name, labels) {
-		total += m.GetHistogram().GetSampleCount()
-	}
-	return total
-}
-
-func matches(m *dto.Metric, labels map[string]string) bool {
-	for k, v := range labels {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k && lp.GetValue() == v {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	f.settle()
+	return fronttest.HistCount(f.t, f.reg, name, labels)
 }
 
 func decodeError(t *testing.T, b []byte) apiError {

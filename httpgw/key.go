@@ -1,9 +1,6 @@
 package httpgw
 
 import (
-	"net/http"
-
-	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/keys"
 )
 
@@ -16,9 +13,3 @@ const (
 	// HeaderRAGContext names the retrieved context a prompt embeds.
 	HeaderRAGContext = keys.HeaderRAGContext
 )
-
-// appendKey appends the prefix key of req to dst (keys.Request.AppendKey),
-// its session and RAG context read from hdr.
-func appendKey(h *keys.Hasher, dst gateway.Key, req *inferenceRequest, hdr http.Header) gateway.Key {
-	return req.AppendKey(h, dst, hdr.Get(HeaderSessionID), hdr.Get(HeaderRAGContext))
-}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -67,10 +68,10 @@ func TestParseRequestErrors(t *testing.T) {
 			_, err := parseRequest(tt.kind, []byte(tt.body))
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, ErrBadRequest))
-			var re *requestError
+			var re *front.RequestError
 			if tt.field != "" {
 				require.True(t, errors.As(err, &re))
-				assert.Equal(t, tt.field, re.field)
+				assert.Equal(t, tt.field, re.Field)
 				assert.Contains(t, err.Error(), tt.field)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // exposition returns the gateway's /metrics page after traffic that
@@ -78,14 +79,14 @@ func TestMetricsPromtool(t *testing.T) {
 func TestOutcomeLabels(t *testing.T) {
 	for code, want := range map[string][2]string{
 		"200": {"200", ""}, "404": {"404", ""}, "503": {"503", ""},
-		codeClientCanceled: {"499", codeClientCanceled},
-		codeStreamError:    {"200", codeStreamError},
-		codeAborted:        {"200", codeAborted},
-		codeStreamEnded:    {"200", codeStreamEnded},
-		"":                 {"", ""},
-		"2000":             {"", "2000"},
+		front.CodeClientCanceled: {"499", front.CodeClientCanceled},
+		front.CodeStreamError:    {"200", front.CodeStreamError},
+		front.CodeAborted:        {"200", front.CodeAborted},
+		front.CodeStreamEnded:    {"200", front.CodeStreamEnded},
+		"":                       {"", ""},
+		"2000":                   {"", "2000"},
 	} {
-		s, r := outcomeLabels(code)
+		s, r := front.OutcomeLabels(code)
 		assert.Equal(t, want, [2]string{s, r}, code)
 	}
 }

@@ -64,20 +64,6 @@ func TestPerRequestMetrics(t *testing.T) {
 	assert.Equal(t, uint64(5), f.histCount("exa_gateway_time_to_first_byte_seconds", m))
 }
 
-// A model table built without cached series (nil) still counts.
-func TestNilModelMetricsLooksUp(t *testing.T) {
-	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
-	var mm *modelMetrics
-	mm.routedC(f.srv.metrics, "x").Inc()
-	mm.replicaReqsC(f.srv.metrics, "x", "r").Inc()
-	mm.requestsC(f.srv.metrics, "x", endpointChat, "200").Inc()
-	mm.durationO(f.srv.metrics, "x", endpointChat).Observe(0.1)
-	assert.Equal(t, 1.0, f.counter("exa_gateway_routed_total", map[string]string{"model": "x"}))
-	assert.Equal(t, 1.0, f.counter("exa_gateway_replica_requests_total", map[string]string{"model": "x", "replica": "r"}))
-	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": "x", "code": "200"}))
-	assert.Equal(t, uint64(1), f.histCount("exa_gateway_request_duration_seconds", map[string]string{"model": "x"}))
-}
-
 // /metrics of a Server with its own registry carries the Go runtime's and
 // the process's metrics too (issue 13, finding 7); a Registerer given is
 // left as it is. The gateway's mux serves no pprof.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/keys"
 )
 
 // Pass-through endpoints: requests the gateway forwards to one replica of
@@ -78,56 +80,51 @@ type passCall struct {
 
 func (pc *passCall) fail(status int, typ, code, param, msg string) {
 	pc.code = strconv.Itoa(status)
-	writeError(pc.w, status, typ, code, param, msg)
+	front.WriteError(pc.w, status, typ, code, param, msg)
 }
 
 // servePassThrough handles POST /v1/embeddings, /tokenize and /detokenize.
 func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	pc := &passCall{w: w, r: r, endpoint: passEndpoints[r.URL.Path]}
-	s.metrics.inFlight.Inc()
+	s.metrics.InFlight.Inc()
 	defer func() {
-		s.metrics.inFlight.Dec()
-		s.metrics.requests.WithLabelValues(pc.model, pc.endpoint, pc.code).Inc()
+		s.metrics.InFlight.Dec()
+		s.metrics.Requests.WithLabelValues(pc.model, pc.endpoint, pc.code).Inc()
 	}()
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		pc.fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
+		pc.fail(http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return
 	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			pc.fail(http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
+			pc.fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
 				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
 			return
 		}
-		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return
 	}
 	st := s.Snapshot()
 	name, body, err := passModel(st, body)
 	if err != nil {
-		var re *requestError
-		param := ""
-		if errors.As(err, &re) {
-			param = re.field
-		}
-		pc.fail(http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
+		pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_request", front.Param(err), err.Error())
 		return
 	}
 	ms, ok := st.Models[name]
 	if !ok {
 		rt, err := st.AdapterRoute(name)
 		if err != nil {
-			pc.fail(http.StatusNotFound, typeNotFound, "model_not_found", "model", err.Error())
+			pc.fail(http.StatusNotFound, front.TypeNotFound, "model_not_found", "model", err.Error())
 			return
 		}
 		ms = rt.Model
 	}
 	pc.model = ms.Name
 	if ms.NoReplicas || len(ms.Order) == 0 {
-		pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+		pc.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
@@ -139,9 +136,9 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // exactly one model, names that one; the body forwarded then names it
 // too (see withSoleModel).
 func passModel(st *fleet.State, body []byte) (string, []byte, error) {
-	req, err := decodeRequest(body)
+	req, err := front.Decode(body)
 	if err != nil {
-		var re *requestError
+		var re *front.RequestError
 		if errors.As(err, &re) {
 			return "", nil, err
 		}
@@ -151,7 +148,7 @@ func passModel(st *fleet.State, body []byte) (string, []byte, error) {
 		return withSoleModel(st, body)
 	}
 	if req.Model == "" {
-		return "", nil, fieldErr("model", "field \"model\" is empty")
+		return "", nil, front.FieldError("model", "field \"model\" is empty")
 	}
 	return req.Model, body, nil
 }
@@ -159,20 +156,19 @@ func passModel(st *fleet.State, body []byte) (string, []byte, error) {
 // defaultModel is parseRequest's second chance for a chat or completions
 // body without "model" (or with null): when the gateway serves exactly
 // one model, the body names it (withSoleModel) and is parsed again. err
-// is parseRequest's error; any other error is returned as is.
-func defaultModel(st *fleet.State, kind endpointKind, body []byte, err error) (*inferenceRequest, []byte, error) {
-	var re *requestError
-	if !errors.As(err, &re) || re.field != "model" {
+// is front.Parse's error; any other error is returned as is.
+func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error) (*keys.Request, []byte, error) {
+	if front.Param(err) != "model" {
 		return nil, nil, err
 	}
-	if d, derr := decodeRequest(body); derr != nil || d.HasModel {
+	if d, derr := front.Decode(body); derr != nil || d.HasModel {
 		return nil, nil, err
 	}
 	_, nb, serr := withSoleModel(st, body)
 	if serr != nil {
 		return nil, nil, serr
 	}
-	req, err := parseRequest(kind, nb)
+	req, err := front.Parse(kind, nb)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -189,11 +185,11 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 		ep := s.passPick(ms, failed)
 		if ep == nil {
 			if try > 0 {
-				pc.fail(http.StatusBadGateway, typeServer, "upstream_error", "",
+				pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 				return
 			}
-			pc.fail(http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+			pc.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
 				fmt.Sprintf("gateway: no healthy replica for model %q", ms.Name))
 			return
 		}
@@ -213,7 +209,7 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 	defer s.pass.add(ep.Base, -1)
 	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
 	if err != nil {
-		pc.fail(http.StatusBadGateway, typeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
+		pc.fail(http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
 		return false, nil
 	}
 	copyHeaders(out.Header, pc.r.Header)
@@ -225,7 +221,7 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 	}
 	if err != nil {
 		if pc.r.Context().Err() != nil {
-			pc.code = codeClientCanceled
+			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
 		s.Observe(ep, ep.Health.Failure(isDialError(err)))
@@ -233,7 +229,7 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 		if canRetry {
 			return true, err
 		}
-		pc.fail(http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 		return false, nil
 	}
 	defer resp.Body.Close()
@@ -255,12 +251,12 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 	defer s.bufPool.Put(bp)
 	if _, err := io.CopyBuffer(writerOnly{pc.w}, resp.Body, *bp); err != nil {
 		if pc.r.Context().Err() != nil {
-			pc.code = codeClientCanceled
+			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
 		// A body cannot carry an error once begun: cut the connection
 		// (see failMidAnswer).
-		pc.code = codeAborted
+		pc.code = front.CodeAborted
 		panic(http.ErrAbortHandler)
 	}
 	return false, nil
@@ -322,7 +318,7 @@ func (s *Server) passPick(ms *fleet.Model, skip *fleet.Endpoint) *fleet.Endpoint
 // (decodeRequest checked it).
 func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
 	if len(st.Models) != 1 {
-		return "", nil, fieldErr("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))
+		return "", nil, front.FieldError("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))
 	}
 	var name string
 	for n := range st.Models {

@@ -15,6 +15,7 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // /v1/embeddings, /tokenize and /detokenize reach a replica of the model
@@ -256,7 +257,7 @@ func FuzzPassModel(f *testing.F) {
 			}
 			return
 		}
-		req, err := decodeRequest(out)
+		req, err := front.Decode(out)
 		if err != nil || !req.HasModel || req.Model != name || name == "" {
 			t.Fatalf("body %q -> %q names %+v (err %v), want %q", body, out, req, err, name)
 		}

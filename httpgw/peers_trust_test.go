@@ -19,6 +19,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/fronttest"
 )
 
 // writeToken writes a peer token file and returns its path.
@@ -211,17 +212,5 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 // peerCounter is the value of s's counter name for peer (0 if absent).
 func peerCounter(t *testing.T, s *Server, name, peer string) float64 {
 	t.Helper()
-	fams, err := s.gather.Gather()
-	require.NoError(t, err)
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if matches(m, map[string]string{"peer": peer}) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return fronttest.Counter(t, s.gather, name, map[string]string{"peer": peer})
 }

@@ -14,30 +14,25 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 )
 
-// Response headers the gateway adds to proxied responses.
+// Response headers the gateway adds to proxied responses (the picker
+// adds the same ones, defined in internal/front).
 const (
 	// HeaderReplica names the replica that served the request.
-	HeaderReplica = "X-Exa-Replica"
+	HeaderReplica = front.HeaderReplica
 	// HeaderDecision gives the routing decision's kind and prefix match,
 	// e.g. "affinity; matched=12/14".
-	HeaderDecision = "X-Exa-Decision"
-)
-
-// Outcome codes of exa_gateway_requests_total besides HTTP statuses.
-const (
-	codeClientCanceled = "client_canceled"
-	codeStreamError    = "stream_error"
-	codeAborted        = "aborted"
+	HeaderDecision = front.HeaderDecision
 )
 
 // outcome is what one request came to, for the request counter.
 type outcome struct {
 	model string
-	kind  endpointKind
-	mm    *modelMetrics // the model's cached series, once known
+	kind  keys.Endpoint
+	mm    *front.ModelMetrics // the model's cached series, once known
 	code  string
 }
 
@@ -59,7 +54,7 @@ var errUpstreamInterim = errors.New("engine answered with a 1xx status as its fi
 // as the request's outcome.
 func (oc *outcome) fail(w http.ResponseWriter, status int, typ, code, param, msg string) {
 	oc.code = strconv.Itoa(status)
-	writeError(w, status, typ, code, param, msg)
+	front.WriteError(w, status, typ, code, param, msg)
 }
 
 // call is one inference request on its way through the gateway: what the
@@ -69,7 +64,7 @@ type call struct {
 	r     *http.Request
 	start time.Time // when it arrived
 	body  []byte
-	req   *inferenceRequest
+	req   *keys.Request
 	ms    *fleet.Model // the model's routing table
 	key   gateway.Key
 	// fallback, for a model on the exact index, is why the request was
@@ -103,28 +98,25 @@ type call struct {
 
 // serveInference handles /v1/chat/completions, /v1/completions and
 // /v1/responses.
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind endpointKind) {
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind keys.Endpoint) {
 	c := &call{w: w, r: r, start: s.opts.Clock(), oc: outcome{kind: kind}}
-	s.metrics.inFlight.Inc()
+	s.metrics.InFlight.Inc()
 	defer s.record(c)
 	if !s.admit(c) {
 		return
 	}
-	if kind == endpointResponses && c.req.PreviousResponseID != "" {
+	if kind == keys.Responses && c.req.PreviousResponseID != "" {
 		c.pin, _ = s.respIDs.owner(c.req.PreviousResponseID, c.ms.Name)
 	}
-	kp := s.keyPool.Get().(*gateway.Key)
-	if c.ms.ExactBlockSize > 0 {
-		c.key, c.fallback = s.exactKey(c, (*kp)[:0])
-	} else {
-		c.key = keys.Salt(appendKey(s.hasher, (*kp)[:0], c.req, r.Header), c.adapterName())
-	}
-	defer func() { *kp = c.key[:0]; s.keyPool.Put(kp) }()
+	kp := s.keyer.Buffer()
+	c.key, c.fallback = s.keyer.Key(r.Context(), (*kp)[:0], c.ms, front.Input{Kind: kind, Body: c.body, Req: c.req,
+		Session: r.Header.Get(HeaderSessionID), RAG: r.Header.Get(HeaderRAGContext), Adapter: c.adapterName()})
+	defer func() { s.keyer.Release(kp, c.key) }()
 	if s.shed(c) {
 		return
 	}
 	s.upstreamStream(c)
-	if c.ms.PD != nil && kind != endpointResponses {
+	if c.ms.PD != nil && kind != keys.Responses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return
 	}
@@ -133,13 +125,13 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind end
 
 // record counts a finished call in the request metrics.
 func (s *Server) record(c *call) {
-	s.metrics.inFlight.Dec()
+	s.metrics.InFlight.Dec()
 	oc := &c.oc
 	// Before the model is known oc.mm is nil and requestsC looks the
 	// series up; only requests for a known model are timed.
-	oc.mm.requestsC(s.metrics, oc.model, oc.kind, oc.code).Inc()
+	oc.mm.RequestsC(s.metrics, oc.model, oc.kind, oc.code).Inc()
 	if oc.model != "" {
-		oc.mm.durationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(c.start).Seconds())
+		oc.mm.DurationO(s.metrics, oc.model, oc.kind).Observe(s.opts.Clock().Sub(c.start).Seconds())
 	}
 }
 
@@ -149,32 +141,27 @@ func (s *Server) admit(c *call) bool {
 	w, r, oc := c.w, c.r, &c.oc
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		oc.fail(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
+		oc.fail(w, http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return false
 	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			oc.fail(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", "",
+			oc.fail(w, http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
 				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
 			return false
 		}
-		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return false
 	}
-	req, err := parseRequest(oc.kind, body)
+	req, err := front.Parse(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
 		req, body, err = defaultModel(s.Snapshot(), oc.kind, body, err)
 	}
 	if err != nil {
-		var re *requestError
-		param := ""
-		if errors.As(err, &re) {
-			param = re.field
-		}
-		oc.fail(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", param, err.Error())
+		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_request", front.Param(err), err.Error())
 		return false
 	}
 	st := s.Snapshot()
@@ -185,14 +172,14 @@ func (s *Server) admit(c *call) bool {
 		}
 		ms = c.lora.Model
 	}
-	oc.model, oc.mm = ms.Name, mmOf(ms)
+	oc.model, oc.mm = ms.Name, front.Of(ms)
 	if ms.NoReplicas && len(ms.MissingPools) > 0 {
-		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+		oc.fail(w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.Name, ms.MissingPools))
 		return false
 	}
 	if ms.NoReplicas {
-		oc.fail(w, http.StatusServiceUnavailable, typeUnavailable, "no_replicas", "model",
+		oc.fail(w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return false
 	}
@@ -219,15 +206,15 @@ func (s *Server) proxy(c *call) {
 		if err != nil {
 			switch {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):
-				oc.fail(c.w, http.StatusInternalServerError, typeServer, "routing_error", "", err.Error())
+				oc.fail(c.w, http.StatusInternalServerError, front.TypeServer, "routing_error", "", err.Error())
 			case try > 0:
-				oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "",
+				oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 			case c.lora != nil:
-				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
 					fmt.Sprintf("gateway: no healthy replica serving LoRA adapter %q of model %q", c.lora.Name, ms.Name))
 			default:
-				oc.fail(c.w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "",
+				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
 					fmt.Sprintf("gateway: no healthy replica for model %q", ms.Name))
 			}
 			return
@@ -235,14 +222,14 @@ func (s *Server) proxy(c *call) {
 		c.attempt = attempt{d: dec}
 		d := &c.d
 		if try > 0 {
-			s.metrics.retries.WithLabelValues(ms.Name).Inc()
+			s.metrics.Retries.WithLabelValues(ms.Name).Inc()
 			if ms.PD != nil {
-				s.pdCount(ms, fleet.PDDecodeRetry)
+				s.metrics.PDCount(ms, fleet.PDDecodeRetry)
 			}
 		}
-		s.countDecision(ms, d)
-		mmOf(ms).replicaReqsC(s.metrics, ms.Name, d.Replica).Inc()
-		ep := s.endpointOf(ms, d)
+		s.metrics.CountDecision(ms, d)
+		s.metrics.ReplicaRequests(ms, d.Replica).Inc()
+		ep := front.EndpointOf(s.Snapshot(), ms, d)
 		if ep == nil {
 			// The shared gateway chose a replica that a reload added or
 			// moved after this request took its snapshot, and no snapshot
@@ -253,7 +240,7 @@ func (s *Server) proxy(c *call) {
 				lastErr, failed = err, d.Replica
 				continue
 			}
-			oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+			oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 			return
 		}
 		c.ep, c.canRetry = ep, try == 0
@@ -266,35 +253,8 @@ func (s *Server) proxy(c *call) {
 	// Not reached: the second try is made with canRetry false, so it
 	// always answers. Kept so that a change there cannot leave the client
 	// with an empty 200.
-	oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "",
+	oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.Name, lastErr))
-}
-
-// endpointOf returns the engine a decision is to be sent to. A model's
-// gateway is shared by every snapshot that keeps it, so the decision may
-// name a replica that the request's own snapshot (ms) does not have, or
-// that a reload moved to another address. The decision's Address is the
-// engine's base URL as the gateway holds it now: it is looked up in the
-// current snapshot first, then in the request's. nil means neither has it.
-func (s *Server) endpointOf(ms *fleet.Model, d *gateway.Decision) *fleet.Endpoint {
-	if ep := s.Snapshot().Endpoints[d.Address]; ep != nil {
-		return ep
-	}
-	if ep := ms.ByName[d.Replica]; ep != nil && ep.Base == d.Address {
-		return ep
-	}
-	return nil
-}
-
-func (s *Server) countDecision(ms *fleet.Model, d *gateway.Decision) {
-	m, mm := s.metrics, mmOf(ms)
-	mm.routedC(m, ms.Name).Inc()
-	mm.decisionsC(m, ms.Name, d.Kind).Inc()
-	if d.Hit {
-		mm.hitsC(m, ms.Name).Inc()
-	}
-	mm.blocksC(m, ms.Name).Add(float64(d.Blocks))
-	mm.matchedC(m, ms.Name).Add(float64(d.Matched))
 }
 
 // readBody reads r to its end, like io.ReadAll, into a buffer sized for

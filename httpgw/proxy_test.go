@@ -21,6 +21,7 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 func TestBadRequests(t *testing.T) {
@@ -210,7 +211,7 @@ func TestMidStreamFailure(t *testing.T) {
 	last := strings.TrimPrefix(events[len(events)-1], "data: ")
 	e := decodeError(t, []byte(last))
 	assert.Contains(t, e.Message, "mid-response")
-	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": codeStreamError}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": front.CodeStreamError}))
 
 	// A non-streamed request is streamed from the engine (the default):
 	// nothing was sent to the client when the stream broke, so it gets a
@@ -234,7 +235,7 @@ func TestCutPlainAnswer(t *testing.T) {
 		resp.Body.Close()
 	}
 	assert.Error(t, err, "a cut plain response is an error for the client, not a short body")
-	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": codeAborted}))
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200", "reason": front.CodeAborted}))
 }
 
 func TestNoHealthyReplica(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/keys"
 )
 
 // attempt is one try of a call on one replica: the decision that chose it
@@ -119,7 +121,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	out, err := upstreamRequest(ctx, a.ep, c.r.URL, c.body)
 	if err != nil {
 		a.done(0, err)
-		c.oc.fail(c.w, http.StatusBadGateway, typeServer, "bad_upstream_address", "",
+		c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "",
 			fmt.Sprintf("%v: replica %q: %v", ErrUpstream, a.d.Replica, err))
 		return nil, false, nil
 	}
@@ -142,7 +144,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	}
 	if c.r.Context().Err() != nil {
 		a.done(0, c.r.Context().Err())
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return nil, false, nil
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(isDialError(err)))
@@ -151,7 +153,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	if a.canRetry {
 		return nil, true, err
 	}
-	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 	return nil, false, nil
 }
 
@@ -193,13 +195,13 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				a.ttfb = s.opts.Clock().Sub(c.start)
 			}
-			if c.oc.kind == endpointResponses && !c.learned && resp.StatusCode == http.StatusOK {
+			if c.oc.kind == keys.Responses && !c.learned && resp.StatusCode == http.StatusOK {
 				c.learned = s.learnResponse(c, buf[:n])
 			}
 			if _, werr := c.w.Write(buf[:n]); werr != nil {
 				// The client is gone; returning cancels the upstream request.
 				a.done(0, werr)
-				c.oc.code = codeClientCanceled
+				c.oc.code = front.CodeClientCanceled
 				return
 			}
 			if sse || complete {
@@ -208,7 +210,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				first = false
 				a.d.FirstToken()
-				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
+				front.Of(c.ms).TTFBO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 		}
 		switch {
@@ -249,13 +251,13 @@ func (s *Server) failBeforeAnswer(c *call, rerr error) {
 	a := &c.attempt
 	if c.r.Context().Err() != nil {
 		a.done(0, c.r.Context().Err())
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(false))
 	err := fmt.Errorf("%s cut its answer before its first byte: %w", a.replica(), c.cause(rerr))
 	a.done(0, err)
-	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // failMidAnswer ends an answer whose engine failed after its first bytes
@@ -265,16 +267,16 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 	a := &c.attempt
 	if c.r.Context().Err() != nil {
 		a.done(0, c.r.Context().Err())
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(false))
 	err := fmt.Errorf("%w: %s failed mid-response: %w", ErrUpstream, a.replica(), c.cause(rerr))
 	a.done(0, err)
 	if sse {
-		_, _ = c.w.Write(streamErrorEvent(err.Error()))
+		_, _ = c.w.Write(front.StreamErrorEvent(err.Error()))
 		_ = rc.Flush()
-		c.oc.code = codeStreamError
+		c.oc.code = front.CodeStreamError
 		return
 	}
 	// A plain JSON body cannot carry an error once begun: cut the
@@ -282,7 +284,7 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 	// http.ErrAbortHandler is net/http's documented way to abort a
 	// response; the server recovers it silently, so this is the exception
 	// to the no-panic rule, not a crash.
-	c.oc.code = codeAborted
+	c.oc.code = front.CodeAborted
 	panic(http.ErrAbortHandler)
 }
 
@@ -295,5 +297,5 @@ func decisionText(c *call) string { return decisionTextOf(c, &c.attempt.d) }
 
 // decisionTextOf describes decision d of call c (HeaderDecision's value).
 func decisionTextOf(c *call, d *gateway.Decision) string {
-	return describeDecision(c.ms, c.fallback, d)
+	return front.DescribeDecision(c.ms, c.fallback, d)
 }

@@ -183,7 +183,7 @@ func TestInFlightSnapshotAcrossReload(t *testing.T) {
 			body := chatBody(testModel, false, "sys", "hi")
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 			w := httptest.NewRecorder()
-			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: stale, key: keys.AppendHashes(nil, []uint64{1})}
+			c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &keys.Request{Model: testModel}, ms: stale, key: keys.AppendHashes(nil, []uint64{1})}
 			require.NotPanics(t, func() { s.proxy(c) })
 			assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
 			assert.Equal(t, tt.replica, w.Header().Get(HeaderReplica))
@@ -208,7 +208,7 @@ func TestDecisionForUnknownEngine(t *testing.T) {
 	body := chatBody(testModel, false, "sys", "hi")
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 	w := httptest.NewRecorder()
-	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &inferenceRequest{Model: testModel}, ms: ms, key: keys.AppendHashes(nil, []uint64{1})}
+	c := &call{w: w, r: r, start: time.Now(), body: []byte(body), req: &keys.Request{Model: testModel}, ms: ms, key: keys.AppendHashes(nil, []uint64{1})}
 	require.NotPanics(t, func() { s.proxy(c) })
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 	assert.Equal(t, "502", c.oc.code)

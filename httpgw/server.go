@@ -10,12 +10,12 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Defaults of Options fields left zero.
@@ -42,7 +42,7 @@ const (
 	DefaultResponseTimeout = 10 * time.Minute
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
-	DefaultTokenizeTimeout = 2 * time.Second
+	DefaultTokenizeTimeout = front.DefaultTokenizeTimeout
 	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
 	// adapters (Options.DiscoverInterval).
 	DefaultDiscoverInterval = fleet.DefaultDiscoverInterval
@@ -153,13 +153,12 @@ type Server struct {
 	*fleet.Fleet
 
 	opts    Options
-	hasher  *keys.Hasher
-	metrics *metrics
+	keyer   *front.Keyer // request keys (internal/front, shared with the picker)
+	metrics *front.Metrics
 	gather  prometheus.Gatherer
 	log     *slog.Logger
 	mux     *http.ServeMux
 
-	keyPool sync.Pool
 	bufPool sync.Pool
 	respIDs responseIDs // which replica produced each recent response (responses.go)
 
@@ -180,13 +179,8 @@ func New(opts Options) (*Server, error) {
 	if err := fillOptions(&opts); err != nil {
 		return nil, err
 	}
-	h, err := keys.NewHasher(opts.BlockSize)
-	if err != nil {
-		return nil, fmt.Errorf("%w: BlockSize: %w", ErrInvalidOptions, err)
-	}
 	s := &Server{
 		opts:   opts,
-		hasher: h,
 		log:    opts.Logger,
 		gather: opts.Gatherer,
 
@@ -194,39 +188,37 @@ func New(opts Options) (*Server, error) {
 
 		newRequestID: newUUID,
 	}
-	s.keyPool.New = func() any { k := make(gateway.Key, 0, 256); return &k }
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
-	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+	var err error
+	if s.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}
 	s.Fleet, err = fleet.New(fleetOptions(opts))
 	if err != nil {
 		return nil, fleetError(err)
 	}
+	s.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: s.Fleet, Metrics: s.metrics, BlockSize: opts.BlockSize,
+		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointChat) })
-	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointCompletions) })
-	s.mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, endpointResponses) })
+	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Chat) })
+	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Completions) })
+	s.mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Responses) })
 	for path := range passEndpoints {
 		s.mux.HandleFunc(path, s.servePassThrough)
 	}
-	s.mux.HandleFunc("/v1/models", s.serveModels)
-	s.mux.HandleFunc("/stats", s.serveStats)
+	s.mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { front.ServeModels(w, r, s.Fleet, s.metrics) })
+	s.mux.Handle("/stats", front.StatsHandler(s.Fleet))
 	s.mux.HandleFunc("/health", s.serveHealth)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.metrics.requests.WithLabelValues("", "other", "404").Inc()
-		writeError(w, http.StatusNotFound, typeNotFound, "unknown_endpoint", "",
+		s.metrics.Requests.WithLabelValues("", "other", "404").Inc()
+		front.WriteError(w, http.StatusNotFound, front.TypeNotFound, "unknown_endpoint", "",
 			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
-	metricsHandler := promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{})
-	s.mux.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorizeMetrics(w, r) {
-			return
-		}
-		s.RefreshGauges()
-		metricsHandler.ServeHTTP(w, r)
-	}))
+	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather, s.log))
 	return s, nil
 }
 
@@ -250,13 +242,8 @@ func fillOptions(o *Options) error {
 			*d.v = d.def
 		}
 	}
-	switch a := &o.Admission; {
-	case a.QueueDepth < 0 || a.Outstanding < 0 || a.Staleness < 0:
-		return fmt.Errorf("%w: Admission %+v has a negative threshold", ErrInvalidOptions, *a)
-	case !(a.KVUtilization >= 0 && a.KVUtilization <= 1):
-		return fmt.Errorf("%w: Admission.KVUtilization %v is outside 0..1", ErrInvalidOptions, a.KVUtilization)
-	case (a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0) && a.Staleness == 0:
-		a.Staleness = 3 * o.ScrapeInterval
+	if err := front.FillAdmission(&o.Admission, o.ScrapeInterval); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	for _, d := range []struct {
 		name string
@@ -357,7 +344,7 @@ func fleetOptions(o Options) fleet.Options {
 		PeerTokenFile: o.PeerTokenFile, BlockSize: o.BlockSize,
 		Transport: o.Transport, Registerer: o.Registerer, Logger: o.Logger, Clock: o.Clock,
 		GatewayOptions: o.GatewayOptions, Tokenizer: o.Tokenizer, OnReload: o.OnReload,
-		Attach: func(m *fleet.Model) any { return newModelMetrics(m.Order) },
+		Attach: front.Attach,
 	}
 }
 

@@ -1,18 +1,14 @@
 package httpgw
 
 import (
-	"bytes"
-	"crypto/subtle"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 
-	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // serveHealth serves GET /health as vLLM's does: 200 with an empty body
@@ -22,12 +18,12 @@ import (
 func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /health accepts GET only")
+		front.WriteError(w, http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: /health accepts GET only")
 		return
 	}
 	st := s.Snapshot()
 	if len(st.Models) == 0 {
-		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_models", "", "gateway: no model configured")
+		front.WriteError(w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_models", "", "gateway: no model configured")
 		return
 	}
 	for _, m := range st.Models {
@@ -38,7 +34,7 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeError(w, http.StatusServiceUnavailable, typeUnavailable, "no_healthy_replica", "", "gateway: no healthy replica of any model")
+	front.WriteError(w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "", "gateway: no healthy replica of any model")
 }
 
 // forwardedFor is a request's X-Forwarded-For before appendForwardedFor
@@ -81,7 +77,7 @@ func (f forwardedFor) restore(r *http.Request) {
 }
 
 // corsExposed are the gateway's response headers a browser client may read.
-const corsExposed = HeaderReplica + ", " + HeaderDecision + ", X-Exa-fleet.Disagg, X-Exa-Prefill-Replica, X-Exa-Prefill-Decision"
+const corsExposed = HeaderReplica + ", " + HeaderDecision + ", " + HeaderDisagg + ", " + HeaderPrefillReplica + ", " + HeaderPrefillDecision
 
 // cors applies Options.CORSOrigins to a request: with an Origin the list
 // allows, the answer carries Access-Control-Allow-Origin (and Vary:
@@ -134,73 +130,4 @@ func ValidCORSOrigin(o string) error {
 		return fmt.Errorf("origin %q: want * or http(s)://HOST[:PORT], no path", o)
 	}
 	return nil
-}
-
-// serveStats serves GET /stats; ?model=NAME narrows it to one model (404
-// when the gateway does not serve it).
-func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /stats accepts GET only")
-		return
-	}
-	st := s.Stats()
-	if model := r.URL.Query().Get("model"); model != "" {
-		rs, ok := st.Models[model]
-		if !ok {
-			writeError(w, http.StatusNotFound, typeNotFound, "model_not_found", "model", "gateway: model not found: "+strconv.Quote(model))
-			return
-		}
-		st.Models = map[string]config.RoutingStats{model: rs}
-	}
-	writeJSON(w, st)
-}
-
-// serveModels serves GET /v1/models: the configured models, then the
-// LoRA adapters the gateway serves, each with its model as parent.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	code := "200"
-	defer func() { s.metrics.requests.WithLabelValues("", "models", code).Inc() }()
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		code = "405"
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "", "gateway: /v1/models accepts GET only")
-		return
-	}
-	writeJSON(w, s.ModelList())
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, typeServer, "encode_error", "", "gateway: encode response: "+err.Error())
-		return
-	}
-	b = append(b, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	_, _ = w.Write(b)
-}
-
-// authorizeMetrics checks, when Options.PeerTokenFile is set, that a
-// /metrics request carries "Authorization: Bearer <token>"; when it does
-// not, it answers 401 (503 if the token file cannot be read) and returns
-// false.
-func (s *Server) authorizeMetrics(w http.ResponseWriter, r *http.Request) bool {
-	tok, required, err := s.PeerToken()
-	if !required {
-		return true
-	}
-	if err != nil {
-		s.log.Warn("gateway: /metrics refused: the peer token cannot be read", "err", err)
-		writeError(w, http.StatusServiceUnavailable, typeUnavailable, "peer_token_unavailable", "", "gateway: /metrics needs a bearer token, and this gateway's token file cannot be read")
-		return false
-	}
-	got, ok := bytes.CutPrefix([]byte(r.Header.Get("Authorization")), []byte("Bearer "))
-	if !ok || subtle.ConstantTimeCompare(got, tok) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="exa-gateway"`)
-		writeError(w, http.StatusUnauthorized, typeInvalidRequest, "invalid_api_key", "", "gateway: /metrics needs Authorization: Bearer with the peer token")
-		return false
-	}
-	return true
 }

@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/sseagg"
+	"github.com/examlops/gateway/keys"
 )
 
 // This file streams non-streamed requests from the engine (see
@@ -55,7 +57,7 @@ const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // tell the gateway nothing sooner and only cost the stream's overhead.
 func (s *Server) upstreamStream(c *call) {
 	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 ||
-		(c.oc.kind != endpointChat && c.oc.kind != endpointCompletions) ||
+		(c.oc.kind != keys.Chat && c.oc.kind != keys.Completions) ||
 		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
 		return
 	}
@@ -78,7 +80,7 @@ func (s *Server) upstreamStream(c *call) {
 		out = append(out, '}')
 	}
 	c.body, c.aggregate = out, true
-	s.metrics.upstreamStreamed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
+	s.metrics.UpstreamStreamed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
 }
 
 // relayAggregated reads the engine's stream for a call marked by
@@ -89,7 +91,7 @@ func (s *Server) upstreamStream(c *call) {
 func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	a := &c.attempt
 	limit := s.opts.MaxBodyBytes
-	g := sseagg.New(c.oc.kind == endpointChat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
+	g := sseagg.New(c.oc.kind == keys.Chat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
 	buf := *bp
@@ -102,7 +104,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 				a.stop()
 				a.ttfb = s.opts.Clock().Sub(c.start)
 				a.d.FirstToken()
-				mmOf(c.ms).ttfbO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
+				front.Of(c.ms).TTFBO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 			if err != nil {
 				s.failAggregated(c, err, !errors.Is(err, sseagg.ErrStreamEvent))
@@ -131,7 +133,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	c.w.WriteHeader(resp.StatusCode)
 	if _, werr := c.w.Write(body); werr != nil {
 		a.done(0, werr)
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return
 	}
 	a.done(a.ttfb, nil)
@@ -146,7 +148,7 @@ func (s *Server) failAggregated(c *call, err error, engineFault bool) {
 	a := &c.attempt
 	if c.r.Context().Err() != nil {
 		a.done(0, c.r.Context().Err())
-		c.oc.code = codeClientCanceled
+		c.oc.code = front.CodeClientCanceled
 		return
 	}
 	if engineFault {
@@ -154,8 +156,8 @@ func (s *Server) failAggregated(c *call, err error, engineFault bool) {
 	}
 	err = fmt.Errorf("%s: %w", a.replica(), err)
 	a.done(0, err)
-	s.metrics.upstreamStreamFailed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
-	c.oc.fail(c.w, http.StatusBadGateway, typeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	s.metrics.UpstreamStreamFailed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
+	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // isEventStream reports whether resp is an SSE stream.

@@ -34,7 +34,7 @@ const DefaultPoolGroup = giev1.GroupName
 // Apply, when Options.Debounce is 0.
 const DefaultDebounce = 50 * time.Millisecond
 
-// Applier receives the configurations discovery builds; *httpgw.Server
+// Applier receives the configurations discovery builds; *fleet.Fleet
 // satisfies it.
 type Applier interface {
 	Apply(*config.File) error

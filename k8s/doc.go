@@ -1,6 +1,7 @@
 // Package k8s discovers a model's replicas in Kubernetes and feeds them to
-// the HTTP gateway's control plane ([httpgw.Server.Apply]), so pods that
-// come and go join and leave the replica table without a restart.
+// the control plane that the HTTP gateway and the endpoint picker share
+// ([fleet.Fleet.Apply]), so pods that come and go join and leave the
+// replica table without a restart.
 //
 // Two sources are supported, one per [Discovery]:
 //

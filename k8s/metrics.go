@@ -3,7 +3,7 @@ package k8s
 import (
 	"net/url"
 
-	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,7 +33,7 @@ var (
 // none they are not exported. Safe for concurrent use.
 type PoolCollector struct {
 	pool  string
-	stats func() httpgw.Stats
+	stats func() fleet.Stats
 	reps  func() []string // addresses of the discovered replicas
 }
 
@@ -41,7 +41,7 @@ var _ prometheus.Collector = (*PoolCollector)(nil)
 
 // NewPoolCollector returns the collector of pool (its name label), reading
 // stats and the discovery d's replicas.
-func NewPoolCollector(pool string, stats func() httpgw.Stats, d *Discovery) *PoolCollector {
+func NewPoolCollector(pool string, stats func() fleet.Stats, d *Discovery) *PoolCollector {
 	return &PoolCollector{pool: pool, stats: stats, reps: func() []string {
 		var out []string
 		for _, r := range d.Replicas() {
@@ -64,7 +64,7 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	pods := map[string]bool{} // a pod with several target ports counts once
 	inPool := map[string]bool{}
 	for _, a := range addrs {
-		inPool[httpgw.NormalizeAddress(a)] = true
+		inPool[fleet.NormalizeAddress(a)] = true
 		if u, err := url.Parse(a); err == nil {
 			pods[u.Hostname()] = true
 		}

@@ -5,22 +5,22 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
 func TestPoolCollector(t *testing.T) {
-	st := httpgw.Stats{StatsDocument: config.StatsDocument{Models: map[string]config.RoutingStats{
+	st := fleet.Stats{StatsDocument: config.StatsDocument{Models: map[string]config.RoutingStats{
 		"m": {Requests: 7, Replicas: []config.ReplicaStats{{Name: "a", InFlight: 2}, {Name: "b", InFlight: 1}}},
-	}}, Engines: []httpgw.EngineStats{
-		{Address: "http://10.0.0.1:8000", Load: &httpgw.EngineLoad{Waiting: 4, Running: 2, KVUtilization: 0.5}},
-		{Address: "http://10.0.0.2:8000", Load: &httpgw.EngineLoad{Waiting: 0, Running: 4, KVUtilization: 0.25}},
-		{Address: "http://10.0.0.3:8000"},                                         // not scraped yet: left out of the averages
-		{Address: "http://10.9.9.9:8000", Load: &httpgw.EngineLoad{Waiting: 100}}, // not in the pool
+	}}, Engines: []fleet.EngineStats{
+		{Address: "http://10.0.0.1:8000", Load: &fleet.EngineLoad{Waiting: 4, Running: 2, KVUtilization: 0.5}},
+		{Address: "http://10.0.0.2:8000", Load: &fleet.EngineLoad{Waiting: 0, Running: 4, KVUtilization: 0.25}},
+		{Address: "http://10.0.0.3:8000"},                                        // not scraped yet: left out of the averages
+		{Address: "http://10.9.9.9:8000", Load: &fleet.EngineLoad{Waiting: 100}}, // not in the pool
 	}}
-	c := &PoolCollector{pool: "p", stats: func() httpgw.Stats { return st },
+	c := &PoolCollector{pool: "p", stats: func() fleet.Stats { return st },
 		reps: func() []string {
 			return []string{"http://10.0.0.1:8000", "http://10.0.0.1:8001", "http://10.0.0.2:8000", "http://10.0.0.3:8000"}
 		}}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/k8s"
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,12 +99,13 @@ func (d *discoveryFlags) metrics(o *httpgw.Options) *prometheus.Registry {
 	return reg
 }
 
-// start starts discovery feeding srv, with the configuration file at path
-// as the base it merges the replicas into, re-read every reload (srv must
-// not reload the file itself). It returns once discovery runs; stop ends
+// start starts discovery feeding the control plane fl (the HTTP gateway's
+// or the picker's), with the configuration file at path as the base it
+// merges the replicas into, re-read every reload (fl must not reload the
+// file itself). It returns once discovery runs; stop ends
 // it.
 // When reg is not nil, GIE's pool series are registered on it.
-func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Server, reg *prometheus.Registry, logger *slog.Logger) (disc *k8s.Discovery, stop func(), err error) {
+func (d *discoveryFlags) start(path string, reload time.Duration, fl *fleet.Fleet, reg *prometheus.Registry, logger *slog.Logger) (disc *k8s.Discovery, stop func(), err error) {
 	rc, err := d.restConfig()
 	if err != nil {
 		return nil, nil, err
@@ -116,7 +118,7 @@ func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Se
 		Service: d.service, ServicePort: d.servicePort, Models: models,
 		Template: config.Model{Mode: gateway.ModeCacheAware},
 		Base:     func() (*config.File, error) { return config.Load(path) },
-		Logger:   logger}, srv)
+		Logger:   logger}, fl)
 	if err != nil {
 		return nil, nil, usagef("%v", err)
 	}
@@ -125,7 +127,7 @@ func (d *discoveryFlags) start(path string, reload time.Duration, srv *httpgw.Se
 		if name == "" {
 			name = d.service
 		}
-		if err := reg.Register(k8s.NewPoolCollector(name, srv.Stats, disc)); err != nil {
+		if err := reg.Register(k8s.NewPoolCollector(name, fl.Stats, disc)); err != nil {
 			return nil, nil, err
 		}
 	}

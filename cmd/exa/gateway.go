@@ -168,7 +168,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	defer fl.cleanup()
 	defer srv.Close() // idle engine connections
 	if fl.disc.enabled() {
-		_, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
+		_, stopDisc, err := fl.disc.start(path, fl.reload, srv.Fleet, reg, logger)
 		if err != nil {
 			return err
 		}

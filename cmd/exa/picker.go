@@ -13,9 +13,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/examlops/gateway/picker"
+	"github.com/examlops/gateway/picker/fleetpick"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -172,29 +173,28 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if fl.disc.enabled() {
 		srvPath = "" // discovery reads the file and applies it with the replicas
 	}
-	var o httpgw.Options
-	reg := fl.disc.metrics(&o)
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		o.Registerer, o.Gatherer = reg, reg
-	}
-	srv, err := fl.newServer("picker", srvPath, logger, o)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	fo := fl.fleetOptions("picker", srvPath, logger)
+	fo.Registerer, fo.Attach = reg, fleetpick.Attach
+	flt, err := fleet.New(fo)
 	if err != nil {
+		fl.cleanup()
 		return err
 	}
 	defer fl.cleanup()
-	defer srv.Close()
+	defer flt.Close()
 	ready := func() bool { return true }
 	if fl.disc.enabled() {
-		disc, stopDisc, err := fl.disc.start(path, fl.reload, srv, reg, logger)
+		disc, stopDisc, err := fl.disc.start(path, fl.reload, flt, reg, logger)
 		if err != nil {
 			return err
 		}
 		defer stopDisc()
 		ready = disc.Synced
 	}
-	router, err := srv.Picker(httpgw.PickerOptions{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove})
+	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission,
+		TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -238,7 +238,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 			ln.Close()
 			return usagef("invalid --admin-listen %q: %v", fl.adminListen, err)
 		}
-		admin = &http.Server{Handler: adminHandler(srv), ReadHeaderTimeout: httpserver.DefaultReadHeaderTimeout,
+		admin = &http.Server{Handler: fleetpick.Admin(flt, reg, logger), ReadHeaderTimeout: httpserver.DefaultReadHeaderTimeout,
 			ReadTimeout: httpserver.DefaultReadTimeout, IdleTimeout: httpserver.DefaultIdleTimeout,
 			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	}
@@ -261,7 +261,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	defer stop()
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
-	go func() { _ = srv.Run(runCtx) }()
+	go func() { _ = flt.Run(runCtx) }()
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		tick := time.NewTicker(fl.reload)
 		defer tick.Stop()
@@ -279,7 +279,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		adminURL = "http://" + adminLn.Addr().String()
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC, %s), admin %s (config %s, %d models)\n",
-		ln.Addr(), security, adminURL, path, len(srv.Stats().Models))
+		ln.Addr(), security, adminURL, path, len(flt.Stats().Models))
 	if fl.disc.enabled() {
 		fmt.Fprintf(cmd.OutOrStdout(), "exa: picker discovering replicas (pool %q, service %q, namespace %q), gRPC health on %s\n",
 			fl.disc.poolName, fl.disc.service, fl.disc.namespace(), healthAddr)
@@ -325,17 +325,4 @@ func pickerCollector(pk *picker.Server) []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_overloaded_total",
 			Help: "Streams answered 503 because their body would have taken the buffered bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
 	}
-}
-
-// adminHandler serves the HTTP gateway's /metrics, /stats and /healthz,
-// and nothing else: inference requests come through Envoy.
-func adminHandler(srv http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	for _, p := range []string{"/metrics", "/stats", "/healthz"} {
-		mux.Handle(p, srv)
-	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "picker admin: no endpoint "+r.URL.Path+" (serving /metrics, /stats, /healthz; requests go through Envoy)", http.StatusNotFound)
-	})
-	return mux
 }

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // TestPickerBadFlags: bad flags of `exa serve picker` are usage errors
@@ -43,32 +39,5 @@ func TestPickerBadFlags(t *testing.T) {
 			assert.Equal(t, 2, r.code, "stderr: %s", r.stderr)
 			assert.Contains(t, r.stderr, "exa: "+tt.want)
 		})
-	}
-}
-
-// The admin listener serves the gateway's /metrics, /stats and /healthz
-// and nothing else.
-func TestPickerAdminHandler(t *testing.T) {
-	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "inner "+r.URL.Path) })
-	srv := httptest.NewServer(adminHandler(inner))
-	defer srv.Close()
-	for _, tt := range []struct {
-		path   string
-		status int
-		want   string
-	}{
-		{"/metrics", 200, "inner /metrics"},
-		{"/stats", 200, "inner /stats"},
-		{"/healthz", 200, "inner /healthz"},
-		{"/v1/chat/completions", 404, "requests go through Envoy"},
-		{"/v1/models", 404, "no endpoint /v1/models"},
-	} {
-		resp, err := http.Get(srv.URL + tt.path)
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		assert.Equal(t, tt.status, resp.StatusCode, tt.path)
-		assert.Contains(t, string(b), tt.want, tt.path)
 	}
 }

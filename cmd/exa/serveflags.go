@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/keys"
 	"github.com/spf13/pflag"
@@ -30,7 +31,7 @@ type serveFlags struct {
 	peerTokenFile                       string
 	admission                           gateway.Admission // --shed-*
 	// removeStatus removes the process's reload status file (see
-	// reloadRecorder); set by newServer, nil before.
+	// reloadRecorder); set by fleetOptions, nil before.
 	removeStatus func()
 }
 
@@ -138,33 +139,36 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 	return path, slog.New(slog.NewTextHandler(w, ho)), nil
 }
 
-// newServer warns when the configuration file at path does not exist yet,
-// then returns the HTTP gateway of o with the shared flags' fields set.
+// fleetOptions warns when the configuration file at path does not exist
+// yet, then returns the control plane's options of the shared flags.
 // command (gateway or picker) names the process in its reload status
 // file, which the caller removes with s.cleanup when it exits.
-func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
+func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fleet.Options {
 	if _, err := os.Stat(path); path != "" && errors.Is(err, fs.ErrNotExist) {
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
-	o.ConfigPath = path
-	o.ReloadInterval = s.reload
-	o.ProbeInterval = s.probe
-	o.ProbeTimeout = s.probeTimeout
-	o.ScrapeInterval = s.scrape
-	o.DiscoverInterval = s.discover
-	o.EjectAfter = s.ejectAfter
-	o.ReadmitAfter = s.readmitAfter
-	o.EjectionTime = s.ejectionTime
+	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
+		ScrapeInterval: s.scrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
+		EjectionTime: s.ejectionTime, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1
 	}
+	o.OnReload, s.removeStatus = reloadRecorder(path, command, logger.Warn)
+	return o
+}
+
+// newServer returns the HTTP gateway of o with the shared flags' fields
+// set (see fleetOptions).
+func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
+	fo := s.fleetOptions(command, path, logger)
+	o.ConfigPath, o.ReloadInterval, o.ProbeInterval, o.ProbeTimeout = fo.ConfigPath, fo.ReloadInterval, fo.ProbeInterval, fo.ProbeTimeout
+	o.ScrapeInterval, o.DiscoverInterval, o.EjectAfter, o.ReadmitAfter = fo.ScrapeInterval, fo.DiscoverInterval, fo.EjectAfter, fo.ReadmitAfter
+	o.EjectionTime, o.PeerTokenFile, o.OnReload = fo.EjectionTime, fo.PeerTokenFile, fo.OnReload
 	o.BlockSize = s.blockSize
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
-	o.PeerTokenFile = s.peerTokenFile
 	o.Admission = s.admission
 	o.Logger = logger
-	o.OnReload, s.removeStatus = reloadRecorder(path, command, logger.Warn)
 	srv, err := httpgw.New(o)
 	if err != nil {
 		s.cleanup()
@@ -173,7 +177,7 @@ func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o http
 	return srv, nil
 }
 
-// cleanup removes the reload status file newServer started, if any.
+// cleanup removes the reload status file fleetOptions started, if any.
 func (s *serveFlags) cleanup() {
 	if s.removeStatus != nil {
 		s.removeStatus()

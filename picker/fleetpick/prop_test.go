@@ -1,4 +1,4 @@
-package httpgw
+package fleetpick
 
 import (
 	"context"
@@ -17,20 +17,6 @@ import (
 	"github.com/examlops/gateway/picker"
 )
 
-// pickServer is a Server serving testModel over replicas at the given
-// addresses (nothing listens there: Pick only names endpoints).
-func pickServer(t testing.TB, mode gateway.Mode, addrs ...string) *Server {
-	t.Helper()
-	s, err := New(Options{Logger: quietLogger()})
-	require.NoError(t, err)
-	var reps []config.Replica
-	for i, a := range addrs {
-		reps = append(reps, config.Replica{Name: fmt.Sprintf("r%d", i), Address: a})
-	}
-	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
-	return s
-}
-
 // TestPropPickerScope: whatever the subset hint, the replicas' health and
 // host names, a pick names an endpoint that is healthy, ip:port and in
 // the hint, and is refused with 503 exactly when there is none; the
@@ -48,7 +34,7 @@ func TestPropPickerScope(t *testing.T) {
 			}
 		}
 		s := pickServer(t, gateway.ModeCacheAware, addrs...)
-		p, err := s.Picker(PickerOptions{Fallbacks: rapid.IntRange(0, 3).Draw(rt, "fallbacks")})
+		p, err := New(s, Options{Fallbacks: rapid.IntRange(0, 3).Draw(rt, "fallbacks")})
 		require.NoError(t, err)
 		healthy := make([]bool, n)
 		for i := range healthy {
@@ -113,7 +99,7 @@ func hasDup(s []string) bool {
 func TestPickerConcurrent(t *testing.T) {
 	addrs := []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"}
 	s := pickServer(t, gateway.ModeCacheAware, addrs...)
-	p, err := s.Picker(PickerOptions{Fallbacks: 1, ShedAbove: 1000})
+	p, err := New(s, Options{Fallbacks: 1, ShedAbove: 1000})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	stop := make(chan struct{})

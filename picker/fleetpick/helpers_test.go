@@ -1,11 +1,18 @@
-package httpgw
+package fleetpick
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,37 +25,74 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
 
-// pickFixture is the Server's Picker served over an in-process gRPC
+const testModel = "m1"
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newFleet returns a fleet built as `exa serve picker` builds it (the
+// Router's Attach hook), its metrics on reg, with o's other options.
+func newFleet(t testing.TB, reg prometheus.Registerer, o fleet.Options) *fleet.Fleet {
+	t.Helper()
+	o.Registerer, o.Logger, o.Attach = reg, quietLogger(), Attach
+	fl, err := fleet.New(o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fl.Close() })
+	return fl
+}
+
+// pickServer is a fleet serving testModel over replicas at the given
+// addresses (nothing listens there: Pick only names endpoints).
+func pickServer(t testing.TB, mode gateway.Mode, addrs ...string) *fleet.Fleet {
+	t.Helper()
+	s := newFleet(t, prometheus.NewRegistry(), fleet.Options{})
+	var reps []config.Replica
+	for i, a := range addrs {
+		reps = append(reps, config.Replica{Name: fmt.Sprintf("r%d", i), Address: a})
+	}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
+	return s
+}
+
+// pickFixture is a Router over a fleet served over an in-process gRPC
 // connection, with pickertest.Envoy in front of it playing Envoy: the
 // fixture's http server is Envoy's listener, the engines are real HTTP
 // servers (enginetest) that Envoy reaches at the picked ip:port.
 type pickFixture struct {
-	*fixture
-	picker *Picker
-	client *pickertest.Client
-	envoy  *pickertest.Envoy
+	t       *testing.T
+	srv     *fleet.Fleet
+	http    *httptest.Server
+	engines []*enginetest.Engine
+	reg     *prometheus.Registry
+	// handlers counts Envoy's handlers still running.
+	handlers sync.WaitGroup
+	picker   *Router
+	client   *pickertest.Client
+	envoy    *pickertest.Envoy
 	// md, when set, gives each request's filter metadata (a subset hint).
 	md func(*http.Request) *corev3.Metadata
 }
 
 // pickSetup adjusts a pickFixture before it starts.
 type pickSetup struct {
-	popts     PickerOptions
+	popts     Options
 	maxFB     int // picker.Options.MaxFallbacks
 	fallbacks bool
 	model     func(*config.Model)
-	opts      func(*Options)
+	fleet     func(*fleet.Options)
 	engine    func(i int, o *enginetest.Options)
 }
 
 func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, setup pickSetup) *pickFixture {
 	t.Helper()
-	f := &pickFixture{fixture: &fixture{t: t, reg: prometheus.NewRegistry()}}
+	f := &pickFixture{t: t, reg: prometheus.NewRegistry()}
 	var reps []config.Replica
 	for i := range n {
 		o := eopts
@@ -62,20 +106,21 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 		f.engines = append(f.engines, e)
 		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
 	}
-	opts := Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger()}
-	if setup.opts != nil {
-		setup.opts(&opts)
+	var fo fleet.Options
+	if setup.fleet != nil {
+		setup.fleet(&fo)
 	}
-	s, err := New(opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	s := newFleet(t, f.reg, fo)
 	m := config.Model{Mode: mode, Replicas: reps}
 	if setup.model != nil {
 		setup.model(&m)
 	}
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: m}}))
 	f.srv = s
-	f.picker, err = s.Picker(setup.popts)
+	popts := setup.popts
+	popts.Registerer, popts.Logger = f.reg, quietLogger()
+	var err error
+	f.picker, err = New(s, popts)
 	require.NoError(t, err)
 	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB})
 	require.NoError(t, err)
@@ -95,11 +140,12 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 		}
 		return nil
 	}}
-	f.http = newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.handlers.Add(1)
 		defer f.handlers.Done()
 		f.envoy.ServeHTTP(w, r)
 	}))
+	t.Cleanup(f.http.Close)
 	return f
 }
 
@@ -131,7 +177,7 @@ func (f *pickFixture) waitIdle() {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		fl := f.inFlight()
-		g := f.counter("exa_gateway_in_flight_requests", nil)
+		g := fronttest.Gauge(f.t, f.reg, "exa_gateway_in_flight_requests", nil)
 		if !slices.ContainsFunc(fl, func(n int) bool { return n != 0 }) && g == 0 {
 			return
 		}
@@ -140,4 +186,45 @@ func (f *pickFixture) waitIdle() {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+func (f *pickFixture) post(path, body string, hdr ...string) *http.Response {
+	f.t.Helper()
+	return fronttest.Post(f.t, f.http.URL, path, body, hdr...)
+}
+
+// settle waits for Envoy's handlers to finish.
+func (f *pickFixture) settle() { f.handlers.Wait() }
+
+// counter returns the value of a counter series (summed over the series
+// whose labels include labels), 0 when absent.
+func (f *pickFixture) counter(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	f.settle()
+	return fronttest.Counter(f.t, f.reg, name, labels)
+}
+
+// histCount returns the sample count of a histogram (summed over the
+// matching series), 0 when absent.
+func (f *pickFixture) histCount(name string, labels map[string]string) uint64 {
+	f.t.Helper()
+	f.settle()
+	return fronttest.HistCount(f.t, f.reg, name, labels)
+}
+
+var chatBody = fronttest.ChatBody
+
+func readAll(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
+}
+
+func decodeError(t *testing.T, b []byte) front.APIError {
+	t.Helper()
+	var eb front.ErrorBody
+	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
+	return eb.Error
 }

@@ -1,4 +1,4 @@
-package httpgw
+package fleetpick
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func FuzzPick(f *testing.F) {
 	f.Add("POST", "/v1/chat/completions", []byte(`{"model":"m2"}`), "", "")
 	f.Add("PUT", "/x", []byte(`{`), "\x00", "::1")
 	s := pickServer(f, gateway.ModeCacheAware, "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://engine:8000")
-	p, err := s.Picker(PickerOptions{Fallbacks: 2})
+	p, err := New(s, Options{Fallbacks: 2})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package httpgw
+package fleetpick
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
@@ -47,9 +49,9 @@ var benchAnswers = []int{0, 2, 1, 1}
 
 // benchPicker returns the ext_proc server over a Server serving m1 from
 // one replica (nothing listens there: the picker only names it).
-func benchPicker(b *testing.B) (*Server, *picker.Server) {
-	s := benchServer(b, nil, "http://127.0.0.1:9")
-	r, err := s.Picker(PickerOptions{})
+func benchPicker(b *testing.B) (*fleet.Fleet, *picker.Server) {
+	s := pickServer(b, gateway.ModeCacheAware, "http://127.0.0.1:9")
+	r, err := New(s, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -159,8 +161,8 @@ func BenchmarkPickerCPU(b *testing.B) {
 
 // BenchmarkPickerPick measures the Router alone: Pick, FirstToken, Done.
 func BenchmarkPickerPick(b *testing.B) {
-	s := benchServer(b, nil, "http://127.0.0.1:9")
-	r, err := s.Picker(PickerOptions{})
+	s := pickServer(b, gateway.ModeCacheAware, "http://127.0.0.1:9")
+	r, err := New(s, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -181,10 +183,12 @@ func BenchmarkPickerPick(b *testing.B) {
 }
 
 // benchCheckIdle fails the benchmark if a request's load was not released.
-func benchCheckIdle(b *testing.B, s *Server) {
+func benchCheckIdle(b *testing.B, s *fleet.Fleet) {
 	for _, r := range s.Snapshot().Models["m1"].Gateway.Replicas() {
 		if r.InFlight != 0 {
 			b.Fatalf("replica %s: %d in flight", r.Name, r.InFlight)
 		}
 	}
 }
+
+var benchBody = []byte(`{"model":"m1","max_tokens":1,"messages":[{"role":"system","content":"You are a terse assistant that answers in one word."},{"role":"user","content":"Say one word."}]}`)

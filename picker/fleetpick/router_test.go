@@ -1,4 +1,4 @@
-package httpgw
+package fleetpick
 
 import (
 	"bufio"
@@ -17,6 +17,8 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
@@ -225,7 +227,7 @@ func TestPickerHostNames(t *testing.T) {
 }
 
 func TestPickerPassiveHealth(t *testing.T) {
-	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{opts: func(o *Options) { o.EjectAfter = 2 }})
+	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{fleet: func(o *fleet.Options) { o.EjectAfter = 2 }})
 	body := chatBody(testModel, false, "a prefix that stays on one engine", "q")
 	resp := f.post("/v1/chat/completions", body)
 	readAll(t, resp)
@@ -249,7 +251,7 @@ func TestPickerPassiveHealth(t *testing.T) {
 	f.waitIdle()
 }
 
-func engineHealth(st Stats, addr string) (healthy, found bool) {
+func engineHealth(st fleet.Stats, addr string) (healthy, found bool) {
 	for _, e := range st.Engines {
 		if e.Address == addr {
 			return e.Healthy, true
@@ -289,11 +291,11 @@ func TestPickerClientCancel(t *testing.T) {
 	<-done
 	<-f.engines[0].CanceledC() // Envoy cancelled the upstream request
 	f.waitIdle()
-	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "200", "reason": codeStreamEnded}))
+	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "200", "reason": front.CodeStreamEnded}))
 }
 
 func TestPickerShed(t *testing.T) {
-	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: PickerOptions{ShedAbove: 1}})
+	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1}})
 	var releases []func()
 	for i := range 2 {
 		releases = append(releases, f.engines[i].Gate())
@@ -344,7 +346,7 @@ func TestPickerShed(t *testing.T) {
 
 func TestPickerFallbacks(t *testing.T) {
 	f := newPickFixture(t, 3, gateway.ModeCacheAware, enginetest.Options{},
-		pickSetup{popts: PickerOptions{Fallbacks: 1}, maxFB: 1, fallbacks: true, opts: func(o *Options) { o.EjectAfter = 5 }})
+		pickSetup{popts: Options{Fallbacks: 1}, maxFB: 1, fallbacks: true, fleet: func(o *fleet.Options) { o.EjectAfter = 5 }})
 	body := chatBody(testModel, false, "a prefix whose engine is about to stop", "q")
 	resp := f.post("/v1/chat/completions", body)
 	readAll(t, resp)
@@ -405,10 +407,12 @@ func TestPickerLargeBody(t *testing.T) {
 }
 
 func TestPickerExactIndex(t *testing.T) {
-	tok := &wordTokenizer{}
+	tok := &fronttest.WordTokenizer{}
 	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
-		opts:  func(o *Options) { o.Tokenizer = tok },
-		model: func(m *config.Model) { m.Index, m.BlockSize, m.KVEventsBind = config.IndexExact, 4, freeTCP(t) },
+		fleet: func(o *fleet.Options) { o.Tokenizer = tok },
+		model: func(m *config.Model) {
+			m.Index, m.BlockSize, m.KVEventsBind = config.IndexExact, 4, fronttest.FreeTCP(t)
+		},
 	})
 	resp := f.post("/v1/completions", `{"model":"m1","prompt":"one two three four five six seven eight nine"}`)
 	readAll(t, resp)

@@ -1,0 +1,28 @@
+package front
+
+import (
+	"testing"
+
+	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/fronttest"
+	"github.com/examlops/gateway/keys"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A model table built without cached series (nil) still counts.
+func TestNilModelMetricsLooksUp(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	var mm *ModelMetrics
+	mm.routedC(m, "x").Inc()
+	m.ReplicaRequests(&fleet.Model{Name: "x"}, "r").Inc()
+	mm.RequestsC(m, "x", keys.Chat, "200").Inc()
+	mm.DurationO(m, "x", keys.Chat).Observe(0.1)
+	assert.Equal(t, 1.0, fronttest.Counter(t, reg, "exa_gateway_routed_total", map[string]string{"model": "x"}))
+	assert.Equal(t, 1.0, fronttest.Counter(t, reg, "exa_gateway_replica_requests_total", map[string]string{"model": "x", "replica": "r"}))
+	assert.Equal(t, 1.0, fronttest.Counter(t, reg, "exa_gateway_requests_total", map[string]string{"model": "x", "code": "200"}))
+	assert.Equal(t, uint64(1), fronttest.HistCount(t, reg, "exa_gateway_request_duration_seconds", map[string]string{"model": "x"}))
+}

@@ -1,0 +1,198 @@
+package fleetpick
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/keys"
+	"github.com/examlops/gateway/picker"
+)
+
+// pickRequest is one request being picked for.
+type pickRequest struct {
+	r        *Router
+	kind     keys.Endpoint
+	start    time.Time
+	ms       *fleet.Model
+	lora     *fleet.AdapterRoute // the LoRA adapter the request names; nil for the base model
+	key      gateway.Key
+	fallback int
+	tab      *table
+	sub      picker.Subset
+}
+
+// adapter is the request's LoRA adapter, "" for the base model.
+func (pr *pickRequest) adapter() string {
+	if pr.lora == nil {
+		return ""
+	}
+	return pr.lora.Name
+}
+
+// fail counts a request the picker answers with an error and returns the
+// error, which answers as the HTTP gateway would.
+func (pr *pickRequest) fail(status int, typ, code, param string, err error) (picker.Pick, error) {
+	r, model := pr.r, ""
+	var mm *front.ModelMetrics
+	if pr.ms != nil {
+		model, mm = pr.ms.Name, front.Of(pr.ms)
+	}
+	mm.RequestsC(r.metrics, model, pr.kind, strconv.Itoa(status)).Inc()
+	if model != "" {
+		mm.DurationO(r.metrics, model, pr.kind).Observe(r.opts.Clock().Sub(pr.start).Seconds())
+	}
+	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err}
+}
+
+// allow returns the replicas of the model the pick may choose, for
+// gateway.Target.Allow: for an adapter, those whose engines serve it;
+// those with an endpoint (unless the prefill pool's, which the sidecar
+// reaches); within the subset hint. nil (all) when that is every replica.
+func (pr *pickRequest) allow(prefill bool) func(string) bool {
+	var eligible map[string]bool
+	if pr.lora != nil {
+		eligible = pr.lora.Eligible
+	}
+	tab, ms, sub := pr.tab, pr.ms, pr.sub
+	needEP := sub != nil || (!prefill && !tab.allIP[ms.Name])
+	if eligible == nil && !needEP {
+		return nil
+	}
+	return func(name string) bool {
+		if eligible != nil && !eligible[name] {
+			return false
+		}
+		return !needEP || tab.allows(ms, sub, name)
+	}
+}
+
+// noEndpoint is the error of a pick that found no eligible replica.
+func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
+	ms := pr.ms
+	what := "replica"
+	if pool != "" {
+		what = pool + " replica"
+	}
+	msg := fmt.Sprintf("gateway: no healthy %s for model %q", what, ms.Name)
+	if pr.lora != nil {
+		msg = fmt.Sprintf("gateway: no healthy %s serving LoRA adapter %q of model %q", what, pr.lora.Name, ms.Name)
+	}
+	if pr.sub != nil {
+		msg += fmt.Sprintf(" within the subset hint %v", []string(pr.sub))
+	}
+	var bad []string
+	for _, r := range ms.Order {
+		if ms.PD != nil && ms.PD.PrefillNames[r] {
+			continue
+		}
+		if ep := ms.ByName[r]; ep != nil {
+			if _, ok := pr.tab.bad[ep.Base]; ok {
+				bad = append(bad, r+"="+ep.Base)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		msg += fmt.Sprintf(" (replicas whose address is not ip:port are never picked: %s)", strings.Join(bad, ", "))
+	}
+	return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
+		fmt.Errorf("%w: %s: %v", picker.ErrNoEndpoint, msg, err))
+}
+
+// target is the gateway.Target of a pick within allow (pr.allow).
+func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
+	return gateway.Target{Adapter: pr.adapter(), Allow: allow}
+}
+
+// route routes the request over its model's gateway and returns the pick.
+func (pr *pickRequest) route() (picker.Pick, error) {
+	r, ms := pr.r, pr.ms
+	allow := pr.allow(false)
+	if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
+		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
+			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a)))
+	}
+	if ms.PD != nil {
+		return pr.routePD(allow)
+	}
+	var failed string
+	for try := 0; try < 2; try++ {
+		t := pr.target(allow)
+		t.Exclude = failed
+		d, err := ms.Gateway.RouteWith(pr.key, t)
+		if err != nil {
+			if errors.Is(err, gateway.ErrNoHealthyReplica) {
+				return pr.noEndpoint("", err)
+			}
+			return pr.fail(http.StatusInternalServerError, front.TypeServer, "routing_error", "", err)
+		}
+		ep, endpoint, err := pr.endpoint(&d)
+		if err != nil {
+			// A reload moved the replica (or gave it a host name): release
+			// the decision and try another.
+			d.Done(gateway.DoneInfo{Err: err})
+			failed = d.Replica
+			continue
+		}
+		tr := pr.track(d, ep, endpoint)
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
+	}
+	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
+}
+
+// endpoint returns the engine decision d is to be sent to and its
+// endpoint, or why there is none.
+func (pr *pickRequest) endpoint(d *gateway.Decision) (*fleet.Endpoint, string, error) {
+	ep := front.EndpointOf(pr.r.fl.Snapshot(), pr.ms, d)
+	if ep == nil {
+		return nil, "", fmt.Errorf("replica %q (%s) is no longer configured", d.Replica, d.Address)
+	}
+	endpoint, err := pr.tab.endpointOf(ep.Base)
+	return ep, endpoint, err
+}
+
+// fallbacks returns the endpoints of up to Fallbacks other eligible
+// replicas than picked, as the library ranks them (gateway.Spares).
+func (pr *pickRequest) fallbacks(allow func(string) bool, picked string) []string {
+	n := pr.r.opts.Fallbacks
+	if n == 0 {
+		return nil
+	}
+	t := pr.target(allow)
+	t.Exclude = picked
+	var buf [8]string
+	names := pr.ms.Gateway.Spares(buf[:0], n, t)
+	out := make([]string, 0, len(names))
+	for _, name := range names {
+		if ep := pr.ms.ByName[name]; ep != nil {
+			if pe, ok := pr.tab.eps[ep.Base]; ok {
+				out = append(out, pe.ep)
+			}
+		}
+	}
+	return out
+}
+
+// decisionHeaders are the response headers that report a pick's decision
+// to the client as the HTTP gateway reports its own (HeaderReplica,
+// HeaderDecision).
+func (pr *pickRequest) decisionHeaders(d *gateway.Decision) []picker.Header {
+	return []picker.Header{{Name: front.HeaderReplica, Value: d.Replica}, {Name: front.HeaderDecision, Value: front.DescribeDecision(pr.ms, pr.fallback, d)}}
+}
+
+// track counts a decision and returns the Tracker of its request.
+func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint string) *tracker {
+	r, ms := pr.r, pr.ms
+	r.metrics.CountDecision(ms, &d)
+	r.metrics.ReplicaRequests(ms, d.Replica).Inc()
+	r.metrics.InFlight.Inc()
+	t := r.pool.Get().(*tracker)
+	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
+	return t
+}
