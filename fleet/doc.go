@@ -14,8 +14,11 @@
 // configuration says) and the peer gateways' pending prefill. Stats is the
 // GET /stats document (docs/stats.md).
 //
-// httpgw.Server embeds a *Fleet, so `exa serve gateway` and `exa serve
-// picker` both build their process from one Fleet.
+// The data planes read it: httpgw.Server embeds a *Fleet (`exa serve
+// gateway`), and the endpoint picker's fleetpick.Router is built over one
+// (`exa serve picker` builds a Fleet, the Router and its admin handler,
+// and no httpgw.Server); Kubernetes discovery (package k8s) applies its
+// replicas to either through Apply.
 //
 // Concurrency: all methods are safe for concurrent use. Apply, reloads and
 // health transitions are serialised by one mutex; Snapshot is a lock-free

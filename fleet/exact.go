@@ -22,7 +22,7 @@ import (
 
 // The exact index: models with index exact route on a cache index that
 // only their engines' KV events change (package kvevents), and key their
-// requests from the engines' own tokens (exactkey.go).
+// requests from the engines' own tokens (internal/front/key.go).
 //
 // One Translator and one Subscriber serve every model for the Fleet's
 // life, so an engine's state (its sequence number, its map of block

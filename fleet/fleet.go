@@ -39,7 +39,7 @@ var ErrInvalidOptions = errors.New("fleet: invalid options")
 
 // Options configures a Fleet. The zero value is usable: every zero field
 // takes the default named in its comment (httpgw.Options passes its own
-// fields of the same names).
+// fields of the same names; `exa serve picker` builds one directly).
 type Options struct {
 	// ConfigPath is the routing configuration file (package config's
 	// format) that New loads and Run polls for changes. "" means none:

@@ -13,7 +13,7 @@ import (
 // have no room under Options.Admission (the library's rule,
 // gateway.Gateway.Saturated, after GIE's saturation detector) is shed with
 // 429, an OpenAI rate_limit_error and Retry-After, before any replica is
-// chosen; the picker answers the same (PickerOptions). Shed requests are
+// chosen; the picker's Router answers the same (fleetpick.Options). Shed requests are
 // counted in exa_gateway_requests_total{code="429",reason="shed"}.
 
 // retryAfter is the Retry-After a shed request gets: one scrape interval

@@ -15,16 +15,18 @@
 // gateways, /stats) is package fleet: a Server embeds a *fleet.Fleet, whose
 // Apply, Reload, Run, ProbeAll, ScrapeAll and Stats are the Server's, and
 // reads its snapshot for each request; the data plane reports what
-// engines answer (passive health) back through it. Server.Picker serves
-// the same routing over the same fleet to Envoy's ext_proc endpoint picker
-// (package picker, `exa serve picker`): pick.go and pick_pd.go.
+// engines answer (passive health) back through it. The endpoint picker's
+// Router (package picker/fleetpick, `exa serve picker`) is the other data
+// plane over a fleet; what the two do alike (request metrics, OpenAI
+// errors, parsing and keys, the P/D plan's bookkeeping, decision headers,
+// /v1/models, /stats, /metrics) is package internal/front, which both
+// import.
 //
 // Reference: docs/gateway.md (endpoints, non-streamed requests, configuration, disaggregation,
 // keys, exact index, engine signals, LoRA, failures), docs/metrics.md
 // (every metric) and docs/stats.md (the GET /stats schema).
 //
-// Concurrency: every method of Server and Picker is safe for concurrent
-// use. Requests read an immutable snapshot of the configuration and
+// Concurrency: every method of Server is safe for concurrent use. Requests read an immutable snapshot of the configuration and
 // engines (replaced whole by Apply), so a reload never blocks a request;
 // per-request state lives on the request's goroutine.
 package httpgw

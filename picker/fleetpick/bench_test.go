@@ -18,13 +18,11 @@ import (
 	"github.com/examlops/gateway/picker/pickertest"
 )
 
-// The picker's cost per request, beside the HTTP gateway's (bench_test.go:
-// BenchmarkHandler, BenchmarkHandlerCPU): the same model (m1, cache-aware,
-// one replica), the same request body and answer, routed by the Server's
-// own Picker. Run them in one go, taking turns, e.g.
-//
-//	for i in 1 2 3 4 5 6; do go test ./httpgw -run '^$' -bench '^Benchmark(Handler|HandlerCPU|Picker|PickerCPU|PickerPick)$' -benchmem -count 1; done | tee /tmp/pick.txt
-//	benchstat /tmp/pick.txt
+// The picker's cost per request, beside the HTTP gateway's
+// (httpgw/bench_test.go: BenchmarkHandler, BenchmarkHandlerCPU): the same
+// model (m1, cache-aware, one replica), the same request body and answer,
+// routed by the Router over a fleet. Run them taking turns, as
+// docs/picker.md ("Cost") shows, and compare with benchstat.
 
 // benchAnswer is the engine's answer, as benchEngine sends it.
 var benchAnswer = []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`)
@@ -47,7 +45,7 @@ func benchExchange() []*extprocv3.ProcessingRequest {
 // benchAnswers is how many answers the picker sends after each message.
 var benchAnswers = []int{0, 2, 1, 1}
 
-// benchPicker returns the ext_proc server over a Server serving m1 from
+// benchPicker returns the ext_proc server over a fleet serving m1 from
 // one replica (nothing listens there: the picker only names it).
 func benchPicker(b *testing.B) (*fleet.Fleet, *picker.Server) {
 	s := pickServer(b, gateway.ModeCacheAware, "http://127.0.0.1:9")

@@ -10,7 +10,7 @@ import (
 	"github.com/examlops/gateway/picker"
 )
 
-// FuzzPick feeds Picker.Pick arbitrary methods, paths, bodies, session
+// FuzzPick feeds Router.Pick arbitrary methods, paths, bodies, session
 // headers and subset entries: it never panics, every error is a
 // picker.StatusError with an HTTP error status, and every pick names an
 // ip:port endpoint within the subset, whose tracker releases the load.
