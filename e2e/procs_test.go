@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -208,12 +209,12 @@ func startGateway(t *testing.T, cfg string) *gatewayProc {
 	return g
 }
 
-func (g *gatewayProc) stats(t *testing.T) httpgw.Stats {
+func (g *gatewayProc) stats(t *testing.T) fleet.Stats {
 	t.Helper()
 	resp, err := http.Get(g.url + "/stats")
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var st httpgw.Stats
+	var st fleet.Stats
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
 	return st
 }

@@ -38,8 +38,8 @@ const (
 var ErrInvalidOptions = errors.New("fleet: invalid options")
 
 // Options configures a Fleet. The zero value is usable: every zero field
-// takes the default named in its comment (httpgw.Options passes its own
-// fields of the same names; `exa serve picker` builds one directly).
+// takes the default named in its comment (httpgw.Options.Fleet is one;
+// `exa serve picker` builds a Fleet directly).
 type Options struct {
 	// ConfigPath is the routing configuration file (package config's
 	// format) that New loads and Run polls for changes. "" means none:

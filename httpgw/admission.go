@@ -19,7 +19,7 @@ import (
 // retryAfter is the Retry-After a shed request gets: one scrape interval
 // rounded up to a second, when the load it was shed for is next read.
 func (s *Server) retryAfter() string {
-	return strconv.Itoa(max(1, int((s.opts.ScrapeInterval+time.Second-1)/time.Second)))
+	return strconv.Itoa(max(1, int((s.Fleet.Options().ScrapeInterval+time.Second-1)/time.Second)))
 }
 
 // shed sheds call c, answering 429, if its model is saturated under

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 )
 
 // pdExactFixture is a pdFixture on the exact index (blocks of 4 words,
@@ -29,7 +30,7 @@ func newPDExactFixture(t *testing.T, nPrefill, nDecode, minUncached int, edit fu
 		if edit != nil {
 			edit(m)
 		}
-	}, Options{Tokenizer: &wordTokenizer{}})
+	}, Options{Fleet: fleet.Options{Tokenizer: &wordTokenizer{}}})
 	return &pdExactFixture{pdFixture: f, bind: bind, seq: map[string]uint64{}}
 }
 

@@ -5,7 +5,7 @@
 // /v1/embeddings, /tokenize and /detokenize through. `exa serve gateway`
 // runs it; other Go servers can mount a *Server as an http.Handler.
 //
-//	srv, err := httpgw.New(httpgw.Options{ConfigPath: "/etc/exa/routing.json"})
+//	srv, err := httpgw.New(httpgw.Options{Fleet: fleet.Options{ConfigPath: "/etc/exa/routing.json"}})
 //	if err != nil { ... }
 //	go srv.Run(ctx) // reloads, /health probes, /metrics scrapes
 //	http.ListenAndServe("127.0.0.1:8080", srv)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -21,7 +22,7 @@ import (
 func BenchmarkExactKey(b *testing.B) {
 	sys := strings.Repeat("You are a helpful assistant for the ACME corporation. ", 300)
 	body := []byte(chatBody("m1", false, sys, "first question about the contract terms?", "an answer that is fairly long and detailed", "a follow-up question"))
-	s, err := New(Options{Logger: quietLogger(), Tokenizer: kvevents.NewCachedTokenizer(&wordTokenizer{}, kvevents.CacheOptions{})})
+	s, err := New(Options{Logger: quietLogger(), Fleet: fleet.Options{Tokenizer: kvevents.NewCachedTokenizer(&wordTokenizer{}, kvevents.CacheOptions{})}})
 	if err != nil {
 		b.Fatal(err)
 	}

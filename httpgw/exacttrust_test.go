@@ -86,7 +86,7 @@ func (p *rawPub) closed() bool {
 // relay.
 func TestExactSourceBinding(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Tokenizer: &wordTokenizer{}})
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Fleet: fleet.Options{Tokenizer: &wordTokenizer{}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	bind := freeTCP(t)

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/keys"
@@ -15,6 +16,11 @@ type (
 	apiError      = front.APIError
 	errorBody     = front.ErrorBody
 	wordTokenizer = fronttest.WordTokenizer
+	// The control plane's (package fleet).
+	Stats          = fleet.Stats
+	EngineStats    = fleet.EngineStats
+	EngineLoad     = fleet.EngineLoad
+	EngineAdapters = fleet.EngineAdapters
 )
 
 var (

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 )
 
@@ -42,33 +43,33 @@ func TestOutlierEjection(t *testing.T) {
 		}
 	}
 	post(20)
-	assert.Equal(t, int64(DefaultEjectAfter), bad.Requests(), "ejected after EjectAfter 500s, probes passing between them")
+	assert.Equal(t, int64(fleet.DefaultEjectAfter), bad.Requests(), "ejected after EjectAfter 500s, probes passing between them")
 	assert.False(t, f.stats().Engines[indexOf(f, 0)].Healthy)
 
 	// Within the back-off, passing probes do not readmit it.
-	clk.Add(DefaultEjectionTime - time.Second)
+	clk.Add(fleet.DefaultEjectionTime - time.Second)
 	post(5)
-	assert.Equal(t, int64(DefaultEjectAfter), bad.Requests())
+	assert.Equal(t, int64(fleet.DefaultEjectAfter), bad.Requests())
 
 	// After it, ReadmitAfter passing probes do; its answers fail again
 	// and it is ejected for twice the back-off.
 	clk.Add(2 * time.Second)
-	for range DefaultReadmitAfter {
+	for range fleet.DefaultReadmitAfter {
 		f.srv.ProbeAll(ctx)
 	}
 	assert.True(t, f.stats().Engines[indexOf(f, 0)].Healthy)
 	post(10)
-	assert.Equal(t, int64(2*DefaultEjectAfter), bad.Requests())
-	clk.Add(DefaultEjectionTime + time.Second)
+	assert.Equal(t, int64(2*fleet.DefaultEjectAfter), bad.Requests())
+	clk.Add(fleet.DefaultEjectionTime + time.Second)
 	post(5)
-	assert.Equal(t, int64(2*DefaultEjectAfter), bad.Requests(), "the second back-off is twice as long")
-	clk.Add(DefaultEjectionTime)
+	assert.Equal(t, int64(2*fleet.DefaultEjectAfter), bad.Requests(), "the second back-off is twice as long")
+	clk.Add(fleet.DefaultEjectionTime)
 	bad.FailNext(0)
-	for range DefaultReadmitAfter {
+	for range fleet.DefaultReadmitAfter {
 		f.srv.ProbeAll(ctx)
 	}
 	post(4)
-	assert.Equal(t, int64(2*DefaultEjectAfter+2), bad.Requests(), "readmitted, it serves again")
+	assert.Equal(t, int64(2*fleet.DefaultEjectAfter+2), bad.Requests(), "readmitted, it serves again")
 	assert.Equal(t, 2.0, f.counter("exa_gateway_ejections_total", nil))
 }
 

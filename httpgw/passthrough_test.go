@@ -154,7 +154,7 @@ func TestHealthEndpoint(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Empty(t, body)
 	f.engines[0].SetHealthy(false)
-	for range DefaultEjectAfter {
+	for range fleet.DefaultEjectAfter {
 		f.srv.ProbeAll(context.Background())
 	}
 	code, body = get()

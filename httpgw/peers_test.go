@@ -12,6 +12,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,7 +55,7 @@ func newPeerRig(t *testing.T, extraB ...string) *peerRig {
 	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
 	mk := func(reg **prometheus.Registry) (*Server, *httptest.Server) {
 		*reg = prometheus.NewRegistry()
-		s, err := New(Options{Registerer: *reg, Gatherer: *reg, Logger: quietLogger(), Clock: r.clock, ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond})
+		s, err := New(Options{Registerer: *reg, Gatherer: *reg, Logger: quietLogger(), Clock: r.clock, Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond}})
 		require.NoError(t, err)
 		h := httptest.NewServer(s)
 		t.Cleanup(h.Close)

@@ -72,7 +72,7 @@ func getMetrics(t *testing.T, base, auth string) (int, http.Header, string) {
 func TestPeerToken(t *testing.T) {
 	engine := engineMetrics(t)
 	tokA := writeToken(t, "s3cret-token")
-	a, aHTTP := peerServer(t, Options{PeerTokenFile: tokA}, nil, engine)
+	a, aHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: tokA}}, nil, engine)
 	for _, auth := range []string{"", "Bearer wrong", "Basic s3cret-token", "Bearer s3cret-token2", "bearer s3cret-token"} {
 		code, hdr, body := getMetrics(t, aHTTP.URL, auth)
 		assert.Equal(t, http.StatusUnauthorized, code, "Authorization %q", auth)
@@ -85,7 +85,7 @@ func TestPeerToken(t *testing.T) {
 
 	_, err := a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3})
 	require.NoError(t, err)
-	withTok, wHTTP := peerServer(t, Options{PeerTokenFile: writeToken(t, "s3cret-token")}, []string{aHTTP.URL}, engine)
+	withTok, wHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: writeToken(t, "s3cret-token")}}, []string{aHTTP.URL}, engine)
 	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine)
 	ctx := context.Background()
 	withTok.ScrapeAll(ctx)
@@ -115,12 +115,12 @@ func TestReadPeerToken(t *testing.T) {
 	for name, content := range map[string]string{"empty": " \n", "long": string(make([]byte, 5000)), "newline": "a\nb"} {
 		p := filepath.Join(dir, name)
 		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
-		_, err := ReadPeerToken(p)
+		_, err := fleet.ReadPeerToken(p)
 		assert.ErrorContains(t, err, p, name)
 	}
-	_, err := ReadPeerToken(filepath.Join(dir, "missing"))
+	_, err := fleet.ReadPeerToken(filepath.Join(dir, "missing"))
 	assert.Error(t, err)
-	tok, err := ReadPeerToken(writeToken(t, "  abc  "))
+	tok, err := fleet.ReadPeerToken(writeToken(t, "  abc  "))
 	require.NoError(t, err)
 	assert.Equal(t, "abc", string(tok))
 }
@@ -195,7 +195,7 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 		_, _ = io.WriteString(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
 	}))
 	t.Cleanup(engine.Close)
-	s, _ := peerServer(t, Options{ScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour},
+	s, _ := peerServer(t, Options{Fleet: fleet.Options{ScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour}},
 		[]string{peer.URL}, engine.URL)
 	assert.Equal(t, 5*time.Millisecond, s.PeerTimeout())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -243,7 +243,7 @@ func TestNoHealthyReplica(t *testing.T) {
 	for _, e := range f.engines {
 		e.SetHealthy(false)
 	}
-	for range DefaultEjectAfter {
+	for range fleet.DefaultEjectAfter {
 		f.srv.ProbeAll(context.Background())
 	}
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "hi"))
@@ -271,12 +271,12 @@ func TestNoHealthyReplica(t *testing.T) {
 func TestKilledEngineReadmitted(t *testing.T) {
 	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
 	f.engines[1].Close()
-	for range DefaultEjectAfter {
+	for range fleet.DefaultEjectAfter {
 		f.srv.ProbeAll(context.Background())
 	}
 	assert.False(t, f.stats().Engines[indexOf(f, 1)].Healthy)
 	f.engines[1].Restart()
-	for range DefaultReadmitAfter {
+	for range fleet.DefaultReadmitAfter {
 		f.srv.ProbeAll(context.Background())
 	}
 	assert.True(t, f.stats().Engines[indexOf(f, 1)].Healthy)
@@ -436,7 +436,7 @@ func TestFirstByteTimeout(t *testing.T) {
 				reps = append(reps, config.Replica{Name: "ok", Address: e.URL()})
 			}
 			f := &fixture{t: t, reg: prometheus.NewRegistry()}
-			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), EjectAfter: 1,
+			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), Fleet: fleet.Options{EjectAfter: 1},
 				FirstByteTimeout: streamed, ResponseTimeout: whole, UpstreamStream: UpstreamStreamOff})
 			require.NoError(t, err)
 			want := whole

@@ -44,7 +44,7 @@ func TestReloadWithoutDroppingTraffic(t *testing.T) {
 	setModel(t, path, "a", config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "r0", Address: e0.URL()}}})
 
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{ConfigPath: path, Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Fleet: fleet.Options{ConfigPath: path}})
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)
@@ -123,7 +123,7 @@ func TestApplyKeepsGatewayWhenRoutingUnchanged(t *testing.T) {
 func TestReloadFileAppears(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routing.json")
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{ConfigPath: path, Registerer: reg, Gatherer: reg, Logger: quietLogger()})
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Fleet: fleet.Options{ConfigPath: path}})
 	require.NoError(t, err)
 	assert.Empty(t, s.Stats().Models)
 	for range 3 {

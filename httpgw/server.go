@@ -13,22 +13,12 @@ import (
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
-	"github.com/examlops/gateway/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Defaults of Options fields left zero.
+// Defaults of Options fields left zero (the control plane's are fleet's).
 const (
-	DefaultReloadInterval = fleet.DefaultReloadInterval
-	DefaultProbeInterval  = fleet.DefaultProbeInterval
-	DefaultProbeTimeout   = fleet.DefaultProbeTimeout
-	DefaultScrapeInterval = fleet.DefaultScrapeInterval
-	DefaultEjectAfter     = fleet.DefaultEjectAfter
-	DefaultReadmitAfter   = fleet.DefaultReadmitAfter
-	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
-	// outlier detection base_ejection_time.
-	DefaultEjectionTime = fleet.DefaultEjectionTime
 	DefaultMaxBodyBytes = 8 << 20
 	// DefaultFirstByteTimeout bounds the wait for the first byte of a
 	// streamed answer (Options.FirstByteTimeout): 30s, 1.5 times the
@@ -43,9 +33,6 @@ const (
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
 	DefaultTokenizeTimeout = front.DefaultTokenizeTimeout
-	// DefaultDiscoverInterval is how often Run lists each engine's LoRA
-	// adapters (Options.DiscoverInterval).
-	DefaultDiscoverInterval = fleet.DefaultDiscoverInterval
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -58,22 +45,13 @@ type Options struct {
 	// load older than three scrape intervals counts as no room (unless
 	// every replica's is: admission then fails open).
 	Admission gateway.Admission
-	// The control plane's settings, passed to package fleet (see the
-	// fleet.Options fields of the same names for what each does; the
-	// defaults are this package's Default* constants): the configuration
-	// file and its polling, probes, scrapes, discovery, outlier ejection,
-	// the peer token, the exact index's tokenizer and the reload hook.
-	ConfigPath                  string
-	ReloadInterval              time.Duration
-	ProbeInterval, ProbeTimeout time.Duration
-	ScrapeInterval              time.Duration
-	DiscoverInterval            time.Duration
-	EjectAfter                  int
-	ReadmitAfter                int
-	PeerTokenFile               string
-	EjectionTime                time.Duration
-	Tokenizer                   kvevents.Tokenizer
-	OnReload                    func(ReloadResult)
+	// Fleet configures the control plane (package fleet): the
+	// configuration file and its polling, probes, scrapes, discovery,
+	// outlier ejection, the peer token, the exact index's tokenizer and
+	// the reload hook; each zero field takes fleet's default. Its
+	// BlockSize, Transport, Registerer, Logger, Clock, GatewayOptions and
+	// Attach are set from this Options' own.
+	Fleet fleet.Options
 	// MaxBodyBytes bounds request bodies; larger ones get 413. Default
 	// DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
@@ -172,7 +150,7 @@ type Server struct {
 	pass passLoad
 }
 
-// New returns a Server. With Options.ConfigPath set it loads the file; a
+// New returns a Server. With Options.Fleet.ConfigPath set it loads the file; a
 // missing file is an empty configuration (no models) that Run picks up once
 // it appears, a corrupt one an error.
 func New(opts Options) (*Server, error) {
@@ -190,16 +168,18 @@ func New(opts Options) (*Server, error) {
 	}
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	var err error
-	if s.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
-	}
 	s.Fleet, err = fleet.New(fleetOptions(opts))
 	if err != nil {
 		return nil, fleetError(err)
 	}
+	if s.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
+		_ = s.Fleet.Close()
+		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
 	s.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: s.Fleet, Metrics: s.metrics, BlockSize: opts.BlockSize,
 		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})
-	if err != nil {
+	if err != nil { // not reached: fillOptions checked BlockSize
+		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	s.mux = http.NewServeMux()
@@ -223,46 +203,24 @@ func New(opts Options) (*Server, error) {
 }
 
 func fillOptions(o *Options) error {
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"ReloadInterval", &o.ReloadInterval, DefaultReloadInterval},
-		{"ProbeInterval", &o.ProbeInterval, DefaultProbeInterval},
-		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
-		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
-		{"TokenizeTimeout", &o.TokenizeTimeout, DefaultTokenizeTimeout},
-		{"DiscoverInterval", &o.DiscoverInterval, DefaultDiscoverInterval},
-	} {
-		if *d.v < 0 {
-			return fmt.Errorf("%w: %s %v is negative", ErrInvalidOptions, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	if o.TokenizeTimeout < 0 {
+		return fmt.Errorf("%w: TokenizeTimeout %v is negative", ErrInvalidOptions, o.TokenizeTimeout)
 	}
-	if err := front.FillAdmission(&o.Admission, o.ScrapeInterval); err != nil {
+	if o.TokenizeTimeout == 0 {
+		o.TokenizeTimeout = DefaultTokenizeTimeout
+	}
+	scrape := o.Fleet.ScrapeInterval // fleet.New refuses a negative one
+	if scrape <= 0 {
+		scrape = fleet.DefaultScrapeInterval
+	}
+	if err := front.FillAdmission(&o.Admission, scrape); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
-	for _, d := range []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"EjectAfter", &o.EjectAfter, DefaultEjectAfter},
-		{"ReadmitAfter", &o.ReadmitAfter, DefaultReadmitAfter},
-		{"BlockSize", &o.BlockSize, keys.TextBlockBytes},
-	} {
-		if *d.v < 0 {
-			return fmt.Errorf("%w: %s %d is negative", ErrInvalidOptions, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	if o.BlockSize < 0 {
+		return fmt.Errorf("%w: BlockSize %d is negative", ErrInvalidOptions, o.BlockSize)
 	}
-	if o.EjectionTime == 0 {
-		o.EjectionTime = DefaultEjectionTime
+	if o.BlockSize == 0 {
+		o.BlockSize = keys.TextBlockBytes
 	}
 	if o.FirstByteTimeout == 0 {
 		o.FirstByteTimeout = DefaultFirstByteTimeout
@@ -336,16 +294,10 @@ func (s *Server) Close() error { return s.Fleet.Close() }
 
 // fleetOptions are the control plane's options of a Server's (filled).
 func fleetOptions(o Options) fleet.Options {
-	return fleet.Options{
-		ConfigPath: o.ConfigPath, ReloadInterval: o.ReloadInterval,
-		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout,
-		ScrapeInterval: o.ScrapeInterval, DiscoverInterval: o.DiscoverInterval,
-		EjectAfter: o.EjectAfter, ReadmitAfter: o.ReadmitAfter, EjectionTime: o.EjectionTime,
-		PeerTokenFile: o.PeerTokenFile, BlockSize: o.BlockSize,
-		Transport: o.Transport, Registerer: o.Registerer, Logger: o.Logger, Clock: o.Clock,
-		GatewayOptions: o.GatewayOptions, Tokenizer: o.Tokenizer, OnReload: o.OnReload,
-		Attach: front.Attach,
-	}
+	fo := o.Fleet
+	fo.BlockSize, fo.Transport, fo.Registerer, fo.Logger, fo.Clock = o.BlockSize, o.Transport, o.Registerer, o.Logger, o.Clock
+	fo.GatewayOptions, fo.Attach = o.GatewayOptions, front.Attach
+	return fo
 }
 
 // fleetError maps the control plane's invalid options to the Server's.

@@ -24,12 +24,12 @@ func TestOptionsValidation(t *testing.T) {
 		opts  Options
 		field string
 	}{
-		{"negative reload interval", Options{ReloadInterval: -time.Second}, "ReloadInterval"},
-		{"negative probe interval", Options{ProbeInterval: -1}, "ProbeInterval"},
-		{"negative probe timeout", Options{ProbeTimeout: -1}, "ProbeTimeout"},
-		{"negative scrape interval", Options{ScrapeInterval: -1}, "ScrapeInterval"},
-		{"negative eject threshold", Options{EjectAfter: -1}, "EjectAfter"},
-		{"negative readmit threshold", Options{ReadmitAfter: -2}, "ReadmitAfter"},
+		{"negative reload interval", Options{Fleet: fleet.Options{ReloadInterval: -time.Second}}, "ReloadInterval"},
+		{"negative probe interval", Options{Fleet: fleet.Options{ProbeInterval: -1}}, "ProbeInterval"},
+		{"negative probe timeout", Options{Fleet: fleet.Options{ProbeTimeout: -1}}, "ProbeTimeout"},
+		{"negative scrape interval", Options{Fleet: fleet.Options{ScrapeInterval: -1}}, "ScrapeInterval"},
+		{"negative eject threshold", Options{Fleet: fleet.Options{EjectAfter: -1}}, "EjectAfter"},
+		{"negative readmit threshold", Options{Fleet: fleet.Options{ReadmitAfter: -2}}, "ReadmitAfter"},
 		{"negative block size", Options{BlockSize: -64}, "BlockSize"},
 		{"negative body limit", Options{MaxBodyBytes: -1}, "MaxBodyBytes"},
 	}
@@ -45,7 +45,7 @@ func TestOptionsValidation(t *testing.T) {
 	t.Run("zero value is usable", func(t *testing.T) {
 		s, err := New(Options{Registerer: prometheus.NewRegistry(), Logger: quietLogger()})
 		require.NoError(t, err)
-		assert.Equal(t, DefaultEjectAfter, s.opts.EjectAfter)
+		assert.Equal(t, fleet.DefaultEjectAfter, s.Fleet.Options().EjectAfter)
 		assert.Equal(t, int64(DefaultMaxBodyBytes), s.opts.MaxBodyBytes)
 		assert.Equal(t, DefaultFirstByteTimeout, s.opts.FirstByteTimeout)
 	})
@@ -75,7 +75,7 @@ func TestPassiveEjectionOn5xx(t *testing.T) {
 		assert.Equal(t, http.StatusOK, resp.StatusCode, "failures before any byte are retried on the healthy engine")
 	}
 	assert.Equal(t, 1.0, f.counter("exa_gateway_ejections_total", map[string]string{"address": f.engines[0].URL()}))
-	assert.Equal(t, float64(DefaultEjectAfter), f.counter("exa_gateway_retries_total", nil), "retries stop once the engine is ejected")
+	assert.Equal(t, float64(fleet.DefaultEjectAfter), f.counter("exa_gateway_retries_total", nil), "retries stop once the engine is ejected")
 }
 
 func TestStreamedCompletionsAndCustomTransport(t *testing.T) {

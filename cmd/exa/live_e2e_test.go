@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +28,7 @@ func TestStatsLiveFromHTTPGateway(t *testing.T) {
 	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware", "--replica", "r0="+e0.URL(), "--replica", "r1="+e1.URL())
 
 	reg := prometheus.NewRegistry()
-	gw, err := httpgw.New(httpgw.Options{ConfigPath: cfg, Registerer: reg, Gatherer: reg})
+	gw, err := httpgw.New(httpgw.Options{Registerer: reg, Gatherer: reg, Fleet: fleet.Options{ConfigPath: cfg}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	defer srv.Close()

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/config"
-	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/fleet"
 )
 
 // Every `exa serve gateway` and `exa serve picker` records the outcome of
@@ -45,9 +45,9 @@ func statusPrefix(path string) string { return filepath.Base(path) + "." }
 
 // reloadRecorder returns an httpgw.Options.OnReload that writes this
 // process's status file, and a function that removes it.
-func reloadRecorder(path, command string, warn func(msg string, args ...any)) (func(httpgw.ReloadResult), func()) {
+func reloadRecorder(path, command string, warn func(msg string, args ...any)) (func(fleet.ReloadResult), func()) {
 	file := filepath.Join(statusDir(path), statusPrefix(path)+strconv.Itoa(os.Getpid())+".json")
-	record := func(r httpgw.ReloadResult) {
+	record := func(r fleet.ReloadResult) {
 		st := reloadStatus{PID: os.Getpid(), Command: command, ModTime: r.ModTime.UnixNano(), Size: r.Size}
 		if r.Err != nil {
 			st.Error = r.Err.Error()
@@ -106,7 +106,7 @@ func alive(pid int) bool {
 
 // reloadWait is how long set waits for the running processes to load the
 // version it wrote: three times their default reload interval.
-const reloadWait = 3 * httpgw.DefaultReloadInterval
+const reloadWait = 3 * fleet.DefaultReloadInterval
 
 // waitReloads waits, up to wait, for every live process serving path to
 // record a load of the file's current version. It returns an error naming

@@ -42,15 +42,15 @@ type serveHelp struct{ discover, ejectAfter, shutdownGrace, pprofListen string }
 // register declares the shared flags on f, with their defaults.
 func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.StringVar(&s.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
-	f.DurationVar(&s.reload, "reload-interval", httpgw.DefaultReloadInterval, "how often to check the configuration file for changes")
-	f.DurationVar(&s.probe, "probe-interval", httpgw.DefaultProbeInterval, "how often to probe each engine's /health")
-	f.DurationVar(&s.probeTimeout, "probe-timeout", httpgw.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
-	f.DurationVar(&s.scrape, "scrape-interval", httpgw.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
-	f.DurationVar(&s.discover, "discover-interval", httpgw.DefaultDiscoverInterval, h.discover)
-	f.IntVar(&s.ejectAfter, "eject-after", httpgw.DefaultEjectAfter, h.ejectAfter)
-	f.DurationVar(&s.ejectionTime, "ejection-time", httpgw.DefaultEjectionTime,
+	f.DurationVar(&s.reload, "reload-interval", fleet.DefaultReloadInterval, "how often to check the configuration file for changes")
+	f.DurationVar(&s.probe, "probe-interval", fleet.DefaultProbeInterval, "how often to probe each engine's /health")
+	f.DurationVar(&s.probeTimeout, "probe-timeout", fleet.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
+	f.DurationVar(&s.scrape, "scrape-interval", fleet.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&s.discover, "discover-interval", fleet.DefaultDiscoverInterval, h.discover)
+	f.IntVar(&s.ejectAfter, "eject-after", fleet.DefaultEjectAfter, h.ejectAfter)
+	f.DurationVar(&s.ejectionTime, "ejection-time", fleet.DefaultEjectionTime,
 		"back-off of an engine ejected for its answers (--eject-after consecutive 5xx or gateway errors while /health may pass, or one prefill timeout): no probe readmits it for this long times the number of such ejections, at most 10 times it (0 = probes readmit at once)")
-	f.IntVar(&s.readmitAfter, "readmit-after", httpgw.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
+	f.IntVar(&s.readmitAfter, "readmit-after", fleet.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&s.blockSize, "block-size", keys.TextBlockBytes, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.DurationVar(&s.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
@@ -110,7 +110,7 @@ func (s *serveFlags) validate() error {
 		return usagef("invalid --log-level %q: want debug, info, warn or error", s.logLevel)
 	}
 	if s.peerTokenFile != "" {
-		if _, err := httpgw.ReadPeerToken(s.peerTokenFile); err != nil {
+		if _, err := fleet.ReadPeerToken(s.peerTokenFile); err != nil {
 			return usagef("invalid --peer-token-file %q: %v", s.peerTokenFile, err)
 		}
 	}
@@ -160,10 +160,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 // newServer returns the HTTP gateway of o with the shared flags' fields
 // set (see fleetOptions).
 func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o httpgw.Options) (*httpgw.Server, error) {
-	fo := s.fleetOptions(command, path, logger)
-	o.ConfigPath, o.ReloadInterval, o.ProbeInterval, o.ProbeTimeout = fo.ConfigPath, fo.ReloadInterval, fo.ProbeInterval, fo.ProbeTimeout
-	o.ScrapeInterval, o.DiscoverInterval, o.EjectAfter, o.ReadmitAfter = fo.ScrapeInterval, fo.DiscoverInterval, fo.EjectAfter, fo.ReadmitAfter
-	o.EjectionTime, o.PeerTokenFile, o.OnReload = fo.EjectionTime, fo.PeerTokenFile, fo.OnReload
+	o.Fleet = s.fleetOptions(command, path, logger)
 	o.BlockSize = s.blockSize
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
