@@ -2,8 +2,6 @@ package httpgw
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -85,14 +83,6 @@ func (f *fixture) post(path, body string, hdr ...string) *http.Response {
 	return fronttest.Post(f.t, f.http.URL, path, body, hdr...)
 }
 
-func readAll(t *testing.T, resp *http.Response) []byte {
-	t.Helper()
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return b
-}
-
 // settle waits for the gateway's handlers to finish their bookkeeping.
 func (f *fixture) settle() { f.handlers.Wait() }
 
@@ -125,13 +115,6 @@ func (f *fixture) histCount(name string, labels map[string]string) uint64 {
 	f.t.Helper()
 	f.settle()
 	return fronttest.HistCount(f.t, f.reg, name, labels)
-}
-
-func decodeError(t *testing.T, b []byte) apiError {
-	t.Helper()
-	var eb errorBody
-	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
-	return eb.Error
 }
 
 func newHTTPTestServer(t *testing.T, h http.Handler) *httptest.Server {
@@ -202,3 +185,8 @@ func rawFixture(t *testing.T, opts Options, addrs ...string) *fixture {
 	}))
 	return f
 }
+
+var (
+	readAll     = fronttest.ReadAll
+	decodeError = fronttest.DecodeError
+)

@@ -5,12 +5,14 @@
 package fronttest
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -143,4 +146,21 @@ func Post(t testing.TB, base, path, body string, hdr ...string) *http.Response {
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	return resp
+}
+
+// ReadAll reads and closes resp's body.
+func ReadAll(t testing.TB, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
+}
+
+// DecodeError decodes an OpenAI error answer.
+func DecodeError(t testing.TB, b []byte) front.APIError {
+	t.Helper()
+	var eb front.ErrorBody
+	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
+	return eb.Error
 }

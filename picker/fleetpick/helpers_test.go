@@ -1,9 +1,7 @@
 package fleetpick
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,7 +25,6 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
-	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
@@ -214,17 +211,7 @@ func (f *pickFixture) histCount(name string, labels map[string]string) uint64 {
 
 var chatBody = fronttest.ChatBody
 
-func readAll(t *testing.T, resp *http.Response) []byte {
-	t.Helper()
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return b
-}
-
-func decodeError(t *testing.T, b []byte) front.APIError {
-	t.Helper()
-	var eb front.ErrorBody
-	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
-	return eb.Error
-}
+var (
+	readAll     = fronttest.ReadAll
+	decodeError = fronttest.DecodeError
+)
