@@ -1,4 +1,4 @@
-package front
+package front_test
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
@@ -26,9 +27,9 @@ func TestFrontsKeyAlike(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, fl.Apply(&config.File{Version: 1, Models: map[string]config.Model{"m1": {Mode: gateway.ModeCacheAware,
 		Replicas: []config.Replica{{Name: "r0", Address: "http://10.0.0.1:8000"}}}}}))
-	m, err := NewMetrics(prometheus.NewRegistry())
+	m, err := front.NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
-	k, err := NewKeyer(KeyerOptions{Fleet: fl, Metrics: m})
+	k, err := front.NewKeyer(front.KeyerOptions{Fleet: fl, Metrics: m})
 	require.NoError(t, err)
 	ms := fl.Snapshot().Models["m1"]
 	bodyKey, err := picker.BodyKey(keys.TextBlockBytes, "m1")
@@ -47,9 +48,9 @@ func TestFrontsKeyAlike(t *testing.T) {
 			if b.Session != "" {
 				phdr = picker.Headers{{Name: "x-session-id", Value: b.Session}}
 			}
-			req, err := Parse(endpoints[b.Path], []byte(b.Body))
+			req, err := front.Parse(endpoints[b.Path], []byte(b.Body))
 			require.NoError(t, err, name)
-			kg, fb := k.Key(t.Context(), nil, ms, Input{Kind: endpoints[b.Path], Body: []byte(b.Body), Req: req, Session: b.Session})
+			kg, fb := k.Key(t.Context(), nil, ms, front.Input{Kind: endpoints[b.Path], Body: []byte(b.Body), Req: req, Session: b.Session})
 			require.Equal(t, -1, fb, name)
 			kp, err := bodyKey(nil, &picker.PickRequest{Method: http.MethodPost, Path: b.Path, Header: phdr, Body: []byte(b.Body)})
 			require.NoError(t, err, name)

@@ -1,9 +1,11 @@
-package front
+package front_test
 
 import (
 	"testing"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/keys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,10 +16,10 @@ import (
 // A model table built without cached series (nil) still counts.
 func TestNilModelMetricsLooksUp(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg)
+	m, err := front.NewMetrics(reg)
 	require.NoError(t, err)
-	var mm *ModelMetrics
-	mm.routedC(m, "x").Inc()
+	var mm *front.ModelMetrics
+	m.CountDecision(&fleet.Model{Name: "x"}, &gateway.Decision{Kind: gateway.KindLoadAware})
 	m.ReplicaRequests(&fleet.Model{Name: "x"}, "r").Inc()
 	mm.RequestsC(m, "x", keys.Chat, "200").Inc()
 	mm.DurationO(m, "x", keys.Chat).Observe(0.1)
