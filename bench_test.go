@@ -53,7 +53,7 @@ func fixture(b *testing.B, n, others int, allHold bool, mode Mode, opts ...Optio
 	if routeFixtures.m == nil {
 		routeFixtures.m = map[string]routeFixture{}
 	}
-	g, prompts := warmGateway(b, n, others, allHold, append([]Option{WithMode(mode)}, opts...)...)
+	g, prompts := warmGateway(b, n, others, allHold, append([]Option{WithMode(mode), withSecret(0x5eed)}, opts...)...)
 	f := routeFixture{g, prompts}
 	routeFixtures.m[name] = f
 	return f

@@ -332,7 +332,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	// Refresh every replica's signals; when all are eligible (the usual
 	// case) the policy sees g.all itself, else a compacted copy.
-	healthy, excluded := 0, 0
+	healthy, excluded, maxMatched := 0, 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
 	if !narrowed && g.slo <= 0 && adapter == "" && !g.loraSet {
 		// The usual case, the other loop without its calls (which make
@@ -341,6 +341,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		for i, rs := range t.list {
 			c := &all[i]
 			c.Matched = int(g.match[rs.slot])
+			maxMatched = max(maxMatched, c.Matched)
 			rs.loadInto(&c.Load)
 			c.InFlight = int(rs.inflight.Load())
 			c.PendingPrefill = int(rs.pending.Load())
@@ -357,6 +358,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		for i, rs := range t.list {
 			c := &all[i]
 			c.Matched = int(g.match[rs.slot])
+			maxMatched = max(maxMatched, c.Matched)
 			rs.loadInto(&c.Load)
 			c.InFlight = int(rs.inflight.Load())
 			c.PendingPrefill = int(rs.pending.Load())
@@ -406,10 +408,11 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			cands, owner = append(cands, g.all[i]), append(owner, rs)
 		}
 		g.cands, g.owner = cands, owner
-	}
-	maxMatched := 0
-	for i := range cands {
-		maxMatched = max(maxMatched, cands[i].Matched)
+		// The longest match among the candidates left.
+		maxMatched = 0
+		for i := range cands {
+			maxMatched = max(maxMatched, cands[i].Matched)
+		}
 	}
 	share := g.demand.observe(mk, maxMatched)
 	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact}

@@ -220,9 +220,15 @@ func (ix *index) empty(i int) bool {
 
 // at reads slot i of the table for package hashtab: its placed hash and
 // whether it is occupied.
+//
+// A free slot is all zeros (del clears the slot it frees, and a resized
+// table starts zeroed), so a nonzero hash is a held block, and only a
+// zero one needs the holder words scanned.
 func (ix *index) at(i int) (uint64, bool) {
-	s := 1 + ix.w
-	return ix.tab[i*s], !ix.empty(i)
+	if k := ix.tab[i*(1+ix.w)]; k != 0 {
+		return k, true
+	}
+	return 0, !ix.empty(i)
 }
 
 // find returns the table slot of placed hash m, or -1. It probes at most

@@ -184,19 +184,21 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// common is the prefix every candidate sent work holds.
 	common := math.MaxInt
 	var lp adapterPrice
+	adapter, maxMatched := req.Adapter != "", req.MaxMatched
 	for i := range cands {
-		if cands[i].AssignedPrefill > 0 {
-			common = min(common, cands[i].Matched)
+		c := &cands[i]
+		if c.AssignedPrefill > 0 {
+			common = min(common, c.Matched)
 		}
-		if req.Adapter != "" {
-			lp.count(&cands[i])
+		if adapter {
+			lp.count(c)
 		}
-		total += cands[i].InFlight
-		pending += cands[i].PendingPrefill + cands[i].Load.PeerPrefill
-		o := cands[i].Outstanding()
+		total += c.InFlight
+		pending += c.PendingPrefill + c.Load.PeerPrefill
+		o := c.Outstanding()
 		outstanding += o
 		least = min(least, o)
-		if cands[i].Matched == req.MaxMatched {
+		if c.Matched == maxMatched {
 			holders++
 		}
 	}
@@ -208,28 +210,28 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// calls for: replicate it, pricing the replicas that lack it as if
 	// they held it, so that a less loaded one warms up.
 	shared := 0
-	if req.MaxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
-		shared = req.MaxMatched
+	if maxMatched > 0 && float64(holders) < req.Demand*float64(len(cands)) {
+		shared = maxMatched
 	}
-	if req.Adapter != "" {
+	if adapter {
 		lp.set(p, dw, lambda)
 	}
-	bound := math.Inf(1)
-	if p.LoadFactor >= 1 {
+	bound, capped := math.Inf(1), p.LoadFactor >= 1
+	if capped {
 		// The least loaded candidate always fits under the ceiling, so the
 		// bound never empties the set.
 		bound = math.Ceil(p.LoadFactor * float64(total+1) / float64(len(cands)))
 	}
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
-	warm := 2*req.MaxMatched <= n
+	warm := 2*maxMatched <= n
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
-	adapter, replicating, noMatch := req.Adapter != "", shared > 0, req.MaxMatched == 0
-	best, bestCost, ties := -1, math.Inf(1), 0
+	replicating, noMatch := shared > 0, maxMatched == 0
+	best, bestCost, bestOut, ties := -1, math.Inf(1), 0, 0
 	for i := range cands {
 		c := &cands[i]
-		if float64(c.InFlight+1) > bound {
+		if capped && float64(c.InFlight+1) > bound {
 			continue
 		}
 		m := max(c.Matched, shared)
@@ -237,10 +239,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			m = max(m, common)
 		}
 		if adapter && lp.replicates(c) {
-			m = max(m, req.MaxMatched)
+			m = max(m, maxMatched)
 		}
+		out := c.Outstanding()
 		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
-		if excess := float64(c.Outstanding()) - spread; excess > 0 {
+		if excess := float64(out) - spread; excess > 0 {
 			cost += dw * excess
 		}
 		if adapter {
@@ -251,19 +254,42 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		}
 		switch {
 		case best < 0 || cost < bestCost:
-			best, bestCost, ties = i, cost, 1
+			best, bestCost, bestOut, ties = i, cost, out, 1
+			continue
 		case cost > bestCost:
-		default:
-			switch o := tieOrder(c, &cands[best], replicating, warm, noMatch); {
-			case o < 0:
-				best, ties = i, 1
-			case o == 0:
-				// A full tie: keep each of the k tied so far with
-				// probability 1/k, drawn from req.Tie.
-				ties++
-				if drawTie(req.Tie, ties) {
-					best = i
+			continue
+		}
+		// An equal cost: order c and the best so far by the tie order
+		// (see tieLast), written out here, as the tie of many replicas
+		// sharing one prompt is this loop's common case and a call costs
+		// more than its comparisons.
+		o := 0
+		if replicating || noMatch {
+			o = out - bestOut
+		}
+		if o == 0 && replicating {
+			b := &cands[best]
+			if fc, fb := c.AssignedPrefill == 0, b.AssignedPrefill == 0; warm && fc != fb {
+				o = 1
+				if fc {
+					o = -1 // a replica never sent work evicts nothing for the copy
 				}
+			} else {
+				o = b.Matched - c.Matched
+			}
+		}
+		if o == 0 {
+			o = tieLast(c, &cands[best])
+		}
+		switch {
+		case o < 0:
+			best, bestOut, ties = i, out, 1
+		case o == 0:
+			// A full tie: keep each of the k tied so far with
+			// probability 1/k, drawn from req.Tie.
+			ties++
+			if drawTie(req.Tie, ties) {
+				best, bestOut = i, out
 			}
 		}
 	}
@@ -285,39 +311,27 @@ func mix64(a, b uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
-// tieOrder orders a and b at equal cost: negative when a is better,
-// positive when b is, 0 on a full tie (which the caller draws). When
+// The tie order (CacheAware's exact ties), written out in Pick: when
 // replicating, or when no replica holds any of the key, the replica with
 // fewer requests outstanding wins; when replicating, then (with spread) a
 // replica never sent work, then one that holds more of the prefix
 // (replication is for load, not for its own sake). Then less prefill work
-// sent so far, then the replica chosen least recently. One call decides
-// both ways, as the tied candidates of a cluster that shares one prompt
-// are many.
-func tieOrder(a, b *Candidate, replicating, spread, noMatch bool) int {
-	if replicating || noMatch {
-		if d := a.Outstanding() - b.Outstanding(); d != 0 {
-			return d
-		}
-	}
-	if replicating {
-		if fa, fb := a.AssignedPrefill == 0, b.AssignedPrefill == 0; spread && fa != fb {
-			if fa {
-				return -1 // a replica never sent work evicts nothing for the copy
-			}
-			return 1
-		}
-		if d := b.Matched - a.Matched; d != 0 {
-			return d
-		}
-	}
+// sent so far, then the replica chosen least recently (tieLast). One
+// comparison decides both ways, as the tied candidates of a cluster that
+// shares one prompt are many.
+
+// tieLast orders a and b at equal cost once the rules before it tie:
+// negative when a is better, positive when b is, 0 on a full tie (which
+// the caller draws): less prefill work sent so far, then the replica
+// chosen least recently.
+func tieLast(a, b *Candidate) int {
 	if d := a.AssignedPrefill - b.AssignedPrefill; d != 0 {
 		return d
 	}
-	switch {
-	case a.LastPicked < b.LastPicked:
-		return -1
-	case a.LastPicked > b.LastPicked:
+	if a.LastPicked != b.LastPicked {
+		if a.LastPicked < b.LastPicked {
+			return -1
+		}
 		return 1
 	}
 	return 0
