@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -253,4 +254,105 @@ func TestDecideAllocs(t *testing.T) {
 		plan.Decode.Done(DoneInfo{})
 		plan.Prefill.Done(DoneInfo{})
 	}))
+}
+
+// TestPropNoPrompt: a request without a prompt (Target.NoPrompt, an empty
+// key) goes, whatever the policy, to an eligible replica (healthy, not
+// excluded) of the lowest load score, LoadAware's over the gateway's own
+// in-flight and pending counts as well as the engines' load (the policy's
+// weights when it is a LoadAware, else the defaults); it counts in flight
+// until its Done but not in Stats; with no eligible replica it fails with
+// ErrNoHealthyReplica, and a key with NoPrompt, or an empty key without
+// it, is ErrInvalid.
+func TestPropNoPrompt(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		w := DefaultLoadWeights()
+		opts := []Option{WithMode(ModeCacheAware)}
+		switch rapid.IntRange(0, 2).Draw(t, "policy") {
+		case 0:
+			opts = []Option{WithMode(ModeRoundRobin)}
+		case 1:
+			w = LoadWeights{Queue: float64(rapid.IntRange(0, 3).Draw(t, "wq")), KV: float64(rapid.IntRange(0, 3).Draw(t, "wkv")),
+				Latency: float64(rapid.IntRange(1, 3).Draw(t, "wl"))}
+			opts = []Option{WithPolicy(&LoadAware{Weights: w})}
+		}
+		g, err := New(replicaNames(n), opts...)
+		require.NoError(t, err)
+		loads := drawLoads(t, g, n)
+		for i := range loads {
+			loads[i].Latency = time.Duration(rapid.IntRange(1, 5).Draw(t, "latency")) * 100 * time.Millisecond
+			require.NoError(t, g.UpdateLoad(fmt.Sprintf("r%d", i), loads[i]))
+		}
+		// Requests with prompts left in flight, some past their first token.
+		for range rapid.IntRange(0, 8).Draw(t, "prompts") {
+			d, err := g.Route(drawKey(t, "key", 64, 4))
+			require.NoError(t, err)
+			if rapid.Bool().Draw(t, "firstToken") {
+				d.FirstToken()
+			}
+		}
+		for i := range n {
+			if rapid.IntRange(0, 3).Draw(t, "unhealthy") == 0 {
+				require.NoError(t, g.SetHealthy(fmt.Sprintf("r%d", i), false))
+			}
+		}
+		exclude := ""
+		if rapid.Bool().Draw(t, "exclude") {
+			exclude = fmt.Sprintf("r%d", rapid.IntRange(0, n-1).Draw(t, "excluded"))
+		}
+		before := g.Stats()
+		reps := g.Replicas()
+		scores, best := map[string]float64{}, math.Inf(1)
+		qmax, pmax, lmax := 0, 0, time.Duration(0)
+		for _, r := range reps {
+			if r.Healthy && r.Name != exclude {
+				qmax = max(qmax, r.InFlight, r.Load.QueueDepth+r.Load.Running)
+				pmax, lmax = max(pmax, r.PendingPrefill), max(lmax, r.Load.Latency)
+			}
+		}
+		for _, r := range reps {
+			if !r.Healthy || r.Name == exclude {
+				continue
+			}
+			// Summed in the policy's order (KV, queue, pending, latency).
+			s := w.KV * r.Load.KVUtilization
+			if qmax > 0 {
+				s += w.Queue * float64(max(r.InFlight, r.Load.QueueDepth+r.Load.Running)) / float64(qmax)
+			}
+			if pmax > 0 {
+				s += w.Queue * float64(r.PendingPrefill) / float64(pmax)
+			}
+			s += w.Latency * float64(r.Load.Latency) / float64(lmax)
+			scores[r.Name], best = s, min(best, s)
+		}
+		d, err := g.RouteWith(nil, Target{NoPrompt: true, Exclude: exclude})
+		if len(scores) == 0 {
+			require.ErrorIs(t, err, ErrNoHealthyReplica)
+			return
+		}
+		require.NoError(t, err)
+		s, ok := scores[d.Replica]
+		require.True(t, ok, "chose %s, not eligible (excluded %q)", d.Replica, exclude)
+		require.Equal(t, best, s, "chose %s; scores %v", d.Replica, scores)
+		require.Equal(t, KindLoadAware, d.Kind)
+		require.False(t, d.Hit)
+		require.Equal(t, before, g.Stats(), "a request without a prompt is not in Stats")
+		inflight := func() int {
+			for _, r := range g.Replicas() {
+				if r.Name == d.Replica {
+					return r.InFlight
+				}
+			}
+			return -1
+		}
+		was := inflight()
+		d.Done(DoneInfo{})
+		require.Equal(t, was-1, inflight())
+
+		_, err = g.RouteWith(Key{1}, Target{NoPrompt: true})
+		require.ErrorIs(t, err, ErrInvalid)
+		_, err = g.RouteWith(nil, Target{})
+		require.ErrorIs(t, err, ErrInvalid)
+	})
 }

@@ -278,6 +278,15 @@ type Target struct {
 	// avoids, which the health checks may not have ejected yet. "" (the
 	// default) excludes none.
 	Exclude string
+	// NoPrompt says the request has no prompt to match (an embeddings or
+	// tokenize request, which the HTTP gateway passes through): its key
+	// must be empty, and the replica is chosen by load alone, whatever
+	// the policy: by the gateway's policy if it is a *LoadAware, else by
+	// LoadAware's defaults. Such a request counts in flight (and so in
+	// every later decision's load) until its Done, like any other, but
+	// not in Stats, which describe prompts, nor in the index. Default
+	// false: key must not be empty.
+	NoPrompt bool
 }
 
 // allows reports whether t admits replica name (health aside).
@@ -294,7 +303,7 @@ func (t *Target) narrowed() bool { return t.Allow != nil || t.Exclude != "" }
 // eligible replica breaches the SLO it chooses among them and the
 // decision's Fallback says so. With no eligible replica (or none at all)
 // it returns an error wrapping ErrNoHealthyReplica; an empty key is an
-// error wrapping ErrInvalid.
+// error wrapping ErrInvalid unless t.NoPrompt, which wants one.
 //
 // On the approximate index (the default) the chosen replica is recorded as
 // holding key.
@@ -302,8 +311,11 @@ func (t *Target) narrowed() bool { return t.Allow != nil || t.Exclude != "" }
 // RouteWith does not allocate.
 func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	narrowed := tg.narrowed()
-	if len(key) == 0 {
+	if len(key) == 0 && !tg.NoPrompt {
 		return Decision{}, fmt.Errorf("%w: Route needs a key of at least one block, got an empty Key", ErrInvalid)
+	}
+	if len(key) > 0 && tg.NoPrompt {
+		return Decision{}, fmt.Errorf("%w: a Target with NoPrompt routes an empty Key, got a key of %d blocks", ErrInvalid, len(key))
 	}
 	var now int64
 	if g.slo > 0 {
@@ -414,29 +426,37 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			maxMatched = max(maxMatched, cands[i].Matched)
 		}
 	}
-	share := g.demand.observe(mk, maxMatched)
-	g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact}
-	pick := g.policy.Pick(&g.req, cands)
-	g.req.Key = nil
+	var pick int
+	if tg.NoPrompt {
+		pick = g.pickByLoad(cands)
+	} else {
+		share := g.demand.observe(mk, maxMatched)
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact}
+		pick = g.policy.Pick(&g.req, cands)
+		g.req.Key = nil
+	}
 	if pick < 0 || pick >= len(cands) {
 		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
 	}
 	rs := owner[pick]
 	matched := cands[pick].Matched
 	kind := g.kind
-	if !g.fixed {
+	switch {
+	case tg.NoPrompt:
+		kind = KindLoadAware
+	case !g.fixed:
 		var why Fallback
 		kind, why = classify(matched, maxMatched)
 		fb |= why
 	}
-	if g.index == indexApproximate {
+	if g.index == indexApproximate && !tg.NoPrompt {
 		g.idx.storeMatched(rs.slot, mk, matched)
 	}
 	d := Decision{
 		Replica:  rs.name,
 		Address:  rs.addr,
 		Kind:     kind,
-		Hit:      matched == len(key),
+		Hit:      matched == len(key) && !tg.NoPrompt,
 		Matched:  matched,
 		Blocks:   len(key),
 		Fallback: fb,
@@ -451,17 +471,31 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
-	rs.routed.Add(1)
-	if d.Hit {
-		rs.hits.Add(1)
-	}
 	d.t, d.gen = newTicket()
 	if g.obs != nil {
 		d.obs, d.id = g.obs, g.seq
 		g.obs.Routed(d.id, rs.name)
 	}
+	if tg.NoPrompt {
+		return d, nil
+	}
+	rs.routed.Add(1)
+	if d.Hit {
+		rs.hits.Add(1)
+	}
 	g.stats.record(&d, excluded)
 	return d, nil
+}
+
+// pickByLoad chooses among cands for a request without a prompt
+// (Target.NoPrompt): the least loaded, by the gateway's policy if it is a
+// *LoadAware, else by LoadAware's default weights.
+func (g *Gateway) pickByLoad(cands []Candidate) int {
+	var w LoadWeights
+	if la, ok := g.policy.(*LoadAware); ok {
+		w = la.Weights
+	}
+	return leastLoaded(cands, w, g.seq)
 }
 
 // maxInterned bounds how many adapter names a gateway interns; past it a

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"sync"
-	"sync/atomic"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
@@ -34,39 +32,6 @@ var passEndpoints = map[string]string{
 	pathEmbeddings: "embeddings",
 	pathTokenize:   "tokenize",
 	pathDetokenize: "detokenize",
-}
-
-// passLoad counts the pass-through requests in flight at each engine
-// (the gateway's own view, fresher than a scrape), and turns the start of
-// the candidate list so that equally loaded replicas take turns. Safe for
-// concurrent use; the zero value is empty.
-type passLoad struct {
-	turn atomic.Uint64
-	mu   sync.Mutex
-	// inFlight is keyed by engine address; an entry is deleted when its
-	// count returns to zero, so it holds at most one entry per engine
-	// with requests in flight.
-	inFlight map[string]int
-}
-
-func (p *passLoad) add(addr string, d int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.inFlight == nil {
-		p.inFlight = map[string]int{}
-	}
-	n := p.inFlight[addr] + d
-	if n <= 0 {
-		delete(p.inFlight, addr)
-		return
-	}
-	p.inFlight[addr] = n
-}
-
-func (p *passLoad) get(addr string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.inFlight[addr]
 }
 
 // passCall is one pass-through request.
@@ -175,14 +140,16 @@ func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error) (
 	return req, nb, nil
 }
 
-// passForward sends the call to the least loaded healthy replica of ms and
-// relays its answer, retrying once on another replica when the first
-// fails before answering (a transport error or a 5xx).
+// passForward sends the call to the replica of ms the routing library
+// chooses for a request without a prompt (gateway.Target.NoPrompt: by load
+// alone, counted in flight with the model's other requests) and relays its
+// answer, retrying once on another replica when the first fails before
+// answering (a transport error or a 5xx).
 func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
-	var failed *fleet.Endpoint
+	var failed string
 	var lastErr error
 	for try := 0; try < 2; try++ {
-		ep := s.passPick(ms, failed)
+		d, ep := passPick(ms, failed)
 		if ep == nil {
 			if try > 0 {
 				pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "",
@@ -193,20 +160,41 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 				fmt.Sprintf("gateway: no healthy replica for model %q", ms.Name))
 			return
 		}
-		retry, err := s.passSend(pc, ep, body, try == 0)
+		retry, err := s.passSend(pc, d, ep, body, try == 0)
 		if !retry {
 			return
 		}
-		failed, lastErr = ep, err
+		failed, lastErr = d.Replica, err
 	}
 }
 
-// passSend forwards the call to ep. It returns retry=true, with the cause,
-// when ep failed before answering and canRetry allows another try;
-// otherwise it has answered the client.
-func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
-	s.pass.add(ep.Base, 1)
-	defer s.pass.add(ep.Base, -1)
+// passPick routes a pass-through request of ms by the library
+// (gateway.Target.NoPrompt), leaving out the replica skip; the engine is
+// nil when no replica is eligible. For a disaggregated model it is the
+// decode pool's gateway that routes.
+func passPick(ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) {
+	if ms.Gateway == nil {
+		return gateway.Decision{}, nil
+	}
+	d, err := ms.Gateway.RouteWith(nil, gateway.Target{NoPrompt: true, Exclude: skip})
+	if err != nil {
+		return gateway.Decision{}, nil
+	}
+	ep := ms.ByName[d.Replica]
+	if ep == nil { // removed by a reload since the snapshot was read
+		d.Done(gateway.DoneInfo{})
+		return gateway.Decision{}, nil
+	}
+	return d, ep
+}
+
+// passSend forwards the call to ep, the engine of decision d, which it
+// completes (with no latency: a pass-through request's says nothing of
+// a prompt's). It returns retry=true, with the cause, when ep failed
+// before answering and canRetry allows another try; otherwise it has
+// answered the client.
+func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
+	defer d.Done(gateway.DoneInfo{})
 	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
 	if err != nil {
 		pc.fail(http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
@@ -244,7 +232,7 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 	}
 	h := pc.w.Header()
 	copyHeaders(h, resp.Header)
-	h.Set(HeaderReplica, s.replicaName(ep, pc.model))
+	h.Set(HeaderReplica, d.Replica)
 	pc.w.WriteHeader(resp.StatusCode)
 	pc.code = strconv.Itoa(resp.StatusCode)
 	bp := s.bufPool.Get().(*[]byte)
@@ -265,50 +253,6 @@ func (s *Server) passSend(pc *passCall, ep *fleet.Endpoint, body []byte, canRetr
 // writerOnly hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
 // uses the pooled buffer.
 type writerOnly struct{ io.Writer }
-
-// replicaName returns the name model gives the engine ep ("" if none).
-func (s *Server) replicaName(ep *fleet.Endpoint, model string) string {
-	if ms := s.Snapshot().Models[model]; ms != nil {
-		for _, name := range ms.Order {
-			if ms.ByName[name] == ep {
-				return name
-			}
-		}
-	}
-	return ""
-}
-
-// passPick returns the least loaded healthy replica of ms other than
-// skip, by the routing library's load-aware policy (gateway.LoadAware with
-// the model's load weights) over the engines' scraped load and the
-// gateway's pass-through requests in flight; nil when there is none.
-// Equal scores are drawn from a count of pass-through requests
-// (gateway.Request.Tie), as the gateway draws its own ties.
-func (s *Server) passPick(ms *fleet.Model, skip *fleet.Endpoint) *fleet.Endpoint {
-	n := len(ms.Order)
-	cands := make([]gateway.Candidate, 0, n)
-	eps := make([]*fleet.Endpoint, 0, n)
-	turn := s.pass.turn.Add(1)
-	start := int(turn % uint64(n))
-	for i := range n {
-		name := ms.Order[(start+i)%n]
-		ep := ms.ByName[name]
-		if ep == nil || ep == skip || !ep.Health.Healthy() {
-			continue
-		}
-		l, _, _, _ := ep.SnapshotLoad()
-		cands = append(cands, gateway.Candidate{Name: name, Load: l, InFlight: s.pass.get(ep.Base)})
-		eps = append(eps, ep)
-	}
-	if len(cands) == 0 {
-		return nil
-	}
-	var w gateway.LoadWeights
-	if lw := ms.Cfg.LoadWeights; lw != nil {
-		w = gateway.LoadWeights(*lw)
-	}
-	return eps[(&gateway.LoadAware{Weights: w}).Pick(&gateway.Request{Tie: turn}, cands)]
-}
 
 // withSoleModel returns the one model the gateway serves and body with
 // "model" set to it, appended as the object's last member, so that it

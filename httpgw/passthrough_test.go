@@ -1,8 +1,10 @@
 package httpgw
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -21,7 +23,8 @@ import (
 // /v1/embeddings, /tokenize and /detokenize reach a replica of the model
 // named, the least loaded one by the engines' scraped load; the answer is
 // relayed as the engine gave it, the request counted under its endpoint,
-// and the routing index left alone (no decision is made).
+// and the routing index and decision counts left alone (the library routes
+// it as a request without a prompt, gateway.Target.NoPrompt).
 func TestPassThroughLoadAware(t *testing.T) {
 	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{})
 	f.engines[0].SetLoad(9, 4, 0.8)
@@ -47,6 +50,35 @@ func TestPassThroughLoadAware(t *testing.T) {
 	assert.Equal(t, 2.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "endpoint": "embeddings", "code": "200"}))
 	assert.Equal(t, 2.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "endpoint": "tokenize", "code": "200"}))
 	assert.Equal(t, 0.0, f.counter("exa_gateway_routed_total", nil), "pass-through requests make no routing decision")
+}
+
+// A pass-through request is routed on the same table as the model's
+// prompts: the chat requests in flight count in its choice, as its own
+// count in theirs (one decision path, gateway.Target.NoPrompt).
+func TestPassThroughSeesPromptsInFlight(t *testing.T) {
+	f := newFixture(t, 2, gateway.ModeRoundRobin, enginetest.Options{})
+	rel0, rel1 := f.engines[0].Gate(), f.engines[1].Gate()
+	defer rel0()
+	defer rel1()
+	inFlight := map[string]int{}
+	for i := range 3 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", fmt.Sprint("hi ", i)))
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		_, err := bufio.NewReader(resp.Body).ReadString('\n') // the first chunk: past the first token
+		require.NoError(t, err)
+		inFlight[resp.Header.Get(HeaderReplica)]++
+	}
+	require.Len(t, inFlight, 2, "round-robin spreads the chats: %v", inFlight)
+	idle := "e0"
+	if inFlight["e0"] > inFlight["e1"] {
+		idle = "e1"
+	}
+	for range 6 {
+		resp := f.post("/v1/embeddings", `{"model":"m1","input":"x"}`)
+		readAll(t, resp)
+		require.Equal(t, idle, resp.Header.Get(HeaderReplica), "chats in flight: %v", inFlight)
+	}
 }
 
 // Equally loaded replicas share the requests: ties are drawn, not given

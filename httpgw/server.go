@@ -145,9 +145,6 @@ type Server struct {
 	// newRequestID names the two requests of a disaggregated request
 	// (x-request-id): newUUID, replaced by tests.
 	newRequestID func() string
-
-	// pass is the pass-through endpoints' load (passthrough.go).
-	pass passLoad
 }
 
 // New returns a Server. With Options.Fleet.ConfigPath set it loads the file; a
