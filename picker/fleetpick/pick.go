@@ -44,7 +44,11 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	if pr.ms != nil {
 		model, mm = pr.ms.Name, front.Of(pr.ms)
 	}
-	mm.RequestsC(r.metrics, model, pr.kind, strconv.Itoa(status)).Inc()
+	mcode := strconv.Itoa(status)
+	if code == front.CodeShed {
+		mcode = front.CodeShed429 // reason="shed", as the HTTP gateway counts it
+	}
+	mm.RequestsC(r.metrics, model, pr.kind, mcode).Inc()
 	if model != "" {
 		mm.DurationO(r.metrics, model, pr.kind).Observe(r.opts.Clock().Sub(pr.start).Seconds())
 	}

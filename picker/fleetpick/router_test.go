@@ -341,7 +341,7 @@ func TestPickerShed(t *testing.T) {
 	readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "no longer shed once the engines are free")
 	f.waitIdle()
-	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "429"}))
+	require.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"model": testModel, "code": "429", "reason": "shed"}))
 }
 
 func TestPickerFallbacks(t *testing.T) {
