@@ -17,10 +17,14 @@ type Gateway struct {
 	obs    Observer // policy, if it is one
 	kind   Kind     // the kind of every decision, if fixed is set
 	fixed  bool     // the policy ignores prefixes (RoundRobin, LoadAware)
-	slo    time.Duration
-	ttl    time.Duration
-	index  indexMode
-	clock  func() time.Time
+	// summing: the policy is a *CacheAware, which is handed the
+	// candidates as refreshed and so may take their summary (Request.sum)
+	// instead of its own first pass; a policy wrapping one may change them.
+	summing bool
+	slo     time.Duration
+	ttl     time.Duration
+	index   indexMode
+	clock   func() time.Time
 
 	snap atomic.Pointer[table]
 
@@ -92,6 +96,7 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		}
 	}
 	g.obs, _ = g.policy.(Observer)
+	_, g.summing = g.policy.(*CacheAware)
 	switch p := g.policy.(type) {
 	case *RoundRobin:
 		g.fixed, g.kind = true, KindRoundRobin
@@ -346,19 +351,27 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	// case) the policy sees g.all itself, else a compacted copy.
 	healthy, excluded, maxMatched := 0, 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
+	// sum summarises the candidates for the policy (Request.sum) when
+	// every replica turns out to be one.
+	sum := candSum{least: math.MaxInt, common: math.MaxInt}
 	if !narrowed && g.slo <= 0 && adapter == "" && !g.loraSet {
 		// The usual case, the other loop without its calls (which make
 		// the compiler spill the loop's registers): eligible means
 		// healthy, and no LoRA state to set or clear.
+		sum.ok = g.summing
 		for i, rs := range t.list {
 			c := &all[i]
 			c.Matched = int(g.match[rs.slot])
-			maxMatched = max(maxMatched, c.Matched)
 			rs.loadInto(&c.Load)
 			c.InFlight = int(rs.inflight.Load())
 			c.PendingPrefill = int(rs.pending.Load())
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
+			if sum.ok {
+				sum.add(c, &maxMatched)
+			} else {
+				maxMatched = max(maxMatched, c.Matched)
+			}
 			if rs.healthy.Load() {
 				state[i] = stateEligible
 				healthy++
@@ -420,8 +433,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			cands, owner = append(cands, g.all[i]), append(owner, rs)
 		}
 		g.cands, g.owner = cands, owner
-		// The longest match among the candidates left.
-		maxMatched = 0
+		// The longest match among the candidates left, whom sum does not
+		// summarise.
+		sum.ok, maxMatched = false, 0
 		for i := range cands {
 			maxMatched = max(maxMatched, cands[i].Matched)
 		}
@@ -431,7 +445,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		pick = g.pickByLoad(cands)
 	} else {
 		share := g.demand.observe(mk, maxMatched)
-		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact}
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact, sum: sum}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}

@@ -65,6 +65,41 @@ type Request struct {
 	// replica holds, the replica's engine reported, so CacheAware does not
 	// price a replica never sent work as holding a shared prefix.
 	exact bool
+	// sum, when its ok is set, summarises the candidates as CacheAware's
+	// first pass over them would: the gateway takes it while refreshing
+	// them, in the usual case, sparing Pick a pass. Only when its policy
+	// is a *CacheAware, which sees the candidates as refreshed (a policy
+	// wrapping one may change them first).
+	sum candSum
+}
+
+// candSum summarises a request's candidates for CacheAware.
+type candSum struct {
+	ok bool
+	// total and pending sum InFlight and PendingPrefill+Load.PeerPrefill,
+	// outstanding and least sum and take the least of Outstanding(),
+	// holders counts those whose Matched is the longest, and common is the
+	// least Matched of those with AssignedPrefill > 0 (MaxInt if none).
+	total, pending, outstanding, least, holders, common int
+}
+
+// add counts candidate c into s, whose Matched s's holders are of when
+// it is longest: maxMatched is the longest so far, updated.
+func (s *candSum) add(c *Candidate, maxMatched *int) {
+	if c.AssignedPrefill > 0 {
+		s.common = min(s.common, c.Matched)
+	}
+	s.total += c.InFlight
+	s.pending += c.PendingPrefill + c.Load.PeerPrefill
+	o := c.Outstanding()
+	s.outstanding += o
+	s.least = min(s.least, o)
+	switch {
+	case c.Matched > *maxMatched:
+		*maxMatched, s.holders = c.Matched, 1
+	case c.Matched == *maxMatched:
+		s.holders++
+	}
 }
 
 // Candidate is one eligible replica as a Policy sees it.

@@ -185,21 +185,26 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	common := math.MaxInt
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
-	for i := range cands {
-		c := &cands[i]
-		if c.AssignedPrefill > 0 {
-			common = min(common, c.Matched)
-		}
-		if adapter {
-			lp.count(c)
-		}
-		total += c.InFlight
-		pending += c.PendingPrefill + c.Load.PeerPrefill
-		o := c.Outstanding()
-		outstanding += o
-		least = min(least, o)
-		if c.Matched == maxMatched {
-			holders++
+	if sm := &req.sum; sm.ok && !adapter {
+		// The gateway summed the candidates as this loop would.
+		total, pending, holders, outstanding, least, common = sm.total, sm.pending, sm.holders, sm.outstanding, sm.least, sm.common
+	} else {
+		for i := range cands {
+			c := &cands[i]
+			if c.AssignedPrefill > 0 {
+				common = min(common, c.Matched)
+			}
+			if adapter {
+				lp.count(c)
+			}
+			total += c.InFlight
+			pending += c.PendingPrefill + c.Load.PeerPrefill
+			o := c.Outstanding()
+			outstanding += o
+			least = min(least, o)
+			if c.Matched == maxMatched {
+				holders++
+			}
 		}
 	}
 	// Outstanding counts up to this are within the random spread.
