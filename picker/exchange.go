@@ -59,8 +59,8 @@ type exchange struct {
 	respEcho, respNone bool
 
 	tracker     Tracker
-	head        HeadTracker // tracker, if it reads the response's head, until it has enough
-	headLeft    int         // bytes head may still be given
+	head        HeadTracker   // tracker, if it reads the response's head, until it has enough
+	headLeft    int           // bytes head may still be given
 	respHeaders []Header      // Pick.ResponseHeaders, set on the response
 	first       bool          // FirstToken reported
 	latency     time.Duration // request headers to first token
