@@ -97,6 +97,10 @@ type Router struct {
 	table   atomic.Pointer[table]
 	mu      sync.Mutex // serialises table builds
 	pool    sync.Pool  // *tracker
+	// respIDs remembers which replica stored each recent Responses API
+	// response (front.ResponseIDs, bounded), learned from the head of
+	// each answer (tracker.ResponseHead).
+	respIDs front.ResponseIDs
 }
 
 var _ picker.Router = (*Router)(nil)
@@ -163,12 +167,14 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		kind = keys.Chat
 	case "/v1/completions":
 		kind = keys.Completions
+	case "/v1/responses":
+		kind = keys.Responses
 	case "/v1/models":
 		return r.models(req)
 	default:
 		r.metrics.Requests.WithLabelValues("", "other", "404").Inc()
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: front.TypeNotFound, Code: "unknown_endpoint",
-			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions and /v1/completions, and answers /v1/models)")}
+			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions and /v1/responses, and answers /v1/models)")}
 	}
 	pr := pickRequest{r: r, kind: kind, start: start}
 	if req.Method != http.MethodPost {
@@ -200,7 +206,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	case ms.NoReplicas:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, front.ErrNoReplicas, ms.Name))
-	case ms.PD != nil && !ms.PD.Sidecar:
+	case ms.PD != nil && !ms.PD.Sidecar && kind != keys.Responses:
 		return pr.fail(http.StatusInternalServerError, front.TypeServer, "pd_mode_gateway", "model",
 			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.Name, ms.Name))
 	}
@@ -210,5 +216,9 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	defer func() { r.keyer.Release(kp, pr.key) }()
 	pr.tab = r.tableOf(st)
 	pr.sub = req.Subset
+	if kind == keys.Responses && rq.PreviousResponseID != "" {
+		pr.prev = rq.PreviousResponseID
+		pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+	}
 	return pr.route()
 }
