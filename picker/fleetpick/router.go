@@ -69,6 +69,22 @@ var Attach = front.Attach
 // Create one with New; it is safe for concurrent use, and follows the
 // fleet's reloads.
 //
+// The OpenAI Responses API (POST /v1/responses) is routed as chat is, by
+// its instructions and input. A request continuing a stored response
+// (previous_response_id) goes to the replica that stored it, as in the
+// HTTP gateway: the Router learns each answer's response id from the head
+// of its body (its Tracker is a picker.HeadTracker; at most
+// picker.MaxResponseHead bytes are read, only of a 200 answer) into one
+// table (front.ResponseIDs: the 65,536 most recent ids, 12.1 MiB
+// measured), and pins the continuation there by the library's decision
+// (gateway.Target.Allow naming that replica alone), with no fallbacks.
+// Unlike the HTTP gateway, which then answers 503, a continuation whose
+// replica is not eligible (unhealthy, outside the subset hint) is routed
+// as any request, and so is one whose id the Router never saw (another
+// picker replica's, or forgotten): the engine chosen answers 404 for a
+// response it does not hold. A disaggregated model decodes a Responses
+// API request co-located, in either P/D mode, as the HTTP gateway does.
+//
 // Errors answer the client as the HTTP gateway does, with the same status
 // and OpenAI error object (picker.StatusError): 400 for a malformed
 // request, 404 for an unknown model or path, 405 for another method, 503
