@@ -11,8 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
 
@@ -138,4 +140,41 @@ func TestPickerResponsesBadInput(t *testing.T) {
 		}
 	}
 	require.Equal(t, int64(0), f.engines[0].Requests(), "no bad request reached an engine")
+}
+
+// TestPickerResponsesDisaggregated: a disaggregated model decodes a
+// Responses API request co-located on a decode replica, as the HTTP
+// gateway does: in sidecar mode without a prefill (a client's
+// x-prefiller-host-port removed, the P/D plan not asked), and in gateway
+// mode too (the decode engine answers it itself).
+func TestPickerResponsesDisaggregated(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
+	zero := 0
+	model := config.Model{Disaggregate: true, PDMode: config.PDModeSidecar, PDMinUncachedTokens: &zero,
+		PrefillPool: "prefill", DecodePool: "decode", Pools: map[string][]config.Replica{
+			"prefill": {{Name: "p0", Address: "http://prefill-0.example:8000"}},
+			"decode":  {{Name: "d0", Address: f.engines[0].URL()}},
+		}}
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: model}}))
+	x, err := f.client.Open(t.Context())
+	require.NoError(t, err)
+	r, err := x.Request(pickertest.Request{Path: "/v1/responses", Body: []byte(`{"model":"m1","input":"a long enough question to split"}`),
+		Header: []picker.Header{{Name: "x-prefiller-host-port", Value: "10.9.9.9:1"}}})
+	require.NoError(t, err)
+	require.Nil(t, r.Immediate)
+	require.Equal(t, f.endpoint(0), r.Endpoint, "the decode replica")
+	_, set := r.Header("x-prefiller-host-port")
+	require.False(t, set)
+	require.Equal(t, []string{"x-prefiller-host-port"}, r.Remove)
+	_, err = x.Respond(200, "application/json", []byte(`{"id":"resp_d0_1"}`))
+	require.NoError(t, err)
+	require.NoError(t, x.Close())
+	f.waitIdle()
+	require.Equal(t, uint64(0), f.srv.Stats().Models[testModel].Disaggregation.Decided, "no P/D plan")
+
+	model.PDMode = config.PDModeGateway
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: model}}))
+	status, got, _, out := f.respond("in gateway mode", "", false)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	require.Equal(t, 0, got)
 }
