@@ -3,6 +3,7 @@ package fleetpick
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -177,4 +178,49 @@ func TestPickerResponsesDisaggregated(t *testing.T) {
 	status, got, _, out := f.respond("in gateway mode", "", false)
 	require.Equal(t, http.StatusOK, status, "%s", out)
 	require.Equal(t, 0, got)
+}
+
+// TestPickerResponsesConcurrent: conversations held at once, each
+// continued from its own last response, all stay on their replicas; the
+// Router's one id table is shared by every request (go test -race).
+func TestPickerResponsesConcurrent(t *testing.T) {
+	f := newPickFixture(t, 3, gateway.ModeRoundRobin, enginetest.Options{}, pickSetup{})
+	const convs, turns = 6, 4
+	errs := make(chan error, convs)
+	for c := range convs {
+		go func() {
+			errs <- func() error {
+				prev, home := "", ""
+				for turn := range turns {
+					body := fmt.Sprintf(`{"model":"m1","input":"conversation %d turn %d","stream":%v`, c, turn, turn%2 == 1)
+					if prev != "" {
+						body += `,"previous_response_id":"` + prev + `"`
+					}
+					resp, err := http.Post(f.http.URL+"/v1/responses", "application/json", strings.NewReader(body+"}"))
+					if err != nil {
+						return err
+					}
+					var sb strings.Builder
+					_, err = io.Copy(&sb, resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != http.StatusOK {
+						return fmt.Errorf("conversation %d turn %d: %d %v %s", c, turn, resp.StatusCode, err, sb.String())
+					}
+					ep := resp.Header.Get(pickertest.HeaderEndpoint)
+					if turn == 0 {
+						home = ep
+					} else if ep != home {
+						return fmt.Errorf("conversation %d turn %d on %s, not %s", c, turn, ep, home)
+					}
+					prev = front.ResponseID([]byte(sb.String()))
+				}
+				return nil
+			}()
+		}()
+	}
+	for range convs {
+		require.NoError(t, <-errs)
+	}
+	f.waitIdle()
+	require.Equal(t, float64(convs*turns), f.counter("exa_gateway_requests_total", map[string]string{"endpoint": "responses", "code": "200"}))
 }
