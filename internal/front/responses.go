@@ -75,13 +75,6 @@ func (r *ResponseIDs) Owner(id, model string) (string, bool) {
 	return o.replica, true
 }
 
-// Len returns how many ids r remembers.
-func (r *ResponseIDs) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.m)
-}
-
 // ResponseID returns the id of the response whose answer begins with
 // head: the first string member "id" whose value starts with "resp",
 // within a JSON answer or an event stream; "" if head has none yet. An id
