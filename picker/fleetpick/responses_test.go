@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/picker"
@@ -223,4 +224,35 @@ func TestPickerResponsesConcurrent(t *testing.T) {
 	}
 	f.waitIdle()
 	require.Equal(t, float64(convs*turns), f.counter("exa_gateway_requests_total", map[string]string{"endpoint": "responses", "code": "200"}))
+}
+
+// TestPickerResponsesFallbackServed: when a fallback served the first
+// response (the endpoint picked refused), the id is learned for the
+// fallback's replica, which the data plane reported, and the continuation
+// goes there; a continuation gets no fallbacks.
+func TestPickerResponsesFallbackServed(t *testing.T) {
+	f := newPickFixture(t, 3, gateway.ModeCacheAware, enginetest.Options{},
+		pickSetup{popts: Options{Fallbacks: 1}, maxFB: 1, fallbacks: true, fleet: func(o *fleet.Options) { o.EjectAfter = 5 }})
+	body := `{"model":"m1","input":"a prefix whose engine is about to stop"}`
+	resp := f.post("/v1/responses", body)
+	readAll(t, resp)
+	home := f.engineOf(strings.Split(resp.Header.Get(pickertest.HeaderPicked), ",")[0])
+	f.engines[home].Close()
+	resp = f.post("/v1/responses", body)
+	out := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	picked := strings.Split(resp.Header.Get(pickertest.HeaderPicked), ",")
+	require.Len(t, picked, 2)
+	require.Equal(t, f.endpoint(home), picked[0])
+	served := f.engineOf(resp.Header.Get(pickertest.HeaderEndpoint))
+	require.Equal(t, picked[1], f.endpoint(served), "the fallback served")
+	id := front.ResponseID(out)
+	f.waitIdle()
+
+	resp = f.post("/v1/responses", `{"model":"m1","input":"and then?","previous_response_id":"`+id+`"}`)
+	out = readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	require.Equal(t, f.endpoint(served), resp.Header.Get(pickertest.HeaderPicked), "pinned there, with no fallback")
+	require.Equal(t, f.endpoint(served), resp.Header.Get(pickertest.HeaderEndpoint))
+	f.waitIdle()
 }
