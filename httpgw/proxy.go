@@ -85,9 +85,9 @@ type call struct {
 	// holding the response a Responses API request continues
 	// (responses.go).
 	pin string
-	// head holds the start of a Responses API answer until its id is
+	// head reads the start of a Responses API answer until its id is
 	// learned; learned says it was (or cannot be).
-	head    []byte
+	head    front.ResponseHead
 	learned bool
 	// aggregate is set when the engine is asked to stream the answer of
 	// a non-streamed request (upstream.go).
@@ -106,7 +106,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 		return
 	}
 	if kind == keys.Responses && c.req.PreviousResponseID != "" {
-		c.pin, _ = s.respIDs.owner(c.req.PreviousResponseID, c.ms.Name)
+		c.pin, _ = s.respIDs.Owner(c.req.PreviousResponseID, c.ms.Name)
 	}
 	kp := s.keyer.Buffer()
 	c.key, c.fallback = s.keyer.Key(r.Context(), (*kp)[:0], c.ms, front.Input{Kind: kind, Body: c.body, Req: c.req,

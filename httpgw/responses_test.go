@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -14,6 +12,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // TestResponsesConversation: a Responses API conversation, streamed or
@@ -44,7 +43,7 @@ func TestResponsesConversation(t *testing.T) {
 				} else {
 					require.Equal(t, first, replica, "turn %d continues on the replica holding its conversation", turn)
 				}
-				prev = responseID(out)
+				prev = front.ResponseID(out)
 				require.True(t, strings.HasPrefix(prev, "resp_"+replica), "turn %d: id %q from %s", turn, prev, replica)
 			}
 			// Load elsewhere would not move a continuation either.
@@ -53,75 +52,4 @@ func TestResponsesConversation(t *testing.T) {
 			assert.Equal(t, http.StatusNotFound, resp.StatusCode, "an unknown id is routed by key; the engine answers 404")
 		})
 	}
-}
-
-// TestResponseID: the id is the first "id" whose string value starts with
-// "resp", in an answer or an event stream, whitespace allowed.
-func TestResponseID(t *testing.T) {
-	for in, want := range map[string]string{
-		`{"id":"resp_1","object":"response"}`:                                                           "resp_1",
-		`{"object":"response", "id" : "resp_2"}`:                                                        "resp_2",
-		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_3\"": "resp_3",
-		`{"output":[{"id":"msg_1"}],"id":"resp_4"}`:                                                     "resp_4",
-		`{"id":"resp_\"5"}`: "",
-		`{"id":"resp_6`:     "",
-		`{"id":7}`:          "",
-		``:                  "",
-	} {
-		assert.Equal(t, want, responseID([]byte(in)), "%q", in)
-	}
-}
-
-// TestResponseIDsBound: the store keeps the most recent maxResponseIDs
-// ids and forgets the oldest first.
-func TestResponseIDsBound(t *testing.T) {
-	var r responseIDs
-	for i := range maxResponseIDs + 10 {
-		r.add(fmt.Sprintf("resp_%d", i), "m", "r0")
-	}
-	require.Len(t, r.m, maxResponseIDs)
-	_, ok := r.owner("resp_9", "m")
-	require.False(t, ok, "the oldest ids are forgotten")
-	got, ok := r.owner(fmt.Sprintf("resp_%d", maxResponseIDs+9), "m")
-	require.True(t, ok)
-	require.Equal(t, "r0", got)
-	_, ok = r.owner(fmt.Sprintf("resp_%d", maxResponseIDs+9), "other")
-	require.False(t, ok, "an id is its model's")
-}
-
-// FuzzResponseID: any answer head gives an id that occurs in it, starts
-// with "resp" and holds no quote or backslash, or none; never a panic.
-func FuzzResponseID(f *testing.F) {
-	for _, s := range []string{`{"id":"resp_1"}`, "data: {\"response\":{\"id\" :\t\"resp_x\"}}", `{"id":"msg"},{"id":"resp"}`, `"id"`, `"id":`, `"id":"`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, head []byte) {
-		id := responseID(head)
-		if id == "" {
-			return
-		}
-		if !strings.HasPrefix(id, "resp") || strings.ContainsAny(id, "\"\\") || !strings.Contains(string(head), `"`+id+`"`) {
-			t.Fatalf("responseID(%q) = %q", head, id)
-		}
-	})
-}
-
-// TestResponseIDsMemory measures the store at its bound (EXA_MEASURE=1):
-// maxResponseIDs ids of vLLM's shape ("resp_" and 32 hex digits).
-func TestResponseIDsMemory(t *testing.T) {
-	if os.Getenv("EXA_MEASURE") == "" {
-		t.Skip("set EXA_MEASURE=1 to measure")
-	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	var r responseIDs
-	for i := range maxResponseIDs {
-		r.add(fmt.Sprintf("resp_%032x", i), "meta-llama/Llama-3.1-8B-Instruct", fmt.Sprintf("r%d", i%8))
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	t.Logf("%d ids: %.1f MiB, %.0f bytes an id", maxResponseIDs, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20),
-		float64(after.HeapAlloc-before.HeapAlloc)/maxResponseIDs)
-	runtime.KeepAlive(&r)
 }

@@ -138,7 +138,7 @@ type Server struct {
 	mux     *http.ServeMux
 
 	bufPool sync.Pool
-	respIDs responseIDs // which replica produced each recent response (responses.go)
+	respIDs front.ResponseIDs // which replica produced each recent response (responses.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)

@@ -32,7 +32,9 @@
 //  5. response_body chunks, echoed as streamed_response chunks. The first
 //     non-empty chunk of an SSE response is its first token; end_of_stream
 //     ends the request (Tracker.Done, with the latency from the request
-//     headers to the first token). response_trailers end it too.
+//     headers to the first token). response_trailers end it too. A
+//     Tracker that is a HeadTracker is given the chunks, before Done, up
+//     to MaxResponseHead bytes in all or until it has enough.
 //
 // A stream that ends before the response does (the client went away,
 // Envoy could not reach the endpoint) reports Done with an error, so no

@@ -59,6 +59,8 @@ type exchange struct {
 	respEcho, respNone bool
 
 	tracker     Tracker
+	head        HeadTracker   // tracker, if it reads the response's head, until it has enough
+	headLeft    int           // bytes head may still be given
 	respHeaders []Header      // Pick.ResponseHeaders, set on the response
 	first       bool          // FirstToken reported
 	latency     time.Duration // request headers to first token
@@ -132,7 +134,7 @@ func (x *exchange) release() {
 	x.releaseBody()
 	clear(x.req.Header[:cap(x.req.Header)])
 	x.req = PickRequest{Header: x.req.Header[:0]}
-	x.st, x.tracker, x.cause, x.hintErr, x.respHeaders = nil, nil, nil, nil, nil
+	x.st, x.tracker, x.head, x.cause, x.hintErr, x.respHeaders = nil, nil, nil, nil, nil, nil
 }
 
 // finish reports Done to the Tracker of a request whose stream ended
@@ -349,6 +351,9 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 	}
 	x.ph = phaseRouted
 	x.respHeaders = p.ResponseHeaders
+	if h, ok := x.tracker.(HeadTracker); ok {
+		x.head, x.headLeft = h, MaxResponseHead
+	}
 	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body), p.Headers)); err != nil {
 		return false, err
 	}
@@ -454,6 +459,9 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 	if len(b.GetBody()) > 0 {
 		x.firstToken()
+		if x.head != nil {
+			x.readHead(b.GetBody())
+		}
 	}
 	eos := b.GetEndOfStream()
 	if eos {
@@ -467,6 +475,20 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 		return x.st.Send(responseBodyAckAnswer)
 	}
 	return sendChunks(x.st, b.GetBody(), eos, responseBodyResponse)
+}
+
+// readHead gives the HeadTracker the head of a response body chunk, up
+// to MaxResponseHead bytes in all, until it has enough.
+func (x *exchange) readHead(chunk []byte) {
+	if x.complete {
+		x.head = nil
+		return
+	}
+	c := chunk[:min(len(chunk), x.headLeft)]
+	x.headLeft -= len(c)
+	if x.head.ResponseHead(x.status, c) || x.headLeft == 0 {
+		x.head = nil
+	}
 }
 
 func (x *exchange) firstToken() {

@@ -146,6 +146,28 @@ type Tracker interface {
 	Done(Outcome)
 }
 
+// MaxResponseHead is how many leading bytes of a response body the server
+// gives a HeadTracker: enough for the head of an OpenAI answer (its "id",
+// or the first event of a stream).
+const MaxResponseHead = 4 << 10
+
+// HeadTracker is a Tracker that also reads the head of the response body,
+// as a Router learning something from each answer needs (fleetpick's
+// Router learns a Responses API answer's id). A Tracker that does not
+// implement it costs the server nothing: no bytes are copied or kept.
+type HeadTracker interface {
+	Tracker
+	// ResponseHead is called with the response's HTTP status (0 if no
+	// status came) and each non-empty response body chunk in order, cut
+	// so that the chunks given hold at most MaxResponseHead bytes
+	// together, until it returns true. It is called from the goroutine
+	// serving the request's stream, always before Done, never after it.
+	// chunk is valid only during the call. A response without a body, or
+	// whose body does not reach the picker (response body mode NONE),
+	// gets no call.
+	ResponseHead(status int, chunk []byte) (enough bool)
+}
+
 // Outcome reports how a picked request ended.
 type Outcome struct {
 	// Latency is the time from the request's headers reaching the picker

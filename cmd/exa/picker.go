@@ -58,13 +58,17 @@ Extension's endpoint picker protocol: Envoy sends each request's headers and bod
 and metadata x-gateway-destination-endpoint, and Envoy sends the request there itself. The
 picker routes with the same configuration, models, LoRA adapters, health checks, load scrapes,
 exact index, metrics and reloads as "exa serve gateway", and reads the response phase (headers, body end)
-to keep each engine's load and latency current. GET /v1/models is answered by the picker
+to keep each engine's load and latency current. It routes /v1/chat/completions,
+/v1/completions and /v1/responses; a Responses API conversation continued with
+previous_response_id goes to the replica that stored it, as learned from the answers passing
+through this picker (the head of each body). GET /v1/models is answered by the picker
 from the configuration.
 
 Envoy must reach the engines by IP: a replica whose address has a host name is never picked
 (a warning is logged; with no other replica the client gets 503). Disaggregated models are
 served in P/D mode sidecar only (the decode replica is picked and the prefill replica named
-in x-prefiller-host-port for llm-d's pd-sidecar).
+in x-prefiller-host-port for llm-d's pd-sidecar); a /v1/responses request is decoded
+co-located, in either mode.
 
 The gRPC server is plaintext by default. --tls-cert and --tls-key serve TLS with PEM
 files, re-read every --reload-interval when they change; --tls-self-signed serves a

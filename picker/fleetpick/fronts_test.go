@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -30,25 +31,39 @@ func TestFrontsDecideAlike(t *testing.T) {
 	pk := newPickFixture(t, 4, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
 	for round := range 3 {
 		for i, b := range fronttest.FrontBodies {
-			if b.Path == "/v1/responses" {
-				continue // the picker routes chat and completions
-			}
 			name := fmt.Sprintf("round %d body %d", round, i)
 			var hdr []string
 			if b.Session != "" {
 				hdr = []string{keys.HeaderSessionID, b.Session}
 			}
-			rg := gw.post(b.Path, b.Body, hdr...)
-			readAll(t, rg)
-			gw.settle() // the request is done: its load released
-			rp := pk.post(b.Path, b.Body, hdr...)
-			readAll(t, rp)
-			pk.waitIdle()
-			require.Equal(t, http.StatusOK, rg.StatusCode, name)
-			require.Equal(t, http.StatusOK, rp.StatusCode, name)
-			require.NotEmpty(t, rp.Header.Get(front.HeaderDecision), name)
-			require.Equal(t, rg.Header.Get(front.HeaderReplica), rp.Header.Get(front.HeaderReplica), name)
-			require.Equal(t, rg.Header.Get(front.HeaderDecision), rp.Header.Get(front.HeaderDecision), name)
+			both := func(name, body string, want int) (idG, idP string) {
+				rg := gw.post(b.Path, body, hdr...)
+				og := readAll(t, rg)
+				gw.settle() // the request is done: its load released
+				rp := pk.post(b.Path, body, hdr...)
+				op := readAll(t, rp)
+				pk.waitIdle()
+				require.Equal(t, want, rg.StatusCode, name)
+				require.Equal(t, want, rp.StatusCode, name)
+				require.NotEmpty(t, rp.Header.Get(front.HeaderDecision), name)
+				require.Equal(t, rg.Header.Get(front.HeaderReplica), rp.Header.Get(front.HeaderReplica), name)
+				require.Equal(t, rg.Header.Get(front.HeaderDecision), rp.Header.Get(front.HeaderDecision), name)
+				return front.ResponseID(og), front.ResponseID(op)
+			}
+			want := http.StatusOK
+			if strings.Contains(b.Body, "previous_response_id") {
+				want = http.StatusNotFound // an id no engine stored: routed by key, the engine's 404
+			}
+			idG, idP := both(name, b.Body, want)
+			if b.Path != "/v1/responses" || want != http.StatusOK {
+				continue
+			}
+			// The conversation continued through each front, from the
+			// response that front got, goes alike to where it is stored.
+			require.Equal(t, idG, idP, name)
+			require.NotEmpty(t, idG, name)
+			cont := `{"model":"m1","input":"and then?","previous_response_id":"` + idG + `"}`
+			both(name+" continued", cont, http.StatusOK)
 		}
 	}
 }

@@ -11,7 +11,9 @@ import (
 )
 
 // FuzzPick feeds Router.Pick arbitrary methods, paths, bodies, session
-// headers and subset entries: it never panics, every error is a
+// headers and subset entries (a Responses API request continuing a stored
+// response among them, its body read back as the answer's head): it never
+// panics, every error is a
 // picker.StatusError with an HTTP error status, and every pick names an
 // ip:port endpoint within the subset, whose tracker releases the load.
 func FuzzPick(f *testing.F) {
@@ -20,11 +22,15 @@ func FuzzPick(f *testing.F) {
 	f.Add("GET", "/v1/models", []byte(nil), "", "10.0.0.2")
 	f.Add("POST", "/v1/chat/completions", []byte(`{"model":"m2"}`), "", "")
 	f.Add("PUT", "/x", []byte(`{`), "\x00", "::1")
+	f.Add("POST", "/v1/responses", []byte(`{"model":"m1","instructions":"be terse","input":"hi"}`), "", "")
+	f.Add("POST", "/v1/responses", []byte(`{"model":"m1","input":[{"role":"user","content":"hi"}],"previous_response_id":"resp_f"}`), "", "10.0.0.2:8000")
+	f.Add("POST", "/v1/responses", []byte(`{"id":"resp_x","model":"m1","input":"hi","previous_response_id":"resp_f"}`), "", "10.0.0.1:8000")
 	s := pickServer(f, gateway.ModeCacheAware, "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://engine:8000")
 	p, err := New(s, Options{Fallbacks: 2})
 	if err != nil {
 		f.Fatal(err)
 	}
+	p.respIDs.Add("resp_f", testModel, "r1") // a stored response, on 10.0.0.2
 	f.Fuzz(func(t *testing.T, method, path string, body []byte, session, subset string) {
 		req := &picker.PickRequest{Method: method, Path: path, Body: body, Header: picker.Headers{{Name: "x-session-id", Value: session}}}
 		if subset != "" {
@@ -46,6 +52,12 @@ func FuzzPick(f *testing.F) {
 		}
 		if _, err := netip.ParseAddrPort(pk.Endpoint); err != nil || !req.Subset.Allows(pk.Endpoint) {
 			t.Fatalf("endpoint %q (subset %v): %v", pk.Endpoint, req.Subset, err)
+		}
+		// The body stands for the answer's head too: a Responses API
+		// request may learn an id from it.
+		if ht, ok := pk.Tracker.(picker.HeadTracker); ok {
+			for c := body; len(c) > 0 && !ht.ResponseHead(200, c[:min(len(c), 7)]); c = c[min(len(c), 7):] {
+			}
 		}
 		pk.Tracker.Done(picker.Outcome{Status: 200})
 		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {

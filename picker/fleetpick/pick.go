@@ -26,6 +26,10 @@ type pickRequest struct {
 	fallback int
 	tab      *table
 	sub      picker.Subset
+	// pin is the replica that stored the response a Responses API
+	// request continues (prev, its previous_response_id), "" if none is
+	// known.
+	pin, prev string
 }
 
 // adapter is the request's LoRA adapter, "" for the base model.
@@ -122,8 +126,13 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
 			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a)))
 	}
-	if ms.PD != nil {
-		return pr.routePD(allow)
+	if ms.PD != nil && pr.kind != keys.Responses {
+		return pr.routePD(allow) // a responses request is decoded co-located
+	}
+	if pr.pin != "" {
+		if p, pinned, err := pr.routePinned(allow); pinned {
+			return p, err
+		}
 	}
 	var failed string
 	for try := 0; try < 2; try++ {
@@ -145,9 +154,52 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 			continue
 		}
 		tr := pr.track(d, ep, endpoint)
-		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
 	}
 	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
+}
+
+// routePinned routes a Responses API request continuing a stored response
+// to the replica that stored it (pr.pin), as the HTTP gateway pins it: by
+// the library's decision (RouteWith, allowing that replica alone), with
+// no fallbacks, since no other replica holds the response. pinned is
+// false when that replica is not eligible (unhealthy, outside the subset
+// hint, not serving the adapter, no longer configured): the request is
+// then routed as any other, and the engine chosen answers as it does for
+// an id it does not hold.
+func (pr *pickRequest) routePinned(allow func(string) bool) (p picker.Pick, pinned bool, err error) {
+	ms, pin := pr.ms, pr.pin
+	t := pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
+	if a := pr.r.opts.Admission; ms.Gateway.Saturated(t, a) {
+		p, err = pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
+			fmt.Errorf("%w: gateway: model %q is saturated: replica %q, which stored response %q, has no room (%s)", picker.ErrShed, ms.Name, pin, pr.prev, front.AdmissionText(a)))
+		return p, true, err
+	}
+	d, err := ms.Gateway.RouteWith(pr.key, t)
+	if err != nil {
+		if errors.Is(err, gateway.ErrNoHealthyReplica) {
+			return picker.Pick{}, false, nil
+		}
+		p, err = pr.fail(http.StatusInternalServerError, front.TypeServer, "routing_error", "", err)
+		return p, true, err
+	}
+	ep, endpoint, err := pr.endpoint(&d)
+	if err != nil {
+		d.Done(gateway.DoneInfo{Err: err})
+		return picker.Pick{}, false, nil
+	}
+	tr := pr.track(d, ep, endpoint)
+	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, true, nil
+}
+
+// pdHeaders are the upstream headers of a request routed co-located: for
+// a disaggregated model (a Responses API request), a client's own
+// x-prefiller-host-port removed; none for another model.
+func (pr *pickRequest) pdHeaders() []picker.Header {
+	if pr.ms.PD == nil {
+		return nil
+	}
+	return []picker.Header{{Name: prefillHeader}}
 }
 
 // endpoint returns the engine decision d is to be sent to and its

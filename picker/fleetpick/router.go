@@ -69,6 +69,22 @@ var Attach = front.Attach
 // Create one with New; it is safe for concurrent use, and follows the
 // fleet's reloads.
 //
+// The OpenAI Responses API (POST /v1/responses) is routed as chat is, by
+// its instructions and input. A request continuing a stored response
+// (previous_response_id) goes to the replica that stored it, as in the
+// HTTP gateway: the Router learns each answer's response id from the head
+// of its body (its Tracker is a picker.HeadTracker; at most
+// picker.MaxResponseHead bytes are read, only of a 200 answer) into one
+// table (front.ResponseIDs: the 65,536 most recent ids, 12.1 MiB
+// measured), and pins the continuation there by the library's decision
+// (gateway.Target.Allow naming that replica alone), with no fallbacks.
+// Unlike the HTTP gateway, which then answers 503, a continuation whose
+// replica is not eligible (unhealthy, outside the subset hint) is routed
+// as any request, and so is one whose id the Router never saw (another
+// picker replica's, or forgotten): the engine chosen answers 404 for a
+// response it does not hold. A disaggregated model decodes a Responses
+// API request co-located, in either P/D mode, as the HTTP gateway does.
+//
 // Errors answer the client as the HTTP gateway does, with the same status
 // and OpenAI error object (picker.StatusError): 400 for a malformed
 // request, 404 for an unknown model or path, 405 for another method, 503
@@ -97,6 +113,10 @@ type Router struct {
 	table   atomic.Pointer[table]
 	mu      sync.Mutex // serialises table builds
 	pool    sync.Pool  // *tracker
+	// respIDs remembers which replica stored each recent Responses API
+	// response (front.ResponseIDs, bounded), learned from the head of
+	// each answer (tracker.ResponseHead).
+	respIDs front.ResponseIDs
 }
 
 var _ picker.Router = (*Router)(nil)
@@ -163,12 +183,14 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		kind = keys.Chat
 	case "/v1/completions":
 		kind = keys.Completions
+	case "/v1/responses":
+		kind = keys.Responses
 	case "/v1/models":
 		return r.models(req)
 	default:
 		r.metrics.Requests.WithLabelValues("", "other", "404").Inc()
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: front.TypeNotFound, Code: "unknown_endpoint",
-			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions and /v1/completions, and answers /v1/models)")}
+			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions and /v1/responses, and answers /v1/models)")}
 	}
 	pr := pickRequest{r: r, kind: kind, start: start}
 	if req.Method != http.MethodPost {
@@ -200,7 +222,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	case ms.NoReplicas:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, front.ErrNoReplicas, ms.Name))
-	case ms.PD != nil && !ms.PD.Sidecar:
+	case ms.PD != nil && !ms.PD.Sidecar && kind != keys.Responses:
 		return pr.fail(http.StatusInternalServerError, front.TypeServer, "pd_mode_gateway", "model",
 			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.Name, ms.Name))
 	}
@@ -210,5 +232,9 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	defer func() { r.keyer.Release(kp, pr.key) }()
 	pr.tab = r.tableOf(st)
 	pr.sub = req.Subset
+	if kind == keys.Responses && rq.PreviousResponseID != "" {
+		pr.prev = rq.PreviousResponseID
+		pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+	}
 	return pr.route()
 }

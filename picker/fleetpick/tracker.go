@@ -1,6 +1,7 @@
 package fleetpick
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -25,9 +26,45 @@ type tracker struct {
 	ep       *fleet.Endpoint
 	endpoint string
 	tab      *table
+	// head reads a Responses API answer's head for its id (respID),
+	// learned when the request is done; its buffer is kept in the pool.
+	head   front.ResponseHead
+	respID string
 }
 
-var _ picker.Tracker = (*tracker)(nil)
+var _ picker.HeadTracker = (*tracker)(nil)
+
+// ResponseHead implements picker.HeadTracker: the head of a Responses API
+// answer gives its id, which Done remembers (Router.respIDs). Any other
+// answer is not read.
+func (t *tracker) ResponseHead(status int, chunk []byte) bool {
+	if t.kind != keys.Responses || status != http.StatusOK {
+		return true
+	}
+	id, done := t.head.Feed(chunk)
+	t.respID = id
+	return done
+}
+
+// learn remembers which replica produced the response the request got:
+// the one picked, or the fallback that served it.
+func (t *tracker) learn(served string) {
+	replica := t.d.Replica
+	if served != "" && served != t.endpoint {
+		ep := t.tab.byEP[served]
+		replica = ""
+		for _, name := range t.ms.Order {
+			if ep != nil && t.ms.ByName[name] == ep {
+				replica = name
+				break
+			}
+		}
+		if replica == "" {
+			return
+		}
+	}
+	t.r.respIDs.Add(t.respID, t.ms.Name, replica)
+}
 
 // FirstToken implements picker.Tracker.
 func (t *tracker) FirstToken() {
@@ -56,6 +93,9 @@ func (t *tracker) Done(o picker.Outcome) {
 			r.fl.Observe(served, served.Health.Success(false))
 		}
 	}
+	if t.respID != "" {
+		t.learn(o.Served)
+	}
 	code := strconv.Itoa(o.Status)
 	switch {
 	case o.Err != nil && o.Status < 500:
@@ -76,6 +116,8 @@ func (t *tracker) Done(o picker.Outcome) {
 	mm.RequestsC(r.metrics, t.ms.Name, t.kind, code).Inc()
 	mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
 	r.metrics.InFlight.Dec()
-	*t = tracker{}
+	head := t.head
+	head.Reset()
+	*t = tracker{head: head}
 	r.pool.Put(t)
 }
