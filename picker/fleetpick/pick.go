@@ -162,11 +162,12 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 // routePinned routes a Responses API request continuing a stored response
 // to the replica that stored it (pr.pin), as the HTTP gateway pins it: by
 // the library's decision (RouteWith, allowing that replica alone), with
-// no fallbacks, since no other replica holds the response. pinned is
-// false when that replica is not eligible (unhealthy, outside the subset
-// hint, not serving the adapter, no longer configured): the request is
-// then routed as any other, and the engine chosen answers as it does for
-// an id it does not hold.
+// no fallbacks, since no other replica holds the response. When that
+// replica is not eligible (unhealthy, outside the subset hint, not
+// serving the adapter, no longer configured) the client gets 503, as from
+// the HTTP gateway: no other engine holds the response. pinned is false
+// only when the replica is no longer known (the request is then routed
+// as any other).
 func (pr *pickRequest) routePinned(allow func(string) bool) (p picker.Pick, pinned bool, err error) {
 	ms, pin := pr.ms, pr.pin
 	t := pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
@@ -178,7 +179,8 @@ func (pr *pickRequest) routePinned(allow func(string) bool) (p picker.Pick, pinn
 	d, err := ms.Gateway.RouteWith(pr.key, t)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
-			return picker.Pick{}, false, nil
+			p, err = pr.noEndpoint("", fmt.Errorf("replica %q, which stored response %q, is not eligible: %w", pin, pr.prev, err))
+			return p, true, err
 		}
 		p, err = pr.fail(http.StatusInternalServerError, front.TypeServer, "routing_error", "", err)
 		return p, true, err
@@ -186,7 +188,8 @@ func (pr *pickRequest) routePinned(allow func(string) bool) (p picker.Pick, pinn
 	ep, endpoint, err := pr.endpoint(&d)
 	if err != nil {
 		d.Done(gateway.DoneInfo{Err: err})
-		return picker.Pick{}, false, nil
+		p, err = pr.noEndpoint("", err)
+		return p, true, err
 	}
 	tr := pr.track(d, ep, endpoint)
 	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, true, nil

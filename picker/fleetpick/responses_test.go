@@ -78,10 +78,9 @@ func TestPickerResponsesUnknownID(t *testing.T) {
 }
 
 // TestPickerResponsesPinIneligible: when the replica that stored the
-// response is unhealthy, or outside the subset hint, the continuation is
-// routed to an eligible replica (whose engine answers 404: it does not
-// hold the response) rather than refused; once healthy again, the pin
-// holds.
+// response is unhealthy, or outside the subset hint, the continuation gets
+// 503, as from the HTTP gateway (no other engine holds the response);
+// once healthy again, the pin holds.
 func TestPickerResponsesPinIneligible(t *testing.T) {
 	f := newPickFixture(t, 3, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
 	f.md = func(r *http.Request) *corev3.Metadata {
@@ -93,21 +92,22 @@ func TestPickerResponsesPinIneligible(t *testing.T) {
 	status, home, id, out := f.respond("remember this", "", true)
 	require.Equal(t, http.StatusOK, status, "%s", out)
 	other := (home + 1) % 3
-	status, got, _, out := f.respond("outside the hint", id, false, "X-Test-Subset", f.endpoint(other))
-	require.Equal(t, http.StatusNotFound, status, "%s", out)
-	require.Equal(t, other, got, "the pinned replica is outside the hint")
+	status, _, _, out = f.respond("outside the hint", id, false, "X-Test-Subset", f.endpoint(other))
+	require.Equal(t, http.StatusServiceUnavailable, status, "%s", out)
+	require.Contains(t, string(out), id)
 
 	ep := f.srv.Snapshot().Endpoints[f.engines[home].URL()]
 	f.srv.Observe(ep, ep.Health.Failure(true))
-	status, got, _, out = f.respond("while it is down", id, false)
-	require.Equal(t, http.StatusNotFound, status, "%s", out)
-	require.GreaterOrEqual(t, got, 0)
-	require.NotEqual(t, home, got, "an unhealthy pinned replica is not picked")
+	status, _, _, out = f.respond("while it is down", id, false)
+	require.Equal(t, http.StatusServiceUnavailable, status, "%s", out)
+	for i, e := range f.engines {
+		require.Zero(t, e.PathRequests("/v1/responses")-map[bool]int64{true: 1}[i == home], "engine %d got the continuation", i)
+	}
 
 	for range 5 { // probes readmit it
 		f.srv.Observe(ep, ep.Health.Success(true))
 	}
-	status, got, _, out = f.respond("back", id, false)
+	status, got, _, out := f.respond("back", id, false)
 	require.Equal(t, http.StatusOK, status, "%s", out)
 	require.Equal(t, home, got)
 }
