@@ -130,9 +130,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		return pr.routePD(allow) // a responses request is decoded co-located
 	}
 	if pr.pin != "" {
-		if p, pinned, err := pr.routePinned(allow); pinned {
-			return p, err
-		}
+		return pr.routePinned(allow)
 	}
 	var failed string
 	for try := 0; try < 2; try++ {
@@ -165,34 +163,28 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 // no fallbacks, since no other replica holds the response. When that
 // replica is not eligible (unhealthy, outside the subset hint, not
 // serving the adapter, no longer configured) the client gets 503, as from
-// the HTTP gateway: no other engine holds the response. pinned is false
-// only when the replica is no longer known (the request is then routed
-// as any other).
-func (pr *pickRequest) routePinned(allow func(string) bool) (p picker.Pick, pinned bool, err error) {
+// the HTTP gateway: no other engine holds the response.
+func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error) {
 	ms, pin := pr.ms, pr.pin
 	t := pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
 	if a := pr.r.opts.Admission; ms.Gateway.Saturated(t, a) {
-		p, err = pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
+		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
 			fmt.Errorf("%w: gateway: model %q is saturated: replica %q, which stored response %q, has no room (%s)", picker.ErrShed, ms.Name, pin, pr.prev, front.AdmissionText(a)))
-		return p, true, err
 	}
 	d, err := ms.Gateway.RouteWith(pr.key, t)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
-			p, err = pr.noEndpoint("", fmt.Errorf("replica %q, which stored response %q, is not eligible: %w", pin, pr.prev, err))
-			return p, true, err
+			return pr.noEndpoint("", fmt.Errorf("replica %q, which stored response %q, is not eligible: %w", pin, pr.prev, err))
 		}
-		p, err = pr.fail(http.StatusInternalServerError, front.TypeServer, "routing_error", "", err)
-		return p, true, err
+		return pr.fail(http.StatusInternalServerError, front.TypeServer, "routing_error", "", err)
 	}
 	ep, endpoint, err := pr.endpoint(&d)
 	if err != nil {
 		d.Done(gateway.DoneInfo{Err: err})
-		p, err = pr.noEndpoint("", err)
-		return p, true, err
+		return pr.noEndpoint("", err)
 	}
 	tr := pr.track(d, ep, endpoint)
-	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, true, nil
+	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
 }
 
 // pdHeaders are the upstream headers of a request routed co-located: for
