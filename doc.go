@@ -15,7 +15,8 @@
 // and the simulator (package sim):
 //
 //   - Route and RouteWith: a replica for a request, within a Target (the
-//     replicas allowed, one a retry leaves out, a LoRA adapter);
+//     replicas allowed, one a retry leaves out, a LoRA adapter; or a
+//     request without a prompt, such as embeddings, routed by load);
 //   - PD.Route: the plan of a disaggregated model (decode replica, whether
 //     to split, prefill replica);
 //   - Saturated: whether to shed a request (Admission's rule);
