@@ -100,6 +100,12 @@ func writeFile(t *testing.T, path string, b []byte) {
 // returns a dialer to it.
 func startTLSPicker(t *testing.T, get func(*tls.ClientHelloInfo) (*tls.Certificate, error)) func(credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
+	return startPickerTLS(t, picker.TLSConfig(get))
+}
+
+// startPickerTLS is startTLSPicker with the server's whole TLS config.
+func startPickerTLS(t *testing.T, cfg *tls.Config) func(credentials.TransportCredentials) *grpc.ClientConn {
+	t.Helper()
 	gw, err := gateway.New([]gateway.Replica{{Name: "r0", Address: "http://10.0.0.1:8000"}}, gateway.WithMode(gateway.ModeCacheAware))
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +123,7 @@ func startTLSPicker(t *testing.T, get func(*tls.ClientHelloInfo) (*tls.Certifica
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(picker.TLSConfig(get))))
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
 	srv.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
