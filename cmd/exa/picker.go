@@ -33,6 +33,8 @@ type pickerFlags struct {
 	fallbacks, shedAbove int
 	tlsCert, tlsKey      string
 	tlsSelfSigned        bool
+	tlsClientCA          string
+	tlsClientSANs        []string
 
 	requestTimeout, responseTimeout time.Duration
 	maxBuffered                     int64
@@ -73,7 +75,11 @@ co-located, in either mode.
 The gRPC server is plaintext by default. --tls-cert and --tls-key serve TLS with PEM
 files, re-read every --reload-interval when they change; --tls-self-signed serves a
 certificate made at start, as GIE's own picker does by default (Envoy must then skip
-verification, as GIE's configurations do).
+verification, as GIE's configurations do). Any client that reaches the port can then open
+streams, make picks and add to the load booked for each engine. --tls-client-ca binds the
+streams to Envoy: every connection must present a client certificate chained to one of its
+CAs (and, with --tls-client-san, naming an allowed SAN), or the handshake fails. GIE's
+picker (v1.5.0) has no such option.
 
 --admin-listen serves /metrics (Prometheus), /stats (as "exa serve gateway" serves it) and
 /healthz over HTTP. Envoy's configuration for both deployment modes (plain Envoy with an
@@ -83,7 +89,9 @@ from a Go client.`,
 		Example: `  exa serve routing set JPCP --mode cache_aware --replica e0=http://10.0.0.7:8000 --replica e1=http://10.0.0.8:8000
   exa serve picker --listen 127.0.0.1:9002 --admin-listen 127.0.0.1:9090
   exa serve picker --listen 0.0.0.0:9002 --tls-cert /etc/exa/tls.crt --tls-key /etc/exa/tls.key
-  exa serve picker --listen 0.0.0.0:9002 --tls-self-signed`,
+  exa serve picker --listen 0.0.0.0:9002 --tls-self-signed
+  exa serve picker --listen 0.0.0.0:9002 --tls-cert /etc/exa/tls.crt --tls-key /etc/exa/tls.key \
+    --tls-client-ca /etc/exa/client-ca.crt --tls-client-san spiffe://cluster.local/ns/gw/sa/envoy`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := fl.gie.apply(cmd, &fl); err != nil {
@@ -127,6 +135,10 @@ from a Go client.`,
 	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
 		"serve TLS with a self-signed certificate made at start (ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification")
+	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
+		"require every client (Envoy) to present a certificate chained to a CA of this PEM bundle (mutual TLS); needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
+	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
+		"with --tls-client-ca: accept only client certificates naming this DNS or URI subject alternative name exactly (repeatable; e.g. Envoy's SPIFFE ID); default any name")
 	fl.disc.register(f)
 	fl.gie.register(f)
 	return cmd
@@ -256,7 +268,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	security := "plaintext"
 	if tlsSrc != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(picker.TLSConfig(tlsSrc.get))))
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsSrc.config())))
 		security = tlsSrc.describe()
 	}
 	g := grpc.NewServer(gopts...)
@@ -270,6 +282,11 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		tick := time.NewTicker(fl.reload)
 		defer tick.Stop()
 		go watchKeyPair(runCtx, tlsSrc.kp, tick.C, logger)
+	}
+	if tlsSrc != nil && tlsSrc.cas != nil {
+		tick := time.NewTicker(fl.reload)
+		defer tick.Stop()
+		go watchClientCAs(runCtx, tlsSrc.cas, tlsSrc.caFile, tick.C, logger)
 	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- g.Serve(ln) }()

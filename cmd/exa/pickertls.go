@@ -9,7 +9,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/examlops/gateway/picker"
@@ -22,6 +24,21 @@ type pickerTLSSource struct {
 	kp       *picker.KeyPair
 	self     *tls.Certificate
 	certFile string
+
+	// cas, when not nil, are the CAs client certificates must chain to
+	// (--tls-client-ca, re-read by watchClientCAs), sans the client
+	// certificate names allowed (--tls-client-san; empty: any).
+	cas    *picker.ClientCAs
+	caFile string
+	sans   []string
+}
+
+// config is the gRPC server's TLS configuration.
+func (s *pickerTLSSource) config() *tls.Config {
+	if s.cas != nil {
+		return picker.MutualTLSConfig(s.get, s.cas, s.sans)
+	}
+	return picker.TLSConfig(s.get)
 }
 
 func (s *pickerTLSSource) get(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -33,16 +50,78 @@ func (s *pickerTLSSource) get(h *tls.ClientHelloInfo) (*tls.Certificate, error) 
 
 // describe is the serving mode for the start-up line.
 func (s *pickerTLSSource) describe() string {
+	var d string
 	if s.kp != nil {
-		return "TLS, certificate " + s.certFile
+		d = "TLS, certificate " + s.certFile
+	} else {
+		sum := sha256.Sum256(s.self.Certificate[0])
+		d = "TLS, self-signed certificate sha256 " + hex.EncodeToString(sum[:])
 	}
-	sum := sha256.Sum256(s.self.Certificate[0])
-	return "TLS, self-signed certificate sha256 " + hex.EncodeToString(sum[:])
+	if s.cas != nil {
+		d += ", client certificates required from CA file " + s.caFile
+		if len(s.sans) > 0 {
+			d += " naming " + strings.Join(s.sans, " or ")
+		}
+	}
+	return d
 }
 
-// pickerTLS checks the TLS flags and loads or makes the certificate: nil
-// for plaintext. Bad files are usage errors naming the flag and the file.
+// pickerTLS checks the TLS flags and loads or makes the certificate, and
+// loads the client CAs: nil for plaintext. Bad files are usage errors
+// naming the flag and the file.
 func pickerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
+	if err := checkClientCAFlags(cmd, fl); err != nil {
+		return nil, err
+	}
+	src, err := pickerServerTLS(cmd, fl)
+	if err != nil || fl.tlsClientCA == "" {
+		return src, err
+	}
+	if src == nil {
+		return nil, usagef("invalid --tls-client-ca %q: needs TLS: --tls-cert and --tls-key, or --tls-self-signed (--secure-serving in GIE mode)", fl.tlsClientCA)
+	}
+	cas, err := picker.LoadClientCAs(fl.tlsClientCA)
+	if err != nil {
+		var cae *picker.ClientCAError
+		if errors.As(err, &cae) {
+			err = cae.Err
+		}
+		return nil, usagef("invalid --tls-client-ca %q: %v", fl.tlsClientCA, err)
+	}
+	src.cas, src.caFile, src.sans = cas, fl.tlsClientCA, fl.tlsClientSANs
+	return src, nil
+}
+
+// checkClientCAFlags checks --tls-client-ca and --tls-client-san on their
+// own: a file named, SANs only with it, each SAN a DNS name or a URI as
+// Go prints it (the form it is compared in).
+func checkClientCAFlags(cmd *cobra.Command, fl pickerFlags) error {
+	if cmd.Flags().Changed("tls-client-ca") && fl.tlsClientCA == "" {
+		return usagef("invalid --tls-client-ca %q: must name a PEM file", fl.tlsClientCA)
+	}
+	for _, s := range fl.tlsClientSANs {
+		if fl.tlsClientCA == "" {
+			return usagef("invalid --tls-client-san %q: needs --tls-client-ca, the CAs that issue client certificates", s)
+		}
+		if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return usagef("invalid --tls-client-san %q: want a DNS name or a URI such as spiffe://cluster.local/ns/gw/sa/envoy", s)
+		}
+		if strings.Contains(s, ":") {
+			u, err := url.Parse(s)
+			if err != nil {
+				return usagef("invalid --tls-client-san %q: %v", s, err)
+			}
+			if u.Scheme == "" || u.String() != s {
+				return usagef("invalid --tls-client-san %q: want a URI in the form Go compares it, %q", s, u.String())
+			}
+		}
+	}
+	return nil
+}
+
+// pickerServerTLS checks the server certificate flags and loads or makes
+// the certificate: nil for plaintext.
+func pickerServerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
 	for _, f := range []struct{ name, v string }{{"tls-cert", fl.tlsCert}, {"tls-key", fl.tlsKey}} {
 		if cmd.Flags().Changed(f.name) && f.v == "" {
 			return nil, usagef("invalid --%s %q: must name a PEM file", f.name, f.v)
@@ -155,4 +234,44 @@ func warnValidity(cert *tls.Certificate, now time.Time, logger *slog.Logger) {
 		logger.Warn("TLS certificate is not valid now", "not_before", l.NotBefore.Format(time.RFC3339),
 			"not_after", l.NotAfter.Format(time.RFC3339))
 	}
+}
+
+// watchClientCAs re-reads the client CA file at every tick until ctx ends
+// (clientCAWatcher.reload).
+func watchClientCAs(ctx context.Context, cas *picker.ClientCAs, file string, tick <-chan time.Time, logger *slog.Logger) {
+	w := &clientCAWatcher{cas: cas, file: file, logger: logger}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+			w.reload()
+		}
+	}
+}
+
+// clientCAWatcher reloads ClientCAs and logs what came of it.
+type clientCAWatcher struct {
+	cas     *picker.ClientCAs
+	file    string
+	logger  *slog.Logger
+	lastErr string
+}
+
+// reload re-reads the file. A change is logged; a failed reload is logged
+// once per distinct error, naming the file, and the last good pool keeps
+// verifying client certificates.
+func (w *clientCAWatcher) reload() {
+	changed, err := w.cas.Reload()
+	switch {
+	case err != nil:
+		if err.Error() != w.lastErr {
+			w.logger.Warn("TLS client CA file not reloaded; verifying client certificates with the previous CAs", "file", w.file, "err", err)
+			w.lastErr = err.Error()
+		}
+		return
+	case changed:
+		w.logger.Info("TLS client CA file reloaded", "file", w.file, "certificates", w.cas.Len())
+	}
+	w.lastErr = ""
 }
