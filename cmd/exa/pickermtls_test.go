@@ -113,7 +113,7 @@ func TestPickerBadClientCAFlags(t *testing.T) {
 
 // The binary with --tls-client-ca serves only clients presenting a
 // certificate from the CA (and naming the --tls-client-san); with
-// --tls-self-signed too.
+// --tls-self-signed and GIE's --secure-serving too.
 func TestPickerServesMutualTLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, cert := writePair(t, dir, "tls")
@@ -140,6 +140,12 @@ func TestPickerServesMutualTLS(t *testing.T) {
 	assert.Contains(t, line, ", client certificates required from CA file "+caFile+")")
 	require.NoError(t, healthCheck(t, addr, client(ca.client(t, ""), false)))
 	require.Error(t, healthCheck(t, addr, client(tls.Certificate{}, false)), "no client certificate")
+
+	// As the Helm chart runs it: GIE's --secure-serving (self-signed).
+	addr, line = startPickerBin(t, "--secure-serving=true", "--tls-client-ca="+caFile, "--tls-client-san="+spiffe)
+	assert.Contains(t, line, "self-signed certificate sha256 ")
+	require.NoError(t, healthCheck(t, addr, client(ca.client(t, spiffe), false)))
+	require.Error(t, healthCheck(t, addr, client(ca.client(t, ""), false)), "no SAN")
 }
 
 // clientCAWatcher reloads a changed file, logs a failed reload once naming

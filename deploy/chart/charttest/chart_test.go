@@ -39,6 +39,9 @@ var values = map[string]map[string]any{
 		"pool":    map[string]any{"create": true, "selector": map[string]any{"app": "vllm"}, "targetPorts": []any{8000}},
 		"routing": map[string]any{"version": 1, "models": map[string]any{"llama": map[string]any{"mode": "cache_aware"}}}},
 	"gateway": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm", "port": "http"}},
+	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
+	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
+		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"}}},
 }
 
 // render renders the chart as `helm template exa deploy/chart/exa
@@ -107,13 +110,30 @@ func TestChartRenders(t *testing.T) {
 	require.NotContains(t, g, "InferencePool")
 	c = g["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Subset(t, c["args"], []any{"serve", "gateway", "--service=vllm", "--service-port=http", "--listen=0.0.0.0:8080"})
+	require.NotContains(t, c["args"], "--tls-client-ca=/etc/exa/client-ca/ca.crt")
+	// Mutual TLS: the CA Secret mounted and named by --tls-client-ca.
+	m := kinds(values["picker-mtls"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	c = m["containers"].([]any)[0].(map[string]any)
+	require.Subset(t, c["args"], []any{"--secure-serving=true", "--tls-client-ca=/etc/exa/client-ca/ca.crt",
+		"--tls-client-san=spiffe://cluster.local/ns/gw/sa/envoy"})
+	require.Contains(t, c["volumeMounts"], map[string]any{"name": "client-ca", "mountPath": "/etc/exa/client-ca", "readOnly": true})
+	require.Contains(t, m["volumes"], map[string]any{"name": "client-ca", "secret": map[string]any{"secretName": "envoy-client-ca"}})
 	// Bad values fail the render with a message.
-	ch, err := loader.Load(chartDir)
-	require.NoError(t, err)
-	rv, err := chartutil.ToRenderValues(ch, map[string]any{"mode": "proxy"}, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm"}, nil)
-	require.NoError(t, err)
-	_, err = engine.Render(ch, rv)
-	require.ErrorContains(t, err, `mode "proxy": want picker or gateway`)
+	for _, tt := range []struct {
+		vals map[string]any
+		want string
+	}{
+		{map[string]any{"mode": "proxy"}, `mode "proxy": want picker or gateway`},
+		{map[string]any{"picker": map[string]any{"secureServing": false, "clientCASecret": "ca"}}, "picker.clientCASecret (mutual TLS) needs picker.secureServing"},
+		{map[string]any{"picker": map[string]any{"clientSANs": []any{"envoy"}}}, "picker.clientSANs needs picker.clientCASecret"},
+	} {
+		ch, err := loader.Load(chartDir)
+		require.NoError(t, err)
+		rv, err := chartutil.ToRenderValues(ch, tt.vals, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm"}, nil)
+		require.NoError(t, err)
+		_, err = engine.Render(ch, rv)
+		require.ErrorContains(t, err, tt.want)
+	}
 }
 
 // TestChartApplies creates every rendered object on a real API server
@@ -130,7 +150,7 @@ func TestChartApplies(t *testing.T) {
 	c, err := client.New(cfg, client.Options{})
 	require.NoError(t, err)
 	ctx := context.Background()
-	for _, name := range []string{"picker", "gateway"} {
+	for _, name := range []string{"picker", "gateway", "picker-mtls"} {
 		ns := "ns-" + name
 		nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
 		require.NoError(t, c.Create(ctx, nsObj))
