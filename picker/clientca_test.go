@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"math/big"
 	"net"
@@ -176,6 +177,36 @@ func TestMutualTLSHandshake(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: server handshake error %v, want one containing %q", tt.name, err, tt.want)
 		}
+	}
+}
+
+// A self-signed client certificate (not a CA) in the bundle is trusted
+// itself: it pins that one client.
+func TestMutualTLSPinned(t *testing.T) {
+	srvCA := newCA(t, "server-ca")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), Subject: pkix.Name{CommonName: "envoy"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "pinned.crt")
+	writeFile(t, caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	cas, err := picker.LoadClientCAs(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := serverPair(t, srvCA)
+	srv := startMTLS(t, picker.MutualTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pair, nil }, cas, nil), srvCA.pool())
+	if err := srv.dial(t, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}); err != nil {
+		t.Fatalf("pinned certificate: %v", err)
+	}
+	if err := srv.dial(t, newCA(t, "other").issueClient(t, clientCert{})); err == nil {
+		t.Fatal("another client accepted")
 	}
 }
 
