@@ -87,5 +87,8 @@
 // TLS, as GIE's own picker serves by default, pass
 // grpc.Creds(credentials.NewTLS(TLSConfig(get))) with get a
 // KeyPair.GetCertificate (PEM files, re-read by KeyPair.Reload) or one
-// returning a SelfSigned certificate.
+// returning a SelfSigned certificate. For mutual TLS, so that only the
+// holder of a client certificate from given CAs (Envoy) can open streams,
+// pass MutualTLSConfig(get, cas, sans) instead, with cas from
+// LoadClientCAs (a PEM bundle, re-read by ClientCAs.Reload).
 package picker
