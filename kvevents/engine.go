@@ -81,6 +81,12 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 		} else {
 			e.st.Gaps++
 		}
+	}
+	if e.seen && seq > e.last+1 && e.replayGap(t, seq) {
+		if !e.resolved { // the replica went away during the replay
+			return
+		}
+	} else if e.seen && seq != e.last+1 {
 		// The batch cannot be verified: neither applied nor trusted to
 		// follow anything; the engine starts over from the next message.
 		e.clear(true)
@@ -94,6 +100,40 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 		e.st.LastError = err.Error()
 		e.clear(true) // events after the fault are lost
 	}
+}
+
+// replayGap asks the engine's replay endpoint for the batches between the
+// last applied and seq, and applies them in order. It returns false,
+// having applied nothing, when the engine has no replay endpoint, replay
+// is off, or the endpoint could not give exactly the missing batches in
+// time (counted ReplayFailed); the caller then clears the engine.
+func (e *engine) replayGap(t *Translator, seq uint64) bool {
+	r := t.replayOf()
+	if r == nil || e.tgt.Replay == "" {
+		return false
+	}
+	e.st.ReplayAttempts++
+	got, err := r.fetch(e.tgt.Replay, e.tgt.ReplayFrom, e.last+1, seq-1)
+	if err != nil {
+		e.st.ReplayFailed++
+		e.st.LastError = err.Error()
+		return false
+	}
+	e.st.ReplaySucceeded++
+	for _, b := range got {
+		if !e.resolved {
+			return true
+		}
+		e.last = b.seq
+		e.st.ReplayedBatches++
+		if err := e.dec.Decode(b.payload, e.applyFn); err != nil {
+			// As for a live message: events after the fault are lost.
+			e.st.MalformedMessages++
+			e.st.LastError = err.Error()
+			e.clear(true)
+		}
+	}
+	return true
 }
 
 // clear drops the engine's blocks from its index and its map; counted

@@ -41,6 +41,14 @@ type EngineStats struct {
 	// because the engine was already heard under MaxTopicsPerEngine
 	// sources.
 	Rejected uint64
+	// ReplayAttempts counts the gaps the engine's replay endpoint was
+	// asked to fill (Target.Replay, Translator.SetReplay); of them,
+	// ReplaySucceeded those it filled, its batches then applied before
+	// the message that showed the gap, and ReplayFailed those it could
+	// not (its buffer no longer held them, timeout, a fault, a gap too
+	// large), which cleared the engine as a gap does without replay.
+	// ReplayedBatches counts the batches recovered.
+	ReplayAttempts, ReplaySucceeded, ReplayFailed, ReplayedBatches uint64
 	// Resets counts the Translator.Reset calls that cleared the engine.
 	Resets uint64
 	// Mapped is the number of engine block hashes currently mapped.

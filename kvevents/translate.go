@@ -2,8 +2,10 @@ package kvevents
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/examlops/gateway"
 )
@@ -40,6 +42,15 @@ type Target struct {
 	// MaxBlocks bounds how many engine block hashes are remembered for
 	// the engine (see Translator). Zero means DefaultMaxMapped.
 	MaxBlocks int
+	// Replay is the engine's replay endpoint (tcp://HOST:PORT or
+	// ipc://PATH; vLLM's replay_endpoint), asked for the batches of a
+	// sequence gap when the Translator has SetReplay. "" means none: a
+	// gap clears the engine.
+	Replay string
+	// ReplayFrom, when not empty, lists the addresses the replay endpoint
+	// must answer from (the engine's host): a connection from any other
+	// is refused and the gap clears the engine.
+	ReplayFrom []netip.Addr
 }
 
 // Defaults of Target.
@@ -115,6 +126,8 @@ type Translator struct {
 	sources    map[string]map[string]*engine // by endpoint, then topic
 	maxEngines int
 	glob       GlobalStats
+
+	rep atomic.Pointer[replayer] // nil until SetReplay
 }
 
 // MaxEngines bounds the number of engines a Translator tracks; messages of

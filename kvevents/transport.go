@@ -44,6 +44,9 @@ type guardConfig struct {
 	policy     SourcePolicy  // who may publish what (bind); nil: anyone
 	gen        *atomic.Uint64
 	st         *guardCounters
+	// dialCheck, when set, is asked about a dialled connection's remote
+	// address before its handshake; an error refuses the connection.
+	dialCheck func(remote netip.Addr) error
 }
 
 // guardCounters count what the guard of one endpoint did, over its life.
@@ -149,7 +152,14 @@ func (t guardedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 	if err != nil {
 		return nil, err
 	}
-	return newGuardConn(c, guardOf(ctx), nil), nil
+	g := guardOf(ctx)
+	if g.dialCheck != nil {
+		if err := g.dialCheck(remoteAddr(c)); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return newGuardConn(c, g, nil), nil
 }
 
 func (t guardedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
