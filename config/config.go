@@ -195,6 +195,14 @@ type Replica struct {
 	// the model's KVEventsBind. Several replicas may share one (a relay):
 	// messages are then told apart by the pod of their topic.
 	KVEvents string `json:"kv_events,omitempty"`
+	// KVEventsReplay is the ZMQ endpoint of the engine's replay socket
+	// (vLLM's replay_endpoint in --kv-events-config), which the gateway
+	// connects to when the engine's events show a sequence gap, to fetch
+	// the missed batches instead of clearing the engine. Its host must be
+	// the engine's: the host of KVEvents, or of Address when KVEvents is
+	// "" (an ipc:// endpoint only with an ipc:// KVEvents). "" (the
+	// default) means none. See docs/kv-events.md, Replay.
+	KVEventsReplay string `json:"kv_events_replay,omitempty"`
 	// Pod is the name the engine gives itself in its events' topics
 	// (kv@POD@MODEL; llm-d-inference-sim's POD_IP). "" means the
 	// address's host:port (http://10.0.0.7:8000 answers to 10.0.0.7:8000),

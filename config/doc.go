@@ -93,6 +93,11 @@
 //   - a replica's kv_events: the endpoint of its engine's publisher, which
 //     the gateway connects to (tcp://HOST:PORT, HOST not * or 0.0.0.0); no
 //     endpoint is both bound by a model and connected to by a replica.
+//   - a replica's kv_events_replay: the endpoint of its engine's replay
+//     socket (vLLM's replay_endpoint), connected to on a sequence gap to
+//     fetch the missed batches; on the engine's host (that of kv_events,
+//     else of the address), ipc:// only with an ipc:// kv_events; absent
+//     means none.
 //   - a replica's pod: the name its engine gives in its topics (no '@');
 //     absent means the address's host:port, or its host alone. Two
 //     replicas heard on one endpoint may not answer to the same pod.

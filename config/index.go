@@ -199,6 +199,12 @@ func (m Model) validateIndex() error {
 					return &FieldError{Field: at + ".kv_events", Value: r.KVEvents, Reason: "is the model's kv_events_bind: the gateway cannot both listen and connect there"}
 				}
 			}
+			if r.KVEventsReplay != "" {
+				if err := r.validateReplay(); err != nil {
+					err.Field = at + ".kv_events_replay"
+					return err
+				}
+			}
 			if r.Pod != "" {
 				if err := ValidatePod(r.Pod); err != nil {
 					err.(*FieldError).Field = at + ".pod"
@@ -268,6 +274,49 @@ func (m Model) checkSources(field string, rs []Replica) error {
 		pods[src+"\x00"+pod] = r.Name
 	}
 	return nil
+}
+
+// validateReplay checks a replica's KVEventsReplay: an endpoint to
+// connect to, on the engine's host (see [Replica.KVEventsReplay]).
+func (r Replica) validateReplay() *FieldError {
+	ep := r.KVEventsReplay
+	if err := ValidateKVEndpoint(ep, false); err != nil {
+		return err.(*FieldError)
+	}
+	bad := func(reason string) *FieldError { return &FieldError{Field: "kv_events_replay", Value: ep, Reason: reason} }
+	host, from := EngineHost(r)
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		if !strings.HasPrefix(r.KVEvents, "ipc://") {
+			return bad("an ipc:// replay endpoint needs the replica's kv_events on ipc:// too (the engine on this host); " + path + " is not bound to the engine")
+		}
+		return nil
+	}
+	if strings.HasPrefix(r.KVEvents, "ipc://") {
+		return bad("the replica's kv_events is on ipc://: its replay endpoint must be on ipc:// too")
+	}
+	h, _, _ := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if !strings.EqualFold(h, host) {
+		return bad(fmt.Sprintf("host %q is not the engine's host %q (of its %s): a replay is taken only from the engine that published", h, host, from))
+	}
+	return nil
+}
+
+// EngineHost is the host a replica's engine publishes from, as written:
+// that of its KVEvents when it is a tcp:// endpoint, else that of its
+// Address; from names the field it comes from.
+func EngineHost(r Replica) (host, from string) {
+	if hp, ok := strings.CutPrefix(r.KVEvents, "tcp://"); ok {
+		h, _, _ := net.SplitHostPort(hp)
+		return h, "kv_events"
+	}
+	full := r.Address
+	if !strings.Contains(full, "://") {
+		full = "http://" + full
+	}
+	if u, err := url.Parse(full); err == nil {
+		return u.Hostname(), "address"
+	}
+	return "", "address"
 }
 
 // hostChar reports whether r may appear in a host name or an IP address

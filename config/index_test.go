@@ -195,3 +195,40 @@ func TestParseKVAllow(t *testing.T) {
 	m.KVEventsAllow = []string{"10.0.0.0/24", "127.0.0.1"}
 	require.NoError(t, m.Validate())
 }
+
+// TestKVEventsReplay: a replica's replay endpoint is accepted on its
+// engine's host (that of its kv_events, else of its address) and refused,
+// naming the field, anywhere else.
+func TestKVEventsReplay(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		r      Replica
+		reason string // "" when valid
+	}{
+		{"connect endpoint's host", Replica{Name: "a", Address: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.0.2:5557", KVEventsReplay: "tcp://10.0.0.2:5558"}, ""},
+		{"address's host (bound source)", Replica{Name: "a", Address: "http://engine-0.svc:8000", KVEventsReplay: "tcp://Engine-0.svc:5558"}, ""},
+		{"ipv6", Replica{Name: "a", Address: "http://[fd00::2]:8000", KVEventsReplay: "tcp://[fd00::2]:5558"}, ""},
+		{"ipc with ipc", Replica{Name: "a", Address: "http://127.0.0.1:8000", KVEvents: "ipc:///run/kv", KVEventsReplay: "ipc:///run/kv-replay"}, ""},
+		{"another host", Replica{Name: "a", Address: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.0.2:5557", KVEventsReplay: "tcp://10.0.0.3:5558"}, `host "10.0.0.3" is not the engine's host "10.0.0.2" (of its kv_events)`},
+		{"publisher's host wins over the address's", Replica{Name: "a", Address: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.9.9:5557", KVEventsReplay: "tcp://10.0.0.2:5558"}, `not the engine's host "10.0.9.9"`},
+		{"every interface", Replica{Name: "a", Address: "http://10.0.0.2:8000", KVEventsReplay: "tcp://*:5558"}, "a host to connect to"},
+		{"ipc without ipc events", Replica{Name: "a", Address: "http://127.0.0.1:8000", KVEventsReplay: "ipc:///run/kv-replay"}, "needs the replica's kv_events on ipc://"},
+		{"tcp with ipc events", Replica{Name: "a", Address: "http://127.0.0.1:8000", KVEvents: "ipc:///run/kv", KVEventsReplay: "tcp://127.0.0.1:5558"}, "must be on ipc:// too"},
+		{"not an endpoint", Replica{Name: "a", Address: "http://10.0.0.2:8000", KVEventsReplay: "10.0.0.2:5558"}, "want tcp://HOST:PORT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := exactSample().Clone()
+			m.Replicas[1] = tc.r
+			err := m.Validate()
+			if tc.reason == "" {
+				require.NoError(t, err)
+				return
+			}
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, "replicas[1].kv_events_replay", fe.Field, "%v", err)
+			assert.Equal(t, tc.r.KVEventsReplay, fe.Value)
+			assert.Contains(t, fe.Reason, tc.reason)
+		})
+	}
+}
