@@ -76,6 +76,14 @@ type KVEngineStats struct {
 	// or the engine was already heard under too many topics.
 	Skipped  uint64 `json:"skipped"`
 	Rejected uint64 `json:"rejected"`
+	// ReplayAttempts counts the gaps the engine's replay endpoint
+	// (kv_events_replay) was asked to fill; ReplaySucceeded those it
+	// filled, ReplayFailed those it could not (then the engine was
+	// cleared); ReplayedBatches the batches recovered.
+	ReplayAttempts  uint64 `json:"replay_attempts"`
+	ReplaySucceeded uint64 `json:"replay_succeeded"`
+	ReplayFailed    uint64 `json:"replay_failed"`
+	ReplayedBatches uint64 `json:"replayed_batches"`
 	// Resets counts the times the gateway reset the engine: its replica
 	// was ejected by the health checks, removed or reconfigured.
 	Resets uint64 `json:"resets"`

@@ -80,6 +80,12 @@ type kvEngine struct {
 	// from these (or from the source's allow-list).
 	hosts []netip.Addr
 	names []string
+	// replay is its replicas' kv_events_replay when they agree, else ""
+	// (replay off); replayFrom the addresses its host names (none for a
+	// host name or ipc://), which the replay endpoint must answer from.
+	replay     string
+	replayFrom []netip.Addr
+	replays    map[string]bool // every kv_events_replay of its replicas, "" included
 	// maxBlocks bounds the engine's map of block hashes: kvMapFactor
 	// times its largest replica's capacity (cache_blocks, or the
 	// gateway's default), or the Translator's default when a capacity is
@@ -133,6 +139,8 @@ func buildKVTable(models map[string]*Model) *kvTable {
 		// addrPod is the address's host:port, host its host alone.
 		addrPod, host string
 		bs            int
+		replay        string // kv_events_replay
+		engineHost    string // the host it must answer from
 	}
 	bySource := map[string][]heard{}
 	names := make([]string, 0, len(models))
@@ -178,7 +186,8 @@ func buildKVTable(models map[string]*Model) *kvTable {
 				}
 			}
 			h := heard{a: kvAttach{model: name, replica: r.Name, gw: gw, ep: m.ByName[r.Name], cacheBlocks: cb},
-				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.Cfg.TokenBlockSize()}
+				pod: r.Pod, addrPod: config.AddressPod(r.Address), bs: m.Cfg.TokenBlockSize(), replay: r.KVEventsReplay}
+			h.engineHost, _ = config.EngineHost(r)
 			if u, err := url.Parse(NormalizeAddress(r.Address)); err == nil {
 				h.host = u.Hostname()
 			}
@@ -205,6 +214,18 @@ func buildKVTable(models map[string]*Model) *kvTable {
 			e.err = fmt.Sprintf("models %q and %q share the engine with block sizes %d and %d", e.attach[0].model, h.a.model, e.bs, h.bs)
 		}
 		e.attach = append(e.attach, h.a)
+		if e.replays == nil {
+			e.replays = map[string]bool{}
+		}
+		e.replays[h.replay] = true
+		e.replay = ""
+		if len(e.replays) == 1 {
+			e.replay = h.replay
+		}
+		e.replayFrom = nil
+		if e.replay != "" && strings.HasPrefix(e.replay, "tcp://") {
+			e.replayFrom, _ = hostAddrs(h.engineHost)
+		}
 		switch {
 		case h.a.cacheBlocks <= 0:
 			e.maxBlocks = -1 // a replica of unknown capacity: the default
@@ -400,7 +421,8 @@ func (s *Fleet) resolveKV(src kvevents.Source) (kvevents.Target, error) {
 	if model == "" {
 		return kvevents.Target{}, fmt.Errorf("the engine serves several models and its topic %q names none (want kv@POD@MODEL)", src.Topic)
 	}
-	return kvevents.Target{Index: kvSink{s}, Replica: e.id, Model: model, BlockSize: e.bs, MaxBlocks: max(e.maxBlocks, 0)}, nil
+	return kvevents.Target{Index: kvSink{s}, Replica: e.id, Model: model, BlockSize: e.bs, MaxBlocks: max(e.maxBlocks, 0),
+		Replay: e.replay, ReplayFrom: e.replayFrom}, nil
 }
 
 // subscriber returns the Subscriber, creating it if needed. k.mu held.
@@ -625,7 +647,7 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 	k.tr.Reset(func(src kvevents.Source, tg kvevents.Target) bool {
 		ne := next.engines[tg.Replica]
 		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
-			max(ne.maxBlocks, 0) != tg.MaxBlocks
+			max(ne.maxBlocks, 0) != tg.MaxBlocks || ne.replay != tg.Replay
 	})
 	if len(fill) > 0 {
 		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return fill[tg.Replica] != nil },

@@ -38,6 +38,10 @@ var (
 	descKVSkipped  = kvDesc("kv_messages_skipped_total", "KV-event messages not applied because they showed a sequence gap or restart (their batch cannot be verified), per engine.", engineLabels...)
 	descKVRejected = kvDesc("kv_messages_rejected_total", "KV-event messages refused because their topic named the engine with another model, or the engine was heard under too many topics, per engine.", engineLabels...)
 	descKVResets   = kvDesc("kv_resets_total", "Times the gateway reset an engine: its replica ejected, removed or reconfigured, per engine.", engineLabels...)
+	descKVReplays  = kvDesc("kv_replays_total",
+		"Sequence gaps the engine's replay endpoint was asked to fill, per engine and result: succeeded (its batches applied, nothing cleared), failed (the engine was cleared as without replay).",
+		append(engineLabels, "result")...)
+	descKVReplayed = kvDesc("kv_replayed_batches_total", "KV-event batches recovered from an engine's replay endpoint, per engine.", engineLabels...)
 	descKVMapped   = kvDesc("kv_mapped_blocks", "Blocks of the engine the index holds from its events, per engine.", engineLabels...)
 	descKVFrames   = kvDesc("kv_malformed_frames_total", "KV-event messages without topic, 8-byte sequence number and payload.")
 	descKVUnres    = kvDesc("kv_unresolved_total", "KV-event messages from a source no configured replica answers to.")
@@ -59,7 +63,7 @@ var (
 		"model", "reason")
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
-		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVMapped, descKVFrames, descKVUnres,
+		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVReplays, descKVReplayed, descKVMapped, descKVFrames, descKVUnres,
 		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
 )
 
@@ -124,6 +128,9 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descKVSkipped, e.Skipped, l...)
 		counter(descKVRejected, e.Rejected, l...)
 		counter(descKVResets, e.Resets, l...)
+		counter(descKVReplays, e.ReplaySucceeded, e.Source.Endpoint, e.Source.Topic, "succeeded")
+		counter(descKVReplays, e.ReplayFailed, e.Source.Endpoint, e.Source.Topic, "failed")
+		counter(descKVReplayed, e.ReplayedBatches, l...)
 		gauge(descKVMapped, float64(e.Mapped), l...)
 	}
 	counter(descKVFrames, glob.MalformedFrames)

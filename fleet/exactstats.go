@@ -80,6 +80,7 @@ func (s *Fleet) exactModelStats(rec *config.RoutingStats, m *Model, t *kvTable, 
 			StoredBlocks: e.StoredBlocks, RemovedBlocks: e.RemovedBlocks,
 			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, Resets: e.Resets,
 			Skipped: e.Skipped, Rejected: e.Rejected,
+			ReplayAttempts: e.ReplayAttempts, ReplaySucceeded: e.ReplaySucceeded, ReplayFailed: e.ReplayFailed, ReplayedBatches: e.ReplayedBatches,
 			MappedBlocks: e.Mapped, LastError: e.LastError,
 		}
 		for _, d := range droppedBy(e) {

@@ -179,6 +179,8 @@ func New(opts Options) (*Fleet, error) {
 	s.kv = &kvRuntime{counters: map[string]*ExactCounters{},
 		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
 	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
+	// Engines without kv_events_replay are cleared on a gap, as before.
+	s.kv.tr.SetReplay(kvevents.ReplayOptions{Logf: s.kv.opts.Logf})
 	s.kv.tok = opts.Tokenizer
 	if s.kv.tok == nil {
 		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}

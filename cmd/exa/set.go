@@ -321,12 +321,12 @@ var flagOfReplicaField = map[string]string{"kv_events": "kv-events-connect", "po
 
 // keepEventSources returns the replicas of a --replica (or one pool's
 // --pool) list, each keeping
-// the kv_events and pod stored for its name.
+// the kv_events, kv_events_replay and pod stored for its name.
 func keepEventSources(list, stored []config.Replica) []config.Replica {
 	out := make([]config.Replica, len(list))
 	for i, r := range list {
 		if j := indexOfReplica(stored, r.Name); j >= 0 {
-			r.KVEvents, r.Pod = stored[j].KVEvents, stored[j].Pod
+			r.KVEvents, r.KVEventsReplay, r.Pod = stored[j].KVEvents, stored[j].KVEventsReplay, stored[j].Pod
 		}
 		out[i] = r
 	}
