@@ -31,7 +31,7 @@ var (
 		append(engineLabels, "reason")...)
 	descKVStored   = kvDesc("kv_blocks_stored_total", "Blocks stored in the index from KV events, per engine.", engineLabels...)
 	descKVRemoved  = kvDesc("kv_blocks_removed_total", "Blocks removed from the index by KV events, per engine.", engineLabels...)
-	descKVGaps     = kvDesc("kv_sequence_gaps_total", "Sequence numbers skipped (messages lost), per engine; each clears the engine's blocks.", engineLabels...)
+	descKVGaps     = kvDesc("kv_sequence_gaps_total", "Sequence gaps (messages lost), per engine; each clears the engine's blocks unless its replay endpoint fills it (kv_replays_total).", engineLabels...)
 	descKVRestarts = kvDesc("kv_restarts_total", "Sequences that went back (the engine restarted), per engine; each clears the engine's blocks.", engineLabels...)
 	descKVOverflow = kvDesc("kv_overflows_total", "Times an engine's block-hash map reached its bound, per engine.", engineLabels...)
 	descKVClears   = kvDesc("kv_clears_total", "Times an engine's blocks were cleared from the index for a gap, restart, overflow or unreadable message, per engine.", engineLabels...)

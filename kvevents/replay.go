@@ -50,7 +50,7 @@ type ReplayOptions struct {
 const (
 	DefaultReplayTimeout    = 2 * time.Second
 	DefaultReplayMaxBatches = 1024
-	DefaultReplayMaxBytes   = 64 << 20
+	DefaultReplayMaxBytes   = 32 << 20
 )
 
 func (o ReplayOptions) withDefaults() ReplayOptions {
