@@ -283,7 +283,9 @@ func (r Replica) validateReplay() *FieldError {
 	if err := ValidateKVEndpoint(ep, false); err != nil {
 		return err.(*FieldError)
 	}
-	bad := func(reason string) *FieldError { return &FieldError{Field: "kv_events_replay", Value: ep, Reason: reason} }
+	bad := func(reason string) *FieldError {
+		return &FieldError{Field: "kv_events_replay", Value: ep, Reason: reason}
+	}
 	host, from := EngineHost(r)
 	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
 		if !strings.HasPrefix(r.KVEvents, "ipc://") {

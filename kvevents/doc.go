@@ -23,7 +23,11 @@
 // Dynamo do. A sequence gap or restart, an unreadable payload or removal,
 // or the map reaching its bound clears the engine's blocks from the index:
 // a missed removal would otherwise leave a stale entry for good. The
-// message that shows a gap is not applied: nothing vouches for it.
+// message that shows a gap is not applied: nothing vouches for it. With
+// Translator.SetReplay, a gap of an engine whose Target names a Replay
+// endpoint (vLLM's replay_endpoint) is first asked of that endpoint: the
+// missed batches, if it still holds them all, are applied in order before
+// the message that showed the gap, and nothing is cleared (replay.go).
 //
 // # Trust
 //
@@ -85,10 +89,11 @@
 //
 // Blocks with extra keys (multimodal inputs, cache salts) and blocks of
 // KV-cache groups other than full attention (hybrid models) are not
-// indexed, nor blocks offloaded to another medium than the GPU. vLLM's
-// replay socket is not used: a gap clears the engine, whose blocks stored
-// before it are then relearnt only as the engine stores them anew
-// (children of older blocks are orphans, counted and dropped). Tested
+// indexed, nor blocks offloaded to another medium than the GPU. A gap the
+// engine's replay endpoint cannot fill (or without one), and a restart,
+// clear the engine, whose blocks stored before are then relearnt only as
+// the engine stores them anew (children of older blocks are orphans,
+// counted and dropped). Tested
 // against llm-d-inference-sim and its dummy tokenizer; vLLM itself, its
 // sha256 hashes and real model tokenizers and chat templates could not be
 // run here.

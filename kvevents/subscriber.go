@@ -144,7 +144,8 @@ func (o Options) withDefaults() Options {
 // a host (not *). Connect dials a publisher that listens, as vLLM's
 // default tcp://*:5557 does, and reconnects with backoff whenever the
 // connection fails or ends; messages lost meanwhile show up as a sequence
-// gap, which clears the engine's entries (see Translator).
+// gap at the next message, which the engine's replay endpoint fills or
+// else clears the engine's entries (see Translator).
 //
 // A Subscriber is safe for concurrent use.
 type Subscriber struct {

@@ -107,7 +107,9 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // loses its sequence (a gap or a restart: its whole state is cleared from
 // the index, as missed removals would otherwise leave stale entries, and
 // the message that showed the gap is not applied, as nothing vouches for
-// it: counted Skipped), and when Reset forgets it. An engine's map holds
+// it: counted Skipped; unless SetReplay is on and the engine's replay
+// endpoint supplies the missed batches, then applied first), and when
+// Reset forgets it. An engine's map holds
 // at most as many blocks as its cache, as long as its events are
 // consistent; Target.MaxBlocks caps it regardless, and reaching the cap
 // (an engine announcing more blocks than it could hold, its removals
