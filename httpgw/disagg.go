@@ -22,8 +22,11 @@ import (
 // request gets a prefill replica, cache-aware over the prefill pool. In
 // gateway mode the gateway runs the two requests of vLLM's NixlConnector
 // protocol itself (pdbody.go), as llm-d's pd-sidecar v0.7.1 does
-// (pkg/sidecar/proxy/connector_nixlv2.go); in sidecar mode it sends the
-// request to the decode replica with the prefill replica in
+// (pkg/sidecar/proxy/connector_nixlv2.go), but for one thing: a failed
+// prefill is retried once on another prefill replica that the library's
+// plan names (gateway.PD.RetryPrefill) before the request decodes
+// co-located, where the sidecar decodes at once; in sidecar mode it sends
+// the request to the decode replica with the prefill replica in
 // x-prefiller-host-port, for the sidecar in front of it to run them.
 
 // Response headers the gateway adds to the answers of a disaggregated
