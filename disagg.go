@@ -9,8 +9,7 @@ import "fmt"
 // prefill queued than the decode replica would have with this request's
 // (so a backed-up prefill pool does not hold up what the decode replica
 // could start at once); a split request's prefill replica is then chosen
-// over the prefill pool; a failed prefill may be retried once on another
-// prefill replica (RetryPrefill). Each pool's gateway keeps its own
+// over the prefill pool. Each pool's gateway keeps its own
 // policy (cache-aware for prefill, where a cached prefix saves compute,
 // and load-aware for decode is usual). The HTTP gateway, the endpoint
 // picker and the simulator all plan through it. A PD is a value: its
@@ -69,48 +68,13 @@ func (p *PD) Route(key Key, tokensPerBlock int, decode, prefill Target) (PDDecis
 		return PDDecision{}, err
 	}
 	out := PDDecision{Decode: d, Uncached: (d.Blocks - d.Matched) * tokensPerBlock}
-	if out.Uncached < p.MinUncached {
+	switch {
+	case out.Uncached < p.MinUncached:
 		out.Reason = "cached"
 		return out, nil
-	}
-	out.Prefill, out.Reason = p.prefillFor(key, &d, prefill)
-	out.Split = out.Reason == ""
-	return out, nil
-}
-
-// RetryPrefill plans the one retry of a split request whose prefill failed
-// on plan.Prefill's replica (which the caller has released with Done): a
-// prefill replica within prefill, the failed one left out, under the rule
-// that split the request. plan's decode replica keeps the request, and the
-// retry is planned only while some eligible prefill replica has no more
-// prefill queued than the decode replica (this request's included), as
-// Route requires of a split; its uncached tokens already passed
-// MinUncached. It returns plan with the new Prefill, or with Split false,
-// the zero Prefill and Reason "prefill_unavailable" (no other eligible
-// prefill replica) or "prefill_busy": the request is then decoded
-// co-located, as llm-d's pd-sidecar v0.7.1 decodes every failed prefill
-// (pkg/sidecar/proxy/connector_nixlv2.go, runNIXLProtocolV2). A plan that
-// is not split is an error wrapping ErrInvalid. It does not allocate.
-func (p *PD) RetryPrefill(key Key, plan PDDecision, prefill Target) (PDDecision, error) {
-	if p == nil || p.Decode == nil {
-		return plan, fmt.Errorf("%w: PD.Decode is nil", ErrInvalid)
-	}
-	if !plan.Split || plan.Decode.rs == nil {
-		return plan, fmt.Errorf("%w: PD.RetryPrefill: the plan is not split (reason %q)", ErrInvalid, plan.Reason)
-	}
-	prefill.Exclude = plan.Prefill.Replica
-	out := plan
-	out.Prefill, out.Reason = p.prefillFor(key, &out.Decode, prefill)
-	out.Split = out.Reason == ""
-	return out, nil
-}
-
-// prefillFor chooses the prefill replica of a request decoded on d's
-// replica, within prefill: "" and the decision, or the zero Decision and
-// why there is none ("prefill_unavailable", "prefill_busy").
-func (p *PD) prefillFor(key Key, d *Decision, prefill Target) (Decision, string) {
-	if p.Prefill == nil {
-		return Decision{}, "prefill_unavailable"
+	case p.Prefill == nil:
+		out.Reason = "prefill_unavailable"
+		return out, nil
 	}
 	// The decode replica's queued prefill, this request's uncached blocks
 	// included: what a co-located prefill would wait for and do.
@@ -118,15 +82,19 @@ func (p *PD) prefillFor(key Key, d *Decision, prefill Target) (Decision, string)
 	split, ok := p.Prefill.leastQueued(&prefill)
 	switch {
 	case !ok:
-		return Decision{}, "prefill_unavailable"
+		out.Reason = "prefill_unavailable"
+		return out, nil
 	case split > colocated:
-		return Decision{}, "prefill_busy"
+		out.Reason = "prefill_busy"
+		return out, nil
 	}
 	pre, err := p.Prefill.RouteWith(key, prefill)
 	if err != nil {
-		return Decision{}, "prefill_unavailable"
+		out.Reason = "prefill_unavailable"
+		return out, nil
 	}
-	return pre, ""
+	out.Split, out.Prefill = true, pre
+	return out, nil
 }
 
 // leastQueued returns the least prefill queued on an eligible replica

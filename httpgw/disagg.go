@@ -23,9 +23,9 @@ import (
 // gateway mode the gateway runs the two requests of vLLM's NixlConnector
 // protocol itself (pdbody.go), as llm-d's pd-sidecar v0.7.1 does
 // (pkg/sidecar/proxy/connector_nixlv2.go), but for one thing: a failed
-// prefill is retried once on another prefill replica that the library's
-// plan names (gateway.PD.RetryPrefill) before the request decodes
-// co-located, where the sidecar decodes at once; in sidecar mode it sends
+// prefill is retried once on another prefill replica, chosen by the
+// prefill pool's gateway with the failed one excluded, before the request
+// decodes co-located, where the sidecar decodes at once; in sidecar mode it sends
 // the request to the decode replica with the prefill replica in
 // x-prefiller-host-port, for the sidecar in front of it to run them.
 
@@ -137,10 +137,9 @@ func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20
 // replica. On success it sets the call's body to the decode request and
 // reports proceed and handed (the KV cache is handed over). A failure
 // other than a 4xx answer (a transport error, another non-2xx, no
-// kv_transfer_params, the timeout) is retried once on another prefill
-// replica when the library's plan still finds one
-// (gateway.PD.RetryPrefill, the failed one left out), within the same
-// first-byte timeout: the two attempts together wait no longer than one
+// kv_transfer_params) is retried once on another prefill replica, the
+// prefill pool's choice with the failed one left out (Target.Exclude),
+// within the same first-byte timeout: the two attempts together wait no longer than one
 // did before, and a timed-out attempt is not retried. A request whose
 // prefill still failed falls back: the call keeps its body (co-located
 // decode) and prefill reports proceed only. A 4xx answer is relayed to the
@@ -189,19 +188,21 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 		}
 		// prefillFailed: pre is released and its replica's health told.
 		if try == 0 && ctx.Err() == nil {
-			next, err := ms.PD.Plan.RetryPrefill(c.key, plan, t)
-			if err == nil && next.Split {
+			// The prefill pool's own choice, the failed replica left out
+			// (as a decode retry leaves out its failed replica).
+			rt := t
+			rt.Exclude = pre.Replica
+			next, err := ms.PD.Plan.Prefill.RouteWith(c.key, rt)
+			if err == nil {
 				s.metrics.Retries.WithLabelValues(ms.Name).Inc()
 				s.metrics.PDCount(ms, fleet.PDPrefillRetry)
-				s.metrics.ReplicaRequests(ms, next.Prefill.Replica).Inc()
+				s.metrics.ReplicaRequests(ms, next.Replica).Inc()
 				s.log.Info("gateway: prefill failed; retrying on another prefill replica", "model", ms.Name,
-					"failed", pre.Replica, "retry", next.Prefill.Replica, "err", res.err)
-				plan = next
+					"failed", pre.Replica, "retry", next.Replica, "err", res.err)
+				plan.Prefill = next
 				continue
 			}
-			if err == nil {
-				res.err = fmt.Errorf("%w; no retry: %s", res.err, next.Reason)
-			}
+			res.err = fmt.Errorf("%w; not retried: %w", res.err, err)
 		}
 		s.pdFallback(c, res.reason, note, res.err)
 		return true, false
