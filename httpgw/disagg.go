@@ -139,8 +139,8 @@ func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20
 // other than a 4xx answer (a transport error, another non-2xx, no
 // kv_transfer_params) is retried once on another prefill replica, the
 // prefill pool's choice with the failed one left out (Target.Exclude),
-// within the same first-byte timeout: the two attempts together wait no longer than one
-// did before, and a timed-out attempt is not retried. A request whose
+// within the same first-byte timeout: the two attempts together wait no
+// longer than one did before, and a timed-out attempt is not retried. A request whose
 // prefill still failed falls back: the call keeps its body (co-located
 // decode) and prefill reports proceed only. A 4xx answer is relayed to the
 // client, as the sidecar does, and prefill reports neither; nor for a
