@@ -103,7 +103,8 @@ type DisaggregationStats struct {
 	// prefill_failed (the prefill failed other than with a 4xx:
 	// co-located), prefill_no_kv_params (the prefill answer carried no
 	// kv_transfer_params: co-located), decode_retry (the decode replica
-	// failed before its first byte: retried on another one).
+	// failed before its first byte: retried on another one), prefill_retry
+	// (gateway mode: a failed prefill retried on another prefill replica).
 	Fallbacks map[string]uint64 `json:"fallbacks"`
 	// Prefill is the routing record of the prefill pool (requests routed
 	// there, hits, replicas); the enclosing record is the decode pool's.

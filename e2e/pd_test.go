@@ -271,6 +271,7 @@ func TestPDGatewayMode(t *testing.T) {
 		assert.Equal(t, want, got.answer)
 		assert.Equal(t, before, remoteDecodes(t, p0.url()))
 		assert.Equal(t, 1.0, fallbacks("prefill_failed"))
+		assert.Zero(t, fallbacks("prefill_retry"), "one prefill engine: nothing to retry on")
 
 		// A prefill 4xx is the client's: relayed, nothing decoded.
 		decodes := c.gw.metric(t, "exa_gateway_replica_requests_total", map[string]string{"replica": "decode/d0"}) +
@@ -332,6 +333,8 @@ func TestPDSidecarMode(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.status, "the sidecar decodes locally after a prefill 503: %s", got.body)
 	assert.Equal(t, want, got.answer)
 	assert.Equal(t, before, remoteDecodes(t, p0.url()))
+	assert.Zero(t, c.gw.metric(t, "exa_gateway_disagg_fallbacks_total", map[string]string{"model": simModel, "reason": "prefill_retry"}),
+		"the sidecar runs the prefill: the gateway neither sees nor retries it")
 
 	got = pdPost(t, c.gw.url, body, "X-Return-Error", "400")
 	assert.Equal(t, http.StatusBadRequest, got.status, "the sidecar returns a prefill 4xx: %s", got.body)

@@ -17,10 +17,11 @@ const (
 	PDPrefillFailed                      // prefill failed other than with a 4xx: co-located
 	PDPrefillNoKV                        // prefill answer without kv_transfer_params: co-located
 	PDDecodeRetry                        // decode replica failed before its first byte: retried
+	PDPrefillRetry                       // prefill failed (not a 4xx): retried on another prefill replica
 	NumPDReasons
 )
 
-var pdReasonNames = [NumPDReasons]string{"prefill_unavailable", "prefill_busy", "prefill_failed", "prefill_no_kv_params", "decode_retry"}
+var pdReasonNames = [NumPDReasons]string{"prefill_unavailable", "prefill_busy", "prefill_failed", "prefill_no_kv_params", "decode_retry", "prefill_retry"}
 
 func (r PDReason) String() string { return pdReasonNames[r] }
 

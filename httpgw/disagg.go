@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
@@ -21,8 +22,11 @@ import (
 // request gets a prefill replica, cache-aware over the prefill pool. In
 // gateway mode the gateway runs the two requests of vLLM's NixlConnector
 // protocol itself (pdbody.go), as llm-d's pd-sidecar v0.7.1 does
-// (pkg/sidecar/proxy/connector_nixlv2.go); in sidecar mode it sends the
-// request to the decode replica with the prefill replica in
+// (pkg/sidecar/proxy/connector_nixlv2.go), but for one thing: a failed
+// prefill is retried once on another prefill replica, chosen by the
+// prefill pool's gateway with the failed one excluded, before the request
+// decodes co-located, where the sidecar decodes at once; in sidecar mode it sends
+// the request to the decode replica with the prefill replica in
 // x-prefiller-host-port, for the sidecar in front of it to run them.
 
 // Response headers the gateway adds to the answers of a disaggregated
@@ -100,7 +104,7 @@ func (s *Server) proxyPD(c *call) {
 		s.proxy(c)
 		return
 	}
-	proceed, handed := s.prefill(c, pre, note)
+	proceed, handed := s.prefill(c, plan, t, note)
 	if !proceed {
 		return
 	}
@@ -129,30 +133,29 @@ func (s *Server) pdFallback(c *call, r fleet.PDReason, note string, err error) {
 // generates one token, but an engine may echo the prompt.
 func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20 }
 
-// prefill runs the prefill request of a split request on pre's replica.
-// On success it sets the call's body to the decode request and reports
-// proceed and handed (the KV cache is handed over). A failure other than a
-// 4xx answer falls back: the call keeps its body (co-located decode) and
-// prefill reports proceed only. A 4xx answer is relayed to the client, as
-// the sidecar does, and prefill reports neither; nor for a client that
-// went away. Either way pre.Done is called, and when prefill does not
-// report proceed the call's decode decision is released too.
-func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, handed bool) {
+// prefill runs the prefill request of a split request on plan's prefill
+// replica. On success it sets the call's body to the decode request and
+// reports proceed and handed (the KV cache is handed over). A failure
+// other than a 4xx answer (a transport error, another non-2xx, no
+// kv_transfer_params) is retried once on another prefill replica, the
+// prefill pool's choice with the failed one left out (Target.Exclude),
+// within the same first-byte timeout: the two attempts together wait no
+// longer than one did before, and a timed-out attempt is not retried. A request whose
+// prefill still failed falls back: the call keeps its body (co-located
+// decode) and prefill reports proceed only. A 4xx answer is relayed to the
+// client, as the sidecar does, and prefill reports neither; nor for a
+// client that went away. Every prefill decision is released with Done, and
+// when prefill does not report proceed the call's decode decision is too.
+func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, note string) (proceed, handed bool) {
 	ms := c.ms
-	ep := front.EndpointOf(s.Snapshot(), ms, &pre)
-	if ep == nil {
-		err := fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address)
-		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
-		return true, false
-	}
 	body, err := prefillBody(c.body)
 	if err != nil { // not reached: admit parsed the body as an object
-		pre.Done(gateway.DoneInfo{Err: err})
+		plan.Prefill.Done(gateway.DoneInfo{Err: err})
 		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
-	id := s.newRequestID()
+	// One first-byte timeout bounds the whole prefill phase, its retry
+	// included.
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
 	var timedOut atomic.Bool
@@ -160,33 +163,109 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		stop := s.afterFunc(d, func() { timedOut.Store(true); cancel() })
 		defer stop()
 	}
+	for try := 0; ; try++ {
+		pre := plan.Prefill
+		res := s.prefillOnce(ctx, c, &pre, body, note, &timedOut)
+		switch res.outcome {
+		case prefillHanded:
+			s.metrics.PDPhase.WithLabelValues(ms.Name, "prefill").Observe(res.elapsed.Seconds())
+			c.body = res.decode
+			id := res.id
+			c.upHeader = func(h http.Header) {
+				h.Del(headerPrefillerHostPort)
+				h.Set(headerRequestID, id)
+			}
+			c.w.Header().Set(HeaderDisagg, "split"+note)
+			setPrefillHeaders(c, &pre)
+			return true, true
+		case prefillGone:
+			c.first.Done(gateway.DoneInfo{Err: res.err})
+			c.oc.code = front.CodeClientCanceled
+			return false, false
+		case prefillRelayed:
+			c.first.Done(gateway.DoneInfo{})
+			return false, false
+		}
+		// prefillFailed: pre is released and its replica's health told.
+		if try == 0 && ctx.Err() == nil {
+			// The prefill pool's own choice, the failed replica left out
+			// (as a decode retry leaves out its failed replica).
+			rt := t
+			rt.Exclude = pre.Replica
+			next, err := ms.PD.Plan.Prefill.RouteWith(c.key, rt)
+			if err == nil {
+				s.metrics.Retries.WithLabelValues(ms.Name).Inc()
+				s.metrics.PDCount(ms, fleet.PDPrefillRetry)
+				s.metrics.ReplicaRequests(ms, next.Replica).Inc()
+				s.log.Info("gateway: prefill failed; retrying on another prefill replica", "model", ms.Name,
+					"failed", pre.Replica, "retry", next.Replica, "err", res.err)
+				plan.Prefill = next
+				continue
+			}
+			res.err = fmt.Errorf("%w; not retried: %w", res.err, err)
+		}
+		s.pdFallback(c, res.reason, note, res.err)
+		return true, false
+	}
+}
+
+// prefillOutcome is what one prefill request came to.
+type prefillOutcome int
+
+const (
+	prefillHanded  prefillOutcome = iota // the KV cache is ready: decode request built
+	prefillFailed                        // failed other than with a 4xx: retry or co-located
+	prefillRelayed                       // a 4xx answer, relayed to the client
+	prefillGone                          // the client went away
+)
+
+// prefillResult is the result of one prefill request.
+type prefillResult struct {
+	outcome prefillOutcome
+	reason  fleet.PDReason // prefillFailed: why
+	err     error          // prefillFailed, prefillGone: the cause
+	decode  []byte         // prefillHanded: the decode request's body
+	id      string         // prefillHanded: its x-request-id
+	elapsed time.Duration  // prefillHanded: the prefill's round trip
+}
+
+// prefillOnce sends the prefill request body to pre's replica, with a
+// fresh x-request-id, and releases pre. A failure counts against the
+// replica's health as a forwarded request's does; a relayed 4xx answer is
+// written to the client (note: the uncached estimate for HeaderDisagg).
+// timedOut says ctx ended with the timeout.
+func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision, body []byte, note string, timedOut *atomic.Bool) prefillResult {
+	failed := func(r fleet.PDReason, err error) prefillResult {
+		pre.Done(gateway.DoneInfo{Err: err})
+		return prefillResult{outcome: prefillFailed, reason: r, err: err}
+	}
+	ep := front.EndpointOf(s.Snapshot(), c.ms, pre)
+	if ep == nil {
+		return failed(fleet.PDPrefillFailed, fmt.Errorf("prefill replica %q (%s) is no longer configured", pre.Replica, pre.Address))
+	}
+	id := s.newRequestID()
 	start := s.opts.Clock()
 	answer, status, hdr, err := s.exchange(ctx, c, ep, body, id)
 	elapsed := s.opts.Clock().Sub(start)
 	if err != nil && timedOut.Load() {
-		err = fmt.Errorf("%w (%v)", errFirstByteTimeout, s.opts.FirstByteTimeout)
+		err = fmt.Errorf("%w (%v, for the prefill and its retry together)", errFirstByteTimeout, s.opts.FirstByteTimeout)
 	}
 	where := fmt.Sprintf("prefill replica %q (%s)", pre.Replica, ep.Base)
 	switch {
 	case err != nil && c.r.Context().Err() != nil:
 		pre.Done(gateway.DoneInfo{Err: err})
-		c.first.Done(gateway.DoneInfo{Err: err})
-		c.oc.code = front.CodeClientCanceled
-		return false, false
+		return prefillResult{outcome: prefillGone, err: err}
 	case err != nil:
 		s.Observe(ep, ep.Health.FailedWith(err, timedOut.Load()))
-		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, fleet.PDPrefillFailed, note, fmt.Errorf("%s: %w", where, err))
-		return true, false
+		return failed(fleet.PDPrefillFailed, fmt.Errorf("%s: %w", where, err))
 	case status >= 400 && status <= 451:
 		// The request itself is at fault: decoding it elsewhere would
 		// fail alike (pd-sidecar's shouldFallbackToDecode).
 		s.Observe(ep, ep.Health.Success(false))
 		pre.Done(gateway.DoneInfo{})
-		c.first.Done(gateway.DoneInfo{})
 		h := c.w.Header()
 		h.Set(HeaderDisagg, "split"+note)
-		setPrefillHeaders(c, &pre)
+		setPrefillHeaders(c, pre)
 		if ct := hdr.Get("Content-Type"); ct != "" {
 			h.Set("Content-Type", ct)
 		}
@@ -194,39 +273,25 @@ func (s *Server) prefill(c *call, pre gateway.Decision, note string) (proceed, h
 		c.w.WriteHeader(status)
 		_, _ = c.w.Write(answer)
 		c.oc.code = strconv.Itoa(status)
-		return false, false
+		return prefillResult{outcome: prefillRelayed}
 	case status < 200 || status > 299:
 		if status >= 500 {
 			s.Observe(ep, ep.Health.Failure(false))
 		}
-		err := fmt.Errorf("%s: %w: status %d", where, errUpstreamStatus, status)
-		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
-		return true, false
+		return failed(fleet.PDPrefillFailed, fmt.Errorf("%s: %w: status %d", where, errUpstreamStatus, status))
 	}
 	s.Observe(ep, ep.Health.Success(false))
 	kv, ok := answerKVParams(answer)
 	if !ok {
 		pre.Done(gateway.DoneInfo{})
-		s.pdFallback(c, fleet.PDPrefillNoKV, note, fmt.Errorf("%s answered without kv_transfer_params", where))
-		return true, false
+		return prefillResult{outcome: prefillFailed, reason: fleet.PDPrefillNoKV, err: fmt.Errorf("%s answered without kv_transfer_params", where)}
 	}
 	dbody, err := decodeBody(c.body, kv)
 	if err != nil { // not reached, as above
-		pre.Done(gateway.DoneInfo{Err: err})
-		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
-		return true, false
+		return failed(fleet.PDPrefillFailed, err)
 	}
 	pre.Done(gateway.DoneInfo{Latency: elapsed})
-	s.metrics.PDPhase.WithLabelValues(ms.Name, "prefill").Observe(elapsed.Seconds())
-	c.body = dbody
-	c.upHeader = func(h http.Header) {
-		h.Del(headerPrefillerHostPort)
-		h.Set(headerRequestID, id)
-	}
-	c.w.Header().Set(HeaderDisagg, "split"+note)
-	setPrefillHeaders(c, &pre)
-	return true, true
+	return prefillResult{outcome: prefillHanded, decode: dbody, id: id, elapsed: elapsed}
 }
 
 // exchange sends a prefill request to ep and reads the whole answer,

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,9 @@ type pdEngine struct {
 	// hold, when set, makes prefill requests wait for it (or for their
 	// client to go); entered receives a value as each one starts waiting.
 	hold, entered chan struct{}
+	// fault, when set (shared by engines), fails the next prefill requests
+	// any of them receives.
+	fault *prefillFault
 
 	mu   sync.Mutex
 	seen []pdSeen
@@ -88,6 +92,9 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 	kv, _ := body[fieldKVTransferParams].(map[string]any)
 	stream, _ := body["stream"].(bool)
 	if kv != nil && kv["do_remote_decode"] == true {
+		if e.fault != nil && e.fault.fail(w) {
+			return
+		}
 		if e.hold != nil {
 			e.entered <- struct{}{}
 			select {
@@ -124,6 +131,39 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\n")
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// prefillFault fails the first prefill requests that the engines sharing
+// it receive, whichever engine the gateway chose: the k-th by kinds[k], an
+// HTTP status ("503"), "close" (the connection is closed unanswered) or
+// "nokv" (an answer without kv_transfer_params).
+type prefillFault struct {
+	kinds []string
+	n     atomic.Int32
+}
+
+// fail fails the request when it is one of the first len(kinds).
+func (f *prefillFault) fail(w http.ResponseWriter) bool {
+	k := int(f.n.Add(1)) - 1
+	if k >= len(f.kinds) {
+		return false
+	}
+	switch kind := f.kinds[k]; kind {
+	case "close":
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	case "nokv":
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"p","choices":[{"finish_reason":"remote_decode"}]}`)
+	default:
+		st, _ := strconv.Atoi(kind)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(st)
+		fmt.Fprintf(w, `{"error":{"message":"injected","code":%d}}`, st)
+	}
+	return true
 }
 
 // pdFixture is a gateway serving testModel disaggregated over prefill and

@@ -443,14 +443,14 @@ func TestStatsFromGateway(t *testing.T) {
 	// A disaggregated model: the decider's figures and the prefill pool.
 	rec := doc.Models["JPCP"]
 	rec.Disaggregation = &config.DisaggregationStats{Mode: "gateway", MinUncachedTokens: 512, Decided: 10, Split: 4, SplitShare: 0.4,
-		Fallbacks: map[string]uint64{"prefill_failed": 1, "decode_retry": 2},
+		Fallbacks: map[string]uint64{"prefill_failed": 1, "decode_retry": 2, "prefill_retry": 3},
 		Prefill:   &config.RoutingStats{Requests: 4, BlockHitRate: 0.5, Replicas: []config.ReplicaStats{{Name: "prefill/p0", Routed: 4, Share: 1, Healthy: true}}}}
 	mu.Lock()
 	doc.Models["JPCP"] = rec
 	mu.Unlock()
 	out = ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", srv.URL)
 	assert.Contains(t, out, "p/d split:         4 of 10 requests (40.0%), gateway mode, at 512 uncached prompt tokens or more")
-	assert.Contains(t, out, "p/d fallbacks:     prefill unavailable 0, prefill failed 1, no kv_transfer_params 0, decode retried 2")
+	assert.Contains(t, out, "p/d fallbacks:     prefill unavailable 0, prefill failed 1, no kv_transfer_params 0, decode retried 2, prefill retried 3")
 	assert.Contains(t, out, "prefill pool: 4 requests, 50.0% of prompt blocks cached on the chosen replica")
 	assert.Regexp(t, `(?m)^\s*prefill/p0\s+4\s+100\.0%\s+0\s+yes\s+0\s*$`, out)
 

@@ -212,8 +212,8 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	if d := s.Disaggregation; d != nil {
 		fmt.Fprintf(tw, "p/d split:\t%d of %d requests (%s), %s mode, at %d uncached prompt tokens or more\n",
 			d.Split, d.Decided, pct(d.SplitShare), printable(d.Mode), d.MinUncachedTokens)
-		fmt.Fprintf(tw, "p/d fallbacks:\tprefill unavailable %d, prefill failed %d, no kv_transfer_params %d, decode retried %d\n",
-			d.Fallbacks["prefill_unavailable"], d.Fallbacks["prefill_failed"], d.Fallbacks["prefill_no_kv_params"], d.Fallbacks["decode_retry"])
+		fmt.Fprintf(tw, "p/d fallbacks:\tprefill unavailable %d, prefill failed %d, no kv_transfer_params %d, decode retried %d, prefill retried %d\n",
+			d.Fallbacks["prefill_unavailable"], d.Fallbacks["prefill_failed"], d.Fallbacks["prefill_no_kv_params"], d.Fallbacks["decode_retry"], d.Fallbacks["prefill_retry"])
 	}
 	_ = tw.Flush()
 	writeReplicas(w, s)
