@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -104,9 +105,13 @@ func (s *Fleet) ScrapeAll(ctx context.Context) {
 // pending prefill, into the gateway of each model it serves.
 func (s *Fleet) scrapeEngines(ctx context.Context) {
 	st := s.state.Load()
+	var resized atomic.Bool
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
 		res, err := scrape(ctx, s.control, ep.Base, engine)
+		if err == nil && res.kvTokens > 0 && ep.kvTokens.Swap(res.kvTokens) != res.kvTokens {
+			resized.Store(true)
+		}
 		l, rep := res.load, res.adapters
 		ep.feed.Lock()
 		defer ep.feed.Unlock()
@@ -135,6 +140,13 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 		})
 	})
 	s.pruneEngines(s.state.Load())
+	if resized.Load() {
+		// An engine reported its KV-cache size for the first time, or a
+		// new one: replicas that leave cache_blocks unset take it up.
+		if err := s.reapply(); err != nil {
+			s.log.Warn("gateway: applying the engines' KV-cache sizes failed", "err", err)
+		}
+	}
 }
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,

@@ -1,0 +1,137 @@
+package fleet
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/keys"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseKVTokens(t *testing.T) {
+	tests := []struct {
+		name, text string
+		want       int64
+	}{
+		{"vllm", `vllm:cache_config_info{block_size="16",num_gpu_blocks="64",enable_prefix_caching="True"} 1` + "\n", 1024},
+		{"sglang pages", `sglang:cache_config_info{page_size="1",num_pages="5000"} 1` + "\n", 5000},
+		{"vllm first", `vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1` + "\n" +
+			`sglang:cache_config_info{page_size="1",num_pages="5000"} 1` + "\n", 160},
+		{"largest sample", `vllm:cache_config_info{block_size="16",num_gpu_blocks="10",engine="0"} 1` + "\n" +
+			`vllm:cache_config_info{block_size="16",num_gpu_blocks="20",engine="1"} 1` + "\n", 320},
+		{"none", "vllm:num_requests_waiting 3\n", 0},
+		{"no block size", `vllm:cache_config_info{num_gpu_blocks="64"} 1` + "\n", 0},
+		{"not a number", `vllm:cache_config_info{block_size="16",num_gpu_blocks="many"} 1` + "\n", 0},
+		{"zero", `vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1` + "\n", 0},
+		{"negative", `vllm:cache_config_info{block_size="16",num_gpu_blocks="-64"} 1` + "\n", 0},
+		{"overflowing product", `vllm:cache_config_info{block_size="1099511627776",num_gpu_blocks="1099511627776"} 1` + "\n", 0},
+		{"beyond int64", `vllm:cache_config_info{block_size="16",num_gpu_blocks="99999999999999999999"} 1` + "\n", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			fams, err := p.TextToMetricFamilies(strings.NewReader(tt.text))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, parseKVTokens(fams))
+		})
+	}
+}
+
+func TestCacheBlocksFor(t *testing.T) {
+	assert.Equal(t, 0, cacheBlocksFor(0, false, 16, 64))
+	assert.Equal(t, 64, cacheBlocksFor(1024, false, 16, 64), "1024 tokens of ~4 bytes in 64-byte blocks")
+	assert.Equal(t, 64, cacheBlocksFor(1024, true, 16, 64), "exact: 16 tokens a block")
+	assert.Equal(t, 1, cacheBlocksFor(3, true, 16, 64), "at least one block")
+	assert.Equal(t, gateway.MaxCacheBlocks, cacheBlocksFor(maxKVTokens, false, 16, 1), "clamped")
+}
+
+// metricsPage serves a /metrics page that the test can change.
+type metricsPage struct {
+	mu   sync.Mutex
+	text string
+}
+
+func (p *metricsPage) set(s string) { p.mu.Lock(); p.text = s; p.mu.Unlock() }
+
+func (p *metricsPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r.URL.Path == "/metrics" {
+		_, _ = io.WriteString(w, p.text)
+	}
+}
+
+// A replica whose configuration leaves cache_blocks unset takes its
+// engine's KV-cache size (vllm:cache_config_info) once a scrape reports
+// it, in the model's index blocks, and follows a change of it; a replica
+// configured with cache_blocks keeps them; a scrape that reports the same
+// size again replaces nothing (the index is kept); an engine added by a
+// configuration is scraped for its size at once, without waiting for the
+// next scrape.
+func TestCacheBlocksFromEngine(t *testing.T) {
+	var p0, p1, p2 metricsPage
+	info := func(blocks string) string {
+		return "vllm:num_requests_waiting 0\n" + `vllm:cache_config_info{block_size="16",num_gpu_blocks="` + blocks + `"} 1` + "\n"
+	}
+	p0.set("vllm:num_requests_waiting 0\n") // no size reported yet
+	p1.set(info("64"))
+	p2.set(info("32"))
+	e0, e1, e2 := newHTTPTestServer(t, &p0), newHTTPTestServer(t, &p1), newHTTPTestServer(t, &p2)
+	s, err := New(Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	cfg := config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{
+		{Name: "e0", Address: e0.URL}, {Name: "e1", Address: e1.URL, CacheBlocks: 100}}}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	capacity := func() map[string]int {
+		out := map[string]int{}
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
+			out[r.Name] = r.CacheBlocks
+		}
+		return out
+	}
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, map[string]int{"e0": 16384, "e1": 100}, capacity(), "no size reported: the default; configured: kept")
+
+	p0.set(info("64"))
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, map[string]int{"e0": 64, "e1": 100}, capacity(), "64 blocks of 16 tokens, 64-byte key blocks")
+
+	gw := s.Snapshot().Models[testModel].Gateway
+	key := keys.PrefixKey(strings.Repeat("a shared system prompt. ", 20), "", "")
+	d, err := gw.RouteWith(key, gateway.Target{})
+	require.NoError(t, err)
+	d.Done(gateway.DoneInfo{})
+	cached := func(name string) int {
+		for _, r := range gw.Replicas() {
+			if r.Name == name {
+				return r.CachedBlocks
+			}
+		}
+		return -1
+	}
+	before := cached(d.Replica)
+	require.Positive(t, before)
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, before, cached(d.Replica), "the same size again: nothing replaced")
+
+	p0.set(info("128"))
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, 128, capacity()["e0"], "a new size is taken up")
+
+	cfg.Replicas = append(cfg.Replicas, config.Replica{Name: "e2", Address: e2.URL})
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	require.Eventually(t, func() bool { return capacity()["e2"] == 32 }, 10*time.Second, time.Millisecond,
+		"an added engine's size, learnt without a scrape of the loop: %v", capacity())
+	assert.Equal(t, map[string]int{"e0": 128, "e1": 100, "e2": 32}, capacity())
+}
