@@ -1,9 +1,12 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -134,4 +137,53 @@ func TestCacheBlocksFromEngine(t *testing.T) {
 	require.Eventually(t, func() bool { return capacity()["e2"] == 32 }, 10*time.Second, time.Millisecond,
 		"an added engine's size, learnt without a scrape of the loop: %v", capacity())
 	assert.Equal(t, map[string]int{"e0": 128, "e1": 100, "e2": 32}, capacity())
+}
+
+// The recorded llm-d-inference-sim page reports its size as vLLM does.
+func TestParseKVTokensRecordedPage(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "metrics", "llm-d-inference-sim-v0.10.2-busy.txt"))
+	require.NoError(t, err)
+	res, err := parseEngineScrapeAs(bytes.NewReader(b), config.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1024*16), res.kvTokens)
+}
+
+// FuzzParseKVTokens feeds mutated metrics pages to the scrape parser: it
+// never panics, the size it reads is 0 or within 1..maxKVTokens, and the
+// capacity made of it is one a gateway accepts. Seeds: the recorded pages
+// in testdata/metrics and TestParseKVTokens's texts.
+func FuzzParseKVTokens(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
+	require.NoError(f, err)
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	for _, s := range []string{
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="64"} 1` + "\n",
+		`sglang:cache_config_info{page_size="1",num_pages="5000"} 1` + "\n",
+		`vllm:cache_config_info{block_size="1099511627776",num_gpu_blocks="1099511627776"} 1` + "\n",
+		`vllm:cache_config_info{block_size="-1",num_gpu_blocks="99999999999999999999"} 1` + "\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, page []byte) {
+		res, err := parseEngineScrapeAs(bytes.NewReader(page), config.EngineAuto)
+		if err != nil {
+			return
+		}
+		if res.kvTokens < 0 || res.kvTokens > maxKVTokens {
+			t.Fatalf("kvTokens %d out of range", res.kvTokens)
+		}
+		for _, exact := range []bool{false, true} {
+			cb := cacheBlocksFor(res.kvTokens, exact, 16, 64)
+			if res.kvTokens == 0 {
+				require.Zero(t, cb)
+				continue
+			}
+			_, err := gateway.New([]gateway.Replica{{Name: "r", CacheBlocks: cb}})
+			require.NoError(t, err, "capacity %d from %d tokens", cb, res.kvTokens)
+		}
+	})
 }
