@@ -115,18 +115,25 @@ func TestGIESideBySide(t *testing.T) {
 	require.NoError(t, c.Create(ctx, pool))
 
 	reqs := workload(1, requestsPerMode)
-	// counters sums the engines' prefix-cache counters; they appear
+	// counters returns each engine's prefix-cache counters; they appear
 	// with an engine's first request (0 before).
-	counters := func() (hits, queries float64) {
-		for _, s := range sims {
+	counters := func() (hits, queries []float64) {
+		hits, queries = make([]float64, len(sims)), make([]float64, len(sims))
+		for i, s := range sims {
 			fams := metricFamilies(t, s.url())
-			for name, dst := range map[string]*float64{"vllm:prefix_cache_hits": &hits, "vllm:prefix_cache_queries": &queries} {
+			for name, dst := range map[string]*float64{"vllm:prefix_cache_hits": &hits[i], "vllm:prefix_cache_queries": &queries[i]} {
 				for _, m := range fams[name].GetMetric() {
 					*dst += m.GetCounter().GetValue() + m.GetUntyped().GetValue() + m.GetGauge().GetValue()
 				}
 			}
 		}
 		return hits, queries
+	}
+	sum := func(v []float64) (s float64) {
+		for _, x := range v {
+			s += x
+		}
+		return s
 	}
 	run := func(name, url string) phase {
 		h0, q0 := counters()
@@ -139,7 +146,12 @@ func TestGIESideBySide(t *testing.T) {
 				"%s request %d: status %d, error %q, net %v", name, j, r.status, r.errText, r.netErr)
 		}
 		hits, queries := counters()
-		ph := summarize(name, rs, hits-h0, queries-q0)
+		ph := summarize(name, rs, sum(hits)-sum(h0), sum(queries)-sum(q0))
+		per := make([]string, len(sims))
+		for i := range sims {
+			per[i] = fmt.Sprintf("sim-%d %.0f/%.0f", i, hits[i]-h0[i], queries[i]-q0[i])
+		}
+		t.Logf("%-10s per engine, prefix-cache hits/queried tokens: %s", name, strings.Join(per, ", "))
 		t.Logf("%-10s engine prefix-cache hits %6.0f of %6.0f prompt tokens (%.1f%%); TTFT of the completed p50 %v p90 %v mean %v; %d completed, %d failed (engine KV cache full)",
 			name, ph.hits, ph.queries, 100*ph.hits/ph.queries, ph.p50.Round(time.Millisecond), ph.p90.Round(time.Millisecond),
 			ph.mean.Round(time.Millisecond), ph.ok, ph.errs)
@@ -197,7 +209,14 @@ func TestGIESideBySide(t *testing.T) {
 			addr := "http://" + net.JoinHostPort(fmt.Sprintf("127.0.0.%d", 21+i), strconv.Itoa(port))
 			waitFor(t, 20*time.Second, "exa picker to admit "+addr, func() bool { h, _ := pp.engineHealthy(t, addr); return h })
 		}
-		return pp.envoy(t, false), pp.p.kill
+		// Before it stops: what its index believes each replica holds,
+		// against the engine's own cache of kv blocks (16 tokens each).
+		return pp.envoy(t, false), func() {
+			for _, r := range pp.stats(t).Models[simModel].Replicas {
+				t.Logf("%s replica %s: routed %d, index full hits %d, index holds %d blocks (64-byte key blocks)", name, r.Name, r.Routed, r.Hits, r.CachedBlocks)
+			}
+			pp.p.kill()
+		}
 	}
 
 	// Two cache sizes per engine: 2048 blocks (every prompt fits on every
