@@ -88,12 +88,14 @@ func cacheBlocksFor(tokens int64, exact bool, blockTokens, blockBytes int) int {
 // configuration again when it reports one (see Endpoint.kvTokens): the
 // replica is replaced in place with that capacity, which drops its index,
 // so better before the first requests than a scrape interval into them.
-// The scrape is bounded by ProbeTimeout (the control client's timeout).
-func (s *Fleet) learnCapacity(ep *Endpoint) {
-	res, err := scrape(context.Background(), s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep))
+// Apply calls it while Run runs, with Run's context; the scrape is also
+// bounded by ProbeTimeout (the control client's timeout).
+func (s *Fleet) learnCapacity(ctx context.Context, ep *Endpoint) {
+	res, err := scrape(ctx, s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep))
 	if err != nil || res.kvTokens <= 0 || ep.kvTokens.Swap(res.kvTokens) == res.kvTokens {
 		return
 	}
+	s.log.Info("gateway: engine KV-cache size", "engine", ep.Base, "tokens", res.kvTokens)
 	if err := s.reapply(); err != nil {
 		s.log.Warn("gateway: applying an engine's KV-cache size failed", "engine", ep.Base, "err", err)
 	}

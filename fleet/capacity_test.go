@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,6 +63,7 @@ func TestCacheBlocksFor(t *testing.T) {
 type metricsPage struct {
 	mu   sync.Mutex
 	text string
+	n    atomic.Int64 // scrapes served
 }
 
 func (p *metricsPage) set(s string) { p.mu.Lock(); p.text = s; p.mu.Unlock() }
@@ -70,6 +72,7 @@ func (p *metricsPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r.URL.Path == "/metrics" {
+		p.n.Add(1)
 		_, _ = io.WriteString(w, p.text)
 	}
 }
@@ -90,7 +93,7 @@ func TestCacheBlocksFromEngine(t *testing.T) {
 	p1.set(info("64"))
 	p2.set(info("32"))
 	e0, e1, e2 := newHTTPTestServer(t, &p0), newHTTPTestServer(t, &p1), newHTTPTestServer(t, &p2)
-	s, err := New(Options{Logger: quietLogger()})
+	s, err := New(Options{Logger: quietLogger(), ScrapeInterval: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	cfg := config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{
@@ -132,11 +135,37 @@ func TestCacheBlocksFromEngine(t *testing.T) {
 	s.ScrapeAll(context.Background())
 	assert.Equal(t, 128, capacity()["e0"], "a new size is taken up")
 
+	// While Run runs (its loops an hour apart), an engine added by a
+	// configuration is scraped for its size at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	// Wait for Run's first scrape of e0 and e1, whose list of engines
+	// was taken before e2 exists: its next is an hour away.
+	n0, n1 := p0.n.Load(), p1.n.Load()
+	require.Eventually(t, func() bool { return p0.n.Load() > n0 && p1.n.Load() > n1 }, 10*time.Second, time.Millisecond)
 	cfg.Replicas = append(cfg.Replicas, config.Replica{Name: "e2", Address: e2.URL})
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
 	require.Eventually(t, func() bool { return capacity()["e2"] == 32 }, 10*time.Second, time.Millisecond,
-		"an added engine's size, learnt without a scrape of the loop: %v", capacity())
+		"an added engine's size, learnt before the loop's next scrape: %v", capacity())
 	assert.Equal(t, map[string]int{"e0": 128, "e1": 100, "e2": 32}, capacity())
+}
+
+// A Fleet that is not run makes no request when a configuration adds an
+// engine (an engine's handler may answer every path).
+func TestApplyWithoutRunScrapesNothing(t *testing.T) {
+	var hits atomic.Int64
+	e := newHTTPTestServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	s, err := New(Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	cfg := config.Model{Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "e0", Address: e.URL}}}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	cfg.Replicas = append(cfg.Replicas, config.Replica{Name: "e1", Address: e.URL + "/v2"})
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+	// Correct code never fails this; the code before the fix scraped the
+	// added engines within a millisecond or two on loopback.
+	assert.Never(t, func() bool { return hits.Load() > 0 }, 300*time.Millisecond, time.Millisecond)
 }
 
 // The recorded llm-d-inference-sim page reports its size as vLLM does.

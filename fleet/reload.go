@@ -107,9 +107,11 @@ func (s *Fleet) applyLocked(f *config.File) error {
 	}
 	s.closeDropped(old, next)
 	s.dropStaleSeries(old, next)
-	for addr, ep := range next.Endpoints {
-		if _, had := old.Endpoints[addr]; !had {
-			go s.learnCapacity(ep)
+	if ctx := s.running.Load(); ctx != nil && (*ctx).Err() == nil {
+		for addr, ep := range next.Endpoints {
+			if _, had := old.Endpoints[addr]; !had {
+				go s.learnCapacity(*ctx, ep)
+			}
 		}
 	}
 	return nil

@@ -16,6 +16,8 @@ import (
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
 func (s *Fleet) Run(ctx context.Context) error {
+	s.running.Store(&ctx)
+	defer s.running.Store(nil)
 	var wg sync.WaitGroup
 	loop := func(every time.Duration, f func(context.Context)) {
 		wg.Add(1)
@@ -110,6 +112,7 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 		engine := s.engineTypeOf(st, ep)
 		res, err := scrape(ctx, s.control, ep.Base, engine)
 		if err == nil && res.kvTokens > 0 && ep.kvTokens.Swap(res.kvTokens) != res.kvTokens {
+			s.log.Info("gateway: engine KV-cache size", "engine", ep.Base, "tokens", res.kvTokens)
 			resized.Store(true)
 		}
 		l, rep := res.load, res.adapters
