@@ -7,7 +7,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/kvevents"
 )
 
 // cacheInfo names an engine's cache-configuration info series and the
@@ -65,11 +65,18 @@ func parseKVTokens(fams map[string]*dto.MetricFamily) int64 {
 	return 0
 }
 
+// MaxReportedCacheBlocks caps the capacity a replica takes from its
+// engine's report (cache_blocks unset): 262,144 blocks, 4,194,304 tokens
+// at 16 a block, so that the KV-event map of an engine (KVMapFactor ×
+// capacity) stays within kvevents.DefaultMaxMapped, whatever the engine
+// claims. A larger engine's capacity is set with cache_blocks.
+const MaxReportedCacheBlocks = kvevents.DefaultMaxMapped / KVMapFactor
+
 // cacheBlocksFor converts an engine's KV-cache size in tokens into blocks
 // of a model's index: tokens of blockTokens each on the exact index, else
 // (approximate index, keyed by prompt bytes) blockBytes bytes of about
 // bytesPerToken bytes a token. The result is clamped to
-// 1..gateway.MaxCacheBlocks; 0 when tokens is 0 (unknown).
+// 1..MaxReportedCacheBlocks; 0 when tokens is 0 (unknown).
 func cacheBlocksFor(tokens int64, exact bool, blockTokens, blockBytes int) int {
 	if tokens <= 0 {
 		return 0
@@ -80,7 +87,7 @@ func cacheBlocksFor(tokens int64, exact bool, blockTokens, blockBytes int) int {
 	} else {
 		blocks = float64(tokens) * bytesPerToken / float64(max(blockBytes, 1))
 	}
-	return int(min(max(math.Floor(blocks), 1), gateway.MaxCacheBlocks))
+	return int(min(max(math.Floor(blocks), 1), MaxReportedCacheBlocks))
 }
 
 // learnCapacity scrapes a newly configured engine once, at once rather

@@ -56,7 +56,10 @@ func TestCacheBlocksFor(t *testing.T) {
 	assert.Equal(t, 64, cacheBlocksFor(1024, false, 16, 64), "1024 tokens of ~4 bytes in 64-byte blocks")
 	assert.Equal(t, 64, cacheBlocksFor(1024, true, 16, 64), "exact: 16 tokens a block")
 	assert.Equal(t, 1, cacheBlocksFor(3, true, 16, 64), "at least one block")
-	assert.Equal(t, gateway.MaxCacheBlocks, cacheBlocksFor(maxKVTokens, false, 16, 1), "clamped")
+	assert.Equal(t, MaxReportedCacheBlocks, cacheBlocksFor(maxKVTokens, false, 16, 1), "clamped")
+	assert.Equal(t, 262144, MaxReportedCacheBlocks)
+	assert.Equal(t, MaxReportedCacheBlocks, cacheBlocksFor(1<<22, true, 16, 64), "4,194,304 tokens: the cap")
+	assert.Equal(t, MaxReportedCacheBlocks, cacheBlocksFor(1<<22+16, true, 16, 64), "one block more: capped")
 }
 
 // metricsPage serves a /metrics page that the test can change.
@@ -179,7 +182,8 @@ func TestParseKVTokensRecordedPage(t *testing.T) {
 
 // FuzzParseKVTokens feeds mutated metrics pages to the scrape parser: it
 // never panics, the size it reads is 0 or within 1..maxKVTokens, and the
-// capacity made of it is one a gateway accepts. Seeds: the recorded pages
+// capacity made of it is at most MaxReportedCacheBlocks and one a gateway
+// accepts. Seeds: the recorded pages
 // in testdata/metrics and TestParseKVTokens's texts.
 func FuzzParseKVTokens(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
@@ -211,6 +215,7 @@ func FuzzParseKVTokens(f *testing.F) {
 				require.Zero(t, cb)
 				continue
 			}
+			require.LessOrEqual(t, cb, MaxReportedCacheBlocks)
 			_, err := gateway.New([]gateway.Replica{{Name: "r", CacheBlocks: cb}})
 			require.NoError(t, err, "capacity %d from %d tokens", cb, res.kvTokens)
 		}

@@ -15,6 +15,8 @@ import (
 // When ctx is done it closes the default transport's idle connections
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
+// While Run runs, Apply also scrapes each engine it adds once, at once,
+// for its KV-cache size (see learnCapacity).
 func (s *Fleet) Run(ctx context.Context) error {
 	s.running.Store(&ctx)
 	defer s.running.Store(nil)
