@@ -187,7 +187,9 @@ type Replica struct {
 	// Address is the engine's http:// or https:// base URL; a bare
 	// host:port means http://host:port. See [ValidateAddress].
 	Address string `json:"address"`
-	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means the gateway's default.
+	// CacheBlocks is the replica's prefix-cache capacity in blocks; 0 means
+	// the KV-cache size its engine reports (vllm:cache_config_info or
+	// sglang:cache_config_info, scraped), else the gateway's default.
 	CacheBlocks int `json:"cache_blocks,omitempty"`
 	// KVEvents is the ZMQ endpoint (tcp://HOST:PORT or ipc://PATH) of the
 	// engine's KV-event publisher, which the gateway connects to (vLLM

@@ -73,8 +73,10 @@
 //     https:// base URL with a host, an optional port in 1..65535 and an
 //     optional path, or a bare host:port meaning http:// (no other scheme,
 //     no credentials, query, fragment, spaces or control characters; see
-//     [ValidateAddress]); cache_blocks is optional (0 means the gateway's
-//     default, at most gateway.MaxCacheBlocks).
+//     [ValidateAddress]); cache_blocks is optional (at most
+//     gateway.MaxCacheBlocks; 0 means the KV-cache size the engine reports
+//     in vllm:cache_config_info or sglang:cache_config_info, converted to
+//     the index's blocks, else the gateway's default).
 //   - pools: named replica pools, for example the prefill and decode pools.
 //   - index: approximate (the default) or exact: routing on the engines' own
 //     KV events (see docs/kv-events.md). exact needs mode cache_aware, no

@@ -147,7 +147,9 @@ func summarize(mode string, rs []result, hits, queries float64) phase {
 	var ttfts []time.Duration
 	var sum time.Duration
 	for _, r := range rs {
-		if r.status == http.StatusOK && r.done {
+		// An error event in a 200 stream (the engine failed the request
+		// after the headers) is a failure, not a first token.
+		if r.status == http.StatusOK && r.done && r.errText == "" {
 			ph.ok++
 			ttfts = append(ttfts, r.ttft)
 			sum += r.ttft

@@ -65,8 +65,14 @@ schedulingProfiles:
 // endpoint picker v1.5.0 (cmd/epp, its chart's default plugins) and `exa
 // serve picker --pool-name`. Envoy is played by pickertest.Envoy for both.
 // The engines are restarted (empty caches) before each picker. It reports
-// the engines' own prefix-cache hits and the clients' TTFT per picker. It
-// needs GIE's epp, built by e2e/k8s/install-gie-epp.sh, and skips without.
+// per picker the requests the engines failed, the engines' own
+// prefix-cache hits and the clients' TTFT of the completed requests.
+// llm-d-inference-sim v0.10.2 fails a request whose blocks do not fit in
+// its KV cache beside its running requests' (where vLLM would queue it):
+// an error event after the 200, which the engine's prefix-cache counters
+// do not count. Such failures are counted, not timed as first tokens
+// (they were before). It needs GIE's epp, built by
+// e2e/k8s/install-gie-epp.sh, and skips without.
 func TestGIESideBySide(t *testing.T) {
 	requireBinaries(t)
 	dir, err := k8stest.AssetsDir()
@@ -109,12 +115,13 @@ func TestGIESideBySide(t *testing.T) {
 	require.NoError(t, c.Create(ctx, pool))
 
 	reqs := workload(1, requestsPerMode)
-	// counters sums the engines' prefix-cache counters; they appear
+	// counters returns each engine's prefix-cache counters; they appear
 	// with an engine's first request (0 before).
-	counters := func() (hits, queries float64) {
-		for _, s := range sims {
+	counters := func() (hits, queries []float64) {
+		hits, queries = make([]float64, len(sims)), make([]float64, len(sims))
+		for i, s := range sims {
 			fams := metricFamilies(t, s.url())
-			for name, dst := range map[string]*float64{"vllm:prefix_cache_hits": &hits, "vllm:prefix_cache_queries": &queries} {
+			for name, dst := range map[string]*float64{"vllm:prefix_cache_hits": &hits[i], "vllm:prefix_cache_queries": &queries[i]} {
 				for _, m := range fams[name].GetMetric() {
 					*dst += m.GetCounter().GetValue() + m.GetUntyped().GetValue() + m.GetGauge().GetValue()
 				}
@@ -122,17 +129,32 @@ func TestGIESideBySide(t *testing.T) {
 		}
 		return hits, queries
 	}
+	sum := func(v []float64) (s float64) {
+		for _, x := range v {
+			s += x
+		}
+		return s
+	}
 	run := func(name, url string) phase {
 		h0, q0 := counters()
 		rs := runWorkload(url, reqs, workers, 4, nil)
 		for j, r := range rs {
-			require.True(t, r.status == http.StatusOK && r.done, "%s request %d: status %d, error %q, net %v", name, j, r.status, r.errText, r.netErr)
+			// The one failure allowed: llm-d-inference-sim fails a
+			// request it cannot fit beside its running requests' blocks
+			// (vLLM would queue it), with an error event after the 200.
+			require.True(t, r.status == http.StatusOK && r.done && (r.errText == "" || strings.Contains(r.errText, kvFull)),
+				"%s request %d: status %d, error %q, net %v", name, j, r.status, r.errText, r.netErr)
 		}
 		hits, queries := counters()
-		ph := summarize(name, rs, hits-h0, queries-q0)
-		t.Logf("%-10s engine prefix-cache hits %6.0f of %6.0f prompt tokens (%.1f%%); TTFT p50 %v p90 %v mean %v; %d ok",
+		ph := summarize(name, rs, sum(hits)-sum(h0), sum(queries)-sum(q0))
+		per := make([]string, len(sims))
+		for i := range sims {
+			per[i] = fmt.Sprintf("sim-%d %.0f/%.0f", i, hits[i]-h0[i], queries[i]-q0[i])
+		}
+		t.Logf("%-10s per engine, prefix-cache hits/queried tokens: %s", name, strings.Join(per, ", "))
+		t.Logf("%-10s engine prefix-cache hits %6.0f of %6.0f prompt tokens (%.1f%%); TTFT of the completed p50 %v p90 %v mean %v; %d completed, %d failed (engine KV cache full)",
 			name, ph.hits, ph.queries, 100*ph.hits/ph.queries, ph.p50.Round(time.Millisecond), ph.p90.Round(time.Millisecond),
-			ph.mean.Round(time.Millisecond), ph.ok)
+			ph.mean.Round(time.Millisecond), ph.ok, ph.errs)
 		return ph
 	}
 	// restart restarts the engines with kv blocks of cache each (empty).
@@ -187,7 +209,14 @@ func TestGIESideBySide(t *testing.T) {
 			addr := "http://" + net.JoinHostPort(fmt.Sprintf("127.0.0.%d", 21+i), strconv.Itoa(port))
 			waitFor(t, 20*time.Second, "exa picker to admit "+addr, func() bool { h, _ := pp.engineHealthy(t, addr); return h })
 		}
-		return pp.envoy(t, false), pp.p.kill
+		// Before it stops: what its index believes each replica holds,
+		// against the engine's own cache of kv blocks (16 tokens each).
+		return pp.envoy(t, false), func() {
+			for _, r := range pp.stats(t).Models[simModel].Replicas {
+				t.Logf("%s replica %s: routed %d, index full hits %d, index holds %d blocks (64-byte key blocks)", name, r.Name, r.Routed, r.Hits, r.CachedBlocks)
+			}
+			pp.p.kill()
+		}
 	}
 
 	// Two cache sizes per engine: 2048 blocks (every prompt fits on every
@@ -203,11 +232,19 @@ func TestGIESideBySide(t *testing.T) {
 		url, stop = startExa(fmt.Sprintf("exa-picker-kv%d", kv))
 		exa := run(fmt.Sprintf("exa kv=%d", kv), url)
 		stop()
-		t.Logf("side by side, kv %d blocks/engine, %d requests each: engine prefix-cache hit rate gie-epp %.1f%%, exa %.1f%%; TTFT p50 gie-epp %v, exa %v; p90 gie-epp %v, exa %v; mean gie-epp %v, exa %v",
-			kv, requestsPerMode, 100*gie.hits/gie.queries, 100*exa.hits/exa.queries, gie.p50.Round(time.Millisecond), exa.p50.Round(time.Millisecond),
+		t.Logf("side by side, kv %d blocks/engine, %d requests each: failed (engine KV cache full) gie-epp %d, exa %d; engine prefix-cache hit rate gie-epp %.1f%%, exa %.1f%%; TTFT of the completed p50 gie-epp %v, exa %v; p90 gie-epp %v, exa %v; mean gie-epp %v, exa %v",
+			kv, requestsPerMode, gie.errs, exa.errs, 100*gie.hits/gie.queries, 100*exa.hits/exa.queries, gie.p50.Round(time.Millisecond), exa.p50.Round(time.Millisecond),
 			gie.p90.Round(time.Millisecond), exa.p90.Round(time.Millisecond), gie.mean.Round(time.Millisecond), exa.mean.Round(time.Millisecond))
+		if kv == 2048 {
+			require.Zero(t, gie.errs+exa.errs, "failures with every prompt fitting in cache")
+		}
 	}
 }
+
+// kvFull is llm-d-inference-sim's error for a request whose blocks do
+// not fit in its KV cache beside those of its running requests
+// (pkg/kv-cache/block_cache.go, v0.10.2).
+const kvFull = "the kv cache does not have sufficient capacity to store this request"
 
 // pseudoHeaders applies the HTTP/2 pseudo-headers an external processor
 // sets (GIE's epp sets :path), as Envoy does, before sending the request

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -150,6 +151,11 @@ type Fleet struct {
 
 	// peers is what the peer gateways last reported (peers.go).
 	peers peerTable
+
+	// running holds Run's context while Run runs (else nil): Apply
+	// scrapes an engine it adds for its KV-cache size only then
+	// (learnCapacity), so a Fleet that is not run makes no request.
+	running atomic.Pointer[context.Context]
 	// engines is the engine type each engine's metrics page showed
 	// (engines.go).
 	engines engineTable

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -201,6 +202,12 @@ type Endpoint struct {
 	// engines' scrapes and the peers' pushes run in loops of their own,
 	// and a push must not overwrite a newer scrape with an older one.
 	feed sync.Mutex
+
+	// kvTokens is the KV-cache size, in tokens, the engine's last
+	// scrape reported (vllm:cache_config_info), 0 until one does: the
+	// capacity of its replicas whose configuration leaves cache_blocks
+	// unset (tableOf).
+	kvTokens atomic.Int64
 
 	mu       sync.Mutex
 	load     gateway.Load

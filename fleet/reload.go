@@ -46,6 +46,22 @@ func (s *Fleet) Apply(f *config.File) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.applyLocked(f)
+}
+
+// reapply applies the running configuration again, so that the tables
+// take up what the engines reported since (an engine's KV-cache size:
+// tableOf). Replicas whose capacity changed are replaced in place
+// (syncReplicas), the others kept with their index.
+func (s *Fleet) reapply() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applyLocked(s.state.Load().File.Clone())
+}
+
+// applyLocked is Apply's work on a validated configuration, with s.mu
+// held.
+func (s *Fleet) applyLocked(f *config.File) error {
 	old := s.state.Load()
 	next := &State{File: f, Models: make(map[string]*Model, len(f.Models)), Endpoints: map[string]*Endpoint{}}
 	// Phase 1: build every table; nothing running is changed.
@@ -91,6 +107,13 @@ func (s *Fleet) Apply(f *config.File) error {
 	}
 	s.closeDropped(old, next)
 	s.dropStaleSeries(old, next)
+	if ctx := s.running.Load(); ctx != nil && (*ctx).Err() == nil {
+		for addr, ep := range next.Endpoints {
+			if _, had := old.Endpoints[addr]; !had {
+				go s.learnCapacity(*ctx, ep)
+			}
+		}
+	}
 	return nil
 }
 
@@ -294,6 +317,11 @@ func (s *Fleet) tableOf(ms *Model, reps []config.Replica, pool string, old, next
 		g := r.Gateway()
 		g.Name = r.Name
 		g.Address = ep.Base
+		if g.CacheBlocks == 0 {
+			// Unset: the engine's own KV-cache size, once a scrape has
+			// reported it (else the gateway's default).
+			g.CacheBlocks = cacheBlocksFor(ep.kvTokens.Load(), ms.Cfg.Exact(), ms.Cfg.TokenBlockSize(), s.opts.BlockSize)
+		}
 		g.Unhealthy = !ep.Health.Healthy()
 		want = append(want, g)
 	}

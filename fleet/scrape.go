@@ -88,6 +88,9 @@ type scrapeResult struct {
 	// engine is the engine type whose load series the page has, "" when
 	// none (see ParseEngineMetricsFor).
 	engine string
+	// kvTokens is the KV-cache size the page reports, in tokens
+	// (parseKVTokens), 0 when none.
+	kvTokens int64
 }
 
 // parseEngineScrapeAs parses an engine's /metrics page with the names of
@@ -105,6 +108,7 @@ func parseEngineScrapeAs(r io.Reader, engine string) (scrapeResult, error) {
 	if a, ok := parseLoRAInfo(fams[metricLoRAInfo]); ok {
 		res.adapters = &a
 	}
+	res.kvTokens = parseKVTokens(fams)
 	for _, n := range engineNames {
 		if (engine == config.EngineAuto || engine == n.engine) && n.present(fams) {
 			res.load, res.engine = n.load(fams), n.engine

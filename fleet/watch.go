@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,7 +15,11 @@ import (
 // When ctx is done it closes the default transport's idle connections
 // and returns ctx.Err(). Serving requests does not need Run, but without it engines
 // are ejected only passively, never readmitted, and load is not scraped.
+// While Run runs, Apply also scrapes each engine it adds once, at once,
+// for its KV-cache size (see learnCapacity).
 func (s *Fleet) Run(ctx context.Context) error {
+	s.running.Store(&ctx)
+	defer s.running.Store(nil)
 	var wg sync.WaitGroup
 	loop := func(every time.Duration, f func(context.Context)) {
 		wg.Add(1)
@@ -104,9 +109,14 @@ func (s *Fleet) ScrapeAll(ctx context.Context) {
 // pending prefill, into the gateway of each model it serves.
 func (s *Fleet) scrapeEngines(ctx context.Context) {
 	st := s.state.Load()
+	var resized atomic.Bool
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
 		res, err := scrape(ctx, s.control, ep.Base, engine)
+		if err == nil && res.kvTokens > 0 && ep.kvTokens.Swap(res.kvTokens) != res.kvTokens {
+			s.log.Info("gateway: engine KV-cache size", "engine", ep.Base, "tokens", res.kvTokens)
+			resized.Store(true)
+		}
 		l, rep := res.load, res.adapters
 		ep.feed.Lock()
 		defer ep.feed.Unlock()
@@ -135,6 +145,13 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 		})
 	})
 	s.pruneEngines(s.state.Load())
+	if resized.Load() {
+		// An engine reported its KV-cache size for the first time, or a
+		// new one: replicas that leave cache_blocks unset take it up.
+		if err := s.reapply(); err != nil {
+			s.log.Warn("gateway: applying the engines' KV-cache sizes failed", "err", err)
+		}
+	}
 }
 
 // eachReplicaOf calls fn for every replica, of every model with a gateway,
