@@ -70,7 +70,7 @@ install_etcd() {
       # free ports, so stop the service if one was started.
       command -v systemctl >/dev/null && systemctl disable --now etcd >/dev/null 2>&1 || true
       ln -sf /usr/bin/etcd "$BIN/etcd"
-      echo "install.sh: etcd from Debian etcd-server ($(/usr/bin/etcd --version | head -1)) in $(since "$t")"
+      echo "install.sh: etcd from Debian etcd-server ($(/usr/bin/etcd --version | sed -n 1p)) in $(since "$t")"
       return 0
     fi
     echo "install.sh: apt-get install etcd-server failed; building etcd $ETCD_VERSION from the module proxy"
@@ -95,5 +95,5 @@ else
   (install_etcd)
 fi
 "$BIN/kube-apiserver" --version
-"$BIN/etcd" --version | head -1
+"$BIN/etcd" --version | sed -n 1p  # sed reads it all: head could close the pipe early (SIGPIPE under pipefail)
 echo "install.sh: KUBEBUILDER_ASSETS=$BIN  (total $(since "$t0"))"
