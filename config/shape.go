@@ -31,7 +31,7 @@ type shape struct {
 // fileShape is the layout of [File].
 var fileShape = func() *shape {
 	scalar := &shape{}
-	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "pod": scalar}}
+	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "kv_events_replay": scalar, "pod": scalar}}
 	replicas := &shape{elems: replica}
 	mode := &shape{text: func(s string) string {
 		var m gateway.Mode

@@ -31,6 +31,7 @@ type setFlags struct {
 	blockSize     blockSizeValue
 	kvBind        bindValue
 	kvConnect     *perReplicaValue
+	kvReplay      *perReplicaValue
 	pods          *perReplicaValue
 	adapters      []string
 	clearAdapters bool
@@ -41,7 +42,7 @@ type setFlags struct {
 }
 
 func newSetCmd() *cobra.Command {
-	sf := setFlags{kvConnect: newConnectValue(), pods: newPodValue()}
+	sf := setFlags{kvConnect: newConnectValue(), kvReplay: newConnectValue(), pods: newPodValue()}
 	cmd := &cobra.Command{
 		Use:   "set MODEL [flags]",
 		Short: "Store a model's routing configuration (flags not given are left as they are)",
@@ -75,6 +76,9 @@ keeps the change; the process keeps its previous configuration until it is fixed
   # (recommended: no listener; vLLM binds tcp://*:5557):
   exa serve routing set JPCP --mode cache_aware --index exact \
     --kv-events-connect r0=tcp://10.0.0.1:5557 --kv-events-connect r1=tcp://10.0.0.2:5557
+  # ... and fetch events lost in a sequence gap from each engine's replay endpoint
+  # (vLLM's "replay_endpoint":"tcp://*:5558" in --kv-events-config; on the engine's host):
+  exa serve routing set JPCP --kv-events-replay r0=tcp://10.0.0.1:5558 --kv-events-replay r1=tcp://10.0.0.2:5558
   # ... or engines publishing to the gateway (llm-d-inference-sim, POD_IP=10.0.0.1:8000 and
   # --zmq-endpoint tcp://10.0.0.100:5557), the gateway listening on its address 10.0.0.100 only;
   # events are taken only from the replicas' hosts (docs/kv-events.md, Security):
@@ -118,6 +122,9 @@ keeps the change; the process keeps its previous configuration until it is fixed
 		"HOST is the address to listen on, not 0.0.0.0 unless every network it reaches may publish; \"\" to clear")
 	f.Var(sf.kvConnect, "kv-events-connect", "replica NAME's KV-event publisher to connect to, NAME=tcp://HOST:PORT (vLLM binds tcp://*:5557); "+
 		"NAME may be POOL:NAME, a pool member; repeat for several; an empty endpoint clears it")
+	f.Var(sf.kvReplay, "kv-events-replay", "replica NAME's KV-event replay endpoint to fetch events lost in a sequence gap from, NAME=tcp://HOST:PORT "+
+		"(vLLM's replay_endpoint in --kv-events-config); HOST must be the engine's: the host of its --kv-events-connect endpoint, else of its address; "+
+		"ipc://PATH only with an ipc:// --kv-events-connect; NAME may be POOL:NAME, a pool member; repeat for several; an empty endpoint clears it")
 	f.Var(sf.pods, "pod", "the pod name replica NAME's engine gives in its topics (kv@POD@MODEL; POD_IP), NAME=POD; default its address's host:port, "+
 		"or its host alone; NAME may be POOL:NAME, a pool member; repeat for several; empty clears it")
 	f.StringArrayVar(&sf.adapters, "adapter", nil, "LoRA adapter NAME the model may serve; repeat for several; replaces the stored allow-list "+
@@ -134,7 +141,7 @@ keeps the change; the process keeps its previous configuration until it is fixed
 	_ = cmd.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(append([]string{"auto"}, config.Engines...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions(config.Indexes, cobra.ShellCompDirectiveNoFileComp))
 	for _, name := range []string{"slo-latency-ms", "load-weights", "prefill-pool", "decode-pool", "pd-min-uncached-tokens", "replica", "pool", "remove-pool",
-		"block-size", "kv-events-bind", "kv-events-connect", "pod", "adapter", "peer", "kv-events-allow"} {
+		"block-size", "kv-events-bind", "kv-events-connect", "kv-events-replay", "pod", "adapter", "peer", "kv-events-allow"} {
 		_ = cmd.RegisterFlagCompletionFunc(name, cobra.NoFileCompletions)
 	}
 	return cmd
@@ -266,6 +273,9 @@ func runSet(cmd *cobra.Command, name string, sf *setFlags) error {
 		if err := sf.kvConnect.apply("kv-events-connect", name, m.Replicas, m.Pools, func(r *config.Replica) *string { return &r.KVEvents }); err != nil {
 			return err
 		}
+		if err := sf.kvReplay.apply("kv-events-replay", name, m.Replicas, m.Pools, func(r *config.Replica) *string { return &r.KVEventsReplay }); err != nil {
+			return err
+		}
 		if err := sf.pods.apply("pod", name, m.Replicas, m.Pools, func(r *config.Replica) *string { return &r.Pod }); err != nil {
 			return err
 		}
@@ -317,7 +327,7 @@ var flagOfField = map[string]string{
 
 // flagOfReplicaField names the set flag that controls a replica's field
 // (replicas[i].kv_events), when it is not --replica.
-var flagOfReplicaField = map[string]string{"kv_events": "kv-events-connect", "pod": "pod"}
+var flagOfReplicaField = map[string]string{"kv_events": "kv-events-connect", "kv_events_replay": "kv-events-replay", "pod": "pod"}
 
 // keepEventSources returns the replicas of a --replica (or one pool's
 // --pool) list, each keeping

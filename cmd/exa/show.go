@@ -212,6 +212,9 @@ func replicasText(rs []config.Replica) string {
 		if r.KVEvents != "" {
 			notes = append(notes, "events from "+r.KVEvents)
 		}
+		if r.KVEventsReplay != "" {
+			notes = append(notes, "replay from "+r.KVEventsReplay)
+		}
 		if r.Pod != "" {
 			notes = append(notes, "pod "+r.Pod)
 		}

@@ -287,6 +287,10 @@ func writeKVStats(w io.Writer, k *config.KVEventsStats) {
 				}
 				fmt.Fprintf(w, "  %s dropped: %s\n", printable(cmp.Or(e.Topic, e.Endpoint)), strings.Join(by, ", "))
 			}
+			if e.ReplayAttempts+e.ReplaySucceeded+e.ReplayFailed+e.ReplayedBatches > 0 {
+				fmt.Fprintf(w, "  %s replays: %d gaps asked for, %d filled, %d failed (engine cleared), %d batches recovered\n",
+					printable(cmp.Or(e.Topic, e.Endpoint)), e.ReplayAttempts, e.ReplaySucceeded, e.ReplayFailed, e.ReplayedBatches)
+			}
 			if e.LastError != "" {
 				fmt.Fprintf(w, "  %s last error: %s\n", printable(cmp.Or(e.Topic, e.Endpoint)), printable(e.LastError))
 			}
