@@ -239,7 +239,7 @@ func TestBadFileLeftUntouched(t *testing.T) {
 		{"duplicate model", `{"models":{"M":{},"M":{"mode":"cache_aware"}}}`, ErrCorrupt, "models.M is given twice"},
 		{"duplicate field", `{"version":1,"version":1}`, ErrCorrupt, "version is given twice"},
 		{"field in another case", `{"Models":{}}`, ErrCorrupt, `unknown field Models (field names are case-sensitive: did you mean "models"?)`},
-		{"nested unknown field", `{"models":{"M":{"replicas":[{"name":"r0","adress":"http://x"}]}}}`, ErrCorrupt, "unknown field models.M.replicas[0].adress; the fields of models.M.replicas[0] are address, cache_blocks, kv_events, name, pod"},
+		{"nested unknown field", `{"models":{"M":{"replicas":[{"name":"r0","adress":"http://x"}]}}}`, ErrCorrupt, "unknown field models.M.replicas[0].adress; the fields of models.M.replicas[0] are address, cache_blocks, kv_events, kv_events_replay, name, pod"},
 		{"object for a scalar", `{"models":{"M":{"mode":{}}}}`, ErrCorrupt, "models.M.mode is an object, want a string, number or boolean"},
 		{"array for an object", `{"models":[]}`, ErrCorrupt, "models is an array, want an object"},
 		{"scalar for an array", `{"models":{"M":{"replicas":"r0"}}}`, ErrCorrupt, "models.M.replicas is a string, want an array"},
