@@ -164,5 +164,12 @@ func checkClientSAN(cs tls.ConnectionState, allowed []string) error {
 		}
 		names = append(names, u.String())
 	}
-	return fmt.Errorf("picker: client certificate names %q, none of the allowed SANs %q", names, allowed)
+	return &sanError{names: names, allowed: allowed}
+}
+
+// sanError is a client certificate naming none of the allowed SANs.
+type sanError struct{ names, allowed []string }
+
+func (e *sanError) Error() string {
+	return fmt.Sprintf("picker: client certificate names %q, none of the allowed SANs %q", e.names, e.allowed)
 }

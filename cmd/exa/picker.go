@@ -226,6 +226,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		return err
 	}
 	reg.MustRegister(pickerCollector(pk)...)
+	handshakes := picker.NewHandshakeLog(picker.HandshakeLogOptions{Logger: logger})
+	reg.MustRegister(handshakeCollector(handshakes)...)
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
 		return err
@@ -268,7 +270,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	security := "plaintext"
 	if tlsSrc != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsSrc.config())))
+		gopts = append(gopts, grpc.Creds(handshakes.Credentials(credentials.NewTLS(tlsSrc.config()))))
 		security = tlsSrc.describe()
 	}
 	g := grpc.NewServer(gopts...)
@@ -346,4 +348,16 @@ func pickerCollector(pk *picker.Server) []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_overloaded_total",
 			Help: "Streams answered 503 because their body would have taken the buffered bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
 	}
+}
+
+// handshakeCollector exports the TLS handshakes the gRPC server refused,
+// by reason (picker.HandshakeReasons: a fixed set); zero without TLS.
+func handshakeCollector(hl *picker.HandshakeLog) []prometheus.Collector {
+	var cs []prometheus.Collector
+	for _, r := range picker.HandshakeReasons() {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_tls_handshake_failures_total",
+			Help:        "TLS handshakes the picker's gRPC server refused, by reason (no client certificate, unknown CA, ...; closed: before a TLS hello, as TCP probes).",
+			ConstLabels: prometheus.Labels{"reason": r}}, func() float64 { return float64(hl.Failed(r)) }))
+	}
+	return cs
 }

@@ -80,10 +80,17 @@ func TestPickerBadTLSFlags(t *testing.T) {
 // returns the ext_proc address from its start-up line, and that line.
 func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 	t.Helper()
+	addr, line, _ = startPickerProc(t, args...)
+	return addr, line
+}
+
+// startPickerProc is startPickerBin also returning the process's stderr.
+func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer) {
+	t.Helper()
 	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
 	cmd := exec.Command(exaBin, all...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+newConfig(t), "EXA_GATEWAY=")
-	stderr := &syncBuffer{}
+	stderr = &syncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -107,7 +114,7 @@ func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 	}
 	m := regexp.MustCompile(`picker listening on (\S+) `).FindStringSubmatch(line)
 	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
-	return m[1], line
+	return m[1], line, stderr
 }
 
 // syncBuffer is a bytes.Buffer written by a process's copier goroutine
