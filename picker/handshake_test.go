@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -252,4 +255,38 @@ func TestHandshakeLogBound(t *testing.T) {
 	if n := hl.Failures()[picker.ReasonNotTLS]; n != 8 {
 		t.Fatalf("counted %d, want 8", n)
 	}
+}
+
+// TestMeasureHandshakeLogMemory reports the heap the per-address state
+// holds at its bound (EXA_MEASURE_HANDSHAKE=1, -v); docs/picker.md quotes it.
+func TestMeasureHandshakeLogMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE_HANDSHAKE") == "" {
+		t.Skip("set EXA_MEASURE_HANDSHAKE=1")
+	}
+	clock := &fakeClock{}
+	hl := picker.NewHandshakeLog(picker.HandshakeLogOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.now})
+	addrs := make([]net.Addr, 4*picker.DefaultHandshakeLogAddrs)
+	for i := range addrs {
+		// IPv6 addresses: the longest keys.
+		addrs[i] = &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("2001:db8:ffff:ffff:ffff:ffff:%x:%x", i>>16, i&0xffff)), Port: 65535}
+	}
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	for _, a := range addrs[:1] { // warm up the logger and the error's formatting
+		hl.Refused(a, tls.RecordHeaderError{Msg: "not TLS"})
+	}
+	before := heap()
+	for _, a := range addrs[1:] {
+		hl.Refused(a, tls.RecordHeaderError{Msg: "not TLS"})
+	}
+	after := heap()
+	runtime.KeepAlive(hl)
+	runtime.KeepAlive(addrs)
+	t.Logf("%d remote addresses refused, state bound %d: heap grew %d bytes", len(addrs), picker.DefaultHandshakeLogAddrs,
+		int64(after)-int64(before))
 }
