@@ -185,13 +185,17 @@ func selfSignedHosts(listen string) []string {
 // watchKeyPair re-reads the certificate and key files at every tick until
 // ctx ends (keyPairWatcher.reload).
 func watchKeyPair(ctx context.Context, kp *picker.KeyPair, tick <-chan time.Time, logger *slog.Logger) {
-	w := &keyPairWatcher{kp: kp, logger: logger}
+	everyTick(ctx, tick, (&keyPairWatcher{kp: kp, logger: logger}).reload)
+}
+
+// everyTick calls f at every tick until ctx ends.
+func everyTick(ctx context.Context, tick <-chan time.Time, f func()) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick:
-			w.reload()
+			f()
 		}
 	}
 }
@@ -239,15 +243,7 @@ func warnValidity(cert *tls.Certificate, now time.Time, logger *slog.Logger) {
 // watchClientCAs re-reads the client CA file at every tick until ctx ends
 // (clientCAWatcher.reload).
 func watchClientCAs(ctx context.Context, cas *picker.ClientCAs, file string, tick <-chan time.Time, logger *slog.Logger) {
-	w := &clientCAWatcher{cas: cas, file: file, logger: logger}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-			w.reload()
-		}
-	}
+	everyTick(ctx, tick, (&clientCAWatcher{cas: cas, file: file, logger: logger}).reload)
 }
 
 // clientCAWatcher reloads ClientCAs and logs what came of it.
