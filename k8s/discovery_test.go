@@ -197,7 +197,8 @@ func TestDiscoveryPoolFollowsPods(t *testing.T) {
 	f, _ := rec.await(t, "m", "sim-a")
 	require.Equal(t, "http://127.0.0.11:8000", f.Models["m"].Replicas[0].Address)
 	require.Equal(t, base.Models["m"].Mode, f.Models["m"].Mode, "the base model's routing is kept")
-	require.True(t, d.Synced())
+	// Synced turns true just after the apply the recorder saw.
+	cached(t, d.Synced)
 
 	var lat []time.Duration
 	startPod(t, c, ns, "sim-b", "sim", "127.0.0.12")
