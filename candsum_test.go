@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -30,9 +32,13 @@ func TestPropCandSum(t *testing.T) {
 					PeerPrefill: rapid.IntRange(0, 8).Draw(t, "peer")},
 			}
 		}
-		sum, maxMatched := candSum{least: math.MaxInt, common: math.MaxInt}, 0
+		maxMatched := 0
+		for _, c := range cands {
+			maxMatched = max(maxMatched, c.Matched)
+		}
+		sum := candSum{least: math.MaxInt, common: math.MaxInt}
 		for i := range cands {
-			sum.add(&cands[i], &maxMatched)
+			sum.add(&cands[i], maxMatched)
 		}
 		// The oracle: each field from its definition.
 		want := candSum{least: math.MaxInt, common: math.MaxInt}
@@ -53,7 +59,6 @@ func TestPropCandSum(t *testing.T) {
 				want.common = min(want.common, c.Matched)
 			}
 		}
-		require.Equal(t, longest, maxMatched)
 		require.Equal(t, want, sum)
 
 		key := make(Key, blocks)
@@ -70,5 +75,49 @@ func TestPropCandSum(t *testing.T) {
 		sum.ok = true
 		req.sum = sum
 		require.Equal(t, without, p.Pick(&req, cands), "the gateway's summary changed the decision")
+	})
+}
+
+// maxPolicy records what the gateway tells a policy: the request's
+// MaxMatched and the longest Matched among the candidates it was given.
+type maxPolicy struct{ told, longest int }
+
+func (p *maxPolicy) Pick(req *Request, cands []Candidate) int {
+	p.told, p.longest = req.MaxMatched, 0
+	for _, c := range cands {
+		p.longest = max(p.longest, c.Matched)
+	}
+	return 0
+}
+
+// TestPropMaxMatched: the gateway's Request.MaxMatched (which it takes
+// from the index's match of every replica, then recounts when replicas are
+// left out) is the longest Matched among the candidates the policy sees,
+// whatever replicas hold, are unhealthy or are left out.
+func TestPropMaxMatched(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		p := &maxPolicy{}
+		g, err := New(replicaNames(n), WithPolicy(p))
+		require.NoError(t, err)
+		for range rapid.IntRange(0, 8).Draw(t, "stores") {
+			k := drawKey(t, "stored", 8, 6)
+			require.NoError(t, g.ApplyEvent(fmt.Sprintf("r%d", rapid.IntRange(0, n-1).Draw(t, "holder")), CacheEvent{Kind: BlocksStored, Blocks: k}))
+		}
+		for i := range n {
+			if rapid.IntRange(0, 3).Draw(t, "unhealthy") == 0 {
+				require.NoError(t, g.SetHealthy(fmt.Sprintf("r%d", i), false))
+			}
+		}
+		var tg Target
+		if rapid.Bool().Draw(t, "exclude") {
+			tg.Exclude = fmt.Sprintf("r%d", rapid.IntRange(0, n-1).Draw(t, "excluded"))
+		}
+		_, err = g.RouteWith(drawKey(t, "key", 8, 6), tg)
+		if errors.Is(err, ErrNoHealthyReplica) {
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, p.longest, p.told)
 	})
 }

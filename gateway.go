@@ -96,8 +96,9 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 		}
 	}
 	g.obs, _ = g.policy.(Observer)
-	_, g.summing = g.policy.(*CacheAware)
 	switch p := g.policy.(type) {
+	case *CacheAware:
+		g.summing = true
 	case *RoundRobin:
 		g.fixed, g.kind = true, KindRoundRobin
 	case *LoadAware:
@@ -338,7 +339,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: the gateway has no replicas", ErrNoHealthyReplica)
 	}
 	mk := g.idx.mixKey(key)
-	g.idx.match(mk, g.match)
+	// The longest match of every replica in t.list (the index's active
+	// slots are theirs).
+	maxMatched := g.idx.match(mk, g.match)
 	if g.built != t { // the replica set changed: rebuild the static fields
 		g.all = g.all[:0]
 		for _, rs := range t.list {
@@ -349,7 +352,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	// Refresh every replica's signals; when all are eligible (the usual
 	// case) the policy sees g.all itself, else a compacted copy.
-	healthy, excluded, maxMatched := 0, 0, 0
+	healthy, excluded := 0, 0
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
 	// sum summarises the candidates for the policy (Request.sum) when
 	// every replica turns out to be one.
@@ -368,9 +371,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
 			if sum.ok {
-				sum.add(c, &maxMatched)
-			} else {
-				maxMatched = max(maxMatched, c.Matched)
+				sum.add(c, maxMatched)
 			}
 			if rs.healthy.Load() {
 				state[i] = stateEligible
@@ -383,7 +384,6 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		for i, rs := range t.list {
 			c := &all[i]
 			c.Matched = int(g.match[rs.slot])
-			maxMatched = max(maxMatched, c.Matched)
 			rs.loadInto(&c.Load)
 			c.InFlight = int(rs.inflight.Load())
 			c.PendingPrefill = int(rs.pending.Load())

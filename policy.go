@@ -83,9 +83,9 @@ type candSum struct {
 	total, pending, outstanding, least, holders, common int
 }
 
-// add counts candidate c into s, whose Matched s's holders are of when
-// it is longest: maxMatched is the longest so far, updated.
-func (s *candSum) add(c *Candidate, maxMatched *int) {
+// add counts candidate c into s, whose holders are of maxMatched, the
+// longest Matched among the candidates.
+func (s *candSum) add(c *Candidate, maxMatched int) {
 	if c.AssignedPrefill > 0 {
 		s.common = min(s.common, c.Matched)
 	}
@@ -94,10 +94,7 @@ func (s *candSum) add(c *Candidate, maxMatched *int) {
 	o := c.Outstanding()
 	s.outstanding += o
 	s.least = min(s.least, o)
-	switch {
-	case c.Matched > *maxMatched:
-		*maxMatched, s.holders = c.Matched, 1
-	case c.Matched == *maxMatched:
+	if c.Matched == maxMatched {
 		s.holders++
 	}
 }

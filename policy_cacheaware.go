@@ -180,33 +180,23 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	} else if dw < 0 {
 		dw = 0
 	}
-	total, pending, holders, outstanding, least := 0, 0, 0, 0, math.MaxInt
-	// common is the prefix every candidate sent work holds.
-	common := math.MaxInt
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
-	if sm := &req.sum; sm.ok && !adapter {
-		// The gateway summed the candidates as this loop would.
-		total, pending, holders, outstanding, least, common = sm.total, sm.pending, sm.holders, sm.outstanding, sm.least, sm.common
-	} else {
+	sum := req.sum
+	if !sum.ok || adapter {
+		// The gateway did not sum the candidates (or the adapter's price
+		// needs its own pass): sum them here.
+		sum = candSum{least: math.MaxInt, common: math.MaxInt}
 		for i := range cands {
 			c := &cands[i]
-			if c.AssignedPrefill > 0 {
-				common = min(common, c.Matched)
-			}
 			if adapter {
 				lp.count(c)
 			}
-			total += c.InFlight
-			pending += c.PendingPrefill + c.Load.PeerPrefill
-			o := c.Outstanding()
-			outstanding += o
-			least = min(least, o)
-			if c.Matched == maxMatched {
-				holders++
-			}
+			sum.add(c, maxMatched)
 		}
 	}
+	// common is the prefix every candidate sent work holds.
+	total, pending, holders, outstanding, least, common := sum.total, sum.pending, sum.holders, sum.outstanding, sum.least, sum.common
 	// Outstanding counts up to this are within the random spread.
 	spread := float64(least) + math.Sqrt(float64(outstanding)/float64(len(cands)))
 	n := len(req.Key)
