@@ -63,7 +63,7 @@ func (g *Gateway) Saturated(t Target, a Admission) bool {
 	}
 	eligible, stale := 0, 0
 	for _, rs := range g.snap.Load().list {
-		if !rs.healthy.Load() || !t.allows(rs.name) {
+		if !t.eligible(rs) {
 			continue
 		}
 		eligible++

@@ -103,7 +103,7 @@ func (p *PD) Route(key Key, tokensPerBlock int, decode, prefill Target) (PDDecis
 func (g *Gateway) leastQueued(t *Target) (int, bool) {
 	best, ok := 0, false
 	for _, rs := range g.snap.Load().list {
-		if !rs.healthy.Load() || !t.allows(rs.name) {
+		if !t.eligible(rs) {
 			continue
 		}
 		if q := int(rs.pending.Load()) + int(rs.peer.Load()); !ok || q < best {

@@ -290,7 +290,8 @@ type Target struct {
 	// the policy: by the gateway's policy if it is a *LoadAware, else by
 	// LoadAware's defaults. Such a request counts in flight (and so in
 	// every later decision's load) until its Done, like any other, but
-	// not in Stats, which describe prompts, nor in the index. Default
+	// not in Stats, which describe prompts, nor in the index, and the
+	// policy's Observer does not hear of it (no Pick placed it). Default
 	// false: key must not be empty.
 	NoPrompt bool
 }
@@ -298,6 +299,13 @@ type Target struct {
 // allows reports whether t admits replica name (health aside).
 func (t *Target) allows(name string) bool {
 	return (t.Allow == nil || t.Allow(name)) && (t.Exclude == "" || t.Exclude != name)
+}
+
+// eligible reports whether rs may be chosen within t: healthy and
+// admitted (the rule Saturated, Spares and the P/D plan's queue check
+// share; RouteWith adds the latency SLO).
+func (t *Target) eligible(rs *replicaState) bool {
+	return rs.healthy.Load() && t.allows(rs.name)
 }
 
 // narrowed reports whether t leaves any replica out.
@@ -486,12 +494,12 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	d.t, d.gen = newTicket()
+	if tg.NoPrompt { // no Pick placed it: not the observer's
+		return d, nil
+	}
 	if g.obs != nil {
 		d.obs, d.id = g.obs, g.seq
 		g.obs.Routed(d.id, rs.name)
-	}
-	if tg.NoPrompt {
-		return d, nil
 	}
 	rs.routed.Add(1)
 	if d.Hit {

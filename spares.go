@@ -17,7 +17,7 @@ func (g *Gateway) Spares(dst []string, n int, t Target) []string {
 	var buf [8]int
 	outs := buf[:0]
 	for _, rs := range g.snap.Load().list {
-		if !rs.healthy.Load() || !t.allows(rs.name) {
+		if !t.eligible(rs) {
 			continue
 		}
 		o := rs.outstanding()
