@@ -1,6 +1,10 @@
 package gateway
 
-import "math"
+import (
+	"math"
+
+	"github.com/examlops/gateway/internal/hashtab"
+)
 
 // CacheAware routes a request where its first token will come soonest
 // without starving the requests behind it: usually the replica already
@@ -298,13 +302,8 @@ func drawTie(tie uint64, k int) bool {
 	return mix64(tie, uint64(k))%uint64(k) == 0
 }
 
-// mix64 hashes two words with SplitMix64's finaliser.
-func mix64(a, b uint64) uint64 {
-	z := a + 0x9e3779b97f4a7c15*(b+1)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
+// mix64 hashes two words with SplitMix64's finaliser (hashtab.Mix64).
+func mix64(a, b uint64) uint64 { return hashtab.Mix64(a, b) }
 
 // The tie order (CacheAware's exact ties), written out in Pick: when
 // replicating, or when no replica holds any of the key, the replica with

@@ -4,6 +4,7 @@ import (
 	"maps"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/hashtab"
 	"github.com/examlops/gateway/reference"
 )
 
@@ -97,13 +98,8 @@ func policySeed(seed uint64, i int) uint64 {
 	return mix64(seed, 0x9e3779b97f4a7c15*uint64(i))
 }
 
-// mix64 hashes two words with SplitMix64's finaliser.
-func mix64(a, b uint64) uint64 {
-	z := a + 0x9e3779b97f4a7c15*(b+1)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
+// mix64 hashes two words with SplitMix64's finaliser (hashtab.Mix64).
+func mix64(a, b uint64) uint64 { return hashtab.Mix64(a, b) }
 
 // routerStats sums the Stats of every gateway.
 func routerStats(rs []router) gateway.Stats {

@@ -55,3 +55,12 @@ func oddInverse(k uint64) uint64 {
 	}
 	return x
 }
+
+// Mix64 hashes two words with SplitMix64's finaliser: the gateway's random
+// tie-breaks and the simulator's seeded draws.
+func Mix64(a, b uint64) uint64 {
+	z := a + 0x9e3779b97f4a7c15*(b+1)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
