@@ -61,7 +61,7 @@ const (
 func setPrefillHeaders(c *call, pre *gateway.Decision) {
 	h := c.w.Header()
 	h.Set(HeaderPrefillReplica, pre.Replica)
-	h.Set(HeaderPrefillDecision, decisionTextOf(c, pre))
+	h.Set(HeaderPrefillDecision, front.DescribeDecision(c.ms, c.fallback, pre))
 }
 
 // proxyPD serves an admitted request of a disaggregated model.

@@ -149,7 +149,7 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 	var failed string
 	var lastErr error
 	for try := 0; try < 2; try++ {
-		d, ep := passPick(ms, failed)
+		d, ep := passPick(s.Snapshot(), ms, failed)
 		if ep == nil {
 			if try > 0 {
 				pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "",
@@ -172,7 +172,7 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 // (gateway.Target.NoPrompt), leaving out the replica skip; the engine is
 // nil when no replica is eligible. For a disaggregated model it is the
 // decode pool's gateway that routes.
-func passPick(ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) {
+func passPick(st *fleet.State, ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) {
 	if ms.Gateway == nil {
 		return gateway.Decision{}, nil
 	}
@@ -180,7 +180,7 @@ func passPick(ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) 
 	if err != nil {
 		return gateway.Decision{}, nil
 	}
-	ep := ms.ByName[d.Replica]
+	ep := front.EndpointOf(st, ms, &d)
 	if ep == nil { // removed by a reload since the snapshot was read
 		d.Done(gateway.DoneInfo{})
 		return gateway.Decision{}, nil

@@ -155,16 +155,16 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 		return false
 	}
+	st := s.Snapshot()
 	req, err := front.Parse(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
-		req, body, err = defaultModel(s.Snapshot(), oc.kind, body, err)
+		req, body, err = defaultModel(st, oc.kind, body, err)
 	}
 	if err != nil {
 		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_request", front.Param(err), err.Error())
 		return false
 	}
-	st := s.Snapshot()
 	ms, ok := st.Models[req.Model]
 	if !ok {
 		if c.lora = s.resolveAdapter(c, st, req.Model); c.lora == nil {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -142,9 +141,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	if err == nil {
 		return resp, false, nil
 	}
-	if c.r.Context().Err() != nil {
-		a.done(0, c.r.Context().Err())
-		c.oc.code = front.CodeClientCanceled
+	if c.clientGone() {
 		return nil, false, nil
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(isDialError(err)))
@@ -161,7 +158,7 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 // reports the attempt's end.
 func (s *Server) relay(c *call, resp *http.Response) {
 	a := &c.attempt
-	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	sse := isEventStream(resp)
 	rc := http.NewResponseController(c.w)
 	// A stream's head goes at once; a whole answer's waits for its first
 	// byte (or its end), so that an engine cutting it before any byte
@@ -240,7 +237,7 @@ func (s *Server) beginAnswer(c *call, resp *http.Response) {
 	h := c.w.Header()
 	copyHeaders(h, resp.Header)
 	h.Set(HeaderReplica, c.attempt.d.Replica)
-	h.Set(HeaderDecision, decisionText(c))
+	h.Set(HeaderDecision, front.DescribeDecision(c.ms, c.fallback, &c.attempt.d))
 	c.w.WriteHeader(resp.StatusCode)
 }
 
@@ -249,9 +246,7 @@ func (s *Server) beginAnswer(c *call, resp *http.Response) {
 // with an OpenAI error object.
 func (s *Server) failBeforeAnswer(c *call, rerr error) {
 	a := &c.attempt
-	if c.r.Context().Err() != nil {
-		a.done(0, c.r.Context().Err())
-		c.oc.code = front.CodeClientCanceled
+	if c.clientGone() {
 		return
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(false))
@@ -265,9 +260,7 @@ func (s *Server) failBeforeAnswer(c *call, rerr error) {
 // connection is cut.
 func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseController) {
 	a := &c.attempt
-	if c.r.Context().Err() != nil {
-		a.done(0, c.r.Context().Err())
-		c.oc.code = front.CodeClientCanceled
+	if c.clientGone() {
 		return
 	}
 	s.Observe(a.ep, a.ep.Health.Failure(false))
@@ -288,14 +281,14 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 	panic(http.ErrAbortHandler)
 }
 
-// decisionText is the X-Exa-Decision value of a call's current attempt:
-// its kind and prefix match ("affinity; matched=12/14"), then, for a model
-// on the exact index, "; index=exact" (matched blocks of ms.exactBS
-// tokens: the engine's cached tokens as the index predicts them) or
-// "; index=exact; fallback=REASON" for a request keyed without tokens.
-func decisionText(c *call) string { return decisionTextOf(c, &c.attempt.d) }
-
-// decisionTextOf describes decision d of call c (HeaderDecision's value).
-func decisionTextOf(c *call, d *gateway.Decision) string {
-	return front.DescribeDecision(c.ms, c.fallback, d)
+// clientGone reports whether the client went away; if so it ends the
+// current attempt with that cause and counts the request as canceled.
+func (c *call) clientGone() bool {
+	err := c.r.Context().Err()
+	if err == nil {
+		return false
+	}
+	c.attempt.done(0, err)
+	c.oc.code = front.CodeClientCanceled
+	return true
 }

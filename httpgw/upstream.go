@@ -129,7 +129,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set(HeaderReplica, a.d.Replica)
-	h.Set(HeaderDecision, decisionText(c))
+	h.Set(HeaderDecision, front.DescribeDecision(c.ms, c.fallback, &c.attempt.d))
 	c.w.WriteHeader(resp.StatusCode)
 	if _, werr := c.w.Write(body); werr != nil {
 		a.done(0, werr)
@@ -146,9 +146,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 // deliberately).
 func (s *Server) failAggregated(c *call, err error, engineFault bool) {
 	a := &c.attempt
-	if c.r.Context().Err() != nil {
-		a.done(0, c.r.Context().Err())
-		c.oc.code = front.CodeClientCanceled
+	if c.clientGone() {
 		return
 	}
 	if engineFault {

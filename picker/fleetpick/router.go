@@ -78,11 +78,11 @@ var Attach = front.Attach
 // table (front.ResponseIDs: the 65,536 most recent ids, 12.1 MiB
 // measured), and pins the continuation there by the library's decision
 // (gateway.Target.Allow naming that replica alone), with no fallbacks.
-// Unlike the HTTP gateway, which then answers 503, a continuation whose
-// replica is not eligible (unhealthy, outside the subset hint) is routed
-// as any request, and so is one whose id the Router never saw (another
-// picker replica's, or forgotten): the engine chosen answers 404 for a
-// response it does not hold. A disaggregated model decodes a Responses
+// As from the HTTP gateway, a continuation whose replica is not eligible
+// (unhealthy, outside the subset hint) gets 503 naming the replica and the
+// response; one whose id the Router never saw (another picker replica's,
+// or forgotten) is routed by its key, and the engine chosen answers 404
+// for a response it does not hold. A disaggregated model decodes a Responses
 // API request co-located, in either P/D mode, as the HTTP gateway does.
 //
 // Errors answer the client as the HTTP gateway does, with the same status
