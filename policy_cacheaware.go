@@ -186,11 +186,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	}
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
-	sum := req.sum
+	sum := &req.sum
 	if !sum.ok || adapter {
 		// The gateway did not sum the candidates (or the adapter's price
 		// needs its own pass): sum them here.
-		sum = candSum{least: math.MaxInt, common: math.MaxInt}
+		sum = &candSum{least: math.MaxInt, common: math.MaxInt}
 		for i := range cands {
 			c := &cands[i]
 			if adapter {
