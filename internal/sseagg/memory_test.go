@@ -1,0 +1,56 @@
+package sseagg
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestAggregateMemory measures what an Aggregator holds at its bounds: the
+// heap in use, after a collection, with the aggregator still alive, once
+// it has been fed (a) an answer whose content fills the limit the HTTP
+// gateway gives it (4×MaxBodyBytes, 32 MiB by default) and (b) one chunk
+// for each of maxAggChoices choices. Run:
+//
+//	EXA_MEASURE=1 go test ./internal/sseagg -run TestAggregateMemory -v
+func TestAggregateMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("measurement: set EXA_MEASURE=1")
+	}
+	const limit, lineLimit = 32 << 20, 8 << 20
+	const head = `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m"`
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	feed := func(g *Aggregator, chunk func(i int) string, n int) (int, error) {
+		fed := 0
+		for i := range n {
+			ev := "data: " + head + `,"choices":[` + chunk(i) + "]}\n\n"
+			if err := g.Feed([]byte(ev)); err != nil {
+				return fed, err
+			}
+			fed += len(ev)
+		}
+		return fed, nil
+	}
+
+	piece := strings.Repeat("x", 64<<10)
+	before := heap()
+	g := New(true, limit, lineLimit)
+	fed, err := feed(g, func(int) string { return `{"index":0,"delta":{"content":"` + piece + `"}}` }, limit/len(piece)+8)
+	after := heap()
+	t.Logf("content to the limit: fed %.1f MiB before %v; heap +%.1f MiB", float64(fed)/(1<<20), err, float64(after-before)/(1<<20))
+	runtime.KeepAlive(g)
+
+	before = heap()
+	g = New(true, limit, lineLimit)
+	fed, err = feed(g, func(i int) string { return fmt.Sprintf(`{"index":%d,"delta":{"content":"x"}}`, i) }, maxAggChoices)
+	after = heap()
+	t.Logf("%d choices: fed %.1f KiB (err %v); heap +%.1f KiB", maxAggChoices, float64(fed)/(1<<10), err, float64(after-before)/(1<<10))
+	runtime.KeepAlive(g)
+}
