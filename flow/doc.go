@@ -1,0 +1,37 @@
+// Package flow holds requests that arrive past a pool's capacity and
+// decides which goes next: flow control, after the Gateway API Inference
+// Extension's (pkg/epp/flowcontrol in GIE v1.5.0), whose vocabulary it
+// keeps.
+//
+// A request belongs to a flow (a fairness id: a tenant, a user tier, an
+// API key) and a priority band. A Queue's decisions are these, each a
+// method whose result depends only on the queue's contents, the
+// arguments and the room function the caller passes:
+//
+//   - Push: hold a request, or refuse it (ErrFull names the bound it would
+//     break; ErrSheddable for a negative priority, which is never held).
+//   - Next: the request to dispatch now. Bands go in strict priority
+//     order; within a band, flows take turns (RoundRobin) or the oldest
+//     head goes first (GlobalStrict, GIE's default); within a flow,
+//     first come first served (FCFS) or earliest deadline first (EDF). It
+//     is work-conserving: it returns a request whenever one held has room,
+//     so it never holds a request that could go.
+//   - Expire: the requests whose deadline has passed, each to be answered.
+//   - Remove: a request whose client went away.
+//
+// Strict priority: of two held requests that both have room, the one in
+// the higher band is dispatched first. A lower band's request is
+// dispatched while a higher band's waits only when the higher one has no
+// room (room is per request: a request bound to an adapter, or with a
+// latency objective, may have none while another has).
+//
+// Fairness bound (RoundRobin): while flows of a band stay backlogged and
+// their heads have room, their dispatch counts differ by at most one.
+// Bounds: bytes and requests per band and in total, and flows per band
+// (ids past MaxFlows share one overflow flow, so a client cannot grow the
+// table). Every held request has a deadline.
+//
+// A Queue is safe for concurrent use; its methods take one mutex. The room
+// function runs under it and must not block or call the Queue. The zero
+// cost of flow control when off is the front's: it makes no Queue.
+package flow

@@ -1,0 +1,480 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+var t0 = time.Unix(1_000_000, 0)
+
+func mustNew[T any](t testing.TB, c Config) *Queue[T] {
+	t.Helper()
+	q, err := New[T](c)
+	require.NoError(t, err)
+	return q
+}
+
+func always(int) bool { return true }
+
+func drain(q *Queue[int], room func(int) bool) []int {
+	var out []int
+	for {
+		v, ok := q.Next(room)
+		if !ok {
+			return out
+		}
+		out = append(out, v)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want string
+	}{
+		{Config{Total: Limits{MaxBytes: -1}}, "Total.MaxBytes -1"},
+		{Config{Total: Limits{MaxRequests: -2}}, "Total.MaxRequests -2"},
+		{Config{Band: Limits{MaxBytes: -3}}, "Band.MaxBytes -3"},
+		{Config{Band: Limits{MaxRequests: -4}}, "Band.MaxRequests -4"},
+		{Config{TTL: -time.Second}, "TTL -1s"},
+		{Config{MaxFlows: -5}, "MaxFlows -5"},
+		{Config{Order: 7}, "Order 7"},
+		{Config{Fairness: 9}, "Fairness 9"},
+	} {
+		_, err := New[int](tc.c)
+		require.ErrorIs(t, err, ErrInvalid)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	q := mustNew[int](t, Config{})
+	c := q.Config()
+	assert.Equal(t, Config{Total: Limits{DefaultMaxBytes, DefaultMaxRequests}, Band: Limits{DefaultMaxBytes, DefaultMaxRequests}, TTL: DefaultTTL, MaxFlows: DefaultMaxFlows}, c)
+}
+
+func TestPushRefusals(t *testing.T) {
+	q := mustNew[int](t, Config{Total: Limits{MaxBytes: 100, MaxRequests: 3}, Band: Limits{MaxBytes: 60, MaxRequests: 2}})
+	_, err := q.Push(Request[int]{Bytes: -1}, t0)
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), "Bytes -1")
+	_, err = q.Push(Request[int]{Flow: string(make([]byte, MaxFlowID+1))}, t0)
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = q.Push(Request[int]{Priority: -1}, t0)
+	require.ErrorIs(t, err, ErrSheddable)
+	assert.Equal(t, 0, q.Len(), "refusals hold nothing")
+
+	_, err = q.Push(Request[int]{Value: 1, Bytes: 50}, t0)
+	require.NoError(t, err)
+	var fe *FullError
+	_, err = q.Push(Request[int]{Value: 2, Bytes: 11}, t0)
+	require.ErrorAs(t, err, &fe)
+	require.ErrorIs(t, err, ErrFull)
+	assert.Equal(t, FullError{Scope: "band", Resource: "bytes", Priority: 0, Held: 50, Max: 60}, *fe)
+	_, err = q.Push(Request[int]{Value: 2, Bytes: 10}, t0)
+	require.NoError(t, err)
+	_, err = q.Push(Request[int]{Value: 3}, t0)
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "band", fe.Scope)
+	assert.Equal(t, "requests", fe.Resource)
+	_, err = q.Push(Request[int]{Value: 3, Priority: 1, Bytes: 41}, t0)
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, FullError{Scope: "total", Resource: "bytes", Priority: 1, Held: 60, Max: 100}, *fe)
+	_, err = q.Push(Request[int]{Value: 3, Priority: 1}, t0)
+	require.NoError(t, err)
+	_, err = q.Push(Request[int]{Value: 4, Priority: 2}, t0)
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "total", fe.Scope)
+	assert.Equal(t, "requests", fe.Resource)
+	assert.Equal(t, Stats{Requests: 3, Bytes: 60, Bands: []BandStats{{Priority: 1, Requests: 1, Flows: 1}, {Priority: 0, Requests: 2, Flows: 1, Bytes: 60}}}, q.Stats())
+}
+
+func TestStrictPriorityAndOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Config
+		want []int
+	}{
+		// Values: priority*100 + arrival. Flow a: 1, 3; flow b: 2, 4 (band 0);
+		// band 5: 501 (flow a), 502 (flow b).
+		{"fcfs round-robin", Config{}, []int{501, 502, 1, 2, 3, 4}},
+		{"global strict", Config{Fairness: GlobalStrict}, []int{501, 502, 1, 2, 3, 4}},
+		// EDF: deadlines 4, 3, 2, 1 s for 1..4.
+		{"edf round-robin", Config{Order: EDF}, []int{501, 502, 3, 4, 1, 2}},
+		{"edf global strict", Config{Order: EDF, Fairness: GlobalStrict}, []int{502, 501, 4, 3, 2, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := mustNew[int](t, tc.c)
+			push := func(v int, flow string, prio int, dl time.Duration) {
+				_, err := q.Push(Request[int]{Value: v, Flow: flow, Priority: prio, Deadline: t0.Add(dl)}, t0)
+				require.NoError(t, err)
+			}
+			push(1, "a", 0, 4*time.Second)
+			push(2, "b", 0, 3*time.Second)
+			push(3, "a", 0, 2*time.Second)
+			push(4, "b", 0, 1*time.Second)
+			push(501, "a", 5, 9*time.Second)
+			push(502, "b", 5, 8*time.Second)
+			assert.Equal(t, tc.want, drain(q, always))
+			assert.Equal(t, Stats{Bands: []BandStats{}}, q.Stats())
+		})
+	}
+}
+
+// A request without room does not hold the others: a lower band's request
+// with room goes while the higher one waits, and a flow's head without
+// room passes the turn.
+func TestWorkConserving(t *testing.T) {
+	q := mustNew[int](t, Config{})
+	for _, r := range []Request[int]{{Value: 10, Priority: 1, Flow: "x"}, {Value: 1, Flow: "a"}, {Value: 2, Flow: "b"}, {Value: 3, Flow: "a"}} {
+		_, err := q.Push(r, t0)
+		require.NoError(t, err)
+	}
+	noTen := func(v int) bool { return v != 10 }
+	notA := func(v int) bool { return v != 1 && v != 3 }
+	v, ok := q.Next(notA)
+	require.True(t, ok)
+	assert.Equal(t, 10, v, "the higher band first")
+	v, ok = q.Next(notA)
+	require.True(t, ok)
+	assert.Equal(t, 2, v, "flow a's head has no room: b goes")
+	_, ok = q.Next(notA)
+	assert.False(t, ok, "only a's requests are left, without room")
+	assert.Equal(t, []int{1, 3}, drain(q, noTen))
+}
+
+func TestExpireAndRemove(t *testing.T) {
+	q := mustNew[int](t, Config{TTL: 5 * time.Second})
+	h1, err := q.Push(Request[int]{Value: 1}, t0) // deadline t0+5s
+	require.NoError(t, err)
+	_, err = q.Push(Request[int]{Value: 2, Deadline: t0.Add(2 * time.Second)}, t0)
+	require.NoError(t, err)
+	h3, err := q.Push(Request[int]{Value: 3, Flow: "z", Deadline: t0.Add(time.Second)}, t0)
+	require.NoError(t, err)
+	dl, ok := q.NextDeadline()
+	require.True(t, ok)
+	assert.Equal(t, t0.Add(time.Second), dl)
+
+	assert.True(t, q.Remove(h3))
+	assert.False(t, q.Remove(h3), "removed once")
+	assert.False(t, q.Remove(Handle[int]{}))
+	var got []int
+	assert.Equal(t, 1, q.Expire(t0.Add(2*time.Second), func(v int) { got = append(got, v) }))
+	assert.Equal(t, []int{2}, got)
+	v, ok := q.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 1, v)
+	assert.False(t, q.Remove(h1), "dispatched requests are not held")
+	assert.Equal(t, 0, q.Expire(t0.Add(time.Hour), nil))
+	_, ok = q.NextDeadline()
+	assert.False(t, ok)
+}
+
+func TestFlowsBounded(t *testing.T) {
+	q := mustNew[int](t, Config{MaxFlows: 3})
+	for i := 0; i < 100; i++ {
+		_, err := q.Push(Request[int]{Value: i, Flow: fmt.Sprint("tenant-", i)}, t0)
+		require.NoError(t, err)
+	}
+	s := q.Stats()
+	assert.Equal(t, 4, s.Bands[0].Flows, "three named flows and the overflow")
+	assert.Equal(t, 100, s.Requests)
+	assert.Len(t, drain(q, always), 100)
+}
+
+// TestPropRoundRobinFair: flows of one band, always with room, take turns:
+// while they all stay backlogged, their dispatch counts differ by at most
+// one, whatever the order and sizes of their backlogs.
+func TestPropRoundRobinFair(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		q, _ := New[string](Config{})
+		flows := rapid.IntRange(1, 6).Draw(t, "flows")
+		backlog := make([]int, flows)
+		for i := range backlog {
+			backlog[i] = rapid.IntRange(1, 12).Draw(t, "backlog")
+		}
+		// Interleave the pushes in a drawn order.
+		left := append([]int(nil), backlog...)
+		for total := sum(left); total > 0; total-- {
+			f := rapid.IntRange(0, flows-1).Draw(t, "flow")
+			for left[f] == 0 {
+				f = (f + 1) % flows
+			}
+			left[f]--
+			_, err := q.Push(Request[string]{Value: fmt.Sprint(f), Flow: fmt.Sprint(f)}, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		count := make(map[string]int)
+		for {
+			v, ok := q.Next(func(string) bool { return true })
+			if !ok {
+				break
+			}
+			count[v]++
+			// Among flows still backlogged before this dispatch, counts
+			// differ by at most one.
+			min, max := -1, -1
+			for f := 0; f < flows; f++ {
+				k := fmt.Sprint(f)
+				if count[k] > backlog[f] {
+					t.Fatalf("flow %s dispatched %d of %d", k, count[k], backlog[f])
+				}
+				if count[k] == backlog[f] && v != k {
+					continue // drained earlier
+				}
+				if min < 0 || count[k] < min {
+					min = count[k]
+				}
+				if count[k] > max {
+					max = count[k]
+				}
+			}
+			if max-min > 1 {
+				t.Fatalf("counts %v over backlogs %v: spread %d", count, backlog, max-min)
+			}
+		}
+		for f := 0; f < flows; f++ {
+			if count[fmt.Sprint(f)] != backlog[f] {
+				t.Fatalf("flow %d: %d of %d dispatched", f, count[fmt.Sprint(f)], backlog[f])
+			}
+		}
+	})
+}
+
+func sum(s []int) int {
+	n := 0
+	for _, v := range s {
+		n += v
+	}
+	return n
+}
+
+// model is the plain reference the queue is checked against: every held
+// request in a list, each rule a scan.
+type model struct {
+	held []mreq
+}
+
+type mreq struct {
+	v, prio  int
+	flow     string
+	bytes    int64
+	deadline time.Time
+	seq      int
+	h        Handle[int]
+}
+
+func (m *model) key(r mreq, order Order) int64 {
+	if order == EDF {
+		return r.deadline.UnixNano()
+	}
+	return 0
+}
+
+// heads returns, per (band, flow), the request that comes first in it.
+func (m *model) heads(order Order, flowOf func(mreq) string) map[[2]string]mreq {
+	h := make(map[[2]string]mreq)
+	for _, r := range m.held {
+		k := [2]string{fmt.Sprint(r.prio), flowOf(r)}
+		c, ok := h[k]
+		if !ok || m.key(r, order) < m.key(c, order) || (m.key(r, order) == m.key(c, order) && r.seq < c.seq) {
+			h[k] = r
+		}
+	}
+	return h
+}
+
+func (m *model) drop(v int) {
+	for i, r := range m.held {
+		if r.v == v {
+			m.held = append(m.held[:i], m.held[i+1:]...)
+			return
+		}
+	}
+}
+
+// TestPropQueueMatchesModel drives a queue and the model with the same
+// random operations and checks every answer: refusals exactly at the
+// bounds; Next returns a flow's head with room, from the highest band that
+// has one, and returns nothing only when no head has room (work-conserving);
+// GlobalStrict's pick is the first such head by the order; Expire returns
+// exactly the requests past their deadline; Remove reports whether the
+// request was held; Stats agrees with the model.
+func TestPropQueueMatchesModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		cfg := Config{
+			Total:    Limits{MaxBytes: rapid.Int64Range(1, 400).Draw(t, "totalBytes"), MaxRequests: rapid.IntRange(1, 30).Draw(t, "totalReqs")},
+			Band:     Limits{MaxBytes: rapid.Int64Range(1, 400).Draw(t, "bandBytes"), MaxRequests: rapid.IntRange(1, 30).Draw(t, "bandReqs")},
+			MaxFlows: rapid.IntRange(1, 4).Draw(t, "maxFlows"),
+			Order:    Order(rapid.IntRange(0, 1).Draw(t, "order")),
+			Fairness: Fairness(rapid.IntRange(0, 1).Draw(t, "fairness")),
+			TTL:      time.Duration(rapid.IntRange(1, 20).Draw(t, "ttl")) * time.Second,
+		}
+		q, err := New[int](cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m model
+		now := t0
+		seq := 0
+		// flowOf maps a request to the flow the queue put it in: its own
+		// id, or the overflow when its band had MaxFlows others when it
+		// arrived. The model records it at push time.
+		assigned := map[int]string{}
+		flowOf := func(r mreq) string { return assigned[r.v] }
+		var handles []mreq
+		for step := 0; step < 60; step++ {
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			case 0, 1: // push
+				seq++
+				r := mreq{v: seq, prio: rapid.IntRange(-1, 2).Draw(t, "prio"), flow: rapid.SampledFrom([]string{"a", "b", "c", "d", "e", ""}).Draw(t, "flow"),
+					bytes: rapid.Int64Range(0, 120).Draw(t, "bytes"), seq: seq}
+				var dl time.Time
+				if rapid.Bool().Draw(t, "hasDeadline") {
+					dl = now.Add(time.Duration(rapid.IntRange(0, 20).Draw(t, "dl")) * time.Second)
+				}
+				h, err := q.Push(Request[int]{Value: r.v, Flow: r.flow, Priority: r.prio, Bytes: r.bytes, Deadline: dl}, now)
+				if dl.IsZero() {
+					dl = now.Add(cfg.TTL)
+				}
+				r.deadline = dl
+				var tb, bb int64
+				tn, bn := len(m.held), 0
+				flows := map[string]bool{}
+				for _, o := range m.held {
+					tb += o.bytes
+					if o.prio == r.prio {
+						bb += o.bytes
+						bn++
+						flows[assigned[o.v]] = true
+					}
+				}
+				var want error
+				switch {
+				case r.prio < 0:
+					want = ErrSheddable
+				case tn+1 > cfg.Total.MaxRequests || tb+r.bytes > cfg.Total.MaxBytes || bn+1 > cfg.Band.MaxRequests || bb+r.bytes > cfg.Band.MaxBytes:
+					want = ErrFull
+				}
+				if want == nil {
+					if err != nil {
+						t.Fatalf("push %+v: %v", r, err)
+					}
+					r.h = h
+					f := r.flow
+					if !flows[f] && len(flows) >= cfg.MaxFlows {
+						f = OverflowFlow
+					}
+					assigned[r.v] = f
+					m.held = append(m.held, r)
+					handles = append(handles, r)
+				} else if !errors.Is(err, want) {
+					t.Fatalf("push %+v: got %v, want %v", r, err, want)
+				}
+			case 2: // next, with room for a drawn subset
+				mask := rapid.IntRange(0, 15).Draw(t, "roomMask")
+				room := func(v int) bool { return mask&(1<<(v%4)) != 0 }
+				heads := m.heads(cfg.Order, flowOf)
+				bestPrio := -1
+				for _, h := range heads {
+					if room(h.v) && h.prio > bestPrio {
+						bestPrio = h.prio
+					}
+				}
+				v, ok := q.Next(room)
+				if bestPrio < 0 {
+					if ok {
+						t.Fatalf("next gave %d though no head has room", v)
+					}
+					continue
+				}
+				if !ok {
+					t.Fatalf("next gave nothing though a head of band %d has room", bestPrio)
+				}
+				var got mreq
+				found := false
+				for _, h := range heads {
+					if h.v == v {
+						got, found = h, true
+					}
+				}
+				if !found || !room(v) || got.prio != bestPrio {
+					t.Fatalf("next gave %d (head %v, band %d), want a head with room of band %d", v, found, got.prio, bestPrio)
+				}
+				if cfg.Fairness == GlobalStrict {
+					for _, h := range heads {
+						if h.prio == bestPrio && room(h.v) && (m.key(h, cfg.Order) < m.key(got, cfg.Order) || (m.key(h, cfg.Order) == m.key(got, cfg.Order) && h.seq < got.seq)) {
+							t.Fatalf("global strict gave %d before %d", v, h.v)
+						}
+					}
+				}
+				m.drop(v)
+			case 3: // time passes, expire
+				now = now.Add(time.Duration(rapid.IntRange(0, 8).Draw(t, "advance")) * time.Second)
+				want := map[int]bool{}
+				for _, r := range m.held {
+					if !r.deadline.After(now) {
+						want[r.v] = true
+					}
+				}
+				var last time.Time
+				n := q.Expire(now, func(v int) {
+					if !want[v] {
+						t.Fatalf("expired %d before its deadline", v)
+					}
+					for _, r := range m.held {
+						if r.v == v {
+							if r.deadline.Before(last) {
+								t.Fatalf("expired out of deadline order")
+							}
+							last = r.deadline
+						}
+					}
+					delete(want, v)
+					m.drop(v)
+				})
+				if len(want) > 0 || n < 0 {
+					t.Fatalf("not expired: %v", want)
+				}
+			case 4: // a client goes away
+				if len(handles) == 0 {
+					continue
+				}
+				r := handles[rapid.IntRange(0, len(handles)-1).Draw(t, "which")]
+				held := false
+				for _, o := range m.held {
+					held = held || o.v == r.v
+				}
+				if got := q.Remove(r.h); got != held {
+					t.Fatalf("remove %d: %v, held %v", r.v, got, held)
+				}
+				m.drop(r.v)
+			}
+			// The counts agree, and no bound is passed.
+			s := q.Stats()
+			var tb int64
+			for _, r := range m.held {
+				tb += r.bytes
+			}
+			if s.Requests != len(m.held) || s.Bytes != tb || q.Len() != len(m.held) {
+				t.Fatalf("stats %+v, model %d requests %d bytes", s, len(m.held), tb)
+			}
+			if s.Requests > cfg.Total.MaxRequests || s.Bytes > cfg.Total.MaxBytes {
+				t.Fatalf("over the total: %+v", s)
+			}
+			for i, b := range s.Bands {
+				if b.Requests > cfg.Band.MaxRequests || b.Bytes > cfg.Band.MaxBytes || b.Flows > cfg.MaxFlows+1 || b.Requests == 0 {
+					t.Fatalf("band %+v out of bounds", b)
+				}
+				if i > 0 && s.Bands[i-1].Priority <= b.Priority {
+					t.Fatalf("bands out of order: %+v", s.Bands)
+				}
+			}
+		}
+	})
+}
