@@ -143,13 +143,13 @@ type band[T any] struct {
 
 // Queue holds requests past capacity. Make one with New.
 type Queue[T any] struct {
-	mu     sync.Mutex
-	cfg    Config
-	bands  []*band[T] // by priority, highest first
-	exp    itemHeap[T] // by (deadline, seq)
-	seq    uint64
-	bytes  int64
-	n      int
+	mu    sync.Mutex
+	cfg   Config
+	bands []*band[T]  // by priority, highest first
+	exp   itemHeap[T] // by (deadline, seq)
+	seq   uint64
+	bytes int64
+	n     int
 }
 
 // New returns an empty Queue, or ErrInvalid naming a negative field.
