@@ -10,6 +10,9 @@
 //
 //   - Push: hold a request, or refuse it (ErrFull names the bound it would
 //     break; ErrSheddable for a negative priority, which is never held).
+//     A full queue makes room by displacing one request: a lower band's,
+//     or that of a flow holding at least two more than the newcomer's, so
+//     one flow's flood cannot keep the others out.
 //   - Next: the request to dispatch now. Bands go in strict priority
 //     order; within a band, flows take turns (RoundRobin) or the oldest
 //     head goes first (GlobalStrict, GIE's default); within a flow,

@@ -199,8 +199,19 @@ func (q *Queue[T]) Config() Config { return q.cfg }
 // Push holds r, arriving at now, and returns its handle. It refuses, with
 // nothing changed: a negative Bytes or a Flow over MaxFlowID bytes
 // (ErrInvalid); a negative Priority (ErrSheddable); a request that would
-// take its band or the queue past a limit (a *FullError).
-func (q *Queue[T]) Push(r Request[T], now time.Time) (Handle[T], error) {
+// take its band or the queue past a limit (a *FullError), unless it can
+// displace one held request to make room.
+//
+// Displacement, when displaced is not nil: a request past the total limit
+// takes the place of the last request (by its flow's order) of the longest
+// flow of the lowest band below its own; failing that, or past its band's
+// limit, of the longest flow of its own band, if that flow holds at least
+// two more requests than the request's own flow. So a flood fills the
+// queue only until others arrive: a quiet flow is refused only when it is
+// itself among the longest. One request at most is displaced, and only if
+// r then fits; displaced is called with it after the queue is unlocked,
+// for the caller to answer.
+func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[T], error) {
 	switch {
 	case r.Bytes < 0:
 		return Handle[T]{}, fmt.Errorf("%w: Bytes %d is negative", ErrInvalid, r.Bytes)
@@ -213,26 +224,113 @@ func (q *Queue[T]) Push(r Request[T], now time.Time) (Handle[T], error) {
 		r.Deadline = now.Add(q.cfg.TTL)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	b := q.band(r.Priority)
-	var bBytes int64
-	var bN int
+	var victim *item[T]
+	if err := q.fits(r, b, nil); err != nil {
+		if displaced != nil {
+			victim = q.victim(r, b)
+		}
+		if victim == nil || q.fits(r, b, victim) != nil {
+			q.mu.Unlock()
+			return Handle[T]{}, err
+		}
+		q.remove(victim)
+		b = q.band(r.Priority) // removing the victim may have dropped the band
+	}
+	h := q.hold(r, b)
+	q.mu.Unlock()
+	if victim != nil {
+		displaced(victim.req.Value)
+	}
+	return h, nil
+}
+
+// fits returns the *FullError of the first limit r would break, were
+// without (if not nil) taken out first, or nil.
+func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
+	tn, tb := int64(q.n), q.bytes
+	var bn, bb int64
 	if b != nil {
-		bBytes, bN = b.bytes, b.n
+		bn, bb = int64(b.n), b.bytes
+	}
+	if without != nil {
+		tn, tb = tn-1, tb-without.req.Bytes
+		if without.flow.band == b {
+			bn, bb = bn-1, bb-without.req.Bytes
+		}
 	}
 	full := func(scope, res string, held, max int64) error {
 		return &FullError{Scope: scope, Resource: res, Priority: r.Priority, Held: held, Max: max}
 	}
 	switch {
-	case q.n+1 > q.cfg.Total.MaxRequests:
-		return Handle[T]{}, full("total", "requests", int64(q.n), int64(q.cfg.Total.MaxRequests))
-	case q.bytes+r.Bytes > q.cfg.Total.MaxBytes:
-		return Handle[T]{}, full("total", "bytes", q.bytes, q.cfg.Total.MaxBytes)
-	case bN+1 > q.cfg.Band.MaxRequests:
-		return Handle[T]{}, full("band", "requests", int64(bN), int64(q.cfg.Band.MaxRequests))
-	case bBytes+r.Bytes > q.cfg.Band.MaxBytes:
-		return Handle[T]{}, full("band", "bytes", bBytes, q.cfg.Band.MaxBytes)
+	case tn+1 > int64(q.cfg.Total.MaxRequests):
+		return full("total", "requests", tn, int64(q.cfg.Total.MaxRequests))
+	case tb+r.Bytes > q.cfg.Total.MaxBytes:
+		return full("total", "bytes", tb, q.cfg.Total.MaxBytes)
+	case bn+1 > int64(q.cfg.Band.MaxRequests):
+		return full("band", "requests", bn, int64(q.cfg.Band.MaxRequests))
+	case bb+r.Bytes > q.cfg.Band.MaxBytes:
+		return full("band", "bytes", bb, q.cfg.Band.MaxBytes)
 	}
+	return nil
+}
+
+// victim returns the request r may displace (Push's rule), or nil.
+func (q *Queue[T]) victim(r Request[T], b *band[T]) *item[T] {
+	if b == nil || q.fitsBand(r, b) {
+		// Only the total is broken (Push asked because something is):
+		// the lowest band below r's first.
+		for i := len(q.bands) - 1; i >= 0 && q.bands[i].prio < r.Priority; i-- {
+			if f := q.bands[i].longest(); f != nil {
+				return f.last()
+			}
+		}
+	}
+	if b == nil {
+		return nil
+	}
+	own := 0
+	if f := b.flows[r.Flow]; f != nil {
+		own = len(f.items.s)
+	} else if f := b.flows[OverflowFlow]; f != nil && len(b.flows) >= q.cfg.MaxFlows {
+		own = len(f.items.s)
+	}
+	if f := b.longest(); f != nil && len(f.items.s) >= own+2 {
+		return f.last()
+	}
+	return nil
+}
+
+// fitsBand reports whether r fits its band's own limits; b is not nil.
+func (q *Queue[T]) fitsBand(r Request[T], b *band[T]) bool {
+	return b.n+1 <= q.cfg.Band.MaxRequests && b.bytes+r.Bytes <= q.cfg.Band.MaxBytes
+}
+
+// longest returns the band's flow holding the most requests (the first in
+// turn order among equals), or nil.
+func (b *band[T]) longest() *flowQ[T] {
+	var l *flowQ[T]
+	for _, f := range b.ring {
+		if l == nil || len(f.items.s) > len(l.items.s) {
+			l = f
+		}
+	}
+	return l
+}
+
+// last returns the flow's request that comes last in its order.
+func (f *flowQ[T]) last() *item[T] {
+	l := f.items.s[0]
+	for _, it := range f.items.s[1:] {
+		if l.before(it) {
+			l = it
+		}
+	}
+	return l
+}
+
+// hold adds r to band b (made if nil) and its flow.
+func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 	if b == nil {
 		b = q.addBand(r.Priority)
 	}
@@ -263,7 +361,7 @@ func (q *Queue[T]) Push(r Request[T], now time.Time) (Handle[T], error) {
 	b.n++
 	q.bytes += r.Bytes
 	q.n++
-	return Handle[T]{it}, nil
+	return Handle[T]{it}
 }
 
 // Next removes and returns the request to dispatch now, if one held has

@@ -58,34 +58,34 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 func TestPushRefusals(t *testing.T) {
 	q := mustNew[int](t, Config{Total: Limits{MaxBytes: 100, MaxRequests: 3}, Band: Limits{MaxBytes: 60, MaxRequests: 2}})
-	_, err := q.Push(Request[int]{Bytes: -1}, t0)
+	_, err := q.Push(Request[int]{Bytes: -1}, t0, nil)
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "Bytes -1")
-	_, err = q.Push(Request[int]{Flow: string(make([]byte, MaxFlowID+1))}, t0)
+	_, err = q.Push(Request[int]{Flow: string(make([]byte, MaxFlowID+1))}, t0, nil)
 	require.ErrorIs(t, err, ErrInvalid)
-	_, err = q.Push(Request[int]{Priority: -1}, t0)
+	_, err = q.Push(Request[int]{Priority: -1}, t0, nil)
 	require.ErrorIs(t, err, ErrSheddable)
 	assert.Equal(t, 0, q.Len(), "refusals hold nothing")
 
-	_, err = q.Push(Request[int]{Value: 1, Bytes: 50}, t0)
+	_, err = q.Push(Request[int]{Value: 1, Bytes: 50}, t0, nil)
 	require.NoError(t, err)
 	var fe *FullError
-	_, err = q.Push(Request[int]{Value: 2, Bytes: 11}, t0)
+	_, err = q.Push(Request[int]{Value: 2, Bytes: 11}, t0, nil)
 	require.ErrorAs(t, err, &fe)
 	require.ErrorIs(t, err, ErrFull)
 	assert.Equal(t, FullError{Scope: "band", Resource: "bytes", Priority: 0, Held: 50, Max: 60}, *fe)
-	_, err = q.Push(Request[int]{Value: 2, Bytes: 10}, t0)
+	_, err = q.Push(Request[int]{Value: 2, Bytes: 10}, t0, nil)
 	require.NoError(t, err)
-	_, err = q.Push(Request[int]{Value: 3}, t0)
+	_, err = q.Push(Request[int]{Value: 3}, t0, nil)
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "band", fe.Scope)
 	assert.Equal(t, "requests", fe.Resource)
-	_, err = q.Push(Request[int]{Value: 3, Priority: 1, Bytes: 41}, t0)
+	_, err = q.Push(Request[int]{Value: 3, Priority: 1, Bytes: 41}, t0, nil)
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, FullError{Scope: "total", Resource: "bytes", Priority: 1, Held: 60, Max: 100}, *fe)
-	_, err = q.Push(Request[int]{Value: 3, Priority: 1}, t0)
+	_, err = q.Push(Request[int]{Value: 3, Priority: 1}, t0, nil)
 	require.NoError(t, err)
-	_, err = q.Push(Request[int]{Value: 4, Priority: 2}, t0)
+	_, err = q.Push(Request[int]{Value: 4, Priority: 2}, t0, nil)
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "total", fe.Scope)
 	assert.Equal(t, "requests", fe.Resource)
@@ -109,7 +109,7 @@ func TestStrictPriorityAndOrder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			q := mustNew[int](t, tc.c)
 			push := func(v int, flow string, prio int, dl time.Duration) {
-				_, err := q.Push(Request[int]{Value: v, Flow: flow, Priority: prio, Deadline: t0.Add(dl)}, t0)
+				_, err := q.Push(Request[int]{Value: v, Flow: flow, Priority: prio, Deadline: t0.Add(dl)}, t0, nil)
 				require.NoError(t, err)
 			}
 			push(1, "a", 0, 4*time.Second)
@@ -130,7 +130,7 @@ func TestStrictPriorityAndOrder(t *testing.T) {
 func TestWorkConserving(t *testing.T) {
 	q := mustNew[int](t, Config{})
 	for _, r := range []Request[int]{{Value: 10, Priority: 1, Flow: "x"}, {Value: 1, Flow: "a"}, {Value: 2, Flow: "b"}, {Value: 3, Flow: "a"}} {
-		_, err := q.Push(r, t0)
+		_, err := q.Push(r, t0, nil)
 		require.NoError(t, err)
 	}
 	noTen := func(v int) bool { return v != 10 }
@@ -148,11 +148,11 @@ func TestWorkConserving(t *testing.T) {
 
 func TestExpireAndRemove(t *testing.T) {
 	q := mustNew[int](t, Config{TTL: 5 * time.Second})
-	h1, err := q.Push(Request[int]{Value: 1}, t0) // deadline t0+5s
+	h1, err := q.Push(Request[int]{Value: 1}, t0, nil) // deadline t0+5s
 	require.NoError(t, err)
-	_, err = q.Push(Request[int]{Value: 2, Deadline: t0.Add(2 * time.Second)}, t0)
+	_, err = q.Push(Request[int]{Value: 2, Deadline: t0.Add(2 * time.Second)}, t0, nil)
 	require.NoError(t, err)
-	h3, err := q.Push(Request[int]{Value: 3, Flow: "z", Deadline: t0.Add(time.Second)}, t0)
+	h3, err := q.Push(Request[int]{Value: 3, Flow: "z", Deadline: t0.Add(time.Second)}, t0, nil)
 	require.NoError(t, err)
 	dl, ok := q.NextDeadline()
 	require.True(t, ok)
@@ -176,7 +176,7 @@ func TestExpireAndRemove(t *testing.T) {
 func TestFlowsBounded(t *testing.T) {
 	q := mustNew[int](t, Config{MaxFlows: 3})
 	for i := 0; i < 100; i++ {
-		_, err := q.Push(Request[int]{Value: i, Flow: fmt.Sprint("tenant-", i)}, t0)
+		_, err := q.Push(Request[int]{Value: i, Flow: fmt.Sprint("tenant-", i)}, t0, nil)
 		require.NoError(t, err)
 	}
 	s := q.Stats()
@@ -204,7 +204,7 @@ func TestPropRoundRobinFair(t *testing.T) {
 				f = (f + 1) % flows
 			}
 			left[f]--
-			_, err := q.Push(Request[string]{Value: fmt.Sprint(f), Flow: fmt.Sprint(f)}, t0)
+			_, err := q.Push(Request[string]{Value: fmt.Sprint(f), Flow: fmt.Sprint(f)}, t0, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,6 +289,86 @@ func (m *model) heads(order Order, flowOf func(mreq) string) map[[2]string]mreq 
 	return h
 }
 
+// flows returns the flows of band prio holding requests.
+func (m *model) flows(prio int, assigned map[int]string) map[string]bool {
+	f := map[string]bool{}
+	for _, o := range m.held {
+		if o.prio == prio {
+			f[assigned[o.v]] = true
+		}
+	}
+	return f
+}
+
+// fits reports whether r fits every limit with request without (0: none)
+// taken out.
+func (m *model) fits(cfg Config, r mreq, without int) bool {
+	var tb, bb int64
+	tn, bn := 0, 0
+	for _, o := range m.held {
+		if o.v == without {
+			continue
+		}
+		tn++
+		tb += o.bytes
+		if o.prio == r.prio {
+			bn++
+			bb += o.bytes
+		}
+	}
+	return tn+1 <= cfg.Total.MaxRequests && tb+r.bytes <= cfg.Total.MaxBytes && bn+1 <= cfg.Band.MaxRequests && bb+r.bytes <= cfg.Band.MaxBytes
+}
+
+// victims returns the requests Push's rule lets r displace: the last of a
+// longest flow of the lowest band below r's when only the total is
+// broken and such a band exists; else the last of a longest flow of r's
+// band holding two more than r's flow.
+func (m *model) victims(cfg Config, r mreq, own string, assigned map[int]string) map[int]bool {
+	length := map[[2]string]int{}
+	last := map[[2]string]mreq{}
+	lowest := r.prio
+	var bb int64
+	bn := 0
+	for _, o := range m.held {
+		k := [2]string{fmt.Sprint(o.prio), assigned[o.v]}
+		length[k]++
+		l, ok := last[k]
+		if !ok || m.key(l, cfg.Order) < m.key(o, cfg.Order) || (m.key(l, cfg.Order) == m.key(o, cfg.Order) && l.seq < o.seq) {
+			last[k] = o
+		}
+		if o.prio < lowest {
+			lowest = o.prio
+		}
+		if o.prio == r.prio {
+			bn++
+			bb += o.bytes
+		}
+	}
+	bandOK := bn+1 <= cfg.Band.MaxRequests && bb+r.bytes <= cfg.Band.MaxBytes
+	pick := func(prio, atLeast int) map[int]bool {
+		max := 0
+		for k, n := range length {
+			if k[0] == fmt.Sprint(prio) && n > max {
+				max = n
+			}
+		}
+		out := map[int]bool{}
+		if max < atLeast || max == 0 {
+			return out
+		}
+		for k, n := range length {
+			if k[0] == fmt.Sprint(prio) && n == max {
+				out[last[k].v] = true
+			}
+		}
+		return out
+	}
+	if bandOK && lowest < r.prio {
+		return pick(lowest, 1)
+	}
+	return pick(r.prio, length[[2]string{fmt.Sprint(r.prio), own}]+2)
+}
+
 func (m *model) drop(v int) {
 	for i, r := range m.held {
 		if r.v == v {
@@ -315,6 +395,7 @@ func TestPropQueueMatchesModel(t *testing.T) {
 			Fairness: Fairness(rapid.IntRange(0, 1).Draw(t, "fairness")),
 			TTL:      time.Duration(rapid.IntRange(1, 20).Draw(t, "ttl")) * time.Second,
 		}
+		displace := rapid.Bool().Draw(t, "displace")
 		q, err := New[int](cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -338,43 +419,54 @@ func TestPropQueueMatchesModel(t *testing.T) {
 				if rapid.Bool().Draw(t, "hasDeadline") {
 					dl = now.Add(time.Duration(rapid.IntRange(0, 20).Draw(t, "dl")) * time.Second)
 				}
-				h, err := q.Push(Request[int]{Value: r.v, Flow: r.flow, Priority: r.prio, Bytes: r.bytes, Deadline: dl}, now)
+				var gone []int
+				var onDisplace func(int)
+				if displace {
+					onDisplace = func(v int) { gone = append(gone, v) }
+				}
+				h, err := q.Push(Request[int]{Value: r.v, Flow: r.flow, Priority: r.prio, Bytes: r.bytes, Deadline: dl}, now, onDisplace)
 				if dl.IsZero() {
 					dl = now.Add(cfg.TTL)
 				}
 				r.deadline = dl
-				var tb, bb int64
-				tn, bn := len(m.held), 0
-				flows := map[string]bool{}
-				for _, o := range m.held {
-					tb += o.bytes
-					if o.prio == r.prio {
-						bb += o.bytes
-						bn++
-						flows[assigned[o.v]] = true
-					}
+				own := r.flow
+				if !m.flows(r.prio, assigned)[own] && len(m.flows(r.prio, assigned)) >= cfg.MaxFlows {
+					own = OverflowFlow
 				}
-				var want error
+				fitsWithout := func(v int) bool { return m.fits(cfg, r, v) }
 				switch {
 				case r.prio < 0:
-					want = ErrSheddable
-				case tn+1 > cfg.Total.MaxRequests || tb+r.bytes > cfg.Total.MaxBytes || bn+1 > cfg.Band.MaxRequests || bb+r.bytes > cfg.Band.MaxBytes:
-					want = ErrFull
+					if !errors.Is(err, ErrSheddable) {
+						t.Fatalf("push %+v: got %v, want ErrSheddable", r, err)
+					}
+				case fitsWithout(0):
+					if err != nil || len(gone) != 0 {
+						t.Fatalf("push %+v fits: got %v, displaced %v", r, err, gone)
+					}
+				case err == nil:
+					// It displaced one request, by the rule, and then fits.
+					cands := m.victims(cfg, r, own, assigned)
+					if len(gone) != 1 || !cands[gone[0]] || !fitsWithout(gone[0]) {
+						t.Fatalf("push %+v displaced %v; the rule allows %v", r, gone, cands)
+					}
+					m.drop(gone[0])
+				default:
+					if !errors.Is(err, ErrFull) || len(gone) != 0 {
+						t.Fatalf("push %+v: got %v, displaced %v", r, err, gone)
+					}
+					if displace {
+						for v := range m.victims(cfg, r, own, assigned) {
+							if fitsWithout(v) && len(m.victims(cfg, r, own, assigned)) == 1 {
+								t.Fatalf("push %+v refused though displacing %d makes room", r, v)
+							}
+						}
+					}
 				}
-				if want == nil {
-					if err != nil {
-						t.Fatalf("push %+v: %v", r, err)
-					}
+				if err == nil {
 					r.h = h
-					f := r.flow
-					if !flows[f] && len(flows) >= cfg.MaxFlows {
-						f = OverflowFlow
-					}
-					assigned[r.v] = f
+					assigned[r.v] = own
 					m.held = append(m.held, r)
 					handles = append(handles, r)
-				} else if !errors.Is(err, want) {
-					t.Fatalf("push %+v: got %v, want %v", r, err, want)
 				}
 			case 2: // next, with room for a drawn subset
 				mask := rapid.IntRange(0, 15).Draw(t, "roomMask")
@@ -477,4 +569,32 @@ func TestPropQueueMatchesModel(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A flood fills the queue only until another flow arrives: the quiet
+// flow's requests displace the flood's newest, and a higher band's
+// displace a lower band's.
+func TestDisplacement(t *testing.T) {
+	q := mustNew[int](t, Config{Total: Limits{MaxRequests: 4}})
+	var gone []int
+	out := func(v int) { gone = append(gone, v) }
+	for v := 1; v <= 4; v++ {
+		_, err := q.Push(Request[int]{Value: v, Flow: "noisy"}, t0, out)
+		require.NoError(t, err)
+	}
+	_, err := q.Push(Request[int]{Value: 5, Flow: "noisy"}, t0, out)
+	require.ErrorIs(t, err, ErrFull, "the longest flow displaces no one")
+	_, err = q.Push(Request[int]{Value: 10, Flow: "quiet"}, t0, out)
+	require.NoError(t, err)
+	_, err = q.Push(Request[int]{Value: 11, Flow: "quiet"}, t0, out)
+	require.NoError(t, err)
+	_, err = q.Push(Request[int]{Value: 12, Flow: "quiet"}, t0, out)
+	require.ErrorIs(t, err, ErrFull, "two each: displacing would not even them")
+	assert.Equal(t, []int{4, 3}, gone)
+	_, err = q.Push(Request[int]{Value: 100, Flow: "noisy", Priority: 1}, t0, out)
+	require.NoError(t, err)
+	assert.Equal(t, []int{4, 3, 2}, gone, "the higher band displaces the lower band's longest flow")
+	_, err = q.Push(Request[int]{Value: 13, Flow: "quiet"}, t0, nil)
+	require.ErrorIs(t, err, ErrFull, "no displacement without a callback")
+	assert.Equal(t, []int{100, 1, 10, 11}, drain(q, always))
 }
