@@ -1,12 +1,15 @@
 package httpgw
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/keys"
 )
 
 // Admission at the fronts: a request of a model whose eligible replicas
@@ -20,6 +23,55 @@ import (
 // rounded up to a second, when the load it was shed for is next read.
 func (s *Server) retryAfter() string {
 	return strconv.Itoa(max(1, int((s.Fleet.Options().ScrapeInterval+time.Second-1)/time.Second)))
+}
+
+// hold passes call c through its model's flow-control queue (Options.Flow
+// on): it returns true once c may go, with its first decision made at
+// that moment (late binding, c.first), and false once it has answered the
+// client (queue full, displaced, held past its deadline, client gone).
+// Bound means no replica lacks room under Options.Admission and the
+// library routes it; a model without a healthy replica holds its requests
+// until one comes (scale from zero) or their deadline. A disaggregated
+// model's request is only admitted there: its plan is made after.
+func (s *Server) hold(c *call) bool {
+	ms := c.ms
+	pd := ms.PD != nil && c.oc.kind != keys.Responses
+	var first gateway.Decision
+	bound := false
+	err := s.flow.Hold(c.r.Context(), ms.Name, c.r.Header, int64(len(c.body)), func() bool {
+		t := c.target("")
+		if ms.Gateway.Saturated(t, s.opts.Admission) {
+			return false
+		}
+		if pd {
+			return true
+		}
+		d, err := ms.Gateway.RouteWith(c.key, t)
+		if errors.Is(err, gateway.ErrNoHealthyReplica) {
+			return false
+		}
+		// Another error is proxy's to answer when it routes again.
+		first, bound = d, err == nil
+		return true
+	})
+	if err != nil {
+		status, typ, code, msg := front.FlowAnswer(ms.Name, err)
+		if status == http.StatusTooManyRequests {
+			c.w.Header().Set("Retry-After", s.retryAfter())
+		}
+		c.oc.fail(c.w, status, typ, code, "", msg)
+		switch code {
+		case front.CodeShed:
+			c.oc.code = front.CodeShed429
+		case front.CodeClientCanceled:
+			c.oc.code = front.CodeClientCanceled
+		}
+		return false
+	}
+	if bound {
+		c.first = &first
+	}
+	return true
 }
 
 // shed sheds call c, answering 429, if its model is saturated under

@@ -112,7 +112,11 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	c.key, c.fallback = s.keyer.Key(r.Context(), (*kp)[:0], c.ms, front.Input{Kind: kind, Body: c.body, Req: c.req,
 		Session: r.Header.Get(HeaderSessionID), RAG: r.Header.Get(HeaderRAGContext), Adapter: c.adapterName()})
 	defer func() { s.keyer.Release(kp, c.key) }()
-	if s.shed(c) {
+	if s.flow != nil {
+		if !s.hold(c) {
+			return
+		}
+	} else if s.shed(c) {
 		return
 	}
 	s.upstreamStream(c)
@@ -126,6 +130,9 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 // record counts a finished call in the request metrics.
 func (s *Server) record(c *call) {
 	s.metrics.InFlight.Dec()
+	if c.ms != nil {
+		s.flow.Kick(c.ms.Name) // its replica may have room for one held
+	}
 	oc := &c.oc
 	// Before the model is known oc.mm is nil and requestsC looks the
 	// series up; only requests for a known model are timed.

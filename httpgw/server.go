@@ -10,6 +10,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
@@ -45,6 +46,12 @@ type Options struct {
 	// load older than three scrape intervals counts as no room (unless
 	// every replica's is: admission then fails open).
 	Admission gateway.Admission
+	// Flow, when Enabled, holds a model's requests past capacity in a
+	// queue (package flow: priorities, fairness among flows, deadlines)
+	// instead of shedding them, and binds each to a replica when its turn
+	// comes; Admission says when a replica has room. The zero value is
+	// off.
+	Flow flow.Options
 	// Fleet configures the control plane (package fleet): the
 	// configuration file and its polling, probes, scrapes, discovery,
 	// outlier ejection, the peer token, the exact index's tokenizer and
@@ -139,6 +146,7 @@ type Server struct {
 
 	bufPool sync.Pool
 	respIDs front.ResponseIDs // which replica produced each recent response (responses.go)
+	flow    *front.FlowControl // nil when flow control is off (admission.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -172,6 +180,10 @@ func New(opts Options) (*Server, error) {
 	if s.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
 		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	if s.flow, err = front.NewFlowControl(opts.Flow, opts.Clock, opts.Registerer); err != nil {
+		_ = s.Fleet.Close()
+		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidOptions, err)
 	}
 	s.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: s.Fleet, Metrics: s.metrics, BlockSize: opts.BlockSize,
 		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})
@@ -281,13 +293,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Close closes the idle connections of the default engine transport (a
 // Transport given in Options is left alone) and stops listening for and
-// connecting to KV events (the exact index). It does not stop Run (cancel
+// connecting to KV events (the exact index), and answers the requests
+// flow control holds with 503 (later ones are held anew). It does not stop Run (cancel
 // its context for that) or requests in flight, and the Server stays usable:
 // later requests dial new connections, and the next configuration applied
 // subscribes to KV events again. Call it once the Server is no longer
 // used, e.g. after http.Server.Shutdown, so no connection is left open.
 // It returns nil.
-func (s *Server) Close() error { return s.Fleet.Close() }
+func (s *Server) Close() error {
+	s.flow.Close()
+	return s.Fleet.Close()
+}
 
 // fleetOptions are the control plane's options of a Server's (filled).
 func fleetOptions(o Options) fleet.Options {
