@@ -145,7 +145,7 @@ type Server struct {
 	mux     *http.ServeMux
 
 	bufPool sync.Pool
-	respIDs front.ResponseIDs // which replica produced each recent response (responses.go)
+	respIDs front.ResponseIDs  // which replica produced each recent response (responses.go)
 	flow    *front.FlowControl // nil when flow control is off (admission.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
