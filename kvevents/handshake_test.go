@@ -2,8 +2,12 @@ package kvevents
 
 import (
 	"bytes"
+	"context"
+	"encoding/hex"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -210,4 +214,56 @@ func TestMeasureSlowGreetings(t *testing.T) {
 			c.Close()
 		}
 	}
+}
+
+// TestLibzmqPublisher: a publisher of libzmq (vLLM's, through pyzmq),
+// which sends its greeting's signature and waits for the peer's before
+// the rest, passes the handshake done ahead of the library, and its
+// messages all arrive. It needs a Python with pyzmq:
+//
+//	EXA_PYTHON_ZMQ=/usr/bin/python3 go test ./kvevents -run TestLibzmqPublisher -v
+func TestLibzmqPublisher(t *testing.T) {
+	py := os.Getenv("EXA_PYTHON_ZMQ")
+	if py == "" {
+		t.Skip("set EXA_PYTHON_ZMQ to a Python with pyzmq")
+	}
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, nil), Limits{})
+	sub := NewSubscriber(tr, Options{})
+	defer sub.Close()
+	addr, err := sub.Bind("tcp://127.0.0.1:0")
+	require.NoError(t, err)
+	const n = 400
+	var lines []string
+	for i := range n {
+		var hexes []string
+		for _, f := range frames(topicA, uint64(i+1), pack(t, arrayBatch(stored{hashes: []uint64{uint64(100 + i)}, tokens: seqTokens(uint32(i), 16), bs: 16}.array()))) {
+			hexes = append(hexes, hex.EncodeToString(f))
+		}
+		lines = append(lines, strings.Join(hexes, " "))
+	}
+	// The PUB drops what it sends before the subscription reaches it: it
+	// sends a message every 5 ms; from the first heard, none is lost.
+	script := `import sys, time, zmq
+s = zmq.Context().socket(zmq.PUB)
+s.connect(sys.argv[1])
+for line in sys.stdin:
+    s.send_multipart([bytes.fromhex(h) for h in line.split()])
+    time.sleep(0.005)
+time.sleep(1)
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "-c", script, "tcp://"+addr.String())
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var st EngineStats
+	eventually(t, "every message heard indexed", func() bool {
+		st = statsOf(t, tr, topicA)
+		return st.Messages >= n/2 && len(idx.keys("10.0.0.1:8000")) == int(st.Messages)
+	})
+	t.Logf("libzmq publisher: %d of %d messages heard (those before the subscription are dropped by the PUB), guard %+v", st.Messages, n, sub.Endpoints()[0].Guard)
+	require.Zero(t, st.Gaps+st.Restarts)
+	require.Equal(t, uint64(1), sub.Endpoints()[0].Guard.Accepted)
 }
