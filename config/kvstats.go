@@ -117,7 +117,8 @@ type KVEndpointStats struct {
 	// by reason: full (max connections open), host_full (max connections
 	// open from its address), source (an address not
 	// allowed to publish there), topic (a topic its address may not
-	// publish), handshake_timeout, message_timeout (stalled mid-message),
-	// oversize (a message over the size or frame limit). Nil when none.
+	// publish), handshake_timeout, bad_handshake (not a ZMTP 3 PUB's with
+	// the NULL mechanism), message_timeout (stalled mid-message), oversize
+	// (a message over the size or frame limit). Nil when none.
 	Closed map[string]uint64 `json:"closed,omitempty"`
 }

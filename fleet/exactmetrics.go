@@ -50,7 +50,7 @@ var (
 	descKVFails    = kvDesc("kv_endpoint_failures_total", "Failed connection attempts and connections ended, per KV-event endpoint.", "endpoint", "bound")
 	descKVOpen     = kvDesc("kv_endpoint_open_connections", "Publishers' connections open on a KV-event endpoint the gateway listens on.", "endpoint", "bound")
 	descKVClosed   = kvDesc("kv_endpoint_closed_total",
-		"Connections to a KV-event endpoint refused or closed by the gateway's guard, by reason: full (max connections open), host_full (max connections open from its address), source (address not allowed), topic (a topic its address may not publish), handshake_timeout, message_timeout (stalled mid-message), oversize.",
+		"Connections to a KV-event endpoint refused or closed by the gateway's guard, by reason: full (max connections open), host_full (max connections open from its address), source (address not allowed), topic (a topic its address may not publish), handshake_timeout, bad_handshake (not a ZMTP 3 PUB's, NULL mechanism), message_timeout (stalled mid-message), oversize.",
 		"endpoint", "bound", "reason")
 	descCached     = kvDesc("index_cached_blocks", "Blocks the routing index holds for a replica (the index size), by model and replica.", "model", "replica")
 	descTokReqs    = kvDesc("tokenize_requests_total", "Requests of a model on the exact index that were tokenized.", "model")
@@ -87,9 +87,9 @@ type reasonCount struct {
 }
 
 // guardClosed lists an endpoint's connections refused or closed, by reason.
-func guardClosed(g kvevents.GuardStats) [7]reasonCount {
-	return [7]reasonCount{{"full", g.Full}, {"host_full", g.HostFull}, {"source", g.RefusedSource}, {"topic", g.RefusedTopic},
-		{"handshake_timeout", g.HandshakeTimeouts}, {"message_timeout", g.MessageTimeouts}, {"oversize", g.Oversize}}
+func guardClosed(g kvevents.GuardStats) [8]reasonCount {
+	return [8]reasonCount{{"full", g.Full}, {"host_full", g.HostFull}, {"source", g.RefusedSource}, {"topic", g.RefusedTopic},
+		{"handshake_timeout", g.HandshakeTimeouts}, {"message_timeout", g.MessageTimeouts}, {"oversize", g.Oversize}, {"bad_handshake", g.BadHandshakes}}
 }
 
 // Describe implements prometheus.Collector.

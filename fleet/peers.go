@@ -37,22 +37,6 @@ import (
 // per replica, which its peers scrape.
 const MetricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 
-// A peer's count at a replica is capped relative to this gateway's own
-// view of the model: at most PeerCapFactor times this gateway's own mean
-// pending prefill over the model's replicas (rounded up), and never below
-// the blocks of PeerCapFloorBytes of prompt (4,096 blocks at the default
-// 64-byte blocks). Gateways behind one load balancer see about the same
-// traffic, so an honest peer's count at a replica is about this gateway's
-// mean there; twice it leaves room for a peer that just routed a long
-// prompt. The floor, 256 KiB of prompt (about 64k tokens), lets an idle
-// gateway still honour a peer's one long request. A peer lying about a
-// replica can thus make it look at most max(floor, 2×mean) blocks busier,
-// not 2³¹ (docs/multi-gateway.md).
-const (
-	PeerCapFactor     = 2
-	PeerCapFloorBytes = 256 << 10
-)
-
 // maxPeerTokenBytes bounds the peer token file.
 const maxPeerTokenBytes = 4096
 
@@ -72,7 +56,7 @@ var (
 	descPeerErrors = prometheus.NewDesc("exa_gateway_peer_scrape_errors_total",
 		"Failed /metrics scrapes of a peer gateway (down, slow, refused, or a page that does not parse).", []string{"peer"}, nil)
 	descPeerCapped = prometheus.NewDesc("exa_gateway_peer_capped_total",
-		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (twice this gateway's own mean per replica, at least 256 KiB of prompt in blocks).", []string{"peer"}, nil)
+		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (beyond the least it reports, half this gateway's own pending prefill there, rounded up).", []string{"peer"}, nil)
 )
 
 // peerState is what the gateway knows of one peer.
@@ -320,51 +304,52 @@ func (s *Fleet) knownPeers() int {
 	return len(s.peers.peers)
 }
 
-// peerCap is the most pending prefill one peer may add at a replica
-// served by gateway g: peerCapFactor times g's own mean pending prefill
-// per replica (rounded up), at least peerFloor.
-func (s *Fleet) peerCap(g *gateway.Gateway) int {
-	reps := g.Replicas()
-	sum := 0
-	for _, r := range reps {
-		sum += r.PendingPrefill
-	}
-	mean := 0
-	if len(reps) > 0 {
-		mean = (sum + len(reps) - 1) / len(reps)
-	}
-	return min(max(s.peerFloor(), PeerCapFactor*mean), MaxLoadCount)
-}
-
-// peerFloor is the least cap of a peer's count: peerCapFloorBytes of
-// prompt, in blocks.
-func (s *Fleet) peerFloor() int { return PeerCapFloorBytes / max(s.opts.BlockSize, 1) }
-
-// overCap reports whether counts, a peer's report, exceeds the cap at any
-// replica of a model that has peers.
+// overCap reports whether counts, a peer's report, exceeds the cap
+// (PeerCap) at any replica of a model that has peers.
 func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 	for name, m := range s.state.Load().Models {
 		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
-		for rep, n := range counts[name] {
-			if _, ok := m.ByName[rep]; ok && n > s.peerCap(m.gatewayOf(rep)) {
-				return true
+		for rep := range m.ByName {
+			if c, ok := counts[name][rep]; ok {
+				own, least := m.ownAndLeast(rep, counts[name])
+				if PeerCap(own, c, least) < c-least {
+					return true
+				}
 			}
 		}
 	}
 	return false
 }
 
+// ownAndLeast returns this gateway's own pending prefill at m's replica
+// name, and the least count report gives at a replica of the same pool
+// (0 for a replica it does not report).
+func (m *Model) ownAndLeast(name string, report map[string]int) (own, least int) {
+	g := m.gatewayOf(name)
+	for _, r := range g.Replicas() {
+		if r.Name == name {
+			own = r.PendingPrefill
+		}
+	}
+	least = MaxLoadCount
+	for rep := range m.ByName {
+		if m.gatewayOf(rep) == g {
+			least = min(least, report[rep])
+		}
+	}
+	return own, least
+}
+
 // peerPrefill returns the pending prefill m's peers report at its replica
 // name: the sum over its peers whose last good scrape is at most peerTTL
-// scrape intervals old, each peer's count capped at s.peerCap, clamped to
-// 0..MaxLoadCount.
+// scrape intervals old, each peer's count capped (PeerCap) by this
+// gateway's own pending prefill there, clamped to 0..MaxLoadCount.
 func (s *Fleet) peerPrefill(m *Model, name string) int {
 	if len(m.Cfg.Peers) == 0 {
 		return 0
 	}
-	limit := s.peerCap(m.gatewayOf(name))
 	oldest := s.opts.Clock().Add(-peerTTL * s.opts.ScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
@@ -374,7 +359,9 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 		if p == nil || p.counts == nil || p.at.Before(oldest) {
 			continue
 		}
-		sum = min(sum+min(p.counts[m.Name][name], limit), MaxLoadCount)
+		report := p.counts[m.Name]
+		own, least := m.ownAndLeast(name, report)
+		sum = min(sum+PeerCap(own, report[name], least), MaxLoadCount)
 	}
 	return sum
 }

@@ -82,19 +82,44 @@ func peerLoad(t *testing.T, s *Server, model string) map[string]int {
 	return out
 }
 
+// busy gives s's model own pending prefill of blocks at each of its
+// replicas (one request of that many blocks each, never done): a gateway
+// hears a peer only up to half its own pending prefill at a replica
+// (fleet.PeerCap). seed keeps the keys apart.
+func busy(t *testing.T, s *Server, model string, blocks int, seed uint64) {
+	t.Helper()
+	gw := s.Snapshot().Models[model].Gateway
+	for i := range gw.Replicas() {
+		key := make(gateway.Key, blocks)
+		for j := range key {
+			key[j] = seed<<32 + uint64(i*1000+j+1)
+		}
+		_, err := gw.Route(key)
+		require.NoError(t, err)
+	}
+	for _, r := range gw.Replicas() {
+		require.Equal(t, blocks, r.PendingPrefill, r.Name)
+	}
+}
+
 // Gateway B scrapes A's /metrics, whose pending-prefill gauge reports
-// what A routed and is still waiting on, and routes around it.
+// what A routed and is still waiting on, and routes around it. Both
+// carry traffic, 40 blocks at each replica: B takes what A reports at a
+// replica beyond the least it reports anywhere, up to half B's own there
+// (fleet.PeerCap).
 func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
+	busy(t, r.a, testModel, 40, 1)
+	busy(t, r.b, testModel, 40, 2)
 	gwA := r.a.Snapshot().Models[testModel].Gateway
 	d, err := gwA.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 	require.NoError(t, err)
-	require.Equal(t, "r0", d.Replica, "the first of two idle replicas")
+	require.Equal(t, "r0", d.Replica, "the first of two equally loaded replicas")
 
 	page := metricsPage(t, r.aHTTP.URL)
-	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 10`)
-	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r1"} 0`)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 50`)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r1"} 40`)
 	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="other",replica="r0"} 0`)
 
 	r.b.ScrapeAll(ctx)
@@ -103,7 +128,7 @@ func TestPeersShareTheirPendingPrefill(t *testing.T) {
 	page = metricsPage(t, r.bHTTP.URL)
 	assert.Contains(t, page, `exa_gateway_peer_prefill_blocks{model="m1",replica="r0"} 10`)
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, r.aHTTP.URL))
-	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 0`, "B's own count stays its own")
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"} 40`, "B's own count stays its own")
 	assert.NotContains(t, page, `exa_gateway_peer_prefill_blocks{model="other"`)
 
 	// B sends a new prompt where A's prefill is not queued; without the
@@ -149,6 +174,7 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 
 	r := newPeerRig(t, slow.URL, garbage.URL, deadURL)
 	ctx := context.Background()
+	busy(t, r.b, testModel, 40, 2)
 	_, err := r.a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)
@@ -176,6 +202,7 @@ func TestPeersDownSlowAndStale(t *testing.T) {
 func TestPeersReload(t *testing.T) {
 	r := newPeerRig(t)
 	ctx := context.Background()
+	busy(t, r.b, testModel, 40, 2)
 	_, err := r.a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2})
 	require.NoError(t, err)
 	r.b.ScrapeAll(ctx)

@@ -70,9 +70,9 @@ func getMetrics(t *testing.T, base, auth string) (int, http.Header, string) {
 // scraping with the token reads the counts, one without it gets nothing
 // and counts the failure. A changed token file is read again.
 func TestPeerToken(t *testing.T) {
-	engine := engineMetrics(t)
+	engine, engine2 := engineMetrics(t), engineMetrics(t)
 	tokA := writeToken(t, "s3cret-token")
-	a, aHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: tokA}}, nil, engine)
+	a, aHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: tokA}}, nil, engine, engine2)
 	for _, auth := range []string{"", "Bearer wrong", "Basic s3cret-token", "Bearer s3cret-token2", "bearer s3cret-token"} {
 		code, hdr, body := getMetrics(t, aHTTP.URL, auth)
 		assert.Equal(t, http.StatusUnauthorized, code, "Authorization %q", auth)
@@ -85,13 +85,17 @@ func TestPeerToken(t *testing.T) {
 
 	_, err := a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3})
 	require.NoError(t, err)
-	withTok, wHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: writeToken(t, "s3cret-token")}}, []string{aHTTP.URL}, engine)
-	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine)
+	// The scraping gateways carry traffic at both replicas: a peer is
+	// heard up to half a gateway's own pending prefill (fleet.PeerCap).
+	withTok, wHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: writeToken(t, "s3cret-token")}}, []string{aHTTP.URL}, engine, engine2)
+	without, _ := peerServer(t, Options{}, []string{aHTTP.URL}, engine, engine2)
+	busy(t, withTok, testModel, 40, 2)
+	busy(t, without, testModel, 40, 2)
 	ctx := context.Background()
 	withTok.ScrapeAll(ctx)
 	without.ScrapeAll(ctx)
-	assert.Equal(t, map[string]int{"r0": 3}, peerLoad(t, withTok, testModel))
-	assert.Equal(t, map[string]int{"r0": 0}, peerLoad(t, without, testModel))
+	assert.Equal(t, map[string]int{"r0": 3, "r1": 0}, peerLoad(t, withTok, testModel))
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, without, testModel))
 	assert.Equal(t, 1.0, peerCounter(t, without, "exa_gateway_peer_scrape_errors_total", aHTTP.URL))
 	code, _, _ = getMetrics(t, wHTTP.URL, "")
 	assert.Equal(t, http.StatusUnauthorized, code, "the scraping gateway's own /metrics wants its token too")
@@ -125,45 +129,65 @@ func TestReadPeerToken(t *testing.T) {
 	assert.Equal(t, "abc", string(tok))
 }
 
-// TestLyingPeer: a peer reporting huge pending prefill at two of three
-// replicas no longer sends every request to the third: its counts are
-// capped relative to this gateway's own (twice its mean, at least 4,096
-// blocks). Requests are 300 blocks (19 KiB of prompt, about 5k tokens),
-// 24 in prefill at a time.
+// TestLyingPeer: the issue-29 finding D5. A peer reports 2·10⁹ blocks of
+// pending prefill at r0 and r1 of three replicas. Its counts were capped
+// at max(4,096 blocks, twice this gateway's own mean): at light load the
+// floor dwarfed the gateway's own pending prefill and every request went
+// to r2 (500 of 500), at heavy load 61/61/378. Now each is capped at half
+// this gateway's own pending prefill at the replica (fleet.PeerCap): r0
+// and r1 each keep at least 25% of the requests, at light and heavy load.
+// Requests of 32 blocks (2 kB of prompt) or 300 (19 KiB), with a given
+// number in prefill when each is routed; the peer is scraped every 10 or
+// 100 requests (every second at 1,000 or 100 requests a second).
 func TestLyingPeer(t *testing.T) {
 	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "%s{model=%q,replica=\"r0\"} 2e9\n%s{model=%q,replica=\"r1\"} 2e9\n",
 			fleet.MetricPendingPrefill, testModel, fleet.MetricPendingPrefill, testModel)
 	}))
 	t.Cleanup(liar.Close)
-	s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
-	ctx := context.Background()
-	gw := s.Snapshot().Models[testModel].Gateway
-	counts := map[string]int{}
-	var open []gateway.Decision
-	for i := range 500 {
-		if i%10 == 0 {
-			s.ScrapeAll(ctx)
-		}
-		key := make(gateway.Key, 300)
-		for j := range key {
-			key[j] = uint64(i*1000 + j + 1)
-		}
-		d, err := gw.Route(key)
-		require.NoError(t, err)
-		counts[d.Replica]++
-		open = append(open, d)
-		if len(open) > 24 { // 24 requests in prefill at a time
-			open[0].Done(gateway.DoneInfo{})
-			open = open[1:]
-		}
-	}
-	t.Logf("requests per replica with a peer lying about r0 and r1: %v", counts)
-	assert.GreaterOrEqual(t, counts["r0"], 50, "r0 still gets traffic")
-	assert.GreaterOrEqual(t, counts["r1"], 50, "r1 still gets traffic")
-	assert.Positive(t, peerCounter(t, s, "exa_gateway_peer_capped_total", liar.URL), "the capped reports are counted")
-	for _, r := range gw.Replicas() {
-		assert.LessOrEqual(t, r.Load.PeerPrefill, max(fleet.PeerCapFloorBytes/s.opts.BlockSize, fleet.PeerCapFactor*(300*24+2)/3), "replica %s", r.Name)
+	for _, tc := range []struct {
+		name                     string
+		blocks, inPrefill, every int
+	}{
+		{"light, none in prefill", 32, 0, 100},
+		{"light, 2 in prefill", 32, 2, 100},
+		{"light, 2 in prefill, frequent scrapes", 32, 2, 10},
+		{"heavy, short prompts", 32, 24, 100},
+		{"heavy, long prompts", 300, 24, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
+			ctx := context.Background()
+			gw := s.Snapshot().Models[testModel].Gateway
+			counts := map[string]int{}
+			var open []gateway.Decision
+			for i := range 500 {
+				if i%tc.every == 0 {
+					s.ScrapeAll(ctx)
+					for _, r := range gw.Replicas() {
+						assert.LessOrEqual(t, r.Load.PeerPrefill, (r.PendingPrefill+1)/2, "replica %s", r.Name)
+					}
+				}
+				key := make(gateway.Key, tc.blocks)
+				for j := range key {
+					key[j] = uint64(i*1000 + j + 1)
+				}
+				d, err := gw.Route(key)
+				require.NoError(t, err)
+				counts[d.Replica]++
+				open = append(open, d)
+				if len(open) > tc.inPrefill {
+					open[0].Done(gateway.DoneInfo{})
+					open = open[1:]
+				}
+			}
+			t.Logf("requests per replica with a peer lying about r0 and r1: %v", counts)
+			assert.GreaterOrEqual(t, counts["r0"], 125, "r0 keeps 25%")
+			assert.GreaterOrEqual(t, counts["r1"], 125, "r1 keeps 25%")
+			if tc.inPrefill > 0 {
+				assert.Positive(t, peerCounter(t, s, "exa_gateway_peer_capped_total", liar.URL), "the capped reports are counted")
+			}
+		})
 	}
 }
 

@@ -37,8 +37,9 @@
 // each connection's source address to the topics it may publish, checked
 // in the transport before a message reaches the Translator; a Subscriber
 // bounds message size, connections (in all and per address), the
-// handshake and each message's time, and counts what it refuses
-// (EndpointStatus.Guard).
+// handshake (performed on each connection's own goroutine, so that a slow
+// one holds back no other) and each message's time, and counts what it
+// refuses (EndpointStatus.Guard).
 //
 // # Requests in
 //

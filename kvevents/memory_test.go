@@ -83,6 +83,35 @@ func TestMeasureMemory(t *testing.T) {
 		empty := settleConns(t, addr.String(), conns)
 		t.Logf("%d connections idle after their handshake: %.1f KiB a connection", conns, empty/1024)
 	})
+	t.Run("connections in their handshake", func(t *testing.T) {
+		const conns = DefaultMaxConns
+		tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})
+		sub := NewSubscriber(tr, Options{HandshakeTimeout: time.Minute, MaxConnsPerHost: conns})
+		defer sub.Close()
+		addr, err := sub.Bind("tcp://127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := heapNow()
+		for range conns {
+			c, err := net.Dial("tcp", addr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			// A greeting, then a command announced one byte longer than
+			// the handshake may be, all but its last bytes sent.
+			b := append(libGreeting[:], 0x06)
+			b = binary.BigEndian.AppendUint64(b, maxHandshakeBytes)
+			if _, err := c.Write(append(b, make([]byte, maxHandshakeBytes-len(b)-1)...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, "all open", func() bool { return sub.Endpoints()[0].Guard.Open == conns })
+		after := settle()
+		t.Logf("%d connections stalling at the end of their handshake: %.2f MiB, %.1f KiB a connection",
+			conns, float64(after-before)/(1<<20), float64(after-before)/conns/1024)
+	})
 	t.Run("flood with a stalled consumer", func(t *testing.T) {
 		const conns, size = 8, DefaultMaxMessageBytes - 64
 		hold := make(chan struct{})

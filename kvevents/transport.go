@@ -27,8 +27,10 @@ import (
 // message over the size limit or with too many frames, and on a handshake
 // not done within the deadline, or a message not done within its own
 // deadline once begun; on a bound endpoint it also refuses connections
-// and topics the SourcePolicy refuses. The limits travel in the context
-// the socket was made with.
+// and topics the SourcePolicy refuses, and performs each connection's
+// handshake ahead of the library, on a goroutine of its own (see
+// handshake.go). The limits travel in the context the socket was made
+// with.
 
 type guardKey struct{}
 
@@ -52,7 +54,7 @@ type guardConfig struct {
 // guardCounters count what the guard of one endpoint did, over its life.
 type guardCounters struct {
 	open, accepted, full, hostFull, refusedSource, refusedTopic,
-	handshakeTimeouts, messageTimeouts, oversize atomic.Uint64
+	handshakeTimeouts, messageTimeouts, oversize, badHandshakes atomic.Uint64
 
 	mu     sync.Mutex
 	byHost map[netip.Addr]int // open connections by source address
@@ -83,7 +85,8 @@ func (c *guardCounters) releaseHost(a netip.Addr) {
 func (c *guardCounters) snapshot() GuardStats {
 	return GuardStats{Open: c.open.Load(), Accepted: c.accepted.Load(), Full: c.full.Load(), HostFull: c.hostFull.Load(),
 		RefusedSource: c.refusedSource.Load(), RefusedTopic: c.refusedTopic.Load(),
-		HandshakeTimeouts: c.handshakeTimeouts.Load(), MessageTimeouts: c.messageTimeouts.Load(), Oversize: c.oversize.Load()}
+		HandshakeTimeouts: c.handshakeTimeouts.Load(), MessageTimeouts: c.messageTimeouts.Load(), Oversize: c.oversize.Load(),
+		BadHandshakes: c.badHandshakes.Load()}
 }
 
 // GuardStats count what a Subscriber's guard did to the connections of one
@@ -108,6 +111,10 @@ type GuardStats struct {
 	// Oversize counts connections closed for a message over
 	// MaxMessageBytes or of too many frames.
 	Oversize uint64
+	// BadHandshakes counts connections (bind) closed for a handshake
+	// that is not a ZMTP 3 PUB's with the NULL mechanism, or of more than
+	// 16 KiB.
+	BadHandshakes uint64
 }
 
 func withGuard(ctx context.Context, g *guardConfig) context.Context {
@@ -167,60 +174,161 @@ func (t guardedTransport) Listen(ctx context.Context, addr string) (net.Listener
 	if err != nil {
 		return nil, err
 	}
-	return &guardedListener{Listener: l, g: guardOf(ctx)}, nil
+	return newGuardedListener(l, guardOf(ctx)), nil
 }
 
 func (t guardedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
 
+// guardedListener accepts connections on a goroutine of its own, refuses
+// those the guard's limits or policy refuse, and performs each other's
+// handshake on a goroutine of the connection's (readHandshake); Accept
+// returns the connections whose handshake passed, to the library's accept
+// loop, which then completes it without waiting on the peer. A peer slow
+// to greet thus holds only its own connection (and its slot under
+// MaxConns and MaxConnsPerHost), for at most the handshake deadline.
 type guardedListener struct {
 	net.Listener
-	g *guardConfig
+	g     *guardConfig
+	ready chan *guardConn // connections handshaken, for Accept
+	done  chan struct{}   // closed by Close
+	once  sync.Once
+
+	mu      sync.Mutex
+	shaking map[*guardConn]struct{} // connections in their handshake
 }
 
+func newGuardedListener(inner net.Listener, g *guardConfig) *guardedListener {
+	l := &guardedListener{Listener: inner, g: g, ready: make(chan *guardConn), done: make(chan struct{}),
+		shaking: map[*guardConn]struct{}{}}
+	go l.acceptLoop()
+	return l
+}
+
+// Accept returns the next connection whose handshake passed.
 func (l *guardedListener) Accept() (net.Conn, error) {
-	st := l.g.st
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting and closes the connections in their handshake.
+func (l *guardedListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	err := l.Listener.Close()
+	l.mu.Lock()
+	for c := range l.shaking {
+		c.Close()
+	}
+	l.mu.Unlock()
+	return err
+}
+
+func (l *guardedListener) closed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// acceptLoop accepts connections until the listener is closed, waiting
+// 5 ms, doubling to 1 s, after each consecutive failure (out of file
+// descriptors, say).
+func (l *guardedListener) acceptLoop() {
+	var wait time.Duration
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			return nil, err
-		}
-		remote := remoteAddr(c)
-		if l.g.policy != nil {
-			if err := l.g.policy.AcceptConn(l.g.endpoint, remote); err != nil {
-				st.refusedSource.Add(1)
-				c.Close()
-				continue
+			if l.closed() || errors.Is(err, net.ErrClosed) {
+				return
 			}
-		}
-		if st.open.Add(1) > uint64(l.g.maxConns) {
-			st.open.Add(^uint64(0))
-			st.full.Add(1)
-			c.Close()
+			wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+			t := time.NewTimer(wait)
+			select {
+			case <-l.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
 			continue
 		}
-		perHost := l.g.maxPerHost
-		if lim, ok := l.g.policy.(ConnLimiter); ok {
-			if n := lim.MaxConnsFrom(l.g.endpoint, remote); n > 0 {
-				perHost = n
+		wait = 0
+		if gc := l.admit(c); gc != nil {
+			l.mu.Lock()
+			if l.closed() {
+				l.mu.Unlock()
+				gc.Close()
+				return
 			}
+			l.shaking[gc] = struct{}{}
+			l.mu.Unlock()
+			go l.handshake(gc)
 		}
-		byHost := remote.IsValid() // a Unix socket's peers have no address
-		if byHost && !st.takeHost(remote, perHost) {
-			st.open.Add(^uint64(0))
-			st.hostFull.Add(1)
-			c.Close()
-			continue
-		}
-		st.accepted.Add(1)
-		gc := newGuardConn(c, l.g, func() {
-			st.open.Add(^uint64(0))
-			if byHost {
-				st.releaseHost(remote)
-			}
-		})
-		gc.remote, gc.checkTopics = remote, l.g.policy != nil
-		return gc, nil
 	}
+}
+
+// handshake reads c's handshake and hands c to Accept, or closes it.
+func (l *guardedListener) handshake(c *guardConn) {
+	err := c.readHandshake()
+	l.mu.Lock()
+	delete(l.shaking, c)
+	l.mu.Unlock()
+	if err != nil {
+		c.Close()
+		return
+	}
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// admit applies the policy and the connection limits to a connection
+// just accepted: it returns the connection guarded, or nil when it
+// closed it.
+func (l *guardedListener) admit(c net.Conn) *guardConn {
+	st := l.g.st
+	remote := remoteAddr(c)
+	if l.g.policy != nil {
+		if err := l.g.policy.AcceptConn(l.g.endpoint, remote); err != nil {
+			st.refusedSource.Add(1)
+			c.Close()
+			return nil
+		}
+	}
+	if st.open.Add(1) > uint64(l.g.maxConns) {
+		st.open.Add(^uint64(0))
+		st.full.Add(1)
+		c.Close()
+		return nil
+	}
+	perHost := l.g.maxPerHost
+	if lim, ok := l.g.policy.(ConnLimiter); ok {
+		if n := lim.MaxConnsFrom(l.g.endpoint, remote); n > 0 {
+			perHost = n
+		}
+	}
+	byHost := remote.IsValid() // a Unix socket's peers have no address
+	if byHost && !st.takeHost(remote, perHost) {
+		st.open.Add(^uint64(0))
+		st.hostFull.Add(1)
+		c.Close()
+		return nil
+	}
+	st.accepted.Add(1)
+	gc := newGuardConn(c, l.g, func() {
+		st.open.Add(^uint64(0))
+		if byHost {
+			st.releaseHost(remote)
+		}
+	})
+	gc.remote, gc.checkTopics = remote, l.g.policy != nil
+	return gc
 }
 
 // remoteAddr is a connection's source address, unmapped; the zero Addr
@@ -257,6 +365,13 @@ type guardConn struct {
 	inMessage bool // a message (or command) has begun: its deadline runs
 	err       error
 
+	// A bound endpoint's connection is handshaken ahead of the library
+	// (readHandshake): pre holds what was read then, for the library's
+	// reads; swallow counts the bytes of the library's greeting, already
+	// sent, still to drop from its writes.
+	pre     []byte
+	swallow int
+
 	// Topic checks (bind with a SourcePolicy): the first frame of each
 	// message is its topic, which the policy must allow from remote.
 	checkTopics bool
@@ -283,6 +398,13 @@ func (c *guardConn) Read(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
 	}
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		if c.pre = c.pre[n:]; len(c.pre) == 0 {
+			c.pre = nil
+		}
+		return n, nil
+	}
 	n, err := c.Conn.Read(p)
 	if gerr := c.follow(p[:n]); gerr != nil {
 		c.err = gerr
@@ -302,6 +424,25 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		c.Close()
 	}
 	return n, err
+}
+
+// Write writes p, less what remains of the library's greeting when it was
+// sent ahead (readHandshake), which must be what was sent.
+func (c *guardConn) Write(p []byte) (int, error) {
+	if c.swallow == 0 {
+		return c.Conn.Write(p)
+	}
+	k := min(c.swallow, len(p))
+	off := len(libGreeting) - c.swallow
+	if !bytes.Equal(p[:k], libGreeting[off:off+k]) {
+		return 0, fmt.Errorf("%w: the library's greeting differs from the one sent ahead of it", errGuard)
+	}
+	c.swallow -= k
+	if k == len(p) {
+		return k, nil
+	}
+	n, err := c.Conn.Write(p[k:])
+	return k + n, err
 }
 
 func (c *guardConn) Close() error {
