@@ -30,7 +30,7 @@ func FuzzPick(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	p.respIDs.Add("resp_f", testModel, "r1") // a stored response, on 10.0.0.2
+	p.respIDs.Add("resp_f", testModel, "r1", "") // a stored response, on 10.0.0.2
 	f.Fuzz(func(t *testing.T, method, path string, body []byte, session, subset string) {
 		req := &picker.PickRequest{Method: method, Path: path, Body: body, Header: picker.Headers{{Name: "x-session-id", Value: session}}}
 		if subset != "" {

@@ -232,9 +232,29 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	defer func() { r.keyer.Release(kp, pr.key) }()
 	pr.tab = r.tableOf(st)
 	pr.sub = req.Subset
-	if kind == keys.Responses && rq.PreviousResponseID != "" {
-		pr.prev = rq.PreviousResponseID
-		pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+	if kind == keys.Responses {
+		pr.client = clientOf(req.Header)
+		if rq.PreviousResponseID != "" {
+			pr.prev = rq.PreviousResponseID
+			pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+		}
 	}
 	return pr.route()
+}
+
+// clientOf is the client of a request, as the data plane saw it: the
+// last address of its last X-Forwarded-For header (the one Envoy appends
+// for the peer it accepted the request from, with use_remote_address),
+// reduced by front.ClientOf; "" (one client for all) without one.
+func clientOf(h picker.Headers) string {
+	xff := ""
+	for _, hd := range h {
+		if strings.EqualFold(hd.Name, "x-forwarded-for") {
+			xff = hd.Value
+		}
+	}
+	if i := strings.LastIndexByte(xff, ','); i >= 0 {
+		xff = xff[i+1:]
+	}
+	return front.ClientOf(xff)
 }

@@ -30,6 +30,7 @@ type tracker struct {
 	// learned when the request is done; its buffer is kept in the pool.
 	head   front.ResponseHead
 	respID string
+	client string // the request's client (clientOf)
 }
 
 var _ picker.HeadTracker = (*tracker)(nil)
@@ -63,7 +64,7 @@ func (t *tracker) learn(served string) {
 			return
 		}
 	}
-	t.r.respIDs.Add(t.respID, t.ms.Name, replica)
+	t.r.respIDs.Add(t.respID, t.ms.Name, replica, t.client)
 }
 
 // FirstToken implements picker.Tracker.
