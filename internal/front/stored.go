@@ -79,11 +79,11 @@ func ParseStored(method, path string) (StoredRequest, *StoredError) {
 // RouteStored routes a request about stored response sr.ID to the
 // replica that produced it, by the library's decision (RouteWith, as a
 // request without a prompt, allowing that replica alone and only if
-// allow, when not nil, accepts it): the model, the decision (whose Done
+// allow, when not nil, accepts it for the model): the model, the decision (whose Done
 // the caller owes) and its engine. An id ids does not know gets a 404
 // naming it (response_not_found); a replica not eligible (unhealthy,
 // outside allow, no longer configured), a 503 naming it.
-func RouteStored(st *fleet.State, ids *ResponseIDs, sr StoredRequest, allow func(string) bool) (*fleet.Model, gateway.Decision, *fleet.Endpoint, *StoredError) {
+func RouteStored(st *fleet.State, ids *ResponseIDs, sr StoredRequest, allow func(ms *fleet.Model, replica string) bool) (*fleet.Model, gateway.Decision, *fleet.Endpoint, *StoredError) {
 	model, replica, ok := "", "", len(sr.ID) <= maxStoredID
 	if ok {
 		model, replica, ok = ids.Lookup(sr.ID)
@@ -101,7 +101,7 @@ func RouteStored(st *fleet.State, ids *ResponseIDs, sr StoredRequest, allow func
 		return nil, gateway.Decision{}, nil, unavailable(errors.New("the model is no longer configured"))
 	}
 	d, err := ms.Gateway.RouteWith(nil, gateway.Target{NoPrompt: true, Allow: func(name string) bool {
-		return name == replica && (allow == nil || allow(name))
+		return name == replica && (allow == nil || allow(ms, name))
 	}})
 	if err != nil {
 		return ms, gateway.Decision{}, nil, unavailable(err)

@@ -187,10 +187,15 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		kind = keys.Responses
 	case "/v1/models":
 		return r.models(req)
+	case "/v1/embeddings", "/tokenize", "/detokenize":
+		return r.passThrough(req, path, start)
 	default:
+		if strings.HasPrefix(path, front.StoredPrefix) {
+			return r.stored(req, path, start)
+		}
 		r.metrics.Requests.WithLabelValues("", "other", "404").Inc()
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: front.TypeNotFound, Code: "unknown_endpoint",
-			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions and /v1/responses, and answers /v1/models)")}
+			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize and /detokenize, and answers /v1/models)")}
 	}
 	pr := pickRequest{r: r, kind: kind, start: start}
 	if req.Method != http.MethodPost {

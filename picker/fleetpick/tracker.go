@@ -31,6 +31,13 @@ type tracker struct {
 	head   front.ResponseHead
 	respID string
 	client string // the request's client (clientOf)
+	// pass, for a request without a prompt (a pass-through request, one
+	// about a stored response), is its endpoint label in the request
+	// counter: its answer teaches no id, and is not timed (its latency
+	// says nothing of a prompt's). forget is the id a DELETE of a stored
+	// response deletes, forgotten once the engine answers 200.
+	pass   string
+	forget string
 }
 
 var _ picker.HeadTracker = (*tracker)(nil)
@@ -39,7 +46,7 @@ var _ picker.HeadTracker = (*tracker)(nil)
 // answer gives its id, which Done remembers (Router.respIDs). Any other
 // answer is not read.
 func (t *tracker) ResponseHead(status int, chunk []byte) bool {
-	if t.kind != keys.Responses || status != http.StatusOK {
+	if t.kind != keys.Responses || status != http.StatusOK || t.pass != "" {
 		return true
 	}
 	id, done := t.head.Feed(chunk)
@@ -71,6 +78,9 @@ func (t *tracker) learn(served string) {
 func (t *tracker) FirstToken() {
 	r := t.r
 	t.d.FirstToken()
+	if t.pass != "" {
+		return
+	}
 	front.Of(t.ms).TTFBO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
 }
 
@@ -97,6 +107,9 @@ func (t *tracker) Done(o picker.Outcome) {
 	if t.respID != "" {
 		t.learn(o.Served)
 	}
+	if t.forget != "" && o.Status == http.StatusOK && o.Err == nil {
+		r.respIDs.Forget(t.forget)
+	}
 	code := strconv.Itoa(o.Status)
 	switch {
 	case o.Err != nil && o.Status < 500:
@@ -104,6 +117,8 @@ func (t *tracker) Done(o picker.Outcome) {
 		t.d.Done(gateway.DoneInfo{Err: o.Err})
 	case o.Err != nil:
 		t.d.Done(gateway.DoneInfo{Err: o.Err})
+	case t.pass != "":
+		t.d.Done(gateway.DoneInfo{})
 	default:
 		t.d.Done(gateway.DoneInfo{Latency: o.Latency})
 	}
@@ -113,9 +128,13 @@ func (t *tracker) Done(o picker.Outcome) {
 		// HTTP gateway's sidecar mode releases it.
 		t.pre.Done(gateway.DoneInfo{})
 	}
-	mm := front.Of(t.ms)
-	mm.RequestsC(r.metrics, t.ms.Name, t.kind, code).Inc()
-	mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
+	if t.pass != "" {
+		r.metrics.Requests.WithLabelValues(t.ms.Name, t.pass, code).Inc()
+	} else {
+		mm := front.Of(t.ms)
+		mm.RequestsC(r.metrics, t.ms.Name, t.kind, code).Inc()
+		mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
+	}
 	r.metrics.InFlight.Dec()
 	head := t.head
 	head.Reset()
