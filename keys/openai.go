@@ -44,6 +44,10 @@ type Request struct {
 	// "max_completion_tokens" when it is an integer, else "max_tokens"
 	// when it is; 0 when neither is.
 	MaxTokens int
+	// N is the "n" field (how many choices to generate) when it is a
+	// non-negative integer; 0 when it is absent or anything else (the
+	// engine reads or refuses it).
+	N int
 
 	hasInput bool // "input" is present and not null
 }
@@ -312,6 +316,10 @@ func (d *requestReader) member(name string) error {
 		} else {
 			d.maxCompletion, d.hasMaxCompletion = n, ok
 		}
+	case "n":
+		start := r.Offset()
+		err = r.Skip()
+		req.N, _ = tokenLimit(r.Since(start))
 	case "previous_response_id":
 		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
 	case "prompt":

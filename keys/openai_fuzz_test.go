@@ -84,6 +84,7 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 		}
 		return n, true
 	}
+	req.N, _ = limit("n")
 	if n, ok := limit("max_completion_tokens"); ok {
 		req.MaxTokens = n
 	} else if n, ok := limit("max_tokens"); ok {
@@ -353,6 +354,7 @@ var decodeSeeds = []string{
 	`{"model":"m","input":["a",1]}`, `{"model":"m","input":[1,"a"]}`, `{"model":"m","input":[[1,"a"]]}`, `{"model":"m","input":[1.5]}`,
 	`{"model":"m","input":[-1,0]}`, `{"model":"m","input":[[1],2]}`, `{"model":"m","input":[99999999999999999999]}`, `{"model":"m","input":[true]}`,
 	`{"model":"m","input":[[[1]]]}`, `{"model":"m","input":[1e3]}`, `{"model":"m","input":[null]}`, `{"model":"m","input":"x","input":[1,2]}`,
+	`{"model":"m","n":3}`, `{"model":"m","n":3,"n":"x"}`, `{"model":"m","n":-1}`, `{"model":"m","n":2.0}`, `{"model":"m","n":null}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,
