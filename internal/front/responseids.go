@@ -105,8 +105,9 @@ func (r *ResponseIDs) capacity() int {
 }
 
 // Add remembers that replica of model produced response id, for client
-// (ClientOf of the request's address). An id already known is refreshed
-// as if looked up.
+// (ClientOf of the request's address). An id already known takes the
+// model and replica given and is refreshed as if looked up; it stays its
+// first client's.
 func (r *ResponseIDs) Add(id, model, replica, client string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,6 +117,7 @@ func (r *ResponseIDs) Add(id, model, replica, client string) {
 		r.byCount = make([][]*pinClient, 1, 16)
 	}
 	if p, ok := r.m[id]; ok {
+		p.model, p.replica = model, replica
 		r.use(p)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
 
@@ -118,5 +119,41 @@ func TestPickerEmbeddings(t *testing.T) {
 		eb := decodeError(t, []byte(out))
 		require.NotNil(t, eb.Param, out)
 		assert.Equal(t, param, *eb.Param, body)
+	}
+}
+
+// TestPickerLearnsIDFromHead: a response's id is remembered as soon as
+// the head of its answer passes through the picker, before the request is
+// done (the client may ask about it at once: the official Node client's
+// responses.retrieve right after responses.create got 404 from the
+// picker while its tracker was not yet done); a fallback that served
+// corrects it at Done.
+func TestPickerLearnsIDFromHead(t *testing.T) {
+	fl := pickServer(t, gateway.ModeRoundRobin, "http://10.0.0.1:8000", "http://10.0.0.2:8000")
+	r, err := New(fl, Options{Fallbacks: 1})
+	require.NoError(t, err)
+	for _, served := range []string{"", "other"} {
+		pk, err := r.Pick(t.Context(), &picker.PickRequest{Method: http.MethodPost, Path: "/v1/responses", Body: []byte(`{"model":"m1","input":"hi"}`)})
+		require.NoError(t, err)
+		id := "resp_head_" + served
+		ht := pk.Tracker.(picker.HeadTracker)
+		require.True(t, ht.ResponseHead(http.StatusOK, []byte(`{"id":"`+id+`","object":"response"}`)))
+		model, replica, ok := r.respIDs.Lookup(id)
+		require.True(t, ok, "known before Done")
+		require.Equal(t, testModel, model)
+		picked := map[string]string{"10.0.0.1:8000": "r0", "10.0.0.2:8000": "r1"}[pk.Endpoint]
+		require.Equal(t, picked, replica)
+		o := picker.Outcome{Status: http.StatusOK}
+		if served != "" {
+			o.Served = pk.Fallbacks[0]
+		}
+		pk.Tracker.Done(o)
+		_, replica, ok = r.respIDs.Lookup(id)
+		require.True(t, ok)
+		if served == "" {
+			require.Equal(t, picked, replica)
+		} else {
+			require.Equal(t, map[string]string{"10.0.0.1:8000": "r0", "10.0.0.2:8000": "r1"}[pk.Fallbacks[0]], replica, "the fallback that served")
+		}
 	}
 }
