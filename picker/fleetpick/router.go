@@ -85,6 +85,13 @@ var Attach = front.Attach
 // for a response it does not hold. A disaggregated model decodes a Responses
 // API request co-located, in either P/D mode, as the HTTP gateway does.
 //
+// Requests about a stored response (GET and DELETE /v1/responses/{id},
+// POST .../cancel, GET .../input_items) go to the replica that stored it
+// (front.RouteStored), with no fallbacks; an unknown id gets 404 naming
+// it. /v1/embeddings, /tokenize and /detokenize are routed by load
+// alone (gateway.Target.NoPrompt), as the HTTP gateway passes them
+// through; their body must name its model.
+//
 // Errors answer the client as the HTTP gateway does, with the same status
 // and OpenAI error object (picker.StatusError): 400 for a malformed
 // request, 404 for an unknown model or path, 405 for another method, 503
