@@ -107,3 +107,18 @@ func TestStoredResponses(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
 	assert.Contains(t, body, `replica \"`+owner+`\"`)
 }
+
+// TestStoredCORS: a browser may delete a stored response: the preflight
+// allows DELETE.
+func TestStoredCORS(t *testing.T) {
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}, func(o *Options) { o.CORSOrigins = []string{"*"} })
+	req, err := http.NewRequest(http.MethodOptions, f.http.URL+"/v1/responses/resp_1", nil)
+	require.NoError(t, err)
+	req.Header.Set("Origin", "https://app.example")
+	req.Header.Set("Access-Control-Request-Method", http.MethodDelete)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("Access-Control-Allow-Methods"), http.MethodDelete)
+}

@@ -30,8 +30,8 @@ type pickRequest struct {
 	// request continues (prev, its previous_response_id), "" if none is
 	// known.
 	pin, prev string
-	// client is a Responses API request's client (clientOf), whose
-	// share of the response-id table its answer's id counts against.
+	// client is a Responses API request's client's address (clientOf),
+	// whose share of the response-id table its answer's id counts against.
 	client string
 }
 

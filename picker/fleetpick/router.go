@@ -254,10 +254,11 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	return pr.route()
 }
 
-// clientOf is the client of a request, as the data plane saw it: the
-// last address of its last X-Forwarded-For header (the one Envoy appends
-// for the peer it accepted the request from, with use_remote_address),
-// reduced by front.ClientOf; "" (one client for all) without one.
+// clientOf is the address of a request's client, as the data plane saw
+// it: the last address of its last X-Forwarded-For header (the one Envoy
+// appends for the peer it accepted the request from, with
+// use_remote_address); "" without one. front.ClientOf reduces it when an
+// id is learned.
 func clientOf(h picker.Headers) string {
 	xff := ""
 	for _, hd := range h {
@@ -268,5 +269,5 @@ func clientOf(h picker.Headers) string {
 	if i := strings.LastIndexByte(xff, ','); i >= 0 {
 		xff = xff[i+1:]
 	}
-	return front.ClientOf(xff)
+	return xff
 }

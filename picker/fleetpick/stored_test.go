@@ -157,3 +157,18 @@ func TestPickerLearnsIDFromHead(t *testing.T) {
 		}
 	}
 }
+
+// TestClientOf: a request's client is the last address of its last
+// X-Forwarded-For (Envoy's, appended last), any case of the name.
+func TestClientOf(t *testing.T) {
+	for _, tc := range []struct {
+		h    picker.Headers
+		want string
+	}{
+		{picker.Headers{{Name: "x-forwarded-for", Value: "1.1.1.1, 10.0.0.7"}}, "10.0.0.7"},
+		{picker.Headers{{Name: "X-Forwarded-For", Value: "1.1.1.1"}, {Name: "x-forwarded-for", Value: "10.0.0.8"}}, "10.0.0.8"},
+		{picker.Headers{{Name: "x-session-id", Value: "s"}}, ""},
+	} {
+		assert.Equal(t, tc.want, strings.TrimSpace(clientOf(tc.h)))
+	}
+}

@@ -30,7 +30,7 @@ type tracker struct {
 	// learned as soon as the head holds it; its buffer is kept in the pool.
 	head   front.ResponseHead
 	respID string
-	client string // the request's client (clientOf)
+	client string // the request's client's address (clientOf)
 	// pass, for a request without a prompt (a pass-through request, one
 	// about a stored response), is its endpoint label in the request
 	// counter: its answer teaches no id, and is not timed (its latency
@@ -54,6 +54,7 @@ func (t *tracker) ResponseHead(status int, chunk []byte) bool {
 	id, done := t.head.Feed(chunk)
 	if id != "" {
 		t.respID = id
+		t.client = front.ClientOf(t.client)
 		t.r.respIDs.Add(id, t.ms.Name, t.d.Replica, t.client)
 	}
 	return done
