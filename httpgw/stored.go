@@ -1,6 +1,8 @@
 package httpgw
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -29,8 +31,14 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request) {
 		// bound of any request's.
 		var err error
 		body, err = readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
-		if err != nil {
-			pc.fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "", "gateway: reading the body: "+err.Error())
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			pc.fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
+				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
+			return
+		case err != nil:
+			pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
 			return
 		}
 	}

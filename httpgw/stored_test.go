@@ -122,3 +122,12 @@ func TestStoredCORS(t *testing.T) {
 	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("Access-Control-Allow-Methods"), http.MethodDelete)
 }
+
+// TestStoredBodyBound: a body sent about a stored response is bounded as
+// any request's (413), before any engine is asked.
+func TestStoredBodyBound(t *testing.T) {
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{}, func(o *Options) { o.MaxBodyBytes = 64 })
+	resp, body := f.do(http.MethodPost, "/v1/responses/resp_1/cancel", strings.Repeat("x", 65))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, body)
+	assert.Contains(t, body, "exceeds 64 bytes")
+}
