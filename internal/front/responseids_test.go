@@ -247,3 +247,47 @@ func TestResponseIDsMemory(t *testing.T) {
 		runtime.KeepAlive(&r)
 	}
 }
+
+// TestResponseIDsOwnerAllocs: looking an id up (a continuation's pin,
+// which refreshes it) allocates nothing.
+func TestResponseIDsOwnerAllocs(t *testing.T) {
+	var r ResponseIDs
+	for i := range 100 {
+		r.Add(fmt.Sprintf("resp_%d", i), "m", "r0", fmt.Sprintf("10.0.0.%d", i%7))
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, ok := r.Owner("resp_3", "m"); !ok {
+			t.Fatal("unknown")
+		}
+		if _, ok := r.Owner("resp_77", "m"); !ok {
+			t.Fatal("unknown")
+		}
+	})
+	require.Zero(t, allocs)
+}
+
+// BenchmarkResponseIDsAdd: learning an id into a full table (an
+// eviction each time), from one client and from a client among 1,024.
+func BenchmarkResponseIDsAdd(b *testing.B) {
+	for _, clients := range []int{1, 1024} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			var r ResponseIDs
+			names := make([]string, clients)
+			for i := range names {
+				names[i] = fmt.Sprintf("10.1.%d.%d", i>>8, i&255)
+			}
+			ids := make([]string, MaxResponseIDs+b.N)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("resp_%032x", i)
+			}
+			for i := range MaxResponseIDs {
+				r.Add(ids[i], "m", "r0", names[i%clients])
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				r.Add(ids[MaxResponseIDs+i], "m", "r0", names[i%clients])
+			}
+		})
+	}
+}
