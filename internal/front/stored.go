@@ -55,14 +55,14 @@ func (e *StoredError) Error() string { return e.Err.Error() }
 // operation does not take.
 func ParseStored(method, path string) (StoredRequest, *StoredError) {
 	rest, ok := strings.CutPrefix(path, StoredPrefix)
-	id, op, _ := strings.Cut(rest, "/")
+	id, op, hasOp := strings.Cut(rest, "/")
 	allow := ""
-	switch op {
-	case "":
+	switch {
+	case !hasOp:
 		allow = "GET, DELETE"
-	case "cancel":
+	case op == "cancel":
 		allow = "POST"
-	case "input_items":
+	case op == "input_items":
 		allow = "GET"
 	}
 	if !ok || id == "" || allow == "" {
