@@ -1,8 +1,10 @@
 // Package httpgw is the data plane of the OpenAI-compatible HTTP gateway:
 // for each request it admits, keys, decides (calls into the routing
 // library github.com/examlops/gateway), forwards and retries, and relays
-// the answer; it executes prefill/decode disaggregation and passes
-// /v1/embeddings, /tokenize and /detokenize through. `exa serve gateway`
+// the answer; it executes prefill/decode disaggregation, passes
+// /v1/embeddings, /tokenize and /detokenize through, and sends the
+// requests about a stored response (/v1/responses/{id}) to the engine
+// that stored it. `exa serve gateway`
 // runs it; other Go servers can mount a *Server as an http.Handler.
 //
 //	srv, err := httpgw.New(httpgw.Options{Fleet: fleet.Options{ConfigPath: "/etc/exa/routing.json"}})

@@ -101,7 +101,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // exactly one model, names that one; the body forwarded then names it
 // too (see withSoleModel).
 func passModel(st *fleet.State, body []byte) (string, []byte, error) {
-	req, err := front.Decode(body)
+	req, err := front.DecodeEmbeddings(body)
 	if err != nil {
 		var re *front.RequestError
 		if errors.As(err, &re) {
@@ -199,6 +199,12 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 	if err != nil {
 		pc.fail(http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
 		return false, nil
+	}
+	if pc.r.Method != http.MethodPost { // a stored response's GET or DELETE (stored.go)
+		out.Method = pc.r.Method
+		if len(body) == 0 {
+			out.Body, out.GetBody = http.NoBody, nil
+		}
 	}
 	copyHeaders(out.Header, pc.r.Header)
 	out.Header.Del("Expect")

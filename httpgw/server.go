@@ -195,6 +195,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Chat) })
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Completions) })
 	s.mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveInference(w, r, keys.Responses) })
+	s.mux.HandleFunc(front.StoredPrefix, s.serveStored)
 	for path := range passEndpoints {
 		s.mux.HandleFunc(path, s.servePassThrough)
 	}
@@ -205,7 +206,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.Requests.WithLabelValues("", "other", "404").Inc()
 		front.WriteError(w, http.StatusNotFound, front.TypeNotFound, "unknown_endpoint", "",
-			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
+			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
 	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather, s.log))
 	return s, nil

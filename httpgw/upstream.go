@@ -55,8 +55,13 @@ const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // so are those whose answer is one token (max_tokens or
 // max_completion_tokens 1): its first token is its end, so streaming would
 // tell the gateway nothing sooner and only cost the stream's overhead.
+// Bodies asking for several choices (an integer "n" above 1) are left
+// alone too, so that the client gets the engine's own answer to them:
+// an engine's support for several choices streamed need not match its
+// support for them answered whole, and the first token of a stream of
+// several choices is the first of only one of them.
 func (s *Server) upstreamStream(c *call) {
-	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 ||
+	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 || c.req.N > 1 ||
 		(c.oc.kind != keys.Chat && c.oc.kind != keys.Completions) ||
 		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
 		return

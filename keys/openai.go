@@ -44,6 +44,10 @@ type Request struct {
 	// "max_completion_tokens" when it is an integer, else "max_tokens"
 	// when it is; 0 when neither is.
 	MaxTokens int
+	// N is the "n" field (how many choices to generate) when it is a
+	// non-negative integer; 0 when it is absent or anything else (the
+	// engine reads or refuses it).
+	N int
 
 	hasInput bool // "input" is present and not null
 }
@@ -160,15 +164,23 @@ type requestReader struct {
 	// The answer's limits as read (ok: an integer), resolved at the end.
 	maxTokens, maxCompletion       int
 	hasMaxTokens, hasMaxCompletion bool
+	// embeddings reads "input" as an embeddings input (DecodeEmbeddings).
+	embeddings bool
 }
 
 // Decode reads the routing fields of a request body, which must be one
 // JSON object, checking their types but requiring none: Parse without the
 // endpoint's checks, for bodies of other endpoints (embeddings,
-// tokenize) that name a model or not. Its errors are Parse's, but for
+// tokenize; see also DecodeEmbeddings) that name a model or not. Its errors are Parse's, but for
 // ErrSyntax, which it does not wrap.
 func Decode(body []byte) (*Request, error) {
-	d := &requestReader{}
+	return decode(body, false)
+}
+
+// decode is Decode, reading "input" as an embeddings input when
+// embeddings is set (DecodeEmbeddings).
+func decode(body []byte, embeddings bool) (*Request, error) {
+	d := &requestReader{embeddings: embeddings}
 	d.r.Reset(body)
 	if d.r.Peek() != '{' {
 		return nil, d.r.Errorf("the body must be a JSON object")
@@ -190,7 +202,7 @@ func Decode(body []byte) (*Request, error) {
 	case d.hasMaxTokens:
 		d.req.MaxTokens = d.maxTokens
 	}
-	if d.hasInstructions || d.req.hasInput {
+	if d.hasInstructions || d.req.hasInput && !d.embeddings {
 		// A responses request: its instructions open the conversation as a
 		// system message, then its input items. (A chat body has neither,
 		// and "messages" of a body with both is replaced.)
@@ -290,7 +302,11 @@ func (d *requestReader) member(name string) error {
 		text, ok, err = d.optString(fieldInstructions, name)
 		d.instructions, d.hasInstructions = text, ok
 	case "input":
-		err = d.input()
+		if d.embeddings {
+			err = d.embeddingsInput()
+		} else {
+			err = d.input()
+		}
 	case "max_tokens", "max_completion_tokens":
 		start := r.Offset()
 		err = r.Skip()
@@ -300,6 +316,10 @@ func (d *requestReader) member(name string) error {
 		} else {
 			d.maxCompletion, d.hasMaxCompletion = n, ok
 		}
+	case "n":
+		start := r.Offset()
+		err = r.Skip()
+		req.N, _ = tokenLimit(r.Since(start))
 	case "previous_response_id":
 		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
 	case "prompt":

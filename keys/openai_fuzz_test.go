@@ -19,7 +19,11 @@ import (
 // encoding/json's case-insensitive struct fields), and of repeated
 // members the last one counts, its type included. Nesting is bounded by
 // jsonscan.MaxDepth, as in decode.
-func decodeStd(body []byte) (*Request, error) {
+func decodeStd(body []byte) (*Request, error) { return decodeStdAs(body, false) }
+
+// decodeStdAs is decodeStd, reading "input" as an embeddings input when
+// embeddings is set: the reference of DecodeEmbeddings.
+func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 	if depth(body) > jsonscan.MaxDepth {
 		return nil, errors.New("nesting too deep")
 	}
@@ -80,6 +84,7 @@ func decodeStd(body []byte) (*Request, error) {
 		}
 		return n, true
 	}
+	req.N, _ = limit("n")
 	if n, ok := limit("max_completion_tokens"); ok {
 		req.MaxTokens = n
 	} else if n, ok := limit("max_tokens"); ok {
@@ -94,7 +99,12 @@ func decodeStd(body []byte) (*Request, error) {
 		hasInstructions = true
 	}
 	var items []Message
-	if raw, ok := top["input"]; ok && !isNull(raw) {
+	if raw, ok := top["input"]; ok && !isNull(raw) && embeddings {
+		req.hasInput = true
+		if err := embeddingsStd(raw); err != nil {
+			return nil, err
+		}
+	} else if ok && !isNull(raw) {
 		req.hasInput = true
 		var s string
 		var list []json.RawMessage
@@ -116,7 +126,7 @@ func decodeStd(body []byte) (*Request, error) {
 			return nil, fieldErr("input", "input must be a string or an array")
 		}
 	}
-	if hasInstructions || req.hasInput {
+	if hasInstructions || req.hasInput && !embeddings {
 		msgs := req.Messages[:0]
 		if instructions != "" {
 			msgs = append(msgs, Message{Role: "system", Text: instructions})
@@ -124,6 +134,56 @@ func decodeStd(body []byte) (*Request, error) {
 		req.Messages = append(msgs, items...)
 	}
 	return req, nil
+}
+
+// embeddingsStd checks an embeddings input: a string, or an array of
+// strings, of integers, or of arrays of integers (the first element sets
+// which).
+func embeddingsStd(raw json.RawMessage) error {
+	var s string
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &s) == nil {
+		return nil
+	}
+	if json.Unmarshal(raw, &list) != nil {
+		return fieldErr("input", "input must be a string or an array")
+	}
+	isInt := func(e json.RawMessage) bool {
+		_, err := strconv.ParseInt(string(e), 10, 64)
+		return err == nil
+	}
+	form := func(e json.RawMessage) byte {
+		switch e[0] {
+		case '"', '[':
+			return e[0]
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			return '0'
+		}
+		return 0
+	}
+	for i, e := range list {
+		f := form(e)
+		if f == 0 || f != form(list[0]) {
+			return fieldErr(fmt.Sprintf("input[%d]", i), "bad element")
+		}
+		switch f {
+		case '0':
+			if !isInt(e) {
+				return fieldErr(fmt.Sprintf("input[%d]", i), "not an integer")
+			}
+		case '[':
+			var ids []json.RawMessage
+			if json.Unmarshal(e, &ids) != nil {
+				return fieldErr(fmt.Sprintf("input[%d]", i), "not an array")
+			}
+			for j, id := range ids {
+				if !isInt(id) {
+					return fieldErr(fmt.Sprintf("input[%d][%d]", i, j), "not an integer")
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
@@ -230,10 +290,18 @@ func depth(b []byte) int {
 // body: the same accept/reject decision and the same fields.
 func sameRequest(t *testing.T, body []byte) {
 	t.Helper()
-	got, gerr := Decode(body)
-	want, werr := decodeStd(body)
+	sameRequestAs(t, body, false)
+	sameRequestAs(t, body, true)
+}
+
+// sameRequestAs is sameRequest for Decode, or DecodeEmbeddings when
+// embeddings is set.
+func sameRequestAs(t *testing.T, body []byte, embeddings bool) {
+	t.Helper()
+	got, gerr := decode(body, embeddings)
+	want, werr := decodeStdAs(body, embeddings)
 	if (gerr == nil) != (werr == nil) {
-		t.Fatalf("body %q: decode error %v, encoding/json error %v", body, gerr, werr)
+		t.Fatalf("body %q (embeddings %v): decode error %v, encoding/json error %v", body, embeddings, gerr, werr)
 	}
 	if gerr != nil {
 		return
@@ -242,7 +310,7 @@ func sameRequest(t *testing.T, body []byte) {
 		got.Messages, want.Messages = nil, nil
 	}
 	if fmt.Sprintf("%#v", *got) != fmt.Sprintf("%#v", *want) {
-		t.Fatalf("body %q:\n decode %#v\n encoding/json %#v", body, *got, *want)
+		t.Fatalf("body %q (embeddings %v):\n decode %#v\n encoding/json %#v", body, embeddings, *got, *want)
 	}
 }
 
@@ -282,6 +350,11 @@ var decodeSeeds = []string{
 	`{"model":"m","input":[1]}`, `{"model":"m","input":5}`, `{"model":"m","input":null,"instructions":null}`,
 	`{"model":"m","instructions":7,"input":"x"}`, `{"model":"m","input":"x","input":[{"role":null}]}`,
 	`{"model":"m","messages":[{"role":"user","content":"m"}],"input":"i"}`, `{"model":"m","previous_response_id":3}`,
+	`{"model":"m","input":["a","b"]}`, `{"model":"m","input":[1,2,3]}`, `{"model":"m","input":[[1,2],[3],[]]}`, `{"model":"m","input":[]}`,
+	`{"model":"m","input":["a",1]}`, `{"model":"m","input":[1,"a"]}`, `{"model":"m","input":[[1,"a"]]}`, `{"model":"m","input":[1.5]}`,
+	`{"model":"m","input":[-1,0]}`, `{"model":"m","input":[[1],2]}`, `{"model":"m","input":[99999999999999999999]}`, `{"model":"m","input":[true]}`,
+	`{"model":"m","input":[[[1]]]}`, `{"model":"m","input":[1e3]}`, `{"model":"m","input":[null]}`, `{"model":"m","input":"x","input":[1,2]}`,
+	`{"model":"m","n":3}`, `{"model":"m","n":3,"n":"x"}`, `{"model":"m","n":-1}`, `{"model":"m","n":2.0}`, `{"model":"m","n":null}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,

@@ -42,8 +42,10 @@ func newGatewayCmd() *cobra.Command {
 		Short: "Run the OpenAI-compatible HTTP gateway that routes requests to model-server replicas",
 		Long: `Run the OpenAI-compatible HTTP gateway.
 
-It serves POST /v1/chat/completions and /v1/completions, forwarding each request to
-the replica that the model's routing mode picks (exa serve routing set MODEL --mode ...);
+It serves POST /v1/chat/completions, /v1/completions and /v1/responses, forwarding each
+request to the replica that the model's routing mode picks (exa serve routing set MODEL
+--mode ...), a Responses API conversation and GET/DELETE /v1/responses/{id} to the
+replica that stored the response;
 POST /v1/embeddings, /tokenize and /detokenize, forwarded to the least loaded replica
 of the model named; GET /v1/models, /health (200 while a replica is healthy, as vLLM's),
 /stats (routing statistics as JSON, read by "exa serve routing stats MODEL --gateway URL")

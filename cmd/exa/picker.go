@@ -63,7 +63,9 @@ exact index, metrics and reloads as "exa serve gateway", and reads the response 
 to keep each engine's load and latency current. It routes /v1/chat/completions,
 /v1/completions and /v1/responses; a Responses API conversation continued with
 previous_response_id goes to the replica that stored it, as learned from the answers passing
-through this picker (the head of each body). GET /v1/models is answered by the picker
+through this picker (the head of each body), and so do GET and DELETE /v1/responses/{id},
+.../cancel and .../input_items (an id the picker never saw: 404). /v1/embeddings, /tokenize
+and /detokenize go to the least loaded replica. GET /v1/models is answered by the picker
 from the configuration.
 
 Envoy must reach the engines by IP: a replica whose address has a host name is never picked

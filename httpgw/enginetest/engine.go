@@ -86,6 +86,7 @@ type Engine struct {
 	lastHdr   http.Header      // the last request's headers, under mu
 	lastBody  []byte           // the last POST body, under mu
 	responses map[string]bool  // ids of the responses it stored, under mu
+	respN     int              // responses it produced, under mu
 }
 
 // New starts an Engine on 127.0.0.1 and returns it; Close stops it.
@@ -271,6 +272,10 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/responses":
 		e.serveResponses(w, body)
 	default:
+		if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+			e.serveStored(w, r)
+			return
+		}
 		http.NotFound(w, r)
 	}
 }
@@ -305,7 +310,8 @@ func (e *Engine) serveResponses(w http.ResponseWriter, body []byte) {
 			"message": "Response with id '" + req.Previous + "' not found.", "type": "invalid_request_error", "param": "previous_response_id"}})
 		return
 	}
-	id := fmt.Sprintf("resp_%s_%d", e.opts.Name, len(e.responses)+1)
+	e.respN++
+	id := fmt.Sprintf("resp_%s_%d", e.opts.Name, e.respN)
 	e.responses[id] = true
 	e.mu.Unlock()
 	text := "echo: " + string(req.Input)
@@ -329,6 +335,44 @@ func (e *Engine) serveResponses(w http.ResponseWriter, body []byte) {
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}
+	}
+}
+
+// serveStored answers the requests about a stored response as vLLM's
+// Responses API does: GET /v1/responses/{id} (the response), DELETE (it
+// is forgotten), POST .../cancel (its status "cancelled"), GET
+// .../input_items (an empty list); 404 for a response this engine does
+// not hold, 405 for another method.
+func (e *Engine) serveStored(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Engine", e.opts.Name)
+	id, op, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/responses/"), "/")
+	want := map[string]string{"": "GET DELETE", "cancel": "POST", "input_items": "GET"}[op]
+	if want == "" || !slices.Contains(strings.Fields(want), r.Method) {
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{"message": "method not allowed", "type": "invalid_request_error"}})
+		return
+	}
+	e.mu.Lock()
+	held := e.responses[id]
+	if held && r.Method == http.MethodDelete {
+		delete(e.responses, id)
+	}
+	e.mu.Unlock()
+	if !held {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
+			"message": "Response with id '" + id + "' not found.", "type": "invalid_request_error", "param": "response_id"}})
+		return
+	}
+	switch {
+	case r.Method == http.MethodDelete:
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response.deleted", "deleted": true})
+	case op == "input_items":
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{}, "has_more": false})
+	default:
+		status := "completed"
+		if op == "cancel" {
+			status = "cancelled"
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "model": e.opts.Model, "status": status, "output": []any{}})
 	}
 }
 

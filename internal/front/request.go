@@ -45,6 +45,21 @@ func Decode(body []byte) (*keys.Request, error) {
 	return req, nil
 }
 
+// DecodeEmbeddings is Decode for a pass-through body (embeddings,
+// tokenize, detokenize), whose "input" is an embeddings input
+// (keys.DecodeEmbeddings).
+func DecodeEmbeddings(body []byte) (*keys.Request, error) {
+	req, err := keys.DecodeEmbeddings(body)
+	if err != nil {
+		var fe *keys.FieldError
+		if errors.As(err, &fe) {
+			return nil, FieldError(fe.Field, fe.Msg)
+		}
+		return nil, err
+	}
+	return req, nil
+}
+
 // RequestError is a bad-request error that names the offending field.
 type RequestError struct {
 	Field string

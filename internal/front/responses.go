@@ -1,9 +1,6 @@
 package front
 
-import (
-	"bytes"
-	"sync"
-)
+import "bytes"
 
 // The Responses API (POST /v1/responses) is routed as chat is, by the
 // prefix key of its instructions and input (keys.Parse), with one rule of
@@ -18,62 +15,12 @@ import (
 // eligible). A continuation whose id the front never saw (it restarted,
 // or the id was forgotten) is routed by its key.
 //
-// Bounds: a ResponseIDs remembers the MaxResponseIDs most recent ids
-// (first in, first out): 12.1 MiB at the bound, 194 bytes an id of vLLM's
-// shape (EXA_MEASURE=1 go test -run TestResponseIDsMemory -v
-// ./internal/front).
-
-// MaxResponseIDs is how many response ids a ResponseIDs remembers.
-const MaxResponseIDs = 1 << 16
+// The table of learned ids (ResponseIDs, responseids.go) is bounded, and
+// no client can take its share of it from another.
 
 // MaxResponseHead is how many leading bytes of an answer a ResponseHead
 // reads for its response id; an id past them is not learned.
 const MaxResponseHead = 4 << 10
-
-// responseOwner is the replica that produced a response.
-type responseOwner struct{ model, replica string }
-
-// ResponseIDs remembers the replica of each recent response id, at most
-// MaxResponseIDs of them. Safe for concurrent use; the zero value is
-// empty. A front keeps one.
-type ResponseIDs struct {
-	mu   sync.Mutex
-	m    map[string]responseOwner
-	ring []string // ids in the order learned; next is overwritten first
-	next int
-}
-
-// Add remembers that replica of model produced response id.
-func (r *ResponseIDs) Add(id, model, replica string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.m == nil {
-		r.m = make(map[string]responseOwner)
-		r.ring = make([]string, 0, 1024)
-	}
-	if _, ok := r.m[id]; ok {
-		return
-	}
-	if len(r.ring) < MaxResponseIDs {
-		r.ring = append(r.ring, id)
-	} else {
-		delete(r.m, r.ring[r.next])
-		r.ring[r.next] = id
-		r.next = (r.next + 1) % MaxResponseIDs
-	}
-	r.m[id] = responseOwner{model, replica}
-}
-
-// Owner returns the replica of model that produced response id, if known.
-func (r *ResponseIDs) Owner(id, model string) (string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	o, ok := r.m[id]
-	if !ok || o.model != model {
-		return "", false
-	}
-	return o.replica, true
-}
 
 // ResponseID returns the id of the response whose answer begins with
 // head: the first string member "id" whose value starts with "resp",

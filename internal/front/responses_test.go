@@ -1,9 +1,6 @@
 package front
 
 import (
-	"fmt"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -26,23 +23,6 @@ func TestResponseID(t *testing.T) {
 	} {
 		assert.Equal(t, want, ResponseID([]byte(in)), "%q", in)
 	}
-}
-
-// TestResponseIDsBound: the store keeps the most recent MaxResponseIDs
-// ids and forgets the oldest first.
-func TestResponseIDsBound(t *testing.T) {
-	var r ResponseIDs
-	for i := range MaxResponseIDs + 10 {
-		r.Add(fmt.Sprintf("resp_%d", i), "m", "r0")
-	}
-	require.Len(t, r.m, MaxResponseIDs)
-	_, ok := r.Owner("resp_9", "m")
-	require.False(t, ok, "the oldest ids are forgotten")
-	got, ok := r.Owner(fmt.Sprintf("resp_%d", MaxResponseIDs+9), "m")
-	require.True(t, ok)
-	require.Equal(t, "r0", got)
-	_, ok = r.Owner(fmt.Sprintf("resp_%d", MaxResponseIDs+9), "other")
-	require.False(t, ok, "an id is its model's")
 }
 
 // FuzzResponseID: any answer head gives the same id through ResponseHead,
@@ -74,26 +54,6 @@ func FuzzResponseID(f *testing.F) {
 			t.Fatalf("ResponseID(%q) = %q", head, id)
 		}
 	})
-}
-
-// TestResponseIDsMemory measures the store at its bound (EXA_MEASURE=1):
-// MaxResponseIDs ids of vLLM's shape ("resp_" and 32 hex digits).
-func TestResponseIDsMemory(t *testing.T) {
-	if os.Getenv("EXA_MEASURE") == "" {
-		t.Skip("set EXA_MEASURE=1 to measure")
-	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	var r ResponseIDs
-	for i := range MaxResponseIDs {
-		r.Add(fmt.Sprintf("resp_%032x", i), "meta-llama/Llama-3.1-8B-Instruct", fmt.Sprintf("r%d", i%8))
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	t.Logf("%d ids: %.1f MiB, %.0f bytes an id", MaxResponseIDs, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20),
-		float64(after.HeapAlloc-before.HeapAlloc)/MaxResponseIDs)
-	runtime.KeepAlive(&r)
 }
 
 // TestResponseHead: the id is learned from a head in one chunk or cut

@@ -25,12 +25,17 @@ func FuzzPick(f *testing.F) {
 	f.Add("POST", "/v1/responses", []byte(`{"model":"m1","instructions":"be terse","input":"hi"}`), "", "")
 	f.Add("POST", "/v1/responses", []byte(`{"model":"m1","input":[{"role":"user","content":"hi"}],"previous_response_id":"resp_f"}`), "", "10.0.0.2:8000")
 	f.Add("POST", "/v1/responses", []byte(`{"id":"resp_x","model":"m1","input":"hi","previous_response_id":"resp_f"}`), "", "10.0.0.1:8000")
+	f.Add("GET", "/v1/responses/resp_f?include=x", []byte(nil), "", "10.0.0.2:8000")
+	f.Add("DELETE", "/v1/responses/resp_unknown", []byte(nil), "", "")
+	f.Add("POST", "/v1/responses/resp_f/cancel", []byte(nil), "", "10.0.0.1:8000")
+	f.Add("POST", "/v1/embeddings", []byte(`{"model":"m1","input":[[1,2],[3]]}`), "", "")
+	f.Add("POST", "/tokenize", []byte(`{"model":"m1","prompt":"a b"}`), "", "10.0.0.1:8000")
 	s := pickServer(f, gateway.ModeCacheAware, "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://engine:8000")
 	p, err := New(s, Options{Fallbacks: 2})
 	if err != nil {
 		f.Fatal(err)
 	}
-	p.respIDs.Add("resp_f", testModel, "r1") // a stored response, on 10.0.0.2
+	p.respIDs.Add("resp_f", testModel, "r1", "") // a stored response, on 10.0.0.2
 	f.Fuzz(func(t *testing.T, method, path string, body []byte, session, subset string) {
 		req := &picker.PickRequest{Method: method, Path: path, Body: body, Header: picker.Headers{{Name: "x-session-id", Value: session}}}
 		if subset != "" {

@@ -30,6 +30,9 @@ type pickRequest struct {
 	// request continues (prev, its previous_response_id), "" if none is
 	// known.
 	pin, prev string
+	// client is a Responses API request's client's address (clientOf),
+	// whose share of the response-id table its answer's id counts against.
+	client string
 }
 
 // adapter is the request's LoRA adapter, "" for the base model.
@@ -244,6 +247,6 @@ func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint st
 	r.metrics.ReplicaRequests(ms, d.Replica).Inc()
 	r.metrics.InFlight.Inc()
 	t := r.pool.Get().(*tracker)
-	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab}
+	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab, client: pr.client}
 	return t
 }

@@ -85,6 +85,13 @@ var Attach = front.Attach
 // for a response it does not hold. A disaggregated model decodes a Responses
 // API request co-located, in either P/D mode, as the HTTP gateway does.
 //
+// Requests about a stored response (GET and DELETE /v1/responses/{id},
+// POST .../cancel, GET .../input_items) go to the replica that stored it
+// (front.RouteStored), with no fallbacks; an unknown id gets 404 naming
+// it. /v1/embeddings, /tokenize and /detokenize are routed by load
+// alone (gateway.Target.NoPrompt), as the HTTP gateway passes them
+// through; their body must name its model.
+//
 // Errors answer the client as the HTTP gateway does, with the same status
 // and OpenAI error object (picker.StatusError): 400 for a malformed
 // request, 404 for an unknown model or path, 405 for another method, 503
@@ -187,10 +194,15 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		kind = keys.Responses
 	case "/v1/models":
 		return r.models(req)
+	case "/v1/embeddings", "/tokenize", "/detokenize":
+		return r.passThrough(req, path, start)
 	default:
+		if strings.HasPrefix(path, front.StoredPrefix) {
+			return r.stored(req, path, start)
+		}
 		r.metrics.Requests.WithLabelValues("", "other", "404").Inc()
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: front.TypeNotFound, Code: "unknown_endpoint",
-			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions and /v1/responses, and answers /v1/models)")}
+			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize and /detokenize, and answers /v1/models)")}
 	}
 	pr := pickRequest{r: r, kind: kind, start: start}
 	if req.Method != http.MethodPost {
@@ -232,9 +244,30 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	defer func() { r.keyer.Release(kp, pr.key) }()
 	pr.tab = r.tableOf(st)
 	pr.sub = req.Subset
-	if kind == keys.Responses && rq.PreviousResponseID != "" {
-		pr.prev = rq.PreviousResponseID
-		pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+	if kind == keys.Responses {
+		pr.client = clientOf(req.Header)
+		if rq.PreviousResponseID != "" {
+			pr.prev = rq.PreviousResponseID
+			pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+		}
 	}
 	return pr.route()
+}
+
+// clientOf is the address of a request's client, as the data plane saw
+// it: the last address of its last X-Forwarded-For header (the one Envoy
+// appends for the peer it accepted the request from, with
+// use_remote_address); "" without one. front.ClientOf reduces it when an
+// id is learned.
+func clientOf(h picker.Headers) string {
+	xff := ""
+	for _, hd := range h {
+		if strings.EqualFold(hd.Name, "x-forwarded-for") {
+			xff = hd.Value
+		}
+	}
+	if i := strings.LastIndexByte(xff, ','); i >= 0 {
+		xff = xff[i+1:]
+	}
+	return xff
 }

@@ -94,7 +94,7 @@ func TestPickerErrors(t *testing.T) {
 		{"missing field", "POST", "/v1/completions", `{"model":"m1"}`, 400, "invalid_request", "prompt", `field "prompt" is required`},
 		{"empty body", "POST", "/v1/chat/completions", "", 400, "invalid_request", "", "not a valid JSON request"},
 		{"method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed", "", "accepts POST only"},
-		{"unknown path", "POST", "/v1/embeddings", `{"model":"m1"}`, 404, "unknown_endpoint", "", "no endpoint /v1/embeddings"},
+		{"unknown path", "POST", "/v1/audio/speech", `{"model":"m1"}`, 404, "unknown_endpoint", "", "no endpoint /v1/audio/speech"},
 		{"no replicas", "POST", "/v1/chat/completions", chatBody("empty", false, "s", "u"), 503, "no_replicas", "model", `model "empty" has no replicas`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

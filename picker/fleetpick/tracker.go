@@ -27,49 +27,64 @@ type tracker struct {
 	endpoint string
 	tab      *table
 	// head reads a Responses API answer's head for its id (respID),
-	// learned when the request is done; its buffer is kept in the pool.
+	// learned as soon as the head holds it; its buffer is kept in the pool.
 	head   front.ResponseHead
 	respID string
+	client string // the request's client's address (clientOf)
+	// pass, for a request without a prompt (a pass-through request, one
+	// about a stored response), is its endpoint label in the request
+	// counter: its answer teaches no id, and is not timed (its latency
+	// says nothing of a prompt's). forget is the id a DELETE of a stored
+	// response deletes, forgotten once the engine answers 200.
+	pass   string
+	forget string
 }
 
 var _ picker.HeadTracker = (*tracker)(nil)
 
 // ResponseHead implements picker.HeadTracker: the head of a Responses API
-// answer gives its id, which Done remembers (Router.respIDs). Any other
-// answer is not read.
+// answer gives its id, remembered at once (Router.respIDs) as the picked
+// replica's, before the client has the answer, so that the client's next
+// request (a continuation, a retrieve) finds it; Done corrects it when a
+// fallback served. Any other answer is not read.
 func (t *tracker) ResponseHead(status int, chunk []byte) bool {
-	if t.kind != keys.Responses || status != http.StatusOK {
+	if t.kind != keys.Responses || status != http.StatusOK || t.pass != "" {
 		return true
 	}
 	id, done := t.head.Feed(chunk)
-	t.respID = id
+	if id != "" {
+		t.respID = id
+		t.client = front.ClientOf(t.client)
+		t.r.respIDs.Add(id, t.ms.Name, t.d.Replica, t.client)
+	}
 	return done
 }
 
-// learn remembers which replica produced the response the request got:
-// the one picked, or the fallback that served it.
-func (t *tracker) learn(served string) {
-	replica := t.d.Replica
-	if served != "" && served != t.endpoint {
-		ep := t.tab.byEP[served]
-		replica = ""
-		for _, name := range t.ms.Order {
-			if ep != nil && t.ms.ByName[name] == ep {
-				replica = name
-				break
-			}
-		}
-		if replica == "" {
+// relearn corrects the replica of the response id learned from the head
+// (ResponseHead) when the endpoint that served is not the one picked (a
+// fallback): that fallback's replica, or, if it is not one of the
+// model's, the id is forgotten.
+func (t *tracker) relearn(served string) {
+	if served == "" || served == t.endpoint {
+		return
+	}
+	ep := t.tab.byEP[served]
+	for _, name := range t.ms.Order {
+		if ep != nil && t.ms.ByName[name] == ep {
+			t.r.respIDs.Add(t.respID, t.ms.Name, name, t.client)
 			return
 		}
 	}
-	t.r.respIDs.Add(t.respID, t.ms.Name, replica)
+	t.r.respIDs.Forget(t.respID)
 }
 
 // FirstToken implements picker.Tracker.
 func (t *tracker) FirstToken() {
 	r := t.r
 	t.d.FirstToken()
+	if t.pass != "" {
+		return
+	}
 	front.Of(t.ms).TTFBO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
 }
 
@@ -94,7 +109,10 @@ func (t *tracker) Done(o picker.Outcome) {
 		}
 	}
 	if t.respID != "" {
-		t.learn(o.Served)
+		t.relearn(o.Served)
+	}
+	if t.forget != "" && o.Status == http.StatusOK && o.Err == nil {
+		r.respIDs.Forget(t.forget)
 	}
 	code := strconv.Itoa(o.Status)
 	switch {
@@ -103,6 +121,8 @@ func (t *tracker) Done(o picker.Outcome) {
 		t.d.Done(gateway.DoneInfo{Err: o.Err})
 	case o.Err != nil:
 		t.d.Done(gateway.DoneInfo{Err: o.Err})
+	case t.pass != "":
+		t.d.Done(gateway.DoneInfo{})
 	default:
 		t.d.Done(gateway.DoneInfo{Latency: o.Latency})
 	}
@@ -112,9 +132,13 @@ func (t *tracker) Done(o picker.Outcome) {
 		// HTTP gateway's sidecar mode releases it.
 		t.pre.Done(gateway.DoneInfo{})
 	}
-	mm := front.Of(t.ms)
-	mm.RequestsC(r.metrics, t.ms.Name, t.kind, code).Inc()
-	mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
+	if t.pass != "" {
+		r.metrics.Requests.WithLabelValues(t.ms.Name, t.pass, code).Inc()
+	} else {
+		mm := front.Of(t.ms)
+		mm.RequestsC(r.metrics, t.ms.Name, t.kind, code).Inc()
+		mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
+	}
 	r.metrics.InFlight.Dec()
 	head := t.head
 	head.Reset()
