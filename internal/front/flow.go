@@ -69,9 +69,13 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 	return f, nil
 }
 
+// Header is a request's headers: http.Header, or the picker's
+// picker.Headers.
+type Header interface{ Get(name string) string }
+
 // Priority returns the priority of a request with header h: its
 // objective's, else 0.
-func (f *FlowControl) Priority(h http.Header) int {
+func (f *FlowControl) Priority(h Header) int {
 	return f.o.Objectives[h.Get(flow.HeaderObjective)]
 }
 
@@ -79,7 +83,7 @@ func (f *FlowControl) Priority(h http.Header) int {
 // takes it (see flow.Controller.Hold; bind is called at most once with
 // true). It returns nil once bound, else the reason it was not (answer it
 // with FlowAnswer).
-func (f *FlowControl) Hold(ctx context.Context, model string, h http.Header, bytes int64, bind func() bool) error {
+func (f *FlowControl) Hold(ctx context.Context, model string, h Header, bytes int64, bind func() bool) error {
 	id := h.Get(f.o.FairnessHeader)
 	if len(id) > flow.MaxFlowID {
 		id = id[:flow.MaxFlowID] // a longer id shares the flow of its prefix

@@ -1,6 +1,7 @@
 package fleetpick
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -33,6 +34,13 @@ type pickRequest struct {
 	// client is a Responses API request's client's address (clientOf),
 	// whose share of the response-id table its answer's id counts against.
 	client string
+	// ctx, hdr and size are the request's context, headers and body size,
+	// for flow control (Options.Flow); first, when set, is the decision
+	// bound at dispatch.
+	ctx   context.Context
+	hdr   picker.Headers
+	size  int64
+	first *gateway.Decision
 }
 
 // adapter is the request's LoRA adapter, "" for the base model.
@@ -125,7 +133,17 @@ func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
 func (pr *pickRequest) route() (picker.Pick, error) {
 	r, ms := pr.r, pr.ms
 	allow := pr.allow(false)
-	if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
+	if r.flow != nil {
+		if err := pr.hold(allow); err != nil {
+			status, typ, code, msg := front.FlowAnswer(ms.Name, err)
+			if status == http.StatusTooManyRequests {
+				err = fmt.Errorf("%w: %s", picker.ErrShed, msg)
+			} else {
+				err = errors.New(msg)
+			}
+			return pr.fail(status, typ, code, "", err)
+		}
+	} else if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
 			fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a)))
 	}
@@ -139,7 +157,13 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 	for try := 0; try < 2; try++ {
 		t := pr.target(allow)
 		t.Exclude = failed
-		d, err := ms.Gateway.RouteWith(pr.key, t)
+		var d gateway.Decision
+		var err error
+		if try == 0 && pr.first != nil {
+			d = *pr.first
+		} else {
+			d, err = ms.Gateway.RouteWith(pr.key, t)
+		}
 		if err != nil {
 			if errors.Is(err, gateway.ErrNoHealthyReplica) {
 				return pr.noEndpoint("", err)
@@ -169,12 +193,18 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 // the HTTP gateway: no other engine holds the response.
 func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error) {
 	ms, pin := pr.ms, pr.pin
-	t := pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
-	if a := pr.r.opts.Admission; ms.Gateway.Saturated(t, a) {
+	t := pr.pinned(allow)
+	if a := pr.r.opts.Admission; pr.first == nil && pr.r.flow == nil && ms.Gateway.Saturated(t, a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
 			fmt.Errorf("%w: gateway: model %q is saturated: replica %q, which stored response %q, has no room (%s)", picker.ErrShed, ms.Name, pin, pr.prev, front.AdmissionText(a)))
 	}
-	d, err := ms.Gateway.RouteWith(pr.key, t)
+	var d gateway.Decision
+	var err error
+	if pr.first != nil {
+		d = *pr.first
+	} else {
+		d, err = ms.Gateway.RouteWith(pr.key, t)
+	}
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			return pr.noEndpoint("", fmt.Errorf("replica %q, which stored response %q, is not eligible: %w", pin, pr.prev, err))
@@ -188,6 +218,48 @@ func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error)
 	}
 	tr := pr.track(d, ep, endpoint)
 	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
+}
+
+// pinned is the target of a request pinned to pr.pin, within allow.
+func (pr *pickRequest) pinned(allow func(string) bool) gateway.Target {
+	pin := pr.pin
+	return pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
+}
+
+// hold passes the request through its model's flow-control queue
+// (Options.Flow on), as the HTTP gateway's hold: it returns nil once the
+// request may go, its decision made at that moment (pr.first), holding
+// the ext_proc stream meanwhile. Bound means no replica lacks room under
+// Options.Admission and the library routes it; with no healthy replica
+// the request waits for one or its deadline. A disaggregated model's
+// request is only admitted: its plan is made after.
+func (pr *pickRequest) hold(allow func(string) bool) error {
+	ms := pr.ms
+	t := pr.target(allow)
+	if pr.pin != "" {
+		t = pr.pinned(allow)
+	}
+	pd := ms.PD != nil && pr.kind != keys.Responses
+	var first gateway.Decision
+	bound := false
+	err := pr.r.flow.Hold(pr.ctx, ms.Name, pr.hdr, pr.size, func() bool {
+		if ms.Gateway.Saturated(t, pr.r.opts.Admission) {
+			return false
+		}
+		if pd {
+			return true
+		}
+		d, err := ms.Gateway.RouteWith(pr.key, t)
+		if errors.Is(err, gateway.ErrNoHealthyReplica) {
+			return false
+		}
+		first, bound = d, err == nil // another error is route's to answer
+		return true
+	})
+	if err == nil && bound {
+		pr.first = &first
+	}
+	return err
 }
 
 // pdHeaders are the upstream headers of a request routed co-located: for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
@@ -50,6 +51,12 @@ type Options struct {
 	// Registerer receives the request metrics (exa_gateway_*, as the HTTP
 	// gateway's; docs/metrics.md); default a fresh registry.
 	Registerer prometheus.Registerer
+	// Flow, when Enabled, holds a model's requests past capacity (the
+	// ext_proc stream waits) in a queue by priority and fairness instead
+	// of declining them, and picks each endpoint when its turn comes (as
+	// the HTTP gateway's Options.Flow; package flow). Admission says when
+	// a replica has room. The zero value is off.
+	Flow flow.Options
 	// Logger: default slog.Default(). Clock, the time source of latency
 	// measurements: default time.Now.
 	Logger *slog.Logger
@@ -124,6 +131,7 @@ type Router struct {
 	// response (front.ResponseIDs, bounded), learned from the head of
 	// each answer (tracker.ResponseHead).
 	respIDs front.ResponseIDs
+	flow    *front.FlowControl // nil when Options.Flow is off
 }
 
 var _ picker.Router = (*Router)(nil)
@@ -169,6 +177,9 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
+	if r.flow, err = front.NewFlowControl(opts.Flow, opts.Clock, opts.Registerer); err != nil {
+		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidOptions, err)
+	}
 	r.pool.New = func() any { return new(tracker) }
 	r.tableOf(fl.Snapshot())
 	return r, nil
@@ -204,7 +215,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusNotFound, Type: front.TypeNotFound, Code: "unknown_endpoint",
 			Err: errors.New("gateway: no endpoint " + path + " (the picker routes /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize and /detokenize, and answers /v1/models)")}
 	}
-	pr := pickRequest{r: r, kind: kind, start: start}
+	pr := pickRequest{r: r, kind: kind, start: start, ctx: ctx, hdr: req.Header, size: int64(len(req.Body))}
 	if req.Method != http.MethodPost {
 		return pr.fail(http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "",
 			errors.New("gateway: "+path+" accepts POST only, not "+req.Method))

@@ -140,6 +140,7 @@ func (t *tracker) Done(o picker.Outcome) {
 		mm.DurationO(r.metrics, t.ms.Name, t.kind).Observe(r.opts.Clock().Sub(t.start).Seconds())
 	}
 	r.metrics.InFlight.Dec()
+	r.flow.Kick(t.ms.Name) // its replica may have room for one held
 	head := t.head
 	head.Reset()
 	*t = tracker{head: head}

@@ -1,0 +1,83 @@
+package fleetpick
+
+import (
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/flow"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/fronttest"
+)
+
+// TestPickerFlowHolds: with flow control on, a request past capacity
+// holds its ext_proc stream instead of getting 429, the interactive
+// objective's before the batch one, each picked when the slot frees; one
+// held past its deadline gets 503.
+func TestPickerFlowHolds(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
+		Flow: flow.Options{Enabled: true, Objectives: map[string]int{"interactive": 1}, Retry: time.Millisecond}}})
+	e := f.engines[0]
+	gate := e.Gate()
+	queued := func(n int) {
+		require.Eventually(t, func() bool {
+			return fronttest.Gauge(t, f.reg, "exa_gateway_flow_queue_requests", map[string]string{"model": testModel}) == float64(n)
+		}, 10*time.Second, time.Millisecond)
+	}
+	statuses := make(chan int, 3)
+	send := func(prompt, objective string) {
+		go func() {
+			resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", prompt), "x-gateway-inference-objective", objective)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	send("first", "")
+	<-e.Gated()
+	send("batch", "")
+	queued(1)
+	send("chat", "interactive")
+	queued(2)
+	for _, want := range []string{"chat", "batch"} {
+		next := e.Gate()
+		gate()
+		gate = next
+		<-e.Gated()
+		_, b := e.LastRequest()
+		assert.Contains(t, string(b), `"content":"`+want+`"`)
+	}
+	gate()
+	for range 3 {
+		assert.Equal(t, http.StatusOK, <-statuses)
+	}
+	f.settle()
+	assert.Equal(t, 3.0, f.counter("exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "dispatched"}))
+}
+
+func TestPickerFlowDeadline(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
+		Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: 20 * time.Millisecond}, Retry: time.Millisecond}}})
+	e := f.engines[0]
+	release := e.Gate()
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	<-e.Gated()
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "late"))
+	b := readAll(t, resp)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), "queue_timeout")
+	release()
+	<-first
+	assert.Equal(t, int64(1), e.Requests())
+}
