@@ -242,8 +242,9 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
-		// A body cannot carry an error once begun: cut the connection
-		// (see failMidAnswer).
+		// A body cannot carry an error once begun: pass on what was
+		// written and cut the connection (see failMidAnswer).
+		_ = http.NewResponseController(pc.w).Flush()
 		pc.code = front.CodeAborted
 		panic(http.ErrAbortHandler)
 	}

@@ -273,7 +273,12 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 		return
 	}
 	// A plain JSON body cannot carry an error once begun: cut the
-	// connection so the client sees a failure, not a short body.
+	// connection so the client sees a failure, not a short body. What was
+	// written goes first (a front server drops a response it holds
+	// unsent when the handler aborts), so the client gets the status and
+	// a body short of its declared length (or a chunked body without its
+	// last chunk), never nothing at all.
+	_ = rc.Flush()
 	// http.ErrAbortHandler is net/http's documented way to abort a
 	// response; the server recovers it silently, so this is the exception
 	// to the no-panic rule, not a crash.
