@@ -93,6 +93,10 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
+	if s.saturated(w, ms, gateway.Target{NoPrompt: true}) {
+		pc.code = front.CodeShed429
+		return
+	}
 	s.passForward(pc, ms, body)
 }
 
