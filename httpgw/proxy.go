@@ -42,6 +42,10 @@ type outcome struct {
 // that starts with ErrUpstream's "gateway:".
 var errFirstByteTimeout = errors.New("no response byte within the first-byte timeout")
 
+// errResponseTimeout marks a non-streamed answer not complete within
+// Options.ResponseTimeout; the client gets 504 if nothing was sent to it.
+var errResponseTimeout = errors.New("the answer was not complete within the response timeout")
+
 // errUpstreamStatus marks a 5xx answer from an engine; like
 // errFirstByteTimeout it is a cause inside an ErrUpstream message.
 var errUpstreamStatus = errors.New("engine answered with a server error")
@@ -208,7 +212,8 @@ func (s *Server) proxy(c *call) {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):
 				oc.fail(c.w, http.StatusInternalServerError, front.TypeServer, "routing_error", "", err.Error())
 			case try > 0:
-				oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "",
+				status, code := failStatus(lastErr)
+				oc.fail(c.w, status, front.TypeServer, code, "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 			case c.lora != nil:
 				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",

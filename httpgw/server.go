@@ -25,10 +25,10 @@ const (
 	// ~20s prefill of a 100k-token prompt at 5k tokens/s (a 70B-class
 	// model on four H100s; an 8B model prefills it in under 10s).
 	DefaultFirstByteTimeout = 30 * time.Second
-	// DefaultResponseTimeout bounds the wait for a non-streamed answer,
-	// whose first byte comes when it is complete (Options.ResponseTimeout):
-	// 10 minutes, the OpenAI SDKs' default timeout, past which the usual
-	// client has given up; it covers 12k generated tokens at 20 tokens/s.
+	// DefaultResponseTimeout bounds a non-streamed answer as a whole
+	// (Options.ResponseTimeout): 10 minutes, the OpenAI SDKs' default
+	// timeout, past which the usual client has given up; it covers 12k
+	// generated tokens at 20 tokens/s.
 	DefaultResponseTimeout = 10 * time.Minute
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
@@ -67,8 +67,13 @@ type Options struct {
 	// nothing was sent to the client yet. Raise it for prompts that take
 	// longer to prefill.
 	FirstByteTimeout time.Duration
-	// ResponseTimeout is FirstByteTimeout for non-streamed requests, whose
-	// first byte comes only once the whole answer is generated: set it
+	// ResponseTimeout bounds a non-streamed request's answer as a whole,
+	// on each replica tried: from sending the request to the engine until
+	// the answer's last byte, whether the engine streams it to the gateway
+	// (UpstreamStream) or sends it whole. An engine that runs out of it
+	// counts as failed; if nothing was sent to the client yet the request
+	// is retried once on another replica, else the client gets 504
+	// (upstream_timeout); a relayed answer already begun is cut. Set it
 	// above the longest such generation. Default DefaultResponseTimeout
 	// (10 minutes), negative means no bound.
 	ResponseTimeout time.Duration
@@ -79,7 +84,8 @@ type Options struct {
 	// comes, and answered with the non-streamed JSON assembled from the
 	// stream (see "Non-streamed requests" in the package doc). Its wait
 	// for the first token is then bounded by FirstByteTimeout, like a
-	// streamed request's. The assembled answer is bounded by
+	// streamed request's, and the whole answer by ResponseTimeout. The
+	// assembled answer is bounded by
 	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502).
 	// Default UpstreamStreamDefault: on.
 	UpstreamStream UpstreamStreamMode

@@ -155,7 +155,8 @@ func (s *Server) failAggregated(c *call, err error, engineFault bool) {
 	err = fmt.Errorf("%s: %w", a.replica(), err)
 	a.done(0, err)
 	s.metrics.UpstreamStreamFailed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
-	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	status, code := failStatus(err)
+	c.oc.fail(c.w, status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // isEventStream reports whether resp is an SSE stream.

@@ -91,7 +91,7 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
-		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+		"how long a non-streamed answer may take as a whole on one engine, from sending the request to its last byte (streamed from the engine and assembled, or sent whole); past it the request is retried on another replica if nothing was sent yet, else the client gets 504 (0 = no limit)")
 	f.BoolVar(&fl.upstreamStream, "upstream-stream", true,
 		"ask the engine to stream the answer of a chat or completions request whose client does not stream, and answer the client with the JSON assembled from the stream, so that the gateway learns the request's first token (its prefill's end) when it comes rather than at completion; --upstream-stream=false forwards such requests as they are")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
