@@ -14,6 +14,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 )
@@ -94,8 +95,10 @@ type call struct {
 	head    front.ResponseHead
 	learned bool
 	// aggregate is set when the engine is asked to stream the answer of
-	// a non-streamed request (upstream.go).
+	// a non-streamed request (upstream.go); hold is then the answer's
+	// share of Options.MaxAssembledBytes.
 	aggregate bool
+	hold      budget.Hold
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -119,7 +122,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	if s.shed(c) {
 		return
 	}
-	s.upstreamStream(c)
+	if !s.upstreamStream(c) {
+		return
+	}
+	defer s.releaseAssembled(c)
 	if c.ms.PD != nil && kind != keys.Responses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return

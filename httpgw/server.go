@@ -10,6 +10,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
@@ -33,6 +34,11 @@ const (
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
 	DefaultTokenizeTimeout = front.DefaultTokenizeTimeout
+	// DefaultMaxAssembledBytes bounds the memory of all the answers being
+	// assembled together (Options.MaxAssembledBytes): 256 MiB, as the
+	// picker's buffered bodies (picker.DefaultMaxBufferedBytes); three
+	// answers at the 32 MiB limit, thousands of the usual few-KiB ones.
+	DefaultMaxAssembledBytes = 256 << 20
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -86,9 +92,20 @@ type Options struct {
 	// for the first token is then bounded by FirstByteTimeout, like a
 	// streamed request's, and the whole answer by ResponseTimeout. The
 	// assembled answer is bounded by
-	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502).
-	// Default UpstreamStreamDefault: on.
+	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502),
+	// and all of them together by MaxAssembledBytes (else 503). Default
+	// UpstreamStreamDefault: on.
 	UpstreamStream UpstreamStreamMode
+	// MaxAssembledBytes bounds the memory held by all the answers the
+	// gateway assembles at once (UpstreamStream), each charged twice the
+	// memory it holds (its buffers' capacity: Go's collector, at the
+	// default GOGC=100, lets the heap grow to twice what is live). A
+	// request whose answer would take the sum past it gets 503
+	// (assembly_over_budget) with Retry-After, before it is sent to an
+	// engine or as soon as its answer outgrows the budget (the engine's
+	// stream is then dropped). Default DefaultMaxAssembledBytes (256 MiB);
+	// it must not be negative.
+	MaxAssembledBytes int64
 	// Transport carries requests to the engines; default an
 	// internal/httpclient.Pool: keep-alive HTTP/1.1 connections, each
 	// exchange done on the request's own goroutine (plain http; anything
@@ -144,7 +161,11 @@ type Server struct {
 	mux     *http.ServeMux
 
 	bufPool sync.Pool
-	respIDs front.ResponseIDs // which replica produced each recent response (responses.go)
+	// assembled is the MaxAssembledBytes budget the assembled answers
+	// share (upstream.go).
+	assembled *budget.Budget
+	mem       *memReturner      // returns the memory of long answers (memreturn.go)
+	respIDs   front.ResponseIDs // which replica produced each recent response (responses.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -170,6 +191,8 @@ func New(opts Options) (*Server, error) {
 		newRequestID: newUUID,
 	}
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
+	s.assembled = budget.New(opts.MaxAssembledBytes)
+	s.mem = newMemReturner(s.afterFunc, time.Now)
 	var err error
 	s.Fleet, err = fleet.New(fleetOptions(opts))
 	if err != nil {
@@ -244,6 +267,12 @@ func fillOptions(o *Options) error {
 	}
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.MaxAssembledBytes < 0 {
+		return fmt.Errorf("%w: MaxAssembledBytes %d is negative", ErrInvalidOptions, o.MaxAssembledBytes)
+	}
+	if o.MaxAssembledBytes == 0 {
+		o.MaxAssembledBytes = DefaultMaxAssembledBytes
 	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})
