@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/examlops/gateway/fleet"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -120,4 +121,40 @@ func TestMaxAssembledBytesOption(t *testing.T) {
 	assert.Contains(t, err.Error(), "MaxAssembledBytes -1 is negative")
 	f := rawFixture(t, Options{})
 	assert.Equal(t, int64(DefaultMaxAssembledBytes), f.srv.assembled.Limit())
+}
+
+// A prefill answer, read whole, takes its share of the same budget: one
+// the budget cannot hold is not the prefill replica's failure (not
+// retried, its health untold) and the request is decoded co-located;
+// within the budget the same answer hands over the KV cache. Every byte
+// comes back to the budget.
+func TestAssembledBudgetPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		budget int64
+		split  bool
+	}{
+		{"over the budget", 1 << 20, false},
+		{"within it", 16 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPDFixtureOpts(t, 2, 1, nil, Options{UpstreamStream: UpstreamStreamOff, MaxAssembledBytes: tc.budget,
+				Fleet: fleet.Options{EjectAfter: 1}})
+			f.pdFaults("big")
+			resp := f.post("/v1/chat/completions", pdBody(false, "tell me a long story"))
+			b := readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%.300s", b)
+			assert.Equal(t, "tell me a long story", answerText(t, b))
+			seen := f.prefillsSeen()
+			assert.Equal(t, 1, len(seen[0])+len(seen[1]), "one prefill, not retried")
+			f.settle()
+			assert.Zero(t, f.srv.assembled.Used())
+			if tc.split {
+				assert.Regexp(t, `^split`, resp.Header.Get(HeaderDisagg))
+				return
+			}
+			assert.Equal(t, 1.0, f.fallbacks("prefill_failed"))
+			assert.Zero(t, f.counter("exa_gateway_ejections_total", nil), "the budget is not the replica's failure")
+		})
+	}
 }

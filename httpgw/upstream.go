@@ -112,6 +112,9 @@ func (s *Server) releaseAssembled(c *call) {
 	s.mem.ended(held / assembledCharge)
 }
 
+// errOverBudget marks an answer the MaxAssembledBytes budget cannot hold.
+var errOverBudget = errors.New("the answers being assembled hold the gateway's budget for them (MaxAssembledBytes, --max-assembled-bytes)")
+
 // overBudget answers a call whose assembled answer needs need more bytes
 // than the MaxAssembledBytes budget has left with 503 and Retry-After.
 func (s *Server) overBudget(c *call, need int64) {
