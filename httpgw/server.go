@@ -192,7 +192,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.assembled = budget.New(opts.MaxAssembledBytes)
-	s.mem = newMemReturner(s.afterFunc, time.Now)
+	s.mem = newMemReturner(s.afterFunc, opts.Clock)
 	var err error
 	s.Fleet, err = fleet.New(fleetOptions(opts))
 	if err != nil {
