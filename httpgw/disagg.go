@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 )
 
@@ -187,7 +188,9 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 			return false, false
 		}
 		// prefillFailed: pre is released and its replica's health told.
-		if try == 0 && ctx.Err() == nil {
+		// An answer over the MaxAssembledBytes budget is not retried: the
+		// budget is the gateway's, not the replica's.
+		if try == 0 && ctx.Err() == nil && !errors.Is(res.err, errOverBudget) {
 			// The prefill pool's own choice, the failed replica left out
 			// (as a decode retry leaves out its failed replica).
 			rt := t
@@ -245,7 +248,11 @@ func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision
 	}
 	id := s.newRequestID()
 	start := s.opts.Clock()
-	answer, status, hdr, err := s.exchange(ctx, c, ep, body, id)
+	// The answer, read whole, holds its share of the MaxAssembledBytes
+	// budget until the decode request is built from it.
+	hold := budget.Hold{B: s.assembled}
+	defer hold.Release()
+	answer, status, hdr, err := s.exchange(ctx, c, ep, body, id, &hold)
 	elapsed := s.opts.Clock().Sub(start)
 	if err != nil && timedOut.Load() {
 		err = fmt.Errorf("%w (%v, for the prefill and its retry together)", errFirstByteTimeout, s.opts.FirstByteTimeout)
@@ -255,6 +262,9 @@ func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision
 	case err != nil && c.r.Context().Err() != nil:
 		pre.Done(gateway.DoneInfo{Err: err})
 		return prefillResult{outcome: prefillGone, err: err}
+	case errors.Is(err, errOverBudget):
+		// Not the replica's failure: its health is not told.
+		return failed(fleet.PDPrefillFailed, fmt.Errorf("%s: %w", where, err))
 	case err != nil:
 		s.Observe(ep, ep.Health.FailedWith(err, timedOut.Load()))
 		return failed(fleet.PDPrefillFailed, fmt.Errorf("%s: %w", where, err))
@@ -295,9 +305,10 @@ func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision
 }
 
 // exchange sends a prefill request to ep and reads the whole answer,
-// bounded by maxPrefillAnswer. It returns the answer's body, status and
-// headers, or the error that prevented it.
-func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body []byte, id string) ([]byte, int, http.Header, error) {
+// bounded by maxPrefillAnswer, its buffer held in hold (readHeld). It
+// returns the answer's body, status and headers, or the error that
+// prevented it.
+func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body []byte, id string, hold *budget.Hold) ([]byte, int, http.Header, error) {
 	out, err := upstreamRequest(ctx, ep, c.r.URL, body)
 	if err != nil {
 		return nil, 0, nil, err
@@ -316,15 +327,41 @@ func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body
 	if resp.StatusCode < 200 {
 		return nil, 0, nil, fmt.Errorf("%w: status %d", errUpstreamInterim, resp.StatusCode)
 	}
-	limit := s.maxPrefillAnswer()
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	answer, err := readHeld(resp.Body, s.maxPrefillAnswer(), hold)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	if int64(len(answer)) > limit {
-		return nil, 0, nil, fmt.Errorf("prefill answer longer than %d bytes", limit)
-	}
 	return answer, resp.StatusCode, resp.Header, nil
+}
+
+// readHeld reads r to its end, at most limit bytes (else an error), into
+// a buffer whose capacity, charged assembledCharge times, hold reserves
+// before it is allocated: past the budget the error wraps errOverBudget.
+func readHeld(r io.Reader, limit int64, hold *budget.Hold) ([]byte, error) {
+	var b []byte
+	for {
+		if len(b) == cap(b) {
+			n := min(max(2*int64(cap(b)), 512), limit+1)
+			if !hold.Grow(assembledCharge * n) {
+				return nil, fmt.Errorf("%w: the answer needs %d bytes more of the %d-byte budget, %d in use", errOverBudget,
+					assembledCharge*n-hold.Held(), hold.B.Limit(), hold.B.Used())
+			}
+			nb := make([]byte, len(b), n)
+			copy(nb, b)
+			b = nb
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, fmt.Errorf("prefill answer longer than %d bytes", limit)
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // newUUID returns a random (version 4) UUID, the form of request IDs

@@ -135,8 +135,8 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 
 // prefillFault fails the first prefill requests that the engines sharing
 // it receive, whichever engine the gateway chose: the k-th by kinds[k], an
-// HTTP status ("503"), "close" (the connection is closed unanswered) or
-// "nokv" (an answer without kv_transfer_params).
+// HTTP status ("503"), "close" (the connection is closed unanswered),
+// "nokv" (an answer without kv_transfer_params) or "big" (a 2 MiB answer).
 type prefillFault struct {
 	kinds []string
 	n     atomic.Int32
@@ -157,6 +157,10 @@ func (f *prefillFault) fail(w http.ResponseWriter) bool {
 	case "nokv":
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"p","choices":[{"finish_reason":"remote_decode"}]}`)
+	case "big": // a valid answer of 2 MiB
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"p","pad":"`+strings.Repeat("x", 2<<20)+`","choices":[{"finish_reason":"remote_decode"}],`+
+			`"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"big","remote_block_ids":["b1"],"remote_host":"h","remote_port":1}}`)
 	default:
 		st, _ := strconv.Atoi(kind)
 		w.Header().Set("Content-Type", "application/json")

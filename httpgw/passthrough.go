@@ -93,6 +93,10 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
+	if s.saturated(w, ms, gateway.Target{NoPrompt: true}) {
+		pc.code = front.CodeShed429
+		return
+	}
 	s.passForward(pc, ms, body)
 }
 
@@ -248,8 +252,9 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
-		// A body cannot carry an error once begun: cut the connection
-		// (see failMidAnswer).
+		// A body cannot carry an error once begun: pass on what was
+		// written and cut the connection (see failMidAnswer).
+		_ = http.NewResponseController(pc.w).Flush()
 		pc.code = front.CodeAborted
 		panic(http.ErrAbortHandler)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 )
@@ -41,6 +42,10 @@ type outcome struct {
 // Like the other causes of an upstream failure it is wrapped in a message
 // that starts with ErrUpstream's "gateway:".
 var errFirstByteTimeout = errors.New("no response byte within the first-byte timeout")
+
+// errResponseTimeout marks a non-streamed answer not complete within
+// Options.ResponseTimeout; the client gets 504 if nothing was sent to it.
+var errResponseTimeout = errors.New("the answer was not complete within the response timeout")
 
 // errUpstreamStatus marks a 5xx answer from an engine; like
 // errFirstByteTimeout it is a cause inside an ErrUpstream message.
@@ -90,8 +95,10 @@ type call struct {
 	head    front.ResponseHead
 	learned bool
 	// aggregate is set when the engine is asked to stream the answer of
-	// a non-streamed request (upstream.go).
+	// a non-streamed request (upstream.go); hold is then the answer's
+	// share of Options.MaxAssembledBytes.
 	aggregate bool
+	hold      budget.Hold
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -119,7 +126,13 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	} else if s.shed(c) {
 		return
 	}
-	s.upstreamStream(c)
+	if !s.upstreamStream(c) {
+		if c.first != nil { // bound by flow control, not sent
+			c.first.Done(gateway.DoneInfo{Err: errors.New("gateway: over the assembled-answer budget")})
+		}
+		return
+	}
+	defer s.releaseAssembled(c)
 	if c.ms.PD != nil && kind != keys.Responses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return
@@ -215,7 +228,8 @@ func (s *Server) proxy(c *call) {
 			case !errors.Is(err, gateway.ErrNoHealthyReplica):
 				oc.fail(c.w, http.StatusInternalServerError, front.TypeServer, "routing_error", "", err.Error())
 			case try > 0:
-				oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "",
+				status, code := failStatus(lastErr)
+				oc.fail(c.w, status, front.TypeServer, code, "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 			case c.lora != nil:
 				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",

@@ -398,9 +398,10 @@ func TestExpectContinueNotForwarded(t *testing.T) {
 }
 
 // An engine that accepts a request but sends nothing within the
-// first-byte timeout (FirstByteTimeout for a streamed request,
-// ResponseTimeout for another) counts as failed (it feeds passive health)
-// and the request is retried on another replica, or answered with 502.
+// first-byte timeout (FirstByteTimeout for a streamed request) or the
+// response timeout (ResponseTimeout, a non-streamed answer's whole time)
+// counts as failed (it feeds passive health) and the request is retried on
+// another replica, or answered with 502 (first byte) or 504 (response).
 func TestFirstByteTimeout(t *testing.T) {
 	const streamed, whole = 5 * time.Second, 7 * time.Second
 	tests := []struct {
@@ -411,7 +412,7 @@ func TestFirstByteTimeout(t *testing.T) {
 		retries  float64
 	}{
 		{"retried on another replica", false, true, http.StatusOK, 1},
-		{"no other replica", false, false, http.StatusBadGateway, 0},
+		{"no other replica", false, false, http.StatusGatewayTimeout, 0},
 		{"streamed, retried on another replica", true, true, http.StatusOK, 1},
 		{"streamed, no other replica", true, false, http.StatusBadGateway, 0},
 	}
@@ -469,7 +470,7 @@ func TestFirstByteTimeout(t *testing.T) {
 					if tt.stream {
 						assert.Contains(t, msg, "first-byte timeout ("+want.String()+")")
 					} else {
-						assert.Contains(t, msg, "(the response timeout, "+want.String()+", for a non-streamed answer)")
+						assert.Contains(t, msg, "the answer was not complete within the response timeout ("+want.String()+")")
 					}
 					assert.True(t, strings.HasPrefix(msg, "gateway: upstream failure: "), msg)
 					assert.Equal(t, 1, strings.Count(msg, "gateway:"), msg)

@@ -2,6 +2,7 @@ package httpgw
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,6 +29,13 @@ type attempt struct {
 	timedOut *atomic.Bool  // set when it fired; nil without a timer
 	stop     func() bool   // stops the first-byte timer
 	ttfb     time.Duration // from the call's arrival to the first byte
+
+	// A non-streamed answer's whole time on this replica, from sending
+	// the request to the answer's last byte (relayed) or its assembly
+	// (upstream streamed), is bounded by Options.ResponseTimeout.
+	wholeTimeout  time.Duration
+	wholeTimedOut *atomic.Bool // set when it fired; nil without a timer
+	stopWhole     func() bool  // stops the response timer
 }
 
 // forward sends the call to the attempt's replica and relays the answer.
@@ -41,18 +49,15 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	// timer can cancel it without the client having gone.
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
-	a.stop = func() bool { return false }
+	a.stop, a.stopWhole = noTimer, noTimer
 	if a.timeout = s.firstByteTimeout(c.req.Stream || c.aggregate); a.timeout > 0 {
-		// The timer's function shares only this flag with the attempt, so
-		// that the attempt can stay on the stack.
-		timedOut := new(atomic.Bool)
-		a.timedOut = timedOut
-		a.stop = s.afterFunc(a.timeout, func() {
-			timedOut.Store(true)
-			cancel()
-		})
+		a.timedOut, a.stop = s.startTimer(a.timeout, cancel)
+	}
+	if a.wholeTimeout = max(s.opts.ResponseTimeout, 0); !c.req.Stream && a.wholeTimeout > 0 {
+		a.wholeTimedOut, a.stopWhole = s.startTimer(a.wholeTimeout, cancel)
 	}
 	defer a.stop()
+	defer a.stopWhole()
 	resp, retry, cause := s.send(ctx, c)
 	if resp == nil {
 		return retry, cause
@@ -78,15 +83,27 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 }
 
 // firstByteTimeout is the first-byte timeout: FirstByteTimeout for a
-// streamed answer (from the engine), whose first byte is its first token,
-// ResponseTimeout for a whole one, whose first byte comes when it is
-// complete; 0 for none.
+// streamed answer (from the engine), whose first byte is its first token;
+// 0 (none) for a whole one, which the response timer bounds as a whole.
 func (s *Server) firstByteTimeout(streamed bool) time.Duration {
-	d := s.opts.ResponseTimeout
-	if streamed {
-		d = s.opts.FirstByteTimeout
+	if !streamed {
+		return 0
 	}
-	return max(d, 0)
+	return max(s.opts.FirstByteTimeout, 0)
+}
+
+// noTimer is the stop function of a timer not started.
+func noTimer() bool { return false }
+
+// startTimer starts a timer of d that sets the flag it returns and calls
+// cancel. Its function shares only the flag with the attempt, so that the
+// attempt can stay on the stack.
+func (s *Server) startTimer(d time.Duration, cancel func()) (*atomic.Bool, func() bool) {
+	fired := new(atomic.Bool)
+	return fired, s.afterFunc(d, func() {
+		fired.Store(true)
+		cancel()
+	})
 }
 
 // replica names the attempt's replica in errors.
@@ -99,17 +116,28 @@ func (a *attempt) done(lat time.Duration, err error) {
 	a.d.Done(gateway.DoneInfo{Latency: lat, Err: err})
 }
 
-// cause says what made the upstream fail: the first-byte timer (a failure
-// of the engine; for a non-streamed request the response timeout) or else
-// err.
+// cause says what made the upstream fail: the response timer (for a
+// non-streamed request), the first-byte timer (both failures of the
+// engine) or else err.
 func (c *call) cause(err error) error {
-	if a := &c.attempt; a.timedOut != nil && a.timedOut.Load() {
-		if !c.req.Stream && !c.aggregate {
-			return fmt.Errorf("%w (the response timeout, %v, for a non-streamed answer)", errFirstByteTimeout, a.timeout)
-		}
+	a := &c.attempt
+	if a.wholeTimedOut != nil && a.wholeTimedOut.Load() {
+		return fmt.Errorf("%w (%v)", errResponseTimeout, a.wholeTimeout)
+	}
+	if a.timedOut != nil && a.timedOut.Load() {
 		return fmt.Errorf("%w (%v)", errFirstByteTimeout, a.timeout)
 	}
 	return err
+}
+
+// failStatus is the status and error code of an upstream failure before
+// any byte went to the client: 504 upstream_timeout when the response
+// timeout ran out, else 502 upstream_error.
+func failStatus(err error) (int, string) {
+	if errors.Is(err, errResponseTimeout) {
+		return http.StatusGatewayTimeout, "upstream_timeout"
+	}
+	return http.StatusBadGateway, "upstream_error"
 }
 
 // send sends the call's request to the engine and returns its answer,
@@ -150,7 +178,8 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	if a.canRetry {
 		return nil, true, err
 	}
-	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	status, code := failStatus(err)
+	c.oc.fail(c.w, status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 	return nil, false, nil
 }
 
@@ -252,7 +281,8 @@ func (s *Server) failBeforeAnswer(c *call, rerr error) {
 	s.Observe(a.ep, a.ep.Health.Failure(false))
 	err := fmt.Errorf("%s cut its answer before its first byte: %w", a.replica(), c.cause(rerr))
 	a.done(0, err)
-	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	status, code := failStatus(err)
+	c.oc.fail(c.w, status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // failMidAnswer ends an answer whose engine failed after its first bytes
@@ -273,7 +303,12 @@ func (s *Server) failMidAnswer(c *call, rerr error, sse bool, rc *http.ResponseC
 		return
 	}
 	// A plain JSON body cannot carry an error once begun: cut the
-	// connection so the client sees a failure, not a short body.
+	// connection so the client sees a failure, not a short body. What was
+	// written goes first (a front server drops a response it holds
+	// unsent when the handler aborts), so the client gets the status and
+	// a body short of its declared length (or a chunked body without its
+	// last chunk), never nothing at all.
+	_ = rc.Flush()
 	// http.ErrAbortHandler is net/http's documented way to abort a
 	// response; the server recovers it silently, so this is the exception
 	// to the no-panic rule, not a crash.

@@ -11,6 +11,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
@@ -26,14 +27,19 @@ const (
 	// ~20s prefill of a 100k-token prompt at 5k tokens/s (a 70B-class
 	// model on four H100s; an 8B model prefills it in under 10s).
 	DefaultFirstByteTimeout = 30 * time.Second
-	// DefaultResponseTimeout bounds the wait for a non-streamed answer,
-	// whose first byte comes when it is complete (Options.ResponseTimeout):
-	// 10 minutes, the OpenAI SDKs' default timeout, past which the usual
-	// client has given up; it covers 12k generated tokens at 20 tokens/s.
+	// DefaultResponseTimeout bounds a non-streamed answer as a whole
+	// (Options.ResponseTimeout): 10 minutes, the OpenAI SDKs' default
+	// timeout, past which the usual client has given up; it covers 12k
+	// generated tokens at 20 tokens/s.
 	DefaultResponseTimeout = 10 * time.Minute
 	// DefaultTokenizeTimeout bounds a request's tokenization on the exact
 	// index (Options.TokenizeTimeout).
 	DefaultTokenizeTimeout = front.DefaultTokenizeTimeout
+	// DefaultMaxAssembledBytes bounds the memory of all the answers being
+	// assembled together (Options.MaxAssembledBytes): 256 MiB, as the
+	// picker's buffered bodies (picker.DefaultMaxBufferedBytes); three
+	// answers at the 32 MiB limit, thousands of the usual few-KiB ones.
+	DefaultMaxAssembledBytes = 256 << 20
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -74,8 +80,13 @@ type Options struct {
 	// nothing was sent to the client yet. Raise it for prompts that take
 	// longer to prefill.
 	FirstByteTimeout time.Duration
-	// ResponseTimeout is FirstByteTimeout for non-streamed requests, whose
-	// first byte comes only once the whole answer is generated: set it
+	// ResponseTimeout bounds a non-streamed request's answer as a whole,
+	// on each replica tried: from sending the request to the engine until
+	// the answer's last byte, whether the engine streams it to the gateway
+	// (UpstreamStream) or sends it whole. An engine that runs out of it
+	// counts as failed; if nothing was sent to the client yet the request
+	// is retried once on another replica, else the client gets 504
+	// (upstream_timeout); a relayed answer already begun is cut. Set it
 	// above the longest such generation. Default DefaultResponseTimeout
 	// (10 minutes), negative means no bound.
 	ResponseTimeout time.Duration
@@ -86,10 +97,22 @@ type Options struct {
 	// comes, and answered with the non-streamed JSON assembled from the
 	// stream (see "Non-streamed requests" in the package doc). Its wait
 	// for the first token is then bounded by FirstByteTimeout, like a
-	// streamed request's. The assembled answer is bounded by
-	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502).
-	// Default UpstreamStreamDefault: on.
+	// streamed request's, and the whole answer by ResponseTimeout. The
+	// assembled answer is bounded by
+	// 4×MaxBodyBytes, each event of the stream by MaxBodyBytes (else 502),
+	// and all of them together by MaxAssembledBytes (else 503). Default
+	// UpstreamStreamDefault: on.
 	UpstreamStream UpstreamStreamMode
+	// MaxAssembledBytes bounds the memory held by all the answers the
+	// gateway assembles at once (UpstreamStream), each charged twice the
+	// memory it holds (its buffers' capacity: Go's collector, at the
+	// default GOGC=100, lets the heap grow to twice what is live). A
+	// request whose answer would take the sum past it gets 503
+	// (assembly_over_budget) with Retry-After, before it is sent to an
+	// engine or as soon as its answer outgrows the budget (the engine's
+	// stream is then dropped). Default DefaultMaxAssembledBytes (256 MiB);
+	// it must not be negative.
+	MaxAssembledBytes int64
 	// Transport carries requests to the engines; default an
 	// internal/httpclient.Pool: keep-alive HTTP/1.1 connections, each
 	// exchange done on the request's own goroutine (plain http; anything
@@ -145,8 +168,12 @@ type Server struct {
 	mux     *http.ServeMux
 
 	bufPool sync.Pool
-	respIDs front.ResponseIDs  // which replica produced each recent response (responses.go)
-	flow    *front.FlowControl // nil when flow control is off (admission.go)
+	// assembled is the MaxAssembledBytes budget the assembled answers
+	// share (upstream.go).
+	assembled *budget.Budget
+	mem       *memReturner      // returns the memory of long answers (memreturn.go)
+	respIDs   front.ResponseIDs  // which replica produced each recent response (responses.go)
+	flow      *front.FlowControl // nil when flow control is off (admission.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -172,6 +199,8 @@ func New(opts Options) (*Server, error) {
 		newRequestID: newUUID,
 	}
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
+	s.assembled = budget.New(opts.MaxAssembledBytes)
+	s.mem = newMemReturner(s.afterFunc, opts.Clock)
 	var err error
 	s.Fleet, err = fleet.New(fleetOptions(opts))
 	if err != nil {
@@ -251,6 +280,12 @@ func fillOptions(o *Options) error {
 	}
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.MaxAssembledBytes < 0 {
+		return fmt.Errorf("%w: MaxAssembledBytes %d is negative", ErrInvalidOptions, o.MaxAssembledBytes)
+	}
+	if o.MaxAssembledBytes == 0 {
+		o.MaxAssembledBytes = DefaultMaxAssembledBytes
 	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})

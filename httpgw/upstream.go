@@ -38,6 +38,17 @@ const (
 // answer (32 MiB by default); one SSE event is bounded by MaxBodyBytes.
 const aggregateLimitFactor = 4
 
+// An assembled answer's share of Options.MaxAssembledBytes is
+// assembledCharge times the memory its Aggregator holds (Held): the
+// collector's headroom at GOGC=100 (see MaxAssembledBytes). It is
+// reserved in steps of assembledStep, the first before the request is
+// sent, so that an exhausted budget refuses a request before an engine
+// works on it.
+const (
+	assembledCharge = 2
+	assembledStep   = 16 << 10
+)
+
 // streamMembers are the members a streamed-upstream request body ends
 // with.
 const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
@@ -60,22 +71,31 @@ const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // an engine's support for several choices streamed need not match its
 // support for them answered whole, and the first token of a stream of
 // several choices is the first of only one of them.
-func (s *Server) upstreamStream(c *call) {
+// A call to be assembled first takes its first step of the
+// MaxAssembledBytes budget (c.hold, which the caller releases); when the
+// budget cannot give it, the client gets 503 and upstreamStream returns
+// false.
+func (s *Server) upstreamStream(c *call) bool {
 	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 || c.req.N > 1 ||
 		(c.oc.kind != keys.Chat && c.oc.kind != keys.Completions) ||
 		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
-		return
+		return true
 	}
 	b := bytes.TrimRight(c.body, " \t\r\n")
 	if len(b) < 2 || b[len(b)-1] != '}' {
-		return // not reached: admit parsed it as one object, with a model
+		return true // not reached: admit parsed it as one object, with a model
+	}
+	c.hold.B = s.assembled
+	if !c.hold.Grow(assembledStep) {
+		s.overBudget(c, assembledStep)
+		return false
 	}
 	var out []byte
 	if bytes.Contains(b, []byte(`"stream`)) {
 		var err error
 		out, err = rewrite(b, func(name string) bool { return name == fieldStreamName || name == fieldStreamOptions }, streamMembers)
 		if err != nil {
-			return // not reached, as above
+			return true // not reached, as above
 		}
 	} else {
 		out = make([]byte, 0, len(b)+len(streamMembers)+1)
@@ -86,6 +106,27 @@ func (s *Server) upstreamStream(c *call) {
 	}
 	c.body, c.aggregate = out, true
 	s.metrics.UpstreamStreamed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
+	return true
+}
+
+// releaseAssembled returns a call's share of the MaxAssembledBytes budget
+// once its answer is done with.
+func (s *Server) releaseAssembled(c *call) {
+	held := c.hold.Held()
+	c.hold.Release()
+	s.mem.ended(held / assembledCharge)
+}
+
+// errOverBudget marks an answer the MaxAssembledBytes budget cannot hold.
+var errOverBudget = errors.New("the answers being assembled hold the gateway's budget for them (MaxAssembledBytes, --max-assembled-bytes)")
+
+// overBudget answers a call whose assembled answer needs need more bytes
+// than the MaxAssembledBytes budget has left with 503 and Retry-After.
+func (s *Server) overBudget(c *call, need int64) {
+	c.w.Header().Set("Retry-After", "1")
+	b := s.assembled
+	c.oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "assembly_over_budget", "",
+		fmt.Sprintf("gateway: the non-streamed answers being assembled hold %d bytes of the gateway's %d-byte budget for them (MaxAssembledBytes, --max-assembled-bytes), and this one needs %d more; retry later, or stream the answer (\"stream\": true), which is relayed as it comes", b.Used(), b.Limit(), need))
 }
 
 // relayAggregated reads the engine's stream for a call marked by
@@ -115,6 +156,13 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 				s.failAggregated(c, err, !errors.Is(err, sseagg.ErrStreamEvent))
 				return
 			}
+			if need := assembledCharge * int64(g.Held()); need > c.hold.Held() {
+				need = (need + assembledStep - 1) / assembledStep * assembledStep
+				if !c.hold.Grow(need) {
+					s.answerOverBudget(c, need-c.hold.Held())
+					return
+				}
+			}
 		}
 		if rerr == io.EOF {
 			break
@@ -124,7 +172,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 			return
 		}
 	}
-	body, err := g.Answer()
+	parts, n, err := g.Parts()
 	if err != nil {
 		s.failAggregated(c, err, true)
 		return
@@ -132,17 +180,30 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	h := c.w.Header()
 	copyHeaders(h, resp.Header)
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Content-Length", strconv.Itoa(n))
 	h.Set(HeaderReplica, a.d.Replica)
 	h.Set(HeaderDecision, front.DescribeDecision(c.ms, c.fallback, &c.attempt.d))
 	c.w.WriteHeader(resp.StatusCode)
-	if _, werr := c.w.Write(body); werr != nil {
-		a.done(0, werr)
-		c.oc.code = front.CodeClientCanceled
-		return
+	for _, p := range parts {
+		if _, werr := c.w.Write(p); werr != nil {
+			a.done(0, werr)
+			c.oc.code = front.CodeClientCanceled
+			return
+		}
 	}
 	a.done(a.ttfb, nil)
 	c.oc.code = strconv.Itoa(resp.StatusCode)
+}
+
+// answerOverBudget ends a call whose answer outgrew the MaxAssembledBytes
+// budget while being assembled: the engine's stream is dropped (not the
+// engine's fault) and the client gets 503 (nothing was sent to it yet).
+func (s *Server) answerOverBudget(c *call, need int64) {
+	if c.clientGone() {
+		return
+	}
+	c.attempt.done(0, fmt.Errorf("the answer outgrew MaxAssembledBytes"))
+	s.overBudget(c, need)
 }
 
 // failAggregated answers a call whose streamed-upstream answer failed with
@@ -160,7 +221,8 @@ func (s *Server) failAggregated(c *call, err error, engineFault bool) {
 	err = fmt.Errorf("%s: %w", a.replica(), err)
 	a.done(0, err)
 	s.metrics.UpstreamStreamFailed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
-	c.oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+	status, code := failStatus(err)
+	c.oc.fail(c.w, status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 }
 
 // isEventStream reports whether resp is an SSE stream.

@@ -205,7 +205,7 @@ func TestUpstreamStreamErrors(t *testing.T) {
 }
 
 // The wait for a streamed-upstream answer's first chunk is bounded by
-// FirstByteTimeout (its first token), not ResponseTimeout.
+// FirstByteTimeout (its first token), the whole answer by ResponseTimeout.
 func TestUpstreamStreamTimeout(t *testing.T) {
 	f := newFixtureOpts(t, 1, gateway.ModeRoundRobin, enginetest.Options{}, Options{FirstByteTimeout: 5 * time.Second, ResponseTimeout: 7 * time.Second})
 	var got []time.Duration
@@ -214,7 +214,7 @@ func TestUpstreamStreamTimeout(t *testing.T) {
 		return func() bool { return true }
 	}
 	readAll(t, f.post("/v1/chat/completions", chatBody(testModel, false, "sys", "q")))
-	assert.Equal(t, []time.Duration{5 * time.Second}, got)
+	assert.Equal(t, []time.Duration{5 * time.Second, 7 * time.Second}, got)
 }
 
 // readAllReq reads a request's body as a string.

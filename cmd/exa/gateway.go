@@ -31,6 +31,7 @@ type gatewayFlags struct {
 	otlpInsecure                      bool
 	otlpSampleRatio                   float64
 	upstreamStream                    bool
+	maxAssembled                      int64
 	disc                              discoveryFlags
 }
 
@@ -93,9 +94,11 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.DurationVar(&fl.firstByteTimeout, "first-byte-timeout", httpgw.DefaultFirstByteTimeout,
 		"how long an engine may take to send the first byte of a streamed answer (its first token: queueing and prefill) before it counts as failed and the request is retried on another replica (0 = no limit)")
 	f.DurationVar(&fl.responseTimeout, "response-timeout", httpgw.DefaultResponseTimeout,
-		"the same bound for a non-streamed answer, whose first byte comes when it is complete (0 = no limit)")
+		"how long a non-streamed answer may take as a whole on one engine, from sending the request to its last byte (streamed from the engine and assembled, or sent whole); past it the request is retried on another replica if nothing was sent yet, else the client gets 504 (0 = no limit)")
 	f.BoolVar(&fl.upstreamStream, "upstream-stream", true,
 		"ask the engine to stream the answer of a chat or completions request whose client does not stream, and answer the client with the JSON assembled from the stream, so that the gateway learns the request's first token (its prefill's end) when it comes rather than at completion; --upstream-stream=false forwards such requests as they are")
+	f.Int64Var(&fl.maxAssembled, "max-assembled-bytes", httpgw.DefaultMaxAssembledBytes,
+		"memory all the non-streamed answers being assembled from engines' streams (--upstream-stream) may hold together, each charged twice what it holds (the Go collector's headroom); a request whose answer would go past it gets 503 with Retry-After")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
@@ -126,6 +129,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		if *v == 0 {
 			*v = -1 // httpgw: negative means no bound
 		}
+	}
+	if fl.maxAssembled <= 0 {
+		return usagef("invalid --max-assembled-bytes %q: must be positive", fmt.Sprint(fl.maxAssembled))
 	}
 	var engineClient http.RoundTripper // httpgw's default: the pool
 	switch fl.engineClient {
@@ -161,6 +167,8 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		Transport:        engineClient,
 		CORSOrigins:      fl.corsOrigins,
 		UpstreamStream:   upstream,
+
+		MaxAssembledBytes: fl.maxAssembled,
 	}
 	reg := fl.disc.metrics(&o)
 	srv, err := fl.newServer("gateway", srvPath, logger, o)

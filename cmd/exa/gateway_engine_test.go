@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestGatewayBadEngineFlags: a bad --engine-client or a negative engine
-// timeout is a usage error naming the flag, reported before anything
+// TestGatewayBadEngineFlags: a bad --engine-client, a negative engine
+// timeout or a budget that is not positive is a usage error naming the flag, reported before anything
 // listens.
 func TestGatewayBadEngineFlags(t *testing.T) {
 	for _, tt := range []struct {
@@ -22,6 +22,7 @@ func TestGatewayBadEngineFlags(t *testing.T) {
 		{[]string{"--engine-client", "bogus"}, `invalid --engine-client "bogus": want pool or std`},
 		{[]string{"--first-byte-timeout", "-1s"}, `invalid --first-byte-timeout "-1s": must not be negative`},
 		{[]string{"--response-timeout", "-1s"}, `invalid --response-timeout "-1s": must not be negative`},
+		{[]string{"--max-assembled-bytes", "0"}, `invalid --max-assembled-bytes "0": must be positive`},
 	} {
 		t.Run(tt.args[0], func(t *testing.T) {
 			r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tt.args...)...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/examlops/gateway/internal/jsonscan"
 )
@@ -66,11 +67,48 @@ const (
 	kindArray         // arrays joined: raw holds the elements, comma separated
 )
 
-// aggMember is one member of an assembled object.
+// aggMember is one member of an assembled object. A joined value
+// (kindString, kindArray) longer than blockSize is held in blocks: full
+// ones, then raw; any other in raw alone.
 type aggMember struct {
 	name string
 	kind int
+	full [][]byte
 	raw  []byte
+}
+
+// blockSize is the size of a joined value's blocks: a long answer grows
+// by new blocks rather than by copying its content into ever larger
+// buffers (which would leave the collector about four times the content
+// in garbage), and the answer refers to them rather than copying them.
+const blockSize = 64 << 10
+
+// len returns the length of the member's value.
+func (m *aggMember) len() int {
+	n := len(m.raw)
+	for _, b := range m.full {
+		n += len(b)
+	}
+	return n
+}
+
+// join appends b to the member's joined value, in blocks.
+func (g *Aggregator) join(m *aggMember, b []byte) {
+	for len(b) > 0 {
+		if len(m.raw) == blockSize {
+			m.full = append(m.full, m.raw)
+			m.raw = nil
+		}
+		n := min(len(b), blockSize-len(m.raw))
+		if len(m.raw)+n > cap(m.raw) {
+			nb := make([]byte, len(m.raw), min(max(2*cap(m.raw), len(m.raw)+n), blockSize))
+			copy(nb, m.raw)
+			g.held += cap(nb) - cap(m.raw)
+			m.raw = nb
+		}
+		m.raw = append(m.raw, b[:n]...)
+		b = b[n:]
+	}
 }
 
 // aggTool is one tool call of a chat choice.
@@ -103,6 +141,10 @@ type Aggregator struct {
 	chat             bool
 	limit, lineLimit int
 	size             int // bytes held, against limit
+	// held is the memory the aggregator holds: its buffers' capacities
+	// (which append grows past their lengths) and the members' and
+	// choices' own weights; see Held.
+	held int
 
 	line    []byte // a partial line, across feeds
 	data    []byte // the current event's data
@@ -128,6 +170,19 @@ func New(chat bool, limit, lineLimit int) *Aggregator {
 // first one is the answer's first token.
 func (g *Aggregator) Chunks() int { return g.chunks }
 
+// Held returns the bytes of memory the Aggregator holds: the capacity of
+// its buffers (the answer's pieces, the partial SSE line and event) and
+// the weight of its members and choices. It only grows; Parts adds
+// nothing to it (the answer's long values are not copied).
+func (g *Aggregator) Held() int { return g.held }
+
+// appendTracked appends b to *dst, counting a change of capacity in held.
+func (g *Aggregator) appendTracked(dst *[]byte, b ...byte) {
+	c := cap(*dst)
+	*dst = append(*dst, b...)
+	g.held += cap(*dst) - c
+}
+
 // Feed reads the next bytes of the stream. An error (a malformed or
 // oversized chunk, an error event) ends the aggregation.
 func (g *Aggregator) Feed(b []byte) error {
@@ -137,7 +192,7 @@ func (g *Aggregator) Feed(b []byte) error {
 			if len(g.line)+len(b) > g.lineLimit {
 				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
-			g.line = append(g.line, b...)
+			g.appendTracked(&g.line, b...)
 			return nil
 		}
 		line := b[:i]
@@ -145,7 +200,7 @@ func (g *Aggregator) Feed(b []byte) error {
 			if len(g.line)+i > g.lineLimit {
 				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
-			g.line = append(g.line, line...)
+			g.appendTracked(&g.line, line...)
 			line = g.line
 		} else if i > g.lineLimit {
 			return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
@@ -182,12 +237,12 @@ func (g *Aggregator) onLine(line []byte) error {
 	if !g.hasData {
 		g.data = g.data[:0]
 	} else {
-		g.data = append(g.data, '\n')
+		g.appendTracked(&g.data, '\n')
 	}
 	if len(g.data)+len(value) > g.lineLimit {
 		return fmt.Errorf("%w: an SSE event exceeds %d bytes", ErrAggregate, g.lineLimit)
 	}
-	g.data = append(g.data, value...)
+	g.appendTracked(&g.data, value...)
 	g.hasData = true
 	return nil
 }
@@ -226,6 +281,7 @@ func (g *Aggregator) find(ms *[]aggMember, name []byte) *aggMember {
 		}
 	}
 	g.size += len(name) + 48
+	g.held += len(name) + 48
 	*ms = append(*ms, aggMember{name: string(name)})
 	return &(*ms)[len(*ms)-1]
 }
@@ -258,24 +314,26 @@ func (g *Aggregator) merge(m *aggMember, b []byte, join int) error {
 	if c == 'n' {
 		return g.grow(0)
 	}
-	old := len(m.raw)
+	old := m.len()
 	switch {
 	case join == kindString && c == '"' && m.kind != kindRaw:
 		m.kind = kindString
-		m.raw = append(m.raw, raw[1:len(raw)-1]...)
+		g.join(m, raw[1:len(raw)-1])
 	case join == kindArray && c == '[' && m.kind != kindRaw:
 		m.kind = kindArray
 		if in := bytes.TrimSpace(raw[1 : len(raw)-1]); len(in) > 0 {
-			if len(m.raw) > 0 {
-				m.raw = append(m.raw, ',')
+			if old > 0 {
+				g.join(m, []byte{','})
 			}
-			m.raw = append(m.raw, in...)
+			g.join(m, in)
 		}
 	default:
 		m.kind = kindRaw
-		m.raw = append(m.raw[:0], raw...)
+		m.full = nil
+		m.raw = m.raw[:0]
+		g.appendTracked(&m.raw, raw...)
 	}
-	return g.grow(len(m.raw) - old)
+	return g.grow(m.len() - old)
 }
 
 // chunk reads one JSON chunk of the stream.
@@ -413,6 +471,7 @@ func (g *Aggregator) choiceAt(idx int) *aggChoice {
 		}
 	}
 	g.size += 64 // a choice's own weight, so that many empty ones count
+	g.held += 64
 	g.choices = append(g.choices, aggChoice{index: idx})
 	return &g.choices[len(g.choices)-1]
 }
@@ -469,6 +528,7 @@ func (g *Aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 			return fmt.Errorf("%w: more than %d tool calls", ErrAggregate, maxAggChoices)
 		}
 		g.size += 64
+		g.held += 64
 		ch.tools = append(ch.tools, aggTool{index: idx})
 		tc = &ch.tools[len(ch.tools)-1]
 	}
@@ -525,9 +585,27 @@ func (g *Aggregator) logprobs(ch *aggChoice, b []byte) error {
 	return g.merge(&ch.lpRaw, b, kindRaw)
 }
 
-// Answer returns the assembled answer. It is an error if the stream did not
-// end with [DONE] or carried no chunk.
+// Answer returns the assembled answer in one slice (Parts joined). It is
+// an error if the stream did not end with [DONE] or carried no chunk.
 func (g *Aggregator) Answer() ([]byte, error) {
+	parts, n, err := g.Parts()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, n)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out, nil
+}
+
+// Parts returns the assembled answer as consecutive parts of n bytes in
+// all: the long values of its members (content, text, arguments,
+// logprobs...) are the Aggregator's own buffers, not copied, so that the
+// answer costs no second copy of its content; the parts are valid as long
+// as the Aggregator is and it is not fed again. It is an error if the
+// stream did not end with [DONE] or carried no chunk.
+func (g *Aggregator) Parts() (parts [][]byte, n int, err error) {
 	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
 		g.line = g.line[:0] // a last line without its newline
 	}
@@ -535,10 +613,10 @@ func (g *Aggregator) Answer() ([]byte, error) {
 		g.done = true // a last event without its blank line
 	}
 	if !g.done {
-		return nil, fmt.Errorf("%w: the stream ended before its data: [DONE]", ErrAggregate)
+		return nil, 0, fmt.Errorf("%w: the stream ended before its data: [DONE]", ErrAggregate)
 	}
 	if g.chunks == 0 {
-		return nil, fmt.Errorf("%w: the stream carried no chunk", ErrAggregate)
+		return nil, 0, fmt.Errorf("%w: the stream carried no chunk", ErrAggregate)
 	}
 	// Choices in index order (insertion sort: they are few, and mostly in order).
 	cs := g.choices
@@ -547,58 +625,111 @@ func (g *Aggregator) Answer() ([]byte, error) {
 			cs[j], cs[j-1] = cs[j-1], cs[j]
 		}
 	}
-	out := make([]byte, 0, g.size+128+64*len(cs))
-	out = append(out, '{')
+	o := &output{cur: make([]byte, 0, 512)}
+	o.byte('{')
 	hasChoices := false
 	for i := range g.top {
 		m := &g.top[i]
-		if len(out) > 1 {
-			out = append(out, ',')
+		if i > 0 {
+			o.byte(',')
 		}
-		out = appendName(out, m.name)
+		o.name(m.name)
 		switch {
 		case m.name == aggChoices:
 			hasChoices = true
-			out = g.appendChoices(out)
+			g.appendChoices(o)
 		case m.name == aggObject && string(m.raw) == `"chat.completion.chunk"`:
-			out = append(out, `"chat.completion"`...)
+			o.str(`"chat.completion"`)
 		default:
-			out = appendValue(out, m)
+			o.value(m)
 		}
 	}
 	if !hasChoices {
-		if len(out) > 1 {
-			out = append(out, ',')
+		if len(g.top) > 0 {
+			o.byte(',')
 		}
-		out = appendName(out, aggChoices)
-		out = g.appendChoices(out)
+		o.name(aggChoices)
+		g.appendChoices(o)
 	}
-	return append(out, '}'), nil
+	o.byte('}')
+	o.cut()
+	return o.parts, o.n, nil
 }
 
-// appendName appends a member's name and colon; names are written as
-// the engine wrote them, once decoded, so they are quoted again here.
-func appendName(out []byte, name string) []byte {
-	out = appendJSONString(out, name)
-	return append(out, ':')
+// refMin is the length from which a value goes into the answer by
+// reference rather than copied.
+const refMin = 4 << 10
+
+// output builds an answer as parts: short pieces copied into cur, long
+// values by reference.
+type output struct {
+	parts [][]byte
+	cur   []byte
+	n     int
 }
 
-// appendJSONString appends s as a JSON string.
-func appendJSONString(out []byte, s string) []byte {
+func (o *output) byte(c byte) { o.cur = append(o.cur, c); o.n++ }
+
+func (o *output) str(s string) { o.cur = append(o.cur, s...); o.n += len(s) }
+
+// raw appends b, by reference when it is long.
+func (o *output) raw(b []byte) {
+	o.n += len(b)
+	if len(b) < refMin {
+		o.cur = append(o.cur, b...)
+		return
+	}
+	o.cut()
+	o.parts = append(o.parts, b)
+}
+
+// blocks appends a joined value's blocks.
+func (o *output) blocks(m *aggMember) {
+	for _, b := range m.full {
+		o.raw(b)
+	}
+	o.raw(m.raw)
+}
+
+// cut ends the current part of copied pieces.
+func (o *output) cut() {
+	if len(o.cur) > 0 {
+		o.parts = append(o.parts, o.cur)
+		o.cur = make([]byte, 0, 512)
+	}
+}
+
+func (o *output) int(v int) {
+	l := len(o.cur)
+	o.cur = strconv.AppendInt(o.cur, int64(v), 10)
+	o.n += len(o.cur) - l
+}
+
+// name appends a member's name and colon; names are written as the
+// engine wrote them, once decoded, so they are quoted again here.
+func (o *output) name(name string) {
+	o.jsonString(name)
+	o.byte(':')
+}
+
+// jsonString appends s as a JSON string.
+func (o *output) jsonString(s string) {
 	const hex = "0123456789abcdef"
-	out = append(out, '"')
+	l := len(o.cur)
+	o.cur = append(o.cur, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			out = append(out, '\\', c)
+			o.cur = append(o.cur, '\\', c)
 		case c < 0x20:
-			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+			o.cur = append(o.cur, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
 		default:
-			out = append(out, c)
+			o.cur = append(o.cur, c)
 		}
 	}
-	return append(out, '"')
+	o.cur = append(o.cur, '"')
+	o.n += len(o.cur) - l
 }
 
 // orNone returns m, or none when m is nil.
@@ -609,87 +740,87 @@ func orNone(m *aggMember) *aggMember {
 	return m
 }
 
-// appendValue appends a member's value.
-func appendValue(out []byte, m *aggMember) []byte {
+// value appends a member's value.
+func (o *output) value(m *aggMember) {
 	switch m.kind {
 	case kindString:
-		out = append(out, '"')
-		out = append(out, m.raw...)
-		return append(out, '"')
+		o.byte('"')
+		o.blocks(m)
+		o.byte('"')
 	case kindArray:
-		out = append(out, '[')
-		out = append(out, m.raw...)
-		return append(out, ']')
+		o.byte('[')
+		o.blocks(m)
+		o.byte(']')
 	case kindRaw:
-		return append(out, m.raw...)
+		o.raw(m.raw)
+	default:
+		o.str("null")
 	}
-	return append(out, "null"...)
 }
 
-// appendMembers appends ms as members (after a first one when comma).
-func appendMembers(out []byte, ms []aggMember, comma bool, skip func(string) bool) []byte {
+// members appends ms as members (after a first one when comma).
+func (o *output) members(ms []aggMember, comma bool, skip func(string) bool) {
 	for i := range ms {
 		if skip != nil && skip(ms[i].name) {
 			continue
 		}
 		if comma {
-			out = append(out, ',')
+			o.byte(',')
 		}
 		comma = true
-		out = appendName(out, ms[i].name)
-		out = appendValue(out, &ms[i])
+		o.name(ms[i].name)
+		o.value(&ms[i])
 	}
-	return out
 }
 
 // appendChoices appends the choices array.
-func (g *Aggregator) appendChoices(out []byte) []byte {
-	out = append(out, '[')
+func (g *Aggregator) appendChoices(o *output) {
+	o.byte('[')
 	for i := range g.choices {
 		ch := &g.choices[i]
 		if i > 0 {
-			out = append(out, ',')
+			o.byte(',')
 		}
-		out = append(out, `{"index":`...)
-		out = fmt.Appendf(out, "%d", ch.index)
+		o.str(`{"index":`)
+		o.int(ch.index)
 		if g.chat {
-			out = append(out, `,"message":`...)
-			out = ch.appendMessage(out)
+			o.str(`,"message":`)
+			ch.appendMessage(o)
 		} else {
-			out = append(out, `,"text":`...)
+			o.str(`,"text":`)
 			if t := lookup(ch.other, "text"); t != nil && t.kind != kindNone {
-				out = appendValue(out, t)
+				o.value(t)
 			} else {
-				out = append(out, `""`...)
+				o.str(`""`)
 			}
 		}
-		out = append(out, `,"logprobs":`...)
+		o.str(`,"logprobs":`)
 		if ch.lpObj {
-			out = append(out, '{')
-			out = appendMembers(out, ch.lpMembers, false, nil)
-			out = append(out, '}')
+			o.byte('{')
+			o.members(ch.lpMembers, false, nil)
+			o.byte('}')
 		} else {
-			out = appendValue(out, &ch.lpRaw)
+			o.value(&ch.lpRaw)
 		}
-		out = append(out, `,"finish_reason":`...)
-		out = appendValue(out, orNone(lookup(ch.other, aggFinishReason)))
-		out = appendMembers(out, ch.other, true, func(n string) bool { return n == aggFinishReason || n == "text" })
-		out = append(out, '}')
+		o.str(`,"finish_reason":`)
+		o.value(orNone(lookup(ch.other, aggFinishReason)))
+		o.members(ch.other, true, func(n string) bool { return n == aggFinishReason || n == "text" })
+		o.byte('}')
 	}
-	return append(out, ']')
+	o.byte(']')
 }
 
 // appendMessage appends a chat choice's message.
-func (ch *aggChoice) appendMessage(out []byte) []byte {
-	out = append(out, `{"role":`...)
+func (ch *aggChoice) appendMessage(o *output) {
+	o.str(`{"role":`)
 	if role := lookup(ch.msg, "role"); role != nil && role.kind != kindNone {
-		out = appendValue(out, role)
+		o.value(role)
 	} else {
-		out = append(out, `"assistant"`...)
+		o.str(`"assistant"`)
 	}
-	out = append(out, `,"content":`...)
-	out = appendValue(out, orNone(lookup(ch.msg, "content")))
-	out = appendMembers(out, ch.msg, true, func(n string) bool { return n == "role" || n == "content" })
+	o.str(`,"content":`)
+	o.value(orNone(lookup(ch.msg, "content")))
+	o.members(ch.msg, true, func(n string) bool { return n == "role" || n == "content" })
 	if len(ch.tools) > 0 {
 		ts := ch.tools
 		for i := 1; i < len(ts); i++ {
@@ -697,31 +828,31 @@ func (ch *aggChoice) appendMessage(out []byte) []byte {
 				ts[j], ts[j-1] = ts[j-1], ts[j]
 			}
 		}
-		out = append(out, `,"tool_calls":[`...)
+		o.str(`,"tool_calls":[`)
 		for i := range ts {
 			t := &ts[i]
 			if i > 0 {
-				out = append(out, ',')
+				o.byte(',')
 			}
-			out = append(out, `{"id":`...)
-			out = appendValue(out, &t.id)
-			out = append(out, `,"type":`...)
+			o.str(`{"id":`)
+			o.value(&t.id)
+			o.str(`,"type":`)
 			if t.typ.kind == kindNone {
-				out = append(out, `"function"`...)
+				o.str(`"function"`)
 			} else {
-				out = appendValue(out, &t.typ)
+				o.value(&t.typ)
 			}
-			out = append(out, `,"function":{"name":`...)
-			out = appendValue(out, &t.fnName)
-			out = append(out, `,"arguments":`...)
+			o.str(`,"function":{"name":`)
+			o.value(&t.fnName)
+			o.str(`,"arguments":`)
 			if t.arguments.kind == kindNone {
-				out = append(out, `""`...)
+				o.str(`""`)
 			} else {
-				out = appendValue(out, &t.arguments)
+				o.value(&t.arguments)
 			}
-			out = append(out, "}}"...)
+			o.str("}}")
 		}
-		out = append(out, ']')
+		o.byte(']')
 	}
-	return append(out, '}')
+	o.byte('}')
 }

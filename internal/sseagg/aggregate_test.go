@@ -154,3 +154,44 @@ func TestAggregateDone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(got), `"content":"hi"`)
 }
+
+// Parts gives the answer with its long values by reference (the
+// Aggregator's own buffers, no second copy), equal to Answer; Held counts
+// the buffers' capacity, at least the content and the partial line.
+func TestPartsAndHeld(t *testing.T) {
+	const head = `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"`
+	g := New(true, 1<<24, 1<<20)
+	piece := strings.Repeat("x", 8<<10)
+	for range 64 {
+		require.NoError(t, g.Feed([]byte("data: "+head+piece+`"}}]}`+"\n\n")))
+	}
+	assert.GreaterOrEqual(t, g.Held(), 64*len(piece), "the content's capacity is held")
+	held := g.Held()
+	// A partial line held across feeds counts too.
+	require.NoError(t, g.Feed([]byte("data: "+head+piece)))
+	assert.GreaterOrEqual(t, g.Held(), held+len(piece))
+	require.NoError(t, g.Feed([]byte(`"}}]}`+"\n\ndata: [DONE]\n\n")))
+
+	parts, n, err := g.Parts()
+	require.NoError(t, err)
+	content := &g.choices[0].msg[0]
+	require.Len(t, content.full, 65*len(piece)/blockSize, "the content is held in blocks")
+	byRef := map[*byte]bool{}
+	var joined []byte
+	for _, p := range parts {
+		joined = append(joined, p...)
+		byRef[&p[0]] = true
+	}
+	for _, b := range content.full {
+		assert.True(t, byRef[&b[0]], "a block is in the answer by reference, not copied")
+	}
+	assert.Equal(t, n, len(joined))
+	whole, err := g.Answer()
+	require.NoError(t, err)
+	assert.Equal(t, string(whole), string(joined))
+	var v struct {
+		Choices []struct{ Message struct{ Content string } }
+	}
+	require.NoError(t, json.Unmarshal(whole, &v))
+	assert.Equal(t, 65*len(piece), len(v.Choices[0].Message.Content))
+}

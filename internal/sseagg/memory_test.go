@@ -12,7 +12,8 @@ import (
 // heap in use, after a collection, with the aggregator still alive, once
 // it has been fed (a) an answer whose content fills the limit the HTTP
 // gateway gives it (4×MaxBodyBytes, 32 MiB by default) and (b) one chunk
-// for each of maxAggChoices choices. Run:
+// for each of maxAggChoices choices; and (c) what a usual answer holds.
+// Run:
 //
 //	EXA_MEASURE=1 go test ./internal/sseagg -run TestAggregateMemory -v
 func TestAggregateMemory(t *testing.T) {
@@ -53,4 +54,17 @@ func TestAggregateMemory(t *testing.T) {
 	after = heap()
 	t.Logf("%d choices: fed %.1f KiB (err %v); heap +%.1f KiB", maxAggChoices, float64(fed)/(1<<10), err, float64(after-before)/(1<<10))
 	runtime.KeepAlive(g)
+
+	// (c) A usual answer: 2,000 tokens of 4 bytes, a chunk each, as vLLM
+	// streams them, fed in 32 KiB reads as the gateway does; Held is
+	// what the gateway charges (twice) against MaxAssembledBytes.
+	tok := "data: " + head + `,"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	stream := []byte(strings.Repeat(tok, 2000) + "data: " + head + `,"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2000,"total_tokens":2010}}` + "\n\ndata: [DONE]\n\n")
+	g = New(true, limit, lineLimit)
+	for i := 0; i < len(stream); i += 32 << 10 {
+		if err := g.Feed(stream[i:min(i+32<<10, len(stream))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("2,000 tokens: fed %.1f KiB; Held %.1f KiB", float64(len(stream))/(1<<10), float64(g.Held())/(1<<10))
 }

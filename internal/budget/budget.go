@@ -1,0 +1,77 @@
+// Package budget is a byte budget shared by every holder of one resource
+// (the memory of the answers the HTTP gateway assembles, of the bodies the
+// picker buffers): each holder reserves what it holds before it holds it,
+// and the sum stays within the budget's limit.
+package budget
+
+import "sync/atomic"
+
+// Budget is a number of bytes that holders reserve and release. The zero
+// value has a limit of 0 and refuses every reservation; use New. Safe for
+// concurrent use.
+type Budget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+// New returns a Budget of limit bytes.
+func New(limit int64) *Budget { return &Budget{limit: limit} }
+
+// Limit returns the budget's limit in bytes.
+func (b *Budget) Limit() int64 { return b.limit }
+
+// Used returns the bytes reserved now.
+func (b *Budget) Used() int64 { return b.used.Load() }
+
+// Reserve takes n more bytes (n ≥ 0) and reports whether it could: false,
+// taking nothing, when the bytes reserved would exceed the limit.
+func (b *Budget) Reserve(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.limit || u+n < u {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+// Release returns n bytes that Reserve took.
+func (b *Budget) Release(n int64) { b.used.Add(-n) }
+
+// Hold is one holder's share of a Budget, grown as the holder grows and
+// released at once when it is done. The zero value holds nothing; set B
+// before Grow. Not safe for concurrent use (one holder, one goroutine).
+type Hold struct {
+	B    *Budget
+	held int64
+}
+
+// Grow makes the share at least n bytes, reserving the difference from
+// the budget, and reports whether it could (the share is unchanged when
+// not). A share never shrinks but at Release.
+func (h *Hold) Grow(n int64) bool {
+	d := n - h.held
+	if d <= 0 {
+		return true
+	}
+	if !h.B.Reserve(d) {
+		return false
+	}
+	h.held = n
+	return true
+}
+
+// Held returns the bytes the share holds.
+func (h *Hold) Held() int64 { return h.held }
+
+// Release returns the whole share to the budget; a share of nothing (its
+// B possibly nil) is left alone.
+func (h *Hold) Release() {
+	if h.held == 0 {
+		return
+	}
+	h.B.Release(h.held)
+	h.held = 0
+}
