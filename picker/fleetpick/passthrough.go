@@ -24,7 +24,8 @@ var passEndpoints = map[string]string{"/v1/embeddings": "embeddings", "/tokenize
 // (gateway.Target.NoPrompt: by load alone), within the subset hint, with
 // the fallbacks asked for. The body must name its model (the picker
 // cannot add one to it, as the HTTP gateway does when it serves one
-// model).
+// model). Admission sheds them as inference requests (429), by the
+// library's rule for a request without a prompt.
 func (r *Router) passThrough(req *picker.PickRequest, path string, start time.Time) (picker.Pick, error) {
 	pr := pickRequest{r: r, kind: keys.Chat, start: start, fallback: -1}
 	endpoint := passEndpoints[path]
@@ -65,6 +66,13 @@ func (r *Router) passThrough(req *picker.PickRequest, path string, start time.Ti
 	}
 	pr.tab, pr.sub = r.tableOf(st), req.Subset
 	allow := pr.allow(false)
+	if a, t := r.opts.Admission, pr.target(allow); ms.Gateway.Saturated(gateway.Target{Adapter: t.Adapter, Allow: t.Allow, NoPrompt: true}, a) {
+		// Shed by the library's rule, as the HTTP gateway sheds them,
+		// and counted as shed (reason="shed").
+		r.metrics.Requests.WithLabelValues(ms.Name, endpoint, front.CodeShed429).Inc()
+		return picker.Pick{}, &picker.StatusError{Status: http.StatusTooManyRequests, Type: front.TypeRateLimit, Code: front.CodeShed,
+			Err: fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a))}
+	}
 	for try, failed := 0, ""; try < 2; try++ {
 		t := pr.target(allow)
 		t.NoPrompt, t.Exclude = true, failed

@@ -172,3 +172,26 @@ func TestClientOf(t *testing.T) {
 		assert.Equal(t, tc.want, strings.TrimSpace(clientOf(tc.h)))
 	}
 }
+
+// TestPickerShedPassThrough (issue 29, N5, at the picker): while every
+// replica is past Admission's queue threshold, /v1/embeddings, /tokenize
+// and /detokenize get 429 like inference requests, reach no engine and
+// count as shed.
+func TestPickerShedPassThrough(t *testing.T) {
+	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{Admission: gateway.Admission{QueueDepth: 3}}})
+	for _, e := range f.engines {
+		e.SetLoad(5, 1, 0.2)
+	}
+	f.srv.ScrapeAll(t.Context())
+	for path, body := range map[string]string{"/v1/embeddings": `{"model":"m1","input":"a"}`, "/tokenize": `{"model":"m1","prompt":"a"}`, "/detokenize": `{"model":"m1","tokens":[1]}`} {
+		resp, e, out := f.do(http.MethodPost, path, body)
+		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", path, out)
+		assert.Equal(t, -1, e, path)
+	}
+	assert.Equal(t, 3.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "429", "reason": "shed"}))
+	f.engines[1].SetLoad(0, 0, 0.1)
+	f.srv.ScrapeAll(t.Context())
+	resp, e, out := f.do(http.MethodPost, "/v1/embeddings", `{"model":"m1","input":"a"}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, out)
+	assert.Equal(t, 1, e)
+}
