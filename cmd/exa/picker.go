@@ -211,7 +211,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		defer stopDisc()
 		ready = disc.Synced
 	}
-	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission,
+	flowOpts, _ := fl.flow.options() // validate checked them
+	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission, Flow: flowOpts,
 		TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
 	if err != nil {
 		return err

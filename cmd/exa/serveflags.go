@@ -30,6 +30,7 @@ type serveFlags struct {
 	pprofListen, logLevel, logFormat    string
 	peerTokenFile                       string
 	admission                           gateway.Admission // --shed-*
+	flow                                flowFlags         // --flow-*, --objective
 	// removeStatus removes the process's reload status file (see
 	// reloadRecorder); set by fleetOptions, nil before.
 	removeStatus func()
@@ -67,6 +68,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
 		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
 	f.StringVar(&s.logFormat, "log-format", "text", "log format: text or json (one JSON object per line)")
+	s.flow.register(f)
 }
 
 // validate returns a usage error naming the first invalid shared flag and
@@ -117,6 +119,9 @@ func (s *serveFlags) validate() error {
 	if s.logFormat != "text" && s.logFormat != "json" {
 		return usagef("invalid --log-format %q: want text or json", s.logFormat)
 	}
+	if _, err := s.flow.options(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -165,6 +170,7 @@ func (s *serveFlags) newServer(command, path string, logger *slog.Logger, o http
 	o.MaxBodyBytes = s.maxBody
 	o.TokenizeTimeout = s.tokenizeTimeout
 	o.Admission = s.admission
+	o.Flow, _ = s.flow.options() // validate checked them
 	o.Logger = logger
 	srv, err := httpgw.New(o)
 	if err != nil {
