@@ -78,6 +78,11 @@ func (s *Server) hold(c *call) bool {
 	return true
 }
 
+// SetObjectives replaces flow control's objectives (name to priority;
+// Options.Flow.Objectives), as a watch of Kubernetes' InferenceObjectives
+// does; without flow control it does nothing. m is not modified after.
+func (s *Server) SetObjectives(m map[string]int) { s.flow.SetObjectives(m) }
+
 // shed sheds call c, answering 429, if its model is saturated under
 // Options.Admission, and reports whether it did.
 func (s *Server) shed(c *call) bool {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,8 @@ type FlowControl struct {
 	o   flow.Options
 	now func() time.Time
 	m   flowMetrics
+	// objectives is o.Objectives, replaced whole by SetObjectives.
+	objectives atomic.Pointer[map[string]int]
 
 	mu     sync.Mutex
 	ctls   map[string]*modelFlow
@@ -58,6 +61,7 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 		now = time.Now
 	}
 	f := &FlowControl{o: o, now: now, ctls: map[string]*modelFlow{}}
+	f.SetObjectives(o.Objectives)
 	f.m = newFlowMetrics(f)
 	if reg != nil {
 		for _, c := range f.m.collectors() {
@@ -76,7 +80,20 @@ type Header interface{ Get(name string) string }
 // Priority returns the priority of a request with header h: its
 // objective's, else 0.
 func (f *FlowControl) Priority(h Header) int {
-	return f.o.Objectives[h.Get(flow.HeaderObjective)]
+	return (*f.objectives.Load())[h.Get(flow.HeaderObjective)]
+}
+
+// SetObjectives replaces the objectives (name to priority), as when
+// Kubernetes' InferenceObjectives change; m is not modified after. Nil
+// means none.
+func (f *FlowControl) SetObjectives(m map[string]int) {
+	if f == nil {
+		return
+	}
+	if m == nil {
+		m = map[string]int{}
+	}
+	f.objectives.Store(&m)
 }
 
 // Hold holds a request of model with header h and size bytes until bind
@@ -248,13 +265,16 @@ func (g *flowGauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	f.mu.Unlock()
 	prios := map[int]bool{0: true}
-	for _, p := range f.o.Objectives {
+	for _, p := range *f.objectives.Load() {
 		prios[p] = true
 	}
 	for model, s := range stats {
 		held := map[int]flow.BandStats{}
 		for _, b := range s.Bands {
 			held[b.Priority] = b
+		}
+		for p := range held { // a band of objectives since replaced
+			prios[p] = true
 		}
 		for p := range prios {
 			b := held[p]

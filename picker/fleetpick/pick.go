@@ -220,6 +220,11 @@ func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error)
 	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
 }
 
+// SetObjectives replaces flow control's objectives (name to priority;
+// Options.Flow.Objectives), as a watch of Kubernetes' InferenceObjectives
+// does; without flow control it does nothing. m is not modified after.
+func (r *Router) SetObjectives(m map[string]int) { r.flow.SetObjectives(m) }
+
 // pinned is the target of a request pinned to pr.pin, within allow.
 func (pr *pickRequest) pinned(allow func(string) bool) gateway.Target {
 	pin := pr.pin

@@ -1,0 +1,57 @@
+package front
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway/flow"
+)
+
+func TestFlowControlOffIsNil(t *testing.T) {
+	f, err := NewFlowControl(flow.Options{}, nil, nil)
+	require.NoError(t, err)
+	assert.Nil(t, f)
+	f.Kick("m") // a nil FlowControl is off: these do nothing
+	f.Close()
+	f.SetObjectives(map[string]int{"a": 1})
+	_, err = NewFlowControl(flow.Options{Enabled: true, Queue: flow.Config{TTL: -1}}, nil, nil)
+	assert.ErrorIs(t, err, flow.ErrInvalid)
+}
+
+// Priorities come from the objective header through the objectives,
+// which SetObjectives replaces; a long fairness id is cut to its prefix.
+func TestFlowControlObjectives(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f, err := NewFlowControl(flow.Options{Enabled: true, Objectives: map[string]int{"chat": 2}}, nil, reg)
+	require.NoError(t, err)
+	defer f.Close()
+	h := http.Header{}
+	h.Set(flow.HeaderObjective, "chat")
+	assert.Equal(t, 2, f.Priority(h))
+	f.SetObjectives(map[string]int{"chat": 5, "batch": -1})
+	assert.Equal(t, 5, f.Priority(h))
+	h.Set(flow.HeaderObjective, "unknown")
+	assert.Equal(t, 0, f.Priority(h))
+	h.Set(flow.HeaderObjective, "batch")
+	err = f.Hold(context.Background(), "m", h, 10, func() bool { return false })
+	assert.ErrorIs(t, err, flow.ErrSheddable)
+	status, typ, code, _ := FlowAnswer("m", err)
+	assert.Equal(t, []any{http.StatusTooManyRequests, TypeRateLimit, CodeShed}, []any{status, typ, code})
+	h.Set(flow.HeaderFairnessID, string(make([]byte, 1000)))
+	h.Set(flow.HeaderObjective, "chat")
+	require.NoError(t, f.Hold(context.Background(), "m", h, 10, func() bool { return true }))
+	n, err := reg.Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, m := range n {
+		names[m.GetName()] = true
+	}
+	for _, want := range []string{"exa_gateway_flow_requests_total", "exa_gateway_flow_queue_duration_seconds", "exa_gateway_flow_queue_requests", "exa_gateway_flow_queue_bytes"} {
+		assert.True(t, names[want], want)
+	}
+}
