@@ -66,6 +66,9 @@ type Config struct {
 	// Order within a flow; Fairness among a band's flows.
 	Order    Order
 	Fairness Fairness
+	// Budget, when not nil, bounds this queue together with the others
+	// that share it (see Budget). Nil: none.
+	Budget *Budget
 }
 
 // Request is what a Queue holds.
@@ -234,6 +237,17 @@ func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[
 			q.mu.Unlock()
 			return Handle[T]{}, err
 		}
+	}
+	var vb int64
+	var vn int
+	if victim != nil {
+		vb, vn = victim.req.Bytes, 1
+	}
+	if err := q.cfg.Budget.take(r.Bytes, vb, vn, r.Priority); err != nil {
+		q.mu.Unlock()
+		return Handle[T]{}, err
+	}
+	if victim != nil {
 		q.remove(victim)
 		b = q.band(r.Priority) // removing the victim may have dropped the band
 	}
@@ -509,6 +523,7 @@ func (q *Queue[T]) remove(it *item[T]) {
 	f.items.removeAt(it.fi)
 	q.exp.removeAt(it.ei)
 	it.fi, it.ei = -1, -1
+	q.cfg.Budget.give(it.req.Bytes)
 	b.bytes -= it.req.Bytes
 	b.n--
 	q.bytes -= it.req.Bytes

@@ -598,3 +598,46 @@ func TestDisplacement(t *testing.T) {
 	require.ErrorIs(t, err, ErrFull, "no displacement without a callback")
 	assert.Equal(t, []int{100, 1, 10, 11}, drain(q, always))
 }
+
+// Queues sharing a Budget hold no more together than it allows; a request
+// past it gets a global FullError, and what leaves gives its share back.
+func TestBudgetShared(t *testing.T) {
+	_, err := NewBudget(Limits{MaxBytes: -1})
+	require.ErrorIs(t, err, ErrInvalid)
+	b, err := NewBudget(Limits{MaxRequests: 3, MaxBytes: 100})
+	require.NoError(t, err)
+	qa := mustNew[int](t, Config{Budget: b})
+	qb := mustNew[int](t, Config{Budget: b})
+	_, err = qa.Push(Request[int]{Value: 1, Bytes: 40}, t0, nil)
+	require.NoError(t, err)
+	hb, err := qb.Push(Request[int]{Value: 2, Bytes: 40}, t0, nil)
+	require.NoError(t, err)
+	var fe *FullError
+	_, err = qb.Push(Request[int]{Value: 3, Bytes: 30}, t0, nil)
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, FullError{Scope: "global", Resource: "bytes", Held: 80, Max: 100}, *fe)
+	_, err = qa.Push(Request[int]{Value: 4, Bytes: 20}, t0, nil)
+	require.NoError(t, err)
+	_, err = qa.Push(Request[int]{Value: 5}, t0, nil)
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "requests", fe.Resource)
+	assert.True(t, qb.Remove(hb))
+	n, bytes := b.Held()
+	assert.Equal(t, []any{2, int64(60)}, []any{n, bytes})
+	assert.Equal(t, []int{1, 4}, drain(qa, always))
+	qa.Expire(t0.Add(time.Hour), nil)
+	n, bytes = b.Held()
+	assert.Equal(t, []any{0, int64(0)}, []any{n, bytes})
+	// Displacement within a queue counts the displaced one's share.
+	qc := mustNew[int](t, Config{Budget: b, Total: Limits{MaxRequests: 2}})
+	for v := 10; v < 12; v++ {
+		_, err = qc.Push(Request[int]{Value: v, Flow: "noisy", Bytes: 50}, t0, nil)
+		require.NoError(t, err)
+	}
+	var gone []int
+	_, err = qc.Push(Request[int]{Value: 20, Flow: "quiet", Bytes: 50}, t0, func(v int) { gone = append(gone, v) })
+	require.NoError(t, err)
+	assert.Equal(t, []int{11}, gone)
+	n, bytes = b.Held()
+	assert.Equal(t, []any{2, int64(100)}, []any{n, bytes})
+}

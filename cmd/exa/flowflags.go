@@ -29,8 +29,8 @@ func (f *flowFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.on, "flow-control", false,
 		"flow control: hold a model's requests past capacity (no replica with room under --shed-*, or none healthy) in a queue by priority and fairness, instead of answering 429, and route each when its turn comes (docs/flow-control.md)")
 	fs.DurationVar(&f.ttl, "flow-ttl", flow.DefaultTTL, "flow control: longest a request waits in the queue; then 503")
-	fs.Int64Var(&f.maxBytes, "flow-max-bytes", flow.DefaultMaxBytes, "flow control: bytes of request bodies the queue of one model holds in all; past it a request displaces a longer flow's newest, or gets 429")
-	fs.IntVar(&f.maxReqs, "flow-max-requests", flow.DefaultMaxRequests, "flow control: requests one model's queue holds in all")
+	fs.Int64Var(&f.maxBytes, "flow-max-bytes", flow.DefaultMaxBytes, "flow control: bytes of request bodies all queues hold together (one budget for the process); past it a request displaces a longer flow's newest in its model's queue, or gets 429")
+	fs.IntVar(&f.maxReqs, "flow-max-requests", flow.DefaultMaxRequests, "flow control: requests all queues hold together")
 	fs.Int64Var(&f.bandMax, "flow-band-max-bytes", 0, "flow control: bytes one priority band holds (0 = --flow-max-bytes)")
 	fs.IntVar(&f.bandReqs, "flow-band-max-requests", 0, "flow control: requests one priority band holds (0 = --flow-max-requests)")
 	fs.IntVar(&f.maxFlows, "flow-max-flows", flow.DefaultMaxFlows, "flow control: fairness ids a priority band tells apart; more share one overflow flow")

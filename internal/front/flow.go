@@ -22,7 +22,9 @@ import (
 // picker the ext_proc stream, as GIE does.
 
 // FlowControl holds a front's requests, a flow.Controller per model made
-// on first use. A nil *FlowControl is off. Safe for concurrent use.
+// on first use; the queues share one flow.Budget of Options.Queue.Total,
+// so the requests and bytes held are bounded for the whole front. A nil
+// *FlowControl is off. Safe for concurrent use.
 type FlowControl struct {
 	o   flow.Options
 	now func() time.Time
@@ -51,6 +53,14 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 	if _, err := flow.New[int](o.Queue); err != nil {
 		return nil, err
 	}
+	// The models' queues share one budget of the total limits: the
+	// front's memory for held requests is bounded once, whatever the
+	// number of models.
+	budget, err := flow.NewBudget(o.Queue.Total)
+	if err != nil {
+		return nil, err
+	}
+	o.Queue.Budget = budget
 	if o.Retry < 0 {
 		return nil, fmt.Errorf("%w: flow.Options.Retry %v is negative", flow.ErrInvalid, o.Retry)
 	}
