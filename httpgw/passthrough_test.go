@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -74,10 +75,34 @@ func TestPassThroughSeesPromptsInFlight(t *testing.T) {
 	if inFlight["e0"] > inFlight["e1"] {
 		idle = "e1"
 	}
-	for range 6 {
+	gw := f.srv.Snapshot().Models[testModel].Gateway
+	// The client reads a chat's first chunk as the gateway relays it,
+	// which may be before the gateway has marked the chat's prefill done
+	// (FirstToken): wait for that, so that the chats weigh as in flight
+	// past their first token, as the test means.
+	require.Eventually(t, func() bool {
+		for _, r := range gw.Replicas() {
+			if r.PendingPrefill != 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+	for i := range 6 {
 		resp := f.post("/v1/embeddings", `{"model":"m1","input":"x"}`)
 		readAll(t, resp)
-		require.Equal(t, idle, resp.Header.Get(HeaderReplica), "chats in flight: %v", inFlight)
+		require.Equal(t, idle, resp.Header.Get(HeaderReplica), "try %d: chats in flight: %v", i, inFlight)
+		// The client may read the answer before the handler has released
+		// its decision (Done runs as the handler returns): wait for it, or
+		// the next request sees the idle replica one busier and ties.
+		require.Eventually(t, func() bool {
+			for _, r := range gw.Replicas() {
+				if r.Name == idle && r.InFlight != inFlight[idle] {
+					return false
+				}
+			}
+			return true
+		}, 10*time.Second, time.Millisecond)
 	}
 }
 
