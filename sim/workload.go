@@ -38,6 +38,17 @@ type Request struct {
 	// block hashes include the adapter), and a replica runs at most
 	// Config.MaxLoras adapters at once (see lora.go).
 	Adapter string
+	// Tenant is the request's fairness id (a tenant, a user tier, an API
+	// key): flow control shares a band fairly among tenants, and the
+	// report has a per-tenant table when requests name one. "" is none.
+	Tenant string
+	// Class names the request's class ("" none; the report has a
+	// per-class table when requests name one), Priority its band under
+	// flow control (higher dispatches first; default 0) and SLO its
+	// time-to-first-token objective (0: Config.SLO).
+	Class    string
+	Priority int
+	SLO      time.Duration
 }
 
 // Workload is a reproducible source of requests.
