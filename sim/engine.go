@@ -119,9 +119,9 @@ type engine struct {
 	// lateMax and lateMin: the most and least time an expired request
 	// was answered after its deadline (for the tests: both 0).
 	lateMax, lateMin int64
-	qtime      hist
-	tenants    groups
-	classes    groups
+	qtime            hist
+	tenants          groups
+	classes          groups
 
 	res      Result
 	ttft     hist

@@ -117,7 +117,7 @@ func TestFlowControlDeterministic(t *testing.T) {
 type stringsWriter struct{ b []byte }
 
 func (w *stringsWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
-func (w *stringsWriter) String() string                { return string(w.b) }
+func (w *stringsWriter) String() string              { return string(w.b) }
 
 // Off, nothing changes: a workload with tenants and classes but no flow
 // control sheds and routes as before (its tables aside), and the report
