@@ -692,6 +692,7 @@ func (e *engine) result() Result {
 		q := latencyOf(&e.qtime)
 		res.QueueTime = &q
 	}
+	res.front = e.front
 	res.Tenants = e.tenants.result(res.Duration)
 	res.Classes = e.classes.result(res.Duration)
 	return res

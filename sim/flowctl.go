@@ -149,6 +149,9 @@ func (e *engine) dispatchAll() {
 				break
 			}
 			e.queued--
+			if e.now-s.arrival > int64(gw.fq.Config().TTL) {
+				e.res.Late++
+			}
 			e.dispatch(s, s.heldBase())
 		}
 	}
@@ -177,6 +180,9 @@ func (e *engine) expire() {
 		e.gws[i].fq.Expire(now, func(s *seq) {
 			late := e.now - (s.arrival + int64(e.gws[i].fq.Config().TTL))
 			e.lateMax, e.lateMin = max(e.lateMax, late), min(e.lateMin, late)
+			if late > 0 {
+				e.res.Late++
+			}
 			e.queued--
 			e.res.Expired++
 			e.group(s, func(g *groupAcc) { g.expired++ })

@@ -74,6 +74,7 @@ func TestFlowControlProperties(t *testing.T) {
 				assert.Zero(rt, r.Expired+r.Shed, "GIE holds without a TTL or a request bound")
 			} else {
 				assert.LessOrEqual(rt, r.QueueTime.Max, ttl.Seconds()+1e-9, "dispatched after its deadline")
+				assert.Zero(rt, r.Late, "answered past its deadline")
 				if r.Expired > 0 {
 					assert.Zero(rt, e.lateMax, "answered after its deadline")
 					assert.Zero(rt, e.lateMin, "answered before its deadline")

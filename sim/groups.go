@@ -122,7 +122,7 @@ func (r *Report) writeGroupTables(b *strings.Builder) {
 	if held {
 		fmt.Fprintf(b, "\nflow control (requests held past saturation, routed at dispatch; expired: answered at their deadline undispatched):\n")
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tqueue mean\tp50\tp99\tmax\texpired\tshed\tshed by reason\t")
+		fmt.Fprintln(tw, "policy\tqueue mean\tp50\tp99\tmax\texpired\tpast deadline\tshed\tshed by reason\t")
 		for i := range r.Results {
 			x := &r.Results[i]
 			if x.QueueTime == nil {
@@ -134,7 +134,11 @@ func (r *Report) writeGroupTables(b *strings.Builder) {
 			}
 			sort.Strings(reasons)
 			q := x.QueueTime
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n", x.Policy, sec(q.Mean), sec(q.P50), sec(q.P99), sec(q.Max), x.Expired, x.Shed, strings.Join(reasons, ", "))
+			late := fmt.Sprint(x.Late)
+			if x.Policy != "" && x.Late == 0 && x.QueueTime.Max > 0 && x.front == frontGIE {
+				late = "no TTL"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t\n", x.Policy, sec(q.Mean), sec(q.P50), sec(q.P99), sec(q.Max), x.Expired, late, x.Shed, strings.Join(reasons, ", "))
 		}
 		_ = tw.Flush()
 	}

@@ -92,6 +92,10 @@ type Result struct {
 	// Expired is the number of requests a flow-control queue held until
 	// their deadline and then answered undispatched; 0 without.
 	Expired int `json:"expired,omitempty"`
+	// Late is the number of requests a flow-control queue answered
+	// (dispatched or expired) after their deadline: 0 unless the queue's
+	// deadlines are broken. GIE's has no deadline.
+	Late int `json:"late,omitempty"`
 	// QueueTime is the time the dispatched requests spent in a
 	// flow-control queue, arrival to dispatch; nil without flow control.
 	QueueTime *Latency `json:"queue_time,omitempty"`
@@ -175,7 +179,8 @@ type Result struct {
 	// of the JSON.
 	RouterReplicas []gateway.ReplicaStatus `json:"-"`
 
-	ttft *hist
+	ttft  *hist
+	front front
 }
 
 // Share is the spread of a policy's work over the replicas: the least and
