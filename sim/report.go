@@ -99,10 +99,11 @@ type Result struct {
 	// QueueTime is the time the dispatched requests spent in a
 	// flow-control queue, arrival to dispatch; nil without flow control.
 	QueueTime *Latency `json:"queue_time,omitempty"`
-	// Tenants and Classes have one entry per tenant and per class, by
-	// name, when the workload's requests name them (Request.Tenant,
-	// Request.Class); nil otherwise.
+	// Tenants has one entry per tenant, by name, when the workload's
+	// requests name them (Request.Tenant); nil otherwise.
 	Tenants []Group `json:"tenants,omitempty"`
+	// Classes has one entry per class, by name, when the workload's
+	// requests name them (Request.Class); nil otherwise.
 	Classes []Group `json:"classes,omitempty"`
 	// Goodput is the requests whose first token came within their SLO
 	// (Request.SLO, else Config.SLO),

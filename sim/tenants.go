@@ -36,9 +36,10 @@ type TenantsConfig struct {
 	// 4,096 tokens, a 128-token question, 256 output tokens) with
 	// Requests and Rate.
 	Base Workload
-	// Requests and Rate of the nil Base; 0 means 20,000 and 40/s.
+	// Requests is the nil Base's request count; 0 means 20,000.
 	Requests int
-	Rate     float64
+	// Rate is the nil Base's Poisson rate per second; 0 means 40.
+	Rate float64
 	// Tenants is the number of tenants, 1..MaxGroups; 0 means no tenant
 	// (requests carry none).
 	Tenants int

@@ -42,13 +42,15 @@ type Request struct {
 	// key): flow control shares a band fairly among tenants, and the
 	// report has a per-tenant table when requests name one. "" is none.
 	Tenant string
-	// Class names the request's class ("" none; the report has a
-	// per-class table when requests name one), Priority its band under
-	// flow control (higher dispatches first; default 0) and SLO its
-	// time-to-first-token objective (0: Config.SLO).
-	Class    string
+	// Class names the request's class; "" is none. The report has a
+	// per-class table when requests name one.
+	Class string
+	// Priority is the request's band under flow control: higher
+	// dispatches first; negative is shed rather than held. Default 0.
 	Priority int
-	SLO      time.Duration
+	// SLO is the request's time-to-first-token objective; 0 means
+	// Config.SLO.
+	SLO time.Duration
 }
 
 // Workload is a reproducible source of requests.
