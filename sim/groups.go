@@ -135,7 +135,7 @@ func (r *Report) writeGroupTables(b *strings.Builder) {
 			sort.Strings(reasons)
 			q := x.QueueTime
 			late := fmt.Sprint(x.Late)
-			if x.Policy != "" && x.Late == 0 && x.QueueTime.Max > 0 && x.front == frontGIE {
+			if x.front == frontGIE { // GIE holds without a deadline
 				late = "no TTL"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t\n", x.Policy, sec(q.Mean), sec(q.P50), sec(q.P99), sec(q.Max), x.Expired, late, x.Shed, strings.Join(reasons, ", "))
