@@ -113,10 +113,10 @@ deterministic for a seed.`,
   exa serve routing simulate JPCP --trace mooncake_trace.jsonl --policies cache_aware,round_robin --plot ttft.svg
   # LoRA adapters: 16 adapters (Zipf popularity), 2 adapter slots per replica, 30 ms per load:
   exa serve routing simulate --workload lora --lora-adapters 16 --max-loras 2 --adapter-load-ms 30
-  # Flow control: a noisy tenant at 5x the quiet one's rate, queued instead of shed, beside GIE's flow controller:
-  exa serve routing simulate --workload noisy-neighbour --rate 120 --requests 6000 --flow-control on --admission-outstanding 32 --policies cache_aware,gie,gie_flow
+  # Flow control at 3x capacity: a noisy tenant at 5x the quiet one's rate, held instead of shed, beside GIE's flow controller:
+  exa serve routing simulate --workload noisy-neighbour --rate 324 --requests 9720 --flow-control on --admission-queue-depth 1 --admission-outstanding 128 --policies cache_aware,gie_flow
   # The quiet tenant's run alone:
-  exa serve routing simulate --workload noisy-neighbour --rate 120 --requests 6000 --only quiet1 --policies cache_aware
+  exa serve routing simulate --workload noisy-neighbour --rate 324 --requests 9720 --only quiet1 --policies cache_aware
   # Machine-readable:
   exa serve routing simulate JPCP --workload chat --requests 2000 --json`,
 		Args: func(cmd *cobra.Command, args []string) error {
