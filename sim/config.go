@@ -79,6 +79,11 @@ type Config struct {
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.
 	Admission gateway.Admission
+	// FlowControl, when Enabled, holds the requests the gateway's own
+	// policies would shed under Admission in a flow-control queue and
+	// dispatches them as replicas get room (see FlowControl). The zero
+	// value is off.
+	FlowControl FlowControl
 	// MaxQueue, when positive, caps each replica's waiting queue; requests
 	// routed to a full queue are shed and counted as dropped. Zero means
 	// unbounded.
@@ -184,6 +189,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
 	}
 	if err := validAdmission(c.Admission); err != nil {
+		return err
+	}
+	if err := validFlow(c); err != nil {
 		return err
 	}
 	if err := c.Preset.validate(); err != nil {

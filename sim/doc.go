@@ -34,6 +34,16 @@
 // same scraped load, and in exact-index mode all are fed every engine's KV
 // events (docs/multi-gateway.md has the figures).
 //
+// Past capacity, Config.Admission sheds what the gateway's own policies
+// would route while no replica has room; Config.FlowControl holds it
+// instead in a flow.Queue per gateway and routes it when a replica has room
+// (late binding), answering it as expired at its deadline (flowctl.go).
+// Policy gie_flow (GIEFlowPolicy) runs GIE's profile behind a model of GIE
+// v1.5.0's flow controller (gieflow.go). Tenants gives a workload's
+// requests tenants (fairness ids) and classes (priority and TTFT
+// objective): NoisyNeighbour, InteractiveBatch; the report then has
+// per-tenant and per-class tables (docs/flow-control.md).
+//
 // Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,

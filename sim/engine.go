@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/reference"
 )
@@ -43,6 +44,16 @@ type seq struct {
 	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
 	skipped   int64   // when it first waited for an adapter slot, -1 never
 	quiet     bool    // the client does not stream: d hears nothing at the first token
+
+	// Kept from the request for routing at dispatch (flow control).
+	adapterName string
+	user        uint64      // Request.Blocks[UserBlock], for a Tracker
+	base        gateway.Key // the unsalted key of an adapter's request, for a Tracker
+	// Tenant and class (indexes in the engine's groups, -1 none),
+	// priority band and TTFT objective in ns.
+	tenant, class int16
+	prio          int
+	slo           int64
 }
 
 type replica struct {
@@ -97,7 +108,20 @@ type engine struct {
 
 	inflight int
 	stored   gateway.Key // scratch: the answer blocks release cached
-	admit    bool        // Config.Admission applies to this policy
+	front    front       // what the policy's front does before routing
+
+	// Flow control (flowctl.go, gieflow.go).
+	queued     int   // requests held in the gateways' queues
+	expAt      int64 // the expiry event scheduled, 0 none
+	gieSat     float64
+	gieTicking bool
+	freed      bool // a request completed in the step just ended
+	// lateMax and lateMin: the most and least time an expired request
+	// was answered after its deadline (for the tests: both 0).
+	lateMax, lateMin int64
+	qtime            hist
+	tenants          groups
+	classes          groups
 
 	res      Result
 	ttft     hist
@@ -153,7 +177,28 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		gw.g = g
 	}
 	e.res.Policy = pol.Name
-	e.admit = admits(cfg.Admission) && pol.Source == ""
+	switch {
+	case pol.GIEFlowControl:
+		e.front = frontGIE
+	case pol.Source != "":
+	case cfg.FlowControl.Enabled:
+		e.front = frontFlow
+	case admits(cfg.Admission):
+		e.front = frontShed
+	}
+	if e.front == frontFlow || e.front == frontGIE {
+		qc := cfg.FlowControl.Queue
+		if e.front == frontGIE {
+			qc = gieQueueConfig()
+		}
+		for i := range e.gws {
+			q, err := flow.New[*seq](qc)
+			if err != nil {
+				return nil, fmt.Errorf("%w: policy %q: flow control: %w", ErrInvalidConfig, pol.Name, err)
+			}
+			e.gws[i].fq = q
+		}
+	}
 	return e, nil
 }
 
@@ -195,11 +240,16 @@ func (e *engine) run(st Stream, tick func()) error {
 		it := e.events.pop()
 		ev := it.v
 		e.now = it.key
+		if ev.rep < -1 {
+			e.flowEvent(ev)
+			continue
+		}
 		if ev.rep < 0 {
 			e.refresh()
-			if have || e.inflight > 0 {
+			if have || e.inflight > 0 || e.queued > 0 {
 				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
 			}
+			e.afterEvent()
 			continue
 		}
 		r := e.reps[ev.rep]
@@ -207,6 +257,10 @@ func (e *engine) run(st Stream, tick func()) error {
 			continue
 		}
 		e.stepEnd(int(ev.rep))
+		if e.freed {
+			e.freed = false
+			e.afterEvent()
+		}
 	}
 	return nil
 }
@@ -231,6 +285,9 @@ func (e *engine) refresh() {
 				_ = e.gws[i].g.UpdateAdapters(r.name, rep)
 			}
 		}
+	}
+	if e.front == frontGIE {
+		e.gieSat = e.gieSaturation()
 	}
 	e.afterRefresh()
 }
@@ -260,27 +317,51 @@ func (e *engine) arrive(req *Request) {
 	}
 	s.slots = s.slots[:len(s.key)]
 	s.private = max(0, blocksOf(s.in+s.out, e.bt)-len(s.key), len(s.outKey))
+	s.tenant, s.class, s.prio, s.slo = e.tenants.of(req.Tenant), e.classes.of(req.Class), req.Priority, int64(e.cfg.SLO)
+	if req.SLO > 0 {
+		s.slo = int64(req.SLO)
+	}
+	e.group(s, func(g *groupAcc) { g.requests++ })
 	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
 		return
 	}
-	gw := &e.gws[gatewayOf(e.cfg.Seed, s.id, len(e.gws))]
+	gi := gatewayOf(e.cfg.Seed, s.id, len(e.gws))
+	gw := &e.gws[gi]
 	s.gw = gw
-	if e.admit && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
-		e.res.Dropped++
-		e.res.Shed++
-		e.pool = append(e.pool, s)
+	if e.front == frontShed && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
+		e.shed(s, "saturated")
 		return
+	}
+	s.adapterName = req.Adapter
+	s.user = req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)]
+	if e.front == frontFlow || e.front == frontGIE {
+		s.base = append(s.base[:0], base...) // base is scratch, reused by the next arrival
+		e.hold(s, gi)
+		return
+	}
+	e.dispatch(s, base)
+}
+
+// dispatch routes s and queues it at the replica chosen: at its arrival,
+// or, under flow control, when its queue dispatches it. base is the
+// unsalted key of an adapter's request, for a Tracker.
+func (e *engine) dispatch(s *seq, base gateway.Key) {
+	gw := s.gw
+	if e.front == frontFlow || e.front == frontGIE {
+		q := float64(e.now-s.arrival) / 1e9
+		e.qtime.add(q)
+		e.group(s, func(g *groupAcc) { g.queue.add(q) })
 	}
 	if gw.tracker != nil {
 		gw.tracker.Arrive(reference.Arrival{
 			ID: s.id, Time: time.Unix(0, e.now), Tokens: s.in, BlockTokens: e.bt,
-			UserContent: req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)],
+			UserContent: s.user,
 			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: req.Adapter})
+	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: s.adapterName})
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
@@ -291,6 +372,7 @@ func (e *engine) arrive(req *Request) {
 	if e.cfg.MaxQueue > 0 && r.waiting.len() >= e.cfg.MaxQueue {
 		d.Done(gateway.DoneInfo{Err: errShed})
 		e.res.Dropped++
+		e.group(s, func(g *groupAcc) { g.shed++ })
 		e.pool = append(e.pool, s)
 		return
 	}
@@ -503,9 +585,16 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	e.event(r, gateway.BlocksStored, s.key)
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
-	if s.ttft <= int64(e.cfg.SLO) {
+	met := s.ttft <= s.slo
+	if met {
 		e.sloMet++
 	}
+	e.group(s, func(g *groupAcc) {
+		g.ttft.add(t)
+		if met {
+			g.met++
+		}
+	})
 	if s.out <= 1 {
 		e.complete(r, s)
 		return
@@ -529,6 +618,8 @@ func (e *engine) complete(r *replica, s *seq) {
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
+	e.group(s, func(g *groupAcc) { g.completed++ })
+	e.freed = true
 	e.outTok += int64(s.out)
 	e.last = max(e.last, e.now)
 	e.inflight--
@@ -561,7 +652,7 @@ func (e *engine) event(r *replica, kind gateway.CacheEventKind, blocks gateway.K
 // result finishes the run's figures.
 func (e *engine) result() Result {
 	res := e.res
-	res.Dropped += e.inflight // unreachable in a finished run; counted rather than lost
+	res.Dropped += e.inflight + e.queued // unreachable in a finished run; counted rather than lost
 	if e.inTok > 0 {
 		res.TokenHitRate = float64(e.cachedTk) / float64(e.inTok)
 		res.RouterTokenHitRate = float64(e.routerTk) / float64(e.inTok)
@@ -597,6 +688,13 @@ func (e *engine) result() Result {
 	res.RouterReplicas = routerReplicas(e.gws)
 	res.Decisions = res.Router.ByKind
 	res.ttft = &e.ttft
+	if e.front == frontFlow || e.front == frontGIE {
+		q := latencyOf(&e.qtime)
+		res.QueueTime = &q
+	}
+	res.front = e.front
+	res.Tenants = e.tenants.result(res.Duration)
+	res.Classes = e.classes.result(res.Duration)
 	return res
 }
 

@@ -4,6 +4,7 @@ import (
 	"maps"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/hashtab"
 	"github.com/examlops/gateway/reference"
 )
@@ -28,6 +29,9 @@ type router struct {
 	g *gateway.Gateway
 	// policy is the router's own policy instance, when made by Policy.New.
 	policy gateway.Policy
+	// fq holds the requests of this gateway under flow control; nil
+	// without.
+	fq *flow.Queue[*seq]
 
 	// Hooks of a reference policy that follows requests, reads KV events
 	// or predicts hits with an index of its own; nil otherwise.

@@ -427,8 +427,12 @@ func WorkloadNames() []string {
 	return []string{"default", "shared-prefix", "chat", "rag", "system-prompt", "low-sharing", "lora"}
 }
 
+// FlowWorkloadNames lists the multi-tenant workloads NewWorkload also
+// accepts, with their defaults (see NoisyNeighbour, InteractiveBatch).
+func FlowWorkloadNames() []string { return []string{"noisy-neighbour", "interactive-batch"} }
+
 // NewWorkload returns the generated workload called name (see
-// WorkloadNames) with its defaults, overriding the request count and rate
+// WorkloadNames and FlowWorkloadNames) with its defaults, overriding the request count and rate
 // when they are positive. Trace files are opened with TraceFile.
 func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 	switch name {
@@ -449,6 +453,10 @@ func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 		return LowSharing(LowSharingConfig{Requests: requests, Rate: rate})
 	case "lora":
 		return LoRAWorkload(LoRAConfig{Requests: requests, Rate: rate})
+	case "noisy-neighbour":
+		return NoisyNeighbour(requests, rate, 0, 0, "")
+	case "interactive-batch":
+		return InteractiveBatch(requests, rate, "")
 	}
-	return nil, fmt.Errorf("%w: workload %q unknown (have %v)", ErrInvalidConfig, name, WorkloadNames())
+	return nil, fmt.Errorf("%w: workload %q unknown (have %v)", ErrInvalidConfig, name, append(WorkloadNames(), FlowWorkloadNames()...))
 }

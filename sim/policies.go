@@ -40,6 +40,12 @@ type Policy struct {
 	// tell two adapters' caches apart, and whether it sees the replicas'
 	// adapter slots.
 	Adapters string
+	// GIEFlowControl runs the policy behind a model of GIE v1.5.0's flow
+	// controller with its defaults (gieflow.go): every request queued,
+	// dispatched while the pool's mean saturation is below 1, one per
+	// arrival and per 1 ms tick, routed at dispatch. Config.Admission and
+	// Config.FlowControl do not apply to it. Default false.
+	GIEFlowControl bool
 }
 
 // DefaultPolicies returns the policies Run compares by default: the
@@ -107,12 +113,23 @@ func gieLoRAPolicy() Policy {
 		New:      func(seed uint64) gateway.Policy { return reference.NewGIELoRA(seed) }}
 }
 
-// PolicyByName returns the default policy called name (hyphens accepted for
-// underscores), or an error wrapping ErrInvalidConfig.
+// GIEFlowPolicy returns gie_flow: GIE's EPP default profile (the gie
+// policy) behind its v1.5.0 flow controller with its defaults, for
+// comparison with Config.FlowControl; it is not among DefaultPolicies.
+func GIEFlowPolicy() Policy {
+	return Policy{Name: "gie_flow", GIEFlowControl: true,
+		Source:   "GIE v1.5.0 flow controller (pkg/epp/flowcontrol: global strict, FCFS, 1 GB band, no TTL, utilization saturation) before the EPP default profile",
+		Adapters: "as gie",
+		New:      func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }}
+}
+
+// PolicyByName returns the default policy, gie_lora or gie_flow called
+// name (hyphens accepted for underscores), or an error wrapping
+// ErrInvalidConfig.
 func PolicyByName(name string) (Policy, error) {
 	n := strings.ReplaceAll(name, "-", "_")
 	var names []string
-	for _, p := range LoRAPolicies() {
+	for _, p := range append(LoRAPolicies(), GIEFlowPolicy()) {
 		if p.Name == n {
 			return p, nil
 		}

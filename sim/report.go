@@ -73,7 +73,7 @@ type Result struct {
 	// Policy is the policy's name, Policy.Name.
 	Policy string `json:"policy"`
 	// Requests is the number of requests that arrived, whatever became of
-	// them: Requests = Completed + Dropped + Failed.
+	// them: Requests = Completed + Dropped + Failed + Expired.
 	Requests int `json:"requests"`
 	// Completed is the number of requests that produced their last token.
 	Completed int `json:"completed"`
@@ -84,7 +84,29 @@ type Result struct {
 	// Shed is the number of the Dropped requests that Config.Admission
 	// shed before routing.
 	Shed int `json:"shed"`
-	// Goodput is the requests whose first token came within Config.SLO,
+	// ShedReasons counts the Shed requests of a flow-control front by
+	// reason: "full: total requests" (or band, bytes: the queue's bound),
+	// "displaced" (pushed out by a newcomer), "sheddable"; nil without
+	// flow control.
+	ShedReasons map[string]int `json:"shed_reasons,omitempty"`
+	// Expired is the number of requests a flow-control queue held until
+	// their deadline and then answered undispatched; 0 without.
+	Expired int `json:"expired,omitempty"`
+	// Late is the number of requests a flow-control queue answered
+	// (dispatched or expired) after their deadline: 0 unless the queue's
+	// deadlines are broken. GIE's has no deadline.
+	Late int `json:"late,omitempty"`
+	// QueueTime is the time the dispatched requests spent in a
+	// flow-control queue, arrival to dispatch; nil without flow control.
+	QueueTime *Latency `json:"queue_time,omitempty"`
+	// Tenants has one entry per tenant, by name, when the workload's
+	// requests name them (Request.Tenant); nil otherwise.
+	Tenants []Group `json:"tenants,omitempty"`
+	// Classes has one entry per class, by name, when the workload's
+	// requests name them (Request.Class); nil otherwise.
+	Classes []Group `json:"classes,omitempty"`
+	// Goodput is the requests whose first token came within their SLO
+	// (Request.SLO, else Config.SLO),
 	// per second of Duration: the work done in time.
 	Goodput float64 `json:"goodput"`
 	// PeakQueue is the most requests ever waiting at one replica.
@@ -133,8 +155,8 @@ type Result struct {
 	// "exact"; "own" for a policy matching against an index of its own.
 	Index string `json:"index"`
 	// SLOAttainment is the fraction of all Requests whose first token came
-	// within Config.SLO of arrival; dropped and failed requests count as
-	// misses.
+	// within their SLO (Request.SLO, else Config.SLO) of arrival; dropped,
+	// expired and failed requests count as misses.
 	SLOAttainment float64 `json:"slo_attainment"`
 	// PrefillTokens is the number of prompt tokens each replica computed
 	// (not served from cache), one entry per replica in order r0, r1, ….
@@ -158,7 +180,8 @@ type Result struct {
 	// of the JSON.
 	RouterReplicas []gateway.ReplicaStatus `json:"-"`
 
-	ttft *hist
+	ttft  *hist
+	front front
 }
 
 // Share is the spread of a policy's work over the replicas: the least and
@@ -257,6 +280,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	r.writeLoRATable(&b)
+	r.writeGroupTables(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -38,6 +38,19 @@ type Request struct {
 	// block hashes include the adapter), and a replica runs at most
 	// Config.MaxLoras adapters at once (see lora.go).
 	Adapter string
+	// Tenant is the request's fairness id (a tenant, a user tier, an API
+	// key): flow control shares a band fairly among tenants, and the
+	// report has a per-tenant table when requests name one. "" is none.
+	Tenant string
+	// Class names the request's class; "" is none. The report has a
+	// per-class table when requests name one.
+	Class string
+	// Priority is the request's band under flow control: higher
+	// dispatches first; negative is shed rather than held. Default 0.
+	Priority int
+	// SLO is the request's time-to-first-token objective; 0 means
+	// Config.SLO.
+	SLO time.Duration
 }
 
 // Workload is a reproducible source of requests.

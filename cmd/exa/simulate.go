@@ -15,6 +15,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/sim"
 	"github.com/spf13/cobra"
 )
@@ -45,6 +46,15 @@ type simFlags struct {
 	loraAdapters         int
 	maxLoras             int
 	adapterLoadMS        float64
+	tenants              int
+	noisy                float64
+	only                 string
+	flowControl          string
+	flowTTL              time.Duration
+	flowMaxRequests      int
+	flowMaxBytes         int64
+	flowFairness         string
+	flowOrder            string
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -103,6 +113,10 @@ deterministic for a seed.`,
   exa serve routing simulate JPCP --trace mooncake_trace.jsonl --policies cache_aware,round_robin --plot ttft.svg
   # LoRA adapters: 16 adapters (Zipf popularity), 2 adapter slots per replica, 30 ms per load:
   exa serve routing simulate --workload lora --lora-adapters 16 --max-loras 2 --adapter-load-ms 30
+  # Flow control at 3x capacity: a noisy tenant at 5x the quiet one's rate, held instead of shed, beside GIE's flow controller:
+  exa serve routing simulate --workload noisy-neighbour --rate 324 --requests 9720 --flow-control on --admission-queue-depth 1 --admission-outstanding 128 --policies cache_aware,gie_flow
+  # The quiet tenant's run alone:
+  exa serve routing simulate --workload noisy-neighbour --rate 324 --requests 9720 --only quiet1 --policies cache_aware
   # Machine-readable:
   exa serve routing simulate JPCP --workload chat --requests 2000 --json`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -124,7 +138,7 @@ deterministic for a seed.`,
 	f.IntVar(&sf.replicas, "replicas", 0, fmt.Sprintf("number of simulated replicas, 1..%d; 512 take about 0.5 GB of memory on the default workload, 1.1 GB on --workload lora (default: the model's stored replica count, else %d)", maxSimReplicas, sim.DefaultReplicas))
 	f.IntVar(&sf.requests, "requests", 0, fmt.Sprintf("number of requests, 1..%d; 100,000 take 10-50 s with all policies, and up to 1.8 GB of memory when the replicas cannot keep up (default: the workload's own; for a trace, replay only the first N)", maxSimRequests))
 	f.Float64Var(&sf.rate, "rate", 0, "Poisson arrival rate in requests per second (default: the workload's own; for a trace, replaces its timestamps)")
-	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", "))
+	f.StringVar(&sf.workload, "workload", "default", "generated workload: "+strings.Join(sim.WorkloadNames(), ", ")+"; multi-tenant: "+strings.Join(sim.FlowWorkloadNames(), ", ")+" (see docs/flow-control.md)")
 	f.IntVar(&sf.sharedPrefixRequests, "shared-prefix-requests", 0, fmt.Sprintf("simulate a shared-prefix stream of N requests, 1..%d (the shared-prefix workload with its request count set)", maxSimRequests))
 	f.StringVar(&sf.trace, "trace", "", "replay a Mooncake-format JSONL trace file instead of a generated workload")
 	f.Float64Var(&sf.traceSpeed, "trace-speed", 1, "replay the trace this many times faster than recorded")
@@ -146,7 +160,19 @@ deterministic for a seed.`,
 	f.IntVar(&sf.maxLoras, "max-loras", sim.DefaultMaxLoras, fmt.Sprintf("--workload lora: adapter slots per replica (vLLM --max-loras), 1..%d", gateway.MaxAdapterSlots))
 	f.Float64Var(&sf.adapterLoadMS, "adapter-load-ms", float64(sim.DefaultAdapterLoad/time.Millisecond),
 		"--workload lora: milliseconds a replica's step takes longer per adapter it loads into a slot, 0..3600000 (0: no cost)")
-	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(sim.WorkloadNames(), cobra.ShellCompDirectiveNoFileComp))
+	f.IntVar(&sf.tenants, "tenants", 2, fmt.Sprintf("--workload noisy-neighbour: number of tenants (fairness ids), 1..%d", sim.MaxGroups))
+	f.Float64Var(&sf.noisy, "noisy", 5, "--workload noisy-neighbour: how many times more requests the first tenant (\"noisy\") sends than each other (\"quiet1\", ...); 1: all alike (\"t0\", ...)")
+	f.StringVar(&sf.only, "only", "", "--workload noisy-neighbour or interactive-batch: keep only this tenant's or class's requests, at their arrivals in the full workload (its run alone)")
+	f.StringVar(&sf.flowControl, "flow-control", "off", "on: the gateway's own policies hold a request past the admission rule's saturation in a flow-control queue (by priority and tenant) instead of shedding it, and route it when a replica has room; needs an --admission-* threshold (see docs/flow-control.md)")
+	f.DurationVar(&sf.flowTTL, "flow-ttl", flow.DefaultTTL, "--flow-control on: how long a request may be held before it is answered as expired; 1ms..1h")
+	f.IntVar(&sf.flowMaxRequests, "flow-max-requests", flow.DefaultMaxRequests, "--flow-control on: most requests held per gateway (and per priority band), 1..1000000; past it the newest of the longest flow is displaced or the newcomer shed")
+	f.Int64Var(&sf.flowMaxBytes, "flow-max-bytes", flow.DefaultMaxBytes, fmt.Sprintf("--flow-control on: most bytes held per gateway (and per band), %d per prompt token, 1..2^40", sim.BytesPerToken))
+	f.StringVar(&sf.flowFairness, "flow-fairness", "round-robin", "--flow-control on: how tenants of a band share it: round-robin or global-strict (oldest head first, GIE's default)")
+	f.StringVar(&sf.flowOrder, "flow-order", "fcfs", "--flow-control on: order within a tenant: fcfs or edf (earliest deadline first)")
+	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("flow-fairness", cobra.FixedCompletions([]string{"round-robin", "global-strict"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("flow-order", cobra.FixedCompletions([]string{"fcfs", "edf"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions([]string{"approximate", "exact"}, cobra.ShellCompDirectiveNoFileComp))
@@ -244,14 +270,27 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		cfg.Workload, err = sim.NewWorkload("shared-prefix", sf.sharedPrefixRequests, sf.rate)
 	case lora:
 		cfg.Workload, err = sim.LoRAWorkload(sim.LoRAConfig{Requests: sf.requests, Rate: sf.rate, Adapters: sf.loraAdapters})
+	case sf.workload == "noisy-neighbour":
+		if sf.tenants < 1 || sf.tenants > sim.MaxGroups {
+			return cfg, usagef("invalid --tenants %d: want 1..%d", sf.tenants, sim.MaxGroups)
+		}
+		if !(sf.noisy > 0 && sf.noisy <= 1000) {
+			return cfg, usagef("invalid --noisy %v: want a factor in (0, 1000]", sf.noisy)
+		}
+		cfg.Workload, err = sim.NoisyNeighbour(sf.requests, sf.rate, sf.tenants, sf.noisy, sf.only)
+	case sf.workload == "interactive-batch":
+		cfg.Workload, err = sim.InteractiveBatch(sf.requests, sf.rate, sf.only)
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
-			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(sim.WorkloadNames(), ", "))
+			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), ", "))
 		}
 		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
 	}
 	if err != nil {
 		return cfg, &usageError{err}
+	}
+	if err := tenantFlags(cmd, sf); err != nil {
+		return cfg, err
 	}
 
 	cfg.Preset, err = sim.PresetByName(sf.preset)
@@ -292,6 +331,9 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --admission-outstanding %d: want 0 (off) or more", sf.admitOutstanding)
 	}
 	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
+	if err := flowSimFlags(cmd, sf, &cfg); err != nil {
+		return cfg, err
+	}
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -367,6 +409,71 @@ func loraSimFlags(cmd *cobra.Command, sf *simFlags, lora bool, cfg *sim.Config) 
 	if cfg.AdapterLoad == 0 {
 		cfg.AdapterLoad = -1 // no cost (0 is the simulator's default)
 	}
+	return nil
+}
+
+// tenantFlags checks that the multi-tenant flags go with their workloads.
+func tenantFlags(cmd *cobra.Command, sf *simFlags) error {
+	changed := cmd.Flags().Changed
+	nn := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "noisy-neighbour"
+	ib := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "interactive-batch"
+	for _, name := range []string{"tenants", "noisy"} {
+		if changed(name) && !nn {
+			return usagef("--%s applies to --workload noisy-neighbour only", name)
+		}
+	}
+	if changed("only") && !nn && !ib {
+		return usagef("--only applies to --workload noisy-neighbour or interactive-batch only")
+	}
+	return nil
+}
+
+// flowSimFlags checks the flow-control flags and sets cfg.FlowControl.
+func flowSimFlags(cmd *cobra.Command, sf *simFlags, cfg *sim.Config) error {
+	changed := cmd.Flags().Changed
+	switch sf.flowControl {
+	case "off":
+		for _, name := range []string{"flow-ttl", "flow-max-requests", "flow-max-bytes", "flow-fairness", "flow-order"} {
+			if changed(name) {
+				return usagef("--%s applies to --flow-control on only", name)
+			}
+		}
+		return nil
+	case "on":
+	default:
+		return usagef("invalid --flow-control %q: want on or off", sf.flowControl)
+	}
+	if cfg.Admission == (gateway.Admission{}) {
+		return usagef("--flow-control on needs an admission threshold to say when a replica has room: --admission-outstanding N (held requests go as requests finish), --admission-queue-depth or --admission-kv")
+	}
+	q := &cfg.FlowControl.Queue
+	switch {
+	case sf.flowTTL < time.Millisecond || sf.flowTTL > time.Hour:
+		return usagef("invalid --flow-ttl %v: want 1ms..1h", sf.flowTTL)
+	case sf.flowMaxRequests < 1 || sf.flowMaxRequests > 1_000_000:
+		return usagef("invalid --flow-max-requests %d: want 1..1000000", sf.flowMaxRequests)
+	case sf.flowMaxBytes < 1 || sf.flowMaxBytes > 1<<40:
+		return usagef("invalid --flow-max-bytes %d: want 1..%d", sf.flowMaxBytes, int64(1)<<40)
+	}
+	switch sf.flowFairness {
+	case "round-robin":
+		q.Fairness = flow.RoundRobin
+	case "global-strict":
+		q.Fairness = flow.GlobalStrict
+	default:
+		return usagef("invalid --flow-fairness %q: want round-robin or global-strict", sf.flowFairness)
+	}
+	switch sf.flowOrder {
+	case "fcfs":
+		q.Order = flow.FCFS
+	case "edf":
+		q.Order = flow.EDF
+	default:
+		return usagef("invalid --flow-order %q: want fcfs or edf", sf.flowOrder)
+	}
+	cfg.FlowControl.Enabled = true
+	q.TTL = sf.flowTTL
+	q.Total = flow.Limits{MaxBytes: sf.flowMaxBytes, MaxRequests: sf.flowMaxRequests}
 	return nil
 }
 

@@ -324,3 +324,44 @@ func TestStatsBeforeAndAfterSimulate(t *testing.T) {
 	assert.Equal(t, uint64(50), js.Stats.Requests)
 	assert.Len(t, js.Stats.Replicas, 2)
 }
+
+// Flow control and the multi-tenant workloads from the command line: the
+// tables appear, the same flags give the same output, and bad flags are
+// usage errors naming the flag.
+func TestSimulateFlowControl(t *testing.T) {
+	cfg := newConfig(t)
+	args := []string{"serve", "routing", "simulate", "--replicas", "2", "--workload", "noisy-neighbour", "--requests", "300", "--rate", "200",
+		"--flow-control", "on", "--admission-outstanding", "4", "--flow-ttl", "2s", "--policies", "cache_aware,gie_flow"}
+	out := ok(t, cfg, args...)
+	for _, want := range []string{`2 tenants, "noisy" sending 5× each other's requests`, "per tenant", "flow control (", "gie_flow", "quiet1"} {
+		assert.Contains(t, out, want)
+	}
+	assert.Equal(t, out, ok(t, cfg, args...))
+	ib := ok(t, cfg, "serve", "routing", "simulate", "--replicas", "2", "--workload", "interactive-batch", "--requests", "200", "--only", "interactive", "--policies", "cache_aware")
+	assert.Contains(t, ib, "per class")
+	assert.Contains(t, ib, `only "interactive"'s requests`)
+	assert.NotContains(t, ib, "batch  ")
+
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
+	before, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--flow-control", "on"}, "--flow-control on needs an admission threshold"},
+		{[]string{"--flow-control", "maybe"}, `invalid --flow-control "maybe": want on or off`},
+		{[]string{"--flow-ttl", "1s"}, "--flow-ttl applies to --flow-control on only"},
+		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-fairness", "fair"}, `invalid --flow-fairness "fair"`},
+		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-ttl", "0s"}, "invalid --flow-ttl 0s: want 1ms..1h"},
+		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-max-requests", "0"}, "invalid --flow-max-requests 0"},
+		{[]string{"--tenants", "3"}, "--tenants applies to --workload noisy-neighbour only"},
+		{[]string{"--workload", "noisy-neighbour", "--tenants", "0"}, "invalid --tenants 0: want 1..64"},
+		{[]string{"--workload", "noisy-neighbour", "--noisy", "-1"}, "invalid --noisy -1"},
+		{[]string{"--workload", "noisy-neighbour", "--only", "nobody"}, `Only "nobody" names no tenant`},
+		{[]string{"--only", "quiet1"}, "--only applies to --workload noisy-neighbour or interactive-batch only"},
+	} {
+		r := exa(t, cfg, append([]string{"serve", "routing", "simulate", "--requests", "10"}, tc.args...)...)
+		assertRejected(t, r, tc.msg, cfg, before)
+	}
+}
