@@ -127,8 +127,9 @@ func (s *serveFlags) validate() error {
 }
 
 // setup resolves the configuration file's path (--config, else
-// config.Path) and returns it with a text logger on w at --log-level,
-// which validate has accepted.
+// config.Path) and returns it with a logger on w at --log-level, which
+// validate has accepted, in --log-format; the libraries' loggers log
+// through it (routeLogs).
 func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err error) {
 	path = s.config
 	if path == "" {
@@ -139,10 +140,12 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(s.logLevel)) // validated
 	ho := &slog.HandlerOptions{Level: level}
+	logger = slog.New(slog.NewTextHandler(w, ho))
 	if s.logFormat == "json" {
-		return path, slog.New(slog.NewJSONHandler(w, ho)), nil
+		logger = slog.New(slog.NewJSONHandler(w, ho))
 	}
-	return path, slog.New(slog.NewTextHandler(w, ho)), nil
+	routeLogs(logger)
+	return path, logger, nil
 }
 
 // fleetOptions warns when the configuration file at path does not exist
