@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/k8stest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // requireJSONLines requires every line of out to be one JSON object with
@@ -115,5 +118,47 @@ func TestGatewayJSONLogs(t *testing.T) {
 		last := recs[len(recs)-1]
 		assert.Equal(t, "ERROR", last["level"])
 		assert.Contains(t, last["msg"], "exa: ")
+	}
+}
+
+// The Kubernetes libraries' lines are JSON too: a gateway discovering a
+// Service's replicas as a user the API server forbids to list
+// EndpointSlices logs its informer's errors as JSON objects. Before,
+// controller-runtime's logger, never set, dropped them and 30 s later
+// wrote "[controller-runtime] log.SetLogger(...) was never called" and a
+// stack, in plain text.
+func TestGatewayJSONLogsKlog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver and etcd; not with -short")
+	}
+	env, _, err := k8stest.Start()
+	if errors.Is(err, k8stest.ErrNoAssets) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	u, err := env.ControlPlane.AddUser(envtest.User{Name: "nobody"}, nil) // no RBAC: lists are forbidden
+	require.NoError(t, err)
+	kc, err := u.KubeConfig()
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+	cmd := exec.Command(exaBin, "serve", "gateway", "--log-format", "json", "--listen", "127.0.0.1:0", "--config", newConfig(t),
+		"--service", "vllm", "--pool-namespace", "default", "--pool-model", "m", "--kubeconfig", kubeconfig)
+	cmd.Env = append(os.Environ(), "EXA_GATEWAY=")
+	stderr, stdout := &syncBuffer{}, &syncBuffer{}
+	cmd.Stderr, cmd.Stdout = stderr, stdout
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(stderr.String(), "forbidden") {
+		require.True(t, time.Now().Before(deadline), "no line saying forbidden within 60 s; stderr: %s", stderr.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	_ = cmd.Wait()
+	requireJSONLines(t, "stdout", stdout.String())
+	for _, rec := range requireJSONLines(t, "stderr", stderr.String()) {
+		t.Logf("%v", rec)
 	}
 }
