@@ -148,11 +148,10 @@ func (h *Health) probeFailure(c Cause) HealthEvent {
 	h.probeFails++
 	if !h.ejected && h.probeFails >= max(h.ejectAfter, 1) {
 		h.ejected, h.prevOutliers = true, h.outliers
-		h.cause = c
 		if h.probeFails > 1 {
 			c.Detail = strconv.Itoa(h.probeFails) + " consecutive probes failed, the last: " + c.Detail
-			h.cause = c
 		}
+		h.cause = c
 		return healthEjected
 	}
 	return healthNoChange
