@@ -81,6 +81,11 @@ type Options struct {
 	// so ejected, at most 10 times EjectionTime. Default
 	// DefaultEjectionTime (30s, Envoy's default); negative, none.
 	EjectionTime time.Duration
+	// MaxEjectionPercent caps outlier ejection, as Envoy's
+	// max_ejection_percent: an ejection that would leave more than this
+	// share of a model's engines ejected is refused (EjectionAllowed);
+	// 100 = no cap. Default DefaultMaxEjectionPercent (50); 1 to 100.
+	MaxEjectionPercent int
 	// Tokenizer tokenizes the requests of models on the exact index;
 	// default the engines' own POST /tokenize (kvevents.HTTPTokenizer, on
 	// a healthy replica of the request's model, taken in turn) behind a
@@ -248,6 +253,12 @@ func fillOptions(o *Options) error {
 	if o.EjectionTime == 0 {
 		o.EjectionTime = DefaultEjectionTime
 	}
+	if o.MaxEjectionPercent == 0 {
+		o.MaxEjectionPercent = DefaultMaxEjectionPercent
+	}
+	if o.MaxEjectionPercent < 1 || o.MaxEjectionPercent > 100 {
+		return fmt.Errorf("%w: MaxEjectionPercent %d: want 1 to 100", ErrInvalidOptions, o.MaxEjectionPercent)
+	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})
 	}
@@ -322,19 +333,25 @@ func (s *Fleet) PeerToken() (tok []byte, required bool, err error) {
 
 // metrics are the control plane's Prometheus collectors.
 type metrics struct {
-	ejections    *prometheus.CounterVec // address
-	readmissions *prometheus.CounterVec // address
-	healthy      *prometheus.GaugeVec   // address
-	probeFails   *prometheus.CounterVec // address
-	scrapeErrors *prometheus.CounterVec // address
-	reloads      *prometheus.CounterVec // result
+	ejections *prometheus.CounterVec // address, source, reason
+	// ejectionsCapped: ejections refused by MaxEjectionPercent.
+	ejectionsCapped *prometheus.CounterVec // source, reason
+	readmissions    *prometheus.CounterVec // address
+	healthy         *prometheus.GaugeVec   // address
+	probeFails      *prometheus.CounterVec // address
+	scrapeErrors    *prometheus.CounterVec // address
+	reloads         *prometheus.CounterVec // result
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns = "exa_gateway"
 	m := &metrics{
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "ejections_total",
-			Help: "Times an engine address was ejected as unhealthy."}, []string{"address"}),
+			Help: "Times an engine address was ejected as unhealthy, by what saw it (probe, traffic) and why (timeout, refused, status, error)."},
+			[]string{"address", "source", "reason"}),
+		ejectionsCapped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "ejections_capped_total",
+			Help: "Ejections refused because they would take more than the maximum ejection percent of a model's engines out, by source and reason."},
+			[]string{"source", "reason"}),
 		readmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "readmissions_total",
 			Help: "Times an ejected engine address was readmitted."}, []string{"address"}),
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "endpoint_healthy",
@@ -346,7 +363,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "config_reloads_total",
 			Help: "Configuration loads, by result (ok, error)."}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.ejections, m.readmissions, m.healthy, m.probeFails, m.scrapeErrors, m.reloads} {
+	for _, c := range []prometheus.Collector{m.ejections, m.ejectionsCapped, m.readmissions, m.healthy, m.probeFails, m.scrapeErrors, m.reloads} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,10 @@ const (
 //   - A request that timed out ejects at once with the back-off (timeout:
 //     a hanging engine costs one timeout, not ejectAfter of them).
 //
+// An ejection the Fleet refuses (Options.MaxEjectionPercent; Observe) is
+// undone at once; the failure counts stay, so the next failure asks
+// again.
+//
 // Only active probes readmit: no traffic goes to an ejected endpoint to
 // prove otherwise. A successful answer resets the passive count and
 // lowers the back-off multiplier by one. It is safe for concurrent use;
@@ -60,6 +65,11 @@ type Health struct {
 	backoff, maxBackoff time.Duration
 	until               time.Time // end of the current outlier back-off
 	outliers            int       // the back-off multiplier
+	prevOutliers        int       // outliers before the current ejection
+
+	cause  Cause // why the current (or last) ejection
+	held   bool  // the current ejection stands (Fleet.Observe allowed it)
+	capped bool  // an ejection was refused since the last success
 }
 
 func (h *Health) Healthy() bool {
@@ -79,11 +89,13 @@ func (h *Health) Failure(fatal bool) HealthEvent {
 		return healthNoChange
 	}
 	if fatal {
-		h.ejected = true
+		h.ejected, h.prevOutliers = true, h.outliers
+		h.cause = Cause{SourceTraffic, ReasonRefused, "connection refused"}
 		return healthEjected
 	}
 	if h.fails >= max(h.ejectAfter, 1) {
 		h.eject()
+		h.cause = Cause{SourceTraffic, ReasonError, strconv.Itoa(h.fails) + " consecutive failed answers (5xx or transport errors)"}
 		return healthEjected
 	}
 	return healthNoChange
@@ -100,6 +112,7 @@ func (h *Health) Timeout() HealthEvent {
 		return healthNoChange
 	}
 	h.eject()
+	h.cause = Cause{SourceTraffic, ReasonTimeout, "request timed out"}
 	return healthEjected
 }
 
@@ -115,7 +128,7 @@ func (h *Health) FailedWith(err error, timedOut bool) HealthEvent {
 
 // eject ejects the endpoint as an outlier, with the back-off; h.mu held.
 func (h *Health) eject() {
-	h.ejected = true
+	h.ejected, h.prevOutliers = true, h.outliers
 	h.outliers++
 	if h.clock == nil || h.backoff <= 0 {
 		return
@@ -127,17 +140,58 @@ func (h *Health) eject() {
 	h.until = h.clock().Add(d)
 }
 
-// probeFailure records a failed active probe.
-func (h *Health) probeFailure() HealthEvent {
+// probeFailure records a failed active probe, failed for c.
+func (h *Health) probeFailure(c Cause) HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.oks = 0
 	h.probeFails++
 	if !h.ejected && h.probeFails >= max(h.ejectAfter, 1) {
-		h.ejected = true
+		h.ejected, h.prevOutliers = true, h.outliers
+		if h.probeFails > 1 {
+			c.Detail = strconv.Itoa(h.probeFails) + " consecutive probes failed, the last: " + c.Detail
+		}
+		h.cause = c
 		return healthEjected
 	}
 	return healthNoChange
+}
+
+// Cause returns why the endpoint was last ejected (the zero Cause if it
+// never was).
+func (h *Health) Cause() Cause {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cause
+}
+
+// counted reports whether the endpoint is ejected and its ejection
+// stands: what the ejection cap counts.
+func (h *Health) counted() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ejected && h.held
+}
+
+// hold records that the current ejection stands.
+func (h *Health) hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.held, h.capped = h.ejected, false
+}
+
+// refuse undoes the current ejection (the cap refused it), keeping the
+// failure counts; it reports whether this is the first refusal since the
+// endpoint last succeeded (the one worth a log line).
+func (h *Health) refuse() (first bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.ejected || h.held {
+		return false
+	}
+	h.ejected, h.until, h.outliers = false, time.Time{}, h.prevOutliers
+	first, h.capped = !h.capped, true
+	return first
 }
 
 // Success records a successful observation; probe says whether it came
@@ -145,6 +199,7 @@ func (h *Health) probeFailure() HealthEvent {
 func (h *Health) Success(probe bool) HealthEvent {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.capped = false
 	if !probe {
 		h.fails = 0
 		h.outliers = max(h.outliers-1, 0)
@@ -162,7 +217,7 @@ func (h *Health) Success(probe bool) HealthEvent {
 	}
 	h.oks++
 	if h.oks >= max(h.readmitAfter, 1) {
-		h.ejected = false
+		h.ejected, h.held = false, false
 		h.oks, h.fails = 0, 0
 		h.until = time.Time{}
 		return healthReadmitted
@@ -171,19 +226,22 @@ func (h *Health) Success(probe bool) HealthEvent {
 }
 
 // probe sends one GET /health to base and reports whether it answered
-// 2xx.
-func probe(ctx context.Context, client *http.Client, base string) bool {
+// 2xx, and if not, why.
+func probe(ctx context.Context, client *http.Client, base string) (bool, Cause) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 	if err != nil {
-		return false
+		return false, probeCause(err, 0)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false
+		return false, probeCause(err, 0)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	return resp.StatusCode >= 200 && resp.StatusCode < 300
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return true, Cause{}
+	}
+	return false, probeCause(nil, resp.StatusCode)
 }
 
 // Endpoint is one engine address, shared by every replica entry (of any

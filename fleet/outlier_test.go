@@ -55,8 +55,8 @@ func TestHealthStateOutlier(t *testing.T) {
 	assert.Equal(t, healthReadmitted, h.Success(true))
 	// Probe failures: no back-off.
 	for range 2 {
-		assert.Equal(t, healthNoChange, h.probeFailure())
+		assert.Equal(t, healthNoChange, h.probeFailure(Cause{Source: SourceProbe, Reason: ReasonStatus, Detail: "status 503"}))
 	}
-	assert.Equal(t, healthEjected, h.probeFailure())
+	assert.Equal(t, healthEjected, h.probeFailure(Cause{Source: SourceProbe, Reason: ReasonStatus, Detail: "status 503"}))
 	assert.Equal(t, healthReadmitted, h.Success(true))
 }

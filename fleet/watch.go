@@ -73,7 +73,8 @@ func (s *Fleet) eachEndpoint(ctx context.Context, f func(context.Context, *Endpo
 // engines as the thresholds say. Run calls it every ProbeInterval.
 func (s *Fleet) ProbeAll(ctx context.Context) {
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
-		if probe(ctx, s.control, ep.Base) {
+		ok, cause := probe(ctx, s.control, ep.Base)
+		if ok {
 			s.Observe(ep, ep.Health.Success(true))
 			return
 		}
@@ -81,7 +82,7 @@ func (s *Fleet) ProbeAll(ctx context.Context) {
 			return
 		}
 		s.metrics.probeFails.WithLabelValues(ep.Base).Inc()
-		s.Observe(ep, ep.Health.probeFailure())
+		s.Observe(ep, ep.Health.probeFailure(cause))
 	})
 }
 
@@ -170,17 +171,31 @@ func (s *Fleet) eachReplicaOf(ep *Endpoint, fn func(m *Model, name string)) {
 }
 
 // Observe applies a health transition of ep to every model that uses it.
+// An ejection that would take more than Options.MaxEjectionPercent of a
+// model's engines out (EjectionAllowed) is refused: ep stays in, and the
+// first refusal since it last succeeded is logged.
 func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 	if ev == healthNoChange {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	healthy := ep.Health.Healthy()
 	switch ev {
 	case healthEjected:
-		s.metrics.ejections.WithLabelValues(ep.Base).Inc()
-		s.log.Warn("gateway: engine ejected", "address", ep.Base)
+		c := ep.Health.Cause()
+		if ok, ejected, total := s.allowEjection(ep); !ok {
+			s.metrics.ejectionsCapped.WithLabelValues(c.Source.String(), c.Reason.String()).Inc()
+			if ep.Health.refuse() {
+				s.log.Warn("gateway: engine not ejected: at the ejection cap", "address", ep.Base,
+					"source", c.Source.String(), "reason", c.Reason.String(), "detail", c.Detail,
+					"ejected", ejected, "engines", total, "max_ejection_percent", s.opts.MaxEjectionPercent)
+			}
+			return
+		}
+		ep.Health.hold()
+		s.metrics.ejections.WithLabelValues(ep.Base, c.Source.String(), c.Reason.String()).Inc()
+		s.log.Warn("gateway: engine ejected", "address", ep.Base,
+			"source", c.Source.String(), "reason", c.Reason.String(), "detail", c.Detail)
 		// On the exact index, its blocks leave the index: it may come
 		// back with an empty cache (see kvRuntime.resetEngines).
 		if n := s.kv.resetEngines(s.state.Load().KV, ep); n > 0 {
@@ -190,5 +205,6 @@ func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 		s.metrics.readmissions.WithLabelValues(ep.Base).Inc()
 		s.log.Info("gateway: engine readmitted", "address", ep.Base)
 	}
+	healthy := ep.Health.Healthy()
 	s.eachReplicaOf(ep, func(m *Model, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
 }

@@ -42,7 +42,7 @@ func newExactFixture(t *testing.T, bs int) *exactFixture {
 		ef.engines = append(ef.engines, e)
 		reps = append(reps, config.Replica{Name: e.Name(), Address: e.URL()})
 	}
-	s, err := New(Options{Registerer: ef.reg, Gatherer: ef.reg, Logger: quietLogger(), Fleet: fleet.Options{Tokenizer: ef.tok}})
+	s, err := New(Options{Registerer: ef.reg, Gatherer: ef.reg, Logger: quietLogger(), Fleet: fleet.Options{Tokenizer: ef.tok, MaxEjectionPercent: 100}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	ef.cfg = config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, BlockSize: bs, KVEventsBind: ef.bind, Replicas: reps}

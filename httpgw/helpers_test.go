@@ -65,6 +65,7 @@ func newFixtureOpts(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
 	}
 	opts.Registerer, opts.Gatherer, opts.Logger = f.reg, f.reg, quietLogger()
+	uncapped(&opts)
 	s, err := New(opts)
 	require.NoError(t, err)
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: mode, Replicas: reps}}}))
@@ -169,6 +170,7 @@ func rawFixture(t *testing.T, opts Options, addrs ...string) *fixture {
 	t.Helper()
 	f := &fixture{t: t, reg: prometheus.NewRegistry()}
 	opts.Registerer, opts.Gatherer, opts.Logger = f.reg, f.reg, quietLogger()
+	uncapped(&opts)
 	s, err := New(opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
@@ -190,3 +192,12 @@ var (
 	readAll     = fronttest.ReadAll
 	decodeError = fronttest.DecodeError
 )
+
+// uncapped lifts the ejection cap the options leave at its default: these
+// tests eject engines of pools of one or two; the cap has tests of its
+// own (fleet's TestProbeTimeoutsEjectAtMostTheShare).
+func uncapped(o *Options) {
+	if o.Fleet.MaxEjectionPercent == 0 {
+		o.Fleet.MaxEjectionPercent = 100
+	}
+}

@@ -437,7 +437,7 @@ func TestFirstByteTimeout(t *testing.T) {
 				reps = append(reps, config.Replica{Name: "ok", Address: e.URL()})
 			}
 			f := &fixture{t: t, reg: prometheus.NewRegistry()}
-			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), Fleet: fleet.Options{EjectAfter: 1},
+			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), Fleet: fleet.Options{EjectAfter: 1, MaxEjectionPercent: 100},
 				FirstByteTimeout: streamed, ResponseTimeout: whole, UpstreamStream: UpstreamStreamOff})
 			require.NoError(t, err)
 			want := whole

@@ -219,7 +219,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	go func() { _ = srv.Run(runCtx) }()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- front.Serve(ln) }()
-	fmt.Fprintf(cmd.OutOrStdout(), "exa: gateway listening on http://%s (config %s, %d models)\n", ln.Addr(), path, len(srv.Stats().Models))
+	announce(cmd.OutOrStdout(), fl.logFormat == "json",
+		fmt.Sprintf("exa: gateway listening on http://%s (config %s, %d models)", ln.Addr(), path, len(srv.Stats().Models)),
+		"address", "http://"+ln.Addr().String(), "config", path, "models", len(srv.Stats().Models))
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("gateway: serve: %w", err)

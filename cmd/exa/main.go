@@ -22,7 +22,6 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -38,11 +37,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "exa: "+oneLine(strings.TrimPrefix(err.Error(), "gateway: ")))
+	errorLine(stderr, jsonLogs(cmd), "exa: "+oneLine(strings.TrimPrefix(err.Error(), "gateway: ")))
 	return exitCode(err)
 }
 

@@ -304,13 +304,16 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		}()
 		adminURL = "http://" + adminLn.Addr().String()
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "exa: picker listening on %s (ext_proc gRPC, %s), admin %s (config %s, %d models)\n",
-		ln.Addr(), security, adminURL, path, len(flt.Stats().Models))
+	js := fl.logFormat == "json"
+	announce(cmd.OutOrStdout(), js, fmt.Sprintf("exa: picker listening on %s (ext_proc gRPC, %s), admin %s (config %s, %d models)",
+		ln.Addr(), security, adminURL, path, len(flt.Stats().Models)),
+		"address", ln.Addr().String(), "security", security, "admin", adminURL, "config", path, "models", len(flt.Stats().Models))
 	if fl.disc.enabled() {
-		fmt.Fprintf(cmd.OutOrStdout(), "exa: picker discovering replicas (pool %q, service %q, namespace %q), gRPC health on %s\n",
-			fl.disc.poolName, fl.disc.service, fl.disc.namespace(), healthAddr)
+		announce(cmd.OutOrStdout(), js, fmt.Sprintf("exa: picker discovering replicas (pool %q, service %q, namespace %q), gRPC health on %s",
+			fl.disc.poolName, fl.disc.service, fl.disc.namespace(), healthAddr),
+			"pool", fl.disc.poolName, "service", fl.disc.service, "namespace", fl.disc.namespace(), "health", healthAddr)
 	} else if healthAddr != "none" {
-		fmt.Fprintf(cmd.OutOrStdout(), "exa: picker gRPC health on %s\n", healthAddr)
+		announce(cmd.OutOrStdout(), js, "exa: picker gRPC health on "+healthAddr, "health", healthAddr)
 	}
 	select {
 	case err := <-serveErr:

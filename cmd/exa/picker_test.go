@@ -25,6 +25,7 @@ func TestPickerBadFlags(t *testing.T) {
 		{[]string{"--max-buffered-bytes", "1024"}, `invalid --max-buffered-bytes "1024": must be at least --max-body-bytes (8388608)`},
 		{[]string{"--peer-token-file", "/nonexistent/token"}, `invalid --peer-token-file "/nonexistent/token"`},
 		{[]string{"--ejection-time", "-1s"}, `invalid --ejection-time "-1s": must not be negative`},
+		{[]string{"--max-ejection-percent", "101"}, `invalid --max-ejection-percent "101": want 1 to 100`},
 		{[]string{"--shed-queue-depth", "-1"}, `invalid --shed-queue-depth "-1": must not be negative`},
 		{[]string{"--shed-kv", "1.5"}, `invalid --shed-kv "1.5": want 0..1`},
 		{[]string{"--shed-outstanding", "-3"}, `invalid --shed-outstanding "-3": must not be negative`},

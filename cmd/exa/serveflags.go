@@ -25,6 +25,7 @@ type serveFlags struct {
 	reload, probe, probeTimeout, scrape time.Duration
 	discover, tokenizeTimeout           time.Duration
 	ejectAfter, readmitAfter, blockSize int
+	maxEjectionPercent                  int
 	maxBody                             int64
 	shutdownGrace, ejectionTime         time.Duration
 	pprofListen, logLevel, logFormat    string
@@ -51,6 +52,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.IntVar(&s.ejectAfter, "eject-after", fleet.DefaultEjectAfter, h.ejectAfter)
 	f.DurationVar(&s.ejectionTime, "ejection-time", fleet.DefaultEjectionTime,
 		"back-off of an engine ejected for its answers (--eject-after consecutive 5xx or gateway errors while /health may pass, or one prefill timeout): no probe readmits it for this long times the number of such ejections, at most 10 times it (0 = probes readmit at once)")
+	f.IntVar(&s.maxEjectionPercent, "max-ejection-percent", fleet.DefaultMaxEjectionPercent,
+		"most engines of a model ejected at once, in percent, rounded down (Envoy's max_ejection_percent): an ejection past it is refused and logged; below 100 one engine always stays in (100 = no cap)")
 	f.IntVar(&s.readmitAfter, "readmit-after", fleet.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&s.blockSize, "block-size", keys.TextBlockBytes, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
@@ -91,6 +94,9 @@ func (s *serveFlags) validate() error {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
 	}
+	if s.maxEjectionPercent < 1 || s.maxEjectionPercent > 100 {
+		return usagef("invalid --max-ejection-percent %q: want 1 to 100", fmt.Sprint(s.maxEjectionPercent))
+	}
 	if s.ejectionTime < 0 {
 		return usagef("invalid --ejection-time %q: must not be negative", s.ejectionTime)
 	}
@@ -126,8 +132,9 @@ func (s *serveFlags) validate() error {
 }
 
 // setup resolves the configuration file's path (--config, else
-// config.Path) and returns it with a text logger on w at --log-level,
-// which validate has accepted.
+// config.Path) and returns it with a logger on w at --log-level, which
+// validate has accepted, in --log-format; the libraries' loggers log
+// through it (routeLogs).
 func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err error) {
 	path = s.config
 	if path == "" {
@@ -138,10 +145,12 @@ func (s *serveFlags) setup(w io.Writer) (path string, logger *slog.Logger, err e
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(s.logLevel)) // validated
 	ho := &slog.HandlerOptions{Level: level}
+	logger = slog.New(slog.NewTextHandler(w, ho))
 	if s.logFormat == "json" {
-		return path, slog.New(slog.NewJSONHandler(w, ho)), nil
+		logger = slog.New(slog.NewJSONHandler(w, ho))
 	}
-	return path, slog.New(slog.NewTextHandler(w, ho)), nil
+	routeLogs(logger)
+	return path, logger, nil
 }
 
 // fleetOptions warns when the configuration file at path does not exist
@@ -154,7 +163,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 	}
 	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
 		ScrapeInterval: s.scrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
-		EjectionTime: s.ejectionTime, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, Logger: logger}
+		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1
 	}

@@ -39,6 +39,9 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 func newFleet(t testing.TB, reg prometheus.Registerer, o fleet.Options) *fleet.Fleet {
 	t.Helper()
 	o.Registerer, o.Logger, o.Attach = reg, quietLogger(), Attach
+	if o.MaxEjectionPercent == 0 {
+		o.MaxEjectionPercent = 100 // pools of one or two ejected whole; the cap is tested in fleet
+	}
 	fl, err := fleet.New(o)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = fl.Close() })

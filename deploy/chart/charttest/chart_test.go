@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -48,13 +49,30 @@ var values = map[string]map[string]any{
 // --namespace llm` with vals, returning the manifests by file.
 func render(t *testing.T, vals map[string]any) map[string]string {
 	t.Helper()
+	return renderAs(t, vals, "exa", "llm")
+}
+
+// renderAs renders the chart as `helm template RELEASE deploy/chart/exa
+// --namespace NS` with vals.
+func renderAs(t *testing.T, vals map[string]any, release, ns string) map[string]string {
+	t.Helper()
 	ch, err := loader.Load(chartDir)
 	require.NoError(t, err)
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm", IsInstall: true}, nil)
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: ns, IsInstall: true}, nil)
 	require.NoError(t, err)
 	out, err := engine.Render(ch, rv)
 	require.NoError(t, err)
 	return out
+}
+
+// appliedSets are the value sets TestChartApplies creates: the chart's
+// defaults, the tests' own and every documented `helm install`.
+func appliedSets(t *testing.T) []docSet {
+	sets := []docSet{{where: "values.yaml defaults", release: "exa", values: map[string]any{}}}
+	for _, name := range []string{"picker", "gateway", "picker-mtls"} {
+		sets = append(sets, docSet{where: "chart_test.go " + name, release: "exa", values: values[name]})
+	}
+	return append(sets, docSets(t)...)
 }
 
 // objects decodes the rendered manifests into objects.
@@ -104,8 +122,15 @@ func TestChartRenders(t *testing.T) {
 	require.Contains(t, p, "ConfigMap")
 	c := p["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Subset(t, c["args"], []any{"serve", "picker", "--pool-name=exa", "--pool-namespace=llm", "--pool-model=llama",
-		"--config=/etc/exa/routing.json", "--grpc-health-port=9003", "--secure-serving=true"})
+		"--config=/etc/exa/config/routing.json", "--grpc-health-port=9003", "--secure-serving=true"})
 	require.Equal(t, "readiness", c["readinessProbe"].(map[string]any)["grpc"].(map[string]any)["service"])
+	ref := p["InferencePool"].Object["spec"].(map[string]any)["endpointPickerRef"]
+	require.Equal(t, map[string]any{"name": "exa-picker", "port": map[string]any{"number": float64(9002)}, "failureMode": "FailOpen"}, ref)
+	// The gateway creating its pool names the picker a release named
+	// after the pool would run (the CRD requires a picker).
+	gp := kinds(map[string]any{"mode": "gateway", "pool": map[string]any{"name": "llama", "create": true, "selector": map[string]any{"app": "vllm"}}})
+	ref = gp["InferencePool"].Object["spec"].(map[string]any)["endpointPickerRef"]
+	require.Equal(t, map[string]any{"name": "llama-picker", "port": map[string]any{"number": float64(9002)}, "failureMode": "FailOpen"}, ref)
 	g := kinds(values["gateway"])
 	require.NotContains(t, g, "InferencePool")
 	c = g["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
@@ -124,6 +149,7 @@ func TestChartRenders(t *testing.T) {
 		want string
 	}{
 		{map[string]any{"mode": "proxy"}, `mode "proxy": want picker or gateway`},
+		{map[string]any{"pool": map[string]any{"failureMode": "Open"}}, `pool.failureMode "Open": want FailOpen or FailClose`},
 		{map[string]any{"picker": map[string]any{"secureServing": false, "clientCASecret": "ca"}}, "picker.clientCASecret (mutual TLS) needs picker.secureServing"},
 		{map[string]any{"picker": map[string]any{"clientSANs": []any{"envoy"}}}, "picker.clientSANs needs picker.clientCASecret"},
 	} {
@@ -150,22 +176,16 @@ func TestChartApplies(t *testing.T) {
 	c, err := client.New(cfg, client.Options{})
 	require.NoError(t, err)
 	ctx := context.Background()
-	for _, name := range []string{"picker", "gateway", "picker-mtls"} {
-		ns := "ns-" + name
+	for i, set := range appliedSets(t) {
+		ns := fmt.Sprintf("ns-%d", i)
 		nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
 		require.NoError(t, c.Create(ctx, nsObj))
-		ch, err := loader.Load(chartDir)
-		require.NoError(t, err)
-		rv, err := chartutil.ToRenderValues(ch, values[name], chartutil.ReleaseOptions{Name: "exa", Namespace: ns, IsInstall: true}, nil)
-		require.NoError(t, err)
-		files, err := engine.Render(ch, rv)
-		require.NoError(t, err)
-		objs := objects(t, files)
+		objs := objects(t, renderAs(t, set.values, set.release, ns))
 		require.NotEmpty(t, objs)
 		for _, o := range objs {
-			require.NoError(t, c.Create(ctx, o), "%s %s: %s", name, o.GetKind(), o.GetName())
+			require.NoError(t, c.Create(ctx, o), "%s (%v): %s %s", set.where, set.values, o.GetKind(), o.GetName())
 		}
-		t.Logf("%s: %d objects created", name, len(objs))
+		t.Logf("%s: %d objects created", set.where, len(objs))
 	}
 }
 
