@@ -34,8 +34,9 @@ func (s *Server) retryAfter() string {
 // that moment (late binding, c.first), and false once it has answered the
 // client (queue full, displaced, held past its deadline, client gone).
 // Bound means no replica lacks room under Options.Admission and the
-// library routes it; a model without a healthy replica holds its requests
-// until one comes (scale from zero) or their deadline. A disaggregated
+// library routes it; a model without a healthy replica, or configured
+// with none (a pool with no ready pod), holds its requests until one
+// comes (scale from zero) or their deadline. A disaggregated
 // model's request is only admitted there: its plan is made after.
 func (s *Server) hold(c *call) bool {
 	ms := c.ms
@@ -43,6 +44,16 @@ func (s *Server) hold(c *call) bool {
 	var first gateway.Decision
 	bound := false
 	err := s.flow.Hold(c.r.Context(), ms.Name, c.r.Header, int64(len(c.body)), func() bool {
+		if ms.Gateway == nil {
+			// No replica when it came (scale from zero): it binds to
+			// the model's table once that has one.
+			cur := s.Snapshot().Models[ms.Name]
+			if cur == nil || cur.Gateway == nil {
+				return false
+			}
+			ms, c.ms = cur, cur
+			pd = ms.PD != nil && c.oc.kind != keys.Responses
+		}
 		t := c.target("")
 		if ms.Gateway.Saturated(t, s.opts.Admission) {
 			return false

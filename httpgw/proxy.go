@@ -198,7 +198,8 @@ func (s *Server) admit(c *call) bool {
 			fmt.Sprintf("%v: model %q is disaggregated but its pools %q are not defined", ErrNoReplicas, ms.Name, ms.MissingPools))
 		return false
 	}
-	if ms.NoReplicas {
+	if ms.NoReplicas && (s.flow == nil || c.lora != nil) {
+		// With flow control the request waits for a replica (hold).
 		oc.fail(w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return false

@@ -171,7 +171,7 @@ type Server struct {
 	// assembled is the MaxAssembledBytes budget the assembled answers
 	// share (upstream.go).
 	assembled *budget.Budget
-	mem       *memReturner      // returns the memory of long answers (memreturn.go)
+	mem       *memReturner       // returns the memory of long answers (memreturn.go)
 	respIDs   front.ResponseIDs  // which replica produced each recent response (responses.go)
 	flow      *front.FlowControl // nil when flow control is off (admission.go)
 

@@ -23,6 +23,9 @@
 // keeps the running configuration: discovery never applies an empty list
 // because something failed, only when the pool has no ready pod.
 //
+// WatchObjectives feeds flow control's objectives (name to priority) from
+// GIE's InferenceObjectives of the same pool, at most MaxObjectives.
+//
 // The root package gateway does not import this package; only the CLI
 // (exa serve gateway / picker) and embedders that want discovery do.
 package k8s

@@ -184,6 +184,11 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		}
 		defer stopDisc()
 	}
+	stopObjectives, err := fl.disc.watchObjectives(fl.flow, srv.SetObjectives, logger)
+	if err != nil {
+		return err
+	}
+	defer stopObjectives()
 	stopPprof, err := fl.startPprof(logger)
 	if err != nil {
 		return err

@@ -217,6 +217,11 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err != nil {
 		return err
 	}
+	stopObjectives, err := fl.disc.watchObjectives(fl.flow, router.SetObjectives, logger)
+	if err != nil {
+		return err
+	}
+	defer stopObjectives()
 	noLimit := func(d time.Duration) time.Duration {
 		if d == 0 {
 			return -1

@@ -134,6 +134,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 	r, ms := pr.r, pr.ms
 	allow := pr.allow(false)
 	if r.flow != nil {
+		held := ms
 		if err := pr.hold(allow); err != nil {
 			status, typ, code, msg := front.FlowAnswer(ms.Name, err)
 			if status == http.StatusTooManyRequests {
@@ -142,6 +143,9 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 				err = errors.New(msg)
 			}
 			return pr.fail(status, typ, code, "", err)
+		}
+		if pr.ms != held { // bound to a table that has replicas (scale from zero)
+			ms, allow = pr.ms, pr.allow(false)
 		}
 	} else if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
@@ -248,6 +252,20 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 	var first gateway.Decision
 	bound := false
 	err := pr.r.flow.Hold(pr.ctx, ms.Name, pr.hdr, pr.size, func() bool {
+		if ms.Gateway == nil {
+			// No replica when it came (scale from zero): it binds to
+			// the model's table once that has one (route takes pr.ms).
+			st := pr.r.fl.Snapshot()
+			cur := st.Models[ms.Name]
+			if cur == nil || cur.Gateway == nil {
+				return false
+			}
+			ms, pr.ms, pr.tab = cur, cur, pr.r.tableOf(st)
+			pd = ms.PD != nil && pr.kind != keys.Responses
+			if t = pr.target(pr.allow(false)); pr.pin != "" {
+				t = pr.pinned(pr.allow(false))
+			}
+		}
 		if ms.Gateway.Saturated(t, pr.r.opts.Admission) {
 			return false
 		}

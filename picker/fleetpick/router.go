@@ -242,7 +242,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	case ms.NoReplicas && len(ms.MissingPools) > 0:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Errorf("%w: %w: model %q is disaggregated but its pools %q are not defined", picker.ErrNoEndpoint, front.ErrNoReplicas, ms.Name, ms.MissingPools))
-	case ms.NoReplicas:
+	case ms.NoReplicas && (r.flow == nil || pr.lora != nil): // with flow control it waits for a replica (hold)
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, front.ErrNoReplicas, ms.Name))
 	case ms.PD != nil && !ms.PD.Sidecar && kind != keys.Responses:
