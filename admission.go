@@ -6,8 +6,11 @@ import (
 )
 
 // Admission is a saturation rule, after the Gateway API Inference
-// Extension's saturation detector (pkg/epp/saturationdetector in GIE
-// v1.5.0): a replica has room when its signals are fresh, its queue is
+// Extension's saturation detector as GIE v1.2.0 has it
+// (pkg/epp/saturationdetector/saturationdetector.go, IsSaturated; v1.5.0
+// replaced it by a pool-wide utilization, the mean over the pool of
+// max(waiting/5, KV/0.8), which the simulator's gie_flow peer models): a
+// replica has room when its signals are fresh, its queue is
 // below QueueDepth, its KV cache below KVUtilization and its outstanding
 // requests below Outstanding; a request is shed only when no eligible
 // replica has room. Each threshold applies only when set; the zero value
