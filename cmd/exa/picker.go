@@ -139,7 +139,7 @@ from a Go client.`,
 	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
 		"require every client (Envoy) to present a certificate chained to a CA of this PEM bundle (mutual TLS); needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
 	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
-		"with --tls-client-ca: accept only client certificates naming this DNS or URI subject alternative name exactly (repeatable; e.g. Envoy's SPIFFE ID); default any name")
+		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. Envoy's SPIFFE ID) with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
 	fl.conns.register(f)
 	fl.disc.register(f)
 	fl.gie.register(f)
