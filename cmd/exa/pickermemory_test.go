@@ -34,7 +34,8 @@ import (
 //
 //	EXA_MEASURE=1 go test ./cmd/exa -run TestPickerRSS -v
 //
-// EXA_PICKER_ARGS adds flags to the picker's command line.
+// EXA_PICKER_ARGS adds flags to the picker's command line; EXA_PICKER_BIN runs
+// another exa binary (an earlier build, to compare).
 func TestPickerRSS(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("a measurement: set EXA_MEASURE=1")

@@ -95,7 +95,11 @@ func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *s
 func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
 	t.Helper()
 	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
-	cmd := exec.Command(exaBin, all...)
+	bin := exaBin
+	if b := os.Getenv("EXA_PICKER_BIN"); b != "" && os.Getenv("EXA_MEASURE") != "" {
+		bin = b // a measurement of another build, such as an earlier commit's
+	}
+	cmd := exec.Command(bin, all...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+newConfig(t), "EXA_GATEWAY=")
 	stderr = &syncBuffer{}
 	cmd.Stderr = stderr
