@@ -278,8 +278,8 @@ func TestGRPCOptions(t *testing.T) {
 	if st := s.Stats(); st.Streams != 2 {
 		t.Fatalf("%d streams served, want 2", st.Streams)
 	}
-	if n := len(GRPCOptions(GRPCLimits{MaxConnectionAge: time.Hour})); n != 4 {
-		t.Fatalf("%d options, want 4", n)
+	if n := len(GRPCOptions(GRPCLimits{MaxConnectionAge: time.Hour})); n != 6 {
+		t.Fatalf("%d options, want 6", n)
 	}
 }
 

@@ -298,6 +298,22 @@ const (
 	DefaultMaxConnectionIdle = 5 * time.Second
 )
 
+// The HTTP/2 flow-control windows GRPCOptions sets, fixed. gRPC's default
+// estimates the bandwidth-delay product and grows a connection's windows,
+// and each of its streams', up to 16 MiB: on a fast link a stream could
+// then have megabytes received that the picker has not read, outside
+// Options.MaxBufferedBytes (issue 29, D4). With fixed windows a stream has
+// at most StreamWindowBytes unread (or the message being read, when it is
+// larger), and a connection at most ConnWindowBytes on the wire.
+const (
+	// StreamWindowBytes is each stream's window: 64 KiB, HTTP/2's initial
+	// window rounded up; at a 0.5 ms round trip a stream still moves
+	// 128 MB/s.
+	StreamWindowBytes = 64 << 10
+	// ConnWindowBytes is each connection's window: 1 MiB.
+	ConnWindowBytes = 1 << 20
+)
+
 // GRPCLimits are the gRPC transport bounds GRPCOptions sets on the
 // *grpc.Server a Server is registered on. The zero value takes every
 // default.
@@ -370,5 +386,7 @@ func GRPCOptions(l GRPCLimits) []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(sp),
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
+		grpc.InitialWindowSize(StreamWindowBytes),
+		grpc.InitialConnWindowSize(ConnWindowBytes),
 	}
 }

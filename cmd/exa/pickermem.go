@@ -19,10 +19,13 @@ import (
 // bring about. So, at every tick:
 //
 //   - the soft memory limit (debug.SetMemoryLimit) is set to what is live
-//     outside the budget, plus the budget, plus headroom (an eighth of the
-//     budget, and 32 MiB): the collector runs before the heap passes the
-//     budget by more than the headroom, and never below what is live plus
-//     the headroom. Not when GOMEMLIMIT is set: the operator's limit holds.
+//     outside the budget, plus the budget, plus headroom (a sixteenth of
+//     the budget, and 16 MiB: 32 MiB at the default budget): the collector
+//     runs before the heap passes the budget by more than the headroom, and
+//     never below what is live plus the headroom. The limit binds only when
+//     the streams hold most of the budget; below, GOGC's goal (twice what
+//     is live) is the lower. Not when GOMEMLIMIT is set: the operator's
+//     limit holds.
 //   - when the budget in use has fallen by releaseStep or more since the
 //     highest it was, debug.FreeOSMemory collects and returns the free
 //     memory to the system, at most once every minGap.
@@ -42,7 +45,7 @@ type memoryGovernor struct {
 // and the least time between two releases.
 const (
 	governorTick = time.Second
-	minGap       = 10 * time.Second
+	minGap       = 5 * time.Second
 )
 
 // newMemoryGovernor returns the governor of a picker whose streams hold at
@@ -56,7 +59,7 @@ func newMemoryGovernor(budget int64, reserved func() int64) *memoryGovernor {
 }
 
 // headroom is what the collector may let the heap grow past what is live.
-func (g *memoryGovernor) headroom() int64 { return g.budget/8 + 32<<20 }
+func (g *memoryGovernor) headroom() int64 { return g.budget/16 + 16<<20 }
 
 // releaseStep is the drop in reserved bytes that releases memory.
 func (g *memoryGovernor) releaseStep() int64 { return max(g.budget/8, 32<<20) }

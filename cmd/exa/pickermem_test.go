@@ -18,7 +18,7 @@ func TestMemoryGovernor(t *testing.T) {
 	now := time.Unix(1000, 0)
 	g := &memoryGovernor{budget: 256 * mib, reserved: func() int64 { return reserved }, live: func() int64 { return live },
 		setLimit: func(n int64) { limit = n }, release: func() { releases++ }, now: func() time.Time { return now }}
-	headroom := int64(256*mib/8 + 32*mib)
+	headroom := int64(256*mib/16 + 16*mib)
 	for _, step := range []struct {
 		name           string
 		reserved, live int64

@@ -35,16 +35,23 @@ import (
 //	EXA_MEASURE=1 go test ./cmd/exa -run TestPickerRSS -v
 //
 // EXA_PICKER_ARGS adds flags to the picker's command line; EXA_PICKER_BIN runs
-// another exa binary (an earlier build, to compare).
+// another exa binary (an earlier build, to compare); EXA_PICKER_IDLE_STREAMS
+// replaces the 5,000 (a multiple of 10).
 func TestPickerRSS(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("a measurement: set EXA_MEASURE=1")
 	}
 	const (
-		idle, idleConns   = 5000, 10
+		idleConns         = 10
 		bodies, bodyConns = 60, 6
 		bodySize, chunk   = 8 << 20, 64 << 10
 	)
+	idle := 5000
+	if v := os.Getenv("EXA_PICKER_IDLE_STREAMS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "EXA_PICKER_IDLE_STREAMS")
+		idle = n
+	}
 	args := append([]string{"--admin-listen", "127.0.0.1:0"}, strings.Fields(os.Getenv("EXA_PICKER_ARGS"))...)
 	addr, line, stderr, proc := startPickerCmd(t, args...)
 	admin := regexp.MustCompile(`admin (http://\S+) `).FindStringSubmatch(line)
@@ -179,8 +186,8 @@ func TestPickerRSS(t *testing.T) {
 	}
 	close(stopSampling)
 	<-sampled
-	t.Logf("picker RSS: %d MB at start; peak %d MB during the flood (sent in %v; of %d bodies %d answered 503, %d streams ended RESOURCE_EXHAUSTED; %.1f MiB reserved, %.0f MiB of them bodies, %.0f streams); after the streams ended: %s (streams %.0f)",
-		start/1e6, during/1e6, flood.Round(time.Millisecond), bodies, refused.Load(), exhausted.Load(), reserved/(1<<20), buffered/(1<<20), streams,
+	t.Logf("%d header-only streams; picker RSS: %d MB at start; peak %d MB during the flood (sent in %v; of %d bodies %d answered 503, %d streams ended RESOURCE_EXHAUSTED; %.1f MiB reserved, %.0f MiB of them bodies, %.0f streams); after the streams ended: %s (streams %.0f)",
+		idle, start/1e6, during/1e6, flood.Round(time.Millisecond), bodies, refused.Load(), exhausted.Load(), reserved/(1<<20), buffered/(1<<20), streams,
 		strings.Join(after, ", "), metric("exa_picker_streams"))
 	_ = stderr
 }
