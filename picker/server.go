@@ -81,7 +81,8 @@ func (s *Server) Stats() Stats {
 // exa binary (docs/picker.md, "Security"): 5,000 streams waiting for
 // their bodies raised its RSS by 118 MB, 23.6 KB a stream: two goroutine
 // stacks of 8 KiB (gRPC's handler and the stream's reader) and 7 KB of
-// heap; the rest covers the body chunks a stream has in flight.
+// heap and runtime; the rest covers the body chunks a stream has in
+// flight.
 const StreamBytes = 32 << 10
 
 // reserve takes n bytes of MaxBufferedBytes, or reports that they would
