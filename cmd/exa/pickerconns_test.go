@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway/picker"
 )
 
 // TestPickerIdleConns is issue 29's N6 probe against the exa binary with
@@ -115,7 +118,8 @@ func TestPickerIdleConns(t *testing.T) {
 	rssIdle := rss()
 	<-done
 	t.Logf("1,024 connections idle after the preface: %s; RSS %d MB 3 s in, %d MB at start", describe(idle), rssIdle/1e6, start/1e6)
-	t.Logf("600 connections without a preface: %s", describe(closeTimes(600, nil)))
+	noPreface := closeTimes(600, nil)
+	t.Logf("600 connections without a preface: %s", describe(noPreface))
 	var bound []time.Duration
 	done = make(chan struct{})
 	go func() { bound = closeTimes(2000, nil); close(done) }()
@@ -130,4 +134,12 @@ func TestPickerIdleConns(t *testing.T) {
 	}
 	t.Logf("2,000 connections without a preface at once: %d closed within 1 s of their opening; %s; 2 s in: %s",
 		refused, describe(bound), during)
+	if os.Getenv("EXA_PICKER_ARGS") == "" {
+		// Issue 29's bar: idle or slow connections closed within 15 s, a
+		// bound on their number.
+		for _, ds := range [][]time.Duration{idle, noPreface, bound} {
+			assert.Less(t, ds[len(ds)-1], 15*time.Second, "the last connection closed") // sorted by describe
+		}
+		assert.Equal(t, 2000-picker.DefaultMaxConnections, refused, "connections refused past the bound")
+	}
 }

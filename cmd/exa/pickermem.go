@@ -19,13 +19,15 @@ import (
 // bring about. So, at every tick:
 //
 //   - the soft memory limit (debug.SetMemoryLimit) is set to what is live
-//     outside the budget, plus the budget, plus headroom (a sixteenth of
-//     the budget, and 16 MiB: 32 MiB at the default budget): the collector
-//     runs before the heap passes the budget by more than the headroom, and
-//     never below what is live plus the headroom. The limit binds only when
-//     the streams hold most of the budget; below, GOGC's goal (twice what
-//     is live) is the lower. Not when GOMEMLIMIT is set: the operator's
-//     limit holds.
+//     outside the budget, plus the budget, plus headroom: half of what is
+//     live outside the budget (the indexes, the fleet; GOGC=100 would give
+//     it all of it), a sixteenth of the budget and 16 MiB (32 MiB at the
+//     default budget, besides the half). The collector runs before the
+//     heap passes that, and never with less than the headroom above what
+//     is live, so a small budget beside a large heap does not make it run
+//     at every few megabytes. The limit binds only when the streams hold
+//     most of the budget; below, GOGC's goal (twice what is live) is the
+//     lower. Not when GOMEMLIMIT is set: the operator's limit holds.
 //   - when the budget in use has fallen by releaseStep or more since the
 //     highest it was, debug.FreeOSMemory collects and returns the free
 //     memory to the system, at most once every minGap.
@@ -58,8 +60,9 @@ func newMemoryGovernor(budget int64, reserved func() int64) *memoryGovernor {
 	return g
 }
 
-// headroom is what the collector may let the heap grow past what is live.
-func (g *memoryGovernor) headroom() int64 { return g.budget/16 + 16<<20 }
+// headroom is what the collector may let the heap grow past what is live,
+// outside bytes of it outside the budget.
+func (g *memoryGovernor) headroom(outside int64) int64 { return outside/2 + g.budget/16 + 16<<20 }
 
 // releaseStep is the drop in reserved bytes that releases memory.
 func (g *memoryGovernor) releaseStep() int64 { return max(g.budget/8, 32<<20) }
@@ -74,7 +77,7 @@ func (g *memoryGovernor) tick() {
 	}
 	if g.setLimit != nil {
 		outside := max(0, g.live()-r)
-		g.setLimit(outside + g.budget + g.headroom())
+		g.setLimit(outside + g.budget + g.headroom(outside))
 	}
 }
 

@@ -18,7 +18,9 @@ func TestMemoryGovernor(t *testing.T) {
 	now := time.Unix(1000, 0)
 	g := &memoryGovernor{budget: 256 * mib, reserved: func() int64 { return reserved }, live: func() int64 { return live },
 		setLimit: func(n int64) { limit = n }, release: func() { releases++ }, now: func() time.Time { return now }}
-	headroom := int64(256*mib/16 + 16*mib)
+	// What is live outside the budget, the budget, and headroom: half of
+	// the first, a sixteenth of the budget and 16 MiB.
+	limitFor := func(outside int64) int64 { return outside + 256*mib + outside/2 + 256*mib/16 + 16*mib }
 	for _, step := range []struct {
 		name           string
 		reserved, live int64
@@ -26,14 +28,15 @@ func TestMemoryGovernor(t *testing.T) {
 		limit          int64
 		releases       int
 	}{
-		{"idle", 0, 20 * mib, 0, 20*mib + 256*mib + headroom, 0},
-		{"budget full", 256 * mib, 300 * mib, time.Second, 44*mib + 256*mib + headroom, 0},
-		{"a small drop", 256*mib - 31*mib, 270 * mib, time.Second, 45*mib + 256*mib + headroom, 0},
-		{"a drop of a step", 224 * mib, 260 * mib, time.Second, 36*mib + 256*mib + headroom, 1},
-		{"another drop soon after", 0, 20 * mib, time.Second, 20*mib + 256*mib + headroom, 1},
-		{"the gap passed", 0, 20 * mib, minGap, 20*mib + 256*mib + headroom, 2},
-		{"nothing more to release", 0, 20 * mib, minGap, 20*mib + 256*mib + headroom, 2},
-		{"live below reserved", 100 * mib, 50 * mib, time.Second, 256*mib + headroom, 2},
+		{"idle", 0, 20 * mib, 0, limitFor(20 * mib), 0},
+		{"budget full", 256 * mib, 300 * mib, time.Second, limitFor(44 * mib), 0},
+		{"a small drop", 256*mib - 31*mib, 270 * mib, time.Second, limitFor(45 * mib), 0},
+		{"a drop of a step", 224 * mib, 260 * mib, time.Second, limitFor(36 * mib), 1},
+		{"another drop soon after", 0, 20 * mib, time.Second, limitFor(20 * mib), 1},
+		{"the gap passed", 0, 20 * mib, minGap, limitFor(20 * mib), 2},
+		{"nothing more to release", 0, 20 * mib, minGap, limitFor(20 * mib), 2},
+		{"live below reserved", 100 * mib, 50 * mib, time.Second, limitFor(0), 2},
+		{"a large heap outside", 100 * mib, 700 * mib, time.Second, 600*mib + 256*mib + 300*mib + 32*mib, 2},
 	} {
 		reserved, live = step.reserved, step.live
 		now = now.Add(step.advance)
