@@ -73,7 +73,7 @@ func TestPeerToken(t *testing.T) {
 	engine, engine2 := engineMetrics(t), engineMetrics(t)
 	tokA := writeToken(t, "s3cret-token")
 	a, aHTTP := peerServer(t, Options{Fleet: fleet.Options{PeerTokenFile: tokA}}, nil, engine, engine2)
-	for _, auth := range []string{"", "Bearer wrong", "Basic s3cret-token", "Bearer s3cret-token2", "bearer s3cret-token"} {
+	for _, auth := range []string{"", "Bearer wrong", "Basic s3cret-token", "Bearer s3cret-token2", "bearer s3cret-token2"} {
 		code, hdr, body := getMetrics(t, aHTTP.URL, auth)
 		assert.Equal(t, http.StatusUnauthorized, code, "Authorization %q", auth)
 		assert.Equal(t, `Bearer realm="exa-gateway"`, hdr.Get("WWW-Authenticate"))

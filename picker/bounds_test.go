@@ -81,7 +81,9 @@ func waitStats(t *testing.T, s *Server, what string, ok func(Stats) bool) Stats 
 // streams end.
 func TestBodyBudget(t *testing.T) {
 	const mib = 1 << 20
-	s, err := New(newRouter(t, newGateway(t, 2), 0), Options{MaxBodyBytes: mib, MaxBufferedBytes: 4 * mib})
+	// Room for 4 bodies and the 8 streams opened.
+	const budget = 4*mib + 8*StreamBytes
+	s, err := New(newRouter(t, newGateway(t, 2), 0), Options{MaxBodyBytes: mib, MaxBufferedBytes: budget})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,14 +103,14 @@ func TestBodyBudget(t *testing.T) {
 			return st.BufferedBytes > before.BufferedBytes || st.Overloaded > before.Overloaded
 		})
 		if i < 4 {
-			if st.Overloaded != 0 || st.BufferedBytes != int64(i+1)*mib {
-				t.Fatalf("stream %d: stats %+v, want %d MiB held and none refused", i, st, i+1)
+			if st.Overloaded != 0 || st.BufferedBytes != int64(i+1)*mib || st.ReservedBytes != int64(i+1)*(mib+StreamBytes) {
+				t.Fatalf("stream %d: stats %+v, want %d MiB held, with their streams, and none refused", i, st, i+1)
 			}
 			held = append(held, e)
 			continue
 		}
 		if st.BufferedBytes != 4*mib {
-			t.Fatalf("stream %d: %d bytes held, want the budget, %d", i, st.BufferedBytes, 4*mib)
+			t.Fatalf("stream %d: %d bytes of bodies held, want 4 MiB", i, st.BufferedBytes)
 		}
 		im := e.recv().GetImmediateResponse()
 		if im == nil || im.GetStatus().GetCode() != 503 {
@@ -128,7 +130,50 @@ func TestBodyBudget(t *testing.T) {
 	for _, e := range held {
 		e.cancel()
 	}
-	waitStats(t, s, "every stream to end", func(st Stats) bool { return st.BufferedBytes == 0 && st.Streams == 0 })
+	waitStats(t, s, "every stream to end", func(st Stats) bool { return st.ReservedBytes == 0 && st.Streams == 0 })
+}
+
+// TestStreamBudget: each open stream takes StreamBytes of
+// MaxBufferedBytes, whatever it sends; a stream that would take the sum
+// past it ends as it opens, with RESOURCE_EXHAUSTED, and is counted; a
+// stream's end gives its share back.
+func TestStreamBudget(t *testing.T) {
+	const body = 4096
+	s, err := New(newRouter(t, newGateway(t, 2), 0), Options{MaxBodyBytes: body, MaxBufferedBytes: body + 3*StreamBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeTimers(s)
+	h := serveServer(t, s)
+	var held []*envoy
+	for i := range 3 {
+		e := h.open(t)
+		e.send(reqHeaders(false, nil))
+		held = append(held, e)
+		waitStats(t, s, "the stream to be admitted", func(st Stats) bool { return st.ReservedBytes == int64(i+1)*StreamBytes })
+	}
+	// A body that fills the budget exactly is held.
+	held[0].send(reqBody(bytes.Repeat([]byte("x"), body), false))
+	waitStats(t, s, "the body", func(st Stats) bool { return st.BufferedBytes == body })
+	for i := range 2 {
+		e := h.open(t)
+		e.send(reqHeaders(false, nil))
+		if _, err := e.stream.Recv(); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("stream past the budget (%d): %v, want RESOURCE_EXHAUSTED", i, err)
+		}
+	}
+	if st := s.Stats(); st.Overloaded != 2 || st.Streams != 3 || st.ReservedBytes != body+3*StreamBytes {
+		t.Fatalf("stats %+v, want 2 refused, 3 streams and the budget held", st)
+	}
+	held[0].cancel()
+	waitStats(t, s, "the first stream to end", func(st Stats) bool { return st.ReservedBytes == 2*StreamBytes })
+	e := h.open(t)
+	e.send(reqHeaders(false, nil))
+	waitStats(t, s, "a new stream to be admitted", func(st Stats) bool { return st.ReservedBytes == 3*StreamBytes && st.Streams == 3 })
+	for _, e := range append(held[1:], e) {
+		e.cancel()
+	}
+	waitStats(t, s, "every stream to end", func(st Stats) bool { return st.ReservedBytes == 0 && st.Streams == 0 })
 }
 
 // TestRequestTimeout: streams that send request headers (with or without a
@@ -233,8 +278,8 @@ func TestGRPCOptions(t *testing.T) {
 	if st := s.Stats(); st.Streams != 2 {
 		t.Fatalf("%d streams served, want 2", st.Streams)
 	}
-	if n := len(GRPCOptions(GRPCLimits{MaxConnectionAge: time.Hour})); n != 3 {
-		t.Fatalf("%d options, want 3", n)
+	if n := len(GRPCOptions(GRPCLimits{MaxConnectionAge: time.Hour})); n != 6 {
+		t.Fatalf("%d options, want 6", n)
 	}
 }
 

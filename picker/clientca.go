@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -118,14 +117,20 @@ func parseCABundle(raw []byte) (*x509.CertPool, int, error) {
 // it must chain to the pool cas uses at the time of the handshake, be
 // valid now and allow client authentication (extended key usage
 // clientAuth, or none). When sans is not empty the certificate must also
-// name one of them exactly, as a DNS or URI subject alternative name (a
-// SPIFFE ID such as spiffe://cluster.local/ns/gw/sa/envoy); empty sans
-// accept any name. The client CAs' names go in the certificate request.
+// name one of them as a subject alternative name of the form its text
+// has: an IP address as an IP SAN, a value with a colon (a URI such as
+// the SPIFFE ID spiffe://cluster.local/ns/gw/sa/envoy) as a URI SAN, one
+// with an @ as an email SAN, any other as a DNS SAN (without regard to
+// case); empty sans accept any name. The client CAs' names go in the
+// certificate request.
 func MutualTLSConfig(get func(*tls.ClientHelloInfo) (*tls.Certificate, error), cas *ClientCAs, sans []string) *tls.Config {
 	base := TLSConfig(get)
 	base.ClientAuth = tls.RequireAndVerifyClientCert
 	if len(sans) > 0 {
-		allowed := slices.Clone(sans)
+		allowed := make([]allowedSAN, len(sans))
+		for i, s := range sans {
+			allowed[i] = parseAllowedSAN(s)
+		}
 		base.VerifyConnection = func(cs tls.ConnectionState) error { return checkClientSAN(cs, allowed) }
 	}
 	var last atomic.Pointer[tls.Config] // the config of the pool last used
@@ -145,26 +150,20 @@ func MutualTLSConfig(get func(*tls.ClientHelloInfo) (*tls.Certificate, error), c
 }
 
 // checkClientSAN accepts a connection whose client certificate names one
-// of allowed as a DNS or URI subject alternative name.
-func checkClientSAN(cs tls.ConnectionState, allowed []string) error {
+// of allowed as a subject alternative name of its form.
+func checkClientSAN(cs tls.ConnectionState, allowed []allowedSAN) error {
 	if len(cs.PeerCertificates) == 0 {
 		return errors.New("picker: no client certificate")
 	}
 	leaf := cs.PeerCertificates[0]
-	var names []string
-	for _, d := range leaf.DNSNames {
-		if slices.Contains(allowed, d) {
+	values := make([]string, len(allowed))
+	for i, a := range allowed {
+		if a.matches(leaf) {
 			return nil
 		}
-		names = append(names, d)
+		values[i] = a.value
 	}
-	for _, u := range leaf.URIs {
-		if slices.Contains(allowed, u.String()) {
-			return nil
-		}
-		names = append(names, u.String())
-	}
-	return &sanError{names: names, allowed: allowed}
+	return &sanError{names: sanNames(leaf), allowed: values}
 }
 
 // sanError is a client certificate naming none of the allowed SANs.

@@ -32,6 +32,8 @@ type clientCert struct {
 	eku      x509.ExtKeyUsage // zero (ExtKeyUsageAny) means clientAuth
 	dns      []string         // DNS SANs
 	uris     []string         // URI SANs
+	ips      []string         // IP SANs
+	emails   []string         // email SANs
 }
 
 // issueClient returns a client certificate signed by ca.
@@ -50,7 +52,7 @@ func (ca *testCA) issueClient(t *testing.T, cc clientCert) tls.Certificate {
 		eku = x509.ExtKeyUsageClientAuth
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(3), Subject: pkix.Name{CommonName: "envoy"},
-		DNSNames: cc.dns, NotBefore: notAfter.Add(-2 * time.Hour), NotAfter: notAfter,
+		DNSNames: cc.dns, EmailAddresses: cc.emails, NotBefore: notAfter.Add(-2 * time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{eku}}
 	for _, s := range cc.uris {
 		u, err := url.Parse(s)
@@ -58,6 +60,9 @@ func (ca *testCA) issueClient(t *testing.T, cc clientCert) tls.Certificate {
 			t.Fatal(err)
 		}
 		tmpl.URIs = append(tmpl.URIs, u)
+	}
+	for _, s := range cc.ips {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(s))
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -224,17 +229,24 @@ func TestMutualTLSSANs(t *testing.T) {
 	pair := serverPair(t, srvCA)
 	get := func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pair, nil }
 	spiffe := "spiffe://cluster.local/ns/gw/sa/envoy"
-	srv := startMTLS(t, picker.MutualTLSConfig(get, cas, []string{spiffe, "envoy.gw.svc"}), srvCA.pool())
+	srv := startMTLS(t, picker.MutualTLSConfig(get, cas, []string{spiffe, "envoy.gw.svc", "10.0.0.7", "fd00::7", "envoy@gw.example"}), srvCA.pool())
 
-	for _, cc := range []clientCert{{uris: []string{spiffe}}, {dns: []string{"other", "envoy.gw.svc"}}} {
+	// Each allowed name passes as a SAN of its own form.
+	for _, cc := range []clientCert{{uris: []string{spiffe}}, {dns: []string{"other", "envoy.gw.svc"}}, {dns: []string{"Envoy.GW.svc"}},
+		{ips: []string{"10.0.0.7"}}, {ips: []string{"fd00::7"}}, {emails: []string{"envoy@gw.example"}}} {
 		if err := srv.dial(t, clientCA.issueClient(t, cc)); err != nil {
-			t.Errorf("SANs dns %q uri %q: %v", cc.dns, cc.uris, err)
+			t.Errorf("SANs %+v: %v", cc, err)
 		}
 	}
-	for _, cc := range []clientCert{{}, {uris: []string{spiffe + "-not"}}, {dns: []string{"envoy.gw.svc.evil"}}} {
+	// A name spelled in a SAN of another form does not: a DNS SAN that
+	// spells the SPIFFE ID, the IP or the email address, a URI SAN that
+	// spells the DNS name's form.
+	for _, cc := range []clientCert{{}, {uris: []string{spiffe + "-not"}}, {dns: []string{"envoy.gw.svc.evil"}},
+		{dns: []string{spiffe}}, {dns: []string{"10.0.0.7"}}, {dns: []string{"envoy@gw.example"}},
+		{uris: []string{"dns:envoy.gw.svc"}}, {ips: []string{"10.0.0.8"}}, {emails: []string{"other@gw.example"}}} {
 		err := srv.dial(t, clientCA.issueClient(t, cc))
 		if err == nil || !strings.Contains(err.Error(), "none of the allowed SANs") {
-			t.Errorf("SANs dns %q uri %q: err %v, want refused", cc.dns, cc.uris, err)
+			t.Errorf("SANs %+v: err %v, want refused", cc, err)
 		}
 	}
 }

@@ -70,11 +70,13 @@
 // A stream still in its request phase Options.RequestTimeout after it
 // opened is answered 408; a routed stream with no response headers
 // Options.ResponseTimeout after routing ends with DeadlineExceeded (its
-// request Done with an error). Request bodies being read hold at most
-// Options.MaxBufferedBytes together; a body past it is answered 503.
-// GRPCOptions sets MaxConcurrentStreams and keepalive enforcement on the
-// *grpc.Server. Stats counts them. docs/picker.md ("Security") has the
-// measured figures.
+// request Done with an error). The streams hold at most
+// Options.MaxBufferedBytes together, StreamBytes each and their request
+// bodies being read: a body past it is answered 503, a stream opening
+// past it ends with RESOURCE_EXHAUSTED. GRPCOptions sets
+// MaxConcurrentStreams, keepalive enforcement and the handshake and idle
+// deadlines on the *grpc.Server; LimitListener bounds its connections.
+// Stats counts them. docs/picker.md ("Security") has the measured figures.
 //
 // # Health
 //

@@ -25,7 +25,7 @@ var (
 	// Answered with 413.
 	ErrBodyTooLarge = errors.New("picker: request body too large")
 	// ErrOverloaded: the request body would take the memory held by all
-	// streams' bodies past Options.MaxBufferedBytes. Answered with 503.
+	// streams past Options.MaxBufferedBytes. Answered with 503.
 	ErrOverloaded = errors.New("picker: overloaded")
 	// ErrRequestTimeout: the stream's request phase outlasted
 	// Options.RequestTimeout. Answered with 408.

@@ -94,12 +94,11 @@ func (x *exchange) grow(n int) error {
 		c = min(max(need, 2*c, 4096), max(need, x.s.opts.MaxBodyBytes))
 	}
 	if d := int64(c) - x.reserved; d > 0 {
-		if x.s.buffered.Add(d) > x.s.opts.MaxBufferedBytes {
-			x.s.buffered.Add(-d)
-			x.s.ovl.Add(1)
-			return fmt.Errorf("%w: request bodies being read hold %d bytes, and this one needs %d more, past MaxBufferedBytes (%d)",
-				ErrOverloaded, x.s.buffered.Load(), d, x.s.opts.MaxBufferedBytes)
+		if !x.s.reserve(d) {
+			return fmt.Errorf("%w: the streams open hold %d bytes (%d of them request bodies), and this body needs %d more, past MaxBufferedBytes (%d)",
+				ErrOverloaded, x.s.reserved.Load(), x.s.buffered.Load(), d, x.s.opts.MaxBufferedBytes)
 		}
+		x.s.buffered.Add(d)
 		x.reserved += d
 	}
 	if c > cap(x.body) {
@@ -115,6 +114,7 @@ func (x *exchange) grow(n int) error {
 func (x *exchange) releaseBody() {
 	if x.reserved != 0 {
 		x.s.buffered.Add(-x.reserved)
+		x.s.reserved.Add(-x.reserved)
 		x.reserved = 0
 	}
 	if x.buf == nil {

@@ -10,9 +10,10 @@ const (
 	// DefaultMaxBodyBytes bounds request bodies, as the HTTP gateway's
 	// default does: 8 MiB.
 	DefaultMaxBodyBytes = 8 << 20
-	// DefaultMaxBufferedBytes bounds the request bodies held by all
-	// streams together (Options.MaxBufferedBytes): 256 MiB, 32 bodies of
-	// DefaultMaxBodyBytes.
+	// DefaultMaxBufferedBytes bounds the memory all streams together
+	// hold (Options.MaxBufferedBytes): 256 MiB, 31 bodies of
+	// DefaultMaxBodyBytes and their streams, or 8,192 streams without
+	// bodies.
 	DefaultMaxBufferedBytes = 256 << 20
 	// DefaultRequestTimeout bounds a stream's request phase
 	// (Options.RequestTimeout): 60s from the stream's start to the
@@ -36,11 +37,14 @@ type Options struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered with
 	// 413 before the Router sees it. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// MaxBufferedBytes bounds the memory that request bodies being read
-	// hold, summed over all streams (buffer capacity, counted as it
-	// grows). A stream whose body would take the sum past it is answered
-	// at once with 503 (ErrOverloaded) and ends. Zero means
-	// DefaultMaxBufferedBytes; it must be at least MaxBodyBytes.
+	// MaxBufferedBytes bounds the memory the streams hold, summed over
+	// all of them: StreamBytes for each open stream, plus the request
+	// bodies being read (buffer capacity, counted as it grows). A stream
+	// whose body would take the sum past it is answered at once with 503
+	// (ErrOverloaded) and ends; a stream that would take it past by
+	// opening ends at once with RESOURCE_EXHAUSTED (Envoy then answers
+	// its status_on_error). Zero means DefaultMaxBufferedBytes; it must be
+	// at least MaxBodyBytes + StreamBytes.
 	MaxBufferedBytes int64
 	// RequestTimeout bounds a stream's request phase, from the stream's
 	// start to the picker's answer (after the whole body): a stream still
@@ -77,10 +81,11 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if o.MaxBufferedBytes == 0 {
-		o.MaxBufferedBytes = max(DefaultMaxBufferedBytes, int64(o.MaxBodyBytes))
+		o.MaxBufferedBytes = max(DefaultMaxBufferedBytes, int64(o.MaxBodyBytes)+StreamBytes)
 	}
-	if o.MaxBufferedBytes < int64(o.MaxBodyBytes) {
-		return o, fmt.Errorf("%w: MaxBufferedBytes %d is below MaxBodyBytes %d: no body of the largest size could be read", ErrInvalidOptions, o.MaxBufferedBytes, o.MaxBodyBytes)
+	if o.MaxBufferedBytes < int64(o.MaxBodyBytes)+StreamBytes {
+		return o, fmt.Errorf("%w: MaxBufferedBytes %d is below MaxBodyBytes %d + StreamBytes %d: no body of the largest size could be read",
+			ErrInvalidOptions, o.MaxBufferedBytes, o.MaxBodyBytes, StreamBytes)
 	}
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = DefaultRequestTimeout

@@ -40,18 +40,22 @@ type Server struct {
 	// after starts a timer (time.NewTimer's C and Stop); tests replace it.
 	after func(time.Duration) (<-chan time.Time, func() bool)
 
+	reserved                       atomic.Int64 // MaxBufferedBytes in use: StreamBytes a stream, and the body buffers
 	buffered                       atomic.Int64 // body buffer bytes reserved (exchange.grow)
 	streams                        atomic.Int64
 	reqTimeouts, respTimeouts, ovl atomic.Uint64
 }
 
 // Stats counts what the Server's bounds did. All fields are totals since
-// New except BufferedBytes and Streams, which are current.
+// New except Streams, ReservedBytes and BufferedBytes, which are current.
 type Stats struct {
 	// Streams is the number of ext_proc streams being served.
 	Streams int64
-	// BufferedBytes is the request body memory the streams hold, at most
-	// Options.MaxBufferedBytes.
+	// ReservedBytes is the memory the streams hold by the Server's
+	// account, at most Options.MaxBufferedBytes: StreamBytes for each
+	// stream admitted, plus BufferedBytes.
+	ReservedBytes int64
+	// BufferedBytes is the request body memory the streams hold.
 	BufferedBytes int64
 	// RequestTimeouts counts streams ended because their request phase
 	// outlasted Options.RequestTimeout (answered 408).
@@ -59,15 +63,48 @@ type Stats struct {
 	// ResponseTimeouts counts routed streams ended because no response
 	// headers came within Options.ResponseTimeout.
 	ResponseTimeouts uint64
-	// Overloaded counts streams answered 503 because their body would
-	// have taken BufferedBytes past Options.MaxBufferedBytes.
+	// Overloaded counts streams refused because they would have taken
+	// ReservedBytes past Options.MaxBufferedBytes: a body answered 503,
+	// or a stream ended with RESOURCE_EXHAUSTED as it opened.
 	Overloaded uint64
 }
 
 // Stats returns the Server's counters.
 func (s *Server) Stats() Stats {
-	return Stats{Streams: s.streams.Load(), BufferedBytes: s.buffered.Load(), RequestTimeouts: s.reqTimeouts.Load(),
-		ResponseTimeouts: s.respTimeouts.Load(), Overloaded: s.ovl.Load()}
+	return Stats{Streams: s.streams.Load(), ReservedBytes: s.reserved.Load(), BufferedBytes: s.buffered.Load(),
+		RequestTimeouts: s.reqTimeouts.Load(), ResponseTimeouts: s.respTimeouts.Load(), Overloaded: s.ovl.Load()}
+}
+
+// StreamBytes is what each ext_proc stream takes from
+// Options.MaxBufferedBytes while it is open, besides its body: 32 KiB, the
+// memory a stream holds outside its body, rounded up. Measured with the
+// exa binary (docs/picker.md, "Security"): 5,000 streams waiting for
+// their bodies raised its RSS by 118 MB, 23.6 KB a stream: two goroutine
+// stacks of 8 KiB (gRPC's handler and the stream's reader) and 7 KB of
+// heap and runtime; the rest covers the body chunks a stream has in
+// flight.
+const StreamBytes = 32 << 10
+
+// reserve takes n bytes of MaxBufferedBytes, or reports that they would
+// take it past its bound (nothing is then taken).
+func (s *Server) reserve(n int64) bool {
+	if s.reserved.Add(n) > s.opts.MaxBufferedBytes {
+		s.reserved.Add(-n)
+		s.ovl.Add(1)
+		return false
+	}
+	return true
+}
+
+// admit reserves a new stream's StreamBytes; the error, RESOURCE_EXHAUSTED,
+// ends the stream before anything is read from it.
+func (s *Server) admit() error {
+	if s.reserve(StreamBytes) {
+		return nil
+	}
+	return status.Errorf(codes.ResourceExhausted,
+		"picker: overloaded: the streams open hold %d bytes, and a new one needs %d, past MaxBufferedBytes (%d)",
+		s.reserved.Load(), StreamBytes, s.opts.MaxBufferedBytes)
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -115,6 +152,10 @@ func (s *Server) SetServing(serving bool) {
 // stream can end on Options.RequestTimeout and Options.ResponseTimeout
 // even while no message comes.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	if err := s.admit(); err != nil {
+		return err
+	}
+	defer s.reserved.Add(-StreamBytes)
 	type recvd struct {
 		m   *extprocv3.ProcessingRequest
 		err error
@@ -186,6 +227,10 @@ var (
 
 // serve serves st with no deadlines, reading in the calling goroutine.
 func (s *Server) serve(st stream) error {
+	if err := s.admit(); err != nil {
+		return err
+	}
+	defer s.reserved.Add(-StreamBytes)
 	return s.run(st, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
 }
 
@@ -244,6 +289,30 @@ const (
 	// answered within 10s.
 	DefaultKeepaliveTime    = 30 * time.Second
 	DefaultKeepaliveTimeout = 10 * time.Second
+	// DefaultHandshakeTimeout is the default of GRPCLimits.HandshakeTimeout:
+	// 10s for a new connection's TLS handshake (when served with TLS), its
+	// HTTP/2 preface and its first SETTINGS frame.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxConnectionIdle is the default of GRPCLimits.MaxConnectionIdle:
+	// a connection without streams for 5s is sent GOAWAY and closed (Envoy
+	// opens a new one for its next request).
+	DefaultMaxConnectionIdle = 5 * time.Second
+)
+
+// The HTTP/2 flow-control windows GRPCOptions sets, fixed. gRPC's default
+// estimates the bandwidth-delay product and grows a connection's windows,
+// and each of its streams', up to 16 MiB: on a fast link a stream could
+// then have megabytes received that the picker has not read, outside
+// Options.MaxBufferedBytes (issue 29, D4). With fixed windows a stream has
+// at most StreamWindowBytes unread (or the message being read, when it is
+// larger), and a connection at most ConnWindowBytes on the wire.
+const (
+	// StreamWindowBytes is each stream's window: 64 KiB, HTTP/2's initial
+	// window rounded up; at a 0.5 ms round trip a stream still moves
+	// 128 MB/s.
+	StreamWindowBytes = 64 << 10
+	// ConnWindowBytes is each connection's window: 1 MiB.
+	ConnWindowBytes = 1 << 20
 )
 
 // GRPCLimits are the gRPC transport bounds GRPCOptions sets on the
@@ -263,6 +332,17 @@ type GRPCLimits struct {
 	// KeepaliveTimeout. Zero means DefaultKeepaliveTime,
 	// DefaultKeepaliveTimeout.
 	KeepaliveTime, KeepaliveTimeout time.Duration
+	// HandshakeTimeout bounds a new connection's handshake: TLS (when
+	// served with TLS), the client's HTTP/2 preface and its first SETTINGS
+	// frame; a connection that has not sent them by then is closed (gRPC's
+	// ConnectionTimeout, whose own default is 120s). Zero means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle: a connection that has had no stream for this long
+	// is sent GOAWAY and closed once the client acknowledges it (or 5s
+	// later: gRPC's wait for the acknowledging ping). Zero means
+	// DefaultMaxConnectionIdle; negative, never.
+	MaxConnectionIdle time.Duration
 	// MaxConnectionAge, when positive, sends a connection GOAWAY after it
 	// and closes it, with whatever streams it still has, after a further
 	// MaxConnectionAgeGrace (zero: no forced close). Zero, the default,
@@ -285,7 +365,16 @@ func GRPCOptions(l GRPCLimits) []grpc.ServerOption {
 	if l.KeepaliveTimeout <= 0 {
 		l.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
+	if l.HandshakeTimeout <= 0 {
+		l.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	sp := keepalive.ServerParameters{Time: l.KeepaliveTime, Timeout: l.KeepaliveTimeout}
+	switch {
+	case l.MaxConnectionIdle == 0:
+		sp.MaxConnectionIdle = DefaultMaxConnectionIdle
+	case l.MaxConnectionIdle > 0:
+		sp.MaxConnectionIdle = l.MaxConnectionIdle
+	}
 	if l.MaxConnectionAge > 0 {
 		sp.MaxConnectionAge = l.MaxConnectionAge
 		sp.MaxConnectionAgeGrace = l.MaxConnectionAgeGrace
@@ -297,5 +386,8 @@ func GRPCOptions(l GRPCLimits) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(sp),
+		grpc.ConnectionTimeout(l.HandshakeTimeout),
+		grpc.InitialWindowSize(StreamWindowBytes),
+		grpc.InitialConnWindowSize(ConnWindowBytes),
 	}
 }

@@ -41,6 +41,7 @@ type pickerFlags struct {
 	maxStreams                      uint32
 	maxConnAge, maxConnAgeGrace     time.Duration
 	disc                            discoveryFlags
+	conns                           pickerConnFlags
 	gie                             gieFlags
 	gieConfigIgnored                bool
 }
@@ -125,7 +126,7 @@ from a Go client.`,
 	f.DurationVar(&fl.responseTimeout, "response-timeout", picker.DefaultResponseTimeout,
 		"how long a routed request may wait for its response headers before its stream ends and its load is released (0 = no limit); keep it above Envoy's route timeout")
 	f.Int64Var(&fl.maxBuffered, "max-buffered-bytes", picker.DefaultMaxBufferedBytes,
-		"request body memory all streams together may hold while bodies are read; a body that would go past it gets 503 (at least --max-body-bytes)")
+		"memory all streams together may hold: 32 KiB a stream and the bodies being read; a body that would go past it gets 503, a stream RESOURCE_EXHAUSTED (at least --max-body-bytes + 32 KiB)")
 	f.Uint32Var(&fl.maxStreams, "max-concurrent-streams", picker.DefaultMaxConcurrentStreams,
 		"ext_proc streams (requests in flight) one gRPC connection may have open; Envoy opens more connections past it")
 	f.DurationVar(&fl.maxConnAge, "max-connection-age", 0,
@@ -140,7 +141,8 @@ from a Go client.`,
 	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
 		"require every client (Envoy) to present a certificate chained to a CA of this PEM bundle (mutual TLS); needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
 	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
-		"with --tls-client-ca: accept only client certificates naming this DNS or URI subject alternative name exactly (repeatable; e.g. Envoy's SPIFFE ID); default any name")
+		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. Envoy's SPIFFE ID) with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
+	fl.conns.register(f)
 	fl.disc.register(f)
 	fl.gie.register(f)
 	return cmd
@@ -151,6 +153,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		return err
 	}
 	if err := fl.disc.validate(); err != nil {
+		return err
+	}
+	if err := fl.conns.validate(); err != nil {
 		return err
 	}
 	if fl.maxBody > 1<<30 {
@@ -169,8 +174,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 			return usagef("invalid --%s %q: must not be negative", d.name, v)
 		}
 	}
-	if fl.maxBuffered < fl.maxBody {
-		return usagef("invalid --max-buffered-bytes %q: must be at least --max-body-bytes (%d)", fmt.Sprint(fl.maxBuffered), fl.maxBody)
+	if fl.maxBuffered < fl.maxBody+picker.StreamBytes {
+		return usagef("invalid --max-buffered-bytes %q: must be at least --max-body-bytes (%d) + %d", fmt.Sprint(fl.maxBuffered), fl.maxBody, picker.StreamBytes)
 	}
 	if fl.maxStreams == 0 {
 		return usagef("invalid --max-concurrent-streams %q: must be at least 1", "0")
@@ -270,8 +275,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	// A request body arrives in Envoy's chunks, but allow a message as
 	// large as the largest body accepted, plus framing.
-	gopts := append(picker.GRPCOptions(picker.GRPCLimits{MaxConcurrentStreams: fl.maxStreams,
-		MaxConnectionAge: fl.maxConnAge, MaxConnectionAgeGrace: fl.maxConnAgeGrace}),
+	gopts := append(picker.GRPCOptions(fl.conns.limits(picker.GRPCLimits{MaxConcurrentStreams: fl.maxStreams,
+		MaxConnectionAge: fl.maxConnAge, MaxConnectionAgeGrace: fl.maxConnAgeGrace})),
 		grpc.MaxRecvMsgSize(max(4<<20, int(fl.maxBody)+1<<20)))
 	if ic := logStreams(logger); ic != nil {
 		gopts = append(gopts, grpc.StreamInterceptor(ic))
@@ -288,6 +293,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	go func() { _ = flt.Run(runCtx) }()
+	startMemoryGovernor(runCtx, fl.maxBuffered, pk)
 	if tlsSrc != nil && tlsSrc.kp != nil {
 		tick := time.NewTicker(fl.reload)
 		defer tick.Stop()
@@ -299,7 +305,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		go watchClientCAs(runCtx, tlsSrc.cas, tlsSrc.caFile, tick.C, logger)
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- g.Serve(ln) }()
+	lim := fl.conns.listen(ln, reg)
+	go func() { serveErr <- g.Serve(lim) }()
 	adminURL := "none"
 	if admin != nil {
 		go func() {
@@ -350,14 +357,16 @@ func pickerCollector(pk *picker.Server) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_streams",
 			Help: "ext_proc streams being served."}, func() float64 { return float64(pk.Stats().Streams) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_reserved_bytes",
+			Help: "Memory the streams hold by the picker's account, 32 KiB a stream and their bodies (at most --max-buffered-bytes)."}, func() float64 { return float64(pk.Stats().ReservedBytes) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_buffered_body_bytes",
-			Help: "Request body buffer bytes the streams hold (at most --max-buffered-bytes)."}, func() float64 { return float64(pk.Stats().BufferedBytes) }),
+			Help: "Request body buffer bytes the streams hold (part of exa_picker_reserved_bytes)."}, func() float64 { return float64(pk.Stats().BufferedBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_request_timeouts_total",
 			Help: "Streams answered 408 because their request phase outlasted --request-timeout."}, func() float64 { return float64(pk.Stats().RequestTimeouts) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_response_timeouts_total",
 			Help: "Routed streams ended because no response headers came within --response-timeout."}, func() float64 { return float64(pk.Stats().ResponseTimeouts) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_overloaded_total",
-			Help: "Streams answered 503 because their body would have taken the buffered bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
+			Help: "Streams refused (503, or RESOURCE_EXHAUSTED as they opened) because they would have taken the reserved bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
 	}
 }
 

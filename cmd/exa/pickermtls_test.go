@@ -47,7 +47,7 @@ func newMTLSCA(t *testing.T, name string) *mtlsCA {
 }
 
 // client returns a client certificate (clientAuth) signed by ca, naming
-// uri as a URI SAN when it is not empty.
+// uri as a URI SAN when it is not empty ("dns=NAME": NAME as a DNS SAN).
 func (ca *mtlsCA) client(t *testing.T, uri string) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -55,7 +55,9 @@ func (ca *mtlsCA) client(t *testing.T, uri string) tls.Certificate {
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "envoy"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if uri != "" {
+	if dns, ok := strings.CutPrefix(uri, "dns="); ok {
+		tmpl.DNSNames = []string{dns}
+	} else if uri != "" {
 		u, err := url.Parse(uri)
 		require.NoError(t, err)
 		tmpl.URIs = []*url.URL{u}
@@ -95,9 +97,9 @@ func TestPickerBadClientCAFlags(t *testing.T) {
 		{"SAN without CA", append([]string{"--tls-client-san", "envoy"}, tlsArgs...),
 			`invalid --tls-client-san "envoy": needs --tls-client-ca, the CAs that issue client certificates`},
 		{"empty SAN", append([]string{"--tls-client-ca", ca, "--tls-client-san", ""}, tlsArgs...),
-			`invalid --tls-client-san "": want a DNS name or a URI such as spiffe://cluster.local/ns/gw/sa/envoy`},
+			`invalid --tls-client-san "": want a DNS name, a URI such as spiffe://cluster.local/ns/gw/sa/envoy, an IP or an email address`},
 		{"SAN with space", append([]string{"--tls-client-ca", ca, "--tls-client-san", "a b"}, tlsArgs...),
-			`invalid --tls-client-san "a b": want a DNS name or a URI such as spiffe://cluster.local/ns/gw/sa/envoy`},
+			`invalid --tls-client-san "a b": want a DNS name, a URI such as spiffe://cluster.local/ns/gw/sa/envoy, an IP or an email address`},
 		{"SAN not canonical", append([]string{"--tls-client-ca", ca, "--tls-client-san", "SPIFFE://td/envoy"}, tlsArgs...),
 			`invalid --tls-client-san "SPIFFE://td/envoy": want a URI in the form Go compares it, "spiffe://td/envoy"`},
 	} {
@@ -135,6 +137,7 @@ func TestPickerServesMutualTLS(t *testing.T) {
 	require.Error(t, healthCheck(t, addr, client(tls.Certificate{}, true)), "no client certificate")
 	require.Error(t, healthCheck(t, addr, client(other.client(t, spiffe), true)), "certificate from another CA")
 	require.Error(t, healthCheck(t, addr, client(ca.client(t, "spiffe://cluster.local/ns/x/sa/rogue"), true)), "another SAN")
+	require.Error(t, healthCheck(t, addr, client(ca.client(t, "dns="+spiffe), true)), "the SPIFFE ID as a DNS SAN")
 
 	addr, line = startPickerBin(t, "--tls-self-signed", "--tls-client-ca", caFile)
 	assert.Contains(t, line, ", client certificates required from CA file "+caFile+")")

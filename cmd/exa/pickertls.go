@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"strings"
@@ -93,8 +94,10 @@ func pickerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
 }
 
 // checkClientCAFlags checks --tls-client-ca and --tls-client-san on their
-// own: a file named, SANs only with it, each SAN a DNS name or a URI as
-// Go prints it (the form it is compared in).
+// own: a file named, SANs only with it, each SAN an IP address, a URI as
+// Go prints it (the form it is compared in), an email address or a DNS
+// name; each is compared only with the client certificate's SANs of its
+// form (picker.MutualTLSConfig).
 func checkClientCAFlags(cmd *cobra.Command, fl pickerFlags) error {
 	if cmd.Flags().Changed("tls-client-ca") && fl.tlsClientCA == "" {
 		return usagef("invalid --tls-client-ca %q: must name a PEM file", fl.tlsClientCA)
@@ -104,7 +107,10 @@ func checkClientCAFlags(cmd *cobra.Command, fl pickerFlags) error {
 			return usagef("invalid --tls-client-san %q: needs --tls-client-ca, the CAs that issue client certificates", s)
 		}
 		if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-			return usagef("invalid --tls-client-san %q: want a DNS name or a URI such as spiffe://cluster.local/ns/gw/sa/envoy", s)
+			return usagef("invalid --tls-client-san %q: want a DNS name, a URI such as spiffe://cluster.local/ns/gw/sa/envoy, an IP or an email address", s)
+		}
+		if _, err := netip.ParseAddr(s); err == nil {
+			continue
 		}
 		if strings.Contains(s, ":") {
 			u, err := url.Parse(s)

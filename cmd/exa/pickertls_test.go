@@ -87,8 +87,19 @@ func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 // startPickerProc is startPickerBin also returning the process's stderr.
 func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer) {
 	t.Helper()
+	addr, line, stderr, _ = startPickerCmd(t, args...)
+	return addr, line, stderr
+}
+
+// startPickerCmd is startPickerProc also returning the process.
+func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
+	t.Helper()
 	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
-	cmd := exec.Command(exaBin, all...)
+	bin := exaBin
+	if b := os.Getenv("EXA_PICKER_BIN"); b != "" && os.Getenv("EXA_MEASURE") != "" {
+		bin = b // a measurement of another build, such as an earlier commit's
+	}
+	cmd := exec.Command(bin, all...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+newConfig(t), "EXA_GATEWAY=")
 	stderr = &syncBuffer{}
 	cmd.Stderr = stderr
@@ -114,7 +125,7 @@ func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *s
 	}
 	m := regexp.MustCompile(`picker listening on (\S+) `).FindStringSubmatch(line)
 	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
-	return m[1], line, stderr
+	return m[1], line, stderr, cmd.Process
 }
 
 // syncBuffer is a bytes.Buffer written by a process's copier goroutine
