@@ -46,7 +46,7 @@ func TestParseKVTokens(t *testing.T) {
 			p := expfmt.NewTextParser(model.UTF8Validation)
 			fams, err := p.TextToMetricFamilies(strings.NewReader(tt.text))
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, parseKVTokens(fams))
+			assert.Equal(t, tt.want, parseKVTokens(fams, cacheInfos))
 		})
 	}
 }
@@ -175,7 +175,7 @@ func TestApplyWithoutRunScrapesNothing(t *testing.T) {
 func TestParseKVTokensRecordedPage(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join("testdata", "metrics", "llm-d-inference-sim-v0.10.2-busy.txt"))
 	require.NoError(t, err)
-	res, err := parseEngineScrapeAs(bytes.NewReader(b), config.EngineAuto)
+	res, err := parseEngineScrapeAs(bytes.NewReader(b), config.EngineAuto, nil)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1024*16), res.kvTokens)
 }
@@ -202,7 +202,7 @@ func FuzzParseKVTokens(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, page []byte) {
-		res, err := parseEngineScrapeAs(bytes.NewReader(page), config.EngineAuto)
+		res, err := parseEngineScrapeAs(bytes.NewReader(page), config.EngineAuto, nil)
 		if err != nil {
 			return
 		}
