@@ -59,7 +59,8 @@ type LeaderOptions struct {
 	// changes of leadership; default slog.Default().
 	Logger *slog.Logger
 	// OnChange, when set, is called with true when this candidate starts
-	// leading and false when it stops, from the election's goroutine.
+	// leading and false when it stops, in that order, from the election's
+	// goroutines, one call at a time; it must not call the Leader.
 	OnChange func(leading bool)
 }
 
@@ -96,9 +97,8 @@ func NewLeader(o LeaderOptions) (*Leader, error) {
 	if o.RetryPeriod == 0 {
 		o.RetryPeriod = DefaultRetryPeriod
 	}
-	if !(o.LeaseDuration > o.RenewDeadline && o.RenewDeadline > time.Duration(leaderelection.JitterFactor*float64(o.RetryPeriod)) && o.RetryPeriod > 0) {
-		return nil, fmt.Errorf("k8s: leader election: lease duration %v, renew deadline %v, retry period %v: want lease duration > renew deadline > %v x retry period > 0",
-			o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, leaderelection.JitterFactor)
+	if err := CheckLeaseTimes(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod); err != nil {
+		return nil, err
 	}
 	if o.Identity == "" {
 		id, err := defaultIdentity()
@@ -123,6 +123,16 @@ func NewLeader(o LeaderOptions) (*Leader, error) {
 		Client:     client,
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
 	}}, nil
+}
+
+// CheckLeaseTimes returns an error naming the three durations unless
+// lease > renew > 1.2 × retry > 0, as client-go's leader election wants.
+func CheckLeaseTimes(lease, renew, retry time.Duration) error {
+	if lease > renew && renew > time.Duration(leaderelection.JitterFactor*float64(retry)) && retry > 0 {
+		return nil
+	}
+	return fmt.Errorf("k8s: leader election: lease duration %v, renew deadline %v, retry period %v: want lease duration > renew deadline > %v x retry period > 0",
+		lease, renew, retry, leaderelection.JitterFactor)
 }
 
 // defaultIdentity is $POD_NAME (else the host name), "_", 8 random bytes.
@@ -162,16 +172,11 @@ func (l *Leader) Holder() string {
 // context, is live) or its end.
 func (l *Leader) set(term context.Context, leading bool) {
 	l.mu.Lock()
-	if leading && term.Err() != nil {
-		l.mu.Unlock()
+	defer l.mu.Unlock()
+	if leading && term.Err() != nil || l.leading == leading {
 		return
 	}
-	changed := l.leading != leading
 	l.leading = leading
-	l.mu.Unlock()
-	if !changed {
-		return
-	}
 	l.opts.Logger.Info("k8s: leader election", "leading", leading, "identity", l.opts.Identity,
 		"lease", l.opts.Namespace+"/"+l.opts.Name)
 	if l.opts.OnChange != nil {

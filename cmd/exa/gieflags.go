@@ -10,10 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/k8s"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -33,6 +37,20 @@ type gieFlags struct {
 	zapEncoder                            string
 	verbosity                             int
 	bools                                 map[string]*bool
+	// leaderElection is --ha-enable-leader-election, with the lease
+	// timings in leader (leaderflags.go).
+	leaderElection bool
+	leader         leaderFlags
+	// metrics are the engine metric flags (gieMetricFlags); scrapePort,
+	// metricsScheme and refreshMetrics are --model-server-metrics-port,
+	// --model-server-metrics-scheme and --refresh-metrics-interval.
+	metrics        map[string]*string
+	scrapePort     int
+	metricsScheme  string
+	refreshMetrics time.Duration
+	// engineMetrics is what the metric flags name, nil when none is set
+	// (the engines' types are then detected).
+	engineMetrics *fleet.EngineMetrics
 }
 
 // GIE's defaults (v1.5.0 pkg/epp/server/options.go NewOptions).
@@ -46,18 +64,24 @@ const (
 // here: setting one is a usage error saying why (rather than cobra's
 // "unknown flag").
 var gieUnsupported = map[string]string{
-	"endpoint-selector":                "discovery is from an InferencePool (--pool-name) or a Service (--service)",
-	"endpoint-target-ports":            "the ports come from the InferencePool's targetPorts",
-	"config-text":                      "GIE plugin configurations do not apply; routing comes from --config",
-	"model-server-metrics-scheme":      "engines' /metrics are scraped over their replica address",
-	"model-server-metrics-path":        "engines' /metrics path is fixed",
-	"model-server-metrics-port":        "engines' /metrics are scraped on their serving port",
-	"refresh-metrics-interval":         "use --scrape-interval",
-	"total-queued-requests-metric":     "the engine metrics read are fixed (vLLM and SGLang names)",
-	"total-running-requests-metric":    "the engine metrics read are fixed (vLLM and SGLang names)",
-	"kv-cache-usage-percentage-metric": "the engine metrics read are fixed (vLLM and SGLang names)",
-	"lora-info-metric":                 "LoRA adapters are discovered from GET /v1/models",
-	"cache-info-metric":                "cache capacity comes from the configuration",
+	"endpoint-selector":     "discovery is from an InferencePool (--pool-name) or a Service (--service)",
+	"endpoint-target-ports": "the ports come from the InferencePool's targetPorts",
+	"config-text":           "GIE plugin configurations do not apply; routing comes from --config",
+}
+
+// gieMetricFlags are GIE's engine metric flags (deprecated in GIE v1.5.0,
+// which refuses them, but set by its chart for sglang, trtllm-serve and
+// triton-tensorrt-llm pools) and the fleet.EngineMetrics field each sets.
+var gieMetricFlags = []struct {
+	name string
+	dst  func(*fleet.EngineMetrics) *string
+}{
+	{"total-queued-requests-metric", func(m *fleet.EngineMetrics) *string { return &m.Queued }},
+	{"total-running-requests-metric", func(m *fleet.EngineMetrics) *string { return &m.Running }},
+	{"kv-cache-usage-percentage-metric", func(m *fleet.EngineMetrics) *string { return &m.KVUsage }},
+	{"lora-info-metric", func(m *fleet.EngineMetrics) *string { return &m.LoRAInfo }},
+	{"cache-info-metric", func(m *fleet.EngineMetrics) *string { return &m.CacheInfo }},
+	{"model-server-metrics-path", func(m *fleet.EngineMetrics) *string { return &m.Path }},
 }
 
 // gieBools are GIE's boolean flags accepted only with the value that
@@ -66,7 +90,6 @@ var gieBools = map[string]struct {
 	ok  bool
 	why string
 }{
-	"ha-enable-leader-election":      {false, "leader election is not implemented; run one picker replica"},
 	"enable-cert-reload":             {true, "certificates in --cert-path are always re-read every --reload-interval"},
 	"disable-endpoint-subset-filter": {false, "the subset filter is always honoured"},
 	"health-checking":                {true, "engines are always health-checked (--probe-interval)"},
@@ -94,6 +117,62 @@ func (g *gieFlags) register(f *pflag.FlagSet) {
 		f.String(name, "", "GIE flag, not supported")
 		_ = f.MarkHidden(name)
 	}
+	def := fleet.DefaultEngineMetrics()
+	g.metrics = map[string]*string{}
+	for _, m := range gieMetricFlags {
+		g.metrics[m.name] = f.String(m.name, *m.dst(&def), "GIE: engine metric spec, name or name{label=value,...}; any of these flags reads every engine whose model names no --engine type with them (docs/kubernetes.md)")
+		_ = f.MarkHidden(m.name) // deprecated in GIE; documented in docs/kubernetes.md
+	}
+	f.IntVar(&g.scrapePort, "model-server-metrics-port", 0, "GIE: port of the engines' metrics page (0 = each engine's serving port)")
+	f.StringVar(&g.metricsScheme, "model-server-metrics-scheme", "http", "GIE: scheme of the engines' metrics page; only http is supported")
+	_ = f.MarkHidden("model-server-metrics-port")
+	_ = f.MarkHidden("model-server-metrics-scheme")
+	f.DurationVar(&g.refreshMetrics, "refresh-metrics-interval", fleet.DefaultScrapeInterval, "GIE: same as --scrape-interval")
+	f.BoolVar(&g.leaderElection, "ha-enable-leader-election", false,
+		"GIE: elect one leader among the picker replicas with a Lease; only the leader reports ready (docs/kubernetes.md); needs --pool-name or --service")
+	g.leader.register(f)
+}
+
+// applyMetrics sets fl's engine metrics and scrape interval from GIE's
+// metric flags.
+func (g *gieFlags) applyMetrics(f *pflag.FlagSet, fl *pickerFlags) error {
+	m, set := fleet.DefaultEngineMetrics(), false
+	for _, mf := range gieMetricFlags {
+		if !f.Changed(mf.name) {
+			continue
+		}
+		v := *g.metrics[mf.name]
+		if mf.name != "model-server-metrics-path" {
+			if _, err := fleet.ParseMetricSpec(v); err != nil {
+				return usagef("invalid --%s %q: %v", mf.name, v, err)
+			}
+		} else if v = strings.Trim(v, `"`); !strings.HasPrefix(v, "/") || strings.ContainsAny(v, "?# \t\r\n") {
+			return usagef("invalid --%s %q: want an absolute path, no query", mf.name, *g.metrics[mf.name])
+		}
+		*mf.dst(&m), set = v, true
+	}
+	if f.Changed("model-server-metrics-port") {
+		if g.scrapePort < 0 || g.scrapePort > 65535 {
+			return usagef("invalid --model-server-metrics-port %q: want a port, 0-65535", fmt.Sprint(g.scrapePort))
+		}
+		m.Port, set = g.scrapePort, true
+	}
+	if g.metricsScheme != "http" {
+		return usagef("invalid --model-server-metrics-scheme %q: only http is supported (engines' metrics pages are scraped in plaintext)", g.metricsScheme)
+	}
+	if set {
+		g.engineMetrics = &m
+	}
+	if f.Changed("refresh-metrics-interval") {
+		if f.Changed("scrape-interval") {
+			return usagef("invalid --refresh-metrics-interval %q: --scrape-interval is set too; use one", g.refreshMetrics.String())
+		}
+		if g.refreshMetrics <= 0 {
+			return usagef("invalid --refresh-metrics-interval %q: must be positive", g.refreshMetrics.String())
+		}
+		fl.scrape = g.refreshMetrics
+	}
+	return nil
 }
 
 // apply translates the GIE flags set (or, in GIE mode, defaulted) into
@@ -109,6 +188,18 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	for name, b := range gieBools {
 		if v := *g.bools[name]; v != b.ok {
 			return usagef("invalid --%s %q (a GIE endpoint-picker flag): only %v is supported: %s", name, fmt.Sprint(v), b.ok, b.why)
+		}
+	}
+	if err := g.applyMetrics(f, fl); err != nil {
+		return err
+	}
+	if g.leaderElection && !fl.disc.enabled() {
+		return usagef("--ha-enable-leader-election needs --pool-name or --service: the Lease is named after the pool")
+	}
+	if l := g.leader; g.leaderElection {
+		if err := k8s.CheckLeaseTimes(l.lease, l.renew, l.retry); err != nil {
+			return usagef("invalid --leader-lease-duration %q, --leader-renew-deadline %q, --leader-retry-period %q: want lease duration > renew deadline > 1.2 x retry period > 0",
+				l.lease.String(), l.renew.String(), l.retry.String())
 		}
 	}
 	gie := fl.disc.poolName != ""
