@@ -140,13 +140,15 @@ func TestCacheBlocksFromEngine(t *testing.T) {
 
 	// While Run runs (its loops an hour apart), an engine added by a
 	// configuration is scraped for its size at once.
+	// The counts are read before Run starts, whose first scrape may end
+	// before this goroutine runs again.
+	n0, n1 := p0.n.Load(), p1.n.Load()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-ran })
 	// Wait for Run's first scrape of e0 and e1, whose list of engines
 	// was taken before e2 exists: its next is an hour away.
-	n0, n1 := p0.n.Load(), p1.n.Load()
 	require.Eventually(t, func() bool { return p0.n.Load() > n0 && p1.n.Load() > n1 }, 10*time.Second, time.Millisecond)
 	cfg.Replicas = append(cfg.Replicas, config.Replica{Name: "e2", Address: e2.URL})
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
