@@ -19,6 +19,8 @@ import (
 // by (approximateprefix/plugin.go, AutoTune, the default).
 type cacheInfo struct {
 	family, blocks, blockSize string
+	// labels select the samples read (EngineMetrics.CacheInfo); none: all.
+	labels []labelValue
 }
 
 var cacheInfos = []cacheInfo{
@@ -32,17 +34,20 @@ var cacheInfos = []cacheInfo{
 const maxKVTokens = 1 << 40
 
 // parseKVTokens returns the KV-cache size in tokens that a /metrics page
-// reports (blocks × tokens a block, from the first cache-info series
-// present; the largest when several samples), or 0 when it reports none
+// reports (blocks × tokens a block, from the first of infos present; the largest when several samples), or 0 when it reports none
 // or a size that is not a positive integer of at most maxKVTokens.
-func parseKVTokens(fams map[string]*dto.MetricFamily) int64 {
-	for _, ci := range cacheInfos {
+func parseKVTokens(fams map[string]*dto.MetricFamily, infos []cacheInfo) int64 {
+	for _, ci := range infos {
 		f := fams[ci.family]
 		if f == nil {
 			continue
 		}
 		var best int64
+		sel := series{family: ci.family, labels: ci.labels}
 		for _, m := range f.GetMetric() {
+			if !sel.match(m) {
+				continue
+			}
 			var blocks, size int64
 			for _, lp := range m.GetLabel() {
 				v, err := strconv.ParseInt(lp.GetValue(), 10, 64)
@@ -98,7 +103,7 @@ func cacheBlocksFor(tokens int64, exact bool, blockTokens, blockBytes int) int {
 // Apply calls it while Run runs, with Run's context; the scrape is also
 // bounded by ProbeTimeout (the control client's timeout).
 func (s *Fleet) learnCapacity(ctx context.Context, ep *Endpoint) {
-	res, err := scrape(ctx, s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep))
+	res, err := scrape(ctx, s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep), s.custom)
 	if err != nil || res.kvTokens <= 0 || ep.kvTokens.Swap(res.kvTokens) == res.kvTokens {
 		return
 	}

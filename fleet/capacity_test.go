@@ -46,7 +46,7 @@ func TestParseKVTokens(t *testing.T) {
 			p := expfmt.NewTextParser(model.UTF8Validation)
 			fams, err := p.TextToMetricFamilies(strings.NewReader(tt.text))
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, parseKVTokens(fams))
+			assert.Equal(t, tt.want, parseKVTokens(fams, cacheInfos))
 		})
 	}
 }
@@ -140,13 +140,15 @@ func TestCacheBlocksFromEngine(t *testing.T) {
 
 	// While Run runs (its loops an hour apart), an engine added by a
 	// configuration is scraped for its size at once.
+	// The counts are read before Run starts, whose first scrape may end
+	// before this goroutine runs again.
+	n0, n1 := p0.n.Load(), p1.n.Load()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-ran })
 	// Wait for Run's first scrape of e0 and e1, whose list of engines
 	// was taken before e2 exists: its next is an hour away.
-	n0, n1 := p0.n.Load(), p1.n.Load()
 	require.Eventually(t, func() bool { return p0.n.Load() > n0 && p1.n.Load() > n1 }, 10*time.Second, time.Millisecond)
 	cfg.Replicas = append(cfg.Replicas, config.Replica{Name: "e2", Address: e2.URL})
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
@@ -175,7 +177,7 @@ func TestApplyWithoutRunScrapesNothing(t *testing.T) {
 func TestParseKVTokensRecordedPage(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join("testdata", "metrics", "llm-d-inference-sim-v0.10.2-busy.txt"))
 	require.NoError(t, err)
-	res, err := parseEngineScrapeAs(bytes.NewReader(b), config.EngineAuto)
+	res, err := parseEngineScrapeAs(bytes.NewReader(b), config.EngineAuto, nil)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1024*16), res.kvTokens)
 }
@@ -202,7 +204,7 @@ func FuzzParseKVTokens(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, page []byte) {
-		res, err := parseEngineScrapeAs(bytes.NewReader(page), config.EngineAuto)
+		res, err := parseEngineScrapeAs(bytes.NewReader(page), config.EngineAuto, nil)
 		if err != nil {
 			return
 		}

@@ -1,16 +1,40 @@
 package fleet
 
 import (
+	"strconv"
+	"strings"
+
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 )
 
-// series selects the samples of one metric family, those whose label
-// (when not "") has the value given.
+// series selects the samples of one metric family, those that carry
+// every label given with its value.
 type series struct {
-	family, label, value string
+	family string
+	labels []labelValue
+}
+
+// labelValue is one label a selected sample must carry, with its value.
+type labelValue struct{ name, value string }
+
+// String writes the series as a Prometheus selector, family{l="v",...}.
+func (s series) String() string {
+	if len(s.labels) == 0 {
+		return s.family
+	}
+	var b strings.Builder
+	b.WriteString(s.family + "{")
+	for i, l := range s.labels {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(l.name + "=" + strconv.Quote(l.value))
+	}
+	b.WriteString("}")
+	return b.String()
 }
 
 // engineSeries are the load series of one engine type: names from GIE's
@@ -36,9 +60,9 @@ var engineNames = []engineSeries{
 		running: series{family: "sglang:num_running_reqs"},
 		kv:      []series{{family: "sglang:token_usage"}}},
 	{engine: config.EngineTRTLLM,
-		waiting: series{family: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"},
-		running: series{family: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
-		kv:      []series{{family: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}}},
+		waiting: series{family: "nv_trt_llm_request_metrics", labels: []labelValue{{"request_type", "waiting"}}},
+		running: series{family: "nv_trt_llm_request_metrics", labels: []labelValue{{"request_type", "scheduled"}}},
+		kv:      []series{{family: "nv_trt_llm_kv_cache_block_metrics", labels: []labelValue{{"kv_cache_block_type", "fraction"}}}}},
 }
 
 // present reports whether the page has any of the type's load series.
@@ -70,15 +94,34 @@ func (n *engineSeries) load(fams map[string]*dto.MetricFamily) gateway.Load {
 
 // match reports whether sample m is one of the selected series.
 func (s series) match(m *dto.Metric) bool {
-	if s.label == "" {
-		return true
-	}
-	for _, lp := range m.GetLabel() {
-		if lp.GetName() == s.label {
-			return lp.GetValue() == s.value
+	for _, want := range s.labels {
+		found := false
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == want.name {
+				found = lp.GetValue() == want.value
+				break
+			}
+		}
+		if !found {
+			return false
 		}
 	}
-	return false
+	return true
+}
+
+// only returns f with only the selected samples (f itself when the
+// series selects every sample); nil when f is nil.
+func (s series) only(f *dto.MetricFamily) *dto.MetricFamily {
+	if f == nil || len(s.labels) == 0 {
+		return f
+	}
+	g := &dto.MetricFamily{Name: f.Name, Type: f.Type}
+	for _, m := range f.GetMetric() {
+		if s.match(m) {
+			g.Metric = append(g.Metric, m)
+		}
+	}
+	return g
 }
 
 func (s series) has(fams map[string]*dto.MetricFamily) bool {

@@ -64,9 +64,9 @@ func (s *Fleet) noteEngine(ep *Endpoint, configured, detected string) {
 	switch {
 	case detected == "":
 		s.log.Warn("gateway: engine metrics page has none of the expected load series; its load reads as zero",
-			"address", ep.Base, "engine", engineLabel(configured), "expected", expectedSeries(configured),
+			"address", ep.Base, "engine", s.engineLabel(configured), "expected", s.expectedSeries(configured),
 			"fix", "set the model's engine type: exa serve routing set MODEL --engine vllm|sglang|trtllm")
-	case seen && old.detected == "" || !seen && configured == config.EngineAuto && detected != config.EngineVLLM:
+	case seen && old.detected == "" || !seen && configured == config.EngineAuto && detected != config.EngineVLLM && detected != EngineCustom:
 		s.log.Info("gateway: engine load series found", "address", ep.Base, "engine", detected)
 	}
 }
@@ -81,7 +81,7 @@ func (s *Fleet) engineOf(ep *Endpoint) (engine, warning string) {
 	if !ok || e.detected != "" {
 		return e.detected, ""
 	}
-	return "", "no " + engineLabel(e.configured) + " load series on the metrics page (" + expectedSeries(e.configured) + "); load reads as zero"
+	return "", "no " + s.engineLabel(e.configured) + " load series on the metrics page (" + s.expectedSeries(e.configured) + "); load reads as zero"
 }
 
 // pruneEngines forgets the addresses no longer configured.
@@ -96,24 +96,27 @@ func (s *Fleet) pruneEngines(st *State) {
 	}
 }
 
-func engineLabel(engine string) string {
-	if engine == config.EngineAuto {
+func (s *Fleet) engineLabel(engine string) string {
+	switch {
+	case engine == config.EngineAuto && s.custom != nil:
+		return "configured (" + EngineCustom + ")"
+	case engine == config.EngineAuto:
 		return "known"
 	}
 	return engine
 }
 
 // expectedSeries names the waiting-request series of the engine type (of
-// every type for autodetection).
-func expectedSeries(engine string) string {
+// every type for autodetection, the configured ones with
+// Options.EngineMetrics).
+func (s *Fleet) expectedSeries(engine string) string {
+	if engine == config.EngineAuto && s.custom != nil {
+		return s.custom.described
+	}
 	var names []string
 	for _, n := range engineNames {
 		if engine == config.EngineAuto || engine == n.engine {
-			s := n.waiting.family
-			if n.waiting.label != "" {
-				s += "{" + n.waiting.label + "=\"" + n.waiting.value + "\"}"
-			}
-			names = append(names, s)
+			names = append(names, n.waiting.String())
 		}
 	}
 	return strings.Join(names, ", ")

@@ -112,6 +112,12 @@ type Options struct {
 	Clock  func() time.Time
 	// GatewayOptions are added to every model's gateway.New options.
 	GatewayOptions []gateway.Option
+	// EngineMetrics, when set, names the series (and the page) read from
+	// every engine whose models name no engine type (config.EngineAuto),
+	// in place of autodetection; an engine whose model names a type keeps
+	// that type's names, on EngineMetrics' page. Nil: autodetection at
+	// /metrics. An invalid spec is an error of New naming it.
+	EngineMetrics *EngineMetrics
 	// Attach, when set, is called for every model of a configuration
 	// being applied, before it is published; its result is the model's
 	// Front, the data plane's own per-model state (e.g. cached metric
@@ -164,6 +170,7 @@ type Fleet struct {
 	// engines is the engine type each engine's metrics page showed
 	// (engines.go).
 	engines engineTable
+	custom  *customNames // Options.EngineMetrics parsed; nil without
 	// modelInfo is what the engines' /v1/models say of their models
 	// (modelinfo.go).
 	modelInfo modelInfoTable
@@ -184,6 +191,11 @@ func New(opts Options) (*Fleet, error) {
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	var err error
+	if opts.EngineMetrics != nil {
+		if s.custom, err = opts.EngineMetrics.compile(); err != nil {
+			return nil, fmt.Errorf("%w: EngineMetrics: %w", ErrInvalidOptions, err)
+		}
+	}
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
 	}

@@ -53,7 +53,7 @@ func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
 // (docs/proposals/003-model-server-protocol/README.md). A page that does
 // not parse, or an unknown engine type, is an error wrapping ErrScrape.
 func ParseEngineMetricsFor(r io.Reader, engine string) (gateway.Load, string, error) {
-	res, err := parseEngineScrapeAs(r, engine)
+	res, err := parseEngineScrapeAs(r, engine, nil)
 	if err != nil {
 		return gateway.Load{}, "", fmt.Errorf("%w: %v", ErrScrape, err)
 	}
@@ -75,7 +75,7 @@ func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
 // into its load and, when it exposes vllm:lora_requests_info, its adapter
 // report (else nil; see parseLoRAInfo).
 func parseEngineScrape(r io.Reader) (gateway.Load, *gateway.AdapterReport, error) {
-	res, err := parseEngineScrapeAs(r, config.EngineAuto)
+	res, err := parseEngineScrapeAs(r, config.EngineAuto, nil)
 	return res.load, res.adapters, err
 }
 
@@ -94,8 +94,9 @@ type scrapeResult struct {
 }
 
 // parseEngineScrapeAs parses an engine's /metrics page with the names of
-// engine type engine (config.EngineAuto detects it).
-func parseEngineScrapeAs(r io.Reader, engine string) (scrapeResult, error) {
+// engine type engine; config.EngineAuto detects it or, when custom is not
+// nil, reads custom's names (Options.EngineMetrics).
+func parseEngineScrapeAs(r io.Reader, engine string, custom *customNames) (scrapeResult, error) {
 	var res scrapeResult
 	if _, err := config.ParseEngine(engine); err != nil {
 		return res, err
@@ -105,10 +106,24 @@ func parseEngineScrapeAs(r io.Reader, engine string) (scrapeResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if engine == config.EngineAuto && custom != nil {
+		if custom.lora != nil {
+			if a, ok := parseLoRAInfo(custom.lora.only(fams[custom.lora.family])); ok {
+				res.adapters = &a
+			}
+		}
+		if custom.cache != nil {
+			res.kvTokens = parseKVTokens(fams, []cacheInfo{*custom.cache})
+		}
+		if custom.load.present(fams) {
+			res.load, res.engine = custom.load.load(fams), EngineCustom
+		}
+		return res, nil
+	}
 	if a, ok := parseLoRAInfo(fams[metricLoRAInfo]); ok {
 		res.adapters = &a
 	}
-	res.kvTokens = parseKVTokens(fams)
+	res.kvTokens = parseKVTokens(fams, cacheInfos)
 	for _, n := range engineNames {
 		if (engine == config.EngineAuto || engine == n.engine) && n.present(fams) {
 			res.load, res.engine = n.load(fams), n.engine
@@ -142,10 +157,12 @@ func sampleValue(m *dto.Metric) float64 {
 	return v
 }
 
-// scrape fetches and parses one engine's /metrics with the names of
-// engine type engine (config.EngineAuto detects it).
-func scrape(ctx context.Context, client *http.Client, base, engine string) (scrapeResult, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+// scrape fetches and parses one engine's metrics page with the names of
+// engine type engine (config.EngineAuto detects it, or reads custom's
+// names when custom is not nil); the page is custom's path and port, else
+// /metrics on the engine's port.
+func scrape(ctx context.Context, client *http.Client, base, engine string, custom *customNames) (scrapeResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, custom.metricsURL(base), nil)
 	if err != nil {
 		return scrapeResult{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
 	}
@@ -159,7 +176,7 @@ func scrape(ctx context.Context, client *http.Client, base, engine string) (scra
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return scrapeResult{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
 	}
-	res, err := parseEngineScrapeAs(io.LimitReader(resp.Body, maxMetricsBytes), engine)
+	res, err := parseEngineScrapeAs(io.LimitReader(resp.Body, maxMetricsBytes), engine, custom)
 	if err != nil {
 		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}

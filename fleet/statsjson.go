@@ -33,8 +33,9 @@ type EngineStats struct {
 	// ScrapeError is the last scrape's error, "" when it succeeded.
 	ScrapeError string `json:"scrape_error,omitempty"`
 	// Engine is the engine type (vllm, sglang, trtllm) whose metric
-	// names its last metrics page had; absent before the first
-	// successful scrape or when the page had none.
+	// names its last metrics page had, or "custom" for the names of
+	// Options.EngineMetrics; absent before the first successful scrape or
+	// when the page had none.
 	Engine string `json:"engine,omitempty"`
 	// LoadWarning says that its last metrics page had none of the load
 	// series expected (Load then reads zero); absent otherwise.

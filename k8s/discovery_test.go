@@ -270,6 +270,9 @@ func TestDiscoveryBaseErrorKeepsRunning(t *testing.T) {
 			return &config.File{Version: config.Version, Models: map[string]config.Model{"m": {}}}, nil
 		}}, rec)
 	rec.await(t, "m", "sim-a")
+	// The recorder sees the configuration before Applied counts it; Synced
+	// is set after the count.
+	cached(t, d.Synced)
 	// The base unreadable, or the Apply refused: nothing is applied, and
 	// the last good replicas stay recorded.
 	baseErr.Store(true)

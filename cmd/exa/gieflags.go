@@ -11,9 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/k8s"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -33,6 +36,20 @@ type gieFlags struct {
 	zapEncoder                            string
 	verbosity                             int
 	bools                                 map[string]*bool
+	// leaderElection is --ha-enable-leader-election, with the lease
+	// timings in leader (leaderflags.go).
+	leaderElection bool
+	leader         leaderFlags
+	// metrics are the engine metric flags (gieMetricFlags); scrapePort,
+	// metricsScheme and refreshMetrics are --model-server-metrics-port,
+	// --model-server-metrics-scheme and --refresh-metrics-interval.
+	metrics        map[string]*string
+	scrapePort     int
+	metricsScheme  string
+	refreshMetrics time.Duration
+	// engineMetrics is what the metric flags name, nil when none is set
+	// (the engines' types are then detected).
+	engineMetrics *fleet.EngineMetrics
 }
 
 // GIE's defaults (v1.5.0 pkg/epp/server/options.go NewOptions).
@@ -46,18 +63,9 @@ const (
 // here: setting one is a usage error saying why (rather than cobra's
 // "unknown flag").
 var gieUnsupported = map[string]string{
-	"endpoint-selector":                "discovery is from an InferencePool (--pool-name) or a Service (--service)",
-	"endpoint-target-ports":            "the ports come from the InferencePool's targetPorts",
-	"config-text":                      "GIE plugin configurations do not apply; routing comes from --config",
-	"model-server-metrics-scheme":      "engines' /metrics are scraped over their replica address",
-	"model-server-metrics-path":        "engines' /metrics path is fixed",
-	"model-server-metrics-port":        "engines' /metrics are scraped on their serving port",
-	"refresh-metrics-interval":         "use --scrape-interval",
-	"total-queued-requests-metric":     "the engine metrics read are fixed (vLLM and SGLang names)",
-	"total-running-requests-metric":    "the engine metrics read are fixed (vLLM and SGLang names)",
-	"kv-cache-usage-percentage-metric": "the engine metrics read are fixed (vLLM and SGLang names)",
-	"lora-info-metric":                 "LoRA adapters are discovered from GET /v1/models",
-	"cache-info-metric":                "cache capacity comes from the configuration",
+	"endpoint-selector":     "discovery is from an InferencePool (--pool-name) or a Service (--service)",
+	"endpoint-target-ports": "the ports come from the InferencePool's targetPorts",
+	"config-text":           "GIE plugin configurations do not apply; routing comes from --config",
 }
 
 // gieBools are GIE's boolean flags accepted only with the value that
@@ -66,7 +74,6 @@ var gieBools = map[string]struct {
 	ok  bool
 	why string
 }{
-	"ha-enable-leader-election":      {false, "leader election is not implemented; run one picker replica"},
 	"enable-cert-reload":             {true, "certificates in --cert-path are always re-read every --reload-interval"},
 	"disable-endpoint-subset-filter": {false, "the subset filter is always honoured"},
 	"health-checking":                {true, "engines are always health-checked (--probe-interval)"},
@@ -94,6 +101,10 @@ func (g *gieFlags) register(f *pflag.FlagSet) {
 		f.String(name, "", "GIE flag, not supported")
 		_ = f.MarkHidden(name)
 	}
+	g.registerMetrics(f)
+	f.BoolVar(&g.leaderElection, "ha-enable-leader-election", false,
+		"GIE: elect one leader among the picker replicas with a Lease; only the leader reports ready (docs/kubernetes.md); needs --pool-name or --service")
+	g.leader.register(f)
 }
 
 // apply translates the GIE flags set (or, in GIE mode, defaulted) into
@@ -109,6 +120,18 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	for name, b := range gieBools {
 		if v := *g.bools[name]; v != b.ok {
 			return usagef("invalid --%s %q (a GIE endpoint-picker flag): only %v is supported: %s", name, fmt.Sprint(v), b.ok, b.why)
+		}
+	}
+	if err := g.applyMetrics(f, fl); err != nil {
+		return err
+	}
+	if g.leaderElection && !fl.disc.enabled() {
+		return usagef("--ha-enable-leader-election needs --pool-name or --service: the Lease is named after the pool")
+	}
+	if l := g.leader; g.leaderElection {
+		if err := k8s.CheckLeaseTimes(l.lease, l.renew, l.retry); err != nil {
+			return usagef("invalid --leader-lease-duration %q, --leader-renew-deadline %q, --leader-retry-period %q: want lease duration > renew deadline > 1.2 x retry period > 0",
+				l.lease.String(), l.renew.String(), l.retry.String())
 		}
 	}
 	gie := fl.disc.poolName != ""

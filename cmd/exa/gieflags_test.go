@@ -33,11 +33,17 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--ha-enable-leader-election"}, `invalid --ha-enable-leader-election "true" (a GIE endpoint-picker flag): only false is supported`},
+		{[]string{"--ha-enable-leader-election"}, `--ha-enable-leader-election needs --pool-name or --service`},
+		{[]string{"--pool-name", "p", "--ha-enable-leader-election", "--leader-lease-duration", "5s"}, `invalid --leader-lease-duration "5s", --leader-renew-deadline "10s", --leader-retry-period "2s": want lease duration > renew deadline`},
 		{[]string{"--tracing=true"}, `invalid --tracing "true"`},
 		{[]string{"--metrics-endpoint-auth=true"}, `invalid --metrics-endpoint-auth "true"`},
 		{[]string{"--endpoint-selector", "app=x"}, `--endpoint-selector (a GIE endpoint-picker flag) is not supported`},
-		{[]string{"--total-queued-requests-metric", "x"}, `--total-queued-requests-metric (a GIE endpoint-picker flag) is not supported`},
+		{[]string{"--total-queued-requests-metric", "m{"}, `invalid --total-queued-requests-metric "m{": invalid metric spec "m{": missing or malformed label block`},
+		{[]string{"--model-server-metrics-path", "metrics"}, `invalid --model-server-metrics-path "metrics": want an absolute path`},
+		{[]string{"--model-server-metrics-port", "70000"}, `invalid --model-server-metrics-port "70000": want a port`},
+		{[]string{"--model-server-metrics-scheme", "https"}, `invalid --model-server-metrics-scheme "https": only http is supported`},
+		{[]string{"--refresh-metrics-interval", "1s", "--scrape-interval", "1s"}, `invalid --refresh-metrics-interval "1s": --scrape-interval is set too`},
+		{[]string{"--refresh-metrics-interval", "0s"}, `invalid --refresh-metrics-interval "0s": must be positive`},
 		{[]string{"--pool-group", "inference.networking.x-k8s.io"}, `invalid --pool-group "inference.networking.x-k8s.io": only inference.networking.k8s.io`},
 		{[]string{"--pool-name", "p", "--service", "s"}, `invalid --service "s": --pool-name "p" is set`},
 		{[]string{"--pool-model", " m"}, `invalid --pool-model " m"`},

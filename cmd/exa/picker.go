@@ -47,8 +47,11 @@ type pickerFlags struct {
 }
 
 // newPickerCmd returns the `exa serve picker` command.
-func newPickerCmd() *cobra.Command {
-	var fl pickerFlags
+func newPickerCmd() *cobra.Command { return pickerCommand(&pickerFlags{}) }
+
+// pickerCommand returns the `exa serve picker` command parsing its flags
+// into fl.
+func pickerCommand(fl *pickerFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "picker",
 		Short: "Serve the routing to Envoy as an endpoint picker (ext_proc gRPC, Gateway API Inference Extension)",
@@ -97,7 +100,7 @@ from a Go client.`,
     --tls-client-ca /etc/exa/client-ca.crt --tls-client-san spiffe://cluster.local/ns/gw/sa/envoy`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := fl.gie.apply(cmd, &fl); err != nil {
+			if err := fl.gie.apply(cmd, fl); err != nil {
 				return err
 			}
 			for _, f := range []string{"tls-cert", "tls-key"} {
@@ -105,7 +108,7 @@ from a Go client.`,
 					return usagef("--%s and --tls-self-signed cannot be used together", f)
 				}
 			}
-			return runPicker(cmd, fl)
+			return runPicker(cmd, *fl)
 		},
 	}
 	f := cmd.Flags()
@@ -199,7 +202,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	fo := fl.fleetOptions("picker", srvPath, logger)
-	fo.Registerer, fo.Attach = reg, fleetpick.Attach
+	fo.Registerer, fo.Attach, fo.EngineMetrics = reg, fleetpick.Attach, fl.gie.engineMetrics
 	flt, err := fleet.New(fo)
 	if err != nil {
 		fl.cleanup()
@@ -239,6 +242,16 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		return err
 	}
 	reg.MustRegister(pickerCollector(pk)...)
+	// With --ha-enable-leader-election only the leader reports ready
+	// (leaderflags.go).
+	leading, stopLeader, err := fl.startLeader(reg, logger, pk.SetServing)
+	if err != nil {
+		return err
+	}
+	defer stopLeader()
+	if synced := ready; fl.gie.leaderElection {
+		ready = func() bool { return synced() && leading() }
+	}
 	handshakes := picker.NewHandshakeLog(picker.HandshakeLogOptions{Logger: logger})
 	reg.MustRegister(handshakeCollector(handshakes)...)
 	stopPprof, err := fl.startPprof(logger)
@@ -334,6 +347,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down", "grace", fl.shutdownGrace)
+	stopLeader() // releases the Lease: another replica takes over
 	pk.SetServing(false)
 	stopHealth()
 	done := make(chan struct{})
