@@ -195,15 +195,18 @@ type gatewayProc struct {
 	p   *proc
 }
 
-func startGateway(t *testing.T, cfg string) *gatewayProc {
+// startGateway starts `exa serve gateway` on cfg, with extra flags after
+// the test's own, and waits for its /healthz.
+func startGateway(t *testing.T, cfg string, extra ...string) *gatewayProc {
 	port := freePort(t)
-	p := startProc(t, "gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, exaBin, "serve", "gateway",
-		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--reload-interval", "100ms",
+	args := append([]string{"serve", "gateway",
+		"--listen", "127.0.0.1:" + strconv.Itoa(port), "--reload-interval", "100ms",
 		"--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms",
 		// Scaled down as the intervals are: an engine ejected for its
 		// failed answers (as one killed mid-run is) waits 2 s, not 30 s,
 		// before its probes may readmit it.
-		"--ejection-time", "2s")
+		"--ejection-time", "2s"}, extra...)
+	p := startProc(t, "gateway", []string{"EXA_CONFIG=" + cfg, os.Getenv("EXA_E2E_GATEWAY_ENV")}, exaBin, args...)
 	g := &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(port), p: p}
 	waitFor(t, 20*time.Second, "gateway /healthz", func() bool { return get(g.url+"/healthz") == http.StatusOK })
 	return g
