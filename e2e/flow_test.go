@@ -35,9 +35,11 @@ import (
 // decides "no room" with flow control on (the request waits in its
 // queue) and off (it gets 429).
 //
-// Each test measures three phases of flowPhase: the quiet tenant alone,
-// both tenants with flow control on, both with it off (today's
-// shedding), and logs each tenant's answers and the quiet tenant's TTFT.
+// Each test measures four phases of flowPhase: the quiet tenant alone;
+// both tenants with flow control on (round-robin among flows, our
+// default); both with flow control and global-strict fairness (GIE's
+// default: oldest first, whatever the flow); both with flow control off
+// (today's shedding). It logs each tenant's answers and TTFT.
 // It asserts what must hold on any machine: no request lost (no answer,
 // a cut stream, or a 5xx other than flow control's 503 queue_timeout),
 // with flow control none of the quiet tenant's requests shed or timed out
@@ -217,6 +219,12 @@ func runTenants(url string, d time.Duration, tenants ...tenant) map[string]*tall
 	return out
 }
 
+// flowArgs are the flags of a front with flow control: shedFlags,
+// flowFlags, then extra.
+func flowArgs(extra ...string) []string {
+	return append(append(append([]string{}, shedFlags...), flowFlags...), extra...)
+}
+
 // flowFront is a front under test: its process (/metrics, /stats) and the
 // URL its clients call.
 type flowFront struct {
@@ -235,10 +243,16 @@ func (f flowFront) inFlight(t *testing.T) int {
 	return n
 }
 
-// noisyNeighbour runs the three phases on front on (flow control) and off
-// (shedding), which route over engines, and asserts and logs the results.
-func noisyNeighbour(t *testing.T, name string, on, off flowFront, engines []string) {
-	for _, f := range []flowFront{on, off} {
+// noisyFronts are the fronts of a noisy-neighbour test, each routing over
+// the same engines: on (flow control, round-robin among flows), strict
+// (flow control with global-strict fairness, GIE's default: oldest
+// first, whatever the flow) and off (shedding).
+type noisyFronts struct{ on, strict, off flowFront }
+
+// noisyNeighbour runs the phases on the fronts, which route over engines,
+// and asserts and logs the results.
+func noisyNeighbour(t *testing.T, name string, fr noisyFronts, engines []string) {
+	for _, f := range []flowFront{fr.on, fr.strict, fr.off} {
 		for _, e := range engines {
 			waitFor(t, 20*time.Second, name+" to admit "+e, func() bool { h, _ := f.engineHealthy(t, e); return h })
 		}
@@ -248,29 +262,46 @@ func noisyNeighbour(t *testing.T, name string, on, off flowFront, engines []stri
 		}
 	}
 	quiet, flood := tenant{"quiet", quietRate}, tenant{"flood", floodRate}
-	settle := func(f flowFront) {
-		waitFor(t, 20*time.Second, name+" idle", func() bool { return f.inFlight(t) == 0 })
+	// Every client has its answer when a phase ends: the front's count
+	// of requests in flight is back to 0 soon after.
+	settle := func(f flowFront, phase string) {
+		waitFor(t, 20*time.Second, name+" idle after "+phase, func() bool { return f.inFlight(t) == 0 })
 	}
-	settle(on)
-	alone := runTenants(on.url, flowPhase, quiet)
-	settle(on)
-	withFlow := runTenants(on.url, flowPhase, quiet, flood)
-	settle(on)
-	without := runTenants(off.url, flowPhase, quiet, flood)
-	settle(off)
+	settle(fr.on, "warm-up")
+	start := time.Now()
+	alone := runTenants(fr.on.url, flowPhase, quiet)
+	settle(fr.on, "alone")
+	withFlow := runTenants(fr.on.url, flowPhase, quiet, flood)
+	t.Logf("flow control: quiet %v; flood %v", withFlow["quiet"], withFlow["flood"])
+	settle(fr.on, "flow control")
+	strict := runTenants(fr.strict.url, flowPhase, quiet, flood)
+	t.Logf("flow control strict: quiet %v; flood %v", strict["quiet"], strict["flood"])
+	settle(fr.strict, "flow control strict")
+	without := runTenants(fr.off.url, flowPhase, quiet, flood)
+	settle(fr.off, "shedding")
 
-	t.Logf("%s, 2 engines x %d sequences, TTFT %v + %d-%d tokens x %v; quiet %.0f req/s, flood %.0f req/s, %v per phase; --shed-outstanding %d; flow control: %s",
-		name, flowSeqs, flowTTFT, flowTokens, flowTokens+20, flowITL, quietRate, floodRate, flowPhase, flowSeqs, strings.Join(flowFlags, " "))
-	t.Logf("quiet alone                 %v", alone["quiet"])
-	t.Logf("quiet, flood, flow control  %v", withFlow["quiet"])
-	t.Logf("flood, flow control         %v", withFlow["flood"])
-	t.Logf("quiet, flood, shedding      %v", without["quiet"])
-	t.Logf("flood, shedding             %v", without["flood"])
-	for _, o := range []string{front.FlowDispatched, front.FlowFull, front.FlowDisplaced, front.FlowExpired, front.FlowClientGone} {
-		t.Logf("exa_gateway_flow_requests_total{outcome=%q} %v", o, on.metric(t, "exa_gateway_flow_requests_total", map[string]string{"outcome": o}))
+	t.Logf("%s, 2 engines x %d sequences, TTFT %v + %d-%d tokens x %v; quiet %.0f req/s, flood %.0f req/s, %v per phase (%v in all); --shed-outstanding %d; flow control: %s",
+		name, flowSeqs, flowTTFT, flowTokens, flowTokens+20, flowITL, quietRate, floodRate, flowPhase, time.Since(start).Round(time.Second),
+		flowSeqs, strings.Join(flowFlags, " "))
+	t.Logf("quiet alone                           %v", alone["quiet"])
+	t.Logf("quiet, flood, flow control            %v", withFlow["quiet"])
+	t.Logf("flood, flow control                   %v", withFlow["flood"])
+	t.Logf("quiet, flood, flow control strict     %v", strict["quiet"])
+	t.Logf("flood, flow control strict            %v", strict["flood"])
+	t.Logf("quiet, flood, shedding                %v", without["quiet"])
+	t.Logf("flood, shedding                       %v", without["flood"])
+	for _, f := range []struct {
+		name string
+		f    flowFront
+	}{{"round-robin", fr.on}, {"global-strict", fr.strict}} {
+		var b strings.Builder
+		for _, o := range []string{front.FlowDispatched, front.FlowFull, front.FlowDisplaced, front.FlowExpired, front.FlowClientGone} {
+			fmt.Fprintf(&b, " %s %v", o, f.f.metric(t, "exa_gateway_flow_requests_total", map[string]string{"outcome": o}))
+		}
+		t.Logf("exa_gateway_flow_requests_total, %s:%s", f.name, b.String())
 	}
 
-	for phase, m := range map[string]map[string]*tally{"alone": alone, "flow control": withFlow, "shedding": without} {
+	for phase, m := range map[string]map[string]*tally{"alone": alone, "flow control": withFlow, "flow control strict": strict, "shedding": without} {
 		for id, tl := range m {
 			require.Zero(t, tl.lost, "%s, %s: requests lost: %v", phase, id, tl.why)
 		}
@@ -286,7 +317,9 @@ func noisyNeighbour(t *testing.T, name string, on, off flowFront, engines []stri
 	p99, p99off, p99alone := percentile(q.ttft, .99), percentile(without["quiet"].ttft, .99), percentile(alone["quiet"].ttft, .99)
 	require.True(t, p99 < p99off || float64(p99) <= flowSlack*float64(p99alone),
 		"quiet p99 TTFT with flow control %v: neither below its p99 with shedding (%v) nor within %.0fx its p99 alone (%v)", p99, p99off, flowSlack, p99alone)
-	require.Zero(t, on.metric(t, "exa_gateway_flow_queue_requests", nil), "nothing left in the queue")
+	for _, f := range []flowFront{fr.on, fr.strict} {
+		require.Zero(t, f.metric(t, "exa_gateway_flow_queue_requests", nil), "nothing left in the queue")
+	}
 }
 
 // TestFlowNoisyNeighbourGateway runs the noisy neighbour through
@@ -294,9 +327,10 @@ func noisyNeighbour(t *testing.T, name string, on, off flowFront, engines []stri
 func TestFlowNoisyNeighbourGateway(t *testing.T) {
 	requireBinaries(t)
 	cfg, engines := flowPool(t)
-	on := startGateway(t, cfg, append(append([]string{}, shedFlags...), flowFlags...)...)
+	on := startGateway(t, cfg, flowArgs()...)
+	strict := startGateway(t, cfg, flowArgs("--flow-fairness", "global-strict")...)
 	off := startGateway(t, cfg, shedFlags...)
-	noisyNeighbour(t, "gateway", flowFront{on, on.url}, flowFront{off, off.url}, engines)
+	noisyNeighbour(t, "gateway", noisyFronts{flowFront{on, on.url}, flowFront{strict, strict.url}, flowFront{off, off.url}}, engines)
 }
 
 // TestFlowNoisyNeighbourPicker runs the noisy neighbour through
@@ -306,7 +340,9 @@ func TestFlowNoisyNeighbourGateway(t *testing.T) {
 func TestFlowNoisyNeighbourPicker(t *testing.T) {
 	requireBinaries(t)
 	cfg, engines := flowPool(t)
-	on := startPickerProc(t, "picker-flow", cfg, append(append([]string{}, shedFlags...), flowFlags...)...)
+	on := startPickerProc(t, "picker-flow", cfg, flowArgs()...)
+	strict := startPickerProc(t, "picker-strict", cfg, flowArgs("--flow-fairness", "global-strict")...)
 	off := startPickerProc(t, "picker-shed", cfg, shedFlags...)
-	noisyNeighbour(t, "picker", flowFront{on.gatewayProc, on.envoy(t, false)}, flowFront{off.gatewayProc, off.envoy(t, false)}, engines)
+	noisyNeighbour(t, "picker", noisyFronts{flowFront{on.gatewayProc, on.envoy(t, false)}, flowFront{strict.gatewayProc, strict.envoy(t, false)},
+		flowFront{off.gatewayProc, off.envoy(t, false)}}, engines)
 }

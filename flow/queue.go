@@ -3,6 +3,7 @@ package flow
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -150,9 +151,11 @@ type Queue[T any] struct {
 	cfg   Config
 	bands []*band[T]  // by priority, highest first
 	exp   itemHeap[T] // by (deadline, seq)
-	seq   uint64
-	bytes int64
-	n     int
+	// scratch holds a band's flows while GlobalStrict orders them.
+	scratch []*flowQ[T]
+	seq     uint64
+	bytes   int64
+	n       int
 }
 
 // New returns an empty Queue, or ErrInvalid naming a negative field.
@@ -399,11 +402,7 @@ func (q *Queue[T]) Next(room func(T) bool) (T, bool) {
 				}
 			}
 		case GlobalStrict:
-			for _, f := range b.ring {
-				if (pick == nil || f.items.s[0].before(pick.items.s[0])) && room(f.items.s[0].req.Value) {
-					pick = f
-				}
-			}
+			pick = q.strictPick(b, room)
 		}
 		if pick != nil {
 			it := pick.items.s[0]
@@ -413,6 +412,39 @@ func (q *Queue[T]) Next(room func(T) bool) (T, bool) {
 	}
 	var zero T
 	return zero, false
+}
+
+// strictPick returns the flow of band b whose head comes first by the
+// order among the heads with room, or nil. It asks room about heads in
+// that order and stops at the first yes, since room binds the request it
+// has room for (the fronts route it): a younger head asked first would
+// be bound and left held.
+func (q *Queue[T]) strictPick(b *band[T], room func(T) bool) *flowQ[T] {
+	var first *flowQ[T]
+	for _, f := range b.ring {
+		if first == nil || f.items.s[0].before(first.items.s[0]) {
+			first = f
+		}
+	}
+	if first == nil || room(first.items.s[0].req.Value) {
+		return first
+	}
+	// The oldest head has no room: the others, in order (rare at the
+	// fronts, whose room is mostly the same for every request).
+	q.scratch = append(q.scratch[:0], b.ring...)
+	defer func() { clear(q.scratch); q.scratch = q.scratch[:0] }()
+	slices.SortFunc(q.scratch, func(x, y *flowQ[T]) int {
+		if x.items.s[0].before(y.items.s[0]) {
+			return -1
+		}
+		return 1 // heads are never equal: seq breaks ties
+	})
+	for _, f := range q.scratch[1:] { // [0] is first
+		if room(f.items.s[0].req.Value) {
+			return f
+		}
+	}
+	return nil
 }
 
 // Expire removes every request whose deadline is at or before now,

@@ -146,6 +146,42 @@ func TestWorkConserving(t *testing.T) {
 	assert.Equal(t, []int{1, 3}, drain(q, noTen))
 }
 
+// Next calls room, which binds the request it has room for (the fronts
+// route it), with true at most once, for the request it returns. With
+// GlobalStrict, flow a comes first in turn order but, once its first
+// request has gone, b's head is older: asking a's head first must not
+// bind it.
+func TestNextBindsOnlyWhatItReturns(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want []int
+	}{
+		{"round robin", Config{}, []int{1, 2, 3}},
+		{"global strict", Config{Fairness: GlobalStrict}, []int{1, 2, 3}},
+		{"edf global strict", Config{Order: EDF, Fairness: GlobalStrict}, []int{1, 2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := mustNew[int](t, tc.cfg)
+			for i, f := range []string{"a", "b", "a"} {
+				_, err := q.Push(Request[int]{Value: i + 1, Flow: f, Deadline: t0.Add(time.Duration(i+1) * time.Second)}, t0, nil)
+				require.NoError(t, err)
+			}
+			var got []int
+			for {
+				var bound []int
+				v, ok := q.Next(func(v int) bool { bound = append(bound, v); return true })
+				if !ok {
+					break
+				}
+				got = append(got, v)
+				assert.Equal(t, []int{v}, bound, "room was asked about (and so bound) only the request dispatched")
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
 func TestExpireAndRemove(t *testing.T) {
 	q := mustNew[int](t, Config{TTL: 5 * time.Second})
 	h1, err := q.Push(Request[int]{Value: 1}, t0, nil) // deadline t0+5s
@@ -478,7 +514,19 @@ func TestPropQueueMatchesModel(t *testing.T) {
 						bestPrio = h.prio
 					}
 				}
-				v, ok := q.Next(room)
+				// room binds what it says has room (the fronts route the
+				// request): Next says yes at most once, for what it returns.
+				var yes []int
+				v, ok := q.Next(func(v int) bool {
+					r := room(v)
+					if r {
+						yes = append(yes, v)
+					}
+					return r
+				})
+				if len(yes) > 1 || (len(yes) == 1 && (!ok || yes[0] != v)) {
+					t.Fatalf("next had room from %v and gave %d (%v): it bound requests it did not dispatch", yes, v, ok)
+				}
 				if bestPrio < 0 {
 					if ok {
 						t.Fatalf("next gave %d though no head has room", v)
