@@ -1,7 +1,6 @@
 package httpgw
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -54,20 +53,9 @@ func (s *Server) hold(c *call) bool {
 			ms, c.ms = cur, cur
 			pd = ms.PD != nil && c.oc.kind != keys.Responses
 		}
-		t := c.target("")
-		if ms.Gateway.Saturated(t, s.opts.Admission) {
-			return false
-		}
-		if pd {
-			return true
-		}
-		d, err := ms.Gateway.RouteWith(c.key, t)
-		if errors.Is(err, gateway.ErrNoHealthyReplica) {
-			return false
-		}
-		// Another error is proxy's to answer when it routes again.
-		first, bound = d, err == nil
-		return true
+		ok, d, routed := front.BindAtDispatch(ms.Gateway, c.key, c.target(""), s.opts.Admission, pd)
+		first, bound = d, routed
+		return ok
 	})
 	if err != nil {
 		status, typ, code, msg := front.FlowAnswer(ms.Name, err)

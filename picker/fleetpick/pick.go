@@ -266,18 +266,9 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 				t = pr.pinned(pr.allow(false))
 			}
 		}
-		if ms.Gateway.Saturated(t, pr.r.opts.Admission) {
-			return false
-		}
-		if pd {
-			return true
-		}
-		d, err := ms.Gateway.RouteWith(pr.key, t)
-		if errors.Is(err, gateway.ErrNoHealthyReplica) {
-			return false
-		}
-		first, bound = d, err == nil // another error is route's to answer
-		return true
+		ok, d, routed := front.BindAtDispatch(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
+		first, bound = d, routed
+		return ok
 	})
 	if err == nil && bound {
 		pr.first = &first
