@@ -33,6 +33,9 @@ func TestFlowFlags(t *testing.T) {
 			assert.Contains(t, r.stderr, tc.want, "%s %v", cmd, tc.args)
 		}
 	}
+	r := exa(t, newConfig(t), "serve", "picker", "--flow-control", "--flow-ttl", "90s")
+	assert.Equal(t, 2, r.code, r.stderr)
+	assert.Contains(t, r.stderr, `invalid --flow-ttl "1m30s": must be shorter than --request-timeout (1m0s)`)
 	var f flowFlags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	f.register(fs)

@@ -177,6 +177,12 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 			return usagef("invalid --%s %q: must not be negative", d.name, v)
 		}
 	}
+	if fl.flow.on && fl.requestTimeout > 0 && fl.flow.ttl >= fl.requestTimeout {
+		// The stream's request phase, the wait in the queue included, is
+		// cut at --request-timeout (408): a longer wait could never end
+		// with the queue's own answer.
+		return usagef("invalid --flow-ttl %q: must be shorter than --request-timeout (%s), which bounds a held stream too", fl.flow.ttl, fl.requestTimeout)
+	}
 	if fl.maxBuffered < fl.maxBody+picker.StreamBytes {
 		return usagef("invalid --max-buffered-bytes %q: must be at least --max-body-bytes (%d) + %d", fmt.Sprint(fl.maxBuffered), fl.maxBody, picker.StreamBytes)
 	}
