@@ -353,6 +353,9 @@ func TestPickerFallbacks(t *testing.T) {
 	picked := strings.Split(resp.Header.Get(pickertest.HeaderPicked), ",")
 	require.Len(t, picked, 2, "the endpoint and one fallback")
 	require.NotEqual(t, picked[0], picked[1])
+	// The first request's end counts a success at its engine; let it land
+	// before the failure below, which it would otherwise reset.
+	f.waitIdle()
 	home := f.engineOf(picked[0])
 	f.engines[home].Close() // refuses connections; the health checks do not run here
 	resp = f.post("/v1/chat/completions", body)
