@@ -40,6 +40,9 @@ const (
 	speedClip = 2.0
 	// speedMinSamples is the sample weight before the fit is published.
 	speedMinSamples = 4
+	// speedMinTTFT is the decayed weight of first-token samples the time
+	// per block needs to be published (see packed).
+	speedMinTTFT = 1
 	// speedDeadband: CacheAware prices a replica at its own speed only
 	// when it differs from the candidates' mean by more than this factor
 	// (see slowness), so that noise in the fits of equal replicas does not
@@ -52,6 +55,7 @@ const (
 type speedFit struct {
 	ww, wo, oo, wy, oy float64 // decayed sums of w², w·o, o², w·y, o·y
 	n                  float64 // decayed sample weight
+	nt                 float64 // decayed weight of prefill-only samples (a first token seen)
 	a, b               float64 // the fit: seconds per block, per token; 0 unknown
 }
 
@@ -82,6 +86,10 @@ func (f speedFit) add(w, o, y float64) speedFit {
 	f.wy = d*f.wy + k*w*y
 	f.oy = d*f.oy + k*o*y
 	f.n = d*f.n + 1
+	f.nt *= d
+	if o == 0 {
+		f.nt++
+	}
 	f.a, f.b = f.solve()
 	return f
 }
@@ -112,12 +120,22 @@ func (f speedFit) solve() (a, b float64) {
 
 // packed returns the fit as replicaState.speed holds it: the time per block
 // (high 32 bits) and per token (low 32 bits) in nanoseconds, each at least
-// 1 when known and at most 2³²−1 (4.3 s); 0 before speedMinSamples.
+// 1 when known and at most 2³²−1 (4.3 s); 0 before speedMinSamples. The
+// time per block is published only while first tokens have been seen
+// lately (a decayed weight of speedMinTTFT): answers seen only at their
+// end are mostly decode, and the prefill they imply is too uncertain to
+// route by (on the Mooncake trace, 4 replicas, no client streaming, its
+// predicted TTFT was 0.49–6.0× the true one from the 10th to the 90th
+// percentile; docs/results.md).
 func (f speedFit) packed() uint64 {
 	if f.n < speedMinSamples {
 		return 0
 	}
-	return uint64(nanos32(f.a))<<32 | uint64(nanos32(f.b))
+	a := f.a
+	if f.nt < speedMinTTFT {
+		a = 0
+	}
+	return uint64(nanos32(a))<<32 | uint64(nanos32(f.b))
 }
 
 // nanos32 is s seconds in nanoseconds within 1..2³²−1, or 0 for 0.

@@ -75,6 +75,12 @@ type Config struct {
 	// the other peers do not use it). 0, the default, has every client
 	// stream.
 	NonStreamed float64
+	// PredictedRelease has the gateway's front release a non-streamed
+	// request's pending prefill when its prefill is predicted over
+	// (Decision.PredictedTTFT, known once first tokens of other requests
+	// at its replica were seen) instead of at completion. Default false:
+	// measured on the Mooncake trace it routed worse (docs/results.md).
+	PredictedRelease bool
 	// Admission, when set, sheds requests the gateway's own policies (those
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.

@@ -37,13 +37,15 @@ type seq struct {
 	pos       int         // tokens of context before the next chunk
 	chunk     int         // tokens prefilled in the current step
 	ttft      int64
-	finish    int64 // step at which the last token is produced
-	ctxBase   int64 // context at step s is ctxBase + s
-	d         gateway.Decision
-	gw        *router // the gateway that routed it
-	adapter   int32   // LoRA adapter id, 0 for the base model (lora.go)
-	skipped   int64   // when it first waited for an adapter slot, -1 never
-	quiet     bool    // the client does not stream: d hears nothing at the first token
+	routed    int64 // when the gateway routed it (dispatch), ns
+
+	finish  int64 // step at which the last token is produced
+	ctxBase int64 // context at step s is ctxBase + s
+	d       gateway.Decision
+	gw      *router // the gateway that routed it
+	adapter int32   // LoRA adapter id, 0 for the base model (lora.go)
+	skipped int64   // when it first waited for an adapter slot, -1 never
+	quiet   bool    // the client does not stream: d hears nothing at the first token
 
 	// Kept from the request for routing at dispatch (flow control).
 	adapterName string
@@ -107,6 +109,10 @@ type engine struct {
 	pool   []*seq
 
 	inflight int
+	// releases are the decisions of requests whose client does not
+	// stream, by when their prefill is predicted over
+	// (Decision.PredictedTTFT): the front calls their FirstToken then.
+	releases minHeap[gateway.Decision]
 	stored   gateway.Key // scratch: the answer blocks release cached
 	front    front       // what the policy's front does before routing
 
@@ -225,6 +231,12 @@ func (e *engine) run(st Stream, tick func()) error {
 		e.push(int64(req.Arrival), event{rep: -1})
 	}
 	for {
+		if n := len(e.releases); n > 0 && (len(e.events) == 0 || e.releases[0].key <= e.events[0].key) && (!have || e.releases[0].key <= int64(req.Arrival)) {
+			it := e.releases.pop()
+			e.now = max(e.now, it.key)
+			it.v.FirstToken()
+			continue
+		}
 		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].key) {
 			e.now = max(e.now, int64(req.Arrival))
 			e.arrive(&req)
@@ -381,6 +393,13 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	// sees first tokens); the gateway's own policies hear a quiet
 	// client's first token at its end.
 	s.quiet = e.nonStreamed(s.id) && gw.tracker == nil
+	s.routed = e.now
+	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
+		// The front cannot see this first token: it releases the
+		// request's pending prefill when the prefill is predicted over.
+		e.evSeq++
+		e.releases.push(e.now+int64(d.PredictedTTFT), e.evSeq, d)
+	}
 	r.requests++
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
@@ -613,7 +632,14 @@ func (e *engine) complete(r *replica, s *seq) {
 	if len(e.stored) > 0 {
 		e.event(r, gateway.BlocksStored, e.stored)
 	}
-	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)}) // and of this
+	// What the front measures: from routing to the first token (if the
+	// client streams) and to the end, and the answer's length.
+	info := gateway.DoneInfo{Latency: time.Duration(s.ttft), Elapsed: time.Duration(e.now - s.routed), OutputTokens: s.out}
+	if !s.quiet {
+		info.TTFT = time.Duration(s.ttft - (s.routed - s.arrival))
+	}
+
+	s.d.Done(info) // and of this
 	r.lora.done(s)
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
