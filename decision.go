@@ -20,6 +20,15 @@ type Decision struct {
 	Matched, Blocks int
 	// Fallback says why the decision fell back, if it did.
 	Fallback Fallback
+	// PredictedTTFT and PredictedTPOT are the time to first token and per
+	// output token predicted at the chosen replica from its learned speed
+	// (Candidate.PredictTTFT, Candidate.TokenTime); 0 while unknown. A
+	// front that will not see the first token (a client that does not
+	// stream, through a data plane that tells the front only of the
+	// answer's end) calls FirstToken this long after routing, so that the
+	// replica's pending prefill is released when it is predicted over
+	// rather than at the answer's end.
+	PredictedTTFT, PredictedTPOT time.Duration
 
 	rs      *replicaState
 	t       *ticket
@@ -38,13 +47,29 @@ type DoneInfo struct {
 	// Err is the request's error, if it failed. Failed requests feed no
 	// latency sample.
 	Err error
+	// TTFT is the time from routing to the first token, as the caller
+	// saw it; 0 when it did not (a client that does not stream). Elapsed
+	// is the time from routing to the end of the answer, 0 if unknown;
+	// OutputTokens the tokens the answer held (its usage), 0 if unknown.
+	// Together they teach the gateway the replica's speed (speed.go) and
+	// count the request against its Objective in Stats. Zero values teach
+	// nothing.
+	TTFT, Elapsed time.Duration
+	OutputTokens  int
 }
 
 // ticket tracks one decision's reports, so that FirstToken and Done each
 // take effect once however often they are called. Its state packs a
 // generation (upper bits) and two flags; tickets are pooled, and a stale
 // Decision whose generation has passed changes nothing.
-type ticket struct{ state atomic.Uint64 }
+type ticket struct {
+	state atomic.Uint64
+	// Set by RouteWith before the Decision is returned, read by Done:
+	// the request's prefill work in blocks (Candidate.work) and objective.
+	work  int
+	obj   objective
+	stats *counters
+}
 
 const (
 	flagFirst = 1
@@ -61,6 +86,9 @@ func newTicket() (*ticket, uint64) {
 // FirstToken reports that the request's first token has arrived: its
 // prefill is over, so the replica's pending prefill shrinks. Optional;
 // Done does it if FirstToken was not called. Safe to call more than once.
+// A front that cannot see the first token may call it PredictedTTFT
+// after routing: it teaches the gateway nothing (the speeds are learned
+// from DoneInfo), it only releases the pending prefill.
 func (d Decision) FirstToken() {
 	if d.t == nil {
 		return
@@ -102,6 +130,10 @@ func (d Decision) Done(info DoneInfo) {
 			}
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock())
+			}
+			d.rs.learn(d.t.work, &info)
+			if d.t.obj.set() {
+				d.t.stats.attain(&d.t.obj, &info)
 			}
 			tickets.Put(d.t)
 			if d.obs != nil {
@@ -156,7 +188,9 @@ const (
 	// loaded replica (CacheAware).
 	FallbackLoadGuard
 	// FallbackSLO: every healthy replica breaches the latency SLO, so the
-	// gateway routed within the healthy set rather than to nothing.
+	// gateway routed within the healthy set rather than to nothing; or
+	// no candidate was predicted to meet the request's own objective
+	// (Target.TTFT, Target.TPOT), so it went best effort.
 	FallbackSLO
 )
 

@@ -46,6 +46,9 @@ type Gateway struct {
 	names   map[string]string // interned adapter names (intern)
 
 	stats counters
+	// speeds sums the replicas' known times per block (speed.go's
+	// poolSpeeds): the reference CacheAware prices speeds against.
+	speeds atomic.Uint64
 }
 
 // table is an immutable snapshot of the replica set; changes publish a new
@@ -136,7 +139,7 @@ func (g *Gateway) AddReplica(r Replica) error {
 	if len(old.list) >= MaxReplicas {
 		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalid, r.Name, MaxReplicas)
 	}
-	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock}
+	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock, learner: &speedLearner{pool: &g.speeds}}
 	rs.healthy.Store(!r.Unhealthy)
 	rs.slot = g.idx.addReplica(r.CacheBlocks)
 	if n := len(g.idx.reps); n > len(g.match) {
@@ -166,6 +169,7 @@ func (g *Gateway) RemoveReplica(name string) error {
 		return fmt.Errorf("%w: %q", ErrUnknownReplica, name)
 	}
 	g.idx.removeReplica(rs.slot)
+	rs.learner.leave()
 	t := &table{list: make([]*replicaState, 0, len(old.list)-1), byName: make(map[string]*replicaState, len(old.list))}
 	for _, x := range old.list {
 		if x != rs {
@@ -294,6 +298,12 @@ type Target struct {
 	// policy's Observer does not hear of it (no Pick placed it). Default
 	// false: key must not be empty.
 	NoPrompt bool
+	// TTFT and TPOT are the request's latency objective: the time to
+	// first token and per output token it asks for (llm-d's x-slo-ttft-ms
+	// and x-slo-tpot-ms); 0, the default, sets none. See objective.go:
+	// CacheAware routes to the cheapest replica predicted to meet it, and
+	// when none is, best effort, with Decision.Fallback FallbackSLO.
+	TTFT, TPOT time.Duration
 }
 
 // allows reports whether t admits replica name (health aside).
@@ -330,6 +340,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	if len(key) > 0 && tg.NoPrompt {
 		return Decision{}, fmt.Errorf("%w: a Target with NoPrompt routes an empty Key, got a key of %d blocks", ErrInvalid, len(key))
+	}
+	if err := (objective{tg.TTFT, tg.TPOT}).validate(); err != nil {
+		return Decision{}, err
 	}
 	var now int64
 	if g.slo > 0 {
@@ -378,6 +391,8 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			c.PendingPrefill = int(rs.pending.Load())
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
+			sp := rs.speed.Load()
+			c.BlockTime, c.TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
 			if sum.ok {
 				sum.add(c, maxMatched)
 			}
@@ -397,6 +412,8 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			c.PendingPrefill = int(rs.pending.Load())
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
+			sp := rs.speed.Load()
+			c.BlockTime, c.TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
 			if adapter != "" {
 				c.LoRA = rs.lora.state(adapter)
 			} else if g.loraSet {
@@ -448,12 +465,13 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			maxMatched = max(maxMatched, cands[i].Matched)
 		}
 	}
+	g.req.ref = poolMean(g.speeds.Load())
 	var pick int
 	if tg.NoPrompt {
 		pick = g.pickByLoad(cands)
 	} else {
 		share := g.demand.observe(mk, maxMatched)
-		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, exact: g.index == indexExact, sum: sum}
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: g.req.ref}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}
@@ -461,7 +479,24 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
 	}
 	rs := owner[pick]
-	matched := cands[pick].Matched
+	pc := &cands[pick]
+	matched := pc.Matched
+	// The chosen replica's predictions; an unknown time per block is the
+	// candidates' mean.
+	a := float64(pc.BlockTime)
+	if a == 0 {
+		a = g.req.ref
+	}
+	obj := objective{tg.TTFT, tg.TPOT}
+	if obj.set() && !tg.NoPrompt {
+		g.stats.objReq.Add(1)
+		if !obj.meets(pc, len(key), a) {
+			fb |= FallbackSLO
+			g.stats.objBest.Add(1)
+		}
+	} else {
+		obj = objective{}
+	}
 	kind := g.kind
 	switch {
 	case tg.NoPrompt:
@@ -484,6 +519,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		Fallback: fb,
 		rs:       rs,
 	}
+	work := pc.work(len(key))
+	d.PredictedTTFT = time.Duration(a * float64(work))
+	d.PredictedTPOT = pc.TokenTime
 	g.seq++
 	g.picked[rs.slot] = g.seq
 	rs.inflight.Add(1)
@@ -494,6 +532,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	d.t, d.gen = newTicket()
+	d.t.work, d.t.stats, d.t.obj = work, &g.stats, obj
 	if tg.NoPrompt { // no Pick placed it: not the observer's
 		return d, nil
 	}

@@ -1,5 +1,7 @@
 package gateway
 
+import "time"
+
 // Policy chooses a replica for a request among eligible candidates. It is
 // the strategy behind a Gateway; the package provides RoundRobin,
 // CacheAware and LoadAware, and other packages may implement their own.
@@ -60,6 +62,10 @@ type Request struct {
 	// Gateway sets it to the number of requests it routed before this
 	// one: deterministic for a given sequence of calls.
 	Tie uint64
+	// TTFT and TPOT are the request's latency objective (Target.TTFT and
+	// Target.TPOT, see objective.go): the time to first token and per
+	// output token it asks for; 0 sets none.
+	TTFT, TPOT time.Duration
 
 	// exact says the gateway's index is exact (indexExact): what it says a
 	// replica holds, the replica's engine reported, so CacheAware does not
@@ -71,6 +77,11 @@ type Request struct {
 	// is a *CacheAware, which sees the candidates as refreshed (a policy
 	// wrapping one may change them first).
 	sum candSum
+	// ref is the mean of the pool's known times per block in
+	// nanoseconds (speed.go), 0 if none is known, set by the gateway;
+	// CacheAware takes the candidates' own when the gateway did not sum
+	// them (sum.ok false).
+	ref float64
 }
 
 // candSum summarises a request's candidates for CacheAware.
@@ -81,6 +92,9 @@ type candSum struct {
 	// holders counts those whose Matched is the longest, and common is the
 	// least Matched of those with AssignedPrefill > 0 (MaxInt if none).
 	total, pending, outstanding, least, holders, common int
+	// ref sums the known times per block (Candidate.BlockTime); only
+	// CacheAware's own pass fills it.
+	ref speedRef
 }
 
 // add counts candidate c into s, whose holders are of maxMatched, the
@@ -125,6 +139,12 @@ type Candidate struct {
 	// LoRA is the replica's state for the request's adapter (see
 	// lora.go); the zero value for a request of the base model.
 	LoRA LoRAState
+	// BlockTime is the replica's learned time per block of prefill work
+	// ahead of a first token there, queued prefill included (speed.go);
+	// TokenTime its learned time per output token (TPOT). 0 while
+	// unknown: until the gateway has heard how a few requests routed
+	// there went (DoneInfo's TTFT, Elapsed and OutputTokens).
+	BlockTime, TokenTime time.Duration
 }
 
 // Outstanding is the replica's best-known count of unfinished requests:

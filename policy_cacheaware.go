@@ -197,6 +197,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 				lp.count(c)
 			}
 			sum.add(c, maxMatched)
+			sum.ref.add(c)
 		}
 	}
 	// common is the prefix every candidate sent work holds.
@@ -224,6 +225,23 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
 	warm := 2*maxMatched <= n
+	// ref is the candidates' mean time per block, 0 while no speed is
+	// known; with an objective some but not all candidates are predicted
+	// to meet, filter leaves out those predicted to miss it.
+	ref, filter := req.ref, false
+	if !req.sum.ok || adapter {
+		ref = sum.ref.mean()
+	}
+	obj := objective{req.TTFT, req.TPOT}
+	if obj.set() {
+		meet := 0
+		for i := range cands {
+			if obj.meets(&cands[i], n, ref) {
+				meet++
+			}
+		}
+		filter = meet > 0 && meet < len(cands)
+	}
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	replicating, noMatch := shared > 0, maxMatched == 0
@@ -231,6 +249,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	for i := range cands {
 		c := &cands[i]
 		if capped && float64(c.InFlight+1) > bound {
+			continue
+		}
+		if filter && !obj.meets(c, n, ref) {
 			continue
 		}
 		m := max(c.Matched, shared)
@@ -250,6 +271,13 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		}
 		if evict := n - m - max(c.CacheBlocks-c.AssignedPrefill, 0); evict > 0 {
 			cost += freeCacheCredit * float64(evict)
+		}
+		if ref > 0 {
+			// Priced in predicted time: the cost plus the step that
+			// yields the token, at the replica's speed.
+			if f := slowness(c, ref); f != 1 {
+				cost = f*(cost+1) - 1
+			}
 		}
 		switch {
 		case best < 0 || cost < bestCost:

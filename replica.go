@@ -136,11 +136,14 @@ type replicaState struct {
 	clock       func() time.Time
 
 	lora loraState // LoRA adapters (lora.go)
-	_    [replicaStatePad]byte
+
+	speed   atomic.Uint64 // Candidate.speed, published by learner
+	learner *speedLearner // the fit behind speed; nil only in tests' bare states
+	_       [replicaStatePad]byte
 }
 
 // replicaStatePad pads replicaState to 256 bytes.
-const replicaStatePad = 256 - 144 - unsafe.Sizeof(loraState{})
+const replicaStatePad = 256 - 160 - unsafe.Sizeof(loraState{})
 
 func (rs *replicaState) load() Load {
 	return Load{

@@ -1,6 +1,9 @@
 package gateway
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats counts a gateway's routing decisions since it was created.
 type Stats struct {
@@ -26,6 +29,16 @@ type Stats struct {
 	// Blocks and MatchedBlocks sum the prefix blocks routed and the blocks
 	// the chosen replicas held: their ratio is the block hit rate.
 	Blocks, MatchedBlocks uint64
+	// ObjectiveRequests counts the routes asked with a latency objective
+	// (Target.TTFT or TPOT), ObjectiveBestEffort those of them routed
+	// although no replica was predicted to meet it (FallbackSLO).
+	ObjectiveRequests, ObjectiveBestEffort uint64
+	// TTFTMet and TTFTMissed count the requests with a TTFT objective
+	// whose Done reported their TTFT, by outcome; TPOTMet and TPOTMissed
+	// those with a TPOT objective whose Done reported TTFT, Elapsed and
+	// more than one OutputTokens (TPOT: the time after the first token
+	// over the tokens after it).
+	TTFTMet, TTFTMissed, TPOTMet, TPOTMissed uint64
 }
 
 type counters struct {
@@ -33,6 +46,30 @@ type counters struct {
 	noMatch, loadGuard, noHealthy           atomic.Uint64
 	blocks, matched                         atomic.Uint64
 	byKind                                  [numKinds]atomic.Uint64
+	// objective counters, ObjectiveStats's in its order
+	objReq, objBest                          atomic.Uint64
+	ttftMet, ttftMissed, tpotMet, tpotMissed atomic.Uint64
+}
+
+// attain counts a finished request's outcome against its objective o.
+func (c *counters) attain(o *objective, info *DoneInfo) {
+	if info.Err != nil || info.TTFT <= 0 {
+		return
+	}
+	if o.ttft > 0 {
+		if info.TTFT <= o.ttft {
+			c.ttftMet.Add(1)
+		} else {
+			c.ttftMissed.Add(1)
+		}
+	}
+	if o.tpot > 0 && info.OutputTokens > 1 && info.Elapsed >= info.TTFT {
+		if (info.Elapsed-info.TTFT)/time.Duration(info.OutputTokens-1) <= o.tpot {
+			c.tpotMet.Add(1)
+		} else {
+			c.tpotMissed.Add(1)
+		}
+	}
 }
 
 func (c *counters) record(d *Decision, excluded int) {
@@ -75,6 +112,10 @@ func (g *Gateway) Stats() Stats {
 		NoHealthy:     g.stats.noHealthy.Load(),
 		MatchedBlocks: matched,
 		Blocks:        g.stats.blocks.Load(),
+		TTFTMet:       g.stats.ttftMet.Load(), TTFTMissed: g.stats.ttftMissed.Load(),
+		TPOTMet: g.stats.tpotMet.Load(), TPOTMissed: g.stats.tpotMissed.Load(),
+		ObjectiveBestEffort: g.stats.objBest.Load(),
+		ObjectiveRequests:   g.stats.objReq.Load(),
 	}
 	for k := range numKinds {
 		s.ByKind[k.String()] = g.stats.byKind[k].Load()

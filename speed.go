@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// A replica's speed is learned online from what the front observes of the
+// requests routed there (DoneInfo): the time to first token of a streamed
+// answer, the time from there to its end, or, for an answer whose first
+// token the front does not see, only its end. Each is a sample of
+//
+//	y ≈ a·w + b·o
+//
+// where w is the prefill work the request found ahead of its first token
+// (blocks pending there when routed, its own uncached blocks, and one for
+// the step that yields the token), o the tokens it decoded after the
+// first, a the replica's time per block of prefill and b its time per
+// output token (TPOT). A streamed answer gives two samples, (w, 0) and
+// (0, o); an answer seen only at its end gives one, (w, o), and the fit
+// separates a from b over requests of different shapes.
+//
+// The fit is exponentially weighted least squares: each sample's weight
+// decays by speedDecay per later sample, so the fit follows a replica
+// whose speed drifts or steps, and its state is seven numbers whatever
+// the traffic. A sample beyond speedClip times the fit's prediction (or
+// below its inverse) counts as that bound, so one stalled request moves
+// the fit by a bounded step. Until speedMinSamples samples have weight,
+// the replica's speed is unknown, and the router prices it as today.
+
+const (
+	// speedDecay is the weight a sample keeps per later sample: the fit
+	// remembers about 1/(1−0.95) = 20 samples.
+	speedDecay = 0.95
+	// speedClip bounds a sample to [prediction/3, prediction·3] once the
+	// fit is in use.
+	speedClip = 3.0
+	// speedMinSamples is the sample weight before the fit is published.
+	speedMinSamples = 4
+	// speedDeadband: CacheAware prices a replica at its own speed only
+	// when it differs from the candidates' mean by more than this factor
+	// (see slowness), so that noise in the fits of equal replicas does not
+	// break the exact ties the tie order settles.
+	speedDeadband = 1.2
+)
+
+// speedFit is the state of one replica's fit. Its methods are pure: add
+// returns a new state.
+type speedFit struct {
+	ww, wo, oo, wy, oy float64 // decayed sums of w², w·o, o², w·y, o·y
+	n                  float64 // decayed sample weight
+	a, b               float64 // the fit: seconds per block, per token; 0 unknown
+}
+
+// add returns f with the sample y seconds for w blocks of prefill work and
+// o decoded tokens. A sample that cannot be one (negative, not finite,
+// both w and o zero, y not positive) leaves f as it is.
+func (f speedFit) add(w, o, y float64) speedFit {
+	if !(w >= 0 && o >= 0 && y > 0) || w+o == 0 || math.IsInf(w+o+y, 0) {
+		return f
+	}
+	if f.n >= speedMinSamples {
+		if p := f.a*w + f.b*o; p > 0 {
+			y = min(max(y, p/speedClip), p*speedClip)
+		}
+	}
+	d := speedDecay
+	f.ww = d*f.ww + w*w
+	f.wo = d*f.wo + w*o
+	f.oo = d*f.oo + o*o
+	f.wy = d*f.wy + w*y
+	f.oy = d*f.oy + o*y
+	f.n = d*f.n + 1
+	f.a, f.b = f.solve()
+	return f
+}
+
+// solve returns the least-squares a and b, neither negative; 0 where the
+// samples do not determine it.
+func (f speedFit) solve() (a, b float64) {
+	det := f.ww*f.oo - f.wo*f.wo
+	switch {
+	case f.ww > 0 && f.oo > 0 && det > 1e-9*f.ww*f.oo:
+		a = (f.wy*f.oo - f.oy*f.wo) / det
+		b = (f.oy*f.ww - f.wy*f.wo) / det
+	case f.oo == 0 && f.ww > 0: // prefill samples only
+		return f.wy / f.ww, 0
+	case f.ww == 0 && f.oo > 0: // decode samples only
+		return 0, f.oy / f.oo
+	default: // samples all of one shape w:o, which cannot be split
+		return f.a, f.b
+	}
+	switch {
+	case a < 0:
+		return 0, max(f.oy/f.oo, 0)
+	case b < 0:
+		return max(f.wy/f.ww, 0), 0
+	}
+	return a, b
+}
+
+// packed returns the fit as replicaState.speed holds it: the time per block
+// (high 32 bits) and per token (low 32 bits) in nanoseconds, each at least
+// 1 when known and at most 2³²−1 (4.3 s); 0 before speedMinSamples.
+func (f speedFit) packed() uint64 {
+	if f.n < speedMinSamples {
+		return 0
+	}
+	return uint64(nanos32(f.a))<<32 | uint64(nanos32(f.b))
+}
+
+// nanos32 is s seconds in nanoseconds within 1..2³²−1, or 0 for 0.
+func nanos32(s float64) uint32 {
+	if !(s > 0) {
+		return 0
+	}
+	return uint32(min(max(math.Round(s*1e9), 1), math.MaxUint32))
+}
+
+// speedLearner is a replica's fit behind a lock: samples come from the
+// goroutines that report requests' ends, and the router reads only the
+// published word (replicaState.speed).
+type speedLearner struct {
+	mu  sync.Mutex
+	fit speedFit
+	// pool is the gateway's sum of its replicas' times per block
+	// (poolSpeeds), kept current as this one's changes; nil once the
+	// replica is removed.
+	pool *atomic.Uint64
+}
+
+// The pool's sum: the known times per block in nanoseconds, summed in the
+// high 48 bits (each is below 2³², and a gateway has at most MaxReplicas
+// = 2¹² replicas), and how many are known in the low 16.
+
+// poolMean is the mean time per block of a pool sum, 0 if none is known.
+func poolMean(v uint64) float64 {
+	if n := v & 0xffff; n > 0 {
+		return float64(v>>16) / float64(n)
+	}
+	return 0
+}
+
+// shift moves the pool's sum from a replica's old time per block to its
+// new one (nanoseconds, 0 unknown). Under l.mu.
+func (l *speedLearner) shift(old, nu uint64) {
+	if l.pool == nil || old == nu {
+		return
+	}
+	for {
+		v := l.pool.Load()
+		sum, n := v>>16, v&0xffff
+		if old > 0 {
+			sum, n = sum-old, n-1
+		}
+		if nu > 0 {
+			sum, n = sum+nu, n+1
+		}
+		if l.pool.CompareAndSwap(v, sum<<16|n) {
+			return
+		}
+	}
+}
+
+// leave takes the replica's time out of the pool's sum for good: it is
+// being removed.
+func (l *speedLearner) leave() {
+	l.mu.Lock()
+	l.shift(l.fit.packed()>>32, 0)
+	l.pool = nil
+	l.mu.Unlock()
+}
+
+// learn folds a finished request's observations into rs's fit and
+// publishes it. work is the request's prefill work in blocks (see above).
+func (rs *replicaState) learn(work int, info *DoneInfo) {
+	if info.Err != nil || rs.learner == nil {
+		return
+	}
+	w, o := float64(work), float64(max(info.OutputTokens-1, 0))
+	l := rs.learner
+	l.mu.Lock()
+	f := l.fit
+	switch {
+	case info.TTFT > 0:
+		f = f.add(w, 0, info.TTFT.Seconds())
+		if info.Elapsed > info.TTFT && o > 0 {
+			f = f.add(0, o, (info.Elapsed - info.TTFT).Seconds())
+		}
+	case info.Elapsed > 0 && info.OutputTokens > 0:
+		f = f.add(w, o, info.Elapsed.Seconds())
+	}
+	old := l.fit.packed()
+	l.fit = f
+	nu := f.packed()
+	l.shift(old>>32, nu>>32)
+	rs.speed.Store(nu)
+	l.mu.Unlock()
+}
+
+// work is the prefill work, in blocks, ahead of a first token at c for a
+// request of n blocks: the prefill pending there (this gateway's and its
+// peers'), the request's own uncached blocks, and one for the step that
+// yields the token.
+func (c *Candidate) work(n int) int {
+	return c.PendingPrefill + c.Load.PeerPrefill + max(n-c.Matched, 0) + 1
+}
+
+// speedRef is the candidates' reference time per block, for CacheAware's
+// prices: the mean of the known ones, 0 if none is known.
+type speedRef struct {
+	sum float64
+	n   int
+}
+
+func (s *speedRef) add(c *Candidate) {
+	if c.BlockTime > 0 {
+		s.sum += float64(c.BlockTime)
+		s.n++
+	}
+}
+
+// mean is the reference time per block in nanoseconds, 0 if none known.
+func (s *speedRef) mean() float64 {
+	if s.n == 0 {
+		return 0
+	}
+	return s.sum / float64(s.n)
+}
+
+// slowness is how many times slower than the reference ref (nanoseconds
+// per block, 0 unknown) c is: 1 when either is unknown or within
+// speedDeadband of the other.
+func slowness(c *Candidate, ref float64) float64 {
+	a := float64(c.BlockTime)
+	if a == 0 || ref == 0 {
+		return 1
+	}
+	f := a / ref
+	if f < speedDeadband && f > 1/speedDeadband {
+		return 1
+	}
+	return f
+}
