@@ -48,7 +48,7 @@ func (m *bayesRidge) predict(x *brVec) float64 {
 // fitBayesRidge fits a model of p features (at most brMaxFeatures) to the
 // rows each yields; each is called twice (one pass for the means, one for
 // the centred sums) and must yield the same rows. It reports false, and
-// the zero model, when there is no row.
+// the zero model, when there is no row or the fit is not finite.
 func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidge, bool) {
 	m := bayesRidge{p: p}
 	var n float64
@@ -103,9 +103,20 @@ func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidg
 		b[j] = sxy[j] / m.scale[j]
 	}
 	ev, vecs := jacobiEigen(g, p)
-	// Vᵀ Zᵀ y, the target's projection on the eigenvectors.
+	// Vᵀ Zᵀ y, the target's projection on the eigenvectors. Directions of
+	// no spread (collinear features: eigenvalues at rounding level) carry
+	// none of it and get no weight, as the pseudo-inverse gives them; a
+	// rounding residue divided by a vanishing precision ratio would not.
 	var vb brVec
+	top := 0.0
 	for i := 0; i < p; i++ {
+		top = max(top, ev[i])
+	}
+	for i := 0; i < p; i++ {
+		if ev[i] <= 1e-12*top {
+			ev[i] = 0
+			continue
+		}
 		for j := 0; j < p; j++ {
 			vb[i] += vecs[j][i] * b[j]
 		}
@@ -113,6 +124,9 @@ func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidg
 	coefFor := func(alpha, lambda float64) (brVec, float64) {
 		var c brVec
 		for i := 0; i < p; i++ {
+			if ev[i] == 0 {
+				continue
+			}
 			w := vb[i] / (ev[i] + lambda/alpha)
 			for j := 0; j < p; j++ {
 				c[j] += vecs[j][i] * w
@@ -153,6 +167,11 @@ func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidg
 		old = c
 	}
 	m.coef, _ = coefFor(alpha, lambda)
+	for j := 0; j < p; j++ {
+		if math.IsNaN(m.coef[j]) || math.IsInf(m.coef[j], 0) {
+			return bayesRidge{}, false
+		}
+	}
 	m.intercept = ymean
 	m.alpha, m.lambda = alpha, lambda
 	m.iterations, m.points = min(it+1, brMaxIter), int(n)

@@ -630,3 +630,14 @@ func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 		}
 	}
 }
+
+// objectiveMs returns the request's TTFT and TPOT objectives in
+// milliseconds (Target.TTFT and Target.TPOT, llm-d's x-slo-ttft-ms and
+// x-slo-tpot-ms headers); 0 where it sets none.
+func objectiveMs(req *gateway.Request) (ttft, tpot float64) {
+	return float64(req.TTFT) / 1e6, float64(req.TPOT) / 1e6
+}
+
+// outputTokens returns how many tokens the answer held, for the TPOT
+// sample; 0 when unknown.
+func outputTokens(info gateway.DoneInfo) int { return info.OutputTokens }

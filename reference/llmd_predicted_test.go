@@ -105,9 +105,13 @@ var llmdCands = []gateway.Candidate{
 
 // route places one request, forcing it to replica force when not "".
 func (r *llmdRig) route(force string) (string, uint64) {
+	return r.routeSLO(force, 0, 0)
+}
+
+func (r *llmdRig) routeSLO(force string, ttft, tpot time.Duration) (string, uint64) {
 	r.id++
 	r.p.Arrive(Arrival{ID: r.id, Time: r.now, Tokens: 512, BlockTokens: 16})
-	i := r.p.Pick(&gateway.Request{Key: keyFrom(r.id, 32)}, llmdCands)
+	i := r.p.Pick(&gateway.Request{Key: keyFrom(r.id, 32), TTFT: ttft, TPOT: tpot}, llmdCands)
 	name := llmdCands[i].Name
 	if force != "" {
 		name = force
@@ -116,18 +120,30 @@ func (r *llmdRig) route(force string) (string, uint64) {
 	return name, r.id
 }
 
-// serve routes a request and completes it after its replica's latency.
-func (r *llmdRig) serve() string {
-	name, id := r.route("")
-	ms := 20 + 30*llmdCands[0].Load.Running
+// serve routes a request and completes it after its replica's latency:
+// its first token after 20 ms + 30 ms per running request, then ten more
+// tokens at 2 ms each on the fast replica, 5 ms on the slow one.
+func (r *llmdRig) serve() string { return r.serveSLO(0, 0) }
+
+func (r *llmdRig) serveSLO(ttft, tpot time.Duration) string {
+	name, id := r.routeSLO("", ttft, tpot)
+	c, itl := llmdCands[0], 2
 	if name == "slow" {
-		ms = 20 + 30*llmdCands[1].Load.Running
+		c, itl = llmdCands[1], 5
 	}
-	r.now = r.now.Add(time.Duration(ms) * time.Millisecond)
+	r.now = r.now.Add(time.Duration(20+30*c.Load.Running) * time.Millisecond)
 	r.p.FirstToken(id)
-	r.now = r.now.Add(time.Millisecond)
-	r.p.Done(id, gateway.DoneInfo{})
+	r.now = r.now.Add(time.Duration(10*itl) * time.Millisecond)
+	r.p.Done(id, gateway.DoneInfo{OutputTokens: 11})
 	return name
+}
+
+// train runs 30 s of traffic and lets the predictor retrain and reload.
+func (r *llmdRig) train() {
+	for range 200 {
+		r.serve()
+	}
+	r.now = r.now.Add(16 * time.Second)
 }
 
 func TestLLMDPredictedPrefersFasterReplicaAfterTraining(t *testing.T) {
@@ -143,10 +159,7 @@ func TestLLMDPredictedPrefersFasterReplicaAfterTraining(t *testing.T) {
 		}
 		assert.InDelta(t, 200, fast, 40, "streaming %v: before training, a fair draw", streaming)
 		assert.Equal(t, r.p.preds[0].ttft, r.p.preds[1].ttft)
-		for range 200 { // 30 s of traffic, trained on as it goes
-			r.serve()
-		}
-		r.now = r.now.Add(16 * time.Second) // a retrain and the server's reload
+		r.train()
 		fast = 0
 		for range 200 {
 			if r.serve() == "fast" {
@@ -155,6 +168,41 @@ func TestLLMDPredictedPrefersFasterReplicaAfterTraining(t *testing.T) {
 		}
 		assert.Greater(t, fast, 190, "streaming %v: after training, the replica predicted faster", streaming)
 		assert.Greater(t, r.p.preds[1].ttft-r.p.preds[0].ttft, 150.0, "the model learned the slow replica's latency")
+	}
+}
+
+func TestLLMDPredictedObjectives(t *testing.T) {
+	r := newLLMDRig(t, 5, true)
+	r.train()
+	assert.Positive(t, r.p.trainer.tpotData.n, "streaming: TPOT learned from the answers' token counts")
+	assert.Greater(t, r.p.preds[1].tpot-r.p.preds[0].tpot, 1.5, "the slow replica's TPOT is predicted higher")
+	count := func(ttft, tpot time.Duration) (fast int) {
+		for range 200 {
+			if r.serveSLO(ttft, tpot) == "fast" {
+				fast++
+			}
+		}
+		return fast
+	}
+	// Only the fast replica meets 150 ms: the positive tier (1% of the
+	// time the other, 1% an affinity skip that changes nothing here).
+	assert.Greater(t, count(150*time.Millisecond, 0), 190)
+	// Both meet 2 s and 100 ms: "least" headroom packs the one nearer its
+	// objectives, the slow replica.
+	assert.Less(t, count(2*time.Second, 100*time.Millisecond), 10)
+	// Neither meets 10 ms (nor the TPOT of 0 that no header means): the
+	// least deficit, the fast replica.
+	assert.Greater(t, count(10*time.Millisecond, 0), 190)
+	// TTFT met by both, TPOT by neither (no header): the TPOT-only deficit
+	// bucket, scored 0.8 on the TTFT headroom nearest 2 s (the slow
+	// replica) and 0.2 on the TPOT deficit (the fast): a draw of about 1
+	// in 5 for the fast replica.
+	assert.InDelta(t, 40, count(2*time.Second, 0), 25)
+	// A TPOT objective only the fast replica meets (3 ms), TTFT met by
+	// both: the slow replica's deficit sends the request to the fast one.
+	assert.Greater(t, count(2*time.Second, 3*time.Millisecond), 190)
+	for _, pr := range r.p.preds {
+		assert.False(t, math.IsNaN(pr.ttft) || math.IsNaN(pr.tpot))
 	}
 }
 
