@@ -76,8 +76,9 @@ import (
 // It needs Arrive (Tracker) for the prompt's length and SetClock for the
 // times of first tokens and ends (the simulator calls both); without
 // SetClock it reads time.Now. Training memory is bounded: at most
-// 2 × 400 × 500 samples of 28 bytes (11.2 MB) plus 1,000 awaiting a
-// flush; requests in flight hold one entry each until Done.
+// 2 × 400 × 500 samples of 28 bytes (13.1 MB of heap when full,
+// TestLLMDTrainingHeap) plus 1,000 awaiting a flush; requests in flight
+// hold one entry each until Done.
 //
 // The zero value follows llm-d's defaults (streaming mode off). Safe for
 // concurrent use.

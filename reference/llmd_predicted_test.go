@@ -3,8 +3,10 @@ package reference
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
@@ -306,4 +308,29 @@ func TestLLMDScorer(t *testing.T) {
 		}
 	}
 	assert.InDelta(t, 990, pos, 10)
+}
+
+// TestLLMDTrainingHeap measures the heap of two full stores (the figure
+// in docs/results.md): go test ./reference -run TestLLMDTrainingHeap -v.
+func TestLLMDTrainingHeap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills 400,000 samples")
+	}
+	var a, b runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&a)
+	tr := newLLMDTrainer(1)
+	rng := rand.New(rand.NewPCG(2, 2))
+	for range 2_000_000 {
+		s := llmdSample{kv: float32(rng.Float64()), prefix: float32(rng.Float64()), wait: float32(rng.IntN(40)), in: 100, y: 1}
+		tr.add(s, false)
+		tr.add(s, true)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&b)
+	require.Equal(t, llmdBuckets*llmdBucketSize, tr.ttftData.n)
+	heap := float64(b.HeapAlloc) - float64(a.HeapAlloc)
+	t.Logf("two full stores (%d samples each, %d bytes a sample): %.1f MB of heap", tr.ttftData.n, unsafe.Sizeof(llmdSample{}), heap/1e6)
+	assert.Less(t, heap, 20e6)
+	runtime.KeepAlive(tr)
 }
