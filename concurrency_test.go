@@ -89,7 +89,8 @@ func concurrentUse(t *testing.T, opts []Option) {
 				open = append(open, d)
 				if len(open) > 4 || i == iters-1 {
 					for _, o := range open {
-						o.Done(DoneInfo{Latency: time.Duration(rng.IntN(100)) * time.Millisecond})
+						ttft := time.Duration(rng.IntN(100)) * time.Millisecond
+						o.Done(DoneInfo{Latency: ttft, TTFT: ttft, Elapsed: ttft + time.Duration(rng.IntN(500))*time.Millisecond, OutputTokens: rng.IntN(64)})
 						o.Done(DoneInfo{}) // a second Done is a no-op
 					}
 					open = open[:0]
@@ -154,4 +155,19 @@ func concurrentUse(t *testing.T, opts []Option) {
 	g.mu.Lock()
 	checkIndex(t, g.idx)
 	g.mu.Unlock()
+	checkPoolSpeeds(t, g)
+}
+
+// checkPoolSpeeds: the gateway's sum of its replicas' times per block
+// (speed.go) is the sum over the replicas it has, however learning,
+// additions and removals interleaved.
+func checkPoolSpeeds(t testing.TB, g *Gateway) {
+	t.Helper()
+	var sum, n uint64
+	for _, rs := range g.snap.Load().list {
+		if a := rs.speed.Load() >> 32; a > 0 {
+			sum, n = sum+a, n+1
+		}
+	}
+	assert.Equal(t, sum<<16|n, g.speeds.Load(), "pool speed sum")
 }

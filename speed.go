@@ -21,7 +21,9 @@ import (
 // (0, o); an answer seen only at its end gives one, (w, o), and the fit
 // separates a from b over requests of different shapes.
 //
-// The fit is exponentially weighted least squares: each sample's weight
+// The fit is exponentially weighted least squares of relative errors
+// (each sample weighs one over its predicted length squared); each
+// sample's weight
 // decays by speedDecay per later sample, so the fit follows a replica
 // whose speed drifts or steps, and its state is seven numbers whatever
 // the traffic. A sample beyond speedClip times the fit's prediction (or
@@ -33,9 +35,9 @@ const (
 	// speedDecay is the weight a sample keeps per later sample: the fit
 	// remembers about 1/(1−0.95) = 20 samples.
 	speedDecay = 0.95
-	// speedClip bounds a sample to [prediction/3, prediction·3] once the
+	// speedClip bounds a sample to [prediction/2, prediction·2] once the
 	// fit is in use.
-	speedClip = 3.0
+	speedClip = 2.0
 	// speedMinSamples is the sample weight before the fit is published.
 	speedMinSamples = 4
 	// speedDeadband: CacheAware prices a replica at its own speed only
@@ -60,17 +62,25 @@ func (f speedFit) add(w, o, y float64) speedFit {
 	if !(w >= 0 && o >= 0 && y > 0) || w+o == 0 || math.IsInf(w+o+y, 0) {
 		return f
 	}
+	scale := y
 	if f.n >= speedMinSamples {
 		if p := f.a*w + f.b*o; p > 0 {
 			y = min(max(y, p/speedClip), p*speedClip)
+			scale = p
 		}
 	}
-	d := speedDecay
-	f.ww = d*f.ww + w*w
-	f.wo = d*f.wo + w*o
-	f.oo = d*f.oo + o*o
-	f.wy = d*f.wy + w*y
-	f.oy = d*f.oy + o*y
+	// Each sample weighs 1/scale², scale its predicted length (its own
+	// until the fit is in use): the fit minimises relative errors, as a
+	// request's noise grows with its length, and a long answer seen only
+	// at its end must not drown the short samples that tell its parts.
+	// Weighing by the prediction rather than the sample gives a replica
+	// that slowed the same weight per sample as before.
+	d, k := speedDecay, 1/(scale*scale)
+	f.ww = d*f.ww + k*w*w
+	f.wo = d*f.wo + k*w*o
+	f.oo = d*f.oo + k*o*o
+	f.wy = d*f.wy + k*w*y
+	f.oy = d*f.oy + k*o*y
 	f.n = d*f.n + 1
 	f.a, f.b = f.solve()
 	return f

@@ -1,0 +1,366 @@
+package gateway
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway/keys"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+// sample is one observation of a replica: w blocks of prefill work, o
+// tokens decoded after the first; streamed says the front saw the first
+// token.
+type sample struct {
+	w, o     float64
+	streamed bool
+}
+
+// feed adds an observation of a replica whose true speed is a seconds per
+// block and b per token, each time scaled by noise, as learn would.
+func feed(f speedFit, s sample, a, b, noise1, noise2 float64) speedFit {
+	if s.streamed {
+		f = f.add(s.w, 0, a*s.w*noise1)
+		if s.o > 0 {
+			f = f.add(0, s.o, b*s.o*noise2)
+		}
+		return f
+	}
+	return f.add(s.w, s.o, (a*s.w+b*s.o)*noise1)
+}
+
+// drawSample draws a request's shape from rng: requests vary in both
+// prompt and answer length, as real ones do (a fit of requests all of one
+// shape cannot tell prefill from decode).
+func drawSample(rng *rand.Rand, streamShare float64) sample {
+	return sample{
+		w:        float64(1 + rng.IntN(2000)),
+		o:        float64(1 + rng.IntN(1000)),
+		streamed: rng.Float64() < streamShare,
+	}
+}
+
+// TestSpeedFitConverges: fed a stationary replica's observations with up
+// to ±20% noise, streamed or not in any mix, the fit comes within 15% of
+// its true time per block and per token.
+func TestSpeedFitConverges(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := rapid.Float64Range(1e-5, 1e-1).Draw(t, "a")
+		b := rapid.Float64Range(1e-3, 1e-1).Draw(t, "b")
+		share := rapid.SampledFrom([]float64{0, 0.5, 1}).Draw(t, "streamShare")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "seed"), 1))
+		var f speedFit
+		for range 300 {
+			f = feed(f, drawSample(rng, share), a, b, 0.8+0.4*rng.Float64(), 0.8+0.4*rng.Float64())
+		}
+		if share > 0 && (math.Abs(f.a/a-1) > 0.15 || math.Abs(f.b/b-1) > 0.15) {
+			t.Fatalf("fit a=%g b=%g, true a=%g b=%g", f.a, f.b, a, b)
+		}
+		// Seen only at their ends, requests tell a from b only as far as
+		// their shapes and the noise allow: the fit predicts them.
+		if e := predictionError(f, rng, a, b); e > 0.15 {
+			t.Fatalf("fit a=%g b=%g, true a=%g b=%g: mean prediction error %.3g", f.a, f.b, a, b, e)
+		}
+		p := f.packed()
+		if share > 0 && (p>>32 == 0 || uint32(p) == 0) {
+			t.Fatalf("packed %x: a known speed published as unknown", p)
+		}
+	})
+}
+
+// TestSpeedFitFollowsStep: after a replica slows 2× the fit follows it
+// within a bounded number of samples (speedAdaptSamples), and a stalled
+// request (a sample 1,000× the fit) moves its predictions by at most 15%
+// on average.
+func TestSpeedFitFollowsStep(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := rapid.Float64Range(1e-5, 1e-1).Draw(t, "a")
+		b := rapid.Float64Range(1e-3, 1e-1).Draw(t, "b")
+		share := rapid.SampledFrom([]float64{0, 1}).Draw(t, "streamShare")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "seed"), 2))
+		var f speedFit
+		for range 200 {
+			f = feed(f, drawSample(rng, share), a, b, 1, 1)
+		}
+		st := drawSample(rng, share)
+		g := feed(f, st, 1000*a, 1000*b, 1, 1)
+		if e := predictionError(g, rand.New(rand.NewPCG(7, 7)), f.a, f.b); e > 0.15 {
+			t.Fatalf("one stalled request %+v moved the predictions by %.3g on average (a %g→%g, b %g→%g)", st, e, f.a, g.a, f.b, g.b)
+		}
+		n := 0
+		for ; n < 200 && predictionError(f, rand.New(rand.NewPCG(9, 9)), 2*a, 2*b) > 0.2; n++ {
+			f = feed(f, drawSample(rng, share), 2*a, 2*b, 1, 1)
+		}
+		if n > speedAdaptSamples {
+			t.Fatalf("took %d samples to predict within 20%% after a 2× step (a %g→%g, fit %g; b fit %g of %g)", n, a, 2*a, f.a, f.b, 2*b)
+		}
+	})
+}
+
+// predictionError is the fit's mean relative error in predicting the end
+// of 100 requests of shapes drawn from rng on a replica of speeds a, b.
+func predictionError(f speedFit, rng *rand.Rand, a, b float64) float64 {
+	e := 0.0
+	for range 100 {
+		s := drawSample(rng, 0)
+		want := a*s.w + b*s.o
+		e += math.Abs(f.a*s.w+f.b*s.o-want) / want
+	}
+	return e / 100
+}
+
+// speedAdaptSamples bounds the samples the fit takes to come within 20%
+// of a replica that slowed 2× (TestSpeedFitFollowsStep; docs/results.md).
+const speedAdaptSamples = 40
+
+// TestSpeedFitIgnoresBadSamples: samples that cannot be observations
+// leave the fit as it was, and an unknown fit publishes 0.
+func TestSpeedFitIgnoresBadSamples(t *testing.T) {
+	var f speedFit
+	assert.Zero(t, f.packed())
+	f = f.add(10, 0, 0.1)
+	for _, s := range [][3]float64{{-1, 0, 1}, {1, -1, 1}, {0, 0, 1}, {1, 1, 0}, {1, 1, -1}, {math.NaN(), 1, 1}, {1, math.NaN(), 1}, {1, 1, math.NaN()}, {math.Inf(1), 1, 1}, {1, 1, math.Inf(1)}} {
+		assert.Equal(t, f, f.add(s[0], s[1], s[2]), "sample %v", s)
+	}
+	for range speedMinSamples {
+		f = f.add(10, 0, 0.1)
+	}
+	assert.Equal(t, uint64(10_000_000)<<32, f.packed(), "10 ms per block, per token unknown")
+}
+
+// TestSlownessDeadband: equal replicas, and replicas within the deadband,
+// are priced alike; beyond it at their ratio.
+func TestSlownessDeadband(t *testing.T) {
+	for _, tt := range []struct {
+		a, ref, want float64
+	}{
+		{0, 100, 1}, {100, 0, 1}, {100, 100, 1}, {115, 100, 1}, {85, 100, 1},
+		{200, 100, 2}, {50, 100, 0.5}, {121, 100, 1.21},
+	} {
+		c := Candidate{BlockTime: time.Duration(tt.a)}
+		assert.InDelta(t, tt.want, slowness(&c, tt.ref), 1e-9, "a %v ref %v", tt.a, tt.ref)
+	}
+}
+
+// TestCacheAwareEqualSpeedsAsToday: candidates whose speeds are all
+// unknown, or all within the deadband of their mean, get the decision
+// they got before speeds were learned (all unknown).
+func TestCacheAwareEqualSpeedsAsToday(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "replicas")
+		blocks := rapid.IntRange(1, 16).Draw(t, "blocks")
+		cands := make([]Candidate, n)
+		for i := range cands {
+			cands[i] = Candidate{
+				Name:            string(rune('a' + i)),
+				Matched:         rapid.IntRange(0, blocks).Draw(t, "matched"),
+				InFlight:        rapid.IntRange(0, 20).Draw(t, "inflight"),
+				PendingPrefill:  rapid.IntRange(0, 40).Draw(t, "pending"),
+				AssignedPrefill: rapid.IntRange(0, 100).Draw(t, "assigned"),
+				CacheBlocks:     64,
+				LastPicked:      uint64(rapid.IntRange(0, 50).Draw(t, "picked")),
+			}
+		}
+		var p CacheAware
+		want := p.Pick(caReq(blocks, cands), cands)
+		base := rapid.Float64Range(1e3, 1e8).Draw(t, "base")
+		for i := range cands {
+			cands[i].BlockTime = time.Duration(base * rapid.Float64Range(0.92, 1.08).Draw(t, "jitter"))
+		}
+		if got := p.Pick(caReq(blocks, cands), cands); got != want {
+			t.Fatalf("with speeds within the deadband picked %d, without %d", got, want)
+		}
+	})
+}
+
+// TestCacheAwarePricesSpeed: a replica twice as slow costs twice the
+// prefill: a miss goes to the fast one, until the prefill queued there
+// outweighs the slow one's time.
+func TestCacheAwarePricesSpeed(t *testing.T) {
+	var p CacheAware
+	fast, slow := 10*time.Millisecond, 20*time.Millisecond
+	for _, tt := range []struct {
+		name        string
+		fastPending int
+		want        string
+	}{
+		{"idle", 0, "fast"},
+		{"fast a little busier", 4, "fast"},
+		{"fast far busier", 40, "slow"},
+	} {
+		cands := []Candidate{
+			{Name: "slow", BlockTime: slow, CacheBlocks: 64, AssignedPrefill: 1},
+			{Name: "fast", BlockTime: fast, CacheBlocks: 64, AssignedPrefill: 1, PendingPrefill: tt.fastPending},
+		}
+		assert.Equal(t, tt.want, cands[p.Pick(caReq(8, cands), cands)].Name, tt.name)
+	}
+}
+
+// TestObjectiveFilters: with an objective some candidates are predicted to
+// meet, the cheapest of those wins, even when another is cheaper; when
+// none is predicted to, the cheapest wins (best effort); a candidate
+// whose speed is unknown counts as meeting it.
+func TestObjectiveFilters(t *testing.T) {
+	var p CacheAware
+	mk := func() []Candidate {
+		return []Candidate{
+			// holds the prompt, but a deep queue at 10 ms a block: 31 blocks ahead
+			{Name: "hot", Matched: 8, PendingPrefill: 30, BlockTime: 10 * time.Millisecond, TokenTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 30},
+			// idle, 8 blocks to compute at 30 ms: 270 ms
+			{Name: "cold", BlockTime: 30 * time.Millisecond, TokenTime: 60 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1},
+		}
+	}
+	for _, tt := range []struct {
+		name       string
+		ttft, tpot time.Duration
+		want       string
+	}{
+		{"no objective: cheapest", 0, 0, "hot"},
+		{"TTFT only the cold one meets", 300 * time.Millisecond, 0, "cold"},
+		{"TTFT both meet", time.Second, 0, "hot"},
+		{"TPOT only hot meets", 300 * time.Millisecond, 30 * time.Millisecond, "hot"},
+		{"none meets: best effort", time.Millisecond, 0, "hot"},
+	} {
+		cands := mk()
+		req := caReq(8, cands)
+		req.TTFT, req.TPOT = tt.ttft, tt.tpot
+		assert.Equal(t, tt.want, cands[p.Pick(req, cands)].Name, tt.name)
+	}
+	// A candidate whose speed is unknown is taken at the others' mean:
+	// "cold" at 10 ms a block, 90 ms.
+	cands := mk()
+	cands[1].BlockTime, cands[1].TokenTime = 0, 0
+	req := caReq(8, cands)
+	req.TTFT = 100 * time.Millisecond
+	assert.Equal(t, "cold", cands[p.Pick(req, cands)].Name)
+	req.TTFT = 80 * time.Millisecond
+	assert.Equal(t, "hot", cands[p.Pick(req, cands)].Name, "neither meets 80 ms: best effort")
+}
+
+// TestObjectiveMonotone: a candidate predicted to meet a TTFT objective
+// still meets it with less prefill pending or more of the prompt cached;
+// one that misses still misses with more.
+func TestObjectiveMonotone(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 64).Draw(t, "blocks")
+		c := Candidate{
+			Matched:        rapid.IntRange(0, n).Draw(t, "matched"),
+			PendingPrefill: rapid.IntRange(0, 1000).Draw(t, "pending"),
+			BlockTime:      time.Duration(rapid.Int64Range(0, 1e8).Draw(t, "a")),
+		}
+		o := objective{ttft: time.Duration(rapid.Int64Range(1, 1e10).Draw(t, "ttft"))}
+		less := c
+		less.PendingPrefill = rapid.IntRange(0, c.PendingPrefill).Draw(t, "lessPending")
+		less.Matched = rapid.IntRange(c.Matched, n).Draw(t, "moreMatched")
+		if o.meets(&c, n, 0) && !o.meets(&less, n, 0) {
+			t.Fatalf("meets with %+v but not with less work %+v", c, less)
+		}
+	})
+}
+
+// learnGateway routes and finishes requests on a gateway whose replicas
+// have the given true times per block, as a front seeing every first
+// token would report them, until every replica's speed is known.
+func learnGateway(t *testing.T, g *Gateway, perBlock map[string]time.Duration) {
+	t.Helper()
+	// Eight requests in flight at a time, so that load spreads them.
+	// Each takes its replica's time per block for the prefill pending
+	// there when it was routed, its own and one step.
+	type inFlight struct {
+		d    Decision
+		work int
+	}
+	var flight []inFlight
+	for i := range 800 {
+		pending := map[string]int{}
+		for _, st := range g.Replicas() {
+			pending[st.Name] = st.PendingPrefill
+		}
+		d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(i), 1, 2, 3}))
+		require.NoError(t, err)
+		flight = append(flight, inFlight{d, pending[d.Replica] + d.Blocks - d.Matched + 1})
+		if len(flight) < 8 {
+			continue
+		}
+		f := flight[0]
+		flight = flight[1:]
+		a := perBlock[f.d.Replica]
+		ttft := a * time.Duration(f.work)
+		f.d.Done(DoneInfo{TTFT: ttft, Elapsed: ttft + 10*a, OutputTokens: 11})
+	}
+	for _, f := range flight {
+		f.d.Done(DoneInfo{})
+	}
+	for _, st := range g.snap.Load().list {
+		if _, ok := perBlock[st.name]; ok {
+			require.NotZero(t, st.speed.Load(), "%s's speed learned", st.name)
+		}
+	}
+}
+
+// TestGatewayLearnsSpeeds: through Route and Done alone, the gateway
+// learns each replica's speed; then the faster replicas take the misses,
+// the decision predicts them, and Stats counts the objectives.
+func TestGatewayLearnsSpeeds(t *testing.T) {
+	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware))
+	speeds := map[string]time.Duration{"r0": 10 * time.Millisecond, "r1": 10 * time.Millisecond, "r2": 30 * time.Millisecond, "r3": 30 * time.Millisecond}
+	learnGateway(t, g, speeds)
+	checkPoolSpeeds(t, g)
+	counts := map[string]int{}
+	for i := range 200 {
+		d, err := g.RouteWith(keys.AppendHashes(nil, []uint64{uint64(10_000 + i), 1, 2, 3}), Target{TTFT: 60 * time.Millisecond})
+		require.NoError(t, err)
+		counts[d.Replica]++
+		if d.Replica == "r0" {
+			assert.InDelta(t, float64(10*time.Millisecond*time.Duration(d.Blocks-d.Matched+1)), float64(d.PredictedTTFT), float64(10*time.Millisecond), "prediction for %+v", d)
+			assert.InDelta(t, float64(10*time.Millisecond), float64(d.PredictedTPOT), float64(time.Millisecond))
+		}
+		a := speeds[d.Replica]
+		ttft := a * time.Duration(d.Blocks-d.Matched+1)
+		d.Done(DoneInfo{TTFT: ttft, Elapsed: ttft + 10*a, OutputTokens: 11})
+	}
+	assert.Greater(t, counts["r0"]+counts["r1"], 3*(counts["r2"]+counts["r3"]), "counts %v", counts)
+	st := g.Stats()
+	assert.Equal(t, uint64(200), st.ObjectiveRequests)
+	assert.Equal(t, uint64(200), st.TTFTMet+st.TTFTMissed)
+	assert.Greater(t, st.TTFTMet, 3*st.TTFTMissed)
+	assert.Zero(t, st.TPOTMet+st.TPOTMissed)
+
+	// An objective no replica can meet routes best effort, with FallbackSLO.
+	d, err := g.RouteWith(keys.AppendHashes(nil, []uint64{99, 1, 2, 3}), Target{TTFT: time.Microsecond, TPOT: time.Microsecond})
+	require.NoError(t, err)
+	assert.NotZero(t, d.Fallback&FallbackSLO)
+	d.Done(DoneInfo{TTFT: time.Second, Elapsed: 2 * time.Second, OutputTokens: 11})
+	st2 := g.Stats()
+	assert.Equal(t, st.ObjectiveBestEffort+1, st2.ObjectiveBestEffort)
+	assert.Equal(t, st.TTFTMissed+1, st2.TTFTMissed)
+	assert.Equal(t, uint64(1), st2.TPOTMissed)
+
+	// Removing a replica takes its speed out of the pool's.
+	require.NoError(t, g.RemoveReplica("r2"))
+	checkPoolSpeeds(t, g)
+
+	_, err = g.RouteWith(keys.AppendHashes(nil, []uint64{1}), Target{TTFT: -1})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "Target.TTFT -1ns")
+}
+
+// TestRouteAllocsWithSpeeds: routing with learned speeds and an objective
+// allocates nothing.
+func TestRouteAllocsWithSpeeds(t *testing.T) {
+	g := mustNew(t, replicaNames(8), WithMode(ModeCacheAware))
+	learnGateway(t, g, map[string]time.Duration{"r0": time.Millisecond, "r1": 3 * time.Millisecond})
+	k := keys.AppendHashes(nil, []uint64{7, 8, 9})
+	tg := Target{TTFT: 50 * time.Millisecond, TPOT: 20 * time.Millisecond}
+	require.Zero(t, testing.AllocsPerRun(200, func() {
+		d, err := g.RouteWith(k, tg)
+		if err != nil {
+			panic(err)
+		}
+		d.Done(DoneInfo{TTFT: time.Millisecond, Elapsed: 5 * time.Millisecond, OutputTokens: 5})
+	}))
+}
