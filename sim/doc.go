@@ -90,8 +90,10 @@
 // llmd_precise, chwbl, p2c, prefix_affinity), each Policy.Source naming
 // what it follows.
 // LoRAPolicies adds gie_lora (GIE's profile with its lora-affinity-scorer)
-// for workloads that name adapters. PolicyByName resolves the names a
-// command line passes.
+// for workloads that name adapters; LLMDPredictedPolicies gives
+// llmd_predicted and llmd_predicted_e2e (llm-d's predicted-latency
+// scheduling, streaming mode on and off), not run by default.
+// PolicyByName resolves the names a command line passes.
 //
 // Run is deterministic: the same Config (including Seed) gives the same
 // Report. Policies are simulated concurrently, each on its own copy of the

@@ -169,6 +169,9 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			gw.tracker, _ = gp.(reference.Tracker)
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
+			if c, ok := gp.(reference.Clocked); ok { // a peer timing what it hears reads the simulated clock
+				c.SetClock(func() time.Time { return time.Unix(0, e.now) })
+			}
 			opts = append(opts, gateway.WithPolicy(gp))
 		} else {
 			opts = append(opts, gateway.WithMode(pol.Mode))

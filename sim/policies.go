@@ -123,13 +123,31 @@ func GIEFlowPolicy() Policy {
 		New:      func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }}
 }
 
-// PolicyByName returns the default policy, gie_lora or gie_flow called
-// name (hyphens accepted for underscores), or an error wrapping
-// ErrInvalidConfig.
+// LLMDPredictedPolicies returns llmd_predicted and llmd_predicted_e2e:
+// llm-d's predicted-latency scheduling (reference.LLMDPredicted) with its
+// producer's streamingMode on (TTFT learned at the first token, for
+// clients that stream) and off (llm-d's default: the whole request's
+// latency learned at its end). They are not among DefaultPolicies.
+func LLMDPredictedPolicies() []Policy {
+	const src = "llm-d predicted-latency scheduling, llm-d-inference-scheduler 520af478 (May 2026): predictedlatency producer, " +
+		"prefix-cache-affinity 0.99/0.80, slo-headroom-tier, latency-scorer, weighted-random-picker; " +
+		"GIE latencypredictor 1748e829 training/prediction servers, Bayesian ridge in place of XGBoost"
+	const adapters = "salted keys (its approximate prefix index); no slots"
+	return []Policy{
+		{Name: "llmd_predicted", Source: src + ", streamingMode on", Adapters: adapters,
+			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPredicted(seed, true) }},
+		{Name: "llmd_predicted_e2e", Source: src + ", streamingMode off (its default)", Adapters: adapters,
+			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPredicted(seed, false) }},
+	}
+}
+
+// PolicyByName returns the default policy, gie_lora, gie_flow,
+// llmd_predicted or llmd_predicted_e2e called name (hyphens accepted for
+// underscores), or an error wrapping ErrInvalidConfig.
 func PolicyByName(name string) (Policy, error) {
 	n := strings.ReplaceAll(name, "-", "_")
 	var names []string
-	for _, p := range append(LoRAPolicies(), GIEFlowPolicy()) {
+	for _, p := range append(append(LoRAPolicies(), GIEFlowPolicy()), LLMDPredictedPolicies()...) {
 		if p.Name == n {
 			return p, nil
 		}
