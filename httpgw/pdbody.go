@@ -1,7 +1,6 @@
 package httpgw
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -43,71 +42,24 @@ const prefillTail = `"stream":false,"max_tokens":1,"max_completion_tokens":1,` +
 // errPDBody marks a body or answer the P/D rewrite cannot use.
 var errPDBody = errors.New("not a JSON object")
 
-// member is one top-level member of a JSON object: its decoded name, and
-// its name and value as written.
-type member struct {
-	name         string
-	rawName, raw []byte
-}
-
 // topMembers returns the members of the JSON object b, which must be the
 // whole document.
-func topMembers(b []byte) ([]member, error) {
-	var r jsonscan.Reader
-	r.Reset(b)
-	if r.Peek() != '{' {
-		return nil, fmt.Errorf("%w: %w", errPDBody, r.Errorf("want '{'"))
-	}
-	prev := r.Offset() + 1 // just after the '{'
-	var out []member
-	err := r.Object(func(name string) error {
-		// b[prev:valStart-1] is [ws][,][ws]"name"[ws]; the ':' is at valStart-1.
-		valStart := r.Offset()
-		if err := r.Skip(); err != nil {
-			return err
-		}
-		head := bytes.TrimSpace(b[prev : valStart-1])
-		head = bytes.TrimSpace(bytes.TrimPrefix(head, []byte(",")))
-		out = append(out, member{name: name, rawName: head, raw: bytes.TrimSpace(b[valStart:r.Offset()])})
-		prev = r.Offset()
-		return nil
-	})
+func topMembers(b []byte) ([]jsonscan.Member, error) {
+	ms, err := jsonscan.Members(b)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errPDBody, err)
 	}
-	if !r.End() {
-		return nil, fmt.Errorf("%w: %w", errPDBody, r.Errorf("data after the object"))
-	}
-	return out, nil
+	return ms, nil
 }
 
 // rewrite returns the object b without the members named in drop, with
-// tail (members in JSON, without braces) appended.
+// tail (members in JSON, without braces) appended (jsonscan.Rewrite).
 func rewrite(b []byte, drop func(name string) bool, tail string) ([]byte, error) {
-	ms, err := topMembers(b)
+	out, err := jsonscan.Rewrite(b, drop, tail)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errPDBody, err)
 	}
-	out := make([]byte, 0, len(b)+len(tail)+2)
-	out = append(out, '{')
-	for _, m := range ms {
-		if drop(m.name) {
-			continue
-		}
-		if len(out) > 1 {
-			out = append(out, ',')
-		}
-		out = append(out, m.rawName...)
-		out = append(out, ':')
-		out = append(out, m.raw...)
-	}
-	if tail != "" {
-		if len(out) > 1 {
-			out = append(out, ',')
-		}
-		out = append(out, tail...)
-	}
-	return append(out, '}'), nil
+	return out, nil
 }
 
 // prefillBody returns the prefill request for a client body.
@@ -137,9 +89,9 @@ func answerKVParams(answer []byte) (kv []byte, ok bool) {
 		return nil, false
 	}
 	for i := len(ms) - 1; i >= 0; i-- {
-		if ms[i].name == fieldKVTransferParams {
-			if len(ms[i].raw) > 0 && ms[i].raw[0] == '{' {
-				return ms[i].raw, true
+		if ms[i].Name == fieldKVTransferParams {
+			if len(ms[i].Raw) > 0 && ms[i].Raw[0] == '{' {
+				return ms[i].Raw, true
 			}
 			return nil, false
 		}

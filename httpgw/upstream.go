@@ -1,7 +1,6 @@
 package httpgw
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -49,60 +48,26 @@ const (
 	assembledStep   = 16 << 10
 )
 
-// streamMembers are the members a streamed-upstream request body ends
-// with.
-const streamMembers = `"stream":true,"stream_options":{"include_usage":true}`
-
 // upstreamStream makes the engine stream a non-streamed chat or completions
-// call's answer (when Options.UpstreamStream allows): it appends
-// streamMembers to the body and marks the call for relayAggregated. A body
-// that may name "stream" or "stream_options" has them removed first (a
-// rewrite of its top-level members, see pdbody.go), so that no member is
-// repeated: engines reading JSON with Python's json module (or Go's
-// encoding/json) would take the last, but stricter readers (serde's
-// derived structs) refuse repeated fields. One spelled with escapes
-// ("\u0073tream") stays, and the last member counts. Bodies asking for
-// beam search or best_of, which vLLM refuses to stream, are left alone, and
-// so are those whose answer is one token (max_tokens or
-// max_completion_tokens 1): its first token is its end, so streaming would
-// tell the gateway nothing sooner and only cost the stream's overhead.
-// Bodies asking for several choices (an integer "n" above 1) are left
-// alone too, so that the client gets the engine's own answer to them:
-// an engine's support for several choices streamed need not match its
-// support for them answered whole, and the first token of a stream of
-// several choices is the first of only one of them.
-// A call to be assembled first takes its first step of the
-// MaxAssembledBytes budget (c.hold, which the caller releases); when the
-// budget cannot give it, the client gets 503 and upstreamStream returns
-// false.
+// call's answer (when Options.UpstreamStream allows and
+// front.StreamUpstream says the call's answer may be assembled): it
+// rewrites the body to ask for a stream with usage (front.StreamBody) and
+// marks the call for relayAggregated. A call to be assembled first takes
+// its first step of the MaxAssembledBytes budget (c.hold, which the
+// caller releases); when the budget cannot give it, the client gets 503
+// and upstreamStream returns false.
 func (s *Server) upstreamStream(c *call) bool {
-	if s.opts.UpstreamStream == UpstreamStreamOff || c.req.Stream || c.req.MaxTokens == 1 || c.req.N > 1 ||
-		(c.oc.kind != keys.Chat && c.oc.kind != keys.Completions) ||
-		bytes.Contains(c.body, []byte(`"use_beam_search"`)) || bytes.Contains(c.body, []byte(`"best_of"`)) {
+	if s.opts.UpstreamStream == UpstreamStreamOff || !front.StreamUpstream(c.oc.kind, c.req, c.body) {
 		return true
 	}
-	b := bytes.TrimRight(c.body, " \t\r\n")
-	if len(b) < 2 || b[len(b)-1] != '}' {
+	out, err := front.StreamBody(c.body)
+	if err != nil {
 		return true // not reached: admit parsed it as one object, with a model
 	}
 	c.hold.B = s.assembled
 	if !c.hold.Grow(assembledStep) {
 		s.overBudget(c, assembledStep)
 		return false
-	}
-	var out []byte
-	if bytes.Contains(b, []byte(`"stream`)) {
-		var err error
-		out, err = rewrite(b, func(name string) bool { return name == fieldStreamName || name == fieldStreamOptions }, streamMembers)
-		if err != nil {
-			return true // not reached, as above
-		}
-	} else {
-		out = make([]byte, 0, len(b)+len(streamMembers)+1)
-		out = append(out, b[:len(b)-1]...)
-		out = append(out, ',')
-		out = append(out, streamMembers...)
-		out = append(out, '}')
 	}
 	c.body, c.aggregate = out, true
 	s.metrics.UpstreamStreamed.WithLabelValues(c.ms.Name, c.oc.kind.String()).Inc()
