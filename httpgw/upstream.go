@@ -50,17 +50,17 @@ const (
 
 // upstreamStream makes the engine stream a non-streamed chat or completions
 // call's answer (when Options.UpstreamStream allows and
-// front.StreamUpstream says the call's answer may be assembled): it
-// rewrites the body to ask for a stream with usage (front.StreamBody) and
+// keys.StreamUpstream says the call's answer may be assembled): it
+// rewrites the body to ask for a stream with usage (keys.StreamBody) and
 // marks the call for relayAggregated. A call to be assembled first takes
 // its first step of the MaxAssembledBytes budget (c.hold, which the
 // caller releases); when the budget cannot give it, the client gets 503
 // and upstreamStream returns false.
 func (s *Server) upstreamStream(c *call) bool {
-	if s.opts.UpstreamStream == UpstreamStreamOff || !front.StreamUpstream(c.oc.kind, c.req, c.body) {
+	if s.opts.UpstreamStream == UpstreamStreamOff || !keys.StreamUpstream(c.oc.kind, c.req, c.body) {
 		return true
 	}
-	out, err := front.StreamBody(c.body)
+	out, err := keys.StreamBody(c.body)
 	if err != nil {
 		return true // not reached: admit parsed it as one object, with a model
 	}

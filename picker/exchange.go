@@ -14,6 +14,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/examlops/gateway/internal/sseagg"
 )
 
 // phase is where an exchange stands in Envoy's message sequence.
@@ -69,6 +71,15 @@ type exchange struct {
 	served      string
 	complete    bool  // Done reported
 	cause       error // why the stream ended early, if known
+
+	// Upstream streaming (upstream.go): asmKind is the assembly of a
+	// request whose body was rewritten to stream, agg its answer's
+	// aggregator once the response is an event stream; bodyHeld and
+	// asmHeld are the bytes of MaxBufferedBytes the rewritten body and
+	// the answer hold.
+	asmKind           Assembly
+	agg               *sseagg.Aggregator
+	bodyHeld, asmHeld int64
 }
 
 func (x *exchange) reset(s *Server, st stream) {
@@ -132,6 +143,7 @@ func (x *exchange) releaseBody() {
 // release drops references the pooled exchange must not keep.
 func (x *exchange) release() {
 	x.releaseBody()
+	x.releaseAssembly()
 	clear(x.req.Header[:cap(x.req.Header)])
 	x.req = PickRequest{Header: x.req.Header[:0]}
 	x.st, x.tracker, x.head, x.cause, x.hintErr, x.respHeaders = nil, nil, nil, nil, nil, nil
@@ -215,6 +227,9 @@ func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error)
 			return false, x.protocolError("response_body arrived %s", phaseNames[x.ph])
 		}
 		x.servedBy(m.GetMetadataContext())
+		if x.agg != nil {
+			return x.assembleBody(r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream())
+		}
 		return false, x.responseBody(r.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		if x.ph != phaseResponse && x.ph != phaseDone {
@@ -354,15 +369,23 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 	if h, ok := x.tracker.(HeadTracker); ok {
 		x.head, x.headLeft = h, MaxResponseHead
 	}
-	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(x.body), p.Headers)); err != nil {
+	body := x.body
+	if hasBody {
+		body = x.assembleRequest(p.Assemble)
+	}
+	if err := x.st.Send(requestHeadersResponse(dest, hasBody, len(body), p.Headers)); err != nil {
 		return false, err
 	}
 	if hasBody {
-		if err := sendChunks(x.st, x.body, !trailers, requestBodyResponse); err != nil {
+		if err := sendChunks(x.st, body, !trailers, requestBodyResponse); err != nil {
 			return false, err
 		}
 	}
 	x.releaseBody()
+	if x.bodyHeld != 0 { // the rewritten body is sent
+		x.s.reserved.Add(-x.bodyHeld)
+		x.bodyHeld = 0
+	}
 	if trailers {
 		return false, x.st.Send(requestTrailersAnswer)
 	}
@@ -443,8 +466,8 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	}
 	x.ph = phaseResponse
 	answer := responseHeadersAnswer
-	if len(x.respHeaders) > 0 {
-		answer = responseHeadersResponse(x.respHeaders)
+	if hs := x.assembleHeaders(h.GetEndOfStream() || x.respNone); len(hs) > 0 {
+		answer = responseHeadersResponse(hs)
 	}
 	if err := x.st.Send(answer); err != nil {
 		return err

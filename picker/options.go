@@ -64,6 +64,13 @@ type Options struct {
 	// list, so only data planes that implement the protocol's fallback
 	// list should raise it.
 	MaxFallbacks int
+	// DisableUpstreamStream forwards the requests a Pick allows to be
+	// streamed from the engine and assembled (Pick.Assemble) as they are:
+	// the picker then learns their first token only when the whole
+	// answer has come. By default (false) they are streamed and
+	// assembled, when Envoy's response body mode is FULL_DUPLEX_STREAMED
+	// and MaxBufferedBytes has room (see Pick.Assemble).
+	DisableUpstreamStream bool
 	// Clock reads the time for latencies. Default time.Now.
 	Clock func() time.Time
 }

@@ -119,6 +119,21 @@ type Pick struct {
 	// Tracker, if not nil, hears how the request goes. With a Reply, its
 	// Done is called at once with the Reply's status.
 	Tracker Tracker
+	// Assemble, when not AssembleNone, says that the request's client did
+	// not ask for a stream and that its answer may be streamed from the
+	// engine and assembled into the JSON answer the client asked for
+	// (fleetpick sets it where keys.StreamUpstream allows, as the HTTP
+	// gateway streams). The server then, unless
+	// Options.DisableUpstreamStream is set, rewrites the body it sends on
+	// to ask for a stream with usage ("stream": true, "stream_options":
+	// {"include_usage": true}), reports FirstToken at the stream's first
+	// chunk, and gives the client the answer assembled from the stream,
+	// as application/json. It does so only when Envoy's response body
+	// mode is FULL_DUPLEX_STREAMED (the only one in which the picker
+	// replaces the response body) and Options.MaxBufferedBytes has room;
+	// otherwise the request goes as it is. An answer that is not a 2xx
+	// event stream goes to the client as it is.
+	Assemble Assembly
 }
 
 // Reply is an answer the picker sends the client itself (Pick.Reply).

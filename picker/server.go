@@ -44,6 +44,10 @@ type Server struct {
 	buffered                       atomic.Int64 // body buffer bytes reserved (exchange.grow)
 	streams                        atomic.Int64
 	reqTimeouts, respTimeouts, ovl atomic.Uint64
+	// Upstream streaming (upstream.go): bytes the answers being
+	// assembled hold (part of reserved), and its counters.
+	assembled                          atomic.Int64
+	asmStreamed, asmSkipped, asmFailed atomic.Uint64
 }
 
 // Stats counts what the Server's bounds did. All fields are totals since
@@ -67,12 +71,24 @@ type Stats struct {
 	// ReservedBytes past Options.MaxBufferedBytes: a body answered 503,
 	// or a stream ended with RESOURCE_EXHAUSTED as it opened.
 	Overloaded uint64
+	// AssembledBytes is the memory the answers being assembled from
+	// engines' streams hold (Pick.Assemble; part of ReservedBytes).
+	AssembledBytes int64
+	// UpstreamStreamed counts requests whose body was rewritten to
+	// stream their answer from the engine; UpstreamStreamSkipped those a
+	// Pick allowed to be, forwarded as they were because
+	// Options.MaxBufferedBytes could not hold their answer's first step
+	// (Overloaded counts them too); UpstreamStreamFailed the assembled
+	// answers that failed (a malformed or cut stream, an error event, an
+	// answer past its bound or the budget).
+	UpstreamStreamed, UpstreamStreamSkipped, UpstreamStreamFailed uint64
 }
 
 // Stats returns the Server's counters.
 func (s *Server) Stats() Stats {
 	return Stats{Streams: s.streams.Load(), ReservedBytes: s.reserved.Load(), BufferedBytes: s.buffered.Load(),
-		RequestTimeouts: s.reqTimeouts.Load(), ResponseTimeouts: s.respTimeouts.Load(), Overloaded: s.ovl.Load()}
+		RequestTimeouts: s.reqTimeouts.Load(), ResponseTimeouts: s.respTimeouts.Load(), Overloaded: s.ovl.Load(),
+		AssembledBytes: s.assembled.Load(), UpstreamStreamed: s.asmStreamed.Load(), UpstreamStreamSkipped: s.asmSkipped.Load(), UpstreamStreamFailed: s.asmFailed.Load()}
 }
 
 // StreamBytes is what each ext_proc stream takes from

@@ -41,6 +41,23 @@ type pickRequest struct {
 	hdr   picker.Headers
 	size  int64
 	first *gateway.Decision
+	// assemble is whether the answer may be streamed from the engine and
+	// assembled (Pick.Assemble; assembly).
+	assemble picker.Assembly
+}
+
+// assembly is the Pick.Assemble of a request of kind, read as rq from
+// body: the HTTP gateway's choice of the answers it streams from the
+// engine (keys.StreamUpstream).
+func assembly(kind keys.Endpoint, rq *keys.Request, body []byte) picker.Assembly {
+	switch {
+	case !keys.StreamUpstream(kind, rq, body):
+		return picker.AssembleNone
+	case kind == keys.Chat:
+		return picker.AssembleChat
+	default:
+		return picker.AssembleCompletions
+	}
 }
 
 // adapter is the request's LoRA adapter, "" for the base model.
@@ -183,7 +200,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 			continue
 		}
 		tr := pr.track(d, ep, endpoint)
-		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
+		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr, Assemble: pr.assemble}, nil
 	}
 	return pr.noEndpoint("", fmt.Errorf("replica %q is no longer configured", failed))
 }

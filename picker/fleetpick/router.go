@@ -237,7 +237,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 		ms = pr.lora.Model
 	}
-	pr.ms = ms
+	pr.ms, pr.assemble = ms, assembly(kind, rq, body)
 	switch {
 	case ms.NoReplicas && len(ms.MissingPools) > 0:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",

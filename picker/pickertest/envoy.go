@@ -31,7 +31,10 @@ const (
 // picker streamed it back and with its header mutations, to the endpoint
 // x-gateway-destination-endpoint names. It relays the endpoint's answer to
 // the client as it arrives, each read sent through the picker first
-// (response headers, then body chunks, end_of_stream at the end).
+// (response headers, then body chunks, end_of_stream at the end), and
+// relays what the picker streams back for each: the chunk itself, or
+// nothing while the picker holds the body, then the body it gives at the
+// end (an answer it assembles, picker.Pick.Assemble).
 //
 // A client that goes away cancels the ext_proc stream and the upstream
 // request, as Envoy does. An endpoint that cannot be reached gets the
@@ -171,6 +174,7 @@ func (e *Envoy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if n > 0 {
 			echoed, err := x.ResponseBody(buf[:n], false)
 			if err != nil {
+				abortOnImmediate(err)
 				return
 			}
 			if _, err := w.Write(echoed); err != nil {
@@ -179,7 +183,14 @@ func (e *Envoy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			_ = rc.Flush()
 		}
 		if rerr == io.EOF {
-			if _, err := x.ResponseBody(nil, true); err == nil {
+			echoed, err := x.ResponseBody(nil, true)
+			abortOnImmediate(err)
+			if len(echoed) > 0 {
+				if _, err := w.Write(echoed); err != nil {
+					return
+				}
+			}
+			if err == nil {
 				_ = x.Close()
 			}
 			return
@@ -245,6 +256,16 @@ func (e *Envoy) localReply(w http.ResponseWriter, x *Exchange, cause error) {
 	w.Header().Set("Content-Type", "text/plain")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(body)
+}
+
+// abortOnImmediate resets the client's stream, as Envoy does, when the
+// picker answered a response body chunk with an immediate response: the
+// response headers are sent, so its status cannot be.
+func abortOnImmediate(err error) {
+	var ie *ImmediateError
+	if errors.As(err, &ie) {
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // hopHeader reports whether name is a connection-level header a proxy

@@ -254,17 +254,25 @@ func (x *Exchange) ResponseHeadersMutation(status int, header []picker.Header, m
 }
 
 // ResponseBody sends one response body chunk and returns the body the
-// picker streams back for it (in one or more chunks of at most
-// picker.MaxChunkBytes; end_of_stream on the last one exactly when eos).
+// picker streams back for it, in chunks of at most picker.MaxChunkBytes.
+// A chunk that does not end the body is answered with the chunk itself
+// (in one or more messages), or with one empty message while the picker
+// holds the body to answer it whole at its end (an answer it assembles,
+// picker.Pick.Assemble); the chunk that ends it with any body, the last
+// message with end_of_stream. An immediate response from the picker (an
+// answer that failed once its headers were sent) is an *ImmediateError.
 func (x *Exchange) ResponseBody(chunk []byte, eos bool) ([]byte, error) {
 	if err := x.Send(ResponseBody(chunk, eos)); err != nil {
 		return nil, err
 	}
 	var out []byte
-	for {
+	for first := true; ; first = false {
 		m, err := x.Recv()
 		if err != nil {
 			return out, err
+		}
+		if im := m.GetImmediateResponse(); im != nil {
+			return out, &ImmediateError{Response: im}
 		}
 		sr := m.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
@@ -275,14 +283,33 @@ func (x *Exchange) ResponseBody(chunk []byte, eos bool) ([]byte, error) {
 		}
 		out = append(out, sr.GetBody()...)
 		switch {
-		case len(out) > len(chunk):
-			return out, errors.New("pickertest: the picker streamed back more than the chunk")
 		case sr.GetEndOfStream() && !eos:
 			return out, errors.New("pickertest: end_of_stream on a chunk that did not end the body")
-		case len(out) == len(chunk) && (sr.GetEndOfStream() || !eos):
+		case eos:
+			if sr.GetEndOfStream() {
+				return out, nil
+			}
+		case first && len(sr.GetBody()) == 0:
+			return out, nil // held, or an empty chunk echoed
+		case len(out) > len(chunk):
+			return out, errors.New("pickertest: the picker streamed back more than the chunk")
+		case len(out) == len(chunk):
 			return out, nil
 		}
 	}
+}
+
+// ImmediateError is the error of an Exchange method the picker answered
+// with an immediate response where Envoy expected a body chunk: Envoy,
+// which has sent the client the response headers by then, resets the
+// client's stream.
+type ImmediateError struct {
+	Response *extprocv3.ImmediateResponse
+}
+
+func (e *ImmediateError) Error() string {
+	return fmt.Sprintf("pickertest: the picker answered with an immediate response, status %d: %s",
+		e.Response.GetStatus().GetCode(), e.Response.GetBody())
 }
 
 // Respond plays a whole response: headers with status and contentType,

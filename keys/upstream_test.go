@@ -1,38 +1,37 @@
-package front
+package keys
 
 import (
 	"encoding/json"
 	"testing"
 
-	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestStreamUpstream(t *testing.T) {
 	for _, tc := range []struct {
-		kind keys.Endpoint
+		kind Endpoint
 		body string
 		want bool
 	}{
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, true},
-		{keys.Completions, `{"model":"m","prompt":"p"}`, true},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, false},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false}`, true},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, false},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1}`, false},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, true},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`, false},
-		{keys.Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1}`, true},
-		{keys.Completions, `{"model":"m","prompt":"p","best_of":2}`, false},
-		{keys.Completions, `{"model":"m","prompt":"p","use_beam_search":true}`, false},
-		{keys.Responses, `{"model":"m","input":"i"}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, true},
+		{Completions, `{"model":"m","prompt":"p"}`, true},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false}`, true},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, true},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1}`, true},
+		{Completions, `{"model":"m","prompt":"p","best_of":2}`, false},
+		{Completions, `{"model":"m","prompt":"p","use_beam_search":true}`, false},
+		{Responses, `{"model":"m","input":"i"}`, false},
 	} {
 		req, err := Parse(tc.kind, []byte(tc.body))
 		require.NoError(t, err, tc.body)
 		assert.Equal(t, tc.want, StreamUpstream(tc.kind, req, []byte(tc.body)), tc.body)
 	}
-	assert.False(t, StreamUpstream(keys.Chat, nil, nil), "no request read")
+	assert.False(t, StreamUpstream(Chat, nil, nil), "no request read")
 }
 
 func TestStreamBody(t *testing.T) {

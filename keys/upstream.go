@@ -1,20 +1,20 @@
-package front
+package keys
 
 import (
 	"bytes"
 	"fmt"
 
 	"github.com/examlops/gateway/internal/jsonscan"
-	"github.com/examlops/gateway/keys"
 )
 
 // This file decides which answers a front streams from the engine for a
 // client that did not ask for a stream, and rewrites their bodies: the
-// HTTP gateway (httpgw, upstream.go) and the picker (picker/fleetpick,
-// Pick.Assemble) both do, so that they learn a request's first token (the
-// end of its prefill) when it comes rather than when the whole answer is
-// generated, and both give the client the non-streamed JSON answer
-// assembled from the stream (internal/sseagg).
+// HTTP gateway (httpgw/upstream.go) and the picker (picker/upstream.go,
+// for the requests picker/fleetpick marks with Pick.Assemble) both do, so
+// that they learn a request's first token (the end of its prefill) when
+// it comes rather than when the whole answer is generated, and both give
+// the client the non-streamed JSON answer assembled from the stream
+// (internal/sseagg).
 
 // StreamMembers are the members a streamed-upstream request body ends
 // with.
@@ -32,9 +32,9 @@ const StreamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // answer to them: an engine's support for several choices streamed need
 // not match its support for them answered whole, and the first token of a
 // stream of several choices is the first of only one of them.
-func StreamUpstream(kind keys.Endpoint, req *keys.Request, body []byte) bool {
+func StreamUpstream(kind Endpoint, req *Request, body []byte) bool {
 	return req != nil && !req.Stream && req.MaxTokens != 1 && req.N <= 1 &&
-		(kind == keys.Chat || kind == keys.Completions) &&
+		(kind == Chat || kind == Completions) &&
 		!bytes.Contains(body, []byte(`"use_beam_search"`)) && !bytes.Contains(body, []byte(`"best_of"`))
 }
 

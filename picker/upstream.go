@@ -1,0 +1,221 @@
+package picker
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/examlops/gateway/internal/sseagg"
+	"github.com/examlops/gateway/keys"
+)
+
+// This file streams non-streamed answers from the engine, as the HTTP
+// gateway does (httpgw/upstream.go). A non-streamed answer reaches the
+// picker whole, when it is complete, so the picker would learn the
+// request's first token (Tracker.FirstToken, which releases its pending
+// prefill) only when the whole answer is generated. For a request whose
+// Pick says its answer may be assembled (Pick.Assemble), the picker asks
+// the engine to stream instead, by rewriting the request body it streams
+// back to Envoy, reads the first token in the stream's first chunk, and
+// gives the client the non-streamed JSON answer it asked for, assembled
+// from the stream (internal/sseagg, the gateway's aggregator).
+//
+// It needs Envoy's response body mode FULL_DUPLEX_STREAMED, the only one
+// in which the picker replaces the response body: in any other the request
+// is forwarded as it is.
+
+// Assembly says whether, and as what, the server may stream a request's
+// answer from the engine and assemble it for the client (Pick.Assemble).
+// The zero value, AssembleNone, forwards the request as it is.
+type Assembly uint8
+
+const (
+	// AssembleNone forwards the request as it is.
+	AssembleNone Assembly = iota
+	// AssembleChat assembles a chat completion ("chat.completion" from
+	// "chat.completion.chunk" events).
+	AssembleChat
+	// AssembleCompletions assembles a completion ("text_completion").
+	AssembleCompletions
+)
+
+// assembleLimitFactor times Options.MaxBodyBytes bounds one assembled
+// answer (32 MiB by default), as in the HTTP gateway; one SSE event is
+// bounded by MaxBodyBytes.
+const assembleLimitFactor = 4
+
+// assembleStep is the step in which an answer being assembled reserves
+// Options.MaxBufferedBytes for the memory its Aggregator holds
+// (sseagg.Aggregator.Held), the first before the request is sent.
+const assembleStep = 16 << 10
+
+// errAssemble marks an assembled answer that failed: the client gets an
+// immediate response with an OpenAI-style error.
+var errAssemble = errors.New("picker: the engine's stream could not be assembled into the answer")
+
+// assembleRequest rewrites the body of a routed request whose Pick allows
+// it to ask the engine for a stream with usage (keys.StreamBody), and
+// returns the body to send. It leaves the request as it is (returning
+// x.body) when Options.DisableUpstreamStream is set, when Envoy's
+// response body mode is not FULL_DUPLEX_STREAMED, or when
+// Options.MaxBufferedBytes cannot hold the rewritten body and the first
+// step of the answer: forwarding the request as it is costs only the
+// first token's timing, where failing it would cost the request.
+func (x *exchange) assembleRequest(a Assembly) []byte {
+	if a == AssembleNone || a > AssembleCompletions || x.s.opts.DisableUpstreamStream || !x.respEcho || len(x.body) == 0 {
+		return x.body
+	}
+	// The rewritten body is reserved until it is sent (route releases
+	// x.bodyHeld), the first step of the answer until the stream ends.
+	bodyHeld := int64(len(x.body) + len(keys.StreamMembers) + 2)
+	if !x.s.reserve(bodyHeld + assembleStep) {
+		x.s.asmSkipped.Add(1)
+		return x.body
+	}
+	out, err := keys.StreamBody(x.body)
+	if err != nil { // not a JSON object: a Router that did not parse the body
+		x.s.reserved.Add(-(bodyHeld + assembleStep))
+		return x.body
+	}
+	x.s.reserved.Add(int64(len(out)) - bodyHeld) // the body's exact length
+	x.bodyHeld = int64(len(out))
+	x.asmHeld = assembleStep
+	x.s.assembled.Add(assembleStep)
+	x.asmKind = a
+	x.s.asmStreamed.Add(1)
+	return out
+}
+
+// releaseAssembly returns the reservations of the rewritten body and of
+// the answer, once they are done with.
+func (x *exchange) releaseAssembly() {
+	if x.bodyHeld != 0 {
+		x.s.reserved.Add(-x.bodyHeld)
+		x.bodyHeld = 0
+	}
+	if x.asmHeld != 0 {
+		x.s.reserved.Add(-x.asmHeld)
+		x.s.assembled.Add(-x.asmHeld)
+		x.asmHeld = 0
+	}
+	x.agg = nil
+}
+
+// assembleHeaders decides, at the response headers, whether the answer
+// of a rewritten request is assembled: a 2xx event stream with a body is;
+// any other answer (an error status, a JSON answer from an engine that
+// ignored "stream") goes to the client as it is, and the answer's
+// reservation is returned. For an assembled answer it returns the
+// headers to set on the client's response: Pick.ResponseHeaders,
+// content-type application/json, and content-length removed (Envoy frames
+// the assembled body itself).
+func (x *exchange) assembleHeaders(eos bool) []Header {
+	if x.asmKind == AssembleNone {
+		return x.respHeaders
+	}
+	if x.status/100 != 2 || !x.sse || eos {
+		x.asmKind = AssembleNone
+		x.releaseAssembly()
+		return x.respHeaders
+	}
+	limit := x.s.opts.MaxBodyBytes
+	x.agg = sseagg.New(x.asmKind == AssembleChat, min(limit*assembleLimitFactor, 1<<40), min(limit, 1<<40))
+	h := make([]Header, 0, len(x.respHeaders)+2)
+	h = append(h, x.respHeaders...)
+	return append(h, Header{Name: "content-type", Value: "application/json"}, Header{Name: "content-length"})
+}
+
+// assembleBody reads one response body chunk of an assembled answer: it
+// reports the first token at the stream's first chunk, answers each chunk
+// with an empty one while the answer is assembled, and sends the answer at
+// the end of the stream. An answer that cannot be assembled (a malformed
+// or cut stream, an error event, an answer past its bound or the budget)
+// ends the request with an immediate response (stop is true).
+func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
+	g := x.agg
+	if len(chunk) > 0 {
+		before := g.Chunks()
+		ferr := g.Feed(chunk)
+		if before == 0 && g.Chunks() > 0 {
+			x.firstToken()
+		}
+		if ferr != nil {
+			return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", ferr)
+		}
+		if need := int64(g.Held()); need > x.asmHeld {
+			need = (need + assembleStep - 1) / assembleStep * assembleStep
+			if !x.s.reserve(need - x.asmHeld) {
+				return true, x.assembleFailed(http.StatusServiceUnavailable, "assembly_over_budget",
+					fmt.Errorf("%w: the answer being assembled needs %d bytes, past the picker's budget (MaxBufferedBytes, --max-buffered-bytes %d, of which the streams hold %d); stream the answer (\"stream\": true), which is relayed as it comes",
+						ErrOverloaded, need, x.s.opts.MaxBufferedBytes, x.s.reserved.Load()))
+			}
+			x.s.assembled.Add(need - x.asmHeld)
+			x.asmHeld = need
+		}
+	}
+	if !eos {
+		return false, x.st.Send(emptyBodyAnswer)
+	}
+	parts, n, perr := g.Parts()
+	if perr != nil {
+		return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", perr)
+	}
+	x.ph = phaseDone
+	x.done()
+	err = sendParts(x.st, parts, n)
+	x.releaseAssembly()
+	return false, err
+}
+
+// assembleFailed ends an assembled answer that failed with an immediate
+// response carrying status and an OpenAI-style error (the HTTP gateway
+// answers 502 or 503 alike), and reports Done with the error. Envoy has
+// sent the client the response headers by then, so it cannot send the
+// error's status: it resets the client's stream, which then ends without
+// a body. The client never gets a partial or wrong answer.
+func (x *exchange) assembleFailed(status int, code string, cause error) error {
+	x.s.asmFailed.Add(1)
+	err := fmt.Errorf("%w: %w", errAssemble, cause)
+	if x.tracker != nil && !x.complete {
+		x.complete = true
+		x.tracker.Done(Outcome{Err: err, Status: x.status, Served: x.served})
+	}
+	x.complete = true
+	x.ph = phaseDone
+	x.releaseAssembly()
+	typ := "server_error"
+	if status == http.StatusServiceUnavailable {
+		typ = "service_unavailable_error"
+	}
+	return x.immediate(&StatusError{Status: status, Type: typ, Code: code, Err: err})
+}
+
+// sendParts sends an assembled answer of n bytes, given in parts, as
+// streamed_response chunks of MaxChunkBytes (the last one shorter), the
+// last with end_of_stream.
+func sendParts(st stream, parts [][]byte, n int) error {
+	buf := make([]byte, 0, min(n, MaxChunkBytes))
+	sent := 0
+	for _, p := range parts {
+		for len(p) > 0 {
+			k := min(len(p), cap(buf)-len(buf))
+			buf = append(buf, p[:k]...)
+			p = p[k:]
+			if len(buf) == cap(buf) {
+				sent += len(buf)
+				if err := st.Send(responseBodyResponse(buf, sent == n)); err != nil {
+					return err
+				}
+				buf = buf[:0]
+			}
+		}
+	}
+	if sent < n || n == 0 {
+		return st.Send(responseBodyResponse(buf, true))
+	}
+	return nil
+}
+
+// emptyBodyAnswer answers a response body chunk with an empty streamed
+// chunk, while the answer is being assembled.
+var emptyBodyAnswer = responseBodyResponse(nil, false)
