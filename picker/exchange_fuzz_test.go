@@ -51,7 +51,13 @@ func (r *countRouter) Pick(_ context.Context, req *PickRequest) (Pick, error) {
 	if len(req.Body) > 0 && req.Body[0] == '?' {
 		ep = "not an endpoint"
 	}
-	return Pick{Endpoint: ep, Fallbacks: []string{"10.0.0.2:80", "bad", "10.0.0.1:80"}, Tracker: t}, nil
+	// A body of a JSON object may be streamed from the engine and
+	// assembled (upstream.go), as chat or completions by its length.
+	a := AssembleNone
+	if len(req.Body) > 0 && req.Body[0] == '{' {
+		a = AssembleChat + Assembly(len(req.Body)%2)
+	}
+	return Pick{Endpoint: ep, Fallbacks: []string{"10.0.0.2:80", "bad", "10.0.0.1:80"}, Tracker: t, Assemble: a}, nil
 }
 
 // encodeMsgs frames messages for FuzzExchange: a 2-byte length, then the
@@ -92,6 +98,10 @@ func FuzzExchange(f *testing.F) {
 		RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: extprocfilterv3.ProcessingMode_NONE},
 		Request: reqHeaders(true, nil).Request}, respHeaders(false, ":status", "200")))
 	f.Add(encodeMsgs(f, reqBody(body, true), &extprocv3.ProcessingRequest{}))
+	f.Add(encodeMsgs(f, reqHeaders(false, nil), reqBody(body, true),
+		respHeaders(false, ":status", "200", "content-type", "text/event-stream"),
+		respBody([]byte(`data: {"choices":[{"index":0,"delta":{"content":"a"}}]}`+"\n\n"), false),
+		respBody([]byte("data: [DONE]\n\n"), true)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msgs []*extprocv3.ProcessingRequest
 		for len(data) >= 2 {
@@ -115,6 +125,9 @@ func FuzzExchange(f *testing.F) {
 		_ = s.serve(st)
 		if len(r.trackers) > 1 {
 			t.Fatalf("%d picks on one stream", len(r.trackers))
+		}
+		if st := s.Stats(); st.ReservedBytes != 0 || st.AssembledBytes != 0 || st.BufferedBytes != 0 {
+			t.Fatalf("the stream ended holding %d bytes (%d assembled, %d buffered)", st.ReservedBytes, st.AssembledBytes, st.BufferedBytes)
 		}
 		for _, tr := range r.trackers {
 			if tr.done != 1 || tr.first > 1 {

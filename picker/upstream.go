@@ -192,7 +192,8 @@ func (x *exchange) assembleFailed(status int, code string, cause error) error {
 
 // sendParts sends an assembled answer of n bytes, given in parts, as
 // streamed_response chunks of MaxChunkBytes (the last one shorter), the
-// last with end_of_stream.
+// last with end_of_stream. Each chunk is a buffer of its own: a stream
+// may keep what it is sent (gRPC's does not).
 func sendParts(st stream, parts [][]byte, n int) error {
 	buf := make([]byte, 0, min(n, MaxChunkBytes))
 	sent := 0
@@ -206,7 +207,7 @@ func sendParts(st stream, parts [][]byte, n int) error {
 				if err := st.Send(responseBodyResponse(buf, sent == n)); err != nil {
 					return err
 				}
-				buf = buf[:0]
+				buf = make([]byte, 0, min(n-sent, MaxChunkBytes))
 			}
 		}
 	}

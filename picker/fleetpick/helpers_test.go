@@ -82,12 +82,13 @@ type pickFixture struct {
 
 // pickSetup adjusts a pickFixture before it starts.
 type pickSetup struct {
-	popts     Options
-	maxFB     int // picker.Options.MaxFallbacks
-	fallbacks bool
-	model     func(*config.Model)
-	fleet     func(*fleet.Options)
-	engine    func(i int, o *enginetest.Options)
+	popts      Options
+	maxFB      int  // picker.Options.MaxFallbacks
+	noUpstream bool // picker.Options.DisableUpstreamStream
+	fallbacks  bool
+	model      func(*config.Model)
+	fleet      func(*fleet.Options)
+	engine     func(i int, o *enginetest.Options)
 }
 
 func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, setup pickSetup) *pickFixture {
@@ -122,7 +123,7 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 	var err error
 	f.picker, err = New(s, popts)
 	require.NoError(t, err)
-	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB})
+	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, DisableUpstreamStream: setup.noUpstream})
 	require.NoError(t, err)
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
