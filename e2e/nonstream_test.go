@@ -49,11 +49,7 @@ func TestNonStreamedFirstToken(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "routing.json")
 	exa(t, cfg, "serve", "routing", "set", simModel, "--mode", "cache_aware", "--replica", "e0="+engine.url())
 
-	words := make([]string, nsTokens)
-	for i := range words {
-		words[i] = fmt.Sprintf("word%d", i)
-	}
-	prompt := strings.Join(words, " ")
+	prompt := nsPrompt()
 	body := func(i int) []byte {
 		// Each request its own prompt, so that its prefix is uncached.
 		b, _ := json.Marshal(map[string]any{"model": simModel, "max_tokens": nsTokens, "stream": false,
@@ -153,6 +149,15 @@ func TestNonStreamedFirstToken(t *testing.T) {
 				sortedKeys(viaGW), sortedKeys(viaEngine), sortedKeys(gc), sortedKeys(ec), sortedKeys(gm), sortedKeys(em))
 		})
 	}
+}
+
+// nsPrompt is a prompt of nsTokens words.
+func nsPrompt() string {
+	words := make([]string, nsTokens)
+	for i := range words {
+		words[i] = fmt.Sprintf("word%d", i)
+	}
+	return strings.Join(words, " ")
 }
 
 // sortedKeys returns m's keys, sorted.

@@ -38,6 +38,7 @@ type pickerFlags struct {
 
 	requestTimeout, responseTimeout time.Duration
 	maxBuffered                     int64
+	upstreamStream                  bool
 	maxStreams                      uint32
 	maxConnAge, maxConnAgeGrace     time.Duration
 	disc                            discoveryFlags
@@ -130,6 +131,8 @@ from a Go client.`,
 		"how long a routed request may wait for its response headers before its stream ends and its load is released (0 = no limit); keep it above Envoy's route timeout")
 	f.Int64Var(&fl.maxBuffered, "max-buffered-bytes", picker.DefaultMaxBufferedBytes,
 		"memory all streams together may hold: 32 KiB a stream and the bodies being read; a body that would go past it gets 503, a stream RESOURCE_EXHAUSTED (at least --max-body-bytes + 32 KiB)")
+	f.BoolVar(&fl.upstreamStream, "upstream-stream", true,
+		"ask the engine to stream the answer of a chat or completions request whose client does not stream, and answer the client with the JSON assembled from the stream, so that the picker learns the request's first token (its prefill's end) when it comes rather than at completion, as the gateway does; only in Envoy's response body mode FULL_DUPLEX_STREAMED, and while --max-buffered-bytes has room (else the request goes as it is); --upstream-stream=false forwards such requests as they are")
 	f.Uint32Var(&fl.maxStreams, "max-concurrent-streams", picker.DefaultMaxConcurrentStreams,
 		"ext_proc streams (requests in flight) one gRPC connection may have open; Envoy opens more connections past it")
 	f.DurationVar(&fl.maxConnAge, "max-connection-age", 0,
@@ -243,7 +246,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		return d
 	}
 	pk, err := picker.New(router, picker.Options{MaxBodyBytes: int(fl.maxBody), MaxFallbacks: fl.fallbacks,
-		MaxBufferedBytes: fl.maxBuffered, RequestTimeout: noLimit(fl.requestTimeout), ResponseTimeout: noLimit(fl.responseTimeout)})
+		MaxBufferedBytes: fl.maxBuffered, RequestTimeout: noLimit(fl.requestTimeout), ResponseTimeout: noLimit(fl.responseTimeout),
+		DisableUpstreamStream: !fl.upstreamStream})
 	if err != nil {
 		return err
 	}
@@ -387,6 +391,14 @@ func pickerCollector(pk *picker.Server) []prometheus.Collector {
 			Help: "Routed streams ended because no response headers came within --response-timeout."}, func() float64 { return float64(pk.Stats().ResponseTimeouts) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_overloaded_total",
 			Help: "Streams refused (503, or RESOURCE_EXHAUSTED as they opened) because they would have taken the reserved bytes past --max-buffered-bytes."}, func() float64 { return float64(pk.Stats().Overloaded) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_picker_assembled_bytes",
+			Help: "Memory the non-streamed answers being assembled from engines' streams hold (--upstream-stream; part of exa_picker_reserved_bytes)."}, func() float64 { return float64(pk.Stats().AssembledBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_upstream_streamed_total",
+			Help: "Non-streamed chat and completions requests sent to the engine asking for a stream, their answer assembled (--upstream-stream)."}, func() float64 { return float64(pk.Stats().UpstreamStreamed) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_upstream_stream_skipped_total",
+			Help: "Requests that could have been streamed from the engine, sent as they were because --max-buffered-bytes had no room for their answer."}, func() float64 { return float64(pk.Stats().UpstreamStreamSkipped) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_picker_upstream_stream_failed_total",
+			Help: "Answers streamed from the engine that could not be assembled (a malformed or cut stream, an error event, past a bound): their client's stream was ended with an error."}, func() float64 { return float64(pk.Stats().UpstreamStreamFailed) }),
 	}
 }
 

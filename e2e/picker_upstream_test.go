@@ -1,0 +1,137 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPickerUpstreamStream is TestNonStreamedFirstToken for the picker:
+// `exa serve picker`, the real binary, behind pickertest.Envoy (no Envoy
+// binary exists on this project's machines; the stand-in plays Envoy's
+// FULL_DUPLEX_STREAMED ext_proc sequence, see TestPicker). A "stream":
+// false request's pending prefill is released at its first token, not at
+// completion: the picker rewrites the request to stream from the engine
+// (--upstream-stream, the default) and answers the client with the JSON
+// assembled from the stream. One llm-d-inference-sim engine in echo mode,
+// 500ms to the first token and 10ms per output token, answers a 300-token
+// request in about 3.5s; the picker's pending prefill
+// (exa_gateway_pending_prefill_blocks) is polled every 20ms, with the
+// default and with --upstream-stream=false. The answer is compared with
+// the engine's own non-streamed answer: content, usage, finish_reason.
+func TestPickerUpstreamStream(t *testing.T) {
+	requireBinaries(t)
+	port := freePort(t)
+	engine := startSim(t, port, []string{"--port", strconv.Itoa(port), "--model", simModel, "--force-dummy-tokenizer",
+		"--mode", "echo", "--time-to-first-token", nsTTFT.String(), "--inter-token-latency", nsITL.String(),
+		"--max-num-seqs", "8", "--max-model-len", "8192", "--zmq-endpoint=", "--seed", "1", "--v", "0"})
+	cfg := filepath.Join(t.TempDir(), "routing.json")
+	exa(t, cfg, "serve", "routing", "set", simModel, "--mode", "cache_aware", "--replica", "e0="+engine.url())
+	body := func(i int) []byte {
+		b, _ := json.Marshal(map[string]any{"model": simModel, "max_tokens": nsTokens, "stream": false,
+			"messages": []map[string]string{{"role": "user", "content": "picker run " + strconv.Itoa(i) + ": " + nsPrompt()}}})
+		return b
+	}
+	for i, upstream := range []bool{true, false} {
+		t.Run("upstream-stream="+strconv.FormatBool(upstream), func(t *testing.T) {
+			pp := startPickerProc(t, "picker", cfg, "--upstream-stream="+strconv.FormatBool(upstream))
+			url := pp.envoy(t, false)
+			waitFor(t, 10*time.Second, "picker to admit the engine", func() bool {
+				h, _ := pp.engineHealthy(t, engine.url())
+				return h
+			})
+			pending := func() float64 {
+				return pp.metric(t, "exa_gateway_pending_prefill_blocks", map[string]string{"model": simModel})
+			}
+			require.Zero(t, pending())
+			type answer struct {
+				status int
+				ct     string
+				body   []byte
+				err    error
+				at     time.Duration
+			}
+			done := make(chan answer, 1)
+			start := time.Now()
+			go func() {
+				resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
+				if err != nil {
+					done <- answer{err: err}
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				done <- answer{status: resp.StatusCode, ct: resp.Header.Get("Content-Type"), body: b, err: err, at: time.Since(start)}
+			}()
+			var firstSeen, released time.Duration = -1, -1
+			var maxPending float64
+			var a answer
+		poll:
+			for {
+				select {
+				case a = <-done:
+					break poll
+				default:
+				}
+				p := pending()
+				at := time.Since(start)
+				if p > 0 && firstSeen < 0 {
+					firstSeen = at
+				}
+				maxPending = max(maxPending, p)
+				if p == 0 && maxPending > 0 && released < 0 {
+					released = at
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			require.NoError(t, a.err)
+			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+			assert.Equal(t, "application/json", a.ct)
+			if released < 0 && pending() == 0 {
+				released = a.at // released with the answer
+			}
+			t.Logf("picker --upstream-stream=%v: pending prefill %v blocks, first seen at %v, released at %v; answer complete at %v",
+				upstream, maxPending, firstSeen.Round(time.Millisecond), released.Round(time.Millisecond), a.at.Round(time.Millisecond))
+			require.Positive(t, maxPending, "the request's prefill was pending")
+			streamed := pp.metric(t, "exa_picker_upstream_streamed_total", nil)
+			if upstream {
+				assert.Less(t, released, a.at-time.Second, "pending prefill released at the first token, well before completion")
+				assert.GreaterOrEqual(t, released, nsTTFT-50*time.Millisecond, "not before the engine's first token")
+				assert.Equal(t, 1.0, streamed)
+			} else {
+				assert.Greater(t, released, a.at-500*time.Millisecond, "without upstream streaming, the release comes only with the answer")
+				assert.Zero(t, streamed)
+			}
+
+			// The picker's answer against the engine's own.
+			resp, err := http.Post(engine.url()+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
+			require.NoError(t, err)
+			direct, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", direct)
+			var viaPicker, viaEngine map[string]any
+			require.NoError(t, json.Unmarshal(a.body, &viaPicker), "%s", a.body)
+			require.NoError(t, json.Unmarshal(direct, &viaEngine), "%s", direct)
+			assert.Equal(t, "chat.completion", viaPicker["object"])
+			assert.Equal(t, viaEngine["usage"], viaPicker["usage"], "usage")
+			assert.Equal(t, viaEngine["model"], viaPicker["model"])
+			pc, ec := viaPicker["choices"].([]any)[0].(map[string]any), viaEngine["choices"].([]any)[0].(map[string]any)
+			assert.Equal(t, ec["finish_reason"], pc["finish_reason"], "finish_reason")
+			pm, em := pc["message"].(map[string]any), ec["message"].(map[string]any)
+			assert.Equal(t, em["content"], pm["content"], "content")
+			assert.Equal(t, em["role"], pm["role"], "role")
+			assert.NotEmpty(t, pm["content"])
+		})
+	}
+}
