@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -134,4 +135,73 @@ func TestPickerUpstreamStream(t *testing.T) {
 			assert.NotEmpty(t, pm["content"])
 		})
 	}
+}
+
+// TestPickerUpstreamLatency measures what --upstream-stream adds to a
+// small non-streamed request through the picker: two `exa serve picker`
+// processes of the same binary, one with the default and one with
+// --upstream-stream=false, each behind its own pickertest.Envoy, over one
+// llm-d-inference-sim engine with no simulated prefill or decode time,
+// called in turns with a chat request of max_tokens 8 (streamed from the
+// engine and assembled by the first, answered whole by the second). It
+// reports the latency distributions and the paired difference; it
+// asserts only that every request succeeded (timings depend on the
+// machine). EXA_E2E_LATENCY_N sets the samples per path (default 500).
+func TestPickerUpstreamLatency(t *testing.T) {
+	requireBinaries(t)
+	n := envInt(t, "EXA_E2E_LATENCY_N", 500)
+	port := freePort(t)
+	engine := startSim(t, port, []string{"--port", strconv.Itoa(port), "--model", simModel, "--force-dummy-tokenizer",
+		"--max-num-seqs", "64", "--zmq-endpoint=", "--seed", "1", "--v", "0"})
+	cfg := filepath.Join(t.TempDir(), "routing.json")
+	exa(t, cfg, "serve", "routing", "set", simModel, "--mode", "cache_aware", "--replica", "e0="+engine.url())
+	var urls []string
+	var procs []*pickerProc
+	for _, on := range []bool{true, false} {
+		pp := startPickerProc(t, "picker-"+strconv.FormatBool(on), cfg, "--upstream-stream="+strconv.FormatBool(on))
+		waitFor(t, 10*time.Second, "picker to admit the engine", func() bool {
+			h, _ := pp.engineHealthy(t, engine.url())
+			return h
+		})
+		urls = append(urls, pp.envoy(t, false))
+		procs = append(procs, pp)
+	}
+	body := []byte(`{"model":"` + simModel + `","max_tokens":8,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say a few words."}]}`)
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
+	call := func(base string) time.Duration {
+		start := time.Now()
+		resp, err := c.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		return time.Since(start)
+	}
+	for range 100 { // warm connections, caches and the runtime
+		for _, u := range urls {
+			call(u)
+		}
+	}
+	samples := [2][]time.Duration{}
+	for i := range 2 * n {
+		k := i % 2
+		if (i/2)%2 == 1 {
+			k = 1 - k // alternate which goes first
+		}
+		samples[k] = append(samples[k], call(urls[k]))
+	}
+	us := func(d time.Duration) string { return fmt.Sprintf("%7.1f µs", float64(d)/1e3) }
+	row := func(d []time.Duration) string {
+		return fmt.Sprintf("p50 %s  p90 %s  p99 %s", us(percentile(d, .5)), us(percentile(d, .9)), us(percentile(d, .99)))
+	}
+	paired := make([]time.Duration, n)
+	for i := range paired {
+		paired[i] = samples[0][i] - samples[1][i]
+	}
+	t.Logf("%d requests per path, sequential, through pickertest.Envoy, chat max_tokens 8, stream false", n)
+	t.Logf("--upstream-stream=true   %s", row(samples[0]))
+	t.Logf("--upstream-stream=false  %s", row(samples[1]))
+	t.Logf("paired (true - false of its round)  %s", row(paired))
+	assert.Equal(t, float64(100+n), procs[0].metric(t, "exa_picker_upstream_streamed_total", nil), "every request of the first picker streamed from the engine")
 }
