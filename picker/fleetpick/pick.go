@@ -23,6 +23,7 @@ type pickRequest struct {
 	start    time.Time
 	ms       *fleet.Model
 	lora     *fleet.AdapterRoute // the LoRA adapter the request names; nil for the base model
+	stream   bool                // the client asked for an event stream ("stream": true)
 	key      gateway.Key
 	fallback int
 	tab      *table
@@ -334,5 +335,13 @@ func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint st
 	r.metrics.InFlight.Inc()
 	t := r.pool.Get().(*tracker)
 	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab, client: pr.client}
+	if !pr.stream && d.PredictedTTFT > 0 {
+		// A plain answer reaches the picker whole, at its end: its first
+		// token is not seen, so the replica's pending prefill is released
+		// when predicted over (gateway.Decision.PredictedTTFT). The timer
+		// holds its own copy of the decision, whose FirstToken does
+		// nothing once Done has been called.
+		t.stop = r.afterFunc(d.PredictedTTFT, d.FirstToken)
+	}
 	return t
 }

@@ -132,6 +132,9 @@ type Router struct {
 	// each answer (tracker.ResponseHead).
 	respIDs front.ResponseIDs
 	flow    *front.FlowControl // nil when Options.Flow is off
+	// afterFunc starts the timer that releases a non-streamed request's
+	// predicted prefill (tracker): time.AfterFunc, replaced by tests.
+	afterFunc func(time.Duration, func()) (stop func() bool)
 }
 
 var _ picker.Router = (*Router)(nil)
@@ -167,7 +170,8 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	r := &Router{fl: fl, opts: opts}
+	r := &Router{fl: fl, opts: opts,
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 	var err error
 	if r.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
@@ -237,7 +241,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 		ms = pr.lora.Model
 	}
-	pr.ms = ms
+	pr.ms, pr.stream = ms, rq.Stream
 	switch {
 	case ms.NoReplicas && len(ms.MissingPools) > 0:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
