@@ -171,14 +171,19 @@ func ParseSLOHeader(name, value string) (time.Duration, error) {
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
-// Refuse applies the rule to decision d, made for a request with an
-// objective: with Reject, a decision the library marked FallbackSLO (no
-// replica predicted to meet the objective) is released with
+// Unmet reports whether decision d, made for a request with objective
+// s, found no replica predicted to meet it (the library's FallbackSLO;
+// without an objective that flag is the gateway-wide SLO's, not the
+// request's).
+func Unmet(s SLO, d *gateway.Decision) bool { return s.Set() && d.Fallback&gateway.FallbackSLO != 0 }
+
+// Refuse applies the rule to decision d, made for a request with
+// objective s: with Reject, a decision that is Unmet is released with
 // ErrSLOUnattainable and Refuse returns true: the front answers 429
 // (WriteSLOUnattainable). Otherwise it returns false and d stands (best
 // effort).
-func (o *Objectives) Refuse(d *gateway.Decision) bool {
-	if o.Unattainable != Reject || d.Fallback&gateway.FallbackSLO == 0 {
+func (o *Objectives) Refuse(s SLO, d *gateway.Decision) bool {
+	if o.Unattainable != Reject || !Unmet(s, d) {
 		return false
 	}
 	d.Done(gateway.DoneInfo{Err: ErrSLOUnattainable})

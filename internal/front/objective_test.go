@@ -170,7 +170,7 @@ func TestRefuse(t *testing.T) {
 		d, err := g.RouteWith(gateway.Key{99, 100}, tg)
 		require.NoError(t, err)
 		before := g.Replicas()[0].InFlight
-		got := o.Refuse(&d)
+		got := o.Refuse(tc.slo, &d)
 		assert.Equal(t, tc.refuse, got, "%v %+v", tc.mode, tc.slo)
 		if got {
 			// The decision is released: its in-flight count is gone.
