@@ -21,16 +21,17 @@ import "bytes"
 // answer without usage counts 0 (unknown).
 //
 // The meter matches member names on the raw bytes: in valid JSON a quote
-// preceded by a backslash is inside a string, any other starts or ends
-// one, so a name matched at an unescaped quote is a member name, never
-// text of the answer. It holds a fixed window (meterWindow bytes) and
+// inside a string is escaped (preceded by a backslash), and a quote that
+// ends a string is followed by no letter, so a name matched at a quote
+// not preceded by a backslash is a member name, never text of the
+// answer. It holds a fixed window (meterWindow bytes) and
 // allocates nothing; malformed bytes only make it count less.
 
 const (
 	// meterWindow is the meter's buffer; meterLook the most bytes a match
 	// reads past its opening quote (the longest name, its colon, up to
 	// meterSpaces spaces and a 7-digit count).
-	meterWindow = 2048
+	meterWindow = 512
 	meterLook   = 64
 	meterSpaces = 8
 	// meterMaxCount bounds a usage count read: more digits are not a

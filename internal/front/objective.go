@@ -122,25 +122,26 @@ func (o *Objectives) For(model string, h http.Header) (SLO, error) {
 	if !ok {
 		s = o.Defaults["*"]
 	}
-	for _, f := range [...]struct {
-		name string
-		v    *time.Duration
-	}{{HeaderSLOTTFT, &s.TTFT}, {HeaderSLOTPOT, &s.TPOT}} {
-		vv := h.Values(f.name)
-		switch len(vv) {
-		case 0:
-			continue
-		case 1:
-		default:
-			return SLO{}, FieldError(f.name, fmt.Sprintf("header %s is given %d times; give it once", f.name, len(vv)))
-		}
-		d, err := ParseSLOHeader(f.name, vv[0])
-		if err != nil {
-			return SLO{}, err
-		}
-		*f.v = d
+	var err error
+	if s.TTFT, err = sloHeader(h, HeaderSLOTTFT, s.TTFT); err != nil {
+		return SLO{}, err
+	}
+	if s.TPOT, err = sloHeader(h, HeaderSLOTPOT, s.TPOT); err != nil {
+		return SLO{}, err
 	}
 	return s, nil
+}
+
+// sloHeader returns the objective header name of h, def when absent.
+func sloHeader(h http.Header, name string, def time.Duration) (time.Duration, error) {
+	vv := h.Values(name)
+	switch len(vv) {
+	case 0:
+		return def, nil
+	case 1:
+		return ParseSLOHeader(name, vv[0])
+	}
+	return 0, FieldError(name, fmt.Sprintf("header %s is given %d times; give it once", name, len(vv)))
 }
 
 // ParseSLOHeader reads one objective header's value: an integer of
