@@ -232,3 +232,43 @@ func TestObjectivesOptionsChecked(t *testing.T) {
 	_, err = New(Options{Objectives: front.Objectives{Unattainable: 7}})
 	require.ErrorContains(t, err, "Objectives.Unattainable 7")
 }
+
+// A disaggregated model in gateway mode: the prefill request's round
+// trip teaches the prefill replica its time to first token, the decode
+// (streamed, so its first token is seen) the decode replica its time per
+// token; with Reject, a split plan whose prefill no replica is predicted
+// to meet within 1 ms is refused before any engine sees it.
+func TestObjectivePDGatewayMode(t *testing.T) {
+	f := newPDFixtureOpts(t, 1, 1, nil, Options{Clock: (&stepClock{}).Now, Objectives: front.Objectives{Unattainable: front.Reject}})
+	for i := range 6 {
+		// Without stream_options: the fake engine's usage always says 1
+		// token; its chunks are counted instead.
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("many words here ", 1+i)))
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		require.Regexp(t, `^split`, resp.Header.Get(HeaderDisagg))
+	}
+	f.settle()
+	plan := f.srv.Snapshot().Models[testModel].PD.Plan
+	pre, err := plan.Prefill.RouteWith(gateway.Key{7, 8, 9}, gateway.Target{})
+	require.NoError(t, err)
+	pre.Done(gateway.DoneInfo{})
+	assert.Positive(t, pre.PredictedTTFT, "the prefill replica's time to first token is learned")
+	dec, err := plan.Decode.RouteWith(gateway.Key{7, 8, 9}, gateway.Target{})
+	require.NoError(t, err)
+	dec.Done(gateway.DoneInfo{})
+	assert.Positive(t, dec.PredictedTPOT, "the decode replica's time per token is learned")
+
+	seen := len(f.prefill[0].requests()) + len(f.decode[0].requests())
+	resp := f.post("/v1/chat/completions", pdBody(true, "one more question"), "x-slo-ttft-ms", "1")
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), "slo_unattainable")
+	assert.Equal(t, seen, len(f.prefill[0].requests())+len(f.decode[0].requests()), "no engine saw it")
+	f.settle()
+	for _, g := range []*gateway.Gateway{plan.Prefill, plan.Decode} {
+		for _, r := range g.Replicas() {
+			assert.Zero(t, r.InFlight, "both decisions are released")
+		}
+	}
+}
