@@ -14,6 +14,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/examlops/gateway/internal/front"
 )
 
 // phase is where an exchange stands in Envoy's message sequence.
@@ -68,7 +70,7 @@ type exchange struct {
 	latency     time.Duration // request headers to first token
 	routed      time.Time     // when the Router's Pick returned
 	ttft        time.Duration // routed to the first chunk of an event stream (Outcome.TTFT)
-	usage       usageScan     // the answer's output tokens (Outcome.OutputTokens)
+	meter       front.Meter   // the answer's output tokens (Outcome.OutputTokens)
 	status      int
 	sse         bool
 	served      string
@@ -449,6 +451,7 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	if !x.sse {
 		x.firstToken()
 	}
+	x.meter.Reset(x.sse)
 	x.ph = phaseResponse
 	answer := responseHeadersAnswer
 	if len(x.respHeaders) > 0 {
@@ -471,7 +474,7 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 			x.readHead(b.GetBody())
 		}
 		if x.tracker != nil && x.status/100 == 2 {
-			x.usage.feed(b.GetBody())
+			x.meter.Feed(b.GetBody())
 		}
 	}
 	eos := b.GetEndOfStream()
@@ -538,7 +541,10 @@ func (x *exchange) done() {
 		// answer that is not a success measures no speed.
 		o.Latency = x.latency
 	default:
-		o.Latency, o.TTFT, o.OutputTokens = x.latency, x.ttft, x.usage.tokens()
+		o.Latency, o.TTFT = x.latency, x.ttft
+		if !x.respNone {
+			o.OutputTokens, _ = x.meter.Tokens()
+		}
 		o.Elapsed = max(x.s.opts.Clock().Sub(x.routed), 0)
 	}
 	x.tracker.Done(o)

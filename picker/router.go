@@ -183,12 +183,13 @@ type Outcome struct {
 	// from routing to the end of the answer, zero when the picker did not
 	// see it (an event stream in mode NONE) or the answer is not a
 	// success (2xx).
-	// OutputTokens is the answer's output token count from the usage in
-	// its body ("completion_tokens", or the Responses API's
-	// "output_tokens"; the last one in the body), zero when the body did
-	// not reach the picker (mode NONE), held none (a stream without
-	// stream_options.include_usage) or the request failed. Together they
-	// are gateway.DoneInfo's measures of the replica's speed.
+	// OutputTokens is the answer's output token count as the HTTP
+	// gateway counts it (internal/front's Meter): the usage in its body
+	// ("completion_tokens", or the Responses API's "output_tokens"), else
+	// for an event stream its chunks with content; zero when the body did
+	// not reach the picker (mode NONE), a plain answer held no usage, or
+	// the answer is not a success. Together they are gateway.DoneInfo's
+	// measures of the replica's speed.
 	TTFT, Elapsed time.Duration
 	OutputTokens  int
 	// Err is why the request failed: an upstream 5xx, or a stream that
