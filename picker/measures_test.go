@@ -12,7 +12,8 @@ import (
 // response body mode (gateway.DoneInfo's TTFT, Elapsed, OutputTokens): the
 // time to the first chunk of an event stream only when chunks come as
 // sent (FULL_DUPLEX_STREAMED, STREAMED), the end whenever it is seen, the
-// usage whenever the body is.
+// output tokens whenever the body is (its usage, else a stream's content
+// chunks).
 func TestOutcomeMeasures(t *testing.T) {
 	const (
 		sse  = "text/event-stream"
@@ -45,6 +46,7 @@ func TestOutcomeMeasures(t *testing.T) {
 		{"full duplex stream", full, sse, "200", sseBody, 2 * s, s, 2 * s, 5},
 		{"full duplex json", full, json, "200", jsonBody, 2 * s, 0, 2 * s, 7},
 		{"streamed stream", streamed, sse, "200", sseBody, 2 * s, s, 2 * s, 5},
+		{"stream without usage", full, sse, "200", [][]byte{sseBody[0], sseBody[0], []byte("data: [DONE]\n\n")}, 2 * s, s, 2 * s, 2},
 		{"buffered stream", buffered, sse, "200", [][]byte{append(append([]byte{}, sseBody[0]...), sseBody[1]...)}, 2 * s, 0, 2 * s, 5},
 		{"buffered json", buffered, json, "200", jsonBody, 2 * s, 0, 2 * s, 7},
 		{"none json", none, json, "200", nil, 2 * s, 0, 2 * s, 0},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // fakeTimer is Router.afterFunc for tests: it records each timer started,
@@ -128,6 +129,60 @@ func TestNonStreamedPrefillReleasedAtPrediction(t *testing.T) {
 			readAll(t, resp)
 			f.waitIdle()
 			require.Zero(t, pending())
+		})
+	}
+}
+
+// TestPickerObjectives: the picker applies the HTTP gateway's objective
+// rule (front.Objectives): a bad header is a 400 naming it; an objective
+// no replica is predicted to meet is routed best effort, or with Reject
+// answered 429 slo_unattainable without reaching an engine, its decision
+// released; one that is met, or a model's default replaced by a header of
+// 0, is routed.
+func TestPickerObjectives(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		obj      front.Objectives
+		hdr      []string
+		status   int
+		code     string
+		action   string // exa_gateway_slo_unattainable_total's action counted once, "" none
+		toEngine bool
+	}{
+		{name: "bad header", hdr: []string{"X-Slo-Ttft-Ms", "1.5"}, status: 400, code: "invalid_header"},
+		{name: "met", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "60000"}, status: 200, toEngine: true},
+		{name: "best effort", hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 200, action: "best_effort", toEngine: true},
+		{name: "reject", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+		{name: "model default, rejected", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{testModel: {TTFT: time.Millisecond}}},
+			status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+		{name: "model default, header 0", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{"*": {TTFT: time.Millisecond}}},
+			hdr: []string{"X-Slo-Ttft-Ms", "0"}, status: 200, toEngine: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{Objectives: tc.obj}})
+			gw := f.srv.Snapshot().Models[testModel].Gateway
+			teach(t, gw) // 2 ms per block: a request of several blocks is predicted past 1 ms
+			resp := f.post("/v1/chat/completions", chatBody(testModel, false, "a system prompt long enough for blocks",
+				"and a question of several words, all of them uncached"), tc.hdr...)
+			b := readAll(t, resp)
+			require.Equal(t, tc.status, resp.StatusCode, "%s", b)
+			if tc.code != "" {
+				e := decodeError(t, b)
+				require.NotNil(t, e.Code, "%s", b)
+				require.Equal(t, tc.code, *e.Code, "%s", b)
+				if tc.status == 400 {
+					require.Contains(t, e.Message, "X-Slo-Ttft-Ms")
+				}
+			}
+			f.waitIdle()
+			require.Equal(t, tc.toEngine, f.engines[0].Requests() == 1, "engine requests %d", f.engines[0].Requests())
+			for _, action := range []string{"best_effort", "rejected"} {
+				want := 0.0
+				if action == tc.action {
+					want = 1
+				}
+				require.Equal(t, want, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"model": testModel, "action": action}), action)
+			}
 		})
 	}
 }
