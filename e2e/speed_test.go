@@ -18,6 +18,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -46,12 +47,13 @@ import (
 // and the clients' mean time to first token (streamed) or to the answer
 // (non-streamed). Each asserts what holds on a loaded machine: every
 // request answered, and after the warm-up the fast engine served at least
-// speedFavour times as many requests as the slow one.
+// speedShare of the requests.
 //
 // EXA_E2E_SPEED_SLOW sets the slow engine's factor (default 3; 1 makes
 // the engines equal, and the share is then only logged);
 // EXA_E2E_SPEED_STREAMED=0 or 1 makes the clients not stream or stream
-// whatever the test's default.
+// whatever the test's default; EXA_E2E_SPEED_RATE the requests per
+// second (default speedRate; the share is asserted only at the default).
 // EXA_E2E_SPEED_BASELINE_EXA names another exa binary (a build of an
 // earlier commit) run as a second front over the same engines after the
 // first, for comparison; its figures are only logged.
@@ -62,10 +64,13 @@ const (
 	speedPerToken = time.Millisecond      // its prefill time per prompt token
 	speedITL      = 10 * time.Millisecond // its time per output token
 	speedSeqs     = 8                     // --max-num-seqs of each engine
-	speedRate     = 6.0                   // requests per second
+	speedRate     = 6.0                   // requests per second (EXA_E2E_SPEED_RATE)
 	speedN        = 150
 	speedWarm     = 30
-	speedFavour   = 1.5
+	// speedShare is the least share of the requests after the warm-up
+	// the fast engine must serve. Measured: 100% with learned speeds in
+	// every run; 68-74% at 038eef3, before them (docs/picker.md).
+	speedShare = 0.85
 )
 
 // speedSlowFactor reads EXA_E2E_SPEED_SLOW.
@@ -77,6 +82,18 @@ func speedSlowFactor(t *testing.T) float64 {
 	v, err := strconv.ParseFloat(s, 64)
 	require.NoError(t, err, "EXA_E2E_SPEED_SLOW=%q", s)
 	require.GreaterOrEqual(t, v, 1.0, "EXA_E2E_SPEED_SLOW")
+	return v
+}
+
+// speedRateOf reads EXA_E2E_SPEED_RATE.
+func speedRateOf(t *testing.T) float64 {
+	s := os.Getenv("EXA_E2E_SPEED_RATE")
+	if s == "" {
+		return speedRate
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	require.NoError(t, err, "EXA_E2E_SPEED_RATE=%q", s)
+	require.Positive(t, v, "EXA_E2E_SPEED_RATE")
 	return v
 }
 
@@ -219,6 +236,7 @@ func engineTTFTs(t *testing.T, engines []string) (sum, count []float64) {
 func runSpeed(t *testing.T, k int, name, url string, engines []string, stream bool) *speedRun {
 	run := &speedRun{name: name, served: map[string]int{}, all: map[string]int{}, engineTTFT: map[string]float64{}}
 	sum0, n0 := engineTTFTs(t, engines)
+	rate := speedRateOf(t)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -226,7 +244,7 @@ func runSpeed(t *testing.T, k int, name, url string, engines []string, stream bo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Until(start.Add(time.Duration(float64(i) / speedRate * float64(time.Second)))))
+			time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			r := speedChat(ctx, url, speedBody(k, i, stream), stream)
 			cancel()
@@ -291,15 +309,16 @@ func speeds(t *testing.T, slow float64, engines []string, stream bool, fronts ..
 		waitFor(t, 30*time.Second, f.name+" idle", func() bool { return flowFront{f.g, f.url}.inFlight(t) == 0 })
 	}
 	t.Logf("2 engines, slow x%.1f: fast prefill %v + %v per prompt token, %v per output token; %d sequences each; %d requests at %.0f/s (streamed %v), first %d the warm-up",
-		slow, speedOverhead, speedPerToken, speedITL, speedSeqs, speedN, speedRate, stream, speedWarm)
+		slow, speedOverhead, speedPerToken, speedITL, speedSeqs, speedN, speedRateOf(t), stream, speedWarm)
 	for _, r := range runs {
 		t.Logf("%v", r)
 	}
 	ours := runs[0]
 	require.Empty(t, ours.failed, "every request answered")
-	if slow >= 2 {
-		require.GreaterOrEqual(t, float64(ours.served["fast"]), speedFavour*float64(ours.served["slow"]),
-			"after the warm-up the fast engine serves at least %.1fx the slow one's requests: %v", speedFavour, ours)
+	if slow >= 2 && speedRateOf(t) == speedRate {
+		// Not fatal, so that the picker's pending check runs too.
+		assert.GreaterOrEqual(t, float64(ours.served["fast"]), speedShare*float64(ours.served["fast"]+ours.served["slow"]),
+			"after the warm-up the fast engine serves at least %.0f%% of the requests: %v", 100*speedShare, ours)
 	}
 }
 
