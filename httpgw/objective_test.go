@@ -97,18 +97,37 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 			} else {
 				assert.Zero(t, info.TTFT)
 			}
-			// The library has learned the replica's speed from them: both
-			// times where the first token shows them apart; from whole
-			// answers, whose time on the step clock does not grow with
-			// the prompt, the fit puts it all on the output tokens.
-			d, err := f.srv.Snapshot().Models[testModel].Gateway.RouteWith(gateway.Key{1, 2, 3}, gateway.Target{})
-			require.NoError(t, err)
-			defer d.Done(gateway.DoneInfo{})
-			assert.Positive(t, d.PredictedTPOT)
-			if tc.wantTTFT {
-				assert.Positive(t, d.PredictedTTFT)
+			predictsSomething(t, f, tc.wantTTFT)
+			if tc.upstream != UpstreamStreamOn || !tc.stream {
+				return
 			}
+			// A Responses API stream: its usage, and no first token (its
+			// first event comes before it).
+			resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","stream":true}`)
+			readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			f.settle()
+			ri := rec.last(t)
+			assert.Equal(t, 1, ri.OutputTokens, "the fake engine's output_tokens")
+			assert.Zero(t, ri.TTFT)
+			assert.Positive(t, ri.Elapsed)
 		})
+	}
+}
+
+// predictsSomething checks that the library has learned the replica's
+// speed from the requests f served: both times where the first token
+// shows them apart (wantTTFT); from whole answers, whose time on the
+// step clock does not grow with the prompt, the fit puts it all on the
+// output tokens.
+func predictsSomething(t *testing.T, f *fixture, wantTTFT bool) {
+	t.Helper()
+	d, err := f.srv.Snapshot().Models[testModel].Gateway.RouteWith(gateway.Key{1, 2, 3}, gateway.Target{})
+	require.NoError(t, err)
+	defer d.Done(gateway.DoneInfo{})
+	assert.Positive(t, d.PredictedTPOT)
+	if wantTTFT {
+		assert.Positive(t, d.PredictedTTFT)
 	}
 }
 

@@ -258,7 +258,10 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				now := s.opts.Clock()
 				a.ttfb = now.Sub(c.start)
-				if sse {
+				// A stream's first bytes come with its first token, but for
+				// a Responses API stream, which opens with events sent
+				// before it (response.created): that one's stays unseen.
+				if sse && c.oc.kind != keys.Responses {
 					a.firstAt = now
 				}
 			}
