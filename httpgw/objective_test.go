@@ -16,6 +16,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
 )
@@ -157,12 +158,12 @@ func TestObjectiveHeaderBadValues(t *testing.T) {
 // sloFixture is a gateway over one engine that has learned, on its step
 // clock, that the engine takes tens of milliseconds to a first token
 // (from requests that set no objective).
-func sloFixture(t *testing.T, obj front.Objectives) *fixture {
+func sloFixture(t *testing.T, obj front.Objectives, set ...func(*Options)) *fixture {
 	t.Helper()
-	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, func(o *Options) {
+	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, append(set, func(o *Options) {
 		o.Clock = (&stepClock{}).Now
 		o.Objectives = obj
-	})
+	})...)
 	for range 6 {
 		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"), "x-slo-ttft-ms", "0", "x-slo-tpot-ms", "0")
 		readAll(t, resp)
@@ -290,4 +291,20 @@ func TestObjectivePDGatewayMode(t *testing.T) {
 			assert.Zero(t, r.InFlight, "both decisions are released")
 		}
 	}
+}
+
+// With flow control (one request at a time), the rule applies to the
+// decision made when the request leaves the queue; the refused request's
+// decision is released, so the next one gets the slot.
+func TestObjectiveRejectWithFlowControl(t *testing.T) {
+	f := sloFixture(t, front.Objectives{Unattainable: front.Reject}, flowOn(flow.Config{}))
+	for range 2 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"), "x-slo-ttft-ms", "1")
+		readAll(t, resp)
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	}
+	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"))
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 2.0, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"action": "rejected"}))
 }
