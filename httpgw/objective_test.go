@@ -3,6 +3,9 @@ package httpgw
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -19,6 +22,7 @@ import (
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 )
 
 // stepClock is a clock that moves 10 ms on every reading: every interval
@@ -307,4 +311,62 @@ func TestObjectiveRejectWithFlowControl(t *testing.T) {
 	readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, 2.0, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"action": "rejected"}))
+}
+
+// A whole answer (relayed as the engine sends it) shows no first token:
+// once the library predicts one, the gateway releases the replica's
+// pending prefill at the predicted time, while the answer is still being
+// generated, rather than at its end.
+func TestWholeAnswerReleasesPrefillWhenPredicted(t *testing.T) {
+	gate := make(chan struct{})
+	waiting := make(chan struct{}, 1)
+	engine := rawEngine(t, func(c net.Conn, req *http.Request) bool {
+		if req.URL.Path != "/v1/chat/completions" {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+			return true
+		}
+		if req.Header.Get("X-Test-Whole") == "" {
+			body := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n"
+			_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return true
+		}
+		waiting <- struct{}{}
+		<-gate
+		body := `{"choices":[{"message":{"content":"ab"}}],"usage":{"completion_tokens":2}}`
+		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		return true
+	})
+	f := rawFixture(t, Options{Clock: (&stepClock{}).Now, UpstreamStream: UpstreamStreamOff}, engine)
+	// Streams teach the library the replica's time to first token.
+	for i := range 6 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("words ", 1+10*i)))
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	f.settle()
+	// The predicted release fires at once here; the response timer never.
+	var released atomic.Int32
+	f.srv.afterFunc = func(d time.Duration, fire func()) func() bool {
+		if d == DefaultResponseTimeout {
+			return func() bool { return true }
+		}
+		released.Add(1)
+		fire()
+		return func() bool { return false }
+	}
+	g := f.srv.Snapshot().Models[testModel].Gateway
+	done := make(chan *http.Response)
+	go func() {
+		done <- fronttest.Post(t, f.http.URL, "/v1/chat/completions", chatBody(testModel, false, "sys", "a new prompt of its own here"), "X-Test-Whole", "1")
+	}()
+	<-waiting
+	assert.Equal(t, int32(1), released.Load())
+	for _, r := range g.Replicas() {
+		assert.Zero(t, r.PendingPrefill, "released while the answer is generated")
+		assert.Equal(t, 1, r.InFlight)
+	}
+	close(gate)
+	resp := <-done
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -62,6 +62,13 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	}
 	defer a.stop()
 	defer a.stopWhole()
+	if !c.req.Stream && !c.aggregate && a.d.PredictedTTFT > 0 {
+		// A whole answer shows no first token: the replica's pending
+		// prefill is released when the library predicts it over, rather
+		// than at the answer's end (Decision.PredictedTTFT).
+		d := a.d
+		defer s.afterFunc(d.PredictedTTFT, d.FirstToken)()
+	}
 	resp, retry, cause := s.send(ctx, c)
 	if resp == nil {
 		return retry, cause
