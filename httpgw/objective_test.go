@@ -3,6 +3,9 @@ package httpgw
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,8 +19,10 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 )
 
 // stepClock is a clock that moves 10 ms on every reading: every interval
@@ -97,18 +102,37 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 			} else {
 				assert.Zero(t, info.TTFT)
 			}
-			// The library has learned the replica's speed from them: both
-			// times where the first token shows them apart; from whole
-			// answers, whose time on the step clock does not grow with
-			// the prompt, the fit puts it all on the output tokens.
-			d, err := f.srv.Snapshot().Models[testModel].Gateway.RouteWith(gateway.Key{1, 2, 3}, gateway.Target{})
-			require.NoError(t, err)
-			defer d.Done(gateway.DoneInfo{})
-			assert.Positive(t, d.PredictedTPOT)
-			if tc.wantTTFT {
-				assert.Positive(t, d.PredictedTTFT)
+			predictsSomething(t, f, tc.wantTTFT)
+			if tc.upstream != UpstreamStreamOn || !tc.stream {
+				return
 			}
+			// A Responses API stream: its usage, and no first token (its
+			// first event comes before it).
+			resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","stream":true}`)
+			readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			f.settle()
+			ri := rec.last(t)
+			assert.Equal(t, 1, ri.OutputTokens, "the fake engine's output_tokens")
+			assert.Zero(t, ri.TTFT)
+			assert.Positive(t, ri.Elapsed)
 		})
+	}
+}
+
+// predictsSomething checks that the library has learned the replica's
+// speed from the requests f served: both times where the first token
+// shows them apart (wantTTFT); from whole answers, whose time on the
+// step clock does not grow with the prompt, the fit puts it all on the
+// output tokens.
+func predictsSomething(t *testing.T, f *fixture, wantTTFT bool) {
+	t.Helper()
+	d, err := f.srv.Snapshot().Models[testModel].Gateway.RouteWith(gateway.Key{1, 2, 3}, gateway.Target{})
+	require.NoError(t, err)
+	defer d.Done(gateway.DoneInfo{})
+	assert.Positive(t, d.PredictedTPOT)
+	if wantTTFT {
+		assert.Positive(t, d.PredictedTTFT)
 	}
 }
 
@@ -138,12 +162,12 @@ func TestObjectiveHeaderBadValues(t *testing.T) {
 // sloFixture is a gateway over one engine that has learned, on its step
 // clock, that the engine takes tens of milliseconds to a first token
 // (from requests that set no objective).
-func sloFixture(t *testing.T, obj front.Objectives) *fixture {
+func sloFixture(t *testing.T, obj front.Objectives, set ...func(*Options)) *fixture {
 	t.Helper()
-	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, func(o *Options) {
+	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, append(set, func(o *Options) {
 		o.Clock = (&stepClock{}).Now
 		o.Objectives = obj
-	})
+	})...)
 	for range 6 {
 		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"), "x-slo-ttft-ms", "0", "x-slo-tpot-ms", "0")
 		readAll(t, resp)
@@ -271,4 +295,78 @@ func TestObjectivePDGatewayMode(t *testing.T) {
 			assert.Zero(t, r.InFlight, "both decisions are released")
 		}
 	}
+}
+
+// With flow control (one request at a time), the rule applies to the
+// decision made when the request leaves the queue; the refused request's
+// decision is released, so the next one gets the slot.
+func TestObjectiveRejectWithFlowControl(t *testing.T) {
+	f := sloFixture(t, front.Objectives{Unattainable: front.Reject}, flowOn(flow.Config{}))
+	for range 2 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"), "x-slo-ttft-ms", "1")
+		readAll(t, resp)
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	}
+	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"))
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 2.0, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"action": "rejected"}))
+}
+
+// A whole answer (relayed as the engine sends it) shows no first token:
+// once the library predicts one, the gateway releases the replica's
+// pending prefill at the predicted time, while the answer is still being
+// generated, rather than at its end.
+func TestWholeAnswerReleasesPrefillWhenPredicted(t *testing.T) {
+	gate := make(chan struct{})
+	waiting := make(chan struct{}, 1)
+	engine := rawEngine(t, func(c net.Conn, req *http.Request) bool {
+		if req.URL.Path != "/v1/chat/completions" {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+			return true
+		}
+		if req.Header.Get("X-Test-Whole") == "" {
+			body := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n"
+			_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return true
+		}
+		waiting <- struct{}{}
+		<-gate
+		body := `{"choices":[{"message":{"content":"ab"}}],"usage":{"completion_tokens":2}}`
+		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		return true
+	})
+	f := rawFixture(t, Options{Clock: (&stepClock{}).Now, UpstreamStream: UpstreamStreamOff}, engine)
+	// Streams teach the library the replica's time to first token.
+	for i := range 6 {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("words ", 1+10*i)))
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	f.settle()
+	// The predicted release fires at once here; the response timer never.
+	var released atomic.Int32
+	f.srv.afterFunc = func(d time.Duration, fire func()) func() bool {
+		if d == DefaultResponseTimeout {
+			return func() bool { return true }
+		}
+		released.Add(1)
+		fire()
+		return func() bool { return false }
+	}
+	g := f.srv.Snapshot().Models[testModel].Gateway
+	done := make(chan *http.Response)
+	go func() {
+		done <- fronttest.Post(t, f.http.URL, "/v1/chat/completions", chatBody(testModel, false, "sys", "a new prompt of its own here"), "X-Test-Whole", "1")
+	}()
+	<-waiting
+	assert.Equal(t, int32(1), released.Load())
+	for _, r := range g.Replicas() {
+		assert.Zero(t, r.PendingPrefill, "released while the answer is generated")
+		assert.Equal(t, 1, r.InFlight)
+	}
+	close(gate)
+	resp := <-done
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

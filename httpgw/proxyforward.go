@@ -62,6 +62,13 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	}
 	defer a.stop()
 	defer a.stopWhole()
+	if !c.req.Stream && !c.aggregate && a.d.PredictedTTFT > 0 {
+		// A whole answer shows no first token: the replica's pending
+		// prefill is released when the library predicts it over, rather
+		// than at the answer's end (Decision.PredictedTTFT).
+		d := a.d
+		defer s.afterFunc(d.PredictedTTFT, d.FirstToken)()
+	}
 	resp, retry, cause := s.send(ctx, c)
 	if resp == nil {
 		return retry, cause
@@ -258,7 +265,10 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				now := s.opts.Clock()
 				a.ttfb = now.Sub(c.start)
-				if sse {
+				// A stream's first bytes come with its first token, but for
+				// a Responses API stream, which opens with events sent
+				// before it (response.created): that one's stays unseen.
+				if sse && c.oc.kind != keys.Responses {
 					a.firstAt = now
 				}
 			}

@@ -13,8 +13,8 @@ import (
 // This file holds the fronts' rule for per-request latency objectives
 // (the library's Target.TTFT and TPOT, objective.go in the root package):
 // where a request's objective comes from, and what a front does when the
-// library finds no replica predicted to meet it. The HTTP gateway, the
-// picker and the simulator call it alike.
+// library finds no replica predicted to meet it: one rule (Refuse) for
+// the HTTP gateway, the picker and the simulator.
 
 // The request headers of a latency objective, llm-d's names: integers in
 // milliseconds, 0 (or absent) none.
