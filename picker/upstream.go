@@ -53,34 +53,54 @@ const assembleStep = 16 << 10
 // immediate response with an OpenAI-style error.
 var errAssemble = errors.New("picker: the engine's stream could not be assembled into the answer")
 
-// assembleRequest rewrites the body of a routed request whose Pick allows
-// it to ask the engine for a stream with usage (keys.StreamBody), and
-// returns the body to send. It leaves the request as it is (returning
-// x.body) when Options.DisableUpstreamStream is set, when Envoy's
-// response body mode is not FULL_DUPLEX_STREAMED, or when
-// Options.MaxBufferedBytes cannot hold the rewritten body and the first
-// step of the answer: forwarding the request as it is costs only the
-// first token's timing, where failing it would cost the request.
-func (x *exchange) assembleRequest(a Assembly) []byte {
-	if a == AssembleNone || a > AssembleCompletions || x.s.opts.DisableUpstreamStream || !x.respEcho || len(x.body) == 0 {
-		return x.body
+// prepareAssembly, before the Router picks, reserves what assembling the
+// request's answer would take first from Options.MaxBufferedBytes (the
+// rewritten body, and the answer's first step), and tells the Router
+// whether the answer would be assembled if its Pick allowed it
+// (PickRequest.CanAssemble): not when Options.DisableUpstreamStream is
+// set, when Envoy's response body mode is not FULL_DUPLEX_STREAMED (the
+// only one in which the picker replaces the response body), when the
+// request has no body, or when the budget cannot give the reservation.
+func (x *exchange) prepareAssembly() {
+	x.req.CanAssemble = false
+	if x.s.opts.DisableUpstreamStream || !x.respEcho || len(x.body) == 0 {
+		return
 	}
-	// The rewritten body is reserved until it is sent (route releases
-	// x.bodyHeld), the first step of the answer until the stream ends.
-	bodyHeld := int64(len(x.body) + len(keys.StreamMembers) + 2)
-	if !x.s.reserve(bodyHeld + assembleStep) {
-		x.s.asmSkipped.Add(1)
+	held := int64(len(x.body) + len(keys.StreamMembers) + 2)
+	if x.s.reserved.Add(held+assembleStep) > x.s.opts.MaxBufferedBytes {
+		x.s.reserved.Add(-(held + assembleStep))
+		x.asmRefused = true
+		return
+	}
+	x.bodyHeld, x.asmHeld = held, assembleStep
+	x.req.CanAssemble = true
+}
+
+// assembleRequest, once the Router has picked, rewrites the body of a
+// request whose Pick allows it (a) and that prepareAssembly could reserve
+// for, to ask the engine for a stream with usage (keys.StreamBody), and
+// returns the body to send. Any other request goes as it is (x.body) and
+// its reservation is returned: one that the budget could not reserve for
+// is forwarded as it is rather than failed, as forwarding costs only the
+// first token's timing.
+func (x *exchange) assembleRequest(a Assembly) []byte {
+	allowed := a == AssembleChat || a == AssembleCompletions
+	if !allowed || !x.req.CanAssemble {
+		if allowed && x.asmRefused {
+			x.s.asmSkipped.Add(1)
+			x.s.ovl.Add(1)
+		}
+		x.releaseAssembly()
 		return x.body
 	}
 	out, err := keys.StreamBody(x.body)
 	if err != nil { // not a JSON object: a Router that did not parse the body
-		x.s.reserved.Add(-(bodyHeld + assembleStep))
+		x.releaseAssembly()
 		return x.body
 	}
-	x.s.reserved.Add(int64(len(out)) - bodyHeld) // the body's exact length
+	x.s.reserved.Add(int64(len(out)) - x.bodyHeld) // the body's exact length
 	x.bodyHeld = int64(len(out))
-	x.asmHeld = assembleStep
-	x.s.assembled.Add(assembleStep)
+	x.s.assembled.Add(x.asmHeld)
 	x.asmKind = a
 	x.s.asmStreamed.Add(1)
 	return out
@@ -95,7 +115,9 @@ func (x *exchange) releaseAssembly() {
 	}
 	if x.asmHeld != 0 {
 		x.s.reserved.Add(-x.asmHeld)
-		x.s.assembled.Add(-x.asmHeld)
+		if x.asmKind != AssembleNone {
+			x.s.assembled.Add(-x.asmHeld)
+		}
 		x.asmHeld = 0
 	}
 	x.agg = nil
@@ -114,8 +136,8 @@ func (x *exchange) assembleHeaders(eos bool) []Header {
 		return x.respHeaders
 	}
 	if x.status/100 != 2 || !x.sse || eos {
-		x.asmKind = AssembleNone
 		x.releaseAssembly()
+		x.asmKind = AssembleNone
 		return x.respHeaders
 	}
 	limit := x.s.opts.MaxBodyBytes
@@ -134,6 +156,12 @@ func (x *exchange) assembleHeaders(eos bool) []Header {
 func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
 	g := x.agg
 	if len(chunk) > 0 {
+		if x.head != nil {
+			x.readHead(chunk)
+		}
+		if x.tracker != nil {
+			x.meter.Feed(chunk) // the stream's usage: Outcome.OutputTokens
+		}
 		before := g.Chunks()
 		ferr := g.Feed(chunk)
 		if before == 0 && g.Chunks() > 0 {

@@ -35,9 +35,11 @@ type asmRouter struct {
 	st       *memStream
 	tr       *asmTracker
 	resp     []Header
+	can      bool // the request's CanAssemble
 }
 
-func (r *asmRouter) Pick(context.Context, *PickRequest) (Pick, error) {
+func (r *asmRouter) Pick(_ context.Context, req *PickRequest) (Pick, error) {
+	r.can = req.CanAssemble
 	r.tr = &asmTracker{st: r.st, firstLeft: -1}
 	return Pick{Endpoint: endpointN(0), Tracker: r.tr, Assemble: r.assemble, ResponseHeaders: r.resp}, nil
 }
@@ -164,6 +166,7 @@ func TestUpstreamStreamAssembles(t *testing.T) {
 		require.NoError(t, json.Unmarshal(got, &v), "%s", got)
 		assert.Equal(t, "chat.completion", v["object"])
 		assert.Equal(t, "Hello é", v["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"])
+		assert.True(t, res.r.can, "the Router was told the answer would be assembled")
 		tr := res.r.tr
 		assert.Equal(t, len(sseChunks)-1, tr.firstLeft, "FirstToken at the first chunk, the rest still to read")
 		require.Len(t, tr.done, 1)
@@ -194,7 +197,8 @@ func TestUpstreamStreamCompletions(t *testing.T) {
 // allow assembly, when it is off, when Envoy's response body mode is not
 // FULL_DUPLEX_STREAMED (the picker cannot replace the body), and when
 // MaxBufferedBytes cannot hold the answer's first step (the request is
-// forwarded as it is rather than failed).
+// forwarded as it is rather than failed). The Router is told so
+// beforehand (PickRequest.CanAssemble) in all but the first case.
 func TestUpstreamStreamLeftAlone(t *testing.T) {
 	mode := func(m extprocfilterv3.ProcessingMode_BodySendMode) *extprocv3.ProtocolConfiguration {
 		return &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: m}
@@ -205,8 +209,9 @@ func TestUpstreamStreamLeftAlone(t *testing.T) {
 		run      asmRun
 		skipped  uint64
 		overload uint64
+		can      bool // PickRequest.CanAssemble
 	}{
-		{name: "not allowed", run: asmRun{pc: fullDuplex}},
+		{name: "not allowed", run: asmRun{pc: fullDuplex}, can: true},
 		{name: "disabled", run: asmRun{pc: fullDuplex, assemble: AssembleChat, opts: Options{DisableUpstreamStream: true}}},
 		{name: "buffered", run: asmRun{pc: mode(extprocfilterv3.ProcessingMode_BUFFERED), assemble: AssembleChat}},
 		{name: "streamed", run: asmRun{pc: mode(extprocfilterv3.ProcessingMode_STREAMED), assemble: AssembleChat}},
@@ -230,6 +235,7 @@ func TestUpstreamStreamLeftAlone(t *testing.T) {
 				assert.Equal(t, strings.Join(sseChunks, ""), string(bytes.Join(res.bodies, nil)), "the stream echoed")
 			}
 			st := res.srv.Stats()
+			assert.Equal(t, tc.can, res.r.can, "PickRequest.CanAssemble")
 			assert.Zero(t, st.UpstreamStreamed)
 			assert.Equal(t, tc.skipped, st.UpstreamStreamSkipped)
 			assert.Equal(t, tc.overload, st.Overloaded)
