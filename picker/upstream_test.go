@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -146,7 +147,10 @@ const asmBody = `{"model":"m1","messages":[{"role":"user","content":"hi"}],"stre
 // FirstToken at the stream's first chunk, with the rest still to come.
 func TestUpstreamStreamAssembles(t *testing.T) {
 	for _, pc := range []*extprocv3.ProtocolConfiguration{fullDuplex, nil} {
-		res := asmRun{pc: pc, body: asmBody, status: "200", contentType: "text/event-stream", chunks: sseChunks, assemble: AssembleChat}.serve(t)
+		now := time.Unix(1e9, 0)
+		clock := func() time.Time { now = now.Add(time.Millisecond); return now } // one goroutine serves
+		res := asmRun{pc: pc, body: asmBody, status: "200", contentType: "text/event-stream", chunks: sseChunks, assemble: AssembleChat,
+			opts: Options{Clock: clock}}.serve(t)
 		require.NoError(t, res.err)
 		require.Nil(t, res.imm)
 		want := `{"model":"m1","messages":[{"role":"user","content":"hi"}],` + keys.StreamMembers + `}`
@@ -172,6 +176,9 @@ func TestUpstreamStreamAssembles(t *testing.T) {
 		require.Len(t, tr.done, 1)
 		assert.NoError(t, tr.done[0].Err)
 		assert.Equal(t, 200, tr.done[0].Status)
+		assert.Equal(t, 2, tr.done[0].OutputTokens, "the stream's usage")
+		assert.Positive(t, tr.done[0].TTFT, "the first chunk timed")
+		assert.Greater(t, tr.done[0].Elapsed, tr.done[0].TTFT)
 		st := res.srv.Stats()
 		assert.Equal(t, uint64(1), st.UpstreamStreamed)
 		assert.Zero(t, st.AssembledBytes, "the answer's share returned")
