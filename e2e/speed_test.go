@@ -57,6 +57,8 @@ import (
 // EXA_E2E_SPEED_BASELINE_EXA names another exa binary (a build of an
 // earlier commit) run as a second front over the same engines after the
 // first, for comparison; its figures are only logged.
+// EXA_E2E_SPEED_BASELINE_ARGS adds flags to the baseline picker (space
+// separated), e.g. the same binary with --upstream-stream=false.
 // docs/picker.md ("Learned speeds") has the figures.
 
 const (
@@ -347,7 +349,7 @@ func TestSpeedsPicker(t *testing.T) {
 	pp := startPickerProc(t, "picker", cfg)
 	fronts := []speedFront{{"picker", pp.gatewayProc, pp.envoy(t, false)}}
 	if base := os.Getenv("EXA_E2E_SPEED_BASELINE_EXA"); base != "" {
-		b := startPickerProcBin(t, "baseline-picker", base, cfg, insecure.NewCredentials())
+		b := startPickerProcBin(t, "baseline-picker", base, cfg, insecure.NewCredentials(), strings.Fields(os.Getenv("EXA_E2E_SPEED_BASELINE_ARGS"))...)
 		fronts = append(fronts, speedFront{"baseline picker", b.gatewayProc, b.envoy(t, false)})
 	}
 	speeds(t, slow, engines, false, fronts...)
