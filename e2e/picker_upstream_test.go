@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/examlops/gateway/keys"
 )
 
 // TestPickerUpstreamStream is TestNonStreamedFirstToken for the picker:
@@ -167,8 +169,10 @@ func TestPickerUpstreamLatency(t *testing.T) {
 		procs = append(procs, pp)
 	}
 	body := []byte(`{"model":"` + simModel + `","max_tokens":8,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say a few words."}]}`)
+	streamedBody, err := keys.StreamBody(body) // what the first picker sends the engine
+	require.NoError(t, err)
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}}
-	call := func(base string) time.Duration {
+	call := func(base string, body []byte) time.Duration {
 		start := time.Now()
 		resp, err := c.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 		require.NoError(t, err)
@@ -178,18 +182,25 @@ func TestPickerUpstreamLatency(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 		return time.Since(start)
 	}
+	// The paths: the two pickers, and the engine called directly with the
+	// client's body and with the body the first picker sends it (so that
+	// the engine's own cost of streaming shows apart).
+	paths := []struct {
+		url  string
+		body []byte
+	}{{urls[0], body}, {urls[1], body}, {engine.url(), body}, {engine.url(), streamedBody}}
 	for range 100 { // warm connections, caches and the runtime
-		for _, u := range urls {
-			call(u)
+		for _, p := range paths {
+			call(p.url, p.body)
 		}
 	}
-	samples := [2][]time.Duration{}
-	for i := range 2 * n {
-		k := i % 2
-		if (i/2)%2 == 1 {
-			k = 1 - k // alternate which goes first
+	samples := make([][]time.Duration, len(paths))
+	for i := range len(paths) * n {
+		k := i % len(paths)
+		if (i/len(paths))%2 == 1 {
+			k = len(paths) - 1 - k // reverse the order every other round
 		}
-		samples[k] = append(samples[k], call(urls[k]))
+		samples[k] = append(samples[k], call(paths[k].url, paths[k].body))
 	}
 	us := func(d time.Duration) string { return fmt.Sprintf("%7.1f µs", float64(d)/1e3) }
 	row := func(d []time.Duration) string {
@@ -202,6 +213,13 @@ func TestPickerUpstreamLatency(t *testing.T) {
 	t.Logf("%d requests per path, sequential, through pickertest.Envoy, chat max_tokens 8, stream false", n)
 	t.Logf("--upstream-stream=true   %s", row(samples[0]))
 	t.Logf("--upstream-stream=false  %s", row(samples[1]))
+	direct := make([]time.Duration, n)
+	for i := range direct {
+		direct[i] = samples[3][i] - samples[2][i]
+	}
 	t.Logf("paired (true - false of its round)  %s", row(paired))
+	t.Logf("engine direct, stream false   %s", row(samples[2]))
+	t.Logf("engine direct, stream true    %s", row(samples[3]))
+	t.Logf("paired engine (stream true - false of its round)  %s", row(direct))
 	assert.Equal(t, float64(100+n), procs[0].metric(t, "exa_picker_upstream_streamed_total", nil), "every request of the first picker streamed from the engine")
 }
