@@ -62,13 +62,29 @@ func (h *holdingEngine) front(t *testing.T, e *enginetest.Engine) string {
 // teach gives the model's only replica a known speed, as streamed
 // answers through any front would: 10ms to the first token for eight
 // requests of four uncached blocks.
-func teach(t *testing.T, gw *gateway.Gateway) {
+func teach(t testing.TB, gw *gateway.Gateway) {
 	t.Helper()
 	for i := range 8 {
 		b := uint64(i+1) << 8
 		d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{})
 		require.NoError(t, err)
 		d.Done(gateway.DoneInfo{TTFT: 10 * time.Millisecond, Elapsed: 20 * time.Millisecond, OutputTokens: 3})
+	}
+}
+
+// teachAll teaches every replica of gw a speed (teach), each in turn
+// allowed alone.
+func teachAll(t testing.TB, gw *gateway.Gateway) {
+	t.Helper()
+	for _, r := range gw.Replicas() {
+		for i := range 8 {
+			b := uint64(i+1) << 8
+			d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{Allow: func(name string) bool { return name == r.Name }})
+			if err != nil {
+				continue // not healthy: not routed to
+			}
+			d.Done(gateway.DoneInfo{TTFT: 10 * time.Millisecond, Elapsed: 20 * time.Millisecond, OutputTokens: 3})
+		}
 	}
 }
 
