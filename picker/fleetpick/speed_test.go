@@ -164,13 +164,14 @@ func TestPickerObjectives(t *testing.T) {
 		code     string
 		action   string // exa_gateway_slo_unattainable_total's action counted once, "" none
 		toEngine bool
+		objReqs  uint64 // the library's Stats.ObjectiveRequests (/stats objectives.requests)
 	}{
 		{name: "bad header", hdr: []string{"X-Slo-Ttft-Ms", "1.5"}, status: 400, code: "invalid_header"},
-		{name: "met", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "60000"}, status: 200, toEngine: true},
-		{name: "best effort", hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 200, action: "best_effort", toEngine: true},
-		{name: "reject", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+		{name: "met", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "60000"}, status: 200, toEngine: true, objReqs: 1},
+		{name: "best effort", hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 200, action: "best_effort", toEngine: true, objReqs: 1},
+		{name: "reject", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 429, code: front.CodeSLOUnattainable, action: "rejected", objReqs: 1},
 		{name: "model default, rejected", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{testModel: {TTFT: time.Millisecond}}},
-			status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+			status: 429, code: front.CodeSLOUnattainable, action: "rejected", objReqs: 1},
 		{name: "model default, header 0", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{"*": {TTFT: time.Millisecond}}},
 			hdr: []string{"X-Slo-Ttft-Ms", "0"}, status: 200, toEngine: true},
 	} {
@@ -199,6 +200,9 @@ func TestPickerObjectives(t *testing.T) {
 				}
 				require.Equal(t, want, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"model": testModel, "action": action}), action)
 			}
+			st := gw.Stats()
+			require.Equal(t, tc.objReqs, st.ObjectiveRequests, "objective requests in the library's Stats")
+			require.Equal(t, uint64(map[bool]int{true: 1}[tc.action != ""]), st.ObjectiveBestEffort, "best-effort decisions in the library's Stats")
 		})
 	}
 }
