@@ -62,13 +62,29 @@ func (h *holdingEngine) front(t *testing.T, e *enginetest.Engine) string {
 // teach gives the model's only replica a known speed, as streamed
 // answers through any front would: 10ms to the first token for eight
 // requests of four uncached blocks.
-func teach(t *testing.T, gw *gateway.Gateway) {
+func teach(t testing.TB, gw *gateway.Gateway) {
 	t.Helper()
 	for i := range 8 {
 		b := uint64(i+1) << 8
 		d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{})
 		require.NoError(t, err)
 		d.Done(gateway.DoneInfo{TTFT: 10 * time.Millisecond, Elapsed: 20 * time.Millisecond, OutputTokens: 3})
+	}
+}
+
+// teachAll teaches every replica of gw a speed (teach), each in turn
+// allowed alone.
+func teachAll(t testing.TB, gw *gateway.Gateway) {
+	t.Helper()
+	for _, r := range gw.Replicas() {
+		for i := range 8 {
+			b := uint64(i+1) << 8
+			d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{Allow: func(name string) bool { return name == r.Name }})
+			if err != nil {
+				continue // not healthy: not routed to
+			}
+			d.Done(gateway.DoneInfo{TTFT: 10 * time.Millisecond, Elapsed: 20 * time.Millisecond, OutputTokens: 3})
+		}
 	}
 }
 
@@ -156,13 +172,14 @@ func TestPickerObjectives(t *testing.T) {
 		code     string
 		action   string // exa_gateway_slo_unattainable_total's action counted once, "" none
 		toEngine bool
+		objReqs  uint64 // the library's Stats.ObjectiveRequests (/stats objectives.requests)
 	}{
 		{name: "bad header", hdr: []string{"X-Slo-Ttft-Ms", "1.5"}, status: 400, code: "invalid_header"},
-		{name: "met", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "60000"}, status: 200, toEngine: true},
-		{name: "best effort", hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 200, action: "best_effort", toEngine: true},
-		{name: "reject", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+		{name: "met", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "60000"}, status: 200, toEngine: true, objReqs: 1},
+		{name: "best effort", hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 200, action: "best_effort", toEngine: true, objReqs: 1},
+		{name: "reject", obj: front.Objectives{Unattainable: front.Reject}, hdr: []string{"X-Slo-Ttft-Ms", "1"}, status: 429, code: front.CodeSLOUnattainable, action: "rejected", objReqs: 1},
 		{name: "model default, rejected", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{testModel: {TTFT: time.Millisecond}}},
-			status: 429, code: front.CodeSLOUnattainable, action: "rejected"},
+			status: 429, code: front.CodeSLOUnattainable, action: "rejected", objReqs: 1},
 		{name: "model default, header 0", obj: front.Objectives{Unattainable: front.Reject, Defaults: map[string]front.SLO{"*": {TTFT: time.Millisecond}}},
 			hdr: []string{"X-Slo-Ttft-Ms", "0"}, status: 200, toEngine: true},
 	} {
@@ -191,6 +208,9 @@ func TestPickerObjectives(t *testing.T) {
 				}
 				require.Equal(t, want, f.counter("exa_gateway_slo_unattainable_total", map[string]string{"model": testModel, "action": action}), action)
 			}
+			st := gw.Stats()
+			require.Equal(t, tc.objReqs, st.ObjectiveRequests, "objective requests in the library's Stats")
+			require.Equal(t, uint64(map[bool]int{true: 1}[tc.action != ""]), st.ObjectiveBestEffort, "best-effort decisions in the library's Stats")
 		})
 	}
 }
