@@ -33,21 +33,24 @@ import (
 
 const (
 	// speedDecay is the weight a sample keeps per later sample: the fit
-	// remembers about 1/(1−0.95) = 20 samples.
-	speedDecay = 0.95
+	// remembers about 1/(1−0.99) = 100 samples. With 20 (0.95) the fits of
+	// equal replicas on the Mooncake trace spread by ±45% and routing by
+	// them cost 3–10% of mean TTFT (docs/results.md).
+	speedDecay = 0.99
 	// speedClip bounds a sample to [prediction/2, prediction·2] once the
 	// fit is in use.
 	speedClip = 2.0
 	// speedMinSamples is the sample weight before the fit is published.
 	speedMinSamples = 4
 	// speedMinTTFT is the decayed weight of first-token samples the time
-	// per block needs to be published (see packed).
-	speedMinTTFT = 1
+	// per block needs to be published (see packed): about 30 first tokens
+	// seen, so that a fit on a few samples does not steer routing.
+	speedMinTTFT = 30
 	// speedDeadband: CacheAware prices a replica at its own speed only
 	// when it differs from the candidates' mean by more than this factor
 	// (see slowness), so that noise in the fits of equal replicas does not
 	// break the exact ties the tie order settles.
-	speedDeadband = 1.2
+	speedDeadband = 1.3
 )
 
 // speedFit is the state of one replica's fit. Its methods are pure: add

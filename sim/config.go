@@ -75,6 +75,15 @@ type Config struct {
 	// the other peers do not use it). 0, the default, has every client
 	// stream.
 	NonStreamed float64
+	// UpstreamStream models the gateway's fronts asking the engine to
+	// stream a non-streamed request's answer and assembling it for the
+	// client (both fronts do by default: exa serve gateway and exa serve
+	// picker --upstream-stream): the gateway's own policies then hear
+	// every first token, whatever NonStreamed says. The zero value, false,
+	// forwards such requests unchanged, so that their first token is heard
+	// at completion. exa simulate sets it from --upstream-stream (default
+	// true).
+	UpstreamStream bool
 	// PredictedRelease has the gateway's front release a non-streamed
 	// request's pending prefill when its prefill is predicted over
 	// (Decision.PredictedTTFT, known once first tokens of other requests

@@ -167,6 +167,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			gp := pol.New(policySeed(cfg.Seed, i))
 			gw.policy = gp
 			gw.tracker, _ = gp.(reference.Tracker)
+			gw.blind = pol.BlindToUnstreamed
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
 			if c, ok := gp.(reference.Clocked); ok { // a peer timing what it hears reads the simulated clock
@@ -395,7 +396,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	// A peer with its own tracking keeps its real signal (its front
 	// sees first tokens); the gateway's own policies hear a quiet
 	// client's first token at its end.
-	s.quiet = e.nonStreamed(s.id) && gw.tracker == nil
+	// A peer with its own tracking hears first tokens as its front does
+	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
+	// unless their fronts forward such requests unchanged
+	// (Config.UpstreamStream off).
+	s.quiet = e.nonStreamed(s.id) && ((gw.tracker == nil && !e.cfg.UpstreamStream) || (gw.tracker != nil && gw.blind))
 	s.routed = e.now
 	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
 		// The front cannot see this first token: it releases the
@@ -640,6 +645,9 @@ func (e *engine) complete(r *replica, s *seq) {
 	info := gateway.DoneInfo{Latency: time.Duration(s.ttft), Elapsed: time.Duration(e.now - s.routed), OutputTokens: s.out}
 	if !s.quiet {
 		info.TTFT = time.Duration(s.ttft - (s.routed - s.arrival))
+	} else if s.gw.tracker != nil {
+		// A blind peer's front sees the answer's first byte now.
+		s.d.FirstToken()
 	}
 
 	s.d.Done(info) // and of this

@@ -35,6 +35,8 @@ type Report struct {
 	// NonStreamed is Config.NonStreamed, the share of clients that do not
 	// stream; 0, and left out of the JSON, when all stream.
 	NonStreamed float64 `json:"non_streamed,omitempty"`
+	// UpstreamStream is Config.UpstreamStream, reported with NonStreamed.
+	UpstreamStream bool `json:"upstream_stream,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -258,7 +260,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 			gws += ", sharing their pending prefill"
 		}
 	}
-	if r.NonStreamed > 0 {
+	switch {
+	case r.NonStreamed > 0 && r.UpstreamStream:
+		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway streams the others' answers from the engine and hears every first token)", 100*(1-r.NonStreamed))
+	case r.NonStreamed > 0:
 		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway hears the others' first token at completion)", 100*(1-r.NonStreamed))
 	}
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",

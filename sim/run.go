@@ -26,6 +26,7 @@ func Run(cfg Config) (*Report, error) {
 		Gateways:        gatewaysField(cfg.Gateways),
 		SharePending:    cfg.SharePending && cfg.Gateways > 1,
 		NonStreamed:     cfg.NonStreamed,
+		UpstreamStream:  cfg.UpstreamStream && cfg.NonStreamed > 0,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,
