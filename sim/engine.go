@@ -76,6 +76,7 @@ type replica struct {
 	prefillTokens int64
 	requests      int64
 	lora          loraReplica // adapter slots (lora.go)
+	speed         float64     // multiplier of the preset's compute speed (speeds.go)
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -135,6 +136,7 @@ type engine struct {
 	first    int64
 	last     int64
 	lora     loraSim // adapter ids, slots and figures (lora.go)
+	speeds   speedClock
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
@@ -147,7 +149,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		name := "r" + strconv.Itoa(i)
 		reps[i] = gateway.Replica{Name: name, CacheBlocks: e.cap}
 		// A per-run secret places the blocks in each replica's table.
-		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64())})
+		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64()), speed: cfg.speedOf(i)})
 		e.byNm[name] = int32(i)
 	}
 	e.gws = make([]router, max(1, cfg.Gateways))
@@ -223,8 +225,12 @@ func (e *engine) run(st Stream, tick func()) error {
 	}
 	if have {
 		e.push(int64(req.Arrival), event{rep: -1})
+		e.speeds.init(e.cfg, int64(req.Arrival))
 	}
 	for {
+		if e.speedDue(have, int64(req.Arrival)) {
+			continue
+		}
 		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].key) {
 			e.now = max(e.now, int64(req.Arrival))
 			e.arrive(&req)
@@ -510,14 +516,14 @@ func (e *engine) plan(ri int) {
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
 	switch {
 	case len(r.prefill) > 0:
-		cost := fixed + chunks
+		cost := (fixed + chunks) / r.speed
 		r.stepK = 1
 		r.stepStart = e.now
 		r.busy = true
 		r.ver++
 		e.push(e.now+max(1, int64(math.Round(cost*1e9))), event{rep: int32(ri), ver: r.ver})
 	case B > 0:
-		r.u, r.v = fixed, p.DecodePerContextToken*float64(B)
+		r.u, r.v = fixed/r.speed, p.DecodePerContextToken*float64(B)/r.speed
 		r.stepK = r.decode[0].key - r.step
 		if noMacro {
 			r.stepK = 1

@@ -55,6 +55,8 @@ type simFlags struct {
 	flowMaxBytes         int64
 	flowFairness         string
 	flowOrder            string
+	replicaSpeeds        []float64
+	speedChanges         []string
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -168,6 +170,8 @@ deterministic for a seed.`,
 	f.IntVar(&sf.flowMaxRequests, "flow-max-requests", flow.DefaultMaxRequests, "--flow-control on: most requests held per gateway (and per priority band), 1..1000000; past it the newest of the longest flow is displaced or the newcomer shed")
 	f.Int64Var(&sf.flowMaxBytes, "flow-max-bytes", flow.DefaultMaxBytes, fmt.Sprintf("--flow-control on: most bytes held per gateway (and per band), %d per prompt token, 1..2^40", sim.BytesPerToken))
 	f.StringVar(&sf.flowFairness, "flow-fairness", "round-robin", "--flow-control on: how tenants of a band share it: round-robin or global-strict (oldest head first, GIE's default)")
+	f.Float64SliceVar(&sf.replicaSpeeds, "replica-speeds", nil, fmt.Sprintf("mixed pool: compute speeds as multiples of the preset's, comma-separated, cycled over the replicas (1,0.5: every other replica takes twice as long for every step), each %g..%g, at most one per replica (default: all 1)", sim.MinSpeed, sim.MaxSpeed))
+	f.StringSliceVar(&sf.speedChanges, "speed-change", nil, "a replica changes speed during the run: REPLICA@AT=SPEED, as 0@30s=0.5 (r0 at half the preset's speed from 30 s after the first arrival; its step in progress keeps its end); repeatable or comma-separated")
 	f.StringVar(&sf.flowOrder, "flow-order", "fcfs", "--flow-control on: order within a tenant: fcfs or edf (earliest deadline first)")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
@@ -334,6 +338,9 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	if err := flowSimFlags(cmd, sf, &cfg); err != nil {
 		return cfg, err
 	}
+	if err := speedSimFlags(sf, &cfg); err != nil {
+		return cfg, err
+	}
 
 	names := []string{roundRobinPolicy, cacheAwarePolicy}
 	if changed("policies") {
@@ -424,6 +431,34 @@ func tenantFlags(cmd *cobra.Command, sf *simFlags) error {
 	}
 	if changed("only") && !nn && !ib {
 		return usagef("--only applies to --workload noisy-neighbour or interactive-batch only")
+	}
+	return nil
+}
+
+// speedSimFlags checks --replica-speeds and --speed-change against the
+// replica count and sets cfg's speeds.
+func speedSimFlags(sf *simFlags, cfg *sim.Config) error {
+	if len(sf.replicaSpeeds) > cfg.Replicas {
+		return usagef("invalid --replica-speeds: %d speeds for %d replicas, want at most one per replica", len(sf.replicaSpeeds), cfg.Replicas)
+	}
+	for _, v := range sf.replicaSpeeds {
+		if !(v >= sim.MinSpeed && v <= sim.MaxSpeed) {
+			return usagef("invalid --replica-speeds %v: want multipliers %g..%g", v, sim.MinSpeed, sim.MaxSpeed)
+		}
+	}
+	cfg.ReplicaSpeeds = sf.replicaSpeeds
+	if len(sf.speedChanges) > sim.MaxSpeedChanges {
+		return usagef("invalid --speed-change: %d changes, at most %d", len(sf.speedChanges), sim.MaxSpeedChanges)
+	}
+	for _, s := range sf.speedChanges {
+		c, err := sim.ParseSpeedChange(s)
+		if err == nil && c.Replica >= cfg.Replicas {
+			err = fmt.Errorf("replica %d, want 0..%d", c.Replica, cfg.Replicas-1)
+		}
+		if err != nil {
+			return usagef("invalid --speed-change %q: %s", s, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+		}
+		cfg.SpeedChanges = append(cfg.SpeedChanges, c)
 	}
 	return nil
 }
