@@ -54,6 +54,8 @@ type seq struct {
 	tenant, class int16
 	prio          int
 	slo           int64
+	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
+	ttftMet       bool
 }
 
 type replica struct {
@@ -327,7 +329,8 @@ func (e *engine) arrive(req *Request) {
 	if req.SLO > 0 {
 		s.slo = int64(req.SLO)
 	}
-	e.group(s, func(g *groupAcc) { g.requests++ })
+	s.tpotSLO = int64(req.TPOTSLO)
+	e.group(s, func(g *groupAcc) { g.requests++; g.obj.on = g.obj.on || s.tpotSLO > 0 })
 	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
@@ -592,6 +595,7 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
 	met := s.ttft <= s.slo
+	s.ttftMet = met
 	if met {
 		e.sloMet++
 	}
@@ -621,6 +625,7 @@ func (e *engine) complete(r *replica, s *seq) {
 	}
 	s.d.Done(gateway.DoneInfo{Latency: time.Duration(s.ttft)}) // and of this
 	r.lora.done(s)
+	e.objectives(s)
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++
