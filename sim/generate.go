@@ -430,7 +430,9 @@ func WorkloadNames() []string {
 // FlowWorkloadNames lists the multi-tenant workloads NewWorkload also
 // accepts, with their defaults (see NoisyNeighbour, InteractiveBatch,
 // SLOClasses).
-func FlowWorkloadNames() []string { return []string{"noisy-neighbour", "interactive-batch", "slo-classes"} }
+func FlowWorkloadNames() []string {
+	return []string{"noisy-neighbour", "interactive-batch", "slo-classes"}
+}
 
 // NewWorkload returns the generated workload called name (see
 // WorkloadNames and FlowWorkloadNames) with its defaults, overriding the request count and rate
