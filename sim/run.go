@@ -135,7 +135,7 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 	}
 	rep.Results[j] = e.result()
 	if cfg.mixedSpeeds() {
-		rep.Results[j].BySpeed = bySpeed(cfg, &rep.Results[j])
+		rep.Results[j].BySpeed = e.bySpeed(&rep.Results[j])
 	}
 	if l := rep.Results[j].LoRA; l != nil {
 		l.Handling = pol.Adapters

@@ -171,11 +171,20 @@ type speedClock struct {
 	changes []SpeedChange // by At, stable
 	next    int
 	base    int64 // the first arrival, ns
+	// At each replica's first change: the requests it had admitted, and
+	// all replicas had (-1: no change yet).
+	snapReq, snapAll []int64
 }
 
 func (k *speedClock) init(cfg *Config, base int64) {
 	k.changes = byAt(cfg.SpeedChanges)
 	k.base = base
+	if len(k.changes) > 0 {
+		k.snapReq, k.snapAll = make([]int64, cfg.Replicas), make([]int64, cfg.Replicas)
+		for i := range k.snapReq {
+			k.snapReq[i], k.snapAll[i] = -1, -1
+		}
+	}
 }
 
 // byAt returns a copy of cs sorted by At, in the order listed at equal
@@ -203,6 +212,12 @@ func (e *engine) speedDue(have bool, arrival int64) bool {
 	k.next++
 	e.now = max(e.now, t)
 	r := e.reps[c.Replica]
+	if k.snapReq[c.Replica] < 0 {
+		k.snapReq[c.Replica], k.snapAll[c.Replica] = r.requests, 0
+		for _, x := range e.reps {
+			k.snapAll[c.Replica] += x.requests
+		}
+	}
 	r.speed = c.Speed
 	if r.busy && r.stepK > 1 {
 		e.truncate(c.Replica)
@@ -226,6 +241,10 @@ type SpeedShare struct {
 	// Prefill is the share, 0..1, of the prompt tokens computed that these
 	// replicas computed.
 	Prefill float64 `json:"prefill"`
+	// AfterChange, for replicas whose speed changes, is PerReplica over
+	// the requests admitted after their first change only; nil, and left
+	// out of the JSON, for the others or when the run ended before it.
+	AfterChange *float64 `json:"after_change_per_replica,omitempty"`
 }
 
 // speedProfiles names each replica's speed profile and lists the
@@ -247,7 +266,8 @@ func speedProfiles(c *Config) (of []string, order []string) {
 }
 
 // bySpeed sums res's per-replica work by speed profile.
-func bySpeed(c *Config, res *Result) []SpeedShare {
+func (e *engine) bySpeed(res *Result) []SpeedShare {
+	c, k := e.cfg, &e.speeds
 	of, order := speedProfiles(c)
 	out := make([]SpeedShare, len(order))
 	var reqs, pre int64
@@ -273,6 +293,21 @@ func bySpeed(c *Config, res *Result) []SpeedShare {
 		if pre > 0 {
 			s.Prefill = float64(pf) / float64(pre)
 		}
+		var after, all int64
+		snapped := false
+		for i, p := range of {
+			if p == name && k.snapReq != nil && k.snapReq[i] >= 0 {
+				// The group's replicas share their changes: all took their
+				// snapshots at the same event.
+				snapped = true
+				after += res.RequestsPerReplica[i] - k.snapReq[i]
+				all = reqs - k.snapAll[i]
+			}
+		}
+		if snapped && all > 0 {
+			v := float64(after) / float64(all) * float64(len(of)) / float64(s.Replicas)
+			s.AfterChange = &v
+		}
 	}
 	return out
 }
@@ -284,17 +319,18 @@ func (r *Report) speedHeader() string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("; compute speeds ")
 	if len(r.ReplicaSpeeds) == 0 {
-		b.WriteString("1")
-	}
-	for i, v := range r.ReplicaSpeeds {
-		if i > 0 {
-			b.WriteString(", ")
+		b.WriteString("; compute speed 1 × the preset's")
+	} else {
+		b.WriteString("; compute speeds ")
+		for i, v := range r.ReplicaSpeeds {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
 		}
-		b.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
+		b.WriteString(" × the preset's, cycled over the replicas")
 	}
-	b.WriteString(" × the preset's, cycled over the replicas")
 	for _, c := range r.SpeedChanges {
 		fmt.Fprintf(&b, "; r%d at %v → %g×", c.Replica, c.At, c.Speed)
 	}
@@ -315,7 +351,11 @@ func (r *Report) writeSpeedTable(b *strings.Builder) {
 			if i == 0 {
 				sep = ""
 			}
-			fmt.Fprintf(b, "%s speed %s ×%d: requests %s (%.2f per replica), prefill %s", sep, s.Speed, s.Replicas, pct(s.Requests), s.PerReplica, pct(s.Prefill))
+			after := ""
+			if s.AfterChange != nil {
+				after = fmt.Sprintf(", %.2f after the change", *s.AfterChange)
+			}
+			fmt.Fprintf(b, "%s speed %s ×%d: requests %s (%.2f per replica%s), prefill %s", sep, s.Speed, s.Replicas, pct(s.Requests), s.PerReplica, after, pct(s.Prefill))
 		}
 		b.WriteString("\n")
 	}

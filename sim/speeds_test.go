@@ -263,6 +263,15 @@ func TestMixedPoolReport(t *testing.T) {
 	ca, _ = a.Result("cache_aware")
 	require.Len(t, ca.BySpeed, 3)
 	assert.Equal(t, "1→0.25@10s", ca.BySpeed[0].Speed)
+	// After r0 slows to 0.25×, cache-aware sends it less than before,
+	// round-robin the same.
+	require.NotNil(t, ca.BySpeed[0].AfterChange)
+	assert.Less(t, *ca.BySpeed[0].AfterChange, 0.6, "%+v", ca.BySpeed[0])
+	assert.Less(t, *ca.BySpeed[0].AfterChange, ca.BySpeed[0].PerReplica)
+	assert.Nil(t, ca.BySpeed[1].AfterChange)
+	rr, _ = a.Result("round_robin")
+	require.NotNil(t, rr.BySpeed[0].AfterChange)
+	assert.InDelta(t, 1, *rr.BySpeed[0].AfterChange, 0.01)
 	b.Reset()
 	require.NoError(t, a.WriteTable(&b))
 	assert.Contains(t, b.String(), "; r0 at 10s → 0.25×")
