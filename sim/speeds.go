@@ -59,6 +59,20 @@ func (c SpeedChange) MarshalJSON() ([]byte, error) {
 	}{c.Replica, c.At.Seconds(), c.Speed})
 }
 
+// UnmarshalJSON reads what MarshalJSON writes.
+func (c *SpeedChange) UnmarshalJSON(b []byte) error {
+	var v struct {
+		Replica int     `json:"replica"`
+		At      float64 `json:"at_s"`
+		Speed   float64 `json:"speed"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*c = SpeedChange{Replica: v.Replica, At: time.Duration(math.Round(v.At * 1e9)), Speed: v.Speed}
+	return nil
+}
+
 // ParseSpeedChange reads a speed change written REPLICA@AT=SPEED, as
 // "0@30s=0.5": replica 0 runs at half the preset's speed from 30 s after
 // the first arrival. AT is a Go duration. It checks the syntax and the

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
@@ -260,6 +261,10 @@ func TestMixedPoolReport(t *testing.T) {
 	require.NoError(t, again.WriteJSON(&jb))
 	assert.Equal(t, ja.String(), jb.String(), "deterministic")
 	assert.Contains(t, ja.String(), `"speed_changes": [`)
+	var back Report
+	require.NoError(t, json.Unmarshal(ja.Bytes(), &back))
+	assert.Equal(t, cfg.SpeedChanges, back.SpeedChanges)
+	assert.Equal(t, a.Results[1].BySpeed, back.Results[1].BySpeed)
 	ca, _ = a.Result("cache_aware")
 	require.Len(t, ca.BySpeed, 3)
 	assert.Equal(t, "1→0.25@10s", ca.BySpeed[0].Speed)
