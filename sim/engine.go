@@ -391,6 +391,7 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	// client's first token at its end.
 	s.quiet = e.nonStreamed(s.id) && gw.tracker == nil
 	r.requests++
+	e.speeds.admitted(int(ri))
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
 	predicted := d.Matched

@@ -28,6 +28,11 @@ const (
 	MaxSpeedChanges = 4096
 	// maxSpeedAt bounds SpeedChange.At: a year of simulated time.
 	maxSpeedAt = 365 * 24 * time.Hour
+	// SpeedWindow is the number of requests in each window of
+	// SpeedShare.Windows.
+	SpeedWindow = 100
+	// maxWindows is the most windows SpeedShare.Windows holds.
+	maxWindows = 20
 )
 
 // SpeedChange changes one replica's speed during a run.
@@ -188,6 +193,11 @@ type speedClock struct {
 	// At each replica's first change: the requests it had admitted, and
 	// all replicas had (-1: no change yet).
 	snapReq, snapAll []int64
+	// all counts the requests admitted to any replica's queue; win, per
+	// replica, those it admitted in each window of SpeedWindow after its
+	// first change.
+	all int64
+	win [][maxWindows]int32
 }
 
 func (k *speedClock) init(cfg *Config, base int64) {
@@ -195,6 +205,7 @@ func (k *speedClock) init(cfg *Config, base int64) {
 	k.base = base
 	if len(k.changes) > 0 {
 		k.snapReq, k.snapAll = make([]int64, cfg.Replicas), make([]int64, cfg.Replicas)
+		k.win = make([][maxWindows]int32, cfg.Replicas)
 		for i := range k.snapReq {
 			k.snapReq[i], k.snapAll[i] = -1, -1
 		}
@@ -227,16 +238,28 @@ func (e *engine) speedDue(have bool, arrival int64) bool {
 	e.now = max(e.now, t)
 	r := e.reps[c.Replica]
 	if k.snapReq[c.Replica] < 0 {
-		k.snapReq[c.Replica], k.snapAll[c.Replica] = r.requests, 0
-		for _, x := range e.reps {
-			k.snapAll[c.Replica] += x.requests
-		}
+		k.snapReq[c.Replica], k.snapAll[c.Replica] = r.requests, k.all
 	}
 	r.speed = c.Speed
 	if r.busy && r.stepK > 1 {
 		e.truncate(c.Replica)
 	}
 	return true
+}
+
+// admitted counts a request admitted to replica ri's queue, for the
+// windows after a change.
+func (k *speedClock) admitted(ri int) {
+	if k.snapReq == nil {
+		return
+	}
+	k.all++
+	if k.snapReq[ri] < 0 {
+		return
+	}
+	if w := (k.all - k.snapAll[ri] - 1) / SpeedWindow; w < maxWindows {
+		k.win[ri][w]++
+	}
 }
 
 // SpeedShare is the work done by the replicas of one speed profile.
@@ -259,6 +282,11 @@ type SpeedShare struct {
 	// the requests admitted after their first change only; nil, and left
 	// out of the JSON, for the others or when the run ended before it.
 	AfterChange *float64 `json:"after_change_per_replica,omitempty"`
+	// Windows, for replicas whose speed changes, is PerReplica over each
+	// successive window of SpeedWindow requests admitted after their first
+	// change, up to 20 complete windows: how fast routing follows the
+	// change. Nil for the others.
+	Windows []float64 `json:"after_change_windows,omitempty"`
 }
 
 // speedProfiles names each replica's speed profile and lists the
@@ -308,6 +336,7 @@ func (e *engine) bySpeed(res *Result) []SpeedShare {
 			s.Prefill = float64(pf) / float64(pre)
 		}
 		var after, all int64
+		var win [maxWindows]int64
 		snapped := false
 		for i, p := range of {
 			if p == name && k.snapReq != nil && k.snapReq[i] >= 0 {
@@ -316,11 +345,18 @@ func (e *engine) bySpeed(res *Result) []SpeedShare {
 				snapped = true
 				after += res.RequestsPerReplica[i] - k.snapReq[i]
 				all = reqs - k.snapAll[i]
+				for w, n := range k.win[i] {
+					win[w] += int64(n)
+				}
 			}
 		}
+		scale := float64(len(of)) / float64(s.Replicas)
 		if snapped && all > 0 {
-			v := float64(after) / float64(all) * float64(len(of)) / float64(s.Replicas)
+			v := float64(after) / float64(all) * scale
 			s.AfterChange = &v
+		}
+		for w := range min(int64(maxWindows), all/SpeedWindow) {
+			s.Windows = append(s.Windows, float64(win[w])/SpeedWindow*scale)
 		}
 	}
 	return out
@@ -372,6 +408,16 @@ func (r *Report) writeSpeedTable(b *strings.Builder) {
 			fmt.Fprintf(b, "%s speed %s ×%d: requests %s (%.2f per replica%s), prefill %s", sep, s.Speed, s.Replicas, pct(s.Requests), s.PerReplica, after, pct(s.Prefill))
 		}
 		b.WriteString("\n")
+		for _, s := range x.BySpeed {
+			if len(s.Windows) == 0 {
+				continue
+			}
+			fmt.Fprintf(b, "    speed %s, per replica in each %d requests after the change:", s.Speed, SpeedWindow)
+			for _, v := range s.Windows {
+				fmt.Fprintf(b, " %.2f", v)
+			}
+			b.WriteString("\n")
+		}
 	}
 }
 

@@ -277,6 +277,18 @@ func TestMixedPoolReport(t *testing.T) {
 	rr, _ = a.Result("round_robin")
 	require.NotNil(t, rr.BySpeed[0].AfterChange)
 	assert.InDelta(t, 1, *rr.BySpeed[0].AfterChange, 0.01)
+	// In windows of 100 requests after the change: round-robin gives each
+	// of the 4 replicas 25 of each; cache-aware gives r0 less on average.
+	require.NotEmpty(t, rr.BySpeed[0].Windows)
+	require.Len(t, ca.BySpeed[0].Windows, len(rr.BySpeed[0].Windows))
+	assert.LessOrEqual(t, len(rr.BySpeed[0].Windows), maxWindows)
+	mean := 0.0
+	for i, v := range rr.BySpeed[0].Windows {
+		assert.InDelta(t, 1, v, 1e-9, "window %d", i)
+		mean += ca.BySpeed[0].Windows[i] / float64(len(rr.BySpeed[0].Windows))
+	}
+	assert.Less(t, mean, 0.6, "cache-aware: %v", ca.BySpeed[0].Windows)
+	assert.Nil(t, rr.BySpeed[1].Windows)
 	b.Reset()
 	require.NoError(t, a.WriteTable(&b))
 	assert.Contains(t, b.String(), "; r0 at 10s → 0.25×")
