@@ -90,6 +90,18 @@ type Config struct {
 	// at its replica were seen) instead of at completion. Default false:
 	// measured on the Mooncake trace it routed worse (docs/results.md).
 	PredictedRelease bool
+	// ReplicaSpeeds are the replicas' compute speeds, multipliers of the
+	// preset's, cycled over the replicas: with {1, 0.5}, r0, r2, ... run at
+	// the preset's speed and r1, r3, ... take twice as long for every step
+	// (StepOverhead, prefill, decode and adapter loads all divided by the
+	// multiplier). Each is MinSpeed..MaxSpeed; at most Replicas values.
+	// Nil or empty, the default, runs every replica at speed 1, exactly as
+	// the preset.
+	ReplicaSpeeds []float64
+	// SpeedChanges change replicas' speeds during the run (see
+	// SpeedChange); at most MaxSpeedChanges. Nil, the default, changes
+	// none.
+	SpeedChanges []SpeedChange
 	// Admission, when set, sheds requests the gateway's own policies (those
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.
@@ -202,6 +214,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != IndexApproximate && c.Index != IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
+	}
+	if err := validSpeeds(c); err != nil {
+		return err
 	}
 	if err := validAdmission(c.Admission); err != nil {
 		return err
