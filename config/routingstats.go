@@ -70,6 +70,9 @@ type RoutingStats struct {
 	LoadGuard uint64 `json:"load_guard"`
 	// NoHealthy counts requests that failed for want of a healthy replica.
 	NoHealthy uint64 `json:"no_healthy"`
+	// Objectives, once a request with a latency objective was routed,
+	// counts those requests and how they did; nil (omitted) before.
+	Objectives *ObjectiveStats `json:"objectives,omitempty"`
 	// Replicas gives each replica's routed requests and share, by name.
 	Replicas []ReplicaStats `json:"replicas"`
 	// Disaggregation, for a gateway's disaggregated model, gives the P/D
@@ -84,6 +87,25 @@ type RoutingStats struct {
 	// KVEvents, for a gateway model on the exact index, describes its
 	// tokenization and its engines' KV events; nil otherwise.
 	KVEvents *KVEventsStats `json:"kv_events,omitempty"`
+}
+
+// ObjectiveStats counts a model's requests with a latency objective
+// (gateway.Target.TTFT, TPOT: the x-slo-ttft-ms and x-slo-tpot-ms
+// headers, or the model's default) as the routing library saw them.
+type ObjectiveStats struct {
+	// Requests counts the decisions made for them; BestEffort those for
+	// which no replica was predicted to meet the objective (a front
+	// configured to reject them answered 429).
+	Requests   uint64 `json:"requests"`
+	BestEffort uint64 `json:"best_effort"`
+	// TTFTMet and TTFTMissed count the answers whose first token was seen
+	// by how they did against a TTFT objective (measured from routing);
+	// TPOTMet and TPOTMissed those with more than one output token against
+	// a TPOT objective.
+	TTFTMet    uint64 `json:"ttft_met"`
+	TTFTMissed uint64 `json:"ttft_missed"`
+	TPOTMet    uint64 `json:"tpot_met"`
+	TPOTMissed uint64 `json:"tpot_missed"`
 }
 
 // ReplicaStats is one replica's share of a model's requests.
@@ -131,6 +153,10 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 	}
 	for k, v := range s.ByKind {
 		out.Decisions[k] = v
+	}
+	if s.ObjectiveRequests > 0 {
+		out.Objectives = &ObjectiveStats{Requests: s.ObjectiveRequests, BestEffort: s.ObjectiveBestEffort,
+			TTFTMet: s.TTFTMet, TTFTMissed: s.TTFTMissed, TPOTMet: s.TPOTMet, TPOTMissed: s.TPOTMissed}
 	}
 	var total uint64
 	for _, r := range rs {

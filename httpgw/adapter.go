@@ -22,9 +22,11 @@ func (s *Server) resolveAdapter(c *call, st *fleet.State, name string) *fleet.Ad
 // target returns the replicas a call may be routed to (gateway.Target):
 // for an adapter, those whose engines serve it, its name the policy's to
 // see; for a continued response, the replica holding it (call.pin);
-// leaving out the replica failed ("" none), which a retry avoids.
+// leaving out the replica failed ("" none), which a retry avoids; with
+// the call's latency objective.
 func (c *call) target(failed string) gateway.Target {
 	t := gateway.Target{Exclude: failed}
+	c.slo.Apply(&t)
 	var eligible map[string]bool
 	if c.lora != nil {
 		t.Adapter, eligible = c.lora.Name, c.lora.Eligible

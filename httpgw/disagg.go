@@ -68,8 +68,12 @@ func setPrefillHeaders(c *call, pre *gateway.Decision) {
 // proxyPD serves an admitted request of a disaggregated model.
 func (s *Server) proxyPD(c *call) {
 	ms, pd, oc := c.ms, c.ms.PD, &c.oc
+	// The decode pool is asked for the whole objective (a co-located
+	// request prefills there too), the prefill pool for the TTFT only.
 	t := c.target("")
-	plan, err := s.metrics.DecidePD(ms, c.key, c.fallback, t, t)
+	pt := t
+	pt.TPOT = 0
+	plan, err := s.metrics.DecidePD(ms, c.key, c.fallback, t, pt)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
@@ -77,6 +81,13 @@ func (s *Server) proxyPD(c *call) {
 			return
 		}
 		oc.fail(c.w, http.StatusInternalServerError, front.TypeServer, "routing_error", "", err.Error())
+		return
+	}
+	// The objective's rule applies to the decision that yields the first
+	// token: a split plan's prefill (proxy applies it to a co-located
+	// plan's decode).
+	if plan.Split && s.refuse(c, &plan.Prefill) {
+		plan.Decode.Done(gateway.DoneInfo{Err: front.ErrSLOUnattainable})
 		return
 	}
 	// A client's own prefill header never reaches a sidecar.
@@ -105,7 +116,7 @@ func (s *Server) proxyPD(c *call) {
 		s.proxy(c)
 		return
 	}
-	proceed, handed := s.prefill(c, plan, t, note)
+	proceed, handed := s.prefill(c, plan, pt, note)
 	if !proceed {
 		return
 	}
@@ -300,7 +311,9 @@ func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision
 	if err != nil { // not reached, as above
 		return failed(fleet.PDPrefillFailed, err)
 	}
-	pre.Done(gateway.DoneInfo{Latency: elapsed})
+	// The prefill's answer is its one token: its round trip is the
+	// replica's time to first token for the request.
+	pre.Done(gateway.DoneInfo{Latency: elapsed, TTFT: max(elapsed, 1), Elapsed: max(elapsed, 1), OutputTokens: 1})
 	return prefillResult{outcome: prefillHanded, decode: dbody, id: id, elapsed: elapsed}
 }
 

@@ -83,6 +83,8 @@ func TestOutcomeLabels(t *testing.T) {
 		front.CodeStreamError:    {"200", front.CodeStreamError},
 		front.CodeAborted:        {"200", front.CodeAborted},
 		front.CodeStreamEnded:    {"200", front.CodeStreamEnded},
+		front.CodeShed429:        {"429", front.CodeShed},
+		front.CodeSLO429:         {"429", front.CodeSLOUnattainable},
 		"":                       {"", ""},
 		"2000":                   {"", "2000"},
 	} {

@@ -99,6 +99,13 @@ type call struct {
 	// share of Options.MaxAssembledBytes.
 	aggregate bool
 	hold      budget.Hold
+	// slo is the request's latency objective (Options.Objectives, the
+	// headers over the model's default); sloChecked says the rule was
+	// applied to its decision already (a split P/D plan's, disagg.go).
+	slo        front.SLO
+	sloChecked bool
+	// meter counts the output tokens of the answer being relayed.
+	meter front.Meter
 	// attempt is the current try on a replica (forward).
 	attempt
 }
@@ -112,6 +119,12 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	if !s.admit(c) {
 		return
 	}
+	slo, err := s.opts.Objectives.For(c.ms.Name, r.Header)
+	if err != nil {
+		c.oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_header", front.Param(err), err.Error())
+		return
+	}
+	c.slo = slo
 	if kind == keys.Responses && c.req.PreviousResponseID != "" {
 		c.pin, _ = s.respIDs.Owner(c.req.PreviousResponseID, c.ms.Name)
 	}
@@ -241,8 +254,13 @@ func (s *Server) proxy(c *call) {
 			}
 			return
 		}
-		c.attempt = attempt{d: dec}
+		c.attempt = attempt{d: dec, routed: s.opts.Clock()}
 		d := &c.d
+		// The objective's rule applies to the first decision; a retry
+		// goes best effort.
+		if try == 0 && !c.sloChecked && s.refuse(c, d) {
+			return
+		}
 		if try > 0 {
 			s.metrics.Retries.WithLabelValues(ms.Name).Inc()
 			if ms.PD != nil {
@@ -277,6 +295,24 @@ func (s *Server) proxy(c *call) {
 	// with an empty 200.
 	oc.fail(c.w, http.StatusBadGateway, front.TypeServer, "upstream_error", "",
 		fmt.Sprintf("%v: model %q: %v (after one retry)", ErrUpstream, ms.Name, lastErr))
+}
+
+// refuse applies the objective rule to decision d of call c
+// (front.Objectives.Refuse): it counts a decision no replica was
+// predicted to meet and, when Options.Objectives rejects those, answers
+// 429 slo_unattainable, d released, and returns true.
+func (s *Server) refuse(c *call, d *gateway.Decision) bool {
+	c.sloChecked = true
+	if !front.Unmet(c.slo, d) {
+		return false
+	}
+	refused := s.opts.Objectives.Refuse(c.slo, d)
+	s.metrics.CountUnattainable(c.ms.Name, refused)
+	if refused {
+		front.WriteSLOUnattainable(c.w, c.ms.Name, c.slo, d)
+		c.oc.code = front.CodeSLO429
+	}
+	return refused
 }
 
 // readBody reads r to its end, like io.ReadAll, into a buffer sized for

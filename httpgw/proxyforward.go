@@ -29,6 +29,10 @@ type attempt struct {
 	timedOut *atomic.Bool  // set when it fired; nil without a timer
 	stop     func() bool   // stops the first-byte timer
 	ttfb     time.Duration // from the call's arrival to the first byte
+	// routed is when the decision was taken up (the try began), firstAt
+	// when the answer's first token came, zero while not seen (a whole
+	// answer's first byte is its end).
+	routed, firstAt time.Time
 
 	// A non-streamed answer's whole time on this replica, from sending
 	// the request to the answer's last byte (relayed) or its assembly
@@ -58,6 +62,13 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	}
 	defer a.stop()
 	defer a.stopWhole()
+	if !c.req.Stream && !c.aggregate && a.d.PredictedTTFT > 0 {
+		// A whole answer shows no first token: the replica's pending
+		// prefill is released when the library predicts it over, rather
+		// than at the answer's end (Decision.PredictedTTFT).
+		d := a.d
+		defer s.afterFunc(d.PredictedTTFT, d.FirstToken)()
+	}
 	resp, retry, cause := s.send(ctx, c)
 	if resp == nil {
 		return retry, cause
@@ -114,6 +125,38 @@ func (a *attempt) replica() string {
 // done reports the attempt's end to the routing decision.
 func (a *attempt) done(lat time.Duration, err error) {
 	a.d.Done(gateway.DoneInfo{Latency: lat, Err: err})
+}
+
+// finish reports the end of a relayed answer of the given status to the
+// attempt's decision. A 2xx answer's measures teach the library the
+// replica's speed (gateway.DoneInfo): TTFT from the try's start to its
+// first token, when it was seen (a stream, or a non-streamed request
+// streamed from the engine); Elapsed from the try's start to the end;
+// OutputTokens as the meter counted them (the usage, else the stream's
+// content chunks). A request with an objective is counted in
+// exa_gateway_slo_requests_total as its client saw it: from its arrival
+// at the gateway (flow control's queue and a P/D prefill included).
+func (s *Server) finish(c *call, status int) {
+	a := &c.attempt
+	info := gateway.DoneInfo{Latency: a.ttfb}
+	ok := status/100 == 2
+	var now time.Time
+	if ok {
+		now = s.opts.Clock()
+		info.Elapsed = max(now.Sub(a.routed), 1)
+		if !a.firstAt.IsZero() {
+			info.TTFT = max(a.firstAt.Sub(a.routed), 1)
+		}
+		info.OutputTokens, _ = c.meter.Tokens()
+	}
+	a.d.Done(info)
+	if ok && c.slo.Set() {
+		seen := gateway.DoneInfo{Elapsed: max(now.Sub(c.start), 1), OutputTokens: info.OutputTokens}
+		if !a.firstAt.IsZero() {
+			seen.TTFT = max(a.firstAt.Sub(c.start), 1)
+		}
+		s.metrics.CountSLO(c.ms.Name, c.slo, &seen)
+	}
 }
 
 // cause says what made the upstream fail: the response timer (for a
@@ -201,6 +244,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 	defer s.bufPool.Put(bp)
 	buf := *bp
 	first := true
+	c.meter.Reset(sse)
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 || rerr == io.EOF {
@@ -219,8 +263,16 @@ func (s *Server) relay(c *call, resp *http.Response) {
 		}
 		if n > 0 {
 			if first {
-				a.ttfb = s.opts.Clock().Sub(c.start)
+				now := s.opts.Clock()
+				a.ttfb = now.Sub(c.start)
+				// A stream's first bytes come with its first token, but for
+				// a Responses API stream, which opens with events sent
+				// before it (response.created): that one's stays unseen.
+				if sse && c.oc.kind != keys.Responses {
+					a.firstAt = now
+				}
 			}
+			c.meter.Feed(buf[:n])
 			if c.oc.kind == keys.Responses && !c.learned && resp.StatusCode == http.StatusOK {
 				c.learned = s.learnResponse(c, buf[:n])
 			}
@@ -247,7 +299,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if resp.StatusCode >= 500 {
 				a.done(0, fmt.Errorf("%w: status %d", errUpstreamStatus, resp.StatusCode))
 			} else {
-				a.done(a.ttfb, nil)
+				s.finish(c, resp.StatusCode)
 			}
 			c.oc.code = strconv.Itoa(resp.StatusCode)
 			return

@@ -148,6 +148,13 @@ type Options struct {
 	// tokenization fails or times out is routed as if nothing were cached
 	// (see docs/gateway.md). Default DefaultTokenizeTimeout (2s).
 	TokenizeTimeout time.Duration
+	// Objectives are the chat, completions and responses requests'
+	// latency objectives (objective.go): each model's default, which the
+	// headers x-slo-ttft-ms and x-slo-tpot-ms replace, and what to do
+	// when no replica is predicted to meet one (best effort, or 429
+	// slo_unattainable). The zero value sets none and routes best effort.
+	// Read-only once the Server is created.
+	Objectives front.Objectives
 }
 
 // Server is the HTTP gateway: an http.Handler that serves the OpenAI
@@ -271,6 +278,14 @@ func fillOptions(o *Options) error {
 		if err := ValidCORSOrigin(origin); err != nil {
 			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
 		}
+	}
+	for m, slo := range o.Objectives.Defaults {
+		if err := slo.Validate(); err != nil {
+			return fmt.Errorf("%w: Objectives.Defaults[%q]: %w", ErrInvalidOptions, m, err)
+		}
+	}
+	if u := o.Objectives.Unattainable; u != front.BestEffort && u != front.Reject {
+		return fmt.Errorf("%w: Objectives.Unattainable %d is not a mode", ErrInvalidOptions, u)
 	}
 	if o.UpstreamStream < UpstreamStreamDefault || o.UpstreamStream > UpstreamStreamOff {
 		return fmt.Errorf("%w: UpstreamStream %d is not a mode", ErrInvalidOptions, o.UpstreamStream)

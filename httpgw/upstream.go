@@ -141,14 +141,17 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
 	buf := *bp
+	c.meter.Reset(true)
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			before := g.Chunks()
 			err := g.Feed(buf[:n])
+			c.meter.Feed(buf[:n])
 			if before == 0 && g.Chunks() > 0 {
 				a.stop()
-				a.ttfb = s.opts.Clock().Sub(c.start)
+				a.firstAt = s.opts.Clock()
+				a.ttfb = a.firstAt.Sub(c.start)
 				a.d.FirstToken()
 				front.Of(c.ms).TTFBO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
@@ -191,7 +194,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 			return
 		}
 	}
-	a.done(a.ttfb, nil)
+	s.finish(c, resp.StatusCode)
 	c.oc.code = strconv.Itoa(resp.StatusCode)
 }
 

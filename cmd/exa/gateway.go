@@ -33,6 +33,7 @@ type gatewayFlags struct {
 	upstreamStream                    bool
 	maxAssembled                      int64
 	disc                              discoveryFlags
+	slo                               sloFlags // --slo-*
 }
 
 // newGatewayCmd returns the `exa serve gateway` command.
@@ -110,6 +111,7 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	fl.disc.register(f)
+	fl.slo.register(f)
 	return cmd
 }
 
@@ -149,6 +151,10 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if fl.httpServer != "lean" && fl.httpServer != "std" {
 		return usagef("invalid --http-server %q: want lean or std", fl.httpServer)
 	}
+	objectives, err := fl.slo.options()
+	if err != nil {
+		return err
+	}
 	path, logger, err := fl.setup(cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -169,6 +175,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		UpstreamStream:   upstream,
 
 		MaxAssembledBytes: fl.maxAssembled,
+		Objectives:        objectives,
 	}
 	reg := fl.disc.metrics(&o)
 	srv, err := fl.newServer("gateway", srvPath, logger, o)

@@ -209,6 +209,10 @@ func writeStats(w io.Writer, s config.RoutingStats, gatewayURL string) {
 	fmt.Fprintf(tw, "decisions:\t%s\n", strings.Join(parts, ", "))
 	fmt.Fprintf(tw, "slo exclusions:\t%d\n", s.SLOExcluded)
 	fmt.Fprintf(tw, "fallbacks:\tslo %d, no match %d, load guard %d, no healthy replica %d\n", s.SLOFallbacks, s.NoMatch, s.LoadGuard, s.NoHealthy)
+	if o := s.Objectives; o != nil {
+		fmt.Fprintf(tw, "latency objectives:\t%d requests, %d with none predicted to meet theirs; ttft met %d, missed %d; tpot met %d, missed %d\n",
+			o.Requests, o.BestEffort, o.TTFTMet, o.TTFTMissed, o.TPOTMet, o.TPOTMissed)
+	}
 	if d := s.Disaggregation; d != nil {
 		fmt.Fprintf(tw, "p/d split:\t%d of %d requests (%s), %s mode, at %d uncached prompt tokens or more\n",
 			d.Split, d.Decided, pct(d.SplitShare), printable(d.Mode), d.MinUncachedTokens)

@@ -37,3 +37,22 @@ func TestStatsGatewayUnreachable(t *testing.T) {
 	assert.Equal(t, 1, r.code, "stderr %q", r.stderr)
 	assert.Contains(t, r.stderr, "500")
 }
+
+// stats --gateway shows a model's latency objectives when the gateway's
+// /stats has them, and no such line when it has none.
+func TestStatsGatewayObjectives(t *testing.T) {
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "JPCP", "--mode", "cache_aware")
+	serve := func(body string) string {
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(body)) }))
+		t.Cleanup(gw.Close)
+		return gw.URL
+	}
+	with := serve(`{"models":{"JPCP":{"model":"JPCP","source":"gateway","requests":9,"decisions":{},"replicas":[],` +
+		`"objectives":{"requests":8,"best_effort":2,"ttft_met":5,"ttft_missed":3,"tpot_met":4,"tpot_missed":1}}}}`)
+	out := ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", with)
+	assert.Regexp(t, `latency objectives:\s+8 requests, 2 with none predicted to meet theirs; ttft met 5, missed 3; tpot met 4, missed 1`, out)
+	without := serve(`{"models":{"JPCP":{"model":"JPCP","source":"gateway","requests":9,"decisions":{},"replicas":[]}}}`)
+	out = ok(t, cfg, "serve", "routing", "stats", "JPCP", "--gateway", without)
+	assert.NotContains(t, out, "latency objectives")
+}

@@ -33,6 +33,11 @@ type Metrics struct {
 	PDRequests  *prometheus.CounterVec
 	PDFallbacks *prometheus.CounterVec
 	PDPhase     *prometheus.HistogramVec
+	// SLORequests counts requests with a latency objective by how they
+	// did against it (model, objective: ttft or tpot, outcome: met or
+	// missed; Attained); SLOUnattainable those no replica was predicted
+	// to meet (model, action: best_effort or rejected; objective.go).
+	SLORequests, SLOUnattainable *prometheus.CounterVec
 }
 
 // LatencyBuckets span 1 ms to an hour: past httpgw's default response
@@ -90,6 +95,8 @@ func OutcomeLabels(code string) (status, reason string) {
 	switch code {
 	case CodeShed429:
 		return "429", CodeShed
+	case CodeSLO429:
+		return "429", CodeSLOUnattainable
 	case CodeClientCanceled:
 		return "499", code
 	case CodeStreamError, CodeAborted, CodeStreamEnded:
@@ -108,7 +115,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	const ns = "exa_gateway"
 	m := &Metrics{
 		Requests: RequestCounter{prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
-			Help: "Requests received, by model, endpoint (chat, completions, embeddings, tokenize, detokenize, models, other), code (the HTTP status; 499 when the client went away) and reason (empty, or how an answer ended early: client_canceled, stream_error, aborted, stream_ended)."},
+			Help: "Requests received, by model, endpoint (chat, completions, embeddings, tokenize, detokenize, models, other), code (the HTTP status; 499 when the client went away) and reason (empty, or how an answer ended early: client_canceled, stream_error, aborted, stream_ended; or why it was refused: shed, slo_unattainable)."},
 			[]string{"model", "endpoint", "code", "reason"})},
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decisions_total",
 			Help: "Routing decisions by model and kind (affinity, load_aware, round_robin)."}, []string{"model", "kind"}),
@@ -150,10 +157,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		PDPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "disagg_phase_seconds",
 			Help:    "Phases of split requests in gateway mode: prefill (the prefill request's round trip), decode_first_byte (from sending the decode request to its first byte: KV transfer and first token), decode (from sending the decode request to the end of its answer).",
 			Buckets: LatencyBuckets}, []string{"model", "phase"}),
+		SLORequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "slo_requests_total",
+			Help: "Requests with a latency objective (x-slo-ttft-ms, x-slo-tpot-ms or the model's default) whose answer showed how they did, by model, objective (ttft, tpot) and outcome (met, missed). Attainment: sum by (model) (rate(exa_gateway_slo_requests_total{objective=\"ttft\",outcome=\"met\"}[5m])) / sum by (model) (rate(exa_gateway_slo_requests_total{objective=\"ttft\"}[5m]))."},
+			[]string{"model", "objective", "outcome"}),
+		SLOUnattainable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "slo_unattainable_total",
+			Help: "Routing decisions for which no replica was predicted to meet the request's latency objective, by model and action (best_effort: routed anyway; rejected: answered 429 slo_unattainable)."},
+			[]string{"model", "action"}),
 	}
 	for _, c := range []prometheus.Collector{m.Requests.vec, m.Decisions, m.Routed, m.Hits, m.Blocks, m.Matched,
 		m.ReplicaReqs, m.Duration, m.TTFB, m.Retries, m.InFlight, m.TokenizeSeconds, m.UpstreamStreamed, m.UpstreamStreamFailed,
-		m.PDRequests, m.PDFallbacks, m.PDPhase} {
+		m.PDRequests, m.PDFallbacks, m.PDPhase, m.SLORequests, m.SLOUnattainable} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
