@@ -84,11 +84,19 @@ type Config struct {
 	// at completion. exa simulate sets it from --upstream-stream (default
 	// true).
 	UpstreamStream bool
+	// ObjectiveHeaders sends each request's own objectives (Request.SLO
+	// and Request.TPOTSLO, as x-slo-ttft-ms and x-slo-tpot-ms) to the
+	// router (gateway.Target.TTFT and TPOT): the gateway's policies and
+	// the peers that read them (llmd_predicted) route by them. Default
+	// false: objectives are only counted in the report. exa simulate sets
+	// it from --slo-headers (default true).
+	ObjectiveHeaders bool
 	// PredictedRelease has the gateway's front release a non-streamed
 	// request's pending prefill when its prefill is predicted over
 	// (Decision.PredictedTTFT, known once first tokens of other requests
-	// at its replica were seen) instead of at completion. Default false:
-	// measured on the Mooncake trace it routed worse (docs/results.md).
+	// at its replica were seen) instead of at completion, as both fronts
+	// do for answers they relay whole. Default false; exa simulate sets it
+	// from --predicted-release (default true).
 	PredictedRelease bool
 	// ReplicaSpeeds are the replicas' compute speeds, multipliers of the
 	// preset's, cycled over the replicas: with {1, 0.5}, r0, r2, ... run at

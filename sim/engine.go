@@ -57,7 +57,10 @@ type seq struct {
 	prio          int
 	slo           int64
 	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
-	ttftMet       bool
+	// target carries the request's own objectives to the router when
+	// Config.ObjectiveHeaders; the adapter is added at dispatch.
+	target  gateway.Target
+	ttftMet bool
 }
 
 type replica struct {
@@ -346,6 +349,11 @@ func (e *engine) arrive(req *Request) {
 		s.slo = int64(req.SLO)
 	}
 	s.tpotSLO = int64(req.TPOTSLO)
+	s.target = gateway.Target{}
+	if e.cfg.ObjectiveHeaders {
+		// The client sends its objectives (x-slo-ttft-ms, x-slo-tpot-ms).
+		s.target.TTFT, s.target.TPOT = req.SLO, req.TPOTSLO
+	}
 	e.group(s, func(g *groupAcc) { g.requests++; g.obj.on = g.obj.on || s.tpotSLO > 0 })
 	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
 		e.res.Failed++
@@ -386,7 +394,9 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: s.adapterName})
+	tg := s.target
+	tg.Adapter = s.adapterName
+	d, err := gw.g.RouteWith(s.key, tg)
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
