@@ -361,7 +361,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: s.adapterName})
+	d, err := s.d, error(nil) // routed by flow control's bind (flowctl.go), or now
+	s.d = gateway.Decision{}
+	if d.Replica == "" {
+		d, err = gw.g.RouteWith(s.key, gateway.Target{Adapter: s.adapterName})
+	}
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
