@@ -23,6 +23,11 @@
 //   - Expire: the requests whose deadline has passed, each to be answered.
 //   - Remove: a request whose client went away.
 //
+// Bind is the room a front gives Next (through a Controller's bind): the
+// gateway's admission rule says some replica has room, and the request is
+// routed at that moment (late binding). The HTTP gateway, the picker and
+// the simulator all bind with it.
+//
 // Strict priority: of two held requests that both have room, the one in
 // the higher band is dispatched first. A lower band's request is
 // dispatched while a higher band's waits only when the higher one has no
