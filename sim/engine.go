@@ -396,7 +396,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	}
 	tg := s.target
 	tg.Adapter = s.adapterName
-	d, err := gw.g.RouteWith(s.key, tg)
+	d, err := s.d, error(nil) // routed by flow control's bind (flowctl.go), or now
+	s.d = gateway.Decision{}
+	if d.Replica == "" {
+		d, err = gw.g.RouteWith(s.key, tg)
+	}
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
