@@ -224,7 +224,7 @@ func TestObjectiveFilters(t *testing.T) {
 		{"no objective: cheapest", 0, 0, "hot"},
 		{"TTFT only the cold one meets", 300 * time.Millisecond, 0, "cold"},
 		{"TTFT both meet", time.Second, 0, "hot"},
-		{"TPOT only hot meets", 300 * time.Millisecond, 30 * time.Millisecond, "hot"},
+		{"TPOT does not filter: TTFT only the cold one meets", 300 * time.Millisecond, 30 * time.Millisecond, "cold"},
 		{"none meets: best effort", time.Millisecond, 0, "hot"},
 	} {
 		cands := mk()
