@@ -50,6 +50,13 @@
 //     discovering the same pool; engines' prefix-cache hits and TTFT per
 //     picker (docs/results.md). Skips without GIE's epp
 //     (e2e/k8s/install-gie-epp.sh).
+//   - TestSpeedsGateway, TestSpeedsPicker (speed_test.go): a fast and a
+//     3x slower engine, distinct prompts, cache-aware: after a warm-up the
+//     front that learns the replicas' speeds sends the fast engine at
+//     least 85% of the requests; through the picker a non-streamed
+//     request's pending prefill is released at its predicted first token.
+//     EXA_E2E_SPEED_BASELINE_EXA runs another build beside it
+//     (docs/picker.md, "Learned speeds").
 //
 // run.sh reads EXA_E2E_BIN (where to put the binaries, default
 // $TMPDIR/exa-e2e-bin); the tests read EXA_E2E_SIM and EXA_E2E_EXA, which

@@ -59,11 +59,18 @@ func startPickerProc(t *testing.T, name, cfg string, args ...string) *pickerProc
 // transport credentials (TLS for a picker started with --tls-*).
 func startPickerProcCreds(t *testing.T, name, cfg string, creds credentials.TransportCredentials, args ...string) *pickerProc {
 	t.Helper()
+	return startPickerProcBin(t, name, exaBin, cfg, creds, args...)
+}
+
+// startPickerProcBin is startPickerProcCreds with the exa binary to run
+// (another build, to compare two versions in one run).
+func startPickerProcBin(t *testing.T, name, bin, cfg string, creds credentials.TransportCredentials, args ...string) *pickerProc {
+	t.Helper()
 	port, admin := freePort(t), freePort(t)
 	pp := &pickerProc{addr: "127.0.0.1:" + strconv.Itoa(port)}
 	all := append([]string{"serve", "picker", "--listen", pp.addr, "--admin-listen", "127.0.0.1:" + strconv.Itoa(admin),
 		"--reload-interval", "100ms", "--probe-interval", "200ms", "--probe-timeout", "500ms", "--scrape-interval", "200ms"}, args...)
-	p := startProc(t, name, []string{"EXA_CONFIG=" + cfg}, exaBin, all...)
+	p := startProc(t, name, []string{"EXA_CONFIG=" + cfg}, bin, all...)
 	pp.gatewayProc = &gatewayProc{url: "http://127.0.0.1:" + strconv.Itoa(admin), p: p}
 	waitFor(t, 20*time.Second, name+" /healthz", func() bool { return get(pp.url+"/healthz") == http.StatusOK })
 	conn, err := grpc.NewClient(pp.addr, grpc.WithTransportCredentials(creds))

@@ -14,6 +14,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/examlops/gateway/internal/front"
 )
 
 // phase is where an exchange stands in Envoy's message sequence.
@@ -55,8 +57,10 @@ type exchange struct {
 
 	// Response-body handling: streamed (echoed as streamed_response) in
 	// FULL_DUPLEX_STREAMED mode, acknowledged in other modes, absent in
-	// NONE mode, where the response ends with its headers.
-	respEcho, respNone bool
+	// NONE mode, where the response ends with its headers. respTimed:
+	// the body's chunks come as the upstream sends them (STREAMED and
+	// FULL_DUPLEX_STREAMED modes), so the first is the first token.
+	respEcho, respNone, respTimed bool
 
 	tracker     Tracker
 	head        HeadTracker   // tracker, if it reads the response's head, until it has enough
@@ -64,6 +68,9 @@ type exchange struct {
 	respHeaders []Header      // Pick.ResponseHeaders, set on the response
 	first       bool          // FirstToken reported
 	latency     time.Duration // request headers to first token
+	routed      time.Time     // when the Router's Pick returned
+	ttft        time.Duration // routed to the first chunk of an event stream (Outcome.TTFT)
+	meter       front.Meter   // the answer's output tokens (Outcome.OutputTokens)
 	status      int
 	sse         bool
 	served      string
@@ -73,7 +80,7 @@ type exchange struct {
 
 func (x *exchange) reset(s *Server, st stream) {
 	hdr, sub := x.req.Header[:0], x.subset[:0]
-	*x = exchange{s: s, st: st, subset: sub, respEcho: true}
+	*x = exchange{s: s, st: st, subset: sub, respEcho: true, respTimed: true}
 	x.req.Header = hdr
 }
 
@@ -239,11 +246,13 @@ func (x *exchange) protocol(pc *extprocv3.ProtocolConfiguration) error {
 	}
 	switch pc.GetResponseBodyMode() {
 	case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		x.respEcho, x.respNone = true, false
+		x.respEcho, x.respNone, x.respTimed = true, false, true
 	case extprocfilterv3.ProcessingMode_NONE:
-		x.respEcho, x.respNone = false, true
-	default:
-		x.respEcho, x.respNone = false, false
+		x.respEcho, x.respNone, x.respTimed = false, true, false
+	case extprocfilterv3.ProcessingMode_STREAMED:
+		x.respEcho, x.respNone, x.respTimed = false, false, true
+	default: // BUFFERED, BUFFERED_PARTIAL: the body comes when buffered
+		x.respEcho, x.respNone, x.respTimed = false, false, false
 	}
 	return nil
 }
@@ -332,6 +341,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		return true, x.immediate(err)
 	}
 	x.tracker = p.Tracker
+	x.routed = x.s.opts.Clock()
 	if p.Reply != nil {
 		return true, x.reply(p.Reply)
 	}
@@ -441,6 +451,7 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	if !x.sse {
 		x.firstToken()
 	}
+	x.meter.Reset(x.sse)
 	x.ph = phaseResponse
 	answer := responseHeadersAnswer
 	if len(x.respHeaders) > 0 {
@@ -461,6 +472,9 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 		x.firstToken()
 		if x.head != nil {
 			x.readHead(b.GetBody())
+		}
+		if x.tracker != nil && x.status/100 == 2 {
+			x.meter.Feed(b.GetBody())
 		}
 	}
 	eos := b.GetEndOfStream()
@@ -496,7 +510,11 @@ func (x *exchange) firstToken() {
 		return
 	}
 	x.first = true
-	x.latency = x.s.opts.Clock().Sub(x.start)
+	now := x.s.opts.Clock()
+	x.latency = now.Sub(x.start)
+	if x.sse && x.respTimed {
+		x.ttft = now.Sub(x.routed)
+	}
 	if x.tracker != nil {
 		x.tracker.FirstToken()
 	}
@@ -515,10 +533,19 @@ func (x *exchange) done() {
 		return
 	}
 	o := Outcome{Status: x.status, Served: x.served}
-	if x.status >= 500 {
+	switch {
+	case x.status >= 500:
 		o.Err = fmt.Errorf("%w: status %d", errUpstreamStatus, x.status)
-	} else {
+	case x.respNone && x.sse, x.status/100 != 2:
+		// The end of an event stream is not seen in mode NONE; an
+		// answer that is not a success measures no speed.
 		o.Latency = x.latency
+	default:
+		o.Latency, o.TTFT = x.latency, x.ttft
+		if !x.respNone {
+			o.OutputTokens, _ = x.meter.Tokens()
+		}
+		o.Elapsed = max(x.s.opts.Clock().Sub(x.routed), 0)
 	}
 	x.tracker.Done(o)
 }

@@ -136,7 +136,7 @@ type decisionTracker struct{ d gateway.Decision }
 
 func (t *decisionTracker) FirstToken() { t.d.FirstToken() }
 func (t *decisionTracker) Done(o Outcome) {
-	t.d.Done(gateway.DoneInfo{Latency: o.Latency, Err: o.Err})
+	t.d.Done(gateway.DoneInfo{Latency: o.Latency, Err: o.Err, TTFT: o.TTFT, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
 }
 
 // EndpointOf returns the "ip:port" endpoint of a replica address: a base

@@ -97,12 +97,13 @@ func TestTracker(t *testing.T) {
 		wantLatency time.Duration
 		wantErr     bool
 	}{
-		// Clock readings: request headers (t=1s), then the first token.
-		{name: "json", contentType: "application/json", status: "200", chunks: [][]byte{[]byte("{}")}, wantLatency: time.Second},
+		// Clock readings: request headers (t=1s), routing (2s), then the
+		// first token (3s).
+		{name: "json", contentType: "application/json", status: "200", chunks: [][]byte{[]byte("{}")}, wantLatency: 2 * time.Second},
 		{name: "sse", contentType: "text/event-stream", status: "200",
-			chunks: [][]byte{{}, []byte("data: {}\n\n"), []byte("data: [DONE]\n\n")}, wantLatency: time.Second},
+			chunks: [][]byte{{}, []byte("data: {}\n\n"), []byte("data: [DONE]\n\n")}, wantLatency: 2 * time.Second},
 		{name: "5xx", contentType: "application/json", status: "503", chunks: [][]byte{[]byte("{}")}, wantErr: true},
-		{name: "4xx is an answer", contentType: "application/json", status: "400", chunks: [][]byte{[]byte("{}")}, wantLatency: time.Second},
+		{name: "4xx is an answer", contentType: "application/json", status: "400", chunks: [][]byte{[]byte("{}")}, wantLatency: 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := newRecorder("10.1.2.3:8000")

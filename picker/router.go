@@ -174,6 +174,24 @@ type Outcome struct {
 	// to its first token (see Tracker.FirstToken); zero when there was no
 	// first token or the request failed.
 	Latency time.Duration
+	// TTFT is the time from routing (the Router's Pick returning) to the
+	// first body chunk of an event stream (SSE) whose chunks reach the
+	// picker as the upstream sends them (response body mode
+	// FULL_DUPLEX_STREAMED or STREAMED); zero for any other answer, whose
+	// first token the picker does not see: a plain JSON answer comes
+	// whole, and a buffered body comes at its end. Elapsed is the time
+	// from routing to the end of the answer, zero when the picker did not
+	// see it (an event stream in mode NONE) or the answer is not a
+	// success (2xx).
+	// OutputTokens is the answer's output token count as the HTTP
+	// gateway counts it (internal/front's Meter): the usage in its body
+	// ("completion_tokens", or the Responses API's "output_tokens"), else
+	// for an event stream its chunks with content; zero when the body did
+	// not reach the picker (mode NONE), a plain answer held no usage, or
+	// the answer is not a success. Together they are gateway.DoneInfo's
+	// measures of the replica's speed.
+	TTFT, Elapsed time.Duration
+	OutputTokens  int
 	// Err is why the request failed: an upstream 5xx, or a stream that
 	// ended before the response did (a client that went away, an
 	// upstream that could not be reached). nil on success.

@@ -88,6 +88,9 @@ type pickSetup struct {
 	model     func(*config.Model)
 	fleet     func(*fleet.Options)
 	engine    func(i int, o *enginetest.Options)
+	// address, when set, gives replica i's address in place of engine
+	// e's (a server in front of it).
+	address func(i int, e *enginetest.Engine) string
 }
 
 func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Options, setup pickSetup) *pickFixture {
@@ -104,7 +107,11 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 		e := enginetest.New(o)
 		t.Cleanup(e.Close)
 		f.engines = append(f.engines, e)
-		reps = append(reps, config.Replica{Name: o.Name, Address: e.URL()})
+		addr := e.URL()
+		if setup.address != nil {
+			addr = setup.address(i, e)
+		}
+		reps = append(reps, config.Replica{Name: o.Name, Address: addr})
 	}
 	var fo fleet.Options
 	if setup.fleet != nil {
@@ -122,7 +129,12 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 	var err error
 	f.picker, err = New(s, popts)
 	require.NoError(t, err)
-	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB})
+	// The picker's clock is frozen, so that answers teach the gateway no
+	// speed: an in-process engine's times are scheduling noise, which
+	// would price replicas apart at random (gateway.CacheAware in
+	// predicted time). Tests of speeds teach them themselves (teach).
+	frozen := time.Unix(1e9, 0)
+	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, Clock: func() time.Time { return frozen }})
 	require.NoError(t, err)
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()

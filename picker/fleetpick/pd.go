@@ -25,7 +25,12 @@ const prefillHeader = "x-prefiller-host-port"
 // prefill replica's address may have a host name: the sidecar resolves it.
 func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	r, ms, pd := pr.r, pr.ms, pr.ms.PD
-	plan, err := r.metrics.DecidePD(ms, pr.key, pr.fallback, pr.target(allow), pr.target(pr.allow(true)))
+	// The decode pool is asked for the whole objective (a co-located
+	// request prefills there too), the prefill pool for the TTFT only,
+	// as the HTTP gateway asks them.
+	pt := pr.target(pr.allow(true))
+	pt.TPOT = 0
+	plan, err := r.metrics.DecidePD(ms, pr.key, pr.fallback, pr.target(allow), pt)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
 			return pr.noEndpoint("decode", err)
@@ -40,6 +45,18 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 			plan.Prefill.Done(gateway.DoneInfo{Err: err})
 		}
 		return pr.noEndpoint("decode", err)
+	}
+	// The objective's rule applies to the decision that yields the first
+	// token: a split plan's prefill, else the decode.
+	first := &dd
+	if plan.Split {
+		first = &plan.Prefill
+	}
+	if refused, err := pr.refuse(first); refused {
+		if plan.Split {
+			dd.Done(gateway.DoneInfo{Err: front.ErrSLOUnattainable})
+		}
+		return picker.Pick{}, err
 	}
 	prefill := picker.Header{Name: prefillHeader} // removed unless split
 	resp := pr.decisionHeaders(&dd)

@@ -23,6 +23,8 @@ type pickRequest struct {
 	start    time.Time
 	ms       *fleet.Model
 	lora     *fleet.AdapterRoute // the LoRA adapter the request names; nil for the base model
+	stream   bool                // the client asked for an event stream ("stream": true)
+	slo      front.SLO           // the request's latency objective (Options.Objectives)
 	key      gateway.Key
 	fallback int
 	tab      *table
@@ -60,8 +62,11 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 		model, mm = pr.ms.Name, front.Of(pr.ms)
 	}
 	mcode := strconv.Itoa(status)
-	if code == front.CodeShed {
+	switch code {
+	case front.CodeShed:
 		mcode = front.CodeShed429 // reason="shed", as the HTTP gateway counts it
+	case front.CodeSLOUnattainable:
+		mcode = front.CodeSLO429
 	}
 	mm.RequestsC(r.metrics, model, pr.kind, mcode).Inc()
 	if model != "" {
@@ -126,7 +131,9 @@ func (pr *pickRequest) noEndpoint(pool string, err error) (picker.Pick, error) {
 
 // target is the gateway.Target of a pick within allow (pr.allow).
 func (pr *pickRequest) target(allow func(string) bool) gateway.Target {
-	return gateway.Target{Adapter: pr.adapter(), Allow: allow}
+	t := gateway.Target{Adapter: pr.adapter(), Allow: allow}
+	pr.slo.Apply(&t)
+	return t
 }
 
 // route routes the request over its model's gateway and returns the pick.
@@ -182,6 +189,13 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 			failed = d.Replica
 			continue
 		}
+		// The objective's rule applies to the first decision; a retry
+		// on another replica goes best effort.
+		if try == 0 {
+			if refused, err := pr.refuse(&d); refused {
+				return picker.Pick{}, err
+			}
+		}
 		tr := pr.track(d, ep, endpoint)
 		return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, d.Replica), Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
 	}
@@ -219,6 +233,9 @@ func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error)
 	if err != nil {
 		d.Done(gateway.DoneInfo{Err: err})
 		return pr.noEndpoint("", err)
+	}
+	if refused, err := pr.refuse(&d); refused {
+		return picker.Pick{}, err
 	}
 	tr := pr.track(d, ep, endpoint)
 	return picker.Pick{Endpoint: endpoint, Headers: pr.pdHeaders(), ResponseHeaders: pr.decisionHeaders(&d), Tracker: tr}, nil
@@ -333,6 +350,14 @@ func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint st
 	r.metrics.ReplicaRequests(ms, d.Replica).Inc()
 	r.metrics.InFlight.Inc()
 	t := r.pool.Get().(*tracker)
-	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab, client: pr.client}
+	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab, client: pr.client, slo: pr.slo}
+	if !pr.stream && d.PredictedTTFT > 0 {
+		// A plain answer reaches the picker whole, at its end: its first
+		// token is not seen, so the replica's pending prefill is released
+		// when predicted over (gateway.Decision.PredictedTTFT). The timer
+		// holds its own copy of the decision, whose FirstToken does
+		// nothing once Done has been called.
+		t.stop = r.afterFunc(d.PredictedTTFT, d.FirstToken)
+	}
 	return t
 }

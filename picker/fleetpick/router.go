@@ -57,6 +57,13 @@ type Options struct {
 	// the HTTP gateway's Options.Flow; package flow). Admission says when
 	// a replica has room. The zero value is off.
 	Flow flow.Options
+	// Objectives are the chat, completions and responses requests'
+	// latency objectives (as the HTTP gateway's Options.Objectives): the
+	// per-model defaults, which the request headers x-slo-ttft-ms and
+	// x-slo-tpot-ms replace, and what to do when no replica is predicted
+	// to meet one (best effort, or 429 slo_unattainable). The zero value
+	// sets none and routes best effort.
+	Objectives front.Objectives
 	// Logger: default slog.Default(). Clock, the time source of latency
 	// measurements: default time.Now.
 	Logger *slog.Logger
@@ -132,6 +139,9 @@ type Router struct {
 	// each answer (tracker.ResponseHead).
 	respIDs front.ResponseIDs
 	flow    *front.FlowControl // nil when Options.Flow is off
+	// afterFunc starts the timer that releases a non-streamed request's
+	// predicted prefill (tracker): time.AfterFunc, replaced by tests.
+	afterFunc func(time.Duration, func()) (stop func() bool)
 }
 
 var _ picker.Router = (*Router)(nil)
@@ -151,6 +161,14 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	if opts.TokenizeTimeout < 0 {
 		return nil, fmt.Errorf("%w: TokenizeTimeout %v is negative", ErrInvalidOptions, opts.TokenizeTimeout)
 	}
+	for m, slo := range opts.Objectives.Defaults {
+		if err := slo.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: Objectives.Defaults[%q]: %w", ErrInvalidOptions, m, err)
+		}
+	}
+	if u := opts.Objectives.Unattainable; u != front.BestEffort && u != front.Reject {
+		return nil, fmt.Errorf("%w: Objectives.Unattainable %d is not a mode", ErrInvalidOptions, u)
+	}
 	fo := fl.Options()
 	if err := front.FillAdmission(&opts.Admission, fo.ScrapeInterval); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -167,7 +185,8 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	r := &Router{fl: fl, opts: opts}
+	r := &Router{fl: fl, opts: opts,
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 	var err error
 	if r.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
@@ -237,7 +256,10 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 		ms = pr.lora.Model
 	}
-	pr.ms = ms
+	pr.ms, pr.stream = ms, rq.Stream
+	if pr.slo, err = r.opts.Objectives.For(ms.Name, sloHeaders(req.Header)); err != nil {
+		return pr.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_header", front.Param(err), fmt.Errorf("%w: %w", picker.ErrBadRequest, err))
+	}
 	switch {
 	case ms.NoReplicas && len(ms.MissingPools) > 0:
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",

@@ -38,6 +38,10 @@ type tracker struct {
 	// response deletes, forgotten once the engine answers 200.
 	pass   string
 	forget string
+	// stop stops the timer that releases a non-streamed request's
+	// pending prefill at its predicted first token; nil if none.
+	stop func() bool
+	slo  front.SLO // the request's latency objective
 }
 
 var _ picker.HeadTracker = (*tracker)(nil)
@@ -91,6 +95,9 @@ func (t *tracker) FirstToken() {
 // Done implements picker.Tracker.
 func (t *tracker) Done(o picker.Outcome) {
 	r := t.r
+	if t.stop != nil {
+		t.stop()
+	}
 	// Passive health: a 5xx counts against the engine that answered, as
 	// in the HTTP gateway; a fallback that served means the endpoint
 	// picked failed first.
@@ -124,7 +131,16 @@ func (t *tracker) Done(o picker.Outcome) {
 	case t.pass != "":
 		t.d.Done(gateway.DoneInfo{})
 	default:
-		t.d.Done(gateway.DoneInfo{Latency: o.Latency})
+		t.d.Done(gateway.DoneInfo{Latency: o.Latency, TTFT: o.TTFT, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
+		if t.slo.Set() && o.Status/100 == 2 {
+			// Counted as the client saw it: from the request's arrival
+			// at the picker (flow control's queue included).
+			seen := gateway.DoneInfo{Elapsed: max(r.opts.Clock().Sub(t.start), 1), OutputTokens: o.OutputTokens}
+			if o.TTFT > 0 {
+				seen.TTFT = max(o.Latency, 1)
+			}
+			r.metrics.CountSLO(t.ms.Name, t.slo, &seen)
+		}
 	}
 	if t.pre != nil {
 		// The sidecar ran the prefill; the picker cannot tell when it
