@@ -10,6 +10,13 @@
 // loaded). Unhealthy replicas are never chosen; replicas over the latency
 // SLO are left out unless every healthy one breaches it.
 //
+// The gateway learns each replica's speed from what the caller reports at
+// a request's end (DoneInfo's TTFT, Elapsed and OutputTokens; speed.go):
+// its time per block of prefill and per output token, which CacheAware
+// prices candidates by and which predict a request's TTFT and TPOT
+// (Decision.PredictedTTFT). A request may carry its own latency objective
+// (Target.TTFT, Target.TPOT); with no data, routing is as before.
+//
 // Every routing decision a front makes is a function here, called alike by
 // the HTTP gateway (package httpgw), the endpoint picker (package picker)
 // and the simulator (package sim):
@@ -31,10 +38,12 @@
 //	d, err := gw.Route(keys.PrefixKey(system, session, rag))
 //	// ... send the request to d.Address ...
 //	d.FirstToken()                             // optional: prefill finished
-//	d.Done(gateway.DoneInfo{Latency: elapsed}) // frees load, feeds latency
+//	d.Done(gateway.DoneInfo{Latency: elapsed, // frees load, feeds latency
+//		TTFT: ttft, Elapsed: elapsed, OutputTokens: n}) // and the replica's speed
 //
 // Every exported function and method is safe for concurrent use. Load and
-// health updates are atomics; Route does not allocate and holds one short
+// health updates are atomics, and so is each replica's published speed
+// (its fit is updated under a lock of its own, at Done); Route does not allocate and holds one short
 // mutex, under which a Policy's Pick runs, so Pick must not block.
 // Saturated and Spares read an immutable snapshot of the replica table and
 // take no lock.

@@ -95,3 +95,25 @@ func ExamplePrefixKey() {
 	fmt.Println(len(a), len(b), shared)
 	// Output: 2 2 1
 }
+
+// The gateway learns each replica's speed from what the front reports at
+// each request's end, then routes a request with its own objective to a
+// replica predicted to meet it.
+func ExampleTarget_objective() {
+	gw, _ := gateway.New([]gateway.Replica{{Name: "h100"}, {Name: "l40s"}}, gateway.WithMode(gateway.ModeCacheAware))
+	perBlock := map[string]time.Duration{"h100": 10 * time.Millisecond, "l40s": 40 * time.Millisecond}
+	for i := range 200 { // what the front saw of 200 requests, one at a time
+		d, _ := gw.Route(keys.AppendHashes(nil, []uint64{uint64(i), 1, 2, 3}))
+		ttft := perBlock[d.Replica] * time.Duration(d.Blocks-d.Matched+1)
+		d.Done(gateway.DoneInfo{TTFT: ttft, Elapsed: ttft + 100*perBlock[d.Replica], OutputTokens: 101})
+	}
+	for _, st := range gw.Replicas() {
+		fmt.Println(st.Name, st.BlockTime.Round(time.Millisecond), st.TokenTime.Round(time.Millisecond))
+	}
+	d, _ := gw.RouteWith(keys.AppendHashes(nil, []uint64{999, 1, 2, 3}), gateway.Target{TTFT: 100 * time.Millisecond})
+	fmt.Println(d.Replica, d.PredictedTTFT.Round(time.Millisecond), d.Fallback)
+	// Output:
+	// h100 10ms 10ms
+	// l40s 40ms 40ms
+	// h100 50ms no_match
+}

@@ -245,6 +245,8 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 			CachedBlocks:    g.idx.cached(rs.slot),
 			CacheBlocks:     rs.cacheBlocks,
 		}
+		sp := rs.speed.Load()
+		out[i].BlockTime, out[i].TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
 		if a := rs.lora.rep.Load(); a != nil {
 			out[i].Adapters = AdapterReport{Running: slices.Clone(a.Running), Waiting: slices.Clone(a.Waiting), MaxLoras: a.MaxLoras}
 		}

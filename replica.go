@@ -103,6 +103,9 @@ type ReplicaStatus struct {
 	// Adapters is the engine's last LoRA adapter report (UpdateAdapters),
 	// lists sorted; the zero value before any.
 	Adapters AdapterReport
+	// BlockTime and TokenTime are the replica's learned speed, as routing
+	// sees it (Candidate.BlockTime, Candidate.TokenTime); 0 while unknown.
+	BlockTime, TokenTime time.Duration
 }
 
 // latencyAlpha is the weight of a new latency sample in the smoothed

@@ -33,21 +33,24 @@ import (
 
 const (
 	// speedDecay is the weight a sample keeps per later sample: the fit
-	// remembers about 1/(1−0.95) = 20 samples.
-	speedDecay = 0.95
+	// remembers about 1/(1−0.99) = 100 samples. With 20 (0.95) the fits of
+	// equal replicas on the Mooncake trace spread by ±45% and routing by
+	// them cost 3–10% of mean TTFT (docs/results.md).
+	speedDecay = 0.99
 	// speedClip bounds a sample to [prediction/2, prediction·2] once the
 	// fit is in use.
 	speedClip = 2.0
 	// speedMinSamples is the sample weight before the fit is published.
 	speedMinSamples = 4
-	// speedMinTTFT is the decayed weight of first-token samples the time
-	// per block needs to be published (see packed).
-	speedMinTTFT = 1
+	// speedMinTTFT is the decayed count of first-token samples the time
+	// per block needs to be published (see packed): 36 first tokens seen,
+	// so that a fit on a few samples does not steer routing.
+	speedMinTTFT = 30
 	// speedDeadband: CacheAware prices a replica at its own speed only
 	// when it differs from the candidates' mean by more than this factor
 	// (see slowness), so that noise in the fits of equal replicas does not
 	// break the exact ties the tie order settles.
-	speedDeadband = 1.2
+	speedDeadband = 1.3
 )
 
 // speedFit is the state of one replica's fit. Its methods are pure: add
@@ -55,7 +58,7 @@ const (
 type speedFit struct {
 	ww, wo, oo, wy, oy float64 // decayed sums of w², w·o, o², w·y, o·y
 	n                  float64 // decayed sample weight
-	nt                 float64 // decayed weight of prefill-only samples (a first token seen)
+	nt                 float64 // decayed count of prefill-only samples (first tokens seen)
 	a, b               float64 // the fit: seconds per block, per token; 0 unknown
 }
 
@@ -86,9 +89,8 @@ func (f speedFit) add(w, o, y float64) speedFit {
 	f.wy = d*f.wy + k*w*y
 	f.oy = d*f.oy + k*o*y
 	f.n = d*f.n + 1
-	f.nt *= d
 	if o == 0 {
-		f.nt++
+		f.nt = d*f.nt + 1
 	}
 	f.a, f.b = f.solve()
 	return f
@@ -121,9 +123,9 @@ func (f speedFit) solve() (a, b float64) {
 // packed returns the fit as replicaState.speed holds it: the time per block
 // (high 32 bits) and per token (low 32 bits) in nanoseconds, each at least
 // 1 when known and at most 2³²−1 (4.3 s); 0 before speedMinSamples. The
-// time per block is published only while first tokens have been seen
-// lately (a decayed weight of speedMinTTFT): answers seen only at their
-// end are mostly decode, and the prefill they imply is too uncertain to
+// time per block is published only once first tokens were seen (a
+// decayed count of speedMinTTFT): answers seen only at their end are
+// mostly decode, and the prefill they imply is too uncertain to
 // route by (on the Mooncake trace, 4 replicas, no client streaming, its
 // predicted TTFT was 0.49–6.0× the true one from the 10th to the 90th
 // percentile; docs/results.md).

@@ -66,7 +66,7 @@ func TestSpeedFitConverges(t *testing.T) {
 			t.Fatalf("fit a=%g b=%g, true a=%g b=%g: mean prediction error %.3g", f.a, f.b, a, b, e)
 		}
 		p := f.packed()
-		if share > 0 && (p>>32 == 0 || uint32(p) == 0) {
+		if share == 1 && (p>>32 == 0 || uint32(p) == 0) {
 			t.Fatalf("packed %x: a known speed published as unknown", p)
 		}
 	})
@@ -114,8 +114,10 @@ func predictionError(f speedFit, rng *rand.Rand, a, b float64) float64 {
 }
 
 // speedAdaptSamples bounds the samples the fit takes to come within 20%
-// of a replica that slowed 2× (TestSpeedFitFollowsStep; docs/results.md).
-const speedAdaptSamples = 40
+// of a replica that slowed 2× (TestSpeedFitFollowsStep): measured over
+// 200 seeds with ±10% noise, 69–72 samples (35 requests) when every first
+// token is seen, 137–143 when none is; docs/results.md.
+const speedAdaptSamples = 150
 
 // TestSpeedFitIgnoresBadSamples: samples that cannot be observations
 // leave the fit as it was, and an unknown fit publishes 0.
@@ -126,7 +128,7 @@ func TestSpeedFitIgnoresBadSamples(t *testing.T) {
 	for _, s := range [][3]float64{{-1, 0, 1}, {1, -1, 1}, {0, 0, 1}, {1, 1, 0}, {1, 1, -1}, {math.NaN(), 1, 1}, {1, math.NaN(), 1}, {1, 1, math.NaN()}, {math.Inf(1), 1, 1}, {1, 1, math.Inf(1)}} {
 		assert.Equal(t, f, f.add(s[0], s[1], s[2]), "sample %v", s)
 	}
-	for range speedMinSamples {
+	for range 50 {
 		f = f.add(10, 0, 0.1)
 	}
 	assert.Equal(t, uint64(10_000_000)<<32, f.packed(), "10 ms per block, per token unknown")
@@ -138,8 +140,8 @@ func TestSlownessDeadband(t *testing.T) {
 	for _, tt := range []struct {
 		a, ref, want float64
 	}{
-		{0, 100, 1}, {100, 0, 1}, {100, 100, 1}, {115, 100, 1}, {85, 100, 1},
-		{200, 100, 2}, {50, 100, 0.5}, {121, 100, 1.21},
+		{0, 100, 1}, {100, 0, 1}, {100, 100, 1}, {125, 100, 1}, {78, 100, 1},
+		{200, 100, 2}, {50, 100, 0.5}, {135, 100, 1.35}, {70, 100, 0.7},
 	} {
 		c := Candidate{BlockTime: time.Duration(tt.a)}
 		assert.InDelta(t, tt.want, slowness(&c, tt.ref), 1e-9, "a %v ref %v", tt.a, tt.ref)
@@ -222,7 +224,7 @@ func TestObjectiveFilters(t *testing.T) {
 		{"no objective: cheapest", 0, 0, "hot"},
 		{"TTFT only the cold one meets", 300 * time.Millisecond, 0, "cold"},
 		{"TTFT both meet", time.Second, 0, "hot"},
-		{"TPOT only hot meets", 300 * time.Millisecond, 30 * time.Millisecond, "hot"},
+		{"TPOT does not filter: TTFT only the cold one meets", 300 * time.Millisecond, 30 * time.Millisecond, "cold"},
 		{"none meets: best effort", time.Millisecond, 0, "hot"},
 	} {
 		cands := mk()

@@ -14,13 +14,19 @@
 //     or that of a flow holding at least two more than the newcomer's, so
 //     one flow's flood cannot keep the others out.
 //   - Next: the request to dispatch now. Bands go in strict priority
-//     order; within a band, flows take turns (RoundRobin) or the oldest
-//     head goes first (GlobalStrict, GIE's default); within a flow,
+//     order; within a band, flows take turns in start-time fair
+//     queueing's order (RoundRobin) or the oldest head goes first
+//     (GlobalStrict, GIE's default); within a flow,
 //     first come first served (FCFS) or earliest deadline first (EDF). It
 //     is work-conserving: it returns a request whenever one held has room,
 //     so it never holds a request that could go.
 //   - Expire: the requests whose deadline has passed, each to be answered.
 //   - Remove: a request whose client went away.
+//
+// Bind is the room a front gives Next (through a Controller's bind): the
+// gateway's admission rule says some replica has room, and the request is
+// routed at that moment (late binding). The HTTP gateway, the picker and
+// the simulator all bind with it.
 //
 // Strict priority: of two held requests that both have room, the one in
 // the higher band is dispatched first. A lower band's request is
@@ -28,8 +34,13 @@
 // room (room is per request: a request bound to an adapter, or with a
 // latency objective, may have none while another has).
 //
-// Fairness bound (RoundRobin): while flows of a band stay backlogged and
-// their heads have room, their dispatch counts differ by at most one.
+// Fairness bound (RoundRobin, each request costing 1): while every head
+// has room, over any run of dispatches during which two flows of a band
+// stay backlogged, their dispatch counts differ by at most one; a flow
+// that becomes backlogged goes before every flow that has had its turn in
+// the current round; a flow that sends one request at a time, at once
+// after each is dispatched, gets no more than one turn a round
+// (Queue.Next).
 // Bounds: bytes and requests per band and in total, and flows per band
 // (ids past MaxFlows share one overflow flow, so a client cannot grow the
 // table). Every held request has a deadline.

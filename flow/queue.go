@@ -3,6 +3,7 @@ package flow
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -22,7 +23,12 @@ const (
 type Fairness uint8
 
 const (
-	// RoundRobin: flows take turns (GIE's round-robin-fairness-policy).
+	// RoundRobin: flows take turns, in the order of start-time fair
+	// queueing (Goyal, Vin and Cheng, SIGCOMM 1996), each request costing
+	// 1: backlogged flows alternate as in GIE's
+	// round-robin-fairness-policy, and a flow that becomes backlogged
+	// takes the next turn unless it has already had its turn in the
+	// current round. See Queue.Next for the bound.
 	RoundRobin Fairness = iota
 	// GlobalStrict: the head that comes first by the flows' Order goes
 	// first, whatever its flow (GIE's default, global-strict-fairness-policy).
@@ -128,19 +134,36 @@ type item[T any] struct {
 	fi, ei int // indexes in the flow's heap and the expiry heap; -1 when not held
 }
 
-// flowQ is a flow of one band.
+// flowQ is a flow of one band: backlogged (holding requests), or idle,
+// kept only to remember its finish tag (see band.idle).
 type flowQ[T any] struct {
 	id    string
 	band  *band[T]
 	items itemHeap[T] // by (key, seq)
+	// Start-time fair queueing, each request costing 1: tag is the
+	// virtual start tag of the flow's head while it is backlogged, fin
+	// the finish tag of its last dispatched request (its start tag + 1);
+	// ts orders equal tags, by when they were given (first given, first
+	// served).
+	tag, fin int64
+	ts       uint64
+	// idle: in the band's flows map without requests; listed: in idle.
+	idle, listed bool
 }
 
 // band is a priority band.
 type band[T any] struct {
 	prio  int
-	flows map[string]*flowQ[T]
-	ring  []*flowQ[T] // flows holding requests, in turn order
-	next  int         // RoundRobin: the ring index whose turn it is
+	flows map[string]*flowQ[T] // backlogged and idle flows
+	ring  []*flowQ[T]          // backlogged flows, in the order they became so
+	// v is the band's virtual time: the largest start tag dispatched.
+	// A flow that becomes backlogged starts at max(its fin, v).
+	v int64
+	// idle lists the flows that emptied with fin > v: their fin still
+	// counts when they come back. Once v passes it, it does not, and
+	// they are dropped; also when MaxFlows are listed, which bounds the
+	// map to MaxFlows backlogged, MaxFlows idle and the overflow flow.
+	idle  []*flowQ[T]
 	bytes int64
 	n     int
 }
@@ -151,11 +174,16 @@ type Queue[T any] struct {
 	cfg   Config
 	bands []*band[T]  // by priority, highest first
 	exp   itemHeap[T] // by (deadline, seq)
-	// scratch holds a band's flows while GlobalStrict orders them.
+	// scratch holds a band's flows while Next orders them.
 	scratch []*flowQ[T]
-	seq     uint64
-	bytes   int64
-	n       int
+	// spare and free keep an emptied band and up to maxFree dropped
+	// flows for reuse, so that bands and flows coming and going do not
+	// allocate.
+	spare *band[T]
+	free  []*flowQ[T]
+	seq   uint64
+	bytes int64
+	n     int
 }
 
 // New returns an empty Queue, or ErrInvalid naming a negative field.
@@ -352,18 +380,26 @@ func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 		b = q.addBand(r.Priority)
 	}
 	f := b.flows[r.Flow]
-	if f == nil {
+	if f == nil || len(f.items.s) == 0 {
+		// A flow becomes backlogged: its own, while fewer than MaxFlows
+		// are, else the overflow flow.
 		id := r.Flow
-		if len(b.flows) >= q.cfg.MaxFlows {
+		if len(b.ring) >= q.cfg.MaxFlows {
 			id = OverflowFlow
 			f = b.flows[id]
 		}
 		if f == nil {
-			f = &flowQ[T]{id: id, band: b}
+			f = q.newFlow(id, b)
 			if b.flows == nil {
 				b.flows = make(map[string]*flowQ[T])
 			}
 			b.flows[id] = f
+		}
+		if len(f.items.s) == 0 {
+			f.idle = false
+			f.tag = max(f.fin, b.v)
+			q.seq++
+			f.ts = q.seq
 			b.ring = append(b.ring, f)
 		}
 	}
@@ -384,7 +420,29 @@ func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 // Next removes and returns the request to dispatch now, if one held has
 // room: bands in priority order; in each, flows in the Fairness order, each
 // flow offering only its head (a flow's later request never passes its
-// head). room is called with heads until one has room.
+// head). room is called with heads in that order until one has room, and
+// no further: room binds what it says yes to (the fronts route it).
+//
+// RoundRobin's order is start-time fair queueing's, a request costing 1
+// whatever its size: the flow with the smallest start tag goes first,
+// equal tags in the order they were given. A flow's next request starts
+// where its last dispatched one finished (its start tag + 1); a flow that
+// becomes backlogged starts at max(the finish tag of its last dispatched
+// request, the band's virtual time, the largest start tag dispatched).
+// Fairness bound: while every head has room, the start tags of a band's
+// backlogged flows are all v or v+1 (v the virtual time), the flows at v
+// go in the order their tags were given, and a round (v constant) serves
+// each flow once, in the order of the round before; so over any run of
+// dispatches during which two flows stay backlogged, their dispatch counts
+// differ by at most one (TestPropFairQueueingBound). A flow that becomes
+// backlogged after its last request went in an earlier round starts at v:
+// it goes before every flow that has had its turn in this round, after at
+// most one request of each flow still owed one (TestNewlyBackloggedGoesNext),
+// where a plain ring would put it behind a whole round. A flow that sends
+// its next request as soon as one is dispatched starts at v+1 again: it
+// gets no more than a backlogged flow, one turn a round. A flow skipped
+// for want of room keeps its tag, so once it has room it goes first until
+// it has caught up with the turns it missed while backlogged.
 func (q *Queue[T]) Next(room func(T) bool) (T, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -392,21 +450,24 @@ func (q *Queue[T]) Next(room func(T) bool) (T, bool) {
 		var pick *flowQ[T]
 		switch q.cfg.Fairness {
 		case RoundRobin:
-			k := len(b.ring)
-			for i := 0; i < k; i++ {
-				j := (b.next + i) % k
-				if f := b.ring[j]; room(f.items.s[0].req.Value) {
-					pick = f
-					b.next = (j + 1) % k // the turn passes to the flow after it
-					break
-				}
-			}
+			pick = q.pick(b, room, (*flowQ[T]).startsBefore)
 		case GlobalStrict:
-			pick = q.strictPick(b, room)
+			pick = q.pick(b, room, (*flowQ[T]).headBefore)
 		}
 		if pick != nil {
 			it := pick.items.s[0]
+			if pick.tag > b.v {
+				q.forget(b) // the idle flows' finish tags are all ≤ the new v
+				b.v = pick.tag
+			}
+			pick.fin = pick.tag + 1
 			q.remove(it)
+			if len(pick.items.s) > 0 {
+				// Its next request starts where this one finished.
+				pick.tag = pick.fin
+				q.seq++
+				pick.ts = q.seq
+			}
 			return it.req.Value, true
 		}
 	}
@@ -414,30 +475,40 @@ func (q *Queue[T]) Next(room func(T) bool) (T, bool) {
 	return zero, false
 }
 
-// strictPick returns the flow of band b whose head comes first by the
-// order among the heads with room, or nil. It asks room about heads in
-// that order and stops at the first yes, since room binds the request it
-// has room for (the fronts route it): a younger head asked first would
-// be bound and left held.
-func (q *Queue[T]) strictPick(b *band[T], room func(T) bool) *flowQ[T] {
+// startsBefore orders flows by start tag (RoundRobin).
+func (f *flowQ[T]) startsBefore(g *flowQ[T]) bool {
+	if f.tag != g.tag {
+		return f.tag < g.tag
+	}
+	return f.ts < g.ts
+}
+
+// headBefore orders flows by their heads (GlobalStrict).
+func (f *flowQ[T]) headBefore(g *flowQ[T]) bool { return f.items.s[0].before(g.items.s[0]) }
+
+// pick returns the first flow of band b, by before, whose head has room,
+// or nil. It asks room about heads in that order and stops at the first
+// yes, since room binds the request it has room for (the fronts route
+// it): a later head asked first would be bound and left held.
+func (q *Queue[T]) pick(b *band[T], room func(T) bool, before func(f, g *flowQ[T]) bool) *flowQ[T] {
 	var first *flowQ[T]
 	for _, f := range b.ring {
-		if first == nil || f.items.s[0].before(first.items.s[0]) {
+		if first == nil || before(f, first) {
 			first = f
 		}
 	}
 	if first == nil || room(first.items.s[0].req.Value) {
 		return first
 	}
-	// The oldest head has no room: the others, in order (rare at the
+	// The first head has no room: the others, in order (rare at the
 	// fronts, whose room is mostly the same for every request).
 	q.scratch = append(q.scratch[:0], b.ring...)
 	defer func() { clear(q.scratch); q.scratch = q.scratch[:0] }()
 	slices.SortFunc(q.scratch, func(x, y *flowQ[T]) int {
-		if x.items.s[0].before(y.items.s[0]) {
+		if before(x, y) {
 			return -1
 		}
-		return 1 // heads are never equal: seq breaks ties
+		return 1 // never equal: seq and ts break ties
 	})
 	for _, f := range q.scratch[1:] { // [0] is first
 		if room(f.items.s[0].req.Value) {
@@ -445,6 +516,49 @@ func (q *Queue[T]) strictPick(b *band[T], room func(T) bool) *flowQ[T] {
 		}
 	}
 	return nil
+}
+
+// forget drops band b's idle flows.
+func (q *Queue[T]) forget(b *band[T]) {
+	for _, f := range b.idle {
+		f.listed = false
+		if f.idle {
+			q.dropFlow(f)
+		}
+	}
+	clear(b.idle)
+	b.idle = b.idle[:0]
+}
+
+// maxFree bounds the dropped flows kept for reuse.
+const maxFree = 64
+
+// newFlow returns an empty flow id of band b, reused if one is free.
+func (q *Queue[T]) newFlow(id string, b *band[T]) *flowQ[T] {
+	if n := len(q.free); n > 0 {
+		f := q.free[n-1]
+		q.free[n-1] = nil
+		q.free = q.free[:n-1]
+		f.id, f.band = id, b
+		return f
+	}
+	return &flowQ[T]{id: id, band: b, fin: math.MinInt64}
+}
+
+// dropFlow takes the empty flow f out of its band's map, keeping it for
+// reuse.
+func (q *Queue[T]) dropFlow(f *flowQ[T]) {
+	delete(f.band.flows, f.id)
+	f.idle = false
+	if f.listed || len(q.free) >= maxFree {
+		return // still in its band's idle list (which skips it): not reused
+	}
+	s := f.items.s[:0]
+	if cap(s) > maxFree {
+		s = nil // a long flow's heap is not kept
+	}
+	*f = flowQ[T]{items: itemHeap[T]{s: s}, fin: math.MinInt64}
+	q.free = append(q.free, f)
 }
 
 // Expire removes every request whose deadline is at or before now,
@@ -537,7 +651,13 @@ func (q *Queue[T]) band(p int) *band[T] {
 
 // addBand adds an empty band of priority p in order.
 func (q *Queue[T]) addBand(p int) *band[T] {
-	b := &band[T]{prio: p}
+	b := q.spare
+	if b != nil {
+		q.spare = nil
+		b.prio = p
+	} else {
+		b = &band[T]{prio: p}
+	}
 	i := 0
 	for i < len(q.bands) && q.bands[i].prio > p {
 		i++
@@ -563,18 +683,25 @@ func (q *Queue[T]) remove(it *item[T]) {
 	if len(f.items.s) > 0 {
 		return
 	}
-	delete(b.flows, f.id)
 	for j, g := range b.ring {
 		if g == f {
 			b.ring = append(b.ring[:j], b.ring[j+1:]...)
-			if j < b.next {
-				b.next--
-			}
 			break
 		}
 	}
-	if b.next >= len(b.ring) {
-		b.next = 0
+	if f.fin > b.v {
+		// Its last request went in this round: it must not start
+		// again before the others' turns when it comes back.
+		if len(b.idle) >= q.cfg.MaxFlows {
+			q.forget(b)
+		}
+		f.idle = true
+		if !f.listed {
+			f.listed = true
+			b.idle = append(b.idle, f)
+		}
+	} else {
+		q.dropFlow(f)
 	}
 	if b.n > 0 {
 		return
@@ -584,5 +711,12 @@ func (q *Queue[T]) remove(it *item[T]) {
 			q.bands = append(q.bands[:j], q.bands[j+1:]...)
 			break
 		}
+	}
+	// The band goes, its idle flows with it: nothing waits in it for
+	// them to be fair to.
+	q.forget(b)
+	if q.spare == nil {
+		*b = band[T]{flows: b.flows, ring: b.ring[:0], idle: b.idle[:0]}
+		q.spare = b
 	}
 }

@@ -86,8 +86,10 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 			// Prompts of different lengths: a fit of whole answers alone
 			// separates prefill from decode only over requests of
 			// different shapes (speed.go).
-			for i := range 8 {
-				resp := f.post("/v1/chat/completions", chatBody(testModel, tc.stream, "sys", strings.Repeat("word ", 1+40*i)))
+			// 40 of them: the time per block is published after about
+			// 30 first tokens (speedMinTTFT).
+			for i := range 40 {
+				resp := f.post("/v1/chat/completions", chatBody(testModel, tc.stream, "sys", strings.Repeat("word ", 1+40*(i%8))))
 				readAll(t, resp)
 				require.Equal(t, http.StatusOK, resp.StatusCode)
 			}
@@ -168,7 +170,7 @@ func sloFixture(t *testing.T, obj front.Objectives, set ...func(*Options)) *fixt
 		o.Clock = (&stepClock{}).Now
 		o.Objectives = obj
 	})...)
-	for range 6 {
+	for range 40 { // about 30 first tokens publish the time per block
 		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"), "x-slo-ttft-ms", "0", "x-slo-tpot-ms", "0")
 		readAll(t, resp)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -264,7 +266,7 @@ func TestObjectivesOptionsChecked(t *testing.T) {
 // to meet within 1 ms is refused before any engine sees it.
 func TestObjectivePDGatewayMode(t *testing.T) {
 	f := newPDFixtureOpts(t, 1, 1, nil, Options{Clock: (&stepClock{}).Now, Objectives: front.Objectives{Unattainable: front.Reject}})
-	for i := range 6 {
+	for i := range 40 { // about 30 first tokens publish the time per block
 		// Without stream_options: the fake engine's usage always says 1
 		// token; its chunks are counted instead.
 		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("many words here ", 1+i)))
@@ -338,8 +340,8 @@ func TestWholeAnswerReleasesPrefillWhenPredicted(t *testing.T) {
 	})
 	f := rawFixture(t, Options{Clock: (&stepClock{}).Now, UpstreamStream: UpstreamStreamOff}, engine)
 	// Streams teach the library the replica's time to first token.
-	for i := range 6 {
-		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("words ", 1+10*i)))
+	for i := range 40 { // about 30 first tokens publish the time per block
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", strings.Repeat("words ", 1+10*(i%6))))
 		readAll(t, resp)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}

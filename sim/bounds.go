@@ -25,12 +25,13 @@ type Bound struct {
 // one LRU cache of capacity blocks (the whole cluster's cache pooled) and
 // of one unbounded cache, and into ideal the time to first token each
 // request would see alone on an idle replica of preset p holding the
-// pooled cache (Preset.LoneTTFT). A request's cached tokens are counted as
+// pooled cache (Preset.LoneTTFT), at speed, the fastest replica's
+// (Config.ReplicaSpeeds). A request's cached tokens are counted as
 // in the simulation: its leading cached blocks, at most all tokens but
 // one. Answers (Request.OutBlocks) are cached after their prompt.
 // Requests too large for one replica (of repCap blocks), which fail in the
 // simulation, are left out of ideal.
-func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick func()) (pooled, unb Bound, err error) {
+func bounds(st Stream, bt, capacity, repCap int, p Preset, speed float64, ideal *hist, tick func()) (pooled, unb Bound, err error) {
 	// Tables placed by per-run secrets: a crafted trace cannot aim
 	// collisions at them, and they are exact whatever the secrets.
 	lru := newKVCache(capacity, rand.Uint64())
@@ -65,7 +66,7 @@ func bounds(st Stream, bt, capacity, repCap int, p Preset, ideal *hist, tick fun
 		}
 		private := max(0, blocksOf(req.InputTokens+max(1, req.OutputTokens), bt)-len(prompt), len(req.OutBlocks))
 		if ideal != nil && len(prompt)+private <= repCap {
-			ideal.add(p.LoneTTFT(cached, req.InputTokens-cached).Seconds())
+			ideal.add(p.loneTTFTAt(cached, req.InputTokens-cached, speed).Seconds())
 		}
 		// The unbounded cache: the leading blocks of the prompt seen
 		// before, found while adding every block of key (a block of the

@@ -75,12 +75,41 @@ type Config struct {
 	// the other peers do not use it). 0, the default, has every client
 	// stream.
 	NonStreamed float64
+	// UpstreamStream models the gateway's fronts asking the engine to
+	// stream a non-streamed request's answer and assembling it for the
+	// client (both fronts do by default: exa serve gateway and exa serve
+	// picker --upstream-stream): the gateway's own policies then hear
+	// every first token, whatever NonStreamed says. The zero value, false,
+	// forwards such requests unchanged, so that their first token is heard
+	// at completion. exa simulate sets it from --upstream-stream (default
+	// true).
+	UpstreamStream bool
+	// ObjectiveHeaders sends each request's own objectives (Request.SLO
+	// and Request.TPOTSLO, as x-slo-ttft-ms and x-slo-tpot-ms) to the
+	// router (gateway.Target.TTFT and TPOT): the gateway's policies and
+	// the peers that read them (llmd_predicted) route by them. Default
+	// false: objectives are only counted in the report. exa simulate sets
+	// it from --slo-headers (default true).
+	ObjectiveHeaders bool
 	// PredictedRelease has the gateway's front release a non-streamed
 	// request's pending prefill when its prefill is predicted over
 	// (Decision.PredictedTTFT, known once first tokens of other requests
-	// at its replica were seen) instead of at completion. Default false:
-	// measured on the Mooncake trace it routed worse (docs/results.md).
+	// at its replica were seen) instead of at completion, as both fronts
+	// do for answers they relay whole. Default false; exa simulate sets it
+	// from --predicted-release (default true).
 	PredictedRelease bool
+	// ReplicaSpeeds are the replicas' compute speeds, multipliers of the
+	// preset's, cycled over the replicas: with {1, 0.5}, r0, r2, ... run at
+	// the preset's speed and r1, r3, ... take twice as long for every step
+	// (StepOverhead, prefill, decode and adapter loads all divided by the
+	// multiplier). Each is MinSpeed..MaxSpeed; at most Replicas values.
+	// Nil or empty, the default, runs every replica at speed 1, exactly as
+	// the preset.
+	ReplicaSpeeds []float64
+	// SpeedChanges change replicas' speeds during the run (see
+	// SpeedChange); at most MaxSpeedChanges. Nil, the default, changes
+	// none.
+	SpeedChanges []SpeedChange
 	// Admission, when set, sheds requests the gateway's own policies (those
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.
@@ -193,6 +222,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: AdapterLoad %v, at most an hour", ErrInvalidConfig, c.AdapterLoad)
 	case c.Index != IndexApproximate && c.Index != IndexExact:
 		return fmt.Errorf("%w: Index %d unknown", ErrInvalidConfig, int(c.Index))
+	}
+	if err := validSpeeds(c); err != nil {
+		return err
 	}
 	if err := validAdmission(c.Admission); err != nil {
 		return err

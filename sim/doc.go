@@ -44,6 +44,16 @@
 // objective): NoisyNeighbour, InteractiveBatch; the report then has
 // per-tenant and per-class tables (docs/flow-control.md).
 //
+// Config.ReplicaSpeeds makes a mixed pool: each replica runs at a multiple
+// of its preset's compute speed, every step's cost divided by it; and
+// Config.SpeedChanges changes a replica's speed during the run, from the
+// next step it plans (speeds.go). The report then states the speeds and
+// each speed's share of the work. Requests may carry a time-per-output-
+// token objective (Request.TPOTSLO) beside their TTFT one; the engine
+// measures every request's TPOT, and the per-class and per-tenant tables
+// add each objective's attainment, both's, and the goodput meeting both
+// (objectives.go; SLOClasses, ParseClasses).
+//
 // Workloads: DefaultWorkload, SharedPrefix (SGLang's generated shared-prefix
 // benchmark), Chat (multi-turn sessions), RAG (Zipf document popularity),
 // SystemPrompt (one prompt shared by all: the collapse trap), LowSharing,

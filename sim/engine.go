@@ -56,6 +56,11 @@ type seq struct {
 	tenant, class int16
 	prio          int
 	slo           int64
+	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
+	// target carries the request's own objectives to the router when
+	// Config.ObjectiveHeaders; the adapter is added at dispatch.
+	target  gateway.Target
+	ttftMet bool
 }
 
 type replica struct {
@@ -78,6 +83,7 @@ type replica struct {
 	prefillTokens int64
 	requests      int64
 	lora          loraReplica // adapter slots (lora.go)
+	speed         float64     // multiplier of the preset's compute speed (speeds.go)
 }
 
 func (r *replica) running() int { return len(r.prefill) + len(r.decode) }
@@ -141,6 +147,7 @@ type engine struct {
 	first    int64
 	last     int64
 	lora     loraSim // adapter ids, slots and figures (lora.go)
+	speeds   speedClock
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
@@ -153,7 +160,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		name := "r" + strconv.Itoa(i)
 		reps[i] = gateway.Replica{Name: name, CacheBlocks: e.cap}
 		// A per-run secret places the blocks in each replica's table.
-		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64())})
+		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64()), speed: cfg.speedOf(i)})
 		e.byNm[name] = int32(i)
 	}
 	e.gws = make([]router, max(1, cfg.Gateways))
@@ -167,6 +174,7 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			gp := pol.New(policySeed(cfg.Seed, i))
 			gw.policy = gp
 			gw.tracker, _ = gp.(reference.Tracker)
+			gw.blind = pol.BlindToUnstreamed
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
 			if c, ok := gp.(reference.Clocked); ok { // a peer timing what it hears reads the simulated clock
@@ -232,12 +240,16 @@ func (e *engine) run(st Stream, tick func()) error {
 	}
 	if have {
 		e.push(int64(req.Arrival), event{rep: -1})
+		e.speeds.init(e.cfg, int64(req.Arrival))
 	}
 	for {
 		if n := len(e.releases); n > 0 && (len(e.events) == 0 || e.releases[0].key <= e.events[0].key) && (!have || e.releases[0].key <= int64(req.Arrival)) {
 			it := e.releases.pop()
 			e.now = max(e.now, it.key)
 			it.v.FirstToken()
+			continue
+		}
+		if e.speedDue(have, int64(req.Arrival)) {
 			continue
 		}
 		if have && (len(e.events) == 0 || int64(req.Arrival) < e.events[0].key) {
@@ -336,7 +348,13 @@ func (e *engine) arrive(req *Request) {
 	if req.SLO > 0 {
 		s.slo = int64(req.SLO)
 	}
-	e.group(s, func(g *groupAcc) { g.requests++ })
+	s.tpotSLO = int64(req.TPOTSLO)
+	s.target = gateway.Target{}
+	if e.cfg.ObjectiveHeaders {
+		// The client sends its objectives (x-slo-ttft-ms, x-slo-tpot-ms).
+		s.target.TTFT, s.target.TPOT = req.SLO, req.TPOTSLO
+	}
+	e.group(s, func(g *groupAcc) { g.requests++; g.obj.on = g.obj.on || s.tpotSLO > 0 })
 	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
@@ -376,7 +394,13 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 			BaseKey:     base,
 		})
 	}
-	d, err := gw.g.RouteWith(s.key, gateway.Target{Adapter: s.adapterName})
+	tg := s.target
+	tg.Adapter = s.adapterName
+	d, err := s.d, error(nil) // routed by flow control's bind (flowctl.go), or now
+	s.d = gateway.Decision{}
+	if d.Replica == "" {
+		d, err = gw.g.RouteWith(s.key, tg)
+	}
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
@@ -395,7 +419,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	// A peer with its own tracking keeps its real signal (its front
 	// sees first tokens); the gateway's own policies hear a quiet
 	// client's first token at its end.
-	s.quiet = e.nonStreamed(s.id) && gw.tracker == nil
+	// A peer with its own tracking hears first tokens as its front does
+	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
+	// unless their fronts forward such requests unchanged
+	// (Config.UpstreamStream off).
+	s.quiet = e.nonStreamed(s.id) && ((gw.tracker == nil && !e.cfg.UpstreamStream) || (gw.tracker != nil && gw.blind))
 	s.routed = e.now
 	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
 		// The front cannot see this first token: it releases the
@@ -404,6 +432,7 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 		e.releases.push(e.now+int64(d.PredictedTTFT), e.evSeq, d)
 	}
 	r.requests++
+	e.speeds.admitted(int(ri))
 	// Counted only once admitted, like inTok, RouterTokenHitRate's
 	// denominator: a shed request's prediction is not a hit.
 	predicted := d.Matched
@@ -532,14 +561,14 @@ func (e *engine) plan(ri int) {
 	fixed := p.StepOverhead + p.DecodePerSeq*float64(B) + p.DecodePerContextToken*C0
 	switch {
 	case len(r.prefill) > 0:
-		cost := fixed + chunks
+		cost := (fixed + chunks) / r.speed
 		r.stepK = 1
 		r.stepStart = e.now
 		r.busy = true
 		r.ver++
 		e.push(e.now+max(1, int64(math.Round(cost*1e9))), event{rep: int32(ri), ver: r.ver})
 	case B > 0:
-		r.u, r.v = fixed, p.DecodePerContextToken*float64(B)
+		r.u, r.v = fixed/r.speed, p.DecodePerContextToken*float64(B)/r.speed
 		r.stepK = r.decode[0].key - r.step
 		if noMacro {
 			r.stepK = 1
@@ -608,6 +637,7 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
 	met := s.ttft <= s.slo
+	s.ttftMet = met
 	if met {
 		e.sloMet++
 	}
@@ -640,10 +670,14 @@ func (e *engine) complete(r *replica, s *seq) {
 	info := gateway.DoneInfo{Latency: time.Duration(s.ttft), Elapsed: time.Duration(e.now - s.routed), OutputTokens: s.out}
 	if !s.quiet {
 		info.TTFT = time.Duration(s.ttft - (s.routed - s.arrival))
+	} else if s.gw.tracker != nil {
+		// A blind peer's front sees the answer's first byte now.
+		s.d.FirstToken()
 	}
 
 	s.d.Done(info) // and of this
 	r.lora.done(s)
+	e.objectives(s)
 	s.d, s.gw = gateway.Decision{}, nil
 	e.e2e.add(float64(e.now-s.arrival) / 1e9)
 	e.res.Completed++

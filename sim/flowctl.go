@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -15,11 +14,12 @@ import (
 // Policy.Source) hold a request instead of shedding it: every arriving
 // request is pushed into its gateway's flow.Queue (one per gateway, the
 // simulated cluster being one model pool), and the queue's Next is asked
-// for the request to dispatch, with room = !Gateway.Saturated under
-// Config.Admission for the request's target, after every arrival, after
-// every engine step that completed a request, and after every load
-// refresh. A dispatched request is routed then (late binding: RouteWith
-// at dispatch, not at arrival), and its TTFT counts from its arrival, its
+// for the request to dispatch, with room = flow.Bind under
+// Config.Admission for the request's target (the fronts' bind rule:
+// Gateway.Saturated, then RouteWith), after every arrival, after every
+// engine step that completed a request, and after every load refresh. A
+// dispatched request is so routed then (late binding: at dispatch, not at
+// arrival), and its TTFT counts from its arrival, its
 // time in queue up to its dispatch. At each held request's deadline Expire
 // answers it: it counts as expired (Result.Expired), apart from the shed.
 // A request the queue refuses (a bound) or displaces counts as shed, with
@@ -140,8 +140,15 @@ func (e *engine) dispatchAll() {
 	}
 	for i := range e.gws {
 		gw := &e.gws[i]
+		// The fronts' bind rule: room, then routed at that moment.
 		room := func(s *seq) bool {
-			return !gw.g.Saturated(gateway.Target{Adapter: s.adapterName}, e.cfg.Admission)
+			tg := s.target
+			tg.Adapter = s.adapterName
+			ok, d, routed := flow.Bind(gw.g, s.key, tg, e.cfg.Admission, false)
+			if routed {
+				s.d = d // dispatch sends it there
+			}
+			return ok
 		}
 		for {
 			s, ok := gw.fq.Next(room)

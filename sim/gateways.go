@@ -38,6 +38,9 @@ type router struct {
 	tracker reference.Tracker
 	kv      reference.KVListener
 	pred    reference.Predictor
+	// blind: the tracker hears no first token of a client that does not
+	// stream (Policy.BlindToUnstreamed).
+	blind bool
 }
 
 // refresher is implemented by test policies that model a signal the

@@ -428,8 +428,11 @@ func WorkloadNames() []string {
 }
 
 // FlowWorkloadNames lists the multi-tenant workloads NewWorkload also
-// accepts, with their defaults (see NoisyNeighbour, InteractiveBatch).
-func FlowWorkloadNames() []string { return []string{"noisy-neighbour", "interactive-batch"} }
+// accepts, with their defaults (see NoisyNeighbour, InteractiveBatch,
+// SLOClasses).
+func FlowWorkloadNames() []string {
+	return []string{"noisy-neighbour", "interactive-batch", "slo-classes"}
+}
 
 // NewWorkload returns the generated workload called name (see
 // WorkloadNames and FlowWorkloadNames) with its defaults, overriding the request count and rate
@@ -457,6 +460,8 @@ func NewWorkload(name string, requests int, rate float64) (Workload, error) {
 		return NoisyNeighbour(requests, rate, 0, 0, "")
 	case "interactive-batch":
 		return InteractiveBatch(requests, rate, "")
+	case "slo-classes":
+		return SLOClasses(requests, rate, nil)
 	}
 	return nil, fmt.Errorf("%w: workload %q unknown (have %v)", ErrInvalidConfig, name, append(WorkloadNames(), FlowWorkloadNames()...))
 }

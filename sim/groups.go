@@ -35,6 +35,10 @@ type Group struct {
 	// Queue is the time in a flow-control queue, arrival to dispatch, of
 	// the dispatched requests; 0 without flow control.
 	Queue Latency `json:"queue"`
+	// Objectives has the figures against the requests' TPOT objectives
+	// when any has one (Request.TPOTSLO); nil, and left out of the JSON,
+	// otherwise.
+	Objectives *Objectives `json:"objectives,omitempty"`
 }
 
 // groupAcc accumulates one Group.
@@ -42,6 +46,7 @@ type groupAcc struct {
 	name                                    string
 	requests, completed, met, shed, expired int
 	ttft, queue                             hist
+	obj                                     objAcc
 }
 
 // groups is a bounded table of groups by name.
@@ -88,6 +93,7 @@ func (g *groups) result(dur float64) []Group {
 		if dur > 0 {
 			x.Goodput = float64(a.met) / dur
 		}
+		x.Objectives = a.obj.result(a.requests, a.met, dur)
 		out = append(out, x)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -167,5 +173,6 @@ func (r *Report) writeGroupTables(b *strings.Builder) {
 			}
 		}
 		_ = tw.Flush()
+		writeObjectives(b, r, k.title, k.of)
 	}
 }

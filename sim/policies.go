@@ -46,6 +46,14 @@ type Policy struct {
 	// arrival and per 1 ms tick, routed at dispatch. Config.Admission and
 	// Config.FlowControl do not apply to it. Default false.
 	GIEFlowControl bool
+	// BlindToUnstreamed says the policy's front hears a non-streamed
+	// answer's first token only at its end, as an endpoint picker behind
+	// Envoy's ext_proc does when the request goes to the engine as the
+	// client sent it: with Config.NonStreamed, a Tracker is not told of
+	// those first tokens. Default false: a Tracker hears every first token
+	// (Dynamo's frontend streams from the engine whatever the client
+	// asked).
+	BlindToUnstreamed bool
 }
 
 // DefaultPolicies returns the policies Run compares by default: the
@@ -134,9 +142,9 @@ func LLMDPredictedPolicies() []Policy {
 		"GIE latencypredictor 1748e829 training/prediction servers, Bayesian ridge in place of XGBoost"
 	const adapters = "salted keys (its approximate prefix index); no slots"
 	return []Policy{
-		{Name: "llmd_predicted", Source: src + ", streamingMode on", Adapters: adapters,
+		{Name: "llmd_predicted", Source: src + ", streamingMode on", Adapters: adapters, BlindToUnstreamed: true,
 			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPredicted(seed, true) }},
-		{Name: "llmd_predicted_e2e", Source: src + ", streamingMode off (its default)", Adapters: adapters,
+		{Name: "llmd_predicted_e2e", Source: src + ", streamingMode off (its default)", Adapters: adapters, BlindToUnstreamed: true,
 			New: func(seed uint64) gateway.Policy { return reference.NewLLMDPredicted(seed, false) }},
 	}
 }

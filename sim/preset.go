@@ -201,16 +201,7 @@ func (p Preset) PrefillTime(cached, n int) time.Duration {
 // after cached ones, alone on an idle replica: its prefill in chunks of at
 // most MaxBatchTokens tokens, one step each, as the simulated engine runs
 // it.
-func (p Preset) LoneTTFT(cached, n int) time.Duration {
-	var t int64
-	for pos := cached; n > 0; {
-		c := min(n, p.MaxBatchTokens)
-		t += max(1, int64(math.Round((p.StepOverhead+p.prefillCost(pos, c))*1e9)))
-		pos += c
-		n -= c
-	}
-	return time.Duration(t)
-}
+func (p Preset) LoneTTFT(cached, n int) time.Duration { return p.loneTTFTAt(cached, n, 1) }
 
 func (p Preset) prefillCost(cached, n int) float64 {
 	pc, e := float64(cached), float64(cached+n)

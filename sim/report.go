@@ -35,6 +35,15 @@ type Report struct {
 	// NonStreamed is Config.NonStreamed, the share of clients that do not
 	// stream; 0, and left out of the JSON, when all stream.
 	NonStreamed float64 `json:"non_streamed,omitempty"`
+	// UpstreamStream is Config.UpstreamStream, reported with NonStreamed.
+	UpstreamStream bool `json:"upstream_stream,omitempty"`
+	// ReplicaSpeeds is Config.ReplicaSpeeds when a replica runs at a
+	// speed other than 1 (or SpeedChanges is set); nil, and left out of the
+	// JSON, otherwise.
+	ReplicaSpeeds []float64 `json:"replica_speeds,omitempty"`
+	// SpeedChanges is Config.SpeedChanges in order of At; nil, and left
+	// out of the JSON, without.
+	SpeedChanges []SpeedChange `json:"speed_changes,omitempty"`
 	// RefreshInterval is the load-signal refresh interval.
 	RefreshInterval float64 `json:"refresh_interval_s"`
 	// SLO is the time-to-first-token objective.
@@ -164,6 +173,11 @@ type Result struct {
 	// RequestsPerReplica is the number of requests each replica admitted
 	// to its queue, in the order of PrefillTokens.
 	RequestsPerReplica []int64 `json:"requests_per_replica"`
+	// BySpeed is the work done by the replicas of each speed profile, in
+	// order of first replica, when the replicas' speeds differ
+	// (Config.ReplicaSpeeds other than 1, or SpeedChanges); nil, and left
+	// out of the JSON, otherwise.
+	BySpeed []SpeedShare `json:"by_speed,omitempty"`
 	// Decisions counts the gateway's routing decisions, keyed by decision
 	// kind name as in gateway.Stats.ByKind. The gateway labels them: for
 	// a peer router, affinity means the replica chosen held the longest
@@ -258,9 +272,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 			gws += ", sharing their pending prefill"
 		}
 	}
-	if r.NonStreamed > 0 {
+	switch {
+	case r.NonStreamed > 0 && r.UpstreamStream:
+		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway streams the others' answers from the engine and hears every first token)", 100*(1-r.NonStreamed))
+	case r.NonStreamed > 0:
 		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway hears the others' first token at completion)", 100*(1-r.NonStreamed))
 	}
+	gws += r.speedHeader()
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -279,6 +297,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	r.writeSpeedTable(&b)
 	r.writeLoRATable(&b)
 	r.writeGroupTables(&b)
 	_, err := io.WriteString(w, b.String())

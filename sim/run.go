@@ -2,6 +2,7 @@ package sim
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 )
 
@@ -26,10 +27,14 @@ func Run(cfg Config) (*Report, error) {
 		Gateways:        gatewaysField(cfg.Gateways),
 		SharePending:    cfg.SharePending && cfg.Gateways > 1,
 		NonStreamed:     cfg.NonStreamed,
+		UpstreamStream:  cfg.UpstreamStream && cfg.NonStreamed > 0,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,
 		Results:         make([]Result, len(cfg.Policies)),
+	}
+	if cfg.mixedSpeeds() {
+		rep.ReplicaSpeeds, rep.SpeedChanges = slices.Clone(cfg.ReplicaSpeeds), byAt(cfg.SpeedChanges)
 	}
 
 	var pmu sync.Mutex
@@ -111,7 +116,7 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 	defer st.Close()
 	if j == len(cfg.Policies) {
 		var ideal hist
-		pooled, unb, err := bounds(st, cfg.Workload.BlockTokens(), capacity*cfg.Replicas, capacity, cfg.Preset, &ideal, tick)
+		pooled, unb, err := bounds(st, cfg.Workload.BlockTokens(), capacity*cfg.Replicas, capacity, cfg.Preset, cfg.fastest(), &ideal, tick)
 		if err != nil {
 			return err
 		}
@@ -130,6 +135,9 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 		return err
 	}
 	rep.Results[j] = e.result()
+	if cfg.mixedSpeeds() {
+		rep.Results[j].BySpeed = e.bySpeed(&rep.Results[j])
+	}
 	if l := rep.Results[j].LoRA; l != nil {
 		l.Handling = pol.Adapters
 	}

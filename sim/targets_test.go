@@ -125,7 +125,10 @@ func TestIssue9Targets(t *testing.T) {
 	checkInvariants = false
 	defer func() { checkInvariants = old }()
 	// EXA_STREAMED, a share 0..1, runs with that share of clients
-	// streaming (exa simulate --streamed); unset, all stream.
+	// streaming (exa simulate --streamed); unset, all stream. The others'
+	// first tokens are heard at completion (--upstream-stream=false),
+	// unless EXA_UPSTREAM=1; EXA_RELEASE=1 releases their pending prefill
+	// at its predicted end (--predicted-release).
 	nonStreamed := 0.0
 	if v := os.Getenv("EXA_STREAMED"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -135,7 +138,8 @@ func TestIssue9Targets(t *testing.T) {
 	var summary, compact strings.Builder
 	total := 0
 	for _, c := range targetCases(t) {
-		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1, NonStreamed: nonStreamed})
+		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1, NonStreamed: nonStreamed,
+			UpstreamStream: os.Getenv("EXA_UPSTREAM") == "1", PredictedRelease: os.Getenv("EXA_RELEASE") == "1"})
 		require.NoError(t, err)
 		var b strings.Builder
 		require.NoError(t, rep.WriteTable(&b))

@@ -24,6 +24,9 @@ type Class struct {
 	// SLO is the class's time-to-first-token objective; 0 means
 	// Config.SLO.
 	SLO time.Duration
+	// TPOT is the class's time-per-output-token objective
+	// (Request.TPOTSLO); 0, the default, is none.
+	TPOT time.Duration
 	// Share is the class's share of the requests, relative to the other
 	// classes' shares; must be positive.
 	Share float64
@@ -99,6 +102,8 @@ func Tenants(c TenantsConfig) (Workload, error) {
 			return nil, fmt.Errorf("%w: tenants: class %q Share %v, want > 0", ErrInvalidConfig, k.Name, k.Share)
 		case k.SLO < 0:
 			return nil, fmt.Errorf("%w: tenants: class %q SLO %v is negative", ErrInvalidConfig, k.Name, k.SLO)
+		case k.TPOT < 0:
+			return nil, fmt.Errorf("%w: tenants: class %q TPOT %v is negative", ErrInvalidConfig, k.Name, k.TPOT)
 		}
 		seen[k.Name] = true
 	}
@@ -156,6 +161,9 @@ func (w *tenants) Name() string {
 		if k.SLO > 0 {
 			slo = "SLO " + k.SLO.String()
 		}
+		if k.TPOT > 0 {
+			slo += ", TPOT " + k.TPOT.String()
+		}
 		s += fmt.Sprintf("%s%s (priority %d, %s, share %g)", sep, k.Name, k.Priority, slo, k.Share)
 	}
 	if w.c.Only != "" {
@@ -201,7 +209,7 @@ func (s *tenantStream) Next(r *Request) error {
 		if err := s.base.Next(r); err != nil {
 			return err
 		}
-		r.Tenant, r.Class, r.Priority, r.SLO = "", "", 0, 0
+		r.Tenant, r.Class, r.Priority, r.SLO, r.TPOTSLO = "", "", 0, 0, 0
 		if c.VaryOutput && r.OutputTokens > 1 {
 			r.OutputTokens = 1 + int(s.rng.Float64()*float64(2*r.OutputTokens-1))
 		}
@@ -215,7 +223,7 @@ func (s *tenantStream) Next(r *Request) error {
 		}
 		if len(c.Classes) > 0 {
 			k := c.Classes[s.draw(len(c.Classes), func(i int) float64 { return c.Classes[i].Share })]
-			r.Class, r.Priority, r.SLO = k.Name, k.Priority, k.SLO
+			r.Class, r.Priority, r.SLO, r.TPOTSLO = k.Name, k.Priority, k.SLO, k.TPOT
 		}
 		if c.Only == "" || c.Only == r.Tenant || c.Only == r.Class {
 			return nil

@@ -51,6 +51,10 @@ type Request struct {
 	// SLO is the request's time-to-first-token objective; 0 means
 	// Config.SLO.
 	SLO time.Duration
+	// TPOTSLO is the request's time-per-output-token objective, (last
+	// token − first token) / (OutputTokens − 1); 0, the default, is none.
+	// The report gives its attainment per class and tenant (Objectives).
+	TPOTSLO time.Duration
 }
 
 // Workload is a reproducible source of requests.

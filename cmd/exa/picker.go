@@ -45,6 +45,7 @@ type pickerFlags struct {
 	conns                           pickerConnFlags
 	gie                             gieFlags
 	gieConfigIgnored                bool
+	slo                             sloFlags // --slo-*
 }
 
 // newPickerCmd returns the `exa serve picker` command.
@@ -151,6 +152,7 @@ from a Go client.`,
 	fl.conns.register(f)
 	fl.disc.register(f)
 	fl.gie.register(f)
+	fl.slo.register(f)
 	return cmd
 }
 
@@ -185,6 +187,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		// cut at --request-timeout (408): a longer wait could never end
 		// with the queue's own answer.
 		return usagef("invalid --flow-ttl %q: must be shorter than --request-timeout (%s), which bounds a held stream too", fl.flow.ttl, fl.requestTimeout)
+	}
+	if _, err := fl.slo.options(); err != nil {
+		return err
 	}
 	if fl.maxBuffered < fl.maxBody+picker.StreamBytes {
 		return usagef("invalid --max-buffered-bytes %q: must be at least --max-body-bytes (%d) + %d", fmt.Sprint(fl.maxBuffered), fl.maxBody, picker.StreamBytes)
@@ -229,8 +234,12 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		ready = disc.Synced
 	}
 	flowOpts, _ := fl.flow.options() // validate checked them
+	objectives, err := fl.slo.options()
+	if err != nil {
+		return err
+	}
 	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission, Flow: flowOpts,
-		TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
+		Objectives: objectives, TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,8 @@ type simFlags struct {
 	sharePending         bool
 	streamed             float64
 	predictedRelease     bool
+	upstreamStream       bool
+	sloHeaders           bool
 	admitQueue           int
 	admitKV              float64
 	admitOutstanding     int
@@ -56,6 +58,9 @@ type simFlags struct {
 	flowMaxBytes         int64
 	flowFairness         string
 	flowOrder            string
+	replicaSpeeds        []float64
+	sloClasses           string
+	speedChanges         []string
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -151,7 +156,9 @@ deterministic for a seed.`,
 	f.DurationVar(&sf.refresh, "refresh-interval", sim.DefaultRefreshInterval, "how often the engines' load (and, with --share-pending, the gateways' pending prefill) reaches the gateways, as the HTTP gateway's --scrape-interval; 1ms..1m")
 	f.BoolVar(&sf.sharePending, "share-pending", false, "with --gateways 2 or more, the gateways share their pending prefill at every load refresh, as gateways configured with each other as peers do (see docs/multi-gateway.md)")
 	f.Float64Var(&sf.streamed, "streamed", 1, "share of requests whose client streams, 0..1; for the others the gateway learns the first token only at completion, as the HTTP gateway does from a non-streamed answer's first byte (peers keep their own signals)")
-	f.BoolVar(&sf.predictedRelease, "predicted-release", false, "with --streamed below 1: the gateway releases a non-streamed request's pending prefill when its prefill is predicted over (Decision.PredictedTTFT) rather than at completion")
+	f.BoolVar(&sf.upstreamStream, "upstream-stream", true, "with --streamed below 1: the gateway's fronts ask the engine to stream a non-streamed request and assemble the answer (both fronts' default), so the gateway hears every first token; false models fronts forwarding such requests unchanged, which hear the first token at completion")
+	f.BoolVar(&sf.sloHeaders, "slo-headers", true, "requests carrying their class's objectives (--workload slo-classes, interactive-batch, --slo-classes) send them as x-slo-ttft-ms and x-slo-tpot-ms, which cache_aware and llmd_predicted route by; false only counts them in the report")
+	f.BoolVar(&sf.predictedRelease, "predicted-release", true, "with --streamed below 1 and --upstream-stream=false: the gateway releases a non-streamed request's pending prefill when its prefill is predicted over (Decision.PredictedTTFT) rather than at completion")
 	f.IntVar(&sf.admitQueue, "admission-queue-depth", 0, "admission control for the gateway's own policies (peers run without): shed a request while every replica has this many requests waiting or more (GIE's saturation detector uses 5); 0: off")
 	f.Float64Var(&sf.admitKV, "admission-kv", 0, "admission control: shed while every replica's KV cache is this full or more, 0..1 (GIE: 0.8); 0: off")
 	f.IntVar(&sf.admitOutstanding, "admission-outstanding", 0, "admission control: shed while every replica has this many requests outstanding or more; 0: off")
@@ -170,6 +177,9 @@ deterministic for a seed.`,
 	f.IntVar(&sf.flowMaxRequests, "flow-max-requests", flow.DefaultMaxRequests, "--flow-control on: most requests held per gateway (and per priority band), 1..1000000; past it the newest of the longest flow is displaced or the newcomer shed")
 	f.Int64Var(&sf.flowMaxBytes, "flow-max-bytes", flow.DefaultMaxBytes, fmt.Sprintf("--flow-control on: most bytes held per gateway (and per band), %d per prompt token, 1..2^40", sim.BytesPerToken))
 	f.StringVar(&sf.flowFairness, "flow-fairness", "round-robin", "--flow-control on: how tenants of a band share it: round-robin or global-strict (oldest head first, GIE's default)")
+	f.Float64SliceVar(&sf.replicaSpeeds, "replica-speeds", nil, fmt.Sprintf("mixed pool: compute speeds as multiples of the preset's, comma-separated, cycled over the replicas (1,0.5: every other replica takes twice as long for every step), each %g..%g, at most one per replica (default: all 1)", sim.MinSpeed, sim.MaxSpeed))
+	f.StringVar(&sf.sloClasses, "slo-classes", "", "per-request objectives: give the workload's requests classes with TTFT and TPOT objectives, NAME:ttft=D,tpot=D,share=W,priority=P;NAME:..., as \"interactive:ttft=500ms,tpot=50ms;batch:ttft=10s,tpot=250ms,share=2\" (share default 1, priority 0; at most 64 classes); the report adds per-class TTFT, TPOT and both attainment and goodput. --workload slo-classes has three by default (see docs/results.md)")
+	f.StringSliceVar(&sf.speedChanges, "speed-change", nil, "a replica changes speed during the run: REPLICA@AT=SPEED, as 0@30s=0.5 (r0 at half the preset's speed from 30 s after the first arrival; its step in progress keeps its end); repeatable or comma-separated")
 	f.StringVar(&sf.flowOrder, "flow-order", "fcfs", "--flow-control on: order within a tenant: fcfs or edf (earliest deadline first)")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
@@ -282,11 +292,29 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		cfg.Workload, err = sim.NoisyNeighbour(sf.requests, sf.rate, sf.tenants, sf.noisy, sf.only)
 	case sf.workload == "interactive-batch":
 		cfg.Workload, err = sim.InteractiveBatch(sf.requests, sf.rate, sf.only)
+	case sf.workload == "slo-classes":
+		var classes []sim.Class // nil: the defaults
+		if sf.sloClasses != "" {
+			if classes, err = parseSLOClasses(sf.sloClasses); err != nil {
+				return cfg, err
+			}
+		}
+		cfg.Workload, err = sim.SLOClasses(sf.requests, sf.rate, classes)
 	default:
 		if !slices.Contains(sim.WorkloadNames(), sf.workload) {
 			return cfg, usagef("invalid --workload %q: want one of %s", sf.workload, strings.Join(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), ", "))
 		}
 		cfg.Workload, err = sim.NewWorkload(sf.workload, sf.requests, sf.rate)
+	}
+	if err == nil && sf.sloClasses != "" && (sf.trace != "" || changed("shared-prefix-requests") || sf.workload != "slo-classes") {
+		if sf.trace == "" && !changed("shared-prefix-requests") && (sf.workload == "noisy-neighbour" || sf.workload == "interactive-batch") {
+			return cfg, usagef("--slo-classes does not apply to --workload %s, which has its own tenants and classes", sf.workload)
+		}
+		classes, perr := parseSLOClasses(sf.sloClasses)
+		if perr != nil {
+			return cfg, perr
+		}
+		cfg.Workload, err = sim.Tenants(sim.TenantsConfig{Base: cfg.Workload, Classes: classes})
 	}
 	if err != nil {
 		return cfg, &usageError{err}
@@ -325,6 +353,8 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 	cfg.NonStreamed = 1 - sf.streamed
 	cfg.PredictedRelease = sf.predictedRelease
+	cfg.UpstreamStream = sf.upstreamStream
+	cfg.ObjectiveHeaders = sf.sloHeaders
 	switch {
 	case sf.admitQueue < 0:
 		return cfg, usagef("invalid --admission-queue-depth %d: want 0 (off) or more", sf.admitQueue)
@@ -335,6 +365,9 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
 	if err := flowSimFlags(cmd, sf, &cfg); err != nil {
+		return cfg, err
+	}
+	if err := speedSimFlags(sf, &cfg); err != nil {
 		return cfg, err
 	}
 
@@ -427,6 +460,43 @@ func tenantFlags(cmd *cobra.Command, sf *simFlags) error {
 	}
 	if changed("only") && !nn && !ib {
 		return usagef("--only applies to --workload noisy-neighbour or interactive-batch only")
+	}
+	return nil
+}
+
+// parseSLOClasses reads --slo-classes.
+func parseSLOClasses(spec string) ([]sim.Class, error) {
+	classes, err := sim.ParseClasses(spec)
+	if err != nil {
+		return nil, usagef("invalid --slo-classes %q: %s", spec, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+	}
+	return classes, nil
+}
+
+// speedSimFlags checks --replica-speeds and --speed-change against the
+// replica count and sets cfg's speeds.
+func speedSimFlags(sf *simFlags, cfg *sim.Config) error {
+	if len(sf.replicaSpeeds) > cfg.Replicas {
+		return usagef("invalid --replica-speeds: %d speeds for %d replicas, want at most one per replica", len(sf.replicaSpeeds), cfg.Replicas)
+	}
+	for _, v := range sf.replicaSpeeds {
+		if !(v >= sim.MinSpeed && v <= sim.MaxSpeed) {
+			return usagef("invalid --replica-speeds %v: want multipliers %g..%g", v, sim.MinSpeed, sim.MaxSpeed)
+		}
+	}
+	cfg.ReplicaSpeeds = sf.replicaSpeeds
+	if len(sf.speedChanges) > sim.MaxSpeedChanges {
+		return usagef("invalid --speed-change: %d changes, at most %d", len(sf.speedChanges), sim.MaxSpeedChanges)
+	}
+	for _, s := range sf.speedChanges {
+		c, err := sim.ParseSpeedChange(s)
+		if err == nil && c.Replica >= cfg.Replicas {
+			err = fmt.Errorf("replica %d, want 0..%d", c.Replica, cfg.Replicas-1)
+		}
+		if err != nil {
+			return usagef("invalid --speed-change %q: %s", s, strings.TrimPrefix(err.Error(), sim.ErrInvalidConfig.Error()+": "))
+		}
+		cfg.SpeedChanges = append(cfg.SpeedChanges, c)
 	}
 	return nil
 }

@@ -153,22 +153,29 @@ func TestSimulateSharePending(t *testing.T) {
 	assert.Equal(t, 0.05, shared.Report.RefreshInterval, "the default")
 }
 
-// --streamed 0 has no client stream: the report says so, and
-// cache_aware, whose pending prefill is then freed at completion, routes
-// differently; --streamed 1, the default, changes nothing.
+// --streamed 0 has no client stream: the report says so; with the fronts
+// streaming such answers from the engine (--upstream-stream, the default)
+// cache_aware routes as when every client streams, and without it, its
+// pending prefill freed at completion, differently; --streamed 1, the
+// default, changes nothing.
 func TestSimulateStreamed(t *testing.T) {
 	cfg := newConfig(t)
 	args := []string{"serve", "routing", "simulate", "--workload", "chat", "--requests", "300", "--replicas", "2", "--policies", "cache_aware", "--json"}
-	var plain, all, none simOutput
+	var plain, all, none, blind simOutput
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, args...)), &plain))
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--streamed", "1")...)), &all))
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--streamed", "0")...)), &none))
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--streamed", "0", "--upstream-stream=false")...)), &blind))
 	assert.Equal(t, plain.Report.Results, all.Report.Results)
 	assert.Equal(t, 0.0, plain.Report.NonStreamed)
 	assert.Equal(t, 1.0, none.Report.NonStreamed)
+	assert.True(t, none.Report.UpstreamStream)
+	assert.False(t, blind.Report.UpstreamStream)
 	a, _ := plain.Report.Result("cache_aware")
 	b, _ := none.Report.Result("cache_aware")
-	assert.NotEqual(t, a.TTFT, b.TTFT)
+	c, _ := blind.Report.Result("cache_aware")
+	assert.Equal(t, a.TTFT, b.TTFT)
+	assert.NotEqual(t, a.TTFT, c.TTFT)
 	assert.Contains(t, ok(t, cfg, "serve", "routing", "simulate", "--workload", "chat", "--requests", "50", "--replicas", "2", "--streamed", "0.25"),
 		"25% of clients streaming")
 }

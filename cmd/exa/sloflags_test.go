@@ -26,9 +26,11 @@ func TestSLOFlags(t *testing.T) {
 		{[]string{"--slo-ttft", "m=1s", "--slo-ttft", "m=2s"}, `model "m" is given twice`},
 		{[]string{"--slo-unattainable", "drop"}, `invalid --slo-unattainable "drop": want best-effort or reject`},
 	} {
-		r := exa(t, newConfig(t), append([]string{"serve", "gateway"}, tc.args...)...)
-		assert.Equal(t, 2, r.code, "%v: %s", tc.args, r.stderr)
-		assert.Contains(t, r.stderr, tc.want, "%v", tc.args)
+		for _, front := range []string{"gateway", "picker"} {
+			r := exa(t, newConfig(t), append([]string{"serve", front}, tc.args...)...)
+			assert.Equal(t, 2, r.code, "%s %v: %s", front, tc.args, r.stderr)
+			assert.Contains(t, r.stderr, tc.want, "%s %v", front, tc.args)
+		}
 	}
 	var f sloFlags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)

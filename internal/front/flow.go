@@ -128,25 +128,10 @@ func (f *FlowControl) Hold(ctx context.Context, model string, h Header, bytes in
 }
 
 // BindAtDispatch is the rule by which both fronts bind a held request of
-// gw within t when the queue offers it (the bind they give Hold): it may
-// go when no eligible replica lacks room under a (gw.Saturated is false)
-// and, unless admitOnly (a disaggregated model's request, whose plan is
-// made after), the library routes it then (late binding): d, with routed
-// true. No healthy replica means not yet (scale from zero); another
-// routing error lets it go unrouted (routed false), for the front to
-// answer when it routes it again.
+// gw within t when the queue offers it (the bind they give Hold):
+// flow.Bind, the function the simulator calls too.
 func BindAtDispatch(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admission, admitOnly bool) (ok bool, d gateway.Decision, routed bool) {
-	if gw.Saturated(t, a) {
-		return false, d, false
-	}
-	if admitOnly {
-		return true, d, false
-	}
-	d, err := gw.RouteWith(key, t)
-	if errors.Is(err, gateway.ErrNoHealthyReplica) {
-		return false, d, false
-	}
-	return true, d, err == nil
+	return flow.Bind(gw, key, t, a, admitOnly)
 }
 
 // Kick tells model's queue that a request ended: one held may go.

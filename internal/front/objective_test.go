@@ -144,7 +144,7 @@ func slowGateway(t *testing.T) *gateway.Gateway {
 	t.Helper()
 	g, err := gateway.New([]gateway.Replica{{Name: "r"}}, gateway.WithMode(gateway.ModeCacheAware))
 	require.NoError(t, err)
-	for i := range 8 {
+	for i := range 40 { // about 30 first tokens publish the time per block
 		d, err := g.RouteWith(gateway.Key{uint64(i + 1)}, gateway.Target{})
 		require.NoError(t, err)
 		d.Done(gateway.DoneInfo{TTFT: 20 * time.Millisecond, Elapsed: 40 * time.Millisecond, OutputTokens: 3})

@@ -64,7 +64,7 @@ func (h *holdingEngine) front(t *testing.T, e *enginetest.Engine) string {
 // requests of four uncached blocks.
 func teach(t testing.TB, gw *gateway.Gateway) {
 	t.Helper()
-	for i := range 8 {
+	for i := range 40 { // about 30 first tokens publish the time per block
 		b := uint64(i+1) << 8
 		d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{})
 		require.NoError(t, err)
@@ -77,7 +77,7 @@ func teach(t testing.TB, gw *gateway.Gateway) {
 func teachAll(t testing.TB, gw *gateway.Gateway) {
 	t.Helper()
 	for _, r := range gw.Replicas() {
-		for i := range 8 {
+		for i := range 40 {
 			b := uint64(i+1) << 8
 			d, err := gw.RouteWith(gateway.Key{b, b + 1, b + 2, b + 3}, gateway.Target{Allow: func(name string) bool { return name == r.Name }})
 			if err != nil {

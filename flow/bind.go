@@ -1,0 +1,32 @@
+package flow
+
+import (
+	"errors"
+
+	"github.com/examlops/gateway"
+)
+
+// Bind is the rule by which a held request of gw within t is bound when
+// its queue offers it (the room function Next is given; the bind a
+// Controller is made with): the one the HTTP gateway and the picker use
+// (through internal/front.BindAtDispatch) and the simulator calls. It may
+// go when no eligible replica lacks room under a (gw.Saturated is false)
+// and, unless admitOnly (a disaggregated model's request, whose plan is
+// made after), the library routes it then (late binding): d, with routed
+// true, whose Done the caller owes. No healthy replica means not yet
+// (scale from zero); another routing error lets it go unrouted (routed
+// false), for the caller to answer when it routes it again. It does not
+// allocate.
+func Bind(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admission, admitOnly bool) (ok bool, d gateway.Decision, routed bool) {
+	if gw.Saturated(t, a) {
+		return false, d, false
+	}
+	if admitOnly {
+		return true, d, false
+	}
+	d, err := gw.RouteWith(key, t)
+	if errors.Is(err, gateway.ErrNoHealthyReplica) {
+		return false, d, false
+	}
+	return true, d, err == nil
+}
