@@ -57,6 +57,12 @@
 //     request's pending prefill is released at its predicted first token.
 //     EXA_E2E_SPEED_BASELINE_EXA runs another build beside it
 //     (docs/picker.md, "Learned speeds").
+//   - TestPickerUpstreamStream (picker_upstream_test.go): through the
+//     picker, a "stream": false request's pending prefill is released at
+//     its first token, long before its answer ends, as the gateway's
+//     TestNonStreamedFirstToken; with --upstream-stream=false only at the
+//     end. TestPickerUpstreamLatency: what --upstream-stream adds to a
+//     small non-streamed request (docs/picker.md, "Non-streamed answers").
 //
 // run.sh reads EXA_E2E_BIN (where to put the binaries, default
 // $TMPDIR/exa-e2e-bin); the tests read EXA_E2E_SIM and EXA_E2E_EXA, which
