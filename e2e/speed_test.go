@@ -87,6 +87,16 @@ func speedSlowFactor(t *testing.T) float64 {
 	return v
 }
 
+// speedCounts reads EXA_E2E_SPEED_N and EXA_E2E_SPEED_WARM: the requests
+// of a run and how many of them are the warm-up (default speedN,
+// speedWarm).
+func speedCounts(t *testing.T) (n, warm int) {
+	n, warm = envInt(t, "EXA_E2E_SPEED_N", speedN), envInt(t, "EXA_E2E_SPEED_WARM", speedWarm)
+	require.Positive(t, n, "EXA_E2E_SPEED_N")
+	require.True(t, warm >= 0 && warm < n, "EXA_E2E_SPEED_WARM=%d: want 0 to EXA_E2E_SPEED_N-1", warm)
+	return n, warm
+}
+
 // speedRateOf reads EXA_E2E_SPEED_RATE.
 func speedRateOf(t *testing.T) float64 {
 	s := os.Getenv("EXA_E2E_SPEED_RATE")
@@ -242,7 +252,8 @@ func runSpeed(t *testing.T, k int, name, url string, engines []string, stream bo
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i := range speedN {
+	count, warm := speedCounts(t)
+	for i := range count {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -261,7 +272,7 @@ func runSpeed(t *testing.T, k int, name, url string, engines []string, stream bo
 			}
 			run.end = append(run.end, r.end)
 			run.all[r.replica]++
-			if i >= speedWarm {
+			if i >= warm {
 				run.served[r.replica]++
 			}
 		}()
@@ -310,8 +321,9 @@ func speeds(t *testing.T, slow float64, engines []string, stream bool, fronts ..
 		runs = append(runs, run)
 		waitFor(t, 30*time.Second, f.name+" idle", func() bool { return flowFront{f.g, f.url}.inFlight(t) == 0 })
 	}
+	n, warm := speedCounts(t)
 	t.Logf("2 engines, slow x%.1f: fast prefill %v + %v per prompt token, %v per output token; %d sequences each; %d requests at %.0f/s (streamed %v), first %d the warm-up",
-		slow, speedOverhead, speedPerToken, speedITL, speedSeqs, speedN, speedRateOf(t), stream, speedWarm)
+		slow, speedOverhead, speedPerToken, speedITL, speedSeqs, n, speedRateOf(t), stream, warm)
 	for _, r := range runs {
 		t.Logf("%v", r)
 	}

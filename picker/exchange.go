@@ -243,6 +243,13 @@ func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error)
 			return false, x.protocolError("response_trailers arrived %s", phaseNames[x.ph])
 		}
 		x.servedBy(m.GetMetadataContext())
+		if x.agg != nil {
+			// Trailers end an assembled answer's body: the answer goes
+			// first, without end_of_stream, as a body ended by trailers.
+			if stop, err := x.assembleEnd(false); stop || err != nil {
+				return stop, err
+			}
+		}
 		x.ph = phaseDone
 		x.done()
 		return false, x.st.Send(responseTrailersAnswer)

@@ -184,13 +184,21 @@ func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
 	if !eos {
 		return false, x.st.Send(emptyBodyAnswer)
 	}
-	parts, n, perr := g.Parts()
+	return x.assembleEnd(true)
+}
+
+// assembleEnd sends the assembled answer at the end of the engine's
+// stream, end_of_stream on its last chunk when eos (else trailers end the
+// body), and reports Done; an answer that cannot be assembled ends the
+// request as assembleBody's.
+func (x *exchange) assembleEnd(eos bool) (stop bool, err error) {
+	parts, n, perr := x.agg.Parts()
 	if perr != nil {
 		return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", perr)
 	}
 	x.ph = phaseDone
 	x.done()
-	err = sendParts(x.st, parts, n)
+	err = sendParts(x.st, parts, n, eos)
 	x.releaseAssembly()
 	return false, err
 }
@@ -220,9 +228,9 @@ func (x *exchange) assembleFailed(status int, code string, cause error) error {
 
 // sendParts sends an assembled answer of n bytes, given in parts, as
 // streamed_response chunks of MaxChunkBytes (the last one shorter), the
-// last with end_of_stream. Each chunk is a buffer of its own: a stream
+// last with end_of_stream if eos. Each chunk is a buffer of its own: a stream
 // may keep what it is sent (gRPC's does not).
-func sendParts(st stream, parts [][]byte, n int) error {
+func sendParts(st stream, parts [][]byte, n int, eos bool) error {
 	buf := make([]byte, 0, min(n, MaxChunkBytes))
 	sent := 0
 	for _, p := range parts {
@@ -232,7 +240,7 @@ func sendParts(st stream, parts [][]byte, n int) error {
 			p = p[k:]
 			if len(buf) == cap(buf) {
 				sent += len(buf)
-				if err := st.Send(responseBodyResponse(buf, sent == n)); err != nil {
+				if err := st.Send(responseBodyResponse(buf, eos && sent == n)); err != nil {
 					return err
 				}
 				buf = make([]byte, 0, min(n-sent, MaxChunkBytes))
@@ -240,7 +248,7 @@ func sendParts(st stream, parts [][]byte, n int) error {
 		}
 	}
 	if sent < n || n == 0 {
-		return st.Send(responseBodyResponse(buf, true))
+		return st.Send(responseBodyResponse(buf, eos))
 	}
 	return nil
 }

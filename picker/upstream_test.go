@@ -76,6 +76,7 @@ type asmRun struct {
 	chunks      []string
 	opts        Options
 	assemble    Assembly
+	trailers    bool // the body ends with response trailers, not end_of_stream
 }
 
 type asmResult struct {
@@ -103,7 +104,10 @@ func (a asmRun) serve(t *testing.T) asmResult {
 	st.msgs = []*extprocv3.ProcessingRequest{first, reqBody([]byte(a.body), true),
 		respHeaders(len(a.chunks) == 0, ":status", a.status, "content-type", a.contentType)}
 	for i, c := range a.chunks {
-		st.msgs = append(st.msgs, respBody([]byte(c), i == len(a.chunks)-1))
+		st.msgs = append(st.msgs, respBody([]byte(c), i == len(a.chunks)-1 && !a.trailers))
+	}
+	if a.trailers {
+		st.msgs = append(st.msgs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}})
 	}
 	res := asmResult{srv: s, r: r}
 	res.err = s.serve(st)
@@ -184,6 +188,23 @@ func TestUpstreamStreamAssembles(t *testing.T) {
 		assert.Zero(t, st.AssembledBytes, "the answer's share returned")
 		assert.Zero(t, st.ReservedBytes, "every reservation returned")
 	}
+}
+
+// A body that trailers end gets the assembled answer before the trailers'
+// answer, without end_of_stream, as the picker answers a request body
+// that trailers end.
+func TestUpstreamStreamTrailers(t *testing.T) {
+	res := asmRun{pc: fullDuplex, body: asmBody, status: "200", contentType: "text/event-stream", chunks: sseChunks, assemble: AssembleChat, trailers: true}.serve(t)
+	require.NoError(t, res.err)
+	require.Nil(t, res.imm)
+	require.Len(t, res.bodies, len(sseChunks)+1, "an empty answer for each chunk, then the assembled answer")
+	assert.Equal(t, string(assembled(t, true, sseChunks...)), string(res.bodies[len(sseChunks)]))
+	assert.NotContains(t, res.eos, true, "no end_of_stream: the trailers end the body")
+	last := res.sent[len(res.sent)-1]
+	assert.NotNil(t, last.GetResponseTrailers(), "the trailers answered last")
+	require.Len(t, res.r.tr.done, 1)
+	assert.NoError(t, res.r.tr.done[0].Err)
+	assert.Zero(t, res.srv.Stats().ReservedBytes)
 }
 
 // Pick.ResponseHeaders are kept on an assembled answer; a completions
