@@ -190,13 +190,19 @@ func (g *Gateway) lookup(name string) (*replicaState, error) {
 }
 
 // SetHealthy marks a replica healthy or unhealthy. Unhealthy replicas are
-// never chosen.
+// never chosen. A replica marked healthy again forgets its learned speed
+// (speed.go): an engine back in rotation has often restarted.
 func (g *Gateway) SetHealthy(name string, healthy bool) error {
 	rs, err := g.lookup(name)
 	if err != nil {
 		return err
 	}
-	rs.healthy.Store(healthy)
+	if !rs.healthy.Swap(healthy) && healthy {
+		// Back in rotation (an engine readmitted, often restarted): its
+		// learned speed no longer holds, and a replica priced as slow
+		// would get no traffic to learn otherwise.
+		rs.learner.forget(&rs.speed)
+	}
 	return nil
 }
 

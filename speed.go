@@ -193,6 +193,16 @@ func (l *speedLearner) shift(old, nu uint64) {
 	}
 }
 
+// forget drops the fit and publishes the speed as unknown (speed is the
+// replica's published word).
+func (l *speedLearner) forget(speed *atomic.Uint64) {
+	l.mu.Lock()
+	l.shift(l.fit.packed()>>32, 0)
+	l.fit = speedFit{}
+	speed.Store(0)
+	l.mu.Unlock()
+}
+
 // leave takes the replica's time out of the pool's sum for good: it is
 // being removed.
 func (l *speedLearner) leave() {

@@ -346,6 +346,17 @@ func TestGatewayLearnsSpeeds(t *testing.T) {
 	require.NoError(t, g.RemoveReplica("r2"))
 	checkPoolSpeeds(t, g)
 
+	// A replica back in rotation forgets its speed: priced as unknown, it
+	// gets traffic to learn from again.
+	require.NoError(t, g.SetHealthy("r3", false))
+	require.NoError(t, g.SetHealthy("r3", false))
+	require.NotZero(t, g.snap.Load().byName["r3"].speed.Load(), "still known while out of rotation")
+	require.NoError(t, g.SetHealthy("r3", true))
+	assert.Zero(t, g.snap.Load().byName["r3"].speed.Load())
+	checkPoolSpeeds(t, g)
+	require.NoError(t, g.SetHealthy("r0", true)) // healthy already: kept
+	assert.NotZero(t, g.snap.Load().byName["r0"].speed.Load())
+
 	_, err = g.RouteWith(keys.AppendHashes(nil, []uint64{1}), Target{TTFT: -1})
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "Target.TTFT -1ns")

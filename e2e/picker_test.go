@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
 )
@@ -283,19 +284,24 @@ func TestPicker(t *testing.T) {
 		require.Greater(t, answer.Usage.Prompt, 12000)
 		require.GreaterOrEqual(t, answer.Usage.Details.Cached, answer.Usage.Prompt-32, "the engine received the whole body and cached it")
 
-		// Message by message: the body comes back in chunks of at most
-		// 62,000 bytes, unchanged, and goes to the engine named.
+		// Message by message, from a client that streams (one that does
+		// not has its body rewritten to stream and its answer assembled:
+		// TestPickerUpstreamStream): the body comes back in chunks of at
+		// most 62,000 bytes, unchanged, and goes to the engine named; the
+		// answer comes back unchanged.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		x, err := pp.client.Open(ctx)
 		require.NoError(t, err)
-		r, err := x.Request(pickertest.Request{Body: body, Header: []picker.Header{{Name: "content-type", Value: "application/json"}}})
+		sbody, err := keys.StreamBody(body)
+		require.NoError(t, err)
+		r, err := x.Request(pickertest.Request{Body: sbody, Header: []picker.Header{{Name: "content-type", Value: "application/json"}}})
 		require.NoError(t, err)
 		require.Nil(t, r.Immediate)
 		require.Equal(t, first.endpoint, r.Endpoint)
 		require.Equal(t, r.Endpoint, r.MetadataEndpoint)
 		require.True(t, r.ClearRouteCache)
-		require.Equal(t, body, r.Body)
+		require.Equal(t, sbody, r.Body)
 		require.Greater(t, len(r.Chunks), 1)
 		for _, c := range r.Chunks {
 			require.LessOrEqual(t, c, picker.MaxChunkBytes)
