@@ -126,6 +126,18 @@ import (
 //     up and taken slots by then) and while another empty slot remains
 //     for an adapter yet to come.
 //
+// Replicas are priced at their speed (Candidate.BlockTime, learned by the
+// gateway, speed.go): a candidate whose time per block is more than
+// speedDeadband (1.3) times from the candidates' mean costs
+// f·(cost+1) − 1, f its time over the mean, the cost plus the step that
+// yields the token at its speed. Within the deadband f is 1, so the exact
+// ties of equal replicas stay ties; with no speed known nothing changes.
+// A candidate whose speed is unknown while others' are known (added, or
+// back in rotation) is priced as the fastest known, and at least
+// 1/speedDeadband, so that it gets the traffic to learn from. With a TTFT
+// objective (Request.TTFT) the candidates predicted to miss it are left
+// out while some are predicted to meet it (see objective.go).
+//
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
 // its in-flight count plus this request stays within ⌈LoadFactor × the
@@ -232,6 +244,20 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if !req.sum.ok || adapter {
 		ref = sum.ref.mean()
 	}
+	// unknown is the price factor of a candidate whose speed is not known
+	// while others' are (one added, or back in rotation): as fast as the
+	// fastest known, and at least a little faster than the pool, so that
+	// it gets the traffic to learn from rather than none.
+	unknown := 1.0
+	if ref > 0 {
+		fastest := math.Inf(1)
+		for i := range cands {
+			if b := cands[i].BlockTime; b > 0 {
+				fastest = min(fastest, float64(b))
+			}
+		}
+		unknown = min(1/speedDeadband, fastest/ref)
+	}
 	// Only the TTFT objective filters: where the prefill lands decides
 	// the first token, while a replica's time per token is mostly its
 	// decode batch's; filtering by it too moved interactive requests off
@@ -282,7 +308,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if ref > 0 {
 			// Priced in predicted time: the cost plus the step that
 			// yields the token, at the replica's speed.
-			if f := slowness(c, ref); f != 1 {
+			f := unknown
+			if c.BlockTime > 0 {
+				f = slowness(c, ref)
+			}
+			if f != 1 {
 				cost = f*(cost+1) - 1
 			}
 		}

@@ -179,6 +179,22 @@ func TestCacheAwareEqualSpeedsAsToday(t *testing.T) {
 	})
 }
 
+// TestCacheAwareExploresUnknown: a replica whose speed is unknown while
+// others' are known (added, or back in rotation) is priced as the fastest
+// known, and at least 1/speedDeadband of the pool: it gets traffic to
+// learn from, where at the pool's mean it got none.
+func TestCacheAwareExploresUnknown(t *testing.T) {
+	var p CacheAware
+	cands := []Candidate{
+		{Name: "fast", BlockTime: 5 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1, PendingPrefill: 2},
+		{Name: "slow", BlockTime: 15 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1},
+		{Name: "new", CacheBlocks: 64, AssignedPrefill: 1, PendingPrefill: 1},
+	}
+	assert.Equal(t, "new", cands[p.Pick(caReq(8, cands), cands)].Name)
+	cands[2].PendingPrefill = 3 // more queued than the fastest: it waits
+	assert.Equal(t, "fast", cands[p.Pick(caReq(8, cands), cands)].Name)
+}
+
 // TestCacheAwarePricesSpeed: a replica twice as slow costs twice the
 // prefill: a miss goes to the fast one, until the prefill queued there
 // outweighs the slow one's time.
@@ -240,7 +256,7 @@ func TestObjectiveFilters(t *testing.T) {
 	req.TTFT = 100 * time.Millisecond
 	assert.Equal(t, "cold", cands[p.Pick(req, cands)].Name)
 	req.TTFT = 80 * time.Millisecond
-	assert.Equal(t, "hot", cands[p.Pick(req, cands)].Name, "neither meets 80 ms: best effort")
+	assert.Equal(t, "cold", cands[p.Pick(req, cands)].Name, "neither meets 80 ms: best effort, the unknown priced as the fastest known")
 }
 
 // TestObjectiveMonotone: a candidate predicted to meet a TTFT objective
