@@ -133,8 +133,8 @@ import (
 // yields the token at its speed. Within the deadband f is 1, so the exact
 // ties of equal replicas stay ties; with no speed known nothing changes.
 // A candidate whose speed is unknown while others' are known (added, or
-// back in rotation) is priced as the fastest known, and at least
-// 1/speedDeadband, so that it gets the traffic to learn from. With a TTFT
+// back in rotation) is priced as the fastest known, so that it gets the
+// traffic to learn from. With a TTFT
 // objective (Request.TTFT) the candidates predicted to miss it are left
 // out while some are predicted to meet it (see objective.go).
 //
@@ -245,9 +245,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		ref = sum.ref.mean()
 	}
 	// unknown is the price factor of a candidate whose speed is not known
-	// while others' are (one added, or back in rotation): as fast as the
-	// fastest known, and at least a little faster than the pool, so that
-	// it gets the traffic to learn from rather than none.
+	// while others' are (one added, or back in rotation): the fastest
+	// known's, so that it gets the traffic to learn from rather than none
+	// (at the pool's mean it would lose every request to a replica priced
+	// faster).
 	unknown := 1.0
 	if ref > 0 {
 		fastest := math.Inf(1)
@@ -256,7 +257,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 				fastest = min(fastest, float64(b))
 			}
 		}
-		unknown = min(1/speedDeadband, fastest/ref)
+		if f := fastest / ref; f <= 1/speedDeadband {
+			unknown = f
+		}
 	}
 	// Only the TTFT objective filters: where the prefill lands decides
 	// the first token, while a replica's time per token is mostly its

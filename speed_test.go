@@ -181,8 +181,8 @@ func TestCacheAwareEqualSpeedsAsToday(t *testing.T) {
 
 // TestCacheAwareExploresUnknown: a replica whose speed is unknown while
 // others' are known (added, or back in rotation) is priced as the fastest
-// known, and at least 1/speedDeadband of the pool: it gets traffic to
-// learn from, where at the pool's mean it got none.
+// known: it gets traffic to learn from, where at the pool's mean it got
+// none.
 func TestCacheAwareExploresUnknown(t *testing.T) {
 	var p CacheAware
 	cands := []Candidate{
@@ -256,7 +256,7 @@ func TestObjectiveFilters(t *testing.T) {
 	req.TTFT = 100 * time.Millisecond
 	assert.Equal(t, "cold", cands[p.Pick(req, cands)].Name)
 	req.TTFT = 80 * time.Millisecond
-	assert.Equal(t, "cold", cands[p.Pick(req, cands)].Name, "neither meets 80 ms: best effort, the unknown priced as the fastest known")
+	assert.Equal(t, "hot", cands[p.Pick(req, cands)].Name, "neither meets 80 ms: best effort (the unknown priced as the pool, no known replica being faster)")
 }
 
 // TestObjectiveMonotone: a candidate predicted to meet a TTFT objective
