@@ -309,8 +309,10 @@ type Target struct {
 	// TTFT and TPOT are the request's latency objective: the time to
 	// first token and per output token it asks for (llm-d's x-slo-ttft-ms
 	// and x-slo-tpot-ms); 0, the default, sets none. See objective.go:
-	// CacheAware routes to the cheapest replica predicted to meet it, and
-	// when none is, best effort, with Decision.Fallback FallbackSLO.
+	// CacheAware routes to the cheapest replica predicted to meet the TTFT
+	// objective; when the chosen replica is not predicted to meet both,
+	// the request goes there best effort, with Decision.Fallback
+	// FallbackSLO. A negative value is an error wrapping ErrInvalid.
 	TTFT, TPOT time.Duration
 }
 
