@@ -22,7 +22,8 @@ type Decision struct {
 	Fallback Fallback
 	// PredictedTTFT and PredictedTPOT are the time to first token and per
 	// output token predicted at the chosen replica from its learned speed
-	// (Candidate.PredictTTFT, Candidate.TokenTime); 0 while unknown. A
+	// (Candidate.BlockTime times the prefill ahead of it there, and
+	// Candidate.TokenTime); 0 while unknown. A
 	// front that will not see the first token (a client that does not
 	// stream, through a data plane that tells the front only of the
 	// answer's end) calls FirstToken this long after routing, so that the

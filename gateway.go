@@ -46,8 +46,9 @@ type Gateway struct {
 	names   map[string]string // interned adapter names (intern)
 
 	stats counters
-	// speeds sums the replicas' known times per block (speed.go's
-	// poolSpeeds): the reference CacheAware prices speeds against.
+	// speeds sums the replicas' known times per block and counts them
+	// (speed.go, poolMean): the reference CacheAware prices speeds
+	// against.
 	speeds atomic.Uint64
 }
 
@@ -251,8 +252,7 @@ func (g *Gateway) Replicas() []ReplicaStatus {
 			CachedBlocks:    g.idx.cached(rs.slot),
 			CacheBlocks:     rs.cacheBlocks,
 		}
-		sp := rs.speed.Load()
-		out[i].BlockTime, out[i].TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
+		out[i].BlockTime, out[i].TokenTime = unpack(rs.speed.Load())
 		if a := rs.lora.rep.Load(); a != nil {
 			out[i].Adapters = AdapterReport{Running: slices.Clone(a.Running), Waiting: slices.Clone(a.Waiting), MaxLoras: a.MaxLoras}
 		}
@@ -401,8 +401,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			c.PendingPrefill = int(rs.pending.Load())
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
-			sp := rs.speed.Load()
-			c.BlockTime, c.TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
+			c.BlockTime, c.TokenTime = unpack(rs.speed.Load())
 			if sum.ok {
 				sum.add(c, maxMatched)
 			}
@@ -422,8 +421,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			c.PendingPrefill = int(rs.pending.Load())
 			c.AssignedPrefill = int(rs.assigned.Load())
 			c.LastPicked = g.picked[rs.slot]
-			sp := rs.speed.Load()
-			c.BlockTime, c.TokenTime = time.Duration(sp>>32), time.Duration(uint32(sp))
+			c.BlockTime, c.TokenTime = unpack(rs.speed.Load())
 			if adapter != "" {
 				c.LoRA = rs.lora.state(adapter)
 			} else if g.loraSet {
@@ -475,13 +473,13 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 			maxMatched = max(maxMatched, cands[i].Matched)
 		}
 	}
-	g.req.ref = poolMean(g.speeds.Load())
+	ref := poolMean(g.speeds.Load())
 	var pick int
 	if tg.NoPrompt {
 		pick = g.pickByLoad(cands)
 	} else {
 		share := g.demand.observe(mk, maxMatched)
-		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: g.req.ref}
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}
@@ -495,7 +493,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	// candidates' mean.
 	a := float64(pc.BlockTime)
 	if a == 0 {
-		a = g.req.ref
+		a = ref
 	}
 	obj := objective{tg.TTFT, tg.TPOT}
 	if obj.set() && !tg.NoPrompt {

@@ -8,12 +8,14 @@ import (
 // A request's latency objective is llm-d's x-slo-ttft-ms and x-slo-tpot-ms,
 // or its model's default: Target.TTFT and Target.TPOT, which the policy
 // sees as Request.TTFT and Request.TPOT. CacheAware chooses the cheapest
-// candidate predicted to meet it (Candidate.BlockTime times the prefill
-// ahead of the request there, and Candidate.TokenTime); a candidate whose
-// speed is not yet known counts as meeting it. When no candidate is
-// predicted to, the request goes to the cheapest (best effort) and the
-// decision's Fallback says FallbackSLO: a front configured to refuse such
-// requests answers 429 (internal/front.Objective).
+// candidate predicted to meet the TTFT objective (Candidate.BlockTime
+// times the prefill ahead of the request there; a candidate whose time per
+// block is unknown is taken at the pool's mean, and with none known every
+// candidate counts as meeting it). When the chosen replica is not
+// predicted to meet the objective (its TTFT, or its TokenTime against the
+// TPOT objective), the request goes there best effort and the decision's
+// Fallback says FallbackSLO: a front configured to refuse such requests
+// answers 429 (internal/front.Objectives.Refuse).
 
 // objective is a request's latency objective; the zero value sets none.
 type objective struct{ ttft, tpot time.Duration }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A replica's speed is learned online from what the front observes of the
@@ -140,6 +141,12 @@ func (f speedFit) packed() uint64 {
 	return uint64(nanos32(a))<<32 | uint64(nanos32(f.b))
 }
 
+// unpack splits a published speed word (packed) into the time per block
+// and per output token.
+func unpack(sp uint64) (block, token time.Duration) {
+	return time.Duration(sp >> 32), time.Duration(uint32(sp))
+}
+
 // nanos32 is s seconds in nanoseconds within 1..2³²−1, or 0 for 0.
 func nanos32(s float64) uint32 {
 	if !(s > 0) {
@@ -155,7 +162,7 @@ type speedLearner struct {
 	mu  sync.Mutex
 	fit speedFit
 	// pool is the gateway's sum of its replicas' times per block
-	// (poolSpeeds), kept current as this one's changes; nil once the
+	// (poolMean), kept current as this one's changes; nil once the
 	// replica is removed.
 	pool *atomic.Uint64
 }
