@@ -34,30 +34,27 @@ func Parse(kind keys.Endpoint, body []byte) (*keys.Request, error) {
 // Decode reads the routing fields of body without the endpoint's checks
 // (keys.Decode), its errors as Parse's.
 func Decode(body []byte) (*keys.Request, error) {
-	req, err := keys.Decode(body)
-	if err != nil {
-		var fe *keys.FieldError
-		if errors.As(err, &fe) {
-			return nil, FieldError(fe.Field, fe.Msg)
-		}
-		return nil, err
-	}
-	return req, nil
+	return fieldErrors(keys.Decode(body))
 }
 
 // DecodeEmbeddings is Decode for a pass-through body (embeddings,
 // tokenize, detokenize), whose "input" is an embeddings input
 // (keys.DecodeEmbeddings).
 func DecodeEmbeddings(body []byte) (*keys.Request, error) {
-	req, err := keys.DecodeEmbeddings(body)
-	if err != nil {
-		var fe *keys.FieldError
-		if errors.As(err, &fe) {
-			return nil, FieldError(fe.Field, fe.Msg)
-		}
-		return nil, err
+	return fieldErrors(keys.DecodeEmbeddings(body))
+}
+
+// fieldErrors returns a decoder's result with a *keys.FieldError turned
+// into the *RequestError naming its field.
+func fieldErrors(req *keys.Request, err error) (*keys.Request, error) {
+	var fe *keys.FieldError
+	switch {
+	case err == nil:
+		return req, nil
+	case errors.As(err, &fe):
+		return nil, FieldError(fe.Field, fe.Msg)
 	}
-	return req, nil
+	return nil, err
 }
 
 // RequestError is a bad-request error that names the offending field.
