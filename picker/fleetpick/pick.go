@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
@@ -305,7 +306,7 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 				t = pr.pinned(pr.allow(false))
 			}
 		}
-		ok, d, routed := front.BindAtDispatch(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
+		ok, d, routed := flow.Bind(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
 		first, bound = d, routed
 		return ok
 	})
