@@ -9,7 +9,7 @@ import (
 // Bind is the rule by which a held request of gw within t is bound when
 // its queue offers it (the room function Next is given; the bind a
 // Controller is made with): the one the HTTP gateway and the picker use
-// (through internal/front.BindAtDispatch) and the simulator calls. It may
+// and the simulator calls. It may
 // go when no eligible replica lacks room under a (gw.Saturated is false)
 // and, unless admitOnly (a disaggregated model's request, whose plan is
 // made after), the library routes it then (late binding): d, with routed

@@ -110,7 +110,8 @@ var (
 
 // FullError is Push's refusal of a request that would break a bound.
 type FullError struct {
-	// Scope is "band" or "total"; Resource is "bytes" or "requests".
+	// Scope is "band", "total" (the queue's) or "global" (its Budget's);
+	// Resource is "bytes" or "requests".
 	Scope, Resource string
 	// Priority is the request's band; Held and Max the bound's use and
 	// size before the push.

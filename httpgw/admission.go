@@ -8,6 +8,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 )
@@ -53,7 +54,7 @@ func (s *Server) hold(c *call) bool {
 			ms, c.ms = cur, cur
 			pd = ms.PD != nil && c.oc.kind != keys.Responses
 		}
-		ok, d, routed := front.BindAtDispatch(ms.Gateway, c.key, c.target(""), s.opts.Admission, pd)
+		ok, d, routed := flow.Bind(ms.Gateway, c.key, c.target(""), s.opts.Admission, pd)
 		first, bound = d, routed
 		return ok
 	})

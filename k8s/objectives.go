@@ -1,12 +1,14 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -194,16 +196,7 @@ func PoolObjectives(pool string, items []v1alpha2.InferenceObjective, max int) (
 		mine = append(mine, o)
 	}
 	slices.SortFunc(mine, func(a, b *v1alpha2.InferenceObjective) int {
-		if c := a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
+		return cmp.Or(a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time), strings.Compare(a.Name, b.Name))
 	})
 	if len(mine) > max {
 		dropped, mine = len(mine)-max, mine[:max]

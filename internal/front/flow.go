@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -125,13 +124,6 @@ func (f *FlowControl) Hold(ctx context.Context, model string, h Header, bytes in
 	err = mf.ctl.Hold(ctx, flow.Request[func() bool]{Value: bind, Flow: id, Priority: prio, Bytes: bytes})
 	f.m.count(model, prio, outcome(err), f.now().Sub(start))
 	return err
-}
-
-// BindAtDispatch is the rule by which both fronts bind a held request of
-// gw within t when the queue offers it (the bind they give Hold):
-// flow.Bind, the function the simulator calls too.
-func BindAtDispatch(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admission, admitOnly bool) (ok bool, d gateway.Decision, routed bool) {
-	return flow.Bind(gw, key, t, a, admitOnly)
 }
 
 // Kick tells model's queue that a request ended: one held may go.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
@@ -234,7 +235,7 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 func (pr *pickRequest) routePinned(allow func(string) bool) (picker.Pick, error) {
 	ms, pin := pr.ms, pr.pin
 	t := pr.pinned(allow)
-	if a := pr.r.opts.Admission; pr.first == nil && pr.r.flow == nil && ms.Gateway.Saturated(t, a) {
+	if a := pr.r.opts.Admission; pr.r.flow == nil && ms.Gateway.Saturated(t, a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
 			fmt.Errorf("%w: gateway: model %q is saturated: replica %q, which stored response %q, has no room (%s)", picker.ErrShed, ms.Name, pin, pr.prev, front.AdmissionText(a)))
 	}
@@ -274,6 +275,15 @@ func (pr *pickRequest) pinned(allow func(string) bool) gateway.Target {
 	return pr.target(func(name string) bool { return name == pin && (allow == nil || allow(name)) })
 }
 
+// holdTarget is the target a held request is bound within: pinned to
+// pr.pin if the request has one (routePinned), else its model's (route).
+func (pr *pickRequest) holdTarget(allow func(string) bool) gateway.Target {
+	if pr.pin != "" {
+		return pr.pinned(allow)
+	}
+	return pr.target(allow)
+}
+
 // hold passes the request through its model's flow-control queue
 // (Options.Flow on), as the HTTP gateway's hold: it returns nil once the
 // request may go, its decision made at that moment (pr.first), holding
@@ -283,10 +293,7 @@ func (pr *pickRequest) pinned(allow func(string) bool) gateway.Target {
 // request is only admitted: its plan is made after.
 func (pr *pickRequest) hold(allow func(string) bool) error {
 	ms := pr.ms
-	t := pr.target(allow)
-	if pr.pin != "" {
-		t = pr.pinned(allow)
-	}
+	t := pr.holdTarget(allow)
 	pd := ms.PD != nil && pr.kind != keys.Responses
 	var first gateway.Decision
 	bound := false
@@ -301,11 +308,9 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 			}
 			ms, pr.ms, pr.tab = cur, cur, pr.r.tableOf(st)
 			pd = ms.PD != nil && pr.kind != keys.Responses
-			if t = pr.target(pr.allow(false)); pr.pin != "" {
-				t = pr.pinned(pr.allow(false))
-			}
+			t = pr.holdTarget(pr.allow(false))
 		}
-		ok, d, routed := front.BindAtDispatch(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
+		ok, d, routed := flow.Bind(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
 		first, bound = d, routed
 		return ok
 	})
