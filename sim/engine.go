@@ -416,9 +416,6 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 		return
 	}
 	s.d = d
-	// A peer with its own tracking keeps its real signal (its front
-	// sees first tokens); the gateway's own policies hear a quiet
-	// client's first token at its end.
 	// A peer with its own tracking hears first tokens as its front does
 	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
 	// unless their fronts forward such requests unchanged
