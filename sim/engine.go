@@ -59,8 +59,7 @@ type seq struct {
 	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
 	// target carries the request's own objectives to the router when
 	// Config.ObjectiveHeaders; the adapter is added at dispatch.
-	target  gateway.Target
-	ttftMet bool
+	target gateway.Target
 }
 
 type replica struct {
@@ -634,7 +633,6 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
 	met := s.ttft <= s.slo
-	s.ttftMet = met
 	if met {
 		e.sloMet++
 	}
