@@ -623,7 +623,7 @@ func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 		}
 		return
 	}
-	if out := outputTokens(info); q.ttft > 0 && out > 1 {
+	if out := info.OutputTokens; q.ttft > 0 && out > 1 {
 		if tpot := (e2e - q.ttft) / float64(out-1); tpot > 0 {
 			s := llmdSample{kv: float32(r.load.KVUtilization), in: q.s.in, wait: float32(r.load.QueueDepth),
 				run: float32(r.load.Running), tif: q.s.tif, y: float32(tpot)}
@@ -638,7 +638,3 @@ func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 func objectiveMs(req *gateway.Request) (ttft, tpot float64) {
 	return float64(req.TTFT) / 1e6, float64(req.TPOT) / 1e6
 }
-
-// outputTokens returns how many tokens the answer held, for the TPOT
-// sample; 0 when unknown.
-func outputTokens(info gateway.DoneInfo) int { return info.OutputTokens }
