@@ -10,8 +10,10 @@ import (
 )
 
 // LLMDPredicted is llm-d's predicted-latency scheduling, followed from
-// llm-d/llm-d-inference-scheduler at 520af478 (2026-05-17) and the
-// latency predictor it deploys, GIE's latencypredictor/ at 1748e829
+// llm-d/llm-d-inference-scheduler at 520af478 (2026-05-17; the plugin
+// directories below are under pkg/epp/framework/plugins/) and the
+// latency predictor it deploys, latencypredictor/ of GIE
+// (kubernetes-sigs/gateway-api-inference-extension) at 1748e829
 // (2026-06-16, the image the chart names):
 //
 //   - the chart's profile when latencyPredictor.enabled
