@@ -218,6 +218,15 @@ func (p *LLMDPredicted) now() time.Time {
 	return time.Now()
 }
 
+// tick readies the policy and runs the predictor's clocks up to now,
+// which it returns.
+func (p *LLMDPredicted) tick() time.Time {
+	p.init()
+	now := p.now()
+	p.advance(now)
+	return now
+}
+
 // advance runs the predictor's clocks up to now: flushes every second,
 // retrains every 10 s, and the prediction server's reload 5 s after each.
 func (p *LLMDPredicted) advance(now time.Time) {
@@ -334,9 +343,8 @@ func (p *LLMDPredicted) Predicted() int {
 func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
 	a := p.pend.take()
-	p.advance(p.now())
+	p.tick()
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (gieMaxPrefixTokens+bt-1)/bt))]
 	for i := range cands {
@@ -550,9 +558,7 @@ func (p *LLMDPredicted) pickWeighted(keep []int) int {
 func (p *LLMDPredicted) Routed(id uint64, replica string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	l := p.last
 	p.last.set = false
 	if !l.set || l.replica != replica {
@@ -576,9 +582,7 @@ func (p *LLMDPredicted) Routed(id uint64, replica string) {
 func (p *LLMDPredicted) FirstToken(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	q := p.reqs[id]
 	if q == nil || !p.Streaming || q.ttft > 0 {
 		return
@@ -597,9 +601,7 @@ func (p *LLMDPredicted) FirstToken(id uint64) {
 func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	q := p.reqs[id]
 	if q == nil {
 		return
