@@ -361,8 +361,7 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 		if len(hashes) > 0 {
 			prefix = float64(p.idx.count[p.idx.slot[c.Name]]) / float64(len(hashes))
 		}
-		s := llmdSample{kv: float32(c.Load.KVUtilization), prefix: float32(prefix), in: float32(a.Tokens),
-			wait: float32(c.Load.QueueDepth), run: float32(c.Load.Running), tif: float32(r.tif)}
+		s := features(c.Load, prefix, a.Tokens, r.tif)
 		ttft, tpot := p.live.predict(&s)
 		pr := llmdPred{ttft: ttft, tpot: tpot, prefix: prefix, idle: r.inflight == 0, ttftH: ttftSLO - ttft}
 		if p.Streaming {
@@ -383,13 +382,19 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 	p.keep = p.affinity(p.keep, llmdLooseAffinity)
 	best := p.pickWeighted(p.scoreKept(p.keep))
 	c := &cands[best]
-	chosen := llmdSample{kv: float32(c.Load.KVUtilization), prefix: float32(p.preds[best].prefix), in: float32(a.Tokens),
-		wait: float32(c.Load.QueueDepth), run: float32(c.Load.Running)}
+	chosen := features(c.Load, p.preds[best].prefix, a.Tokens, 0) // Routed sets tif
 	s := p.idx.slot[c.Name]
 	p.predicted = p.idx.count[s]
 	p.idx.add(hashes, s)
 	p.last = llmdLast{set: true, replica: c.Name, s: chosen, tokens: int64(a.Tokens), tpotSLO: tpotSLO}
 	return best
+}
+
+// features is the producer's sample of a candidate: its scraped load,
+// the prompt's prefix score and length, and the prompt tokens in flight.
+func features(l gateway.Load, prefix float64, in int, tif int64) llmdSample {
+	return llmdSample{kv: float32(l.KVUtilization), prefix: float32(prefix), in: float32(in),
+		wait: float32(l.QueueDepth), run: float32(l.Running), tif: float32(tif)}
 }
 
 // affinity is prefix-cache-affinity-filter at threshold.
