@@ -18,11 +18,10 @@ type brVec = [brMaxFeatures]float64
 // alpha_1 = alpha_2 = lambda_1 = lambda_2 = 1e-6, an intercept). Its zero
 // value predicts 0 for every row. Not safe for concurrent use.
 type bayesRidge struct {
-	p                  int
-	mean, scale, coef  brVec
-	intercept          float64
-	alpha, lambda      float64 // the fitted noise and weight precisions
-	iterations, points int
+	p                 int
+	mean, scale, coef brVec
+	intercept         float64
+	alpha, lambda     float64 // the fitted noise and weight precisions
 }
 
 // Bayesian ridge defaults (sklearn.linear_model.BayesianRidge).
@@ -145,8 +144,7 @@ func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidg
 	alpha := 1 / (syy/n + 0x1p-52)
 	lambda := 1.0
 	var old brVec
-	it := 0
-	for ; it < brMaxIter; it++ {
+	for it := range brMaxIter {
 		c, rmse := coefFor(alpha, lambda)
 		gamma, norm := 0.0, 0.0
 		for i := 0; i < p; i++ {
@@ -174,7 +172,6 @@ func fitBayesRidge(p int, each func(yield func(x *brVec, y float64))) (bayesRidg
 	}
 	m.intercept = ymean
 	m.alpha, m.lambda = alpha, lambda
-	m.iterations, m.points = min(it+1, brMaxIter), int(n)
 	return m, true
 }
 

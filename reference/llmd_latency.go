@@ -92,12 +92,17 @@ func (st *llmdStore) add(s llmdSample) {
 	r.push(s)
 }
 
-// each yields the samples of the queue regime asked: queued (waiting > 0),
-// not queued, or both.
+// inRegime reports whether bucket i holds samples of the queue regime
+// asked: queued (waiting > 0), not queued, or both.
+func inRegime(i, regime int) bool {
+	q := i / (llmdCacheBuckets * llmdPrefixBuckets)
+	return !(regime == regimeNoQueue && q != 0 || regime == regimeQueued && q == 0)
+}
+
+// each yields the samples of the queue regime asked.
 func (st *llmdStore) each(regime int, f func(s *llmdSample)) {
 	for i := range st.b {
-		q := i / (llmdCacheBuckets * llmdPrefixBuckets)
-		if regime == regimeNoQueue && q != 0 || regime == regimeQueued && q == 0 {
+		if !inRegime(i, regime) {
 			continue
 		}
 		for j := range st.b[i].buf {
@@ -106,14 +111,13 @@ func (st *llmdStore) each(regime int, f func(s *llmdSample)) {
 	}
 }
 
+// count is how many samples each would yield.
 func (st *llmdStore) count(regime int) int {
 	n := 0
 	for i := range st.b {
-		q := i / (llmdCacheBuckets * llmdPrefixBuckets)
-		if regime == regimeNoQueue && q != 0 || regime == regimeQueued && q == 0 {
-			continue
+		if inRegime(i, regime) {
+			n += len(st.b[i].buf)
 		}
-		n += len(st.b[i].buf)
 	}
 	return n
 }

@@ -10,8 +10,10 @@ import (
 )
 
 // LLMDPredicted is llm-d's predicted-latency scheduling, followed from
-// llm-d/llm-d-inference-scheduler at 520af478 (2026-05-17) and the
-// latency predictor it deploys, GIE's latencypredictor/ at 1748e829
+// llm-d/llm-d-inference-scheduler at 520af478 (2026-05-17; the plugin
+// directories below are under pkg/epp/framework/plugins/) and the
+// latency predictor it deploys, latencypredictor/ of GIE
+// (kubernetes-sigs/gateway-api-inference-extension) at 1748e829
 // (2026-06-16, the image the chart names):
 //
 //   - the chart's profile when latencyPredictor.enabled
@@ -216,6 +218,15 @@ func (p *LLMDPredicted) now() time.Time {
 	return time.Now()
 }
 
+// tick readies the policy and runs the predictor's clocks up to now,
+// which it returns.
+func (p *LLMDPredicted) tick() time.Time {
+	p.init()
+	now := p.now()
+	p.advance(now)
+	return now
+}
+
 // advance runs the predictor's clocks up to now: flushes every second,
 // retrains every 10 s, and the prediction server's reload 5 s after each.
 func (p *LLMDPredicted) advance(now time.Time) {
@@ -332,9 +343,8 @@ func (p *LLMDPredicted) Predicted() int {
 func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
 	a := p.pend.take()
-	p.advance(p.now())
+	p.tick()
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (gieMaxPrefixTokens+bt-1)/bt))]
 	for i := range cands {
@@ -351,8 +361,7 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 		if len(hashes) > 0 {
 			prefix = float64(p.idx.count[p.idx.slot[c.Name]]) / float64(len(hashes))
 		}
-		s := llmdSample{kv: float32(c.Load.KVUtilization), prefix: float32(prefix), in: float32(a.Tokens),
-			wait: float32(c.Load.QueueDepth), run: float32(c.Load.Running), tif: float32(r.tif)}
+		s := features(c.Load, prefix, a.Tokens, r.tif)
 		ttft, tpot := p.live.predict(&s)
 		pr := llmdPred{ttft: ttft, tpot: tpot, prefix: prefix, idle: r.inflight == 0, ttftH: ttftSLO - ttft}
 		if p.Streaming {
@@ -373,13 +382,19 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 	p.keep = p.affinity(p.keep, llmdLooseAffinity)
 	best := p.pickWeighted(p.scoreKept(p.keep))
 	c := &cands[best]
-	chosen := llmdSample{kv: float32(c.Load.KVUtilization), prefix: float32(p.preds[best].prefix), in: float32(a.Tokens),
-		wait: float32(c.Load.QueueDepth), run: float32(c.Load.Running)}
+	chosen := features(c.Load, p.preds[best].prefix, a.Tokens, 0) // Routed sets tif
 	s := p.idx.slot[c.Name]
 	p.predicted = p.idx.count[s]
 	p.idx.add(hashes, s)
 	p.last = llmdLast{set: true, replica: c.Name, s: chosen, tokens: int64(a.Tokens), tpotSLO: tpotSLO}
 	return best
+}
+
+// features is the producer's sample of a candidate: its scraped load,
+// the prompt's prefix score and length, and the prompt tokens in flight.
+func features(l gateway.Load, prefix float64, in int, tif int64) llmdSample {
+	return llmdSample{kv: float32(l.KVUtilization), prefix: float32(prefix), in: float32(in),
+		wait: float32(l.QueueDepth), run: float32(l.Running), tif: float32(tif)}
 }
 
 // affinity is prefix-cache-affinity-filter at threshold.
@@ -548,9 +563,7 @@ func (p *LLMDPredicted) pickWeighted(keep []int) int {
 func (p *LLMDPredicted) Routed(id uint64, replica string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	l := p.last
 	p.last.set = false
 	if !l.set || l.replica != replica {
@@ -574,9 +587,7 @@ func (p *LLMDPredicted) Routed(id uint64, replica string) {
 func (p *LLMDPredicted) FirstToken(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	q := p.reqs[id]
 	if q == nil || !p.Streaming || q.ttft > 0 {
 		return
@@ -595,9 +606,7 @@ func (p *LLMDPredicted) FirstToken(id uint64) {
 func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.init()
-	now := p.now()
-	p.advance(now)
+	now := p.tick()
 	q := p.reqs[id]
 	if q == nil {
 		return
@@ -623,7 +632,7 @@ func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 		}
 		return
 	}
-	if out := outputTokens(info); q.ttft > 0 && out > 1 {
+	if out := info.OutputTokens; q.ttft > 0 && out > 1 {
 		if tpot := (e2e - q.ttft) / float64(out-1); tpot > 0 {
 			s := llmdSample{kv: float32(r.load.KVUtilization), in: q.s.in, wait: float32(r.load.QueueDepth),
 				run: float32(r.load.Running), tif: q.s.tif, y: float32(tpot)}
@@ -638,7 +647,3 @@ func (p *LLMDPredicted) Done(id uint64, info gateway.DoneInfo) {
 func objectiveMs(req *gateway.Request) (ttft, tpot float64) {
 	return float64(req.TTFT) / 1e6, float64(req.TPOT) / 1e6
 }
-
-// outputTokens returns how many tokens the answer held, for the TPOT
-// sample; 0 when unknown.
-func outputTokens(info gateway.DoneInfo) int { return info.OutputTokens }

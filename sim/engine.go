@@ -59,8 +59,7 @@ type seq struct {
 	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
 	// target carries the request's own objectives to the router when
 	// Config.ObjectiveHeaders; the adapter is added at dispatch.
-	target  gateway.Target
-	ttftMet bool
+	target gateway.Target
 }
 
 type replica struct {
@@ -416,9 +415,6 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 		return
 	}
 	s.d = d
-	// A peer with its own tracking keeps its real signal (its front
-	// sees first tokens); the gateway's own policies hear a quiet
-	// client's first token at its end.
 	// A peer with its own tracking hears first tokens as its front does
 	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
 	// unless their fronts forward such requests unchanged
@@ -637,7 +633,6 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	t := float64(s.ttft) / 1e9
 	e.ttft.add(t)
 	met := s.ttft <= s.slo
-	s.ttftMet = met
 	if met {
 		e.sloMet++
 	}

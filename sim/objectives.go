@@ -63,7 +63,7 @@ func (e *engine) objectives(s *seq) {
 		}
 		if met {
 			g.obj.tpot++
-			if s.ttftMet {
+			if s.ttft <= s.slo { // as firstToken counted it
 				g.obj.both++
 			}
 		}
