@@ -195,9 +195,15 @@ func (o *Objectives) Refuse(s SLO, d *gateway.Decision) bool {
 // OpenAI rate_limit_error with code slo_unattainable, its message giving
 // the objective and the chosen replica's predictions.
 func WriteSLOUnattainable(w http.ResponseWriter, model string, s SLO, d *gateway.Decision) {
-	WriteError(w, http.StatusTooManyRequests, TypeRateLimit, CodeSLOUnattainable, "",
-		fmt.Sprintf("gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
-			model, s.TTFT, s.TPOT, d.PredictedTTFT, d.PredictedTPOT, HeaderSLOTTFT, HeaderSLOTPOT))
+	WriteError(w, http.StatusTooManyRequests, TypeRateLimit, CodeSLOUnattainable, "", SLOUnattainableMessage(model, s, d))
+}
+
+// SLOUnattainableMessage is the message of a request of model with
+// objective s refused by Refuse (decision d): the objective and the
+// chosen replica's predictions. Both fronts answer with it.
+func SLOUnattainableMessage(model string, s SLO, d *gateway.Decision) string {
+	return fmt.Sprintf("gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
+		model, s.TTFT, s.TPOT, d.PredictedTTFT, d.PredictedTPOT, HeaderSLOTTFT, HeaderSLOTPOT)
 }
 
 // Attainment is how a finished request did against one objective.

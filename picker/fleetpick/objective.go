@@ -46,7 +46,6 @@ func (pr *pickRequest) refuse(d *gateway.Decision) (bool, error) {
 		return false, nil
 	}
 	_, err := pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeSLOUnattainable, "",
-		fmt.Errorf("%w: gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
-			picker.ErrShed, ms.Name, pr.slo.TTFT, pr.slo.TPOT, d.PredictedTTFT, d.PredictedTPOT, front.HeaderSLOTTFT, front.HeaderSLOTPOT))
+		fmt.Errorf("%w: %s", picker.ErrShed, front.SLOUnattainableMessage(ms.Name, pr.slo, d)))
 	return true, err
 }
