@@ -39,15 +39,11 @@ const (
 	AssembleCompletions
 )
 
-// assembleLimitFactor times Options.MaxBodyBytes bounds one assembled
-// answer (32 MiB by default), as in the HTTP gateway; one SSE event is
-// bounded by MaxBodyBytes.
-const assembleLimitFactor = 4
-
-// assembleStep is the step in which an answer being assembled reserves
-// Options.MaxBufferedBytes for the memory its Aggregator holds
-// (sseagg.Aggregator.Held), the first before the request is sent.
-const assembleStep = 16 << 10
+// An assembled answer is bounded as in the HTTP gateway, by
+// sseagg.ForBodies of Options.MaxBodyBytes (32 MiB by default). It
+// reserves Options.MaxBufferedBytes for the memory its Aggregator holds
+// (sseagg.Aggregator.Held) in steps of sseagg.Step, the first before the
+// request is sent.
 
 // errAssemble marks an assembled answer that failed: the client gets an
 // immediate response with an OpenAI-style error.
@@ -67,12 +63,12 @@ func (x *exchange) prepareAssembly() {
 		return
 	}
 	held := int64(len(x.body) + len(keys.StreamMembers) + 2)
-	if x.s.reserved.Add(held+assembleStep) > x.s.opts.MaxBufferedBytes {
-		x.s.reserved.Add(-(held + assembleStep))
+	if x.s.reserved.Add(held+sseagg.Step) > x.s.opts.MaxBufferedBytes {
+		x.s.reserved.Add(-(held + sseagg.Step))
 		x.asmRefused = true
 		return
 	}
-	x.bodyHeld, x.asmHeld = held, assembleStep
+	x.bodyHeld, x.asmHeld = held, sseagg.Step
 	x.req.CanAssemble = true
 }
 
@@ -140,8 +136,7 @@ func (x *exchange) assembleHeaders(eos bool) []Header {
 		x.asmKind = AssembleNone
 		return x.respHeaders
 	}
-	limit := x.s.opts.MaxBodyBytes
-	x.agg = sseagg.New(x.asmKind == AssembleChat, min(limit*assembleLimitFactor, 1<<40), min(limit, 1<<40))
+	x.agg = sseagg.ForBodies(x.asmKind == AssembleChat, int64(x.s.opts.MaxBodyBytes))
 	h := make([]Header, 0, len(x.respHeaders)+2)
 	h = append(h, x.respHeaders...)
 	return append(h, Header{Name: "content-type", Value: "application/json"}, Header{Name: "content-length"})
@@ -171,7 +166,7 @@ func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
 			return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", ferr)
 		}
 		if need := int64(g.Held()); need > x.asmHeld {
-			need = (need + assembleStep - 1) / assembleStep * assembleStep
+			need = sseagg.RoundStep(need)
 			if !x.s.reserve(need - x.asmHeld) {
 				return true, x.assembleFailed(http.StatusServiceUnavailable, "assembly_over_budget",
 					fmt.Errorf("%w: the answer being assembled needs %d bytes, past the picker's budget (MaxBufferedBytes, --max-buffered-bytes %d, of which the streams hold %d); stream the answer (\"stream\": true), which is relayed as it comes",
