@@ -105,10 +105,7 @@ func (x *exchange) assembleRequest(a Assembly) []byte {
 // releaseAssembly returns the reservations of the rewritten body and of
 // the answer, once they are done with.
 func (x *exchange) releaseAssembly() {
-	if x.bodyHeld != 0 {
-		x.s.reserved.Add(-x.bodyHeld)
-		x.bodyHeld = 0
-	}
+	x.releaseRewritten()
 	if x.asmHeld != 0 {
 		x.s.reserved.Add(-x.asmHeld)
 		if x.asmKind != AssembleNone {
@@ -117,6 +114,14 @@ func (x *exchange) releaseAssembly() {
 		x.asmHeld = 0
 	}
 	x.agg = nil
+}
+
+// releaseRewritten returns the reservation of the rewritten body.
+func (x *exchange) releaseRewritten() {
+	if x.bodyHeld != 0 {
+		x.s.reserved.Add(-x.bodyHeld)
+		x.bodyHeld = 0
+	}
 }
 
 // assembleHeaders decides, at the response headers, whether the answer
