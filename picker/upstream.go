@@ -213,7 +213,6 @@ func (x *exchange) assembleFailed(status int, code string, cause error) error {
 	x.s.asmFailed.Add(1)
 	err := fmt.Errorf("%w: %w", errAssemble, cause)
 	if x.tracker != nil && !x.complete {
-		x.complete = true
 		x.tracker.Done(Outcome{Err: err, Status: x.status, Served: x.served})
 	}
 	x.complete = true
