@@ -13,8 +13,10 @@ import (
 // This file holds the fronts' rule for per-request latency objectives
 // (the library's Target.TTFT and TPOT, objective.go in the root package):
 // where a request's objective comes from, and what a front does when the
-// library finds no replica predicted to meet it: one rule (Refuse) for
-// the HTTP gateway, the picker and the simulator.
+// library finds no replica predicted to meet it: one rule (Refuse,
+// through Metrics.CheckSLO) for the HTTP gateway and the picker. The
+// simulator routes with the objectives (sim.Config.ObjectiveHeaders) but
+// models no rejection: best effort only.
 
 // The request headers of a latency objective, llm-d's names: integers in
 // milliseconds, 0 (or absent) none.
@@ -256,6 +258,19 @@ func (m *Metrics) CountSLO(model string, s SLO, info *gateway.DoneInfo) {
 			m.SLORequests.WithLabelValues(model, a.name, "missed").Inc()
 		}
 	}
+}
+
+// CheckSLO is both fronts' objective rule on decision d of a request of
+// model with objective s: a decision that is Unmet is counted
+// (CountUnattainable) and refused or not by o.Refuse, whose result it
+// returns; the front answers a refused one 429 (WriteSLOUnattainable).
+func (m *Metrics) CheckSLO(o *Objectives, model string, s SLO, d *gateway.Decision) (refused bool) {
+	if !Unmet(s, d) {
+		return false
+	}
+	refused = o.Refuse(s, d)
+	m.CountUnattainable(model, refused)
+	return refused
 }
 
 // CountUnattainable counts a decision of model that no replica was
