@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/sseagg"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -92,7 +93,7 @@ func TestAssembledBudget(t *testing.T) {
 	})
 
 	t.Run("a spent budget", func(t *testing.T) {
-		require.True(t, f.srv.assembled.Reserve(limit-assembledStep+1))
+		require.True(t, f.srv.assembled.Reserve(limit-sseagg.Step+1))
 		before := requests.Load()
 		resp := f.post("/v1/chat/completions", body)
 		b := readAll(t, resp)
@@ -103,7 +104,7 @@ func TestAssembledBudget(t *testing.T) {
 		b = readAll(t, resp)
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 		assert.True(t, bytes.HasPrefix(b, []byte("data: ")))
-		f.srv.assembled.Release(limit - assembledStep + 1)
+		f.srv.assembled.Release(limit - sseagg.Step + 1)
 		resp = f.post("/v1/chat/completions", body)
 		readAll(t, resp)
 		assert.Equal(t, http.StatusOK, resp.StatusCode)

@@ -298,16 +298,12 @@ func (s *Server) proxy(c *call) {
 }
 
 // refuse applies the objective rule to decision d of call c
-// (front.Objectives.Refuse): it counts a decision no replica was
+// (front.Metrics.CheckSLO): it counts a decision no replica was
 // predicted to meet and, when Options.Objectives rejects those, answers
 // 429 slo_unattainable, d released, and returns true.
 func (s *Server) refuse(c *call, d *gateway.Decision) bool {
 	c.sloChecked = true
-	if !front.Unmet(c.slo, d) {
-		return false
-	}
-	refused := s.opts.Objectives.Refuse(c.slo, d)
-	s.metrics.CountUnattainable(c.ms.Name, refused)
+	refused := s.metrics.CheckSLO(&s.opts.Objectives, c.ms.Name, c.slo, d)
 	if refused {
 		front.WriteSLOUnattainable(c.w, c.ms.Name, c.slo, d)
 		c.oc.code = front.CodeSLO429

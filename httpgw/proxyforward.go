@@ -62,12 +62,11 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 	}
 	defer a.stop()
 	defer a.stopWhole()
-	if !c.req.Stream && !c.aggregate && a.d.PredictedTTFT > 0 {
-		// A whole answer shows no first token: the replica's pending
-		// prefill is released when the library predicts it over, rather
-		// than at the answer's end (Decision.PredictedTTFT).
-		d := a.d
-		defer s.afterFunc(d.PredictedTTFT, d.FirstToken)()
+	// A whole answer shows no first token: the replica's pending prefill
+	// is released when the library predicts it over, rather than at the
+	// answer's end.
+	if stop := front.ReleaseAtPrediction(a.d, c.req.Stream || c.aggregate, s.afterFunc); stop != nil {
+		defer stop()
 	}
 	resp, retry, cause := s.send(ctx, c)
 	if resp == nil {

@@ -33,20 +33,14 @@ const (
 	UpstreamStreamOff
 )
 
-// aggregateLimitFactor times Options.MaxBodyBytes bounds an assembled
-// answer (32 MiB by default); one SSE event is bounded by MaxBodyBytes.
-const aggregateLimitFactor = 4
-
 // An assembled answer's share of Options.MaxAssembledBytes is
 // assembledCharge times the memory its Aggregator holds (Held): the
 // collector's headroom at GOGC=100 (see MaxAssembledBytes). It is
-// reserved in steps of assembledStep, the first before the request is
+// reserved in steps of sseagg.Step, the first before the request is
 // sent, so that an exhausted budget refuses a request before an engine
-// works on it.
-const (
-	assembledCharge = 2
-	assembledStep   = 16 << 10
-)
+// works on it. The answer is bounded by sseagg.ForBodies of
+// Options.MaxBodyBytes (32 MiB by default).
+const assembledCharge = 2
 
 // upstreamStream makes the engine stream a non-streamed chat or completions
 // call's answer (when Options.UpstreamStream allows and
@@ -65,8 +59,8 @@ func (s *Server) upstreamStream(c *call) bool {
 		return true // not reached: admit parsed it as one object, with a model
 	}
 	c.hold.B = s.assembled
-	if !c.hold.Grow(assembledStep) {
-		s.overBudget(c, assembledStep)
+	if !c.hold.Grow(sseagg.Step) {
+		s.overBudget(c, sseagg.Step)
 		return false
 	}
 	c.body, c.aggregate = out, true
@@ -101,8 +95,7 @@ func (s *Server) overBudget(c *call, need int64) {
 // 502 (nothing was sent to it yet).
 func (s *Server) relayAggregated(c *call, resp *http.Response) {
 	a := &c.attempt
-	limit := s.opts.MaxBodyBytes
-	g := sseagg.New(c.oc.kind == keys.Chat, int(min(limit*aggregateLimitFactor, 1<<40)), int(min(limit, 1<<40)))
+	g := sseagg.ForBodies(c.oc.kind == keys.Chat, s.opts.MaxBodyBytes)
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
 	buf := *bp
@@ -125,7 +118,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 				return
 			}
 			if need := assembledCharge * int64(g.Held()); need > c.hold.Held() {
-				need = (need + assembledStep - 1) / assembledStep * assembledStep
+				need = sseagg.RoundStep(need)
 				if !c.hold.Grow(need) {
 					s.answerOverBudget(c, need-c.hold.Held())
 					return

@@ -402,10 +402,7 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		}
 	}
 	x.releaseBody()
-	if x.bodyHeld != 0 { // the rewritten body is sent
-		x.s.reserved.Add(-x.bodyHeld)
-		x.bodyHeld = 0
-	}
+	x.releaseRewritten() // the rewritten body is sent
 	if trailers {
 		return false, x.st.Send(requestTrailersAnswer)
 	}

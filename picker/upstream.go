@@ -39,15 +39,11 @@ const (
 	AssembleCompletions
 )
 
-// assembleLimitFactor times Options.MaxBodyBytes bounds one assembled
-// answer (32 MiB by default), as in the HTTP gateway; one SSE event is
-// bounded by MaxBodyBytes.
-const assembleLimitFactor = 4
-
-// assembleStep is the step in which an answer being assembled reserves
-// Options.MaxBufferedBytes for the memory its Aggregator holds
-// (sseagg.Aggregator.Held), the first before the request is sent.
-const assembleStep = 16 << 10
+// An assembled answer is bounded as in the HTTP gateway, by
+// sseagg.ForBodies of Options.MaxBodyBytes (32 MiB by default). It
+// reserves Options.MaxBufferedBytes for the memory its Aggregator holds
+// (sseagg.Aggregator.Held) in steps of sseagg.Step, the first before the
+// request is sent.
 
 // errAssemble marks an assembled answer that failed: the client gets an
 // immediate response with an OpenAI-style error.
@@ -67,12 +63,12 @@ func (x *exchange) prepareAssembly() {
 		return
 	}
 	held := int64(len(x.body) + len(keys.StreamMembers) + 2)
-	if x.s.reserved.Add(held+assembleStep) > x.s.opts.MaxBufferedBytes {
-		x.s.reserved.Add(-(held + assembleStep))
+	if x.s.reserved.Add(held+sseagg.Step) > x.s.opts.MaxBufferedBytes {
+		x.s.reserved.Add(-(held + sseagg.Step))
 		x.asmRefused = true
 		return
 	}
-	x.bodyHeld, x.asmHeld = held, assembleStep
+	x.bodyHeld, x.asmHeld = held, sseagg.Step
 	x.req.CanAssemble = true
 }
 
@@ -109,10 +105,7 @@ func (x *exchange) assembleRequest(a Assembly) []byte {
 // releaseAssembly returns the reservations of the rewritten body and of
 // the answer, once they are done with.
 func (x *exchange) releaseAssembly() {
-	if x.bodyHeld != 0 {
-		x.s.reserved.Add(-x.bodyHeld)
-		x.bodyHeld = 0
-	}
+	x.releaseRewritten()
 	if x.asmHeld != 0 {
 		x.s.reserved.Add(-x.asmHeld)
 		if x.asmKind != AssembleNone {
@@ -121,6 +114,14 @@ func (x *exchange) releaseAssembly() {
 		x.asmHeld = 0
 	}
 	x.agg = nil
+}
+
+// releaseRewritten returns the reservation of the rewritten body.
+func (x *exchange) releaseRewritten() {
+	if x.bodyHeld != 0 {
+		x.s.reserved.Add(-x.bodyHeld)
+		x.bodyHeld = 0
+	}
 }
 
 // assembleHeaders decides, at the response headers, whether the answer
@@ -140,8 +141,7 @@ func (x *exchange) assembleHeaders(eos bool) []Header {
 		x.asmKind = AssembleNone
 		return x.respHeaders
 	}
-	limit := x.s.opts.MaxBodyBytes
-	x.agg = sseagg.New(x.asmKind == AssembleChat, min(limit*assembleLimitFactor, 1<<40), min(limit, 1<<40))
+	x.agg = sseagg.ForBodies(x.asmKind == AssembleChat, int64(x.s.opts.MaxBodyBytes))
 	h := make([]Header, 0, len(x.respHeaders)+2)
 	h = append(h, x.respHeaders...)
 	return append(h, Header{Name: "content-type", Value: "application/json"}, Header{Name: "content-length"})
@@ -171,7 +171,7 @@ func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
 			return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", ferr)
 		}
 		if need := int64(g.Held()); need > x.asmHeld {
-			need = (need + assembleStep - 1) / assembleStep * assembleStep
+			need = sseagg.RoundStep(need)
 			if !x.s.reserve(need - x.asmHeld) {
 				return true, x.assembleFailed(http.StatusServiceUnavailable, "assembly_over_budget",
 					fmt.Errorf("%w: the answer being assembled needs %d bytes, past the picker's budget (MaxBufferedBytes, --max-buffered-bytes %d, of which the streams hold %d); stream the answer (\"stream\": true), which is relayed as it comes",
@@ -213,7 +213,6 @@ func (x *exchange) assembleFailed(status int, code string, cause error) error {
 	x.s.asmFailed.Add(1)
 	err := fmt.Errorf("%w: %w", errAssemble, cause)
 	if x.tracker != nil && !x.complete {
-		x.complete = true
 		x.tracker.Done(Outcome{Err: err, Status: x.status, Served: x.served})
 	}
 	x.complete = true

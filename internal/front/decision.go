@@ -148,3 +148,19 @@ func FillAdmission(a *gateway.Admission, scrapeInterval time.Duration) error {
 	}
 	return nil
 }
+
+// ReleaseAtPrediction is both fronts' rule for a request whose first
+// token they will not see (seen false: a non-streamed answer relayed
+// whole): its replica's pending prefill is released when the library
+// predicts the prefill over, d.PredictedTTFT after routing
+// (gateway.Decision.FirstToken), by a timer started with afterFunc. The
+// simulator applies the same rule in its event queue
+// (sim.Config.PredictedRelease). It returns the timer's stop function,
+// nil when seen or when d has no prediction. The timer holds its own copy
+// of d, whose FirstToken does nothing once Done has been called.
+func ReleaseAtPrediction(d gateway.Decision, seen bool, afterFunc func(time.Duration, func()) func() bool) (stop func() bool) {
+	if seen || d.PredictedTTFT <= 0 {
+		return nil
+	}
+	return afterFunc(d.PredictedTTFT, d.FirstToken)
+}

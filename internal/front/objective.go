@@ -13,8 +13,10 @@ import (
 // This file holds the fronts' rule for per-request latency objectives
 // (the library's Target.TTFT and TPOT, objective.go in the root package):
 // where a request's objective comes from, and what a front does when the
-// library finds no replica predicted to meet it: one rule (Refuse) for
-// the HTTP gateway, the picker and the simulator.
+// library finds no replica predicted to meet it: one rule (Refuse,
+// through Metrics.CheckSLO) for the HTTP gateway and the picker. The
+// simulator routes with the objectives (sim.Config.ObjectiveHeaders) but
+// models no rejection: best effort only.
 
 // The request headers of a latency objective, llm-d's names: integers in
 // milliseconds, 0 (or absent) none.
@@ -195,9 +197,15 @@ func (o *Objectives) Refuse(s SLO, d *gateway.Decision) bool {
 // OpenAI rate_limit_error with code slo_unattainable, its message giving
 // the objective and the chosen replica's predictions.
 func WriteSLOUnattainable(w http.ResponseWriter, model string, s SLO, d *gateway.Decision) {
-	WriteError(w, http.StatusTooManyRequests, TypeRateLimit, CodeSLOUnattainable, "",
-		fmt.Sprintf("gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
-			model, s.TTFT, s.TPOT, d.PredictedTTFT, d.PredictedTPOT, HeaderSLOTTFT, HeaderSLOTPOT))
+	WriteError(w, http.StatusTooManyRequests, TypeRateLimit, CodeSLOUnattainable, "", SLOUnattainableMessage(model, s, d))
+}
+
+// SLOUnattainableMessage is the message of a request of model with
+// objective s refused by Refuse (decision d): the objective and the
+// chosen replica's predictions. Both fronts answer with it.
+func SLOUnattainableMessage(model string, s SLO, d *gateway.Decision) string {
+	return fmt.Sprintf("gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
+		model, s.TTFT, s.TPOT, d.PredictedTTFT, d.PredictedTPOT, HeaderSLOTTFT, HeaderSLOTPOT)
 }
 
 // Attainment is how a finished request did against one objective.
@@ -250,6 +258,19 @@ func (m *Metrics) CountSLO(model string, s SLO, info *gateway.DoneInfo) {
 			m.SLORequests.WithLabelValues(model, a.name, "missed").Inc()
 		}
 	}
+}
+
+// CheckSLO is both fronts' objective rule on decision d of a request of
+// model with objective s: a decision that is Unmet is counted
+// (CountUnattainable) and refused or not by o.Refuse, whose result it
+// returns; the front answers a refused one 429 (WriteSLOUnattainable).
+func (m *Metrics) CheckSLO(o *Objectives, model string, s SLO, d *gateway.Decision) (refused bool) {
+	if !Unmet(s, d) {
+		return false
+	}
+	refused = o.Refuse(s, d)
+	m.CountUnattainable(model, refused)
+	return refused
 }
 
 // CountUnattainable counts a decision of model that no replica was

@@ -166,6 +166,25 @@ func New(chat bool, limit, lineLimit int) *Aggregator {
 	return &Aggregator{chat: chat, limit: limit, lineLimit: lineLimit}
 }
 
+// LimitFactor times a front's request-body bound bounds one answer it
+// assembles (ForBodies); one SSE line is bounded by the body bound.
+const LimitFactor = 4
+
+// ForBodies returns the Aggregator of a front whose request bodies are
+// bounded by maxBody bytes: holding at most LimitFactor times maxBody
+// (32 MiB at the fronts' default 8 MiB), with SSE lines of at most
+// maxBody, each capped at 1 TiB.
+func ForBodies(chat bool, maxBody int64) *Aggregator {
+	return New(chat, int(min(maxBody*LimitFactor, 1<<40)), int(min(maxBody, 1<<40)))
+}
+
+// Step is the step in which a front reserves memory for an answer being
+// assembled (Held), the first before the request is sent.
+const Step = 16 << 10
+
+// RoundStep returns n rounded up to a multiple of Step.
+func RoundStep(n int64) int64 { return (n + Step - 1) / Step * Step }
+
 // Chunks returns how many completion chunks Feed has read so far: the
 // first one is the answer's first token.
 func (g *Aggregator) Chunks() int { return g.chunks }

@@ -31,22 +31,16 @@ func sloHeaders(h picker.Headers) http.Header {
 	return out
 }
 
-// refuse applies the objective rule to decision d (front.Objectives.Refuse):
+// refuse applies the objective rule to decision d (front.Metrics.CheckSLO):
 // it counts a decision no replica was predicted to meet and, when the
 // Router rejects those, returns the 429 that answers the request, d
 // released.
 func (pr *pickRequest) refuse(d *gateway.Decision) (bool, error) {
-	if !front.Unmet(pr.slo, d) {
-		return false, nil
-	}
 	r, ms := pr.r, pr.ms
-	refused := r.opts.Objectives.Refuse(pr.slo, d)
-	r.metrics.CountUnattainable(ms.Name, refused)
-	if !refused {
+	if !r.metrics.CheckSLO(&r.opts.Objectives, ms.Name, pr.slo, d) {
 		return false, nil
 	}
 	_, err := pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeSLOUnattainable, "",
-		fmt.Errorf("%w: gateway: model %q: no replica is predicted to meet the latency objective (ttft %v, tpot %v); the best predicts ttft %v, tpot %v (0: unknown). Retry later or relax %s / %s",
-			picker.ErrShed, ms.Name, pr.slo.TTFT, pr.slo.TPOT, d.PredictedTTFT, d.PredictedTPOT, front.HeaderSLOTTFT, front.HeaderSLOTPOT))
+		fmt.Errorf("%w: %s", picker.ErrShed, front.SLOUnattainableMessage(ms.Name, pr.slo, d)))
 	return true, err
 }

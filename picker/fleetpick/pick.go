@@ -378,13 +378,9 @@ func (pr *pickRequest) track(d gateway.Decision, ep *fleet.Endpoint, endpoint st
 	r.metrics.InFlight.Inc()
 	t := r.pool.Get().(*tracker)
 	*t = tracker{r: r, ms: ms, kind: pr.kind, start: pr.start, d: d, ep: ep, endpoint: endpoint, tab: pr.tab, client: pr.client, slo: pr.slo}
-	if !pr.stream && !pr.assembled && d.PredictedTTFT > 0 {
-		// A plain answer reaches the picker whole, at its end: its first
-		// token is not seen, so the replica's pending prefill is released
-		// when predicted over (gateway.Decision.PredictedTTFT). The timer
-		// holds its own copy of the decision, whose FirstToken does
-		// nothing once Done has been called.
-		t.stop = r.afterFunc(d.PredictedTTFT, d.FirstToken)
-	}
+	// A plain answer reaches the picker whole, at its end: its first
+	// token is not seen, so the replica's pending prefill is released when
+	// predicted over.
+	t.stop = front.ReleaseAtPrediction(d, pr.stream || pr.assembled, r.afterFunc)
 	return t
 }
