@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	fronts "github.com/examlops/gateway/internal/front"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -91,6 +92,13 @@ type Config struct {
 	// false: objectives are only counted in the report. exa simulate sets
 	// it from --slo-headers (default true).
 	ObjectiveHeaders bool
+	// Unattainable is what the gateway's fronts do with a request whose
+	// objective (ObjectiveHeaders) no replica is predicted to meet, by
+	// their own rule (internal/front.Objectives.Refuse): front.BestEffort,
+	// the default, routes it anyway; front.Reject sheds it (a 429,
+	// counted as shed "slo_unattainable"). The gateway's own policies
+	// only; exa simulate sets it from --slo-unattainable.
+	Unattainable fronts.Unattainable
 	// PredictedRelease has the gateway's front release a non-streamed
 	// request's pending prefill when its prefill is predicted over
 	// (Decision.PredictedTTFT, known once first tokens of other requests

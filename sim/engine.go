@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
+	fronts "github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/reference"
 )
@@ -119,7 +120,12 @@ type engine struct {
 	// (Decision.PredictedTTFT): the front calls their FirstToken then.
 	releases minHeap[gateway.Decision]
 	stored   gateway.Key // scratch: the answer blocks release cached
-	front    front       // what the policy's front does before routing
+	// own: the policy is one of the gateway's own, run behind the fronts'
+	// rules (sloRule: what a front does with a request no replica is
+	// predicted to meet, Config.Unattainable).
+	own     bool
+	sloRule fronts.Objectives
+	front   front // what the policy's front does before routing
 
 	// Flow control (flowctl.go, gieflow.go).
 	queued     int   // requests held in the gateways' queues
@@ -193,6 +199,8 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		gw.g = g
 	}
 	e.res.Policy = pol.Name
+	e.own = pol.Source == "" && !pol.GIEFlowControl
+	e.sloRule.Unattainable = cfg.Unattainable
 	switch {
 	case pol.GIEFlowControl:
 		e.front = frontGIE
@@ -403,6 +411,12 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
+		return
+	}
+	if e.own && e.sloRule.Refuse(fronts.SLO{TTFT: tg.TTFT, TPOT: tg.TPOT}, &d) {
+		// The fronts' rule (--slo-unattainable reject): a 429, the
+		// decision released.
+		e.shed(s, fronts.CodeSLOUnattainable)
 		return
 	}
 	ri := e.byNm[d.Replica]

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway"
+	fronts "github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/reference"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -201,4 +204,28 @@ func FuzzParseClasses(f *testing.F) {
 		require.NoError(t, err)
 		require.Equal(t, cs, back)
 	})
+}
+
+// TestObjectivesReject: with the fronts' reject rule (Config.Unattainable,
+// internal/front.Objectives.Refuse) the gateway's own policy sheds the
+// requests no replica is predicted to meet, each counted with the reason
+// slo_unattainable, once speeds are known; best effort, the default,
+// sheds none; a peer is not run behind the rule.
+func TestObjectivesReject(t *testing.T) {
+	tight := Class{Name: "tight", Priority: 1, SLO: time.Microsecond, TPOT: time.Microsecond, Share: 1}
+	w := smallTenants(t, 300, 60, TenantsConfig{Classes: []Class{tight}})
+	peer := Policy{Name: "gie", Source: "test peer", New: func(seed uint64) gateway.Policy { return reference.NewGIE(seed) }}
+	for _, u := range []fronts.Unattainable{fronts.BestEffort, fronts.Reject} {
+		rep, err := Run(Config{Workload: w, Replicas: 2, Policies: []Policy{cacheAware, peer}, ObjectiveHeaders: true, Unattainable: u})
+		require.NoError(t, err)
+		own, other := rep.Results[0], rep.Results[1]
+		assert.Zero(t, other.Shed, "a peer is not behind the fronts' rule")
+		if u == fronts.BestEffort {
+			assert.Zero(t, own.Shed)
+			continue
+		}
+		assert.Positive(t, own.Shed, "requests shed once speeds are known")
+		assert.Less(t, own.Shed, own.Requests, "the first requests, before any speed is known, are routed")
+		assert.Equal(t, own.Shed, own.ShedReasons[fronts.CodeSLOUnattainable])
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/flow"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/sim"
 	"github.com/spf13/cobra"
 )
@@ -39,6 +40,7 @@ type simFlags struct {
 	predictedRelease     bool
 	upstreamStream       bool
 	sloHeaders           bool
+	sloUnattainable      string
 	admitQueue           int
 	admitKV              float64
 	admitOutstanding     int
@@ -158,6 +160,7 @@ deterministic for a seed.`,
 	f.Float64Var(&sf.streamed, "streamed", 1, "share of requests whose client streams, 0..1; for the others the gateway learns the first token only at completion, as the HTTP gateway does from a non-streamed answer's first byte (peers keep their own signals)")
 	f.BoolVar(&sf.upstreamStream, "upstream-stream", true, "with --streamed below 1: the gateway's fronts ask the engine to stream a non-streamed request and assemble the answer (both fronts' default), so the gateway hears every first token; false models fronts forwarding such requests unchanged, which hear the first token at completion")
 	f.BoolVar(&sf.sloHeaders, "slo-headers", true, "requests carrying their class's objectives (--workload slo-classes, interactive-batch, --slo-classes) send them as x-slo-ttft-ms and x-slo-tpot-ms, which cache_aware and llmd_predicted route by; false only counts them in the report")
+	f.StringVar(&sf.sloUnattainable, "slo-unattainable", "best-effort", "what the gateway's fronts do with a request whose objective (--slo-headers) no replica is predicted to meet, as exa serve gateway/picker --slo-unattainable: best-effort or reject (shed, as a 429)")
 	f.BoolVar(&sf.predictedRelease, "predicted-release", true, "with --streamed below 1 and --upstream-stream=false: the gateway releases a non-streamed request's pending prefill when its prefill is predicted over (Decision.PredictedTTFT) rather than at completion")
 	f.IntVar(&sf.admitQueue, "admission-queue-depth", 0, "admission control for the gateway's own policies (peers run without): shed a request while every replica has this many requests waiting or more (GIE's saturation detector uses 5); 0: off")
 	f.Float64Var(&sf.admitKV, "admission-kv", 0, "admission control: shed while every replica's KV cache is this full or more, 0..1 (GIE: 0.8); 0: off")
@@ -355,6 +358,11 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	cfg.PredictedRelease = sf.predictedRelease
 	cfg.UpstreamStream = sf.upstreamStream
 	cfg.ObjectiveHeaders = sf.sloHeaders
+	u, err := front.ParseUnattainable(sf.sloUnattainable)
+	if err != nil {
+		return cfg, usagef("invalid --slo-unattainable %q: want best-effort or reject", sf.sloUnattainable)
+	}
+	cfg.Unattainable = u
 	switch {
 	case sf.admitQueue < 0:
 		return cfg, usagef("invalid --admission-queue-depth %d: want 0 (off) or more", sf.admitQueue)

@@ -15,8 +15,9 @@ import (
 // where a request's objective comes from, and what a front does when the
 // library finds no replica predicted to meet it: one rule (Refuse,
 // through Metrics.CheckSLO) for the HTTP gateway and the picker. The
-// simulator routes with the objectives (sim.Config.ObjectiveHeaders) but
-// models no rejection: best effort only.
+// simulator routes with the objectives (sim.Config.ObjectiveHeaders) and
+// applies the same Refuse to the gateway's own policies
+// (sim.Config.Unattainable, exa simulate --slo-unattainable).
 
 // The request headers of a latency objective, llm-d's names: integers in
 // milliseconds, 0 (or absent) none.
