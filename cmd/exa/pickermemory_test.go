@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -59,27 +57,9 @@ func TestPickerRSS(t *testing.T) {
 	addr, line, stderr, proc := startPickerCmd(t, args...)
 	admin := regexp.MustCompile(`admin (http://\S+) `).FindStringSubmatch(line)
 	require.NotNil(t, admin, "start-up line %q", line)
-	rss := func() int64 {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", proc.Pid))
-		require.NoError(t, err)
-		m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-		require.NotNil(t, m)
-		n, _ := strconv.ParseInt(string(m[1]), 10, 64)
-		return n << 10
-	}
-	metric := func(name string) float64 { // -1: not exported
-		resp, err := http.Get(admin[1] + "/metrics")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(b)
-		if m == nil {
-			return -1
-		}
-		v, err := strconv.ParseFloat(string(m[1]), 64)
-		require.NoError(t, err)
-		return v
-	}
+	rss := func() int64 { return procRSS(t, proc.Pid) }
+	metric := func(name string) float64 { return adminMetric(t, admin[1], name) } // -1: not exported
+
 	time.Sleep(time.Second) // let the start settle before the baseline
 	start := rss()
 	var peak atomic.Int64

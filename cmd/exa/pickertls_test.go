@@ -94,13 +94,19 @@ func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *s
 // startPickerCmd is startPickerProc also returning the process.
 func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
 	t.Helper()
+	return startPickerWith(t, newConfig(t), args...)
+}
+
+// startPickerWith is startPickerCmd with the routing config at cfg.
+func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
+	t.Helper()
 	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
 	bin := exaBin
 	if b := os.Getenv("EXA_PICKER_BIN"); b != "" && os.Getenv("EXA_MEASURE") != "" {
 		bin = b // a measurement of another build, such as an earlier commit's
 	}
 	cmd := exec.Command(bin, all...)
-	cmd.Env = append(os.Environ(), config.EnvVar+"="+newConfig(t), "EXA_GATEWAY=")
+	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
 	stderr = &syncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
