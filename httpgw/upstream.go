@@ -34,13 +34,13 @@ const (
 )
 
 // An assembled answer's share of Options.MaxAssembledBytes is
-// assembledCharge times the memory its Aggregator holds (Held): the
-// collector's headroom at GOGC=100 (see MaxAssembledBytes). It is
+// assembledCharge (sseagg.Charge) times the memory its Aggregator holds
+// (Held): the collector's headroom at GOGC=100 (see MaxAssembledBytes). It is
 // reserved in steps of sseagg.Step, the first before the request is
 // sent, so that an exhausted budget refuses a request before an engine
 // works on it. The answer is bounded by sseagg.ForBodies of
 // Options.MaxBodyBytes (32 MiB by default).
-const assembledCharge = 2
+const assembledCharge = sseagg.Charge
 
 // upstreamStream makes the engine stream a non-streamed chat or completions
 // call's answer (when Options.UpstreamStream allows and

@@ -41,9 +41,10 @@ const (
 
 // An assembled answer is bounded as in the HTTP gateway, by
 // sseagg.ForBodies of Options.MaxBodyBytes (32 MiB by default). It
-// reserves Options.MaxBufferedBytes for the memory its Aggregator holds
-// (sseagg.Aggregator.Held) in steps of sseagg.Step, the first before the
-// request is sent.
+// reserves Options.MaxBufferedBytes for sseagg.Charge times the memory
+// its Aggregator holds (sseagg.Aggregator.Held: the collector's headroom,
+// and the copies sent while it is held), in steps of sseagg.Step, the
+// first before the request is sent.
 
 // errAssemble marks an assembled answer that failed: the client gets an
 // immediate response with an OpenAI-style error.
@@ -170,7 +171,7 @@ func (x *exchange) assembleBody(chunk []byte, eos bool) (stop bool, err error) {
 		if ferr != nil {
 			return true, x.assembleFailed(http.StatusBadGateway, "upstream_error", ferr)
 		}
-		if need := int64(g.Held()); need > x.asmHeld {
+		if need := sseagg.Charge * int64(g.Held()); need > x.asmHeld {
 			need = sseagg.RoundStep(need)
 			if !x.s.reserve(need - x.asmHeld) {
 				return true, x.assembleFailed(http.StatusServiceUnavailable, "assembly_over_budget",
