@@ -11,8 +11,9 @@ import (
 // replaced it by a pool-wide utilization, the mean over the pool of
 // max(waiting/5, KV/0.8), which the simulator's gie_flow peer models): a
 // replica has room when its signals are fresh, its queue is
-// below QueueDepth, its KV cache below KVUtilization and its outstanding
-// requests below Outstanding; a request is shed only when no eligible
+// below QueueDepth, its KV cache below KVUtilization, its outstanding
+// requests below Outstanding and its pending prefill below PendingPrefill;
+// a request is shed only when no eligible
 // replica has room. Each threshold applies only when set; the zero value
 // never sheds.
 //
@@ -30,6 +31,16 @@ type Admission struct {
 	// Outstanding: a replica with this many requests outstanding or more
 	// (Candidate.Outstanding) has no room. 0: not checked.
 	Outstanding int
+	// PendingPrefill: a replica with this many blocks of prefill pending
+	// or more (Candidate.PendingPrefill: uncached blocks this gateway
+	// routed there whose first token it has not yet seen) has no room. It
+	// counts work rather than requests: a request whose prompt is cached
+	// adds a block or two, one whose prompt is not adds all of them, so a
+	// cold cache (a new replica, a new system prompt) fills a replica
+	// after a few requests and a warm one after many, and what a request
+	// routed there waits before its own prefill stays bounded. Not in
+	// GIE's rule. 0: not checked.
+	PendingPrefill int
 	// Staleness: load older than this (by the gateway's clock) leaves a
 	// replica without room; a replica never reported counts as fresh
 	// until its first report. GIE's default is 200ms. 0: not checked.
@@ -41,14 +52,15 @@ type Admission struct {
 
 // enabled reports whether a checks anything.
 func (a *Admission) enabled() bool {
-	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0
+	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0 || a.PendingPrefill > 0
 }
 
 // room reports whether replica rs has room under a.
 func (a *Admission) room(rs *replicaState) bool {
 	return (a.QueueDepth <= 0 || int(rs.queue.Load()) < a.QueueDepth) &&
 		(a.KVUtilization <= 0 || math.Float64frombits(rs.kv.Load()) < a.KVUtilization) &&
-		(a.Outstanding <= 0 || rs.outstanding() < a.Outstanding)
+		(a.Outstanding <= 0 || rs.outstanding() < a.Outstanding) &&
+		(a.PendingPrefill <= 0 || rs.pending.Load() < int64(a.PendingPrefill))
 }
 
 // Saturated reports whether a request within t should be shed under a:

@@ -138,7 +138,7 @@ func TestPropPDPlan(t *testing.T) {
 
 // TestPropSaturated: a request is shed exactly when some replica is
 // eligible (healthy, within the target) and none has room: each has a
-// queue, KV use or outstanding count at a threshold, or load older than
+// queue, KV use, outstanding count or pending prefill at a threshold, or load older than
 // the staleness bound, unless every eligible replica's is (fail open).
 func TestPropSaturated(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -160,10 +160,11 @@ func TestPropSaturated(t *testing.T) {
 			}
 		}
 		a := Admission{
-			QueueDepth:    rapid.IntRange(0, 9).Draw(t, "queue"),
-			KVUtilization: rapid.SampledFrom([]float64{0, 0.5, 0.8, 1}).Draw(t, "kv"),
-			Outstanding:   rapid.IntRange(0, 12).Draw(t, "outstanding"),
-			Staleness:     time.Duration(rapid.IntRange(0, 400).Draw(t, "staleness")) * time.Millisecond,
+			QueueDepth:     rapid.IntRange(0, 9).Draw(t, "queue"),
+			KVUtilization:  rapid.SampledFrom([]float64{0, 0.5, 0.8, 1}).Draw(t, "kv"),
+			Outstanding:    rapid.IntRange(0, 12).Draw(t, "outstanding"),
+			PendingPrefill: rapid.IntRange(0, 40).Draw(t, "pending"),
+			Staleness:      time.Duration(rapid.IntRange(0, 400).Draw(t, "staleness")) * time.Millisecond,
 		}
 		allow, in := drawAllow(t, "a", n)
 		exclude := ""
@@ -183,11 +184,12 @@ func TestPropSaturated(t *testing.T) {
 			l := st.Load
 			if (a.QueueDepth == 0 || l.QueueDepth < a.QueueDepth) &&
 				(a.KVUtilization == 0 || l.KVUtilization < a.KVUtilization) &&
-				(a.Outstanding == 0 || max(st.InFlight, l.QueueDepth+l.Running) < a.Outstanding) {
+				(a.Outstanding == 0 || max(st.InFlight, l.QueueDepth+l.Running) < a.Outstanding) &&
+				(a.PendingPrefill == 0 || st.PendingPrefill < a.PendingPrefill) {
 				room++
 			}
 		}
-		want := (a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0) && eligible > 0 && stale < eligible && room == 0
+		want := (a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0 || a.PendingPrefill > 0) && eligible > 0 && stale < eligible && room == 0
 		require.Equal(t, want, g.Saturated(Target{Allow: allow, Exclude: exclude}, a),
 			"eligible %d, stale %d, with room %d, admission %+v", eligible, stale, room, a)
 	})

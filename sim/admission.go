@@ -25,6 +25,8 @@ func validAdmission(a gateway.Admission) error {
 		return fmt.Errorf("%w: Admission.KVUtilization %v, want 0..1", ErrInvalidConfig, a.KVUtilization)
 	case a.Outstanding < 0:
 		return fmt.Errorf("%w: Admission.Outstanding %d is negative", ErrInvalidConfig, a.Outstanding)
+	case a.PendingPrefill < 0:
+		return fmt.Errorf("%w: Admission.PendingPrefill %d is negative", ErrInvalidConfig, a.PendingPrefill)
 	case a.Staleness < 0:
 		return fmt.Errorf("%w: Admission.Staleness %v is negative", ErrInvalidConfig, a.Staleness)
 	}
@@ -33,5 +35,5 @@ func validAdmission(a gateway.Admission) error {
 
 // admits reports whether a sheds anything.
 func admits(a gateway.Admission) bool {
-	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0
+	return a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0 || a.PendingPrefill > 0
 }

@@ -132,7 +132,7 @@ type engine struct {
 	expAt      int64 // the expiry event scheduled, 0 none
 	gieSat     float64
 	gieTicking bool
-	freed      bool // a request completed in the step just ended
+	freed      bool // a request completed in the step just ended, or released pending prefill a room rule counts
 	// lateMax and lateMin: the most and least time an expired request
 	// was answered after its deadline (for the tests: both 0).
 	lateMax, lateMin int64
@@ -641,6 +641,10 @@ func (e *engine) firstToken(r *replica, s *seq) {
 	s.ttft = e.now - s.arrival
 	if !s.quiet {
 		s.d.FirstToken() // a Tracker hears of it through the Decision
+		// Its pending prefill is released: a replica closed by
+		// Admission.PendingPrefill may have room (the fronts kick their
+		// queue at a first token likewise).
+		e.freed = e.freed || e.cfg.Admission.PendingPrefill > 0
 	}
 	r.cache.commit(s.key, s.slots, s.committed)
 	e.event(r, gateway.BlocksStored, s.key)

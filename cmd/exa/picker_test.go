@@ -32,6 +32,7 @@ func TestPickerBadFlags(t *testing.T) {
 		{[]string{"--shed-queue-depth", "-1"}, `invalid --shed-queue-depth "-1": must not be negative`},
 		{[]string{"--shed-kv", "1.5"}, `invalid --shed-kv "1.5": want 0..1`},
 		{[]string{"--shed-outstanding", "-3"}, `invalid --shed-outstanding "-3": must not be negative`},
+		{[]string{"--shed-pending-prefill", "-2"}, `invalid --shed-pending-prefill "-2": must not be negative`},
 		{[]string{"--shed-staleness", "-1s"}, `invalid --shed-staleness "-1s": must not be negative`},
 		{[]string{"--max-concurrent-streams", "0"}, `invalid --max-concurrent-streams "0": must be at least 1`},
 		{[]string{"--listen", "256.0.0.1:x"}, `invalid --listen "256.0.0.1:x"`},

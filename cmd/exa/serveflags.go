@@ -66,6 +66,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 		"admission control: shed a request (429 with Retry-After) when every eligible replica of its model has this many requests waiting or more, as GIE's saturation detector (GIE's default 5; 0 = not checked)")
 	f.Float64Var(&s.admission.KVUtilization, "shed-kv", 0, "admission control: ... or its KV cache this full (0..1; GIE's default 0.8; 0 = not checked)")
 	f.IntVar(&s.admission.Outstanding, "shed-outstanding", 0, "admission control: ... or this many requests outstanding (0 = not checked)")
+	f.IntVar(&s.admission.PendingPrefill, "shed-pending-prefill", 0,
+		"admission control: ... or this many blocks of prefill routed there whose first token has not been seen (work, not requests: a cold prompt counts all its blocks; 0 = not checked)")
 	f.DurationVar(&s.admission.Staleness, "shed-staleness", 0,
 		"admission control: load older than this counts as no room, unless every replica's is (fail open); default 3 scrape intervals")
 	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
@@ -107,6 +109,8 @@ func (s *serveFlags) validate() error {
 		return usagef("invalid --shed-kv %q: want 0..1", fmt.Sprint(a.KVUtilization))
 	case a.Outstanding < 0:
 		return usagef("invalid --shed-outstanding %q: must not be negative", fmt.Sprint(a.Outstanding))
+	case a.PendingPrefill < 0:
+		return usagef("invalid --shed-pending-prefill %q: must not be negative", fmt.Sprint(a.PendingPrefill))
 	case a.Staleness < 0:
 		return usagef("invalid --shed-staleness %q: must not be negative", a.Staleness)
 	}

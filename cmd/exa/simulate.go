@@ -44,6 +44,7 @@ type simFlags struct {
 	admitQueue           int
 	admitKV              float64
 	admitOutstanding     int
+	admitPending         int
 	refresh              time.Duration
 	asJSON               bool
 	plot                 string
@@ -165,6 +166,7 @@ deterministic for a seed.`,
 	f.IntVar(&sf.admitQueue, "admission-queue-depth", 0, "admission control for the gateway's own policies (peers run without): shed a request while every replica has this many requests waiting or more (GIE's saturation detector uses 5); 0: off")
 	f.Float64Var(&sf.admitKV, "admission-kv", 0, "admission control: shed while every replica's KV cache is this full or more, 0..1 (GIE: 0.8); 0: off")
 	f.IntVar(&sf.admitOutstanding, "admission-outstanding", 0, "admission control: shed while every replica has this many requests outstanding or more; 0: off")
+	f.IntVar(&sf.admitPending, "admission-pending-prefill", 0, "admission control: shed while every replica has this many blocks of prefill pending (routed, first token not yet seen) or more; 0: off")
 	f.BoolVar(&sf.asJSON, "json", false, "print the results as JSON instead of text")
 	f.StringVar(&sf.plot, "plot", "", "write an SVG plot (TTFT CDF and hit rate per policy) to this file; its directory must exist")
 	f.StringVar(&sf.progress, "progress", "auto", "progress bar on stderr: auto (only when stderr is a terminal), always or never")
@@ -370,8 +372,10 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --admission-kv %v: want 0..1 (0: off)", sf.admitKV)
 	case sf.admitOutstanding < 0:
 		return cfg, usagef("invalid --admission-outstanding %d: want 0 (off) or more", sf.admitOutstanding)
+	case sf.admitPending < 0:
+		return cfg, usagef("invalid --admission-pending-prefill %d: want 0 (off) or more", sf.admitPending)
 	}
-	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding}
+	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding, PendingPrefill: sf.admitPending}
 	if err := flowSimFlags(cmd, sf, &cfg); err != nil {
 		return cfg, err
 	}
@@ -525,7 +529,7 @@ func flowSimFlags(cmd *cobra.Command, sf *simFlags, cfg *sim.Config) error {
 		return usagef("invalid --flow-control %q: want on or off", sf.flowControl)
 	}
 	if cfg.Admission == (gateway.Admission{}) {
-		return usagef("--flow-control on needs an admission threshold to say when a replica has room: --admission-outstanding N (held requests go as requests finish), --admission-queue-depth or --admission-kv")
+		return usagef("--flow-control on needs an admission threshold to say when a replica has room: --admission-outstanding N (held requests go as requests finish), --admission-pending-prefill, --admission-queue-depth or --admission-kv")
 	}
 	q := &cfg.FlowControl.Queue
 	switch {

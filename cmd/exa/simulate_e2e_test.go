@@ -219,6 +219,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{"negative admission queue", []string{"JPCP", "--admission-queue-depth", "-1"}, `invalid --admission-queue-depth -1: want 0 (off) or more`},
 		{"admission kv above 1", []string{"JPCP", "--admission-kv", "1.2"}, `invalid --admission-kv 1.2: want 0..1 (0: off)`},
 		{"negative admission outstanding", []string{"JPCP", "--admission-outstanding", "-3"}, `invalid --admission-outstanding -3: want 0 (off) or more`},
+		{"negative admission pending prefill", []string{"JPCP", "--admission-pending-prefill", "-1"}, `invalid --admission-pending-prefill -1: want 0 (off) or more`},
 		{"share-pending with one gateway", []string{"JPCP", "--share-pending"}, `invalid --share-pending with --gateways 1: sharing needs at least 2 gateways`},
 		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},

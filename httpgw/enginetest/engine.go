@@ -69,6 +69,7 @@ type Engine struct {
 	running int
 	kv      float64
 	gate    chan struct{}
+	gate0   chan struct{} // GateFirst's
 
 	seed      maphash.Seed
 	healthy   atomic.Bool
@@ -187,6 +188,27 @@ func (e *Engine) Gate() (release func()) {
 			e.mu.Lock()
 			if e.gate == ch {
 				e.gate = nil
+			}
+			e.mu.Unlock()
+		})
+	}
+}
+
+// GateFirst makes streamed answers pause before their first chunk (the
+// status and headers sent) until the returned function is called; each
+// reaching it is reported on Gated too.
+func (e *Engine) GateFirst() (release func()) {
+	ch := make(chan struct{})
+	e.mu.Lock()
+	e.gate0 = ch
+	e.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(ch)
+			e.mu.Lock()
+			if e.gate0 == ch {
+				e.gate0 = nil
 			}
 			e.mu.Unlock()
 		})
@@ -602,8 +624,18 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	e.mu.Lock()
-	gate := e.gate
+	gate, gate0 := e.gate, e.gate0
 	e.mu.Unlock()
+	if gate0 != nil {
+		_ = rc.Flush()
+		e.gated <- struct{}{}
+		select {
+		case <-gate0:
+		case <-r.Context().Done():
+			e.noteCanceled()
+			return
+		}
+	}
 	for i := 0; i < e.opts.Chunks; i++ {
 		if breakAt > 0 && i == breakAt {
 			panic(http.ErrAbortHandler)

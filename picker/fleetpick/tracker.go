@@ -86,6 +86,9 @@ func (t *tracker) relearn(served string) {
 func (t *tracker) FirstToken() {
 	r := t.r
 	t.d.FirstToken()
+	if r.opts.Admission.PendingPrefill > 0 {
+		r.flow.Kick(t.ms.Name) // its pending prefill is released: a held request may have room
+	}
 	if t.pass != "" {
 		return
 	}
