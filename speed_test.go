@@ -195,6 +195,30 @@ func TestCacheAwareExploresUnknown(t *testing.T) {
 	assert.Equal(t, "fast", cands[p.Pick(caReq(8, cands), cands)].Name)
 }
 
+// TestCacheAwareExploresOnlyAFasterClass: one known replica priced faster
+// than the deadband among many near the mean is one fit's noise, not a
+// faster class: an unknown replica is then priced at the mean, as the
+// others, and loses to an idle one; with a quarter of the known replicas
+// that fast it is priced as the fastest and wins.
+func TestCacheAwareExploresOnlyAFasterClass(t *testing.T) {
+	var p CacheAware
+	for _, tt := range []struct {
+		fast int
+		want bool // the unknown replica wins
+	}{{1, false}, {2, true}, {4, true}} {
+		cands := []Candidate{{Name: "new", CacheBlocks: 64, AssignedPrefill: 1, PendingPrefill: 1}}
+		for i := range 8 {
+			c := Candidate{Name: "mean", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1}
+			if i < tt.fast {
+				c.Name, c.BlockTime, c.PendingPrefill = "fast", 6*time.Millisecond, 8 // fast but busy
+			}
+			cands = append(cands, c)
+		}
+		got := cands[p.Pick(caReq(8, cands), cands)].Name
+		assert.Equal(t, tt.want, got == "new", "%d fast of 8: picked %s", tt.fast, got)
+	}
+}
+
 // TestCacheAwarePricesSpeed: a replica twice as slow costs twice the
 // prefill: a miss goes to the fast one, until the prefill queued there
 // outweighs the slow one's time.
