@@ -3,8 +3,6 @@ package httpgw
 import (
 	"fmt"
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
@@ -32,10 +30,10 @@ func (s *Server) firstTokenKick(c *call) {
 	}
 }
 
-// retryAfter is the Retry-After a shed request gets: one scrape interval
-// rounded up to a second, when the load it was shed for is next read.
+// retryAfter is the Retry-After of every 429 (front.RetryAfter): one
+// scrape interval rounded up to a second, as the picker answers.
 func (s *Server) retryAfter() string {
-	return strconv.Itoa(max(1, int((s.Fleet.Options().ScrapeInterval+time.Second-1)/time.Second)))
+	return front.RetryAfter(s.Fleet.Options().ScrapeInterval)
 }
 
 // hold passes call c through its model's flow-control queue (Options.Flow

@@ -195,6 +195,7 @@ func TestObjectiveRejectSlowReplica(t *testing.T) {
 	require.NotNil(t, ae.Code)
 	assert.Equal(t, "slo_unattainable", *ae.Code)
 	assert.Equal(t, front.TypeRateLimit, ae.Type)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "one scrape interval, as a shed request's")
 	assert.Equal(t, before, e.Requests())
 	f.settle()
 	for _, r := range f.srv.Snapshot().Models[testModel].Gateway.Replicas() {

@@ -300,11 +300,12 @@ func (s *Server) proxy(c *call) {
 // refuse applies the objective rule to decision d of call c
 // (front.Metrics.CheckSLO): it counts a decision no replica was
 // predicted to meet and, when Options.Objectives rejects those, answers
-// 429 slo_unattainable, d released, and returns true.
+// 429 slo_unattainable with Retry-After, d released, and returns true.
 func (s *Server) refuse(c *call, d *gateway.Decision) bool {
 	c.sloChecked = true
 	refused := s.metrics.CheckSLO(&s.opts.Objectives, c.ms.Name, c.slo, d)
 	if refused {
+		c.w.Header().Set("Retry-After", s.retryAfter())
 		front.WriteSLOUnattainable(c.w, c.ms.Name, c.slo, d)
 		c.oc.code = front.CodeSLO429
 	}

@@ -46,8 +46,9 @@
 // Router errors become immediate responses: ErrNoEndpoint 503, ErrShed
 // 429, ErrBadRequest 400, ErrUnknownModel 404, others 500; a body over
 // MaxBodyBytes 413. Bodies are OpenAI error objects, as the HTTP gateway's.
-// A *StatusError chooses the status, type, code and param itself (the HTTP
-// gateway's Router answers exactly as the HTTP gateway does).
+// Every 429 carries Retry-After. A *StatusError chooses the status, type,
+// code, param and Retry-After itself (the HTTP gateway's Router answers
+// exactly as the HTTP gateway does).
 //
 // # Router answers beyond an endpoint
 //

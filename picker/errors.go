@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
+
+	"github.com/examlops/gateway/internal/front"
 )
 
 // Sentinel errors. A Router's errors wrap one of the first four to choose
@@ -13,7 +16,8 @@ var (
 	// ErrNoEndpoint: no endpoint is eligible for the request (none
 	// healthy, or none in the subset hint). Answered with 503.
 	ErrNoEndpoint = errors.New("picker: no eligible endpoint")
-	// ErrShed: the request is refused to shed load. Answered with 429.
+	// ErrShed: the request is refused to shed load. Answered with 429
+	// and Retry-After (1 s unless a StatusError says).
 	ErrShed = errors.New("picker: request shed")
 	// ErrBadRequest: the request is malformed (its body, a header).
 	// Answered with 400.
@@ -47,6 +51,11 @@ type StatusError struct {
 	Type, Code, Param string
 	// Err is the error; its text is the response's message. Required.
 	Err error
+	// RetryAfter is the Retry-After a 429 carries, rounded up to whole
+	// seconds: the fleetpick Router's is one scrape interval, as the HTTP
+	// gateway answers (front.RetryAfter). Zero: 1 s. Another status
+	// carries Retry-After only when it is positive.
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
@@ -82,6 +91,20 @@ func errorStatus(err error) (status int, typ, code string) {
 		return http.StatusRequestTimeout, "invalid_request_error", "request_timeout"
 	}
 	return http.StatusInternalServerError, "server_error", "picker_error"
+}
+
+// retryAfter is the Retry-After header of the immediate response of err
+// with status: "" for none. Every 429 has one.
+func retryAfter(err error, status int) string {
+	var d time.Duration
+	var se *StatusError
+	if errors.As(err, &se) {
+		d = se.RetryAfter
+	}
+	if d <= 0 && status != http.StatusTooManyRequests {
+		return ""
+	}
+	return front.RetryAfter(d)
 }
 
 // errorParam is the request field a StatusError names, "" if none.

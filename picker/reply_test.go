@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -141,7 +142,8 @@ func TestPickHeadersMutation(t *testing.T) {
 
 // TestStatusError: a Router's StatusError chooses the status and the
 // OpenAI error object; an out-of-range status falls back to the
-// sentinels' mapping.
+// sentinels' mapping; every 429 carries Retry-After (1 s unless the
+// StatusError's RetryAfter says), another status only when it says.
 func TestStatusError(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -149,19 +151,34 @@ func TestStatusError(t *testing.T) {
 		status int
 		code   *string
 		param  *string
+		retry  string // the Retry-After header, "" none
 	}{
 		{"status error", &StatusError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed", Err: errors.New("gateway: POST only")},
-			405, ptr("method_not_allowed"), nil},
+			405, ptr("method_not_allowed"), nil, ""},
 		{"with param", &StatusError{Status: 404, Type: "not_found_error", Code: "model_not_found", Param: "model", Err: ErrUnknownModel},
-			404, ptr("model_not_found"), ptr("model")},
-		{"no code", &StatusError{Status: 400, Type: "invalid_request_error", Err: errors.New("x")}, 400, nil, nil},
-		{"out of range", &StatusError{Status: 200, Err: ErrShed}, 429, ptr("shed"), nil},
-		{"undefined status", &StatusError{Status: 499, Err: errors.New("x")}, 500, ptr("picker_error"), nil},
+			404, ptr("model_not_found"), ptr("model"), ""},
+		{"no code", &StatusError{Status: 400, Type: "invalid_request_error", Err: errors.New("x")}, 400, nil, nil, ""},
+		{"out of range", &StatusError{Status: 200, Err: ErrShed}, 429, ptr("shed"), nil, "1"},
+		{"undefined status", &StatusError{Status: 499, Err: errors.New("x")}, 500, ptr("picker_error"), nil, ""},
+		{"shed", fmt.Errorf("%w: full", ErrShed), 429, ptr("shed"), nil, "1"},
+		{"429 retry after", &StatusError{Status: 429, Type: "rate_limit_error", Code: "shed", RetryAfter: 2500 * time.Millisecond, Err: ErrShed},
+			429, ptr("shed"), nil, "3"},
+		{"503 retry after", &StatusError{Status: 503, Type: "service_unavailable_error", Code: "busy", RetryAfter: time.Second, Err: errors.New("x")},
+			503, ptr("busy"), nil, "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			im := immediateResponse(tc.err).GetImmediateResponse()
 			if got := int(im.GetStatus().GetCode()); got != tc.status {
 				t.Fatalf("status %d, want %d", got, tc.status)
+			}
+			retry := ""
+			for _, o := range im.GetHeaders().GetSetHeaders() {
+				if o.GetHeader().GetKey() == "retry-after" {
+					retry = string(o.GetHeader().GetRawValue())
+				}
+			}
+			if retry != tc.retry {
+				t.Fatalf("retry-after %q, want %q", retry, tc.retry)
 			}
 			var b struct {
 				Error struct {

@@ -118,19 +118,23 @@ func sendChunks(st stream, body []byte, eos bool, msg func([]byte, bool) *extpro
 }
 
 // immediateResponse ends a request with the error's HTTP status and an
-// OpenAI-style JSON error body.
+// OpenAI-style JSON error body; a 429 with Retry-After (retryAfter).
 func immediateResponse(err error) *extprocv3.ProcessingResponse {
 	code, typ, errCode := errorStatus(err)
 	details := "picker_error"
 	if errCode != "" {
 		details = "picker_" + errCode
 	}
+	set := []*corev3.HeaderValueOption{{
+		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
+	}}
+	if ra := retryAfter(err, code); ra != "" {
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(ra)}})
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode(code)},
-			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-				Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
-			}}},
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: set},
 			Body:    errorBody(err.Error(), typ, errCode, errorParam(err)),
 			Details: details,
 		},

@@ -10,8 +10,8 @@ import (
 // request's progress to the returned Pick's Tracker.
 //
 // Pick's errors choose the immediate response Envoy sends the client: an
-// error wrapping ErrNoEndpoint gets 503, ErrShed 429, ErrBadRequest 400,
-// ErrUnknownModel 404; any other error 500. The error's text is the
+// error wrapping ErrNoEndpoint gets 503, ErrShed 429 (with Retry-After),
+// ErrBadRequest 400, ErrUnknownModel 404; any other error 500. The error's text is the
 // response's message, so it should name the field and value at fault.
 //
 // Pick must be safe for concurrent use. It must not keep req, or anything

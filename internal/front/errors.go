@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // APIError is the OpenAI error object.
@@ -70,4 +71,13 @@ func WriteJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	_, _ = w.Write(b)
+}
+
+// RetryAfter is the Retry-After (in seconds) of a front's 429, whether
+// shed by admission control, refused by flow control or refused for a
+// latency objective no replica is predicted to meet: one scrape interval
+// (fleet.Options.ScrapeInterval) rounded up to a second, when the load the
+// request was refused for is next read; at least 1.
+func RetryAfter(scrapeInterval time.Duration) string {
+	return strconv.Itoa(max(1, int((scrapeInterval+time.Second-1)/time.Second)))
 }

@@ -71,7 +71,7 @@ func (r *Router) passThrough(req *picker.PickRequest, path string, start time.Ti
 		// and counted as shed (reason="shed").
 		r.metrics.Requests.WithLabelValues(ms.Name, endpoint, front.CodeShed429).Inc()
 		return picker.Pick{}, &picker.StatusError{Status: http.StatusTooManyRequests, Type: front.TypeRateLimit, Code: front.CodeShed,
-			Err: fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a))}
+			RetryAfter: r.retryAfter(http.StatusTooManyRequests), Err: fmt.Errorf("%w: gateway: model %q is saturated: no eligible replica has room (%s)", picker.ErrShed, ms.Name, front.AdmissionText(a))}
 	}
 	for try, failed := 0, ""; try < 2; try++ {
 		t := pr.target(allow)

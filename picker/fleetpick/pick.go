@@ -74,7 +74,8 @@ func (pr *pickRequest) adapter() string {
 }
 
 // fail counts a request the picker answers with an error and returns the
-// error, which answers as the HTTP gateway would.
+// error, which answers as the HTTP gateway would: a 429 with Retry-After
+// of one scrape interval (Router.retryAfter).
 func (pr *pickRequest) fail(status int, typ, code, param string, err error) (picker.Pick, error) {
 	r, model := pr.r, ""
 	var mm *front.ModelMetrics
@@ -92,7 +93,17 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	if model != "" {
 		mm.DurationO(r.metrics, model, pr.kind).Observe(r.opts.Clock().Sub(pr.start).Seconds())
 	}
-	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err}
+	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err, RetryAfter: r.retryAfter(status)}
+}
+
+// retryAfter is the Retry-After of an answer with status: one scrape
+// interval for a 429 (the picker rounds it up to a second,
+// front.RetryAfter, as the HTTP gateway does), else none.
+func (r *Router) retryAfter(status int) time.Duration {
+	if status != http.StatusTooManyRequests {
+		return 0
+	}
+	return r.fl.Options().ScrapeInterval
 }
 
 // allow returns the replicas of the model the pick may choose, for

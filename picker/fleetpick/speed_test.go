@@ -191,6 +191,9 @@ func TestPickerObjectives(t *testing.T) {
 				"and a question of several words, all of them uncached"), tc.hdr...)
 			b := readAll(t, resp)
 			require.Equal(t, tc.status, resp.StatusCode, "%s", b)
+			if tc.status == http.StatusTooManyRequests {
+				require.Equal(t, "1", resp.Header.Get("Retry-After"), "one scrape interval, as a shed request's")
+			}
 			if tc.code != "" {
 				e := decodeError(t, b)
 				require.NotNil(t, e.Code, "%s", b)
