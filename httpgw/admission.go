@@ -66,6 +66,7 @@ func (s *Server) hold(c *call) bool {
 		return ok
 	})
 	if err != nil {
+		s.mem.unheld(int64(len(c.body)))
 		status, typ, code, msg := front.FlowAnswer(ms.Name, err)
 		if status == http.StatusTooManyRequests {
 			c.w.Header().Set("Retry-After", s.retryAfter())

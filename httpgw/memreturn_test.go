@@ -41,3 +41,21 @@ func TestMemReturner(t *testing.T) {
 	fire[1]()
 	assert.Equal(t, 2, frees)
 }
+
+// A flood of requests answered from flow control's queue counts too: each
+// its heldCost and body, however small.
+func TestMemReturnerUnheld(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var scheduled []time.Duration
+	m := newMemReturner(func(d time.Duration, f func()) func() bool {
+		scheduled = append(scheduled, d)
+		return func() bool { return true }
+	}, func() time.Time { return now })
+	n := returnAfter/(heldCost+4<<10) + 1 // 4 KiB bodies
+	for range n - 1 {
+		m.unheld(4 << 10)
+	}
+	assert.Empty(t, scheduled)
+	m.unheld(4 << 10)
+	assert.Equal(t, []time.Duration{0}, scheduled, "past returnAfter in held requests: at once")
+}
