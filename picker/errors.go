@@ -94,14 +94,16 @@ func errorStatus(err error) (status int, typ, code string) {
 }
 
 // retryAfter is the Retry-After header of the immediate response of err
-// with status: "" for none. Every 429 has one.
+// with status: "" for none. Every 429 has one, and so has a 503 for a
+// full stream budget (ErrOverloaded), as the gateway's 503 for a full
+// assembly budget: its memory frees as streams end.
 func retryAfter(err error, status int) string {
 	var d time.Duration
 	var se *StatusError
 	if errors.As(err, &se) {
 		d = se.RetryAfter
 	}
-	if d <= 0 && status != http.StatusTooManyRequests {
+	if d <= 0 && status != http.StatusTooManyRequests && !errors.Is(err, ErrOverloaded) {
 		return ""
 	}
 	return front.RetryAfter(d)

@@ -165,6 +165,8 @@ func TestStatusError(t *testing.T) {
 			429, ptr("shed"), nil, "3"},
 		{"503 retry after", &StatusError{Status: 503, Type: "service_unavailable_error", Code: "busy", RetryAfter: time.Second, Err: errors.New("x")},
 			503, ptr("busy"), nil, "1"},
+		{"overloaded", fmt.Errorf("%w: stream budget", ErrOverloaded), 503, ptr("overloaded"), nil, "1"},
+		{"no endpoint", fmt.Errorf("%w: none", ErrNoEndpoint), 503, ptr("no_eligible_endpoint"), nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			im := immediateResponse(tc.err).GetImmediateResponse()
