@@ -176,42 +176,45 @@ func (e *Engine) SetLoad(waiting, running int, kv float64) {
 // Gate makes streamed answers pause after their first chunk until the
 // returned function is called. Gated returns a channel that receives once
 // per request reaching the gate.
-func (e *Engine) Gate() (release func()) {
+func (e *Engine) Gate() (release func()) { return e.setGate(&e.gate) }
+
+// GateFirst makes streamed answers pause before their first chunk (the
+// status and headers sent) until the returned function is called; each
+// reaching it is reported on Gated too.
+func (e *Engine) GateFirst() (release func()) { return e.setGate(&e.gate0) }
+
+// setGate sets the gate *g, a field of e, and returns its release.
+func (e *Engine) setGate(g *chan struct{}) (release func()) {
 	ch := make(chan struct{})
 	e.mu.Lock()
-	e.gate = ch
+	*g = ch
 	e.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			close(ch)
 			e.mu.Lock()
-			if e.gate == ch {
-				e.gate = nil
+			if *g == ch {
+				*g = nil
 			}
 			e.mu.Unlock()
 		})
 	}
 }
 
-// GateFirst makes streamed answers pause before their first chunk (the
-// status and headers sent) until the returned function is called; each
-// reaching it is reported on Gated too.
-func (e *Engine) GateFirst() (release func()) {
-	ch := make(chan struct{})
-	e.mu.Lock()
-	e.gate0 = ch
-	e.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			close(ch)
-			e.mu.Lock()
-			if e.gate0 == ch {
-				e.gate0 = nil
-			}
-			e.mu.Unlock()
-		})
+// pass waits at gate (nil: none) after telling Gated, and reports
+// whether the request may go on: false if its client went away.
+func (e *Engine) pass(gate chan struct{}, r *http.Request) bool {
+	if gate == nil {
+		return true
+	}
+	e.gated <- struct{}{}
+	select {
+	case <-gate:
+		return true
+	case <-r.Context().Done():
+		e.noteCanceled()
+		return false
 	}
 }
 
@@ -628,11 +631,7 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	e.mu.Unlock()
 	if gate0 != nil {
 		_ = rc.Flush()
-		e.gated <- struct{}{}
-		select {
-		case <-gate0:
-		case <-r.Context().Done():
-			e.noteCanceled()
+		if !e.pass(gate0, r) {
 			return
 		}
 	}
@@ -651,14 +650,8 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 			return
 		}
 		_ = rc.Flush()
-		if i == 0 && gate != nil {
-			e.gated <- struct{}{}
-			select {
-			case <-gate:
-			case <-r.Context().Done():
-				e.noteCanceled()
-				return
-			}
+		if i == 0 && !e.pass(gate, r) {
+			return
 		}
 	}
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {

@@ -83,43 +83,16 @@ func TestPickerFlowDeadline(t *testing.T) {
 }
 
 // TestPickerFlowFirstTokenFreesPendingPrefill: with room counted in
-// pending prefill (Admission.PendingPrefill), a held request goes at the
-// first token of the request ahead of it, not at its end: the first token
-// kicks the queue (the periodic retry is an hour, so only a kick can).
+// pending prefill, a held request goes at the first token of the request
+// ahead of it, not at its end: the first token kicks the queue.
 func TestPickerFlowFirstTokenFreesPendingPrefill(t *testing.T) {
 	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{
 		Admission: gateway.Admission{PendingPrefill: 1},
 		Flow:      flow.Options{Enabled: true, Retry: time.Hour, Queue: flow.Config{TTL: time.Hour}}}})
-	e := f.engines[0]
-	before := e.GateFirst() // A waits before its first token
-	after := e.Gate()       // and after it, so that it does not end
-	defer after()
-	statuses := make(chan int, 2)
-	send := func(prompt string) {
-		go func() {
-			resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", prompt))
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			statuses <- resp.StatusCode
-		}()
-	}
-	send("a")
-	<-e.Gated() // A at the engine, its prefill pending
-	send("b")
-	require.Eventually(t, func() bool {
-		return fronttest.Gauge(t, f.reg, "exa_gateway_flow_queue_requests", map[string]string{"model": testModel}) == 1
-	}, 10*time.Second, time.Millisecond)
-	assert.Equal(t, int64(1), e.Requests(), "B is held while A's prefill is pending")
-	before()    // A's first token
-	<-e.Gated() // A after its first chunk
-	select {    // B at the engine, while A has not ended
-	case <-e.Gated():
-	case <-time.After(30 * time.Second): // a hang guard: without the kick B waits for its hour
-		t.Fatal("B still held after A's first token")
-	}
-	assert.Equal(t, int64(2), e.Requests())
-	after()
-	for range 2 {
-		assert.Equal(t, http.StatusOK, <-statuses)
-	}
+	fronttest.FirstTokenFreesPendingPrefill(t, f.engines[0], f.reg, testModel, func(prompt string) int {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", prompt))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	})
 }
