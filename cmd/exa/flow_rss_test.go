@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -23,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/picker/pickertest"
 )
@@ -139,29 +136,8 @@ func flowRSS(t *testing.T, front string, bodySize int) {
 	time.Sleep(time.Second) // let the start settle before the baseline
 	start := rss()
 
-	var peak, peakHeld atomic.Int64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			if r := rss(); r > peak.Load() {
-				peak.Store(r)
-			}
-			if i%10 == 0 { // the queue's gauge every 200 ms
-				if h := int64(flowMetric(t, metrics, "exa_gateway_flow_queue_requests", "")); h > peakHeld.Load() {
-					peakHeld.Store(h)
-				}
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	pk := samplePeaks(rss, 10, // the queue's gauge every 200 ms
+		func() int64 { return int64(flowMetric(t, metrics, "exa_gateway_flow_queue_requests", "")) })
 
 	pad := strings.Repeat("x", bodySize-len(`{"model":"m1","messages":[{"role":"user","content":"00000 "}]}`))
 	var expired, full, overloaded, other atomic.Int64
@@ -194,15 +170,14 @@ func flowRSS(t *testing.T, front string, bodySize int) {
 	}
 	wg.Wait()
 	answered := time.Since(began)
-	during, held := peak.Load(), peakHeld.Load()
+	during, held := pk.rss(), pk.metric(0)
 	ended := time.Now()
 	var after []string
 	for _, at := range []time.Duration{time.Second, 5 * time.Second, 15 * time.Second} {
 		time.Sleep(time.Until(ended.Add(at)))
 		after = append(after, fmt.Sprintf("%v %d MB", at, rss()/1e6))
 	}
-	close(stopSampling)
-	<-sampled
+	pk.stop()
 	nowHeld := flowMetric(t, metrics, "exa_gateway_flow_queue_requests", "")
 	outExpired := flowMetric(t, metrics, "exa_gateway_flow_requests_total", `outcome="expired"`)
 	outFull := flowMetric(t, metrics, "exa_gateway_flow_requests_total", `outcome="rejected_full"`)
@@ -256,33 +231,6 @@ func flowMetric(t *testing.T, base, name, match string) float64 {
 // the process.
 func startGatewayWith(t *testing.T, cfg string, args ...string) (base string, proc *os.Process) {
 	t.Helper()
-	cmd := exec.Command(exaBin, append([]string{"serve", "gateway"}, args...)...)
-	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("no start-up line within 20 s; stderr: %s", stderr.String())
-	}
-	m := regexp.MustCompile(`gateway listening on (http://\S+) `).FindStringSubmatch(line)
-	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
-	return m[1], cmd.Process
+	base, _, _, proc = startExa(t, exaBin, cfg, `gateway listening on (http://\S+) `, append([]string{"serve", "gateway"}, args...)...)
+	return base, proc
 }

@@ -39,6 +39,53 @@ func procRSS(t *testing.T, pid int) int64 {
 
 // adminMetric reads an unlabelled metric from the admin server at base
 // (http://host:port); -1 when it is not exported.
+// peaks samples a process's RSS every 20 ms, and metrics every so many
+// samples, keeping the largest of each, until stop.
+type peaks struct {
+	max        []atomic.Int64 // the RSS's, then each metric's
+	quit, done chan struct{}
+}
+
+// samplePeaks starts sampling rss, and each of metrics every every
+// samples.
+func samplePeaks(rss func() int64, every int, metrics ...func() int64) *peaks {
+	p := &peaks{max: make([]atomic.Int64, 1+len(metrics)), quit: make(chan struct{}), done: make(chan struct{})}
+	keep := func(m *atomic.Int64, v int64) {
+		if v > m.Load() {
+			m.Store(v)
+		}
+	}
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			keep(&p.max[0], rss())
+			if i%every == 0 {
+				for j, f := range metrics {
+					keep(&p.max[1+j], f())
+				}
+			}
+			select {
+			case <-p.quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return p
+}
+
+// rss is the peak RSS so far; metric the peak of metrics[i].
+func (p *peaks) rss() int64         { return p.max[0].Load() }
+func (p *peaks) metric(i int) int64 { return p.max[1+i].Load() }
+
+// stop ends the sampling.
+func (p *peaks) stop() {
+	close(p.quit)
+	<-p.done
+}
+
 func adminMetric(t *testing.T, base, name string) float64 {
 	resp, err := http.Get(base + "/metrics")
 	require.NoError(t, err)
@@ -115,32 +162,9 @@ func TestPickerRSSAssembled(t *testing.T) {
 
 	time.Sleep(time.Second) // let the start settle before the baseline
 	start := rss()
-	var peak, peakAsm, peakRes atomic.Int64
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			if r := rss(); r > peak.Load() {
-				peak.Store(r)
-			}
-			if i%5 == 0 { // the metrics every 100 ms
-				if a := int64(metric("exa_picker_assembled_bytes")); a > peakAsm.Load() {
-					peakAsm.Store(a)
-				}
-				if r := int64(metric("exa_picker_reserved_bytes")); r > peakRes.Load() {
-					peakRes.Store(r)
-				}
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	pk := samplePeaks(rss, 5, // the metrics every 100 ms
+		func() int64 { return int64(metric("exa_picker_assembled_bytes")) },
+		func() int64 { return int64(metric("exa_picker_reserved_bytes")) })
 
 	pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
@@ -250,7 +274,7 @@ func TestPickerRSSAssembled(t *testing.T) {
 	}
 	wg.Wait()
 	flood := time.Since(began)
-	during := peak.Load()
+	during := pk.rss()
 	asmNow, resNow := metric("exa_picker_assembled_bytes"), metric("exa_picker_reserved_bytes")
 	cancel()
 	ended := time.Now()
@@ -259,17 +283,16 @@ func TestPickerRSSAssembled(t *testing.T) {
 		time.Sleep(time.Until(ended.Add(at)))
 		after = append(after, fmt.Sprintf("%v %d MB", at, rss()/1e6))
 	}
-	close(stopSampling)
-	<-sampled
+	pk.stop()
 	t.Logf("%d streams of an %d MiB assembled answer (%d MiB of SSE in %d KiB chunks): picker RSS %d MB at start, peak %d MB during the flood (%v); %d assembled, %d refused 503 over budget, %d relayed unassembled, %d refused at the request; peak exa_picker_assembled_bytes %.1f MiB, peak reserved %.1f MiB (budget --max-buffered-bytes %d MiB); at the end assembled %.0f, reserved %.0f; after the streams ended: %s",
 		streams, content>>20, len(stream)>>20, chunk>>10, start/1e6, during/1e6, flood.Round(time.Millisecond),
 		assembled.Load(), refused.Load(), relayed.Load(), early.Load(),
-		float64(peakAsm.Load())/(1<<20), float64(peakRes.Load())/(1<<20), picker.DefaultMaxBufferedBytes>>20, asmNow, resNow,
+		float64(pk.metric(0))/(1<<20), float64(pk.metric(1))/(1<<20), picker.DefaultMaxBufferedBytes>>20, asmNow, resNow,
 		strings.Join(after, ", "))
 	assert.Equal(t, int64(streams), assembled.Load()+refused.Load()+relayed.Load()+early.Load(), "every stream assembled, refused or relayed whole")
 	assert.Zero(t, asmNow, "every answer's share returned")
 	if os.Getenv("EXA_PICKER_ARGS") == "" {
-		assert.LessOrEqual(t, peakRes.Load(), int64(picker.DefaultMaxBufferedBytes), "reserved past the budget")
+		assert.LessOrEqual(t, pk.metric(1), int64(picker.DefaultMaxBufferedBytes), "reserved past the budget")
 	}
 	_ = stderr
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -100,12 +101,21 @@ func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *sy
 // startPickerWith is startPickerCmd with the routing config at cfg.
 func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
 	t.Helper()
-	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
 	bin := exaBin
 	if b := os.Getenv("EXA_PICKER_BIN"); b != "" && os.Getenv("EXA_MEASURE") != "" {
 		bin = b // a measurement of another build, such as an earlier commit's
 	}
-	cmd := exec.Command(bin, all...)
+	all := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}, args...)
+	return startExa(t, bin, cfg, `picker listening on (\S+) `, all...)
+}
+
+// startExa starts the exa binary bin with args and the routing config at
+// cfg, killed when the test ends, waits up to 20 s for its start-up line
+// on stdout (the rest is discarded) and returns the first submatch of
+// pattern in it, the line, its stderr and the process.
+func startExa(t *testing.T, bin, cfg, pattern string, args ...string) (match, line string, stderr *syncBuffer, proc *os.Process) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
 	stderr = &syncBuffer{}
 	cmd.Stderr = stderr
@@ -123,13 +133,14 @@ func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line strin
 			lines <- sc.Text()
 		}
 		close(lines)
+		_, _ = io.Copy(io.Discard, out)
 	}()
 	select {
 	case line = <-lines:
 	case <-time.After(20 * time.Second):
 		t.Fatalf("no start-up line within 20 s; stderr: %s", stderr.String())
 	}
-	m := regexp.MustCompile(`picker listening on (\S+) `).FindStringSubmatch(line)
+	m := regexp.MustCompile(pattern).FindStringSubmatch(line)
 	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
 	return m[1], line, stderr, cmd.Process
 }
