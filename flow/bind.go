@@ -30,3 +30,30 @@ func Bind(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admi
 	}
 	return true, d, err == nil
 }
+
+// Limit returns a with its thresholds scaled by a band's usage limit
+// ceiling (Options.UsageLimits; GIE v1.5.0's UsageLimitPolicy gives each
+// priority such a ceiling on the pool's saturation): QueueDepth,
+// Outstanding and PendingPrefill become ⌊v·ceiling⌋ but at least 1 when
+// set, KVUtilization v·ceiling. A replica with room under the result has
+// room under a, so a band under a lower ceiling dispatches only while
+// the replicas keep headroom for the bands above it. A ceiling of 1 or
+// more, 0 or less, or NaN returns a unchanged. It does not allocate.
+func Limit(a gateway.Admission, ceiling float64) gateway.Admission {
+	if !(ceiling > 0 && ceiling < 1) {
+		return a
+	}
+	scale := func(v int) int {
+		if v <= 0 {
+			return v
+		}
+		return max(1, int(float64(v)*ceiling))
+	}
+	a.QueueDepth = scale(a.QueueDepth)
+	a.Outstanding = scale(a.Outstanding)
+	a.PendingPrefill = scale(a.PendingPrefill)
+	if a.KVUtilization > 0 {
+		a.KVUtilization *= ceiling
+	}
+	return a
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/examlops/gateway"
 )
@@ -59,4 +60,52 @@ func TestBindDoesNotAllocate(t *testing.T) {
 		d.Done(gateway.DoneInfo{})
 	})
 	assert.Zero(t, allocs)
+}
+
+// TestPropLimit: a usage limit only tightens: wherever a replica has room
+// under Limit(a, c) it has room under a (so a saturated pool stays
+// saturated for a limited band); a ceiling of 1 or out of (0, 1) changes
+// nothing; a threshold set stays set (never 0, "not checked").
+func TestPropLimit(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := gateway.Admission{
+			QueueDepth:     rapid.IntRange(0, 8).Draw(t, "queue"),
+			KVUtilization:  rapid.SampledFrom([]float64{0, 0.5, 0.8, 1}).Draw(t, "kv"),
+			Outstanding:    rapid.IntRange(0, 300).Draw(t, "outstanding"),
+			PendingPrefill: rapid.IntRange(0, 100).Draw(t, "pending"),
+		}
+		c := rapid.Float64Range(-0.5, 1.5).Draw(t, "ceiling")
+		l := Limit(a, c)
+		if !(c > 0 && c < 1) {
+			if l != a {
+				t.Fatalf("ceiling %v changed %+v to %+v", c, a, l)
+			}
+			return
+		}
+		for _, p := range [][2]int{{a.QueueDepth, l.QueueDepth}, {a.Outstanding, l.Outstanding}, {a.PendingPrefill, l.PendingPrefill}} {
+			if p[1] > p[0] || (p[0] > 0) != (p[1] > 0) {
+				t.Fatalf("ceiling %v: threshold %d became %d", c, p[0], p[1])
+			}
+		}
+		if l.KVUtilization > a.KVUtilization || (a.KVUtilization > 0) != (l.KVUtilization > 0) {
+			t.Fatalf("ceiling %v: KV %v became %v", c, a.KVUtilization, l.KVUtilization)
+		}
+		// Room: one replica with drawn load; saturated under a means
+		// saturated under the limit.
+		gw, err := gateway.New([]gateway.Replica{{Name: "r"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := gateway.Load{
+			QueueDepth:    rapid.IntRange(0, 10).Draw(t, "load queue"),
+			Running:       rapid.IntRange(0, 300).Draw(t, "load running"),
+			KVUtilization: rapid.Float64Range(0, 1).Draw(t, "load kv"),
+		}
+		if err := gw.UpdateLoad("r", load); err != nil {
+			t.Fatal(err)
+		}
+		if gw.Saturated(gateway.Target{}, a) && !gw.Saturated(gateway.Target{}, l) {
+			t.Fatalf("saturated under %+v but not under its limit %+v (load %+v)", a, l, load)
+		}
+	})
 }

@@ -30,4 +30,10 @@ type Options struct {
 	// Retry is how often held requests are tried again unkicked; 0 means
 	// DefaultRetry.
 	Retry time.Duration
+	// UsageLimits maps a priority to its band's usage limit, in (0, 1]
+	// (GIE's UsageLimitPolicy: a ceiling per priority): the band's
+	// requests have room only under the admission thresholds scaled by it
+	// (Limit), so that a lower band leaves headroom for a higher one. A
+	// priority not listed has 1 (GIE's default). Nil means none.
+	UsageLimits map[int]float64
 }

@@ -50,6 +50,7 @@ func (s *Server) hold(c *call) bool {
 	pd := ms.PD != nil && c.oc.kind != keys.Responses
 	var first gateway.Decision
 	bound := false
+	a := s.flow.Admission(s.opts.Admission, c.r.Header) // its band's usage limit
 	err := s.flow.Hold(c.r.Context(), ms.Name, c.r.Header, int64(len(c.body)), func() bool {
 		if ms.Gateway == nil {
 			// No replica when it came (scale from zero): it binds to
@@ -61,7 +62,7 @@ func (s *Server) hold(c *call) bool {
 			ms, c.ms = cur, cur
 			pd = ms.PD != nil && c.oc.kind != keys.Responses
 		}
-		ok, d, routed := flow.Bind(ms.Gateway, c.key, c.target(""), s.opts.Admission, pd)
+		ok, d, routed := flow.Bind(ms.Gateway, c.key, c.target(""), a, pd)
 		first, bound = d, routed
 		return ok
 	})

@@ -39,6 +39,10 @@ type FlowControl struct {
 	// value takes package flow's defaults (10 s TTL, 4,096 requests,
 	// 64 MiB, round-robin among tenants, FCFS within one).
 	Queue flow.Config
+	// UsageLimits maps a priority to its band's usage limit in (0, 1], as
+	// the fronts' flow.Options.UsageLimits: its requests have room only
+	// under Config.Admission scaled by it (flow.Limit). Unlisted: 1.
+	UsageLimits map[int]float64
 }
 
 // BytesPerToken is the size a held request is counted at, per prompt
@@ -61,10 +65,15 @@ func validFlow(c *Config) error {
 		return nil
 	}
 	if !admits(c.Admission) {
-		return fmt.Errorf("%w: FlowControl needs Admission (queue depth, KV or outstanding threshold) to say when a replica has room", ErrInvalidConfig)
+		return fmt.Errorf("%w: FlowControl needs Admission (queue depth, KV, outstanding or pending-prefill threshold) to say when a replica has room", ErrInvalidConfig)
 	}
 	if _, err := flow.New[*seq](c.FlowControl.Queue); err != nil {
 		return fmt.Errorf("%w: FlowControl.Queue: %w", ErrInvalidConfig, err)
+	}
+	for p, l := range c.FlowControl.UsageLimits {
+		if !(l > 0 && l <= 1) {
+			return fmt.Errorf("%w: FlowControl.UsageLimits[%d] %v, want (0, 1]", ErrInvalidConfig, p, l)
+		}
 	}
 	return nil
 }
@@ -144,7 +153,11 @@ func (e *engine) dispatchAll() {
 		room := func(s *seq) bool {
 			tg := s.target
 			tg.Adapter = s.adapterName
-			ok, d, routed := flow.Bind(gw.g, s.key, tg, e.cfg.Admission, false)
+			a := e.cfg.Admission
+			if lim := e.cfg.FlowControl.UsageLimits; len(lim) > 0 {
+				a = flow.Limit(a, lim[s.prio]) // its band's usage limit
+			}
+			ok, d, routed := flow.Bind(gw.g, s.key, tg, a, false)
 			if routed {
 				s.d = d // dispatch sends it there
 			}

@@ -23,6 +23,7 @@ type flowFlags struct {
 	fairness, order   string
 	fairnessHeader    string
 	objectives        []string
+	usageLimits       []string
 }
 
 func (f *flowFlags) register(fs *pflag.FlagSet) {
@@ -39,6 +40,8 @@ func (f *flowFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.fairnessHeader, "fairness-header", flow.HeaderFairnessID, "flow control: the header carrying a request's fairness id (a tenant, a tier, an API key)")
 	fs.StringArrayVar(&f.objectives, "objective", nil,
 		"flow control: NAME=PRIORITY, an objective a request names in "+flow.HeaderObjective+" and its priority (higher first; negative: sheddable, never queued); repeatable; unnamed or unknown objectives have priority 0")
+	fs.StringArrayVar(&f.usageLimits, "flow-usage-limit", nil,
+		"flow control: PRIORITY=FRACTION, a band's usage limit (GIE's UsageLimitPolicy), 0 < FRACTION <= 1: its requests have room only under the --shed-* thresholds scaled by it, leaving headroom for higher bands; repeatable; unlisted priorities have 1")
 	fs.DurationVar(&f.retry, "flow-retry", flow.DefaultRetry, "flow control: how often held requests are tried again between requests ending")
 }
 
@@ -99,5 +102,35 @@ func (f *flowFlags) options() (flow.Options, error) {
 	if (len(f.objectives) > 0) && !f.on {
 		return o, usagef("invalid --objective %q: objectives need --flow-control", f.objectives[0])
 	}
+	limits, err := usageLimits(f.usageLimits)
+	if err != nil {
+		return o, err
+	}
+	if len(limits) > 0 && !f.on {
+		return o, usagef("invalid --flow-usage-limit %q: usage limits need --flow-control", f.usageLimits[0])
+	}
+	o.UsageLimits = limits
 	return o, nil
+}
+
+// usageLimits parses --flow-usage-limit values, PRIORITY=FRACTION with
+// 0 < FRACTION <= 1, each priority once; nil for none.
+func usageLimits(kvs []string) (map[int]float64, error) {
+	var m map[int]float64
+	for _, kv := range kvs {
+		p, v, ok := strings.Cut(kv, "=")
+		prio, perr := strconv.Atoi(p)
+		c, cerr := strconv.ParseFloat(v, 64)
+		if !ok || perr != nil || cerr != nil || !(c > 0 && c <= 1) {
+			return nil, usagef("invalid --flow-usage-limit %q: want PRIORITY=FRACTION, PRIORITY an integer, 0 < FRACTION <= 1", kv)
+		}
+		if m == nil {
+			m = map[int]float64{}
+		}
+		if _, dup := m[prio]; dup {
+			return nil, usagef("invalid --flow-usage-limit %q: priority %d is named twice", kv, prio)
+		}
+		m[prio] = c
+	}
+	return m, nil
 }

@@ -61,6 +61,7 @@ type simFlags struct {
 	flowMaxBytes         int64
 	flowFairness         string
 	flowOrder            string
+	flowUsageLimits      []string
 	replicaSpeeds        []float64
 	sloClasses           string
 	speedChanges         []string
@@ -186,6 +187,7 @@ deterministic for a seed.`,
 	f.StringVar(&sf.sloClasses, "slo-classes", "", "per-request objectives: give the workload's requests classes with TTFT and TPOT objectives, NAME:ttft=D,tpot=D,share=W,priority=P;NAME:..., as \"interactive:ttft=500ms,tpot=50ms;batch:ttft=10s,tpot=250ms,share=2\" (share default 1, priority 0; at most 64 classes); the report adds per-class TTFT, TPOT and both attainment and goodput. --workload slo-classes has three by default (see docs/results.md)")
 	f.StringSliceVar(&sf.speedChanges, "speed-change", nil, "a replica changes speed during the run: REPLICA@AT=SPEED, as 0@30s=0.5 (r0 at half the preset's speed from 30 s after the first arrival; its step in progress keeps its end); repeatable or comma-separated")
 	f.StringVar(&sf.flowOrder, "flow-order", "fcfs", "--flow-control on: order within a tenant: fcfs or edf (earliest deadline first)")
+	f.StringArrayVar(&sf.flowUsageLimits, "flow-usage-limit", nil, "--flow-control on: PRIORITY=FRACTION, a band's usage limit (GIE's UsageLimitPolicy), 0 < FRACTION <= 1: its requests have room only under the --admission-* thresholds scaled by it; repeatable; unlisted priorities have 1")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-fairness", cobra.FixedCompletions([]string{"round-robin", "global-strict"}, cobra.ShellCompDirectiveNoFileComp))
@@ -518,7 +520,7 @@ func flowSimFlags(cmd *cobra.Command, sf *simFlags, cfg *sim.Config) error {
 	changed := cmd.Flags().Changed
 	switch sf.flowControl {
 	case "off":
-		for _, name := range []string{"flow-ttl", "flow-max-requests", "flow-max-bytes", "flow-fairness", "flow-order"} {
+		for _, name := range []string{"flow-ttl", "flow-max-requests", "flow-max-bytes", "flow-fairness", "flow-order", "flow-usage-limit"} {
 			if changed(name) {
 				return usagef("--%s applies to --flow-control on only", name)
 			}
@@ -556,6 +558,11 @@ func flowSimFlags(cmd *cobra.Command, sf *simFlags, cfg *sim.Config) error {
 	default:
 		return usagef("invalid --flow-order %q: want fcfs or edf", sf.flowOrder)
 	}
+	limits, err := usageLimits(sf.flowUsageLimits)
+	if err != nil {
+		return err
+	}
+	cfg.FlowControl.UsageLimits = limits
 	cfg.FlowControl.Enabled = true
 	q.TTL = sf.flowTTL
 	q.Total = flow.Limits{MaxBytes: sf.flowMaxBytes, MaxRequests: sf.flowMaxRequests}

@@ -363,6 +363,8 @@ func TestSimulateFlowControl(t *testing.T) {
 		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-fairness", "fair"}, `invalid --flow-fairness "fair"`},
 		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-ttl", "0s"}, "invalid --flow-ttl 0s: want 1ms..1h"},
 		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-max-requests", "0"}, "invalid --flow-max-requests 0"},
+		{[]string{"--flow-control", "on", "--admission-outstanding", "4", "--flow-usage-limit", "1=0"}, `invalid --flow-usage-limit "1=0"`},
+		{[]string{"--flow-usage-limit", "0=0.5"}, "--flow-usage-limit applies to --flow-control on only"},
 		{[]string{"--tenants", "3"}, "--tenants applies to --workload noisy-neighbour only"},
 		{[]string{"--workload", "noisy-neighbour", "--tenants", "0"}, "invalid --tenants 0: want 1..64"},
 		{[]string{"--workload", "noisy-neighbour", "--noisy", "-1"}, "invalid --noisy -1"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -64,6 +65,11 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 	if o.Retry < 0 {
 		return nil, fmt.Errorf("%w: flow.Options.Retry %v is negative", flow.ErrInvalid, o.Retry)
 	}
+	for p, c := range o.UsageLimits {
+		if !(c > 0 && c <= 1) {
+			return nil, fmt.Errorf("%w: flow.Options.UsageLimits[%d] %v, want (0, 1]", flow.ErrInvalid, p, c)
+		}
+	}
 	if o.FairnessHeader == "" {
 		o.FairnessHeader = flow.HeaderFairnessID
 	}
@@ -91,6 +97,17 @@ type Header interface{ Get(name string) string }
 // objective's, else 0.
 func (f *FlowControl) Priority(h Header) int {
 	return (*f.objectives.Load())[h.Get(flow.HeaderObjective)]
+}
+
+// Admission returns the admission rule a request with header h binds
+// under: a, scaled by the usage limit of its priority (flow.Limit,
+// Options.UsageLimits), so that a lower band leaves headroom for a higher
+// one.
+func (f *FlowControl) Admission(a gateway.Admission, h Header) gateway.Admission {
+	if len(f.o.UsageLimits) == 0 {
+		return a
+	}
+	return flow.Limit(a, f.o.UsageLimits[f.Priority(h)])
 }
 
 // SetObjectives replaces the objectives (name to priority), as when

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -26,6 +27,25 @@ func TestFlowControlOffIsNil(t *testing.T) {
 	f.SetObjectives(map[string]int{"a": 1})
 	_, err = NewFlowControl(flow.Options{Enabled: true, Queue: flow.Config{TTL: -1}}, nil, nil)
 	assert.ErrorIs(t, err, flow.ErrInvalid)
+}
+
+// A usage limit out of (0, 1] is refused, naming its priority and value;
+// Admission scales the rule by the limit of the request's priority, and
+// leaves it whole for a priority without one.
+func TestFlowControlUsageLimits(t *testing.T) {
+	for _, bad := range []float64{0, -0.5, 1.5} {
+		_, err := NewFlowControl(flow.Options{Enabled: true, UsageLimits: map[int]float64{3: bad}}, nil, nil)
+		require.ErrorIs(t, err, flow.ErrInvalid)
+		assert.Contains(t, err.Error(), fmt.Sprintf("UsageLimits[3] %v", bad))
+	}
+	f, err := NewFlowControl(flow.Options{Enabled: true, Objectives: map[string]int{"chat": 1}, UsageLimits: map[int]float64{0: 0.5}}, nil, nil)
+	require.NoError(t, err)
+	defer f.Close()
+	a := gateway.Admission{QueueDepth: 1, Outstanding: 128, PendingPrefill: 32, KVUtilization: 0.8}
+	h := http.Header{}
+	assert.Equal(t, gateway.Admission{QueueDepth: 1, Outstanding: 64, PendingPrefill: 16, KVUtilization: 0.4}, f.Admission(a, h), "priority 0: halved, queue depth kept at 1")
+	h.Set(flow.HeaderObjective, "chat")
+	assert.Equal(t, a, f.Admission(a, h), "priority 1: no limit")
 }
 
 // Priorities come from the objective header through the objectives,

@@ -308,6 +308,7 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 	pd := ms.PD != nil && pr.kind != keys.Responses
 	var first gateway.Decision
 	bound := false
+	a := pr.r.flow.Admission(pr.r.opts.Admission, pr.hdr) // its band's usage limit
 	err := pr.r.flow.Hold(pr.ctx, ms.Name, pr.hdr, pr.size, func() bool {
 		if ms.Gateway == nil {
 			// No replica when it came (scale from zero): it binds to
@@ -321,7 +322,7 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 			pd = ms.PD != nil && pr.kind != keys.Responses
 			t = pr.holdTarget(pr.allow(false))
 		}
-		ok, d, routed := flow.Bind(ms.Gateway, pr.key, t, pr.r.opts.Admission, pd)
+		ok, d, routed := flow.Bind(ms.Gateway, pr.key, t, a, pd)
 		first, bound = d, routed
 		return ok
 	})
