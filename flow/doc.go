@@ -26,7 +26,9 @@
 // Bind is the room a front gives Next (through a Controller's bind): the
 // gateway's admission rule says some replica has room, and the request is
 // routed at that moment (late binding). The HTTP gateway, the picker and
-// the simulator all bind with it.
+// the simulator all bind with it. Limit scales that rule by a band's usage
+// limit (Options.UsageLimits, GIE's UsageLimitPolicy), so that a lower
+// band dispatches only while the replicas keep headroom for higher ones.
 //
 // Strict priority: of two held requests that both have room, the one in
 // the higher band is dispatched first. A lower band's request is
