@@ -55,9 +55,14 @@ func TestFlowControlProperties(t *testing.T) {
 		ttl := time.Duration(rapid.IntRange(1, 3000).Draw(rt, "ttl_ms")) * time.Millisecond
 		q := flow.Config{TTL: ttl, Total: flow.Limits{MaxRequests: rapid.IntRange(1, 40).Draw(rt, "max_requests")},
 			Fairness: flow.Fairness(rapid.IntRange(0, 1).Draw(rt, "fairness")), Order: flow.Order(rapid.IntRange(0, 1).Draw(rt, "order"))}
-		adm := gateway.Admission{Outstanding: rapid.IntRange(1, 6).Draw(rt, "outstanding"), QueueDepth: rapid.IntRange(0, 2).Draw(rt, "queue_depth")}
+		adm := gateway.Admission{Outstanding: rapid.IntRange(1, 6).Draw(rt, "outstanding"), QueueDepth: rapid.IntRange(0, 2).Draw(rt, "queue_depth"),
+			PendingPrefill: rapid.IntRange(0, 40).Draw(rt, "pending_prefill")}
+		var limits map[int]float64
+		if rapid.Bool().Draw(rt, "usage_limit") {
+			limits = map[int]float64{0: rapid.Float64Range(0.1, 1).Draw(rt, "batch_limit")}
+		}
 		cfg := Config{Workload: w, Replicas: rapid.IntRange(1, 3).Draw(rt, "replicas"), Preset: smallPreset(), Seed: rapid.Uint64Range(1, 9).Draw(rt, "seed"),
-			Gateways: rapid.IntRange(1, 2).Draw(rt, "gateways"), Admission: adm, FlowControl: FlowControl{Enabled: true, Queue: q}}
+			Gateways: rapid.IntRange(1, 2).Draw(rt, "gateways"), Admission: adm, FlowControl: FlowControl{Enabled: true, Queue: q, UsageLimits: limits}}
 		for _, pol := range []Policy{cacheAware, GIEFlowPolicy()} {
 			e := flowEngine(t, cfg, pol)
 			r := e.result()
@@ -146,6 +151,8 @@ func TestFlowControlConfig(t *testing.T) {
 	}{
 		{"no admission", Config{FlowControl: FlowControl{Enabled: true}}, "FlowControl needs Admission"},
 		{"bad queue", Config{Admission: gateway.Admission{Outstanding: 1}, FlowControl: FlowControl{Enabled: true, Queue: flow.Config{TTL: -1}}}, "FlowControl.Queue: flow: invalid argument: TTL -1ns is negative"},
+		{"bad usage limit", Config{Admission: gateway.Admission{Outstanding: 1}, FlowControl: FlowControl{Enabled: true, UsageLimits: map[int]float64{2: 1.5}}}, "FlowControl.UsageLimits[2] 1.5, want (0, 1]"},
+		{"negative pending prefill", Config{Admission: gateway.Admission{PendingPrefill: -1}}, "Admission.PendingPrefill -1 is negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Workload, tc.cfg.Preset = w, smallPreset()
