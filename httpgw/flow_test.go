@@ -184,37 +184,17 @@ func TestFlowFirstTokenFreesPendingPrefill(t *testing.T) {
 	})
 }
 
-// TestFlowUsageLimit: under a usage limit of 0.5 for priority 0 with two
-// slots (Outstanding 2), a batch request is held once one request is in
-// flight, while an interactive one (no limit) still goes at once: the
-// lower band leaves headroom for the higher.
+// TestFlowUsageLimit: a band under a usage limit leaves headroom for the
+// bands above it (fronttest.UsageLimitHeadroom).
 func TestFlowUsageLimit(t *testing.T) {
 	f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, func(o *Options) {
 		o.Admission = gateway.Admission{Outstanding: 2}
 		o.Flow = flow.Options{Enabled: true, Objectives: map[string]int{"interactive": 1}, UsageLimits: map[int]float64{0: 0.5}, Retry: time.Millisecond}
 	})
-	e := f.engines[0]
-	release := e.Gate()
-	defer release() // on a failure too: the fixture waits for its requests
-	statuses := make(chan int, 3)
-	send := func(prompt, objective string) {
-		go func() {
-			resp := f.post("/v1/chat/completions", fronttest.ChatBody(testModel, true, "sys", prompt), "x-gateway-inference-objective", objective)
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			statuses <- resp.StatusCode
-		}()
-	}
-	send("first", "")
-	<-e.Gated()
-	send("batch", "")
-	f.waitQueued(1) // one in flight: the batch band's limit (⌊2·0.5⌋ = 1) is reached
-	send("chat", "interactive")
-	<-e.Gated() // the interactive one is not held: its band has the second slot
-	assert.Equal(t, "chat", lastPrompt(e))
-	assert.Equal(t, int64(2), e.Requests())
-	release()
-	for range 3 {
-		assert.Equal(t, http.StatusOK, <-statuses)
-	}
+	fronttest.UsageLimitHeadroom(t, f.engines[0], f.reg, testModel, func(prompt, objective string) int {
+		resp := f.post("/v1/chat/completions", fronttest.ChatBody(testModel, true, "sys", prompt), "x-gateway-inference-objective", objective)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	})
 }

@@ -46,3 +46,33 @@ func FirstTokenFreesPendingPrefill(t *testing.T, e *enginetest.Engine, reg prome
 		assert.Equal(t, http.StatusOK, <-statuses)
 	}
 }
+
+// UsageLimitHeadroom is one scenario for both fronts: with two slots
+// (gateway.Admission.Outstanding 2), objective "interactive" at priority
+// 1 and a usage limit of 0.5 for priority 0, over the one engine e of
+// model, a batch request is held once one request is in flight, while an
+// interactive one goes at once: the lower band leaves headroom for the
+// higher. send sends a streamed chat request with the prompt and
+// objective given and returns its status once answered; reg is the
+// front's registry.
+func UsageLimitHeadroom(t *testing.T, e *enginetest.Engine, reg prometheus.Gatherer, model string, send func(prompt, objective string) int) {
+	t.Helper()
+	release := e.Gate()
+	defer release() // on a failure too: the fronts wait for their requests
+	statuses := make(chan int, 3)
+	go func() { statuses <- send("first", "") }()
+	<-e.Gated()
+	go func() { statuses <- send("batch", "") }()
+	require.Eventually(t, func() bool { // the batch band's limit, ⌊2·0.5⌋ = 1, is reached
+		return Gauge(t, reg, "exa_gateway_flow_queue_requests", map[string]string{"model": model}) == 1
+	}, 10*time.Second, time.Millisecond)
+	go func() { statuses <- send("chat", "interactive") }()
+	<-e.Gated() // the interactive one is not held: its band has the second slot
+	_, b := e.LastRequest()
+	assert.Contains(t, string(b), `"content":"chat"`)
+	assert.Equal(t, int64(2), e.Requests())
+	release()
+	for range 3 {
+		assert.Equal(t, http.StatusOK, <-statuses)
+	}
+}

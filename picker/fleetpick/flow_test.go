@@ -96,3 +96,17 @@ func TestPickerFlowFirstTokenFreesPendingPrefill(t *testing.T) {
 		return resp.StatusCode
 	})
 }
+
+// TestPickerFlowUsageLimit: a band under a usage limit leaves headroom
+// for the bands above it (fronttest.UsageLimitHeadroom).
+func TestPickerFlowUsageLimit(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{
+		Admission: gateway.Admission{Outstanding: 2},
+		Flow:      flow.Options{Enabled: true, Objectives: map[string]int{"interactive": 1}, UsageLimits: map[int]float64{0: 0.5}, Retry: time.Millisecond}}})
+	fronttest.UsageLimitHeadroom(t, f.engines[0], f.reg, testModel, func(prompt, objective string) int {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", prompt), "x-gateway-inference-objective", objective)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	})
+}
