@@ -279,13 +279,8 @@ func fillOptions(o *Options) error {
 			return fmt.Errorf("%w: CORSOrigins: %w", ErrInvalidOptions, err)
 		}
 	}
-	for m, slo := range o.Objectives.Defaults {
-		if err := slo.Validate(); err != nil {
-			return fmt.Errorf("%w: Objectives.Defaults[%q]: %w", ErrInvalidOptions, m, err)
-		}
-	}
-	if u := o.Objectives.Unattainable; u != front.BestEffort && u != front.Reject {
-		return fmt.Errorf("%w: Objectives.Unattainable %d is not a mode", ErrInvalidOptions, u)
+	if err := o.Objectives.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if o.UpstreamStream < UpstreamStreamDefault || o.UpstreamStream > UpstreamStreamOff {
 		return fmt.Errorf("%w: UpstreamStream %d is not a mode", ErrInvalidOptions, o.UpstreamStream)

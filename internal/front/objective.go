@@ -104,6 +104,21 @@ type Objectives struct {
 	Unattainable Unattainable
 }
 
+// Validate checks o as a front's configuration: every default valid
+// (SLO.Validate) and Unattainable a mode. Its error names the field and
+// value; the fronts wrap it with their ErrInvalidOptions.
+func (o *Objectives) Validate() error {
+	for m, slo := range o.Defaults {
+		if err := slo.Validate(); err != nil {
+			return fmt.Errorf("Objectives.Defaults[%q]: %w", m, err)
+		}
+	}
+	if u := o.Unattainable; u != BestEffort && u != Reject {
+		return fmt.Errorf("Objectives.Unattainable %d is not a mode", u)
+	}
+	return nil
+}
+
 // ErrSLOUnattainable is the error a refused request's decision is
 // released with (Objectives.Refuse).
 var ErrSLOUnattainable = errors.New("gateway: no replica is predicted to meet the request's latency objective")

@@ -128,6 +128,26 @@ func TestSLOValidate(t *testing.T) {
 	require.ErrorContains(t, SLO{TPOT: 2 * time.Hour}.Validate(), "TPOT 2h0m0s")
 }
 
+// Objectives.Validate names the field and value at fault.
+func TestObjectivesValidate(t *testing.T) {
+	for _, tc := range []struct {
+		o    Objectives
+		want string
+	}{
+		{Objectives{}, ""},
+		{Objectives{Defaults: map[string]SLO{"*": {TTFT: time.Second, TPOT: MaxSLO}}, Unattainable: Reject}, ""},
+		{Objectives{Defaults: map[string]SLO{"m": {TPOT: MaxSLO + 1}}}, `Objectives.Defaults["m"]: objective TPOT 1h0m0.000000001s`},
+		{Objectives{Unattainable: -1}, "Objectives.Unattainable -1 is not a mode"},
+	} {
+		err := tc.o.Validate()
+		if tc.want == "" {
+			assert.NoError(t, err)
+			continue
+		}
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
 func TestParseUnattainable(t *testing.T) {
 	for _, u := range []Unattainable{BestEffort, Reject} {
 		got, err := ParseUnattainable(u.String())

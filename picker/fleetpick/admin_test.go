@@ -13,6 +13,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // The admin handler serves the fleet's /stats, the metrics of the fleet
@@ -57,6 +58,8 @@ func TestNewOptions(t *testing.T) {
 		{Options{ShedAbove: -1}, "ShedAbove -1"},
 		{Options{TokenizeTimeout: -1}, "TokenizeTimeout -1ns"},
 		{Options{Admission: gateway.Admission{KVUtilization: 2}}, "Admission.KVUtilization 2"},
+		{Options{Objectives: front.Objectives{Defaults: map[string]front.SLO{"m": {TTFT: -1}}}}, `Objectives.Defaults["m"]: objective TTFT -1ns`},
+		{Options{Objectives: front.Objectives{Unattainable: 7}}, "Objectives.Unattainable 7 is not a mode"},
 	} {
 		_, err := New(fl, tc.o)
 		require.Error(t, err)

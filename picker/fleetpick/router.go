@@ -161,13 +161,8 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	if opts.TokenizeTimeout < 0 {
 		return nil, fmt.Errorf("%w: TokenizeTimeout %v is negative", ErrInvalidOptions, opts.TokenizeTimeout)
 	}
-	for m, slo := range opts.Objectives.Defaults {
-		if err := slo.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: Objectives.Defaults[%q]: %w", ErrInvalidOptions, m, err)
-		}
-	}
-	if u := opts.Objectives.Unattainable; u != front.BestEffort && u != front.Reject {
-		return nil, fmt.Errorf("%w: Objectives.Unattainable %d is not a mode", ErrInvalidOptions, u)
+	if err := opts.Objectives.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	fo := fl.Options()
 	if err := front.FillAdmission(&opts.Admission, fo.ScrapeInterval); err != nil {
