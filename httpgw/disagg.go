@@ -68,11 +68,8 @@ func setPrefillHeaders(c *call, pre *gateway.Decision) {
 // proxyPD serves an admitted request of a disaggregated model.
 func (s *Server) proxyPD(c *call) {
 	ms, pd, oc := c.ms, c.ms.PD, &c.oc
-	// The decode pool is asked for the whole objective (a co-located
-	// request prefills there too), the prefill pool for the TTFT only.
 	t := c.target("")
-	pt := t
-	pt.TPOT = 0
+	pt := front.PrefillTarget(t) // the objective's TTFT only
 	plan, err := s.metrics.DecidePD(ms, c.key, c.fallback, t, pt)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {

@@ -67,6 +67,15 @@ func EndpointOf(cur *fleet.State, ms *fleet.Model, d *gateway.Decision) *fleet.E
 	return nil
 }
 
+// PrefillTarget is the target a disaggregated model's prefill pool is
+// asked for, from t, the decode pool's: both fronts ask the decode pool
+// for the whole objective (a co-located request prefills there too) and
+// the prefill pool for its TTFT only, as a prefill yields one token.
+func PrefillTarget(t gateway.Target) gateway.Target {
+	t.TPOT = 0
+	return t
+}
+
 // DecidePD plans a request of a disaggregated model (gateway.PD.Route,
 // the library's decision) and counts the plan; decode and prefill are the
 // targets of the two pools.

@@ -241,3 +241,11 @@ func TestAttainedMatchesLibrary(t *testing.T) {
 	assert.NotZero(t, met[0]+met[1])
 	assert.NotZero(t, missed[0]+missed[1])
 }
+
+// The prefill pool is asked for the objective's TTFT only; the rest of
+// the decode pool's target stays.
+func TestPrefillTarget(t *testing.T) {
+	d := gateway.Target{Adapter: "a", Exclude: "e1", TTFT: time.Second, TPOT: 50 * time.Millisecond}
+	assert.Equal(t, gateway.Target{Adapter: "a", Exclude: "e1", TTFT: time.Second}, PrefillTarget(d))
+	assert.Equal(t, 50*time.Millisecond, d.TPOT, "the decode target is not modified")
+}

@@ -25,11 +25,7 @@ const prefillHeader = "x-prefiller-host-port"
 // prefill replica's address may have a host name: the sidecar resolves it.
 func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	r, ms, pd := pr.r, pr.ms, pr.ms.PD
-	// The decode pool is asked for the whole objective (a co-located
-	// request prefills there too), the prefill pool for the TTFT only,
-	// as the HTTP gateway asks them.
-	pt := pr.target(pr.allow(true))
-	pt.TPOT = 0
+	pt := front.PrefillTarget(pr.target(pr.allow(true))) // the objective's TTFT only
 	plan, err := r.metrics.DecidePD(ms, pr.key, pr.fallback, pr.target(allow), pt)
 	if err != nil {
 		if errors.Is(err, gateway.ErrNoHealthyReplica) {
