@@ -12,6 +12,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,11 +20,7 @@ import (
 // pending returns the gateway's pending prefill at each replica of
 // testModel, by name.
 func (f *fixture) pending() map[string]int {
-	out := map[string]int{}
-	for _, r := range f.srv.Snapshot().Models[testModel].Gateway.Replicas() {
-		out[r.Name] = r.PendingPrefill
-	}
-	return out
+	return fronttest.PendingPrefill(f.srv.Snapshot().Models[testModel].Gateway)
 }
 
 // A non-streamed request is streamed from the engine: its pending prefill
@@ -53,24 +50,8 @@ func TestUpstreamStreamFirstToken(t *testing.T) {
 			}
 			release()
 			resp := <-done
-			b := readAll(t, resp)
-			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-			assert.Equal(t, "e0", resp.Header.Get(HeaderReplica))
-			assert.Equal(t, "e0", resp.Header.Get("X-Engine"), "the engine's own headers are kept")
-			var got map[string]any
-			require.NoError(t, json.Unmarshal(b, &got), "%s", b)
-			choice := got["choices"].([]any)[0].(map[string]any)
-			if kind == "chat" {
-				assert.Equal(t, "chat.completion", got["object"])
-				assert.Equal(t, map[string]any{"role": "assistant", "content": "tok0 tok1 tok2 "}, choice["message"])
-			} else {
-				assert.Equal(t, "text_completion", got["object"])
-				assert.Equal(t, "tok0 tok1 tok2 ", choice["text"])
-			}
+			choice := fronttest.AssembledAnswer(t, kind, resp, readAll(t, resp))
 			assert.Equal(t, "stop", choice["finish_reason"])
-			usage := got["usage"].(map[string]any)
-			assert.Equal(t, 3.0, usage["completion_tokens"], "usage from the final chunk")
 			assert.Equal(t, 1.0, f.counter("exa_gateway_upstream_streamed_total", map[string]string{"endpoint": kind}))
 			assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200"}))
 		})

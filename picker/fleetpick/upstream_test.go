@@ -1,7 +1,6 @@
 package fleetpick
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,7 +8,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
-	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,11 +17,7 @@ import (
 // pending returns the pending prefill at each replica of testModel, by
 // name.
 func (f *pickFixture) pending() map[string]int {
-	out := map[string]int{}
-	for _, r := range f.srv.Snapshot().Models[testModel].Gateway.Replicas() {
-		out[r.Name] = r.PendingPrefill
-	}
-	return out
+	return fronttest.PendingPrefill(f.srv.Snapshot().Models[testModel].Gateway)
 }
 
 // A non-streamed request through the picker (behind pickertest.Envoy) is
@@ -68,22 +63,7 @@ func TestPickerUpstreamStreamFirstToken(t *testing.T) {
 			}
 			release()
 			a := <-done
-			resp, b := a.resp, a.body
-			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-			assert.Equal(t, "e0", resp.Header.Get(front.HeaderReplica))
-			assert.Equal(t, "e0", resp.Header.Get("X-Engine"), "the engine's own headers are kept")
-			var got map[string]any
-			require.NoError(t, json.Unmarshal(b, &got), "%s", b)
-			choice := got["choices"].([]any)[0].(map[string]any)
-			if kind == "chat" {
-				assert.Equal(t, "chat.completion", got["object"])
-				assert.Equal(t, map[string]any{"role": "assistant", "content": "tok0 tok1 tok2 "}, choice["message"])
-			} else {
-				assert.Equal(t, "text_completion", got["object"])
-				assert.Equal(t, "tok0 tok1 tok2 ", choice["text"])
-			}
-			assert.Equal(t, 3.0, got["usage"].(map[string]any)["completion_tokens"], "usage from the final chunk")
+			fronttest.AssembledAnswer(t, kind, a.resp, a.body)
 			f.waitIdle()
 			assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"code": "200"}))
 		})
