@@ -21,15 +21,6 @@ import (
 // shed by the same rule, for a request without a prompt
 // (gateway.Target.NoPrompt), as they are routed.
 
-// firstTokenKick tells c's model's queue of a first token when room
-// counts pending prefill (Admission.PendingPrefill), which the first token
-// releases: a held request may then go.
-func (s *Server) firstTokenKick(c *call) {
-	if s.opts.Admission.PendingPrefill > 0 && c.ms != nil {
-		s.flow.Kick(c.ms.Name)
-	}
-}
-
 // retryAfter is the Retry-After of every 429 (front.RetryAfter): one
 // scrape interval rounded up to a second, as the picker answers.
 func (s *Server) retryAfter() string {

@@ -287,7 +287,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 			if first {
 				first = false
 				a.d.FirstToken()
-				s.firstTokenKick(c)
+				s.flow.FirstToken(c.ms.Name, s.opts.Admission) // a held request may have room
 				front.Of(c.ms).TTFBO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 		}

@@ -111,7 +111,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 				a.firstAt = s.opts.Clock()
 				a.ttfb = a.firstAt.Sub(c.start)
 				a.d.FirstToken()
-				s.firstTokenKick(c)
+				s.flow.FirstToken(c.ms.Name, s.opts.Admission) // a held request may have room
 				front.Of(c.ms).TTFBO(s.metrics, c.ms.Name, c.oc.kind).Observe(a.ttfb.Seconds())
 			}
 			if err != nil {

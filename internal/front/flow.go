@@ -156,6 +156,16 @@ func (f *FlowControl) Kick(model string) {
 	}
 }
 
+// FirstToken tells model's queue of a request's first token when the
+// front's admission rule a counts room in pending prefill
+// (a.PendingPrefill), which the first token releases: a held request may
+// then go. Both fronts call it at a first token; nil (off) does nothing.
+func (f *FlowControl) FirstToken(model string, a gateway.Admission) {
+	if a.PendingPrefill > 0 {
+		f.Kick(model)
+	}
+}
+
 // Close stops every model's queue, answering what each holds with
 // flow.ErrClosed; the next Hold starts a new one.
 func (f *FlowControl) Close() {

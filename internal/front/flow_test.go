@@ -23,6 +23,7 @@ func TestFlowControlOffIsNil(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, f)
 	f.Kick("m") // a nil FlowControl is off: these do nothing
+	f.FirstToken("m", gateway.Admission{PendingPrefill: 1})
 	f.Close()
 	f.SetObjectives(map[string]int{"a": 1})
 	_, err = NewFlowControl(flow.Options{Enabled: true, Queue: flow.Config{TTL: -1}}, nil, nil)

@@ -86,9 +86,7 @@ func (t *tracker) relearn(served string) {
 func (t *tracker) FirstToken() {
 	r := t.r
 	t.d.FirstToken()
-	if r.opts.Admission.PendingPrefill > 0 {
-		r.flow.Kick(t.ms.Name) // its pending prefill is released: a held request may have room
-	}
+	r.flow.FirstToken(t.ms.Name, r.opts.Admission) // a held request may have room
 	if t.pass != "" {
 		return
 	}
