@@ -150,11 +150,7 @@ func (s *Server) finish(c *call, status int) {
 	}
 	a.d.Done(info)
 	if ok && c.slo.Set() {
-		seen := gateway.DoneInfo{Elapsed: max(now.Sub(c.start), 1), OutputTokens: info.OutputTokens}
-		if !a.firstAt.IsZero() {
-			seen.TTFT = max(a.firstAt.Sub(c.start), 1)
-		}
-		s.metrics.CountSLO(c.ms.Name, c.slo, &seen)
+		s.metrics.CountSeen(c.ms.Name, c.slo, a.firstAt.Sub(c.start), !a.firstAt.IsZero(), now.Sub(c.start), info.OutputTokens)
 	}
 }
 

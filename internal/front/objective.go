@@ -259,14 +259,22 @@ func Attained(s SLO, info *gateway.DoneInfo) (ttft, tpot Attainment) {
 	return ttft, tpot
 }
 
-// CountSLO counts a finished request of model with objective s in
-// SLORequests, by Attained.
-func (m *Metrics) CountSLO(model string, s SLO, info *gateway.DoneInfo) {
-	ttft, tpot := Attained(s, info)
+// CountSeen counts in SLORequests, by Attained, a request of model with
+// objective s that ended with a success, as its client saw it: from its
+// arrival at the front (flow control's queue and a P/D prefill included),
+// its first token after ttft when seen (firstSeen), its end after elapsed,
+// with tokens output tokens; each time at least 1 ns. Both fronts count
+// so.
+func (m *Metrics) CountSeen(model string, s SLO, ttft time.Duration, firstSeen bool, elapsed time.Duration, tokens int) {
+	seen := gateway.DoneInfo{Elapsed: max(elapsed, 1), OutputTokens: tokens}
+	if firstSeen {
+		seen.TTFT = max(ttft, 1)
+	}
+	onTTFT, onTPOT := Attained(s, &seen)
 	for _, a := range [...]struct {
 		name string
 		a    Attainment
-	}{{"ttft", ttft}, {"tpot", tpot}} {
+	}{{"ttft", onTTFT}, {"tpot", onTPOT}} {
 		switch a.a {
 		case Met:
 			m.SLORequests.WithLabelValues(model, a.name, "met").Inc()

@@ -85,10 +85,13 @@ type pickSetup struct {
 	popts      Options
 	maxFB      int  // picker.Options.MaxFallbacks
 	noUpstream bool // picker.Options.DisableUpstreamStream
-	fallbacks  bool
-	model      func(*config.Model)
-	fleet      func(*fleet.Options)
-	engine     func(i int, o *enginetest.Options)
+	// clock, when set, is the picker's clock (picker.Options.Clock) in
+	// place of the frozen one.
+	clock     func() time.Time
+	fallbacks bool
+	model     func(*config.Model)
+	fleet     func(*fleet.Options)
+	engine    func(i int, o *enginetest.Options)
 	// address, when set, gives replica i's address in place of engine
 	// e's (a server in front of it).
 	address func(i int, e *enginetest.Engine) string
@@ -135,7 +138,11 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 	// would price replicas apart at random (gateway.CacheAware in
 	// predicted time). Tests of speeds teach them themselves (teach).
 	frozen := time.Unix(1e9, 0)
-	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, DisableUpstreamStream: setup.noUpstream, Clock: func() time.Time { return frozen }})
+	clock := setup.clock
+	if clock == nil {
+		clock = func() time.Time { return frozen }
+	}
+	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, DisableUpstreamStream: setup.noUpstream, Clock: clock})
 	require.NoError(t, err)
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,4 +217,21 @@ func TestPickerObjectives(t *testing.T) {
 			require.Equal(t, uint64(map[bool]int{true: 1}[tc.action != ""]), st.ObjectiveBestEffort, "best-effort decisions in the library's Stats")
 		})
 	}
+}
+
+// A request with an objective is counted in exa_gateway_slo_requests_total
+// as its client saw it, as in the HTTP gateway (front.Metrics.CountSeen):
+// a first token within a minute meets a TTFT objective of a minute. The
+// picker's clock steps a millisecond a reading, so that its first token
+// is seen after a positive time (Outcome.TTFT).
+func TestPickerObjectiveCounted(t *testing.T) {
+	var ms atomic.Int64
+	clock := func() time.Time { return time.Unix(1e9, 0).Add(time.Duration(ms.Add(1)) * time.Millisecond) }
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{clock: clock})
+	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "counted"), "X-Slo-Ttft-Ms", "60000")
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	f.waitIdle()
+	require.Equal(t, 1.0, f.counter("exa_gateway_slo_requests_total", map[string]string{"model": testModel, "objective": "ttft", "outcome": "met"}))
+	require.Zero(t, f.counter("exa_gateway_slo_requests_total", map[string]string{"outcome": "missed"}))
 }

@@ -136,11 +136,7 @@ func (t *tracker) Done(o picker.Outcome) {
 		if t.slo.Set() && o.Status/100 == 2 {
 			// Counted as the client saw it: from the request's arrival
 			// at the picker (flow control's queue included).
-			seen := gateway.DoneInfo{Elapsed: max(r.opts.Clock().Sub(t.start), 1), OutputTokens: o.OutputTokens}
-			if o.TTFT > 0 {
-				seen.TTFT = max(o.Latency, 1)
-			}
-			r.metrics.CountSLO(t.ms.Name, t.slo, &seen)
+			r.metrics.CountSeen(t.ms.Name, t.slo, o.Latency, o.TTFT > 0, r.opts.Clock().Sub(t.start), o.OutputTokens)
 		}
 	}
 	if t.pre != nil {
