@@ -1,6 +1,10 @@
 package jsonscan
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,4 +26,56 @@ func TestRewrite(t *testing.T) {
 		_, err := Rewrite([]byte(bad), drop, "")
 		assert.ErrorIs(t, err, ErrSyntax, "%q", bad)
 	}
+}
+
+// FuzzRewrite checks Members and Rewrite on arbitrary bytes: b is never
+// modified; an object is accepted exactly when json.Valid reads it and it
+// opens with '{' (within MaxDepth); the rewrite without the dropped
+// members, with a tail, is valid JSON that encoding/json reads as the
+// object with those members removed and the tail's added.
+func FuzzRewrite(f *testing.F) {
+	for _, s := range []string{`{"a":1,"b": 2.50 ,"a":[3]}`, ` { "\u0061" : 1 , "b":{"a":1} } `, `{}`, `[]`, `{"a":1}x`,
+		`{"a"}`, `{"a":"\ud800"}`, `{"b":{"c":[1,{"d":null}]},"e":"\"a\""}`, ``, `{"a":1,}`} {
+		f.Add([]byte(s))
+	}
+	drop := func(name string) bool { return name == "a" }
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > MaxDepth {
+			return
+		}
+		in := string(b)
+		ms, merr := Members(b)
+		out, err := Rewrite(b, drop, `"tail":true`)
+		if in != string(b) {
+			t.Fatalf("%q modified to %q", in, b)
+		}
+		trimmed := bytes.TrimLeft(b, " \t\r\n")
+		want := json.Valid(b) && len(trimmed) > 0 && trimmed[0] == '{'
+		if (merr == nil) != want || (err == nil) != want {
+			t.Fatalf("%q: Members %v, Rewrite %v; want accepted %v", b, merr, err, want)
+		}
+		if !want {
+			if !errors.Is(merr, ErrSyntax) || !errors.Is(err, ErrSyntax) {
+				t.Fatalf("%q: errors %v, %v do not wrap ErrSyntax", b, merr, err)
+			}
+			return
+		}
+		for _, m := range ms {
+			if !json.Valid(m.Raw) || !json.Valid(m.RawName) {
+				t.Fatalf("%q: member %q: name %q or value %q is not JSON", b, m.Name, m.RawName, m.Raw)
+			}
+		}
+		var before, after map[string]any
+		if json.Unmarshal(b, &before) != nil {
+			return // valid, but not readable as a map (a number past float64)
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("%q rewritten to %q: %v", b, out, err)
+		}
+		delete(before, "a")
+		before["tail"] = true
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("%q rewritten to %q: %v, want %v", b, out, after, before)
+		}
+	})
 }
