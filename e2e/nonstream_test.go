@@ -68,47 +68,7 @@ func TestNonStreamedFirstToken(t *testing.T) {
 				return gw.metric(t, "exa_gateway_pending_prefill_blocks", map[string]string{"model": simModel})
 			}
 			require.Zero(t, pending())
-			type answer struct {
-				status int
-				body   []byte
-				err    error
-				at     time.Duration
-			}
-			done := make(chan answer, 1)
-			start := time.Now()
-			go func() {
-				resp, err := http.Post(gw.url+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
-				if err != nil {
-					done <- answer{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- answer{status: resp.StatusCode, body: b, err: err, at: time.Since(start)}
-			}()
-			var firstSeen, released time.Duration = -1, -1
-			var maxPending float64
-			var a answer
-		poll:
-			for {
-				select {
-				case a = <-done:
-					break poll
-				default:
-				}
-				p := pending()
-				at := time.Since(start)
-				if p > 0 && firstSeen < 0 {
-					firstSeen = at
-				}
-				if p > maxPending {
-					maxPending = p
-				}
-				if p == 0 && maxPending > 0 && released < 0 {
-					released = at
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			a, firstSeen, released, maxPending := nsPendingWhile(gw.url, body(i), pending)
 			require.NoError(t, a.err)
 			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 			if released < 0 && pending() == 0 {
@@ -127,26 +87,7 @@ func TestNonStreamedFirstToken(t *testing.T) {
 			}
 
 			// The gateway's answer against the engine's own.
-			resp, err := http.Post(engine.url()+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
-			require.NoError(t, err)
-			direct, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			require.NoError(t, err)
-			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", direct)
-			var viaGW, viaEngine map[string]any
-			require.NoError(t, json.Unmarshal(a.body, &viaGW), "%s", a.body)
-			require.NoError(t, json.Unmarshal(direct, &viaEngine), "%s", direct)
-			assert.Equal(t, "chat.completion", viaGW["object"])
-			assert.Equal(t, viaEngine["usage"], viaGW["usage"], "usage")
-			assert.Equal(t, viaEngine["model"], viaGW["model"])
-			gc, ec := viaGW["choices"].([]any)[0].(map[string]any), viaEngine["choices"].([]any)[0].(map[string]any)
-			assert.Equal(t, ec["finish_reason"], gc["finish_reason"], "finish_reason")
-			gm, em := gc["message"].(map[string]any), ec["message"].(map[string]any)
-			assert.Equal(t, em["content"], gm["content"], "content")
-			assert.Equal(t, em["role"], gm["role"], "role")
-			assert.NotEmpty(t, gm["content"])
-			t.Logf("keys: top gateway %v engine %v; choice gateway %v engine %v; message gateway %v engine %v",
-				sortedKeys(viaGW), sortedKeys(viaEngine), sortedKeys(gc), sortedKeys(ec), sortedKeys(gm), sortedKeys(em))
+			nsSameAsEngine(t, "gateway", engine.url(), body(i), a.body)
 		})
 	}
 }
@@ -158,6 +99,82 @@ func nsPrompt() string {
 		words[i] = fmt.Sprintf("word%d", i)
 	}
 	return strings.Join(words, " ")
+}
+
+// nsAnswer is a non-streamed answer as a client reads it: complete at at
+// after the request was sent.
+type nsAnswer struct {
+	status int
+	ct     string // Content-Type
+	body   []byte
+	err    error
+	at     time.Duration
+}
+
+// nsPendingWhile posts the chat request body to the front at url and
+// polls pending (the front's pending prefill) every 20ms until the answer
+// comes. It returns the answer, when pending prefill was first seen and
+// when it was released (-1: not seen, not released before the answer),
+// and its peak.
+func nsPendingWhile(url string, body []byte, pending func() float64) (a nsAnswer, firstSeen, released time.Duration, maxPending float64) {
+	done := make(chan nsAnswer, 1)
+	start := time.Now()
+	go func() {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			done <- nsAnswer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- nsAnswer{status: resp.StatusCode, ct: resp.Header.Get("Content-Type"), body: b, err: err, at: time.Since(start)}
+	}()
+	firstSeen, released = -1, -1
+	for {
+		select {
+		case a = <-done:
+			return a, firstSeen, released, maxPending
+		default:
+		}
+		p := pending()
+		at := time.Since(start)
+		if p > 0 && firstSeen < 0 {
+			firstSeen = at
+		}
+		maxPending = max(maxPending, p)
+		if p == 0 && maxPending > 0 && released < 0 {
+			released = at
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// nsSameAsEngine compares the answer got of the front named front to the
+// chat request body with the engine's own non-streamed answer to it:
+// content, usage, model, finish_reason and role equal; the remaining
+// differences of shape are logged.
+func nsSameAsEngine(t *testing.T, front, engineURL string, body, got []byte) {
+	t.Helper()
+	resp, err := http.Post(engineURL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	direct, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", direct)
+	var viaFront, viaEngine map[string]any
+	require.NoError(t, json.Unmarshal(got, &viaFront), "%s", got)
+	require.NoError(t, json.Unmarshal(direct, &viaEngine), "%s", direct)
+	assert.Equal(t, "chat.completion", viaFront["object"])
+	assert.Equal(t, viaEngine["usage"], viaFront["usage"], "usage")
+	assert.Equal(t, viaEngine["model"], viaFront["model"])
+	fc, ec := viaFront["choices"].([]any)[0].(map[string]any), viaEngine["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, ec["finish_reason"], fc["finish_reason"], "finish_reason")
+	fm, em := fc["message"].(map[string]any), ec["message"].(map[string]any)
+	assert.Equal(t, em["content"], fm["content"], "content")
+	assert.Equal(t, em["role"], fm["role"], "role")
+	assert.NotEmpty(t, fm["content"])
+	t.Logf("keys: top %s %v engine %v; choice %s %v engine %v; message %s %v engine %v",
+		front, sortedKeys(viaFront), sortedKeys(viaEngine), front, sortedKeys(fc), sortedKeys(ec), front, sortedKeys(fm), sortedKeys(em))
 }
 
 // sortedKeys returns m's keys, sorted.

@@ -57,46 +57,7 @@ func TestPickerUpstreamStream(t *testing.T) {
 				return pp.metric(t, "exa_gateway_pending_prefill_blocks", map[string]string{"model": simModel})
 			}
 			require.Zero(t, pending())
-			type answer struct {
-				status int
-				ct     string
-				body   []byte
-				err    error
-				at     time.Duration
-			}
-			done := make(chan answer, 1)
-			start := time.Now()
-			go func() {
-				resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
-				if err != nil {
-					done <- answer{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- answer{status: resp.StatusCode, ct: resp.Header.Get("Content-Type"), body: b, err: err, at: time.Since(start)}
-			}()
-			var firstSeen, released time.Duration = -1, -1
-			var maxPending float64
-			var a answer
-		poll:
-			for {
-				select {
-				case a = <-done:
-					break poll
-				default:
-				}
-				p := pending()
-				at := time.Since(start)
-				if p > 0 && firstSeen < 0 {
-					firstSeen = at
-				}
-				maxPending = max(maxPending, p)
-				if p == 0 && maxPending > 0 && released < 0 {
-					released = at
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			a, firstSeen, released, maxPending := nsPendingWhile(url, body(i), pending)
 			require.NoError(t, a.err)
 			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 			assert.Equal(t, "application/json", a.ct)
@@ -117,24 +78,7 @@ func TestPickerUpstreamStream(t *testing.T) {
 			}
 
 			// The picker's answer against the engine's own.
-			resp, err := http.Post(engine.url()+"/v1/chat/completions", "application/json", bytes.NewReader(body(i)))
-			require.NoError(t, err)
-			direct, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			require.NoError(t, err)
-			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", direct)
-			var viaPicker, viaEngine map[string]any
-			require.NoError(t, json.Unmarshal(a.body, &viaPicker), "%s", a.body)
-			require.NoError(t, json.Unmarshal(direct, &viaEngine), "%s", direct)
-			assert.Equal(t, "chat.completion", viaPicker["object"])
-			assert.Equal(t, viaEngine["usage"], viaPicker["usage"], "usage")
-			assert.Equal(t, viaEngine["model"], viaPicker["model"])
-			pc, ec := viaPicker["choices"].([]any)[0].(map[string]any), viaEngine["choices"].([]any)[0].(map[string]any)
-			assert.Equal(t, ec["finish_reason"], pc["finish_reason"], "finish_reason")
-			pm, em := pc["message"].(map[string]any), ec["message"].(map[string]any)
-			assert.Equal(t, em["content"], pm["content"], "content")
-			assert.Equal(t, em["role"], pm["role"], "role")
-			assert.NotEmpty(t, pm["content"])
+			nsSameAsEngine(t, "picker", engine.url(), body(i), a.body)
 		})
 	}
 }
