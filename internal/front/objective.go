@@ -285,24 +285,18 @@ func (m *Metrics) CountSeen(model string, s SLO, ttft time.Duration, firstSeen b
 }
 
 // CheckSLO is both fronts' objective rule on decision d of a request of
-// model with objective s: a decision that is Unmet is counted
-// (CountUnattainable) and refused or not by o.Refuse, whose result it
-// returns; the front answers a refused one 429 (WriteSLOUnattainable).
+// model with objective s: a decision that is Unmet is counted in
+// SLOUnattainable (action best_effort or rejected) and refused or not by
+// o.Refuse, whose result it returns; the front answers a refused one 429
+// (WriteSLOUnattainable).
 func (m *Metrics) CheckSLO(o *Objectives, model string, s SLO, d *gateway.Decision) (refused bool) {
 	if !Unmet(s, d) {
 		return false
 	}
-	refused = o.Refuse(s, d)
-	m.CountUnattainable(model, refused)
-	return refused
-}
-
-// CountUnattainable counts a decision of model that no replica was
-// predicted to meet (gateway.FallbackSLO), refused or best effort.
-func (m *Metrics) CountUnattainable(model string, refused bool) {
 	action := "best_effort"
-	if refused {
+	if refused = o.Refuse(s, d); refused {
 		action = "rejected"
 	}
 	m.SLOUnattainable.WithLabelValues(model, action).Inc()
+	return refused
 }
