@@ -1,7 +1,9 @@
 // Package fronttest holds the test fixtures that the HTTP gateway's and
 // the endpoint picker's tests share (packages httpgw and
 // picker/fleetpick): an in-process tokenizer, KV-event frames as vLLM
-// sends them, loopback addresses. For tests only.
+// sends them, loopback addresses, metric readers (metrics.go), the
+// scenarios both fronts run (firsttoken.go) and the checks of an
+// assembled answer (assembled.go). For tests only.
 package fronttest
 
 import (
