@@ -253,23 +253,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// faster than the deadband: a faster class, not one fit's noise (with
 	// 32 equal replicas on the Mooncake trace, one noisy fit drew every
 	// unknown replica's price down, and mean TTFT rose 0.8%).
-	unknown := 1.0
-	if ref > 0 {
-		fastest := math.Inf(1)
-		known, fast := 0, 0
-		for i := range cands {
-			if b := float64(cands[i].BlockTime); b > 0 {
-				fastest = min(fastest, b)
-				known++
-				if b*speedDeadband <= ref {
-					fast++
-				}
-			}
-		}
-		if f := fastest / ref; f <= 1/speedDeadband && 4*fast >= known {
-			unknown = f
-		}
-	}
+	//
 	// Only the TTFT objective filters: where the prefill lands decides
 	// the first token, while a replica's time per token is mostly its
 	// decode batch's; filtering by it too moved interactive requests off
@@ -277,13 +261,27 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// 8b-h100-blis at 1,0.5: interactive attainment 92.6% against 94.8%
 	// without, docs/results.md). The TPOT objective is checked on the
 	// chosen replica (FallbackSLO).
-	obj := objective{ttft: req.TTFT}
-	if obj.set() {
-		meet := 0
+	unknown, obj := 1.0, objective{ttft: req.TTFT}
+	if ref > 0 || obj.set() {
+		// One pass for both: the fastest known speed and how many are
+		// known and priced faster, and how many meet the objective.
+		fastest := math.Inf(1)
+		known, fast, meet := 0, 0, 0
 		for i := range cands {
-			if obj.meets(&cands[i], n, ref) {
+			c := &cands[i]
+			if b := float64(c.BlockTime); b > 0 {
+				fastest = min(fastest, b)
+				known++
+				if b*speedDeadband <= ref {
+					fast++
+				}
+			}
+			if obj.set() && obj.meets(c, n, ref) {
 				meet++
 			}
+		}
+		if f := fastest / ref; ref > 0 && f <= 1/speedDeadband && 4*fast >= known {
+			unknown = f
 		}
 		filter = meet > 0 && meet < len(cands)
 	}
