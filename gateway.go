@@ -490,7 +490,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	pc := &cands[pick]
 	matched := pc.Matched
 	// The chosen replica's predictions; an unknown time per block is the
-	// candidates' mean.
+	// mean of the gateway's known ones (ref).
 	a := float64(pc.BlockTime)
 	if a == 0 {
 		a = ref

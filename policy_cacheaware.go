@@ -128,7 +128,9 @@ import (
 //
 // Replicas are priced at their speed (Candidate.BlockTime, learned by the
 // gateway, speed.go): a candidate whose time per block is more than
-// speedDeadband (1.3) times from the candidates' mean costs
+// speedDeadband (1.3) times from the mean of the known times per block
+// (the gateway's replicas', Request.ref; the candidates' own when Pick
+// sums them itself) costs
 // f·(cost+1) − 1, f its time over the mean, the cost plus the step that
 // yields the token at its speed. Within the deadband f is 1, so the exact
 // ties of equal replicas stay ties; with no speed known nothing changes.
@@ -238,9 +240,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
 	warm := 2*maxMatched <= n
-	// ref is the candidates' mean time per block, 0 while no speed is
-	// known; with an objective some but not all candidates are predicted
-	// to meet, filter leaves out those predicted to miss it.
+	// ref is the mean time per block, 0 while no speed is known: the
+	// gateway's replicas' (Request.ref), or the candidates' when this
+	// pass summed them; with an objective some but not all candidates
+	// are predicted to meet, filter leaves out those predicted to miss it.
 	ref, filter := req.ref, false
 	if !req.sum.ok || adapter {
 		ref = sum.ref.mean()

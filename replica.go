@@ -140,7 +140,7 @@ type replicaState struct {
 
 	lora loraState // LoRA adapters (lora.go)
 
-	speed   atomic.Uint64 // Candidate.speed, published by learner
+	speed   atomic.Uint64 // Candidate.BlockTime and TokenTime packed (speedFit.packed), published by learner
 	learner *speedLearner // the fit behind speed; nil only in tests' bare states
 	_       [replicaStatePad]byte
 }
