@@ -141,7 +141,7 @@ type replicaState struct {
 	lora loraState // LoRA adapters (lora.go)
 
 	speed   atomic.Uint64 // Candidate.BlockTime and TokenTime packed (speedFit.packed), published by learner
-	learner *speedLearner // the fit behind speed; nil only in tests' bare states
+	learner *speedLearner // the fit behind speed
 	_       [replicaStatePad]byte
 }
 

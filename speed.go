@@ -223,7 +223,7 @@ func (l *speedLearner) leave() {
 // learn folds a finished request's observations into rs's fit and
 // publishes it. work is the request's prefill work in blocks (see above).
 func (rs *replicaState) learn(work int, info *DoneInfo) {
-	if info.Err != nil || rs.learner == nil {
+	if info.Err != nil {
 		return
 	}
 	w, o := float64(work), float64(max(info.OutputTokens-1, 0))
