@@ -351,7 +351,8 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if len(key) > 0 && tg.NoPrompt {
 		return Decision{}, fmt.Errorf("%w: a Target with NoPrompt routes an empty Key, got a key of %d blocks", ErrInvalid, len(key))
 	}
-	if err := (objective{tg.TTFT, tg.TPOT}).validate(); err != nil {
+	obj := objective{tg.TTFT, tg.TPOT}
+	if err := obj.validate(); err != nil {
 		return Decision{}, err
 	}
 	var now int64
@@ -495,7 +496,6 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if a == 0 {
 		a = ref
 	}
-	obj := objective{tg.TTFT, tg.TPOT}
 	if obj.set() && !tg.NoPrompt {
 		g.stats.objReq.Add(1)
 		if !obj.meets(pc, len(key), a) {
