@@ -201,19 +201,24 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	}
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
-	sum := &req.sum
+	// ref is the mean time per block, 0 while no speed is known: the
+	// gateway's replicas' (Request.ref), or the candidates' when this
+	// pass sums them.
+	sum, ref := &req.sum, req.ref
 	if !sum.ok || adapter {
 		// The gateway did not sum the candidates (or the adapter's price
 		// needs its own pass): sum them here.
 		sum = &candSum{least: math.MaxInt, common: math.MaxInt}
+		var speeds speedRef
 		for i := range cands {
 			c := &cands[i]
 			if adapter {
 				lp.count(c)
 			}
 			sum.add(c, maxMatched)
-			sum.ref.add(c)
+			speeds.add(c)
 		}
+		ref = speeds.mean()
 	}
 	// common is the prefix every candidate sent work holds.
 	total, pending, holders, outstanding, least, common := sum.total, sum.pending, sum.holders, sum.outstanding, sum.least, sum.common
@@ -240,14 +245,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
 	warm := 2*maxMatched <= n
-	// ref is the mean time per block, 0 while no speed is known: the
-	// gateway's replicas' (Request.ref), or the candidates' when this
-	// pass summed them; with an objective some but not all candidates
-	// are predicted to meet, filter leaves out those predicted to miss it.
-	ref, filter := req.ref, false
-	if !req.sum.ok || adapter {
-		ref = sum.ref.mean()
-	}
+	// With an objective some but not all candidates are predicted to
+	// meet, filter leaves out those predicted to miss it.
+	filter := false
 	// unknown is the price factor of a candidate whose speed is not known
 	// while others' are (one added, or back in rotation): the fastest
 	// known's, so that it gets the traffic to learn from rather than none
