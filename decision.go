@@ -53,8 +53,8 @@ type DoneInfo struct {
 	// is the time from routing to the end of the answer, 0 if unknown;
 	// OutputTokens the tokens the answer held (its usage), 0 if unknown.
 	// Together they teach the gateway the replica's speed (speed.go) and
-	// count the request against its Objective in Stats. Zero values teach
-	// nothing.
+	// count the request against its objective (Target.TTFT, TPOT) in
+	// Stats. Zero values teach nothing.
 	TTFT, Elapsed time.Duration
 	OutputTokens  int
 }

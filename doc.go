@@ -43,8 +43,9 @@
 //
 // Every exported function and method is safe for concurrent use. Load and
 // health updates are atomics, and so is each replica's published speed
-// (its fit is updated under a lock of its own, at Done); Route does not allocate and holds one short
-// mutex, under which a Policy's Pick runs, so Pick must not block.
+// (its fit is updated under a lock of its own, at Done); Route does not
+// allocate and holds one short mutex, under which a Policy's Pick runs, so
+// Pick must not block.
 // Saturated and Spares read an immutable snapshot of the replica table and
 // take no lock.
 package gateway

@@ -351,7 +351,8 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if len(key) > 0 && tg.NoPrompt {
 		return Decision{}, fmt.Errorf("%w: a Target with NoPrompt routes an empty Key, got a key of %d blocks", ErrInvalid, len(key))
 	}
-	if err := (objective{tg.TTFT, tg.TPOT}).validate(); err != nil {
+	obj := objective{tg.TTFT, tg.TPOT}
+	if err := obj.validate(); err != nil {
 		return Decision{}, err
 	}
 	var now int64
@@ -490,12 +491,11 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	pc := &cands[pick]
 	matched := pc.Matched
 	// The chosen replica's predictions; an unknown time per block is the
-	// candidates' mean.
+	// mean of the gateway's known ones (ref).
 	a := float64(pc.BlockTime)
 	if a == 0 {
 		a = ref
 	}
-	obj := objective{tg.TTFT, tg.TPOT}
 	if obj.set() && !tg.NoPrompt {
 		g.stats.objReq.Add(1)
 		if !obj.meets(pc, len(key), a) {

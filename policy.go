@@ -92,9 +92,6 @@ type candSum struct {
 	// holders counts those whose Matched is the longest, and common is the
 	// least Matched of those with AssignedPrefill > 0 (MaxInt if none).
 	total, pending, outstanding, least, holders, common int
-	// ref sums the known times per block (Candidate.BlockTime); only
-	// CacheAware's own pass fills it.
-	ref speedRef
 }
 
 // add counts candidate c into s, whose holders are of maxMatched, the

@@ -128,7 +128,9 @@ import (
 //
 // Replicas are priced at their speed (Candidate.BlockTime, learned by the
 // gateway, speed.go): a candidate whose time per block is more than
-// speedDeadband (1.3) times from the candidates' mean costs
+// speedDeadband (1.3) times from the mean of the known times per block
+// (the gateway's replicas', Request.ref; the candidates' own when Pick
+// sums them itself) costs
 // f·(cost+1) − 1, f its time over the mean, the cost plus the step that
 // yields the token at its speed. Within the deadband f is 1, so the exact
 // ties of equal replicas stay ties; with no speed known nothing changes.
@@ -199,19 +201,24 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	}
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
-	sum := &req.sum
+	// ref is the mean time per block, 0 while no speed is known: the
+	// gateway's replicas' (Request.ref), or the candidates' when this
+	// pass sums them.
+	sum, ref := &req.sum, req.ref
 	if !sum.ok || adapter {
 		// The gateway did not sum the candidates (or the adapter's price
 		// needs its own pass): sum them here.
 		sum = &candSum{least: math.MaxInt, common: math.MaxInt}
+		var speeds speedRef
 		for i := range cands {
 			c := &cands[i]
 			if adapter {
 				lp.count(c)
 			}
 			sum.add(c, maxMatched)
-			sum.ref.add(c)
+			speeds.add(c)
 		}
+		ref = speeds.mean()
 	}
 	// common is the prefix every candidate sent work holds.
 	total, pending, holders, outstanding, least, common := sum.total, sum.pending, sum.holders, sum.outstanding, sum.least, sum.common
@@ -238,13 +245,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// A replicated prefix no longer than the rest of the request warms a
 	// replica never sent work before one already holding it.
 	warm := 2*maxMatched <= n
-	// ref is the candidates' mean time per block, 0 while no speed is
-	// known; with an objective some but not all candidates are predicted
-	// to meet, filter leaves out those predicted to miss it.
-	ref, filter := req.ref, false
-	if !req.sum.ok || adapter {
-		ref = sum.ref.mean()
-	}
+	// With an objective some but not all candidates are predicted to
+	// meet, filter leaves out those predicted to miss it.
+	filter := false
 	// unknown is the price factor of a candidate whose speed is not known
 	// while others' are (one added, or back in rotation): the fastest
 	// known's, so that it gets the traffic to learn from rather than none
@@ -253,23 +256,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// faster than the deadband: a faster class, not one fit's noise (with
 	// 32 equal replicas on the Mooncake trace, one noisy fit drew every
 	// unknown replica's price down, and mean TTFT rose 0.8%).
-	unknown := 1.0
-	if ref > 0 {
-		fastest := math.Inf(1)
-		known, fast := 0, 0
-		for i := range cands {
-			if b := float64(cands[i].BlockTime); b > 0 {
-				fastest = min(fastest, b)
-				known++
-				if b*speedDeadband <= ref {
-					fast++
-				}
-			}
-		}
-		if f := fastest / ref; f <= 1/speedDeadband && 4*fast >= known {
-			unknown = f
-		}
-	}
+	//
 	// Only the TTFT objective filters: where the prefill lands decides
 	// the first token, while a replica's time per token is mostly its
 	// decode batch's; filtering by it too moved interactive requests off
@@ -277,13 +264,27 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// 8b-h100-blis at 1,0.5: interactive attainment 92.6% against 94.8%
 	// without, docs/results.md). The TPOT objective is checked on the
 	// chosen replica (FallbackSLO).
-	obj := objective{ttft: req.TTFT}
-	if obj.set() {
-		meet := 0
+	unknown, obj := 1.0, objective{ttft: req.TTFT}
+	if ref > 0 || obj.set() {
+		// One pass for both: the fastest known speed and how many are
+		// known and priced faster, and how many meet the objective.
+		fastest := math.Inf(1)
+		known, fast, meet := 0, 0, 0
 		for i := range cands {
-			if obj.meets(&cands[i], n, ref) {
+			c := &cands[i]
+			if b := float64(c.BlockTime); b > 0 {
+				fastest = min(fastest, b)
+				known++
+				if b*speedDeadband <= ref {
+					fast++
+				}
+			}
+			if obj.set() && obj.meets(c, n, ref) {
 				meet++
 			}
+		}
+		if f := fastest / ref; ref > 0 && f <= 1/speedDeadband && 4*fast >= known {
+			unknown = f
 		}
 		filter = meet > 0 && meet < len(cands)
 	}

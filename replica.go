@@ -140,8 +140,8 @@ type replicaState struct {
 
 	lora loraState // LoRA adapters (lora.go)
 
-	speed   atomic.Uint64 // Candidate.speed, published by learner
-	learner *speedLearner // the fit behind speed; nil only in tests' bare states
+	speed   atomic.Uint64 // Candidate.BlockTime and TokenTime packed (speedFit.packed), published by learner
+	learner *speedLearner // the fit behind speed
 	_       [replicaStatePad]byte
 }
 

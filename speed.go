@@ -30,7 +30,8 @@ import (
 // the traffic. A sample beyond speedClip times the fit's prediction (or
 // below its inverse) counts as that bound, so one stalled request moves
 // the fit by a bounded step. Until speedMinSamples samples have weight,
-// the replica's speed is unknown, and the router prices it as today.
+// the replica's speed is unknown, and the router prices it as it would
+// with no speed learned.
 
 const (
 	// speedDecay is the weight a sample keeps per later sample: the fit
@@ -48,7 +49,7 @@ const (
 	// so that a fit on a few samples does not steer routing.
 	speedMinTTFT = 30
 	// speedDeadband: CacheAware prices a replica at its own speed only
-	// when it differs from the candidates' mean by more than this factor
+	// when it differs from the mean (CacheAware's ref) by more than this factor
 	// (see slowness), so that noise in the fits of equal replicas does not
 	// break the exact ties the tie order settles.
 	speedDeadband = 1.3
@@ -222,7 +223,7 @@ func (l *speedLearner) leave() {
 // learn folds a finished request's observations into rs's fit and
 // publishes it. work is the request's prefill work in blocks (see above).
 func (rs *replicaState) learn(work int, info *DoneInfo) {
-	if info.Err != nil || rs.learner == nil {
+	if info.Err != nil {
 		return
 	}
 	w, o := float64(work), float64(max(info.OutputTokens-1, 0))

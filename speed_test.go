@@ -155,18 +155,7 @@ func TestCacheAwareEqualSpeedsAsToday(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 8).Draw(t, "replicas")
 		blocks := rapid.IntRange(1, 16).Draw(t, "blocks")
-		cands := make([]Candidate, n)
-		for i := range cands {
-			cands[i] = Candidate{
-				Name:            string(rune('a' + i)),
-				Matched:         rapid.IntRange(0, blocks).Draw(t, "matched"),
-				InFlight:        rapid.IntRange(0, 20).Draw(t, "inflight"),
-				PendingPrefill:  rapid.IntRange(0, 40).Draw(t, "pending"),
-				AssignedPrefill: rapid.IntRange(0, 100).Draw(t, "assigned"),
-				CacheBlocks:     64,
-				LastPicked:      uint64(rapid.IntRange(0, 50).Draw(t, "picked")),
-			}
-		}
+		cands := drawCands(t, n, blocks)
 		var p CacheAware
 		want := p.Pick(caReq(blocks, cands), cands)
 		base := rapid.Float64Range(1e3, 1e8).Draw(t, "base")

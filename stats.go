@@ -46,7 +46,8 @@ type counters struct {
 	noMatch, loadGuard, noHealthy           atomic.Uint64
 	blocks, matched                         atomic.Uint64
 	byKind                                  [numKinds]atomic.Uint64
-	// objective counters, ObjectiveStats's in its order
+	// objective counters: Stats.ObjectiveRequests, ObjectiveBestEffort,
+	// TTFTMet, TTFTMissed, TPOTMet, TPOTMissed
 	objReq, objBest                          atomic.Uint64
 	ttftMet, ttftMissed, tpotMet, tpotMissed atomic.Uint64
 }
