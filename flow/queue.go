@@ -336,15 +336,28 @@ func (q *Queue[T]) victim(r Request[T], b *band[T]) *item[T] {
 		return nil
 	}
 	own := 0
-	if f := b.flows[r.Flow]; f != nil {
-		own = len(f.items.s)
-	} else if f := b.flows[OverflowFlow]; f != nil && len(b.flows) >= q.cfg.MaxFlows {
+	if f := b.flows[q.joins(b, r.Flow)]; f != nil {
 		own = len(f.items.s)
 	}
 	if f := b.longest(); f != nil && len(f.items.s) >= own+2 {
 		return f.last()
 	}
 	return nil
+}
+
+// joins returns the id of the flow a request of flow id joins in band b:
+// its own while that holds requests; else, a flow becoming backlogged,
+// its own while fewer than MaxFlows are, else the overflow flow. Push's
+// displacement (victim) and hold both ask it, so that the flow whose
+// length the displacement rule weighs is the one the request joins.
+func (q *Queue[T]) joins(b *band[T], id string) string {
+	if f := b.flows[id]; f != nil && len(f.items.s) > 0 {
+		return id
+	}
+	if len(b.ring) >= q.cfg.MaxFlows {
+		return OverflowFlow
+	}
+	return id
 }
 
 // fitsBand reports whether r fits its band's own limits; b is not nil.
@@ -380,29 +393,21 @@ func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 	if b == nil {
 		b = q.addBand(r.Priority)
 	}
-	f := b.flows[r.Flow]
-	if f == nil || len(f.items.s) == 0 {
-		// A flow becomes backlogged: its own, while fewer than MaxFlows
-		// are, else the overflow flow.
-		id := r.Flow
-		if len(b.ring) >= q.cfg.MaxFlows {
-			id = OverflowFlow
-			f = b.flows[id]
+	id := q.joins(b, r.Flow)
+	f := b.flows[id]
+	if f == nil {
+		f = q.newFlow(id, b)
+		if b.flows == nil {
+			b.flows = make(map[string]*flowQ[T])
 		}
-		if f == nil {
-			f = q.newFlow(id, b)
-			if b.flows == nil {
-				b.flows = make(map[string]*flowQ[T])
-			}
-			b.flows[id] = f
-		}
-		if len(f.items.s) == 0 {
-			f.idle = false
-			f.tag = max(f.fin, b.v)
-			q.seq++
-			f.ts = q.seq
-			b.ring = append(b.ring, f)
-		}
+		b.flows[id] = f
+	}
+	if len(f.items.s) == 0 { // the flow becomes backlogged
+		f.idle = false
+		f.tag = max(f.fin, b.v)
+		q.seq++
+		f.ts = q.seq
+		b.ring = append(b.ring, f)
 	}
 	q.seq++
 	it := &item[T]{req: r, seq: q.seq, flow: f}

@@ -647,6 +647,29 @@ func TestDisplacement(t *testing.T) {
 	assert.Equal(t, []int{100, 1, 10, 11}, drain(q, always))
 }
 
+// A request whose own flow is idle while MaxFlows are backlogged joins the
+// overflow flow, and displacement weighs that flow, the one it joins: with
+// one flow allowed, "a" idle and the overflow flow holding b1 and a2 (the
+// queue full), a3 would join the overflow flow too and displaces no one
+// (it displaced a2 when the rule weighed the idle "a").
+func TestDisplacementWeighsTheFlowJoined(t *testing.T) {
+	q := mustNew[string](t, Config{MaxFlows: 1, Total: Limits{MaxRequests: 2}})
+	var gone []string
+	out := func(v string) { gone = append(gone, v) }
+	for _, r := range []Request[string]{{Value: "a1", Flow: "a"}, {Value: "b1", Flow: "b"}} {
+		_, err := q.Push(r, t0, out)
+		require.NoError(t, err)
+	}
+	v, ok := q.Next(func(v string) bool { return v == "a1" })
+	require.True(t, ok)
+	require.Equal(t, "a1", v, "a empties: idle")
+	_, err := q.Push(Request[string]{Value: "a2", Flow: "a"}, t0, out)
+	require.NoError(t, err)
+	_, err = q.Push(Request[string]{Value: "a3", Flow: "a"}, t0, out)
+	require.ErrorIs(t, err, ErrFull)
+	assert.Empty(t, gone)
+}
+
 // Queues sharing a Budget hold no more together than it allows; a request
 // past it gets a global FullError, and what leaves gives its share back.
 func TestBudgetShared(t *testing.T) {
