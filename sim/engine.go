@@ -167,10 +167,11 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64()), speed: cfg.speedOf(i)})
 		e.byNm[name] = int32(i)
 	}
+	clock := func() time.Time { return time.Unix(0, e.now) } // the simulated clock
 	e.gws = make([]router, max(1, cfg.Gateways))
 	for i := range e.gws {
 		gw := &e.gws[i]
-		opts := []gateway.Option{gateway.WithClock(func() time.Time { return time.Unix(0, e.now) })}
+		opts := []gateway.Option{gateway.WithClock(clock)}
 		if e.exact {
 			opts = append(opts, gateway.WithExactIndex())
 		}
@@ -178,16 +179,20 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			gp := pol.New(policySeed(cfg.Seed, i))
 			gw.policy = gp
 			gw.tracker, _ = gp.(reference.Tracker)
-			gw.blind = pol.BlindToUnstreamed
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
 			if c, ok := gp.(reference.Clocked); ok { // a peer timing what it hears reads the simulated clock
-				c.SetClock(func() time.Time { return time.Unix(0, e.now) })
+				c.SetClock(clock)
 			}
 			opts = append(opts, gateway.WithPolicy(gp))
 		} else {
 			opts = append(opts, gateway.WithMode(pol.Mode))
 		}
+		// A peer with its own tracking hears first tokens as its front does
+		// (Policy.BlindToUnstreamed); the gateway's own policies hear them
+		// unless their fronts forward such requests unchanged
+		// (Config.UpstreamStream off).
+		gw.blind = gw.tracker == nil && !cfg.UpstreamStream || gw.tracker != nil && pol.BlindToUnstreamed
 		if cfg.RouterSLO > 0 {
 			opts = append(opts, gateway.WithSLOLatency(cfg.RouterSLO))
 		}
@@ -425,11 +430,7 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 		return
 	}
 	s.d = d
-	// A peer with its own tracking hears first tokens as its front does
-	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
-	// unless their fronts forward such requests unchanged
-	// (Config.UpstreamStream off).
-	s.quiet = e.nonStreamed(s.id) && ((gw.tracker == nil && !e.cfg.UpstreamStream) || (gw.tracker != nil && gw.blind))
+	s.quiet = gw.blind && e.nonStreamed(s.id)
 	s.routed = e.now
 	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
 		// The front cannot see this first token: it releases the
