@@ -14,7 +14,7 @@ import (
 // directories below are under pkg/epp/framework/plugins/) and the
 // latency predictor it deploys, latencypredictor/ of GIE
 // (kubernetes-sigs/gateway-api-inference-extension) at 1748e829
-// (2026-06-16, the image the chart names):
+// (2026-06-16; the chart names the images' moving main tag):
 //
 //   - the chart's profile when latencyPredictor.enabled
 //     (config/charts/epplib/templates/_config.yaml): predicted-latency-
@@ -32,7 +32,8 @@ import (
 //     then −predicted). With streamingMode off (its default) the TTFT
 //     trained is the whole request's latency, recorded at its end, and
 //     TPOT is neutral (headroom 0, valid); on, TTFT is recorded at the
-//     first token and TPOT = (end − start − TTFT)/(tokens − 1) at the end,
+//     first token and TPOT = (end − start − TTFT)/(tokens − 1) at the end
+//     (the producer counts response chunks, a token each when streamed),
 //     its SLO tightened to the least TPOT SLO running on the replica;
 //   - the filters (scheduling/filter/prefixcacheaffinity,
 //     sloheadroomtier): keep the candidates whose prefix score reaches
@@ -74,6 +75,11 @@ import (
 // send), the composite fallback (used only when the prediction sidecar is
 // down), the 5-minute context TTL, disaggregated prefill, and the
 // prediction server's p90 quantile (the chart sets the mean objective).
+// Two settings are the code's defaults where the chart sets others: a
+// flush keeps at most 1,000 samples (the client's MaxSampleSize; the
+// chart's eppEnv sets LATENCY_MAX_SAMPLE_SIZE 10,000, a difference only
+// above 1,000 completions a second), and the prediction server reloads
+// every 10 s (MODEL_SYNC_INTERVAL_SEC; the chart sets 30 s).
 //
 // It needs Arrive (Tracker) for the prompt's length and SetClock for the
 // times of first tokens and ends (the simulator calls both); without
@@ -120,8 +126,9 @@ type LLMDPredicted struct {
 }
 
 // Predictor defaults (LATENCY_RETRAINING_INTERVAL_SEC in the chart's
-// values.yaml, the training loop's first sleep, MODEL_SYNC_INTERVAL_SEC,
-// the client's FlushInterval and MaxSampleSize).
+// values.yaml, the training loop's first sleep, half the code's default
+// MODEL_SYNC_INTERVAL_SEC, the client's FlushInterval and MaxSampleSize;
+// see the type's doc for the two the chart sets otherwise).
 const (
 	llmdRetrain    = 10 * time.Second
 	llmdSyncLag    = 5 * time.Second

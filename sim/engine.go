@@ -49,17 +49,16 @@ type seq struct {
 	quiet   bool    // the client does not stream: d hears nothing at the first token
 
 	// Kept from the request for routing at dispatch (flow control).
-	adapterName string
-	user        uint64      // Request.Blocks[UserBlock], for a Tracker
-	base        gateway.Key // the unsalted key of an adapter's request, for a Tracker
+	user uint64      // Request.Blocks[UserBlock], for a Tracker
+	base gateway.Key // the unsalted key of an adapter's request, for a Tracker
 	// Tenant and class (indexes in the engine's groups, -1 none),
 	// priority band and TTFT objective in ns.
 	tenant, class int16
 	prio          int
 	slo           int64
 	tpotSLO       int64 // TPOT objective in ns, 0 none (objectives.go)
-	// target carries the request's own objectives to the router when
-	// Config.ObjectiveHeaders; the adapter is added at dispatch.
+	// target is what the request asks of the router: its adapter and,
+	// when Config.ObjectiveHeaders, its own objectives.
 	target gateway.Target
 }
 
@@ -168,10 +167,11 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 		e.reps = append(e.reps, &replica{name: name, cache: newKVCache(e.cap, rand.Uint64()), speed: cfg.speedOf(i)})
 		e.byNm[name] = int32(i)
 	}
+	clock := func() time.Time { return time.Unix(0, e.now) } // the simulated clock
 	e.gws = make([]router, max(1, cfg.Gateways))
 	for i := range e.gws {
 		gw := &e.gws[i]
-		opts := []gateway.Option{gateway.WithClock(func() time.Time { return time.Unix(0, e.now) })}
+		opts := []gateway.Option{gateway.WithClock(clock)}
 		if e.exact {
 			opts = append(opts, gateway.WithExactIndex())
 		}
@@ -179,16 +179,20 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			gp := pol.New(policySeed(cfg.Seed, i))
 			gw.policy = gp
 			gw.tracker, _ = gp.(reference.Tracker)
-			gw.blind = pol.BlindToUnstreamed
 			gw.kv, _ = gp.(reference.KVListener)
 			gw.pred, _ = gp.(reference.Predictor)
 			if c, ok := gp.(reference.Clocked); ok { // a peer timing what it hears reads the simulated clock
-				c.SetClock(func() time.Time { return time.Unix(0, e.now) })
+				c.SetClock(clock)
 			}
 			opts = append(opts, gateway.WithPolicy(gp))
 		} else {
 			opts = append(opts, gateway.WithMode(pol.Mode))
 		}
+		// A peer with its own tracking hears first tokens as its front does
+		// (Policy.BlindToUnstreamed); the gateway's own policies hear them
+		// unless their fronts forward such requests unchanged
+		// (Config.UpstreamStream off).
+		gw.blind = gw.tracker == nil && !cfg.UpstreamStream || gw.tracker != nil && pol.BlindToUnstreamed
 		if cfg.RouterSLO > 0 {
 			opts = append(opts, gateway.WithSLOLatency(cfg.RouterSLO))
 		}
@@ -356,7 +360,7 @@ func (e *engine) arrive(req *Request) {
 		s.slo = int64(req.SLO)
 	}
 	s.tpotSLO = int64(req.TPOTSLO)
-	s.target = gateway.Target{}
+	s.target = gateway.Target{Adapter: req.Adapter}
 	if e.cfg.ObjectiveHeaders {
 		// The client sends its objectives (x-slo-ttft-ms, x-slo-tpot-ms).
 		s.target.TTFT, s.target.TPOT = req.SLO, req.TPOTSLO
@@ -374,7 +378,6 @@ func (e *engine) arrive(req *Request) {
 		e.shed(s, "saturated")
 		return
 	}
-	s.adapterName = req.Adapter
 	s.user = req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)]
 	if e.front == frontFlow || e.front == frontGIE {
 		s.base = append(s.base[:0], base...) // base is scratch, reused by the next arrival
@@ -401,19 +404,17 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 			BaseKey:     base,
 		})
 	}
-	tg := s.target
-	tg.Adapter = s.adapterName
 	d, err := s.d, error(nil) // routed by flow control's bind (flowctl.go), or now
 	s.d = gateway.Decision{}
 	if d.Replica == "" {
-		d, err = gw.g.RouteWith(s.key, tg)
+		d, err = gw.g.RouteWith(s.key, s.target)
 	}
 	if err != nil {
 		e.res.Failed++
 		e.pool = append(e.pool, s)
 		return
 	}
-	if e.own && e.sloRule.Refuse(fronts.SLO{TTFT: tg.TTFT, TPOT: tg.TPOT}, &d) {
+	if e.own && e.sloRule.Refuse(fronts.SLO{TTFT: s.target.TTFT, TPOT: s.target.TPOT}, &d) {
 		// The fronts' rule (--slo-unattainable reject): a 429, the
 		// decision released.
 		e.shed(s, fronts.CodeSLOUnattainable)
@@ -429,11 +430,7 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 		return
 	}
 	s.d = d
-	// A peer with its own tracking hears first tokens as its front does
-	// (Policy.BlindToUnstreamed); the gateway's own policies hear them
-	// unless their fronts forward such requests unchanged
-	// (Config.UpstreamStream off).
-	s.quiet = e.nonStreamed(s.id) && ((gw.tracker == nil && !e.cfg.UpstreamStream) || (gw.tracker != nil && gw.blind))
+	s.quiet = gw.blind && e.nonStreamed(s.id)
 	s.routed = e.now
 	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
 		// The front cannot see this first token: it releases the

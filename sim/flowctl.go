@@ -151,13 +151,11 @@ func (e *engine) dispatchAll() {
 		gw := &e.gws[i]
 		// The fronts' bind rule: room, then routed at that moment.
 		room := func(s *seq) bool {
-			tg := s.target
-			tg.Adapter = s.adapterName
 			a := e.cfg.Admission
 			if lim := e.cfg.FlowControl.UsageLimits; len(lim) > 0 {
 				a = flow.Limit(a, lim[s.prio]) // its band's usage limit
 			}
-			ok, d, routed := flow.Bind(gw.g, s.key, tg, a, false)
+			ok, d, routed := flow.Bind(gw.g, s.key, s.target, a, false)
 			if routed {
 				s.d = d // dispatch sends it there
 			}

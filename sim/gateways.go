@@ -38,8 +38,8 @@ type router struct {
 	tracker reference.Tracker
 	kv      reference.KVListener
 	pred    reference.Predictor
-	// blind: the tracker hears no first token of a client that does not
-	// stream (Policy.BlindToUnstreamed).
+	// blind: the router's front hears no first token of a client that
+	// does not stream, only its end (set per run in newEngine).
 	blind bool
 }
 

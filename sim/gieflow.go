@@ -70,7 +70,7 @@ func gieQueueConfig() flow.Config {
 // heldBase is the unsalted key kept for a held request (nil for the base
 // model), as arrive passes it.
 func (s *seq) heldBase() gateway.Key {
-	if s.adapterName == "" {
+	if s.target.Adapter == "" {
 		return nil
 	}
 	return s.base

@@ -176,13 +176,10 @@ func (c *Config) mixedSpeeds() bool {
 
 // fastest is the fastest replica's speed at the start of a run.
 func (c *Config) fastest() float64 {
-	f := 1.0
-	for i, v := range c.ReplicaSpeeds {
-		if i == 0 || v > f {
-			f = v
-		}
+	if len(c.ReplicaSpeeds) == 0 {
+		return 1
 	}
-	return f
+	return slices.Max(c.ReplicaSpeeds)
 }
 
 // speedClock is an engine's schedule of speed changes.
@@ -320,26 +317,17 @@ func (e *engine) bySpeed(res *Result) []SpeedShare {
 	for g, name := range order {
 		s := &out[g]
 		s.Speed = name
-		var rq, pf int64
-		for i, p := range of {
-			if p == name {
-				s.Replicas++
-				rq += res.RequestsPerReplica[i]
-				pf += res.PrefillTokens[i]
-			}
-		}
-		if reqs > 0 {
-			s.Requests = float64(rq) / float64(reqs)
-			s.PerReplica = s.Requests * float64(len(of)) / float64(s.Replicas)
-		}
-		if pre > 0 {
-			s.Prefill = float64(pf) / float64(pre)
-		}
-		var after, all int64
+		var rq, pf, after, all int64
 		var win [maxWindows]int64
 		snapped := false
 		for i, p := range of {
-			if p == name && k.snapReq != nil && k.snapReq[i] >= 0 {
+			if p != name {
+				continue
+			}
+			s.Replicas++
+			rq += res.RequestsPerReplica[i]
+			pf += res.PrefillTokens[i]
+			if k.snapReq != nil && k.snapReq[i] >= 0 {
 				// The group's replicas share their changes: all took their
 				// snapshots at the same event.
 				snapped = true
@@ -349,6 +337,13 @@ func (e *engine) bySpeed(res *Result) []SpeedShare {
 					win[w] += int64(n)
 				}
 			}
+		}
+		if reqs > 0 {
+			s.Requests = float64(rq) / float64(reqs)
+			s.PerReplica = s.Requests * float64(len(of)) / float64(s.Replicas)
+		}
+		if pre > 0 {
+			s.Prefill = float64(pf) / float64(pre)
 		}
 		scale := float64(len(of)) / float64(s.Replicas)
 		if snapped && all > 0 {

@@ -188,7 +188,8 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		// with the queue's own answer.
 		return usagef("invalid --flow-ttl %q: must be shorter than --request-timeout (%s), which bounds a held stream too", fl.flow.ttl, fl.requestTimeout)
 	}
-	if _, err := fl.slo.options(); err != nil {
+	objectives, err := fl.slo.options()
+	if err != nil {
 		return err
 	}
 	if fl.maxBuffered < fl.maxBody+picker.StreamBytes {
@@ -234,10 +235,6 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		ready = disc.Synced
 	}
 	flowOpts, _ := fl.flow.options() // validate checked them
-	objectives, err := fl.slo.options()
-	if err != nil {
-		return err
-	}
 	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission, Flow: flowOpts,
 		Objectives: objectives, TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
 	if err != nil {
