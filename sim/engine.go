@@ -114,10 +114,10 @@ type engine struct {
 	pool   []*seq
 
 	inflight int
-	// releases are the decisions of requests whose client does not
-	// stream, by when their prefill is predicted over
-	// (Decision.PredictedTTFT): the front calls their FirstToken then.
-	releases minHeap[gateway.Decision]
+	// releases are the timers of front.ReleaseAtPrediction (the fronts'
+	// rule for a request whose first token they cannot see), by when they
+	// fire: the Decision's FirstToken when its prefill is predicted over.
+	releases minHeap[func()]
 	stored   gateway.Key // scratch: the answer blocks release cached
 	// own: the policy is one of the gateway's own, run behind the fronts'
 	// rules (sloRule: what a front does with a request no replica is
@@ -257,7 +257,7 @@ func (e *engine) run(st Stream, tick func()) error {
 		if n := len(e.releases); n > 0 && (len(e.events) == 0 || e.releases[0].key <= e.events[0].key) && (!have || e.releases[0].key <= int64(req.Arrival)) {
 			it := e.releases.pop()
 			e.now = max(e.now, it.key)
-			it.v.FirstToken()
+			it.v()
 			continue
 		}
 		if e.speedDue(have, int64(req.Arrival)) {
@@ -432,11 +432,10 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	s.d = d
 	s.quiet = gw.blind && e.nonStreamed(s.id)
 	s.routed = e.now
-	if s.quiet && d.PredictedTTFT > 0 && e.cfg.PredictedRelease {
-		// The front cannot see this first token: it releases the
+	if e.cfg.PredictedRelease {
+		// The fronts' rule: a first token they cannot see releases the
 		// request's pending prefill when the prefill is predicted over.
-		e.evSeq++
-		e.releases.push(e.now+int64(d.PredictedTTFT), e.evSeq, d)
+		fronts.ReleaseAtPrediction(d, !s.quiet, e.afterFunc)
 	}
 	r.requests++
 	e.speeds.admitted(int(ri))
@@ -809,4 +808,13 @@ func (f *fifo) pop() *seq {
 	f.head = (f.head + 1) % len(f.buf)
 	f.size--
 	return s
+}
+
+// afterFunc runs f after d on the simulated clock, as time.AfterFunc does
+// for the fronts; its stop is never needed (a Decision's FirstToken does
+// nothing once the request is done) and reports false.
+func (e *engine) afterFunc(d time.Duration, f func()) func() bool {
+	e.evSeq++
+	e.releases.push(e.now+int64(d), e.evSeq, f)
+	return func() bool { return false }
 }

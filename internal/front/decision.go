@@ -163,7 +163,7 @@ func FillAdmission(a *gateway.Admission, scrapeInterval time.Duration) error {
 // whole): its replica's pending prefill is released when the library
 // predicts the prefill over, d.PredictedTTFT after routing
 // (gateway.Decision.FirstToken), by a timer started with afterFunc. The
-// simulator applies the same rule in its event queue
+// simulator calls it too, its event queue as afterFunc
 // (sim.Config.PredictedRelease). It returns the timer's stop function,
 // nil when seen or when d has no prediction. The timer holds its own copy
 // of d, whose FirstToken does nothing once Done has been called.
