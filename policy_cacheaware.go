@@ -130,10 +130,24 @@ import (
 // gateway, speed.go): a candidate whose time per block is more than
 // speedDeadband (1.3) times from the mean of the known times per block
 // (the gateway's replicas', Request.ref; the candidates' own when Pick
-// sums them itself) costs
-// f·(cost+1) − 1, f its time over the mean, the cost plus the step that
-// yields the token at its speed. Within the deadband f is 1, so the exact
-// ties of equal replicas stay ties; with no speed known nothing changes.
+// sums them itself) costs f·(cost+1) − 1, f its time over the mean: the
+// cost plus the step that yields the token, at its speed. Within the
+// deadband f is 1, so the exact ties of equal replicas stay ties; with no
+// speed known nothing changes. Where the pool has speed classes (a quarter
+// of the known replicas priced faster than the deadband, or a quarter
+// slower), a candidate off the deadband also costs
+//
+//	(f−1)·Demand·speedHorizon·((1+λ)·(len(Key) − MaxMatched) + 1)
+//
+// where a hot prefix lands, its later requests hit, and each pays that
+// replica's speed, which the request's own cost does not see: Demand (the
+// prefix's share of the traffic) times speedHorizon is how many of them
+// the placement is priced over, each the blocks past the prefix and the
+// step. A hot prefix that landed on a slow replica before speeds were
+// known thus moves to a fast one once the slow one is somewhat busy,
+// where the myopic cost kept it until the queue there outweighed a whole
+// miss. One noisy fit among equal replicas is not a class and is priced
+// for its request alone.
 // A candidate whose speed is unknown while others' are known (added, or
 // back in rotation) is priced as the fastest known when a quarter of the
 // known are priced faster than the deadband, so that it gets the traffic
@@ -178,6 +192,14 @@ const (
 	defaultDecodeWeight = 4
 	defaultAdapterLoad  = 16
 	defaultAdapterWait  = 1024
+	// speedHorizon is how many requests to come a hot prefix's placement
+	// is priced over between speed classes (see CacheAware). On the mixed
+	// pools of docs/results.md it takes the default workload from 4–7%
+	// below speed-blind to 5–11% (1,000: 5–8%; 10,000 sent the fast
+	// replicas so much that 8b-h100 at 1,0.7,0.4 came out 5% worse than
+	// speed-blind), and leaves the trace as it was, on the mean of five
+	// load refresh intervals.
+	speedHorizon = 2500
 	// freeCacheCredit is what a block of prefill costs less where it
 	// lands in free cache space, evicting nothing (see CacheAware).
 	freeCacheCredit = 0.5
@@ -264,12 +286,17 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// 8b-h100-blis at 1,0.5: interactive attainment 92.6% against 94.8%
 	// without, docs/results.md). The TPOT objective is checked on the
 	// chosen replica (FallbackSLO).
-	unknown, obj := 1.0, objective{ttft: req.TTFT}
+	//
+	// classes: at least a quarter of the known replicas are priced faster
+	// than the deadband, or a quarter slower: speed classes, between which
+	// a prefix's placement is priced over speedHorizon requests to come.
+	unknown, obj, classes := 1.0, objective{ttft: req.TTFT}, false
 	if ref > 0 || obj.set() {
 		// One pass for both: the fastest known speed and how many are
-		// known and priced faster, and how many meet the objective.
+		// known and priced faster or slower, and how many meet the
+		// objective.
 		fastest := math.Inf(1)
-		known, fast, meet := 0, 0, 0
+		known, fast, slow, meet := 0, 0, 0, 0
 		for i := range cands {
 			c := &cands[i]
 			if b := float64(c.BlockTime); b > 0 {
@@ -277,6 +304,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 				known++
 				if b*speedDeadband <= ref {
 					fast++
+				} else if b >= ref*speedDeadband {
+					slow++
 				}
 			}
 			if obj.set() && obj.meets(c, n, ref) {
@@ -287,7 +316,12 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			unknown = f
 		}
 		filter = meet > 0 && meet < len(cands)
+		classes = ref > 0 && (fast > 0 && 4*fast >= known || slow > 0 && 4*slow >= known)
 	}
+	// hitWork is the work of a later request that hits the prefix this
+	// request's placement decides: its blocks past the prefix, and the
+	// step (see speedHorizon).
+	hitWork := (1+lambda)*float64(n-maxMatched) + 1
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	replicating, noMatch := shared > 0, maxMatched == 0
@@ -327,6 +361,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			}
 			if f != 1 {
 				cost = f*(cost+1) - 1
+				if classes {
+					cost += req.Demand * speedHorizon * (f - 1) * hitWork
+				}
 			}
 		}
 		switch {

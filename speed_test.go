@@ -231,6 +231,56 @@ func TestCacheAwarePricesSpeed(t *testing.T) {
 	}
 }
 
+// TestCacheAwareAmortisesSpeed: a slow replica holding most of a
+// request's prompt wins its one request over an idle fast one, but a hot
+// prefix's later requests will hit wherever it lands, at that replica's
+// speed: priced over speedHorizon of them, a prefix with a share of the
+// traffic moves to the fast replica, and a cold one (Demand 0) stays.
+func TestCacheAwareAmortisesSpeed(t *testing.T) {
+	var p CacheAware
+	for _, tt := range []struct {
+		demand float64
+		want   string
+	}{{0, "slow"}, {0.001, "fast"}, {0.01, "fast"}} {
+		cands := []Candidate{
+			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+		}
+		req := caReq(8, cands)
+		req.Demand = tt.demand
+		assert.Equal(t, tt.want, cands[p.Pick(req, cands)].Name, "demand %v", tt.demand)
+		// Equal speeds: the prefix stays, however hot.
+		cands[0].BlockTime = cands[1].BlockTime
+		assert.Equal(t, "slow", cands[p.Pick(req, cands)].Name, "equal speeds, demand %v", tt.demand)
+	}
+}
+
+// TestCacheAwareAmortisesOnlyBetweenClasses: one replica whose fit is
+// off the deadband among equal ones is one fit's noise, not a slower
+// class: its prefix is priced for this request alone and stays; with a
+// quarter of the replicas that slow, a hot prefix moves off them.
+func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
+	var p CacheAware
+	for _, tt := range []struct {
+		slow int
+		want bool // the prefix moves off the slow holder
+	}{{1, false}, {2, true}, {4, true}} {
+		var cands []Candidate
+		for i := range 8 {
+			c := Candidate{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6}
+			if i < tt.slow {
+				c.Name, c.BlockTime = "slow", 20*time.Millisecond
+			}
+			cands = append(cands, c)
+		}
+		cands[0].Name, cands[0].Matched = "holder", 6
+		req := caReq(8, cands)
+		req.Demand = 0.01
+		got := cands[p.Pick(req, cands)].Name
+		assert.Equal(t, tt.want, got != "holder", "%d slow of 8: picked %s", tt.slow, got)
+	}
+}
+
 // TestObjectiveFilters: with an objective some candidates are predicted to
 // meet, the cheapest of those wins, even when another is cheaper; when
 // none is predicted to, the cheapest wins (best effort); a candidate
