@@ -295,7 +295,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		// One pass for both: the fastest known speed and how many are
 		// known and priced faster or slower, and how many meet the
 		// objective.
-		fastest := math.Inf(1)
+		fastest, hi := math.Inf(1), ref*speedDeadband
 		known, fast, slow, meet := 0, 0, 0, 0
 		for i := range cands {
 			c := &cands[i]
@@ -304,7 +304,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 				known++
 				if b*speedDeadband <= ref {
 					fast++
-				} else if b >= ref*speedDeadband {
+				} else if b >= hi {
 					slow++
 				}
 			}
