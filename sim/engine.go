@@ -535,6 +535,7 @@ func (e *engine) plan(ri int) {
 			break
 		}
 		take(s)
+		e.commitScheduled(r, s)
 	}
 	skipped := e.lora.skipped[:0]
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
@@ -561,6 +562,7 @@ func (e *engine) plan(ri int) {
 		}
 		r.prefill = append(r.prefill, s)
 		take(s)
+		e.commitScheduled(r, s)
 	}
 	e.lora.skipped = requeue(&r.waiting, skipped)
 	C0 := float64(r.sumBase + B*r.step)
@@ -621,10 +623,27 @@ func (e *engine) stepEnd(ri int) {
 }
 
 // commitComputed caches the blocks of a prefill in progress that its
-// chunks so far have filled, as vLLM caches each full block once computed,
-// so that requests admitted later find them.
+// chunks so far have filled, so that requests admitted later find them.
+// With Config.CacheAtSchedule, commitScheduled has cached them already.
 func (e *engine) commitComputed(r *replica, s *seq) {
-	upto := min(len(s.key), s.pos/e.bt)
+	e.commitUpTo(r, s, s.pos)
+}
+
+// commitScheduled, with Config.CacheAtSchedule, caches the full blocks s's
+// chunk in this step will fill, when the step is scheduled, as vLLM v1's
+// KVCacheManager.allocate_slots does: a request admitted after s in the
+// same step matches them. They are pinned by s (kvCache.commit) until it
+// completes, so no eviction takes them before they are computed.
+func (e *engine) commitScheduled(r *replica, s *seq) {
+	if e.cfg.CacheAtSchedule {
+		e.commitUpTo(r, s, s.pos+s.chunk)
+	}
+}
+
+// commitUpTo caches s's prompt blocks filled by its first tokens tokens,
+// those not cached yet, and publishes them.
+func (e *engine) commitUpTo(r *replica, s *seq, tokens int) {
+	upto := min(len(s.key), tokens/e.bt)
 	if upto <= s.committed {
 		return
 	}
