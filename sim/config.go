@@ -106,6 +106,17 @@ type Config struct {
 	// do for answers they relay whole. Default false; exa simulate sets it
 	// from --predicted-release (default true).
 	PredictedRelease bool
+	// CacheAtSchedule has each simulated engine cache a prefill's blocks
+	// when the step that computes them is scheduled, as vLLM v1 does
+	// (KVCacheManager.allocate_slots caches the full blocks up to the
+	// tokens it schedules, before the forward pass): a request admitted
+	// later in the same step, or in any later step, finds them, instead
+	// of prefilling them again (a burst of one cold prompt). The blocks
+	// stay pinned by the request computing them until it completes. The
+	// zero value, false, caches them when that step ends, as every figure
+	// in the docs was measured; exa simulate sets it from
+	// --cache-at-schedule (default false).
+	CacheAtSchedule bool
 	// ReplicaSpeeds are the replicas' compute speeds, multipliers of the
 	// preset's, cycled over the replicas: with {1, 0.5}, r0, r2, ... run at
 	// the preset's speed and r1, r3, ... take twice as long for every step

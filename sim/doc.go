@@ -8,8 +8,10 @@
 // admission order (chunked prefill), and what is left admits waiting
 // requests first come, first served, up to a maximum number of running
 // sequences. A prefill's full blocks are cached as each chunk completes, so
-// a request admitted later finds them; blocks that no running request uses
-// are evicted least recently used first. A prefill step costs
+// a request admitted later finds them (with Config.CacheAtSchedule, when
+// the chunk is scheduled, as vLLM v1 does, so that a request admitted in
+// the same step finds them too); blocks that no running request uses are
+// evicted least recently used first. A prefill step costs
 // a + b·tokens + c·((p+n)² − p²) for a chunk of n uncached tokens after p
 // tokens of context, and a decode step costs more as the batch and its context
 // grow (see Preset for every coefficient and its source).

@@ -34,6 +34,7 @@ type seq struct {
 	slots     []int32     // cache slots of key's blocks once pinned
 	private   int         // blocks reserved beyond the prompt
 	committed int         // leading blocks cached: found at admission, then filled by its chunks
+	published int         // leading blocks the replica's KV events have told of
 	left      int         // prompt tokens still to prefill
 	pos       int         // tokens of context before the next chunk
 	chunk     int         // tokens prefilled in the current step
@@ -535,6 +536,7 @@ func (e *engine) plan(ri int) {
 			break
 		}
 		take(s)
+		e.commitScheduled(r, s)
 	}
 	skipped := e.lora.skipped[:0]
 	for budget > 0 && r.waiting.len() > 0 && r.running() < p.MaxRunning {
@@ -551,7 +553,7 @@ func (e *engine) plan(ri int) {
 		chunks += e.lora.admit(r, s, e.now)
 		r.cache.admit(s.key, s.slots, m, s.private)
 		e.flushEvictions(r)
-		s.committed = m
+		s.committed, s.published = m, m
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
 		e.inTok += int64(s.in)
@@ -561,6 +563,7 @@ func (e *engine) plan(ri int) {
 		}
 		r.prefill = append(r.prefill, s)
 		take(s)
+		e.commitScheduled(r, s)
 	}
 	e.lora.skipped = requeue(&r.waiting, skipped)
 	C0 := float64(r.sumBase + B*r.step)
@@ -621,16 +624,36 @@ func (e *engine) stepEnd(ri int) {
 }
 
 // commitComputed caches the blocks of a prefill in progress that its
-// chunks so far have filled, as vLLM caches each full block once computed,
-// so that requests admitted later find them.
+// chunks so far have filled, so that requests admitted later find them,
+// and publishes them at the end of the step that computed them, as vLLM
+// v1 publishes a step's KV events (Scheduler.update_from_output). With
+// Config.CacheAtSchedule, commitScheduled has cached them already.
 func (e *engine) commitComputed(r *replica, s *seq) {
 	upto := min(len(s.key), s.pos/e.bt)
-	if upto <= s.committed {
+	if upto > s.committed {
+		r.cache.commit(s.key[:upto], s.slots, s.committed)
+		s.committed = upto
+	}
+	if upto > s.published {
+		s.published = upto
+		e.event(r, gateway.BlocksStored, s.key[:upto])
+	}
+}
+
+// commitScheduled, with Config.CacheAtSchedule, caches the full blocks s's
+// chunk in this step will fill when the step is scheduled, as vLLM v1's
+// KVCacheManager.allocate_slots does: a request admitted after s in the
+// same step matches them. They are pinned by s (kvCache.commit) until it
+// completes, so no eviction takes them before they are computed; the
+// gateways hear of them at the step's end (commitComputed, firstToken).
+func (e *engine) commitScheduled(r *replica, s *seq) {
+	if !e.cfg.CacheAtSchedule {
 		return
 	}
-	r.cache.commit(s.key[:upto], s.slots, s.committed)
-	s.committed = upto
-	e.event(r, gateway.BlocksStored, s.key[:upto])
+	if upto := min(len(s.key), (s.pos+s.chunk)/e.bt); upto > s.committed {
+		r.cache.commit(s.key[:upto], s.slots, s.committed)
+		s.committed = upto
+	}
 }
 
 func (e *engine) firstToken(r *replica, s *seq) {

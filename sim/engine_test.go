@@ -78,3 +78,48 @@ func TestQueuedRequestFindsPrefillInProgress(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheAtSchedule: two requests of one cold 4,096-token prompt wait
+// behind a third request's prefill on the only replica, and are admitted
+// in the same step (8,192 tokens of budget). With Config.CacheAtSchedule
+// the first one's blocks are cached when that step is scheduled, as vLLM
+// v1's allocate_slots does, so the second finds all of them but its last
+// token; without it, both prefill the whole prompt.
+func TestCacheAtSchedule(t *testing.T) {
+	const tokens = 4096
+	line := func(ts, first int) string {
+		ids := make([]string, tokens/512)
+		for i := range ids {
+			ids[i] = fmt.Sprint(first + i)
+		}
+		return fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%s]}`, ts, tokens, strings.Join(ids, ","))
+	}
+	// The first request's prefill of 4,096 tokens takes longer than 2 ms:
+	// both others arrive during it.
+	w, err := TraceBytes("burst", []byte(line(0, 100)+"\n"+line(1, 0)+"\n"+line(2, 0)+"\n"), TraceOptions{})
+	require.NoError(t, err)
+	p, err := PolicyByName("round_robin")
+	require.NoError(t, err)
+	tests := []struct {
+		on      bool
+		hit     float64 // prompt tokens found cached, of the three prompts
+		reqHit  float64
+		prefill int64 // prompt tokens the replica computed
+	}{
+		{false, 0, 0, 3 * tokens},
+		{true, (tokens - 1.0) / (3 * tokens), 1.0 / 3, 2*tokens + 1},
+	}
+	for _, tt := range tests {
+		for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
+			t.Run(fmt.Sprintf("on=%v/index=%v", tt.on, idx), func(t *testing.T) {
+				rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}, Index: idx, CacheAtSchedule: tt.on})
+				require.NoError(t, err)
+				r := rep.Results[0]
+				require.Equal(t, 3, r.Completed)
+				assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9)
+				assert.InDelta(t, tt.reqHit, r.RequestHitRate, 1e-9)
+				assert.Equal(t, []int64{tt.prefill}, r.PrefillTokens)
+			})
+		}
+	}
+}

@@ -82,7 +82,9 @@ func TestConservation(t *testing.T) {
 		for _, q := range []int{0, 2} {
 			for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
 				t.Run(name, func(t *testing.T) {
-					rep, err := Run(Config{Workload: w, Replicas: 3, Preset: smallPreset(), MaxQueue: q, Index: idx, Seed: 3})
+					// Cache at schedule with the approximate index only:
+					// both engine rules are checked, at the same cost.
+					rep, err := Run(Config{Workload: w, Replicas: 3, Preset: smallPreset(), MaxQueue: q, Index: idx, Seed: 3, CacheAtSchedule: idx == IndexApproximate})
 					require.NoError(t, err)
 					for _, r := range rep.Results {
 						assert.Equal(t, rep.Requests, r.Requests, r.Policy)
@@ -123,12 +125,16 @@ func TestCacheNeverOverCapacity(t *testing.T) {
 	// saturated cluster exercise eviction and head-of-line blocking.
 	p := smallPreset()
 	p.KVTokens = 40 * 512
+	// With CacheAtSchedule, blocks are cached (pinned) before they are
+	// computed.
 	w := fixture(t, TraceOptions{Speed: 4})
-	rep, err := Run(Config{Workload: w, Preset: p, Replicas: 2, Index: IndexExact})
-	require.NoError(t, err)
-	for _, r := range rep.Results {
-		assert.Equal(t, r.Requests, r.Completed+r.Failed, r.Policy)
-		assert.Positive(t, r.Failed, r.Policy) // some prompts exceed 40 blocks
+	for _, at := range []bool{false, true} {
+		rep, err := Run(Config{Workload: w, Preset: p, Replicas: 2, Index: IndexExact, CacheAtSchedule: at})
+		require.NoError(t, err)
+		for _, r := range rep.Results {
+			assert.Equal(t, r.Requests, r.Completed+r.Failed, r.Policy)
+			assert.Positive(t, r.Failed, r.Policy) // some prompts exceed 40 blocks
+		}
 	}
 }
 

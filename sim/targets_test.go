@@ -128,7 +128,8 @@ func TestIssue9Targets(t *testing.T) {
 	// streaming (exa simulate --streamed); unset, all stream. The others'
 	// first tokens are heard at completion (--upstream-stream=false),
 	// unless EXA_UPSTREAM=1; EXA_RELEASE=1 releases their pending prefill
-	// at its predicted end (--predicted-release).
+	// at its predicted end (--predicted-release). EXA_CACHE_AT_SCHEDULE=1
+	// runs the engines with Config.CacheAtSchedule (--cache-at-schedule).
 	nonStreamed := 0.0
 	if v := os.Getenv("EXA_STREAMED"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -139,7 +140,8 @@ func TestIssue9Targets(t *testing.T) {
 	total := 0
 	for _, c := range targetCases(t) {
 		rep, err := Run(Config{Workload: c.w, Replicas: c.replicas, Preset: MustPreset(c.preset), Seed: 1, NonStreamed: nonStreamed,
-			UpstreamStream: os.Getenv("EXA_UPSTREAM") == "1", PredictedRelease: os.Getenv("EXA_RELEASE") == "1"})
+			UpstreamStream: os.Getenv("EXA_UPSTREAM") == "1", PredictedRelease: os.Getenv("EXA_RELEASE") == "1",
+			CacheAtSchedule: os.Getenv("EXA_CACHE_AT_SCHEDULE") == "1"})
 		require.NoError(t, err)
 		var b strings.Builder
 		require.NoError(t, rep.WriteTable(&b))

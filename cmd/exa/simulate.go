@@ -36,6 +36,7 @@ type simFlags struct {
 	index                string
 	gateways             int
 	sharePending         bool
+	cacheAtSchedule      bool
 	streamed             float64
 	predictedRelease     bool
 	upstreamStream       bool
@@ -164,6 +165,7 @@ deterministic for a seed.`,
 	f.BoolVar(&sf.sloHeaders, "slo-headers", true, "requests carrying their class's objectives (--workload slo-classes, interactive-batch, --slo-classes) send them as x-slo-ttft-ms and x-slo-tpot-ms, which cache_aware and llmd_predicted route by; false only counts them in the report")
 	f.StringVar(&sf.sloUnattainable, "slo-unattainable", "best-effort", "what the gateway's fronts do with a request whose objective (--slo-headers) no replica is predicted to meet, as exa serve gateway/picker --slo-unattainable: best-effort or reject (shed, as a 429)")
 	f.BoolVar(&sf.predictedRelease, "predicted-release", true, "with --streamed below 1 and --upstream-stream=false: the gateway releases a non-streamed request's pending prefill when its prefill is predicted over (Decision.PredictedTTFT) rather than at completion")
+	f.BoolVar(&sf.cacheAtSchedule, "cache-at-schedule", false, "the simulated engines cache a prefill's blocks when the step computing them is scheduled, as vLLM v1 does, so that a request admitted later in the same step finds them (a burst of one cold prompt); false caches them when that step ends, as the docs' figures were measured (see docs/results.md)")
 	f.IntVar(&sf.admitQueue, "admission-queue-depth", 0, "admission control for the gateway's own policies (peers run without): shed a request while every replica has this many requests waiting or more (GIE's saturation detector uses 5); 0: off")
 	f.Float64Var(&sf.admitKV, "admission-kv", 0, "admission control: shed while every replica's KV cache is this full or more, 0..1 (GIE: 0.8); 0: off")
 	f.IntVar(&sf.admitOutstanding, "admission-outstanding", 0, "admission control: shed while every replica has this many requests outstanding or more; 0: off")
@@ -360,6 +362,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	}
 	cfg.NonStreamed = 1 - sf.streamed
 	cfg.PredictedRelease = sf.predictedRelease
+	cfg.CacheAtSchedule = sf.cacheAtSchedule
 	cfg.UpstreamStream = sf.upstreamStream
 	cfg.ObjectiveHeaders = sf.sloHeaders
 	u, err := front.ParseUnattainable(sf.sloUnattainable)
