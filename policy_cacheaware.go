@@ -15,6 +15,7 @@ import (
 //
 //	PendingPrefill + (1+λ)·(len(Key) − Matched) + DecodeWeight·excess(Outstanding)
 //
+// (plus, when every engine has requests waiting, the waiting term below)
 // and the cheapest wins:
 //
 //   - PendingPrefill is the prefill already queued or running there (this
@@ -48,6 +49,22 @@ import (
 // prompt, every replica holds that prompt, the prefix terms are equal, and
 // the choice is made by load alone, so it does not collapse onto one
 // replica.
+//
+// When every candidate's engine has requests waiting (Load.QueueDepth at
+// least 1: saturated, no replica can start the request at once), each
+// uncached block also costs WaitingWeight (1) per request waiting at the
+// candidate: WaitingWeight·(len(Key) − Matched)·QueueDepth. A block of
+// prefill delays every request that queues behind it there, and by
+// Little's law about as many arrive during a wait as are waiting. λ
+// prices that wait alike everywhere; this term prices it per replica, so
+// a long prompt goes where few requests wait and a short one where the
+// least work waits: a replica taking long prompts carries few requests,
+// and the many short ones queue behind less work (size-interval
+// assignment, the placement that lowers the mean wait of FIFO queues when
+// sizes vary widely). On the Mooncake trace at twice its speed on 4
+// replicas (2.5× over capacity) it lowered mean TTFT from 99.7 s to
+// 66.0 s (p99 274 → 433 s: the long prompts wait longer); below
+// saturation nothing changes (docs/results.md, Issue 27).
 //
 // The cost is myopic, though: a replica lacking a long hot prefix is
 // charged its whole prefill by every request, never amortised over the
@@ -167,6 +184,12 @@ type CacheAware struct {
 	// prompt's uncached blocks impose on later requests counts once more
 	// than its own. A negative value means none.
 	Externality float64
+	// WaitingWeight prices the wait a request's uncached blocks impose on
+	// the requests queued behind them at a replica: each uncached block
+	// costs WaitingWeight more per request waiting in the replica's
+	// engine (Load.QueueDepth). Zero means the default, 1; a negative
+	// value means none.
+	WaitingWeight float64
 	// DecodeWeight is the cost, in blocks of prefill, of each outstanding
 	// request at a replica beyond the spread (see excess above). Zero
 	// means the default, 4; a negative value means none.
@@ -190,8 +213,10 @@ type CacheAware struct {
 const (
 	defaultExternality  = 1
 	defaultDecodeWeight = 4
-	defaultAdapterLoad  = 16
-	defaultAdapterWait  = 1024
+	// defaultWaitingWeight is one block of delay per waiting request.
+	defaultWaitingWeight = 1
+	defaultAdapterLoad   = 16
+	defaultAdapterWait   = 1024
 	// speedHorizon is how many requests to come a hot prefix's placement
 	// is priced over between speed classes (see CacheAware). On the mixed
 	// pools of docs/results.md it takes the default workload from 4–7%
@@ -221,6 +246,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	} else if dw < 0 {
 		dw = 0
 	}
+	qw := pick(p.WaitingWeight, defaultWaitingWeight)
 	var lp adapterPrice
 	adapter, maxMatched := req.Adapter != "", req.MaxMatched
 	// ref is the mean time per block, 0 while no speed is known: the
@@ -230,7 +256,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if !sum.ok || adapter {
 		// The gateway did not sum the candidates (or the adapter's price
 		// needs its own pass): sum them here.
-		sum = &candSum{least: math.MaxInt, common: math.MaxInt}
+		sum = &candSum{least: math.MaxInt, common: math.MaxInt, waiting: math.MaxInt}
 		var speeds speedRef
 		for i := range cands {
 			c := &cands[i]
@@ -246,6 +272,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	total, pending, holders, outstanding, least, common := sum.total, sum.pending, sum.holders, sum.outstanding, sum.least, sum.common
 	// Outstanding counts up to this are within the random spread.
 	spread := float64(least) + math.Sqrt(float64(outstanding)/float64(len(cands)))
+	// Saturated: every candidate's engine has requests waiting.
+	saturated := qw > 0 && sum.waiting > 0
 	n := len(req.Key)
 	lambda := ext + float64(pending)/float64(len(cands))/float64(n)
 	// A hot prefix held by fewer replicas than its share of the traffic
@@ -343,6 +371,11 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		}
 		out := c.Outstanding()
 		cost := float64(c.PendingPrefill+c.Load.PeerPrefill) + (1+lambda)*float64(n-m)
+		if saturated {
+			// Each uncached block delays the requests that will queue
+			// behind it there: about as many as wait there now.
+			cost += qw * float64(n-m) * float64(c.Load.QueueDepth)
+		}
 		if excess := float64(out) - spread; excess > 0 {
 			cost += dw * excess
 		}

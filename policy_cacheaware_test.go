@@ -72,6 +72,28 @@ func TestCacheAwareCost(t *testing.T) {
 		assert.Equal(t, KindLoadAware, kind)
 		assert.Equal(t, FallbackLoadGuard, fb)
 	})
+	t.Run("when saturated, waiting requests price a long prompt's blocks", func(t *testing.T) {
+		// Every engine has requests waiting. a has less prefill queued but
+		// 20 requests waiting; b more prefill behind 2. A short prompt
+		// waits least at a; a long one's 64 uncached blocks would hold up
+		// the about 20 that will queue behind them at a: λ = 1 + 200/64;
+		// a = 100 + 5.125·64 + 4·(20 − 2 − √11) + 64·20 ≈ 1767,
+		// b = 300 + 5.125·64 + 64·2 = 756.
+		cs := []Candidate{{Name: "a", PendingPrefill: 100, Load: Load{QueueDepth: 20}}, {Name: "b", PendingPrefill: 300, Load: Load{QueueDepth: 2}}}
+		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(64, cs), cs), "the long prompt goes where few wait")
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(2, cs), cs), "the short one where the least work waits")
+		assert.Equal(t, 0, (&CacheAware{WaitingWeight: -1}).Pick(caReq(64, cs), cs), "without the term, by queued work alone")
+		// A cached prefix is not priced: with 62 of 64 blocks at a, the
+		// long prompt stays (a = 100 + 5.125·2 + 58.7 + 2·20 ≈ 209).
+		cs[0].Matched = 62
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(64, cs), cs))
+		// Not saturated: c, far busier in prefill, has no request
+		// waiting, and the long prompt goes by queued work again
+		// (λ = 1 + 1400/3/64; a ≈ 763, b ≈ 894, c ≈ 1594).
+		cs[0].Matched = 0
+		cs = append(cs, Candidate{Name: "c", PendingPrefill: 1000})
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(64, cs), cs))
+	})
 	t.Run("negative weights switch terms off", func(t *testing.T) {
 		cs := []Candidate{{Name: "a", Matched: 5, InFlight: 50, Load: Load{Running: 50}}, {Name: "b"}}
 		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs), "a's batch outweighs its match")

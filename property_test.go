@@ -137,28 +137,47 @@ func TestPropLongestMatchWins(t *testing.T) {
 }
 
 // TestPropLoadFallbackNoMatch: when no replica holds any of the key,
-// cache-aware routing picks the least loaded replica (fewest outstanding
-// requests, the earliest on a tie), reports load_aware and no_match.
-// Regression test for BUG 1 (fixed in 09e6776).
+// cache-aware routing picks the least loaded replica, reports load_aware
+// and no_match. Least loaded is by CacheAware's cost with nothing cached
+// or pending: 4 blocks per outstanding request beyond their spread, and,
+// when every engine has requests waiting, the key's blocks per waiting
+// request (WaitingWeight 1); then fewest outstanding. Regression test
+// for BUG 1 (fixed in 09e6776).
 func TestPropLoadFallbackNoMatch(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 8).Draw(t, "replicas")
 		g, err := New(replicaNames(n), WithMode(ModeCacheAware))
 		require.NoError(t, err)
 		loads := drawLoads(t, g, n)
-		out := make([]int, n)
+		out, queue, sum := make([]int, n), make([]int, n), 0
 		for i, l := range loads {
-			out[i] = l.QueueDepth + l.Running
+			out[i], queue[i] = l.QueueDepth+l.Running, l.QueueDepth
+			sum += out[i]
 		}
-		d, err := g.Route(drawKey(t, "key", 1<<20, 8))
+		key := drawKey(t, "key", 1<<20, 8)
+		spread := float64(slices.Min(out)) + math.Sqrt(float64(sum)/float64(n))
+		cost := make([]float64, n)
+		for i := range n {
+			cost[i] = 4 * max(0, float64(out[i])-spread)
+			if slices.Min(queue) > 0 {
+				cost[i] += float64(len(key) * queue[i])
+			}
+		}
+		d, err := g.Route(key)
 		require.NoError(t, err)
 		require.Equal(t, KindLoadAware, d.Kind)
 		require.Equal(t, FallbackNoMatch, d.Fallback)
 		require.Zero(t, d.Matched)
 		require.False(t, d.Hit)
-		// Of the replicas with the fewest outstanding, alike otherwise
-		// (nothing was routed before), any may be drawn (Request.Tie).
-		require.Equal(t, slices.Min(out), out[nameIndex(d.Replica)], "chose %s; outstanding %v", d.Replica, out)
+		// Of the cheapest replicas with the fewest outstanding, alike
+		// otherwise (nothing was routed before), any may be drawn
+		// (Request.Tie). Costs are compared within rounding: the policy
+		// adds them to a common base.
+		c := nameIndex(d.Replica)
+		for i := range n {
+			require.True(t, cost[c] < cost[i]-1e-9 || math.Abs(cost[c]-cost[i]) <= 1e-9 && out[c] <= out[i],
+				"chose %s; costs %v, outstanding %v", d.Replica, cost, out)
+		}
 	})
 }
 
