@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -114,6 +115,14 @@ func TestCacheAtSchedule(t *testing.T) {
 			t.Run(fmt.Sprintf("on=%v/index=%v", tt.on, idx), func(t *testing.T) {
 				rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}, Index: idx, CacheAtSchedule: tt.on})
 				require.NoError(t, err)
+				// The report says which rule the engines ran.
+				assert.Equal(t, tt.on, rep.CacheAtSchedule)
+				var b strings.Builder
+				require.NoError(t, rep.WriteTable(&b))
+				assert.Equal(t, tt.on, strings.Contains(b.String(), "engines cache blocks when their step is scheduled"))
+				var j bytes.Buffer
+				require.NoError(t, rep.WriteJSON(&j))
+				assert.Equal(t, tt.on, strings.Contains(j.String(), `"cache_at_schedule"`), "in the JSON only when on")
 				r := rep.Results[0]
 				require.Equal(t, 3, r.Completed)
 				assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9)
