@@ -166,8 +166,9 @@ import (
 // step. A hot prefix that landed on a slow replica before speeds were
 // known thus moves to a fast one once the slow one is somewhat busy,
 // where the myopic cost kept it until the queue there outweighed a whole
-// miss. One noisy fit among equal replicas is not a class and is priced
-// for its request alone.
+// miss. One noisy fit among five or more equal replicas is not a class
+// and is priced for its request alone (among four or fewer, one replica
+// is a quarter: a class).
 // A candidate whose speed is unknown while others' are known (added, or
 // back in rotation) is priced as the fastest known when a quarter of the
 // known are priced faster than the deadband, so that it gets the traffic

@@ -258,15 +258,16 @@ func TestCacheAwareAmortisesSpeed(t *testing.T) {
 // TestCacheAwareAmortisesOnlyBetweenClasses: one replica whose fit is
 // off the deadband among equal ones is one fit's noise, not a slower
 // class: its prefix is priced for this request alone and stays; with a
-// quarter of the replicas that slow, a hot prefix moves off them.
+// quarter of the replicas that slow, a hot prefix moves off them (among
+// four or fewer replicas, one is a quarter).
 func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
 	var p CacheAware
 	for _, tt := range []struct {
-		slow int
-		want bool // the prefix moves off the slow holder
-	}{{1, false}, {2, true}, {4, true}} {
+		n, slow int
+		want    bool // the prefix moves off the slow holder
+	}{{8, 1, false}, {8, 2, true}, {8, 4, true}, {5, 1, false}, {4, 1, true}, {2, 1, true}} {
 		var cands []Candidate
-		for i := range 8 {
+		for i := range tt.n {
 			c := Candidate{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6}
 			if i < tt.slow {
 				c.Name, c.BlockTime = "slow", 20*time.Millisecond
@@ -277,7 +278,7 @@ func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
 		req := caReq(8, cands)
 		req.Demand = 0.01
 		got := cands[p.Pick(req, cands)].Name
-		assert.Equal(t, tt.want, got != "holder", "%d slow of 8: picked %s", tt.slow, got)
+		assert.Equal(t, tt.want, got != "holder", "%d slow of %d: picked %s", tt.slow, tt.n, got)
 	}
 }
 
