@@ -174,7 +174,8 @@ import (
 // known are priced faster than the deadband, so that it gets the traffic
 // to learn from. With a TTFT
 // objective (Request.TTFT) the candidates predicted to miss it are left
-// out while some are predicted to meet it (see objective.go).
+// out while some (under LoadFactor's cap, if set) are predicted to meet
+// it (see objective.go).
 //
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
@@ -340,7 +341,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 					slow++
 				}
 			}
-			if obj.set() && obj.meets(c, n, ref) {
+			// Only a candidate under the cap counts: were every one that
+			// meets the objective over it, filtering would leave none.
+			if obj.set() && (!capped || float64(c.InFlight+1) <= bound) && obj.meets(c, n, ref) {
 				meet++
 			}
 		}
