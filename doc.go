@@ -6,14 +6,16 @@
 // A Gateway keeps a table of replicas with their load signals and an index
 // of the prefix blocks each holds, and picks a replica per request with a
 // Policy: RoundRobin (the default), CacheAware (the longest cached prefix,
-// guarded by load, hot prefixes replicated) or LoadAware (the least
-// loaded). Unhealthy replicas are never chosen; replicas over the latency
+// guarded by load, hot prefixes replicated; when every engine has requests
+// waiting, long prompts sent where few wait, CacheAware.WaitingWeight) or
+// LoadAware (the least loaded). Unhealthy replicas are never chosen; replicas over the latency
 // SLO are left out unless every healthy one breaches it.
 //
 // The gateway learns each replica's speed from what the caller reports at
 // a request's end (DoneInfo's TTFT, Elapsed and OutputTokens; speed.go):
 // its time per block of prefill and per output token, which CacheAware
-// prices candidates by and which predict a request's TTFT and TPOT
+// prices candidates by (between classes of speed, a hot prefix's placement
+// over the requests that will hit it) and which predict a request's TTFT and TPOT
 // (Decision.PredictedTTFT). A request may carry its own latency objective
 // (Target.TTFT, Target.TPOT); with no data, routing is as before.
 //

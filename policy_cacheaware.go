@@ -64,7 +64,10 @@ import (
 // sizes vary widely). On the Mooncake trace at twice its speed on 4
 // replicas (2.5× over capacity) it lowered mean TTFT from 99.7 s to
 // 66.0 s (p99 274 → 433 s: the long prompts wait longer); below
-// saturation nothing changes (docs/results.md, Issue 27).
+// saturation nothing changes (docs/results.md, Issue 27). Saturation is
+// judged over every candidate, as λ and the spread are, including those
+// LoadFactor or a TTFT objective then leave out; one reporting no load
+// (QueueDepth 0, as before its first report) turns the term off.
 //
 // The cost is myopic, though: a replica lacking a long hot prefix is
 // charged its whole prefill by every request, never amortised over the
@@ -163,14 +166,16 @@ import (
 // step. A hot prefix that landed on a slow replica before speeds were
 // known thus moves to a fast one once the slow one is somewhat busy,
 // where the myopic cost kept it until the queue there outweighed a whole
-// miss. One noisy fit among equal replicas is not a class and is priced
-// for its request alone.
+// miss. One noisy fit among five or more equal replicas is not a class
+// and is priced for its request alone (among four or fewer, one replica
+// is a quarter: a class).
 // A candidate whose speed is unknown while others' are known (added, or
 // back in rotation) is priced as the fastest known when a quarter of the
 // known are priced faster than the deadband, so that it gets the traffic
 // to learn from. With a TTFT
 // objective (Request.TTFT) the candidates predicted to miss it are left
-// out while some are predicted to meet it (see objective.go).
+// out while some (under LoadFactor's cap, if set) are predicted to meet
+// it (see objective.go).
 //
 // Optionally, LoadFactor adds bounded loads (consistent hashing with
 // bounded loads, Mirrokni et al. 2018): a replica is a candidate only while
@@ -336,7 +341,9 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 					slow++
 				}
 			}
-			if obj.set() && obj.meets(c, n, ref) {
+			// Only a candidate under the cap counts: were every one that
+			// meets the objective over it, filtering would leave none.
+			if obj.set() && (!capped || float64(c.InFlight+1) <= bound) && obj.meets(c, n, ref) {
 				meet++
 			}
 		}

@@ -258,15 +258,16 @@ func TestCacheAwareAmortisesSpeed(t *testing.T) {
 // TestCacheAwareAmortisesOnlyBetweenClasses: one replica whose fit is
 // off the deadband among equal ones is one fit's noise, not a slower
 // class: its prefix is priced for this request alone and stays; with a
-// quarter of the replicas that slow, a hot prefix moves off them.
+// quarter of the replicas that slow, a hot prefix moves off them (among
+// four or fewer replicas, one is a quarter).
 func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
 	var p CacheAware
 	for _, tt := range []struct {
-		slow int
-		want bool // the prefix moves off the slow holder
-	}{{1, false}, {2, true}, {4, true}} {
+		n, slow int
+		want    bool // the prefix moves off the slow holder
+	}{{8, 1, false}, {8, 2, true}, {8, 4, true}, {5, 1, false}, {4, 1, true}, {2, 1, true}} {
 		var cands []Candidate
-		for i := range 8 {
+		for i := range tt.n {
 			c := Candidate{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6}
 			if i < tt.slow {
 				c.Name, c.BlockTime = "slow", 20*time.Millisecond
@@ -277,7 +278,7 @@ func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
 		req := caReq(8, cands)
 		req.Demand = 0.01
 		got := cands[p.Pick(req, cands)].Name
-		assert.Equal(t, tt.want, got != "holder", "%d slow of 8: picked %s", tt.slow, got)
+		assert.Equal(t, tt.want, got != "holder", "%d slow of %d: picked %s", tt.slow, tt.n, got)
 	}
 }
 
@@ -455,4 +456,40 @@ func TestRouteAllocsWithSpeeds(t *testing.T) {
 		}
 		d.Done(DoneInfo{TTFT: time.Millisecond, Elapsed: 5 * time.Millisecond, OutputTokens: 5})
 	}))
+}
+
+// TestObjectiveWithLoadFactor: when the only candidates predicted to meet
+// the TTFT objective are over LoadFactor's cap, the request goes best
+// effort to the cheapest candidate under the cap. It used to be left
+// with no candidate at all: Pick returned -1, and Route failed with
+// ErrInvalid.
+func TestObjectiveWithLoadFactor(t *testing.T) {
+	p := CacheAware{LoadFactor: 1}
+	mk := func() []Candidate {
+		return []Candidate{
+			// holds the prompt at 10 ms a block (10 ms), but 10 in flight:
+			// over the cap, ⌈1 × 11/3⌉ = 4
+			{Name: "hot", Matched: 8, InFlight: 10, BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 8},
+			// idle, 8 blocks at 30 ms: 270 ms
+			{Name: "cold", BlockTime: 30 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1},
+			// idle, 8 blocks at 40 ms, and a queue: 400 ms
+			{Name: "colder", PendingPrefill: 2, BlockTime: 40 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 1},
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		ttft time.Duration
+		want string
+	}{
+		{"only the capped one meets: best effort under the cap", 100 * time.Millisecond, "cold"},
+		{"an uncapped one meets too: it wins", 300 * time.Millisecond, "cold"},
+		{"none meets", time.Millisecond, "cold"},
+	} {
+		cands := mk()
+		req := caReq(8, cands)
+		req.TTFT = tt.ttft
+		i := p.Pick(req, cands)
+		require.GreaterOrEqual(t, i, 0, tt.name)
+		assert.Equal(t, tt.want, cands[i].Name, tt.name)
+	}
 }

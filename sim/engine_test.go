@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -114,12 +115,49 @@ func TestCacheAtSchedule(t *testing.T) {
 			t.Run(fmt.Sprintf("on=%v/index=%v", tt.on, idx), func(t *testing.T) {
 				rep, err := Run(Config{Workload: w, Replicas: 1, Seed: 1, Policies: []Policy{p}, Index: idx, CacheAtSchedule: tt.on})
 				require.NoError(t, err)
+				// The report says which rule the engines ran.
+				assert.Equal(t, tt.on, rep.CacheAtSchedule)
+				var b strings.Builder
+				require.NoError(t, rep.WriteTable(&b))
+				assert.Equal(t, tt.on, strings.Contains(b.String(), "engines cache blocks when their step is scheduled"))
+				var j bytes.Buffer
+				require.NoError(t, rep.WriteJSON(&j))
+				assert.Equal(t, tt.on, strings.Contains(j.String(), `"cache_at_schedule"`), "in the JSON only when on")
 				r := rep.Results[0]
 				require.Equal(t, 3, r.Completed)
 				assert.InDelta(t, tt.hit, r.TokenHitRate, 1e-9)
 				assert.InDelta(t, tt.reqHit, r.RequestHitRate, 1e-9)
 				assert.Equal(t, []int64{tt.prefill}, r.PrefillTokens)
 			})
+		}
+	}
+}
+
+// TestCacheAtScheduleReleasesPins: whatever the engine rule, every block a
+// request pinned (found at admission, or cached when its chunk was
+// scheduled) and every block it reserved is released by the end of a
+// run: on a cache small enough to evict (the fixture at 4× on 64 blocks),
+// with LoRA adapters on one slot (requests skipped and requeued), and on
+// either index. A block left pinned would shrink the replica's cache for
+// good.
+func TestCacheAtScheduleReleasesPins(t *testing.T) {
+	lora, err := LoRAWorkload(LoRAConfig{Requests: 300, Rate: 60, Adapters: 4, BaseShare: 0.25})
+	require.NoError(t, err)
+	for name, w := range map[string]Workload{"fixture-x4": fixture(t, TraceOptions{Speed: 4}), "lora": lora} {
+		for _, at := range []bool{false, true} {
+			for _, idx := range []IndexMode{IndexApproximate, IndexExact} {
+				t.Run(fmt.Sprintf("%s/at=%v/%s", name, at, indexName(idx)), func(t *testing.T) {
+					e := flowEngine(t, Config{Workload: w, Replicas: 2, Preset: smallPreset(), Index: idx, Seed: 1, CacheAtSchedule: at}, cacheAware)
+					res := e.result()
+					require.Positive(t, res.Completed)
+					require.Equal(t, res.Requests, res.Completed+res.Failed+res.Dropped)
+					for _, r := range e.reps {
+						r.cache.check()
+						assert.Zero(t, r.cache.pinned, "%s: blocks left pinned", r.name)
+						assert.Zero(t, r.cache.reserved, "%s: blocks left reserved", r.name)
+					}
+				})
+			}
 		}
 	}
 }

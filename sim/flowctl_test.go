@@ -40,7 +40,8 @@ func flowEngine(t testing.TB, cfg Config, pol Policy) *engine {
 var cacheAware = Policy{Name: "cache_aware", Mode: gateway.ModeCacheAware}
 
 // Every request ends completed, shed, expired or failed (none lost, none
-// left held); nothing is answered after its deadline, nor dispatched
+// left held, no cache block left pinned or reserved, with either engine
+// rule, Config.CacheAtSchedule); nothing is answered after its deadline, nor dispatched
 // past it; an expired request is never routed; the tenant and class
 // tables add up; and the same seed gives the same report.
 func TestFlowControlProperties(t *testing.T) {
@@ -62,12 +63,17 @@ func TestFlowControlProperties(t *testing.T) {
 			limits = map[int]float64{0: rapid.Float64Range(0.1, 1).Draw(rt, "batch_limit")}
 		}
 		cfg := Config{Workload: w, Replicas: rapid.IntRange(1, 3).Draw(rt, "replicas"), Preset: smallPreset(), Seed: rapid.Uint64Range(1, 9).Draw(rt, "seed"),
-			Gateways: rapid.IntRange(1, 2).Draw(rt, "gateways"), Admission: adm, FlowControl: FlowControl{Enabled: true, Queue: q, UsageLimits: limits}}
+			Gateways: rapid.IntRange(1, 2).Draw(rt, "gateways"), Admission: adm, FlowControl: FlowControl{Enabled: true, Queue: q, UsageLimits: limits},
+			CacheAtSchedule: rapid.Bool().Draw(rt, "cache_at_schedule")}
 		for _, pol := range []Policy{cacheAware, GIEFlowPolicy()} {
 			e := flowEngine(t, cfg, pol)
 			r := e.result()
 			assert.Zero(rt, e.queued, "%s: requests left held", pol.Name)
 			assert.Zero(rt, e.inflight, "%s: requests left in flight", pol.Name)
+			for _, rep := range e.reps {
+				assert.Zero(rt, rep.cache.pinned, "%s: %s: blocks left pinned", pol.Name, rep.name)
+				assert.Zero(rt, rep.cache.reserved, "%s: %s: blocks left reserved", pol.Name, rep.name)
+			}
 			assert.Equal(rt, r.Requests, r.Completed+r.Dropped+r.Failed+r.Expired, "%s: every request has an outcome", pol.Name)
 			sum := 0
 			for _, v := range r.ShedReasons {

@@ -37,6 +37,10 @@ type Report struct {
 	NonStreamed float64 `json:"non_streamed,omitempty"`
 	// UpstreamStream is Config.UpstreamStream, reported with NonStreamed.
 	UpstreamStream bool `json:"upstream_stream,omitempty"`
+	// CacheAtSchedule is Config.CacheAtSchedule: the engines cached a
+	// prefill's blocks when their step was scheduled; false, and left out
+	// of the JSON, when they cached them at the step's end (the default).
+	CacheAtSchedule bool `json:"cache_at_schedule,omitempty"`
 	// ReplicaSpeeds is Config.ReplicaSpeeds when a replica runs at a
 	// speed other than 1 (or SpeedChanges is set); nil, and left out of the
 	// JSON, otherwise.
@@ -279,6 +283,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		gws += fmt.Sprintf("; %.4g%% of clients streaming (the gateway hears the others' first token at completion)", 100*(1-r.NonStreamed))
 	}
 	gws += r.speedHeader()
+	if r.CacheAtSchedule {
+		gws += "; engines cache blocks when their step is scheduled"
+	}
 	fmt.Fprintf(&b, "cluster:  %d × %s (%s), %d blocks × %d tokens of KV cache each; %s index%s; signals every %gs; TTFT SLO %gs\n",
 		r.Replicas, r.Preset.Name, r.Preset.Description, r.CacheBlocks, r.BlockTokens, r.Index, gws, r.RefreshInterval, r.SLO)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)

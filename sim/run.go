@@ -28,6 +28,7 @@ func Run(cfg Config) (*Report, error) {
 		SharePending:    cfg.SharePending && cfg.Gateways > 1,
 		NonStreamed:     cfg.NonStreamed,
 		UpstreamStream:  cfg.UpstreamStream && cfg.NonStreamed > 0,
+		CacheAtSchedule: cfg.CacheAtSchedule,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,
