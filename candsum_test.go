@@ -36,12 +36,12 @@ func TestPropCandSum(t *testing.T) {
 		for _, c := range cands {
 			maxMatched = max(maxMatched, c.Matched)
 		}
-		sum := candSum{least: math.MaxInt, common: math.MaxInt, waiting: math.MaxInt}
+		sum := candSum{least: math.MaxInt, common: math.MaxInt}
 		for i := range cands {
 			sum.add(&cands[i], maxMatched)
 		}
 		// The oracle: each field from its definition.
-		want := candSum{least: math.MaxInt, common: math.MaxInt, waiting: math.MaxInt}
+		want := candSum{least: math.MaxInt, common: math.MaxInt}
 		longest := 0
 		for _, c := range cands {
 			longest = max(longest, c.Matched)
@@ -52,7 +52,6 @@ func TestPropCandSum(t *testing.T) {
 			o := max(c.InFlight, c.Load.QueueDepth+c.Load.Running)
 			want.outstanding += o
 			want.least = min(want.least, o)
-			want.waiting = min(want.waiting, c.Load.QueueDepth)
 			if c.Matched == longest {
 				want.holders++
 			}

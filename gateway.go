@@ -388,7 +388,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	all, state := g.all[:len(t.list)], g.state[:len(t.list)]
 	// sum summarises the candidates for the policy (Request.sum) when
 	// every replica turns out to be one.
-	sum := candSum{least: math.MaxInt, common: math.MaxInt, waiting: math.MaxInt}
+	sum := candSum{least: math.MaxInt, common: math.MaxInt}
 	if !narrowed && g.slo <= 0 && adapter == "" && !g.loraSet {
 		// The usual case, the other loop without its calls (which make
 		// the compiler spill the loop's registers): eligible means

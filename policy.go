@@ -90,9 +90,8 @@ type candSum struct {
 	// total and pending sum InFlight and PendingPrefill+Load.PeerPrefill,
 	// outstanding and least sum and take the least of Outstanding(),
 	// holders counts those whose Matched is the longest, and common is the
-	// least Matched of those with AssignedPrefill > 0 (MaxInt if none);
-	// waiting is the least Load.QueueDepth (MaxInt if none).
-	total, pending, outstanding, least, holders, common, waiting int
+	// least Matched of those with AssignedPrefill > 0 (MaxInt if none).
+	total, pending, outstanding, least, holders, common int
 }
 
 // add counts candidate c into s, whose holders are of maxMatched, the
@@ -106,7 +105,6 @@ func (s *candSum) add(c *Candidate, maxMatched int) {
 	o := c.Outstanding()
 	s.outstanding += o
 	s.least = min(s.least, o)
-	s.waiting = min(s.waiting, c.Load.QueueDepth)
 	if c.Matched == maxMatched {
 		s.holders++
 	}

@@ -261,7 +261,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	if !sum.ok || adapter {
 		// The gateway did not sum the candidates (or the adapter's price
 		// needs its own pass): sum them here.
-		sum = &candSum{least: math.MaxInt, common: math.MaxInt, waiting: math.MaxInt}
+		sum = &candSum{least: math.MaxInt, common: math.MaxInt}
 		var speeds speedRef
 		for i := range cands {
 			c := &cands[i]
@@ -277,8 +277,14 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	total, pending, holders, outstanding, least, common := sum.total, sum.pending, sum.holders, sum.outstanding, sum.least, sum.common
 	// Outstanding counts up to this are within the random spread.
 	spread := float64(least) + math.Sqrt(float64(outstanding)/float64(len(cands)))
-	// Saturated: every candidate's engine has requests waiting.
-	saturated := qw > 0 && sum.waiting > 0
+	// Saturated: every candidate's engine has requests waiting. A
+	// candidate with none outstanding has none waiting, so the pass that
+	// checks runs only when none is idle (least > 0): an idle pool pays
+	// nothing for it.
+	saturated := qw > 0 && least > 0
+	for i := 0; saturated && i < len(cands); i++ {
+		saturated = cands[i].Load.QueueDepth > 0
+	}
 	n := len(req.Key)
 	lambda := ext + float64(pending)/float64(len(cands))/float64(n)
 	// A hot prefix held by fewer replicas than its share of the traffic
