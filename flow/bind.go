@@ -31,6 +31,11 @@ func Bind(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admi
 	return true, d, err == nil
 }
 
+// ValidUsageLimit reports whether c is a usage limit Limit applies: in
+// (0, 1] (Options.UsageLimits; 1 is the limit of an unlisted priority).
+// Every configuration of usage limits is checked by it.
+func ValidUsageLimit(c float64) bool { return c > 0 && c <= 1 }
+
 // Limit returns a with its thresholds scaled by a band's usage limit
 // ceiling (Options.UsageLimits; GIE v1.5.0's UsageLimitPolicy gives each
 // priority such a ceiling on the pool's saturation): QueueDepth,

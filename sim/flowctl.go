@@ -71,7 +71,7 @@ func validFlow(c *Config) error {
 		return fmt.Errorf("%w: FlowControl.Queue: %w", ErrInvalidConfig, err)
 	}
 	for p, l := range c.FlowControl.UsageLimits {
-		if !(l > 0 && l <= 1) {
+		if !flow.ValidUsageLimit(l) {
 			return fmt.Errorf("%w: FlowControl.UsageLimits[%d] %v, want (0, 1]", ErrInvalidConfig, p, l)
 		}
 	}
@@ -151,10 +151,7 @@ func (e *engine) dispatchAll() {
 		gw := &e.gws[i]
 		// The fronts' bind rule: room, then routed at that moment.
 		room := func(s *seq) bool {
-			a := e.cfg.Admission
-			if lim := e.cfg.FlowControl.UsageLimits; len(lim) > 0 {
-				a = flow.Limit(a, lim[s.prio]) // its band's usage limit
-			}
+			a := flow.Limit(e.cfg.Admission, e.cfg.FlowControl.UsageLimits[s.prio]) // its band's usage limit (unlisted: unchanged)
 			ok, d, routed := flow.Bind(gw.g, s.key, s.target, a, false)
 			if routed {
 				s.d = d // dispatch sends it there

@@ -121,7 +121,7 @@ func usageLimits(kvs []string) (map[int]float64, error) {
 		p, v, ok := strings.Cut(kv, "=")
 		prio, perr := strconv.Atoi(p)
 		c, cerr := strconv.ParseFloat(v, 64)
-		if !ok || perr != nil || cerr != nil || !(c > 0 && c <= 1) {
+		if !ok || perr != nil || cerr != nil || !flow.ValidUsageLimit(c) {
 			return nil, usagef("invalid --flow-usage-limit %q: want PRIORITY=FRACTION, PRIORITY an integer, 0 < FRACTION <= 1", kv)
 		}
 		if m == nil {

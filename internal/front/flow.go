@@ -66,7 +66,7 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 		return nil, fmt.Errorf("%w: flow.Options.Retry %v is negative", flow.ErrInvalid, o.Retry)
 	}
 	for p, c := range o.UsageLimits {
-		if !(c > 0 && c <= 1) {
+		if !flow.ValidUsageLimit(c) {
 			return nil, fmt.Errorf("%w: flow.Options.UsageLimits[%d] %v, want (0, 1]", flow.ErrInvalid, p, c)
 		}
 	}
