@@ -630,10 +630,7 @@ func (e *engine) stepEnd(ri int) {
 // Config.CacheAtSchedule, commitScheduled has cached them already.
 func (e *engine) commitComputed(r *replica, s *seq) {
 	upto := min(len(s.key), s.pos/e.bt)
-	if upto > s.committed {
-		r.cache.commit(s.key[:upto], s.slots, s.committed)
-		s.committed = upto
-	}
+	e.commitUpTo(r, s, upto)
 	if upto > s.published {
 		s.published = upto
 		e.event(r, gateway.BlocksStored, s.key[:upto])
@@ -650,7 +647,13 @@ func (e *engine) commitScheduled(r *replica, s *seq) {
 	if !e.cfg.CacheAtSchedule {
 		return
 	}
-	if upto := min(len(s.key), (s.pos+s.chunk)/e.bt); upto > s.committed {
+	e.commitUpTo(r, s, min(len(s.key), (s.pos+s.chunk)/e.bt))
+}
+
+// commitUpTo caches s's leading upto blocks at r, those past s.committed,
+// pinned by s until it completes.
+func (e *engine) commitUpTo(r *replica, s *seq, upto int) {
+	if upto > s.committed {
 		r.cache.commit(s.key[:upto], s.slots, s.committed)
 		s.committed = upto
 	}
@@ -663,7 +666,7 @@ func (e *engine) firstToken(r *replica, s *seq) {
 		// Its pending prefill is released: a replica closed by
 		// Admission.PendingPrefill may have room (the fronts kick their
 		// queue at a first token likewise).
-		e.freed = e.freed || e.cfg.Admission.PendingPrefill > 0
+		e.freed = e.freed || fronts.FirstTokenFreesRoom(e.cfg.Admission)
 	}
 	r.cache.commit(s.key, s.slots, s.committed)
 	e.event(r, gateway.BlocksStored, s.key)

@@ -161,10 +161,16 @@ func (f *FlowControl) Kick(model string) {
 // (a.PendingPrefill), which the first token releases: a held request may
 // then go. Both fronts call it at a first token; nil (off) does nothing.
 func (f *FlowControl) FirstToken(model string, a gateway.Admission) {
-	if a.PendingPrefill > 0 {
+	if FirstTokenFreesRoom(a) {
 		f.Kick(model)
 	}
 }
+
+// FirstTokenFreesRoom reports whether a first token can give a replica
+// room under a: when a counts pending prefill (a.PendingPrefill), which
+// the first token releases. The fronts (FlowControl.FirstToken) and the
+// simulator dispatch held requests then.
+func FirstTokenFreesRoom(a gateway.Admission) bool { return a.PendingPrefill > 0 }
 
 // Close stops every model's queue, answering what each holds with
 // flow.ErrClosed; the next Hold starts a new one.
