@@ -129,6 +129,15 @@ func nsPendingWhile(url string, body []byte, pending func() float64) (a nsAnswer
 		resp.Body.Close()
 		done <- nsAnswer{status: resp.StatusCode, ct: resp.Header.Get("Content-Type"), body: b, err: err, at: time.Since(start)}
 	}()
+	return pollPending(start, done, pending)
+}
+
+// pollPending polls pending (a front's pending prefill) every 20ms until
+// done delivers the answer of a request sent at start. It returns the
+// answer, when pending prefill was first seen and when it was released,
+// as times since start (-1: not seen, not released before the answer),
+// and its peak.
+func pollPending[T any](start time.Time, done <-chan T, pending func() float64) (a T, firstSeen, released time.Duration, maxPending float64) {
 	firstSeen, released = -1, -1
 	for {
 		select {
@@ -136,8 +145,7 @@ func nsPendingWhile(url string, body []byte, pending func() float64) (a nsAnswer
 			return a, firstSeen, released, maxPending
 		default:
 		}
-		p := pending()
-		at := time.Since(start)
+		p, at := pending(), time.Since(start)
 		if p > 0 && firstSeen < 0 {
 			firstSeen = at
 		}

@@ -386,26 +386,7 @@ func pendingReleasedEarly(t *testing.T, pp *pickerProc, url string) {
 	done := make(chan speedResult, 1)
 	start := time.Now()
 	go func() { done <- speedChat(context.Background(), url, body, false) }()
-	var firstSeen, released time.Duration = -1, -1
-	var maxPending float64
-	var r speedResult
-poll:
-	for {
-		select {
-		case r = <-done:
-			break poll
-		default:
-		}
-		p, at := pending(), time.Since(start)
-		if p > 0 && firstSeen < 0 {
-			firstSeen = at
-		}
-		maxPending = max(maxPending, p)
-		if p == 0 && maxPending > 0 && released < 0 {
-			released = at
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	r, firstSeen, released, maxPending := pollPending(start, done, pending)
 	require.Empty(t, r.err)
 	require.Equal(t, http.StatusOK, r.status)
 	if released < 0 && pending() == 0 {
