@@ -8,7 +8,6 @@ import (
 	"os"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,14 +37,7 @@ func TestPickerIdleConns(t *testing.T) {
 	}
 	args := append([]string{"--admin-listen", "127.0.0.1:0"}, strings.Fields(os.Getenv("EXA_PICKER_ARGS"))...)
 	addr, line, _, proc := startPickerCmd(t, args...)
-	rss := func() int64 {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", proc.Pid))
-		require.NoError(t, err)
-		m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-		require.NotNil(t, m)
-		n, _ := strconv.ParseInt(string(m[1]), 10, 64)
-		return n << 10
-	}
+	rss := func() int64 { return procRSS(t, proc.Pid) }
 	admin := regexp.MustCompile(`admin (http://\S+) `).FindStringSubmatch(line)
 	require.NotNil(t, admin, "start-up line %q", line)
 	metrics := func() string {
