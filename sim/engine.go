@@ -153,6 +153,11 @@ type engine struct {
 	last     int64
 	lora     loraSim // adapter ids, slots and figures (lora.go)
 	speeds   speedClock
+	// stall is the first replica found stalled, quiet the requests
+	// answered + 1 at the last refresh that found the run quiet, 0 none
+	// (stall.go).
+	stall error
+	quiet int64
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
@@ -255,6 +260,9 @@ func (e *engine) run(st Stream, tick func()) error {
 		e.speeds.init(e.cfg, int64(req.Arrival))
 	}
 	for {
+		if e.stall != nil {
+			return e.stall
+		}
 		if n := len(e.releases); n > 0 && (len(e.events) == 0 || e.releases[0].key <= e.events[0].key) && (!have || e.releases[0].key <= int64(req.Arrival)) {
 			it := e.releases.pop()
 			e.now = max(e.now, it.key)
@@ -289,6 +297,9 @@ func (e *engine) run(st Stream, tick func()) error {
 				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
 			}
 			e.afterEvent()
+			if err := e.stallRun(); err != nil {
+				return err
+			}
 			continue
 		}
 		r := e.reps[ev.rep]
@@ -586,6 +597,8 @@ func (e *engine) plan(ri int) {
 		r.busy = true
 		r.ver++
 		e.push(e.now+r.macro(r.stepK), event{rep: int32(ri), ver: r.ver})
+	default:
+		e.stallReplica(ri)
 	}
 }
 
