@@ -81,6 +81,7 @@ type replica struct {
 	u, v      float64 // a macro step of k decode steps takes k·u + v·k(k−1)/2
 
 	prefillTokens int64
+	work          int64 // tokens admitted, prompts and answers: more than its steps (stall.go)
 	requests      int64
 	lora          loraReplica // adapter slots (lora.go)
 	speed         float64     // multiplier of the preset's compute speed (speeds.go)
@@ -568,6 +569,7 @@ func (e *engine) plan(ri int) {
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
 		e.inTok += int64(s.in)
+		r.work += int64(s.in + s.out)
 		e.cachedTk += int64(cached)
 		if m > 0 {
 			e.hitReqs++
@@ -605,6 +607,9 @@ func (e *engine) plan(ri int) {
 func (e *engine) stepEnd(ri int) {
 	r := e.reps[ri]
 	r.step += r.stepK
+	if r.step > r.work {
+		e.stallSteps(ri)
+	}
 	if r.nChunk > 0 {
 		keep := r.prefill[:0]
 		for i, s := range r.prefill {

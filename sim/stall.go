@@ -3,8 +3,9 @@ package sim
 import "fmt"
 
 // A run that can no longer make progress ends with ErrStalled instead of
-// ticking load refreshes forever (a leaked pin, reservation, adapter slot
-// or in-flight count would otherwise hang it). The checks read the
+// ticking load refreshes or steps forever (a leaked pin, reservation,
+// adapter slot or in-flight count, or a request that never finishes,
+// would otherwise hang it). The checks read the
 // simulated state alone, never a wall clock, and hold on every correct
 // run:
 //
@@ -28,6 +29,11 @@ import "fmt"
 //     ticker within a millisecond (GIE) once the idle replicas' loads are
 //     scraped. Flow control holding a request until its TTL has an expiry
 //     ahead, and an idle cluster has nothing in flight.
+//  3. A replica stalls when it has run more steps than the tokens
+//     admitted to it, prompts and answers: every step computes a chunk of
+//     at least one prompt token, or one answer token of every decoding
+//     request, so a correct engine never does, and one that steps on
+//     without end on a request that never finishes gets there.
 
 // stallReplica applies rule 1 to replica ri, at the end of plan. It keeps
 // the first stall found; run returns it.
@@ -47,6 +53,15 @@ func (e *engine) stallReplica(ri int) {
 	e.stall = fmt.Errorf("%w: policy %q, replica %s at t=%.6fs: %d waiting, %d running, %d of %d blocks pinned and %d reserved, %d of %d adapter slots held; the first waiting request needs %d blocks, %d are free",
 		ErrStalled, e.res.Policy, r.name, float64(e.now)/1e9, r.waiting.len(), r.running(), c.pinned, c.cap, c.reserved,
 		r.lora.active, e.lora.max, need, c.cap-c.pinned-c.reserved)
+}
+
+// stallSteps reports rule 3 for replica ri, at the end of a step.
+func (e *engine) stallSteps(ri int) {
+	r := e.reps[ri]
+	if e.stall == nil {
+		e.stall = fmt.Errorf("%w: policy %q, replica %s at t=%.6fs: %d steps for %d tokens admitted, %d waiting, %d prefilling, %d decoding",
+			ErrStalled, e.res.Policy, r.name, float64(e.now)/1e9, r.step, r.work, r.waiting.len(), len(r.prefill), len(r.decode))
+	}
 }
 
 // stallRun applies rule 2 at a load refresh, after the front's dispatch.

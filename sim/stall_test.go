@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -78,6 +79,11 @@ func TestStall(t *testing.T) {
 			[]string{`policy "cache_aware" at t=`, "1 requests in flight (0 waiting on the replicas, none running), 0 held, no replica stepping"}},
 		{"held on leaked KV use", GIEFlowPolicy(), "", func(e *engine) { e.reps[0].cache.reserved = e.cap },
 			[]string{`policy "gie_flow" at t=`, "0 requests in flight (0 waiting on the replicas, none running), 1 held"}},
+		{"prefill without end", cacheAware, "", func(e *engine) {
+			// A request the engine lost count of: more tokens left to
+			// prefill than any prompt has; its steps never end.
+			e.reps[0].prefill = append(e.reps[0].prefill, &seq{in: 1, out: 1, left: math.MaxInt32})
+		}, []string{"replica r0 at t=", "1 steps for 0 tokens admitted, 1 waiting, 1 prefilling, 0 decoding"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
