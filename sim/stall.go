@@ -5,9 +5,8 @@ import "fmt"
 // A run that can no longer make progress ends with ErrStalled instead of
 // ticking load refreshes or steps forever (a leaked pin, reservation,
 // adapter slot or in-flight count, or a request that never finishes,
-// would otherwise hang it). The checks read the
-// simulated state alone, never a wall clock, and hold on every correct
-// run:
+// would otherwise hang it). The checks read the simulated state alone,
+// never a wall clock, and hold on every correct run:
 //
 //  1. A replica stalls when plan leaves it with requests waiting and no
 //     step in progress. Only its step's end or a request dispatched to it
