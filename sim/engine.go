@@ -81,6 +81,7 @@ type replica struct {
 	u, v      float64 // a macro step of k decode steps takes k·u + v·k(k−1)/2
 
 	prefillTokens int64
+	work          int64 // tokens admitted, prompts and answers: more than its steps (stall.go)
 	requests      int64
 	lora          loraReplica // adapter slots (lora.go)
 	speed         float64     // multiplier of the preset's compute speed (speeds.go)
@@ -153,6 +154,11 @@ type engine struct {
 	last     int64
 	lora     loraSim // adapter ids, slots and figures (lora.go)
 	speeds   speedClock
+	// stall is the first replica found stalled, quiet the requests
+	// answered + 1 at the last refresh that found the run quiet, 0 none
+	// (stall.go).
+	stall error
+	quiet int64
 }
 
 func newEngine(cfg *Config, pol Policy) (*engine, error) {
@@ -255,6 +261,9 @@ func (e *engine) run(st Stream, tick func()) error {
 		e.speeds.init(e.cfg, int64(req.Arrival))
 	}
 	for {
+		if e.stall != nil {
+			return e.stall
+		}
 		if n := len(e.releases); n > 0 && (len(e.events) == 0 || e.releases[0].key <= e.events[0].key) && (!have || e.releases[0].key <= int64(req.Arrival)) {
 			it := e.releases.pop()
 			e.now = max(e.now, it.key)
@@ -289,6 +298,9 @@ func (e *engine) run(st Stream, tick func()) error {
 				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
 			}
 			e.afterEvent()
+			if err := e.stallRun(); err != nil {
+				return err
+			}
 			continue
 		}
 		r := e.reps[ev.rep]
@@ -557,6 +569,7 @@ func (e *engine) plan(ri int) {
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
 		e.inTok += int64(s.in)
+		r.work += int64(s.in + s.out)
 		e.cachedTk += int64(cached)
 		if m > 0 {
 			e.hitReqs++
@@ -586,12 +599,17 @@ func (e *engine) plan(ri int) {
 		r.busy = true
 		r.ver++
 		e.push(e.now+r.macro(r.stepK), event{rep: int32(ri), ver: r.ver})
+	default:
+		e.stallReplica(ri)
 	}
 }
 
 func (e *engine) stepEnd(ri int) {
 	r := e.reps[ri]
 	r.step += r.stepK
+	if r.step > r.work {
+		e.stallSteps(ri)
+	}
 	if r.nChunk > 0 {
 		keep := r.prefill[:0]
 		for i, s := range r.prefill {

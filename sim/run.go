@@ -10,7 +10,8 @@ import (
 // bounds, and returns the report. It is deterministic: the same cfg gives
 // the same Report. Errors start with "gateway:" and wrap ErrInvalidConfig
 // (a policy the gateway refuses also wraps the gateway's error) or, for a
-// bad trace line, ErrMalformedTrace.
+// bad trace line, ErrMalformedTrace, or, for a simulation that stopped
+// making progress (a simulator bug), ErrStalled.
 func Run(cfg Config) (*Report, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -131,8 +132,9 @@ func runJob(cfg *Config, j int, rep *Report, capacity int, tick func()) error {
 		return err
 	}
 	if err := e.run(st, tick); err != nil {
-		// Only the stream fails a run, the same way for every policy: its
-		// error already starts with "gateway:" and wraps the sentinel.
+		// The stream fails a run, the same way for every policy, or a
+		// stall (ErrStalled): the error already starts with "gateway:"
+		// and wraps the sentinel.
 		return err
 	}
 	rep.Results[j] = e.result()
