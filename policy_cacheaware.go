@@ -50,6 +50,22 @@ import (
 // the choice is made by load alone, so it does not collapse onto one
 // replica.
 //
+// At a holder of the request's longest prefix, when some candidate lacks
+// that prefix and the pool has no speed classes (see below), the guard is
+// priced in time once the holder's speed is known: each request beyond
+// the spread costs its share of a step, TokenTime/(Outstanding·BlockTime)
+// blocks (at most DecodeWeight). There the guard weighs decode counts
+// against recomputing the prefix elsewhere, and a decoding request
+// lengthens the step or two that compute the rest of a hit by about
+// 0.15 ms (shared-prefix on 8b-h100), against 4.2 ms for a block of
+// prefill: in blocks, the guard sent shared-prefix requests away from
+// the replica holding their group's prompt to recompute it (mean TTFT
+// 20.4 against 20.1 ms, docs/results.md). Where every candidate holds
+// the prefix the guard stays in blocks, as the load guard above (in time
+// there, an 8,192-token system prompt's p99 rose from 41 to 60 ms on 8
+// replicas), and between speed classes, where it keeps the fast
+// replicas from taking every hot prefix.
+//
 // When every candidate's engine has requests waiting (Load.QueueDepth at
 // least 1: saturated, no replica can start the request at once), each
 // uncached block also costs WaitingWeight (1) per request waiting at the
@@ -196,8 +212,9 @@ type CacheAware struct {
 	// value means none.
 	WaitingWeight float64
 	// DecodeWeight is the cost, in blocks of prefill, of each outstanding
-	// request at a replica beyond the spread (see excess above). Zero
-	// means the default, 4; a negative value means none.
+	// request at a replica beyond the spread (see excess above), and the
+	// most it costs at a holder of the longest prefix priced in time.
+	// Zero means the default, 4; a negative value means none.
 	DecodeWeight float64
 	// LoadFactor, when at least 1, caps each replica's in-flight requests
 	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
@@ -363,6 +380,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// request's placement decides: its blocks past the prefix, and the
 	// step (see speedHorizon).
 	hitWork := (1+lambda)*float64(n-maxMatched) + 1
+	// timed: the guard prices a holder of the longest prefix in time
+	// (see CacheAware): some candidate lacks that prefix, a speed is
+	// known, and the pool has no speed classes.
+	timed := ref > 0 && maxMatched > 0 && holders < len(cands) && !classes
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	replicating, noMatch := shared > 0, maxMatched == 0
@@ -390,7 +411,14 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			cost += qw * float64(n-m) * float64(c.Load.QueueDepth)
 		}
 		if excess := float64(out) - spread; excess > 0 {
-			cost += dw * excess
+			w := dw
+			if timed && c.Matched >= maxMatched && c.BlockTime > 0 && c.TokenTime > 0 {
+				// A holder of the longest prefix: its decoding requests
+				// delay this one by their share of the step or two
+				// that compute its rest, priced in blocks at its speed.
+				w = min(dw, float64(c.TokenTime)/(float64(out)*float64(c.BlockTime)))
+			}
+			cost += w * excess
 		}
 		if adapter {
 			cost += lp.cost(c)

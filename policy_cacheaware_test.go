@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway/keys"
 	"github.com/stretchr/testify/assert"
@@ -93,6 +94,42 @@ func TestCacheAwareCost(t *testing.T) {
 		cs[0].Matched = 0
 		cs = append(cs, Candidate{Name: "c", PendingPrefill: 1000})
 		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(64, cs), cs))
+	})
+	t.Run("a holder of the longest prefix prices decode counts in time", func(t *testing.T) {
+		// Shared-prefix on 8 × 8b-h100: a holds 16 of the request's 17
+		// blocks and has 14 requests decoding, the others 3–5 and none
+		// of it. Spread 3 + √5: a's excess is 8.8. In blocks (4 each)
+		// a = 2 + 35 = 37 against b = 2·17 = 34, and the request
+		// recomputes 16 blocks elsewhere (~80 ms against ~11 ms for a
+		// hit). In time, each costs its share of a step, TokenTime/14,
+		// against a block's 7 ms: a = 2 + 8.8·7.5/(14·7) ≈ 2.7.
+		cands := func(block, token time.Duration) []Candidate {
+			cs := []Candidate{{Name: "a", Matched: 16, InFlight: 14}}
+			for i, out := range []int{3, 4, 3, 5, 4, 3, 4} {
+				cs = append(cs, Candidate{Name: string(rune('b' + i)), InFlight: out})
+			}
+			for i := range cs {
+				cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, block, token
+			}
+			return cs
+		}
+		cs := cands(7*time.Millisecond, 7500*time.Microsecond)
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "speeds known: the holder keeps the request")
+		cs = cands(0, 0)
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "speeds unknown: in blocks, as before")
+		cs = cands(7*time.Millisecond, 7500*time.Microsecond)
+		for i := range cs {
+			cs[i].Matched = 16
+			if i > 0 {
+				cs[i].PendingPrefill = 3 // in time a (≈ 2.8) would win
+			}
+		}
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "every candidate holds the prefix: the load guard, in blocks")
+		cs = cands(7*time.Millisecond, 7500*time.Microsecond)
+		for i := 4; i < len(cs); i++ {
+			cs[i].BlockTime = 14 * time.Millisecond // half the pool twice as slow: speed classes
+		}
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "between speed classes: in blocks")
 	})
 	t.Run("negative weights switch terms off", func(t *testing.T) {
 		cs := []Candidate{{Name: "a", Matched: 5, InFlight: 50, Load: Load{Running: 50}}, {Name: "b"}}
