@@ -363,6 +363,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// request's placement decides: its blocks past the prefix, and the
 	// step (see speedHorizon).
 	hitWork := (1+lambda)*float64(n-maxMatched) + 1
+	horizon := req.horizon
+	if horizon == 0 {
+		horizon = speedHorizon
+	}
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	replicating, noMatch := shared > 0, maxMatched == 0
@@ -408,7 +412,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			if f != 1 {
 				cost = f*(cost+1) - 1
 				if classes {
-					cost += req.Demand * speedHorizon * (f - 1) * hitWork
+					cost += req.Demand * horizon * (f - 1) * hitWork
 				}
 			}
 		}
