@@ -70,8 +70,8 @@ type ticket struct {
 	// requests outstanding at the replica with it (speedload.go) and its
 	// objective.
 	work, load int
-	obj   objective
-	stats *counters
+	obj        objective
+	stats      *counters
 }
 
 const (
