@@ -2,24 +2,35 @@ package gateway
 
 import "math"
 
-// How a replica's step grows with its load, learned from what the front
+// How a replica's steps grow with its load, learned from what the front
 // observes: each streamed answer's time per output token after its first
 // (DoneInfo: Elapsed − TTFT over OutputTokens − 1) against the requests
-// outstanding at the replica when it was routed there (Candidate.
-// Outstanding, the request included). Its line's slope times the mean load,
-// over the mean time per token, is the share of a step that the load adds
-// (growth): near 0 where a step is mostly the weights read once (vLLM on an
-// H100 as BLIS measured it: 6 µs a sequence on 5.75 ms), a third and more
-// where every sequence's KV cache is read (the 8b-h100 preset: 0.15 ms a
-// sequence on 6 ms). CacheAware's placement horizon (speedHorizon) grows
-// where the pool's steps hardly grow with load (horizonFor): a hot prefix
-// then gains from a fast replica without slowing the requests already there.
+// outstanding at the replica while it decoded, taken as the mean of the
+// count when it was routed (Candidate.Outstanding, itself included) and
+// when it finished. The line's slope times the mean load, over the mean
+// time per token, is the share of a step that the load adds (growth): the
+// decode batch, and the prefills that more traffic interleaves with it.
+// On the default workload of docs/results.md's mixed pools it is about
+// 0.05 on 8b-h100-blis (a sequence adds 6 µs to a step of 5.75 ms) and
+// 0.5 on 8b-h100 (0.15 ms per sequence, its KV cache read each step);
+// 0.8–0.9 on the trace on 8b-h100. CacheAware's placement horizon
+// (speedHorizon) grows where the pool's steps hardly grow with load
+// (horizonFor): there a hot prefix gains from a fast replica without
+// slowing the requests already on it. A front that sees no first token
+// teaches no growth, and the horizon stays speedHorizon.
 
 const (
-	// loadDecay is the weight a sample keeps per later sample.
+	// loadDecay is the weight a sample keeps per later sample: the fit
+	// remembers about 500 answers (the growth is the hardware's, slow to
+	// change, and one replica's is noisy: with speedDecay's 100 and the
+	// load at routing alone, the pool's mean on 8b-h100's default
+	// workload ranged 0.04–0.2, overlapping blis's).
 	loadDecay = 0.998
 	// loadMinSamples is the decayed count of decode samples before a
-	// replica's growth is published.
+	// replica's growth is published (about 250 answers): the first are
+	// taken while the load ramps up, and at 100 the pool's mean on
+	// 8b-h100's default workload started at 0.05–0.3 before settling
+	// near 0.5.
 	loadMinSamples = 200
 	// loadMinSpread is the least variance of the load samples (requests²)
 	// that tells a slope: loads that hardly varied do not.
@@ -98,7 +109,16 @@ func horizonFor(v uint64) float64 {
 }
 
 const (
-	horizonMax = 7500
+	// horizonMax is the longest placement horizon, 3·speedHorizon. On
+	// 8b-h100-blis's default workload at 1,0.5 and 1,0.7,0.4 (growth
+	// about 0.05) it takes mean TTFT from 10–11% below speed-blind to
+	// 15–17%; uniformly, 10,000 cost the trace at 16 replicas a point
+	// and 40,000 sent the fast replicas more than they could take (mean
+	// TTFT 3–7× speed-blind's; docs/results.md, Mixed pools).
+	horizonMax = 3 * speedHorizon
+	// growthLow and growthHigh bound the ramp from horizonMax down to
+	// speedHorizon: 8b-h100's pools grow by about 0.5 (the default
+	// workload) to 0.9 (the trace), 8b-h100-blis's by 0.05.
 	growthLow  = 0.1
 	growthHigh = 0.3
 )
