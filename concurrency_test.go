@@ -170,4 +170,13 @@ func checkPoolSpeeds(t testing.TB, g *Gateway) {
 		}
 	}
 	assert.Equal(t, sum<<16|n, g.speeds.Load(), "pool speed sum")
+	sum, n = 0, 0
+	for _, rs := range g.snap.Load().list {
+		rs.learner.mu.Lock()
+		if v := rs.learner.load.packed(); v > 0 {
+			sum, n = sum+v, n+1
+		}
+		rs.learner.mu.Unlock()
+	}
+	assert.Equal(t, sum<<16|n, g.growths.Load(), "pool growth sum")
 }

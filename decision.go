@@ -66,10 +66,12 @@ type DoneInfo struct {
 type ticket struct {
 	state atomic.Uint64
 	// Set by RouteWith before the Decision is returned, read by Done:
-	// the request's prefill work in blocks (Candidate.work) and objective.
-	work  int
-	obj   objective
-	stats *counters
+	// the request's prefill work in blocks (Candidate.work), the
+	// requests outstanding at the replica with it (speedload.go) and its
+	// objective.
+	work, load int
+	obj        objective
+	stats      *counters
 }
 
 const (
@@ -132,7 +134,7 @@ func (d Decision) Done(info DoneInfo) {
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock())
 			}
-			d.rs.learn(d.t.work, &info)
+			d.rs.learn(d.t.work, d.t.load, &info)
 			if d.t.obj.set() {
 				d.t.stats.attain(&d.t.obj, &info)
 			}

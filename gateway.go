@@ -48,8 +48,9 @@ type Gateway struct {
 	stats counters
 	// speeds sums the replicas' known times per block and counts them
 	// (speed.go, poolMean): the reference CacheAware prices speeds
-	// against.
-	speeds atomic.Uint64
+	// against; growths sums their growths (speedload.go), which set
+	// its placement horizon.
+	speeds, growths atomic.Uint64
 }
 
 // table is an immutable snapshot of the replica set; changes publish a new
@@ -140,7 +141,7 @@ func (g *Gateway) AddReplica(r Replica) error {
 	if len(old.list) >= MaxReplicas {
 		return fmt.Errorf("%w: replica %q: gateway already has %d replicas, the most it holds", ErrInvalid, r.Name, MaxReplicas)
 	}
-	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock, learner: &speedLearner{pool: &g.speeds}}
+	rs := &replicaState{name: r.Name, addr: r.Address, cacheBlocks: r.CacheBlocks, clock: g.clock, learner: &speedLearner{pool: &g.speeds, growths: &g.growths}}
 	rs.healthy.Store(!r.Unhealthy)
 	rs.slot = g.idx.addReplica(r.CacheBlocks)
 	if n := len(g.idx.reps); n > len(g.match) {
@@ -480,7 +481,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		pick = g.pickByLoad(cands)
 	} else {
 		share := g.demand.observe(mk, maxMatched)
-		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref}
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, horizon: horizonFor(g.growths.Load())}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}
@@ -540,7 +541,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	rs.pending.Add(int64(len(key) - matched))
 	rs.assigned.Add(int64(len(key) - matched))
 	d.t, d.gen = newTicket()
-	d.t.work, d.t.stats, d.t.obj = work, &g.stats, obj
+	d.t.work, d.t.load, d.t.stats, d.t.obj = work, pc.Outstanding()+1, &g.stats, obj
 	if tg.NoPrompt { // no Pick placed it: not the observer's
 		return d, nil
 	}

@@ -82,6 +82,10 @@ type Request struct {
 	// CacheAware takes the candidates' own when the gateway did not sum
 	// them (sum.ok false).
 	ref float64
+	// horizon is CacheAware's placement horizon (speedHorizon), set by
+	// the gateway from its replicas' growths (horizonFor); 0 is
+	// speedHorizon.
+	horizon float64
 }
 
 // candSum summarises a request's candidates for CacheAware.

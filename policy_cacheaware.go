@@ -184,7 +184,10 @@ import (
 // where the myopic cost kept it until the queue there outweighed a whole
 // miss. One noisy fit among five or more equal replicas is not a class
 // and is priced for its request alone (among four or fewer, one replica
-// is a quarter: a class).
+// is a quarter: a class). The horizon grows, up to horizonMax (7,500),
+// where the gateway has learned that its replicas' steps hardly grow
+// with their load (speedload.go): there more traffic on a fast replica
+// does not slow the requests already on it.
 // A candidate whose speed is unknown while others' are known (added, or
 // back in rotation) is priced as the fastest known when a quarter of the
 // known are priced faster than the deadband, so that it gets the traffic
@@ -245,7 +248,8 @@ const (
 	// below speed-blind to 5–11% (1,000: 5–8%; 10,000 sent the fast
 	// replicas so much that 8b-h100 at 1,0.7,0.4 came out 5% worse than
 	// speed-blind), and leaves the trace as it was, on the mean of five
-	// load refresh intervals.
+	// load refresh intervals. It is the horizon while no load growth is
+	// known, and where steps grow with load (horizonFor).
 	speedHorizon = 2500
 	// freeCacheCredit is what a block of prefill costs less where it
 	// lands in free cache space, evicting nothing (see CacheAware).
@@ -384,6 +388,10 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// (see CacheAware): some candidate lacks that prefix, a speed is
 	// known, and the pool has no speed classes.
 	timed := ref > 0 && maxMatched > 0 && holders < len(cands) && !classes
+	horizon := req.horizon
+	if horizon == 0 {
+		horizon = speedHorizon
+	}
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	replicating, noMatch := shared > 0, maxMatched == 0
@@ -436,7 +444,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			if f != 1 {
 				cost = f*(cost+1) - 1
 				if classes {
-					cost += req.Demand * speedHorizon * (f - 1) * hitWork
+					cost += req.Demand * horizon * (f - 1) * hitWork
 				}
 			}
 		}

@@ -160,12 +160,13 @@ func nanos32(s float64) uint32 {
 // goroutines that report requests' ends, and the router reads only the
 // published word (replicaState.speed).
 type speedLearner struct {
-	mu  sync.Mutex
-	fit speedFit
+	mu   sync.Mutex
+	fit  speedFit
+	load loadFit
 	// pool is the gateway's sum of its replicas' times per block
-	// (poolMean), kept current as this one's changes; nil once the
-	// replica is removed.
-	pool *atomic.Uint64
+	// (poolMean), and growths the sum of their growths (speedload.go),
+	// kept current as this one's change; nil once the replica is removed.
+	pool, growths *atomic.Uint64
 }
 
 // The pool's sum: the known times per block in nanoseconds, summed in the
@@ -182,12 +183,16 @@ func poolMean(v uint64) float64 {
 
 // shift moves the pool's sum from a replica's old time per block to its
 // new one (nanoseconds, 0 unknown). Under l.mu.
-func (l *speedLearner) shift(old, nu uint64) {
-	if l.pool == nil || old == nu {
+func (l *speedLearner) shift(old, nu uint64) { shiftSum(l.pool, old, nu) }
+
+// shiftSum moves a pool sum (see poolMean) from one of its replicas' old
+// value to its new one (0 unknown); nil is no sum.
+func shiftSum(pool *atomic.Uint64, old, nu uint64) {
+	if pool == nil || old == nu {
 		return
 	}
 	for {
-		v := l.pool.Load()
+		v := pool.Load()
 		sum, n := v>>16, v&0xffff
 		if old > 0 {
 			sum, n = sum-old, n-1
@@ -195,7 +200,7 @@ func (l *speedLearner) shift(old, nu uint64) {
 		if nu > 0 {
 			sum, n = sum+nu, n+1
 		}
-		if l.pool.CompareAndSwap(v, sum<<16|n) {
+		if pool.CompareAndSwap(v, sum<<16|n) {
 			return
 		}
 	}
@@ -206,7 +211,8 @@ func (l *speedLearner) shift(old, nu uint64) {
 func (l *speedLearner) forget(speed *atomic.Uint64) {
 	l.mu.Lock()
 	l.shift(l.fit.packed()>>32, 0)
-	l.fit = speedFit{}
+	shiftSum(l.growths, l.load.packed(), 0)
+	l.fit, l.load = speedFit{}, loadFit{}
 	speed.Store(0)
 	l.mu.Unlock()
 }
@@ -216,13 +222,16 @@ func (l *speedLearner) forget(speed *atomic.Uint64) {
 func (l *speedLearner) leave() {
 	l.mu.Lock()
 	l.shift(l.fit.packed()>>32, 0)
-	l.pool = nil
+	shiftSum(l.growths, l.load.packed(), 0)
+	l.pool, l.growths = nil, nil
 	l.mu.Unlock()
 }
 
 // learn folds a finished request's observations into rs's fit and
-// publishes it. work is the request's prefill work in blocks (see above).
-func (rs *replicaState) learn(work int, info *DoneInfo) {
+// publishes it. work is the request's prefill work in blocks (see above),
+// load the requests outstanding at the replica when it was routed, itself
+// included (speedload.go).
+func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 	if info.Err != nil {
 		return
 	}
@@ -234,7 +243,11 @@ func (rs *replicaState) learn(work int, info *DoneInfo) {
 	case info.TTFT > 0:
 		f = f.add(w, 0, info.TTFT.Seconds())
 		if info.Elapsed > info.TTFT && o > 0 {
-			f = f.add(0, o, (info.Elapsed - info.TTFT).Seconds())
+			y := (info.Elapsed - info.TTFT).Seconds()
+			f = f.add(0, o, y)
+			lf := l.load.add(float64(load+rs.outstanding()+1)/2, y/o)
+			shiftSum(l.growths, l.load.packed(), lf.packed())
+			l.load = lf
 		}
 	case info.Elapsed > 0 && info.OutputTokens > 0:
 		f = f.add(w, o, info.Elapsed.Seconds())
