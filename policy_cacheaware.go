@@ -50,21 +50,23 @@ import (
 // the choice is made by load alone, so it does not collapse onto one
 // replica.
 //
-// At a holder of the request's longest prefix, when some candidate lacks
-// that prefix and the pool has no speed classes (see below), the guard is
-// priced in time once the holder's speed is known: each request beyond
-// the spread costs its share of a step, TokenTime/(Outstanding·BlockTime)
-// blocks (at most DecodeWeight). There the guard weighs decode counts
-// against recomputing the prefix elsewhere, and a decoding request
-// lengthens the step or two that compute the rest of a hit by about
-// 0.15 ms (shared-prefix on 8b-h100), against 4.2 ms for a block of
-// prefill: in blocks, the guard sent shared-prefix requests away from
-// the replica holding their group's prompt to recompute it (mean TTFT
-// 20.4 against 20.1 ms, docs/results.md). Where every candidate holds
-// the prefix the guard stays in blocks, as the load guard above (in time
-// there, an 8,192-token system prompt's p99 rose from 41 to 60 ms on 8
-// replicas), and between speed classes, where it keeps the fast
-// replicas from taking every hot prefix.
+// At a holder of the request's longest prefix, when some candidate is
+// priced as lacking that prefix and the pool has no speed classes (see
+// below), the guard is priced in time once the holder's times per block
+// and per output token are known: each request beyond the spread costs
+// its share of a step, TokenTime/(Outstanding·BlockTime) blocks (at most
+// DecodeWeight). There the guard weighs decode counts against
+// recomputing the prefix elsewhere, and a decoding request lengthens the
+// step or two that compute the rest of a hit by about 0.15 ms
+// (shared-prefix on 8b-h100), against 4.2 ms for a block of prefill: in
+// blocks, the guard sent shared-prefix requests away from the replica
+// holding their group's prompt to recompute it (mean TTFT 20.4 against
+// 20.1 ms, docs/results.md). Where every candidate holds the prefix, or
+// is priced as holding it (a replicated prefix, replicas never sent
+// work: below), the choice is by load, and the guard stays in blocks, as
+// the load guard above (in time there, an 8,192-token system prompt's
+// p99 rose from 41 to 60 ms on 8 replicas); and between speed classes,
+// where it keeps the fast replicas from taking every hot prefix.
 //
 // When every candidate's engine has requests waiting (Load.QueueDepth at
 // least 1: saturated, no replica can start the request at once), each
@@ -384,16 +386,19 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// request's placement decides: its blocks past the prefix, and the
 	// step (see speedHorizon).
 	hitWork := (1+lambda)*float64(n-maxMatched) + 1
-	// timed: the guard prices a holder of the longest prefix in time
-	// (see CacheAware): some candidate lacks that prefix, a speed is
-	// known, and the pool has no speed classes.
-	timed := ref > 0 && maxMatched > 0 && holders < len(cands) && !classes
 	horizon := req.horizon
 	if horizon == 0 {
 		horizon = speedHorizon
 	}
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
+	// timed: the guard prices a holder of the longest prefix in time
+	// (see CacheAware): some candidate is priced as lacking that prefix
+	// (not while it is replicated, nor where every replica sent work
+	// holds it and the others are fresh), a speed is known, and the pool
+	// has no speed classes.
+	timed := ref > 0 && maxMatched > 0 && holders < len(cands) && shared == 0 &&
+		!(fresh && common >= maxMatched) && !classes
 	replicating, noMatch := shared > 0, maxMatched == 0
 	best, bestCost, bestOut, ties := -1, math.Inf(1), 0, 0
 	for i := range cands {

@@ -131,6 +131,42 @@ func TestCacheAwareCost(t *testing.T) {
 		}
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "between speed classes: in blocks")
 	})
+	t.Run("a replicated prefix or fresh replicas keep the guard in blocks", func(t *testing.T) {
+		// a holds the request's first 8 blocks with 12 requests
+		// decoding; the others hold none, with 2 decoding and 3 blocks
+		// of prefill pending. Spread 2 + √4.5: a's excess is 7.9, 32
+		// blocks, or 7.9·7/(12·7) = 0.66 in time.
+		cands := func(assigned int) []Candidate {
+			cs := []Candidate{{Name: "a", Matched: 8, InFlight: 12, AssignedPrefill: 8}}
+			for _, n := range []string{"b", "c", "d"} {
+				cs = append(cs, Candidate{Name: n, InFlight: 2, PendingPrefill: 3, AssignedPrefill: assigned})
+			}
+			for i := range cs {
+				cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, 7*time.Millisecond, 7*time.Millisecond
+			}
+			return cs
+		}
+		// Held by a quarter of the replicas, a prefix with 90% of the
+		// traffic is replicated: the others are priced as holding it, and
+		// load decides, in blocks: a = 2.2·2 + 32 = 36 against b = 3 +
+		// 2.2·2 = 7.4 (in time a = 5.1 would keep it).
+		cs := cands(5)
+		req := caReq(10, cs)
+		req.Demand = 0.9
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(req, cs), "replicating: load decides, in blocks")
+		// b, c and d never sent work, a 20-block request: priced as
+		// holding the 8 blocks a, the only replica sent work, holds:
+		// a = 2.1·12 + 32 = 57 against b = 3 + 2.1·12 = 28 (in time
+		// a = 26).
+		cs = cands(0)
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(20, cs), cs), "fresh replicas: load decides, in blocks")
+		// Neither: b, c and d would recompute a's 8 blocks (b = 3 +
+		// 2.2·10 = 25): in time a keeps the request, in blocks it would not.
+		cs = cands(5)
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs), "others lack the prefix: in time")
+		cs[0].TokenTime = 0
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(10, cs), cs), "others lack the prefix, a's time per token unknown: in blocks")
+	})
 	t.Run("negative weights switch terms off", func(t *testing.T) {
 		cs := []Candidate{{Name: "a", Matched: 5, InFlight: 50, Load: Load{Running: 50}}, {Name: "b"}}
 		assert.Equal(t, 1, (&CacheAware{}).Pick(caReq(10, cs), cs), "a's batch outweighs its match")

@@ -111,7 +111,6 @@
 // Report. Policies are simulated concurrently, each on its own copy of the
 // request stream. A run that stops making progress (requests that no
 // replica would ever run or finish: a simulator bug, such as a block left
-// pinned)
-// ends with an error wrapping ErrStalled that names the policy, the
-// replica and what is stuck, instead of hanging (stall.go).
+// pinned) ends with an error wrapping ErrStalled that names the policy,
+// the replica and what is stuck, instead of hanging (stall.go).
 package sim

@@ -20,14 +20,17 @@ import "fmt"
 //     slot), is not stalled.
 //  2. The run stalls when two load refreshes in a row find requests in
 //     flight or held, no replica with a step in progress, no release
-//     timer (front.ReleaseAtPrediction) and no held request's expiry
-//     ahead, and no request answered (completed, shed, failed or expired)
-//     between them. A request in flight is on a replica, waiting or
-//     running, so by rule 1 some replica would be stepping; and a front
-//     holding requests dispatches at the refresh (flow control) or at its
-//     ticker within a millisecond (GIE) once the idle replicas' loads are
-//     scraped. Flow control holding a request until its TTL has an expiry
-//     ahead, and an idle cluster has nothing in flight.
+//     timer (front.ReleaseAtPrediction), no held request's expiry and no
+//     tick of GIE's dispatch ticker ahead, and no request answered
+//     (completed, shed, failed or expired) between them. A request in
+//     flight is on a replica, waiting or running, so by rule 1 some
+//     replica would be stepping; and a front holding requests dispatches
+//     at the refresh (flow control) or at its ticker's next tick (GIE)
+//     once the idle replicas' loads are scraped: with refreshes a
+//     millisecond apart, the tick a refresh schedules comes at the same
+//     instant as the next refresh, and after it. Flow control holding a
+//     request until its TTL has an expiry ahead, and an idle cluster has
+//     nothing in flight.
 //  3. A replica stalls when it has run more steps than the tokens
 //     admitted to it, prompts and answers: every step computes a chunk of
 //     at least one prompt token, or one answer token of every decoding
@@ -65,7 +68,7 @@ func (e *engine) stallSteps(ri int) {
 
 // stallRun applies rule 2 at a load refresh, after the front's dispatch.
 func (e *engine) stallRun() error {
-	if e.inflight == 0 && e.queued == 0 || len(e.releases) > 0 || e.expAt != 0 {
+	if e.inflight == 0 && e.queued == 0 || len(e.releases) > 0 || e.expAt != 0 || e.gieTicking {
 		e.quiet = 0
 		return nil
 	}

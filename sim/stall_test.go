@@ -138,3 +138,26 @@ func TestStallNotOnIdle(t *testing.T) {
 		})
 	}
 }
+
+// TestStallNotOnGIETick: GIE's flow controller holding requests behind a
+// saturation its last scrape reported, when the replica drains between
+// two scrapes a millisecond apart, dispatches at the tick its next scrape
+// schedules, a millisecond on: at the same instant as the scrape after
+// it. The run is not stalled. It used to end with ErrStalled there: the
+// rule counted the two scrapes as quiet, blind to the tick pending.
+func TestStallNotOnGIETick(t *testing.T) {
+	reqs := []Request{{InputTokens: 56 * 512, OutputTokens: 4, Blocks: make([]uint64, 56)}} // 56 of the 64 blocks: saturated
+	for i := range reqs[0].Blocks {
+		reqs[0].Blocks[i] = uint64(i + 1)
+	}
+	for i := range 3 {
+		reqs = append(reqs, Request{Arrival: time.Duration(1500+i*1000) * time.Microsecond, InputTokens: 512, OutputTokens: 4,
+			Blocks: []uint64{uint64(100 + i)}})
+	}
+	rep, err := Run(Config{Workload: &listWorkload{bt: 512, reqs: reqs}, Replicas: 1, Preset: smallPreset(), Seed: 1,
+		RefreshInterval: time.Millisecond, Policies: []Policy{GIEFlowPolicy()}})
+	require.NoError(t, err)
+	r := rep.Results[0]
+	assert.Equal(t, len(reqs), r.Completed)
+	assert.Positive(t, r.QueueTime.Max, "requests were held")
+}
