@@ -81,8 +81,9 @@ import (
 // assignment, the placement that lowers the mean wait of FIFO queues when
 // sizes vary widely). On the Mooncake trace at twice its speed on 4
 // replicas (2.5× over capacity) it lowered mean TTFT from 99.7 s to
-// 66.0 s (p99 274 → 433 s: the long prompts wait longer); below
-// saturation nothing changes (docs/results.md, Issue 27). Saturation is
+// 66.0 s (67.8 s since the decode guard's pricing in time above; p99
+// 274 → 433 s: the long prompts wait longer); below saturation nothing
+// changes (docs/results.md, Issue 27). Saturation is
 // judged over every candidate, as λ and the spread are, including those
 // LoadFactor or a TTFT objective then leave out; one reporting no load
 // (QueueDepth 0, as before its first report) turns the term off.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
+	fronts "github.com/examlops/gateway/internal/front"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -19,15 +20,20 @@ import (
 // slots, --cache-at-schedule, speed changes down to a thousandth, several
 // gateways, streamed or not with the pending prefill released at
 // completion or at its prediction, admission shedding, flow control with
-// a TTL and GIE's without, a bounded engine queue, and one to three
-// replicas of a 16-block cache. Every request gets an outcome.
+// a TTL and GIE's without, a bounded engine queue, the exact index,
+// shared pending prefill, objectives sent or not and refused or not, and
+// one to three replicas of a 16-block cache, under cache-aware,
+// round-robin, GIE's flow control and llm-d's precise scheduler. Every
+// request gets an outcome.
 func TestPropNoFalseStall(t *testing.T) {
+	peer, err := PolicyByName("llmd_precise") // a peer with its own tracker
+	require.NoError(t, err)
 	rapid.Check(t, func(rt *rapid.T) {
 		const bt = 16
 		p := DefaultPreset()
 		p.Name, p.KVTokens = "tiny", 16*bt
 		adapters := rapid.IntRange(0, 4).Draw(rt, "adapters")
-		n := rapid.IntRange(1, 60).Draw(rt, "requests")
+		n := rapid.IntRange(1, 40).Draw(rt, "requests")
 		reqs := make([]Request, n)
 		at := time.Duration(0)
 		for i := range reqs {
@@ -50,6 +56,10 @@ func TestPropNoFalseStall(t *testing.T) {
 			}
 			r := Request{Arrival: at, InputTokens: in, OutputTokens: rapid.IntRange(0, 40).Draw(rt, "out"), Blocks: blocks,
 				Tenant: fmt.Sprintf("t%d", rapid.IntRange(0, 2).Draw(rt, "tenant")), Priority: rapid.IntRange(-1, 1).Draw(rt, "priority")}
+			if rapid.Bool().Draw(rt, "objective") {
+				r.SLO = time.Duration(rapid.Int64Range(1, int64(time.Second)).Draw(rt, "ttftSLO"))
+				r.TPOTSLO = time.Duration(rapid.Int64Range(0, int64(50*time.Millisecond)).Draw(rt, "tpotSLO"))
+			}
 			if adapters > 0 {
 				if a := rapid.IntRange(0, adapters).Draw(rt, "adapter"); a > 0 {
 					r.Adapter = fmt.Sprintf("a%d", a)
@@ -64,7 +74,10 @@ func TestPropNoFalseStall(t *testing.T) {
 			PredictedRelease: rapid.Bool().Draw(rt, "predictedRelease"), MaxLoras: rapid.IntRange(1, 2).Draw(rt, "maxLoras"),
 			RefreshInterval: time.Duration(rapid.SampledFrom([]int{1, 50, 1000}).Draw(rt, "refreshMs")) * time.Millisecond,
 			MaxQueue:        rapid.IntRange(0, 3).Draw(rt, "maxQueue"),
-			Policies:        []Policy{cacheAware, {Name: "round_robin", Mode: gateway.ModeRoundRobin}, GIEFlowPolicy()}}
+			Index:           rapid.SampledFrom([]IndexMode{IndexApproximate, IndexExact}).Draw(rt, "index"),
+			SharePending:    rapid.Bool().Draw(rt, "sharePending"), ObjectiveHeaders: rapid.Bool().Draw(rt, "objectiveHeaders"),
+			Unattainable: rapid.SampledFrom([]fronts.Unattainable{fronts.BestEffort, fronts.Reject}).Draw(rt, "unattainable"),
+			Policies:     []Policy{cacheAware, {Name: "round_robin", Mode: gateway.ModeRoundRobin}, GIEFlowPolicy(), peer}}
 		if rapid.Bool().Draw(rt, "admission") {
 			cfg.Admission = gateway.Admission{QueueDepth: rapid.IntRange(0, 2).Draw(rt, "admitQueue"), Outstanding: rapid.IntRange(1, 4).Draw(rt, "admitOutstanding"),
 				PendingPrefill: rapid.IntRange(0, 20).Draw(rt, "admitPending")}
