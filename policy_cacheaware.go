@@ -55,7 +55,8 @@ import (
 // below), the guard is priced in time once the holder's times per block
 // and per output token are known: each request beyond the spread costs
 // its share of a step, TokenTime/(Outstanding·BlockTime) blocks (at most
-// DecodeWeight). There the guard weighs decode counts against
+// DecodeWeight), for the first timedExcess (8) of them, and DecodeWeight
+// each beyond. There the guard weighs decode counts against
 // recomputing the prefix elsewhere, and a decoding request lengthens the
 // step or two that compute the rest of a hit by about 0.15 ms
 // (shared-prefix on 8b-h100), against 4.2 ms for a block of prefill: in
@@ -66,7 +67,13 @@ import (
 // work: below), the choice is by load, and the guard stays in blocks, as
 // the load guard above (in time there, an 8,192-token system prompt's
 // p99 rose from 41 to 60 ms on 8 replicas); and between speed classes,
-// where it keeps the fast replicas from taking every hot prefix.
+// where it keeps the fast replicas from taking every hot prefix. A
+// holder far beyond the rest is a queue the guard must still see: with
+// every request beyond the spread priced in time, holders filled past a
+// flow-control front's room rule, and at 2× capacity on 16 × 8b-h100 the
+// interactive class within its 1 s objective fell from 100% to 95.2%
+// over 120 s (docs/flow-control.md); with the first 8 in time it is
+// 99.98%, and shared-prefix keeps its 20.1 ms.
 //
 // When every candidate's engine has requests waiting (Load.QueueDepth at
 // least 1: saturated, no replica can start the request at once), each
@@ -254,6 +261,14 @@ const (
 	// load refresh intervals. It is the horizon while no load growth is
 	// known, and where steps grow with load (horizonFor).
 	speedHorizon = 2500
+	// timedExcess is how many requests beyond the spread a holder of the
+	// longest prefix prices in time (see CacheAware): 8 kept
+	// shared-prefix's 20.1 ms and every grid setting lowest, and
+	// interactive attainment under flow control at 99.98–100% (16 and 8 ×
+	// 8b-h100, 120 s); 4 did as well there but quiet tenants' p99 under
+	// flow control rose 0.63 → 0.71 s; 16 and unbounded let holders fill
+	// (quiet p99 0.84 and 2.90 s).
+	timedExcess = 8
 	// freeCacheCredit is what a block of prefill costs less where it
 	// lands in free cache space, evicting nothing (see CacheAware).
 	freeCacheCredit = 0.5
@@ -432,7 +447,12 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 				// that compute its rest, priced in blocks at its speed.
 				w = min(dw, float64(c.TokenTime)/(float64(out)*float64(c.BlockTime)))
 			}
-			cost += w * excess
+			if t := float64(timedExcess); excess > t && w < dw {
+				// In time for the first few only: beyond, a queue.
+				cost += w*t + dw*(excess-t)
+			} else {
+				cost += w * excess
+			}
 		}
 		if adapter {
 			cost += lp.cost(c)

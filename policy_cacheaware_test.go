@@ -131,6 +131,24 @@ func TestCacheAwareCost(t *testing.T) {
 		}
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "between speed classes: in blocks")
 	})
+	t.Run("a holder far beyond the spread is priced in blocks past timedExcess", func(t *testing.T) {
+		// a holds 16 of 17 blocks with 30 requests decoding, the others
+		// 3–5. Spread ≈ 3 + √7: a's excess is 21.4. All in time it would
+		// cost 2 + 21.4·7.5/(30·7) ≈ 2.8 and keep the request however
+		// long its queue; the first timedExcess (8) in time and the rest
+		// at DecodeWeight, 2 + 0.3 + 4·13.4 ≈ 56, against 34 to recompute
+		// the prompt elsewhere.
+		cs := []Candidate{{Name: "a", Matched: 16, InFlight: 30}}
+		for i, out := range []int{3, 4, 3, 5, 4, 3, 4} {
+			cs = append(cs, Candidate{Name: string(rune('b' + i)), InFlight: out})
+		}
+		for i := range cs {
+			cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, 7*time.Millisecond, 7500*time.Microsecond
+		}
+		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "30 decoding: the guard acts")
+		cs[0].InFlight = 14
+		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "14 decoding: within timedExcess, the holder keeps it")
+	})
 	t.Run("a replicated prefix or fresh replicas keep the guard in blocks", func(t *testing.T) {
 		// a holds the request's first 8 blocks with 12 requests
 		// decoding; the others hold none, with 2 decoding and 3 blocks
