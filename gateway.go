@@ -481,7 +481,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		pick = g.pickByLoad(cands)
 	} else {
 		share := g.demand.observe(mk, maxMatched)
-		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, horizon: horizonFor(g.growths.Load())}
+		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, growths: g.growths.Load()}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}

@@ -82,10 +82,11 @@ type Request struct {
 	// CacheAware takes the candidates' own when the gateway did not sum
 	// them (sum.ok false).
 	ref float64
-	// horizon is CacheAware's placement horizon (speedHorizon), set by
-	// the gateway from its replicas' growths (horizonFor); 0 is
+	// growths is the gateway's sum of its replicas' load growths
+	// (speedload.go), from which CacheAware takes its placement horizon
+	// (horizonFor) where speed classes price it; 0, no growth known, is
 	// speedHorizon.
-	horizon float64
+	growths uint64
 }
 
 // candSum summarises a request's candidates for CacheAware.

@@ -398,14 +398,16 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		filter = meet > 0 && meet < len(cands)
 		classes = ref > 0 && (fast > 0 && 4*fast >= known || slow > 0 && 4*slow >= known)
 	}
+	// horizon: how many requests to come a placement is priced over
+	// between speed classes, read from the pool's growths only there.
+	horizon := 0.0
+	if classes {
+		horizon = horizonFor(req.growths)
+	}
 	// hitWork is the work of a later request that hits the prefix this
 	// request's placement decides: its blocks past the prefix, and the
 	// step (see speedHorizon).
 	hitWork := (1+lambda)*float64(n-maxMatched) + 1
-	horizon := req.horizon
-	if horizon == 0 {
-		horizon = speedHorizon
-	}
 	// fresh: a replica never sent work is priced as holding common.
 	fresh := common != math.MaxInt && 2*common <= n && !req.exact
 	// timed: the guard prices a holder of the longest prefix in time

@@ -68,20 +68,23 @@ func TestHorizonFor(t *testing.T) {
 // TestCacheAwareLongerHorizon: a hot prefix on a slow replica that the
 // placement horizon of 2,500 requests leaves there moves to the fast
 // replica over the longer horizon a pool gets whose steps do not grow
-// with load (Request.horizon, horizonFor).
+// with load (Request.growths, horizonFor).
 func TestCacheAwareLongerHorizon(t *testing.T) {
 	var p CacheAware
+	growths := func(g float64) uint64 { // a one-replica pool sum (shiftSum)
+		return (1+uint64(math.Round(g*1e4)))<<16 | 1
+	}
 	for _, tt := range []struct {
-		horizon float64
+		growths uint64 // horizon 0: speedHorizon, 0.5: speedHorizon, 0.01: horizonMax
 		want    string
-	}{{0, "slow"}, {speedHorizon, "slow"}, {horizonMax, "fast"}} {
+	}{{0, "slow"}, {growths(0.5), "slow"}, {growths(0.01), "fast"}} {
 		cands := []Candidate{
 			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
 			{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
 		}
 		req := caReq(8, cands)
-		req.Demand, req.horizon = 0.0003, tt.horizon
-		assert.Equal(t, tt.want, cands[p.Pick(req, cands)].Name, "horizon %v", tt.horizon)
+		req.Demand, req.growths = 0.0003, tt.growths
+		assert.Equal(t, tt.want, cands[p.Pick(req, cands)].Name, "horizon %v", horizonFor(tt.growths))
 	}
 }
 
@@ -99,7 +102,7 @@ func TestGatewayLearnsGrowth(t *testing.T) {
 		var flight []Decision
 		for i := range 400 {
 			if i == 100 {
-				assert.Equal(t, float64(speedHorizon), g.req.horizon, "%s: after %d requests", tt.name, i)
+				assert.Equal(t, float64(speedHorizon), horizonFor(g.req.growths), "%s: after %d requests", tt.name, i)
 			}
 			d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(i % 16), 1}))
 			require.NoError(t, err)
@@ -118,7 +121,7 @@ func TestGatewayLearnsGrowth(t *testing.T) {
 		}
 		_, err := g.Route(keys.AppendHashes(nil, []uint64{1, 1}))
 		require.NoError(t, err)
-		assert.Equal(t, tt.want, g.req.horizon, tt.name)
+		assert.Equal(t, tt.want, horizonFor(g.req.growths), tt.name)
 		checkPoolSpeeds(t, g)
 	}
 }
