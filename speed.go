@@ -181,10 +181,6 @@ func poolMean(v uint64) float64 {
 	return 0
 }
 
-// shift moves the pool's sum from a replica's old time per block to its
-// new one (nanoseconds, 0 unknown). Under l.mu.
-func (l *speedLearner) shift(old, nu uint64) { shiftSum(l.pool, old, nu) }
-
 // shiftSum moves a pool sum (see poolMean) from one of its replicas' old
 // value to its new one (0 unknown); nil is no sum.
 func shiftSum(pool *atomic.Uint64, old, nu uint64) {
@@ -210,8 +206,7 @@ func shiftSum(pool *atomic.Uint64, old, nu uint64) {
 // replica's published word).
 func (l *speedLearner) forget(speed *atomic.Uint64) {
 	l.mu.Lock()
-	l.shift(l.fit.packed()>>32, 0)
-	shiftSum(l.growths, l.load.packed(), 0)
+	l.withdraw()
 	l.fit, l.load = speedFit{}, loadFit{}
 	speed.Store(0)
 	l.mu.Unlock()
@@ -221,10 +216,16 @@ func (l *speedLearner) forget(speed *atomic.Uint64) {
 // being removed.
 func (l *speedLearner) leave() {
 	l.mu.Lock()
-	l.shift(l.fit.packed()>>32, 0)
-	shiftSum(l.growths, l.load.packed(), 0)
+	l.withdraw()
 	l.pool, l.growths = nil, nil
 	l.mu.Unlock()
+}
+
+// withdraw takes the replica's time per block (nanoseconds) and growth
+// out of the pool's sums. Under l.mu.
+func (l *speedLearner) withdraw() {
+	shiftSum(l.pool, l.fit.packed()>>32, 0)
+	shiftSum(l.growths, l.load.packed(), 0)
 }
 
 // learn folds a finished request's observations into rs's fit and
@@ -255,7 +256,7 @@ func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 	old := l.fit.packed()
 	l.fit = f
 	nu := f.packed()
-	l.shift(old>>32, nu>>32)
+	shiftSum(l.pool, old>>32, nu>>32)
 	rs.speed.Store(nu)
 	l.mu.Unlock()
 }
