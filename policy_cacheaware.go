@@ -244,7 +244,7 @@ type CacheAware struct {
 }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace
-// and the generated workloads (see the README's results).
+// and the generated workloads (see docs/results.md).
 const (
 	defaultExternality  = 1
 	defaultDecodeWeight = 4

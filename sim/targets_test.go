@@ -115,8 +115,8 @@ func targetCases(t *testing.T) []targetCase {
 //
 // and with EXA_STREAMED=0 with no client streaming (see Config.NonStreamed).
 //
-// It reports; it does not fail on a missed target (the README states
-// them), only on a broken run.
+// It reports; it does not fail on a missed target (docs/results.md
+// states them), only on a broken run.
 func TestIssue9Targets(t *testing.T) {
 	if os.Getenv("EXA_TARGETS") == "" {
 		t.Skip("set EXA_TARGETS=1 to run the checklist")
