@@ -73,7 +73,7 @@ func (f loadFit) growth() (float64, bool) {
 	return min(max(slope*mx/mt, 0), 1), true
 }
 
-// packed is the growth as the pool's sum holds it (speedLearner.shift):
+// packed is the growth as the pool's sum holds it (shiftSum):
 // 1 + growth·10⁴, 0 unknown.
 func (f loadFit) packed() uint64 {
 	g, ok := f.growth()
