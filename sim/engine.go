@@ -298,9 +298,7 @@ func (e *engine) run(st Stream, tick func()) error {
 				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
 			}
 			e.afterEvent()
-			if err := e.stallRun(); err != nil {
-				return err
-			}
+			e.stallRun()
 			continue
 		}
 		r := e.reps[ev.rep]

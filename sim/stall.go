@@ -37,8 +37,10 @@ import "fmt"
 //     request, so a correct engine never does, and one that steps on
 //     without end on a request that never finishes gets there.
 
-// stallReplica applies rule 1 to replica ri, at the end of plan. It keeps
-// the first stall found; run returns it.
+// Each rule keeps the first stall found in e.stall; run returns it before
+// its next event.
+
+// stallReplica applies rule 1 to replica ri, at the end of plan.
 func (e *engine) stallReplica(ri int) {
 	r := e.reps[ri]
 	if r.busy || r.waiting.len() == 0 || e.stall != nil {
@@ -67,24 +69,24 @@ func (e *engine) stallSteps(ri int) {
 }
 
 // stallRun applies rule 2 at a load refresh, after the front's dispatch.
-func (e *engine) stallRun() error {
+func (e *engine) stallRun() {
 	if e.inflight == 0 && e.queued == 0 || len(e.releases) > 0 || e.expAt != 0 || e.gieTicking {
 		e.quiet = 0
-		return nil
+		return
 	}
 	waiting := 0
 	for _, r := range e.reps {
 		if r.busy {
 			e.quiet = 0
-			return nil
+			return
 		}
 		waiting += r.waiting.len()
 	}
 	answered := int64(e.res.Completed+e.res.Dropped+e.res.Failed+e.res.Expired) + 1 // 0: the last refresh was not quiet
-	if e.quiet != answered {
+	if e.quiet != answered || e.stall != nil {
 		e.quiet = answered
-		return nil
+		return
 	}
-	return fmt.Errorf("%w: policy %q at t=%.6fs: %d requests in flight (%d waiting on the replicas, none running), %d held, no replica stepping, and none answered since the last load refresh",
+	e.stall = fmt.Errorf("%w: policy %q at t=%.6fs: %d requests in flight (%d waiting on the replicas, none running), %d held, no replica stepping, and none answered since the last load refresh",
 		ErrStalled, e.res.Policy, float64(e.now)/1e9, e.inflight, waiting, e.queued)
 }
