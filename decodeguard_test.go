@@ -38,6 +38,18 @@ func drawTimedCands(t *rapid.T, n, keyLen int) []Candidate {
 	return cands
 }
 
+// drawTimedCase draws 2 to 8 candidates (drawTimedCands), a CacheAware
+// and a request for them, over either index.
+func drawTimedCase(t *rapid.T) ([]Candidate, *CacheAware, *Request) {
+	n := rapid.IntRange(2, 8).Draw(t, "candidates")
+	keyLen := rapid.IntRange(1, 16).Draw(t, "keyLen")
+	cands := drawTimedCands(t, n, keyLen)
+	p := drawCacheAware(t)
+	req := caReqDemand(t, keyLen, cands)
+	req.exact = rapid.Bool().Draw(t, "exact")
+	return cands, p, req
+}
+
 // TestPropTimedGuardKeepsHolders: the decode guard priced in time at a
 // holder of the longest prefix only ever lowers a holder's cost, never
 // another candidate's: learning the replicas' times per output token
@@ -46,12 +58,7 @@ func drawTimedCands(t *rapid.T, n, keyLen int) []Candidate {
 // speeds and index.
 func TestPropTimedGuardKeepsHolders(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		n := rapid.IntRange(2, 8).Draw(t, "candidates")
-		keyLen := rapid.IntRange(1, 16).Draw(t, "keyLen")
-		cands := drawTimedCands(t, n, keyLen)
-		p := drawCacheAware(t)
-		req := caReqDemand(t, keyLen, cands)
-		req.exact = rapid.Bool().Draw(t, "exact")
+		cands, p, req := drawTimedCase(t)
 		blind := p.Pick(req, cands)
 		for i := range cands {
 			if rapid.IntRange(0, 4).Draw(t, "tokenUnknown") > 0 {
@@ -72,15 +79,10 @@ func TestPropTimedGuardKeepsHolders(t *testing.T) {
 // BlockTime)) per request beyond the spread, grows with Outstanding.
 func TestPropTimedGuardMonotone(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		n := rapid.IntRange(2, 8).Draw(t, "candidates")
-		keyLen := rapid.IntRange(1, 16).Draw(t, "keyLen")
-		cands := drawTimedCands(t, n, keyLen)
+		cands, p, req := drawTimedCase(t)
 		for i := range cands {
 			cands[i].TokenTime = time.Duration(rapid.Int64Range(0, int64(100*time.Millisecond)).Draw(t, "tokenTime"))
 		}
-		p := drawCacheAware(t)
-		req := caReqDemand(t, keyLen, cands)
-		req.exact = rapid.Bool().Draw(t, "exact")
 		if req.MaxMatched == 0 {
 			return
 		}
@@ -113,18 +115,7 @@ func TestRouteAllocsTimedGuard(t *testing.T) {
 	}
 	learnGateway(t, g, perBlock)
 	k := keys.AppendHashes(nil, []uint64{7, 8, 9})
-	d, err := g.Route(k)
-	require.NoError(t, err)
-	holder := d.Replica
-	d.FirstToken()
-	only := Target{Allow: func(name string) bool { return name == holder }}
-	open := []Decision{d}
-	for range 9 {
-		d, err := g.RouteWith(k, only)
-		require.NoError(t, err)
-		d.FirstToken() // decoding there
-		open = append(open, d)
-	}
+	holder, open := decodingAtHolder(t, g, k)
 	// 50 routes of the key keep its share of the traffic (Request.Demand)
 	// under an eighth: no replication, the holder alone holds it.
 	require.Zero(t, testing.AllocsPerRun(50, func() {
@@ -143,16 +134,28 @@ func TestRouteAllocsTimedGuard(t *testing.T) {
 	// Priced in blocks (times per output token unknown: no speed learned),
 	// the 10 requests decoding at the holder send the request away.
 	g = mustNew(t, replicaNames(8), WithMode(ModeCacheAware))
-	d, err = g.Route(k)
+	holder, _ = decodingAtHolder(t, g, k)
+	d, err := g.Route(k)
 	require.NoError(t, err)
-	holder = d.Replica
+	require.NotEqual(t, holder, d.Replica, "in blocks the guard sends it away: the case above is the timed one")
+}
+
+// decodingAtHolder routes k on g once, then 9 more times to the replica
+// it went to, each past its first token (decoding there): that replica
+// and the 10 open decisions.
+func decodingAtHolder(t *testing.T, g *Gateway, k Key) (string, []Decision) {
+	t.Helper()
+	d, err := g.Route(k)
+	require.NoError(t, err)
+	holder := d.Replica
 	d.FirstToken()
+	only := Target{Allow: func(name string) bool { return name == holder }}
+	open := []Decision{d}
 	for range 9 {
 		d, err := g.RouteWith(k, only)
 		require.NoError(t, err)
-		d.FirstToken()
+		d.FirstToken() // decoding there
+		open = append(open, d)
 	}
-	d, err = g.Route(k)
-	require.NoError(t, err)
-	require.NotEqual(t, holder, d.Replica, "in blocks the guard sends it away: the case above is the timed one")
+	return holder, open
 }
