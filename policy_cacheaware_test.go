@@ -103,21 +103,11 @@ func TestCacheAwareCost(t *testing.T) {
 		// recomputes 16 blocks elsewhere (~80 ms against ~11 ms for a
 		// hit). In time, each costs its share of a step, TokenTime/14,
 		// against a block's 7 ms: a = 2 + 8.8·7.5/(14·7) ≈ 2.7.
-		cands := func(block, token time.Duration) []Candidate {
-			cs := []Candidate{{Name: "a", Matched: 16, InFlight: 14}}
-			for i, out := range []int{3, 4, 3, 5, 4, 3, 4} {
-				cs = append(cs, Candidate{Name: string(rune('b' + i)), InFlight: out})
-			}
-			for i := range cs {
-				cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, block, token
-			}
-			return cs
-		}
-		cs := cands(7*time.Millisecond, 7500*time.Microsecond)
+		cs := holderCands(14, 7*time.Millisecond, 7500*time.Microsecond)
 		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "speeds known: the holder keeps the request")
-		cs = cands(0, 0)
+		cs = holderCands(14, 0, 0)
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "speeds unknown: in blocks, as before")
-		cs = cands(7*time.Millisecond, 7500*time.Microsecond)
+		cs = holderCands(14, 7*time.Millisecond, 7500*time.Microsecond)
 		for i := range cs {
 			cs[i].Matched = 16
 			if i > 0 {
@@ -125,7 +115,7 @@ func TestCacheAwareCost(t *testing.T) {
 			}
 		}
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "every candidate holds the prefix: the load guard, in blocks")
-		cs = cands(7*time.Millisecond, 7500*time.Microsecond)
+		cs = holderCands(14, 7*time.Millisecond, 7500*time.Microsecond)
 		for i := 4; i < len(cs); i++ {
 			cs[i].BlockTime = 14 * time.Millisecond // half the pool twice as slow: speed classes
 		}
@@ -138,13 +128,7 @@ func TestCacheAwareCost(t *testing.T) {
 		// long its queue; the first timedExcess (8) in time and the rest
 		// at DecodeWeight, 2 + 0.3 + 4·13.4 ≈ 56, against 34 to recompute
 		// the prompt elsewhere.
-		cs := []Candidate{{Name: "a", Matched: 16, InFlight: 30}}
-		for i, out := range []int{3, 4, 3, 5, 4, 3, 4} {
-			cs = append(cs, Candidate{Name: string(rune('b' + i)), InFlight: out})
-		}
-		for i := range cs {
-			cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, 7*time.Millisecond, 7500*time.Microsecond
-		}
+		cs := holderCands(30, 7*time.Millisecond, 7500*time.Microsecond)
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "30 decoding: the guard acts")
 		cs[0].InFlight = 14
 		assert.Equal(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "14 decoding: within timedExcess, the holder keeps it")
@@ -329,4 +313,19 @@ func TestCacheAwareColdPrefixesKeepAffinity(t *testing.T) {
 	for p, reps := range where {
 		assert.Len(t, reps, 1, "prompt %d went to %v", p, reps)
 	}
+}
+
+// holderCands are the candidates of a 17-block request of shared-prefix on
+// 8 replicas: a holds 16 of its blocks with aOut requests decoding, b to h
+// none of them with 3 to 5 each; all with the given times per block and
+// per output token.
+func holderCands(aOut int, block, token time.Duration) []Candidate {
+	cs := []Candidate{{Name: "a", Matched: 16, InFlight: aOut}}
+	for i, out := range []int{3, 4, 3, 5, 4, 3, 4} {
+		cs = append(cs, Candidate{Name: string(rune('b' + i)), InFlight: out})
+	}
+	for i := range cs {
+		cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, block, token
+	}
+	return cs
 }
