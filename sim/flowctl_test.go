@@ -27,14 +27,22 @@ func smallTenants(t testing.TB, n int, rate float64, c TenantsConfig) Workload {
 // flowEngine runs one policy on cfg and returns its engine.
 func flowEngine(t testing.TB, cfg Config, pol Policy) *engine {
 	t.Helper()
+	e, st := openEngine(t, cfg, pol)
+	defer st.Close()
+	require.NoError(t, e.run(st, func() {}))
+	return e
+}
+
+// openEngine returns the engine of one policy on cfg, filled in, and its
+// workload's stream, not yet run.
+func openEngine(t testing.TB, cfg Config, pol Policy) (*engine, Stream) {
+	t.Helper()
 	require.NoError(t, cfg.fill())
 	e, err := newEngine(&cfg, pol)
 	require.NoError(t, err)
 	st, err := cfg.Workload.Open(cfg.Seed)
 	require.NoError(t, err)
-	defer st.Close()
-	require.NoError(t, e.run(st, func() {}))
-	return e
+	return e, st
 }
 
 var cacheAware = Policy{Name: "cache_aware", Mode: gateway.ModeCacheAware}

@@ -87,11 +87,7 @@ func TestGatewaysShareTraffic(t *testing.T) {
 	w, err := NewWorkload("default", 2000, 0)
 	require.NoError(t, err)
 	cfg := Config{Workload: w, Gateways: 4, Seed: 1, Policies: DefaultPolicies()[2:3]}
-	require.NoError(t, cfg.fill())
-	e, err := newEngine(&cfg, cfg.Policies[0])
-	require.NoError(t, err)
-	st, err := w.Open(cfg.Seed)
-	require.NoError(t, err)
+	e, st := openEngine(t, cfg, cfg.Policies[0])
 	defer st.Close()
 	require.NoError(t, e.run(st, func() {}))
 	require.Len(t, e.gws, 4)

@@ -66,11 +66,7 @@ func TestLoRAOverloadDiag(t *testing.T) {
 	log := &choiceLog{Policy: &gateway.CacheAware{}, byAdapter: map[string]int{}}
 	cfg := Config{Workload: w, Seed: seed, Replicas: 8,
 		Policies: []Policy{{Name: "cache_aware", New: func(uint64) gateway.Policy { return log }}}}
-	require.NoError(t, cfg.fill())
-	e, err := newEngine(&cfg, cfg.Policies[0])
-	require.NoError(t, err)
-	st, err := w.Open(cfg.Seed)
-	require.NoError(t, err)
+	e, st := openEngine(t, cfg, cfg.Policies[0])
 	type waiter struct {
 		adapter string
 		rep     int

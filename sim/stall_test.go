@@ -89,13 +89,9 @@ func TestStall(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			const limit = 1000
 			cfg := Config{Workload: endless{gap: time.Second, limit: limit, adapter: tt.adapter}, Replicas: 1, Preset: smallPreset(), Seed: 1}
-			require.NoError(t, cfg.fill())
-			e, err := newEngine(&cfg, tt.pol)
-			require.NoError(t, err)
+			e, st := openEngine(t, cfg, tt.pol)
 			tt.leak(e)
-			st, err := cfg.Workload.Open(cfg.Seed)
-			require.NoError(t, err)
-			err = e.run(st, func() {})
+			err := e.run(st, func() {})
 			require.ErrorIs(t, err, ErrStalled)
 			for _, w := range tt.want {
 				assert.Contains(t, err.Error(), w)
@@ -120,12 +116,8 @@ func TestStallNotOnIdle(t *testing.T) {
 				require.NoError(t, err)
 				cfg.Workload = lw
 			}
-			require.NoError(t, cfg.fill())
-			e, err := newEngine(&cfg, cacheAware)
-			require.NoError(t, err)
-			st, err := cfg.Workload.Open(cfg.Seed)
-			require.NoError(t, err)
-			err = e.run(st, func() {})
+			e, st := openEngine(t, cfg, cacheAware)
+			err := e.run(st, func() {})
 			if adapters == 0 {
 				require.ErrorIs(t, err, errEndless) // every request of the endless stream ran
 				return
