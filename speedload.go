@@ -73,15 +73,18 @@ func (f loadFit) growth() (float64, bool) {
 	return min(max(slope*mx/mt, 0), 1), true
 }
 
-// packed is the growth as the pool's sum holds it (shiftSum):
-// 1 + growth·10⁴, 0 unknown.
+// packed is the growth as the pool's sum holds it (shiftSum), 0 unknown.
 func (f loadFit) packed() uint64 {
 	g, ok := f.growth()
 	if !ok {
 		return 0
 	}
-	return 1 + uint64(math.Round(g*1e4))
+	return packGrowth(g)
 }
+
+// packGrowth is a known growth g as the pool's sum holds it: 1 + g·10⁴
+// (poolGrowth reads it back).
+func packGrowth(g float64) uint64 { return 1 + uint64(math.Round(g*1e4)) }
 
 // poolGrowth is the mean growth of a pool sum of packed growths, and
 // whether any is known.

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,7 +53,7 @@ func TestHorizonFor(t *testing.T) {
 	sum := func(gs ...float64) uint64 {
 		var v atomic.Uint64
 		for _, g := range gs {
-			shiftSum(&v, 0, 1+uint64(math.Round(g*1e4)))
+			shiftSum(&v, 0, packGrowth(g))
 		}
 		return v.Load()
 	}
@@ -72,7 +71,7 @@ func TestHorizonFor(t *testing.T) {
 func TestCacheAwareLongerHorizon(t *testing.T) {
 	var p CacheAware
 	growths := func(g float64) uint64 { // a one-replica pool sum (shiftSum)
-		return (1+uint64(math.Round(g*1e4)))<<16 | 1
+		return packGrowth(g)<<16 | 1
 	}
 	for _, tt := range []struct {
 		growths uint64 // horizon 0: speedHorizon, 0.5: speedHorizon, 0.01: horizonMax
