@@ -2,19 +2,12 @@ package gateway_test
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/keys"
 )
-
-func repeat(k gateway.Key, n int) []gateway.Key {
-	keys := make([]gateway.Key, n)
-	for i := range keys {
-		keys[i] = k
-	}
-	return keys
-}
 
 // The README's quick start, line for line (TestReadmeQuickStart checks
 // it): cache-aware routing with a latency SLO.
@@ -38,13 +31,13 @@ func Example() {
 	d.FirstToken()
 	d.Done(gateway.DoneInfo{Latency: 40 * time.Millisecond})
 
-	rate, err := gateway.MeasureHitRate(gw, repeat(key, 100))
+	rate, err := gateway.MeasureHitRate(gw, slices.Repeat([]gateway.Key{key}, 100))
 	if err != nil {
 		panic(err)
 	}
 	fmt.Printf("cache-aware hit rate: %.2f\n", rate)
 	rr, _ := gateway.New([]gateway.Replica{{Name: "r0"}, {Name: "r1"}, {Name: "r2"}, {Name: "r3"}})
-	rrRate, _ := gateway.MeasureHitRate(rr, repeat(key, 100))
+	rrRate, _ := gateway.MeasureHitRate(rr, slices.Repeat([]gateway.Key{key}, 100))
 	fmt.Printf("round-robin hit rate: %.2f\n", rrRate)
 
 	prefill, _ := gateway.New([]gateway.Replica{{Name: "p0"}}, gateway.WithMode(gateway.ModeCacheAware))

@@ -20,9 +20,16 @@ func TestReadmeQuickStart(t *testing.T) {
 	if m == nil {
 		t.Fatal("README.md has no Go block under \"## Quick start (library)\"")
 	}
+	// The snippet's import block: each path must be imported by both
+	// sources too, so that the snippet with its imports compiles.
+	imports := regexp.MustCompile("(?s)^import \\((.*?)\n\\)\n").FindSubmatch(m[1])
+	if imports == nil {
+		t.Fatal("the quick start does not open with an import ( ... ) block")
+	}
+	paths := strings.Fields(string(imports[1]))
 	var want []string
-	for _, l := range strings.Split(string(m[1]), "\n") {
-		if l = codeOf(l); l != "" && !strings.HasPrefix(l, "import ") {
+	for _, l := range strings.Split(string(m[1][len(imports[0]):]), "\n") {
+		if l = codeOf(l); l != "" {
 			want = append(want, l)
 		}
 	}
@@ -37,7 +44,12 @@ func TestReadmeQuickStart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, body, ok := strings.Cut(string(b), src.fn)
+		head, body, ok := strings.Cut(string(b), src.fn)
+		for _, p := range paths {
+			if !strings.Contains(head, "\t"+p+"\n") {
+				t.Errorf("%s does not import %s, which the README's quick start imports", src.file, p)
+			}
+		}
 		if !ok {
 			t.Fatalf("%s has no %q", src.file, src.fn)
 		}

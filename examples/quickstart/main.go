@@ -10,6 +10,7 @@ package main
 import (
 	"fmt"
 	"log"
+	"slices"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -51,7 +52,7 @@ func main() {
 		d.Done(gateway.DoneInfo{Latency: 40 * time.Millisecond})
 	}
 
-	rate, err := gateway.MeasureHitRate(gw, repeat(key, 100))
+	rate, err := gateway.MeasureHitRate(gw, slices.Repeat([]gateway.Key{key}, 100))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -74,12 +75,4 @@ func main() {
 
 func show(session string, d gateway.Decision) {
 	fmt.Printf("%-7s -> %s  %-10s matched %d/%d blocks, hit=%v\n", session, d.Replica, d.Kind, d.Matched, d.Blocks, d.Hit)
-}
-
-func repeat(k gateway.Key, n int) []gateway.Key {
-	keys := make([]gateway.Key, n)
-	for i := range keys {
-		keys[i] = k
-	}
-	return keys
 }

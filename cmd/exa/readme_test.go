@@ -1,0 +1,48 @@
+package main
+
+import (
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestReadmeMainJob: the README's main job, `exa serve routing simulate`
+// with no flags, prints exactly the block the README shows under it, so
+// the figures a newcomer reads first are the ones the command gives.
+//
+// Only on amd64: elsewhere (arm64, ppc64le, s390x) the compiler may fuse
+// a multiply and an add, which rounds once instead of twice and can move
+// a tie in the simulator's floating point, and with it a figure.
+func TestReadmeMainJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the main job under every policy (a few CPU seconds)")
+	}
+	if runtime.GOARCH != "amd64" {
+		t.Skipf("the README's block is amd64's; %s may fuse multiply-adds", runtime.GOARCH)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)go run \\./cmd/exa serve routing simulate\n.*?The first prints[^\n]*\n+```\n(.*?)```").FindSubmatch(readme)
+	require.NotNil(t, m, "README.md: no ``` block after \"The first prints\" under the main job's command")
+	got := ok(t, newConfig(t), "serve", "routing", "simulate")
+	want := string(m[1])
+	if got != want {
+		g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+		for i := 0; i < max(len(g), len(w)); i++ {
+			var gl, wl string
+			if i < len(g) {
+				gl = g[i]
+			}
+			if i < len(w) {
+				wl = w[i]
+			}
+			if gl != wl {
+				t.Fatalf("README.md's main-job block differs from the command's output at line %d:\nREADME: %q\noutput: %q", i+1, wl, gl)
+			}
+		}
+	}
+}
