@@ -22,7 +22,7 @@ const testModel = "m1"
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func freeTCP(t *testing.T) string {
+func freeTCP(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
