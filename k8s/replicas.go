@@ -1,9 +1,12 @@
 package k8s
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
 	"slices"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/examlops/gateway/config"
 	corev1 "k8s.io/api/core/v1"
@@ -43,9 +46,9 @@ func PoolSelector(pool *giev1.InferencePool) labels.Selector {
 // PoolReplicas returns the replicas of a pool: for each ready pod in the
 // pool's namespace matching its selector, one replica per target port,
 // named after the pod (POD-rank-I when the pool has several target ports,
-// as GIE names its endpoints) with address http://POD_IP:PORT. The list
-// is sorted by name. pods may hold pods of other namespaces or labels;
-// they are skipped.
+// as GIE names its endpoints; see rankName for a pod name too long for
+// that) with address http://POD_IP:PORT. The list is sorted by name. pods
+// may hold pods of other namespaces or labels; they are skipped.
 func PoolReplicas(pool *giev1.InferencePool, pods []corev1.Pod) []config.Replica {
 	sel := PoolSelector(pool)
 	var out []config.Replica
@@ -57,13 +60,33 @@ func PoolReplicas(pool *giev1.InferencePool, pods []corev1.Pod) []config.Replica
 		for idx, port := range pool.Spec.TargetPorts {
 			name := p.Name
 			if len(pool.Spec.TargetPorts) > 1 {
-				name += "-rank-" + strconv.Itoa(idx)
+				name = rankName(name, idx)
 			}
 			out = append(out, config.Replica{Name: name, Address: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port.Number)))})
 		}
 	}
 	sortReplicas(out)
 	return out
+}
+
+// rankName returns POD-rank-I, the name of a pod's replica on the pool's
+// target port I. A pod name may have 253 bytes, and with the suffix that
+// would pass config.MaxNameBytes, so that the configuration of every
+// discovered replica would be refused: a name too long keeps the start
+// of the pod's name and replaces the rest with a hash of the whole name,
+// which keeps the names of distinct pods distinct.
+func rankName(pod string, idx int) string {
+	suffix := "-rank-" + strconv.Itoa(idx)
+	if len(pod)+len(suffix) <= config.MaxNameBytes {
+		return pod + suffix
+	}
+	sum := sha256.Sum256([]byte(pod))
+	hash := "-" + hex.EncodeToString(sum[:8])
+	keep := config.MaxNameBytes - len(suffix) - len(hash)
+	for keep > 0 && !utf8.RuneStart(pod[keep]) {
+		keep--
+	}
+	return pod[:keep] + hash + suffix
 }
 
 // SliceReplicas returns the replicas of a Service's EndpointSlices: every

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/examlops/gateway"
@@ -107,4 +108,26 @@ func TestMerge(t *testing.T) {
 	got = Merge(nil, []string{"m"}, config.Model{}, nil)
 	require.Empty(t, got.Models["m"].Replicas)
 	require.NoError(t, got.Validate())
+}
+
+// TestPoolReplicasLongPodName: a pod name of 253 bytes (the most a pod
+// name may have) on a pool of several target ports gives replica names
+// within config.MaxNameBytes, distinct for pods whose names differ only
+// at the end, so that the discovered configuration is not refused.
+func TestPoolReplicasLongPodName(t *testing.T) {
+	long := func(last string) string { return strings.Repeat("a", 252) + last }
+	pods := []corev1.Pod{testPod(long("x"), "ns", "sim", "10.0.0.1", true), testPod(long("y"), "ns", "sim", "10.0.0.2", true)}
+	reps := PoolReplicas(testPool(8000, 8001), pods)
+	require.Len(t, reps, 4)
+	seen := map[string]bool{}
+	for _, r := range reps {
+		require.NoError(t, config.ValidateName(r.Name))
+		require.True(t, strings.HasSuffix(r.Name, "-rank-0") || strings.HasSuffix(r.Name, "-rank-1"), r.Name)
+		require.False(t, seen[r.Name], "name %q twice", r.Name)
+		seen[r.Name] = true
+	}
+	require.NoError(t, Merge(nil, []string{"m"}, config.Model{}, reps).Validate())
+	// Names that fit are as GIE spells them.
+	require.Equal(t, "p-rank-7", rankName("p", 7))
+	require.Equal(t, rankName(long("x"), 1), rankName(long("x"), 1))
 }
