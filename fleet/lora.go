@@ -183,24 +183,29 @@ type servedList struct {
 // parseModelEntry reads one entry of a model list: its id and its parent
 // ("" when null or absent).
 func parseModelEntry(raw json.RawMessage) (id, parent string, err error) {
+	// Parent is decoded as a *string, not kept raw: an entry that names
+	// "parent" twice, a number then a string, is refused as encoding/json
+	// refuses it, rather than read by its last value.
 	var e struct {
-		ID     *string         `json:"id"`
-		Parent json.RawMessage `json:"parent"`
+		ID     *string `json:"id"`
+		Parent *string `json:"parent"`
 	}
-	if err := json.Unmarshal(raw, &e); err != nil {
+	err = json.Unmarshal(raw, &e)
+	var te *json.UnmarshalTypeError
+	badParent := errors.As(err, &te) && te.Field == "parent"
+	if err != nil && !badParent {
 		return "", "", fmt.Errorf("not an object with a string id: %v", err)
 	}
 	if e.ID == nil || *e.ID == "" || len(*e.ID) > gateway.MaxAdapterName {
 		return "", "", fmt.Errorf("id must be a string of 1..%d bytes", gateway.MaxAdapterName)
 	}
-	p := bytes.TrimSpace(e.Parent)
-	if len(p) == 0 || string(p) == "null" {
-		return *e.ID, "", nil
-	}
-	if err := json.Unmarshal(p, &parent); err != nil {
+	if badParent {
 		return "", "", fmt.Errorf("id %q: parent must be a string or null", *e.ID)
 	}
-	return *e.ID, parent, nil
+	if e.Parent == nil {
+		return *e.ID, "", nil
+	}
+	return *e.ID, *e.Parent, nil
 }
 
 // fetchServed fetches an engine's GET /v1/models and returns its adapters,

@@ -171,3 +171,18 @@ func TestAdapterTable(t *testing.T) {
 	require.Equal(t, "A", tab.byName["only1"].Model.Name)
 	require.NotContains(t, tab.byName, "B", "a configured model's name is the model")
 }
+
+// TestParseModelEntryParent: a parent that is not a string or null is
+// refused naming the entry's id, also when a later "parent" member is a
+// string (encoding/json refuses that entry; the last value does not win).
+func TestParseModelEntryParent(t *testing.T) {
+	for _, raw := range []string{`{"id":"a","parent":3}`, `{"id":"a","parent":3,"parent":"m"}`, `{"id":"a","pArent":{},"parent":"m"}`} {
+		_, _, err := parseModelEntry(json.RawMessage(raw))
+		require.EqualError(t, err, `id "a": parent must be a string or null`, raw)
+	}
+	id, parent, err := parseModelEntry(json.RawMessage(`{"id":"a","parent":"m"}`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "m"}, []string{id, parent})
+	_, _, err = parseModelEntry(json.RawMessage(`{"id":7,"parent":"m"}`))
+	require.ErrorContains(t, err, "not an object with a string id")
+}
