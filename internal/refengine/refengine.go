@@ -148,12 +148,15 @@ func UnmarshalKV(b []byte) (*KVCache, error) {
 	if len(b) < 8 {
 		return nil, fmt.Errorf("%w: %d bytes, want a header of 8", ErrKVFormat, len(b))
 	}
-	dim := int(binary.LittleEndian.Uint32(b))
-	n := int(binary.LittleEndian.Uint32(b[4:]))
-	if dim == 0 || len(b) != 8+8*dim*n {
+	dim := uint64(binary.LittleEndian.Uint32(b))
+	n := uint64(binary.LittleEndian.Uint32(b[4:]))
+	// The body's size divided by a position's, not 8+8*dim*n compared
+	// with len(b): that product overflows (dim = n = 1<<31 gives 0).
+	body := uint64(len(b) - 8)
+	if dim == 0 || body%(8*dim) != 0 || body/(8*dim) != n {
 		return nil, fmt.Errorf("%w: %d bytes for dim %d and %d positions", ErrKVFormat, len(b), dim, n)
 	}
-	c := &KVCache{dim: dim, k: make([]float32, dim*n), v: make([]float32, dim*n)}
+	c := &KVCache{dim: int(dim), k: make([]float32, dim*n), v: make([]float32, dim*n)}
 	b = b[8:]
 	for _, xs := range [][]float32{c.k, c.v} {
 		for i := range xs {
