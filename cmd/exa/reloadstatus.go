@@ -53,9 +53,11 @@ func reloadRecorder(path, command string, warn func(msg string, args ...any)) (f
 			st.Error = r.Err.Error()
 		}
 		b, _ := json.Marshal(st)
-		if err := os.MkdirAll(filepath.Dir(file), 0o755); err == nil {
+		err := os.MkdirAll(filepath.Dir(file), 0o755)
+		if err == nil {
 			err = config.WriteFileAtomic(file, b)
-		} else if warn != nil {
+		}
+		if err != nil && warn != nil {
 			warn("cannot record the reload status for exa serve routing set", "file", file, "err", err)
 		}
 	}
