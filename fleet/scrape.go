@@ -65,12 +65,6 @@ func ParseEngineMetricsFor(r io.Reader, engine string) (gateway.Load, string, er
 // around to a negative or small count and make a busy engine look idle.
 const MaxLoadCount = 1 << 30
 
-// parseEngineMetrics is ParseEngineMetrics with the parser's error as is.
-func parseEngineMetrics(r io.Reader) (gateway.Load, error) {
-	l, _, err := parseEngineScrape(r)
-	return l, err
-}
-
 // parseEngineScrape parses an engine's /metrics page, detecting its type,
 // into its load and, when it exposes vllm:lora_requests_info, its adapter
 // report (else nil; see parseLoRAInfo).

@@ -33,9 +33,8 @@ type FlowControl struct {
 	// objectives is o.Objectives, replaced whole by SetObjectives.
 	objectives atomic.Pointer[map[string]int]
 
-	mu     sync.Mutex
-	ctls   map[string]*modelFlow
-	closed bool
+	mu   sync.Mutex
+	ctls map[string]*modelFlow
 }
 
 type modelFlow struct {
