@@ -2,9 +2,13 @@ package gateway
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // TestReadmeQuickStart: every code line of the README's quick start
@@ -79,4 +83,100 @@ func codeOf(l string) string {
 		l = l[:i]
 	}
 	return strings.Join(strings.Fields(l), " ")
+}
+
+// TestDocsLinks: every relative link in README.md and docs/ names a file
+// that exists, and every #anchor a heading of its page (GitHub's slugs:
+// lowercase, punctuation and symbols dropped, spaces to '-', a repeated
+// heading's slug suffixed -1, -2, ...), so that the docs' cross
+// references keep working as pages are split and headings renamed.
+func TestDocsLinks(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob("docs/*/*.md")
+	pages = append(append([]string{"README.md"}, pages...), more...)
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	links := 0
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(outsideFences(string(b)), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			links++
+			file, anchor, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+				if _, err := os.Stat(path); err != nil {
+					t.Errorf("%s: link %q: %v", page, target, err)
+					continue
+				}
+			}
+			if anchor == "" || !strings.HasSuffix(path, ".md") {
+				continue
+			}
+			doc, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(slugs(string(doc)), anchor) {
+				t.Errorf("%s: link %q: %s has no heading with the anchor #%s", page, target, path, anchor)
+			}
+		}
+	}
+	if links < 50 {
+		t.Fatalf("only %d relative links found in %d pages: the pattern is broken", links, len(pages))
+	}
+	t.Logf("%d relative links in %d pages", links, len(pages))
+}
+
+// outsideFences returns md with the lines inside ``` fences blanked.
+func outsideFences(md string) string {
+	lines := strings.Split(md, "\n")
+	in := false
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			in = !in
+			lines[i] = ""
+		} else if in {
+			lines[i] = ""
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// slugs returns the anchors GitHub gives the headings of md.
+func slugs(md string) []string {
+	var out []string
+	seen := map[string]int{}
+	for _, l := range strings.Split(outsideFences(md), "\n") {
+		h := strings.TrimLeft(l, "#")
+		if len(h) == len(l) || len(l)-len(h) > 6 || !strings.HasPrefix(h, " ") {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		s := b.String()
+		if n := seen[s]; n > 0 {
+			out = append(out, s+"-"+strconv.Itoa(n))
+		} else {
+			out = append(out, s)
+		}
+		seen[s]++
+	}
+	return out
 }
