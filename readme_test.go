@@ -49,13 +49,13 @@ func TestReadmeQuickStart(t *testing.T) {
 			t.Fatal(err)
 		}
 		head, body, ok := strings.Cut(string(b), src.fn)
+		if !ok {
+			t.Fatalf("%s has no %q", src.file, src.fn)
+		}
 		for _, p := range paths {
 			if !strings.Contains(head, "\t"+p+"\n") {
 				t.Errorf("%s does not import %s, which the README's quick start imports", src.file, p)
 			}
-		}
-		if !ok {
-			t.Fatalf("%s has no %q", src.file, src.fn)
 		}
 		body, _, _ = strings.Cut(body, "\n}\n")
 		var got []string
@@ -99,6 +99,7 @@ func TestDocsLinks(t *testing.T) {
 	pages = append(append([]string{"README.md"}, pages...), more...)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	links := 0
+	anchors := map[string][]string{} // a linked page's slugs, read once
 	for _, page := range pages {
 		b, err := os.ReadFile(page)
 		if err != nil {
@@ -122,11 +123,14 @@ func TestDocsLinks(t *testing.T) {
 			if anchor == "" || !strings.HasSuffix(path, ".md") {
 				continue
 			}
-			doc, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
+			if _, ok := anchors[path]; !ok {
+				doc, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				anchors[path] = slugs(string(doc))
 			}
-			if !slices.Contains(slugs(string(doc)), anchor) {
+			if !slices.Contains(anchors[path], anchor) {
 				t.Errorf("%s: link %q: %s has no heading with the anchor #%s", page, target, path, anchor)
 			}
 		}

@@ -5,14 +5,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/examlops/gateway/config"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 )
 
@@ -57,16 +55,12 @@ func FuzzPoolReplicas(f *testing.F) {
 	f.Add("x", uint8(3), "fe80::1%eth0", "-bad-", "1.2.3", uint16(0), uint8(9))
 	f.Fuzz(func(t *testing.T, name1 string, pad uint8, ip1, name2, ip2 string, port uint16, nports uint8) {
 		name1 += strings.Repeat("a", int(pad))
-		pool := &giev1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: "ns"}}
-		pool.Spec.Selector.MatchLabels = map[giev1.LabelKey]giev1.LabelValue{"app": "sim"}
-		for i := range int(nports % 10) {
-			pool.Spec.TargetPorts = append(pool.Spec.TargetPorts, giev1.Port{Number: giev1.PortNumber(int(port) + i)})
+		var ports []int32
+		for i := range int32(nports % 10) {
+			ports = append(ports, int32(port)+i)
 		}
-		pod := func(name, ip string) corev1.Pod {
-			return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{"app": "sim"}},
-				Status: corev1.PodStatus{PodIP: ip, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
-		}
-		pods := []corev1.Pod{pod(name1, ip1), pod(name2, ip2)}
+		pool := testPool(ports...)
+		pods := []corev1.Pod{testPod(name1, "ns", "sim", ip1, true), testPod(name2, "ns", "sim", ip2, true)}
 		reps := PoolReplicas(pool, pods)
 
 		valid := name1 != name2 && port >= 1 && int(port)+len(pool.Spec.TargetPorts)-1 <= 65535 &&
@@ -146,17 +140,11 @@ func FuzzPoolObjectives(f *testing.F) {
 		}
 		p1, p2 := int(prio1), int(prio2)
 		now := metav1.Now()
-		mk := func(name, ref string, prio *int, created time.Time) v1alpha2.InferenceObjective {
-			o := v1alpha2.InferenceObjective{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created)}}
-			o.Spec.PoolRef.Name = v1alpha2.ObjectName(ref)
-			o.Spec.Priority = prio
-			return o
-		}
-		items := []v1alpha2.InferenceObjective{mk(n1, ref1, &p1, time.Unix(secs, 0)), mk(n2, ref2, &p2, time.Unix(0, 0))}
+		items := []v1alpha2.InferenceObjective{objective(n1, ref1, &p1, secs), objective(n2, ref2, &p2, 0)}
 		if deleting {
 			items[1].DeletionTimestamp = &now
 		}
-		items = append(items, mk(n1+"-unset", pool, nil, time.Unix(1, 0)))
+		items = append(items, objective(n1+"-unset", pool, nil, 1))
 		before := slices.Clone(items)
 		m, dropped := PoolObjectives(pool, items, max)
 		mine := map[string]bool{}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/examlops/gateway/flow"
+	"github.com/spf13/pflag"
 )
 
 // FuzzFlowFlags: --objective and --flow-usage-limit values, as an
@@ -36,8 +36,13 @@ func FuzzFlowFlags(f *testing.F) {
 				lims = append(lims, s)
 			}
 		}
-		fl := flowFlags{on: true, ttl: flow.DefaultTTL, retry: flow.DefaultRetry, maxBytes: 1, maxReqs: 1, maxFlows: 1,
-			fairness: "round-robin", order: "fcfs", fairnessHeader: flow.HeaderFairnessID, objectives: objs, usageLimits: lims}
+		var fl flowFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		fl.register(fs)
+		if err := fs.Parse([]string{"--flow-control"}); err != nil {
+			t.Fatal(err)
+		}
+		fl.objectives, fl.usageLimits = objs, lims
 		o, err := fl.options()
 		if err != nil {
 			msg := err.Error()

@@ -4,7 +4,6 @@ import (
 	"os"
 	"regexp"
 	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,20 +28,5 @@ func TestReadmeMainJob(t *testing.T) {
 	m := regexp.MustCompile("(?s)go run \\./cmd/exa serve routing simulate\n.*?The first prints[^\n]*\n+```\n(.*?)```").FindSubmatch(readme)
 	require.NotNil(t, m, "README.md: no ``` block after \"The first prints\" under the main job's command")
 	got := ok(t, newConfig(t), "serve", "routing", "simulate")
-	want := string(m[1])
-	if got != want {
-		g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
-		for i := 0; i < max(len(g), len(w)); i++ {
-			var gl, wl string
-			if i < len(g) {
-				gl = g[i]
-			}
-			if i < len(w) {
-				wl = w[i]
-			}
-			if gl != wl {
-				t.Fatalf("README.md's main-job block differs from the command's output at line %d:\nREADME: %q\noutput: %q", i+1, wl, gl)
-			}
-		}
-	}
+	require.Equal(t, string(m[1]), got, "README.md's main-job block differs from the command's output")
 }
