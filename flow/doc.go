@@ -12,7 +12,9 @@
 //     break; ErrSheddable for a negative priority, which is never held).
 //     A full queue makes room by displacing one request: a lower band's,
 //     or that of a flow holding at least two more than the newcomer's, so
-//     one flow's flood cannot keep the others out.
+//     one flow's flood cannot keep the others out. Queues sharing a
+//     Budget (a front's, one queue per model) displace by the same rule
+//     across all of them once the budget is full.
 //   - Next: the request to dispatch now. Bands go in strict priority
 //     order; within a band, flows take turns in start-time fair
 //     queueing's order (RoundRobin) or the oldest head goes first

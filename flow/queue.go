@@ -129,6 +129,7 @@ func (e *FullError) Unwrap() error { return ErrFull }
 // item is one held request.
 type item[T any] struct {
 	req    Request[T]
+	gone   func(T) // Push's displaced: answers it if another queue's request displaces it
 	seq    uint64
 	key    int64 // order within the flow: 0 (FCFS) or the deadline (EDF)
 	flow   *flowQ[T]
@@ -245,7 +246,11 @@ func (q *Queue[T]) Config() Config { return q.cfg }
 // queue only until others arrive: a quiet flow is refused only when it is
 // itself among the longest. One request at most is displaced, and only if
 // r then fits; displaced is called with it after the queue is unlocked,
-// for the caller to answer.
+// for the caller to answer. Past the limits of its Budget (shared with
+// other queues), a request displaces by the same rule across all the
+// queues sharing it (see Budget); a request held by one of them is
+// answered with the displaced function it was pushed with, and one pushed
+// with none is never displaced by another queue's request.
 func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[T], error) {
 	switch {
 	case r.Bytes < 0:
@@ -277,18 +282,100 @@ func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[
 	}
 	if err := q.cfg.Budget.take(r.Bytes, vb, vn, r.Priority); err != nil {
 		q.mu.Unlock()
-		return Handle[T]{}, err
+		if victim != nil || displaced == nil {
+			return Handle[T]{}, err
+		}
+		return q.pushPastBudget(r, displaced, err)
 	}
 	if victim != nil {
 		q.remove(victim)
 		b = q.band(r.Priority) // removing the victim may have dropped the band
 	}
-	h := q.hold(r, b)
+	h := q.hold(r, b, displaced)
 	q.mu.Unlock()
 	if victim != nil {
 		displaced(victim.req.Value)
 	}
 	return h, nil
+}
+
+// pushPastBudget holds r, which fits this queue but not its Budget (full
+// is the budget's refusal), by displacing a request of any queue sharing
+// the budget (Budget.reclaim), or returns full. q.mu is not held.
+func (q *Queue[T]) pushPastBudget(r Request[T], displaced func(T), full error) (Handle[T], error) {
+	answer, ok := q.cfg.Budget.reclaim(q, r.Priority, r.Flow, r.Bytes)
+	if !ok {
+		return Handle[T]{}, full
+	}
+	defer answer() // the displaced request is gone, whatever follows
+	q.mu.Lock()
+	b := q.band(r.Priority)
+	if err := q.fits(r, b, nil); err != nil {
+		// This queue filled meanwhile: give the share back.
+		q.cfg.Budget.give(r.Bytes)
+		q.mu.Unlock()
+		return Handle[T]{}, err
+	}
+	h := q.hold(r, b, displaced)
+	q.mu.Unlock()
+	return h, nil
+}
+
+// candidate returns the request q would give up for a request of
+// priority prio past its Budget: the newest of the longest flow of its
+// lowest band below prio, else of the longest flow of band prio; nil if
+// none, or if it was pushed with no displaced function. q.mu is held.
+func (q *Queue[T]) candidate(prio int) *item[T] {
+	var f *flowQ[T]
+	if n := len(q.bands); n > 0 && q.bands[n-1].prio < prio {
+		f = q.bands[n-1].longest()
+	} else if b := q.band(prio); b != nil {
+		f = b.longest()
+	}
+	if f == nil {
+		return nil
+	}
+	if it := f.last(); it.gone != nil {
+		return it
+	}
+	return nil
+}
+
+func (q *Queue[T]) offer(prio int) (offer, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	it := q.candidate(prio)
+	if it == nil {
+		return offer{}, false
+	}
+	return offer{prio: it.flow.band.prio, n: len(it.flow.items.s), bytes: it.req.Bytes}, true
+}
+
+func (q *Queue[T]) evict(prio int, o offer, b *Budget, bytes int64) (func(), bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	it := q.candidate(prio)
+	if it == nil || it.flow.band.prio != o.prio || (o.prio == prio && len(it.flow.items.s) < o.n) {
+		return nil, false // changed since it was offered
+	}
+	if !b.transfer(it.req.Bytes, bytes) {
+		return nil, false
+	}
+	q.unhold(it)
+	return func() { it.gone(it.req.Value) }, true
+}
+
+func (q *Queue[T]) flowLen(prio int, id string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	b := q.band(prio)
+	if b == nil {
+		return 0
+	}
+	if f := b.flows[q.joins(b, id)]; f != nil {
+		return len(f.items.s)
+	}
+	return 0
 }
 
 // fits returns the *FullError of the first limit r would break, were
@@ -388,8 +475,9 @@ func (f *flowQ[T]) last() *item[T] {
 	return l
 }
 
-// hold adds r to band b (made if nil) and its flow.
-func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
+// hold adds r to band b (made if nil) and its flow; gone answers it if
+// another queue's request displaces it.
+func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	if b == nil {
 		b = q.addBand(r.Priority)
 	}
@@ -410,7 +498,7 @@ func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 		b.ring = append(b.ring, f)
 	}
 	q.seq++
-	it := &item[T]{req: r, seq: q.seq, flow: f}
+	it := &item[T]{req: r, gone: gone, seq: q.seq, flow: f}
 	if q.cfg.Order == EDF {
 		it.key = r.Deadline.UnixNano()
 	}
@@ -420,6 +508,9 @@ func (q *Queue[T]) hold(r Request[T], b *band[T]) Handle[T] {
 	b.n++
 	q.bytes += r.Bytes
 	q.n++
+	if q.n == 1 {
+		q.cfg.Budget.join(q)
+	}
 	return Handle[T]{it}
 }
 
@@ -674,18 +765,28 @@ func (q *Queue[T]) addBand(p int) *band[T] {
 	return b
 }
 
-// remove takes a held item out of its flow, the expiry heap and the
-// counts, and drops its flow and band when they empty.
+// remove takes a held item out of the queue and gives its share of the
+// Budget back.
 func (q *Queue[T]) remove(it *item[T]) {
+	q.cfg.Budget.give(it.req.Bytes)
+	q.unhold(it)
+}
+
+// unhold takes a held item out of its flow, the expiry heap and the
+// counts, and drops its flow and band when they empty; its share of the
+// Budget is the caller's.
+func (q *Queue[T]) unhold(it *item[T]) {
 	f, b := it.flow, it.flow.band
 	f.items.removeAt(it.fi)
 	q.exp.removeAt(it.ei)
 	it.fi, it.ei = -1, -1
-	q.cfg.Budget.give(it.req.Bytes)
 	b.bytes -= it.req.Bytes
 	b.n--
 	q.bytes -= it.req.Bytes
 	q.n--
+	if q.n == 0 {
+		q.cfg.Budget.leave(q)
+	}
 	if len(f.items.s) > 0 {
 		return
 	}

@@ -122,3 +122,59 @@ func TestFlowHeldMemory(t *testing.T) {
 	wg.Wait()
 	f.Close()
 }
+
+// One budget across models, and no model crowded out of it: with a
+// tenant's flood on one model holding the whole budget, another model's
+// requests are held, each displacing the flood's newest (answered 429
+// displaced), not refused; the flood's own next request is refused.
+func TestFlowControlAcrossModels(t *testing.T) {
+	const budget, quiet = 64, 16
+	reg := prometheus.NewRegistry()
+	f, err := NewFlowControl(flow.Options{Enabled: true, Queue: flow.Config{Total: flow.Limits{MaxRequests: budget}}}, nil, reg)
+	require.NoError(t, err)
+	defer f.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := func(model string) int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if mf := f.ctls[model]; mf != nil {
+			return mf.ctl.Stats().Requests
+		}
+		return 0
+	}
+	hold := func(model, tenant string, out chan<- error) {
+		h := http.Header{}
+		h.Set(flow.HeaderFairnessID, tenant)
+		go func() { out <- f.Hold(ctx, model, h, 1024, func() bool { return false }) }()
+	}
+	noisy := make(chan error, budget+1)
+	for range budget {
+		hold("batch", "noisy", noisy)
+	}
+	require.Eventually(t, func() bool { return held("batch") == budget }, 10*time.Second, time.Millisecond)
+	hold("batch", "noisy", noisy)
+	assert.ErrorIs(t, <-noisy, flow.ErrFull, "the flood's next is refused")
+
+	chat := make(chan error, quiet)
+	for i := range quiet {
+		hold("chat", "quiet", chat)
+		require.ErrorIs(t, <-noisy, flow.ErrDisplaced, "chat request %d", i)
+	}
+	require.Eventually(t, func() bool { return held("chat") == quiet }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, budget-quiet, held("batch"))
+	select {
+	case err := <-chat:
+		t.Fatalf("a chat request was answered while held: %v", err)
+	default:
+	}
+	status, _, _, _ := FlowAnswer("batch", flow.ErrDisplaced)
+	assert.Equal(t, http.StatusTooManyRequests, status)
+	cancel()
+	for range quiet {
+		assert.ErrorIs(t, <-chat, context.Canceled)
+	}
+	for range budget - quiet {
+		assert.ErrorIs(t, <-noisy, context.Canceled)
+	}
+}
