@@ -86,6 +86,7 @@ func FuzzSliceReplicas(f *testing.F) {
 	f.Add("10.0.0.1", "vllm-0", uint8(0), "10.0.0.2", "vllm-1", int32(8000), "http", "", false, true)
 	f.Add("fd00::1", "", uint8(0), "fd00::2", "", int32(8000), "", "http", true, true)
 	f.Add("10.0.0.1", "10.0.0.2", uint8(0), "10.0.0.2", "", int32(1), "metrics", "metrics", false, false)
+	f.Add("10.0.0.1", "10.0.0.2", uint8(0), "10.0.0.2", "", int32(8000), "", "", false, true)
 	f.Add("10.0.0.1", "p", uint8(250), "10.0.0.2", "q", int32(65535), "", "", false, true)
 	f.Add("1.2.3", "-x-", uint8(0), "fe80::1%eth0", "", int32(-1), "a", "b", true, false)
 	f.Fuzz(func(t *testing.T, addr1, target1 string, pad uint8, addr2, target2 string, port int32, portName, want string, v6, ready2 bool) {
@@ -117,11 +118,22 @@ func FuzzSliceReplicas(f *testing.F) {
 		if !valid {
 			return
 		}
-		if len(reps) > 2 {
-			t.Fatalf("%d replicas from 2 endpoints: %v", len(reps), reps)
+		// One replica per ready pod, and per ready address without one.
+		distinct := 0
+		if want == "" || want == portName {
+			distinct = 1
+			key := func(addr, target string) string {
+				if target != "" {
+					return "pod " + target
+				}
+				return "ip " + addr
+			}
+			if ready2 && key(addr1, target1) != key(addr2, target2) {
+				distinct = 2
+			}
 		}
-		if (want == "" || want == portName) && len(reps) == 0 {
-			t.Fatalf("no replica from a ready endpoint on port %q: %+v", want, s)
+		if len(reps) != distinct {
+			t.Fatalf("%d replicas from %d distinct ready endpoints on port %q: %v", len(reps), distinct, want, reps)
 		}
 		checkReplicas(t, reps)
 	})

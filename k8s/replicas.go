@@ -92,10 +92,19 @@ func rankName(pod string, idx int) string {
 // SliceReplicas returns the replicas of a Service's EndpointSlices: every
 // ready endpoint (conditions.ready unset or true, not terminating) on the
 // port named port ("" = each slice's first port), named after its target
-// pod (else its address) and deduplicated by name, sorted by name. Slices
-// of the FQDN address type are skipped (the picker needs IPs).
+// pod, else its address, sorted by name. A pod listed twice (as in two
+// slices while they change) is one replica, and so is an address. An
+// endpoint without a pod whose address is also a pod's name (an IPv4
+// address is a valid pod name) is named ADDRESS:PORT, which no pod name
+// can be, so that neither hides the other. Slices of the FQDN address type
+// are skipped (the picker needs IPs).
 func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.Replica {
-	seen := map[string]bool{}
+	type ep struct {
+		ip   string
+		port int32
+	}
+	pods := map[string]bool{}
+	var bare []ep // endpoints without a target pod
 	var out []config.Replica
 	for i := range slicesIn {
 		s := &slicesIn[i]
@@ -106,21 +115,34 @@ func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.R
 		if pnum == 0 {
 			continue
 		}
-		for _, ep := range s.Endpoints {
-			if len(ep.Addresses) == 0 || (ep.Conditions.Ready != nil && !*ep.Conditions.Ready) ||
-				(ep.Conditions.Terminating != nil && *ep.Conditions.Terminating) {
+		for _, e := range s.Endpoints {
+			if len(e.Addresses) == 0 || (e.Conditions.Ready != nil && !*e.Conditions.Ready) ||
+				(e.Conditions.Terminating != nil && *e.Conditions.Terminating) {
 				continue
 			}
-			name := ep.Addresses[0]
-			if ep.TargetRef != nil && ep.TargetRef.Name != "" {
-				name = ep.TargetRef.Name
-			}
-			if seen[name] {
+			addr := "http://" + net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(pnum)))
+			if e.TargetRef == nil || e.TargetRef.Name == "" {
+				bare = append(bare, ep{e.Addresses[0], pnum})
 				continue
 			}
-			seen[name] = true
-			out = append(out, config.Replica{Name: name, Address: "http://" + net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(pnum)))})
+			if name := e.TargetRef.Name; !pods[name] {
+				pods[name] = true
+				out = append(out, config.Replica{Name: name, Address: addr})
+			}
 		}
+	}
+	seen := map[string]bool{}
+	for _, e := range bare {
+		hostPort := net.JoinHostPort(e.ip, strconv.Itoa(int(e.port)))
+		name := e.ip
+		if pods[name] {
+			name = hostPort
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		out = append(out, config.Replica{Name: name, Address: "http://" + hostPort})
 	}
 	sortReplicas(out)
 	return out

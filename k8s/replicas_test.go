@@ -84,6 +84,18 @@ func TestSliceReplicas(t *testing.T) {
 	// "" takes the first port; an unknown port name lists nothing.
 	require.Equal(t, "http://10.0.0.1:9090", SliceReplicas([]discoveryv1.EndpointSlice{s}, "")[0].Address)
 	require.Empty(t, SliceReplicas([]discoveryv1.EndpointSlice{s}, "grpc"))
+
+	// A pod named like another endpoint's address (a valid pod name)
+	// hides neither, in either order of the slices.
+	podIP := discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4, Ports: s.Ports,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.7"}, TargetRef: &corev1.ObjectReference{Name: "10.0.0.1"}}}}
+	want := []config.Replica{
+		{Name: "10.0.0.1", Address: "http://10.0.0.7:8000"},
+		{Name: "10.0.0.1:8000", Address: "http://10.0.0.1:8000"},
+		{Name: "pod-b", Address: "http://10.0.0.2:8000"},
+	}
+	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{s, podIP, dup}, "http"))
+	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{podIP, s}, "http"))
 }
 
 func TestMerge(t *testing.T) {
