@@ -155,7 +155,9 @@ type Model struct {
 	// pages the HTTP gateway scrapes with the engines' for the prefill
 	// each has pending at each replica (exa_gateway_pending_prefill_blocks)
 	// and adds to its own when pricing a replica's queue (cache_aware;
-	// see docs/multi-gateway.md). List the others, not this gateway; the
+	// see docs/multi-gateway.md). An entry "dns+http://NAME:PORT" is every
+	// address NAME resolves to. A gateway that finds itself in the list
+	// ignores itself, so a group of gateways can share one list; the
 	// peers must name the model and its replicas alike. Nil or empty
 	// means none: the gateway counts only the prefill it routed.
 	Peers []string `json:"peers,omitempty"`

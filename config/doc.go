@@ -107,10 +107,12 @@
 //     names, each once, at most [MaxAdapters]); absent or empty serves
 //     every adapter its engines list in GET /v1/models (see docs/lora.md).
 //   - peers: base URLs of the other gateway processes routing the model to
-//     the same replicas (addresses as a replica's, each gateway once, at
-//     most [MaxPeers]); the HTTP gateway scrapes their /metrics for the
+//     the same replicas (addresses as a replica's, or "dns+http://NAME:PORT"
+//     for every address NAME resolves to; each entry once, at most
+//     [MaxPeers]); the HTTP gateway scrapes their /metrics for the
 //     prefill each has pending at each replica and cache_aware adds it to
-//     its own (see docs/multi-gateway.md). Absent or empty means none.
+//     its own, ignoring itself when listed (see docs/multi-gateway.md).
+//     Absent or empty means none.
 //
 // Model, pool and replica names are at most [MaxNameBytes] (255) bytes of
 // valid UTF-8, without surrounding spaces or control characters.

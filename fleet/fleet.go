@@ -2,9 +2,12 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -118,6 +121,17 @@ type Options struct {
 	// that type's names, on EngineMetrics' page. Nil: autodetection at
 	// /metrics. An invalid spec is an error of New naming it.
 	EngineMetrics *EngineMetrics
+	// InstanceID names this process to its peers: /metrics shows it
+	// (exa_gateway_instance_info), and a peer whose page shows this
+	// process's own is this process, and is ignored. Default: 16 random
+	// bytes in hex, drawn by New.
+	InstanceID string
+	// Resolver resolves the names of "dns+http://NAME:PORT" peers
+	// (config.DNSPeerPrefix) at every peer scrape. Default
+	// net.DefaultResolver.
+	Resolver interface {
+		LookupHost(ctx context.Context, host string) ([]string, error)
+	}
 	// Attach, when set, is called for every model of a configuration
 	// being applied, before it is published; its result is the model's
 	// Front, the data plane's own per-model state (e.g. cached metric
@@ -282,6 +296,16 @@ func fillOptions(o *Options) error {
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.InstanceID == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return fmt.Errorf("%w: InstanceID: %w", ErrInvalidOptions, err)
+		}
+		o.InstanceID = hex.EncodeToString(b[:])
+	}
+	if o.Resolver == nil {
+		o.Resolver = net.DefaultResolver
 	}
 	return nil
 }

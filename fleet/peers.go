@@ -6,12 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -37,6 +43,11 @@ import (
 // per replica, which its peers scrape.
 const MetricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 
+// MetricInstance is the gauge naming a gateway process
+// (Options.InstanceID) in its label "id": a gateway that scrapes a page
+// with its own id has scraped itself.
+const MetricInstance = "exa_gateway_instance_info"
+
 // maxPeerTokenBytes bounds the peer token file.
 const maxPeerTokenBytes = 4096
 
@@ -55,6 +66,12 @@ var (
 		"1 if the peer gateway's last /metrics scrape succeeded, 0 if not.", []string{"peer"}, nil)
 	descPeerErrors = prometheus.NewDesc("exa_gateway_peer_scrape_errors_total",
 		"Failed /metrics scrapes of a peer gateway (down, slow, refused, or a page that does not parse).", []string{"peer"}, nil)
+	descInstance = prometheus.NewDesc(MetricInstance,
+		"1, labelled with this gateway process's id: a peer that scrapes its own id ignores itself.", []string{"id"}, nil)
+	descPeerSelf = prometheus.NewDesc("exa_gateway_peer_self",
+		"1 if the peer's last page carried this gateway's own id (the peer is this gateway, and is ignored), 0 if not.", []string{"peer"}, nil)
+	descPeerLookupErrors = prometheus.NewDesc("exa_gateway_peer_lookup_errors_total",
+		"Failed DNS lookups of a dns+ peer entry (its last addresses are kept).", []string{"peer"}, nil)
 	descPeerCapped = prometheus.NewDesc("exa_gateway_peer_capped_total",
 		"Scrapes of a peer gateway in which it reported, at some replica, more pending prefill than the cap (beyond the least it reports, half this gateway's own pending prefill there, rounded up).", []string{"peer"}, nil)
 )
@@ -66,15 +83,26 @@ type peerState struct {
 	counts map[string]map[string]int
 	at     time.Time
 	up     bool
+	// self: its last page carried this gateway's own id.
+	self   bool
 	errors uint64
 	capped uint64
 }
 
+// dnsEntry is what the gateway knows of one dns+ peer entry.
+type dnsEntry struct {
+	bases   []string // the last addresses resolved, as base URLs
+	errors  uint64
+	failing bool
+}
+
 // peerTable holds every configured peer's state, by normalised base URL,
-// and the peer token. Safe for concurrent use; the zero value is empty.
+// each dns+ entry's last resolution, by normalised entry, and the peer
+// token. Safe for concurrent use; the zero value is empty.
 type peerTable struct {
 	mu    sync.Mutex
 	peers map[string]*peerState
+	dns   map[string]*dnsEntry
 	token tokenFile
 }
 
@@ -138,12 +166,20 @@ var errPeerUnauthorized = errors.New("status 401: the peer wants a bearer token 
 // parsePeerPending parses a gateway's /metrics page into its
 // metricPendingPrefill counts: model → replica → blocks, each clamped to
 // 0..MaxLoadCount (series without both labels are skipped; one given twice
-// is summed, clamped). A page that does not parse is an error.
-func parsePeerPending(r io.Reader) (map[string]map[string]int, error) {
+// is summed, clamped), and the id of its first MetricInstance series
+// ("" if none). A page that does not parse is an error.
+func parsePeerPending(r io.Reader) (counts map[string]map[string]int, id string, err error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	for _, m := range fams[MetricInstance].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "id" && id == "" {
+				id = l.GetValue()
+			}
+		}
 	}
 	out := map[string]map[string]int{}
 	for _, m := range fams[MetricPendingPrefill].GetMetric() {
@@ -165,15 +201,15 @@ func parsePeerPending(r io.Reader) (map[string]map[string]int, error) {
 		}
 		out[mod][rep] = min(out[mod][rep]+loadCount(sampleValue(m)), MaxLoadCount)
 	}
-	return out, nil
+	return out, id, nil
 }
 
-// scrapePeer fetches and parses one peer's /metrics, sending token as a
-// bearer token when it is not nil.
-func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte) (map[string]map[string]int, error) {
+// scrapePeer fetches and parses one peer's /metrics (parsePeerPending),
+// sending token as a bearer token when it is not nil.
+func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte) (map[string]map[string]int, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	if token != nil {
@@ -181,33 +217,159 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusUnauthorized {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, errPeerUnauthorized
+		return nil, "", errPeerUnauthorized
 	}
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("status %d", resp.StatusCode)
+		return nil, "", fmt.Errorf("status %d", resp.StatusCode)
 	}
-	c, err := parsePeerPending(io.LimitReader(resp.Body, maxMetricsBytes))
+	c, id, err := parsePeerPending(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
-		return nil, fmt.Errorf("parse: %v", err)
+		return nil, "", fmt.Errorf("parse: %v", err)
 	}
-	return c, nil
+	return c, id, nil
 }
 
-// peerBases returns the normalised base URLs of every model's peers.
-func (st *State) peerBases() map[string]bool {
+// peerEntry returns a peer entry of a model's configuration normalised,
+// and whether it is a dns+ entry (config.DNSPeerPrefix).
+func peerEntry(p string) (string, bool) {
+	if rest, ok := config.CutDNSPeer(p); ok {
+		return config.DNSPeerPrefix + NormalizeAddress(rest), true
+	}
+	return NormalizeAddress(p), false
+}
+
+// dnsEntries returns every model's dns+ peer entries, normalised.
+func (st *State) dnsEntries() map[string]bool {
 	out := map[string]bool{}
 	for _, m := range st.Models {
 		for _, p := range m.Cfg.Peers {
-			out[NormalizeAddress(p)] = true
+			if e, dns := peerEntry(p); dns {
+				out[e] = true
+			}
 		}
 	}
 	return out
+}
+
+// modelPeers returns the base URLs of m's peers: its entries, each dns+
+// entry as the addresses it last resolved to, each base once. s.peers.mu
+// is held.
+func (s *Fleet) modelPeers(m *Model) []string {
+	var out []string
+	add := func(b string) {
+		if !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	for _, p := range m.Cfg.Peers {
+		e, dns := peerEntry(p)
+		if !dns {
+			add(e)
+			continue
+		}
+		if d := s.peers.dns[e]; d != nil {
+			for _, b := range d.bases {
+				add(b)
+			}
+		}
+	}
+	return out
+}
+
+// resolvePeers looks up every dns+ entry once, concurrently, within ctx,
+// and records each entry's addresses as base URLs (at most
+// config.MaxPeers, sorted): http://ADDRESS:PORT and the entry's path. An
+// entry whose lookup fails keeps its last addresses, and is logged when
+// it starts failing and when it resolves again. Entries no longer
+// configured are dropped.
+func (s *Fleet) resolvePeers(ctx context.Context, entries map[string]bool) {
+	s.peers.mu.Lock()
+	if s.peers.dns == nil {
+		s.peers.dns = map[string]*dnsEntry{}
+	}
+	for e := range s.peers.dns {
+		if !entries[e] {
+			delete(s.peers.dns, e)
+		}
+	}
+	for e := range entries {
+		if s.peers.dns[e] == nil {
+			s.peers.dns[e] = &dnsEntry{}
+		}
+	}
+	s.peers.mu.Unlock()
+	var wg sync.WaitGroup
+	for e := range entries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bases, err := s.lookupPeers(ctx, e)
+			s.peers.mu.Lock()
+			d := s.peers.dns[e]
+			if d == nil {
+				s.peers.mu.Unlock()
+				return
+			}
+			was := d.failing
+			if err == nil {
+				d.bases, d.failing = bases, false
+			} else {
+				d.errors++
+				d.failing = true
+			}
+			s.peers.mu.Unlock()
+			switch {
+			case err != nil && !was:
+				s.log.Warn("gateway: peer name does not resolve; keeping its last addresses", "peer", e, "err", err)
+			case err == nil && was:
+				s.log.Info("gateway: peer name resolves again", "peer", e, "addresses", len(bases))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// lookupPeers resolves the name of the dns+ entry e (normalised) into
+// base URLs.
+func (s *Fleet) lookupPeers(ctx context.Context, e string) ([]string, error) {
+	rest, _ := config.CutDNSPeer(e)
+	u, err := url.Parse(rest)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := s.opts.Resolver.LookupHost(ctx, u.Hostname())
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range addrs {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			continue // a resolver's answer that is not an address
+		}
+		host := ip.String()
+		if p := u.Port(); p != "" {
+			host = net.JoinHostPort(host, p)
+		} else if ip.Is6() {
+			host = "[" + host + "]"
+		}
+		out = append(out, u.Scheme+"://"+host+strings.TrimRight(u.EscapedPath(), "/"))
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > config.MaxPeers {
+		out = out[:config.MaxPeers]
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no address for %q", u.Hostname())
+	}
+	return out, nil
 }
 
 // ScrapePeers scrapes every model's peer gateways once (scrapePeers), then
@@ -230,8 +392,17 @@ func (s *Fleet) PeerTimeout() time.Duration {
 // peer that fails keeps its last counts until they expire (peerTTL scrape
 // intervals) and is logged when it goes down and when it comes back.
 func (s *Fleet) scrapePeers(ctx context.Context) {
-	bases := s.state.Load().peerBases()
-	if len(bases) == 0 && s.knownPeers() == 0 {
+	st := s.state.Load()
+	bases := map[string]bool{}
+	for _, m := range st.Models {
+		for _, p := range m.Cfg.Peers {
+			if e, dns := peerEntry(p); !dns {
+				bases[e] = true
+			}
+		}
+	}
+	dns := st.dnsEntries()
+	if len(bases) == 0 && len(dns) == 0 && s.knownPeers() == 0 {
 		return
 	}
 	var token []byte
@@ -245,6 +416,16 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.PeerTimeout())
 	defer cancel()
+	if len(dns) > 0 || s.knownDNS() > 0 {
+		s.resolvePeers(ctx, dns)
+		s.peers.mu.Lock()
+		for _, d := range s.peers.dns {
+			for _, b := range d.bases {
+				bases[b] = true
+			}
+		}
+		s.peers.mu.Unlock()
+	}
 	s.peers.mu.Lock()
 	if s.peers.peers == nil {
 		s.peers.peers = map[string]*peerState{}
@@ -265,8 +446,12 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := scrapePeer(ctx, s.control, b, token)
-			capped := err == nil && s.overCap(c)
+			c, id, err := scrapePeer(ctx, s.control, b, token)
+			self := err == nil && id == s.opts.InstanceID
+			if self {
+				c = nil // this gateway's own counts: never added to themselves
+			}
+			capped := err == nil && !self && s.overCap(c)
 			now := s.opts.Clock()
 			s.peers.mu.Lock()
 			p := s.peers.peers[b]
@@ -274,9 +459,9 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 				s.peers.mu.Unlock()
 				return
 			}
-			was := p.up
+			was, wasSelf := p.up, p.self
 			if err == nil {
-				p.counts, p.at, p.up = c, now, true
+				p.counts, p.at, p.up, p.self = c, now, true, self
 				if capped {
 					p.capped++
 				}
@@ -286,6 +471,9 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 			}
 			up := p.up
 			s.peers.mu.Unlock()
+			if self && !wasSelf {
+				s.log.Info("gateway: a peer is this gateway itself (its page carries this process's id); it is ignored", "peer", b)
+			}
 			switch {
 			case was && !up:
 				s.log.Warn("gateway: peer gateway not answering; its pending prefill is ignored once older than "+(peerTTL*s.opts.ScrapeInterval).String(), "peer", b, "err", err)
@@ -302,6 +490,13 @@ func (s *Fleet) knownPeers() int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	return len(s.peers.peers)
+}
+
+// knownDNS returns how many dns+ entries the table holds.
+func (s *Fleet) knownDNS() int {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	return len(s.peers.dns)
 }
 
 // overCap reports whether counts, a peer's report, exceeds the cap
@@ -343,9 +538,10 @@ func (m *Model) ownAndLeast(name string, report map[string]int) (own, least int)
 }
 
 // peerPrefill returns the pending prefill m's peers report at its replica
-// name: the sum over its peers whose last good scrape is at most peerTTL
-// scrape intervals old, each peer's count capped (PeerCap) by this
-// gateway's own pending prefill there, clamped to 0..MaxLoadCount.
+// name: the sum over its peers (modelPeers) whose last good scrape is at
+// most peerTTL scrape intervals old, not this gateway itself, each peer's
+// count capped (PeerCap) by this gateway's own pending prefill there,
+// clamped to 0..MaxLoadCount.
 func (s *Fleet) peerPrefill(m *Model, name string) int {
 	if len(m.Cfg.Peers) == 0 {
 		return 0
@@ -354,9 +550,9 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	sum := 0
-	for _, b := range m.Cfg.Peers {
-		p := s.peers.peers[NormalizeAddress(b)]
-		if p == nil || p.counts == nil || p.at.Before(oldest) {
+	for _, b := range s.modelPeers(m) {
+		p := s.peers.peers[b]
+		if p == nil || p.self || p.counts == nil || p.at.Before(oldest) {
 			continue
 		}
 		report := p.counts[m.Name]
@@ -394,7 +590,7 @@ var _ prometheus.Collector = peerCollector{}
 
 // Describe implements prometheus.Collector.
 func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descPeerPrefill, descPeerUp, descPeerErrors, descPeerCapped} {
+	for _, d := range []*prometheus.Desc{descInstance, descPending, descPeerPrefill, descPeerUp, descPeerSelf, descPeerErrors, descPeerCapped, descPeerLookupErrors} {
 		ch <- d
 	}
 }
@@ -402,6 +598,7 @@ func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
+	ch <- prometheus.MustNewConstMetric(descInstance, prometheus.GaugeValue, 1, s.opts.InstanceID)
 	for name, m := range s.state.Load().Models {
 		gws := []*gateway.Gateway{m.Gateway}
 		if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
@@ -427,7 +624,15 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, b)
+		self := 0.0
+		if p.self {
+			self = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPeerSelf, prometheus.GaugeValue, self, b)
 		ch <- prometheus.MustNewConstMetric(descPeerErrors, prometheus.CounterValue, float64(p.errors), b)
 		ch <- prometheus.MustNewConstMetric(descPeerCapped, prometheus.CounterValue, float64(p.capped), b)
+	}
+	for e, d := range s.peers.dns {
+		ch <- prometheus.MustNewConstMetric(descPeerLookupErrors, prometheus.CounterValue, float64(d.errors), e)
 	}
 }

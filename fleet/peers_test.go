@@ -1,8 +1,12 @@
 package fleet
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/examlops/gateway/config"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,12 +33,12 @@ vllm:num_requests_waiting 4
 			map[string]map[string]int{"m": {"a": 0, "b": MaxLoadCount, "c": 0, "d": 3}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parsePeerPending(strings.NewReader(tc.page))
+			got, _, err := parsePeerPending(strings.NewReader(tc.page))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 		})
 	}
-	_, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"))
+	_, _, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"))
 	assert.Error(t, err)
 }
 
@@ -46,7 +50,7 @@ func FuzzParsePeerPending(f *testing.F) {
 	f.Add("exa_gateway_pending_prefill_blocks{model=\"\",replica=\"\"} -Inf\n")
 	f.Add("# TYPE exa_gateway_pending_prefill_blocks histogram\nexa_gateway_pending_prefill_blocks_bucket{le=\"+Inf\"} 1\n")
 	f.Fuzz(func(t *testing.T, page string) {
-		got, err := parsePeerPending(strings.NewReader(page))
+		got, _, err := parsePeerPending(strings.NewReader(page))
 		if err != nil {
 			return
 		}
@@ -58,4 +62,62 @@ func FuzzParsePeerPending(f *testing.F) {
 			}
 		}
 	})
+}
+
+// resolverFunc is a Resolver from a function.
+type resolverFunc func(ctx context.Context, host string) ([]string, error)
+
+func (f resolverFunc) LookupHost(ctx context.Context, host string) ([]string, error) {
+	return f(ctx, host)
+}
+
+// A dns+ entry's addresses become base URLs: each address at the entry's
+// port (IPv6 in brackets) with its path, sorted, each once, at most
+// config.MaxPeers; answers that are not addresses are skipped; no
+// address is an error.
+func TestLookupPeers(t *testing.T) {
+	many := make([]string, config.MaxPeers+6)
+	for i := range many {
+		many[i] = fmt.Sprintf("10.0.%d.%d", i/200, i%200+1)
+	}
+	answers := map[string][]string{
+		"gw":    {"10.0.0.2", "fd00::1", "10.0.0.2", "not-an-ip", "10.0.0.1"},
+		"many":  many,
+		"names": {"gw-0.example"},
+	}
+	s, err := New(Options{Logger: quietLogger(), InstanceID: "me", Resolver: resolverFunc(func(_ context.Context, host string) ([]string, error) {
+		if a, ok := answers[host]; ok {
+			return a, nil
+		}
+		return nil, fmt.Errorf("no such host %q", host)
+	})})
+	require.NoError(t, err)
+	got, err := s.lookupPeers(context.Background(), "dns+http://gw:8080/exa/")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"http://10.0.0.1:8080/exa", "http://10.0.0.2:8080/exa", "http://[fd00::1]:8080/exa"}, got)
+	got, err = s.lookupPeers(context.Background(), "dns+http://gw")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"http://10.0.0.1", "http://10.0.0.2", "http://[fd00::1]"}, got)
+	got, err = s.lookupPeers(context.Background(), "dns+http://many:1")
+	require.NoError(t, err)
+	assert.Len(t, got, config.MaxPeers)
+	_, err = s.lookupPeers(context.Background(), "dns+http://names:1")
+	assert.ErrorContains(t, err, `no address for "names"`)
+	_, err = s.lookupPeers(context.Background(), "dns+http://gone:1")
+	assert.ErrorContains(t, err, `no such host "gone"`)
+	assert.Equal(t, "me", s.Options().InstanceID)
+	s2, err := New(Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	assert.Len(t, s2.Options().InstanceID, 32, "16 random bytes in hex")
+	assert.NotEqual(t, s2.Options().InstanceID, s.Options().InstanceID)
+}
+
+// The instance id is read from the first instance series.
+func TestParsePeerInstance(t *testing.T) {
+	_, id, err := parsePeerPending(strings.NewReader("exa_gateway_instance_info{id=\"abc\"} 1\nexa_gateway_instance_info{id=\"def\"} 1\n"))
+	require.NoError(t, err)
+	assert.Equal(t, "abc", id)
+	_, id, err = parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1\n"))
+	require.NoError(t, err)
+	assert.Empty(t, id)
 }

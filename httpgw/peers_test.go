@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -225,4 +226,125 @@ func metricsPage(t *testing.T, base string) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// A gateway listed among its own peers finds its own id on the page and
+// ignores itself: its own pending prefill is not added to itself.
+func TestPeerListedItselfIsIgnored(t *testing.T) {
+	r := newPeerRig(t)
+	ctx := context.Background()
+	f := r.a.Snapshot().File.Clone()
+	m := f.Models[testModel]
+	m.Peers = []string{r.aHTTP.URL, r.bHTTP.URL}
+	f.Models[testModel] = m
+	require.NoError(t, r.a.Apply(f))
+	busy(t, r.a, testModel, 40, 1)
+	busy(t, r.b, testModel, 40, 2)
+	_, err := r.a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	require.NoError(t, err)
+	// A: 50 pending at r0, 40 at r1; counted as its own peer, A would
+	// hear 10 more at r0.
+	r.a.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, r.a, testModel))
+	page := metricsPage(t, r.aHTTP.URL)
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, r.aHTTP.URL))
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 0`, r.bHTTP.URL))
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_instance_info{id=%q} 1`, r.a.Options().InstanceID))
+	// B still hears A.
+	r.b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, r.b, testModel))
+}
+
+// fakeResolver answers LookupHost from a table it holds, or fails.
+type fakeResolver struct {
+	mu    sync.Mutex
+	hosts map[string][]string
+}
+
+func (f *fakeResolver) LookupHost(_ context.Context, host string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if a, ok := f.hosts[host]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func (f *fakeResolver) set(host string, addrs ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if addrs == nil {
+		delete(f.hosts, host)
+		return
+	}
+	f.hosts[host] = addrs
+}
+
+// Two gateways share one peer list, a name that resolves to both (as a
+// Kubernetes headless Service resolves to its ready pods): each ignores
+// itself and hears the other. A failed lookup keeps the last addresses; a
+// gateway gone from the name is no longer heard at the next scrape.
+func TestPeersByDNS(t *testing.T) {
+	// Two listeners on one port, at 127.0.0.1 and 127.0.0.2.
+	var la, lb net.Listener
+	for try := 0; la == nil; try++ {
+		var err error
+		lb, err = net.Listen("tcp", "127.0.0.2:0")
+		if err != nil {
+			t.Skipf("no 127.0.0.2 here: %v", err)
+		}
+		port := lb.Addr().(*net.TCPAddr).Port
+		if la, err = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+			lb.Close()
+			require.Less(t, try, 20, "no free port at both addresses")
+		}
+	}
+	port := la.Addr().(*net.TCPAddr).Port
+	res := &fakeResolver{hosts: map[string][]string{"gw-peers.test": {"127.0.0.2", "127.0.0.1"}}}
+	now := time.Unix(1e9, 0)
+	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
+	mk := func(l net.Listener) *Server {
+		reg := prometheus.NewRegistry()
+		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: func() time.Time { return now },
+			Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
+		require.NoError(t, err)
+		h := httptest.NewUnstartedServer(s)
+		h.Listener.Close()
+		h.Listener = l
+		h.Start()
+		t.Cleanup(h.Close)
+		require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+			testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: []string{fmt.Sprintf("dns+http://gw-peers.test:%d", port)}},
+		}}))
+		return s
+	}
+	a, b := mk(la), mk(lb)
+	aURL, bURL := fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.2:%d", port)
+	ctx := context.Background()
+	busy(t, a, testModel, 40, 1)
+	busy(t, b, testModel, 40, 2)
+	_, err := a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	require.NoError(t, err)
+	_, err = b.Snapshot().Models[testModel].Gateway.Route(gateway.Key{11, 12, 13})
+	require.NoError(t, err)
+	a.ScrapeAll(ctx)
+	b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 3, "r1": 0}, peerLoad(t, a, testModel), "A hears B, not itself")
+	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, b, testModel), "B hears A, not itself")
+	page := metricsPage(t, aURL)
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, aURL))
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
+
+	// The name stops resolving: the last addresses are kept.
+	res.set("gw-peers.test")
+	b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, b, testModel))
+	entry := fmt.Sprintf("dns+http://gw-peers.test:%d", port)
+	assert.Contains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_lookup_errors_total{peer=%q} 1`, entry))
+
+	// A leaves the name: B stops hearing it at once.
+	res.set("gw-peers.test", "127.0.0.2")
+	b.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, b, testModel))
+	assert.NotContains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q}`, aURL))
 }
