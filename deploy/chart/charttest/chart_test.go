@@ -10,6 +10,7 @@ package charttest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,11 @@ var values = map[string]map[string]any{
 		"pool":    map[string]any{"create": true, "selector": map[string]any{"app": "vllm"}, "targetPorts": []any{8000}},
 		"routing": map[string]any{"version": 1, "models": map[string]any{"llama": map[string]any{"mode": "cache_aware"}}}},
 	"gateway": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm", "port": "http"}},
+	// Three gateways sharing their pending prefill through a headless
+	// Service; "qwen" is in the routing configuration, "llama" is not.
+	"gateway-peers": {"mode": "gateway", "replicas": 3, "models": []any{"llama", "qwen"}, "service": map[string]any{"name": "vllm"},
+		"gateway": map[string]any{"peers": true},
+		"routing": map[string]any{"models": map[string]any{"qwen": map[string]any{"mode": "load_aware"}}}},
 	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
 	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
 		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"}}},
@@ -69,7 +75,7 @@ func renderAs(t *testing.T, vals map[string]any, release, ns string) map[string]
 // defaults, the tests' own and every documented `helm install`.
 func appliedSets(t *testing.T) []docSet {
 	sets := []docSet{{where: "values.yaml defaults", release: "exa", values: map[string]any{}}}
-	for _, name := range []string{"picker", "gateway", "picker-mtls"} {
+	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers"} {
 		sets = append(sets, docSet{where: "chart_test.go " + name, release: "exa", values: values[name]})
 	}
 	return append(sets, docSets(t)...)
@@ -136,6 +142,28 @@ func TestChartRenders(t *testing.T) {
 	c = g["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Subset(t, c["args"], []any{"serve", "gateway", "--service=vllm", "--service-port=http", "--listen=0.0.0.0:8080"})
 	require.NotContains(t, c["args"], "--tls-client-ca=/etc/exa/client-ca/ca.crt")
+	// Peers: a headless Service of the gateway pods, named in each model's
+	// peer list.
+	gw := kinds(values["gateway-peers"])
+	var svc *unstructured.Unstructured
+	for _, o := range objects(t, render(t, values["gateway-peers"])) {
+		if o.GetKind() == "Service" && o.GetName() == "exa-gateway-peers" {
+			svc = o
+		}
+	}
+	require.NotNil(t, svc, "the peers Service")
+	require.Equal(t, "None", svc.Object["spec"].(map[string]any)["clusterIP"])
+	require.Equal(t, map[string]any{"app.kubernetes.io/name": "exa", "app.kubernetes.io/instance": "exa", "app.kubernetes.io/component": "gateway"},
+		svc.Object["spec"].(map[string]any)["selector"])
+	var routing map[string]any
+	require.NoError(t, json.Unmarshal([]byte(gw["ConfigMap"].Object["data"].(map[string]any)["routing.json"].(string)), &routing))
+	peer := []any{"dns+http://exa-gateway-peers.llm.svc:8080"}
+	require.Equal(t, map[string]any{"version": float64(1), "models": map[string]any{
+		"llama": map[string]any{"mode": "cache_aware", "peers": peer},
+		"qwen":  map[string]any{"mode": "load_aware", "peers": peer},
+	}}, routing)
+	c = gw["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	require.Contains(t, c["args"], "--config=/etc/exa/config/routing.json")
 	// Mutual TLS: the CA Secret mounted and named by --tls-client-ca.
 	m := kinds(values["picker-mtls"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	c = m["containers"].([]any)[0].(map[string]any)
@@ -152,6 +180,10 @@ func TestChartRenders(t *testing.T) {
 		{map[string]any{"pool": map[string]any{"failureMode": "Open"}}, `pool.failureMode "Open": want FailOpen or FailClose`},
 		{map[string]any{"picker": map[string]any{"secureServing": false, "clientCASecret": "ca"}}, "picker.clientCASecret (mutual TLS) needs picker.secureServing"},
 		{map[string]any{"picker": map[string]any{"clientSANs": []any{"envoy"}}}, "picker.clientSANs needs picker.clientCASecret"},
+		{map[string]any{"gateway": map[string]any{"peers": true}, "models": []any{"llama"}}, "gateway.peers is for mode gateway"},
+		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
+		{map[string]any{"gateway": map[string]any{"peers": true}, "models": []any{"llama"}}, "gateway.peers is for mode gateway"},
+		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
 	} {
 		ch, err := loader.Load(chartDir)
 		require.NoError(t, err)

@@ -27,3 +27,28 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- printf "%s-picker" (include "exa.poolName" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+{{- /* The routing configuration mounted as --config, as JSON ("" for
+     none): .Values.routing, and with gateway.peers each model of .Values.models
+     given the peers Service as its peer list (cache_aware when the model
+     is not in .Values.routing, as a discovered model is). */ -}}
+{{- define "exa.routing" -}}
+{{- $r := deepCopy (default (dict) .Values.routing) -}}
+{{- if .Values.gateway.peers -}}
+{{- $_ := set $r "version" (default 1 (get $r "version")) -}}
+{{- $models := default (dict) (get $r "models") -}}
+{{- $peer := printf "dns+http://%s.%s.svc:%v" (include "exa.peersName" .) .Release.Namespace .Values.gateway.port -}}
+{{- range .Values.models -}}
+{{- $m := default (dict "mode" "cache_aware") (get $models .) -}}
+{{- $_ := set $m "peers" (list $peer) -}}
+{{- $_ := set $models . $m -}}
+{{- end -}}
+{{- $_ := set $r "models" $models -}}
+{{- end -}}
+{{- if $r -}}
+{{- toJson $r -}}
+{{- end -}}
+{{- end -}}
+{{- /* The headless Service naming the gateway's pods to each other. */ -}}
+{{- define "exa.peersName" -}}
+{{- printf "%s-peers" (include "exa.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
