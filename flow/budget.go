@@ -36,8 +36,9 @@ type member interface {
 	// evict takes out the request offer would now make for prio if it is
 	// still o's kind (o's band, a flow at least as long), transferring its
 	// share of b to a request of size bytes if that then fits; it returns
-	// the call that answers the displaced request.
-	evict(prio int, o offer, b *Budget, bytes int64) (answer func(), ok bool)
+	// the call that answers the displaced request. stale: it was not
+	// taken because the queue changed since it offered.
+	evict(prio int, o offer, b *Budget, bytes int64) (answer func(), ok, stale bool)
 	// flowLen returns how many requests a request of flow id and priority
 	// prio would join in this queue (Queue.joins).
 	flowLen(prio int, id string) int
@@ -72,9 +73,10 @@ func (b *Budget) Held() (requests int, bytes int64) {
 	return b.n, b.bytes
 }
 
-// take counts a request of size bytes for priority prio, were a held
-// request of vb bytes (vn 1, else 0) let go first, or returns the
-// *FullError of the limit it would break. A nil Budget takes anything.
+// take counts a request of size bytes for priority prio in place of a
+// held request of vb bytes (vn 1, else 0), whose share it takes (the
+// caller lets that one go without give), or returns the *FullError of the
+// limit it would break. A nil Budget takes anything.
 func (b *Budget) take(bytes, vb int64, vn, prio int) error {
 	if b == nil {
 		return nil
@@ -84,8 +86,8 @@ func (b *Budget) take(bytes, vb int64, vn, prio int) error {
 	if err := b.fits(bytes, vb, vn, prio); err != nil {
 		return err
 	}
-	b.n++
-	b.bytes += bytes
+	b.n += 1 - vn
+	b.bytes += bytes - vb
 	return nil
 }
 
@@ -158,6 +160,19 @@ func (b *Budget) leave(m member) {
 // transferred to the new one: the caller holds it, or gives it back (give)
 // if it cannot. No queue's lock is held by the caller.
 func (b *Budget) reclaim(q member, prio int, id string, bytes int64) (answer func(), ok bool) {
+	// Another push may take the offered request first: look again, a
+	// few times.
+	for range 4 {
+		answer, ok, stale := b.reclaimOnce(q, prio, id, bytes)
+		if !stale {
+			return answer, ok
+		}
+	}
+	return nil, false
+}
+
+// reclaimOnce is one try of reclaim; stale: the member chosen had changed.
+func (b *Budget) reclaimOnce(q member, prio int, id string, bytes int64) (answer func(), ok, stale bool) {
 	b.mu.Lock()
 	ms := append([]member(nil), b.members...)
 	b.mu.Unlock()
@@ -177,7 +192,7 @@ func (b *Budget) reclaim(q member, prio int, id string, bytes int64) (answer fun
 		}
 	}
 	if bi < 0 || (best.prio == prio && best.n < own+2) {
-		return nil, false
+		return nil, false, false
 	}
 	return ms[bi].evict(prio, best, b, bytes)
 }

@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -399,4 +400,119 @@ func TestBudgetControllersConcurrent(t *testing.T) {
 	assert.Empty(t, b.members)
 	b.mu.Unlock()
 	t.Logf("bound %d, displaced %d, refused %d, gone %d", bound.Load(), displaced.Load(), full.Load(), gone.Load())
+}
+
+// hookMember is a member whose evict calls before and after around the
+// queue's own, once each: an interleaving of other pushes with a reclaim.
+type hookMember struct {
+	*Queue[string]
+	before, after func()
+}
+
+func (h *hookMember) evict(prio int, o offer, b *Budget, bytes int64) (func(), bool, bool) {
+	if f := h.before; f != nil {
+		h.before = nil
+		f()
+	}
+	answer, ok, stale := h.Queue.evict(prio, o, b, bytes)
+	if f := h.after; f != nil {
+		h.after = nil
+		f()
+	}
+	return answer, ok, stale
+}
+
+// hook puts h in q's place among b's members.
+func hook(t *testing.T, b *Budget, q *Queue[string], h *hookMember) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range b.members {
+		if m == member(q) {
+			b.members[i] = h
+			return
+		}
+	}
+	t.Fatal("not a member")
+}
+
+// A request reclaiming room past the budget keeps its room in its own
+// queue meanwhile: another push there cannot take it, so the request
+// displaced is never displaced for a request then refused.
+func TestReclaimKeepsItsRoom(t *testing.T) {
+	b, err := NewBudget(Limits{MaxRequests: 2})
+	require.NoError(t, err)
+	q := mustNew[string](t, Config{Budget: b, Total: Limits{MaxRequests: 1}})
+	x := mustNew[string](t, Config{Budget: b})
+	z := mustNew[string](t, Config{Budget: b})
+	var gone []string
+	out := func(v string) { gone = append(gone, v) }
+	_, err = x.Push(Request[string]{Value: "x1"}, t0, out)
+	require.NoError(t, err)
+	_, err = z.Push(Request[string]{Value: "z1"}, t0, out)
+	require.NoError(t, err)
+	var q2 error
+	hook(t, b, x, &hookMember{Queue: x, after: func() {
+		_, ok := z.Next(func(string) bool { return true }) // another model dispatches
+		require.True(t, ok)
+		_, q2 = q.Push(Request[string]{Value: "q2"}, t0, out) // another client of q's model
+	}})
+	_, err = q.Push(Request[string]{Value: "r", Priority: 1}, t0, out)
+	require.NoError(t, err, "r, which displaced x1, is held")
+	var fe *FullError
+	require.ErrorAs(t, q2, &fe, "q2 finds r's room kept")
+	assert.Equal(t, "total", fe.Scope)
+	assert.Equal(t, []string{"x1"}, gone)
+	assert.Equal(t, []string{"r"}, drainStr(q))
+}
+
+// Two pushes that choose the same request: the second, finding it gone,
+// looks again and displaces the next the rule names.
+func TestReclaimLooksAgain(t *testing.T) {
+	b, err := NewBudget(Limits{MaxRequests: 6})
+	require.NoError(t, err)
+	x := mustNew[string](t, Config{Budget: b})
+	y := mustNew[string](t, Config{Budget: b})
+	p1 := mustNew[string](t, Config{Budget: b})
+	p2 := mustNew[string](t, Config{Budget: b})
+	var gone []string
+	out := func(v string) { gone = append(gone, v) }
+	for i := 1; i <= 3; i++ {
+		_, err = x.Push(Request[string]{Value: fmt.Sprint("f", i), Flow: "f"}, t0, out)
+		require.NoError(t, err)
+		_, err = y.Push(Request[string]{Value: fmt.Sprint("g", i), Flow: "g"}, t0, out)
+		require.NoError(t, err)
+	}
+	var err1 error
+	hook(t, b, x, &hookMember{Queue: x, before: func() {
+		_, err1 = p1.Push(Request[string]{Value: "a", Flow: "a"}, t0, out)
+	}})
+	_, err2 := p2.Push(Request[string]{Value: "b", Flow: "b"}, t0, out)
+	require.NoError(t, err1)
+	require.NoError(t, err2, "g is still two longer than b's flow")
+	assert.Equal(t, []string{"f3", "g3"}, gone)
+}
+
+// A queue that swaps a held request for another of its own never empties,
+// and keeps its place among the budget's members: of equal candidates, the
+// queue that started holding first gives one up.
+func TestLocalSwapKeepsMembership(t *testing.T) {
+	b, err := NewBudget(Limits{MaxRequests: 2})
+	require.NoError(t, err)
+	a := mustNew[string](t, Config{Budget: b, Total: Limits{MaxRequests: 1}})
+	bq := mustNew[string](t, Config{Budget: b})
+	c := mustNew[string](t, Config{Budget: b})
+	var gone []string
+	out := func(v string) { gone = append(gone, v) }
+	push := func(q *Queue[string], v string, prio int) {
+		_, err := q.Push(Request[string]{Value: v, Priority: prio}, t0, out)
+		require.NoError(t, err, v)
+	}
+	push(a, "a1", 0)
+	push(bq, "b1", 1)
+	push(a, "a2", 1) // a's own bound: a2 takes a1's place
+	n, _ := b.Held()
+	assert.Equal(t, 2, n)
+	push(c, "c1", 2)
+	assert.Equal(t, []string{"a1", "a2"}, gone)
 }

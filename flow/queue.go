@@ -176,6 +176,9 @@ type Queue[T any] struct {
 	cfg   Config
 	bands []*band[T]  // by priority, highest first
 	exp   itemHeap[T] // by (deadline, seq)
+	// pend are the requests whose room is kept while they reclaim room
+	// past the Budget (pushPastBudget).
+	pend []pending
 	// scratch holds a band's flows while Next orders them.
 	scratch []*flowQ[T]
 	// spare and free keep an emptied band and up to maxFree dropped
@@ -281,17 +284,22 @@ func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[
 		vb, vn = victim.req.Bytes, 1
 	}
 	if err := q.cfg.Budget.take(r.Bytes, vb, vn, r.Priority); err != nil {
-		q.mu.Unlock()
 		if victim != nil || displaced == nil {
+			q.mu.Unlock()
 			return Handle[T]{}, err
 		}
+		// r's room in this queue is kept while the budget is reclaimed.
+		q.pend = append(q.pend, pending{r.Priority, r.Bytes})
+		q.mu.Unlock()
 		return q.pushPastBudget(r, displaced, err)
 	}
-	if victim != nil {
-		q.remove(victim)
-		b = q.band(r.Priority) // removing the victim may have dropped the band
-	}
+	// Held before the victim goes, so that the queue never empties (and
+	// keeps its place among the budget's members); take counted r in the
+	// victim's share.
 	h := q.hold(r, b, displaced)
+	if victim != nil {
+		q.unhold(victim)
+	}
 	q.mu.Unlock()
 	if victim != nil {
 		displaced(victim.req.Value)
@@ -299,19 +307,37 @@ func (q *Queue[T]) Push(r Request[T], now time.Time, displaced func(T)) (Handle[
 	return h, nil
 }
 
+// pending is a request Push let go of q.mu for while it reclaims room
+// past the Budget (pushPastBudget): fits counts it as held.
+type pending struct {
+	prio  int
+	bytes int64
+}
+
+// unpend forgets one pending request of priority prio and size bytes.
+// q.mu is held.
+func (q *Queue[T]) unpend(prio int, bytes int64) {
+	if i := slices.Index(q.pend, pending{prio, bytes}); i >= 0 {
+		q.pend = slices.Delete(q.pend, i, i+1)
+	}
+}
+
 // pushPastBudget holds r, which fits this queue but not its Budget (full
 // is the budget's refusal), by displacing a request of any queue sharing
 // the budget (Budget.reclaim), or returns full. q.mu is not held.
 func (q *Queue[T]) pushPastBudget(r Request[T], displaced func(T), full error) (Handle[T], error) {
 	answer, ok := q.cfg.Budget.reclaim(q, r.Priority, r.Flow, r.Bytes)
+	q.mu.Lock()
+	q.unpend(r.Priority, r.Bytes)
 	if !ok {
+		q.mu.Unlock()
 		return Handle[T]{}, full
 	}
 	defer answer() // the displaced request is gone, whatever follows
-	q.mu.Lock()
 	b := q.band(r.Priority)
 	if err := q.fits(r, b, nil); err != nil {
-		// This queue filled meanwhile: give the share back.
+		// Cannot happen while r's room was kept (q.pend); should it, the
+		// share goes back.
 		q.cfg.Budget.give(r.Bytes)
 		q.mu.Unlock()
 		return Handle[T]{}, err
@@ -351,18 +377,18 @@ func (q *Queue[T]) offer(prio int) (offer, bool) {
 	return offer{prio: it.flow.band.prio, n: len(it.flow.items.s), bytes: it.req.Bytes}, true
 }
 
-func (q *Queue[T]) evict(prio int, o offer, b *Budget, bytes int64) (func(), bool) {
+func (q *Queue[T]) evict(prio int, o offer, b *Budget, bytes int64) (func(), bool, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	it := q.candidate(prio)
 	if it == nil || it.flow.band.prio != o.prio || (o.prio == prio && len(it.flow.items.s) < o.n) {
-		return nil, false // changed since it was offered
+		return nil, false, true // changed since it was offered
 	}
 	if !b.transfer(it.req.Bytes, bytes) {
-		return nil, false
+		return nil, false, false
 	}
 	q.unhold(it)
-	return func() { it.gone(it.req.Value) }, true
+	return func() { it.gone(it.req.Value) }, true, false
 }
 
 func (q *Queue[T]) flowLen(prio int, id string) int {
@@ -390,6 +416,12 @@ func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
 		tn, tb = tn-1, tb-without.req.Bytes
 		if without.flow.band == b {
 			bn, bb = bn-1, bb-without.req.Bytes
+		}
+	}
+	for _, p := range q.pend { // requests whose room is kept
+		tn, tb = tn+1, tb+p.bytes
+		if p.prio == r.Priority {
+			bn, bb = bn+1, bb+p.bytes
 		}
 	}
 	full := func(scope, res string, held, max int64) error {
