@@ -84,7 +84,9 @@ type peerState struct {
 	at     time.Time
 	up     bool
 	// self: its last page carried this gateway's own id.
-	self   bool
+	self bool
+	// id: the instance id its last good page carried ("" if none).
+	id     string
 	errors uint64
 	capped uint64
 }
@@ -402,7 +404,7 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		}
 	}
 	dns := st.dnsEntries()
-	if len(bases) == 0 && len(dns) == 0 && s.knownPeers() == 0 {
+	if len(bases) == 0 && len(dns) == 0 && s.knownPeers() == 0 && s.knownDNS() == 0 {
 		return
 	}
 	var token []byte
@@ -417,7 +419,11 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.PeerTimeout())
 	defer cancel()
 	if len(dns) > 0 || s.knownDNS() > 0 {
-		s.resolvePeers(ctx, dns)
+		// Lookups get half the round: a slow resolver must not leave the
+		// scrapes (static peers' too) no time at all.
+		rctx, rcancel := context.WithTimeout(ctx, s.PeerTimeout()/2)
+		s.resolvePeers(rctx, dns)
+		rcancel()
 		s.peers.mu.Lock()
 		for _, d := range s.peers.dns {
 			for _, b := range d.bases {
@@ -461,7 +467,7 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 			}
 			was, wasSelf := p.up, p.self
 			if err == nil {
-				p.counts, p.at, p.up, p.self = c, now, true, self
+				p.counts, p.at, p.up, p.self, p.id = c, now, true, self, id
 				if capped {
 					p.capped++
 				}
@@ -550,10 +556,14 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	sum := 0
+	ids := map[string]bool{}
 	for _, b := range s.modelPeers(m) {
 		p := s.peers.peers[b]
-		if p == nil || p.self || p.counts == nil || p.at.Before(oldest) {
+		if p == nil || p.self || p.counts == nil || p.at.Before(oldest) || ids[p.id] {
 			continue
+		}
+		if p.id != "" {
+			ids[p.id] = true // one gateway under two addresses counts once
 		}
 		report := p.counts[m.Name]
 		own, least := m.ownAndLeast(name, report)
@@ -620,7 +630,7 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	defer s.peers.mu.Unlock()
 	for b, p := range s.peers.peers {
 		up := 0.0
-		if p.up && p.counts != nil {
+		if p.up && (p.counts != nil || p.self) {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, b)

@@ -348,3 +348,87 @@ func TestPeersByDNS(t *testing.T) {
 	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, b, testModel))
 	assert.NotContains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q}`, aURL))
 }
+
+// A gateway that scraped itself is up; one gateway reached under two
+// addresses (a static entry and a dns+ name) counts once; a slow resolver
+// leaves the static peers' scrapes their time; a dns+ entry that never
+// resolved leaves no series once it is removed.
+func TestPeersSelfUpOnceEachAndSlowDNS(t *testing.T) {
+	r := newPeerRig(t)
+	ctx := context.Background()
+	port := r.bHTTP.Listener.Addr().(*net.TCPAddr).Port
+	res := &blockingResolver{hosts: map[string][]string{"gw-b.test": {"127.0.0.1"}}}
+	reg := prometheus.NewRegistry()
+	c, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: r.clock,
+		Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
+	require.NoError(t, err)
+	cHTTP := httptest.NewServer(c)
+	t.Cleanup(cHTTP.Close)
+	reps := r.a.Snapshot().File.Models[testModel].Replicas
+	apply := func(peers ...string) {
+		require.NoError(t, c.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+			testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: peers}}}))
+	}
+	// B as http://localhost:PORT and as dns+ of a name resolving to
+	// 127.0.0.1, and C itself: B's 10 blocks are heard once, and C's own
+	// address is up.
+	apply(fmt.Sprintf("http://localhost:%d", port), fmt.Sprintf("dns+http://gw-b.test:%d", port), cHTTP.URL)
+	busy(t, c, testModel, 40, 3)
+	busy(t, r.b, testModel, 40, 2)
+	_, err = r.b.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	require.NoError(t, err)
+	c.ScrapeAll(ctx)
+	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, c, testModel))
+	page := metricsPage(t, cHTTP.URL)
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, cHTTP.URL), "a gateway that scraped itself is up")
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, cHTTP.URL))
+
+	// A resolver that answers only when the round is over: B, a static
+	// peer, is still scraped.
+	res.block("slow.test")
+	apply(r.bHTTP.URL, "dns+http://slow.test:8080")
+	c.ScrapeAll(ctx)
+	page = metricsPage(t, cHTTP.URL)
+	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_scrape_errors_total{peer=%q} 0`, r.bHTTP.URL))
+	assert.Contains(t, page, `exa_gateway_peer_lookup_errors_total{peer="dns+http://slow.test:8080"} 1`)
+
+	// A dns+ entry that never resolved, then no peers: its series goes.
+	apply("dns+http://gone.test:8080")
+	c.ScrapeAll(ctx)
+	assert.Contains(t, metricsPage(t, cHTTP.URL), `exa_gateway_peer_lookup_errors_total{peer="dns+http://gone.test:8080"} 1`)
+	apply()
+	c.ScrapeAll(ctx)
+	assert.NotContains(t, metricsPage(t, cHTTP.URL), "exa_gateway_peer_lookup_errors_total")
+}
+
+// blockingResolver answers from its table, blocks on the names it was
+// told to until the lookup's context ends, and fails the rest.
+type blockingResolver struct {
+	mu      sync.Mutex
+	hosts   map[string][]string
+	blocked map[string]bool
+}
+
+func (b *blockingResolver) block(host string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.blocked == nil {
+		b.blocked = map[string]bool{}
+	}
+	b.blocked[host] = true
+}
+
+func (b *blockingResolver) LookupHost(ctx context.Context, host string) ([]string, error) {
+	b.mu.Lock()
+	a, ok := b.hosts[host]
+	blocked := b.blocked[host]
+	b.mu.Unlock()
+	switch {
+	case blocked:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case ok:
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}

@@ -42,10 +42,11 @@ var values = map[string]map[string]any{
 		"routing": map[string]any{"version": 1, "models": map[string]any{"llama": map[string]any{"mode": "cache_aware"}}}},
 	"gateway": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm", "port": "http"}},
 	// Three gateways sharing their pending prefill through a headless
-	// Service; "qwen" is in the routing configuration, "llama" is not.
+	// Service; "qwen" is in the routing configuration, with a peer of its
+	// own, "llama" is not.
 	"gateway-peers": {"mode": "gateway", "replicas": 3, "models": []any{"llama", "qwen"}, "service": map[string]any{"name": "vllm"},
 		"gateway": map[string]any{"peers": true},
-		"routing": map[string]any{"models": map[string]any{"qwen": map[string]any{"mode": "load_aware"}}}},
+		"routing": map[string]any{"models": map[string]any{"qwen": map[string]any{"mode": "load_aware", "peers": []any{"http://other-gw:8080"}}}}},
 	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
 	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
 		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"}}},
@@ -160,7 +161,7 @@ func TestChartRenders(t *testing.T) {
 	peer := []any{"dns+http://exa-gateway-peers.llm.svc:8080"}
 	require.Equal(t, map[string]any{"version": float64(1), "models": map[string]any{
 		"llama": map[string]any{"mode": "cache_aware", "peers": peer},
-		"qwen":  map[string]any{"mode": "load_aware", "peers": peer},
+		"qwen":  map[string]any{"mode": "load_aware", "peers": []any{"http://other-gw:8080", peer[0]}},
 	}}, routing)
 	c = gw["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Contains(t, c["args"], "--config=/etc/exa/config/routing.json")

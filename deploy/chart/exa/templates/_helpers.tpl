@@ -39,7 +39,7 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- $peer := printf "dns+http://%s.%s.svc:%v" (include "exa.peersName" .) .Release.Namespace .Values.gateway.port -}}
 {{- range .Values.models -}}
 {{- $m := default (dict "mode" "cache_aware") (get $models .) -}}
-{{- $_ := set $m "peers" (list $peer) -}}
+{{- $_ := set $m "peers" (append (without (default (list) (get $m "peers")) $peer) $peer) -}}
 {{- $_ := set $models . $m -}}
 {{- end -}}
 {{- $_ := set $r "models" $models -}}
