@@ -224,6 +224,9 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	rs.kv.Store(math.Float64bits(l.KVUtilization))
 	rs.peer.Store(int32(l.PeerPrefill))
 	now := g.clock().UnixNano()
+	if !l.At.IsZero() {
+		now = l.At.UnixNano()
+	}
 	rs.loadAt.Store(now)
 	if l.Latency > 0 {
 		rs.latency.Store(int64(l.Latency))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -126,4 +127,35 @@ func TestUpdateLoadPeerPrefill(t *testing.T) {
 		assert.Contains(t, err.Error(), fmt.Sprintf("PeerPrefill %d", bad))
 		assert.Equal(t, Load{PeerPrefill: 500}, g.Replicas()[0].Load)
 	}
+}
+
+// A load passed on with the time it was observed (Load.At) keeps that
+// age: a front forwarding its peers' counts between two scrapes of the
+// engine does not make a replica whose scrapes stopped look fresh to
+// Admission.Staleness. Zero means now.
+func TestUpdateLoadAt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	g, err := New([]Replica{{Name: "a"}, {Name: "b"}}, WithMode(ModeCacheAware), WithClock(func() time.Time { return now }))
+	require.NoError(t, err)
+	scraped := now
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1, Running: 2}))
+	require.NoError(t, g.UpdateLoad("b", Load{QueueDepth: 9}))
+	now = now.Add(time.Second)
+	// a's peers' counts arrive a second later, with a's load as scraped.
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1, Running: 2, PeerPrefill: 500, At: scraped}))
+	assert.Equal(t, Load{QueueDepth: 1, Running: 2, PeerPrefill: 500}, g.Replicas()[0].Load)
+	d, err := g.Route(Key{1, 2, 3})
+	require.NoError(t, err)
+	assert.Equal(t, "b", d.Replica, "a's peers' prefill counts")
+	d.Done(DoneInfo{})
+	// Both loads are a second old: with a 200 ms bound both are stale and
+	// the rule fails open; had the push made a's fresh, a would have room
+	// (queue 1 < 5) and the pool would not be saturated either way, so
+	// make b fresh and full: a stale leaves no room.
+	a := Admission{QueueDepth: 5, Staleness: 200 * time.Millisecond}
+	assert.False(t, g.Saturated(Target{}, a), "all stale: fail open")
+	require.NoError(t, g.UpdateLoad("b", Load{QueueDepth: 9}))
+	assert.True(t, g.Saturated(Target{}, a), "b fresh and full, a a second old")
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1, PeerPrefill: 500}))
+	assert.False(t, g.Saturated(Target{}, a), "a reported now (At zero): room")
 }

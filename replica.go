@@ -53,6 +53,12 @@ type Load struct {
 	// no peers (or none reporting): routing as with one gateway. At most
 	// 2³¹−1. See docs/multi-gateway.md.
 	PeerPrefill int
+	// At is when the load was observed, the age Admission.Staleness
+	// weighs: a front that passes a load on again (its peers' counts
+	// arriving between two scrapes of the engine) keeps the scrape's time.
+	// Zero, the default, means now, by the gateway's clock. Replicas
+	// reports it as zero.
+	At time.Time
 }
 
 // maxRequestCount is the largest QueueDepth or Running that UpdateLoad

@@ -28,8 +28,11 @@ const (
 	DefaultProbeInterval  = time.Second
 	DefaultProbeTimeout   = time.Second
 	DefaultScrapeInterval = time.Second
-	DefaultEjectAfter     = 2
-	DefaultReadmitAfter   = 2
+	// DefaultPeerScrapeInterval is Options.PeerScrapeInterval's default:
+	// 100 ms (docs/multi-gateway.md, "The scrape interval matters").
+	DefaultPeerScrapeInterval = 100 * time.Millisecond
+	DefaultEjectAfter         = 2
+	DefaultReadmitAfter       = 2
 	// DefaultEjectionTime is Options.EjectionTime's default: 30s, Envoy's
 	// outlier detection base_ejection_time.
 	DefaultEjectionTime = 30 * time.Second
@@ -59,6 +62,11 @@ type Options struct {
 	// ScrapeInterval is how often Run scrapes each engine's /metrics;
 	// default DefaultScrapeInterval (1s).
 	ScrapeInterval time.Duration
+	// PeerScrapeInterval is how often Run scrapes the peer gateways
+	// (config.Model.Peers) for their pending prefill, apart from the
+	// engines; a peer's counts are used for 3 of these intervals after its
+	// last good scrape. Default DefaultPeerScrapeInterval (100ms).
+	PeerScrapeInterval time.Duration
 	// DiscoverInterval is how often Run fetches each engine's GET
 	// /v1/models to learn the LoRA adapters it serves (DiscoverAll; the
 	// first time when Run starts); default DefaultDiscoverInterval (5s).
@@ -251,6 +259,7 @@ func fillOptions(o *Options) error {
 		{"ProbeInterval", &o.ProbeInterval, DefaultProbeInterval},
 		{"ProbeTimeout", &o.ProbeTimeout, DefaultProbeTimeout},
 		{"ScrapeInterval", &o.ScrapeInterval, DefaultScrapeInterval},
+		{"PeerScrapeInterval", &o.PeerScrapeInterval, DefaultPeerScrapeInterval},
 		{"DiscoverInterval", &o.DiscoverInterval, DefaultDiscoverInterval},
 	} {
 		if *d.v < 0 {

@@ -28,7 +28,7 @@ import (
 // (gateway.Candidate.PendingPrefill). Each exposes that count per replica
 // on its /metrics as metricPendingPrefill; a model's configured peers
 // (config.Model.Peers) are scraped with the engines at every
-// ScrapeInterval, and the sum of their counts for a replica is fed to the
+// PeerScrapeInterval, and the sum of their counts for a replica is fed to the
 // model's gateway as gateway.Load.PeerPrefill, which cache_aware adds to
 // its own. This is the idea of Dynamo's router replica sync
 // (DYN_ROUTER_REPLICA_SYNC, off by default; ai-dynamo/dynamo
@@ -47,6 +47,11 @@ const MetricPendingPrefill = "exa_gateway_pending_prefill_blocks"
 // (Options.InstanceID) in its label "id": a gateway that scrapes a page
 // with its own id has scraped itself.
 const MetricInstance = "exa_gateway_instance_info"
+
+// peerMetricsPath is what a peer scrape asks for: /metrics, only the two
+// series it reads (promhttp's name[] filter), a page of a few hundred
+// bytes a replica rather than the whole exposition.
+var peerMetricsPath = "/metrics?" + url.Values{"name[]": {MetricPendingPrefill, MetricInstance}}.Encode()
 
 // maxPeerTokenBytes bounds the peer token file.
 const maxPeerTokenBytes = 4096
@@ -209,7 +214,7 @@ func parsePeerPending(r io.Reader) (counts map[string]map[string]int, id string,
 // scrapePeer fetches and parses one peer's /metrics (parsePeerPending),
 // sending token as a bearer token when it is not nil.
 func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte) (map[string]map[string]int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+peerMetricsPath, nil)
 	if err != nil {
 		return nil, "", err
 	}
@@ -376,7 +381,7 @@ func (s *Fleet) lookupPeers(ctx context.Context, e string) ([]string, error) {
 
 // ScrapePeers scrapes every model's peer gateways once (scrapePeers), then
 // feeds each replica's gateway the pending prefill they report there,
-// capped (pushPeerPrefill). Run calls it every ScrapeInterval, in a loop
+// capped (pushPeerPrefill). Run calls it every PeerScrapeInterval, in a loop
 // of its own: a slow peer never delays the engines' scrapes.
 func (s *Fleet) ScrapePeers(ctx context.Context) {
 	s.scrapePeers(ctx)
@@ -384,9 +389,9 @@ func (s *Fleet) ScrapePeers(ctx context.Context) {
 }
 
 // PeerTimeout bounds one round of peer scrapes: ProbeTimeout, at most
-// one ScrapeInterval.
+// one PeerScrapeInterval.
 func (s *Fleet) PeerTimeout() time.Duration {
-	return min(s.opts.ProbeTimeout, s.opts.ScrapeInterval)
+	return min(s.opts.ProbeTimeout, s.opts.PeerScrapeInterval)
 }
 
 // scrapePeers scrapes every configured peer once, concurrently, within
@@ -482,7 +487,7 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 			}
 			switch {
 			case was && !up:
-				s.log.Warn("gateway: peer gateway not answering; its pending prefill is ignored once older than "+(peerTTL*s.opts.ScrapeInterval).String(), "peer", b, "err", err)
+				s.log.Warn("gateway: peer gateway not answering; its pending prefill is ignored once older than "+(peerTTL*s.opts.PeerScrapeInterval).String(), "peer", b, "err", err)
 			case !was && up:
 				s.log.Info("gateway: peer gateway answering again", "peer", b)
 			}
@@ -552,7 +557,7 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 	if len(m.Cfg.Peers) == 0 {
 		return 0
 	}
-	oldest := s.opts.Clock().Add(-peerTTL * s.opts.ScrapeInterval)
+	oldest := s.opts.Clock().Add(-peerTTL * s.opts.PeerScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	sum := 0
@@ -573,7 +578,9 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 }
 
 // pushPeerPrefill feeds every replica's gateway its endpoint's last load
-// with the peers' current pending prefill.
+// with the peers' current pending prefill; the load keeps the time it was
+// scraped (Load.At), so a replica whose scrapes fail still goes stale. A
+// replica not yet scraped gets its peers' counts with its first scrape.
 func (s *Fleet) pushPeerPrefill() {
 	for _, m := range s.state.Load().Models {
 		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
@@ -581,7 +588,11 @@ func (s *Fleet) pushPeerPrefill() {
 		}
 		for name, ep := range m.ByName {
 			ep.feed.Lock()
-			l, _, _, _ := ep.SnapshotLoad()
+			l, ok, _, _ := ep.SnapshotLoad()
+			if !ok {
+				ep.feed.Unlock()
+				continue
+			}
 			l.PeerPrefill = s.peerPrefill(m, name)
 			err := m.gatewayOf(name).UpdateLoad(name, l)
 			ep.feed.Unlock()

@@ -44,7 +44,7 @@ func (s *Fleet) Run(ctx context.Context) error {
 	// Engines and peers are scraped in loops of their own: a slow peer
 	// never delays the engines' load.
 	loop(s.opts.ScrapeInterval, s.scrapeEngines)
-	loop(s.opts.ScrapeInterval, s.ScrapePeers)
+	loop(s.opts.PeerScrapeInterval, s.ScrapePeers)
 	loop(s.opts.DiscoverInterval, s.DiscoverAll)
 	loop(s.opts.DiscoverInterval, s.DiscoverModelInfo)
 	if s.pool != nil {
@@ -91,9 +91,10 @@ func (s *Fleet) ProbeAll(ctx context.Context) {
 // model's peer gateways (config.Model.Peers) and, once both are done,
 // feeds each replica's gateway the pending prefill the peers report
 // there (gateway.Load.PeerPrefill; peers.go). A peer that does not answer
-// within ProbeTimeout (at most ScrapeInterval) is skipped; its last counts
-// are used for 3 scrape intervals, then dropped. Run does the same in two
-// loops, every ScrapeInterval: the engines' scrapes, and ScrapePeers.
+// within ProbeTimeout (at most PeerScrapeInterval) is skipped; its last
+// counts are used for 3 peer scrape intervals, then dropped. Run does the
+// same in two loops: the engines' scrapes every ScrapeInterval, and
+// ScrapePeers every PeerScrapeInterval.
 func (s *Fleet) ScrapeAll(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
@@ -119,6 +120,7 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 			resized.Store(true)
 		}
 		l, rep := res.load, res.adapters
+		l.At = s.opts.Clock() // its age, kept when the peers' counts are passed on
 		ep.feed.Lock()
 		defer ep.feed.Unlock()
 		ep.setLoad(l, err)

@@ -56,7 +56,7 @@ func newPeerRig(t *testing.T, extraB ...string) *peerRig {
 	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
 	mk := func(reg **prometheus.Registry) (*Server, *httptest.Server) {
 		*reg = prometheus.NewRegistry()
-		s, err := New(Options{Registerer: *reg, Gatherer: *reg, Logger: quietLogger(), Clock: r.clock, Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond}})
+		s, err := New(Options{Registerer: *reg, Gatherer: *reg, Logger: quietLogger(), Clock: r.clock, Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond}, GatewayOptions: []gateway.Option{gateway.WithClock(r.clock)}})
 		require.NoError(t, err)
 		h := httptest.NewServer(s)
 		t.Cleanup(h.Close)
@@ -306,7 +306,7 @@ func TestPeersByDNS(t *testing.T) {
 	mk := func(l net.Listener) *Server {
 		reg := prometheus.NewRegistry()
 		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: func() time.Time { return now },
-			Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
+			Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
 		require.NoError(t, err)
 		h := httptest.NewUnstartedServer(s)
 		h.Listener.Close()
@@ -360,7 +360,7 @@ func TestPeersSelfUpOnceEachAndSlowDNS(t *testing.T) {
 	res := &blockingResolver{hosts: map[string][]string{"gw-b.test": {"127.0.0.1"}}}
 	reg := prometheus.NewRegistry()
 	c, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: r.clock,
-		Fleet: fleet.Options{ScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
+		Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
 	require.NoError(t, err)
 	cHTTP := httptest.NewServer(c)
 	t.Cleanup(cHTTP.Close)
@@ -431,4 +431,93 @@ func (b *blockingResolver) LookupHost(ctx context.Context, host string) ([]strin
 		return a, nil
 	}
 	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// A peer scrape asks /metrics for the two series it reads (promhttp's
+// name[] filter): the page carries them and nothing else.
+func TestPeerScrapeAsksForTwoSeries(t *testing.T) {
+	var asked []string
+	var mu sync.Mutex
+	r := newPeerRig(t)
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		asked = append(asked, req.URL.RequestURI())
+		mu.Unlock()
+		r.a.ServeHTTP(w, req)
+	}))
+	t.Cleanup(spy.Close)
+	f := r.b.Snapshot().File.Clone()
+	m := f.Models[testModel]
+	m.Peers = []string{spy.URL}
+	f.Models[testModel] = m
+	require.NoError(t, r.b.Apply(f))
+	r.b.ScrapeAll(context.Background())
+	mu.Lock()
+	require.Len(t, asked, 1)
+	uri := asked[0]
+	mu.Unlock()
+	assert.Equal(t, "/metrics?name%5B%5D=exa_gateway_pending_prefill_blocks&name%5B%5D=exa_gateway_instance_info", uri)
+	resp, err := http.Get(r.aHTTP.URL + uri)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	page := string(body)
+	full := metricsPage(t, r.aHTTP.URL)
+	assert.Contains(t, page, `exa_gateway_pending_prefill_blocks{model="m1",replica="r0"}`)
+	assert.Contains(t, page, "exa_gateway_instance_info{")
+	assert.NotContains(t, page, "exa_gateway_in_flight_requests")
+	t.Logf("peer page %d bytes, whole /metrics %d bytes", len(page), len(full))
+}
+
+// BenchmarkPeerPage is what one peer scrape costs the gateway scraped:
+// /metrics for a model of 16 replicas with a pending count at each,
+// filtered to the two series a peer reads ("peer") or whole ("whole").
+// A gateway with G-1 peers serves G-1 of these every
+// --peer-scrape-interval.
+func BenchmarkPeerPage(b *testing.B) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Fleet: fleet.Options{ScrapeInterval: time.Hour}})
+	require.NoError(b, err)
+	reps := make([]config.Replica, 16)
+	for i := range reps {
+		reps[i] = config.Replica{Name: fmt.Sprint("r", i), Address: fmt.Sprintf("http://127.0.0.1:%d", 20000+i)}
+	}
+	require.NoError(b, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
+	gw := s.Snapshot().Models[testModel].Gateway
+	for i := range 64 {
+		_, err := gw.Route(gateway.Key{uint64(i + 1), uint64(i + 2)})
+		require.NoError(b, err)
+	}
+	for _, tc := range []struct{ name, uri string }{
+		{"peer", "/metrics?name%5B%5D=exa_gateway_pending_prefill_blocks&name%5B%5D=exa_gateway_instance_info"},
+		{"whole", "/metrics"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			req := httptest.NewRequest(http.MethodGet, tc.uri, nil)
+			b.ReportAllocs()
+			var n int
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				s.ServeHTTP(w, req)
+				n = w.Body.Len()
+			}
+			b.ReportMetric(float64(n), "page-bytes")
+		})
+	}
+}
+
+// The peers' counts, passed on between the engines' scrapes, keep each
+// engine's load as old as its last scrape: a replica whose scrapes
+// stopped still goes stale for --shed-staleness.
+func TestPeerPushKeepsLoadAge(t *testing.T) {
+	r := newPeerRig(t)
+	ctx := context.Background()
+	r.a.ScrapeAll(ctx) // the engines' load, at the rig's time
+	r.advance(2 * time.Second)
+	gw := r.a.Snapshot().Models[testModel].Gateway
+	r.a.ScrapePeers(ctx)                                                 // B's counts pushed to r0 and r1
+	require.NoError(t, gw.UpdateLoad("r1", gateway.Load{QueueDepth: 5})) // fresh, no room
+	adm := gateway.Admission{QueueDepth: 1, Staleness: 500 * time.Millisecond}
+	assert.True(t, gw.Saturated(gateway.Target{}, adm), "r0's load is 2 s old: no room; r1 full")
 }

@@ -193,7 +193,7 @@ func TestLyingPeer(t *testing.T) {
 
 // TestHangingPeerDoesNotDelayEngines: under Run, the engines' scrapes go
 // on every ScrapeInterval while a peer never answers (its scrapes are cut
-// at min(ProbeTimeout, ScrapeInterval) in a loop of their own). Before,
+// at min(ProbeTimeout, PeerScrapeInterval) in a loop of their own). Before,
 // each round of engine scrapes waited for the peer's ProbeTimeout (an
 // hour here, so the test would not end).
 func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
@@ -219,7 +219,7 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 		_, _ = io.WriteString(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
 	}))
 	t.Cleanup(engine.Close)
-	s, _ := peerServer(t, Options{Fleet: fleet.Options{ScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour}},
+	s, _ := peerServer(t, Options{Fleet: fleet.Options{ScrapeInterval: 5 * time.Millisecond, PeerScrapeInterval: 5 * time.Millisecond, ProbeTimeout: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour}},
 		[]string{peer.URL}, engine.URL)
 	assert.Equal(t, 5*time.Millisecond, s.PeerTimeout())
 	ctx, cancel := context.WithCancel(context.Background())

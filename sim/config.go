@@ -52,6 +52,13 @@ type Config struct {
 	// the next. False, the default, shares nothing (gateways without
 	// peers); it changes nothing with one gateway.
 	SharePending bool
+	// PeerRefreshInterval, with SharePending, is how often the gateways'
+	// pending prefill is shared, apart from the engines' load (gateways
+	// scraping each other more often than the engines, as the HTTP
+	// gateway's --peer-scrape-interval): each gateway is then pushed, with
+	// the engines' last load, the others' PendingPrefill as of that
+	// moment. 0 shares it at every load refresh, as before.
+	PeerRefreshInterval time.Duration
 	// RefreshInterval is how often the replicas' load signals (queue depth,
 	// running, KV utilisation) are pushed to the gateway; 0 means
 	// DefaultRefreshInterval.
@@ -223,6 +230,8 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: Policies is empty", ErrInvalidConfig)
 	case c.RefreshInterval < 0:
 		return fmt.Errorf("%w: RefreshInterval %v is negative", ErrInvalidConfig, c.RefreshInterval)
+	case c.PeerRefreshInterval < 0:
+		return fmt.Errorf("%w: PeerRefreshInterval %v is negative", ErrInvalidConfig, c.PeerRefreshInterval)
 	case c.SLO < 0:
 		return fmt.Errorf("%w: SLO %v is negative", ErrInvalidConfig, c.SLO)
 	case c.RouterSLO < 0:

@@ -108,6 +108,11 @@ type engine struct {
 	exact bool
 	// peerTotal and peerOwn are sharePending's scratch.
 	peerTotal, peerOwn []int
+	// With Config.PeerRefreshInterval: peerShared is the PeerPrefill each
+	// gateway was last pushed (gateway-major), lastLoad each replica's
+	// load as last scraped.
+	peerShared []int
+	lastLoad   []gateway.Load
 
 	now    int64
 	events minHeap[event]
@@ -258,6 +263,9 @@ func (e *engine) run(st Stream, tick func()) error {
 	}
 	if have {
 		e.push(int64(req.Arrival), event{rep: -1})
+		if e.peerApart() {
+			e.push(int64(req.Arrival), event{rep: evPeers})
+		}
 		e.speeds.init(e.cfg, int64(req.Arrival))
 	}
 	for {
@@ -288,6 +296,14 @@ func (e *engine) run(st Stream, tick func()) error {
 		it := e.events.pop()
 		ev := it.v
 		e.now = it.key
+		if ev.rep == evPeers {
+			e.sharePeers()
+			if have || e.inflight > 0 || e.queued > 0 {
+				e.push(e.now+int64(e.cfg.PeerRefreshInterval), event{rep: evPeers})
+			}
+			e.afterEvent()
+			continue
+		}
 		if ev.rep < -1 {
 			e.flowEvent(ev)
 			continue
@@ -317,17 +333,29 @@ func (e *engine) run(st Stream, tick func()) error {
 // refresh pushes every replica's load, as scraped now, to every gateway,
 // and with Config.SharePending the other gateways' pending prefill.
 func (e *engine) refresh() {
-	share := e.sharePending()
+	apart := e.peerApart()
+	share := !apart && e.sharePending()
+	if apart && len(e.lastLoad) != len(e.reps) {
+		e.lastLoad = make([]gateway.Load, len(e.reps))
+		e.peerShared = make([]int, len(e.reps)*len(e.gws))
+	}
 	for ri, r := range e.reps {
 		l := gateway.Load{
 			QueueDepth:    r.waiting.len(),
 			Running:       r.running(),
 			KVUtilization: min(1, float64(r.cache.used())/float64(e.cap)),
 		}
+		if apart {
+			e.lastLoad[ri] = l
+			e.lastLoad[ri].At = time.Unix(0, e.now) // its age, kept by the peers' pushes
+		}
 		rep, ok := e.lora.report(r)
 		for i := range e.gws {
-			if share {
+			switch {
+			case share:
 				l.PeerPrefill = e.peerTotal[ri] - e.peerOwn[i*len(e.reps)+ri]
+			case apart:
+				l.PeerPrefill = e.peerShared[i*len(e.reps)+ri]
 			}
 			_ = e.gws[i].g.UpdateLoad(r.name, l)
 			if ok {

@@ -82,6 +82,7 @@ func validFlow(c *Config) error {
 const (
 	evExpire  int32 = -2 // the earliest held deadline
 	evGIETick int32 = -3 // GIE's dispatch ticker
+	evPeers   int32 = -4 // the gateways share their pending prefill (Config.PeerRefreshInterval)
 )
 
 // never is the deadline of a request held without a TTL (GIE's default).

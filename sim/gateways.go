@@ -84,6 +84,31 @@ func (e *engine) sharePending() bool {
 	return true
 }
 
+// peerApart reports whether the gateways share their pending prefill on
+// a clock of its own (Config.PeerRefreshInterval) rather than at every
+// load refresh.
+func (e *engine) peerApart() bool {
+	return e.cfg.PeerRefreshInterval > 0 && e.cfg.SharePending && len(e.gws) >= 2
+}
+
+// sharePeers pushes every gateway the others' pending prefill as of now,
+// with each replica's load as last scraped, and the time it was (as the
+// HTTP gateway feeds its peers' counts between the engines' scrapes).
+func (e *engine) sharePeers() {
+	if !e.sharePending() || len(e.lastLoad) != len(e.reps) {
+		return // before the first load refresh
+	}
+	n := len(e.reps)
+	for ri, r := range e.reps {
+		for i := range e.gws {
+			l := e.lastLoad[ri]
+			l.PeerPrefill = e.peerTotal[ri] - e.peerOwn[i*n+ri]
+			e.peerShared[i*n+ri] = l.PeerPrefill
+			_ = e.gws[i].g.UpdateLoad(r.name, l)
+		}
+	}
+}
+
 // gatewayOf returns the gateway, in 0..n-1, that request id (counted from
 // 1 in arrival order) reaches: a uniform draw seeded by seed and id alone,
 // so every policy's run sends each request through the same gateway, as a

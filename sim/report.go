@@ -32,6 +32,10 @@ type Report struct {
 	// SharePending is Config.SharePending when more than one gateway
 	// shared the traffic; false, and left out of the JSON, otherwise.
 	SharePending bool `json:"share_pending,omitempty"`
+	// PeerRefreshInterval is Config.PeerRefreshInterval in seconds when
+	// the gateways share their pending prefill on a clock of their own; 0,
+	// and left out of the JSON, when they share it at every load refresh.
+	PeerRefreshInterval float64 `json:"peer_refresh_interval_s,omitempty"`
 	// NonStreamed is Config.NonStreamed, the share of clients that do not
 	// stream; 0, and left out of the JSON, when all stream.
 	NonStreamed float64 `json:"non_streamed,omitempty"`
@@ -272,7 +276,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 	gws := ""
 	if r.Gateways > 1 {
 		gws = fmt.Sprintf("; %d gateways, each routing a random 1/%d of the requests", r.Gateways, r.Gateways)
-		if r.SharePending {
+		switch {
+		case r.SharePending && r.PeerRefreshInterval > 0:
+			gws += fmt.Sprintf(", sharing their pending prefill every %gs", r.PeerRefreshInterval)
+		case r.SharePending:
 			gws += ", sharing their pending prefill"
 		}
 	}

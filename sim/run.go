@@ -35,6 +35,9 @@ func Run(cfg Config) (*Report, error) {
 		Seed:            cfg.Seed,
 		Results:         make([]Result, len(cfg.Policies)),
 	}
+	if cfg.SharePending && cfg.Gateways > 1 {
+		rep.PeerRefreshInterval = cfg.PeerRefreshInterval.Seconds()
+	}
 	if cfg.mixedSpeeds() {
 		rep.ReplicaSpeeds, rep.SpeedChanges = slices.Clone(cfg.ReplicaSpeeds), byAt(cfg.SpeedChanges)
 	}

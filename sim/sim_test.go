@@ -364,6 +364,7 @@ func TestConfigErrors(t *testing.T) {
 		{Policies: []Policy{{Name: "a"}, {Name: "a"}}},
 		{Policies: []Policy{{}}},
 		{RefreshInterval: -time.Second},
+		{PeerRefreshInterval: -time.Second},
 		{SLO: -1},
 		{MaxQueue: -1},
 		{Preset: Preset{Name: "x"}},

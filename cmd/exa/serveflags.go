@@ -21,17 +21,17 @@ import (
 // share: the routing configuration, the engine probes and scrapes, the
 // request limits, profiling, shutdown and logging.
 type serveFlags struct {
-	config                              string
-	reload, probe, probeTimeout, scrape time.Duration
-	discover, tokenizeTimeout           time.Duration
-	ejectAfter, readmitAfter, blockSize int
-	maxEjectionPercent                  int
-	maxBody                             int64
-	shutdownGrace, ejectionTime         time.Duration
-	pprofListen, logLevel, logFormat    string
-	peerTokenFile                       string
-	admission                           gateway.Admission // --shed-*
-	flow                                flowFlags         // --flow-*, --objective
+	config                                string
+	reload, probe, probeTimeout, scrape   time.Duration
+	discover, tokenizeTimeout, peerScrape time.Duration
+	ejectAfter, readmitAfter, blockSize   int
+	maxEjectionPercent                    int
+	maxBody                               int64
+	shutdownGrace, ejectionTime           time.Duration
+	pprofListen, logLevel, logFormat      string
+	peerTokenFile                         string
+	admission                             gateway.Admission // --shed-*
+	flow                                  flowFlags         // --flow-*, --objective
 	// removeStatus removes the process's reload status file (see
 	// reloadRecorder); set by fleetOptions, nil before.
 	removeStatus func()
@@ -48,6 +48,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.DurationVar(&s.probe, "probe-interval", fleet.DefaultProbeInterval, "how often to probe each engine's /health")
 	f.DurationVar(&s.probeTimeout, "probe-timeout", fleet.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
 	f.DurationVar(&s.scrape, "scrape-interval", fleet.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
+	f.DurationVar(&s.peerScrape, "peer-scrape-interval", fleet.DefaultPeerScrapeInterval,
+		"how often to scrape the peer gateways (a model's peers) for their pending prefill, apart from the engines; their counts are used for 3 of these intervals")
 	f.DurationVar(&s.discover, "discover-interval", fleet.DefaultDiscoverInterval, h.discover)
 	f.IntVar(&s.ejectAfter, "eject-after", fleet.DefaultEjectAfter, h.ejectAfter)
 	f.DurationVar(&s.ejectionTime, "ejection-time", fleet.DefaultEjectionTime,
@@ -82,7 +84,7 @@ func (s *serveFlags) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"reload-interval", s.reload}, {"probe-interval", s.probe}, {"probe-timeout", s.probeTimeout}, {"scrape-interval", s.scrape},
+	}{{"reload-interval", s.reload}, {"probe-interval", s.probe}, {"probe-timeout", s.probeTimeout}, {"scrape-interval", s.scrape}, {"peer-scrape-interval", s.peerScrape},
 		{"tokenize-timeout", s.tokenizeTimeout}, {"discover-interval", s.discover}} {
 		if d.v <= 0 {
 			return usagef("invalid --%s %q: must be positive", d.name, d.v)
@@ -166,7 +168,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 		logger.Warn("configuration file does not exist yet; serving no models until it appears", "file", path)
 	}
 	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
-		ScrapeInterval: s.scrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
+		ScrapeInterval: s.scrape, PeerScrapeInterval: s.peerScrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
 		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1

@@ -47,6 +47,7 @@ type simFlags struct {
 	admitOutstanding     int
 	admitPending         int
 	refresh              time.Duration
+	peerRefresh          time.Duration
 	asJSON               bool
 	plot                 string
 	progress             string
@@ -160,6 +161,7 @@ deterministic for a seed.`,
 	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
 	f.DurationVar(&sf.refresh, "refresh-interval", sim.DefaultRefreshInterval, "how often the engines' load (and, with --share-pending, the gateways' pending prefill) reaches the gateways, as the HTTP gateway's --scrape-interval; 1ms..1m")
 	f.BoolVar(&sf.sharePending, "share-pending", false, "with --gateways 2 or more, the gateways share their pending prefill at every load refresh, as gateways configured with each other as peers do (see docs/multi-gateway.md)")
+	f.DurationVar(&sf.peerRefresh, "peer-refresh-interval", 0, "with --share-pending, share the pending prefill on a clock of its own, as the HTTP gateway's --peer-scrape-interval; 0 = at every load refresh; else 1ms..1m")
 	f.Float64Var(&sf.streamed, "streamed", 1, "share of requests whose client streams, 0..1; for the others the gateway learns the first token only at completion, as the HTTP gateway does from a non-streamed answer's first byte (peers keep their own signals)")
 	f.BoolVar(&sf.upstreamStream, "upstream-stream", true, "with --streamed below 1: the gateway's fronts ask the engine to stream a non-streamed request and assemble the answer (both fronts' default), so the gateway hears every first token; false models fronts forwarding such requests unchanged, which hear the first token at completion")
 	f.BoolVar(&sf.sloHeaders, "slo-headers", true, "requests carrying their class's objectives (--workload slo-classes, interactive-batch, --slo-classes) send them as x-slo-ttft-ms and x-slo-tpot-ms, which cache_aware and llmd_predicted route by; false only counts them in the report")
@@ -353,6 +355,13 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --share-pending with --gateways %d: sharing needs at least 2 gateways", sf.gateways)
 	}
 	cfg.SharePending = sf.sharePending
+	switch {
+	case sf.peerRefresh != 0 && !sf.sharePending:
+		return cfg, usagef("invalid --peer-refresh-interval %v without --share-pending", sf.peerRefresh)
+	case sf.peerRefresh != 0 && (sf.peerRefresh < time.Millisecond || sf.peerRefresh > time.Minute):
+		return cfg, usagef("invalid --peer-refresh-interval %v: want 0 or 1ms..1m", sf.peerRefresh)
+	}
+	cfg.PeerRefreshInterval = sf.peerRefresh
 	if sf.refresh < time.Millisecond || sf.refresh > time.Minute {
 		return cfg, usagef("invalid --refresh-interval %v: want 1ms..1m", sf.refresh)
 	}
@@ -687,6 +696,9 @@ func workloadLine(rep *sim.Report, model string, m config.Model) string {
 		s += fmt.Sprintf("; %d gateways", rep.Gateways)
 		if rep.SharePending {
 			s += " sharing pending prefill"
+			if rep.PeerRefreshInterval > 0 {
+				s += fmt.Sprintf(" every %gs", rep.PeerRefreshInterval)
+			}
 		}
 	}
 	if model != "" && m.SLOLatencyMS > 0 {

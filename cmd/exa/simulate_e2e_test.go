@@ -151,6 +151,17 @@ func TestSimulateSharePending(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--share-pending", "--refresh-interval", "1s")...)), &slow))
 	assert.Equal(t, 1.0, slow.Report.RefreshInterval)
 	assert.Equal(t, 0.05, shared.Report.RefreshInterval, "the default")
+	assert.Zero(t, slow.Report.PeerRefreshInterval, "peers shared at every load refresh")
+	// The peers on a clock of their own: the engines' load still every
+	// second, the pending prefill every 50 ms.
+	var apart simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, append(args, "--share-pending", "--refresh-interval", "1s", "--peer-refresh-interval", "50ms")...)), &apart))
+	assert.Equal(t, 1.0, apart.Report.RefreshInterval)
+	assert.Equal(t, 0.05, apart.Report.PeerRefreshInterval)
+	assert.Contains(t, apart.Workload, "2 gateways sharing pending prefill every 0.05s")
+	c, _ := slow.Report.Result("cache_aware")
+	d, _ := apart.Report.Result("cache_aware")
+	assert.NotEqual(t, c.TTFT, d.TTFT)
 }
 
 // --streamed 0 has no client stream: the report says so; with the fronts
@@ -221,6 +232,8 @@ func TestSimulateBadInput(t *testing.T) {
 		{"negative admission outstanding", []string{"JPCP", "--admission-outstanding", "-3"}, `invalid --admission-outstanding -3: want 0 (off) or more`},
 		{"negative admission pending prefill", []string{"JPCP", "--admission-pending-prefill", "-1"}, `invalid --admission-pending-prefill -1: want 0 (off) or more`},
 		{"share-pending with one gateway", []string{"JPCP", "--share-pending"}, `invalid --share-pending with --gateways 1: sharing needs at least 2 gateways`},
+		{"peer refresh without sharing", []string{"JPCP", "--gateways", "2", "--peer-refresh-interval", "50ms"}, `invalid --peer-refresh-interval 50ms without --share-pending`},
+		{"peer refresh too long", []string{"JPCP", "--gateways", "2", "--share-pending", "--peer-refresh-interval", "2m"}, `invalid --peer-refresh-interval 2m0s: want 0 or 1ms..1m`},
 		{"missing trace", []string{"JPCP", "--trace", "/nonexistent/trace.jsonl"}, `invalid --trace "/nonexistent/trace.jsonl"`},
 		{"negative seed", []string{"JPCP", "--seed", "-1"}, `invalid --seed "-1"`},
 		{"bad progress", []string{"JPCP", "--progress", "sometimes"}, `invalid --progress "sometimes"`},
