@@ -46,13 +46,17 @@ vllm:num_requests_waiting 4
 // parser never panics, and every count it returns is within 0..MaxLoadCount.
 func FuzzParsePeerPending(f *testing.F) {
 	f.Add("exa_gateway_pending_prefill_blocks{model=\"m1\",replica=\"r0\"} 12\n")
+	f.Add("exa_gateway_instance_info{id=\"abc\"} 1\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 2\n")
 	f.Add("# TYPE exa_gateway_pending_prefill_blocks gauge\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\nexa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1e308\n")
 	f.Add("exa_gateway_pending_prefill_blocks{model=\"\",replica=\"\"} -Inf\n")
 	f.Add("# TYPE exa_gateway_pending_prefill_blocks histogram\nexa_gateway_pending_prefill_blocks_bucket{le=\"+Inf\"} 1\n")
 	f.Fuzz(func(t *testing.T, page string) {
-		got, _, err := parsePeerPending(strings.NewReader(page))
+		got, id, err := parsePeerPending(strings.NewReader(page))
 		if err != nil {
 			return
+		}
+		if id != "" && !strings.Contains(page, MetricInstance) {
+			t.Fatalf("id %q from a page without %s", id, MetricInstance)
 		}
 		for m, reps := range got {
 			for r, n := range reps {
