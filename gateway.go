@@ -225,7 +225,7 @@ func (g *Gateway) UpdateLoad(name string, l Load) error {
 	rs.peer.Store(int32(l.PeerPrefill))
 	now := g.clock().UnixNano()
 	if !l.At.IsZero() {
-		now = l.At.UnixNano()
+		now = min(now, l.At.UnixNano()) // never ahead of this gateway's clock
 	}
 	rs.loadAt.Store(now)
 	if l.Latency > 0 {

@@ -158,4 +158,10 @@ func TestUpdateLoadAt(t *testing.T) {
 	assert.True(t, g.Saturated(Target{}, a), "b fresh and full, a a second old")
 	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1, PeerPrefill: 500}))
 	assert.False(t, g.Saturated(Target{}, a), "a reported now (At zero): room")
+	// A time ahead of the gateway's clock counts as now: the load still
+	// ages from here.
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1, At: now.Add(time.Hour)}))
+	now = now.Add(time.Second)
+	require.NoError(t, g.UpdateLoad("b", Load{QueueDepth: 9}))
+	assert.True(t, g.Saturated(Target{}, a), "a's load, reported an hour ahead, is a second old")
 }

@@ -56,8 +56,9 @@ type Load struct {
 	// At is when the load was observed, the age Admission.Staleness
 	// weighs: a front that passes a load on again (its peers' counts
 	// arriving between two scrapes of the engine) keeps the scrape's time.
-	// Zero, the default, means now, by the gateway's clock. Replicas
-	// reports it as zero.
+	// Zero, the default, means now, by the gateway's clock (WithClock),
+	// which must be the clock At was read from; a time after now counts
+	// as now. Replicas reports it as zero.
 	At time.Time
 }
 

@@ -11,7 +11,7 @@ const MaxPeers = 64
 // DNSPeerPrefix marks a peer entry that names a DNS name whose addresses
 // are the peers: "dns+http://NAME:PORT" is every address NAME resolves to
 // (as a Kubernetes headless Service's name resolves to its ready pods), at
-// PORT, re-resolved at every scrape. A gateway that finds itself among
+// PORT, looked up again every scrape interval. A gateway that finds itself among
 // them ignores itself, so every gateway of a group can share one list.
 const DNSPeerPrefix = "dns+"
 

@@ -61,8 +61,8 @@ func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPl
 		// pool's the decider.
 		opts = append(opts, gateway.WithExactIndex())
 	}
-	opts = append(opts, s.opts.GatewayOptions...)
-	dpol := &gateway.LoadAware{} // the decode pool's policy, with the model's weights
+	opts = append(append(opts, gateway.WithClock(s.opts.Clock)), s.opts.GatewayOptions...) // as in reload.go
+	dpol := &gateway.LoadAware{}                                                           // the decode pool's policy, with the model's weights
 	if cfg.LoadWeights != nil {
 		dpol.Weights = cfg.LoadWeights.Gateway()
 	}

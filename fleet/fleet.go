@@ -135,7 +135,7 @@ type Options struct {
 	// bytes in hex, drawn by New.
 	InstanceID string
 	// Resolver resolves the names of "dns+http://NAME:PORT" peers
-	// (config.DNSPeerPrefix) at every peer scrape. Default
+	// (config.DNSPeerPrefix), at most once every ScrapeInterval. Default
 	// net.DefaultResolver.
 	Resolver interface {
 		LookupHost(ctx context.Context, host string) ([]string, error)
@@ -373,6 +373,14 @@ func (s *Fleet) PeerToken() (tok []byte, required bool, err error) {
 		return nil, false, nil
 	}
 	tok, err = s.peers.token.get(s.opts.PeerTokenFile)
+	// Logged when it becomes unreadable and when it is read again, not at
+	// every peer scrape and /metrics request (10 a second each).
+	switch {
+	case err != nil && s.peers.tokenFailing.CompareAndSwap(false, true):
+		s.log.Warn("gateway: peer token unreadable: /metrics answers 503 and peers are scraped without it", "err", err)
+	case err == nil && s.peers.tokenFailing.CompareAndSwap(true, false):
+		s.log.Info("gateway: peer token readable again")
+	}
 	return tok, true, err
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -98,7 +99,8 @@ type peerState struct {
 
 // dnsEntry is what the gateway knows of one dns+ peer entry.
 type dnsEntry struct {
-	bases   []string // the last addresses resolved, as base URLs
+	bases   []string  // the last addresses resolved, as base URLs
+	looked  time.Time // when it was last looked up (tried)
 	errors  uint64
 	failing bool
 }
@@ -111,6 +113,9 @@ type peerTable struct {
 	peers map[string]*peerState
 	dns   map[string]*dnsEntry
 	token tokenFile
+	// tokenFailing: the token file was last found unreadable (logged
+	// once, by PeerToken).
+	tokenFailing atomic.Bool
 }
 
 // tokenFile is a bearer token read from a file, re-read when the file's
@@ -289,13 +294,16 @@ func (s *Fleet) modelPeers(m *Model) []string {
 	return out
 }
 
-// resolvePeers looks up every dns+ entry once, concurrently, within ctx,
-// and records each entry's addresses as base URLs (at most
-// config.MaxPeers, sorted): http://ADDRESS:PORT and the entry's path. An
-// entry whose lookup fails keeps its last addresses, and is logged when
-// it starts failing and when it resolves again. Entries no longer
-// configured are dropped.
+// resolvePeers looks up every dns+ entry not looked up within the last
+// ScrapeInterval (the engines' clock: the peers' own runs ten times
+// faster, and a name's addresses change with pods, not requests), once,
+// concurrently, within ctx, and records each entry's addresses as base
+// URLs (at most config.MaxPeers, sorted): http://ADDRESS:PORT and the
+// entry's path. An entry whose lookup fails keeps its last addresses, and
+// is logged when it starts failing and when it resolves again. Entries no
+// longer configured are dropped.
 func (s *Fleet) resolvePeers(ctx context.Context, entries map[string]bool) {
+	now := s.opts.Clock()
 	s.peers.mu.Lock()
 	if s.peers.dns == nil {
 		s.peers.dns = map[string]*dnsEntry{}
@@ -305,14 +313,21 @@ func (s *Fleet) resolvePeers(ctx context.Context, entries map[string]bool) {
 			delete(s.peers.dns, e)
 		}
 	}
+	due := make([]string, 0, len(entries))
 	for e := range entries {
-		if s.peers.dns[e] == nil {
-			s.peers.dns[e] = &dnsEntry{}
+		d := s.peers.dns[e]
+		if d == nil {
+			d = &dnsEntry{}
+			s.peers.dns[e] = d
+		}
+		if d.looked.IsZero() || now.Sub(d.looked) >= s.opts.ScrapeInterval || now.Before(d.looked) {
+			d.looked = now
+			due = append(due, e)
 		}
 	}
 	s.peers.mu.Unlock()
 	var wg sync.WaitGroup
-	for e := range entries {
+	for _, e := range due {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -414,11 +429,7 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 	}
 	var token []byte
 	if s.opts.PeerTokenFile != "" {
-		t, err := s.peers.token.get(s.opts.PeerTokenFile)
-		if err != nil {
-			s.log.Warn("gateway: peer token unreadable; scraping peers without it", "err", err)
-		}
-		token = t
+		token, _, _ = s.PeerToken() // an unreadable token is logged there
 	}
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.PeerTimeout())

@@ -276,7 +276,9 @@ func (s *Fleet) planModel(name string, cfg config.Model, old, next *State) (mode
 	if err != nil {
 		return modelPlan{}, err
 	}
-	opts = append(opts, s.opts.GatewayOptions...)
+	// The fleet's clock, which stamps each scraped load (Load.At), is the
+	// gateway's too, unless GatewayOptions names another.
+	opts = append(append(opts, gateway.WithClock(s.opts.Clock)), s.opts.GatewayOptions...)
 	if prev, ok := old.Models[name]; ok && prev.Gateway != nil && prev.PD == nil && sameRouting(prev.Cfg, cfg) {
 		ms.Gateway = prev.Gateway
 		return modelPlan{ms: ms, keep: prev.Gateway, want: want, opts: opts}, nil

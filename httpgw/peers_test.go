@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,11 +302,13 @@ func TestPeersByDNS(t *testing.T) {
 	}
 	port := la.Addr().(*net.TCPAddr).Port
 	res := &fakeResolver{hosts: map[string][]string{"gw-peers.test": {"127.0.0.2", "127.0.0.1"}}}
-	now := time.Unix(1e9, 0)
+	var now atomic.Int64 // the clock, in ns
+	now.Store(1e18)
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
 	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
 	mk := func(l net.Listener) *Server {
 		reg := prometheus.NewRegistry()
-		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: func() time.Time { return now },
+		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: clock,
 			Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
 		require.NoError(t, err)
 		h := httptest.NewUnstartedServer(s)
@@ -335,15 +338,21 @@ func TestPeersByDNS(t *testing.T) {
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, aURL))
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
 
-	// The name stops resolving: the last addresses are kept.
+	// Within a scrape interval the name is not looked up again.
 	res.set("gw-peers.test")
+	b.ScrapeAll(ctx)
+	assert.Contains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_lookup_errors_total{peer="dns+http://gw-peers.test:%d"} 0`, port))
+	// A scrape interval later the name no longer resolves: the last
+	// addresses are kept.
+	now.Add(int64(time.Second))
 	b.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, b, testModel))
 	entry := fmt.Sprintf("dns+http://gw-peers.test:%d", port)
 	assert.Contains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_lookup_errors_total{peer=%q} 1`, entry))
 
-	// A leaves the name: B stops hearing it at once.
+	// A leaves the name: B stops hearing it at the next lookup.
 	res.set("gw-peers.test", "127.0.0.2")
+	now.Add(int64(time.Second))
 	b.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 0, "r1": 0}, peerLoad(t, b, testModel))
 	assert.NotContains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q}`, aURL))
@@ -520,4 +529,22 @@ func TestPeerPushKeepsLoadAge(t *testing.T) {
 	require.NoError(t, gw.UpdateLoad("r1", gateway.Load{QueueDepth: 5})) // fresh, no room
 	adm := gateway.Admission{QueueDepth: 1, Staleness: 500 * time.Millisecond}
 	assert.True(t, gw.Saturated(gateway.Target{}, adm), "r0's load is 2 s old: no room; r1 full")
+}
+
+// The fleet stamps each scraped load with its clock (Load.At) and gives
+// the gateways the same clock, so an injected clock ages loads as it
+// stamps them: a load just scraped is fresh, and admission sheds on it.
+func TestLoadAtClockDomain(t *testing.T) {
+	busyEngine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "vllm:num_requests_waiting 9\nvllm:num_requests_running 0\n")
+	}))
+	t.Cleanup(busyEngine.Close)
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: func() time.Time { return time.Unix(1e9, 0) }})
+	require.NoError(t, err)
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "r0", Address: busyEngine.URL}}}}}))
+	s.ScrapeAll(context.Background())
+	gw := s.Snapshot().Models[testModel].Gateway
+	assert.True(t, gw.Saturated(gateway.Target{}, gateway.Admission{QueueDepth: 1, Staleness: time.Minute}), "9 waiting, scraped now: no room")
 }

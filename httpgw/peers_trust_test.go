@@ -1,13 +1,17 @@
 package httpgw
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -237,4 +241,56 @@ func TestHangingPeerDoesNotDelayEngines(t *testing.T) {
 func peerCounter(t *testing.T, s *Server, name, peer string) float64 {
 	t.Helper()
 	return fronttest.Counter(t, s.gather, name, map[string]string{"peer": peer})
+}
+
+// An unreadable token file is logged when it becomes so and when it is
+// read again, not at every peer scrape and /metrics request (ten a second
+// each at the default peer scrape interval).
+func TestPeerTokenLoggedOnce(t *testing.T) {
+	tok := writeToken(t, "s3cret-token")
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Fleet: fleet.Options{PeerTokenFile: tok}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	other := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(other.Close)
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: []config.Replica{{Name: "r0", Address: engineMetrics(t)}}, Peers: []string{other.URL}}}}))
+	h := httptest.NewServer(s)
+	t.Cleanup(h.Close)
+	ctx := context.Background()
+	require.NoError(t, os.Remove(tok))
+	for range 10 {
+		s.ScrapePeers(ctx)
+		code, _, _ := getMetrics(t, h.URL, "Bearer s3cret-token")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "peer token unreadable"), logs.String())
+	require.NoError(t, os.WriteFile(tok, []byte("s3cret-token"), 0o600))
+	for range 3 {
+		s.ScrapePeers(ctx)
+	}
+	code, _, _ := getMetrics(t, h.URL, "Bearer s3cret-token")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, 1, strings.Count(logs.String(), "peer token readable again"))
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

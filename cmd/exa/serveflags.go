@@ -46,7 +46,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.StringVar(&s.config, "config", "", "routing configuration file (default $EXA_CONFIG, else the user config dir's exa/routing.json)")
 	f.DurationVar(&s.reload, "reload-interval", fleet.DefaultReloadInterval, "how often to check the configuration file for changes")
 	f.DurationVar(&s.probe, "probe-interval", fleet.DefaultProbeInterval, "how often to probe each engine's /health")
-	f.DurationVar(&s.probeTimeout, "probe-timeout", fleet.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape")
+	f.DurationVar(&s.probeTimeout, "probe-timeout", fleet.DefaultProbeTimeout, "timeout of one /health probe or /metrics scrape (a round of peer scrapes: at most --peer-scrape-interval)")
 	f.DurationVar(&s.scrape, "scrape-interval", fleet.DefaultScrapeInterval, "how often to scrape each engine's /metrics")
 	f.DurationVar(&s.peerScrape, "peer-scrape-interval", fleet.DefaultPeerScrapeInterval,
 		"how often to scrape the peer gateways (a model's peers) for their pending prefill, apart from the engines; their counts are used for 3 of these intervals")

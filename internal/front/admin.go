@@ -85,8 +85,7 @@ func authorizeMetrics(w http.ResponseWriter, r *http.Request, fl *fleet.Fleet, l
 	if !required {
 		return true
 	}
-	if err != nil {
-		log.Warn("gateway: /metrics refused: the peer token cannot be read", "err", err)
+	if err != nil { // logged by PeerToken when the file becomes unreadable
 		WriteError(w, http.StatusServiceUnavailable, TypeUnavailable, "peer_token_unavailable", "", "gateway: /metrics needs a bearer token, and this gateway's token file cannot be read")
 		return false
 	}
