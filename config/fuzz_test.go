@@ -35,6 +35,8 @@ func FuzzDecode(f *testing.F) {
 		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pools":{"p":[{"name":"p0","address":"http://p"}]}}}}`,
 		`{"models":{"M":{"disaggregate":true,"prefill_pool":"p","decode_pool":"d","pd_mode":"sidecar","pd_min_uncached_tokens":0}}}`,
 		`{"models":{"M":{"pd_mode":"gateway","pd_min_uncached_tokens":512}}}`,
+		`{"models":{"M":{"peers":["dns+http://gw.ns.svc:8080","http://gw-b:8080"]}}}`,
+		`{"models":{"M":{"peers":["DNS+https://gw:1","dns+gw:8080","dns+http://gw:0"]}}}`,
 		`{"models":{"M":{"pd_mode":"both"}}}`, `{"models":{"M":{"pd_min_uncached_tokens":-1}}}`,
 		`{"models":{"M":{"pd_min_uncached_tokens":1e3}}}`, `{"models":{"M":{"pd_min_uncached_tokens":null}}}`,
 		`{"models":{"M":{"mode":"cache_aware","index":"exact","block_size":16,"kv_events_bind":"tcp://*:5557","replicas":[{"name":"r0","address":"10.0.0.1:8000","pod":"10.0.0.1"}]}}}`,

@@ -104,6 +104,9 @@ func Decode(name string, data []byte) (*File, error) {
 		if len(m.KVEventsAllow) == 0 {
 			m.KVEventsAllow = nil
 		}
+		if len(m.Peers) == 0 {
+			m.Peers = nil
+		}
 		f.Models[k] = m
 	}
 	if err := f.Validate(); err != nil {
