@@ -127,6 +127,7 @@ func TestKubernetesPicker(t *testing.T) {
 		served  = map[string]int{}
 		failed  []string
 		sent    atomic.Int64
+		done    [4]atomic.Int64 // requests each worker has had answered
 		stopReq = make(chan struct{})
 		wg      sync.WaitGroup
 	)
@@ -156,6 +157,7 @@ func TestKubernetesPicker(t *testing.T) {
 					served[p.endpoint]++
 				}
 				mu.Unlock()
+				done[w].Add(1)
 			}
 		}()
 	}
@@ -177,6 +179,21 @@ func TestKubernetesPicker(t *testing.T) {
 	podPut(t, c, ns, "sim-0", ips[0], false)
 	waitFor(t, 30*time.Second, "sim-0 to leave", func() bool { return fmt.Sprint(replicas()) == "[sim-1 sim-2]" })
 	left := time.Since(t0)
+	// A request picked before sim-0 left may still be on its way to it
+	// (picked, not yet running there): each worker, which sends one at a
+	// time, has two more answered, the second sent after the leave.
+	var since [4]int64
+	for w := range done {
+		since[w] = done[w].Load()
+	}
+	waitFor(t, 30*time.Second, "every worker to have two more answers", func() bool {
+		for w := range done {
+			if done[w].Load() < since[w]+2 {
+				return false
+			}
+		}
+		return true
+	})
 	waitFor(t, 30*time.Second, "sim-0 to drain", func() bool { return running(t, eps[ep(0)].url()) == 0 })
 	before := servedBy(ep(0))
 	eps[ep(0)].kill()
