@@ -256,17 +256,20 @@ func peerEntry(p string) (string, bool) {
 	return NormalizeAddress(p), false
 }
 
-// dnsEntries returns every model's dns+ peer entries, normalised.
-func (st *State) dnsEntries() map[string]bool {
-	out := map[string]bool{}
+// peerEntries returns every model's peer entries, normalised: the base
+// URLs, and the dns+ entries.
+func (st *State) peerEntries() (bases, dns map[string]bool) {
+	bases, dns = map[string]bool{}, map[string]bool{}
 	for _, m := range st.Models {
 		for _, p := range m.Cfg.Peers {
-			if e, dns := peerEntry(p); dns {
-				out[e] = true
+			if e, isDNS := peerEntry(p); isDNS {
+				dns[e] = true
+			} else {
+				bases[e] = true
 			}
 		}
 	}
-	return out
+	return bases, dns
 }
 
 // modelPeers returns the base URLs of m's peers: its entries, each dns+
@@ -414,16 +417,7 @@ func (s *Fleet) PeerTimeout() time.Duration {
 // peer that fails keeps its last counts until they expire (peerTTL scrape
 // intervals) and is logged when it goes down and when it comes back.
 func (s *Fleet) scrapePeers(ctx context.Context) {
-	st := s.state.Load()
-	bases := map[string]bool{}
-	for _, m := range st.Models {
-		for _, p := range m.Cfg.Peers {
-			if e, dns := peerEntry(p); !dns {
-				bases[e] = true
-			}
-		}
-	}
-	dns := st.dnsEntries()
+	bases, dns := s.state.Load().peerEntries()
 	if len(bases) == 0 && len(dns) == 0 && s.knownPeers() == 0 && s.knownDNS() == 0 {
 		return
 	}

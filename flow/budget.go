@@ -44,12 +44,9 @@ type member interface {
 	flowLen(prio int, id string) int
 }
 
-// offer is a member's candidate for displacement: its band's priority,
-// the length of its flow, its size.
-type offer struct {
-	prio, n int
-	bytes   int64
-}
+// offer is a member's candidate for displacement: its band's priority
+// and the length of its flow.
+type offer struct{ prio, n int }
 
 // NewBudget returns a budget of l's limits; a zero field takes its
 // default (DefaultMaxBytes, DefaultMaxRequests).

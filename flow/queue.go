@@ -352,17 +352,21 @@ func (q *Queue[T]) pushPastBudget(r Request[T], displaced func(T), full error) (
 // lowest band below prio, else of the longest flow of band prio; nil if
 // none, or if it was pushed with no displaced function. q.mu is held.
 func (q *Queue[T]) candidate(prio int) *item[T] {
-	var f *flowQ[T]
-	if n := len(q.bands); n > 0 && q.bands[n-1].prio < prio {
-		f = q.bands[n-1].longest()
-	} else if b := q.band(prio); b != nil {
-		f = b.longest()
+	it := q.lowestBelow(prio)
+	if b := q.band(prio); it == nil && b != nil {
+		it = b.longest().last()
 	}
-	if f == nil {
+	if it == nil || it.gone == nil {
 		return nil
 	}
-	if it := f.last(); it.gone != nil {
-		return it
+	return it
+}
+
+// lowestBelow returns the newest request of the longest flow of q's
+// lowest band if that band is below prio, else nil.
+func (q *Queue[T]) lowestBelow(prio int) *item[T] {
+	if n := len(q.bands); n > 0 && q.bands[n-1].prio < prio {
+		return q.bands[n-1].longest().last()
 	}
 	return nil
 }
@@ -374,7 +378,7 @@ func (q *Queue[T]) offer(prio int) (offer, bool) {
 	if it == nil {
 		return offer{}, false
 	}
-	return offer{prio: it.flow.band.prio, n: len(it.flow.items.s), bytes: it.req.Bytes}, true
+	return offer{prio: it.flow.band.prio, n: len(it.flow.items.s)}, true
 }
 
 func (q *Queue[T]) evict(prio int, o offer, b *Budget, bytes int64) (func(), bool, bool) {
@@ -445,10 +449,8 @@ func (q *Queue[T]) victim(r Request[T], b *band[T]) *item[T] {
 	if b == nil || q.fitsBand(r, b) {
 		// Only the total is broken (Push asked because something is):
 		// the lowest band below r's first.
-		for i := len(q.bands) - 1; i >= 0 && q.bands[i].prio < r.Priority; i-- {
-			if f := q.bands[i].longest(); f != nil {
-				return f.last()
-			}
+		if it := q.lowestBelow(r.Priority); it != nil {
+			return it
 		}
 	}
 	if b == nil {

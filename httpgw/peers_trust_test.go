@@ -1,7 +1,6 @@
 package httpgw
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -248,7 +246,7 @@ func peerCounter(t *testing.T, s *Server, name, peer string) float64 {
 // each at the default peer scrape interval).
 func TestPeerTokenLoggedOnce(t *testing.T) {
 	tok := writeToken(t, "s3cret-token")
-	var logs syncBuffer
+	var logs fronttest.SyncBuffer
 	reg := prometheus.NewRegistry()
 	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Fleet: fleet.Options{PeerTokenFile: tok}})
@@ -275,22 +273,4 @@ func TestPeerTokenLoggedOnce(t *testing.T) {
 	code, _, _ := getMetrics(t, h.URL, "Bearer s3cret-token")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, 1, strings.Count(logs.String(), "peer token readable again"))
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

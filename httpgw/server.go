@@ -244,7 +244,7 @@ func New(opts Options) (*Server, error) {
 		front.WriteError(w, http.StatusNotFound, front.TypeNotFound, "unknown_endpoint", "",
 			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
-	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather, s.log))
+	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather))
 	return s, nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -149,7 +150,7 @@ func TestPickerGIEMetricFlagsScrape(t *testing.T) {
 	args := append([]string{"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", admin, "--scrape-interval", "50ms"}, metricArgs...)
 	cmd := exec.Command(exaBin, args...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
-	stderr := &syncBuffer{}
+	stderr := &fronttest.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/internal/k8stest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
@@ -55,7 +56,7 @@ func TestGatewayJSONLogs(t *testing.T) {
 	cmd := exec.Command(exaBin, "serve", "gateway", "--log-format", "json", "--listen", "127.0.0.1:0", "--config", cfg,
 		"--probe-interval", "20ms", "--reload-interval", "20ms")
 	cmd.Env = append(os.Environ(), "EXA_GATEWAY=")
-	stderr := &syncBuffer{}
+	stderr := &fronttest.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -146,7 +147,7 @@ func TestGatewayJSONLogsKlog(t *testing.T) {
 	cmd := exec.Command(exaBin, "serve", "gateway", "--log-format", "json", "--listen", "127.0.0.1:0", "--config", newConfig(t),
 		"--service", "vllm", "--pool-namespace", "default", "--pool-model", "m", "--kubeconfig", kubeconfig)
 	cmd.Env = append(os.Environ(), "EXA_GATEWAY=")
-	stderr, stdout := &syncBuffer{}, &syncBuffer{}
+	stderr, stdout := &fronttest.SyncBuffer{}, &fronttest.SyncBuffer{}
 	cmd.Stderr, cmd.Stdout = stderr, stdout
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })

@@ -14,11 +14,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/fronttest"
 	"github.com/examlops/gateway/picker"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,20 +86,20 @@ func startPickerBin(t *testing.T, args ...string) (addr, line string) {
 }
 
 // startPickerProc is startPickerBin also returning the process's stderr.
-func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer) {
+func startPickerProc(t *testing.T, args ...string) (addr, line string, stderr *fronttest.SyncBuffer) {
 	t.Helper()
 	addr, line, stderr, _ = startPickerCmd(t, args...)
 	return addr, line, stderr
 }
 
 // startPickerCmd is startPickerProc also returning the process.
-func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
+func startPickerCmd(t *testing.T, args ...string) (addr, line string, stderr *fronttest.SyncBuffer, proc *os.Process) {
 	t.Helper()
 	return startPickerWith(t, newConfig(t), args...)
 }
 
 // startPickerWith is startPickerCmd with the routing config at cfg.
-func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line string, stderr *syncBuffer, proc *os.Process) {
+func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line string, stderr *fronttest.SyncBuffer, proc *os.Process) {
 	t.Helper()
 	bin := exaBin
 	if b := os.Getenv("EXA_PICKER_BIN"); b != "" && os.Getenv("EXA_MEASURE") != "" {
@@ -113,11 +113,11 @@ func startPickerWith(t *testing.T, cfg string, args ...string) (addr, line strin
 // cfg, killed when the test ends, waits up to 20 s for its start-up line
 // on stdout (the rest is discarded) and returns the first submatch of
 // pattern in it, the line, its stderr and the process.
-func startExa(t *testing.T, bin, cfg, pattern string, args ...string) (match, line string, stderr *syncBuffer, proc *os.Process) {
+func startExa(t *testing.T, bin, cfg, pattern string, args ...string) (match, line string, stderr *fronttest.SyncBuffer, proc *os.Process) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), config.EnvVar+"="+cfg, "EXA_GATEWAY=")
-	stderr = &syncBuffer{}
+	stderr = &fronttest.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -143,25 +143,6 @@ func startExa(t *testing.T, bin, cfg, pattern string, args ...string) (match, li
 	m := regexp.MustCompile(pattern).FindStringSubmatch(line)
 	require.NotNil(t, m, "start-up line %q; stderr: %s", line, stderr.String())
 	return m[1], line, stderr, cmd.Process
-}
-
-// syncBuffer is a bytes.Buffer written by a process's copier goroutine
-// and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // healthCheck asks the picker's gRPC health service over creds.

@@ -2,7 +2,6 @@ package front
 
 import (
 	"crypto/subtle"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -67,10 +66,10 @@ func bearerToken(v string) ([]byte, bool) {
 // gauges. When the fleet has a peer token (fleet.Options.PeerTokenFile) a
 // request must carry "Authorization: Bearer <token>": without it the
 // answer is 401 (503 if the token file cannot be read).
-func MetricsHandler(fl *fleet.Fleet, g prometheus.Gatherer, log *slog.Logger) http.Handler {
+func MetricsHandler(fl *fleet.Fleet, g prometheus.Gatherer) http.Handler {
 	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !authorizeMetrics(w, r, fl, log) {
+		if !authorizeMetrics(w, r, fl) {
 			return
 		}
 		fl.RefreshGauges()
@@ -80,7 +79,7 @@ func MetricsHandler(fl *fleet.Fleet, g prometheus.Gatherer, log *slog.Logger) ht
 
 // authorizeMetrics checks a /metrics request's bearer token; when it is
 // wanted and wrong, it answers and returns false.
-func authorizeMetrics(w http.ResponseWriter, r *http.Request, fl *fleet.Fleet, log *slog.Logger) bool {
+func authorizeMetrics(w http.ResponseWriter, r *http.Request, fl *fleet.Fleet) bool {
 	tok, required, err := fl.PeerToken()
 	if !required {
 		return true

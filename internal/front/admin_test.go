@@ -24,7 +24,7 @@ func TestMetricsBearerScheme(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokFile, []byte("s3cret-token\n"), 0o600))
 	fl, err := fleet.New(fleet.Options{PeerTokenFile: tokFile, Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	h := front.MetricsHandler(fl, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	h := front.MetricsHandler(fl, prometheus.NewRegistry())
 	for _, tt := range []struct {
 		auth string
 		code int

@@ -166,3 +166,22 @@ func DecodeError(t testing.TB, b []byte) front.APIError {
 	require.NoError(t, json.NewDecoder(bytes.NewReader(b)).Decode(&eb), "body %s", b)
 	return eb.Error
 }
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writes and reads: a
+// log sink, or a process's output, that a test reads while it is written.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -19,7 +19,7 @@ func Admin(fl *fleet.Fleet, g prometheus.Gatherer, log *slog.Logger) http.Handle
 		log = slog.Default()
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", front.MetricsHandler(fl, g, log))
+	mux.Handle("/metrics", front.MetricsHandler(fl, g))
 	mux.Handle("/stats", front.StatsHandler(fl))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
