@@ -103,7 +103,7 @@ func cacheBlocksFor(tokens int64, exact bool, blockTokens, blockBytes int) int {
 // Apply calls it while Run runs, with Run's context; the scrape is also
 // bounded by ProbeTimeout (the control client's timeout).
 func (s *Fleet) learnCapacity(ctx context.Context, ep *Endpoint) {
-	res, err := scrape(ctx, s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep), s.custom)
+	res, err := scrape(ctx, s.control, ep.Base, s.engineTypeOf(s.state.Load(), ep), s.custom, s.scrapeBudget)
 	if err != nil || res.kvTokens <= 0 || ep.kvTokens.Swap(res.kvTokens) == res.kvTokens {
 		return
 	}

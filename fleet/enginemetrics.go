@@ -57,6 +57,8 @@ type customNames struct {
 	path      string
 	port      int
 	described string
+	// fams: the families a scrape keeps of its page (pageFamilies).
+	fams familySet
 }
 
 // compile parses m; the error names the field and its value.
@@ -97,6 +99,17 @@ func (m EngineMetrics) compile() (*customNames, error) {
 		}
 	}
 	c.described = fmt.Sprintf("queued %s, running %s, kv %s at %s", describe(c.load.waiting), describe(c.load.running), describeKV(c.load.kv), c.path)
+	names := append(defaultFamilyNames(), c.load.waiting.family, c.load.running.family)
+	for _, k := range c.load.kv {
+		names = append(names, k.family)
+	}
+	if c.lora != nil {
+		names = append(names, c.lora.family)
+	}
+	if c.cache != nil {
+		names = append(names, c.cache.family)
+	}
+	c.fams = newFamilySet(names...)
 	return c, nil
 }
 

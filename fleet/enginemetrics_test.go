@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -144,7 +145,7 @@ func TestEngineMetricsScrape(t *testing.T) {
 			u, _ := url.Parse(srv.URL)
 			_, port, _ := net.SplitHostPort(u.Host)
 			c.port = atoi(t, port)
-			res, err := scrape(context.Background(), srv.Client(), "http://127.0.0.1:1", config.EngineAuto, c)
+			res, err := scrape(context.Background(), srv.Client(), "http://127.0.0.1:1", config.EngineAuto, c, budget.New(scrapeBudgetBytes))
 			require.NoError(t, err)
 			assert.Equal(t, []string{tt.path}, asked)
 			assert.Equal(t, tt.want, res.load)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/kvevents"
@@ -196,6 +197,9 @@ type Fleet struct {
 	// modelInfo is what the engines' /v1/models say of their models
 	// (modelinfo.go).
 	modelInfo modelInfoTable
+	// scrapeBudget bounds the lines of the engines' and peers' pages
+	// being parsed at once (pagefilter.go).
+	scrapeBudget *budget.Budget
 }
 
 // New returns a Fleet. With Options.ConfigPath set it loads the file; a
@@ -206,10 +210,11 @@ func New(opts Options) (*Fleet, error) {
 		return nil, err
 	}
 	s := &Fleet{
-		opts:       opts,
-		control:    &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
-		log:        opts.Logger,
-		newGateway: gateway.New,
+		opts:         opts,
+		control:      &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
+		log:          opts.Logger,
+		newGateway:   gateway.New,
+		scrapeBudget: budget.New(scrapeBudgetBytes),
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	var err error

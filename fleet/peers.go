@@ -19,6 +19,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -175,12 +176,16 @@ func ReadPeerToken(path string) ([]byte, error) {
 // errPeerUnauthorized is the scrape error of a peer that answered 401.
 var errPeerUnauthorized = errors.New("status 401: the peer wants a bearer token this gateway does not have (Options.PeerTokenFile)")
 
+// peerFamilies are the families a peer scrape reads.
+var peerFamilies = newFamilySet(MetricPendingPrefill, MetricInstance)
+
 // parsePeerPending parses a gateway's /metrics page into its
 // metricPendingPrefill counts: model → replica → blocks, each clamped to
-// 0..MaxLoadCount (series without both labels are skipped; one given twice
-// is summed, clamped), and the id of its first MetricInstance series
-// ("" if none). A page that does not parse is an error.
-func parsePeerPending(r io.Reader) (counts map[string]map[string]int, id string, err error) {
+// 0..MaxLoadCount (series without both labels are skipped, and so are
+// those keep refuses when keep is not nil; one given twice is summed,
+// clamped), and the id of its first MetricInstance series ("" if none).
+// A page that does not parse is an error.
+func parsePeerPending(r io.Reader, keep func(model, replica string) bool) (counts map[string]map[string]int, id string, err error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
@@ -205,7 +210,7 @@ func parsePeerPending(r io.Reader) (counts map[string]map[string]int, id string,
 				rep, hasR = l.GetValue(), true
 			}
 		}
-		if !hasM || !hasR {
+		if !hasM || !hasR || (keep != nil && !keep(mod, rep)) {
 			continue
 		}
 		if out[mod] == nil {
@@ -216,9 +221,11 @@ func parsePeerPending(r io.Reader) (counts map[string]map[string]int, id string,
 	return out, id, nil
 }
 
-// scrapePeer fetches and parses one peer's /metrics (parsePeerPending),
-// sending token as a bearer token when it is not nil.
-func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte) (map[string]map[string]int, string, error) {
+// scrapePeer fetches and parses one peer's /metrics (parsePeerPending,
+// keeping the counts keep accepts), sending token as a bearer token when
+// it is not nil. Only the lines of the families read are parsed
+// (filterFamilies), charged to b while the page is read.
+func scrapePeer(ctx context.Context, client *http.Client, base string, token []byte, b *budget.Budget, keep func(model, replica string) bool) (map[string]map[string]int, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+peerMetricsPath, nil)
 	if err != nil {
 		return nil, "", err
@@ -240,7 +247,9 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil, "", fmt.Errorf("status %d", resp.StatusCode)
 	}
-	c, id, err := parsePeerPending(io.LimitReader(resp.Body, maxMetricsBytes))
+	h := budget.Hold{B: b}
+	defer h.Release()
+	c, id, err := parsePeerPending(filterFamilies(io.LimitReader(resp.Body, maxMetricsBytes), peerFamilies, &h), keep)
 	if err != nil {
 		return nil, "", fmt.Errorf("parse: %v", err)
 	}
@@ -457,12 +466,20 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		}
 	}
 	s.peers.mu.Unlock()
+	// A peer's counts are kept only at this gateway's own replicas of
+	// models with peers: what else it reports is never read (peerPrefill),
+	// and would cost memory for every peer.
+	st := s.state.Load()
+	keep := func(model, replica string) bool {
+		m := st.Models[model]
+		return m != nil && len(m.Cfg.Peers) > 0 && m.ByName[replica] != nil
+	}
 	var wg sync.WaitGroup
 	for b := range bases {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, id, err := scrapePeer(ctx, s.control, b, token)
+			c, id, err := scrapePeer(ctx, s.control, b, token, s.scrapeBudget, keep)
 			self := err == nil && id == s.opts.InstanceID
 			if self {
 				c = nil // this gateway's own counts: never added to themselves

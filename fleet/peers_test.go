@@ -33,12 +33,12 @@ vllm:num_requests_waiting 4
 			map[string]map[string]int{"m": {"a": 0, "b": MaxLoadCount, "c": 0, "d": 3}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, err := parsePeerPending(strings.NewReader(tc.page))
+			got, _, err := parsePeerPending(strings.NewReader(tc.page), nil)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 		})
 	}
-	_, _, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"))
+	_, _, err := parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\" 5\n"), nil)
 	assert.Error(t, err)
 }
 
@@ -51,7 +51,7 @@ func FuzzParsePeerPending(f *testing.F) {
 	f.Add("exa_gateway_pending_prefill_blocks{model=\"\",replica=\"\"} -Inf\n")
 	f.Add("# TYPE exa_gateway_pending_prefill_blocks histogram\nexa_gateway_pending_prefill_blocks_bucket{le=\"+Inf\"} 1\n")
 	f.Fuzz(func(t *testing.T, page string) {
-		got, id, err := parsePeerPending(strings.NewReader(page))
+		got, id, err := parsePeerPending(strings.NewReader(page), nil)
 		if err != nil {
 			return
 		}
@@ -118,10 +118,10 @@ func TestLookupPeers(t *testing.T) {
 
 // The instance id is read from the first instance series.
 func TestParsePeerInstance(t *testing.T) {
-	_, id, err := parsePeerPending(strings.NewReader("exa_gateway_instance_info{id=\"abc\"} 1\nexa_gateway_instance_info{id=\"def\"} 1\n"))
+	_, id, err := parsePeerPending(strings.NewReader("exa_gateway_instance_info{id=\"abc\"} 1\nexa_gateway_instance_info{id=\"def\"} 1\n"), nil)
 	require.NoError(t, err)
 	assert.Equal(t, "abc", id)
-	_, id, err = parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1\n"))
+	_, id, err = parsePeerPending(strings.NewReader("exa_gateway_pending_prefill_blocks{model=\"m\",replica=\"r\"} 1\n"), nil)
 	require.NoError(t, err)
 	assert.Empty(t, id)
 }

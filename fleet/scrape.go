@@ -10,6 +10,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/budget"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -151,11 +152,41 @@ func sampleValue(m *dto.Metric) float64 {
 	return v
 }
 
+// defaultFamilyNames lists the families an engine's scrape reads without
+// Options.EngineMetrics: every engine type's load series, KV-cache size
+// and vLLM's adapter report.
+func defaultFamilyNames() []string {
+	names := []string{metricLoRAInfo}
+	for _, n := range engineNames {
+		names = append(names, n.waiting.family, n.running.family)
+		for _, k := range n.kv {
+			names = append(names, k.family)
+		}
+	}
+	for _, c := range cacheInfos {
+		names = append(names, c.family)
+	}
+	return names
+}
+
+// defaultFamilies is defaultFamilyNames' familySet.
+var defaultFamilies = newFamilySet(defaultFamilyNames()...)
+
+// pageFamilies returns the families a scrape with custom's names keeps
+// of an engine's page (all the default ones too).
+func (c *customNames) pageFamilies() familySet {
+	if c == nil {
+		return defaultFamilies
+	}
+	return c.fams
+}
+
 // scrape fetches and parses one engine's metrics page with the names of
 // engine type engine (config.EngineAuto detects it, or reads custom's
 // names when custom is not nil); the page is custom's path and port, else
-// /metrics on the engine's port.
-func scrape(ctx context.Context, client *http.Client, base, engine string, custom *customNames) (scrapeResult, error) {
+// /metrics on the engine's port. Only the lines of the families read are
+// parsed (filterFamilies), charged to b while the page is read.
+func scrape(ctx context.Context, client *http.Client, base, engine string, custom *customNames, b *budget.Budget) (scrapeResult, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, custom.metricsURL(base), nil)
 	if err != nil {
 		return scrapeResult{}, fmt.Errorf("%w: %s: %v", ErrScrape, base, err)
@@ -170,7 +201,9 @@ func scrape(ctx context.Context, client *http.Client, base, engine string, custo
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return scrapeResult{}, fmt.Errorf("%w: %s: status %d", ErrScrape, base, resp.StatusCode)
 	}
-	res, err := parseEngineScrapeAs(io.LimitReader(resp.Body, maxMetricsBytes), engine, custom)
+	h := budget.Hold{B: b}
+	defer h.Release()
+	res, err := parseEngineScrapeAs(filterFamilies(io.LimitReader(resp.Body, maxMetricsBytes), custom.pageFamilies(), &h), engine, custom)
 	if err != nil {
 		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}

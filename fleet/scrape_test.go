@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -83,7 +84,7 @@ func TestScrapeErrorForm(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { tt.page(w) }))
-			_, err := scrape(context.Background(), srv.Client(), srv.URL, "", nil)
+			_, err := scrape(context.Background(), srv.Client(), srv.URL, "", nil, budget.New(scrapeBudgetBytes))
 			require.ErrorIs(t, err, ErrScrape)
 			assert.True(t, strings.HasPrefix(err.Error(), "gateway: scrape engine metrics: "+srv.URL+": "), err.Error())
 			assert.Equal(t, 1, strings.Count(err.Error(), "gateway:"), err.Error())

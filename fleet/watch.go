@@ -114,7 +114,7 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 	var resized atomic.Bool
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
-		res, err := scrape(ctx, s.control, ep.Base, engine, s.custom)
+		res, err := scrape(ctx, s.control, ep.Base, engine, s.custom, s.scrapeBudget)
 		if err == nil && res.kvTokens > 0 && ep.kvTokens.Swap(res.kvTokens) != res.kvTokens {
 			s.log.Info("gateway: engine KV-cache size", "engine", ep.Base, "tokens", res.kvTokens)
 			resized.Store(true)
