@@ -198,8 +198,10 @@ type Fleet struct {
 	// (modelinfo.go).
 	modelInfo modelInfoTable
 	// scrapeBudget bounds the lines of the engines' and peers' pages
-	// being parsed at once (pagefilter.go).
-	scrapeBudget *budget.Budget
+	// being parsed at once, listBudget the engines' model lists being
+	// read and parsed (pagefilter.go). Apart, so that a discovery of
+	// long lists never fails the load scrapes routing depends on.
+	scrapeBudget, listBudget *budget.Budget
 }
 
 // New returns a Fleet. With Options.ConfigPath set it loads the file; a
@@ -215,6 +217,7 @@ func New(opts Options) (*Fleet, error) {
 		log:          opts.Logger,
 		newGateway:   gateway.New,
 		scrapeBudget: budget.New(scrapeBudgetBytes),
+		listBudget:   budget.New(listBudgetBytes),
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	var err error

@@ -12,9 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/budget"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -208,28 +210,39 @@ func parseModelEntry(raw json.RawMessage) (id, parent string, err error) {
 	return *e.ID, *e.Parent, nil
 }
 
-// fetchServed fetches an engine's GET /v1/models and returns its adapters,
-// with the entries skipped (see parseModelList).
-func fetchServed(ctx context.Context, client *http.Client, base string) (servedList, error) {
+// fetchModelList fetches an engine's GET /v1/models body, at most
+// maxModelsBytes, charged to h as it is read (the caller releases h once
+// it has parsed the body).
+func fetchModelList(ctx context.Context, client *http.Client, base string, h *budget.Hold) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return servedList{}, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
+		return nil, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes+1))
+	body, err := readCharged(resp.Body, maxModelsBytes, h)
 	if err != nil {
-		return servedList{}, fmt.Errorf("%w: %s: %v", errModelList, base, err)
+		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}
-	if len(body) > maxModelsBytes {
-		return servedList{}, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
+	return body, nil
+}
+
+// fetchServed fetches an engine's GET /v1/models and returns its adapters,
+// with the entries skipped (see parseModelList); the body is charged to b
+// while it is read and parsed.
+func fetchServed(ctx context.Context, client *http.Client, base string, b *budget.Budget) (servedList, error) {
+	h := budget.Hold{B: b}
+	defer h.Release()
+	body, err := fetchModelList(ctx, client, base, &h)
+	if err != nil {
+		return servedList{}, err
 	}
 	served, err := parseModelList(body)
 	if err != nil {
@@ -255,20 +268,43 @@ type servedAdapters struct {
 	err string
 }
 
+// maxDiscoveredEntries bounds the entries kept of all the engines' model
+// lists together, for each of the two tables that keep them (the
+// adapters, servedAdapters; the base models, modelInfoTable): an engine's
+// new list that would take a table past it is refused, and the engine's
+// last list kept.
+var maxDiscoveredEntries = 1 << 17 // a variable for tests
+
 // DiscoverAll fetches every engine's GET /v1/models once and, when the
 // adapters an engine lists changed, rebuilds the table that resolves
 // adapter names. Run calls it every DiscoverInterval; a failed fetch keeps
-// the engine's last list.
+// the engine's last list, and so does a list that would take the
+// adapters of all engines past maxDiscoveredEntries.
 func (s *Fleet) DiscoverAll(ctx context.Context) {
 	var changed atomic.Bool
+	st := s.state.Load()
+	var room sync.Mutex // the check of the bound and the store, together
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
-		got, err := fetchServed(ctx, s.control, ep.Base)
+		got, err := fetchServed(ctx, s.control, ep.Base, s.listBudget)
 		if got.skipped > 0 {
 			ep.lora.skipped.Add(uint64(got.skipped))
 			s.log.Debug("gateway: adapter discovery skipped bad entries of the engine's model list", "address", ep.Base, "skipped", got.skipped, "first", got.bad)
 		}
+		room.Lock()
+		defer room.Unlock()
 		old := ep.lora.served.Load()
 		next := &servedAdapters{parents: got.parents}
+		if err == nil {
+			total := len(got.parents)
+			for _, e := range st.Endpoints {
+				if a := e.lora.served.Load(); e != ep && a != nil {
+					total += len(a.parents)
+				}
+			}
+			if total > maxDiscoveredEntries {
+				err = fmt.Errorf("%w: %s: its %d adapters would take all engines' to %d, past %d", errModelList, ep.Base, len(got.parents), total, maxDiscoveredEntries)
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return

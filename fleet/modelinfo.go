@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+
+	"github.com/examlops/gateway/internal/budget"
 )
 
 // engineModel is what an engine's GET /v1/models says of one model it
@@ -78,22 +80,34 @@ func parseModelInfo(body []byte) (map[string]engineModel, error) {
 
 // DiscoverModelInfo fetches every engine's GET /v1/models once for the
 // root and max_model_len of the models it serves, which the gateway's own
-// /v1/models then shows. A failed fetch keeps the engine's last answer.
+// /v1/models then shows. A failed fetch keeps the engine's last answer,
+// and so does a list that would take the base models of all engines past
+// maxDiscoveredEntries.
 // Run calls it every DiscoverInterval.
 func (s *Fleet) DiscoverModelInfo(ctx context.Context) {
 	st := s.state.Load()
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
-		got, err := fetchModelInfo(ctx, s.control, ep.Base)
+		got, err := fetchModelInfo(ctx, s.control, ep.Base, s.listBudget)
 		if err != nil {
 			return
 		}
 		t := &s.modelInfo
 		t.mu.Lock()
+		defer t.mu.Unlock()
 		if t.m == nil {
 			t.m = map[string]map[string]engineModel{}
 		}
+		total := len(got)
+		for a, m := range t.m {
+			if a != ep.Base {
+				total += len(m)
+			}
+		}
+		if total > maxDiscoveredEntries {
+			s.log.Debug("gateway: an engine's model list would take all engines' past their bound; keeping its last", "address", ep.Base, "models", len(got), "bound", maxDiscoveredEntries)
+			return
+		}
 		t.m[ep.Base] = got
-		t.mu.Unlock()
 	})
 	t := &s.modelInfo
 	t.mu.Lock()
@@ -105,26 +119,15 @@ func (s *Fleet) DiscoverModelInfo(ctx context.Context) {
 	}
 }
 
-func fetchModelInfo(ctx context.Context, client *http.Client, base string) (map[string]engineModel, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+// fetchModelInfo fetches an engine's GET /v1/models and returns its base
+// models (parseModelInfo); the body is charged to b while it is read and
+// parsed.
+func fetchModelInfo(ctx context.Context, client *http.Client, base string, b *budget.Budget) (map[string]engineModel, error) {
+	h := budget.Hold{B: b}
+	defer h.Release()
+	body, err := fetchModelList(ctx, client, base, &h)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(body) > maxModelsBytes {
-		return nil, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
 	}
 	return parseModelInfo(body)
 }

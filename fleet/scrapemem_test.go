@@ -169,3 +169,122 @@ func TestPeerPagesBounded(t *testing.T) {
 	s.peers.mu.Unlock()
 	assert.Zero(t, s.scrapeBudget.Used(), "every page's share returned")
 }
+
+// TestDiscoverMemory measures the heap a round of model-list discovery
+// (DiscoverAll and DiscoverModelInfo, as Run calls them) takes when every
+// engine sends a full list (4 MiB, 16,384 adapters): n engines (EXA_N,
+// 16). Run with EXA_MEASURE=1.
+func TestDiscoverMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("a measurement: EXA_MEASURE=1")
+	}
+	n := 16
+	if v, err := strconv.Atoi(os.Getenv("EXA_N")); err == nil {
+		n = v
+	}
+	var b bytes.Buffer
+	b.WriteString(`{"object":"list","data":[`)
+	for i := 0; i < maxServedModels; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"id":"adapter-%08d-%0130d","object":"model","root":"/adapters/%0030d","parent":"m1"}`, i, i, i)
+	}
+	b.WriteString(`]}`)
+	list := b.Bytes()
+	require.LessOrEqual(t, len(list), maxModelsBytes)
+	var reps []config.Replica
+	for i := range n {
+		e := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(list) }))
+		reps = append(reps, config.Replica{Name: "e" + strconv.Itoa(i), Address: e.URL, CacheBlocks: 100})
+	}
+	s, err := New(Options{Logger: quietLogger(), ScrapeInterval: time.Hour, ProbeInterval: time.Hour,
+		DiscoverInterval: time.Hour, ProbeTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
+	rounds := 3
+	if v, err := strconv.Atoi(os.Getenv("EXA_ROUNDS")); err == nil {
+		rounds = v
+	}
+	for round := range rounds {
+		p := peakHeap(func() {
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); s.DiscoverAll(context.Background()) }()
+			go func() { defer wg.Done(); s.DiscoverModelInfo(context.Background()) }()
+			wg.Wait()
+		})
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		failed := 0
+		for _, ep := range s.state.Load().Endpoints {
+			if a := ep.lora.served.Load(); a == nil || a.err != "" {
+				failed++
+			}
+		}
+		adapters := 0
+		for _, ep := range s.state.Load().Endpoints {
+			if a := ep.lora.served.Load(); a != nil {
+				adapters += len(a.parents)
+			}
+		}
+		t.Logf("round %d: %d engines, each a %.1f MiB list: peak heap +%.0f MiB, heap after %.0f MiB, engines whose adapter discovery failed %d, adapters kept %d",
+			round, n, float64(len(list))/(1<<20), float64(p)/(1<<20), float64(m.HeapAlloc)/(1<<20), failed, adapters)
+	}
+}
+
+// The entries kept of all engines' model lists are bounded together: a
+// list that would take a table past maxDiscoveredEntries is refused and
+// the engine's last list kept.
+func TestDiscoveredEntriesBounded(t *testing.T) {
+	old := maxDiscoveredEntries
+	maxDiscoveredEntries = 5
+	t.Cleanup(func() { maxDiscoveredEntries = old })
+	list := func(prefix string) []byte {
+		return []byte(`{"object":"list","data":[{"id":"` + prefix + `-base","root":"/w"},{"id":"` + prefix + `-a","parent":"` + prefix + `-base"},{"id":"` + prefix + `-b","parent":"` + prefix + `-base"},{"id":"` + prefix + `-c","parent":"` + prefix + `-base"}]}`)
+	}
+	var reps []config.Replica
+	for i := range 3 {
+		body := list("e" + strconv.Itoa(i))
+		e := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+		reps = append(reps, config.Replica{Name: "e" + strconv.Itoa(i), Address: e.URL, CacheBlocks: 100})
+	}
+	s, err := New(Options{Logger: quietLogger(), ScrapeInterval: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
+	for range 3 {
+		s.DiscoverAll(context.Background())
+		s.DiscoverModelInfo(context.Background())
+	}
+	adapters, refused := 0, 0
+	for _, ep := range s.state.Load().Endpoints {
+		a := ep.lora.served.Load()
+		require.NotNil(t, a)
+		adapters += len(a.parents)
+		if a.err != "" {
+			refused++
+			assert.Contains(t, a.err, "past 5")
+		}
+	}
+	assert.Equal(t, 3, adapters, "one engine's 3 adapters; a second's would make 6")
+	assert.Equal(t, 2, refused)
+	s.modelInfo.mu.Lock()
+	models := 0
+	for _, m := range s.modelInfo.m {
+		models += len(m)
+	}
+	s.modelInfo.mu.Unlock()
+	assert.Equal(t, 3, models, "one base model an engine, 3 within 5")
+	maxDiscoveredEntries = 2
+	s.DiscoverModelInfo(context.Background())
+	s.modelInfo.mu.Lock()
+	models = 0
+	for _, m := range s.modelInfo.m {
+		models += len(m)
+	}
+	s.modelInfo.mu.Unlock()
+	assert.Equal(t, 3, models, "a bound lowered later refuses new lists but keeps the last ones")
+}
