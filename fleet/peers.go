@@ -286,8 +286,10 @@ func (st *State) peerEntries() (bases, dns map[string]bool) {
 // is held.
 func (s *Fleet) modelPeers(m *Model) []string {
 	var out []string
+	seen := map[string]bool{}
 	add := func(b string) {
-		if !slices.Contains(out, b) {
+		if !seen[b] {
+			seen[b] = true
 			out = append(out, b)
 		}
 	}
@@ -536,13 +538,15 @@ func (s *Fleet) knownDNS() int {
 // (PeerCap) at any replica of a model that has peers.
 func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 	for name, m := range s.state.Load().Models {
-		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
+		report, ok := counts[name]
+		if m.Gateway == nil || len(m.Cfg.Peers) == 0 || !ok {
 			continue
 		}
+		own, least := m.ownPending(), m.leastByPool(report)
 		for rep := range m.ByName {
-			if c, ok := counts[name][rep]; ok {
-				own, least := m.ownAndLeast(rep, counts[name])
-				if PeerCap(own, c, least) < c-least {
+			if c, ok := report[rep]; ok {
+				l := least[m.gatewayOf(rep)]
+				if PeerCap(own[rep], c, l) < c-l {
 					return true
 				}
 			}
@@ -551,38 +555,58 @@ func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 	return false
 }
 
-// ownAndLeast returns this gateway's own pending prefill at m's replica
-// name, and the least count report gives at a replica of the same pool
-// (0 for a replica it does not report).
-func (m *Model) ownAndLeast(name string, report map[string]int) (own, least int) {
-	g := m.gatewayOf(name)
-	for _, r := range g.Replicas() {
-		if r.Name == name {
-			own = r.PendingPrefill
+// ownPending returns this gateway's own pending prefill at each of m's
+// replicas.
+func (m *Model) ownPending() map[string]int {
+	own := make(map[string]int, len(m.ByName))
+	for _, g := range []*gateway.Gateway{m.Gateway, m.prefillPool()} {
+		if g == nil {
+			continue
+		}
+		for _, r := range g.Replicas() {
+			own[r.Name] = r.PendingPrefill
 		}
 	}
-	least = MaxLoadCount
-	for rep := range m.ByName {
-		if m.gatewayOf(rep) == g {
-			least = min(least, report[rep])
-		}
-	}
-	return own, least
+	return own
 }
 
-// peerPrefill returns the pending prefill m's peers report at its replica
-// name: the sum over its peers (modelPeers) whose last good scrape is at
-// most peerTTL scrape intervals old, not this gateway itself, each peer's
-// count capped (PeerCap) by this gateway's own pending prefill there,
-// clamped to 0..MaxLoadCount.
-func (s *Fleet) peerPrefill(m *Model, name string) int {
-	if len(m.Cfg.Peers) == 0 {
-		return 0
+// prefillPool returns the gateway of m's prefill pool when it has one
+// apart from m.Gateway, else nil.
+func (m *Model) prefillPool() *gateway.Gateway {
+	if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
+		return m.PD.Plan.Prefill
 	}
+	return nil
+}
+
+// leastByPool returns the least count report gives at a replica of each
+// of m's pools (0 for a replica it does not report).
+func (m *Model) leastByPool(report map[string]int) map[*gateway.Gateway]int {
+	least := map[*gateway.Gateway]int{}
+	for rep := range m.ByName {
+		g := m.gatewayOf(rep)
+		if l, ok := least[g]; !ok || report[rep] < l {
+			least[g] = report[rep]
+		}
+	}
+	return least
+}
+
+// peerPrefill returns the pending prefill m's peers report at each of its
+// replicas: the sum over its peers (modelPeers) whose last good scrape is
+// at most peerTTL scrape intervals old, not this gateway itself, each
+// peer's count capped (PeerCap) by this gateway's own pending prefill
+// there, clamped to 0..MaxLoadCount. It reads each pool's replicas once
+// and each peer's report once: peers × replicas work.
+func (s *Fleet) peerPrefill(m *Model) map[string]int {
+	sums := make(map[string]int, len(m.ByName))
+	if len(m.Cfg.Peers) == 0 {
+		return sums
+	}
+	own := m.ownPending()
 	oldest := s.opts.Clock().Add(-peerTTL * s.opts.PeerScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
-	sum := 0
 	ids := map[string]bool{}
 	for _, b := range s.modelPeers(m) {
 		p := s.peers.peers[b]
@@ -593,10 +617,36 @@ func (s *Fleet) peerPrefill(m *Model, name string) int {
 			ids[p.id] = true // one gateway under two addresses counts once
 		}
 		report := p.counts[m.Name]
-		own, least := m.ownAndLeast(name, report)
-		sum = min(sum+PeerCap(own, report[name], least), MaxLoadCount)
+		least := m.leastByPool(report)
+		for name := range m.ByName {
+			sums[name] = min(sums[name]+PeerCap(own[name], report[name], least[m.gatewayOf(name)]), MaxLoadCount)
+		}
 	}
-	return sum
+	return sums
+}
+
+// roundPeers is the peers' counts of one round of engine scrapes: each
+// model's (peerPrefill) computed once, when a scrape first needs it.
+// Safe for concurrent use.
+type roundPeers struct {
+	s    *Fleet
+	mu   sync.Mutex
+	sums map[*Model]map[string]int
+}
+
+// at returns the peers' count at m's replica name.
+func (r *roundPeers) at(m *Model, name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.sums[m]
+	if !ok {
+		if r.sums == nil {
+			r.sums = map[*Model]map[string]int{}
+		}
+		p = r.s.peerPrefill(m)
+		r.sums[m] = p
+	}
+	return p[name]
 }
 
 // pushPeerPrefill feeds every replica's gateway its endpoint's last load
@@ -608,6 +658,7 @@ func (s *Fleet) pushPeerPrefill() {
 		if m.Gateway == nil || len(m.Cfg.Peers) == 0 {
 			continue
 		}
+		peers := s.peerPrefill(m)
 		for name, ep := range m.ByName {
 			ep.feed.Lock()
 			l, ok, _, _ := ep.SnapshotLoad()
@@ -615,7 +666,7 @@ func (s *Fleet) pushPeerPrefill() {
 				ep.feed.Unlock()
 				continue
 			}
-			l.PeerPrefill = s.peerPrefill(m, name)
+			l.PeerPrefill = peers[name]
 			err := m.gatewayOf(name).UpdateLoad(name, l)
 			ep.feed.Unlock()
 			if err != nil {

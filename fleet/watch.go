@@ -112,6 +112,7 @@ func (s *Fleet) ScrapeAll(ctx context.Context) {
 func (s *Fleet) scrapeEngines(ctx context.Context) {
 	st := s.state.Load()
 	var resized atomic.Bool
+	peers := roundPeers{s: s}
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		engine := s.engineTypeOf(st, ep)
 		res, err := scrape(ctx, s.control, ep.Base, engine, s.custom, s.scrapeBudget)
@@ -136,7 +137,7 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 		}
 		s.eachReplicaOf(ep, func(m *Model, name string) {
 			l := l
-			l.PeerPrefill = s.peerPrefill(m, name)
+			l.PeerPrefill = peers.at(m, name)
 			if err := m.gatewayOf(name).UpdateLoad(name, l); err != nil {
 				s.log.Warn("gateway: load update rejected", "model", m.Name, "replica", name, "err", err)
 			}
