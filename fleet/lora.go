@@ -227,7 +227,10 @@ func fetchModelList(ctx context.Context, client *http.Client, base string, h *bu
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil, fmt.Errorf("%w: %s: status %d", errModelList, base, resp.StatusCode)
 	}
-	body, err := readCharged(resp.Body, maxModelsBytes, h)
+	body, err := h.ReadAll(resp.Body, maxModelsBytes, 1)
+	if errors.Is(err, budget.ErrTooLong) {
+		return nil, fmt.Errorf("%w: %s: body over %d bytes", errModelList, base, maxModelsBytes)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errModelList, base, err)
 	}

@@ -39,32 +39,6 @@ var (
 	errScrapeBudget = errors.New("the scrape budget is spent: other pages being read hold it")
 )
 
-// readCharged reads r whole, at most limit bytes (more is an error),
-// charging what it has read to h as it reads; it fails with
-// errScrapeBudget when h cannot grow.
-func readCharged(r io.Reader, limit int64, h *budget.Hold) ([]byte, error) {
-	var buf []byte
-	chunk := make([]byte, 32<<10)
-	for {
-		n, err := r.Read(chunk)
-		if n > 0 {
-			if int64(len(buf)+n) > limit {
-				return nil, fmt.Errorf("body over %d bytes", limit)
-			}
-			buf = append(buf, chunk[:n]...)
-			if !h.Grow(int64(cap(buf) + len(chunk))) { // what the read holds
-				return nil, errScrapeBudget
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return buf, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-}
-
 // familySet names the metric families a scrape reads. A sample of a
 // histogram or summary family is kept with its family (its name with
 // _bucket, _sum, _count and so on), and a family whose name has such a

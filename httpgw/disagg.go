@@ -348,30 +348,14 @@ func (s *Server) exchange(ctx context.Context, c *call, ep *fleet.Endpoint, body
 // a buffer whose capacity, charged assembledCharge times, hold reserves
 // before it is allocated: past the budget the error wraps errOverBudget.
 func readHeld(r io.Reader, limit int64, hold *budget.Hold) ([]byte, error) {
-	var b []byte
-	for {
-		if len(b) == cap(b) {
-			n := min(max(2*int64(cap(b)), 512), limit+1)
-			if !hold.Grow(assembledCharge * n) {
-				return nil, fmt.Errorf("%w: the answer needs %d bytes more of the %d-byte budget, %d in use", errOverBudget,
-					assembledCharge*n-hold.Held(), hold.B.Limit(), hold.B.Used())
-			}
-			nb := make([]byte, len(b), n)
-			copy(nb, b)
-			b = nb
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return nil, fmt.Errorf("prefill answer longer than %d bytes", limit)
-		}
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
+	b, err := hold.ReadAll(r, limit, assembledCharge)
+	switch {
+	case errors.Is(err, budget.ErrSpent):
+		return nil, fmt.Errorf("%w: the answer: %v", errOverBudget, err)
+	case errors.Is(err, budget.ErrTooLong):
+		return nil, fmt.Errorf("prefill answer longer than %d bytes", limit)
 	}
+	return b, err
 }
 
 // newUUID returns a random (version 4) UUID, the form of request IDs

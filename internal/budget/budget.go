@@ -4,7 +4,12 @@
 // and the sum stays within the budget's limit.
 package budget
 
-import "sync/atomic"
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+)
 
 // Budget is a number of bytes that holders reserve and release. The zero
 // value has a limit of 0 and refuses every reservation; use New. Safe for
@@ -74,4 +79,43 @@ func (h *Hold) Release() {
 	}
 	h.B.Release(h.held)
 	h.held = 0
+}
+
+// ErrSpent is the error of ReadAll when the budget cannot hold what the
+// read needs; ErrTooLong when the input passes the read's limit.
+var (
+	ErrSpent   = errors.New("the budget is spent")
+	ErrTooLong = errors.New("input too long")
+)
+
+// ReadAll reads r to its end, at most limit bytes, into a buffer whose
+// capacity times charge (at least 1) h reserves before it is allocated.
+// Past the budget the error wraps ErrSpent and names the bytes needed;
+// past limit it wraps ErrTooLong. On error the buffer is dropped, but
+// what h holds is left for the caller to release.
+func (h *Hold) ReadAll(r io.Reader, limit, charge int64) ([]byte, error) {
+	charge = max(charge, 1)
+	var b []byte
+	for {
+		if len(b) == cap(b) {
+			n := min(max(2*int64(cap(b)), 512), limit+1)
+			if !h.Grow(charge * n) {
+				return nil, fmt.Errorf("%w: %d bytes more needed, of %d, %d in use", ErrSpent, charge*n-h.Held(), h.B.Limit(), h.B.Used())
+			}
+			nb := make([]byte, len(b), n)
+			copy(nb, b)
+			b = nb
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, fmt.Errorf("%w: over %d bytes", ErrTooLong, limit)
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }

@@ -1,9 +1,12 @@
 package budget
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,4 +87,37 @@ func TestConcurrentHolders(t *testing.T) {
 	wg.Wait()
 	assert.Zero(t, peak, "the budget was exceeded")
 	assert.Zero(t, b.Used())
+}
+
+// ReadAll reserves each buffer, times its charge, before allocating it:
+// a read the budget cannot hold fails naming the bytes, one past its
+// limit fails too, and what was reserved stays with the Hold.
+func TestHoldReadAll(t *testing.T) {
+	data := strings.Repeat("x", 3000)
+	b := New(1 << 20)
+	h := Hold{B: b}
+	got, err := h.ReadAll(strings.NewReader(data), 3000, 2)
+	require.NoError(t, err)
+	assert.Equal(t, data, string(got))
+	assert.GreaterOrEqual(t, h.Held(), int64(2*3000), "the buffer's capacity, charged twice")
+	assert.Equal(t, h.Held(), b.Used())
+	h.Release()
+
+	_, err = h.ReadAll(strings.NewReader(data), 2999, 1)
+	require.ErrorIs(t, err, ErrTooLong)
+	h.Release()
+
+	small := New(1000)
+	h = Hold{B: small}
+	_, err = h.ReadAll(strings.NewReader(data), 3000, 1)
+	require.ErrorIs(t, err, ErrSpent)
+	assert.Contains(t, err.Error(), "of 1000")
+	assert.LessOrEqual(t, small.Used(), int64(1000), "never past the budget")
+	assert.Equal(t, small.Used(), h.Held())
+	h.Release()
+	assert.Zero(t, small.Used())
+
+	_, err = h.ReadAll(iotest.ErrReader(errors.New("boom")), 100, 1)
+	require.EqualError(t, err, "boom")
+	h.Release()
 }
