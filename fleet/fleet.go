@@ -202,6 +202,9 @@ type Fleet struct {
 	// read and parsed (pagefilter.go). Apart, so that a discovery of
 	// long lists never fails the load scrapes routing depends on.
 	scrapeBudget, listBudget *budget.Budget
+	// adapterRoom makes DiscoverAll's check of maxDiscoveredEntries and
+	// its store of an engine's list one step, across calls too.
+	adapterRoom sync.Mutex
 }
 
 // New returns a Fleet. With Options.ConfigPath set it loads the file; a

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/examlops/gateway"
@@ -286,15 +285,14 @@ var maxDiscoveredEntries = 1 << 17 // a variable for tests
 func (s *Fleet) DiscoverAll(ctx context.Context) {
 	var changed atomic.Bool
 	st := s.state.Load()
-	var room sync.Mutex // the check of the bound and the store, together
 	s.eachEndpoint(ctx, func(ctx context.Context, ep *Endpoint) {
 		got, err := fetchServed(ctx, s.control, ep.Base, s.listBudget)
 		if got.skipped > 0 {
 			ep.lora.skipped.Add(uint64(got.skipped))
 			s.log.Debug("gateway: adapter discovery skipped bad entries of the engine's model list", "address", ep.Base, "skipped", got.skipped, "first", got.bad)
 		}
-		room.Lock()
-		defer room.Unlock()
+		s.adapterRoom.Lock() // the check of the bound and the store, together
+		defer s.adapterRoom.Unlock()
 		old := ep.lora.served.Load()
 		next := &servedAdapters{parents: got.parents}
 		if err == nil {

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -31,10 +30,11 @@ const (
 	filterChunk = 4 << 10
 )
 
-// errPageSeries is the error of a page whose kept lines pass
-// maxKeptBytes; errScrapeBudget of one the process's scrape budget cannot
-// hold.
+// errPageLong is the error of a page past maxMetricsBytes, errPageSeries
+// of one whose kept lines pass maxKeptBytes, errScrapeBudget of one the
+// process's scrape budget cannot hold.
 var (
+	errPageLong     = fmt.Errorf("the page passes %d bytes", maxMetricsBytes)
 	errPageSeries   = fmt.Errorf("the page's series read by the gateway pass %d bytes", maxKeptBytes)
 	errScrapeBudget = errors.New("the scrape budget is spent: other pages being read hold it")
 )
@@ -44,7 +44,11 @@ var (
 // _bucket, _sum, _count and so on), and a family whose name has such a
 // suffix keeps the lines of the name without it too, since the parser
 // may read it as that family's sample.
-type familySet map[string]bool
+type familySet struct {
+	names map[string]bool
+	// maxLen is the longest name's length: a longer name is none of them.
+	maxLen int
+}
 
 // sampleSuffixes are the suffixes the text format gives the samples of a
 // histogram or summary family.
@@ -53,70 +57,189 @@ var sampleSuffixes = []string{"_bucket", "_sum", "_count", "_total", "_created",
 // newFamilySet returns the set of names, with their related names (see
 // familySet).
 func newFamilySet(names ...string) familySet {
-	s := familySet{}
+	s := familySet{names: map[string]bool{}}
 	add := func(n string) {
-		s[n] = true
-		for _, x := range sampleSuffixes {
-			s[n+x] = true
+		for _, x := range append([]string{""}, sampleSuffixes...) {
+			s.names[n+x] = true
+			s.maxLen = max(s.maxLen, len(n+x))
 		}
 	}
 	for _, n := range names {
 		add(n)
 		for _, x := range sampleSuffixes {
-			if base, ok := bytes.CutSuffix([]byte(n), []byte(x)); ok && len(base) > 0 {
-				add(string(base))
+			if base, ok := strings.CutSuffix(n, x); ok && base != "" {
+				add(base)
 			}
 		}
 	}
 	return s
 }
 
-// isNameByte reports whether c may continue a metric name in the text
-// format (the parser's legacy names: letters, digits, _ and :).
-func isNameByte(c byte) bool {
-	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
+// has reports whether the set names tok.
+func (s familySet) has(tok []byte) bool { return s.names[string(tok)] }
+
+// nameToken reads the metric name (label false) or label name at the
+// start of b as the text parser does (prometheus/common v0.73.1,
+// readTokenAsMetricName and readTokenAsLabelName): name bytes and quoted
+// parts, a quoted part's escapes (\\, \n, \") decoded; the token ends
+// at a byte that cannot go on with it (a blank, or = for a label), or just
+// after a closing quote. It returns the token, the bytes it took, cut
+// when b ended before the token did (and whole, which says b is the
+// whole rest of the page's line, is false), and bad when the parser
+// fails on it.
+func nameToken(b []byte, label, whole bool) (tok []byte, n int, cut, bad bool) {
+	start := func(c byte) bool {
+		return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '"' || (!label && c == ':')
+	}
+	if len(b) == 0 || !start(b[0]) {
+		return nil, 0, false, false
+	}
+	quoted, escaped, plain := false, false, true
+	for i := 0; ; i++ {
+		c := b[i]
+		switch {
+		case escaped:
+			switch c {
+			case '\\', '"':
+				tok = append(tok, c)
+			case 'n':
+				tok = append(tok, '\n')
+			default:
+				return tok, i, false, true
+			}
+			escaped = false
+		case c == '"':
+			if plain { // from here the token is a copy
+				tok, plain = append([]byte(nil), b[:i]...), false
+			}
+			if quoted = !quoted; !quoted {
+				return tok, i + 1, false, false
+			}
+		case c == '\n':
+			return tok, i, false, true
+		case c == '\\':
+			if plain {
+				tok, plain = append([]byte(nil), b[:i]...), false
+			}
+			escaped = true
+		default:
+			if !plain {
+				tok = append(tok, c)
+			}
+		}
+		if plain {
+			tok = b[:i+1]
+		}
+		if i+1 == len(b) {
+			return tok, i + 1, !whole, false
+		}
+		next := b[i+1]
+		more := start(next) || (next >= '0' && next <= '9') || next == ':' && !label || quoted
+		if !more || (!quoted && ((!label && next == ' ') || (label && next == '='))) {
+			return tok, i + 1, false, false
+		}
+	}
 }
 
 // keepLine reports whether a line of a page, given by its first bytes
-// (all of it, or the first filterChunk bytes, whole reporting whether the
-// chunk is the whole line), is kept: a sample of a named family, or its
-// HELP or TYPE comment. Lines it cannot tell (a name in quotes, a name
-// longer than the chunk) are kept; blank lines and other comments are not.
+// (all of it, whole, or the first filterChunk bytes), is kept: a sample
+// of a named family, or its HELP or TYPE comment, its name read as the
+// parser reads it (nameToken), in braces too. Blank lines and other
+// comments are not kept, nor lines the parser fails on. A line whose name
+// the chunk cuts is kept while what the chunk shows of it could still be
+// a name of the set.
 func (s familySet) keepLine(line []byte, whole bool) bool {
 	line = trimBlank(line)
-	if len(line) == 0 || line[0] == '\n' {
-		return false
+	if len(line) == 0 {
+		return !whole // blanks up to the chunk's end: cannot tell
 	}
 	switch line[0] {
-	case '{', '"':
-		return true // a quoted (UTF-8) name
+	case '\n':
+		return false
 	case '#':
 		rest := trimBlank(line[1:])
 		k := 0
 		for k < len(rest) && rest[k] != ' ' && rest[k] != '\t' && rest[k] != '\n' {
 			k++
 		}
+		if kw := string(rest[:k]); k == len(rest) {
+			// Cut in the keyword: keep what may be HELP or TYPE (a
+			// comment is safe to keep).
+			return !whole && (strings.HasPrefix("HELP", kw) || strings.HasPrefix("TYPE", kw))
+		}
 		if kw := string(rest[:k]); kw != "HELP" && kw != "TYPE" {
-			// A comment, which the parser skips, unless the chunk cut
-			// HELP or TYPE short.
-			return k == len(rest) && !whole && (strings.HasPrefix("HELP", kw) || strings.HasPrefix("TYPE", kw))
+			return false // a comment the parser skips
 		}
 		line = trimBlank(rest[k:])
 		if len(line) == 0 {
 			return !whole
 		}
-		if line[0] == '"' {
+		if line[0] == '\n' {
+			return false
+		}
+	case '{':
+		return s.keepBraced(line[1:], whole)
+	}
+	tok, _, cut, bad := nameToken(line, false, whole)
+	switch {
+	case bad:
+		return false
+	case cut:
+		return len(tok) <= s.maxLen
+	}
+	return s.has(tok)
+}
+
+// keepBraced is keepLine for a sample whose name is in its braces
+// ({"name", label="value"}): b follows the opening brace.
+func (s familySet) keepBraced(b []byte, whole bool) bool {
+	for {
+		if b = trimBlank(b); len(b) == 0 {
+			return !whole
+		}
+		tok, n, cut, bad := nameToken(b, true, whole)
+		switch {
+		case bad || (len(tok) == 0 && !cut):
+			return false // the parser fails here: "}" with no name too
+		case cut:
 			return true
 		}
+		if b = trimBlank(b[n:]); len(b) == 0 {
+			return !whole
+		}
+		if b[0] != '=' {
+			return s.has(tok) // the name
+		}
+		// A label's value: a quoted string, then "," or "}".
+		if b = trimBlank(b[1:]); len(b) == 0 {
+			return !whole
+		}
+		if b[0] != '"' {
+			return false
+		}
+		i, escaped := 1, false
+		for ; i < len(b); i++ {
+			if c := b[i]; escaped {
+				escaped = false
+			} else if c == '\\' {
+				escaped = true
+			} else if c == '"' {
+				break
+			} else if c == '\n' {
+				return false
+			}
+		}
+		if i == len(b) {
+			return !whole
+		}
+		if b = trimBlank(b[i+1:]); len(b) == 0 {
+			return !whole
+		}
+		if b[0] != ',' {
+			return false // "}" before any name, or worse: the parser fails
+		}
+		b = b[1:]
 	}
-	n := 0
-	for n < len(line) && isNameByte(line[n]) {
-		n++
-	}
-	if n == len(line) && !whole {
-		return true // the name may go on past the chunk
-	}
-	return s[string(line[:n])]
 }
 
 // trimBlank returns b without its leading blanks and tabs.
@@ -141,12 +264,32 @@ type familyFilter struct {
 	err        error
 }
 
-// filterFamilies returns r restricted to the lines set keeps
-// (familySet.keepLine). The kept lines are charged to hold as they are
-// read; once they pass maxKeptBytes, or hold cannot grow, Read fails
-// with errPageSeries or errScrapeBudget. The caller releases hold.
+// filterFamilies returns r, at most maxMetricsBytes (past them Read
+// fails with errPageLong), restricted to the lines set keeps
+// (familySet.keepLine), without the blanks that lead a line past a
+// chunk. The kept lines are charged to hold as they are read; once they
+// pass maxKeptBytes, or hold cannot grow, Read fails with errPageSeries
+// or errScrapeBudget. The caller releases hold.
 func filterFamilies(r io.Reader, set familySet, hold *budget.Hold) io.Reader {
-	return &familyFilter{r: bufio.NewReaderSize(r, filterChunk), set: set, hold: hold}
+	return &familyFilter{r: bufio.NewReaderSize(&pageLimit{r: r, left: maxMetricsBytes}, filterChunk), set: set, hold: hold}
+}
+
+// pageLimit is a page of at most left more bytes; past them Read fails
+// with errPageLong (a page cut short would parse as if it had ended).
+type pageLimit struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *pageLimit) Read(p []byte) (int, error) {
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	if l.left -= int64(n); l.left < 0 {
+		return 0, errPageLong
+	}
+	return n, err
 }
 
 func (f *familyFilter) Read(p []byte) (int, error) {
@@ -164,6 +307,8 @@ func (f *familyFilter) Read(p []byte) (int, error) {
 		}
 		switch {
 		case f.drop:
+		case !f.keep && cut && len(trimBlank(chunk)) == 0:
+			continue // blanks leading a line: the parser skips them too
 		case f.keep || f.set.keepLine(chunk, !cut):
 			if f.kept += int64(len(chunk)); f.kept > maxKeptBytes {
 				f.err, f.out = errPageSeries, nil

@@ -38,12 +38,17 @@ func TestFilterFamilies(t *testing.T) {
 		{"leading blanks", " \ta 1\n \tb 2\n", " \ta 1\n"},
 		{"a longer name is another family", "ab 1\na_b 2\na:b 3\na 4\n", "a 4\n"},
 		{"histogram samples with their family", "# TYPE a histogram\na_bucket{le=\"1\"} 1\na_sum 1\na_count 1\nb_count 1\n", "# TYPE a histogram\na_bucket{le=\"1\"} 1\na_sum 1\na_count 1\n"},
-		{"quoted names kept", "{\"b.c\"} 1\n# HELP \"b.c\" doc\nb 2\n", "{\"b.c\"} 1\n# HELP \"b.c\" doc\n"},
+		{"quoted names, read as the parser reads them", "{\"a\"} 1\n# HELP \"a\" doc\n{\"b.c\"} 2\n{l=\"v\", \"a\"} 3\n{l=\"a\"} 4\n\"a\" 5\n\"b\" 6\n", "{\"a\"} 1\n# HELP \"a\" doc\n{l=\"v\", \"a\"} 3\n\"a\" 5\n"},
+		{"a name with a quoted part", "a_\"b\" 1\n# TYPE a_\"b\" gauge\na_b 2\n", ""},
+		{"a label naming the family is not its name", "{l=\"a\", \"b\"} 1\n", ""},
+		{"blanks past a chunk before the name", strings.Repeat(" ", 5000) + "a 5\n" + strings.Repeat("\t", 5000) + "b 6\n", strings.Repeat(" ", 5000-filterChunk) + "a 5\n"},
+		{"a sample of another family read by name", "q_sum 1\n# TYPE \"q\" summary\n{\"q_sum\",quantile=\"x\"} 1\na 1\n", "a 1\n"},
 		{"the last line without a newline", "b 1\na 2", "a 2"},
 		{"a long line of another family dropped whole", "b{l=\"" + long + "\"} 1\na 1\n", "a 1\n"},
 		{"a long line of the family kept whole", "a{l=\"" + long + "\"} 1\nb 1\n", "a{l=\"" + long + "\"} 1\n"},
-		{"a name longer than a chunk kept", long + " 1\nb 1\n", long + " 1\n"},
+		{"a name longer than a chunk is none of the set", long + " 1\nb 1\n", ""},
 		{"a long comment dropped", "# " + long + "\na 1\n", "a 1\n"},
+		{"a long HELP kept", "# HELP a " + long + "\na 1\n", "# HELP a " + long + "\na 1\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := filtered(t, tc.page, "a")
@@ -76,6 +81,17 @@ func TestFilterFamiliesPageBound(t *testing.T) {
 	}
 	_, err = filtered(t, b.String(), "a")
 	require.ErrorIs(t, err, errPageSeries)
+
+	// A page past maxMetricsBytes fails, where cutting it would parse
+	// what came before the cut as the whole page.
+	b.Reset()
+	for b.Len() <= maxMetricsBytes {
+		b.WriteString("b" + line)
+	}
+	_, err = filtered(t, b.String()+"a 1\n", "a")
+	require.ErrorIs(t, err, errPageLong)
+	_, err = filtered(t, b.String()[:maxMetricsBytes-100]+"\na 1\n", "a")
+	require.NoError(t, err, "up to maxMetricsBytes")
 }
 
 // All the pages being read share one budget: a page the budget cannot
@@ -121,6 +137,12 @@ func FuzzFilterFamilies(f *testing.F) {
 	f.Add([]byte("# TYPE a histogram\na_bucket{le=\"+Inf\"} 1\na_count 1\n# HELP a x\n"), "a")
 	f.Add([]byte("{\"a\",l=\"v\"} 1\n# TYPE \"a\" gauge\n"), "a")
 	f.Add([]byte("a{l=\"v\"} 1 123\n  a 2\n\ta{l=\"w\"} 3\n"), "a")
+	// Found by review: a quoted part in a name, blanks past a chunk, a
+	// braced name of another family.
+	f.Add([]byte("vllm:num_requests_\"running\" 5\n# TYPE vllm:num_requests_\"running\" gauge\n"), "x")
+	f.Add([]byte(strings.Repeat(" ", 5000)+"vllm:num_requests_running 5\n"), "x")
+	f.Add([]byte("q_sum 1\n# TYPE \"q\" summary\n{\"q_sum\",quantile=\"x\"} 1\nvllm:num_requests_running 1\n"), "x")
+	f.Add([]byte("{l=\"v\",\"vllm:num_requests_running\"} 1\n{\"a\\\"b\"} 2\n"), "a\"b")
 	f.Fuzz(func(t *testing.T, page []byte, name string) {
 		names := append(strings.Split(name, ","), MetricPendingPrefill, "vllm:num_requests_running")
 		full, err := parsePage(page)

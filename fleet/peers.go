@@ -249,7 +249,7 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 	}
 	h := budget.Hold{B: b}
 	defer h.Release()
-	c, id, err := parsePeerPending(filterFamilies(io.LimitReader(resp.Body, maxMetricsBytes), peerFamilies, &h), keep)
+	c, id, err := parsePeerPending(filterFamilies(resp.Body, peerFamilies, &h), keep)
 	if err != nil {
 		return nil, "", fmt.Errorf("parse: %v", err)
 	}

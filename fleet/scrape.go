@@ -203,7 +203,7 @@ func scrape(ctx context.Context, client *http.Client, base, engine string, custo
 	}
 	h := budget.Hold{B: b}
 	defer h.Release()
-	res, err := parseEngineScrapeAs(filterFamilies(io.LimitReader(resp.Body, maxMetricsBytes), custom.pageFamilies(), &h), engine, custom)
+	res, err := parseEngineScrapeAs(filterFamilies(resp.Body, custom.pageFamilies(), &h), engine, custom)
 	if err != nil {
 		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
 	}
