@@ -94,6 +94,17 @@ func nameToken(b []byte, label, whole bool) (tok []byte, n int, cut, bad bool) {
 	if len(b) == 0 || !start(b[0]) {
 		return nil, 0, false, false
 	}
+	// Most names have no quoted part: letters, digits, _ and : to the end.
+	i := 0
+	for i < len(b) && plainNameByte[b[i]] && (!label || b[i] != ':') {
+		i++
+	}
+	switch {
+	case i == len(b):
+		return b, i, !whole, false
+	case b[i] != '"':
+		return b[:i], i, false, false
+	}
 	quoted, escaped, plain := false, false, true
 	for i := 0; ; i++ {
 		c := b[i]
@@ -140,6 +151,15 @@ func nameToken(b []byte, label, whole bool) (tok []byte, n int, cut, bad bool) {
 		}
 	}
 }
+
+// plainNameByte is true for the bytes a name may hold outside quotes:
+// letters, digits, _ and : (not in a label's name).
+var plainNameByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ':'
+	}
+	return t
+}()
 
 // keepLine reports whether a line of a page, given by its first bytes
 // (all of it, whole, or the first filterChunk bytes), is kept: a sample
