@@ -188,11 +188,7 @@ func TestParseKVTokensRecordedPage(t *testing.T) {
 // accepts. Seeds: the recorded pages
 // in testdata/metrics and TestParseKVTokens's texts.
 func FuzzParseKVTokens(f *testing.F) {
-	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
-	require.NoError(f, err)
-	for _, name := range files {
-		b, err := os.ReadFile(name)
-		require.NoError(f, err)
+	for _, b := range recordedPages(f) {
 		f.Add(b)
 	}
 	for _, s := range []string{

@@ -6,6 +6,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,4 +31,28 @@ func freeTCP(t testing.TB) string {
 	require.NoError(t, err)
 	defer l.Close()
 	return "tcp://" + l.Addr().String()
+}
+
+// recordedPages returns the engines' /metrics pages recorded in
+// testdata/metrics, the fuzz targets' seeds.
+func recordedPages(tb testing.TB) [][]byte {
+	tb.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files)
+	var pages [][]byte
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		require.NoError(tb, err)
+		pages = append(pages, b)
+	}
+	return pages
+}
+
+// envInt returns the environment variable name as a number, else def.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
 }

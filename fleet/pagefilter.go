@@ -88,13 +88,10 @@ func (s familySet) has(tok []byte) bool { return s.names[string(tok)] }
 // whole rest of the page's line, is false), and bad when the parser
 // fails on it.
 func nameToken(b []byte, label, whole bool) (tok []byte, n int, cut, bad bool) {
-	start := func(c byte) bool {
-		return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '"' || (!label && c == ':')
-	}
-	if len(b) == 0 || !start(b[0]) {
+	if len(b) == 0 || !(b[0] == '"' || plainNameByte[b[0]] && (b[0] < '0' || b[0] > '9') && (!label || b[0] != ':')) {
 		return nil, 0, false, false
 	}
-	// Most names have no quoted part: letters, digits, _ and : to the end.
+	// Name bytes up to the end, or to a quote.
 	i := 0
 	for i < len(b) && plainNameByte[b[i]] && (!label || b[i] != ':') {
 		i++
@@ -105,51 +102,46 @@ func nameToken(b []byte, label, whole bool) (tok []byte, n int, cut, bad bool) {
 	case b[i] != '"':
 		return b[:i], i, false, false
 	}
-	quoted, escaped, plain := false, false, true
-	for i := 0; ; i++ {
+	// A quoted part, which any byte continues: its closing quote ends the
+	// token.
+	q, m, cut, bad := readQuoted(b[i:], true)
+	if cut {
+		return nil, i + m, !whole, whole // at the page's end the parser fails
+	}
+	return append(b[:i:i], q...), i + m, false, bad
+}
+
+// readQuoted reads the quoted string at the start of b (b[0] is its
+// quote) as the text parser does: escapes \\, \" and \n, no raw
+// new-line. It returns the string, decoded when decode is set, and the
+// bytes it took; cut when b ends before the closing quote, bad when the
+// parser fails on it.
+func readQuoted(b []byte, decode bool) (q []byte, n int, cut, bad bool) {
+	for i := 1; i < len(b); i++ {
 		c := b[i]
-		switch {
-		case escaped:
-			switch c {
+		switch c {
+		case '"':
+			return q, i + 1, false, false
+		case '\n':
+			return q, i, false, true
+		case '\\':
+			if i++; i == len(b) {
+				return q, i, true, false
+			}
+			switch b[i] {
 			case '\\', '"':
-				tok = append(tok, c)
+				c = b[i]
 			case 'n':
-				tok = append(tok, '\n')
+				c = '\n'
 			default:
-				return tok, i, false, true
-			}
-			escaped = false
-		case c == '"':
-			if plain { // from here the token is a copy
-				tok, plain = append([]byte(nil), b[:i]...), false
-			}
-			if quoted = !quoted; !quoted {
-				return tok, i + 1, false, false
-			}
-		case c == '\n':
-			return tok, i, false, true
-		case c == '\\':
-			if plain {
-				tok, plain = append([]byte(nil), b[:i]...), false
-			}
-			escaped = true
-		default:
-			if !plain {
-				tok = append(tok, c)
+				return q, i, false, true
 			}
 		}
-		if plain {
-			tok = b[:i+1]
-		}
-		if i+1 == len(b) {
-			return tok, i + 1, !whole, false
-		}
-		next := b[i+1]
-		more := start(next) || (next >= '0' && next <= '9') || next == ':' && !label || quoted
-		if !more || (!quoted && ((!label && next == ' ') || (label && next == '='))) {
-			return tok, i + 1, false, false
+		if decode {
+			q = append(q, c)
 		}
 	}
+	return q, len(b), true, false
 }
 
 // plainNameByte is true for the bytes a name may hold outside quotes:
@@ -237,22 +229,14 @@ func (s familySet) keepBraced(b []byte, whole bool) bool {
 		if b[0] != '"' {
 			return false
 		}
-		i, escaped := 1, false
-		for ; i < len(b); i++ {
-			if c := b[i]; escaped {
-				escaped = false
-			} else if c == '\\' {
-				escaped = true
-			} else if c == '"' {
-				break
-			} else if c == '\n' {
-				return false
-			}
-		}
-		if i == len(b) {
+		_, n, cut, bad = readQuoted(b, false)
+		switch {
+		case bad:
+			return false
+		case cut:
 			return !whole
 		}
-		if b = trimBlank(b[i+1:]); len(b) == 0 {
+		if b = trimBlank(b[n:]); len(b) == 0 {
 			return !whole
 		}
 		if b[0] != ',' {

@@ -125,11 +125,7 @@ func parsePage(b []byte) (map[string]*dto.MetricFamily, error) {
 // a whole page, it reads the filtered page too, and each family named
 // comes out the same.
 func FuzzFilterFamilies(f *testing.F) {
-	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
-	require.NoError(f, err)
-	for _, name := range files {
-		b, err := os.ReadFile(name)
-		require.NoError(f, err)
+	for _, b := range recordedPages(f) {
 		f.Add(b, "vllm:num_requests_running")
 		f.Add(b, "vllm:lora_requests_info")
 	}

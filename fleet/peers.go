@@ -559,10 +559,7 @@ func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 // replicas.
 func (m *Model) ownPending() map[string]int {
 	own := make(map[string]int, len(m.ByName))
-	for _, g := range []*gateway.Gateway{m.Gateway, m.prefillPool()} {
-		if g == nil {
-			continue
-		}
+	for _, g := range m.pools() {
 		for _, r := range g.Replicas() {
 			own[r.Name] = r.PendingPrefill
 		}
@@ -570,13 +567,17 @@ func (m *Model) ownPending() map[string]int {
 	return own
 }
 
-// prefillPool returns the gateway of m's prefill pool when it has one
-// apart from m.Gateway, else nil.
-func (m *Model) prefillPool() *gateway.Gateway {
-	if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
-		return m.PD.Plan.Prefill
+// pools returns m's gateways: its own, and its prefill pool's when it
+// has one apart (gatewayOf says which serves a replica).
+func (m *Model) pools() []*gateway.Gateway {
+	var gws []*gateway.Gateway
+	if m.Gateway != nil {
+		gws = append(gws, m.Gateway)
 	}
-	return nil
+	if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
+		gws = append(gws, m.PD.Plan.Prefill)
+	}
+	return gws
 }
 
 // leastByPool returns the least count report gives at a replica of each
@@ -694,14 +695,7 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	ch <- prometheus.MustNewConstMetric(descInstance, prometheus.GaugeValue, 1, s.opts.InstanceID)
 	for name, m := range s.state.Load().Models {
-		gws := []*gateway.Gateway{m.Gateway}
-		if m.PD != nil && m.PD.Plan.Prefill != nil && m.PD.Plan.Prefill != m.Gateway {
-			gws = append(gws, m.PD.Plan.Prefill)
-		}
-		for _, g := range gws {
-			if g == nil {
-				continue
-			}
+		for _, g := range m.pools() {
 			for _, r := range g.Replicas() {
 				ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(r.PendingPrefill), name, r.Name)
 				if len(m.Cfg.Peers) > 0 {

@@ -69,11 +69,7 @@ func TestParseEngineMetricsFor(t *testing.T) {
 // parser: no panic, errors wrap ErrScrape, loads in range, and the type
 // found is the one asked for (or, for auto, a known one) or none.
 func FuzzParseEngineMetricsFor(f *testing.F) {
-	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
-	require.NoError(f, err)
-	for i, name := range files {
-		b, err := os.ReadFile(name)
-		require.NoError(f, err)
+	for i, b := range recordedPages(f) {
 		f.Add(b, uint8(i))
 	}
 	f.Add([]byte("sglang:num_queue_reqs 1e300\nsglang:token_usage -1\n"), uint8(2))

@@ -122,12 +122,7 @@ func TestParseEngineMetricsRealPages(t *testing.T) {
 // latency). Its seeds are the pages in testdata/metrics and
 // TestParseEngineMetrics's texts.
 func FuzzParseEngineMetrics(f *testing.F) {
-	files, err := filepath.Glob(filepath.Join("testdata", "metrics", "*.txt"))
-	require.NoError(f, err)
-	require.NotEmpty(f, files)
-	for _, name := range files {
-		b, err := os.ReadFile(name)
-		require.NoError(f, err)
+	for _, b := range recordedPages(f) {
 		f.Add(b)
 	}
 	for _, s := range []string{

@@ -77,14 +77,8 @@ func TestScrapeMemory(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("a measurement: EXA_MEASURE=1")
 	}
-	n := 16
-	if v, err := strconv.Atoi(os.Getenv("EXA_N")); err == nil {
-		n = v
-	}
-	size := maxMetricsBytes
-	if v, err := strconv.Atoi(os.Getenv("EXA_PAGE")); err == nil {
-		size = v
-	}
+	n := envInt("EXA_N", 16)
+	size := envInt("EXA_PAGE", maxMetricsBytes)
 	engine := hostilePage("vllm:num_requests_running", size)
 	peer := hostilePage(MetricPendingPrefill, size)
 	serve := func(page []byte) http.Handler {
@@ -178,10 +172,7 @@ func TestDiscoverMemory(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("a measurement: EXA_MEASURE=1")
 	}
-	n := 16
-	if v, err := strconv.Atoi(os.Getenv("EXA_N")); err == nil {
-		n = v
-	}
+	n := envInt("EXA_N", 16)
 	var b bytes.Buffer
 	b.WriteString(`{"object":"list","data":[`)
 	for i := 0; i < maxServedModels; i++ {
@@ -203,10 +194,7 @@ func TestDiscoverMemory(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
-	rounds := 3
-	if v, err := strconv.Atoi(os.Getenv("EXA_ROUNDS")); err == nil {
-		rounds = v
-	}
+	rounds := envInt("EXA_ROUNDS", 3)
 	for round := range rounds {
 		p := peakHeap(func() {
 			var wg sync.WaitGroup
