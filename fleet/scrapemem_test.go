@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,6 +71,39 @@ func peakHeap(f func()) uint64 {
 	return peak.Load() - base
 }
 
+// peakRSS runs f and returns the process's peak RSS over it, in bytes
+// above its RSS before f (Linux: the peak is reset through clear_refs
+// and read from VmHWM), or -1 where it cannot be read.
+func peakRSS(f func()) int64 {
+	read := func(field string) int64 {
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			return -1
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, field+":"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				if err == nil {
+					return kb << 10
+				}
+			}
+		}
+		return -1
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	if os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) != nil {
+		return -1
+	}
+	before := read("VmRSS")
+	f()
+	peak := read("VmHWM")
+	if before < 0 || peak < 0 {
+		return -1
+	}
+	return peak - before
+}
+
 // TestScrapeMemory measures the heap a round of scrapes takes when every
 // engine and every peer sends a full page (8 MiB) of the series the
 // scrapes read: n engines and n peers. Run with EXA_MEASURE=1; EXA_N sets
@@ -99,7 +134,8 @@ func TestScrapeMemory(t *testing.T) {
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
 	for round := range 3 {
 		var held uint64
-		p := peakHeap(func() { s.ScrapeAll(context.Background()) })
+		var p uint64
+		rss := peakRSS(func() { p = peakHeap(func() { s.ScrapeAll(context.Background()) }) })
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
@@ -110,8 +146,8 @@ func TestScrapeMemory(t *testing.T) {
 				errs++
 			}
 		}
-		t.Logf("round %d: %d engines and %d peers, each a %d KiB page: peak heap +%.0f MiB, heap after %0.f MiB, peers' counts kept %d, engines with a failed scrape %d",
-			round, n, n, size>>10, float64(p)/(1<<20), float64(held)/(1<<20), s.peerCountsKept(), errs)
+		t.Logf("round %d: %d engines and %d peers, each a %d KiB page: peak heap +%.0f MiB (RSS +%.0f MiB), heap after %0.f MiB, peers' counts kept %d, engines with a failed scrape %d",
+			round, n, n, size>>10, float64(p)/(1<<20), float64(rss)/(1<<20), float64(held)/(1<<20), s.peerCountsKept(), errs)
 	}
 }
 
@@ -196,12 +232,15 @@ func TestDiscoverMemory(t *testing.T) {
 	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeCacheAware, Replicas: reps}}}))
 	rounds := envInt("EXA_ROUNDS", 3)
 	for round := range rounds {
-		p := peakHeap(func() {
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); s.DiscoverAll(context.Background()) }()
-			go func() { defer wg.Done(); s.DiscoverModelInfo(context.Background()) }()
-			wg.Wait()
+		var p uint64
+		rss := peakRSS(func() {
+			p = peakHeap(func() {
+				var wg sync.WaitGroup
+				wg.Add(2)
+				go func() { defer wg.Done(); s.DiscoverAll(context.Background()) }()
+				go func() { defer wg.Done(); s.DiscoverModelInfo(context.Background()) }()
+				wg.Wait()
+			})
 		})
 		runtime.GC()
 		var m runtime.MemStats
@@ -218,8 +257,8 @@ func TestDiscoverMemory(t *testing.T) {
 				adapters += len(a.parents)
 			}
 		}
-		t.Logf("round %d: %d engines, each a %.1f MiB list: peak heap +%.0f MiB, heap after %.0f MiB, engines whose adapter discovery failed %d, adapters kept %d",
-			round, n, float64(len(list))/(1<<20), float64(p)/(1<<20), float64(m.HeapAlloc)/(1<<20), failed, adapters)
+		t.Logf("round %d: %d engines, each a %.1f MiB list: peak heap +%.0f MiB (RSS +%.0f MiB), heap after %.0f MiB, engines whose adapter discovery failed %d, adapters kept %d",
+			round, n, float64(len(list))/(1<<20), float64(p)/(1<<20), float64(rss)/(1<<20), float64(m.HeapAlloc)/(1<<20), failed, adapters)
 	}
 }
 
