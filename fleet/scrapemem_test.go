@@ -7,12 +7,8 @@ import (
 	"net/http"
 	"os"
 	"runtime"
-	"runtime/debug"
-	rtmetrics "runtime/metrics"
 	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +17,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/internal/memtest"
 )
 
 // hostilePage returns a page of about size bytes, every line a series of
@@ -34,74 +31,6 @@ func hostilePage(family string, size int) []byte {
 		}
 		b.WriteString(l)
 	}
-}
-
-// peakHeap runs f while sampling the live heap every 100µs, and returns
-// the largest sample above the heap live before f.
-func peakHeap(f func()) uint64 {
-	runtime.GC()
-	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	rtmetrics.Read(s)
-	base := s[0].Value.Uint64()
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-		for {
-			rtmetrics.Read(s)
-			if v := s[0].Value.Uint64(); v > peak.Load() {
-				peak.Store(v)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-		}
-	}()
-	f()
-	close(stop)
-	wg.Wait()
-	if peak.Load() < base {
-		return 0
-	}
-	return peak.Load() - base
-}
-
-// peakRSS runs f and returns the process's peak RSS over it, in bytes
-// above its RSS before f (Linux: the peak is reset through clear_refs
-// and read from VmHWM), or -1 where it cannot be read.
-func peakRSS(f func()) int64 {
-	read := func(field string) int64 {
-		b, err := os.ReadFile("/proc/self/status")
-		if err != nil {
-			return -1
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, field+":"); ok {
-				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				if err == nil {
-					return kb << 10
-				}
-			}
-		}
-		return -1
-	}
-	runtime.GC()
-	debug.FreeOSMemory()
-	if os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) != nil {
-		return -1
-	}
-	before := read("VmRSS")
-	f()
-	peak := read("VmHWM")
-	if before < 0 || peak < 0 {
-		return -1
-	}
-	return peak - before
 }
 
 // TestScrapeMemory measures the heap a round of scrapes takes when every
@@ -135,7 +64,7 @@ func TestScrapeMemory(t *testing.T) {
 	for round := range 3 {
 		var held uint64
 		var p uint64
-		rss := peakRSS(func() { p = peakHeap(func() { s.ScrapeAll(context.Background()) }) })
+		rss := memtest.PeakRSS(func() { p = memtest.PeakHeap(func() { s.ScrapeAll(context.Background()) }) })
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
@@ -233,8 +162,8 @@ func TestDiscoverMemory(t *testing.T) {
 	rounds := envInt("EXA_ROUNDS", 3)
 	for round := range rounds {
 		var p uint64
-		rss := peakRSS(func() {
-			p = peakHeap(func() {
+		rss := memtest.PeakRSS(func() {
+			p = memtest.PeakHeap(func() {
 				var wg sync.WaitGroup
 				wg.Add(2)
 				go func() { defer wg.Done(); s.DiscoverAll(context.Background()) }()

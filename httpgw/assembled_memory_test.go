@@ -1,7 +1,6 @@
 package httpgw
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"net/http"
@@ -15,24 +14,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-// rssBytes is the process's resident set (VmRSS), 0 if unknown.
-func rssBytes() int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+	"github.com/examlops/gateway/internal/memtest"
+)
 
 // envInt is the integer in the environment variable name, def if unset.
 func envInt(t *testing.T, name string, def int) int {
@@ -66,7 +50,7 @@ func TestAssembledMemory(t *testing.T) {
 	body := chatBody(testModel, false, "sys", "hi")
 
 	runtime.GC()
-	start := rssBytes()
+	start := memtest.Status("VmRSS")
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
@@ -79,7 +63,7 @@ func TestAssembledMemory(t *testing.T) {
 			case <-stop:
 				return
 			case <-tick.C:
-				if r := rssBytes(); r > peak.Load() {
+				if r := memtest.Status("VmRSS"); r > peak.Load() {
 					peak.Store(r)
 				}
 			}
@@ -123,7 +107,7 @@ func TestAssembledMemory(t *testing.T) {
 		mib(start), mib(peak.Load()-start), mib(peak.Load()-start-opts.MaxAssembledBytes))
 	for _, wait := range []time.Duration{0, 5 * time.Second, 7 * time.Second} {
 		time.Sleep(wait) // a measurement over time, not synchronisation
-		t.Logf("then after %v more: RSS %.0f MiB (+%.0f MiB over the start), budget in use %d", wait, mib(rssBytes()), mib(rssBytes()-start), f.srv.assembled.Used())
+		t.Logf("then after %v more: RSS %.0f MiB (+%.0f MiB over the start), budget in use %d", wait, mib(memtest.Status("VmRSS")), mib(memtest.Status("VmRSS")-start), f.srv.assembled.Used())
 	}
 	require.Zero(t, other.Load(), "each client gets the answer or a 503")
 }

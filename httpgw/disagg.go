@@ -157,8 +157,11 @@ func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20
 // when prefill does not report proceed the call's decode decision is too.
 func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, note string) (proceed, handed bool) {
 	ms := c.ms
-	body, err := prefillBody(c.body)
-	if err != nil { // not reached: admit parsed the body as an object
+	body, err := makeBody(&c.in, len(c.body)+len(prefillTail)+2, func() ([]byte, error) { return prefillBody(c.body) })
+	if errors.Is(err, budget.ErrSpent) {
+		err = fmt.Errorf("%w: %w", errBodiesOverBudget, err)
+	}
+	if err != nil { // not reached but past MaxRequestBytes: admit parsed the body as an object
 		plan.Prefill.Done(gateway.DoneInfo{Err: err})
 		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
@@ -196,9 +199,10 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 			return false, false
 		}
 		// prefillFailed: pre is released and its replica's health told.
-		// An answer over the MaxAssembledBytes budget is not retried: the
-		// budget is the gateway's, not the replica's.
-		if try == 0 && ctx.Err() == nil && !errors.Is(res.err, errOverBudget) {
+		// An answer over the MaxAssembledBytes budget, or a decode body
+		// over MaxRequestBytes, is not retried: the budget is the
+		// gateway's, not the replica's.
+		if try == 0 && ctx.Err() == nil && !errors.Is(res.err, errOverBudget) && !errors.Is(res.err, errBodiesOverBudget) {
 			// The prefill pool's own choice, the failed replica left out
 			// (as a decode retry leaves out its failed replica).
 			rt := t
@@ -304,7 +308,11 @@ func (s *Server) prefillOnce(ctx context.Context, c *call, pre *gateway.Decision
 		pre.Done(gateway.DoneInfo{})
 		return prefillResult{outcome: prefillFailed, reason: fleet.PDPrefillNoKV, err: fmt.Errorf("%s answered without kv_transfer_params", where)}
 	}
-	dbody, err := decodeBody(c.body, kv)
+	dbody, err := makeBody(&c.in, len(c.body)+len(fieldKVTransferParams)+len(kv)+5, func() ([]byte, error) { return decodeBody(c.body, kv) })
+	if errors.Is(err, budget.ErrSpent) {
+		// Not the replica's failure either.
+		return failed(fleet.PDPrefillFailed, fmt.Errorf("%s: %w: %w", where, errBodiesOverBudget, err))
+	}
 	if err != nil { // not reached, as above
 		return failed(fleet.PDPrefillFailed, err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/keys"
 )
@@ -61,19 +62,18 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		pc.fail(http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return
 	}
-	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			pc.fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
-				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
-			return
-		}
-		pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+	var in budget.Hold
+	defer s.releaseBody(&in)
+	body, ok := s.readRequest(w, r, &in, pc.fail)
+	if !ok {
 		return
 	}
 	st := s.Snapshot()
-	name, body, err := passModel(st, body)
+	name, body, err := passModel(st, body, &in)
+	if errors.Is(err, budget.ErrSpent) {
+		s.bodiesOverBudget(w, pc.fail, err)
+		return
+	}
 	if err != nil {
 		pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_request", front.Param(err), err.Error())
 		return
@@ -103,8 +103,9 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // passModel returns the model a pass-through body names and the body to
 // forward. A body without "model" (or with null), when the gateway serves
 // exactly one model, names that one; the body forwarded then names it
-// too (see withSoleModel).
-func passModel(st *fleet.State, body []byte) (string, []byte, error) {
+// too (see withSoleModel), made within the request's share h of
+// MaxRequestBytes (makeBody; past it the error wraps budget.ErrSpent).
+func passModel(st *fleet.State, body []byte, h *budget.Hold) (string, []byte, error) {
 	req, err := front.DecodeEmbeddings(body)
 	if err != nil {
 		var re *front.RequestError
@@ -114,7 +115,12 @@ func passModel(st *fleet.State, body []byte) (string, []byte, error) {
 		return "", nil, fmt.Errorf("%w: body is not a valid JSON request: %v", ErrBadRequest, err)
 	}
 	if !req.HasModel {
-		return withSoleModel(st, body)
+		var name string
+		b, err := makeBody(h, len(body)+soleModelExtra, func() (b []byte, err error) {
+			name, b, err = withSoleModel(st, body)
+			return b, err
+		})
+		return name, b, err
 	}
 	if req.Model == "" {
 		return "", nil, front.FieldError("model", "field \"model\" is empty")
@@ -271,6 +277,11 @@ type writerOnly struct{ io.Writer }
 // the last of repeated members) as for the gateway. Without exactly one
 // model it is the error a missing "model" gets. body is one JSON object
 // (decodeRequest checked it).
+// soleModelExtra bounds what withSoleModel adds to a body: the member
+// "model" and its name, at most 255 bytes, each quoted as JSON (6 bytes
+// at most a byte).
+const soleModelExtra = 6*255 + 16
+
 func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
 	if len(st.Models) != 1 {
 		return "", nil, front.FieldError("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))

@@ -2,6 +2,7 @@ package httpgw
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 )
 
@@ -307,7 +309,9 @@ func FuzzPassModel(f *testing.F) {
 		if single {
 			st = one
 		}
-		name, out, err := passModel(st, body)
+		h := budget.Hold{B: budget.New(1 << 30)}
+		defer h.Release()
+		name, out, err := passModel(st, body, &h)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "gateway: ") {
 				t.Fatalf("error %q does not start with gateway:", err)
@@ -317,6 +321,9 @@ func FuzzPassModel(f *testing.F) {
 		req, err := front.Decode(out)
 		if err != nil || !req.HasModel || req.Model != name || name == "" {
 			t.Fatalf("body %q -> %q names %+v (err %v), want %q", body, out, req, err, name)
+		}
+		if !bytes.Equal(out, body) && h.Held() < int64(cap(out)) {
+			t.Fatalf("a body made of %d bytes, %d charged", cap(out), h.Held())
 		}
 	})
 }

@@ -99,6 +99,9 @@ type call struct {
 	// share of Options.MaxAssembledBytes.
 	aggregate bool
 	hold      budget.Hold
+	// in is the request body's share of Options.MaxRequestBytes, with
+	// the bodies made from it (bodies.go).
+	in budget.Hold
 	// slo is the request's latency objective (Options.Objectives, the
 	// headers over the model's default); sloChecked says the rule was
 	// applied to its decision already (a split P/D plan's, disagg.go).
@@ -110,12 +113,18 @@ type call struct {
 	attempt
 }
 
+// fail answers the call's client with an error (outcome.fail).
+func (c *call) fail(status int, typ, code, param, msg string) {
+	c.oc.fail(c.w, status, typ, code, param, msg)
+}
+
 // serveInference handles /v1/chat/completions, /v1/completions and
 // /v1/responses.
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind keys.Endpoint) {
 	c := &call{w: w, r: r, start: s.opts.Clock(), oc: outcome{kind: kind}}
 	s.metrics.InFlight.Inc()
 	defer s.record(c)
+	defer s.releaseBody(&c.in)
 	if !s.admit(c) {
 		return
 	}
@@ -177,22 +186,24 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return false
 	}
-	body, err := readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			oc.fail(w, http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
-				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
-			return false
-		}
-		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+	body, ok := s.readRequest(w, r, &c.in, c.fail)
+	if !ok {
 		return false
 	}
 	st := s.Snapshot()
 	req, err := front.Parse(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
-		req, body, err = defaultModel(st, oc.kind, body, err)
+		perr := err
+		body, err = makeBody(&c.in, len(body)+soleModelExtra, func() ([]byte, error) {
+			var nb []byte
+			req, nb, err = defaultModel(st, oc.kind, body, perr)
+			return nb, err
+		})
+		if errors.Is(err, budget.ErrSpent) {
+			s.bodiesOverBudget(w, c.fail, err)
+			return false
+		}
 	}
 	if err != nil {
 		oc.fail(w, http.StatusBadRequest, front.TypeInvalidRequest, "invalid_request", front.Param(err), err.Error())
@@ -310,31 +321,6 @@ func (s *Server) refuse(c *call, d *gateway.Decision) bool {
 		c.oc.code = front.CodeSLO429
 	}
 	return refused
-}
-
-// readBody reads r to its end, like io.ReadAll, into a buffer sized for
-// the declared length (when it is known and within limit), so that a long
-// prompt is not copied through a series of growing buffers.
-func readBody(r io.Reader, size, limit int64) ([]byte, error) {
-	if size <= 0 || size > limit {
-		return io.ReadAll(r)
-	}
-	// One byte more than declared: reading to the end then needs no
-	// growth even if the reader reports io.EOF on a call of its own.
-	b := make([]byte, 0, size+1)
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-	}
 }
 
 // upstreamRequest returns the request that forwards an inference request

@@ -40,6 +40,11 @@ const (
 	// picker's buffered bodies (picker.DefaultMaxBufferedBytes); three
 	// answers at the 32 MiB limit, thousands of the usual few-KiB ones.
 	DefaultMaxAssembledBytes = 256 << 20
+	// DefaultMaxRequestBytes bounds the memory of all the request bodies
+	// in flight together (Options.MaxRequestBytes): 512 MiB, charged
+	// twice a body's size: 32 bodies at the 8 MiB limit, 2,600 of 100 KB
+	// (a 25k-token prompt), 65,000 of the usual 4 KiB.
+	DefaultMaxRequestBytes = 512 << 20
 )
 
 // Options configures a Server. The zero value is usable: every zero field
@@ -113,6 +118,21 @@ type Options struct {
 	// stream is then dropped). Default DefaultMaxAssembledBytes (256 MiB);
 	// it must not be negative.
 	MaxAssembledBytes int64
+	// MaxRequestBytes bounds the memory held by the request bodies of all
+	// the calls in flight at once (inference, pass-through and stored
+	// response requests, those flow control holds included), from their
+	// first byte read until the call ends: each is charged twice its
+	// buffer's capacity (the body and the parsed request's copy of its
+	// text), and every body the gateway makes from it (one asking the
+	// engine for a stream, one naming the sole model, a disaggregated
+	// request's prefill and decode bodies) by its own. A request whose
+	// body would take the sum past it gets 503 (overloaded) with
+	// Retry-After: 1, before the rest of it is read or before the body
+	// made from it is sent (a disaggregated request then decodes
+	// co-located). Default DefaultMaxRequestBytes (512 MiB) or
+	// 4×MaxBodyBytes if more; it must be at least 4×MaxBodyBytes, so
+	// that a body of the largest size can always be read and rewritten.
+	MaxRequestBytes int64
 	// Transport carries requests to the engines; default an
 	// internal/httpclient.Pool: keep-alive HTTP/1.1 connections, each
 	// exchange done on the request's own goroutine (plain http; anything
@@ -178,9 +198,12 @@ type Server struct {
 	// assembled is the MaxAssembledBytes budget the assembled answers
 	// share (upstream.go).
 	assembled *budget.Budget
-	mem       *memReturner       // returns the memory of long answers (memreturn.go)
-	respIDs   front.ResponseIDs  // which replica produced each recent response (responses.go)
-	flow      *front.FlowControl // nil when flow control is off (admission.go)
+	// bodies is the MaxRequestBytes budget the request bodies share
+	// (bodies.go).
+	bodies  *budget.Budget
+	mem     *memReturner       // returns the memory of long answers (memreturn.go)
+	respIDs front.ResponseIDs  // which replica produced each recent response (responses.go)
+	flow    *front.FlowControl // nil when flow control is off (admission.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -207,6 +230,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.bufPool.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.assembled = budget.New(opts.MaxAssembledBytes)
+	s.bodies = budget.New(opts.MaxRequestBytes)
 	s.mem = newMemReturner(s.afterFunc, opts.Clock)
 	var err error
 	s.Fleet, err = fleet.New(fleetOptions(opts))
@@ -291,11 +315,24 @@ func fillOptions(o *Options) error {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.MaxBodyBytes > 1<<40 {
+		return fmt.Errorf("%w: MaxBodyBytes %d is over 1 TiB", ErrInvalidOptions, o.MaxBodyBytes)
+	}
 	if o.MaxAssembledBytes < 0 {
 		return fmt.Errorf("%w: MaxAssembledBytes %d is negative", ErrInvalidOptions, o.MaxAssembledBytes)
 	}
 	if o.MaxAssembledBytes == 0 {
 		o.MaxAssembledBytes = DefaultMaxAssembledBytes
+	}
+	if o.MaxRequestBytes < 0 {
+		return fmt.Errorf("%w: MaxRequestBytes %d is negative", ErrInvalidOptions, o.MaxRequestBytes)
+	}
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = max(DefaultMaxRequestBytes, 4*o.MaxBodyBytes)
+	}
+	if o.MaxRequestBytes < 4*o.MaxBodyBytes {
+		return fmt.Errorf("%w: MaxRequestBytes %d is below 4×MaxBodyBytes (%d): a body of the largest size could not be read and rewritten",
+			ErrInvalidOptions, o.MaxRequestBytes, 4*o.MaxBodyBytes)
 	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})

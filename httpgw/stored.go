@@ -1,11 +1,10 @@
 package httpgw
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 
+	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 )
 
@@ -26,19 +25,13 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request) {
 	}()
 	sr, serr := front.ParseStored(r.Method, r.URL.Path)
 	var body []byte
+	var in budget.Hold
+	defer s.releaseBody(&in)
 	if serr == nil && r.Method != http.MethodGet {
 		// A body (cancel's, delete's) is forwarded as it is, within the
 		// bound of any request's.
-		var err error
-		body, err = readBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), r.ContentLength, s.opts.MaxBodyBytes)
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			pc.fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
-				fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, mbe.Limit))
-			return
-		case err != nil:
-			pc.fail(http.StatusBadRequest, front.TypeInvalidRequest, "invalid_body", "", fmt.Sprintf("%v: reading the body: %v", ErrBadRequest, err))
+		var ok bool
+		if body, ok = s.readRequest(w, r, &in, pc.fail); !ok {
 			return
 		}
 	}

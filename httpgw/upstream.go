@@ -48,15 +48,21 @@ const assembledCharge = sseagg.Charge
 // rewrites the body to ask for a stream with usage (keys.StreamBody) and
 // marks the call for relayAggregated. A call to be assembled first takes
 // its first step of the MaxAssembledBytes budget (c.hold, which the
-// caller releases); when the budget cannot give it, the client gets 503
-// and upstreamStream returns false.
+// caller releases), and the rewritten body is charged to MaxRequestBytes
+// (c.in). When MaxRequestBytes cannot hold the rewritten body, the
+// request goes as it is; when MaxAssembledBytes cannot give its step, the
+// client gets 503 and upstreamStream returns false.
 func (s *Server) upstreamStream(c *call) bool {
 	if s.opts.UpstreamStream == UpstreamStreamOff || !keys.StreamUpstream(c.oc.kind, c.req, c.body) {
 		return true
 	}
-	out, err := keys.StreamBody(c.body)
+	out, err := makeBody(&c.in, len(c.body)+len(keys.StreamMembers)+2, func() ([]byte, error) { return keys.StreamBody(c.body) })
 	if err != nil {
-		return true // not reached: admit parsed it as one object, with a model
+		// No room in MaxRequestBytes for the rewritten body: the
+		// request goes as the client sent it, as the picker's does.
+		// (Any other error is not reached: admit parsed the body as one
+		// object, with a model.)
+		return true
 	}
 	c.hold.B = s.assembled
 	if !c.hold.Grow(sseagg.Step) {

@@ -2,16 +2,13 @@ package httpgw
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
-	"testing/iotest"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -121,49 +118,6 @@ func TestIsHopHeader(t *testing.T) {
 	}
 	allocs := testing.AllocsPerRun(10, func() { isHopHeader("Content-Type"); isHopHeader("Keep-Alive") })
 	assert.Zero(t, allocs, "a canonical key is checked without allocating")
-}
-
-// oneByteReader returns its data a byte at a time, then io.EOF on a call
-// of its own.
-type oneByteReader struct{ b []byte }
-
-func (r *oneByteReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		return 0, io.EOF
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	p[0] = r.b[0]
-	r.b = r.b[1:]
-	return 1, nil
-}
-
-func TestReadBody(t *testing.T) {
-	data := []byte(strings.Repeat("0123456789", 100))
-	for _, tc := range []struct {
-		name        string
-		size, limit int64
-	}{
-		{"declared", int64(len(data)), 1 << 20},
-		{"unknown", -1, 1 << 20},
-		{"declared too short", 10, 1 << 20},
-		{"declared too long", 5000, 1 << 20},
-		{"over the limit", int64(len(data)), 100},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for _, r := range []io.Reader{bytes.NewReader(data), &oneByteReader{data}} {
-				got, err := readBody(r, tc.size, tc.limit)
-				require.NoError(t, err)
-				assert.Equal(t, data, got)
-			}
-		})
-	}
-	t.Run("error", func(t *testing.T) {
-		boom := errors.New("boom")
-		_, err := readBody(io.MultiReader(bytes.NewReader(data[:10]), iotest.ErrReader(boom)), int64(len(data)), 1<<20)
-		assert.ErrorIs(t, err, boom)
-	})
 }
 
 // The gateway sends a complete answer as soon as the engine's body ends,

@@ -32,6 +32,7 @@ type gatewayFlags struct {
 	otlpSampleRatio                   float64
 	upstreamStream                    bool
 	maxAssembled                      int64
+	maxRequest                        int64
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
 }
@@ -100,6 +101,8 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"ask the engine to stream the answer of a chat or completions request whose client does not stream, and answer the client with the JSON assembled from the stream, so that the gateway learns the request's first token (its prefill's end) when it comes rather than at completion; --upstream-stream=false forwards such requests as they are")
 	f.Int64Var(&fl.maxAssembled, "max-assembled-bytes", httpgw.DefaultMaxAssembledBytes,
 		"memory all the non-streamed answers being assembled from engines' streams (--upstream-stream) may hold together, each charged twice what it holds (the Go collector's headroom); a request whose answer would go past it gets 503 with Retry-After")
+	f.Int64Var(&fl.maxRequest, "max-request-bytes", 0,
+		"memory the request bodies in flight may hold together, from their first byte read until the call ends (those flow control holds included), each charged twice its size and every body made from it by its own; a request whose body would go past it gets 503 overloaded with Retry-After (0 = 512 MiB, or 4 × --max-body-bytes if more; at least 4 × --max-body-bytes)")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
@@ -134,6 +137,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	if fl.maxAssembled <= 0 {
 		return usagef("invalid --max-assembled-bytes %q: must be positive", fmt.Sprint(fl.maxAssembled))
+	}
+	if fl.maxRequest < 0 || fl.maxRequest > 0 && fl.maxRequest < 4*fl.maxBody {
+		return usagef("invalid --max-request-bytes %q: must be 0 (the default) or at least 4 × --max-body-bytes (%d)", fmt.Sprint(fl.maxRequest), 4*fl.maxBody)
 	}
 	var engineClient http.RoundTripper // httpgw's default: the pool
 	switch fl.engineClient {
@@ -175,6 +181,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		UpstreamStream:   upstream,
 
 		MaxAssembledBytes: fl.maxAssembled,
+		MaxRequestBytes:   fl.maxRequest,
 		Objectives:        objectives,
 	}
 	reg := fl.disc.metrics(&o)

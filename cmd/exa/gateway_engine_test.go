@@ -23,6 +23,8 @@ func TestGatewayBadEngineFlags(t *testing.T) {
 		{[]string{"--first-byte-timeout", "-1s"}, `invalid --first-byte-timeout "-1s": must not be negative`},
 		{[]string{"--response-timeout", "-1s"}, `invalid --response-timeout "-1s": must not be negative`},
 		{[]string{"--max-assembled-bytes", "0"}, `invalid --max-assembled-bytes "0": must be positive`},
+		{[]string{"--max-request-bytes", "-1"}, `invalid --max-request-bytes "-1": must be 0 (the default) or at least 4 × --max-body-bytes (33554432)`},
+		{[]string{"--max-request-bytes", "1000", "--max-body-bytes", "251"}, `invalid --max-request-bytes "1000": must be 0 (the default) or at least 4 × --max-body-bytes (1004)`},
 	} {
 		t.Run(tt.args[0], func(t *testing.T) {
 			r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tt.args...)...)

@@ -94,11 +94,23 @@ var (
 // past limit it wraps ErrTooLong. On error the buffer is dropped, but
 // what h holds is left for the caller to release.
 func (h *Hold) ReadAll(r io.Reader, limit, charge int64) ([]byte, error) {
+	return h.ReadAllSize(r, 0, limit, charge)
+}
+
+// ReadAllSize is ReadAll for a reader that says it holds size bytes (an
+// HTTP body's Content-Length): when 0 < size ≤ limit its first buffer
+// holds size+1 bytes, so that a reader that keeps its word is read in one
+// allocation, charged before it is made; a size outside that range is
+// ignored.
+func (h *Hold) ReadAllSize(r io.Reader, size, limit, charge int64) ([]byte, error) {
 	charge = max(charge, 1)
 	var b []byte
 	for {
 		if len(b) == cap(b) {
 			n := min(max(2*int64(cap(b)), 512), limit+1)
+			if cap(b) == 0 && size > 0 && size <= limit {
+				n = size + 1
+			}
 			if !h.Grow(charge * n) {
 				return nil, fmt.Errorf("%w: %d bytes more needed, of %d, %d in use", ErrSpent, charge*n-h.Held(), h.B.Limit(), h.B.Used())
 			}
