@@ -29,13 +29,21 @@ type failFunc func(status int, typ, code, param, msg string)
 // readRequest reads r's body, at most MaxBodyBytes, into a buffer charged
 // to h, a share of the MaxRequestBytes budget that the caller releases
 // (releaseBody) once the call is done with the body. A body over
-// MaxBodyBytes gets 413, one the budget cannot hold 503 overloaded with
+// MaxBodyBytes gets 413 (at once when its Content-Length says so), one
+// the budget cannot hold 503 overloaded with
 // Retry-After (as soon as its buffer would pass the budget, before the
 // rest is read), one that cannot be read 400; then readRequest returns
 // false, having answered.
 func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, h *budget.Hold, fail failFunc) ([]byte, bool) {
 	h.B = s.bodies
 	limit := s.opts.MaxBodyBytes
+	if r.ContentLength > limit {
+		// Refused for its size before any of it is read, whatever the
+		// budget holds.
+		fail(http.StatusRequestEntityTooLarge, front.TypeInvalidRequest, "request_too_large", "",
+			fmt.Sprintf("%v: the body exceeds %d bytes", ErrBodyTooLarge, limit))
+		return nil, false
+	}
 	body, err := h.ReadAllSize(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit, requestCharge)
 	if err == nil {
 		return body, true

@@ -103,8 +103,8 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 // passModel returns the model a pass-through body names and the body to
 // forward. A body without "model" (or with null), when the gateway serves
 // exactly one model, names that one; the body forwarded then names it
-// too (see withSoleModel), made within the request's share h of
-// MaxRequestBytes (makeBody; past it the error wraps budget.ErrSpent).
+// too (see withSoleModel), charged to the request's share h of
+// MaxRequestBytes (past it the error wraps budget.ErrSpent).
 func passModel(st *fleet.State, body []byte, h *budget.Hold) (string, []byte, error) {
 	req, err := front.DecodeEmbeddings(body)
 	if err != nil {
@@ -115,12 +115,7 @@ func passModel(st *fleet.State, body []byte, h *budget.Hold) (string, []byte, er
 		return "", nil, fmt.Errorf("%w: body is not a valid JSON request: %v", ErrBadRequest, err)
 	}
 	if !req.HasModel {
-		var name string
-		b, err := makeBody(h, len(body)+soleModelExtra, func() (b []byte, err error) {
-			name, b, err = withSoleModel(st, body)
-			return b, err
-		})
-		return name, b, err
+		return withSoleModel(st, body, h, 1)
 	}
 	if req.Model == "" {
 		return "", nil, front.FieldError("model", "field \"model\" is empty")
@@ -130,16 +125,17 @@ func passModel(st *fleet.State, body []byte, h *budget.Hold) (string, []byte, er
 
 // defaultModel is parseRequest's second chance for a chat or completions
 // body without "model" (or with null): when the gateway serves exactly
-// one model, the body names it (withSoleModel) and is parsed again. err
-// is front.Parse's error; any other error is returned as is.
-func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error) (*keys.Request, []byte, error) {
+// one model, the body names it (withSoleModel, the new body and its
+// parse charged to h) and is parsed again. err is front.Parse's error;
+// any other error is returned as is.
+func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error, h *budget.Hold) (*keys.Request, []byte, error) {
 	if front.Param(err) != "model" {
 		return nil, nil, err
 	}
 	if d, derr := front.Decode(body); derr != nil || d.HasModel {
 		return nil, nil, err
 	}
-	_, nb, serr := withSoleModel(st, body)
+	_, nb, serr := withSoleModel(st, body, h, 2)
 	if serr != nil {
 		return nil, nil, serr
 	}
@@ -276,13 +272,11 @@ type writerOnly struct{ io.Writer }
 // wins over an earlier "model": null for the engine (Python's json keeps
 // the last of repeated members) as for the gateway. Without exactly one
 // model it is the error a missing "model" gets. body is one JSON object
-// (decodeRequest checked it).
-// soleModelExtra bounds what withSoleModel adds to a body: the member
-// "model" and its name, at most 255 bytes, each quoted as JSON (6 bytes
-// at most a byte).
-const soleModelExtra = 6*255 + 16
-
-func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
+// (decodeRequest checked it). The new body is charged, charge times its
+// capacity (2 when it is parsed again), to the request's share h of
+// MaxRequestBytes before it is made; past it the error wraps
+// budget.ErrSpent.
+func withSoleModel(st *fleet.State, body []byte, h *budget.Hold, charge int64) (string, []byte, error) {
 	if len(st.Models) != 1 {
 		return "", nil, front.FieldError("model", fmt.Sprintf("field \"model\" is required (the gateway serves %d models; it may be left out only when it serves one)", len(st.Models)))
 	}
@@ -299,7 +293,11 @@ func withSoleModel(st *fleet.State, body []byte) (string, []byte, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: model name %q: %v", ErrBadRequest, name, err)
 	}
-	out := make([]byte, 0, len(b)+len(q)+12)
+	n := len(b) + len(q) + 12
+	if err := chargeMore(h, charge*int64(n)); err != nil {
+		return "", nil, err
+	}
+	out := make([]byte, 0, n)
 	out = append(out, inner...)
 	if len(inner) > 0 && inner[len(inner)-1] != '{' {
 		out = append(out, ',')

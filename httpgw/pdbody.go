@@ -54,7 +54,7 @@ func topMembers(b []byte) ([]jsonscan.Member, error) {
 
 // rewrite returns the object b without the members named in drop, with
 // tail (members in JSON, without braces) appended (jsonscan.Rewrite).
-func rewrite(b []byte, drop func(name string) bool, tail string) ([]byte, error) {
+func rewrite(b []byte, drop func(name []byte) bool, tail string) ([]byte, error) {
 	out, err := jsonscan.Rewrite(b, drop, tail)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errPDBody, err)
@@ -64,8 +64,8 @@ func rewrite(b []byte, drop func(name string) bool, tail string) ([]byte, error)
 
 // prefillBody returns the prefill request for a client body.
 func prefillBody(body []byte) ([]byte, error) {
-	return rewrite(body, func(name string) bool {
-		switch name {
+	return rewrite(body, func(name []byte) bool {
+		switch string(name) {
 		case fieldStreamName, fieldStreamOptions, fieldMaxTokens, fieldMaxCompletionTokens, fieldKVTransferParams:
 			return true
 		}
@@ -76,7 +76,7 @@ func prefillBody(body []byte) ([]byte, error) {
 // decodeBody returns the decode request for a client body, given the
 // prefill answer's kv_transfer_params (a JSON object).
 func decodeBody(body, kvParams []byte) ([]byte, error) {
-	return rewrite(body, func(name string) bool { return name == fieldKVTransferParams },
+	return rewrite(body, func(name []byte) bool { return string(name) == fieldKVTransferParams },
 		`"`+fieldKVTransferParams+`":`+string(kvParams))
 }
 

@@ -194,12 +194,7 @@ func (s *Server) admit(c *call) bool {
 	req, err := front.Parse(oc.kind, body)
 	if err != nil {
 		// "model" may be left out when the gateway serves one model.
-		perr := err
-		body, err = makeBody(&c.in, len(body)+soleModelExtra, func() ([]byte, error) {
-			var nb []byte
-			req, nb, err = defaultModel(st, oc.kind, body, perr)
-			return nb, err
-		})
+		req, body, err = defaultModel(st, oc.kind, body, err, &c.in)
 		if errors.Is(err, budget.ErrSpent) {
 			s.bodiesOverBudget(w, c.fail, err)
 			return false

@@ -42,7 +42,7 @@ const (
 	DefaultMaxAssembledBytes = 256 << 20
 	// DefaultMaxRequestBytes bounds the memory of all the request bodies
 	// in flight together (Options.MaxRequestBytes): 512 MiB, charged
-	// twice a body's size: 32 bodies at the 8 MiB limit, 2,600 of 100 KB
+	// twice a body's size: 31 bodies at the 8 MiB limit, 2,600 of 100 KB
 	// (a 25k-token prompt), 65,000 of the usual 4 KiB.
 	DefaultMaxRequestBytes = 512 << 20
 )
@@ -123,13 +123,14 @@ type Options struct {
 	// response requests, those flow control holds included), from their
 	// first byte read until the call ends: each is charged twice its
 	// buffer's capacity (the body and the parsed request's copy of its
-	// text), and every body the gateway makes from it (one asking the
-	// engine for a stream, one naming the sole model, a disaggregated
-	// request's prefill and decode bodies) by its own. A request whose
-	// body would take the sum past it gets 503 (overloaded) with
-	// Retry-After: 1, before the rest of it is read or before the body
-	// made from it is sent (a disaggregated request then decodes
-	// co-located). Default DefaultMaxRequestBytes (512 MiB) or
+	// text), and every body the gateway makes from it by its own, before
+	// it is made: one asking the engine for a stream, one naming the sole
+	// model (twice: it is parsed again), a disaggregated request's
+	// prefill and decode bodies. A request whose body would take the sum
+	// past it gets 503 (overloaded) with Retry-After: 1 before the rest of
+	// it is read, as does one whose body naming the sole model would;
+	// one whose body asking for a stream would is sent as it is, and a
+	// disaggregated one decodes co-located. Default DefaultMaxRequestBytes (512 MiB) or
 	// 4×MaxBodyBytes if more; it must be at least 4×MaxBodyBytes, so
 	// that a body of the largest size can always be read and rewritten.
 	MaxRequestBytes int64

@@ -55,7 +55,7 @@ func StreamBody(body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the body is not a JSON object", jsonscan.ErrSyntax)
 	}
 	if bytes.Contains(b, []byte(`"stream`)) {
-		return jsonscan.Rewrite(b, func(name string) bool { return name == "stream" || name == "stream_options" }, StreamMembers)
+		return jsonscan.Rewrite(b, func(name []byte) bool { return string(name) == "stream" || string(name) == "stream_options" }, StreamMembers)
 	}
 	out := make([]byte, 0, len(b)+len(StreamMembers)+1)
 	out = append(out, b[:len(b)-1]...)
