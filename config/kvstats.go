@@ -70,6 +70,10 @@ type KVEngineStats struct {
 	Restarts  uint64 `json:"restarts"`
 	Overflows uint64 `json:"overflows"`
 	Clears    uint64 `json:"clears"`
+	// BudgetClears counts the clears because all engines' maps together
+	// reached their bound (--kv-events-max-blocks) while this engine held
+	// the most.
+	BudgetClears uint64 `json:"budget_clears,omitempty"`
 	// Skipped counts messages not applied because they showed a gap or a
 	// restart (nothing vouches for such a batch); Rejected messages
 	// refused because their topic named the engine with another model,

@@ -133,3 +133,27 @@ func TestKVPolicyHostnames(t *testing.T) {
 	require.Zero(t, p.MaxConnsFrom(bind, ip("10.1.2.3")), "a host name: the subscriber's default")
 	require.NoError(t, p.AcceptConn(bind, netip.Addr{}), "a Unix socket is trusted")
 }
+
+// TestKVMaxMappedBlocks: the bound of all engines' KV-event maps is
+// Options.KVMaxMappedBlocks (kvevents' default when zero), shown on
+// /metrics with the blocks mapped; a negative one is refused.
+func TestKVMaxMappedBlocks(t *testing.T) {
+	for _, tc := range []struct{ opt, want int }{{0, kvevents.DefaultMaxMappedTotal}, {123, 123}} {
+		reg := prometheus.NewRegistry()
+		s, err := New(Options{Registerer: reg, Logger: quietLogger(), KVMaxMappedBlocks: tc.opt})
+		require.NoError(t, err)
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if n := mf.GetName(); n == "exa_gateway_kv_all_mapped_blocks" || n == "exa_gateway_kv_all_mapped_blocks_limit" {
+				got[n] = mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		require.Equal(t, map[string]float64{"exa_gateway_kv_all_mapped_blocks": 0, "exa_gateway_kv_all_mapped_blocks_limit": float64(tc.want)}, got)
+		require.NoError(t, s.Close())
+	}
+	_, err := New(Options{KVMaxMappedBlocks: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "KVMaxMappedBlocks -1 is negative")
+}

@@ -34,6 +34,9 @@ var (
 	descKVGaps     = kvDesc("kv_sequence_gaps_total", "Sequence gaps (messages lost), per engine; each clears the engine's blocks unless its replay endpoint fills it (kv_replays_total).", engineLabels...)
 	descKVRestarts = kvDesc("kv_restarts_total", "Sequences that went back (the engine restarted), per engine; each clears the engine's blocks.", engineLabels...)
 	descKVOverflow = kvDesc("kv_overflows_total", "Times an engine's block-hash map reached its bound, per engine.", engineLabels...)
+	descKVBudget   = kvDesc("kv_budget_clears_total", "Times an engine's blocks were cleared because all engines' block-hash maps together reached their bound (--kv-events-max-blocks) while it held the most, per engine.", engineLabels...)
+	descKVAll      = kvDesc("kv_all_mapped_blocks", "Blocks all engines' block-hash maps hold together.")
+	descKVAllMax   = kvDesc("kv_all_mapped_blocks_limit", "The bound of the blocks all engines' maps hold together (--kv-events-max-blocks).")
 	descKVClears   = kvDesc("kv_clears_total", "Times an engine's blocks were cleared from the index for a gap, restart, overflow or unreadable message, per engine.", engineLabels...)
 	descKVSkipped  = kvDesc("kv_messages_skipped_total", "KV-event messages not applied because they showed a sequence gap or restart (their batch cannot be verified), per engine.", engineLabels...)
 	descKVRejected = kvDesc("kv_messages_rejected_total", "KV-event messages refused because their topic named the engine with another model, or the engine was heard under too many topics, per engine.", engineLabels...)
@@ -63,7 +66,7 @@ var (
 		"model", "reason")
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
-		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVReplays, descKVReplayed, descKVMapped, descKVFrames, descKVUnres,
+		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVBudget, descKVAll, descKVAllMax, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVReplays, descKVReplayed, descKVMapped, descKVFrames, descKVUnres,
 		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
 )
 
@@ -124,6 +127,7 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descKVGaps, e.Gaps, l...)
 		counter(descKVRestarts, e.Restarts, l...)
 		counter(descKVOverflow, e.Overflows, l...)
+		counter(descKVBudget, e.BudgetClears, l...)
 		counter(descKVClears, e.Clears, l...)
 		counter(descKVSkipped, e.Skipped, l...)
 		counter(descKVRejected, e.Rejected, l...)
@@ -133,6 +137,8 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descKVReplayed, e.ReplayedBatches, l...)
 		gauge(descKVMapped, float64(e.Mapped), l...)
 	}
+	gauge(descKVAll, float64(glob.Mapped))
+	gauge(descKVAllMax, float64(glob.MaxMapped))
 	counter(descKVFrames, glob.MalformedFrames)
 	counter(descKVUnres, glob.Unresolved)
 	for _, ep := range s.kv.endpoints() {

@@ -18,6 +18,10 @@ type KVEventsGlobal struct {
 	Unresolved uint64 `json:"unresolved"`
 	// LastError describes the last of these faults.
 	LastError string `json:"last_error,omitempty"`
+	// MappedBlocks is the number of engine blocks all engines' maps
+	// hold, MaxMappedBlocks its bound (Options.KVMaxMappedBlocks).
+	MappedBlocks    int64 `json:"mapped_blocks"`
+	MaxMappedBlocks int64 `json:"max_mapped_blocks"`
 	// Endpoints are every endpoint listened on or dialled.
 	Endpoints []config.KVEndpointStats `json:"endpoints"`
 }
@@ -43,7 +47,7 @@ func (s *Fleet) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.Glob
 		return nil
 	}
 	out := &KVEventsGlobal{MalformedFrames: glob.MalformedFrames, Unresolved: glob.Unresolved, LastError: glob.LastError,
-		Endpoints: []config.KVEndpointStats{}}
+		MappedBlocks: glob.Mapped, MaxMappedBlocks: glob.MaxMapped, Endpoints: []config.KVEndpointStats{}}
 	for _, ep := range eps {
 		out.Endpoints = append(out.Endpoints, endpointStats(ep))
 	}
@@ -78,7 +82,7 @@ func (s *Fleet) exactModelStats(rec *config.RoutingStats, m *Model, t *kvTable, 
 			Endpoint: e.Source.Endpoint, Topic: e.Source.Topic, Pod: e.Source.Pod, Replicas: t.replicasOf(id),
 			Messages: e.Messages, Events: e.Events, Applied: e.Applied, Dropped: e.Dropped, MalformedMessages: e.MalformedMessages,
 			StoredBlocks: e.StoredBlocks, RemovedBlocks: e.RemovedBlocks,
-			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, Resets: e.Resets,
+			Gaps: e.Gaps, Restarts: e.Restarts, Overflows: e.Overflows, Clears: e.Clears, BudgetClears: e.BudgetClears, Resets: e.Resets,
 			Skipped: e.Skipped, Rejected: e.Rejected,
 			ReplayAttempts: e.ReplayAttempts, ReplaySucceeded: e.ReplaySucceeded, ReplayFailed: e.ReplayFailed, ReplayedBatches: e.ReplayedBatches,
 			MappedBlocks: e.Mapped, LastError: e.LastError,

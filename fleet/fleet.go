@@ -105,6 +105,13 @@ type Options struct {
 	// that reproduces the engines' tokens and chat templates exactly may
 	// supply it; it is used as is.
 	Tokenizer kvevents.Tokenizer
+	// KVMaxMappedBlocks bounds the engine blocks the KV-event maps of all
+	// engines hold together (kvevents.Limits.MaxMapped; each engine's own
+	// is bounded by KVMapFactor × its capacity): past it the engine
+	// holding the most is cleared. Default
+	// kvevents.DefaultMaxMappedTotal (8,388,608); it must not be
+	// negative.
+	KVMaxMappedBlocks int
 	// OnReload, when set, is called after each load of ConfigPath (by New
 	// and Run), from the loading goroutine, with the version of the file
 	// read and the outcome; the CLI records it so that `exa serve routing
@@ -234,7 +241,7 @@ func New(opts Options) (*Fleet, error) {
 	}
 	s.kv = &kvRuntime{counters: map[string]*ExactCounters{},
 		opts: kvevents.Options{Logf: func(format string, args ...any) { s.log.Debug(fmt.Sprintf(format, args...)) }, Policy: kvPolicy{s: s}}}
-	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{})
+	s.kv.tr = kvevents.NewTranslator(s.resolveKV, kvevents.Limits{MaxMapped: opts.KVMaxMappedBlocks})
 	// Engines without kv_events_replay are cleared on a gap, as before.
 	s.kv.tr.SetReplay(kvevents.ReplayOptions{Logf: s.kv.opts.Logf})
 	s.kv.tok = opts.Tokenizer
@@ -304,6 +311,9 @@ func fillOptions(o *Options) error {
 	}
 	if o.MaxEjectionPercent < 1 || o.MaxEjectionPercent > 100 {
 		return fmt.Errorf("%w: MaxEjectionPercent %d: want 1 to 100", ErrInvalidOptions, o.MaxEjectionPercent)
+	}
+	if o.KVMaxMappedBlocks < 0 {
+		return fmt.Errorf("%w: KVMaxMappedBlocks %d is negative", ErrInvalidOptions, o.KVMaxMappedBlocks)
 	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})

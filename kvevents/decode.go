@@ -29,6 +29,11 @@ type Limits struct {
 	// MaxTokens is the most token ids a BlockStored event may hold.
 	// Default 1<<20.
 	MaxTokens int
+	// MaxMapped bounds the engine block hashes the maps of all engines
+	// hold together, a Translator's (each engine's own map is bounded by
+	// Target.MaxBlocks): an event that would pass it clears the engine
+	// holding the most (see Translator). Default DefaultMaxMappedTotal.
+	MaxMapped int
 }
 
 // Default limits.
@@ -36,6 +41,11 @@ const (
 	DefaultMaxEvents = 8192
 	DefaultMaxBlocks = 1 << 16
 	DefaultMaxTokens = 1 << 20
+	// DefaultMaxMappedTotal is the default bound of all engines' maps
+	// together (Limits.MaxMapped): 1<<23 blocks, 8 engines at
+	// DefaultMaxMapped or 128 at 65,536 (the gateway's default, 4× a
+	// replica of 16,384 blocks).
+	DefaultMaxMappedTotal = 1 << 23
 )
 
 func (l Limits) withDefaults() Limits {
@@ -47,6 +57,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxTokens <= 0 {
 		l.MaxTokens = DefaultMaxTokens
+	}
+	if l.MaxMapped <= 0 {
+		l.MaxMapped = DefaultMaxMappedTotal
 	}
 	return l
 }

@@ -22,7 +22,9 @@
 // keys to find parents and removals, as llm-d's kv-cache manager and
 // Dynamo do. A sequence gap or restart, an unreadable payload or removal,
 // or the map reaching its bound clears the engine's blocks from the index:
-// a missed removal would otherwise leave a stale entry for good. The
+// a missed removal would otherwise leave a stale entry for good. All
+// engines' maps share one bound too (Limits.MaxMapped): past it the
+// engines holding the most are cleared. The
 // message that shows a gap is not applied: nothing vouches for it. With
 // Translator.SetReplay, a gap of an engine whose Target names a Replay
 // endpoint (vLLM's replay_endpoint) is first asked of that endpoint: the

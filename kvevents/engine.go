@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -33,6 +34,34 @@ type engine struct {
 	applyFn func(*Event, error)
 	st      EngineStats
 	topics  int // sources resolved to the engine; guarded by Translator.mu
+
+	tr *Translator
+	// counted is len(blocks) as last added to Translator.mapped; read
+	// without mu by the other engines (makeRoom).
+	counted atomic.Int64
+	// shed asks the engine to clear itself at the end of the message it
+	// is handling: another engine needed room in MaxMapped while this one
+	// held the most and was busy (makeRoom).
+	shed atomic.Bool
+}
+
+// account brings the Translator's count of mapped blocks up to date with
+// the engine's map; called after every change of it, with mu held.
+func (e *engine) account() {
+	n := int64(len(e.blocks))
+	if d := n - e.counted.Swap(n); d != 0 {
+		e.tr.mapped.Add(d)
+	}
+}
+
+// budgetClear clears the engine for the room another engine (or itself)
+// needs in MaxMapped; with mu held.
+func (e *engine) budgetClear() {
+	if !e.resolved || len(e.blocks) == 0 {
+		return
+	}
+	e.st.BudgetClears++
+	e.clear(true)
 }
 
 // same reports whether a source resolved to tgt may share the resolved
@@ -71,6 +100,7 @@ func (e *engine) bind(tgt Target) {
 		e.max = DefaultMaxMapped
 	}
 	e.blocks = map[uint64]uint64{}
+	e.account()
 }
 
 func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
@@ -147,6 +177,7 @@ func (e *engine) clear(counted bool) {
 	}
 	if len(e.blocks) > 0 {
 		e.blocks = map[uint64]uint64{} // not clear(): give back a grown map's memory
+		e.account()
 	}
 	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.AllCleared}); err != nil {
 		e.applyFailed(err)
@@ -159,6 +190,7 @@ func (e *engine) applyFailed(err error) {
 		// The replica is gone, and its blocks with it: resolve afresh.
 		e.resolved, e.seen = false, false
 		e.blocks = nil
+		e.account()
 	}
 }
 
@@ -223,6 +255,7 @@ func (e *engine) apply(ev *Event, err error) {
 			}
 		}
 		e.keys = ks
+		e.account()
 		if len(ks) > 0 {
 			if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: ks}); err != nil {
 				e.drop(&e.st.DroppedApply, err)
@@ -255,6 +288,9 @@ func (e *engine) stored(ev *Event) {
 	if len(e.blocks)+n > e.max {
 		e.st.Overflows++
 		e.clear(true)
+	} else if !e.tr.makeRoom(e, n) {
+		e.drop(&e.st.DroppedLimit, fmt.Errorf("%w: %d blocks stored would take all engines' maps past %d blocks (Limits.MaxMapped)", ErrLimit, n, e.tr.lim.MaxMapped))
+		return
 	}
 	parent := e.root
 	if len(ev.LoRA) > 0 {
@@ -282,6 +318,7 @@ func (e *engine) stored(ev *Event) {
 	for i, h := range ev.Hashes[:n] {
 		e.blocks[h] = ks[off+i]
 	}
+	e.account()
 	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: ks}); err != nil {
 		e.drop(&e.st.DroppedApply, err)
 		e.applyFailed(err)

@@ -58,6 +58,38 @@ func TestMeasureMemory(t *testing.T) {
 			runtime.KeepAlive(tr)
 		}
 	})
+	t.Run("all engines", func(t *testing.T) {
+		// 16 engines, each bounded by DefaultMaxMapped, announcing
+		// blocks without end: their maps together at MaxMapped (the
+		// default), and, for comparison, without it (a bound past
+		// their sum, as before it existed).
+		const engines, per = 16, 256
+		for _, total := range []int{DefaultMaxMappedTotal, engines * DefaultMaxMapped} {
+			before := heapNow()
+			tr := NewTranslator(func(s Source) (Target, error) {
+				return Target{Index: nopIndex{}, Replica: s.Pod, MaxBlocks: DefaultMaxMapped}, nil
+			}, Limits{MaxMapped: total})
+			tokens := seqTokens(1, per*16)
+			hashes := make([]uint64, per)
+			for seq := 1; seq <= DefaultMaxMapped/per; seq++ {
+				for g := range engines {
+					for i := range hashes {
+						hashes[i] = uint64(g)<<40 | uint64(seq*per+i)
+					}
+					tr.Handle("e", frames(fmt.Sprintf("kv@pod-%d@m", g), uint64(seq), pack(t, arrayBatch(stored{hashes: hashes, tokens: tokens, bs: 16}.array()))))
+				}
+			}
+			st, glob := tr.Stats()
+			var clears uint64
+			for _, e := range st {
+				clears += e.BudgetClears
+			}
+			after := heapNow()
+			t.Logf("%d engines of %d blocks each, all bounded by %d: %d mapped, %d budget clears: %.1f MiB, %.0f bytes a block",
+				engines, DefaultMaxMapped, total, glob.Mapped, clears, float64(after-before)/(1<<20), float64(after-before)/float64(glob.Mapped))
+			runtime.KeepAlive(tr)
+		}
+	})
 	t.Run("stalled connections", func(t *testing.T) {
 		const conns = 32
 		tr := NewTranslator(podResolver(newFakeIndex(), nil), Limits{})

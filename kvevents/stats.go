@@ -33,6 +33,10 @@ type EngineStats struct {
 	// cleared from the index for any of these reasons or an unreadable
 	// message (not counting the engine's own AllBlocksCleared).
 	Gaps, Restarts, Overflows, Clears uint64
+	// BudgetClears counts the times the engine was cleared because the
+	// maps of all engines together reached Limits.MaxMapped while it held
+	// the most (part of Clears).
+	BudgetClears uint64
 	// Skipped counts messages not applied because they showed a gap or a
 	// restart: nothing vouches for a batch that does not follow the last.
 	Skipped uint64
@@ -64,6 +68,9 @@ type GlobalStats struct {
 	MalformedFrames uint64
 	// Unresolved counts messages whose source the Resolver refused.
 	Unresolved uint64
+	// Mapped is the number of engine block hashes all engines' maps
+	// hold; MaxMapped its bound (Limits.MaxMapped).
+	Mapped, MaxMapped int64
 	// LastError describes the last of these faults.
 	LastError string
 }
@@ -75,6 +82,7 @@ func (t *Translator) Stats() ([]EngineStats, GlobalStats) {
 	t.mu.Lock()
 	glob := t.glob
 	t.mu.Unlock()
+	glob.Mapped, glob.MaxMapped = t.mapped.Load(), int64(t.lim.MaxMapped)
 	all := t.all()
 	out := make([]EngineStats, 0, len(all))
 	for _, e := range all {

@@ -113,7 +113,9 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // at most as many blocks as its cache, as long as its events are
 // consistent; Target.MaxBlocks caps it regardless, and reaching the cap
 // (an engine announcing more blocks than it could hold, its removals
-// lost) clears the engine like a gap.
+// lost) clears the engine like a gap. All engines' maps together are
+// bounded by Limits.MaxMapped: an event that would pass it clears the
+// engines holding the most (see makeRoom; counted BudgetClears).
 //
 // Handle and the other methods are safe for concurrent use; messages of
 // one engine must arrive in order, as they do from one ZMQ socket.
@@ -130,6 +132,54 @@ type Translator struct {
 	glob       GlobalStats
 
 	rep atomic.Pointer[replayer] // nil until SetReplay
+
+	// mapped counts the blocks of every engine's map (engine.account),
+	// bounded by lim.MaxMapped (makeRoom).
+	mapped atomic.Int64
+}
+
+// makeRoom is called by engine e, locked, before it maps n more blocks,
+// and reports whether it may. When the maps of all engines would hold
+// more than Limits.MaxMapped, the engines holding more than e would with
+// its n are cleared as for a gap, the largest first, until there is room:
+// at once when idle, else at the end of the message each is handling, so
+// that no engine waits for another's lock (their blocks count as gone
+// meanwhile: the total may then pass the bound by the blocks stored in
+// between). If that is not room enough, e itself is cleared, and if even
+// that is not, its n blocks are refused.
+func (t *Translator) makeRoom(e *engine, n int) bool {
+	limit := int64(t.lim.MaxMapped)
+	over := t.mapped.Load() + int64(n) - limit
+	if over <= 0 {
+		return true
+	}
+	mine := e.counted.Load() + int64(n)
+	for over > 0 {
+		var big *engine
+		most := mine
+		t.mu.Lock()
+		for _, o := range t.engines {
+			if c := o.counted.Load(); c > most && !o.shed.Load() {
+				big, most = o, c
+			}
+		}
+		t.mu.Unlock()
+		if big == nil {
+			break
+		}
+		if big.mu.TryLock() {
+			big.budgetClear()
+			big.mu.Unlock()
+		} else {
+			big.shed.Store(true)
+		}
+		over -= most
+	}
+	if over > 0 {
+		e.budgetClear()
+		over = t.mapped.Load() + int64(n) - limit
+	}
+	return over <= 0
 }
 
 // MaxEngines bounds the number of engines a Translator tracks; messages of
@@ -164,6 +214,9 @@ func (t *Translator) Handle(endpoint string, frames [][]byte) {
 	}
 	defer e.mu.Unlock()
 	e.handle(t, seq, payload)
+	if e.shed.Swap(false) {
+		e.budgetClear()
+	}
 }
 
 // engine returns the locked state of a source's engine, resolving the
@@ -196,7 +249,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 			t.mu.Unlock()
 			return nil
 		}
-		e = &engine{src: src, dec: NewDecoder(t.lim)}
+		e = &engine{src: src, dec: NewDecoder(t.lim), tr: t}
 		e.applyFn = e.apply
 		t.engines[tgt.Replica] = e
 	}

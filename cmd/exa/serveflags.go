@@ -14,6 +14,7 @@ import (
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/keys"
+	"github.com/examlops/gateway/kvevents"
 	"github.com/spf13/pflag"
 )
 
@@ -25,7 +26,7 @@ type serveFlags struct {
 	reload, probe, probeTimeout, scrape   time.Duration
 	discover, tokenizeTimeout, peerScrape time.Duration
 	ejectAfter, readmitAfter, blockSize   int
-	maxEjectionPercent                    int
+	maxEjectionPercent, kvMaxBlocks       int
 	maxBody                               int64
 	shutdownGrace, ejectionTime           time.Duration
 	pprofListen, logLevel, logFormat      string
@@ -59,6 +60,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.IntVar(&s.readmitAfter, "readmit-after", fleet.DefaultReadmitAfter, "consecutive successful probes that readmit an ejected engine")
 	f.IntVar(&s.blockSize, "block-size", keys.TextBlockBytes, "prefix-key block size in bytes")
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
+	f.IntVar(&s.kvMaxBlocks, "kv-events-max-blocks", kvevents.DefaultMaxMappedTotal,
+		"for models on the exact index, the most engine blocks the KV-event maps of all engines may hold together (each engine's is bounded by 4 × its capacity); past it the engine holding the most is cleared from the index, as for a sequence gap")
 	f.DurationVar(&s.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
 		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
@@ -93,7 +96,7 @@ func (s *serveFlags) validate() error {
 	for _, d := range []struct {
 		name string
 		v    int64
-	}{{"eject-after", int64(s.ejectAfter)}, {"readmit-after", int64(s.readmitAfter)}, {"block-size", int64(s.blockSize)}, {"max-body-bytes", s.maxBody}} {
+	}{{"eject-after", int64(s.ejectAfter)}, {"readmit-after", int64(s.readmitAfter)}, {"block-size", int64(s.blockSize)}, {"max-body-bytes", s.maxBody}, {"kv-events-max-blocks", int64(s.kvMaxBlocks)}} {
 		if d.v < 1 {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
@@ -169,7 +172,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 	}
 	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
 		ScrapeInterval: s.scrape, PeerScrapeInterval: s.peerScrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
-		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, Logger: logger}
+		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, KVMaxMappedBlocks: s.kvMaxBlocks, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1
 	}
