@@ -1,11 +1,13 @@
 package kvevents
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -206,4 +208,36 @@ func settleConns(t *testing.T, addr string, n int) float64 {
 	after := settle()
 	runtime.KeepAlive(cs)
 	return float64(after-before) / float64(n)
+}
+
+// fixedTokenizer answers every request with n tokens.
+type fixedTokenizer int
+
+func (n fixedTokenizer) Tokenize(context.Context, TokenizeRequest) ([]uint32, error) {
+	return make([]uint32, n), nil
+}
+
+// TestMeasureTokenCache measures the cache of tokenized requests filled
+// with distinct requests whose answers are short (0 and 1 token): the
+// memory of an entry beside its tokens, and what the default bound lets
+// the cache hold.
+func TestMeasureTokenCache(t *testing.T) {
+	if os.Getenv("EXA_MEASURE_MEMORY") == "" {
+		t.Skip("set EXA_MEASURE_MEMORY=1 to measure")
+	}
+	const requests = 1 << 20
+	for _, n := range []int{0, 1, 16} {
+		before := heapNow()
+		c := NewCachedTokenizer(fixedTokenizer(n), CacheOptions{})
+		for i := range requests {
+			if _, err := c.Tokenize(context.Background(), TokenizeRequest{Model: "m", Prompt: strconv.Itoa(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := heapNow()
+		st := c.Stats()
+		t.Logf("%d requests answered with %d tokens: %d entries, %d tokens held: %.1f MiB, %.0f bytes an entry",
+			requests, n, st.Entries, st.Tokens, float64(after-before)/(1<<20), float64(after-before)/float64(st.Entries))
+		runtime.KeepAlive(c)
+	}
 }

@@ -131,7 +131,8 @@ func (c *countingTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) (
 func TestCachedTokenizer(t *testing.T) {
 	inner := &countingTokenizer{}
 	now := time.Unix(1000, 0)
-	c := NewCachedTokenizer(inner, CacheOptions{MaxTokens: 160, TTL: time.Minute, Now: func() time.Time { return now }})
+	// Room for 20 entries of 10 tokens, each counted with its entryCost.
+	c := NewCachedTokenizer(inner, CacheOptions{MaxTokens: 20 * (10 + entryCost), TTL: time.Minute, Now: func() time.Time { return now }})
 	ctx := context.Background()
 	tok := func(model, prompt string) []uint32 {
 		t.Helper()
@@ -153,18 +154,18 @@ func TestCachedTokenizer(t *testing.T) {
 	tok("m", "abc")
 	require.Equal(t, int64(4), inner.calls.Load(), "expired after the TTL")
 
-	tok("m", strings.Repeat("x", 11)) // over MaxTokens/16: not cached
-	tok("m", strings.Repeat("x", 11))
+	tok("m", strings.Repeat("x", 20*(10+entryCost)/16+1)) // over MaxTokens/16: not cached
+	tok("m", strings.Repeat("x", 20*(10+entryCost)/16+1))
 	require.Equal(t, int64(6), inner.calls.Load())
 
-	for i := range 20 { // 20 entries of 10 tokens: the oldest go
+	for i := range 30 { // 30 entries of 10 tokens: the oldest go
 		tok("m", fmt.Sprintf("prompt-%03d", i))
 	}
 	st := c.Stats()
-	require.LessOrEqual(t, st.Tokens, 160)
-	require.Equal(t, 16, st.Entries)
+	require.Equal(t, 200, st.Tokens)
+	require.Equal(t, 20, st.Entries)
 	calls := inner.calls.Load()
-	tok("m", "prompt-019")
+	tok("m", "prompt-029")
 	tok("m", "prompt-000")
 	require.Equal(t, calls+1, inner.calls.Load(), "recent kept, oldest evicted")
 
