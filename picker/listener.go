@@ -2,7 +2,8 @@ package picker
 
 import (
 	"net"
-	"sync/atomic"
+
+	"github.com/examlops/gateway/internal/netlimit"
 )
 
 // DefaultMaxConnections is the default bound of LimitListener in
@@ -12,55 +13,11 @@ const DefaultMaxConnections = 1024
 
 // ConnLimiter is a net.Listener that keeps at most a fixed number of its
 // connections open: one accepted past it is closed at once, before anything
-// is read from it, and counted. Make one with LimitListener. It is safe for
-// concurrent use.
-type ConnLimiter struct {
-	net.Listener
-	max     int64
-	open    atomic.Int64
-	refused atomic.Uint64
-}
+// is read from it, and counted (Open, Refused). Make one with
+// LimitListener. It is safe for concurrent use.
+type ConnLimiter = netlimit.Listener
 
 // LimitListener returns l keeping at most n connections open (n < 1 is
 // taken as 1). Give it to grpc.Server.Serve: a connection is open from its
 // Accept until its Close.
-func LimitListener(l net.Listener, n int) *ConnLimiter {
-	return &ConnLimiter{Listener: l, max: int64(max(n, 1))}
-}
-
-// Accept waits for a connection within the bound, closing those past it.
-func (l *ConnLimiter) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.open.Add(1) <= l.max {
-			return &limitedConn{Conn: c, l: l}, nil
-		}
-		l.open.Add(-1)
-		l.refused.Add(1)
-		c.Close()
-	}
-}
-
-// Open is the number of connections accepted and not yet closed.
-func (l *ConnLimiter) Open() int64 { return l.open.Load() }
-
-// Refused is the number of connections closed at once because Open was at
-// the bound.
-func (l *ConnLimiter) Refused() uint64 { return l.refused.Load() }
-
-// limitedConn gives its place back to its ConnLimiter when first closed.
-type limitedConn struct {
-	net.Conn
-	l      *ConnLimiter
-	closed atomic.Bool
-}
-
-func (c *limitedConn) Close() error {
-	if !c.closed.Swap(true) {
-		c.l.open.Add(-1)
-	}
-	return c.Conn.Close()
-}
+func LimitListener(l net.Listener, n int) *ConnLimiter { return netlimit.New(l, n) }

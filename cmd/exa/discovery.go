@@ -93,6 +93,12 @@ func (d *discoveryFlags) metrics(o *httpgw.Options) *prometheus.Registry {
 	if !d.enabled() {
 		return nil
 	}
+	return processRegistry(o)
+}
+
+// processRegistry gives o a fresh registry carrying the Go runtime's and
+// the process's metrics, as httpgw's default, and returns it.
+func processRegistry(o *httpgw.Options) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o.Registerer, o.Gatherer = reg, reg
