@@ -64,6 +64,23 @@ func (e *engine) budgetClear() {
 	e.clear(true)
 }
 
+// unlock releases mu, first clearing the engine if another engine asked
+// it to shed while mu was held (makeRoom) and the total is still past
+// MaxMapped. A request that comes between the check and the release is
+// honoured by taking mu again if it is free; else its holder honours it
+// when it releases mu.
+func (e *engine) unlock() {
+	for {
+		if e.shed.Swap(false) && e.tr.mapped.Load() > int64(e.tr.lim.MaxMapped) {
+			e.budgetClear()
+		}
+		e.mu.Unlock()
+		if !e.shed.Load() || !e.mu.TryLock() {
+			return
+		}
+	}
+}
+
 // same reports whether a source resolved to tgt may share the resolved
 // engine's state: its events chain from the same root in blocks of the
 // same size.
@@ -288,7 +305,14 @@ func (e *engine) stored(ev *Event) {
 	if len(e.blocks)+n > e.max {
 		e.st.Overflows++
 		e.clear(true)
-	} else if !e.tr.makeRoom(e, n) {
+	}
+	if ev.HasParent {
+		if _, ok := e.blocks[ev.Parent]; !ok {
+			e.drop(&e.st.DroppedOrphan, nil)
+			return
+		}
+	}
+	if n > 0 && !e.tr.makeRoom(e, n) {
 		e.drop(&e.st.DroppedLimit, fmt.Errorf("%w: %d blocks stored would take all engines' maps past %d blocks (Limits.MaxMapped)", ErrLimit, n, e.tr.lim.MaxMapped))
 		return
 	}
@@ -299,7 +323,7 @@ func (e *engine) stored(ev *Event) {
 	ks := e.keys[:0]
 	if ev.HasParent {
 		k, ok := e.blocks[ev.Parent]
-		if !ok {
+		if !ok { // makeRoom cleared the engine itself
 			e.drop(&e.st.DroppedOrphan, nil)
 			return
 		}

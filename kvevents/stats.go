@@ -93,7 +93,7 @@ func (t *Translator) Stats() ([]EngineStats, GlobalStats) {
 			s.Replica = e.tgt.Replica
 		}
 		s.Mapped = len(e.blocks)
-		e.mu.Unlock()
+		e.unlock()
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(a, b EngineStats) int {

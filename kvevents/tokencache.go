@@ -48,7 +48,8 @@ type CacheOptions struct {
 	// counted with entryCost more for its own memory (its key, list
 	// element and map slot), so that the cache's memory stays near
 	// 4 × MaxTokens bytes however short the answers. Default 1<<22
-	// (16 MiB). A request of more than MaxTokens/16 tokens is not cached.
+	// (16 MiB). A request whose tokens and entryCost pass MaxTokens/16
+	// is not cached.
 	MaxTokens int
 	// TTL is how long an entry is trusted. Default 10 minutes.
 	TTL time.Duration
@@ -156,7 +157,7 @@ func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]
 	call.tokens, call.err = tokens, err
 	c.mu.Lock()
 	delete(c.inflight, k)
-	if err == nil && len(tokens) <= c.maxTokens/16 {
+	if err == nil && len(tokens)+entryCost <= c.maxTokens/16 {
 		c.m[k] = c.lru.PushFront(&cacheEntry{key: k, tokens: tokens, expires: now.Add(c.ttl)})
 		c.tokens += len(tokens)
 		c.cost += len(tokens) + entryCost

@@ -142,44 +142,56 @@ type Translator struct {
 // and reports whether it may. When the maps of all engines would hold
 // more than Limits.MaxMapped, the engines holding more than e would with
 // its n are cleared as for a gap, the largest first, until there is room:
-// at once when idle, else at the end of the message each is handling, so
-// that no engine waits for another's lock (their blocks count as gone
-// meanwhile: the total may then pass the bound by the blocks stored in
-// between). If that is not room enough, e itself is cleared, and if even
-// that is not, its n blocks are refused.
+// at once when idle, else as soon as the one holding the engine's lock
+// lets it go (engine.unlock), if the total is still over then, so that no
+// engine waits for another's lock; their blocks count as gone meanwhile,
+// and the total may pass the bound by the blocks stored in between. If
+// that is not room enough, e itself is cleared, and if even that is not,
+// its n blocks are refused.
 func (t *Translator) makeRoom(e *engine, n int) bool {
 	limit := int64(t.lim.MaxMapped)
-	over := t.mapped.Load() + int64(n) - limit
-	if over <= 0 {
+	if t.mapped.Load()+int64(n) <= limit {
 		return true
 	}
 	mine := e.counted.Load() + int64(n)
-	for over > 0 {
-		var big *engine
-		most := mine
-		t.mu.Lock()
-		for _, o := range t.engines {
-			if c := o.counted.Load(); c > most && !o.shed.Load() {
-				big, most = o, c
-			}
-		}
-		t.mu.Unlock()
-		if big == nil {
-			break
-		}
-		if big.mu.TryLock() {
+	for {
+		over, big := t.overBy(int64(n), mine)
+		switch {
+		case over <= 0:
+			return true
+		case big == nil:
+			e.budgetClear()
+			over, _ = t.overBy(int64(n), mine)
+			return over <= 0
+		case big.mu.TryLock():
+			big.shed.Store(false)
 			big.budgetClear()
-			big.mu.Unlock()
-		} else {
+			big.unlock()
+		default:
 			big.shed.Store(true)
 		}
-		over -= most
 	}
-	if over > 0 {
-		e.budgetClear()
-		over = t.mapped.Load() + int64(n) - limit
+}
+
+// overBy returns how far n more blocks would take the total past
+// MaxMapped, counting the blocks of engines asked to shed as gone, and
+// the engine not asked yet that holds the most, more than mine (nil if
+// none).
+func (t *Translator) overBy(n, mine int64) (int64, *engine) {
+	over := t.mapped.Load() + n - int64(t.lim.MaxMapped)
+	var big *engine
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, o := range t.engines {
+		c := o.counted.Load()
+		switch {
+		case o.shed.Load():
+			over -= c
+		case c > mine:
+			big, mine = o, c
+		}
 	}
-	return over <= 0
+	return over, big
 }
 
 // MaxEngines bounds the number of engines a Translator tracks; messages of
@@ -212,11 +224,8 @@ func (t *Translator) Handle(endpoint string, frames [][]byte) {
 	if e == nil {
 		return
 	}
-	defer e.mu.Unlock()
+	defer e.unlock()
 	e.handle(t, seq, payload)
-	if e.shed.Swap(false) {
-		e.budgetClear()
-	}
 }
 
 // engine returns the locked state of a source's engine, resolving the
@@ -232,7 +241,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 		if e.resolved {
 			return e
 		}
-		e.mu.Unlock() // after Reset, or once its replica went away
+		e.unlock() // after Reset, or once its replica went away
 	}
 	src := Source{Endpoint: endpoint, Topic: string(topic)}
 	src.Pod, src.Model, _ = ParseTopic(src.Topic)
@@ -258,7 +267,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	if e.resolved && !e.same(src, tgt) {
 		e.refuse(fmt.Sprintf("source %q on %s: the engine is heard as %q on %s, with model %q and block size %d",
 			src.Topic, endpoint, e.src.Topic, e.src.Endpoint, e.tgt.Model, e.bs))
-		e.mu.Unlock()
+		e.unlock()
 		return nil
 	}
 	t.mu.Lock()
@@ -267,7 +276,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 		if e.topics >= MaxTopicsPerEngine {
 			t.mu.Unlock()
 			e.refuse(fmt.Sprintf("source %q on %s: the engine is already heard under %d topics", src.Topic, endpoint, MaxTopicsPerEngine))
-			e.mu.Unlock()
+			e.unlock()
 			return nil
 		}
 		if old != nil {
@@ -366,7 +375,7 @@ func (t *Translator) Reset(match func(Source, Target) bool) int {
 			e.st.Resets++
 			gone[e] = true
 		}
-		e.mu.Unlock()
+		e.unlock()
 	}
 	t.forget(gone)
 	return len(gone)
@@ -394,7 +403,7 @@ func (t *Translator) Replay(match func(Source, Target) bool, fn func(Source, Tar
 			e.keys = keys[:0]
 			n++
 		}
-		e.mu.Unlock()
+		e.unlock()
 	}
 	return n
 }

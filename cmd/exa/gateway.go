@@ -274,8 +274,8 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 }
 
 // defaultGatewayMaxConns is the default of --max-connections: 16,384
-// client connections, idle or busy, about 18 KiB each on the lean server
-// when idle (TestMeasureConnections), some 300 MiB in all.
+// client connections, idle or busy, about 15 KiB of RSS each when idle
+// (TestGatewayConnectionsRSS), some 240 MiB in all.
 const defaultGatewayMaxConns = 16384
 
 // frontLimits are the front server's limits, the same for both servers: a

@@ -3,6 +3,7 @@
 package netlimit
 
 import (
+	"errors"
 	"net"
 	"sync/atomic"
 )
@@ -53,6 +54,17 @@ type limitedConn struct {
 	net.Conn
 	l      *Listener
 	closed atomic.Bool
+}
+
+// CloseWrite shuts down the writing side of the connection it wraps
+// (a *net.TCPConn's), so that a server can end a connection with unread
+// input gently (the lean server's and net/http's lingering close); an
+// error where the connection has none.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 func (c *limitedConn) Close() error {
