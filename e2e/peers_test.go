@@ -29,7 +29,7 @@ func startGatewayOn(t *testing.T, name, cfg string, port int, scrape time.Durati
 
 // Two exa gateways in front of the same two engines, each the other's
 // peer: while B has a long prompt waiting at each replica (a gateway
-// hears a peer only up to half its own pending prefill at a replica:
+// hears a peer only up to half its own mean pending prefill per replica:
 // fleet.PeerCap) and a prompt sent through A waits for its first token,
 // B's /metrics reports A's pending prefill at that replica as its peers'
 // (exa_gateway_peer_prefill_blocks), and B sends a new prompt to the
@@ -81,7 +81,7 @@ func TestPeersSharePendingPrefill(t *testing.T) {
 			return n == i+1
 		})
 	}
-	// A's prompt, a third as long: within half of B's own at a replica.
+	// A's prompt, a third as long: within half of B's own mean.
 	medium := strings.Repeat("peer sharing keeps the gateways honest about queued prefill. ", 100)
 	done := make(chan result, 1)
 	go func() { done <- streamChat(ctx, a.url, "system prompt of gateway A", medium, 2) }()

@@ -7,11 +7,11 @@ import (
 )
 
 // TestPeerCapProperties: a peer's report is taken beyond its least, up to
-// half this gateway's own pending prefill at the replica, never more than
-// reported, nothing where this gateway has none, and more of it as own or
-// reported grow; a level the peer adds at every replica changes nothing.
-// A replica never looks more than 1.5 times as busy as this gateway's own
-// pending prefill there (rounded up), whatever the peer reports.
+// half own (this gateway's own mean pending prefill per replica of the
+// pool), never more than reported, nothing while own is none, and more of
+// it as own or reported grow; a level the peer adds at every replica
+// changes nothing. A peer never adds more than half own (rounded up),
+// whatever it reports.
 func TestPeerCapProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		own := rapid.IntRange(-10, MaxLoadCount).Draw(t, "own")

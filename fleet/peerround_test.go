@@ -79,18 +79,20 @@ func BenchmarkPeerRound(b *testing.B) {
 }
 
 // refPeerPrefill is peerPrefill as it was, one replica at a time (at
-// 0047e03): the reference the one-pass version is checked against.
+// 0047e03; its cap now by the pool's mean): the reference the one-pass
+// version is checked against.
 func refPeerPrefill(s *Fleet, m *Model, name string) int {
 	if len(m.Cfg.Peers) == 0 {
 		return 0
 	}
 	ownAndLeast := func(name string, report map[string]int) (own, least int) {
 		g := m.gatewayOf(name)
+		n := 0
 		for _, r := range g.Replicas() {
-			if r.Name == name {
-				own = r.PendingPrefill
-			}
+			own += r.PendingPrefill
+			n++
 		}
+		own = (own + n - 1) / n // the pool's mean, rounded up
 		least = MaxLoadCount
 		for rep := range m.ByName {
 			if m.gatewayOf(rep) == g {

@@ -542,11 +542,12 @@ func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 		if m.Gateway == nil || len(m.Cfg.Peers) == 0 || !ok {
 			continue
 		}
-		own, least := m.ownPending(), m.leastByPool(report)
+		own, least := m.ownMean(), m.leastByPool(report)
 		for rep := range m.ByName {
 			if c, ok := report[rep]; ok {
-				l := least[m.gatewayOf(rep)]
-				if PeerCap(own[rep], c, l) < c-l {
+				g := m.gatewayOf(rep)
+				l := least[g]
+				if PeerCap(own[g], c, l) < c-l {
 					return true
 				}
 			}
@@ -555,13 +556,18 @@ func (s *Fleet) overCap(counts map[string]map[string]int) bool {
 	return false
 }
 
-// ownPending returns this gateway's own pending prefill at each of m's
-// replicas.
-func (m *Model) ownPending() map[string]int {
-	own := make(map[string]int, len(m.ByName))
+// ownMean returns this gateway's own pending prefill per replica of each
+// of m's pools, the mean over the pool's replicas rounded up: what
+// PeerCap caps a peer's report by.
+func (m *Model) ownMean() map[*gateway.Gateway]int {
+	own := map[*gateway.Gateway]int{}
 	for _, g := range m.pools() {
+		sum, n := 0, 0
 		for _, r := range g.Replicas() {
-			own[r.Name] = r.PendingPrefill
+			sum, n = sum+r.PendingPrefill, n+1
+		}
+		if n > 0 {
+			own[g] = (sum + n - 1) / n
 		}
 	}
 	return own
@@ -596,15 +602,15 @@ func (m *Model) leastByPool(report map[string]int) map[*gateway.Gateway]int {
 // peerPrefill returns the pending prefill m's peers report at each of its
 // replicas: the sum over its peers (modelPeers) whose last good scrape is
 // at most peerTTL scrape intervals old, not this gateway itself, each
-// peer's count capped (PeerCap) by this gateway's own pending prefill
-// there, clamped to 0..MaxLoadCount. It reads each pool's replicas once
+// peer's count capped (PeerCap) by this gateway's own mean pending
+// prefill per replica of the pool (ownMean), clamped to 0..MaxLoadCount. It reads each pool's replicas once
 // and each peer's report once: peers × replicas work.
 func (s *Fleet) peerPrefill(m *Model) map[string]int {
 	sums := make(map[string]int, len(m.ByName))
 	if len(m.Cfg.Peers) == 0 {
 		return sums
 	}
-	own := m.ownPending()
+	own := m.ownMean()
 	oldest := s.opts.Clock().Add(-peerTTL * s.opts.PeerScrapeInterval)
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
@@ -620,7 +626,8 @@ func (s *Fleet) peerPrefill(m *Model) map[string]int {
 		report := p.counts[m.Name]
 		least := m.leastByPool(report)
 		for name := range m.ByName {
-			sums[name] = min(sums[name]+PeerCap(own[name], report[name], least[m.gatewayOf(name)]), MaxLoadCount)
+			g := m.gatewayOf(name)
+			sums[name] = min(sums[name]+PeerCap(own[g], report[name], least[g]), MaxLoadCount)
 		}
 	}
 	return sums

@@ -106,8 +106,8 @@ type engine struct {
 	byNm  map[string]int32
 	gws   []router // Config.Gateways of them
 	exact bool
-	// peerTotal and peerOwn are sharePending's scratch.
-	peerTotal, peerOwn []int
+	// peerOwn and peerLeast are sharePending's scratch.
+	peerOwn, peerLeast []int
 	// With Config.PeerRefreshInterval: peerShared is the PeerPrefill each
 	// gateway was last pushed (gateway-major), lastLoad each replica's
 	// load as last scraped.
@@ -353,7 +353,7 @@ func (e *engine) refresh() {
 		for i := range e.gws {
 			switch {
 			case share:
-				l.PeerPrefill = e.peerTotal[ri] - e.peerOwn[i*len(e.reps)+ri]
+				l.PeerPrefill = e.peerPrefill(i, ri)
 			case apart:
 				l.PeerPrefill = e.peerShared[i*len(e.reps)+ri]
 			}

@@ -2,8 +2,10 @@ package sim
 
 import (
 	"maps"
+	"slices"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/internal/hashtab"
 	"github.com/examlops/gateway/reference"
@@ -63,25 +65,43 @@ func (e *engine) afterRefresh() {
 
 // sharePending, with Config.SharePending and more than one gateway,
 // takes every gateway's PendingPrefill per replica, as each would expose
-// it to its peers at this refresh, into e.peerOwn (gateway-major) and
-// their sum per replica into e.peerTotal, and reports true; else false.
+// it to its peers at this refresh, into e.peerOwn (gateway-major) and the
+// least each reports at any replica into e.peerLeast, and reports true;
+// else false.
 func (e *engine) sharePending() bool {
 	if !e.cfg.SharePending || len(e.gws) < 2 {
 		return false
 	}
 	n := len(e.reps)
-	if len(e.peerTotal) != n {
-		e.peerTotal, e.peerOwn = make([]int, n), make([]int, n*len(e.gws))
+	if len(e.peerOwn) != n*len(e.gws) {
+		e.peerOwn, e.peerLeast = make([]int, n*len(e.gws)), make([]int, len(e.gws))
 	}
-	clear(e.peerTotal)
 	for i := range e.gws {
 		for _, st := range e.gws[i].g.Replicas() {
-			ri := int(e.byNm[st.Name])
-			e.peerOwn[i*n+ri] = st.PendingPrefill
-			e.peerTotal[ri] += st.PendingPrefill
+			e.peerOwn[i*n+int(e.byNm[st.Name])] = st.PendingPrefill
 		}
+		e.peerLeast[i] = slices.Min(e.peerOwn[i*n : (i+1)*n])
 	}
 	return true
+}
+
+// peerPrefill is what gateway i takes of its peers' pending prefill at
+// replica ri, as the HTTP gateway's peer round does: each peer's report
+// capped by fleet.PeerCap (beyond the least it reports in the pool, at
+// most half of gateway i's own mean per replica), summed over the peers.
+func (e *engine) peerPrefill(i, ri int) int {
+	n := len(e.reps)
+	own, sum := 0, 0
+	for _, p := range e.peerOwn[i*n : (i+1)*n] {
+		own += p
+	}
+	own = (own + n - 1) / n
+	for j := range e.gws {
+		if j != i {
+			sum += fleet.PeerCap(own, e.peerOwn[j*n+ri], e.peerLeast[j])
+		}
+	}
+	return sum
 }
 
 // peerApart reports whether the gateways share their pending prefill on
@@ -102,7 +122,7 @@ func (e *engine) sharePeers() {
 	for ri, r := range e.reps {
 		for i := range e.gws {
 			l := e.lastLoad[ri]
-			l.PeerPrefill = e.peerTotal[ri] - e.peerOwn[i*n+ri]
+			l.PeerPrefill = e.peerPrefill(i, ri)
 			e.peerShared[i*n+ri] = l.PeerPrefill
 			_ = e.gws[i].g.UpdateLoad(r.name, l)
 		}

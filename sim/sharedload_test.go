@@ -33,8 +33,10 @@ const (
 	// at the engine at the scrape, plus what this gateway sent there since.
 	sharedGauge
 	// sharedPeers: the other gateways' own PendingPrefill at the scrape,
-	// added to this gateway's (gateways sharing their counts, as Dynamo's
-	// router replica sync does).
+	// each capped as the HTTP gateway caps a peer's report (beyond the
+	// least it reports at any replica, at most half this gateway's own
+	// mean per replica, rounded up), added to this gateway's (gateways sharing their
+	// counts, as Dynamo's router replica sync does).
 	sharedPeers
 	// sharedCountMean: sharedCount's estimates averaged over the replicas
 	// and added to every one: the same for all, so they change only λ,
@@ -121,19 +123,36 @@ func (p *sharedLoad) refreshed(e *engine, gw int) {
 			p.extra[i] = float64(v)
 		}
 	case sharedPeers:
-		p.extra = p.peers(p.extra)
+		p.extra = p.peers(p.extra, true)
 	}
 }
 
-// peers writes the other gateways' PendingPrefill per replica to dst.
-func (p *sharedLoad) peers(dst []float64) []float64 {
+// peers writes the other gateways' PendingPrefill per replica to dst,
+// each gateway's report capped as the HTTP gateway's peer round caps it
+// when capped is true (written here from its rule, not with fleet.PeerCap,
+// so that TestSharePendingIsPeers checks the product's path against it).
+func (p *sharedLoad) peers(dst []float64, capped bool) []float64 {
 	clear(dst)
+	mean := 0
+	for _, st := range p.e.gws[p.gw].g.Replicas() {
+		mean += st.PendingPrefill
+	}
+	mean = (mean + len(p.e.reps) - 1) / len(p.e.reps)
 	for j := range p.e.gws {
 		if j == p.gw {
 			continue
 		}
-		for i, st := range p.e.gws[j].g.Replicas() {
-			dst[i] += float64(st.PendingPrefill)
+		reps := p.e.gws[j].g.Replicas()
+		least := reps[0].PendingPrefill
+		for _, st := range reps {
+			least = min(least, st.PendingPrefill)
+		}
+		for i, st := range reps {
+			v := st.PendingPrefill
+			if capped {
+				v = min(max(v-least, 0), (mean+1)/2)
+			}
+			dst[i] += float64(v)
 		}
 	}
 	return dst
@@ -147,7 +166,7 @@ func (p *sharedLoad) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	cs := p.scratch
 	var truth []float64
 	if p.stats != nil && len(p.e.gws) > 1 {
-		truth = p.peers(make([]float64, len(p.e.reps)))
+		truth = p.peers(make([]float64, len(p.e.reps)), false)
 	}
 	pending, inflight := 0, 0
 	for i := range cs {
