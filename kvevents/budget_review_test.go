@@ -50,9 +50,7 @@ func TestMappedTotalReviewShedCascade(t *testing.T) {
 	f.send(topicA, arrayBatch(storedRun(1, 6)))
 	f.send(topicB, arrayBatch(storedRun(1000, 3)))
 	f.send(topicC, arrayBatch(storedRun(3000, 1)))
-	tr.mu.Lock()
-	a := tr.engines[podA]
-	tr.mu.Unlock()
+	a := engineAt(tr, podA)
 	a.mu.Lock()                                    // A busy with a message
 	f.send(topicB, arrayBatch(storedRun(2000, 2))) // A shed, B stores: 12
 	require.True(t, a.shed.Load())
@@ -80,9 +78,7 @@ func TestMappedTotalReviewShedNeverHonoured(t *testing.T) {
 	<-in
 	f.send(topicB, arrayBatch(storedRun(2000, 1))) // A busy in Replay -> shed
 	close(out)
-	tr.mu.Lock()
-	a := tr.engines[podA]
-	tr.mu.Unlock()
+	a := engineAt(tr, podA)
 	require.Eventually(t, func() bool {
 		if !a.mu.TryLock() {
 			return false
@@ -109,9 +105,7 @@ func TestMappedTotalReviewStaleShed(t *testing.T) {
 	f := newFeeder(t, tr)
 	f.send(topicA, arrayBatch(storedRun(1, 8)))
 	f.send(topicB, arrayBatch(storedRun(1000, 2)))
-	tr.mu.Lock()
-	a := tr.engines[podA]
-	tr.mu.Unlock()
+	a := engineAt(tr, podA)
 	a.mu.Lock() // e.g. Stats or Replay holds A
 	f.send(topicB, arrayBatch(storedRun(2000, 1)))
 	require.True(t, a.shed.Load(), "A asked to shed")

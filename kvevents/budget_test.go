@@ -19,6 +19,14 @@ func storedRun(first uint64, n int) any {
 	return stored{hashes: hs, tokens: seqTokens(uint32(first), 16*n), bs: 16}.array()
 }
 
+// engineAt returns the Translator's state of the engine whose replica is
+// pod.
+func engineAt(tr *Translator, pod string) *engine {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.engines[pod]
+}
+
 // TestTranslateMappedTotal: all engines' maps share Limits.MaxMapped.
 // Past it the engine holding the most, counting the newcomer's blocks, is
 // cleared: another engine when it holds more, else the one storing.
@@ -66,9 +74,7 @@ func TestTranslateMappedTotal(t *testing.T) {
 		f := newFeeder(t, tr)
 		f.send(topicA, arrayBatch(storedRun(1, 80)))
 		f.send(topicB, arrayBatch(storedRun(1000, 20)))
-		tr.mu.Lock()
-		a := tr.engines[podA]
-		tr.mu.Unlock()
+		a := engineAt(tr, podA)
 		a.mu.Lock() // A is handling a message
 		f.send(topicB, arrayBatch(storedRun(2000, 10)))
 		require.True(t, a.shed.Load())
@@ -145,9 +151,7 @@ func TestPropMappedTotal(t *testing.T) {
 			for _, s := range st {
 				sum += s.Mapped
 				mapped := map[uint64]bool{}
-				tr.mu.Lock()
-				e := tr.engines[s.Replica]
-				tr.mu.Unlock()
+				e := engineAt(tr, s.Replica)
 				for _, k := range e.blocks {
 					mapped[k] = true
 				}
