@@ -15,9 +15,13 @@ package fleet
 // where a replica's own pending prefill is near the mean, a replica it
 // lies about looks at most about 1.5 times as busy and keeps, in that
 // pricing, a share of about 1/(k + 1.5(n−k)) of the requests when it lies
-// about k of n replicas (28.6% with two of three); at light load it can
-// tilt the choice among replicas idle here by at most half the small own
-// mean (docs/multi-gateway.md, TestLyingPeer). What an honest peer's
+// about k of n replicas (28.6% with two of three). While this gateway has
+// a long prompt in prefill at one replica, the mean is large, and a peer
+// can then steer short prompts away from a replica idle here, as an
+// honest peer with a long prompt queued there would
+// (TestLyingPeerLongPromptElsewhere; docs/multi-gateway.md): the honest
+// signal that helps is a peer's queue where this gateway has little, and
+// a lie looks the same; the peer token keeps liars out. What an honest peer's
 // report says about the choice among replicas is how much more it has
 // queued at one than at another; that is what is taken. The cap is by
 // the pool's mean rather than by this gateway's own pending prefill at

@@ -279,3 +279,98 @@ func TestPeerTokenLoggedOnce(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, 1, strings.Count(logs.String(), "peer token readable again"))
 }
+
+// TestLyingPeerLongPromptElsewhere (found in review): the cap is half this
+// gateway's own mean pending prefill per replica, so one long prompt of
+// its own in prefill at one replica lets a peer add that much at a
+// replica idle here, as an honest peer with a long prompt queued there
+// would. A peer reports 2·10⁹ blocks at Y while this gateway has a
+// 1,500-block prompt in prefill at X and short prompts (32 blocks, at
+// most 2 in prefill) come: what the peer adds at Y stays within half the
+// mean, and the short prompts it steers away from Y are logged (the
+// docs give the figures, with the cap at the replica's beside them).
+func TestLyingPeerLongPromptElsewhere(t *testing.T) {
+	var target atomic.Value
+	target.Store("none")
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "%s{model=%q,replica=%q} 2e9\n", fleet.MetricPendingPrefill, testModel, target.Load().(string))
+	}))
+	t.Cleanup(liar.Close)
+	s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
+	gw := s.Snapshot().Models[testModel].Gateway
+	long := make(gateway.Key, 1500)
+	for j := range long {
+		long[j] = uint64(1e9 + j)
+	}
+	dl, err := gw.Route(long) // in prefill throughout
+	require.NoError(t, err)
+	y := map[string]string{"r0": "r1", "r1": "r2", "r2": "r0"}[dl.Replica]
+	target.Store(y)
+	counts := map[string]int{}
+	var open []gateway.Decision
+	for i := range 500 {
+		if i%100 == 0 {
+			s.ScrapeAll(context.Background())
+			mean := 0
+			for _, r := range gw.Replicas() {
+				mean += r.PendingPrefill
+			}
+			mean = (mean + 2) / 3
+			for _, r := range gw.Replicas() {
+				assert.LessOrEqual(t, r.Load.PeerPrefill, (mean+1)/2, "replica %s", r.Name)
+				if r.Name == y {
+					assert.Positive(t, r.Load.PeerPrefill, "the report at %s is heard up to the cap", y)
+				}
+			}
+		}
+		key := make(gateway.Key, 32)
+		for j := range key {
+			key[j] = uint64(i*1000 + j + 1)
+		}
+		d, err := gw.Route(key)
+		require.NoError(t, err)
+		counts[d.Replica]++
+		open = append(open, d)
+		if len(open) > 2 {
+			open[0].Done(gateway.DoneInfo{})
+			open = open[1:]
+		}
+	}
+	t.Logf("long prompt at %s, the peer lying about %s: short prompts per replica %v", dl.Replica, y, counts)
+}
+
+// TestLyingPeerOneOfThree (from the review): under uniform heavy load (300-
+// block prompts, 24 in prefill) a peer reporting 2·10⁹ blocks at one of
+// three replicas leaves it about a quarter of the requests (the pricing's
+// 1/(1 + 1.5·2)), scraped every 10 or 100 requests.
+func TestLyingPeerOneOfThree(t *testing.T) {
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "%s{model=%q,replica=\"r0\"} 2e9\n", fleet.MetricPendingPrefill, testModel)
+	}))
+	t.Cleanup(liar.Close)
+	for _, every := range []int{10, 100} {
+		s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
+		gw := s.Snapshot().Models[testModel].Gateway
+		counts := map[string]int{}
+		var open []gateway.Decision
+		for i := range 1500 {
+			if i%every == 0 {
+				s.ScrapeAll(context.Background())
+			}
+			key := make(gateway.Key, 300)
+			for j := range key {
+				key[j] = uint64(i*1000 + j + 1)
+			}
+			d, err := gw.Route(key)
+			require.NoError(t, err)
+			counts[d.Replica]++
+			open = append(open, d)
+			if len(open) > 24 {
+				open[0].Done(gateway.DoneInfo{})
+				open = open[1:]
+			}
+		}
+		t.Logf("scraped every %d requests: %v (r0 %.1f%%)", every, counts, 100*float64(counts["r0"])/1500)
+		assert.GreaterOrEqual(t, counts["r0"], 300, "r0 keeps at least a fifth")
+	}
+}
