@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
@@ -163,4 +164,45 @@ func TestPropPeerPrefillMatchesReference(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPeerCapByPoolMean: a disaggregated model's prefill and decode pools
+// cap a peer's report each by this gateway's own mean pending prefill over
+// that pool, and the least it reports in that pool (found untested in
+// review).
+func TestPeerCapByPoolMean(t *testing.T) {
+	s, err := New(Options{Logger: quietLogger(), ScrapeInterval: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	rep := func(name string, port int) config.Replica {
+		return config.Replica{Name: name, Address: fmt.Sprintf("http://127.0.0.1:%d", port), CacheBlocks: 1000}
+	}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+		Mode: gateway.ModeCacheAware, Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode", Peers: []string{"http://10.0.0.9:8080"},
+		Pools: map[string][]config.Replica{"prefill": {rep("p0", 21000), rep("p1", 21001)}, "decode": {rep("d0", 21002), rep("d1", 21003), rep("d2", 21004)}},
+	}}}))
+	m := s.state.Load().Models[testModel]
+	require.NotNil(t, m.PD)
+	pre, dec := m.PD.Plan.Prefill, m.Gateway
+	require.NotSame(t, pre, dec)
+	// Own pending prefill: 40 blocks at one prefill replica (mean 20 over
+	// two), 9 at one decode replica (mean 3 over three).
+	_, err = pre.Route(make(gateway.Key, 40))
+	require.NoError(t, err)
+	key := make(gateway.Key, 9)
+	for i := range key {
+		key[i] = uint64(i + 100)
+	}
+	_, err = dec.Route(key)
+	require.NoError(t, err)
+	s.peers.mu.Lock()
+	s.peers.peers = map[string]*peerState{"http://10.0.0.9:8080": {at: s.opts.Clock(), up: true, id: "peer",
+		counts: map[string]map[string]int{testModel: {"prefill/p0": 1000, "prefill/p1": 5, "decode/d0": 1000, "decode/d1": 1000, "decode/d2": 2}}}}
+	s.peers.mu.Unlock()
+	got := s.peerPrefill(m)
+	// Prefill pool: least 5, cap (20+1)/2 = 10; decode: least 2, cap (3+1)/2 = 2.
+	assert.Equal(t, map[string]int{"prefill/p0": 10, "prefill/p1": 0, "decode/d0": 2, "decode/d1": 2, "decode/d2": 0}, got)
+	for name := range m.ByName {
+		assert.Equal(t, refPeerPrefill(s, m, name), got[name], name)
+	}
 }

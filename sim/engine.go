@@ -106,8 +106,8 @@ type engine struct {
 	byNm  map[string]int32
 	gws   []router // Config.Gateways of them
 	exact bool
-	// peerOwn and peerLeast are sharePending's scratch.
-	peerOwn, peerLeast []int
+	// peerOwn, peerLeast and peerMean are sharePending's scratch.
+	peerOwn, peerLeast, peerMean []int
 	// With Config.PeerRefreshInterval: peerShared is the PeerPrefill each
 	// gateway was last pushed (gateway-major), lastLoad each replica's
 	// load as last scraped.

@@ -65,22 +65,25 @@ func (e *engine) afterRefresh() {
 
 // sharePending, with Config.SharePending and more than one gateway,
 // takes every gateway's PendingPrefill per replica, as each would expose
-// it to its peers at this refresh, into e.peerOwn (gateway-major) and the
-// least each reports at any replica into e.peerLeast, and reports true;
-// else false.
+// it to its peers at this refresh, into e.peerOwn (gateway-major), the
+// least each reports at any replica into e.peerLeast and its mean per
+// replica, rounded up, into e.peerMean, and reports true; else false.
 func (e *engine) sharePending() bool {
 	if !e.cfg.SharePending || len(e.gws) < 2 {
 		return false
 	}
 	n := len(e.reps)
 	if len(e.peerOwn) != n*len(e.gws) {
-		e.peerOwn, e.peerLeast = make([]int, n*len(e.gws)), make([]int, len(e.gws))
+		e.peerOwn, e.peerLeast, e.peerMean = make([]int, n*len(e.gws)), make([]int, len(e.gws)), make([]int, len(e.gws))
 	}
 	for i := range e.gws {
+		sum := 0
 		for _, st := range e.gws[i].g.Replicas() {
 			e.peerOwn[i*n+int(e.byNm[st.Name])] = st.PendingPrefill
+			sum += st.PendingPrefill
 		}
 		e.peerLeast[i] = slices.Min(e.peerOwn[i*n : (i+1)*n])
+		e.peerMean[i] = (sum + n - 1) / n
 	}
 	return true
 }
@@ -91,11 +94,7 @@ func (e *engine) sharePending() bool {
 // most half of gateway i's own mean per replica), summed over the peers.
 func (e *engine) peerPrefill(i, ri int) int {
 	n := len(e.reps)
-	own, sum := 0, 0
-	for _, p := range e.peerOwn[i*n : (i+1)*n] {
-		own += p
-	}
-	own = (own + n - 1) / n
+	own, sum := e.peerMean[i], 0
 	for j := range e.gws {
 		if j != i {
 			sum += fleet.PeerCap(own, e.peerOwn[j*n+ri], e.peerLeast[j])

@@ -438,3 +438,59 @@ func TestPeerRefreshInterval(t *testing.T) {
 	assert.Less(t, apart.TTFT.Mean, withLoad.TTFT.Mean)
 	assert.Equal(t, run(false, 0), run(false, 100*time.Millisecond), "not shared: the peers' clock changes nothing")
 }
+
+// TestSharePeersCapped: on the peers' own clock (PeerRefreshInterval) each
+// gateway is pushed its peers' pending prefill capped as the HTTP
+// gateway's peer round caps it: beyond the least each peer reports, at
+// most half this gateway's own mean per replica, rounded up (written here
+// from that rule; the review found this path untested).
+func TestSharePeersCapped(t *testing.T) {
+	w, err := SharedPrefix(SharedPrefixConfig{Requests: 10, Rate: 10, Groups: 4, SystemTokens: 4096, QuestionTokens: 128, OutputTokens: 16})
+	require.NoError(t, err)
+	e, st := openEngine(t, Config{Workload: w, Replicas: 4, Seed: 1, Gateways: 3, Index: IndexExact, SharePending: true,
+		RefreshInterval: time.Second, PeerRefreshInterval: 100 * time.Millisecond}, cacheAware)
+	defer st.Close()
+	e.refresh() // the engines' load, which the peers' pushes carry
+	// Uneven pending prefill: gateway g routes g+1 prompts of 10·(k+1) blocks.
+	for g := range e.gws {
+		for k := range g + 1 {
+			key := make(gateway.Key, 10*(k+1))
+			for j := range key {
+				key[j] = uint64(1000*g + 100*k + j + 1)
+			}
+			_, err := e.gws[g].g.Route(key)
+			require.NoError(t, err)
+		}
+	}
+	own := make([][]int, len(e.gws))
+	for g := range e.gws {
+		for _, r := range e.gws[g].g.Replicas() {
+			own[g] = append(own[g], r.PendingPrefill)
+		}
+	}
+	e.sharePeers()
+	heard := 0
+	for g := range e.gws {
+		mean := 0
+		for _, p := range own[g] {
+			mean += p
+		}
+		mean = (mean + len(own[g]) - 1) / len(own[g])
+		for ri, r := range e.gws[g].g.Replicas() {
+			want := 0
+			for j := range e.gws {
+				if j == g {
+					continue
+				}
+				least := own[j][0]
+				for _, p := range own[j] {
+					least = min(least, p)
+				}
+				want += min(max(own[j][ri]-least, 0), (mean+1)/2)
+			}
+			assert.Equal(t, want, r.Load.PeerPrefill, "gateway %d, replica %s", g, r.Name)
+			heard += want
+		}
+	}
+	assert.Positive(t, heard, "some peers' prefill is heard")
+}
