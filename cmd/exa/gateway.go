@@ -35,7 +35,7 @@ type gatewayFlags struct {
 	upstreamStream                    bool
 	maxAssembled                      int64
 	maxRequest                        int64
-	maxConns                          int
+	maxConns, maxConnsPerClient       int
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
 }
@@ -108,6 +108,8 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"memory the request bodies in flight may hold together, from their first byte read until the call ends (those flow control holds included), each charged twice its size and every body made from it by its own; a request whose body would go past it gets 503 overloaded with Retry-After (0 = 512 MiB, or 4 × --max-body-bytes if more; at least 4 × --max-body-bytes)")
 	f.IntVar(&fl.maxConns, "max-connections", defaultGatewayMaxConns,
 		"client connections the gateway keeps open at once, idle or busy; one past it is closed as it is accepted, before anything is read from it")
+	f.IntVar(&fl.maxConnsPerClient, "max-connections-per-client", 0,
+		"client connections the gateway keeps open from one IP address, within --max-connections; one past it is closed as it is accepted (0 = no bound per client, the default: behind a proxy or load balancer every client has its address)")
 	f.StringVar(&fl.engineClient, "engine-client", "pool",
 		"HTTP client to the engines: pool (keep-alive connections used on the request's goroutine, less latency per request) or std (net/http's Transport)")
 	f.StringSliceVar(&fl.corsOrigins, "cors-origins", nil,
@@ -148,6 +150,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	}
 	if fl.maxConns < 1 {
 		return usagef("invalid --max-connections %q: must be at least 1", fmt.Sprint(fl.maxConns))
+	}
+	if fl.maxConnsPerClient < 0 {
+		return usagef("invalid --max-connections-per-client %q: must not be negative (0 = no bound per client)", fmt.Sprint(fl.maxConnsPerClient))
 	}
 	var engineClient http.RoundTripper // httpgw's default: the pool
 	switch fl.engineClient {
@@ -224,12 +229,14 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return usagef("invalid --listen %q: %v", fl.listen, err)
 	}
-	ln := netlimit.New(tcp, fl.maxConns)
+	ln := netlimit.New(tcp, fl.maxConns).PerSource(fl.maxConnsPerClient)
 	metrics.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_gateway_connections",
 			Help: "Client connections open (at most --max-connections)."}, func() float64 { return float64(ln.Open()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_gateway_connections_refused_total",
-			Help: "Client connections closed as they were accepted because --max-connections were open."}, func() float64 { return float64(ln.Refused()) }))
+			Help: "Client connections closed as they were accepted because --max-connections were open."}, func() float64 { return float64(ln.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_gateway_connections_refused_per_client_total",
+			Help: "Client connections closed as they were accepted because --max-connections-per-client were open from their address."}, func() float64 { return float64(ln.RefusedSources()) }))
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if fl.otlpSampleRatio <= 0 || fl.otlpSampleRatio > 1 {

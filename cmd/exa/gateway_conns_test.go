@@ -128,3 +128,38 @@ func envInt(t *testing.T, name string, def int) int {
 	require.NoError(t, err, name)
 	return n
 }
+
+// TestGatewayMaxConnectionsPerClient: with --max-connections-per-client 1
+// a second connection from one address is closed as it is accepted and
+// counted, while another address is served.
+func TestGatewayMaxConnectionsPerClient(t *testing.T) {
+	base, _ := startGatewayWith(t, newConfig(t), "--listen", "127.0.0.1:0", "--max-connections-per-client", "1")
+	addr := strings.TrimPrefix(base, "http://")
+	get := func(from, path string) (int, string, error) {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return 0, "", err
+		}
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, "", err
+		}
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	status, _, err := get("127.0.0.1", "/healthz") // kept open
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	_, _, err = get("127.0.0.1", "/healthz")
+	assert.Error(t, err, "a second connection from 127.0.0.1 is closed as accepted")
+	status, metrics, err := get("127.0.0.2", "/metrics")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	assert.Contains(t, metrics, "\nexa_gateway_connections_refused_per_client_total 1\n")
+	assert.Contains(t, metrics, "\nexa_gateway_connections_refused_total 0\n")
+}

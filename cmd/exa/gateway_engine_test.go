@@ -24,6 +24,7 @@ func TestGatewayBadEngineFlags(t *testing.T) {
 		{[]string{"--response-timeout", "-1s"}, `invalid --response-timeout "-1s": must not be negative`},
 		{[]string{"--max-assembled-bytes", "0"}, `invalid --max-assembled-bytes "0": must be positive`},
 		{[]string{"--max-connections", "0"}, `invalid --max-connections "0": must be at least 1`},
+		{[]string{"--max-connections-per-client", "-1"}, `invalid --max-connections-per-client "-1": must not be negative`},
 		{[]string{"--max-request-bytes", "-1"}, `invalid --max-request-bytes "-1": must be 0 (the default) or at least 4 × --max-body-bytes (33554432)`},
 		{[]string{"--max-request-bytes", "1000", "--max-body-bytes", "251"}, `invalid --max-request-bytes "1000": must be 0 (the default) or at least 4 × --max-body-bytes (1004)`},
 	} {
