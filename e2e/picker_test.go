@@ -399,9 +399,13 @@ func TestPicker(t *testing.T) {
 	})
 
 	t.Run("fallback", func(t *testing.T) {
-		// A picker without probes (one at start, then hourly), offering a
-		// fallback, and an Envoy that tries it: passive health only.
-		fb := startPickerProc(t, "picker-fallback", cfg, "--max-fallbacks", "1", "--probe-interval", "1h", "--eject-after", "2")
+		// A picker without probes or scrapes (one at start, then hourly),
+		// so that nothing but the data plane's reports tells it of the
+		// killed engine (a scrape between the kill and a pick is the
+		// likeliest cause of one failure in CI, where try 0 went to
+		// another engine), offering a fallback, and an Envoy that tries
+		// it: passive health only.
+		fb := startPickerProc(t, "picker-fallback", cfg, "--max-fallbacks", "1", "--probe-interval", "1h", "--scrape-interval", "1h", "--eject-after", "2")
 		for _, s := range sims {
 			waitFor(t, 20*time.Second, "picker-fallback to admit "+s.url(), func() bool { h, _ := fb.engineHealthy(t, s.url()); return h })
 		}
