@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,17 +16,6 @@ import (
 
 	"github.com/examlops/gateway/internal/memtest"
 )
-
-// envInt is the integer in the environment variable name, def if unset.
-func envInt(t *testing.T, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	require.NoError(t, err, name)
-	return n
-}
 
 // TestAssembledMemory is issue 29's N1 probe: N concurrent non-streamed
 // requests (default 50) whose engine streams MiB MiB of content each
@@ -42,9 +30,9 @@ func TestAssembledMemory(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("measurement: set EXA_MEASURE=1")
 	}
-	n := envInt(t, "EXA_ASSEMBLED_N", 50)
-	size := envInt(t, "EXA_ASSEMBLED_MIB", 30) << 20
-	opts := Options{MaxAssembledBytes: int64(envInt(t, "EXA_ASSEMBLED_BUDGET_MIB", DefaultMaxAssembledBytes>>20)) << 20}
+	n := memtest.EnvInt(t, "EXA_ASSEMBLED_N", 50)
+	size := memtest.EnvInt(t, "EXA_ASSEMBLED_MIB", 30) << 20
+	opts := Options{MaxAssembledBytes: int64(memtest.EnvInt(t, "EXA_ASSEMBLED_BUDGET_MIB", DefaultMaxAssembledBytes>>20)) << 20}
 	url, _ := bigStreamEngine(t, size, 64<<10)
 	f := rawFixture(t, opts, url)
 	body := chatBody(testModel, false, "sys", "hi")

@@ -68,7 +68,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, h *budget.H
 // beyond n. Past the budget the error wraps budget.ErrSpent (what it
 // reserved stays in h until the call releases it).
 func makeBody(h *budget.Hold, n int, build func() ([]byte, error)) ([]byte, error) {
-	if err := chargeMore(h, int64(n)); err != nil {
+	if err := h.Need(h.Held() + int64(n)); err != nil {
 		return nil, err
 	}
 	b, err := build()
@@ -76,19 +76,11 @@ func makeBody(h *budget.Hold, n int, build func() ([]byte, error)) ([]byte, erro
 		return nil, err
 	}
 	if extra := int64(cap(b) - n); extra > 0 {
-		if err := chargeMore(h, extra); err != nil {
+		if err := h.Need(h.Held() + extra); err != nil {
 			return nil, err
 		}
 	}
 	return b, nil
-}
-
-// chargeMore takes n more bytes of MaxRequestBytes into h.
-func chargeMore(h *budget.Hold, n int64) error {
-	if h.Grow(h.Held() + n) {
-		return nil
-	}
-	return fmt.Errorf("%w: %d bytes more needed, of %d, %d in use", budget.ErrSpent, n, h.B.Limit(), h.B.Used())
 }
 
 // bodiesOverBudget answers a request whose body the MaxRequestBytes

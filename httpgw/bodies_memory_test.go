@@ -30,12 +30,12 @@ func TestRequestBodiesMemory(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("measurement: set EXA_MEASURE=1")
 	}
-	n := envInt(t, "EXA_N", 64)
-	size := envInt(t, "EXA_BODY_MIB", 7) << 20
-	stream := envInt(t, "EXA_STREAM", 1) == 1
+	n := memtest.EnvInt(t, "EXA_N", 64)
+	size := memtest.EnvInt(t, "EXA_BODY_MIB", 7) << 20
+	stream := memtest.EnvInt(t, "EXA_STREAM", 1) == 1
 	release := make(chan struct{})
 	url, arrived := gateEngine(t, release)
-	opts := Options{MaxRequestBytes: int64(envInt(t, "EXA_BUDGET_MIB", DefaultMaxRequestBytes>>20)) << 20}
+	opts := Options{MaxRequestBytes: int64(memtest.EnvInt(t, "EXA_BUDGET_MIB", DefaultMaxRequestBytes>>20)) << 20}
 	f := rawFixture(t, opts, url)
 	body := bigChat(stream, size)
 

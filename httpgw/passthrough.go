@@ -294,7 +294,7 @@ func withSoleModel(st *fleet.State, body []byte, h *budget.Hold, charge int64) (
 		return "", nil, fmt.Errorf("%w: model name %q: %v", ErrBadRequest, name, err)
 	}
 	n := len(b) + len(q) + 12
-	if err := chargeMore(h, charge*int64(n)); err != nil {
+	if err := h.Need(h.Held() + charge*int64(n)); err != nil {
 		return "", nil, err
 	}
 	out := make([]byte, 0, n)

@@ -161,33 +161,10 @@ func TestLyingPeer(t *testing.T) {
 			s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
 			ctx := context.Background()
 			gw := s.Snapshot().Models[testModel].Gateway
-			counts := map[string]int{}
-			var open []gateway.Decision
-			for i := range 500 {
-				if i%tc.every == 0 {
-					s.ScrapeAll(ctx)
-					mean := 0
-					for _, r := range gw.Replicas() {
-						mean += r.PendingPrefill
-					}
-					mean = (mean + 2) / 3 // the pool's mean pending prefill, rounded up
-					for _, r := range gw.Replicas() {
-						assert.LessOrEqual(t, r.Load.PeerPrefill, (mean+1)/2, "replica %s", r.Name)
-					}
-				}
-				key := make(gateway.Key, tc.blocks)
-				for j := range key {
-					key[j] = uint64(i*1000 + j + 1)
-				}
-				d, err := gw.Route(key)
-				require.NoError(t, err)
-				counts[d.Replica]++
-				open = append(open, d)
-				if len(open) > tc.inPrefill {
-					open[0].Done(gateway.DoneInfo{})
-					open = open[1:]
-				}
-			}
+			counts := routeFresh(t, gw, 500, tc.blocks, tc.inPrefill, tc.every, func() {
+				s.ScrapeAll(ctx)
+				assertPeerCapped(t, gw)
+			})
 			t.Logf("requests per replica with a peer lying about r0 and r1: %v", counts)
 			assert.GreaterOrEqual(t, counts["r0"], 125, "r0 keeps 25%")
 			assert.GreaterOrEqual(t, counts["r1"], 125, "r1 keeps 25%")
@@ -306,36 +283,15 @@ func TestLyingPeerLongPromptElsewhere(t *testing.T) {
 	require.NoError(t, err)
 	y := map[string]string{"r0": "r1", "r1": "r2", "r2": "r0"}[dl.Replica]
 	target.Store(y)
-	counts := map[string]int{}
-	var open []gateway.Decision
-	for i := range 500 {
-		if i%100 == 0 {
-			s.ScrapeAll(context.Background())
-			mean := 0
-			for _, r := range gw.Replicas() {
-				mean += r.PendingPrefill
-			}
-			mean = (mean + 2) / 3
-			for _, r := range gw.Replicas() {
-				assert.LessOrEqual(t, r.Load.PeerPrefill, (mean+1)/2, "replica %s", r.Name)
-				if r.Name == y {
-					assert.Positive(t, r.Load.PeerPrefill, "the report at %s is heard up to the cap", y)
-				}
+	counts := routeFresh(t, gw, 500, 32, 2, 100, func() {
+		s.ScrapeAll(context.Background())
+		assertPeerCapped(t, gw)
+		for _, r := range gw.Replicas() {
+			if r.Name == y {
+				assert.Positive(t, r.Load.PeerPrefill, "the report at %s is heard up to the cap", y)
 			}
 		}
-		key := make(gateway.Key, 32)
-		for j := range key {
-			key[j] = uint64(i*1000 + j + 1)
-		}
-		d, err := gw.Route(key)
-		require.NoError(t, err)
-		counts[d.Replica]++
-		open = append(open, d)
-		if len(open) > 2 {
-			open[0].Done(gateway.DoneInfo{})
-			open = open[1:]
-		}
-	}
+	})
 	t.Logf("long prompt at %s, the peer lying about %s: short prompts per replica %v", dl.Replica, y, counts)
 }
 
@@ -351,26 +307,52 @@ func TestLyingPeerOneOfThree(t *testing.T) {
 	for _, every := range []int{10, 100} {
 		s, _ := peerServer(t, Options{}, []string{liar.URL}, engineMetrics(t), engineMetrics(t), engineMetrics(t))
 		gw := s.Snapshot().Models[testModel].Gateway
-		counts := map[string]int{}
-		var open []gateway.Decision
-		for i := range 1500 {
-			if i%every == 0 {
-				s.ScrapeAll(context.Background())
-			}
-			key := make(gateway.Key, 300)
-			for j := range key {
-				key[j] = uint64(i*1000 + j + 1)
-			}
-			d, err := gw.Route(key)
-			require.NoError(t, err)
-			counts[d.Replica]++
-			open = append(open, d)
-			if len(open) > 24 {
-				open[0].Done(gateway.DoneInfo{})
-				open = open[1:]
-			}
-		}
+		counts := routeFresh(t, gw, 1500, 300, 24, every, func() { s.ScrapeAll(context.Background()) })
 		t.Logf("scraped every %d requests: %v (r0 %.1f%%)", every, counts, 100*float64(counts["r0"])/1500)
 		assert.GreaterOrEqual(t, counts["r0"], 300, "r0 keeps at least a fifth")
+	}
+}
+
+// routeFresh routes n prompts of blocks blocks each, none cached, through
+// gw, keeping at most inPrefill of them in prefill (the oldest released
+// as each comes), and calls scrape before every every-th; it returns the
+// requests per replica.
+func routeFresh(t *testing.T, gw *gateway.Gateway, n, blocks, inPrefill, every int, scrape func()) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	var open []gateway.Decision
+	for i := range n {
+		if i%every == 0 {
+			scrape()
+		}
+		key := make(gateway.Key, blocks)
+		for j := range key {
+			key[j] = uint64(i*1000 + j + 1)
+		}
+		d, err := gw.Route(key)
+		require.NoError(t, err)
+		counts[d.Replica]++
+		open = append(open, d)
+		if len(open) > inPrefill {
+			open[0].Done(gateway.DoneInfo{})
+			open = open[1:]
+		}
+	}
+	return counts
+}
+
+// assertPeerCapped checks that no replica of gw hears more of its peers
+// than PeerCap allows: half the pool's mean own pending prefill, both
+// rounded up.
+func assertPeerCapped(t *testing.T, gw *gateway.Gateway) {
+	t.Helper()
+	reps := gw.Replicas()
+	mean := 0
+	for _, r := range reps {
+		mean += r.PendingPrefill
+	}
+	mean = (mean + len(reps) - 1) / len(reps)
+	for _, r := range reps {
+		assert.LessOrEqual(t, r.Load.PeerPrefill, (mean+1)/2, "replica %s", r.Name)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/internal/memtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -86,8 +87,8 @@ func TestGatewayConnectionsRSS(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("measurement: set EXA_MEASURE=1")
 	}
-	n := envInt(t, "EXA_N", 16000)
-	maxConns := envInt(t, "EXA_MAX", defaultGatewayMaxConns)
+	n := memtest.EnvInt(t, "EXA_N", 16000)
+	maxConns := memtest.EnvInt(t, "EXA_MAX", defaultGatewayMaxConns)
 	base, proc := startGatewayWith(t, newConfig(t), "--listen", "127.0.0.1:0", "--max-connections", strconv.Itoa(maxConns))
 	addr := strings.TrimPrefix(base, "http://")
 	start := procRSS(t, proc.Pid)
@@ -115,18 +116,6 @@ func TestGatewayConnectionsRSS(t *testing.T) {
 	t.Logf("%d connections, --max-connections %d: %d answered; RSS %.1f -> %.1f MiB, %.1f KiB a connection answered",
 		n, maxConns, answered, float64(start)/(1<<20), float64(held)/(1<<20), float64(held-start)/1024/float64(max(answered, 1)))
 	require.Equal(t, min(n, maxConns), answered)
-}
-
-// envInt is the integer in the environment variable name, def if unset.
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	require.NoError(t, err, name)
-	return n
 }
 
 // TestGatewayMaxConnectionsPerClient: with --max-connections-per-client 1

@@ -68,6 +68,16 @@ func (h *Hold) Grow(n int64) bool {
 	return true
 }
 
+// Need is Grow with an error: when the budget cannot give the share n
+// bytes, it wraps ErrSpent and names the bytes missing, the budget's
+// limit and what is in use.
+func (h *Hold) Need(n int64) error {
+	if h.Grow(n) {
+		return nil
+	}
+	return fmt.Errorf("%w: %d bytes more needed, of %d, %d in use", ErrSpent, n-h.Held(), h.B.Limit(), h.B.Used())
+}
+
 // Held returns the bytes the share holds.
 func (h *Hold) Held() int64 { return h.held }
 
@@ -111,8 +121,8 @@ func (h *Hold) ReadAllSize(r io.Reader, size, limit, charge int64) ([]byte, erro
 			if cap(b) == 0 && size > 0 && size <= limit {
 				n = size + 1
 			}
-			if !h.Grow(charge * n) {
-				return nil, fmt.Errorf("%w: %d bytes more needed, of %d, %d in use", ErrSpent, charge*n-h.Held(), h.B.Limit(), h.B.Used())
+			if err := h.Need(charge * n); err != nil {
+				return nil, err
 			}
 			nb := make([]byte, len(b), n)
 			copy(nb, b)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -84,4 +85,20 @@ func Status(field string) int64 {
 		}
 	}
 	return -1
+}
+
+// EnvInt is the integer in the environment variable name, def if it is
+// unset; a measurement's knob (EXA_N and the like). A value that is not
+// an integer fails t.
+func EnvInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return n
 }
