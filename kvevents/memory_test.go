@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/memtest"
 )
 
 // The memory figures of docs/kv-events.md ("Security"), measured with
@@ -73,14 +74,17 @@ func TestMeasureMemory(t *testing.T) {
 			}, Limits{MaxMapped: total})
 			tokens := seqTokens(1, per*16)
 			hashes := make([]uint64, per)
-			for seq := 1; seq <= DefaultMaxMapped/per; seq++ {
-				for g := range engines {
-					for i := range hashes {
-						hashes[i] = uint64(g)<<40 | uint64(seq*per+i)
+			rss := memtest.PeakRSS(func() {
+				for seq := 1; seq <= DefaultMaxMapped/per; seq++ {
+					for g := range engines {
+						for i := range hashes {
+							hashes[i] = uint64(g)<<40 | uint64(seq*per+i)
+						}
+						tr.Handle("e", frames(fmt.Sprintf("kv@pod-%d@m", g), uint64(seq), pack(t, arrayBatch(stored{hashes: hashes, tokens: tokens, bs: 16}.array()))))
 					}
-					tr.Handle("e", frames(fmt.Sprintf("kv@pod-%d@m", g), uint64(seq), pack(t, arrayBatch(stored{hashes: hashes, tokens: tokens, bs: 16}.array()))))
 				}
-			}
+			})
+			t.Logf("peak RSS of the flood: +%.1f MiB", float64(rss)/(1<<20))
 			st, glob := tr.Stats()
 			var clears uint64
 			for _, e := range st {
@@ -229,11 +233,14 @@ func TestMeasureTokenCache(t *testing.T) {
 	for _, n := range []int{0, 1, 16} {
 		before := heapNow()
 		c := NewCachedTokenizer(fixedTokenizer(n), CacheOptions{})
-		for i := range requests {
-			if _, err := c.Tokenize(context.Background(), TokenizeRequest{Model: "m", Prompt: strconv.Itoa(i)}); err != nil {
-				t.Fatal(err)
+		rss := memtest.PeakRSS(func() {
+			for i := range requests {
+				if _, err := c.Tokenize(context.Background(), TokenizeRequest{Model: "m", Prompt: strconv.Itoa(i)}); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
+		})
+		t.Logf("peak RSS of the flood: +%.1f MiB", float64(rss)/(1<<20))
 		after := heapNow()
 		st := c.Stats()
 		t.Logf("%d requests answered with %d tokens: %d entries, %d tokens held: %.1f MiB, %.0f bytes an entry",
