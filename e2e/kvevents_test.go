@@ -274,7 +274,7 @@ func kvKey(t *testing.T, tok kvevents.Tokenizer, r kvRequest) gateway.Key {
 }
 
 func tokenizerFor(s *kvSim) kvevents.Tokenizer {
-	return kvevents.NewHTTPTokenizer(nil, func(string) (string, error) { return s.url(), nil })
+	return kvevents.NewHTTPTokenizer(nil, func(string) (string, error) { return s.url(), nil }, 0)
 }
 
 // warmUp sends an engine unique one-block prompts until its events reach
@@ -611,7 +611,7 @@ func TestKVTokenizeLatency(t *testing.T) {
 	requireBinaries(t)
 	s := startKVSim(t, freePort(t), 1024, false)
 	rng := rand.New(rand.NewPCG(8, 9))
-	remote := kvevents.NewHTTPTokenizer(nil, func(string) (string, error) { return s.url(), nil })
+	remote := kvevents.NewHTTPTokenizer(nil, func(string) (string, error) { return s.url(), nil }, 0)
 	cached := kvevents.NewCachedTokenizer(remote, kvevents.CacheOptions{})
 	const n = 300
 	prompts := make([]string, n)

@@ -308,6 +308,7 @@ type kvRuntime struct {
 	tr   *kvevents.Translator
 	tok  kvevents.Tokenizer
 	tc   *kvevents.CachedTokenizer // tok when it is the default; else nil
+	http *kvevents.HTTPTokenizer   // tc's engine calls when tok is the default; else nil
 	opts kvevents.Options
 
 	mu   sync.Mutex

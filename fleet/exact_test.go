@@ -157,3 +157,41 @@ func TestKVMaxMappedBlocks(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.ErrorContains(t, err, "KVMaxMappedBlocks -1 is negative")
 }
+
+// TestTokenizeMaxBytes: the budget of the default tokenizer's calls is
+// Options.TokenizeMaxBytes (kvevents' default when zero), shown on
+// /metrics with what is held and the calls refused; an embedder's
+// Tokenizer has none; a negative one is refused.
+func TestTokenizeMaxBytes(t *testing.T) {
+	for _, tc := range []struct{ opt, want int64 }{{0, kvevents.DefaultTokenizeBytes}, {4096, 4096}} {
+		reg := prometheus.NewRegistry()
+		s, err := New(Options{Registerer: reg, Logger: quietLogger(), TokenizeMaxBytes: tc.opt})
+		require.NoError(t, err)
+		require.Equal(t, map[string]float64{"exa_gateway_tokenize_bytes": 0, "exa_gateway_tokenize_bytes_limit": float64(tc.want),
+			"exa_gateway_tokenize_over_budget_total": 0}, tokenizeSeries(t, reg))
+		require.NoError(t, s.Close())
+	}
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Logger: quietLogger(), Tokenizer: kvevents.NewHTTPTokenizer(nil, nil, 1)})
+	require.NoError(t, err)
+	require.Empty(t, tokenizeSeries(t, reg), "an embedder's tokenizer: its budget is its own")
+	require.NoError(t, s.Close())
+	_, err = New(Options{TokenizeMaxBytes: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "TokenizeMaxBytes -1 is negative")
+}
+
+func tokenizeSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		switch n := mf.GetName(); n {
+		case "exa_gateway_tokenize_bytes", "exa_gateway_tokenize_bytes_limit":
+			got[n] = mf.GetMetric()[0].GetGauge().GetValue()
+		case "exa_gateway_tokenize_over_budget_total":
+			got[n] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return got
+}

@@ -61,13 +61,16 @@ var (
 	descTokErrs    = kvDesc("tokenize_errors_total", "Tokenizations that failed or timed out, by model.", "model")
 	descTokHits    = kvDesc("tokenize_cache_hits_total", "Tokenizations answered from the gateway's cache of tokenized requests.")
 	descTokEntries = kvDesc("tokenize_cache_entries", "Requests held in the gateway's cache of tokenized requests.")
+	descTokBytes   = kvDesc("tokenize_bytes", "Bytes the calls to engines' /tokenize in flight hold together (request bodies, answers, token ids).")
+	descTokLimit   = kvDesc("tokenize_bytes_limit", "The bound of the bytes the calls to engines' /tokenize in flight hold together (--tokenize-max-bytes).")
+	descTokOver    = kvDesc("tokenize_over_budget_total", "Calls to an engine's /tokenize refused because all calls in flight together would pass --tokenize-max-bytes (the request is keyed without tokens).")
 	descFallbacks  = kvDesc("exact_fallbacks_total",
 		"Requests of a model on the exact index routed without a token key (as if nothing were cached), by model and reason: tokenize_error, short_prompt, unsupported.",
 		"model", "reason")
 
 	allKVDescs = []*prometheus.Desc{descKVMessages, descKVMalformed, descKVEvents, descKVApplied, descKVDropped, descKVStored,
 		descKVRemoved, descKVGaps, descKVRestarts, descKVOverflow, descKVBudget, descKVAll, descKVAllMax, descKVClears, descKVSkipped, descKVRejected, descKVResets, descKVReplays, descKVReplayed, descKVMapped, descKVFrames, descKVUnres,
-		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descFallbacks}
+		descKVConn, descKVConnects, descKVFails, descKVOpen, descKVClosed, descCached, descTokReqs, descTokCalls, descTokErrs, descTokHits, descTokEntries, descTokBytes, descTokLimit, descTokOver, descFallbacks}
 )
 
 // droppedBy lists an engine's dropped events by reason.
@@ -179,6 +182,12 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		cs := s.kv.tc.Stats()
 		counter(descTokHits, cs.Hits)
 		gauge(descTokEntries, float64(cs.Entries))
+	}
+	if s.kv.http != nil {
+		b := s.kv.http.Budget()
+		gauge(descTokBytes, float64(b.Used))
+		gauge(descTokLimit, float64(b.Limit))
+		counter(descTokOver, b.OverBudget)
 	}
 }
 

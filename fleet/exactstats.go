@@ -22,6 +22,13 @@ type KVEventsGlobal struct {
 	// hold, MaxMappedBlocks its bound (Options.KVMaxMappedBlocks).
 	MappedBlocks    int64 `json:"mapped_blocks"`
 	MaxMappedBlocks int64 `json:"max_mapped_blocks"`
+	// TokenizeBytes is what the calls to engines' /tokenize in flight
+	// hold, TokenizeMaxBytes its bound (Options.TokenizeMaxBytes), and
+	// TokenizeOverBudget counts the calls refused past it; all 0 with an
+	// embedder's Tokenizer.
+	TokenizeBytes      int64  `json:"tokenize_bytes"`
+	TokenizeMaxBytes   int64  `json:"tokenize_max_bytes"`
+	TokenizeOverBudget uint64 `json:"tokenize_over_budget"`
 	// Endpoints are every endpoint listened on or dialled.
 	Endpoints []config.KVEndpointStats `json:"endpoints"`
 }
@@ -48,6 +55,10 @@ func (s *Fleet) kvGlobalStats(engines []kvevents.EngineStats, glob kvevents.Glob
 	}
 	out := &KVEventsGlobal{MalformedFrames: glob.MalformedFrames, Unresolved: glob.Unresolved, LastError: glob.LastError,
 		MappedBlocks: glob.Mapped, MaxMappedBlocks: glob.MaxMapped, Endpoints: []config.KVEndpointStats{}}
+	if s.kv.http != nil {
+		b := s.kv.http.Budget()
+		out.TokenizeBytes, out.TokenizeMaxBytes, out.TokenizeOverBudget = b.Used, b.Limit, b.OverBudget
+	}
 	for _, ep := range eps {
 		out.Endpoints = append(out.Endpoints, endpointStats(ep))
 	}

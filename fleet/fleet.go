@@ -112,6 +112,12 @@ type Options struct {
 	// kvevents.DefaultMaxMappedTotal (8,388,608); it must not be
 	// negative.
 	KVMaxMappedBlocks int
+	// TokenizeMaxBytes bounds the memory of all the calls to engines'
+	// /tokenize in flight together (their bodies, answers and token ids),
+	// when Tokenizer is the default: a call past it fails at once and the
+	// request is keyed without tokens (FallbackTokenize). Default
+	// kvevents.DefaultTokenizeBytes (256 MiB); it must not be negative.
+	TokenizeMaxBytes int64
 	// OnReload, when set, is called after each load of ConfigPath (by New
 	// and Run), from the loading goroutine, with the version of the file
 	// read and the outcome; the CLI records it so that `exa serve routing
@@ -247,7 +253,8 @@ func New(opts Options) (*Fleet, error) {
 	s.kv.tok = opts.Tokenizer
 	if s.kv.tok == nil {
 		client := &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect}
-		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{kvevents.NewHTTPTokenizer(client, s.tokenizeBase), s.kv}, kvevents.CacheOptions{})
+		s.kv.http = kvevents.NewHTTPTokenizer(client, s.tokenizeBase, opts.TokenizeMaxBytes)
+		s.kv.tc = kvevents.NewCachedTokenizer(countingTokenizer{s.kv.http, s.kv}, kvevents.CacheOptions{})
 		s.kv.tok = s.kv.tc
 	} else {
 		s.kv.tok = countingTokenizer{opts.Tokenizer, s.kv}
@@ -314,6 +321,9 @@ func fillOptions(o *Options) error {
 	}
 	if o.KVMaxMappedBlocks < 0 {
 		return fmt.Errorf("%w: KVMaxMappedBlocks %d is negative", ErrInvalidOptions, o.KVMaxMappedBlocks)
+	}
+	if o.TokenizeMaxBytes < 0 {
+		return fmt.Errorf("%w: TokenizeMaxBytes %d is negative", ErrInvalidOptions, o.TokenizeMaxBytes)
 	}
 	if o.Transport == nil {
 		o.Transport = httpclient.New(httpclient.Options{})

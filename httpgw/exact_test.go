@@ -382,3 +382,47 @@ func TestExactConcurrent(t *testing.T) {
 		require.LessOrEqual(t, r.CachedBlocks, mapped[ef.pod(i)], r.Name)
 	}
 }
+
+// TestExactTokenizeBudget: with the engines' own /tokenize, a call that
+// does not fit Fleet.TokenizeMaxBytes beside the others fails at once:
+// its request is still served, keyed without tokens (tokenize_error),
+// and the refusal is counted in /stats and /metrics.
+func TestExactTokenizeBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		limit    int64
+		fallback bool
+	}{{"default budget", 0, false}, {"64 bytes", 64, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fixture{t: t, reg: prometheus.NewRegistry()}
+			e := enginetest.New(enginetest.Options{Model: testModel, Name: "e0"})
+			t.Cleanup(e.Close)
+			f.engines = append(f.engines, e)
+			s, err := New(Options{Registerer: f.reg, Gatherer: f.reg, Logger: quietLogger(), Fleet: fleet.Options{TokenizeMaxBytes: tc.limit}})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			cfg := config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, BlockSize: 4, KVEventsBind: freeTCP(t),
+				Replicas: []config.Replica{{Name: e.Name(), Address: e.URL()}}}
+			require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: cfg}}))
+			f.srv = s
+			f.http = newHTTPTestServer(t, s)
+			resp := f.post("/v1/completions", `{"model":"m1","prompt":"`+strings.Repeat("word ", 40)+`"}`)
+			readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			dec := resp.Header.Get(HeaderDecision)
+			st := f.stats()
+			over := f.counter("exa_gateway_tokenize_over_budget_total", nil)
+			if !tc.fallback {
+				require.NotContains(t, dec, "fallback=")
+				require.Zero(t, over)
+				require.EqualValues(t, kvevents.DefaultTokenizeBytes, st.KVEvents.TokenizeMaxBytes)
+				return
+			}
+			require.Contains(t, dec, "; index=exact; fallback=tokenize_error")
+			require.EqualValues(t, 1, over)
+			require.EqualValues(t, 1, st.KVEvents.TokenizeOverBudget)
+			require.EqualValues(t, 64, st.KVEvents.TokenizeMaxBytes)
+			require.Zero(t, st.KVEvents.TokenizeBytes, "the refused call holds nothing")
+		})
+	}
+}

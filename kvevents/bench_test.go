@@ -1,10 +1,15 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -286,5 +291,60 @@ func BenchmarkRouteStreaming(b *testing.B) {
 		stop.Store(true)
 		wg.Wait()
 		b.ReportMetric(float64(sent*benchChainLen)/elapsed.Seconds(), "event-blocks/s")
+	})
+}
+
+// BenchmarkTokenizeWire: the /tokenize body written and the answer read by
+// hand (tokenizewire.go) against encoding/json, which they replace: a
+// 40 kB prompt (a line of 80 bytes, or a quote and a line every 28 with
+// EXA_DENSE=1), an answer of 10,000 ids.
+func BenchmarkTokenizeWire(b *testing.B) {
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog, then naps in the afternoon sun.\n", 512)
+	if os.Getenv("EXA_DENSE") != "" {
+		prompt = strings.Repeat("The quick brown fox \"jumps\"\n", 1430)
+	}
+	req := TokenizeRequest{Model: "meta-llama/Llama-3.1-8B-Instruct", Prompt: prompt}
+	var ans strings.Builder
+	ans.WriteString(`{"count":10000,"max_model_len":131072,"tokens":[`)
+	for i := range 10000 {
+		if i > 0 {
+			ans.WriteByte(',')
+		}
+		ans.WriteString(strconv.Itoa(100 + i*13%128000))
+	}
+	ans.WriteString(`],"token_strs":null}`)
+	answer := []byte(ans.String())
+	b.Run("body/ours", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = appendTokenizeBody(make([]byte, 0, tokenizeBodySize(req)), req)
+		}
+	})
+	b.Run("body/encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(tokenizeBody(req)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("answer/ours", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeTokens(answer, func(int) error { return nil }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("answer/encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var out struct {
+				Tokens *[]uint32 `json:"tokens"`
+			}
+			if err := json.NewDecoder(bytes.NewReader(answer)).Decode(&out); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }

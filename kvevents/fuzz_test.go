@@ -2,7 +2,10 @@ package kvevents
 
 import (
 	"bytes"
-	"io"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -131,25 +134,88 @@ func FuzzNextInt(f *testing.F) {
 	})
 }
 
-// FuzzDecodeTokens: any /tokenize answer is decoded or refused with an
-// error, never a panic; an accepted one has its tokens, no more than the
-// bytes the limit lets through could carry.
+// FuzzDecodeTokens holds decodeTokens to encoding/json, which it
+// replaces: any /tokenize answer is decoded as json.Unmarshal decodes it
+// into struct{ Tokens *[]uint32 } (the same ids, or an error for both),
+// except that decodeTokens refuses two "tokens" members and nesting deeper
+// than jsonscan.MaxDepth; it asks need for no fewer ids than it returns,
+// and never for more than the answer's bytes could carry.
 func FuzzDecodeTokens(f *testing.F) {
 	for _, s := range []string{`{"tokens":[1,2,3]}`, `{"tokens":[]}`, `{"tokens":null}`, `{}`, `{"tokens":[-1]}`,
-		`{"tokens":[4294967296]}`, `{"count":3,"tokens":[7],"max_model_len":8}`, `[1,2]`, ``, `{"tokens":[1,2` + "\n"} {
+		`{"tokens":[4294967296]}`, `{"count":3,"tokens":[7],"max_model_len":8}`, `[1,2]`, ``, `{"tokens":[1,2` + "\n",
+		`{"TOKENS":[1]}`, `{"tokens":[1],"tokens":[2]}`, `{"tokens":[1,null,2]}`, `{"tokens":[1.0]}`, `{"tokens":[1e2]}`,
+		`{"tokens":[ 1 , 2 ]} `, `{"tokens":"1"}`, `{"tokens":[01]}`, `{"tokens":[1]} x`, `null`, `{"tokens":[-0]}`,
+		`{"tokens":["1"]}`, `{"a":"\u00e9\xff","tokens":[0]}`} {
 		f.Add([]byte(s))
 	}
-	const max = 64
 	f.Fuzz(func(t *testing.T, b []byte) {
-		toks, err := decodeTokens(&io.LimitedReader{R: bytes.NewReader(b), N: max + 1}, max)
+		asked := -1
+		toks, err := decodeTokens(b, func(n int) error { asked = n; return nil })
+		var ref struct {
+			Tokens *[]uint32 `json:"tokens"`
+		}
+		refErr := json.Unmarshal(b, &ref)
+		if refErr == nil && ref.Tokens == nil {
+			refErr = errors.New("no tokens")
+		}
 		if err != nil {
+			if refErr == nil && !errors.Is(err, errTokensTwice) && !strings.Contains(err.Error(), "nesting deeper") {
+				t.Fatalf("%q: refused (%v), encoding/json reads %v", b, err, *ref.Tokens)
+			}
 			return
 		}
-		if toks == nil {
-			t.Fatalf("accepted %q without tokens", b)
+		if refErr != nil {
+			t.Fatalf("%q: read %v, encoding/json refuses it: %v", b, toks, refErr)
 		}
-		if 2*len(toks) > max+1 {
-			t.Fatalf("accepted %d tokens from at most %d bytes", len(toks), max+1)
+		if !slices.Equal(toks, *ref.Tokens) || toks == nil {
+			t.Fatalf("%q: read %v, encoding/json %v", b, toks, *ref.Tokens)
+		}
+		if asked < len(toks) || 2*asked > len(b)+1 {
+			t.Fatalf("%q: asked for %d ids, read %d", b, asked, len(toks))
 		}
 	})
+}
+
+// FuzzTokenizeBody holds appendTokenizeBody to encoding/json, which it
+// replaces: the same bytes as an Encoder without HTML escaping writes
+// (raw members compact, as the gateway passes them), of the length
+// tokenizeBodySize said.
+func FuzzTokenizeBody(f *testing.F) {
+	f.Add("m", "hello", "")
+	f.Add("m\"\\", "", `[{"role":"user","content":"x"}]`)
+	f.Add("\u2028<&>", "a\x00\x1f\x7f\xff\xe2\x80\xa9\b\f\n\r\t", "")
+	f.Fuzz(func(t *testing.T, model, prompt, messages string) {
+		req := TokenizeRequest{Model: model, Prompt: prompt}
+		if messages != "" {
+			var buf bytes.Buffer
+			if json.Compact(&buf, []byte(messages)) != nil {
+				return
+			}
+			req.Messages = buf.Bytes()
+			req.Tools = buf.Bytes()
+		}
+		got := appendTokenizeBody(nil, req)
+		if len(got) != tokenizeBodySize(req) {
+			t.Fatalf("%d bytes, size said %d", len(got), tokenizeBodySize(req))
+		}
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(tokenizeBody(req)); err != nil {
+			t.Fatal(err)
+		}
+		if w := bytes.TrimSuffix(want.Bytes(), []byte("\n")); !bytes.Equal(got, w) {
+			t.Fatalf("wrote %s\nencoding/json %s", got, w)
+		}
+	})
+}
+
+// tokenizeBody is the /tokenize body as encoding/json would marshal it:
+// the reference of FuzzTokenizeBody.
+type tokenizeBody struct {
+	Model              string          `json:"model"`
+	Prompt             string          `json:"prompt,omitempty"`
+	Messages           json.RawMessage `json:"messages,omitempty"`
+	Tools              json.RawMessage `json:"tools,omitempty"`
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
 }

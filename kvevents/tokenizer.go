@@ -9,6 +9,9 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
+
+	"github.com/examlops/gateway/internal/budget"
 )
 
 // Tokenizer turns a request's prompt into the token ids its engine will
@@ -73,36 +76,66 @@ func tokenizeLimit(req TokenizeRequest, max int64) int64 {
 	return min(max, tokenizeSlack+tokenizeBytesPer*in)
 }
 
+// DefaultTokenizeBytes is HTTPTokenizer's default budget: 256 MiB for
+// all the /tokenize calls in flight together (their request bodies,
+// answers and token ids), which holds 18 calls of the longest prompt the
+// gateway accepts (an 8 MiB body) at once, or some 9,000 of 10 kB prompts.
+const DefaultTokenizeBytes = 256 << 20
+
 // HTTPTokenizer asks an engine's vLLM-compatible POST /tokenize endpoint
 // (vLLM's entrypoints/openai: TokenizeCompletionRequest {model, prompt},
 // TokenizeChatRequest {model, messages, tools, chat_template_kwargs};
 // llm-d-inference-sim serves the same), with each request's defaults, which
 // are those of the completion and chat endpoints: special tokens added to
 // a prompt, the generation prompt appended to messages.
+//
+// The memory of all its calls in flight is bounded together: each call
+// reserves its request body, its answer and the token ids it decodes
+// from one budget before it allocates them, and a call that does not fit
+// fails with an error wrapping ErrTokenize and ErrOverBudget (the
+// gateway then keys the request without tokens, FallbackTokenize).
 type HTTPTokenizer struct {
-	client  *http.Client
-	baseURL func(model string) (string, error)
-	max     int64
+	client     *http.Client
+	baseURL    func(model string) (string, error)
+	max        int64
+	budget     *budget.Budget
+	overBudget atomic.Uint64
 }
 
 var _ Tokenizer = (*HTTPTokenizer)(nil)
 
+// ErrOverBudget is wrapped by the error of a call that HTTPTokenizer's
+// budget cannot hold.
+var ErrOverBudget = budget.ErrSpent
+
 // NewHTTPTokenizer returns a tokenizer that posts to baseURL(model) +
 // "/tokenize"; baseURL should name a healthy replica serving the model
-// (http://host:port). A nil client means http.DefaultClient.
-func NewHTTPTokenizer(client *http.Client, baseURL func(model string) (string, error)) *HTTPTokenizer {
+// (http://host:port). A nil client means http.DefaultClient. maxBytes is
+// the budget of all its calls in flight; 0 or less means
+// DefaultTokenizeBytes.
+func NewHTTPTokenizer(client *http.Client, baseURL func(model string) (string, error), maxBytes int64) *HTTPTokenizer {
 	if client == nil {
 		client = http.DefaultClient
 	}
-	return &HTTPTokenizer{client: client, baseURL: baseURL, max: DefaultMaxTokenizeResponse}
+	if maxBytes <= 0 {
+		maxBytes = DefaultTokenizeBytes
+	}
+	return &HTTPTokenizer{client: client, baseURL: baseURL, max: DefaultMaxTokenizeResponse, budget: budget.New(maxBytes)}
 }
 
-type tokenizeBody struct {
-	Model              string          `json:"model"`
-	Prompt             string          `json:"prompt,omitempty"`
-	Messages           json.RawMessage `json:"messages,omitempty"`
-	Tools              json.RawMessage `json:"tools,omitempty"`
-	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
+// TokenizerBudget is what an HTTPTokenizer's budget holds now.
+type TokenizerBudget struct {
+	// Limit and Used are the budget and the bytes its calls in flight
+	// hold now.
+	Limit, Used int64
+	// OverBudget counts the calls refused because the budget could not
+	// hold them.
+	OverBudget uint64
+}
+
+// Budget reports the tokenizer's budget.
+func (t *HTTPTokenizer) Budget() TokenizerBudget {
+	return TokenizerBudget{Limit: t.budget.Limit(), Used: t.budget.Used(), OverBudget: t.overBudget.Load()}
 }
 
 // Tokenize implements Tokenizer.
@@ -114,12 +147,20 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
 	}
-	body, err := json.Marshal(tokenizeBody(req))
-	if err != nil {
-		return nil, fmt.Errorf("%w: model %q: %v", ErrTokenize, req.Model, err)
-	}
 	url := strings.TrimSuffix(base, "/") + "/tokenize"
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	// Three shares of the budget, each charged before it is allocated:
+	// the request body, the answer, the token ids.
+	var body, answer, ids budget.Hold
+	body.B, answer.B, ids.B = t.budget, t.budget, t.budget
+	defer body.Release()
+	defer answer.Release()
+	defer ids.Release()
+	size := tokenizeBodySize(req)
+	if err := body.Need(int64(size)); err != nil {
+		t.overBudget.Add(1)
+		return nil, fmt.Errorf("%w: %s: request body of %d bytes: %w", ErrTokenize, url, size, err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(appendTokenizeBody(make([]byte, 0, size), req)))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
 	}
@@ -130,33 +171,27 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 	}
 	defer resp.Body.Close()
 	limit := tokenizeLimit(req, t.max)
-	lr := &io.LimitedReader{R: resp.Body, N: limit + 1}
 	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(lr, 512))
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrTokenize, url, resp.StatusCode, bytes.TrimSpace(msg))
 	}
-	toks, err := decodeTokens(lr, limit)
+	b, err := answer.ReadAllSize(resp.Body, resp.ContentLength, limit, 1)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
+		if errors.Is(err, budget.ErrSpent) {
+			t.overBudget.Add(1)
+			return nil, fmt.Errorf("%w: %s: answer: %w", ErrTokenize, url, err)
+		}
+		if errors.Is(err, budget.ErrTooLong) {
+			return nil, fmt.Errorf("%w: %s: response over %d bytes", ErrTokenize, url, limit)
+		}
+		return nil, fmt.Errorf("%w: %s: response: %v", ErrTokenize, url, err)
+	}
+	toks, err := decodeTokens(b, func(n int) error { return ids.Need(4 * int64(n)) })
+	if err != nil {
+		if errors.Is(err, budget.ErrSpent) {
+			t.overBudget.Add(1)
+		}
+		return nil, fmt.Errorf("%w: %s: %w", ErrTokenize, url, err)
 	}
 	return toks, nil
-}
-
-// decodeTokens reads a /tokenize answer, {"tokens": [...]}, from lr,
-// which limits it to max+1 bytes: an answer that does not parse, has no
-// "tokens", or is longer than max bytes is an error.
-func decodeTokens(lr *io.LimitedReader, max int64) ([]uint32, error) {
-	var out struct {
-		Tokens *[]uint32 `json:"tokens"`
-	}
-	if err := json.NewDecoder(lr).Decode(&out); err != nil {
-		if lr.N <= 0 {
-			return nil, fmt.Errorf("response over %d bytes", max)
-		}
-		return nil, fmt.Errorf("response: %v", err)
-	}
-	if out.Tokens == nil {
-		return nil, errors.New(`response has no "tokens"`)
-	}
-	return *out.Tokens, nil
 }

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,7 +55,7 @@ func TestHTTPTokenizer(t *testing.T) {
 			return "", errors.New("no healthy replica")
 		}
 		return srv.URL + "/", nil
-	})
+	}, 0)
 	ctx := context.Background()
 
 	toks, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "hello world"})
@@ -82,9 +85,9 @@ func TestHTTPTokenizer(t *testing.T) {
 		want string
 	}{
 		{TokenizeRequest{Model: "bad", Prompt: "x"}, `status 400: {"error":{"message":"no such model"}}`},
-		{TokenizeRequest{Model: "garbled", Prompt: "x"}, "response: unexpected EOF"},
+		{TokenizeRequest{Model: "garbled", Prompt: "x"}, "response: invalid JSON at offset 15: unexpected end of input"},
 		{TokenizeRequest{Model: "empty", Prompt: "x"}, `response has no "tokens"`},
-		{TokenizeRequest{Model: "negative", Prompt: "x"}, "response: json: cannot unmarshal number -1"},
+		{TokenizeRequest{Model: "negative", Prompt: "x"}, `response: token "-1" is not an integer of 32 bits`},
 		{TokenizeRequest{Model: "huge", Prompt: "x"}, "response over 1000 bytes"},
 		{TokenizeRequest{Model: "unserved", Prompt: "x"}, `model "unserved": no healthy replica`},
 	} {
@@ -103,6 +106,84 @@ func TestHTTPTokenizer(t *testing.T) {
 		_, err := tok.Tokenize(ctx, tc.req)
 		require.ErrorContains(t, err, tc.want)
 	}
+}
+
+// TestHTTPTokenizerBudget: the calls in flight share one budget; a call
+// that does not fit fails at once (before the engine when its request
+// body does not fit) with ErrOverBudget, counted, and every call gives
+// back what it held.
+func TestHTTPTokenizerBudget(t *testing.T) {
+	var calls atomic.Int64
+	answer := `{"tokens":[` + strings.Repeat("1,", 999) + `1]}` // 2,012 bytes, 1,000 ids
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, _ := io.ReadAll(r.Body)
+		calls.Add(1)
+		if bytes.Contains(in, []byte(`"hold"`)) {
+			<-hold
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+		io.WriteString(w, answer)
+	}))
+	defer srv.Close()
+	base := func(string) (string, error) { return srv.URL, nil }
+	ctx := context.Background()
+	body := tokenizeBodySize(TokenizeRequest{Model: "m", Prompt: "x"}) // 26 bytes
+	for _, tc := range []struct {
+		name   string
+		limit  int64
+		reach  bool // the call reaches the engine
+		served bool
+		want   string
+	}{
+		{"fits", int64(body) + int64(len(answer)) + 1 + 4000, true, true, ""},
+		{"ids do not fit", int64(body) + int64(len(answer)) + 1 + 3999, true, false, "1000 token ids: "},
+		{"answer does not fit", int64(body) + int64(len(answer)), true, false, "answer: "},
+		{"body does not fit", int64(body) - 1, false, false, "request body of 26 bytes: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := NewHTTPTokenizer(srv.Client(), base, tc.limit)
+			before := calls.Load()
+			toks, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "x"})
+			require.Equal(t, tc.reach, calls.Load() > before)
+			b := tok.Budget()
+			require.Zero(t, b.Used, "every share given back")
+			require.Equal(t, tc.limit, b.Limit)
+			if tc.served {
+				require.NoError(t, err)
+				require.Len(t, toks, 1000)
+				require.Zero(t, b.OverBudget)
+				return
+			}
+			require.ErrorIs(t, err, ErrTokenize)
+			require.ErrorIs(t, err, ErrOverBudget)
+			require.ErrorContains(t, err, tc.want)
+			require.EqualValues(t, 1, b.OverBudget)
+		})
+	}
+
+	// Two calls at once: the second finds the first's share taken.
+	tok := NewHTTPTokenizer(srv.Client(), base, int64(body)+int64(len(answer))+1+4000+int64(body))
+	done := make(chan error, 1)
+	before := calls.Load()
+	go func() {
+		_, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "hold"})
+		done <- err
+	}()
+	for calls.Load() == before {
+		runtime.Gosched()
+	}
+	used := tok.Budget().Used
+	// The second call's body and answer fit beside the first's body, but
+	// not its ids.
+	_, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "x"})
+	close(hold)
+	require.NoError(t, <-done)
+	require.EqualValues(t, body+3, used, "the first call holds its body while it waits")
+	require.ErrorIs(t, err, ErrOverBudget)
+	require.ErrorContains(t, err, "1000 token ids: ")
+	require.Zero(t, tok.Budget().Used)
+	require.EqualValues(t, 1, tok.Budget().OverBudget)
 }
 
 // countingTokenizer returns one token per byte of the prompt, counting

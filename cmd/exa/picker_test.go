@@ -19,6 +19,7 @@ func TestPickerBadFlags(t *testing.T) {
 		{[]string{"--discover-interval", "-1s"}, `invalid --discover-interval "-1s": must be positive`},
 		{[]string{"--max-body-bytes", "0"}, `invalid --max-body-bytes "0": must be at least 1`},
 		{[]string{"--kv-events-max-blocks", "0"}, `invalid --kv-events-max-blocks "0": must be at least 1`},
+		{[]string{"--tokenize-max-bytes", "-1"}, `invalid --tokenize-max-bytes "-1": must be at least 1`},
 		{[]string{"--log-level", "loud"}, `invalid --log-level "loud"`},
 		{[]string{"--request-timeout", "-1s"}, `invalid --request-timeout "-1s": must not be negative`},
 		{[]string{"--response-timeout", "-2s"}, `invalid --response-timeout "-2s": must not be negative`},

@@ -27,6 +27,7 @@ type serveFlags struct {
 	discover, tokenizeTimeout, peerScrape time.Duration
 	ejectAfter, readmitAfter, blockSize   int
 	maxEjectionPercent, kvMaxBlocks       int
+	tokenizeMaxBytes                      int64
 	maxBody                               int64
 	shutdownGrace, ejectionTime           time.Duration
 	pprofListen, logLevel, logFormat      string
@@ -62,6 +63,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.Int64Var(&s.maxBody, "max-body-bytes", httpgw.DefaultMaxBodyBytes, "largest request body accepted (larger ones get 413)")
 	f.IntVar(&s.kvMaxBlocks, "kv-events-max-blocks", kvevents.DefaultMaxMappedTotal,
 		"for models on the exact index, the most engine blocks the KV-event maps of all engines may hold together (each engine's is bounded by 4 × its capacity); past it the engine holding the most is cleared from the index, as for a sequence gap")
+	f.Int64Var(&s.tokenizeMaxBytes, "tokenize-max-bytes", kvevents.DefaultTokenizeBytes,
+		"for models on the exact index, the most bytes all calls to engines' /tokenize in flight may hold together (request bodies, answers, token ids); a call past it fails at once and its request is routed as if nothing were cached")
 	f.DurationVar(&s.tokenizeTimeout, "tokenize-timeout", httpgw.DefaultTokenizeTimeout,
 		"for models on the exact index, how long a request's tokenization on an engine's /tokenize may take before the request is routed as if nothing were cached")
 	f.DurationVar(&s.shutdownGrace, "shutdown-grace", 10*time.Second, h.shutdownGrace)
@@ -96,7 +99,7 @@ func (s *serveFlags) validate() error {
 	for _, d := range []struct {
 		name string
 		v    int64
-	}{{"eject-after", int64(s.ejectAfter)}, {"readmit-after", int64(s.readmitAfter)}, {"block-size", int64(s.blockSize)}, {"max-body-bytes", s.maxBody}, {"kv-events-max-blocks", int64(s.kvMaxBlocks)}} {
+	}{{"eject-after", int64(s.ejectAfter)}, {"readmit-after", int64(s.readmitAfter)}, {"block-size", int64(s.blockSize)}, {"max-body-bytes", s.maxBody}, {"kv-events-max-blocks", int64(s.kvMaxBlocks)}, {"tokenize-max-bytes", s.tokenizeMaxBytes}} {
 		if d.v < 1 {
 			return usagef("invalid --%s %q: must be at least 1", d.name, fmt.Sprint(d.v))
 		}
@@ -172,7 +175,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 	}
 	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
 		ScrapeInterval: s.scrape, PeerScrapeInterval: s.peerScrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
-		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, KVMaxMappedBlocks: s.kvMaxBlocks, Logger: logger}
+		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, KVMaxMappedBlocks: s.kvMaxBlocks, TokenizeMaxBytes: s.tokenizeMaxBytes, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1
 	}
