@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,6 +37,7 @@ type gatewayFlags struct {
 	maxAssembled                      int64
 	maxRequest                        int64
 	maxConns, maxConnsPerClient       int
+	tlsFlags                          // --tls-*
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
 }
@@ -84,9 +86,16 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
   curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
     -d '{"model":"JPCP","messages":[{"role":"user","content":"hi"}]}'
   # Let a browser app on https://app.example call the gateway:
-  exa serve gateway --cors-origins https://app.example`,
+  exa serve gateway --cors-origins https://app.example
+  # HTTPS, with a certificate re-read when it changes (cert-manager, a mounted Secret):
+  exa serve gateway --listen 0.0.0.0:8443 --tls-cert /etc/exa/tls.crt --tls-key /etc/exa/tls.key`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runGateway(cmd, fl) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fl.tlsFlags.exclusive(cmd); err != nil {
+				return err
+			}
+			return runGateway(cmd, fl)
+		},
 	}
 	f := cmd.Flags()
 	fl.register(f, serveHelp{
@@ -120,6 +129,15 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
+	f.StringVar(&fl.tlsCert, "tls-cert", "",
+		"serve HTTPS (HTTP/1.1 over TLS 1.2 or later) with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change, and new connections get the new pair")
+	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
+	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
+		"serve HTTPS with a self-signed certificate made at start (ECDSA P-256; its SHA-256 is logged); clients must trust it or skip verification")
+	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
+		"require every client to present a certificate chained to a CA of this PEM bundle (mutual TLS), or the handshake fails; needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
+	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
+		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. a SPIFFE ID) with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
 	fl.disc.register(f)
 	fl.slo.register(f)
 	return cmd
@@ -174,9 +192,16 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	tlsSrc, err := loadTLS(cmd, fl.tlsFlags, fl.listen)
+	if err != nil {
+		return err
+	}
 	path, logger, err := fl.setup(cmd.ErrOrStderr())
 	if err != nil {
 		return err
+	}
+	if tlsSrc != nil && tlsSrc.kp != nil {
+		warnValidity(tlsSrc.kp.Certificate(), time.Now(), logger)
 	}
 	upstream := httpgw.UpstreamStreamOn
 	if !fl.upstreamStream {
@@ -261,11 +286,20 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	go func() { _ = srv.Run(runCtx) }()
+	var serving net.Listener = ln
+	scheme, security := "http", ""
+	if tlsSrc != nil {
+		// The handshake is read within the front server's deadline for
+		// a request head (10 s), as the first bytes of the connection.
+		serving = tls.NewListener(ln, tlsSrc.httpConfig())
+		scheme, security = "https", "; "+tlsSrc.describe()
+		defer tlsSrc.watch(runCtx, fl.reload, logger)()
+	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- front.Serve(ln) }()
+	go func() { serveErr <- front.Serve(serving) }()
 	announce(cmd.OutOrStdout(), fl.logFormat == "json",
-		fmt.Sprintf("exa: gateway listening on http://%s (config %s, %d models)", ln.Addr(), path, len(srv.Stats().Models)),
-		"address", "http://"+ln.Addr().String(), "config", path, "models", len(srv.Stats().Models))
+		fmt.Sprintf("exa: gateway listening on %s://%s (config %s, %d models%s)", scheme, ln.Addr(), path, len(srv.Stats().Models), security),
+		"address", scheme+"://"+ln.Addr().String(), "config", path, "models", len(srv.Stats().Models))
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("gateway: serve: %w", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -79,7 +80,8 @@ func TestGatewayMaxConnections(t *testing.T) {
 
 // TestGatewayConnectionsRSS measures the gateway process's RSS held by
 // idle keep-alive client connections: EXA_N (16,000) connections, each
-// after one GET /healthz, with --max-connections EXA_MAX (the default).
+// after one GET /healthz, with --max-connections EXA_MAX (the default);
+// EXA_TLS=1 serves them over TLS (--tls-self-signed).
 // Run:
 //
 //	EXA_MEASURE=1 go test ./cmd/exa -run TestGatewayConnectionsRSS -count=1 -v
@@ -89,8 +91,13 @@ func TestGatewayConnectionsRSS(t *testing.T) {
 	}
 	n := memtest.EnvInt(t, "EXA_N", 16000)
 	maxConns := memtest.EnvInt(t, "EXA_MAX", defaultGatewayMaxConns)
-	base, proc := startGatewayWith(t, newConfig(t), "--listen", "127.0.0.1:0", "--max-connections", strconv.Itoa(maxConns))
-	addr := strings.TrimPrefix(base, "http://")
+	useTLS := memtest.EnvInt(t, "EXA_TLS", 0) != 0
+	args := []string{"serve", "gateway", "--listen", "127.0.0.1:0", "--max-connections", strconv.Itoa(maxConns)}
+	if useTLS {
+		args = append(args, "--tls-self-signed")
+	}
+	base, _, _, proc := startExa(t, exaBin, newConfig(t), `gateway listening on (https?://\S+) `, args...)
+	addr := base[strings.Index(base, "//")+2:]
 	start := procRSS(t, proc.Pid)
 	conns := make([]net.Conn, 0, n)
 	defer func() {
@@ -101,6 +108,9 @@ func TestGatewayConnectionsRSS(t *testing.T) {
 	for range n {
 		c, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
+		if useTLS {
+			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+		}
 		conns = append(conns, c)
 		_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	}
@@ -113,8 +123,8 @@ func TestGatewayConnectionsRSS(t *testing.T) {
 		}
 	}
 	held := procRSS(t, proc.Pid)
-	t.Logf("%d connections, --max-connections %d: %d answered; RSS %.1f -> %.1f MiB, %.1f KiB a connection answered",
-		n, maxConns, answered, float64(start)/(1<<20), float64(held)/(1<<20), float64(held-start)/1024/float64(max(answered, 1)))
+	t.Logf("%d connections (TLS %v), --max-connections %d: %d answered; RSS %.1f -> %.1f MiB, %.1f KiB a connection answered",
+		n, useTLS, maxConns, answered, float64(start)/(1<<20), float64(held)/(1<<20), float64(held-start)/1024/float64(max(answered, 1)))
 	require.Equal(t, min(n, maxConns), answered)
 }
 

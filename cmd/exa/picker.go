@@ -31,10 +31,7 @@ type pickerFlags struct {
 	serveFlags
 	listen, adminListen  string
 	fallbacks, shedAbove int
-	tlsCert, tlsKey      string
-	tlsSelfSigned        bool
-	tlsClientCA          string
-	tlsClientSANs        []string
+	tlsFlags             // --tls-*
 
 	requestTimeout, responseTimeout time.Duration
 	maxBuffered                     int64
@@ -105,10 +102,8 @@ from a Go client.`,
 			if err := fl.gie.apply(cmd, fl); err != nil {
 				return err
 			}
-			for _, f := range []string{"tls-cert", "tls-key"} {
-				if fl.tlsSelfSigned && cmd.Flags().Changed(f) {
-					return usagef("--%s and --tls-self-signed cannot be used together", f)
-				}
+			if err := fl.tlsFlags.exclusive(cmd); err != nil {
+				return err
 			}
 			return runPicker(cmd, *fl)
 		},
@@ -198,7 +193,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if fl.maxStreams == 0 {
 		return usagef("invalid --max-concurrent-streams %q: must be at least 1", "0")
 	}
-	tlsSrc, err := pickerTLS(cmd, fl)
+	tlsSrc, err := loadTLS(cmd, fl.tlsFlags, fl.listen)
 	if err != nil {
 		return err
 	}
@@ -323,16 +318,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	defer cancelRun()
 	go func() { _ = flt.Run(runCtx) }()
 	startMemoryGovernor(runCtx, fl.maxBuffered, pk)
-	if tlsSrc != nil && tlsSrc.kp != nil {
-		tick := time.NewTicker(fl.reload)
-		defer tick.Stop()
-		go watchKeyPair(runCtx, tlsSrc.kp, tick.C, logger)
-	}
-	if tlsSrc != nil && tlsSrc.cas != nil {
-		tick := time.NewTicker(fl.reload)
-		defer tick.Stop()
-		go watchClientCAs(runCtx, tlsSrc.cas, tlsSrc.caFile, tick.C, logger)
-	}
+	defer tlsSrc.watch(runCtx, fl.reload, logger)()
 	serveErr := make(chan error, 2)
 	lim := fl.conns.listen(ln, reg)
 	go func() { serveErr <- g.Serve(lim) }()

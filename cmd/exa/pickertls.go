@@ -19,9 +19,29 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// pickerTLSSource is where the picker's gRPC server gets its certificate:
-// files (kp, re-read by watchKeyPair) or a self-signed one made at start.
-type pickerTLSSource struct {
+// tlsFlags are the --tls-* flags of the picker's gRPC server and of the
+// gateway's HTTP server.
+type tlsFlags struct {
+	tlsCert, tlsKey string
+	tlsSelfSigned   bool
+	tlsClientCA     string
+	tlsClientSANs   []string
+}
+
+// exclusive refuses --tls-cert or --tls-key with --tls-self-signed.
+func (t tlsFlags) exclusive(cmd *cobra.Command) error {
+	for _, f := range []string{"tls-cert", "tls-key"} {
+		if t.tlsSelfSigned && cmd.Flags().Changed(f) {
+			return usagef("--%s and --tls-self-signed cannot be used together", f)
+		}
+	}
+	return nil
+}
+
+// tlsSource is where a server (the picker's gRPC server, the gateway's
+// HTTP server) gets its certificate: files (kp, re-read by watchKeyPair)
+// or a self-signed one made at start.
+type tlsSource struct {
 	kp       *picker.KeyPair
 	self     *tls.Certificate
 	certFile string
@@ -35,14 +55,22 @@ type pickerTLSSource struct {
 }
 
 // config is the gRPC server's TLS configuration.
-func (s *pickerTLSSource) config() *tls.Config {
+func (s *tlsSource) config() *tls.Config {
 	if s.cas != nil {
 		return picker.MutualTLSConfig(s.get, s.cas, s.sans)
 	}
 	return picker.TLSConfig(s.get)
 }
 
-func (s *pickerTLSSource) get(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+// httpConfig is the gateway's TLS configuration: config's, offering
+// HTTP/1.1 alone by ALPN (the front servers speak nothing else).
+func (s *tlsSource) httpConfig() *tls.Config {
+	c := s.config()
+	c.NextProtos = []string{"http/1.1"}
+	return c
+}
+
+func (s *tlsSource) get(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if s.kp != nil {
 		return s.kp.GetCertificate(h)
 	}
@@ -50,7 +78,7 @@ func (s *pickerTLSSource) get(h *tls.ClientHelloInfo) (*tls.Certificate, error) 
 }
 
 // describe is the serving mode for the start-up line.
-func (s *pickerTLSSource) describe() string {
+func (s *tlsSource) describe() string {
 	var d string
 	if s.kp != nil {
 		d = "TLS, certificate " + s.certFile
@@ -67,14 +95,15 @@ func (s *pickerTLSSource) describe() string {
 	return d
 }
 
-// pickerTLS checks the TLS flags and loads or makes the certificate, and
-// loads the client CAs: nil for plaintext. Bad files are usage errors
-// naming the flag and the file.
-func pickerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
+// loadTLS checks the TLS flags and loads or makes the certificate (a
+// self-signed one also for the host of listen), and loads the client CAs:
+// nil for plaintext. Bad files are usage errors naming the flag and the
+// file.
+func loadTLS(cmd *cobra.Command, fl tlsFlags, listen string) (*tlsSource, error) {
 	if err := checkClientCAFlags(cmd, fl); err != nil {
 		return nil, err
 	}
-	src, err := pickerServerTLS(cmd, fl)
+	src, err := serverTLS(cmd, fl, listen)
 	if err != nil || fl.tlsClientCA == "" {
 		return src, err
 	}
@@ -98,7 +127,7 @@ func pickerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
 // Go prints it (the form it is compared in), an email address or a DNS
 // name; each is compared only with the client certificate's SANs of its
 // form (picker.MutualTLSConfig).
-func checkClientCAFlags(cmd *cobra.Command, fl pickerFlags) error {
+func checkClientCAFlags(cmd *cobra.Command, fl tlsFlags) error {
 	if cmd.Flags().Changed("tls-client-ca") && fl.tlsClientCA == "" {
 		return usagef("invalid --tls-client-ca %q: must name a PEM file", fl.tlsClientCA)
 	}
@@ -125,9 +154,9 @@ func checkClientCAFlags(cmd *cobra.Command, fl pickerFlags) error {
 	return nil
 }
 
-// pickerServerTLS checks the server certificate flags and loads or makes
-// the certificate: nil for plaintext.
-func pickerServerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, error) {
+// serverTLS checks the server certificate flags and loads or makes the
+// certificate: nil for plaintext.
+func serverTLS(cmd *cobra.Command, fl tlsFlags, listen string) (*tlsSource, error) {
 	for _, f := range []struct{ name, v string }{{"tls-cert", fl.tlsCert}, {"tls-key", fl.tlsKey}} {
 		if cmd.Flags().Changed(f.name) && f.v == "" {
 			return nil, usagef("invalid --%s %q: must name a PEM file", f.name, f.v)
@@ -135,11 +164,11 @@ func pickerServerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, erro
 	}
 	switch {
 	case fl.tlsSelfSigned:
-		cert, err := picker.SelfSigned(selfSignedHosts(fl.listen), time.Now())
+		cert, err := picker.SelfSigned(selfSignedHosts(listen), time.Now())
 		if err != nil {
 			return nil, err
 		}
-		return &pickerTLSSource{self: &cert}, nil
+		return &tlsSource{self: &cert}, nil
 	case fl.tlsCert == "" && fl.tlsKey == "":
 		return nil, nil
 	case fl.tlsKey == "":
@@ -151,12 +180,12 @@ func pickerServerTLS(cmd *cobra.Command, fl pickerFlags) (*pickerTLSSource, erro
 	if err != nil {
 		return nil, keyPairUsage(err, fl)
 	}
-	return &pickerTLSSource{kp: kp, certFile: fl.tlsCert}, nil
+	return &tlsSource{kp: kp, certFile: fl.tlsCert}, nil
 }
 
 // keyPairUsage rewrites a picker.KeyPairError as a usage error naming the
 // flag at fault and its value.
-func keyPairUsage(err error, fl pickerFlags) error {
+func keyPairUsage(err error, fl tlsFlags) error {
 	var kpe *picker.KeyPairError
 	if !errors.As(err, &kpe) {
 		return err
@@ -186,6 +215,31 @@ func selfSignedHosts(listen string) []string {
 		}
 	}
 	return hosts
+}
+
+// watch re-reads the certificate files (when not self-signed) and the
+// client CA file (when set) every interval until ctx ends or the function
+// it returns is called. A nil source watches nothing.
+func (s *tlsSource) watch(ctx context.Context, interval time.Duration, logger *slog.Logger) (stop func()) {
+	if s == nil || (s.kp == nil && s.cas == nil) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	tick := time.NewTicker(interval)
+	if s.kp != nil {
+		go watchKeyPair(ctx, s.kp, tick.C, logger)
+	}
+	if s.cas != nil {
+		tick := time.NewTicker(interval)
+		go func() {
+			defer tick.Stop()
+			watchClientCAs(ctx, s.cas, s.caFile, tick.C, logger)
+		}()
+	}
+	return func() {
+		cancel()
+		tick.Stop()
+	}
 }
 
 // watchKeyPair re-reads the certificate and key files at every tick until

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -327,6 +328,12 @@ func (c *conn) serveRequest(req *http.Request) (keep bool) {
 		return false
 	}
 	req.RemoteAddr = c.remote
+	if tc, ok := c.nc.(*tls.Conn); ok {
+		// As net/http's server: the handler sees the connection's TLS
+		// state (its handshake is done, the head was read over it).
+		cs := tc.ConnectionState()
+		req.TLS = &cs
+	}
 	ctx, cancel := context.WithCancel(c.ctx)
 	// The handler gets the request http.ReadRequest returned, not a
 	// copy: its body merges a chunked body's trailer into that one.
