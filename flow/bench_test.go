@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"runtime"
 	"testing"
@@ -74,4 +75,31 @@ func TestHeldMemory(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	t.Logf("%d held: heap +%d bytes, %.0f bytes a request", q.Len(), after.HeapAlloc-before.HeapAlloc, float64(after.HeapAlloc-before.HeapAlloc)/n)
 	runtime.KeepAlive(q)
+}
+
+// BenchmarkRateLimiter: a request's client key (by header, or by
+// address) and decision, among 65,536 clients kept.
+func BenchmarkRateLimiter(b *testing.B) {
+	l, err := NewRateLimiter(RateLimit{Rate: Rate{PerSecond: 1e6, Burst: 1000}, Key: "header:X-Api-Key"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	for i := range DefaultRateClients {
+		l.Allow(uint64(i)*0x9e3779b97f4a7c15, now)
+	}
+	for _, bc := range []struct {
+		name string
+		h    http.Header
+	}{{"header", http.Header{"X-Api-Key": {"sk-0123456789abcdef"}}}, {"address", http.Header{}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, _ := l.Allow(l.Client(bc.h, "10.1.2.3:54321"), now); !ok {
+					b.Fatal("refused")
+				}
+				now = now.Add(time.Microsecond)
+			}
+		})
+	}
 }

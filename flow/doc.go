@@ -49,6 +49,12 @@
 // (ids past MaxFlows share one overflow flow, so a client cannot grow the
 // table). Every held request has a deadline.
 //
+// Rate is the other admission decision a front makes per client rather
+// than per pool: Rate.Admit, the generic cell rate algorithm, admits a
+// client's request or says how long until one would be, from one time
+// kept per client; a RateLimiter keeps those times for a bounded number
+// of clients (the HTTP gateway's --rate-limit).
+//
 // A Queue is safe for concurrent use; its methods take one mutex. The room
 // function runs under it and must not block or call the Queue. The zero
 // cost of flow control when off is the front's: it makes no Queue.

@@ -63,6 +63,13 @@ type Options struct {
 	// comes; Admission says when a replica has room. The zero value is
 	// off.
 	Flow flow.Options
+	// RateLimit bounds each client's requests to the model endpoints
+	// (chat, completions, responses, embeddings, tokenize, stored
+	// responses) to a rate and a burst, clients told apart by IP address
+	// or a header (flow.RateLimit); a request past it gets 429
+	// rate_limited with Retry-After before its body is read. The zero
+	// value is off.
+	RateLimit flow.RateLimit
 	// Fleet configures the control plane (package fleet): the
 	// configuration file and its polling, probes, scrapes, discovery,
 	// outlier ejection, the peer token, the exact index's tokenizer and
@@ -205,6 +212,7 @@ type Server struct {
 	mem     *memReturner       // returns the memory of long answers (memreturn.go)
 	respIDs front.ResponseIDs  // which replica produced each recent response (responses.go)
 	flow    *front.FlowControl // nil when flow control is off (admission.go)
+	rate    *flow.RateLimiter  // nil when off (ratelimit.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -245,6 +253,10 @@ func New(opts Options) (*Server, error) {
 	if s.flow, err = front.NewFlowControl(opts.Flow, opts.Clock, opts.Registerer); err != nil {
 		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidOptions, err)
+	}
+	if s.rate, err = newRateLimiter(opts.RateLimit, opts.Registerer); err != nil {
+		_ = s.Fleet.Close()
+		return nil, fmt.Errorf("%w: RateLimit: %w", ErrInvalidOptions, err)
 	}
 	s.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: s.Fleet, Metrics: s.metrics, BlockSize: opts.BlockSize,
 		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})

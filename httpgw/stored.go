@@ -23,6 +23,9 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request) {
 		s.metrics.InFlight.Dec()
 		s.metrics.Requests.WithLabelValues(pc.model, pc.endpoint, pc.code).Inc()
 	}()
+	if s.overRate(w, r, pc.fail) {
+		return
+	}
 	sr, serr := front.ParseStored(r.Method, r.URL.Path)
 	var body []byte
 	var in budget.Hold

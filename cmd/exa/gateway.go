@@ -5,13 +5,16 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/httpgw/tracing"
 	"github.com/examlops/gateway/internal/httpclient"
@@ -38,6 +41,9 @@ type gatewayFlags struct {
 	maxRequest                        int64
 	maxConns, maxConnsPerClient       int
 	tlsFlags                          // --tls-*
+	rateLimit                         float64
+	rateBurst, rateClients            int
+	rateKey                           string
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
 }
@@ -129,6 +135,13 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
+	f.Float64Var(&fl.rateLimit, "rate-limit", 0,
+		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)")
+	f.IntVar(&fl.rateBurst, "rate-limit-burst", 0, "requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)")
+	f.StringVar(&fl.rateKey, "rate-limit-key", "ip",
+		"what tells clients apart for --rate-limit: ip (the connection's peer address: behind a proxy all clients share the proxy's) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id, set by a proxy you trust; a request without it counts by address)")
+	f.IntVar(&fl.rateClients, "rate-limit-clients", flow.DefaultRateClients,
+		"most clients --rate-limit keeps at once (36 bytes each: 2.2 MiB at the default); past it one whose burst is whole again makes room")
 	f.StringVar(&fl.tlsCert, "tls-cert", "",
 		"serve HTTPS (HTTP/1.1 over TLS 1.2 or later) with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change, and new connections get the new pair")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
@@ -196,6 +209,10 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	rate, err := fl.rateLimitOptions()
+	if err != nil {
+		return err
+	}
 	path, logger, err := fl.setup(cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -218,6 +235,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		CORSOrigins:      fl.corsOrigins,
 		UpstreamStream:   upstream,
 
+		RateLimit:         rate,
 		MaxAssembledBytes: fl.maxAssembled,
 		MaxRequestBytes:   fl.maxRequest,
 		Objectives:        objectives,
@@ -352,4 +370,31 @@ func newFrontServer(kind string, h http.Handler, logger *slog.Logger, lim frontL
 	}
 	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
 		MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, Logger: logger})
+}
+
+// rateLimitOptions turns the --rate-limit* flags into the gateway's
+// option; a bad value is a usage error naming its flag.
+func (fl gatewayFlags) rateLimitOptions() (flow.RateLimit, error) {
+	burst := fl.rateBurst
+	if burst == 0 {
+		burst = max(1, int(math.Ceil(fl.rateLimit)))
+	}
+	o := flow.RateLimit{Rate: flow.Rate{PerSecond: fl.rateLimit, Burst: burst}, Key: fl.rateKey, MaxClients: fl.rateClients}
+	if fl.rateBurst < 0 {
+		return o, usagef("invalid --rate-limit-burst %q: must not be negative (0 = --rate-limit rounded up)", fmt.Sprint(fl.rateBurst))
+	}
+	if fl.rateClients < 1 {
+		return o, usagef("invalid --rate-limit-clients %q: must be at least 1", fmt.Sprint(fl.rateClients))
+	}
+	if err := o.Validate(); err != nil {
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "Rate.PerSecond"):
+			return o, usagef("invalid --rate-limit %q: want 0 (no limit) or a rate of at least 1e-6 requests/s", fmt.Sprint(fl.rateLimit))
+		case strings.Contains(msg, "RateLimit.Key"):
+			return o, usagef("invalid --rate-limit-key %q: want ip or header:NAME", fl.rateKey)
+		default:
+			return o, usagef("invalid --rate-limit %q: %v", fmt.Sprint(fl.rateLimit), err)
+		}
+	}
+	return o, nil
 }

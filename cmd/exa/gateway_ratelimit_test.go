@@ -1,0 +1,69 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestGatewayRateLimit: `exa serve gateway --rate-limit 0.001
+// --rate-limit-burst 2 --rate-limit-key header:X-Api-Key` serves a
+// client's burst, then answers 429 rate_limited with Retry-After, while
+// another key is served; /metrics counts the refusal.
+func TestGatewayRateLimit(t *testing.T) {
+	e := enginetest.New(enginetest.Options{Name: "e0", Model: "m"})
+	t.Cleanup(e.Close)
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "m", "--replica", "r0="+e.URL())
+	base, _ := startGatewayWith(t, cfg, "--listen", "127.0.0.1:0", "--rate-limit", "0.001", "--rate-limit-burst", "2", "--rate-limit-key", "header:X-Api-Key")
+	post := func(key string) (*http.Response, string) {
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Api-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	for range 2 {
+		resp, body := post("a")
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	resp, body := post("a")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1000", resp.Header.Get("Retry-After"))
+	assert.Contains(t, body, `"code":"rate_limited"`)
+	resp, _ = post("b")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	m, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(m.Body)
+	m.Body.Close()
+	assert.Contains(t, string(b), "\nexa_gateway_rate_limited_total 1\n")
+	assert.Contains(t, string(b), "\nexa_gateway_rate_limit_clients 2\n")
+}
+
+func TestGatewayBadRateLimitFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate-limit", "-1"}, `invalid --rate-limit "-1": want 0 (no limit) or a rate of at least 1e-6 requests/s`},
+		{[]string{"--rate-limit", "NaN"}, `invalid --rate-limit "NaN"`},
+		{[]string{"--rate-limit", "1", "--rate-limit-burst", "-2"}, `invalid --rate-limit-burst "-2": must not be negative`},
+		{[]string{"--rate-limit", "1", "--rate-limit-key", "cookie"}, `invalid --rate-limit-key "cookie": want ip or header:NAME`},
+		{[]string{"--rate-limit", "1", "--rate-limit-key", "header:a b"}, `invalid --rate-limit-key "header:a b"`},
+		{[]string{"--rate-limit-clients", "0"}, `invalid --rate-limit-clients "0": must be at least 1`},
+	} {
+		r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tc.args...)...)
+		assert.Equal(t, 2, r.code, "%v: stderr %s", tc.args, r.stderr)
+		assert.Contains(t, r.stderr, tc.want, "%v", tc.args)
+		assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+	}
+}
