@@ -62,7 +62,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		pc.fail(http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return
 	}
-	if s.overRate(w, r, pc.fail) {
+	if s.refused(w, r, pc.fail) {
 		return
 	}
 	var in budget.Hold

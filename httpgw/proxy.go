@@ -186,7 +186,7 @@ func (s *Server) admit(c *call) bool {
 		oc.fail(w, http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", "gateway: "+r.URL.Path+" accepts POST only, not "+r.Method)
 		return false
 	}
-	if s.overRate(w, r, c.fail) {
+	if s.refused(w, r, c.fail) {
 		return false
 	}
 	body, ok := s.readRequest(w, r, &c.in, c.fail)

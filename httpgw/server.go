@@ -11,6 +11,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
+	"github.com/examlops/gateway/internal/apikeys"
 	"github.com/examlops/gateway/internal/budget"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/httpclient"
@@ -70,6 +71,13 @@ type Options struct {
 	// rate_limited with Retry-After before its body is read. The zero
 	// value is off.
 	RateLimit flow.RateLimit
+	// APIKeysFile, when set, names a file of the API keys clients must
+	// present on the model endpoints and /v1/models ("Authorization:
+	// Bearer KEY"; one key per line, internal/apikeys), re-read when it
+	// changes; others get 401 invalid_api_key before their body is read.
+	// The header is forwarded to the engine as it came. Default: no keys
+	// asked for.
+	APIKeysFile string
 	// Fleet configures the control plane (package fleet): the
 	// configuration file and its polling, probes, scrapes, discovery,
 	// outlier ejection, the peer token, the exact index's tokenizer and
@@ -213,6 +221,7 @@ type Server struct {
 	respIDs front.ResponseIDs  // which replica produced each recent response (responses.go)
 	flow    *front.FlowControl // nil when flow control is off (admission.go)
 	rate    *flow.RateLimiter  // nil when off (ratelimit.go)
+	keys    *apikeys.File      // nil when no keys are asked for (ratelimit.go)
 
 	// afterFunc starts the first-byte timer: time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
@@ -258,6 +267,10 @@ func New(opts Options) (*Server, error) {
 		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: RateLimit: %w", ErrInvalidOptions, err)
 	}
+	if s.keys, err = loadAPIKeys(opts.APIKeysFile, opts.Clock, opts.Registerer); err != nil {
+		_ = s.Fleet.Close()
+		return nil, fmt.Errorf("%w: APIKeysFile: %w", ErrInvalidOptions, err)
+	}
 	s.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: s.Fleet, Metrics: s.metrics, BlockSize: opts.BlockSize,
 		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})
 	if err != nil { // not reached: fillOptions checked BlockSize
@@ -272,7 +285,12 @@ func New(opts Options) (*Server, error) {
 	for path := range passEndpoints {
 		s.mux.HandleFunc(path, s.servePassThrough)
 	}
-	s.mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { front.ServeModels(w, r, s.Fleet, s.metrics) })
+	s.mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
+		if s.unauthorized(w, r, func(status int, typ, code, param, msg string) { front.WriteError(w, status, typ, code, param, msg) }) {
+			return
+		}
+		front.ServeModels(w, r, s.Fleet, s.metrics)
+	})
 	s.mux.Handle("/stats", front.StatsHandler(s.Fleet))
 	s.mux.HandleFunc("/health", s.serveHealth)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })

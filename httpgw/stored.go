@@ -23,7 +23,7 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request) {
 		s.metrics.InFlight.Dec()
 		s.metrics.Requests.WithLabelValues(pc.model, pc.endpoint, pc.code).Inc()
 	}()
-	if s.overRate(w, r, pc.fail) {
+	if s.refused(w, r, pc.fail) {
 		return
 	}
 	sr, serr := front.ParseStored(r.Method, r.URL.Path)

@@ -17,6 +17,7 @@ import (
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/httpgw/tracing"
+	"github.com/examlops/gateway/internal/apikeys"
 	"github.com/examlops/gateway/internal/httpclient"
 	"github.com/examlops/gateway/internal/httpserver"
 	"github.com/examlops/gateway/internal/netlimit"
@@ -44,6 +45,7 @@ type gatewayFlags struct {
 	rateLimit                         float64
 	rateBurst, rateClients            int
 	rateKey                           string
+	apiKeysFile                       string
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
 }
@@ -135,6 +137,8 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.Float64Var(&fl.otlpSampleRatio, "otlp-sample-ratio", 1, "share of requests without a sampled traceparent that are traced (0..1]")
 	f.StringVar(&fl.httpServer, "http-server", "lean",
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
+	f.StringVar(&fl.apiKeysFile, "api-keys-file", "",
+		"ask clients of the model endpoints and /v1/models for an API key (Authorization: Bearer KEY) listed in this file, one per line (# comments), re-read when it changes; others get 401 invalid_api_key. /health, /stats and /metrics stay as they are. Default: no key asked for")
 	f.Float64Var(&fl.rateLimit, "rate-limit", 0,
 		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)")
 	f.IntVar(&fl.rateBurst, "rate-limit-burst", 0, "requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)")
@@ -213,6 +217,11 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	if cmd.Flags().Changed("api-keys-file") {
+		if _, err := apikeys.Load(fl.apiKeysFile, nil); err != nil {
+			return usagef("invalid --api-keys-file %q: %v", fl.apiKeysFile, err)
+		}
+	}
 	path, logger, err := fl.setup(cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -236,6 +245,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 		UpstreamStream:   upstream,
 
 		RateLimit:         rate,
+		APIKeysFile:       fl.apiKeysFile,
 		MaxAssembledBytes: fl.maxAssembled,
 		MaxRequestBytes:   fl.maxRequest,
 		Objectives:        objectives,

@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -66,4 +68,45 @@ func TestGatewayBadRateLimitFlags(t *testing.T) {
 		assert.Contains(t, r.stderr, tc.want, "%v", tc.args)
 		assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
 	}
+}
+
+// TestGatewayAPIKeys: `exa serve gateway --api-keys-file F` serves a
+// client with a key of F and answers 401 to one without; a bad file is a
+// one-line usage error naming the flag.
+func TestGatewayAPIKeys(t *testing.T) {
+	e := enginetest.New(enginetest.Options{Name: "e0", Model: "m"})
+	t.Cleanup(e.Close)
+	cfg := newConfig(t)
+	ok(t, cfg, "serve", "routing", "set", "m", "--replica", "r0="+e.URL())
+	keys := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(keys, []byte("# team a\nsk-team-a-0001\n"), 0o600))
+	base, _ := startGatewayWith(t, cfg, "--listen", "127.0.0.1:0", "--api-keys-file", keys)
+	for _, tc := range []struct {
+		auth string
+		want int
+	}{{"", http.StatusUnauthorized}, {"Bearer sk-team-b-0001", http.StatusUnauthorized}, {"Bearer sk-team-a-0001", http.StatusOK}} {
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		require.NoError(t, err)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, tc.want, resp.StatusCode, "%q", tc.auth)
+	}
+	for _, tc := range []struct{ content, want string }{
+		{"short\n", `invalid --api-keys-file "` + keys + `": API keys file ` + keys + `: line 1: a key of 5 bytes, want at least 8`},
+		{"", "no key in it"},
+	} {
+		require.NoError(t, os.WriteFile(keys, []byte(tc.content), 0o600))
+		r := exa(t, newConfig(t), "serve", "gateway", "--listen", "127.0.0.1:0", "--api-keys-file", keys)
+		assert.Equal(t, 2, r.code, "stderr %s", r.stderr)
+		assert.Contains(t, r.stderr, tc.want)
+		assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+	}
+	r := exa(t, newConfig(t), "serve", "gateway", "--listen", "127.0.0.1:0", "--api-keys-file", "")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, `invalid --api-keys-file ""`)
 }

@@ -1,0 +1,180 @@
+// Package apikeys checks clients' API keys against a file of the keys
+// allowed, re-read when it changes: the HTTP gateway's --api-keys-file.
+//
+// The file holds one key per line; blank lines and lines starting with
+// '#' are skipped, and white space around a key is trimmed. A key is 8 to
+// 4,096 bytes of printable ASCII without spaces. Only the keys' SHA-256
+// digests are kept in memory, and a request's key is found by its
+// digest, so a lookup's time does not depend on how much of a wrong key
+// matches a right one.
+package apikeys
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Bounds of a keys file.
+const (
+	MinKeyBytes = 8
+	MaxKeyBytes = 4096
+	MaxKeys     = 65536
+	// maxFileBytes bounds the file read: MaxKeys keys of the longest
+	// length would be 256 MiB; keys are short, so 16 MiB is plenty.
+	maxFileBytes = 16 << 20
+)
+
+// Parse reads a keys file's contents: the set of digests of its keys. An
+// error names the line at fault.
+func Parse(b []byte) (map[[32]byte]struct{}, error) {
+	if len(b) > maxFileBytes {
+		return nil, fmt.Errorf("over %d bytes", maxFileBytes)
+	}
+	set := map[[32]byte]struct{}{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 4096), MaxKeyBytes+1024)
+	for line := 1; sc.Scan(); line++ {
+		k := bytes.TrimSpace(sc.Bytes())
+		if len(k) == 0 || k[0] == '#' {
+			continue
+		}
+		switch {
+		case len(k) < MinKeyBytes:
+			return nil, fmt.Errorf("line %d: a key of %d bytes, want at least %d", line, len(k), MinKeyBytes)
+		case len(k) > MaxKeyBytes:
+			return nil, fmt.Errorf("line %d: a key of %d bytes, want at most %d", line, len(k), MaxKeyBytes)
+		case bytes.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f }):
+			return nil, fmt.Errorf("line %d: a key holds a space, a control character or a byte outside ASCII", line)
+		}
+		d := sha256.Sum256(k)
+		if _, dup := set[d]; dup {
+			return nil, fmt.Errorf("line %d: a key listed twice", line)
+		}
+		if len(set) == MaxKeys {
+			return nil, fmt.Errorf("line %d: more than %d keys", line, MaxKeys)
+		}
+		set[d] = struct{}{}
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("a line over %d bytes", MaxKeyBytes+1024)
+		}
+		return nil, err
+	}
+	if len(set) == 0 {
+		return nil, errors.New("no key in it")
+	}
+	return set, nil
+}
+
+// File is the keys of a keys file, re-read when its size or modification
+// time changes, looked at no more than once a second. Safe for
+// concurrent use.
+type File struct {
+	path string
+	now  func() time.Time
+
+	keys atomic.Pointer[map[[32]byte]struct{}]
+
+	mu       sync.Mutex
+	checked  time.Time // last look at the file
+	mod      time.Time
+	size     int64
+	lastErr  string
+	rejected atomic.Uint64
+}
+
+// Load reads the keys file at path; now is the clock (nil: time.Now).
+// An error names the file.
+func Load(path string, now func() time.Time) (*File, error) {
+	if now == nil {
+		now = time.Now
+	}
+	f := &File{path: path, now: now}
+	if _, err := f.reload(); err != nil {
+		return nil, err
+	}
+	f.checked = now()
+	return f, nil
+}
+
+// reload reads the file when it changed, under mu (or before f is
+// shared), reporting whether it read it.
+func (f *File) reload() (bool, error) {
+	fi, err := os.Stat(f.path)
+	if err != nil {
+		return false, fmt.Errorf("API keys file: %w", err)
+	}
+	if f.keys.Load() != nil && fi.ModTime().Equal(f.mod) && fi.Size() == f.size {
+		return false, nil
+	}
+	fh, err := os.Open(f.path)
+	if err != nil {
+		return false, fmt.Errorf("API keys file: %w", err)
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxFileBytes+1))
+	if err != nil {
+		return false, fmt.Errorf("API keys file %s: %w", f.path, err)
+	}
+	set, err := Parse(b)
+	if err != nil {
+		return false, fmt.Errorf("API keys file %s: %w", f.path, err)
+	}
+	f.keys.Store(&set)
+	f.mod, f.size = fi.ModTime(), fi.Size()
+	return true, nil
+}
+
+// Refresh re-reads the file if a second has passed since it was last
+// looked at and it changed. It returns the error of a failed re-read
+// the first time that error is seen (nil after, and nil on success): the
+// keys read last stay in force meanwhile.
+func (f *File) Refresh() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.now()
+	if now.Sub(f.checked) < time.Second {
+		return nil
+	}
+	f.checked = now
+	_, err := f.reload()
+	if err == nil {
+		f.lastErr = ""
+		return nil
+	}
+	if err.Error() == f.lastErr {
+		return nil
+	}
+	f.lastErr = err.Error()
+	return err
+}
+
+// Allowed reports whether the Authorization value v carries one of the
+// keys: "Bearer KEY", the scheme in any case.
+func (f *File) Allowed(v string) bool {
+	scheme, key, ok := strings.Cut(v, " ")
+	if ok && strings.EqualFold(scheme, "Bearer") {
+		key = strings.TrimLeft(key, " ")
+		if _, ok := (*f.keys.Load())[sha256.Sum256([]byte(key))]; ok {
+			return true
+		}
+	}
+	f.rejected.Add(1)
+	return false
+}
+
+// Len is the number of keys in force.
+func (f *File) Len() int { return len(*f.keys.Load()) }
+
+// Rejected counts the values Allowed refused.
+func (f *File) Rejected() uint64 { return f.rejected.Load() }
