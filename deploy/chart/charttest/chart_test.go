@@ -47,6 +47,10 @@ var values = map[string]map[string]any{
 	"gateway-peers": {"mode": "gateway", "replicas": 3, "models": []any{"llama", "qwen"}, "service": map[string]any{"name": "vllm"},
 		"gateway": map[string]any{"peers": true},
 		"routing": map[string]any{"models": map[string]any{"qwen": map[string]any{"mode": "load_aware", "peers": []any{"http://other-gw:8080"}}}}},
+	// The gateway over HTTPS, asking for API keys, a rate per key.
+	"gateway-secure": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm"},
+		"gateway": map[string]any{"tlsSecret": "gw-tls", "apiKeysSecret": "gw-keys",
+			"rateLimit": map[string]any{"perSecond": 5, "burst": 20, "key": "header:Authorization"}}},
 	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
 	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
 		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"}}},
@@ -172,6 +176,25 @@ func TestChartRenders(t *testing.T) {
 		"--tls-client-san=spiffe://cluster.local/ns/gw/sa/envoy"})
 	require.Contains(t, c["volumeMounts"], map[string]any{"name": "client-ca", "mountPath": "/etc/exa/client-ca", "readOnly": true})
 	require.Contains(t, m["volumes"], map[string]any{"name": "client-ca", "secret": map[string]any{"secretName": "envoy-client-ca"}})
+	// The gateway over HTTPS with API keys and a rate limit: the Secrets
+	// mounted and named, the probes over HTTPS.
+	sec := kinds(values["gateway-secure"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	c = sec["containers"].([]any)[0].(map[string]any)
+	require.Subset(t, c["args"], []any{"--tls-cert=/etc/exa/tls/tls.crt", "--tls-key=/etc/exa/tls/tls.key",
+		"--api-keys-file=/etc/exa/api-keys/keys", "--rate-limit=5", "--rate-limit-burst=20", "--rate-limit-key=header:Authorization"})
+	require.Subset(t, c["volumeMounts"], []any{map[string]any{"name": "tls", "mountPath": "/etc/exa/tls", "readOnly": true},
+		map[string]any{"name": "api-keys", "mountPath": "/etc/exa/api-keys", "readOnly": true}})
+	require.Subset(t, sec["volumes"], []any{map[string]any{"name": "tls", "secret": map[string]any{"secretName": "gw-tls"}},
+		map[string]any{"name": "api-keys", "secret": map[string]any{"secretName": "gw-keys"}}})
+	require.Equal(t, "HTTPS", c["readinessProbe"].(map[string]any)["httpGet"].(map[string]any)["scheme"])
+	require.Equal(t, "HTTPS", c["livenessProbe"].(map[string]any)["httpGet"].(map[string]any)["scheme"])
+	c = kinds(values["gateway"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	require.NotContains(t, c["readinessProbe"].(map[string]any)["httpGet"], "scheme", "plain HTTP by default")
+	for _, a := range c["args"].([]any) {
+		require.NotContains(t, a, "--tls-", "no TLS by default")
+		require.NotContains(t, a, "--rate-limit", "no rate limit by default")
+		require.NotContains(t, a, "--api-keys-file", "no API keys by default")
+	}
 	// Bad values fail the render with a message.
 	for _, tt := range []struct {
 		vals map[string]any
@@ -185,6 +208,9 @@ func TestChartRenders(t *testing.T) {
 		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
 		{map[string]any{"gateway": map[string]any{"peers": true}, "models": []any{"llama"}}, "gateway.peers is for mode gateway"},
 		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
+		{map[string]any{"gateway": map[string]any{"tlsSecret": "t"}, "pool": map[string]any{"name": "p"}}, "gateway.tlsSecret, gateway.apiKeysSecret and gateway.rateLimit are for mode gateway"},
+		{map[string]any{"gateway": map[string]any{"rateLimit": map[string]any{"perSecond": 1}}, "pool": map[string]any{"name": "p"}}, "are for mode gateway"},
+		{map[string]any{"mode": "gateway", "models": []any{"llama"}, "gateway": map[string]any{"tlsSecret": "t", "peers": true}}, "gateway.tlsSecret with gateway.peers"},
 	} {
 		ch, err := loader.Load(chartDir)
 		require.NoError(t, err)
