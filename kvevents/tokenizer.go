@@ -70,6 +70,17 @@ const (
 	tokenizeSlack    = 256 << 10
 )
 
+// expectedAnswer is what HTTPTokenizer reserves for req's answer and its
+// token ids before it asks: 2.75 bytes per byte of the prompt, messages,
+// tools and template arguments, an answer of 1.75 (a 6-digit id and its
+// comma per 4 bytes of text, about what English takes) and ids of 1, at
+// most what the longest answer accepted (limit bytes) and its ids could
+// need.
+func expectedAnswer(req TokenizeRequest, limit int64) int64 {
+	in := int64(len(req.Prompt) + len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs))
+	return min(in*11/4, (limit+1)*3)
+}
+
 // tokenizeLimit is the largest /tokenize response accepted for req.
 func tokenizeLimit(req TokenizeRequest, max int64) int64 {
 	in := int64(len(req.Prompt) + len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs))
@@ -78,8 +89,10 @@ func tokenizeLimit(req TokenizeRequest, max int64) int64 {
 
 // DefaultTokenizeBytes is HTTPTokenizer's default budget: 256 MiB for
 // all the /tokenize calls in flight together (their request bodies,
-// answers and token ids), which holds 18 calls of the longest prompt the
-// gateway accepts (an 8 MiB body) at once, or some 9,000 of 10 kB prompts.
+// answers and token ids), which holds 8 calls of the longest prompt the
+// gateway accepts (an 8 MiB body) at once, or some 7,000 of 10 kB prompts,
+// when each is answered with 1.75 times its prompt (a 6-digit id per 4
+// bytes): some 30 MiB and 37.5 kB a call, body, answer and ids.
 const DefaultTokenizeBytes = 256 << 20
 
 // HTTPTokenizer asks an engine's vLLM-compatible POST /tokenize endpoint
@@ -150,15 +163,26 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 	url := strings.TrimSuffix(base, "/") + "/tokenize"
 	// Three shares of the budget, each charged before it is allocated:
 	// the request body, the answer, the token ids.
-	var body, answer, ids budget.Hold
-	body.B, answer.B, ids.B = t.budget, t.budget, t.budget
+	// Two shares of the budget, each charged before what it holds is
+	// allocated: the request body, and the answer with the token ids
+	// decoded from it. The second is reserved up front at what a typical
+	// answer needs (expectedAnswer), so that a call the budget cannot
+	// hold is refused before it costs an engine anything; it grows if
+	// the answer needs more.
+	var body, answer budget.Hold
+	body.B, answer.B = t.budget, t.budget
 	defer body.Release()
 	defer answer.Release()
-	defer ids.Release()
+	limit := tokenizeLimit(req, t.max)
 	size := tokenizeBodySize(req)
+	expect := expectedAnswer(req, limit)
 	if err := body.Need(int64(size)); err != nil {
 		t.overBudget.Add(1)
 		return nil, fmt.Errorf("%w: %s: request body of %d bytes: %w", ErrTokenize, url, size, err)
+	}
+	if err := answer.Need(expect); err != nil {
+		t.overBudget.Add(1)
+		return nil, fmt.Errorf("%w: %s: the %d bytes an answer to %d bytes is expected to need: %w", ErrTokenize, url, expect, size, err)
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(appendTokenizeBody(make([]byte, 0, size), req)))
 	if err != nil {
@@ -170,7 +194,6 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 		return nil, fmt.Errorf("%w: %s: %v", ErrTokenize, url, err)
 	}
 	defer resp.Body.Close()
-	limit := tokenizeLimit(req, t.max)
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrTokenize, url, resp.StatusCode, bytes.TrimSpace(msg))
@@ -186,7 +209,7 @@ func (t *HTTPTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]ui
 		}
 		return nil, fmt.Errorf("%w: %s: response: %v", ErrTokenize, url, err)
 	}
-	toks, err := decodeTokens(b, func(n int) error { return ids.Need(4 * int64(n)) })
+	toks, err := decodeTokens(b, func(n int) error { return answer.Need(int64(cap(b)) + 4*int64(n)) })
 	if err != nil {
 		if errors.Is(err, budget.ErrSpent) {
 			t.overBudget.Add(1)

@@ -140,6 +140,7 @@ func TestHTTPTokenizerBudget(t *testing.T) {
 		{"ids do not fit", int64(body) + int64(len(answer)) + 1 + 3999, true, false, "1000 token ids: "},
 		{"answer does not fit", int64(body) + int64(len(answer)), true, false, "answer: "},
 		{"body does not fit", int64(body) - 1, false, false, "request body of 26 bytes: "},
+		{"expected answer does not fit", int64(body) + 1, false, false, "the 2 bytes an answer to 26 bytes is expected to need: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tok := NewHTTPTokenizer(srv.Client(), base, tc.limit)
@@ -179,7 +180,7 @@ func TestHTTPTokenizerBudget(t *testing.T) {
 	_, err := tok.Tokenize(ctx, TokenizeRequest{Model: "m", Prompt: "x"})
 	close(hold)
 	require.NoError(t, <-done)
-	require.EqualValues(t, body+3, used, "the first call holds its body while it waits")
+	require.EqualValues(t, body+3+11, used, "the first call holds its body and the answer expected (11 bytes for 4) while it waits")
 	require.ErrorIs(t, err, ErrOverBudget)
 	require.ErrorContains(t, err, "1000 token ids: ")
 	require.Zero(t, tok.Budget().Used)

@@ -220,15 +220,24 @@ func decodeTokens(b []byte, need func(n int) error) ([]uint32, error) {
 		return nil, errors.New(`response has no "tokens"`)
 	}
 	arr := b[from:to]
-	n := bytes.Count(arr, []byte{','}) + 1
-	if err := need(n); err != nil {
-		return nil, fmt.Errorf("%d token ids: %w", n, err)
+	// Its commas count its elements only when they are all integers or
+	// nulls; an array of anything else (whose commas may be in strings)
+	// is refused below at its first such element, and allocates nothing.
+	ints := intsOrNulls(arr)
+	n := 0
+	if ints {
+		n = bytes.Count(arr, []byte{','}) + 1
+		if err := need(n); err != nil {
+			return nil, fmt.Errorf("%d token ids: %w", n, err)
+		}
 	}
 	toks := make([]uint32, 0, n)
 	r.Reset(arr)
 	err = r.Array(func() error {
 		if r.Null() {
-			toks = append(toks, 0)
+			if ints {
+				toks = append(toks, 0)
+			}
 			return nil
 		}
 		r.Peek()
@@ -240,13 +249,32 @@ func decodeTokens(b []byte, need func(n int) error) ([]uint32, error) {
 		if !ok {
 			return fmt.Errorf("token %.32q is not an integer of 32 bits", r.Since(start))
 		}
-		toks = append(toks, id)
+		if ints {
+			toks = append(toks, id)
+		}
 		return nil
 	})
+	if err == nil && !ints {
+		err = errors.New("tokens are not integers") // not reached: intsOrNulls is only a byte test
+	}
 	if err != nil {
 		return nil, fmt.Errorf("response: %w", err)
 	}
 	return toks, nil
+}
+
+// intsOrNulls reports whether the valid JSON array arr holds only bytes
+// of unsigned integers, nulls, commas and white space: when it does not,
+// one of its elements is not an integer or a null.
+func intsOrNulls(arr []byte) bool {
+	for _, c := range arr[1 : len(arr)-1] {
+		switch {
+		case c >= '0' && c <= '9', c == ',', c == 'n', c == 'u', c == 'l', c == ' ', c == '\t', c == '\n', c == '\r':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // parseUint32 parses decimal digits (of a JSON number, so with no leading
