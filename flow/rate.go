@@ -69,6 +69,9 @@ func (r Rate) Admit(tat, now int64) (next int64, wait time.Duration) {
 	if ahead := tat - now; ahead > tau {
 		return tat, time.Duration(ahead - tau)
 	}
+	if tat > math.MaxInt64-t { // saturating: a wrapped tat would admit all
+		return math.MaxInt64, 0
+	}
 	return tat + t, 0
 }
 

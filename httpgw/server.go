@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -286,7 +287,10 @@ func New(opts Options) (*Server, error) {
 		s.mux.HandleFunc(path, s.servePassThrough)
 	}
 	s.mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
-		if s.unauthorized(w, r, func(status int, typ, code, param, msg string) { front.WriteError(w, status, typ, code, param, msg) }) {
+		if s.unauthorized(w, r, func(status int, typ, code, param, msg string) {
+			s.metrics.Requests.WithLabelValues("", "models", strconv.Itoa(status)).Inc()
+			front.WriteError(w, status, typ, code, param, msg)
+		}) {
 			return
 		}
 		front.ServeModels(w, r, s.Fleet, s.metrics)

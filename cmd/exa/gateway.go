@@ -213,7 +213,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if err != nil {
 		return err
 	}
-	rate, err := fl.rateLimitOptions()
+	rate, err := fl.rateLimitOptions(cmd)
 	if err != nil {
 		return err
 	}
@@ -384,7 +384,14 @@ func newFrontServer(kind string, h http.Handler, logger *slog.Logger, lim frontL
 
 // rateLimitOptions turns the --rate-limit* flags into the gateway's
 // option; a bad value is a usage error naming its flag.
-func (fl gatewayFlags) rateLimitOptions() (flow.RateLimit, error) {
+func (fl gatewayFlags) rateLimitOptions(cmd *cobra.Command) (flow.RateLimit, error) {
+	if fl.rateLimit == 0 {
+		for _, name := range []string{"rate-limit-burst", "rate-limit-key", "rate-limit-clients"} {
+			if f := cmd.Flags().Lookup(name); f.Changed {
+				return flow.RateLimit{}, usagef("invalid --%s %q: needs --rate-limit, which is off", name, f.Value.String())
+			}
+		}
+	}
 	burst := fl.rateBurst
 	if burst == 0 {
 		burst = max(1, int(math.Ceil(fl.rateLimit)))

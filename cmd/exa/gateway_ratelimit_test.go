@@ -61,7 +61,9 @@ func TestGatewayBadRateLimitFlags(t *testing.T) {
 		{[]string{"--rate-limit", "1", "--rate-limit-burst", "-2"}, `invalid --rate-limit-burst "-2": must not be negative`},
 		{[]string{"--rate-limit", "1", "--rate-limit-key", "cookie"}, `invalid --rate-limit-key "cookie": want ip or header:NAME`},
 		{[]string{"--rate-limit", "1", "--rate-limit-key", "header:a b"}, `invalid --rate-limit-key "header:a b"`},
-		{[]string{"--rate-limit-clients", "0"}, `invalid --rate-limit-clients "0": must be at least 1`},
+		{[]string{"--rate-limit", "1", "--rate-limit-clients", "0"}, `invalid --rate-limit-clients "0": must be at least 1`},
+		{[]string{"--rate-limit-burst", "5"}, `invalid --rate-limit-burst "5": needs --rate-limit, which is off`},
+		{[]string{"--rate-limit-key", "header:X"}, `invalid --rate-limit-key "header:X": needs --rate-limit`},
 	} {
 		r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tc.args...)...)
 		assert.Equal(t, 2, r.code, "%v: stderr %s", tc.args, r.stderr)

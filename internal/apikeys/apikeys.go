@@ -33,6 +33,11 @@ const (
 	maxFileBytes = 16 << 20
 )
 
+// racyWindow is how recent a file's modification time must be for a
+// read of it to be repeated at the next look (file system clocks tick
+// coarsely: about 4 ms on ext4).
+const racyWindow = 2 * time.Second
+
 // Parse reads a keys file's contents: the set of digests of its keys. An
 // error names the line at fault.
 func Parse(b []byte) (map[[32]byte]struct{}, error) {
@@ -42,7 +47,8 @@ func Parse(b []byte) (map[[32]byte]struct{}, error) {
 	set := map[[32]byte]struct{}{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 4096), MaxKeyBytes+1024)
-	for line := 1; sc.Scan(); line++ {
+	line := 1
+	for ; sc.Scan(); line++ {
 		k := bytes.TrimSpace(sc.Bytes())
 		if len(k) == 0 || k[0] == '#' {
 			continue
@@ -66,7 +72,7 @@ func Parse(b []byte) (map[[32]byte]struct{}, error) {
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, fmt.Errorf("a line over %d bytes", MaxKeyBytes+1024)
+			return nil, fmt.Errorf("line %d: over %d bytes", line, MaxKeyBytes+1024)
 		}
 		return nil, err
 	}
@@ -76,19 +82,27 @@ func Parse(b []byte) (map[[32]byte]struct{}, error) {
 	return set, nil
 }
 
-// File is the keys of a keys file, re-read when its size or modification
-// time changes, looked at no more than once a second. Safe for
-// concurrent use.
+// File is the keys of a keys file, re-read when it is replaced, or its
+// size or modification time changes (or changed within racyWindow of
+// the last read, when only its contents tell), looked at no more than
+// once a second. Safe for concurrent use.
 type File struct {
 	path string
 	now  func() time.Time
 
 	keys atomic.Pointer[map[[32]byte]struct{}]
 
-	mu       sync.Mutex
-	checked  time.Time // last look at the file
-	mod      time.Time
-	size     int64
+	// nextLook is when Refresh may look at the file again (UnixNano).
+	nextLook atomic.Int64
+
+	mu      sync.Mutex
+	checked time.Time   // last look at the file
+	fi      os.FileInfo // the file as last read
+	digest  [32]byte    // of its contents as last read
+	// racy: the file was read within racyWindow of its modification
+	// time, so a rewrite of the same size in the same tick of the file
+	// system's clock would leave both unchanged: read it again.
+	racy     bool
 	lastErr  string
 	rejected atomic.Uint64
 }
@@ -104,6 +118,7 @@ func Load(path string, now func() time.Time) (*File, error) {
 		return nil, err
 	}
 	f.checked = now()
+	f.nextLook.Store(f.checked.Add(time.Second).UnixNano())
 	return f, nil
 }
 
@@ -114,7 +129,7 @@ func (f *File) reload() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("API keys file: %w", err)
 	}
-	if f.keys.Load() != nil && fi.ModTime().Equal(f.mod) && fi.Size() == f.size {
+	if f.keys.Load() != nil && !f.racy && os.SameFile(fi, f.fi) && fi.ModTime().Equal(f.fi.ModTime()) && fi.Size() == f.fi.Size() {
 		return false, nil
 	}
 	fh, err := os.Open(f.path)
@@ -126,12 +141,18 @@ func (f *File) reload() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("API keys file %s: %w", f.path, err)
 	}
+	racy := time.Since(fi.ModTime()) < racyWindow
+	d := sha256.Sum256(b)
+	if f.keys.Load() != nil && d == f.digest {
+		f.fi, f.racy = fi, racy
+		return false, nil
+	}
 	set, err := Parse(b)
 	if err != nil {
 		return false, fmt.Errorf("API keys file %s: %w", f.path, err)
 	}
 	f.keys.Store(&set)
-	f.mod, f.size = fi.ModTime(), fi.Size()
+	f.fi, f.digest, f.racy = fi, d, racy
 	return true, nil
 }
 
@@ -139,14 +160,21 @@ func (f *File) reload() (bool, error) {
 // looked at and it changed. It returns the error of a failed re-read
 // the first time that error is seen (nil after, and nil on success): the
 // keys read last stay in force meanwhile.
+//
+// Requests call it on their way: within the second it costs one atomic
+// load, and while one request re-reads the file the others go on with
+// the keys in force rather than wait.
 func (f *File) Refresh() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	now := f.now()
+	if now.UnixNano() < f.nextLook.Load() || !f.mu.TryLock() {
+		return nil
+	}
+	defer f.mu.Unlock()
 	if now.Sub(f.checked) < time.Second {
 		return nil
 	}
 	f.checked = now
+	f.nextLook.Store(now.Add(time.Second).UnixNano())
 	_, err := f.reload()
 	if err == nil {
 		f.lastErr = ""

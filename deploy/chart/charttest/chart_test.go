@@ -80,7 +80,7 @@ func renderAs(t *testing.T, vals map[string]any, release, ns string) map[string]
 // defaults, the tests' own and every documented `helm install`.
 func appliedSets(t *testing.T) []docSet {
 	sets := []docSet{{where: "values.yaml defaults", release: "exa", values: map[string]any{}}}
-	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers"} {
+	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers", "gateway-secure"} {
 		sets = append(sets, docSet{where: "chart_test.go " + name, release: "exa", values: values[name]})
 	}
 	return append(sets, docSets(t)...)
