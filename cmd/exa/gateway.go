@@ -146,15 +146,12 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"what tells clients apart for --rate-limit: ip (the connection's peer address: behind a proxy all clients share the proxy's) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id, set by a proxy you trust; a request without it counts by address)")
 	f.IntVar(&fl.rateClients, "rate-limit-clients", flow.DefaultRateClients,
 		"most clients --rate-limit keeps at once (36 bytes each: 2.2 MiB at the default); past it one whose burst is whole again makes room")
-	f.StringVar(&fl.tlsCert, "tls-cert", "",
-		"serve HTTPS (HTTP/1.1 over TLS 1.2 or later) with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change, and new connections get the new pair")
-	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
-	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
-		"serve HTTPS with a self-signed certificate made at start (ECDSA P-256; its SHA-256 is logged); clients must trust it or skip verification")
-	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
-		"require every client to present a certificate chained to a CA of this PEM bundle (mutual TLS), or the handshake fails; needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
-	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
-		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. a SPIFFE ID) with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
+	fl.registerTLS(f, tlsHelp{
+		serves:     "serve HTTPS (HTTP/1.1 over TLS 1.2 or later)",
+		selfSigned: "(ECDSA P-256; its SHA-256 is logged); clients must trust it or skip verification",
+		client:     "every client",
+		sanExample: "a SPIFFE ID",
+	})
 	fl.disc.register(f)
 	fl.slo.register(f)
 	return cmd

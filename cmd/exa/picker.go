@@ -135,15 +135,12 @@ from a Go client.`,
 		"send GOAWAY to a gRPC connection this old, then close it after --max-connection-age-grace (0 = never)")
 	f.DurationVar(&fl.maxConnAgeGrace, "max-connection-age-grace", 10*time.Minute,
 		"after --max-connection-age, how long the connection's streams may still run before it is closed")
-	f.StringVar(&fl.tlsCert, "tls-cert", "",
-		"serve TLS with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change")
-	f.StringVar(&fl.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
-	f.BoolVar(&fl.tlsSelfSigned, "tls-self-signed", false,
-		"serve TLS with a self-signed certificate made at start (ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification")
-	f.StringVar(&fl.tlsClientCA, "tls-client-ca", "",
-		"require every client (Envoy) to present a certificate chained to a CA of this PEM bundle (mutual TLS); needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
-	f.StringArrayVar(&fl.tlsClientSANs, "tls-client-san", nil,
-		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. Envoy's SPIFFE ID) with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
+	fl.registerTLS(f, tlsHelp{
+		serves:     "serve TLS",
+		selfSigned: "(ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification",
+		client:     "every client (Envoy)",
+		sanExample: "Envoy's SPIFFE ID",
+	})
 	fl.conns.register(f)
 	fl.disc.register(f)
 	fl.gie.register(f)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/examlops/gateway/picker"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // tlsFlags are the --tls-* flags of the picker's gRPC server and of the
@@ -26,6 +27,21 @@ type tlsFlags struct {
 	tlsSelfSigned   bool
 	tlsClientCA     string
 	tlsClientSANs   []string
+}
+
+// tlsHelp is what the --tls-* flags' help says of one server.
+type tlsHelp struct{ serves, selfSigned, client, sanExample string }
+
+// registerTLS adds the --tls-* flags to f.
+func (t *tlsFlags) registerTLS(f *pflag.FlagSet, h tlsHelp) {
+	f.StringVar(&t.tlsCert, "tls-cert", "",
+		h.serves+" with this PEM certificate file (server certificate first, then intermediates); needs --tls-key; both files are re-read every --reload-interval when they change, and new connections get the new pair")
+	f.StringVar(&t.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
+	f.BoolVar(&t.tlsSelfSigned, "tls-self-signed", false, h.serves+" with a self-signed certificate made at start "+h.selfSigned)
+	f.StringVar(&t.tlsClientCA, "tls-client-ca", "",
+		"require "+h.client+" to present a certificate chained to a CA of this PEM bundle (mutual TLS), or the handshake fails; needs --tls-cert/--tls-key or --tls-self-signed; re-read every --reload-interval when it changes")
+	f.StringArrayVar(&t.tlsClientSANs, "tls-client-san", nil,
+		"with --tls-client-ca: accept only client certificates naming this subject alternative name, compared with the SANs of its form: a URI (scheme:..., e.g. "+h.sanExample+") with URI SANs, an IP with IP SANs, an email with email SANs, else a DNS name (any case) with DNS SANs (repeatable); default any name")
 }
 
 // exclusive refuses --tls-cert or --tls-key with --tls-self-signed.
