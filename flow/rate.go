@@ -84,7 +84,8 @@ const DefaultRateClients = 65536
 type RateLimit struct {
 	Rate
 	// Key tells clients apart: "" or "ip", the client's IP address (its
-	// connection's peer: behind a proxy every client has the proxy's); or
+	// connection's peer: behind a proxy every client has the proxy's; an
+	// IPv6 address by its /64 network); or
 	// "header:NAME", the value of that request header (an API key, a
 	// tenant, GIE's fairness id), and the IP address for a request
 	// without it. Values are kept as 64-bit hashes, never as text.
@@ -187,14 +188,25 @@ func (l *RateLimiter) Client(h Header, remote string) uint64 {
 		}
 	}
 	if ap, err := netip.ParseAddrPort(remote); err == nil {
-		a := ap.Addr().Unmap().As16()
-		return xxhash.Sum64(a[:])
+		return addrClient(ap.Addr())
 	}
 	if a, err := netip.ParseAddr(remote); err == nil {
-		b := a.Unmap().As16()
-		return xxhash.Sum64(b[:])
+		return addrClient(a)
 	}
 	return xxhash.Sum64String(remote)
+}
+
+// addrClient is the client key of an address: an IPv4 address (mapped
+// or not) as it is, an IPv6 address by its /64 network, which one host
+// is commonly given whole (a client changing the low 64 bits is one
+// client).
+func addrClient(a netip.Addr) uint64 {
+	a = a.Unmap()
+	b := a.As16()
+	if a.Is6() {
+		clear(b[8:])
+	}
+	return xxhash.Sum64(b[:])
 }
 
 // Allow decides a request of client at now: admitted, or refused with how
