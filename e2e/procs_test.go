@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw"
+	"github.com/examlops/gateway/internal/testport"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -52,10 +52,7 @@ func requireBinaries(t *testing.T) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testport.Port(t) // outside the ephemeral ports: see package testport
 }
 
 // proc is a child process with its output in a log file.

@@ -3,7 +3,6 @@ package fleet
 import (
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/examlops/gateway/internal/testport"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,10 +27,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 func freeTCP(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
+	return "tcp://" + testport.Addr(t)
 }
 
 // recordedPages returns the engines' /metrics pages recorded in

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/internal/testport"
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 )
@@ -66,10 +67,8 @@ func warmUp(t *testing.T, p *testPub, tr *Translator) {
 }
 
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return testport.Port(t) // outside the ephemeral ports: see package testport
 }
 
 // TestSubscriberBind: an engine's PUB connects to the bound endpoint, as

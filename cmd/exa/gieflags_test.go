@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/internal/testport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -72,10 +72,8 @@ func TestPickerGIEBadFlags(t *testing.T) {
 
 // freePort returns a loopback port free a moment ago.
 func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return testport.Port(t) // outside the ephemeral ports: see package testport
 }
 
 // healthStatus asks the gRPC health service at addr about service.

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/testport"
 	"github.com/examlops/gateway/kvevents"
 )
 
@@ -102,10 +102,7 @@ func StoredEvent(hashes []uint64, parent any, tokens []uint32, bs int) []any {
 // FreeTCP returns a tcp:// loopback endpoint free when it was asked for.
 func FreeTCP(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
+	return "tcp://" + testport.Addr(t)
 }
 
 // Words returns n words: prefix0 prefix1 ...
