@@ -66,8 +66,8 @@ type Options struct {
 	// off.
 	Flow flow.Options
 	// RateLimit bounds each client's requests to the model endpoints
-	// (chat, completions, responses, embeddings, tokenize, stored
-	// responses) to a rate and a burst, clients told apart by IP address
+	// (chat, completions, responses, embeddings, tokenize, detokenize,
+	// stored responses) to a rate and a burst, clients told apart by IP address
 	// or a header (flow.RateLimit); a request past it gets 429
 	// rate_limited with Retry-After before its body is read. The zero
 	// value is off.

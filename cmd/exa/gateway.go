@@ -140,7 +140,7 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 	f.StringVar(&fl.apiKeysFile, "api-keys-file", "",
 		"ask clients of the model endpoints and /v1/models for an API key (Authorization: Bearer KEY) listed in this file, one per line (# comments), re-read when it changes; others get 401 invalid_api_key. /health, /stats and /metrics stay as they are. Default: no key asked for")
 	f.Float64Var(&fl.rateLimit, "rate-limit", 0,
-		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)")
+		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, detokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)")
 	f.IntVar(&fl.rateBurst, "rate-limit-burst", 0, "requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)")
 	f.StringVar(&fl.rateKey, "rate-limit-key", "ip",
 		"what tells clients apart for --rate-limit: ip (the connection's peer address, IPv6 by its /64: behind a proxy all clients share the proxy's) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id, set by a proxy you trust; a request without it counts by address)")
