@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"golang.org/x/net/http/httpguts"
 )
 
 // Rate limits one client's requests to PerSecond on average and Burst at
@@ -118,25 +119,10 @@ func (o RateLimit) header() (string, error) {
 	switch {
 	case o.Key == "" || o.Key == "ip":
 		return "", nil
-	case strings.HasPrefix(o.Key, "header:") && validHeaderName(o.Key[len("header:"):]):
+	case strings.HasPrefix(o.Key, "header:") && httpguts.ValidHeaderFieldName(o.Key[len("header:"):]):
 		return o.Key[len("header:"):], nil
 	}
 	return "", fmt.Errorf("%w: RateLimit.Key %q: want ip or header:NAME", ErrInvalid, o.Key)
-}
-
-// validHeaderName reports whether s is an HTTP field name (RFC 9110
-// token).
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // RateLimiter keeps each client's GCRA state and decides its requests

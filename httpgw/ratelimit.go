@@ -5,12 +5,10 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/examlops/gateway/flow"
-	"github.com/examlops/gateway/internal/apikeys"
 	"github.com/examlops/gateway/internal/front"
 )
 
@@ -48,56 +46,12 @@ func newRateLimiter(o flow.RateLimit, reg prometheus.Registerer) (*flow.RateLimi
 	return l, nil
 }
 
-// loadAPIKeys loads Options.APIKeysFile, nil when it is not set, and
-// registers exa_gateway_api_keys and exa_gateway_unauthorized_total.
-func loadAPIKeys(path string, now func() time.Time, reg prometheus.Registerer) (*apikeys.File, error) {
-	if path == "" {
-		return nil, nil
-	}
-	f, err := apikeys.Load(path, now)
-	if err != nil || reg == nil {
-		return f, err
-	}
-	for _, c := range []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "exa_gateway_api_keys", Help: "API keys in force (--api-keys-file)."},
-			func() float64 { return float64(f.Len()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "exa_gateway_unauthorized_total",
-			Help: "Requests refused with 401 invalid_api_key: no key, or one not in --api-keys-file."},
-			func() float64 { return float64(f.Rejected()) }),
-	} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return f, nil
-}
-
 // refused answers a request to a model endpoint that is not let in: 401
 // without an API key in force (Options.APIKeysFile), 429 past its
 // client's rate (Options.RateLimit). It reports whether it answered, and
 // reads nothing of the body.
 func (s *Server) refused(w http.ResponseWriter, r *http.Request, fail failFunc) bool {
 	return s.unauthorized(w, r, fail) || s.overRate(w, r, fail)
-}
-
-// unauthorized answers 401 invalid_api_key to a request without a key of
-// Options.APIKeysFile, and reports whether it did. A changed file is
-// re-read first, at most once a second; a file that no longer reads is
-// logged and the keys read last stay in force.
-func (s *Server) unauthorized(w http.ResponseWriter, r *http.Request, fail failFunc) bool {
-	if s.keys == nil {
-		return false
-	}
-	if err := s.keys.Refresh(); err != nil {
-		s.log.Warn("API keys file not reloaded; the keys read last stay in force", "err", err)
-	}
-	if s.keys.Allowed(r.Header.Get("Authorization")) {
-		return false
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="exa-gateway"`)
-	fail(http.StatusUnauthorized, front.TypeInvalidRequest, "invalid_api_key", "",
-		"gateway: this endpoint needs a valid API key: Authorization: Bearer KEY")
-	return true
 }
 
 // overRate answers 429 rate_limited, with Retry-After in whole seconds

@@ -77,14 +77,18 @@ const (
 // most what the longest answer accepted (limit bytes) and its ids could
 // need.
 func expectedAnswer(req TokenizeRequest, limit int64) int64 {
-	in := int64(len(req.Prompt) + len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs))
-	return min(in*11/4, (limit+1)*3)
+	return min(req.textBytes()*11/4, (limit+1)*3)
+}
+
+// textBytes is the length of req's text: its prompt, messages, tools and
+// template arguments.
+func (r TokenizeRequest) textBytes() int64 {
+	return int64(len(r.Prompt) + len(r.Messages) + len(r.Tools) + len(r.ChatTemplateKwargs))
 }
 
 // tokenizeLimit is the largest /tokenize response accepted for req.
 func tokenizeLimit(req TokenizeRequest, max int64) int64 {
-	in := int64(len(req.Prompt) + len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs))
-	return min(max, tokenizeSlack+tokenizeBytesPer*in)
+	return min(max, tokenizeSlack+tokenizeBytesPer*req.textBytes())
 }
 
 // DefaultTokenizeBytes is HTTPTokenizer's default budget: 256 MiB for

@@ -23,15 +23,23 @@ func tokenizeBodySize(r TokenizeRequest) int {
 	if r.Prompt != "" {
 		n += len(`,"prompt":`) + jsonStringSize(r.Prompt)
 	}
-	for _, f := range [...]struct {
-		name string
-		raw  []byte
-	}{{"messages", r.Messages}, {"tools", r.Tools}, {"chat_template_kwargs", r.ChatTemplateKwargs}} {
+	for _, f := range rawMembers(r) {
 		if len(f.raw) > 0 {
 			n += len(`,"":`) + len(f.name) + len(f.raw)
 		}
 	}
 	return n
+}
+
+// rawMember is a member of the body written as it came (JSON text).
+type rawMember struct {
+	name string
+	raw  []byte
+}
+
+// rawMembers are r's members written as they came, in the body's order.
+func rawMembers(r TokenizeRequest) [3]rawMember {
+	return [3]rawMember{{"messages", r.Messages}, {"tools", r.Tools}, {"chat_template_kwargs", r.ChatTemplateKwargs}}
 }
 
 // appendTokenizeBody appends r's /tokenize body to dst: {"model", then
@@ -45,10 +53,7 @@ func appendTokenizeBody(dst []byte, r TokenizeRequest) []byte {
 		dst = append(dst, `,"prompt":`...)
 		dst = appendJSONString(dst, r.Prompt)
 	}
-	for _, f := range [...]struct {
-		name string
-		raw  []byte
-	}{{"messages", r.Messages}, {"tools", r.Tools}, {"chat_template_kwargs", r.ChatTemplateKwargs}} {
+	for _, f := range rawMembers(r) {
 		if len(f.raw) > 0 {
 			dst = append(dst, `,"`...)
 			dst = append(dst, f.name...)

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -400,15 +399,12 @@ func (fl gatewayFlags) rateLimitOptions(cmd *cobra.Command) (flow.RateLimit, err
 	if fl.rateClients < 1 {
 		return o, usagef("invalid --rate-limit-clients %q: must be at least 1", fmt.Sprint(fl.rateClients))
 	}
-	if err := o.Validate(); err != nil {
-		switch msg := err.Error(); {
-		case strings.Contains(msg, "Rate.PerSecond"):
-			return o, usagef("invalid --rate-limit %q: want 0 (no limit) or a rate of at least 1e-6 requests/s", fmt.Sprint(fl.rateLimit))
-		case strings.Contains(msg, "RateLimit.Key"):
-			return o, usagef("invalid --rate-limit-key %q: want ip or header:NAME", fl.rateKey)
-		default:
-			return o, usagef("invalid --rate-limit %q: %v", fmt.Sprint(fl.rateLimit), err)
-		}
+	// Each flag checked on its own, so that the error names it.
+	if o.Rate.Validate() != nil {
+		return o, usagef("invalid --rate-limit %q: want 0 (no limit) or a rate of at least 1e-6 requests/s", fmt.Sprint(fl.rateLimit))
+	}
+	if (flow.RateLimit{Key: fl.rateKey}).Validate() != nil {
+		return o, usagef("invalid --rate-limit-key %q: want ip or header:NAME", fl.rateKey)
 	}
 	return o, nil
 }

@@ -241,21 +241,20 @@ func (s *tlsSource) watch(ctx context.Context, interval time.Duration, logger *s
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	tick := time.NewTicker(interval)
-	if s.kp != nil {
-		go watchKeyPair(ctx, s.kp, tick.C, logger)
-	}
-	if s.cas != nil {
+	every := func(watch func(<-chan time.Time)) {
 		tick := time.NewTicker(interval)
 		go func() {
 			defer tick.Stop()
-			watchClientCAs(ctx, s.cas, s.caFile, tick.C, logger)
+			watch(tick.C)
 		}()
 	}
-	return func() {
-		cancel()
-		tick.Stop()
+	if s.kp != nil {
+		every(func(c <-chan time.Time) { watchKeyPair(ctx, s.kp, c, logger) })
 	}
+	if s.cas != nil {
+		every(func(c <-chan time.Time) { watchClientCAs(ctx, s.cas, s.caFile, c, logger) })
+	}
+	return cancel
 }
 
 // watchKeyPair re-reads the certificate and key files at every tick until

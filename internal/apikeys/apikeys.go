@@ -95,10 +95,9 @@ type File struct {
 	// nextLook is when Refresh may look at the file again (UnixNano).
 	nextLook atomic.Int64
 
-	mu      sync.Mutex
-	checked time.Time   // last look at the file
-	fi      os.FileInfo // the file as last read
-	digest  [32]byte    // of its contents as last read
+	mu     sync.Mutex
+	fi     os.FileInfo // the file as last read
+	digest [32]byte    // of its contents as last read
 	// racy: the file was read within racyWindow of its modification
 	// time, so a rewrite of the same size in the same tick of the file
 	// system's clock would leave both unchanged: read it again.
@@ -117,8 +116,7 @@ func Load(path string, now func() time.Time) (*File, error) {
 	if _, err := f.reload(); err != nil {
 		return nil, err
 	}
-	f.checked = now()
-	f.nextLook.Store(f.checked.Add(time.Second).UnixNano())
+	f.nextLook.Store(now().Add(time.Second).UnixNano())
 	return f, nil
 }
 
@@ -170,10 +168,9 @@ func (f *File) Refresh() error {
 		return nil
 	}
 	defer f.mu.Unlock()
-	if now.Sub(f.checked) < time.Second {
+	if now.UnixNano() < f.nextLook.Load() { // another looked meanwhile
 		return nil
 	}
-	f.checked = now
 	f.nextLook.Store(now.Add(time.Second).UnixNano())
 	_, err := f.reload()
 	if err == nil {
@@ -187,13 +184,25 @@ func (f *File) Refresh() error {
 	return err
 }
 
+// Bearer returns the credentials of an Authorization value of the Bearer
+// scheme, whose name is matched without regard to case (RFC 7235 §2.1:
+// "bearer", "BEARER"), followed by one or more spaces.
+func Bearer(v string) (string, bool) {
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimLeft(tok, " "), true
+}
+
 // Allowed reports whether the Authorization value v carries one of the
-// keys: "Bearer KEY", the scheme in any case.
+// keys (Bearer).
 func (f *File) Allowed(v string) bool {
-	scheme, key, ok := strings.Cut(v, " ")
-	if ok && strings.EqualFold(scheme, "Bearer") {
-		key = strings.TrimLeft(key, " ")
-		if _, ok := (*f.keys.Load())[sha256.Sum256([]byte(key))]; ok {
+	if key, ok := Bearer(v); ok && len(key) <= MaxKeyBytes {
+		// Hashed from a copy on the stack: []byte(key) would be a heap
+		// allocation a request for a key past 32 bytes.
+		var buf [MaxKeyBytes]byte
+		if _, ok := (*f.keys.Load())[sha256.Sum256(buf[:copy(buf[:], key)])]; ok {
 			return true
 		}
 	}

@@ -129,3 +129,18 @@ func FuzzAllowed(f *testing.F) {
 		}
 	})
 }
+
+// TestAllowedAllocatesNothing: checking a request's key, of the length
+// of an OpenAI key, allocates nothing.
+func TestAllowedAllocatesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	const key = "sk-proj-0123456789abcdef0123456789abcdef0123456789"
+	require.NoError(t, os.WriteFile(path, []byte(key+"\n"), 0o600))
+	f, err := Load(path, nil)
+	require.NoError(t, err)
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		if !f.Allowed("Bearer " + key) {
+			t.Fatal("refused")
+		}
+	}))
+}

@@ -4,10 +4,10 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/apikeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -51,17 +51,6 @@ func StatsHandler(fl *fleet.Fleet) http.HandlerFunc {
 	}
 }
 
-// bearerToken returns the credentials of an Authorization value of the
-// Bearer scheme, whose name is matched without regard to case (RFC 7235
-// §2.1: "bearer", "BEARER"), followed by one or more spaces.
-func bearerToken(v string) ([]byte, bool) {
-	scheme, tok, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return nil, false
-	}
-	return []byte(strings.TrimLeft(tok, " ")), true
-}
-
 // MetricsHandler serves /metrics from g, after refreshing the fleet's
 // gauges. When the fleet has a peer token (fleet.Options.PeerTokenFile) a
 // request must carry "Authorization: Bearer <token>": without it the
@@ -88,8 +77,8 @@ func authorizeMetrics(w http.ResponseWriter, r *http.Request, fl *fleet.Fleet) b
 		WriteError(w, http.StatusServiceUnavailable, TypeUnavailable, "peer_token_unavailable", "", "gateway: /metrics needs a bearer token, and this gateway's token file cannot be read")
 		return false
 	}
-	got, ok := bearerToken(r.Header.Get("Authorization"))
-	if !ok || subtle.ConstantTimeCompare(got, tok) != 1 {
+	got, ok := apikeys.Bearer(r.Header.Get("Authorization"))
+	if !ok || subtle.ConstantTimeCompare([]byte(got), tok) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="exa-gateway"`)
 		WriteError(w, http.StatusUnauthorized, TypeInvalidRequest, "invalid_api_key", "", "gateway: /metrics needs Authorization: Bearer with the peer token")
 		return false

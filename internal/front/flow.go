@@ -89,8 +89,8 @@ func NewFlowControl(o flow.Options, now func() time.Time, reg prometheus.Registe
 }
 
 // Header is a request's headers: http.Header, or the picker's
-// picker.Headers.
-type Header interface{ Get(name string) string }
+// picker.Headers (flow.Header, which the rate limiter reads too).
+type Header = flow.Header
 
 // Priority returns the priority of a request with header h: its
 // objective's, else 0.

@@ -35,7 +35,7 @@ func startTLS(t *testing.T, h http.Handler, o Options) (addr string, cfg *tls.Co
 // watch reads in the background and is interrupted) leaves the
 // connection usable; a pipelined request is served; a large streamed
 // answer arrives whole.
-func TestTLSReviewWatchKeepAlivePipelining(t *testing.T) {
+func TestTLSConnWatchKeepAlivePipelining(t *testing.T) {
 	addr, cfg := startTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(30 * time.Millisecond)
 		if r.URL.Path == "/big" {
@@ -90,7 +90,7 @@ func TestTLSReviewWatchKeepAlivePipelining(t *testing.T) {
 	require.EqualValues(t, 64*64<<10, n)
 }
 
-func TestTLSReviewDisconnectCancels(t *testing.T) {
+func TestTLSConnDisconnectCancels(t *testing.T) {
 	started, canceled := make(chan struct{}), make(chan error, 1)
 	addr, cfg := startTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
@@ -112,7 +112,7 @@ func TestTLSReviewDisconnectCancels(t *testing.T) {
 
 // A TCP connection that never sends its ClientHello is closed within the
 // head deadline.
-func TestTLSReviewSilentHandshake(t *testing.T) {
+func TestTLSConnSilentHandshake(t *testing.T) {
 	addr, _ := startTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
 		Options{ReadHeaderTimeout: 50 * time.Millisecond, IdleTimeout: time.Hour})
 	conn, err := net.Dial("tcp", addr)
@@ -126,7 +126,7 @@ func TestTLSReviewSilentHandshake(t *testing.T) {
 }
 
 // An early answer with an unread body over TLS (closeWriteAndWait).
-func TestTLSReviewEarlyAnswerUnreadBody(t *testing.T) {
+func TestTLSConnEarlyAnswerUnreadBody(t *testing.T) {
 	addr, cfg := startTLS(t, http.HandlerFunc(reject413), Options{})
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
 	body := make([]byte, 8<<20)
