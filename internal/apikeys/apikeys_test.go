@@ -4,12 +4,14 @@ import (
 	"crypto/sha256"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway/internal/memtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -143,4 +145,38 @@ func TestAllowedAllocatesNothing(t *testing.T) {
 			t.Fatal("refused")
 		}
 	}))
+}
+
+// TestMeasureKeysMemory prints what a keys file at the bound (MaxKeys
+// keys of 55 bytes) holds once loaded, and the process's peak RSS while
+// it loads: the figures of docs/security.md.
+//
+//	EXA_MEASURE=1 go test ./internal/apikeys -run TestMeasureKeysMemory -count=1 -v
+func TestMeasureKeysMemory(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("measurement: set EXA_MEASURE=1")
+	}
+	var b strings.Builder
+	for i := range MaxKeys {
+		b.WriteString("sk-proj-" + strings.Repeat("x", 40) + strconv.Itoa(1000000+i) + "\n")
+	}
+	path := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	var f *File
+	rss := memtest.PeakRSS(func() {
+		var err error
+		f, err = Load(path, nil)
+		require.NoError(t, err)
+	})
+	after := heap()
+	t.Logf("%d keys, a file of %.1f MiB: %.2f MiB held; peak RSS while loading +%.1f MiB",
+		f.Len(), float64(b.Len())/(1<<20), float64(after-before)/(1<<20), float64(rss)/(1<<20))
+	runtime.KeepAlive(f)
 }
