@@ -2,6 +2,7 @@ package flow
 
 import (
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"testing"
@@ -202,4 +203,46 @@ func TestMeasureRateLimiterMemory(t *testing.T) {
 	t.Logf("%d clients kept of %d seen (%d forgotten): %.2f MiB, %.0f bytes a client", st.Clients, 4*DefaultRateClients, st.Forgotten,
 		float64(after-before)/(1<<20), float64(after-before)/float64(st.Clients))
 	runtime.KeepAlive(l)
+}
+
+// FuzzClient: any header value and remote address give a key, never a
+// panic; a request with the header is keyed by it alone, one without by
+// its address, the same for every port and, for IPv6, every address of
+// its /64.
+func FuzzClient(f *testing.F) {
+	for _, s := range [][2]string{{"", "10.0.0.1:1"}, {"sk-1", "[2001:db8::1]:443"}, {"", "[fe80::1%eth0]:1"}, {"", "not an address"}, {"", ""}, {"", "[::ffff:10.0.0.1]:2"}} {
+		f.Add(s[0], s[1])
+	}
+	l, err := NewRateLimiter(RateLimit{Rate: Rate{PerSecond: 1, Burst: 1}, Key: "header:X-Api-Key"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, key, remote string) {
+		h := http.Header{}
+		if key != "" {
+			h.Set("X-Api-Key", key)
+		}
+		c := l.Client(h, remote)
+		if h.Get("X-Api-Key") != "" {
+			if c != l.Client(h, "elsewhere") {
+				t.Fatalf("key %q: the address changed its client", key)
+			}
+			return
+		}
+		ap, err := netip.ParseAddrPort(remote)
+		if err != nil {
+			return
+		}
+		other := netip.AddrPortFrom(ap.Addr(), ap.Port()+1).String()
+		if l.Client(h, other) != c {
+			t.Fatalf("%s and %s: two clients", remote, other)
+		}
+		if a := ap.Addr().Unmap(); a.Is6() {
+			b := a.As16()
+			b[15] ^= 1
+			if l.Client(h, netip.AddrFrom16(b).String()) != c {
+				t.Fatalf("%s: another address of its /64 is another client", remote)
+			}
+		}
+	})
 }
