@@ -121,8 +121,15 @@ func TestKubernetesPicker(t *testing.T) {
 
 	// Requests flow while pods come and go: two workers through the
 	// picker (Envoy played by the Go client), two through the gateway.
+	// Each worker cycles through 7 prompts of the current phase. Affinity
+	// rightly keeps a prompt where its prefix is cached, so a pod that
+	// joins takes new prompts, not old ones (on a run where every prompt
+	// was cached before sim-2 joined, it got none in 30 s through the
+	// picker): the phase moves on after each change of the pool, as live
+	// traffic brings new prefixes.
 	url := pp.envoy(t, false)
 	var (
+		phase   atomic.Int64
 		mu      sync.Mutex
 		served  = map[string]int{}
 		failed  []string
@@ -145,7 +152,7 @@ func TestKubernetesPicker(t *testing.T) {
 				if w >= 2 {
 					to = gw.url
 				}
-				p := pickChatNoFail(to, chatJSON(fmt.Sprintf("worker %d group %d", w, i%7), fmt.Sprintf("q%d", i), i%2 == 0, 4))
+				p := pickChatNoFail(to, chatJSON(fmt.Sprintf("worker %d phase %d group %d", w, phase.Load(), i%7), fmt.Sprintf("q%d", i), i%2 == 0, 4))
 				sent.Add(1)
 				mu.Lock()
 				switch {
@@ -170,7 +177,9 @@ func TestKubernetesPicker(t *testing.T) {
 	podPut(t, c, ns, "sim-2", ips[2], true)
 	waitFor(t, 30*time.Second, "sim-2 to join", func() bool { return fmt.Sprint(replicas()) == "[sim-0 sim-1 sim-2]" })
 	joined := time.Since(t0)
+	phase.Add(1)
 	waitFor(t, 30*time.Second, "requests on sim-2", func() bool { return servedBy(ep(2)) > 0 })
+	took := time.Since(t0) - joined
 
 	// Scale down as a kubelet does: sim-0 turns unready (its deletion
 	// started), leaves the table, drains, then its engine stops and the
@@ -179,6 +188,7 @@ func TestKubernetesPicker(t *testing.T) {
 	podPut(t, c, ns, "sim-0", ips[0], false)
 	waitFor(t, 30*time.Second, "sim-0 to leave", func() bool { return fmt.Sprint(replicas()) == "[sim-1 sim-2]" })
 	left := time.Since(t0)
+	phase.Add(1)
 	// A request picked before sim-0 left may still be on its way to it
 	// (picked, not yet running there): each worker, which sends one at a
 	// time, has two more answered, the second sent after the leave.
@@ -215,8 +225,8 @@ func TestKubernetesPicker(t *testing.T) {
 		require.Equal(t, 2.0, g.metric(t, "inference_pool_ready_pods", map[string]string{"name": "pool"}))
 		require.Greater(t, g.metric(t, "inference_objective_request_total", map[string]string{"model_name": simModel}), 0.0)
 	}
-	t.Logf("%d requests, none lost; served %v; discovery: join seen on /stats %v after the API write, leave %v",
-		sent.Load(), served, joined.Round(time.Millisecond), left.Round(time.Millisecond))
+	t.Logf("%d requests, none lost; served %v; discovery: join seen on /stats %v after the API write (first request picked there %v later), leave %v",
+		sent.Load(), served, joined.Round(time.Millisecond), took.Round(time.Millisecond), left.Round(time.Millisecond))
 
 	// GIE's own chart's arguments (config/charts/epplib v1.5.0,
 	// _deployment.yaml) with its plugins file: the picker starts with TLS
