@@ -156,7 +156,8 @@ type Model struct {
 	// each has pending at each replica (exa_gateway_pending_prefill_blocks)
 	// and adds to its own when pricing a replica's queue (cache_aware;
 	// see docs/multi-gateway.md). An entry "dns+http://NAME:PORT" is every
-	// address NAME resolves to. A gateway that finds itself in the list
+	// address NAME resolves to ("dns+https://NAME:PORT" over https, each
+	// address's certificate verified for NAME). A gateway that finds itself in the list
 	// ignores itself, so a group of gateways can share one list; the
 	// peers must name the model and its replicas alike. Nil or empty
 	// means none: the gateway counts only the prefill it routed.

@@ -108,7 +108,8 @@
 //     every adapter its engines list in GET /v1/models (see docs/lora.md).
 //   - peers: base URLs of the other gateway processes routing the model to
 //     the same replicas (addresses as a replica's, or "dns+http://NAME:PORT"
-//     for every address NAME resolves to; each entry once, at most
+//     or "dns+https://NAME:PORT" for every address NAME resolves to, over
+//     https verified for NAME; each entry once, at most
 //     [MaxPeers]); the HTTP gateway scrapes their /metrics for the
 //     prefill each has pending at each replica and cache_aware adds it to
 //     its own, ignoring itself when listed (see docs/multi-gateway.md).

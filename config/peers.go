@@ -11,13 +11,16 @@ const MaxPeers = 64
 // DNSPeerPrefix marks a peer entry that names a DNS name whose addresses
 // are the peers: "dns+http://NAME:PORT" is every address NAME resolves to
 // (as a Kubernetes headless Service's name resolves to its ready pods), at
-// PORT, looked up again every scrape interval. A gateway that finds itself among
-// them ignores itself, so every gateway of a group can share one list.
+// PORT, looked up again every scrape interval. "dns+https://NAME:PORT" is
+// the same over HTTPS, each address's certificate verified for NAME (the
+// certificate every gateway behind the name presents), not for the
+// address. A gateway that finds itself among them ignores itself, so
+// every gateway of a group can share one list.
 const DNSPeerPrefix = "dns+"
 
 // ValidatePeers checks a model's peer list ([Model.Peers]): at most
 // [MaxPeers] entries, each a base URL as [ValidateAddress] accepts (a bare
-// host:port means http://), or [DNSPeerPrefix] and an http:// URL,
+// host:port means http://), or [DNSPeerPrefix] and an http:// or https:// URL,
 // listed once (ignoring a trailing slash and the case of the scheme and
 // host). The error is a [*FieldError] for field "peers[i]" (or "peers"
 // when the list is too long).
@@ -29,8 +32,8 @@ func ValidatePeers(peers []string) error {
 	for i, p := range peers {
 		at := fmt.Sprintf("peers[%d]", i)
 		addr, dns := CutDNSPeer(p)
-		if dns && !strings.HasPrefix(strings.ToLower(addr), "http://") {
-			return &FieldError{Field: at, Value: p, Reason: "a dns+ peer must be dns+http://NAME:PORT (over https each address would have to present NAME's certificate)"}
+		if l := strings.ToLower(addr); dns && !strings.HasPrefix(l, "http://") && !strings.HasPrefix(l, "https://") {
+			return &FieldError{Field: at, Value: p, Reason: "a dns+ peer must be dns+http://NAME:PORT or dns+https://NAME:PORT"}
 		}
 		if err := ValidateAddress(addr); err != nil {
 			fe := err.(*FieldError)

@@ -28,8 +28,9 @@ func TestValidatePeers(t *testing.T) {
 		{"twice", []string{"http://a:8080", "http://b:8080", "http://a:8080"}, "peers[2]", "http://a:8080", "the same gateway as peers[0]"},
 		{"twice, spelt otherwise", []string{"a:8080", "HTTP://A:8080/"}, "peers[1]", "HTTP://A:8080/", "the same gateway as peers[0]"},
 		{"too many", many, "peers", "65 peers", "at most 64"},
-		{"dns over https", []string{"dns+https://gw.ns.svc:8080"}, "peers[0]", "dns+https://gw.ns.svc:8080", "a dns+ peer must be dns+http://NAME:PORT (over https each address would have to present NAME's certificate)"},
-		{"dns without scheme", []string{"dns+gw:8080"}, "peers[0]", "dns+gw:8080", "a dns+ peer must be dns+http://NAME:PORT (over https each address would have to present NAME's certificate)"},
+		{"dns without scheme", []string{"dns+gw:8080"}, "peers[0]", "dns+gw:8080", "a dns+ peer must be dns+http://NAME:PORT or dns+https://NAME:PORT"},
+		{"dns over ftp", []string{"dns+ftp://gw:8080"}, "peers[0]", "dns+ftp://gw:8080", "a dns+ peer must be dns+http://NAME:PORT or dns+https://NAME:PORT"},
+		{"dns over https, twice", []string{"dns+https://gw:8080", "DNS+HTTPS://GW:8080/"}, "peers[1]", "DNS+HTTPS://GW:8080/", "the same gateway as peers[0]"},
 		{"dns, bad port", []string{"dns+http://gw:0"}, "peers[0]", "dns+http://gw:0", "port 0 out of range 1..65535"},
 		{"dns twice", []string{"DNS+http://GW:8080", "dns+http://gw:8080/"}, "peers[1]", "dns+http://gw:8080/", "the same gateway as peers[0]"},
 	} {
@@ -49,7 +50,7 @@ func TestValidatePeers(t *testing.T) {
 			assert.Equal(t, "models.JPCP."+tc.field, fe.Field, "through File.Validate")
 		})
 	}
-	for _, ok := range [][]string{nil, {}, {"http://gw-b:8080"}, {"gw-b:8080", "https://gw-c.example/exa", "http://gw-b:8081"}, many[:MaxPeers], {"dns+http://gw-peers.ns.svc:8080", "http://gw-peers.ns.svc:8080"}} {
+	for _, ok := range [][]string{nil, {}, {"http://gw-b:8080"}, {"gw-b:8080", "https://gw-c.example/exa", "http://gw-b:8081"}, many[:MaxPeers], {"dns+http://gw-peers.ns.svc:8080", "http://gw-peers.ns.svc:8080"}, {"dns+https://gw-peers.ns.svc:8443", "dns+http://gw-peers.ns.svc:8443"}} {
 		assert.NoError(t, ValidatePeers(ok), "%q", ok)
 	}
 	m := Model{Peers: []string{"http://a:1"}}

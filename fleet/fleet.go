@@ -86,6 +86,14 @@ type Options struct {
 	// Prometheus scraping /metrics, needs the same token. The file is
 	// re-read when it changes. Default "": /metrics is open, as before.
 	PeerTokenFile string
+	// PeerCAFile, when set, names a PEM file of the CA certificates that
+	// peer scrapes over https trust, in place of the system roots (see
+	// ReadPeerCA); re-read when it changes, the last good CAs kept while
+	// it does not read. An https:// peer's certificate must name its
+	// host; each address of a "dns+https://NAME:PORT" peer's must name
+	// NAME. Default "": the system roots (and Transport's own TLS
+	// settings, when it is an *http.Transport).
+	PeerCAFile string
 	// EjectionTime is the back-off of an engine ejected for its answers
 	// (EjectAfter consecutive 5xx or gateway errors, or one prefill
 	// timeout), as Envoy's outlier detection's base_ejection_time: no
@@ -148,7 +156,7 @@ type Options struct {
 	// process's own is this process, and is ignored. Default: 16 random
 	// bytes in hex, drawn by New.
 	InstanceID string
-	// Resolver resolves the names of "dns+http://NAME:PORT" peers
+	// Resolver resolves the names of "dns+http://NAME:PORT" (and https) peers
 	// (config.DNSPeerPrefix), at most once every ScrapeInterval. Default
 	// net.DefaultResolver.
 	Resolver interface {
@@ -237,6 +245,12 @@ func New(opts Options) (*Fleet, error) {
 	}
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	var err error
+	if opts.PeerCAFile != "" {
+		if _, err := ReadPeerCA(opts.PeerCAFile); err != nil {
+			return nil, fmt.Errorf("%w: PeerCAFile: %w", ErrInvalidOptions, err)
+		}
+		s.refreshPeerCA()
+	}
 	if opts.EngineMetrics != nil {
 		if s.custom, err = opts.EngineMetrics.compile(); err != nil {
 			return nil, fmt.Errorf("%w: EngineMetrics: %w", ErrInvalidOptions, err)

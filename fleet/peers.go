@@ -100,6 +100,7 @@ type peerState struct {
 
 // dnsEntry is what the gateway knows of one dns+ peer entry.
 type dnsEntry struct {
+	name    string    // the name's, for a dns+https entry: its addresses' TLS server name
 	bases   []string  // the last addresses resolved, as base URLs
 	looked  time.Time // when it was last looked up (tried)
 	errors  uint64
@@ -114,6 +115,7 @@ type peerTable struct {
 	peers map[string]*peerState
 	dns   map[string]*dnsEntry
 	token tokenFile
+	tls   peerTLS
 	// tokenFailing: the token file was last found unreadable (logged
 	// once, by PeerToken).
 	tokenFailing atomic.Bool
@@ -331,7 +333,7 @@ func (s *Fleet) resolvePeers(ctx context.Context, entries map[string]bool) {
 	for e := range entries {
 		d := s.peers.dns[e]
 		if d == nil {
-			d = &dnsEntry{}
+			d = &dnsEntry{name: dnsServerName(e)}
 			s.peers.dns[e] = d
 		}
 		if d.looked.IsZero() || now.Sub(d.looked) >= s.opts.ScrapeInterval || now.Before(d.looked) {
@@ -369,6 +371,17 @@ func (s *Fleet) resolvePeers(ctx context.Context, entries map[string]bool) {
 		}()
 	}
 	wg.Wait()
+}
+
+// dnsServerName returns the name of the dns+https entry e (normalised),
+// which its addresses' certificates must name; "" for dns+http.
+func dnsServerName(e string) string {
+	rest, _ := config.CutDNSPeer(e)
+	u, err := url.Parse(rest)
+	if err != nil || u.Scheme != "https" {
+		return ""
+	}
+	return u.Hostname()
 }
 
 // lookupPeers resolves the name of the dns+ entry e (normalised) into
@@ -436,6 +449,8 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 	if s.opts.PeerTokenFile != "" {
 		token, _, _ = s.PeerToken() // an unreadable token is logged there
 	}
+	s.refreshPeerCA()
+	names := map[string]string{} // base → TLS server name, of dns+https addresses
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.PeerTimeout())
 	defer cancel()
@@ -449,10 +464,14 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		for _, d := range s.peers.dns {
 			for _, b := range d.bases {
 				bases[b] = true
+				if d.name != "" {
+					names[b] = d.name
+				}
 			}
 		}
 		s.peers.mu.Unlock()
 	}
+	s.peers.tls.keepOnly(names)
 	s.peers.mu.Lock()
 	if s.peers.peers == nil {
 		s.peers.peers = map[string]*peerState{}
@@ -481,7 +500,7 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, id, err := scrapePeer(ctx, s.control, b, token, s.scrapeBudget, keep)
+			c, id, err := scrapePeer(ctx, s.peerClient(b, names[b]), b, token, s.scrapeBudget, keep)
 			self := err == nil && id == s.opts.InstanceID
 			if self {
 				c = nil // this gateway's own counts: never added to themselves

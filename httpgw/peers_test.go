@@ -281,13 +281,10 @@ func (f *fakeResolver) set(host string, addrs ...string) {
 	f.hosts[host] = addrs
 }
 
-// Two gateways share one peer list, a name that resolves to both (as a
-// Kubernetes headless Service resolves to its ready pods): each ignores
-// itself and hears the other. A failed lookup keeps the last addresses; a
-// gateway gone from the name is no longer heard at the next scrape.
-func TestPeersByDNS(t *testing.T) {
-	// Two listeners on one port, at 127.0.0.1 and 127.0.0.2.
-	var la, lb net.Listener
+// twoAddressesOnePort returns two listeners on one port, at 127.0.0.1 and
+// 127.0.0.2 (skipping the test where there is no 127.0.0.2).
+func twoAddressesOnePort(t *testing.T) (la, lb net.Listener) {
+	t.Helper()
 	for try := 0; la == nil; try++ {
 		var err error
 		lb, err = net.Listen("tcp", "127.0.0.2:0")
@@ -300,6 +297,15 @@ func TestPeersByDNS(t *testing.T) {
 			require.Less(t, try, 20, "no free port at both addresses")
 		}
 	}
+	return la, lb
+}
+
+// Two gateways share one peer list, a name that resolves to both (as a
+// Kubernetes headless Service resolves to its ready pods): each ignores
+// itself and hears the other. A failed lookup keeps the last addresses; a
+// gateway gone from the name is no longer heard at the next scrape.
+func TestPeersByDNS(t *testing.T) {
+	la, lb := twoAddressesOnePort(t)
 	port := la.Addr().(*net.TCPAddr).Port
 	res := &fakeResolver{hosts: map[string][]string{"gw-peers.test": {"127.0.0.2", "127.0.0.1"}}}
 	var now atomic.Int64 // the clock, in ns

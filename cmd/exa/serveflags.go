@@ -32,6 +32,7 @@ type serveFlags struct {
 	shutdownGrace, ejectionTime           time.Duration
 	pprofListen, logLevel, logFormat      string
 	peerTokenFile                         string
+	peerCAFile                            string
 	admission                             gateway.Admission // --shed-*
 	flow                                  flowFlags         // --flow-*, --objective
 	// removeStatus removes the process's reload status file (see
@@ -80,6 +81,8 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 		"admission control: load older than this counts as no room, unless every replica's is (fail open); default 3 scrape intervals")
 	f.StringVar(&s.peerTokenFile, "peer-token-file", "",
 		"file holding the token peer gateways share (docs/multi-gateway.md): /metrics then wants Authorization: Bearer <token> (401 without), and peer scrapes send it; re-read when it changes")
+	f.StringVar(&s.peerCAFile, "peer-ca", "",
+		"PEM file of the CA certificates peer scrapes over https trust, in place of the system roots (an https:// peer's certificate must name its host, a dns+https://NAME:PORT peer's NAME); re-read when it changes")
 	f.StringVar(&s.logFormat, "log-format", "text", "log format: text or json (one JSON object per line)")
 	s.flow.register(f)
 }
@@ -134,6 +137,11 @@ func (s *serveFlags) validate() error {
 			return usagef("invalid --peer-token-file %q: %v", s.peerTokenFile, err)
 		}
 	}
+	if s.peerCAFile != "" {
+		if _, err := fleet.ReadPeerCA(s.peerCAFile); err != nil {
+			return usagef("invalid --peer-ca %q: %v", s.peerCAFile, err)
+		}
+	}
 	if s.logFormat != "text" && s.logFormat != "json" {
 		return usagef("invalid --log-format %q: want text or json", s.logFormat)
 	}
@@ -175,7 +183,7 @@ func (s *serveFlags) fleetOptions(command, path string, logger *slog.Logger) fle
 	}
 	o := fleet.Options{ConfigPath: path, ReloadInterval: s.reload, ProbeInterval: s.probe, ProbeTimeout: s.probeTimeout,
 		ScrapeInterval: s.scrape, PeerScrapeInterval: s.peerScrape, DiscoverInterval: s.discover, EjectAfter: s.ejectAfter, ReadmitAfter: s.readmitAfter,
-		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, KVMaxMappedBlocks: s.kvMaxBlocks, TokenizeMaxBytes: s.tokenizeMaxBytes, Logger: logger}
+		EjectionTime: s.ejectionTime, MaxEjectionPercent: s.maxEjectionPercent, BlockSize: s.blockSize, PeerTokenFile: s.peerTokenFile, PeerCAFile: s.peerCAFile, KVMaxMappedBlocks: s.kvMaxBlocks, TokenizeMaxBytes: s.tokenizeMaxBytes, Logger: logger}
 	if o.EjectionTime == 0 {
 		o.EjectionTime = -1
 	}

@@ -131,7 +131,7 @@ keeps the change; the process keeps its previous configuration until it is fixed
 		"(without one, every adapter the model's engines list in GET /v1/models is served)")
 	f.BoolVar(&sf.clearAdapters, "clear-adapters", false, "remove the adapter allow-list: serve every adapter the engines list")
 	f.StringArrayVar(&sf.peers, "peer", nil, "base URL of another gateway process routing this model to the same replicas, whose /metrics reports the prefill it has pending "+
-		"at each (cache_aware adds it to this gateway's own), or dns+http://NAME:PORT for every address NAME resolves to (a headless Service); "+
+		"at each (cache_aware adds it to this gateway's own), or dns+http://NAME:PORT for every address NAME resolves to (a headless Service; dns+https:// verifies each address's certificate for NAME); "+
 		"a gateway that finds itself among its peers ignores itself; repeat for several; replaces the stored peer list")
 	f.BoolVar(&sf.clearPeers, "clear-peers", false, "remove the peer list: count only the prefill this gateway routed")
 	f.StringArrayVar(&sf.kvAllow, "kv-events-allow", nil, "source address (IP or CIDR prefix) that may publish KV events on --kv-events-bind besides the replicas' hosts, "+
