@@ -47,6 +47,10 @@ var values = map[string]map[string]any{
 	"gateway-peers": {"mode": "gateway", "replicas": 3, "models": []any{"llama", "qwen"}, "service": map[string]any{"name": "vllm"},
 		"gateway": map[string]any{"peers": true},
 		"routing": map[string]any{"models": map[string]any{"qwen": map[string]any{"mode": "load_aware", "peers": []any{"http://other-gw:8080"}}}}},
+	// Peers over HTTPS: the gateways serve gw-tls, scrape each other by
+	// dns+https and trust its ca.crt (--peer-ca).
+	"gateway-peers-tls": {"mode": "gateway", "replicas": 2, "models": []any{"llama"}, "service": map[string]any{"name": "vllm"},
+		"gateway": map[string]any{"peers": true, "tlsSecret": "gw-tls"}},
 	// The gateway over HTTPS, asking for API keys, a rate per key.
 	"gateway-secure": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm"},
 		"gateway": map[string]any{"tlsSecret": "gw-tls", "apiKeysSecret": "gw-keys",
@@ -80,7 +84,7 @@ func renderAs(t *testing.T, vals map[string]any, release, ns string) map[string]
 // defaults, the tests' own and every documented `helm install`.
 func appliedSets(t *testing.T) []docSet {
 	sets := []docSet{{where: "values.yaml defaults", release: "exa", values: map[string]any{}}}
-	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers", "gateway-secure"} {
+	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers", "gateway-peers-tls", "gateway-secure"} {
 		sets = append(sets, docSet{where: "chart_test.go " + name, release: "exa", values: values[name]})
 	}
 	return append(sets, docSets(t)...)
@@ -169,6 +173,30 @@ func TestChartRenders(t *testing.T) {
 	}}, routing)
 	c = gw["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	require.Contains(t, c["args"], "--config=/etc/exa/config/routing.json")
+	for _, a := range c["args"].([]any) {
+		require.NotContains(t, a, "--peer-ca", "peers over plain HTTP trust no CA")
+	}
+	// Peers with the gateway over HTTPS: dns+https, and the Secret's CA
+	// trusted for the scrapes.
+	gt := kinds(values["gateway-peers-tls"])
+	require.Contains(t, gt, "Service")
+	routing = nil
+	require.NoError(t, json.Unmarshal([]byte(gt["ConfigMap"].Object["data"].(map[string]any)["routing.json"].(string)), &routing))
+	require.Equal(t, map[string]any{"version": float64(1), "models": map[string]any{
+		"llama": map[string]any{"mode": "cache_aware", "peers": []any{"dns+https://exa-gateway-peers.llm.svc:8080"}},
+	}}, routing)
+	pt := gt["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	c = pt["containers"].([]any)[0].(map[string]any)
+	require.Subset(t, c["args"], []any{"--config=/etc/exa/config/routing.json", "--tls-cert=/etc/exa/tls/tls.crt",
+		"--tls-key=/etc/exa/tls/tls.key", "--peer-ca=/etc/exa/tls/ca.crt"})
+	require.Contains(t, c["volumeMounts"], map[string]any{"name": "tls", "mountPath": "/etc/exa/tls", "readOnly": true})
+	require.Contains(t, pt["volumes"], map[string]any{"name": "tls", "secret": map[string]any{"secretName": "gw-tls"}})
+	// In another namespace and release the name follows both.
+	for _, o := range objects(t, renderAs(t, values["gateway-peers-tls"], "edge", "prod")) {
+		if o.GetKind() == "ConfigMap" {
+			require.Contains(t, o.Object["data"].(map[string]any)["routing.json"], `"peers":["dns+https://edge-gateway-peers.prod.svc:8080"]`)
+		}
+	}
 	// Mutual TLS: the CA Secret mounted and named by --tls-client-ca.
 	m := kinds(values["picker-mtls"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	c = m["containers"].([]any)[0].(map[string]any)
@@ -194,6 +222,12 @@ func TestChartRenders(t *testing.T) {
 		require.NotContains(t, a, "--tls-", "no TLS by default")
 		require.NotContains(t, a, "--rate-limit", "no rate limit by default")
 		require.NotContains(t, a, "--api-keys-file", "no API keys by default")
+		require.NotContains(t, a, "--peer-ca", "no peer CA by default")
+	}
+	// TLS without peers: no peer CA (there are no peer scrapes).
+	c = sec["containers"].([]any)[0].(map[string]any)
+	for _, a := range c["args"].([]any) {
+		require.NotContains(t, a, "--peer-ca", "no peer CA without peers")
 	}
 	// Bad values fail the render with a message.
 	for _, tt := range []struct {
@@ -210,7 +244,6 @@ func TestChartRenders(t *testing.T) {
 		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
 		{map[string]any{"gateway": map[string]any{"tlsSecret": "t"}, "pool": map[string]any{"name": "p"}}, "gateway.tlsSecret, gateway.apiKeysSecret and gateway.rateLimit are for mode gateway"},
 		{map[string]any{"gateway": map[string]any{"rateLimit": map[string]any{"perSecond": 1}}, "pool": map[string]any{"name": "p"}}, "are for mode gateway"},
-		{map[string]any{"mode": "gateway", "models": []any{"llama"}, "gateway": map[string]any{"tlsSecret": "t", "peers": true}}, "gateway.tlsSecret with gateway.peers"},
 	} {
 		ch, err := loader.Load(chartDir)
 		require.NoError(t, err)

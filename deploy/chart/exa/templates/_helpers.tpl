@@ -30,13 +30,17 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- /* The routing configuration mounted as --config, as JSON ("" for
      none): .Values.routing, and with gateway.peers each model of .Values.models
      given the peers Service as its peer list (cache_aware when the model
-     is not in .Values.routing, as a discovered model is). */ -}}
+     is not in .Values.routing, as a discovered model is): dns+http, or
+     dns+https with gateway.tlsSecret (the peers then serve HTTPS; each
+     address must present a certificate for the Service's name, checked
+     against --peer-ca). */ -}}
 {{- define "exa.routing" -}}
 {{- $r := deepCopy (default (dict) .Values.routing) -}}
 {{- if .Values.gateway.peers -}}
 {{- $_ := set $r "version" (default 1 (get $r "version")) -}}
 {{- $models := default (dict) (get $r "models") -}}
-{{- $peer := printf "dns+http://%s.%s.svc:%v" (include "exa.peersName" .) .Release.Namespace .Values.gateway.port -}}
+{{- $scheme := ternary "dns+https" "dns+http" (not (empty .Values.gateway.tlsSecret)) -}}
+{{- $peer := printf "%s://%s.%s.svc:%v" $scheme (include "exa.peersName" .) .Release.Namespace .Values.gateway.port -}}
 {{- range .Values.models -}}
 {{- $m := default (dict "mode" "cache_aware") (get $models .) -}}
 {{- $_ := set $m "peers" (append (without (default (list) (get $m "peers")) $peer) $peer) -}}
