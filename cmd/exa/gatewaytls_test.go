@@ -138,6 +138,8 @@ func TestGatewayBadTLSFlags(t *testing.T) {
 		{[]string{"--tls-client-ca", certFile}, `invalid --tls-client-ca "` + certFile + `": needs TLS`},
 		{[]string{"--tls-self-signed", "--tls-client-ca", missing}, `invalid --tls-client-ca "` + missing + `"`},
 		{[]string{"--tls-client-san", "spiffe://x/y"}, `invalid --tls-client-san "spiffe://x/y": needs --tls-client-ca`},
+		{[]string{"--peer-ca", missing}, `invalid --peer-ca "` + missing + `": peer CA file: open `},
+		{[]string{"--peer-ca", keyFile}, `invalid --peer-ca "` + keyFile + `": peer CA file ` + keyFile + `: block 1 is "`},
 	} {
 		cfg := newConfig(t)
 		r := exa(t, cfg, append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tc.args...)...)
