@@ -20,10 +20,10 @@ import (
 // (1/PerSecond) ahead of now. The zero value limits nothing.
 type Rate struct {
 	// PerSecond is the long-run rate admitted; 0 is no limit.
-	PerSecond float64
+	PerSecond float64 `json:"per_second"`
 	// Burst is how many requests a client that has been idle may send at
 	// once; at least 1 when PerSecond is set.
-	Burst int
+	Burst int `json:"burst"`
 }
 
 // Validate reports a Rate that cannot be used, naming the field and the

@@ -2,8 +2,10 @@ package sim
 
 import (
 	"fmt"
-	fronts "github.com/examlops/gateway/internal/front"
 	"time"
+
+	"github.com/examlops/gateway/flow"
+	fronts "github.com/examlops/gateway/internal/front"
 
 	"github.com/examlops/gateway"
 )
@@ -140,6 +142,16 @@ type Config struct {
 	// without Policy.Source) would route while no replica has room (see
 	// Admission); peers run without it. The zero value sheds nothing.
 	Admission gateway.Admission
+	// RateLimit, when its Rate's PerSecond is positive, limits each
+	// client's request rate in front of every policy, as the HTTP
+	// gateway's --rate-limit does (flow.RateLimiter, the same decision):
+	// each tenant (Request.Tenant; "" is one client) is a client, and each
+	// simulated gateway keeps its own limiter, as each gateway process
+	// does. A request over its tenant's rate is refused before routing
+	// (Result.RateLimited, counted in Dropped and in its tenant's shed).
+	// Its Key is not read: the tenant is the client's header and address.
+	// The zero value limits nothing.
+	RateLimit flow.RateLimit
 	// FlowControl, when Enabled, holds the requests the gateway's own
 	// policies would shed under Admission in a flow-control queue and
 	// dispatches them as replicas get room (see FlowControl). The zero
@@ -256,6 +268,11 @@ func (c *Config) fill() error {
 	}
 	if err := validAdmission(c.Admission); err != nil {
 		return err
+	}
+	if c.RateLimit.Rate.PerSecond != 0 {
+		if err := c.RateLimit.Validate(); err != nil {
+			return fmt.Errorf("%w: RateLimit: %w", ErrInvalidConfig, err)
+		}
 	}
 	if err := validFlow(c); err != nil {
 		return err

@@ -213,6 +213,11 @@ func newEngine(cfg *Config, pol Policy) (*engine, error) {
 			return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidConfig, pol.Name, err)
 		}
 		gw.g = g
+		if cfg.RateLimit.Rate.PerSecond > 0 {
+			if gw.rate, err = flow.NewRateLimiter(cfg.RateLimit); err != nil {
+				return nil, fmt.Errorf("%w: RateLimit: %w", ErrInvalidConfig, err)
+			}
+		}
 	}
 	e.res.Policy = pol.Name
 	e.own = pol.Source == "" && !pol.GIEFlowControl
@@ -413,6 +418,17 @@ func (e *engine) arrive(req *Request) {
 	gi := gatewayOf(e.cfg.Seed, s.id, len(e.gws))
 	gw := &e.gws[gi]
 	s.gw = gw
+	if gw.rate != nil {
+		// The front's first check, before the body is read: the tenant
+		// is the client (its header, or its address).
+		if ok, _ := gw.rate.Allow(gw.rate.Client(tenantHeader(req.Tenant), req.Tenant), time.Unix(0, e.now)); !ok {
+			e.res.Dropped++
+			e.res.RateLimited++
+			e.group(s, func(g *groupAcc) { g.shed++ })
+			e.pool = append(e.pool, s)
+			return
+		}
+	}
 	if e.front == frontShed && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
 		e.shed(s, "saturated")
 		return

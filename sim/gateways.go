@@ -34,6 +34,9 @@ type router struct {
 	// fq holds the requests of this gateway under flow control; nil
 	// without.
 	fq *flow.Queue[*seq]
+	// rate is this gateway's rate limiter (Config.RateLimit); nil
+	// without.
+	rate *flow.RateLimiter
 
 	// Hooks of a reference policy that follows requests, reads KV events
 	// or predicts hits with an index of its own; nil otherwise.

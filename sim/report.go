@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/flow"
 )
 
 // Report is the outcome of Run: one Result per policy, in Config.Policies
@@ -45,6 +46,9 @@ type Report struct {
 	// prefill's blocks when their step was scheduled; false, and left out
 	// of the JSON, when they cached them at the step's end (the default).
 	CacheAtSchedule bool `json:"cache_at_schedule,omitempty"`
+	// RateLimit is Config.RateLimit's rate per tenant at each gateway;
+	// zero without.
+	RateLimit flow.Rate `json:"rate_limit,omitzero"`
 	// ReplicaSpeeds is Config.ReplicaSpeeds when a replica runs at a
 	// speed other than 1 (or SpeedChanges is set); nil, and left out of the
 	// JSON, otherwise.
@@ -106,6 +110,9 @@ type Result struct {
 	// "displaced" (pushed out by a newcomer), "sheddable"; nil without
 	// flow control.
 	ShedReasons map[string]int `json:"shed_reasons,omitempty"`
+	// RateLimited is the number of the Dropped requests Config.RateLimit
+	// refused; 0 without.
+	RateLimited int `json:"rate_limited,omitempty"`
 	// Expired is the number of requests a flow-control queue held until
 	// their deadline and then answered undispatched; 0 without.
 	Expired int `json:"expired,omitempty"`
@@ -310,6 +317,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if r.RateLimit.PerSecond > 0 {
+		fmt.Fprintf(&b, "rate limit: %g requests/s, burst %d, per tenant at each gateway; refused (in drop):", r.RateLimit.PerSecond, r.RateLimit.Burst)
+		for _, x := range r.Results {
+			fmt.Fprintf(&b, " %s %d", x.Policy, x.RateLimited)
+		}
+		b.WriteString("\n")
 	}
 	r.writeSpeedTable(&b)
 	r.writeLoRATable(&b)

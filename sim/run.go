@@ -30,6 +30,7 @@ func Run(cfg Config) (*Report, error) {
 		NonStreamed:     cfg.NonStreamed,
 		UpstreamStream:  cfg.UpstreamStream && cfg.NonStreamed > 0,
 		CacheAtSchedule: cfg.CacheAtSchedule,
+		RateLimit:       cfg.RateLimit.Rate,
 		RefreshInterval: cfg.RefreshInterval.Seconds(),
 		SLO:             cfg.SLO.Seconds(),
 		Seed:            cfg.Seed,

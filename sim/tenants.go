@@ -263,3 +263,10 @@ func NoisyNeighbour(requests int, rate float64, tenants int, noisy float64, only
 func InteractiveBatch(requests int, rate float64, only string) (Workload, error) {
 	return Tenants(TenantsConfig{Requests: requests, Rate: rate, Classes: []Class{InteractiveClass, BatchClass}, Only: only})
 }
+
+// tenantHeader is a request's headers as Config.RateLimit's limiter
+// reads them: every header is the tenant, so that a limit keyed by a
+// header or by address keys each tenant apart.
+type tenantHeader string
+
+func (h tenantHeader) Get(string) string { return string(h) }

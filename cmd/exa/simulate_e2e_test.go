@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/flow"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -358,6 +359,18 @@ func TestSimulateFlowControl(t *testing.T) {
 		assert.Contains(t, out, want)
 	}
 	assert.Equal(t, out, ok(t, cfg, args...))
+	// A rate limit per tenant: the same requests refused for every policy.
+	rl := ok(t, cfg, "serve", "routing", "simulate", "--replicas", "2", "--workload", "noisy-neighbour", "--requests", "300", "--rate", "200",
+		"--rate-limit", "20", "--rate-limit-burst", "2", "--policies", "cache_aware")
+	assert.Regexp(t, `rate limit: 20 requests/s, burst 2, per tenant at each gateway; refused \(in drop\): round_robin (\d+) cache_aware (\d+)\n`, rl)
+	var js simOutput
+	require.NoError(t, json.Unmarshal([]byte(ok(t, cfg, "serve", "routing", "simulate", "--replicas", "2", "--workload", "noisy-neighbour", "--requests", "300", "--rate", "200",
+		"--rate-limit", "20", "--policies", "cache_aware", "--json")), &js))
+	assert.Equal(t, flow.Rate{PerSecond: 20, Burst: 20}, js.Report.RateLimit, "the burst defaults to the rate rounded up")
+	for _, x := range js.Report.Results {
+		assert.Positive(t, x.RateLimited, x.Policy)
+		assert.Equal(t, js.Report.Results[0].RateLimited, x.RateLimited, x.Policy)
+	}
 	ib := ok(t, cfg, "serve", "routing", "simulate", "--replicas", "2", "--workload", "interactive-batch", "--requests", "200", "--only", "interactive", "--policies", "cache_aware")
 	assert.Contains(t, ib, "per class")
 	assert.Contains(t, ib, `only "interactive"'s requests`)
@@ -383,6 +396,9 @@ func TestSimulateFlowControl(t *testing.T) {
 		{[]string{"--workload", "noisy-neighbour", "--noisy", "-1"}, "invalid --noisy -1"},
 		{[]string{"--workload", "noisy-neighbour", "--only", "nobody"}, `Only "nobody" names no tenant`},
 		{[]string{"--only", "quiet1"}, "--only applies to --workload noisy-neighbour or interactive-batch only"},
+		{[]string{"--rate-limit", "-1"}, "invalid --rate-limit -1: want 0 (no limit) or a rate of at least 1e-6 requests/s"},
+		{[]string{"--rate-limit", "5", "--rate-limit-burst", "-2"}, "invalid --rate-limit-burst -2: must not be negative"},
+		{[]string{"--rate-limit-burst", "3"}, "invalid --rate-limit-burst 3: needs --rate-limit, which is off"},
 	} {
 		r := exa(t, cfg, append([]string{"serve", "routing", "simulate", "--requests", "10"}, tc.args...)...)
 		assertRejected(t, r, tc.msg, cfg, before)
