@@ -246,10 +246,9 @@ func New(opts Options) (*Fleet, error) {
 	s.pool, _ = opts.Transport.(*httpclient.Pool)
 	var err error
 	if opts.PeerCAFile != "" {
-		if _, err := ReadPeerCA(opts.PeerCAFile); err != nil {
+		if err := s.loadPeerCA(); err != nil {
 			return nil, fmt.Errorf("%w: PeerCAFile: %w", ErrInvalidOptions, err)
 		}
-		s.refreshPeerCA()
 	}
 	if opts.EngineMetrics != nil {
 		if s.custom, err = opts.EngineMetrics.compile(); err != nil {
@@ -389,6 +388,7 @@ func (s *Fleet) Close() error {
 	if s.pool != nil {
 		s.pool.CloseIdleConnections()
 	}
+	s.peers.tls.close()
 	s.kv.close()
 	return nil
 }

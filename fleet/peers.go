@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -460,11 +461,16 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		rctx, rcancel := context.WithTimeout(ctx, s.PeerTimeout()/2)
 		s.resolvePeers(rctx, dns)
 		rcancel()
+		// An address is scraped once. Listed as a base URL too, it is
+		// verified for its own host; reached under several dns+https
+		// names, for the first of them in byte order, whatever order
+		// the table gives.
+		static := maps.Clone(bases)
 		s.peers.mu.Lock()
 		for _, d := range s.peers.dns {
 			for _, b := range d.bases {
 				bases[b] = true
-				if d.name != "" {
+				if n, ok := names[b]; d.name != "" && !static[b] && (!ok || d.name < n) {
 					names[b] = d.name
 				}
 			}

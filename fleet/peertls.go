@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -55,6 +56,9 @@ func ReadPeerCA(path string) (*x509.CertPool, error) {
 // parsePeerCA parses PEM CERTIFICATE blocks into a pool (ReadPeerCA).
 func parsePeerCA(b []byte) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
+	// pem.Decode passes over a block it cannot decode to the next one:
+	// every "-----BEGIN" must be a block decoded.
+	begins := bytes.Count(b, []byte("-----BEGIN"))
 	n := 0
 	for {
 		var blk *pem.Block
@@ -77,6 +81,8 @@ func parsePeerCA(b []byte) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("no PEM certificate")
 	case len(strings.TrimSpace(string(b))) > 0:
 		return nil, fmt.Errorf("text after block %d is not PEM", n)
+	case begins != n:
+		return nil, fmt.Errorf("%d of %d blocks are not valid PEM", begins-n, begins)
 	}
 	return pool, nil
 }
@@ -96,19 +102,41 @@ type peerTLS struct {
 
 // refreshPeerCA re-reads Options.PeerCAFile if its size or modification
 // time changed since it was last read. A file that no longer reads keeps
-// the last CAs, logged when it starts failing and when it reads again. New
-// CAs drop the clients built with the old ones.
+// the last CAs, logged when it starts failing and when it reads again
+// (or is back as it was last read). New CAs drop the clients built with
+// the old ones.
 func (s *Fleet) refreshPeerCA() {
-	path := s.opts.PeerCAFile
-	if path == "" {
+	if s.opts.PeerCAFile == "" {
 		return
 	}
 	t := &s.peers.tls
+	t.mu.Lock()
+	was := t.failing
+	t.mu.Unlock()
+	err := s.loadPeerCA()
+	switch {
+	case err != nil && !was:
+		s.log.Warn("gateway: peer CA file unreadable; keeping the last CAs read", "err", err)
+	case err == nil && was:
+		s.log.Info("gateway: peer CA file read again", "file", s.opts.PeerCAFile)
+	}
+}
+
+// loadPeerCA reads Options.PeerCAFile into s.peers.tls unless its size
+// and modification time are those of its last good read, and records
+// whether it failed.
+func (s *Fleet) loadPeerCA() error {
+	path := s.opts.PeerCAFile
+	t := &s.peers.tls
 	fi, err := os.Stat(path)
+	if err != nil {
+		err = fmt.Errorf("peer CA file: %w", err)
+	}
 	t.mu.Lock()
 	if err == nil && t.ca != nil && fi.ModTime().Equal(t.mod) && fi.Size() == t.size {
+		t.failing = false
 		t.mu.Unlock()
-		return
+		return nil
 	}
 	t.mu.Unlock()
 	var pool *x509.CertPool
@@ -116,19 +144,13 @@ func (s *Fleet) refreshPeerCA() {
 		pool, err = ReadPeerCA(path)
 	}
 	t.mu.Lock()
-	was := t.failing
+	defer t.mu.Unlock()
 	t.failing = err != nil
 	if err == nil {
 		t.ca, t.mod, t.size = pool, fi.ModTime(), fi.Size()
 		t.closeClients()
 	}
-	t.mu.Unlock()
-	switch {
-	case err != nil && !was:
-		s.log.Warn("gateway: peer CA file unreadable; keeping the last CAs read", "err", err)
-	case err == nil && was:
-		s.log.Info("gateway: peer CA file read again", "file", path)
-	}
+	return err
 }
 
 // peerClient returns the client that scrapes base, verifying name when
@@ -166,6 +188,13 @@ func (t *peerTLS) keepOnly(names map[string]string) {
 			delete(t.clients, name)
 		}
 	}
+}
+
+// close drops every client, closing its idle connections (Fleet.Close).
+func (t *peerTLS) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closeClients()
 }
 
 // closeClients drops every client, closing its idle connections. t.mu is

@@ -1,19 +1,31 @@
 package fleet
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
 	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -93,4 +105,147 @@ func FuzzParsePeerCA(f *testing.F) {
 			t.Fatalf("a pool from %q, which has no PEM block", b)
 		}
 	})
+}
+
+// httpsPeer is an HTTPS peer on 127.0.0.1 whose certificate, from a CA of
+// its own, names dns and ips: its port, the CA file, and how many
+// connections it has open.
+func httpsPeer(t *testing.T, dns []string, ips []net.IP) (int, string, *atomic.Int64) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caT := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "peer CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caT, caT, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	caCert, err := x509.ParseCertificate(caDER)
+	require.NoError(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "peer"}, DNSNames: dns, IPAddresses: ips,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	require.NoError(t, err)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
+	var open atomic.Int64
+	h := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "exa_gateway_instance_info{id=\"peer\"} 1\n")
+	}))
+	h.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	h.Config.ErrorLog = log.New(io.Discard, "", 0)
+	h.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	h.StartTLS()
+	t.Cleanup(h.Close)
+	return h.Listener.Addr().(*net.TCPAddr).Port, caFile, &open
+}
+
+// peerFleet is a fleet with peers, every name resolving to 127.0.0.1.
+func peerFleet(t *testing.T, caFile string, peers ...string) *Fleet {
+	t.Helper()
+	s, err := New(Options{Logger: quietLogger(), InstanceID: "me", PeerCAFile: caFile,
+		ScrapeInterval: time.Hour, ProbeInterval: time.Hour, DiscoverInterval: time.Hour, ProbeTimeout: 5 * time.Second, PeerScrapeInterval: 5 * time.Second,
+		Resolver: resolverFunc(func(context.Context, string) ([]string, error) { return []string{"127.0.0.1"}, nil })})
+	require.NoError(t, err)
+	reps := []config.Replica{{Name: "r0", Address: "http://127.0.0.1:1"}}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: peers}}}))
+	return s
+}
+
+// peerHeard reports whether base's last scrape succeeded.
+func peerHeard(s *Fleet, base string) bool {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	p := s.peers.peers[base]
+	return p != nil && p.up && p.counts != nil
+}
+
+// An address reached under two dns+https names is verified for the
+// first in byte order, every round (it was whichever the map gave last:
+// up 3 of 40 rounds in review); listed as https://ADDRESS too, for its
+// own host (it was verified for the name).
+func TestPeerServerNameChosen(t *testing.T) {
+	port, caFile, _ := httpsPeer(t, []string{"a.test"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+	base := fmt.Sprintf("https://127.0.0.1:%d", port)
+	s := peerFleet(t, caFile, fmt.Sprintf("dns+https://b.test:%d", port), fmt.Sprintf("dns+https://a.test:%d", port))
+	for range 40 {
+		s.scrapePeers(context.Background())
+		require.True(t, peerHeard(s, base), "verified for a.test, the first name")
+	}
+	s = peerFleet(t, caFile, fmt.Sprintf("dns+https://b.test:%d", port), fmt.Sprintf("dns+https://c.test:%d", port))
+	s.scrapePeers(context.Background())
+	assert.False(t, peerHeard(s, base), "verified for b.test, which the certificate does not name")
+
+	port, caFile, _ = httpsPeer(t, []string{"other.test"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+	static := fmt.Sprintf("https://127.0.0.1:%d", port)
+	both := peerFleet(t, caFile, static, fmt.Sprintf("dns+https://gw.test:%d", port))
+	both.scrapePeers(context.Background())
+	assert.True(t, peerHeard(both, static), "the listed peer is verified for its own host, not for gw.test")
+}
+
+// Close closes the idle connections of the peer scrapes over TLS (they
+// stayed open until the transport's idle timeout).
+func TestCloseClosesPeerTLSConnections(t *testing.T) {
+	port, caFile, open := httpsPeer(t, []string{"gw.test"}, nil)
+	s := peerFleet(t, caFile, fmt.Sprintf("dns+https://gw.test:%d", port))
+	s.scrapePeers(context.Background())
+	require.True(t, peerHeard(s, fmt.Sprintf("https://127.0.0.1:%d", port)))
+	require.Equal(t, int64(1), open.Load())
+	require.NoError(t, s.Close())
+	require.Eventually(t, func() bool { return open.Load() == 0 }, 10*time.Second, 5*time.Millisecond, "peer connections left open after Close")
+}
+
+// A corrupt block among good ones is an error, not a CA silently left
+// out (pem.Decode passes over it).
+func TestParsePeerCACorruptBlock(t *testing.T) {
+	good := caPEM(t, "a")
+	corrupt := []byte("-----BEGIN CERTIFICATE-----\n!!!! not base64 !!!!\n-----END CERTIFICATE-----\n")
+	for _, tc := range []struct {
+		b    []byte
+		want string
+	}{
+		{append(append([]byte{}, corrupt...), good...), "1 of 2 blocks are not valid PEM"},
+		{append(append(append([]byte{}, good...), corrupt...), good...), "1 of 3 blocks are not valid PEM"},
+	} {
+		pool, err := parsePeerCA(tc.b)
+		assert.EqualError(t, err, tc.want)
+		assert.Nil(t, pool)
+	}
+}
+
+// The CA file is read once at start and kept; a file that fails, then is
+// back as it was last read, is logged as read again.
+func TestPeerCAFailsAndComesBack(t *testing.T) {
+	_, caFile, _ := httpsPeer(t, []string{"gw.test"}, nil)
+	var logs strings.Builder
+	s, err := New(Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), PeerCAFile: caFile})
+	require.NoError(t, err)
+	require.NotNil(t, s.peers.tls.ca)
+	good, err := os.ReadFile(caFile)
+	require.NoError(t, err)
+	fi, err := os.Stat(caFile)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(caFile))
+	s.refreshPeerCA()
+	assert.Equal(t, 1, strings.Count(logs.String(), "peer CA file unreadable"))
+	s.refreshPeerCA()
+	assert.Equal(t, 1, strings.Count(logs.String(), "peer CA file unreadable"), "logged once")
+	require.NoError(t, os.WriteFile(caFile, good, 0o600))
+	require.NoError(t, os.Chtimes(caFile, fi.ModTime(), fi.ModTime()))
+	s.refreshPeerCA()
+	assert.Equal(t, 1, strings.Count(logs.String(), "peer CA file read again"), "back as it was: %s", logs.String())
+	require.NoError(t, os.Remove(caFile))
+	s.refreshPeerCA()
+	assert.Equal(t, 2, strings.Count(logs.String(), "peer CA file unreadable"), "its next failure is logged too")
+	require.NotNil(t, s.peers.tls.ca, "the last CAs kept")
 }
