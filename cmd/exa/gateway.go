@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw"
 	"github.com/examlops/gateway/httpgw/tracing"
 	"github.com/examlops/gateway/internal/apikeys"
@@ -29,6 +27,7 @@ func init() { serveCmd.AddCommand(newGatewayCmd()) }
 // gatewayFlags are the flags of `exa serve gateway`.
 type gatewayFlags struct {
 	serveFlags
+	rateFlags
 	listen                            string
 	firstByteTimeout, responseTimeout time.Duration
 	engineClient, httpServer          string
@@ -41,9 +40,6 @@ type gatewayFlags struct {
 	maxRequest                        int64
 	maxConns, maxConnsPerClient       int
 	tlsFlags                          // --tls-*
-	rateLimit                         float64
-	rateBurst, rateClients            int
-	rateKey                           string
 	apiKeysFile                       string
 	disc                              discoveryFlags
 	slo                               sloFlags // --slo-*
@@ -138,13 +134,10 @@ long); --first-byte-timeout and --response-timeout bound the wait for an engine.
 		"HTTP/1.1 front server: lean (minimal server, as strict as net/http's, less latency per request) or std (net/http's server)")
 	f.StringVar(&fl.apiKeysFile, "api-keys-file", "",
 		"ask clients of the model endpoints and /v1/models for an API key (Authorization: Bearer KEY) listed in this file, one per line (# comments), re-read when it changes; others get 401 invalid_api_key. /health, /stats and /metrics stay as they are. Default: no key asked for")
-	f.Float64Var(&fl.rateLimit, "rate-limit", 0,
-		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, detokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)")
-	f.IntVar(&fl.rateBurst, "rate-limit-burst", 0, "requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)")
-	f.StringVar(&fl.rateKey, "rate-limit-key", "ip",
+	fl.registerRate(f,
+		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, detokenize, stored responses); one past it gets 429 rate_limited with Retry-After before its body is read (0 = no limit, the default)",
+		"requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)",
 		"what tells clients apart for --rate-limit: ip (the connection's peer address, IPv6 by its /64: behind a proxy all clients share the proxy's) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id, set by a proxy you trust; a request without it counts by address)")
-	f.IntVar(&fl.rateClients, "rate-limit-clients", flow.DefaultRateClients,
-		"most clients --rate-limit keeps at once (36 bytes each: 2.2 MiB at the default); past it one whose burst is whole again makes room")
 	fl.registerTLS(f, tlsHelp{
 		serves:     "serve HTTPS (HTTP/1.1 over TLS 1.2 or later)",
 		selfSigned: "(ECDSA P-256; its SHA-256 is logged); clients must trust it or skip verification",
@@ -376,35 +369,4 @@ func newFrontServer(kind string, h http.Handler, logger *slog.Logger, lim frontL
 	}
 	return httpserver.New(h, httpserver.Options{ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle,
 		MaxHeaderBytes: httpserver.DefaultMaxHeaderBytes, Logger: logger})
-}
-
-// rateLimitOptions turns the --rate-limit* flags into the gateway's
-// option; a bad value is a usage error naming its flag.
-func (fl gatewayFlags) rateLimitOptions(cmd *cobra.Command) (flow.RateLimit, error) {
-	if fl.rateLimit == 0 {
-		for _, name := range []string{"rate-limit-burst", "rate-limit-key", "rate-limit-clients"} {
-			if f := cmd.Flags().Lookup(name); f.Changed {
-				return flow.RateLimit{}, usagef("invalid --%s %q: needs --rate-limit, which is off", name, f.Value.String())
-			}
-		}
-	}
-	burst := fl.rateBurst
-	if burst == 0 {
-		burst = max(1, int(math.Ceil(fl.rateLimit)))
-	}
-	o := flow.RateLimit{Rate: flow.Rate{PerSecond: fl.rateLimit, Burst: burst}, Key: fl.rateKey, MaxClients: fl.rateClients}
-	if fl.rateBurst < 0 {
-		return o, usagef("invalid --rate-limit-burst %q: must not be negative (0 = --rate-limit rounded up)", fmt.Sprint(fl.rateBurst))
-	}
-	if fl.rateClients < 1 {
-		return o, usagef("invalid --rate-limit-clients %q: must be at least 1", fmt.Sprint(fl.rateClients))
-	}
-	// Each flag checked on its own, so that the error names it.
-	if o.Rate.Validate() != nil {
-		return o, usagef("invalid --rate-limit %q: want 0 (no limit) or a rate of at least 1e-6 requests/s", fmt.Sprint(fl.rateLimit))
-	}
-	if (flow.RateLimit{Key: fl.rateKey}).Validate() != nil {
-		return o, usagef("invalid --rate-limit-key %q: want ip or header:NAME", fl.rateKey)
-	}
-	return o, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -68,8 +67,7 @@ type simFlags struct {
 	replicaSpeeds        []float64
 	sloClasses           string
 	speedChanges         []string
-	rateLimit            float64
-	rateBurst            int
+	rateFlags
 }
 
 // Bounds of the simulate flags. The simulator's memory grows with the
@@ -195,8 +193,8 @@ deterministic for a seed.`,
 	f.StringSliceVar(&sf.speedChanges, "speed-change", nil, "a replica changes speed during the run: REPLICA@AT=SPEED, as 0@30s=0.5 (r0 at half the preset's speed from 30 s after the first arrival; its step in progress keeps its end); repeatable or comma-separated")
 	f.StringVar(&sf.flowOrder, "flow-order", "fcfs", "--flow-control on: order within a tenant: fcfs or edf (earliest deadline first)")
 	f.StringArrayVar(&sf.flowUsageLimits, "flow-usage-limit", nil, "--flow-control on: PRIORITY=FRACTION, a band's usage limit (GIE's UsageLimitPolicy), 0 < FRACTION <= 1: its requests have room only under the --admission-* thresholds scaled by it; repeatable; unlisted priorities have 1")
-	f.Float64Var(&sf.rateLimit, "rate-limit", 0, "each tenant's request rate at each gateway, in front of every policy, as exa serve gateway --rate-limit keyed by the tenant's header: requests/s, past it refused (counted in drop); 0 = no limit")
-	f.IntVar(&sf.rateBurst, "rate-limit-burst", 0, "--rate-limit's burst: requests a tenant idle long enough may send at once (0 = the rate rounded up)")
+	sf.registerRate(f, "each tenant's request rate at each gateway, in front of every policy, as exa serve gateway --rate-limit keyed by the tenant's header: requests/s, past it refused (counted in drop); 0 = no limit",
+		"--rate-limit's burst: requests a tenant idle long enough may send at once (0 = the rate rounded up)", "")
 	_ = cmd.RegisterFlagCompletionFunc("workload", cobra.FixedCompletions(append(sim.WorkloadNames(), sim.FlowWorkloadNames()...), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-fairness", cobra.FixedCompletions([]string{"round-robin", "global-strict"}, cobra.ShellCompDirectiveNoFileComp))
@@ -395,9 +393,11 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 		return cfg, usagef("invalid --admission-pending-prefill %d: want 0 (off) or more", sf.admitPending)
 	}
 	cfg.Admission = gateway.Admission{QueueDepth: sf.admitQueue, KVUtilization: sf.admitKV, Outstanding: sf.admitOutstanding, PendingPrefill: sf.admitPending}
-	if err := rateSimFlags(cmd, sf, &cfg); err != nil {
+	rate, err := sf.rateLimitOptions(cmd)
+	if err != nil {
 		return cfg, err
 	}
+	cfg.RateLimit = rate
 	if err := flowSimFlags(cmd, sf, &cfg); err != nil {
 		return cfg, err
 	}
@@ -789,29 +789,4 @@ func (b *progressBar) finish() {
 
 func init() {
 	routingCmd.AddCommand(newSimulateCmd())
-}
-
-// rateSimFlags turns --rate-limit and --rate-limit-burst into
-// Config.RateLimit, as exa serve gateway's flags do; a bad value is a
-// usage error naming its flag.
-func rateSimFlags(cmd *cobra.Command, sf *simFlags, cfg *sim.Config) error {
-	if sf.rateLimit == 0 {
-		if cmd.Flags().Changed("rate-limit-burst") {
-			return usagef("invalid --rate-limit-burst %d: needs --rate-limit, which is off", sf.rateBurst)
-		}
-		return nil
-	}
-	if sf.rateBurst < 0 {
-		return usagef("invalid --rate-limit-burst %d: must not be negative (0 = --rate-limit rounded up)", sf.rateBurst)
-	}
-	burst := sf.rateBurst
-	if burst == 0 {
-		burst = max(1, int(math.Ceil(sf.rateLimit)))
-	}
-	r := flow.Rate{PerSecond: sf.rateLimit, Burst: burst}
-	if r.Validate() != nil {
-		return usagef("invalid --rate-limit %v: want 0 (no limit) or a rate of at least 1e-6 requests/s", sf.rateLimit)
-	}
-	cfg.RateLimit = flow.RateLimit{Rate: r}
-	return nil
 }

@@ -396,9 +396,9 @@ func TestSimulateFlowControl(t *testing.T) {
 		{[]string{"--workload", "noisy-neighbour", "--noisy", "-1"}, "invalid --noisy -1"},
 		{[]string{"--workload", "noisy-neighbour", "--only", "nobody"}, `Only "nobody" names no tenant`},
 		{[]string{"--only", "quiet1"}, "--only applies to --workload noisy-neighbour or interactive-batch only"},
-		{[]string{"--rate-limit", "-1"}, "invalid --rate-limit -1: want 0 (no limit) or a rate of at least 1e-6 requests/s"},
-		{[]string{"--rate-limit", "5", "--rate-limit-burst", "-2"}, "invalid --rate-limit-burst -2: must not be negative"},
-		{[]string{"--rate-limit-burst", "3"}, "invalid --rate-limit-burst 3: needs --rate-limit, which is off"},
+		{[]string{"--rate-limit", "-1"}, `invalid --rate-limit "-1": want 0 (no limit) or a rate of at least 1e-6 requests/s`},
+		{[]string{"--rate-limit", "5", "--rate-limit-burst", "-2"}, `invalid --rate-limit-burst "-2": must not be negative`},
+		{[]string{"--rate-limit-burst", "3"}, `invalid --rate-limit-burst "3": needs --rate-limit, which is off`},
 	} {
 		r := exa(t, cfg, append([]string{"serve", "routing", "simulate", "--requests", "10"}, tc.args...)...)
 		assertRejected(t, r, tc.msg, cfg, before)
