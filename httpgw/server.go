@@ -264,7 +264,7 @@ func New(opts Options) (*Server, error) {
 		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidOptions, err)
 	}
-	if s.rate, err = newRateLimiter(opts.RateLimit, opts.Registerer); err != nil {
+	if s.rate, err = front.NewRateLimiter(opts.RateLimit, opts.Registerer); err != nil {
 		_ = s.Fleet.Close()
 		return nil, fmt.Errorf("%w: RateLimit: %w", ErrInvalidOptions, err)
 	}

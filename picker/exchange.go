@@ -325,6 +325,12 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) (bool, error) {
 			x.req.Header = append(x.req.Header, Header{Name: name, Value: value})
 		}
 	}
+	if hc, ok := x.s.router.(HeadChecker); ok {
+		x.req.Received = x.start
+		if err := hc.CheckHead(&x.req); err != nil {
+			return true, x.immediate(err)
+		}
+	}
 	if h.GetEndOfStream() {
 		return x.route(false, false)
 	}

@@ -20,6 +20,16 @@ type Router interface {
 	Pick(ctx context.Context, req *PickRequest) (Pick, error)
 }
 
+// HeadChecker is a Router that may refuse a request from its headers
+// alone, before its body is read (a per-client rate limit): the server
+// calls CheckHead once the request headers have arrived, req holding them
+// (no Body yet), and an error answers the request at once, as an error
+// of Pick does; Pick is then not called. CheckHead must be safe for
+// concurrent use and must not keep req.
+type HeadChecker interface {
+	CheckHead(req *PickRequest) error
+}
+
 // PickRequest is what the picker knows of a request when it asks for an
 // endpoint. Its slices are reused once Pick returns.
 type PickRequest struct {

@@ -3,52 +3,78 @@ package main
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/picker/pickertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
-// TestGatewayRateLimit: `exa serve gateway --rate-limit 0.001
-// --rate-limit-burst 2 --rate-limit-key header:X-Api-Key` serves a
-// client's burst, then answers 429 rate_limited with Retry-After, while
-// another key is served; /metrics counts the refusal.
+// TestGatewayRateLimit: `exa serve gateway` and `exa serve picker` (behind
+// pickertest's Envoy) with `--rate-limit 0.001 --rate-limit-burst 2
+// --rate-limit-key header:X-Api-Key` serve a client's burst, then answer
+// 429 rate_limited with Retry-After, while another key is served;
+// /metrics counts the refusal.
 func TestGatewayRateLimit(t *testing.T) {
 	e := enginetest.New(enginetest.Options{Name: "e0", Model: "m"})
 	t.Cleanup(e.Close)
 	cfg := newConfig(t)
 	ok(t, cfg, "serve", "routing", "set", "m", "--replica", "r0="+e.URL())
-	base, _ := startGatewayWith(t, cfg, "--listen", "127.0.0.1:0", "--rate-limit", "0.001", "--rate-limit-burst", "2", "--rate-limit-key", "header:X-Api-Key")
-	post := func(key string) (*http.Response, string) {
-		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
-		require.NoError(t, err)
-		req.Header.Set("X-Api-Key", key)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp, string(b)
+	args := []string{"--rate-limit", "0.001", "--rate-limit-burst", "2", "--rate-limit-key", "header:X-Api-Key"}
+	for _, fr := range []string{"gateway", "picker"} {
+		t.Run(fr, func(t *testing.T) {
+			var base, metrics string
+			if fr == "gateway" {
+				base, _ = startGatewayWith(t, cfg, append([]string{"--listen", "127.0.0.1:0"}, args...)...)
+				metrics = base
+			} else {
+				addr, line, _, _ := startPickerWith(t, cfg, append([]string{"--admin-listen", "127.0.0.1:0"}, args...)...)
+				admin := regexp.MustCompile(`admin (http://\S+) `).FindStringSubmatch(line)
+				require.NotNil(t, admin, "start-up line %q", line)
+				metrics = admin[1]
+				c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				require.NoError(t, err)
+				t.Cleanup(func() { c.Close() })
+				srv := httptest.NewServer(&pickertest.Envoy{Client: pickertest.NewClient(c)})
+				t.Cleanup(srv.Close)
+				base = srv.URL
+			}
+			post := func(key string) (*http.Response, string) {
+				req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+				require.NoError(t, err)
+				req.Header.Set("X-Api-Key", key)
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				return resp, string(b)
+			}
+			for range 2 {
+				resp, body := post("a")
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			}
+			resp, body := post("a")
+			require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+			assert.Equal(t, "1000", resp.Header.Get("Retry-After"))
+			assert.Contains(t, body, `"code":"rate_limited"`)
+			resp, _ = post("b")
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			m, err := http.Get(metrics + "/metrics")
+			require.NoError(t, err)
+			b, _ := io.ReadAll(m.Body)
+			m.Body.Close()
+			assert.Contains(t, string(b), "\nexa_gateway_rate_limited_total 1\n")
+			assert.Contains(t, string(b), "\nexa_gateway_rate_limit_clients 2\n")
+		})
 	}
-	for range 2 {
-		resp, body := post("a")
-		require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	}
-	resp, body := post("a")
-	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	assert.Equal(t, "1000", resp.Header.Get("Retry-After"))
-	assert.Contains(t, body, `"code":"rate_limited"`)
-	resp, _ = post("b")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	m, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	b, _ := io.ReadAll(m.Body)
-	m.Body.Close()
-	assert.Contains(t, string(b), "\nexa_gateway_rate_limited_total 1\n")
-	assert.Contains(t, string(b), "\nexa_gateway_rate_limit_clients 2\n")
 }
 
 func TestGatewayBadRateLimitFlags(t *testing.T) {
@@ -65,10 +91,12 @@ func TestGatewayBadRateLimitFlags(t *testing.T) {
 		{[]string{"--rate-limit-burst", "5"}, `invalid --rate-limit-burst "5": needs --rate-limit, which is off`},
 		{[]string{"--rate-limit-key", "header:X"}, `invalid --rate-limit-key "header:X": needs --rate-limit`},
 	} {
-		r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tc.args...)...)
-		assert.Equal(t, 2, r.code, "%v: stderr %s", tc.args, r.stderr)
-		assert.Contains(t, r.stderr, tc.want, "%v", tc.args)
-		assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+		for _, fr := range [][]string{{"serve", "gateway", "--listen", "127.0.0.1:0"}, {"serve", "picker", "--listen", "127.0.0.1:0", "--admin-listen", ""}} {
+			r := exa(t, newConfig(t), append(fr, tc.args...)...)
+			assert.Equal(t, 2, r.code, "%v %v: stderr %s", fr[1], tc.args, r.stderr)
+			assert.Contains(t, r.stderr, tc.want, "%v %v", fr[1], tc.args)
+			assert.Equal(t, 1, strings.Count(r.stderr, "\n"), "one-line error: %q", r.stderr)
+		}
 	}
 }
 

@@ -32,6 +32,7 @@ type pickerFlags struct {
 	listen, adminListen  string
 	fallbacks, shedAbove int
 	tlsFlags             // --tls-*
+	rateFlags            // --rate-limit*
 
 	requestTimeout, responseTimeout time.Duration
 	maxBuffered                     int64
@@ -135,6 +136,10 @@ from a Go client.`,
 		"send GOAWAY to a gRPC connection this old, then close it after --max-connection-age-grace (0 = never)")
 	f.DurationVar(&fl.maxConnAgeGrace, "max-connection-age-grace", 10*time.Minute,
 		"after --max-connection-age, how long the connection's streams may still run before it is closed")
+	fl.registerRate(f,
+		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, detokenize, stored responses); one past it gets 429 rate_limited with Retry-After when its headers arrive, before its body is read (0 = no limit, the default; Envoy's local_ratelimit filter can do this in front instead)",
+		"requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)",
+		"what tells clients apart for --rate-limit: ip (the address Envoy appends last to X-Forwarded-For, with use_remote_address; requests without the header share one rate, IPv6 by its /64) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id; a request without it counts by address)")
 	fl.registerTLS(f, tlsHelp{
 		serves:     "serve TLS",
 		selfSigned: "(ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification",
@@ -194,6 +199,10 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	if err != nil {
 		return err
 	}
+	rate, err := fl.rateLimitOptions(cmd)
+	if err != nil {
+		return err
+	}
 	path, logger, err := fl.setup(cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -228,7 +237,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 	}
 	flowOpts, _ := fl.flow.options() // validate checked them
 	router, err := fleetpick.New(flt, fleetpick.Options{Fallbacks: fl.fallbacks, ShedAbove: fl.shedAbove, Admission: fl.admission, Flow: flowOpts,
-		Objectives: objectives, TokenizeTimeout: fl.tokenizeTimeout, Registerer: reg, Logger: logger})
+		Objectives: objectives, TokenizeTimeout: fl.tokenizeTimeout, RateLimit: rate, Registerer: reg, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -290,7 +299,7 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 			ln.Close()
 			return usagef("invalid --admin-listen %q: %v", fl.adminListen, err)
 		}
-		admin = &http.Server{Handler: fleetpick.Admin(flt, reg, logger), ReadHeaderTimeout: httpserver.DefaultReadHeaderTimeout,
+		admin = &http.Server{Handler: fleetpick.Admin(flt, reg), ReadHeaderTimeout: httpserver.DefaultReadHeaderTimeout,
 			ReadTimeout: httpserver.DefaultReadTimeout, IdleTimeout: httpserver.DefaultIdleTimeout,
 			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	}

@@ -1,7 +1,6 @@
 package fleetpick
 
 import (
-	"log/slog"
 	"net/http"
 
 	"github.com/examlops/gateway/fleet"
@@ -13,11 +12,8 @@ import (
 // fleet's gauges refreshed and its peer token required when it has one),
 // /stats (the fleet's, as `exa serve gateway` serves it) and /healthz
 // (always 200), and a 404 for anything else: inference requests come
-// through Envoy. A nil log is slog.Default().
-func Admin(fl *fleet.Fleet, g prometheus.Gatherer, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
+// through Envoy.
+func Admin(fl *fleet.Fleet, g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", front.MetricsHandler(fl, g))
 	mux.Handle("/stats", front.StatsHandler(fl))

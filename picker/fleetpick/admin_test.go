@@ -23,7 +23,7 @@ func TestAdmin(t *testing.T) {
 	fl := newFleet(t, reg, fleet.Options{})
 	_, err := New(fl, Options{Registerer: reg})
 	require.NoError(t, err)
-	srv := httptest.NewServer(Admin(fl, reg, quietLogger()))
+	srv := httptest.NewServer(Admin(fl, reg))
 	defer srv.Close()
 	for _, tt := range []struct {
 		path   string

@@ -64,6 +64,16 @@ type Options struct {
 	// to meet one (best effort, or 429 slo_unattainable). The zero value
 	// sets none and routes best effort.
 	Objectives front.Objectives
+	// RateLimit limits each client's request rate, as the HTTP gateway's
+	// Options.RateLimit (the same decision, flow.RateLimiter): a request
+	// to a model endpoint (all but GET /v1/models) whose client is over
+	// it gets 429 rate_limited with Retry-After once its headers arrive,
+	// before its body is read (picker.HeadChecker). Clients are told apart
+	// by RateLimit.Key: header:NAME, or ip, the address Envoy appends last
+	// to X-Forwarded-For (with use_remote_address); requests without
+	// that header share one rate, as one client. The zero value limits
+	// nothing.
+	RateLimit flow.RateLimit
 	// Logger: default slog.Default(). Clock, the time source of latency
 	// measurements: default time.Now.
 	Logger *slog.Logger
@@ -139,12 +149,16 @@ type Router struct {
 	// each answer (tracker.ResponseHead).
 	respIDs front.ResponseIDs
 	flow    *front.FlowControl // nil when Options.Flow is off
+	rate    *flow.RateLimiter  // nil when Options.RateLimit is off
 	// afterFunc starts the timer that releases a non-streamed request's
 	// predicted prefill (tracker): time.AfterFunc, replaced by tests.
 	afterFunc func(time.Duration, func()) (stop func() bool)
 }
 
-var _ picker.Router = (*Router)(nil)
+var (
+	_ picker.Router      = (*Router)(nil)
+	_ picker.HeadChecker = (*Router)(nil)
+)
 
 // New returns a Router over fl's models, its metrics registered on
 // Options.Registerer.
@@ -185,6 +199,9 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	var err error
 	if r.metrics, err = front.NewMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %w", ErrInvalidOptions, err)
+	}
+	if r.rate, err = front.NewRateLimiter(opts.RateLimit, opts.Registerer); err != nil {
+		return nil, fmt.Errorf("%w: RateLimit: %w", ErrInvalidOptions, err)
 	}
 	r.keyer, err = front.NewKeyer(front.KeyerOptions{Fleet: fl, Metrics: r.metrics, BlockSize: fo.BlockSize,
 		TokenizeTimeout: opts.TokenizeTimeout, Clock: opts.Clock, Logger: opts.Logger})
@@ -298,5 +315,5 @@ func clientOf(h picker.Headers) string {
 	if i := strings.LastIndexByte(xff, ','); i >= 0 {
 		xff = xff[i+1:]
 	}
-	return xff
+	return strings.TrimSpace(xff) // "a, b": the list's spaces are not the address's
 }

@@ -57,7 +57,8 @@ var values = map[string]map[string]any{
 			"rateLimit": map[string]any{"perSecond": 5, "burst": 20, "key": "header:Authorization"}}},
 	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
 	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
-		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"}}},
+		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"},
+			"rateLimit": map[string]any{"perSecond": 2.5, "key": "header:x-gateway-inference-fairness-id"}}},
 }
 
 // render renders the chart as `helm template exa deploy/chart/exa
@@ -201,7 +202,7 @@ func TestChartRenders(t *testing.T) {
 	m := kinds(values["picker-mtls"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	c = m["containers"].([]any)[0].(map[string]any)
 	require.Subset(t, c["args"], []any{"--secure-serving=true", "--tls-client-ca=/etc/exa/client-ca/ca.crt",
-		"--tls-client-san=spiffe://cluster.local/ns/gw/sa/envoy"})
+		"--tls-client-san=spiffe://cluster.local/ns/gw/sa/envoy", "--rate-limit=2.5", "--rate-limit-burst=0", "--rate-limit-key=header:x-gateway-inference-fairness-id"})
 	require.Contains(t, c["volumeMounts"], map[string]any{"name": "client-ca", "mountPath": "/etc/exa/client-ca", "readOnly": true})
 	require.Contains(t, m["volumes"], map[string]any{"name": "client-ca", "secret": map[string]any{"secretName": "envoy-client-ca"}})
 	// The gateway over HTTPS with API keys and a rate limit: the Secrets
@@ -224,6 +225,9 @@ func TestChartRenders(t *testing.T) {
 		require.NotContains(t, a, "--api-keys-file", "no API keys by default")
 		require.NotContains(t, a, "--peer-ca", "no peer CA by default")
 	}
+	for _, a := range kinds(values["picker"])["Deployment"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["args"].([]any) {
+		require.NotContains(t, a, "--rate-limit", "the picker: no rate limit by default")
+	}
 	// TLS without peers: no peer CA (there are no peer scrapes).
 	c = sec["containers"].([]any)[0].(map[string]any)
 	for _, a := range c["args"].([]any) {
@@ -240,8 +244,7 @@ func TestChartRenders(t *testing.T) {
 		{map[string]any{"picker": map[string]any{"clientSANs": []any{"envoy"}}}, "picker.clientSANs needs picker.clientCASecret"},
 		{map[string]any{"gateway": map[string]any{"peers": true}, "models": []any{"llama"}}, "gateway.peers is for mode gateway"},
 		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
-		{map[string]any{"gateway": map[string]any{"peers": true}, "models": []any{"llama"}}, "gateway.peers is for mode gateway"},
-		{map[string]any{"mode": "gateway", "gateway": map[string]any{"peers": true}}, "gateway.peers needs models"},
+		{map[string]any{"mode": "gateway", "picker": map[string]any{"rateLimit": map[string]any{"perSecond": 1}}}, "picker.rateLimit is for mode picker"},
 		{map[string]any{"gateway": map[string]any{"tlsSecret": "t"}, "pool": map[string]any{"name": "p"}}, "gateway.tlsSecret, gateway.apiKeysSecret and gateway.rateLimit are for mode gateway"},
 		{map[string]any{"gateway": map[string]any{"rateLimit": map[string]any{"perSecond": 1}}, "pool": map[string]any{"name": "p"}}, "are for mode gateway"},
 	} {

@@ -56,3 +56,14 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- define "exa.peersName" -}}
 {{- printf "%s-peers" (include "exa.name" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- /* --rate-limit and its companions from a rateLimit value
+     (perSecond, burst, key), nothing when perSecond is 0 or unset. */ -}}
+{{- define "exa.rateLimitArgs" -}}
+{{- with . }}
+{{- if .perSecond }}
+            - --rate-limit={{ .perSecond }}
+            - --rate-limit-burst={{ .burst | default 0 | int64 }}
+            - {{ printf "--rate-limit-key=%s" (.key | default "ip") | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}

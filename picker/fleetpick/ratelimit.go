@@ -1,0 +1,57 @@
+package fleetpick
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/picker"
+)
+
+// CheckHead implements picker.HeadChecker: a request to a model endpoint
+// whose client is over Options.RateLimit is refused with 429
+// rate_limited, its Retry-After the wait until one would be admitted,
+// before its body is read, and counted under its endpoint, as the HTTP
+// gateway refuses and counts it. GET /v1/models and paths the picker does
+// not route are not limited (Pick answers them).
+func (r *Router) CheckHead(req *picker.PickRequest) error {
+	if r.rate == nil {
+		return nil
+	}
+	path := req.Path
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	endpoint := limitedEndpoint(path)
+	if endpoint == "" {
+		return nil
+	}
+	ok, wait := r.rate.Allow(r.rate.Client(req.Header, clientOf(req.Header)), r.opts.Clock())
+	if ok {
+		return nil
+	}
+	r.metrics.Requests.WithLabelValues("", endpoint, "429").Inc()
+	return &picker.StatusError{Status: http.StatusTooManyRequests, Type: front.TypeRateLimit, Code: front.CodeRateLimited,
+		Err: errors.New(front.RateLimitedText(r.rate.Limit(), wait)), RetryAfter: wait}
+}
+
+// limitedEndpoint is the endpoint label of a path the rate limit covers,
+// "" for one it does not.
+func limitedEndpoint(path string) string {
+	switch path {
+	case "/v1/chat/completions":
+		return "chat"
+	case "/v1/completions":
+		return "completions"
+	case "/v1/responses":
+		return "responses"
+	}
+	if e, ok := passEndpoints[path]; ok {
+		return e
+	}
+	if strings.HasPrefix(path, front.StoredPrefix) {
+		return "responses"
+	}
+	return ""
+}

@@ -1,0 +1,86 @@
+package fleetpick
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/flow"
+	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRateLimit, as httpgw's: with Options.RateLimit each client (by the
+// address Envoy appends last to X-Forwarded-For) gets its burst, then 429
+// rate_limited with Retry-After, decided on the headers (a malformed body
+// is not parsed) and before any engine; another client is not held back;
+// embeddings count too, /v1/models does not; the refusals are on
+// /metrics; time gives the burst back. Keyed by a header, the header
+// tells clients apart.
+func TestRateLimit(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		popts: Options{Clock: clock, RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 0.5, Burst: 2}}}})
+	chat := chatBody(testModel, false, "hi")
+	post := func(client, body string) (*http.Response, []byte) {
+		resp := f.post("/v1/chat/completions", body, "X-Forwarded-For", "203.0.113.7, "+client)
+		return resp, readAll(t, resp)
+	}
+	for i := range 2 {
+		resp, b := post("192.0.2.1", chat)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "request %d of the burst: %s", i, b)
+	}
+	engine := f.engines[0].Requests()
+	resp, body := post("192.0.2.1", "not JSON")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "refused on its headers: %s", body)
+	require.Equal(t, "2", resp.Header.Get("Retry-After"), "one interval, 2 s")
+	require.Contains(t, string(body), `"code":"rate_limited"`)
+	require.Contains(t, string(body), "rate limit of 0.5 requests/s (burst 2)")
+	require.Equal(t, engine, f.engines[0].Requests(), "no engine reached")
+	resp, body = post("192.0.2.2", chat)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "another client has its own burst: %s", body)
+	resp = f.post("/v1/embeddings", `{"model":"m1","input":"x"}`, "X-Forwarded-For", "192.0.2.1")
+	readAll(t, resp)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "embeddings count too")
+	req, err := http.NewRequest(http.MethodGet, f.http.URL+"/v1/models", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Forwarded-For", "192.0.2.1")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "/v1/models is not limited")
+
+	require.EqualValues(t, 2, f.counter("exa_gateway_rate_limited_total", nil))
+	require.EqualValues(t, 1, f.counter("exa_gateway_requests_total", map[string]string{"endpoint": "chat", "code": "429"}))
+	require.EqualValues(t, 1, f.counter("exa_gateway_requests_total", map[string]string{"endpoint": "embeddings", "code": "429"}))
+
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	resp, _ = post("192.0.2.1", chat)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "one interval later, one more")
+	resp, _ = post("192.0.2.1", chat)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+
+	h := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		popts: Options{Clock: clock, RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 0.5, Burst: 1}, Key: "header:X-Api-Key"}}})
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{{"a", 200}, {"a", 429}, {"b", 200}} {
+		resp := h.post("/v1/chat/completions", chat, "X-Api-Key", tc.key, "X-Forwarded-For", "192.0.2.9")
+		readAll(t, resp)
+		require.Equal(t, tc.want, resp.StatusCode, "key %s", tc.key)
+	}
+}
+
+func TestRateLimitInvalid(t *testing.T) {
+	_, err := New(newFleet(t, nil, fleet.Options{}), Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1}}})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "RateLimit: ")
+}
