@@ -2,19 +2,11 @@ package httpgw
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -25,44 +17,11 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
+	"github.com/examlops/gateway/internal/testca"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// peerCA is a test certificate authority.
-type peerCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newPeerCA(t *testing.T) *peerCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "peers CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	c, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &peerCA{cert: c, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a server certificate for the DNS names, signed by ca.
-func (ca *peerCA) issue(t *testing.T, names ...string) *tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	require.NoError(t, err)
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // writeFile writes b to path with a modification time of its own, so that
 // a reader watching size and time sees every write.
@@ -70,20 +29,6 @@ func writeFile(t *testing.T, path string, b []byte, mod time.Time) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 	require.NoError(t, os.Chtimes(path, mod, mod))
-}
-
-// tlsMetricsPage is a gateway's /metrics over TLS, its certificate not
-// checked.
-func tlsMetricsPage(t *testing.T, base string) string {
-	t.Helper()
-	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	defer c.CloseIdleConnections()
-	resp, err := c.Get(base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return string(b)
 }
 
 // Two gateways serving HTTPS share the peer list dns+https://NAME:PORT,
@@ -96,12 +41,12 @@ func tlsMetricsPage(t *testing.T, base string) string {
 func TestPeersByDNSOverTLS(t *testing.T) {
 	la, lb := twoAddressesOnePort(t)
 	port := la.Addr().(*net.TCPAddr).Port
-	ca, other := newPeerCA(t), newPeerCA(t)
+	ca, other := testca.New(t, "peers CA"), testca.New(t, "another CA")
 	const name = "gw-peers.test"
-	good, wrongName := ca.issue(t, name), ca.issue(t, "someone-else.test")
+	good, wrongName := ca.Server(t, []string{name}), ca.Server(t, []string{"someone-else.test"})
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	mod := time.Unix(1e9, 0)
-	writeFile(t, caFile, ca.pem, mod)
+	writeFile(t, caFile, ca.PEM, mod)
 	res := &fakeResolver{hosts: map[string][]string{name: {"127.0.0.2", "127.0.0.1"}}}
 	var now atomic.Int64 // the clock, in ns
 	now.Store(1e18)
@@ -142,7 +87,7 @@ func TestPeersByDNSOverTLS(t *testing.T) {
 	require.NoError(t, err)
 	a.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, a, testModel), "A hears B over TLS, verified for the name")
-	page := tlsMetricsPage(t, aURL)
+	page := metricsPage(t, aURL)
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, aURL), "A reached itself over TLS too")
 
@@ -150,30 +95,30 @@ func TestPeersByDNSOverTLS(t *testing.T) {
 	certB.Store(wrongName)
 	now.Add(int64(time.Second))
 	a.ScrapeAll(ctx)
-	assert.Contains(t, tlsMetricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL), "a certificate for another name")
+	assert.Contains(t, metricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL), "a certificate for another name")
 	certB.Store(good)
 	now.Add(int64(time.Second))
 	a.ScrapeAll(ctx)
-	assert.Contains(t, tlsMetricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
+	assert.Contains(t, metricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
 
 	// A's CA file now holds another CA: re-read, B is refused.
 	mod = mod.Add(time.Second)
-	writeFile(t, caFile, other.pem, mod)
+	writeFile(t, caFile, other.PEM, mod)
 	now.Add(int64(time.Second))
 	a.ScrapeAll(ctx)
-	assert.Contains(t, tlsMetricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL), "CAs that did not issue B's certificate")
+	assert.Contains(t, metricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL), "CAs that did not issue B's certificate")
 	// A file that no longer reads keeps the last CAs (still the other's).
 	mod = mod.Add(time.Second)
 	writeFile(t, caFile, []byte("not PEM"), mod)
 	now.Add(int64(time.Second))
 	a.ScrapeAll(ctx)
-	assert.Contains(t, tlsMetricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL))
+	assert.Contains(t, metricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 0`, bURL))
 	// Both CAs: B is heard again.
 	mod = mod.Add(time.Second)
-	writeFile(t, caFile, append(append([]byte{}, other.pem...), ca.pem...), mod)
+	writeFile(t, caFile, append(append([]byte{}, other.PEM...), ca.PEM...), mod)
 	now.Add(int64(time.Second))
 	a.ScrapeAll(ctx)
-	assert.Contains(t, tlsMetricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
+	assert.Contains(t, metricsPage(t, aURL), fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
 	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, a, testModel))
 
 	// A gateway without a CA file trusts the system roots, which do not
@@ -194,7 +139,7 @@ func TestPeerCAFileAtStart(t *testing.T) {
 	assert.ErrorContains(t, err, bad)
 	assert.ErrorContains(t, err, `block 1 is "PRIVATE KEY", want CERTIFICATE`)
 	good := filepath.Join(dir, "ca.crt")
-	require.NoError(t, os.WriteFile(good, newPeerCA(t).pem, 0o600))
+	require.NoError(t, os.WriteFile(good, testca.New(t, "a").PEM, 0o600))
 	_, err = New(Options{Logger: quietLogger(), Fleet: fleet.Options{PeerCAFile: good}})
 	require.NoError(t, err)
 }

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/internal/testca"
 	"github.com/examlops/gateway/keys"
 	"github.com/examlops/gateway/picker"
 	"github.com/examlops/gateway/picker/pickertest"
@@ -40,22 +41,8 @@ type testCA struct {
 
 func newCA(t *testing.T, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	c := testca.New(t, name)
+	return &testCA{cert: c.Cert, key: c.Key, pem: c.PEM}
 }
 
 func (ca *testCA) pool() *x509.CertPool {
