@@ -149,8 +149,10 @@ type Config struct {
 	// simulated gateway keeps its own limiter, as each gateway process
 	// does. A request over its tenant's rate is refused before routing
 	// (Result.RateLimited, counted in Dropped and in its tenant's shed).
-	// Its Key is not read: the tenant is the client's header and address.
-	// The zero value limits nothing.
+	// Its Key is not read: the tenant is the client's header and address;
+	// its MaxClients must be 0 (every tenant is kept, so that the run
+	// does not depend on which one a bounded limiter forgets). The zero
+	// value limits nothing.
 	RateLimit flow.RateLimit
 	// FlowControl, when Enabled, holds the requests the gateway's own
 	// policies would shed under Admission in a flow-control queue and
@@ -273,6 +275,11 @@ func (c *Config) fill() error {
 		if err := c.RateLimit.Validate(); err != nil {
 			return fmt.Errorf("%w: RateLimit: %w", ErrInvalidConfig, err)
 		}
+	}
+	if c.RateLimit.MaxClients != 0 {
+		// A bounded limiter forgets clients in the map's random order:
+		// the run would depend on it. Tenants are at most MaxGroups.
+		return fmt.Errorf("%w: RateLimit.MaxClients %d: the simulator keeps every tenant; leave it 0", ErrInvalidConfig, c.RateLimit.MaxClients)
 	}
 	if err := validFlow(c); err != nil {
 		return err

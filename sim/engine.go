@@ -410,17 +410,12 @@ func (e *engine) arrive(req *Request) {
 		s.target.TTFT, s.target.TPOT = req.SLO, req.TPOTSLO
 	}
 	e.group(s, func(g *groupAcc) { g.requests++; g.obj.on = g.obj.on || s.tpotSLO > 0 })
-	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
-		e.res.Failed++
-		e.pool = append(e.pool, s)
-		return
-	}
 	gi := gatewayOf(e.cfg.Seed, s.id, len(e.gws))
 	gw := &e.gws[gi]
-	s.gw = gw
 	if gw.rate != nil {
 		// The front's first check, before the body is read: the tenant
-		// is the client (its header, or its address).
+		// is the client (its header, or its address). A request that
+		// fails below spends its tenant's rate as at the gateway.
 		if ok, _ := gw.rate.Allow(gw.rate.Client(tenantHeader(req.Tenant), req.Tenant), time.Unix(0, e.now)); !ok {
 			e.res.Dropped++
 			e.res.RateLimited++
@@ -429,6 +424,12 @@ func (e *engine) arrive(req *Request) {
 			return
 		}
 	}
+	if len(s.key) == 0 || s.in < 1 || len(s.key)+s.private > e.cap {
+		e.res.Failed++
+		e.pool = append(e.pool, s)
+		return
+	}
+	s.gw = gw
 	if e.front == frontShed && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
 		e.shed(s, "saturated")
 		return

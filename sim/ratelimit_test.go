@@ -3,6 +3,7 @@ package sim
 import (
 	"io"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
@@ -76,4 +77,35 @@ func TestRateLimit(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.ErrorContains(t, err, "RateLimit: ")
 	assert.ErrorContains(t, err, "Burst")
+}
+
+// A request that fails (larger than the KV cache) spends its tenant's
+// rate, as at the gateway, which limits before it reads the body (it was
+// checked after, and the next request of the tenant got through).
+func TestRateLimitBeforeFailed(t *testing.T) {
+	big := make([]uint64, 3000) // 48,000 tokens, past smallPreset's 32,768
+	for i := range big {
+		big[i] = uint64(1000 + i)
+	}
+	reqs := []Request{
+		{Arrival: 0, InputTokens: 16 * len(big), OutputTokens: 1, Blocks: big, Tenant: "a"},
+		{Arrival: time.Millisecond, InputTokens: 64, OutputTokens: 1, Blocks: []uint64{1, 2, 3, 4}, Tenant: "a"},
+	}
+	rep, err := Run(Config{Workload: &listWorkload{bt: 16, reqs: reqs}, Replicas: 1, Preset: smallPreset(), Seed: 1,
+		Policies: []Policy{cacheAware}, RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1, Burst: 1}}})
+	require.NoError(t, err)
+	x := rep.Results[0]
+	require.Equal(t, 1, x.Failed)
+	require.Equal(t, 1, x.RateLimited, "the failed request spent tenant a's burst; completed %d", x.Completed)
+}
+
+// RateLimit.MaxClients is refused: a bounded limiter forgets clients in
+// the map's random order, and the same seed gave 10 different counts of
+// refusals in 10 runs.
+func TestRateLimitMaxClientsRefused(t *testing.T) {
+	cfg := Config{Workload: smallTenants(t, 100, 100, TenantsConfig{Tenants: 3}), Replicas: 1, Preset: smallPreset(), Seed: 1,
+		Policies: []Policy{cacheAware}, RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1, Burst: 1}, MaxClients: 2}}
+	_, err := Run(cfg)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "RateLimit.MaxClients 2")
 }

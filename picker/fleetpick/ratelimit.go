@@ -13,8 +13,10 @@ import (
 // whose client is over Options.RateLimit is refused with 429
 // rate_limited, its Retry-After the wait until one would be admitted,
 // before its body is read, and counted under its endpoint, as the HTTP
-// gateway refuses and counts it. GET /v1/models and paths the picker does
-// not route are not limited (Pick answers them).
+// gateway refuses and counts it. As there, GET /v1/models, paths the
+// picker does not route and a method other than POST on a prompt or
+// pass-through endpoint (405 from Pick) are not limited; every method on
+// a stored response is.
 func (r *Router) CheckHead(req *picker.PickRequest) error {
 	if r.rate == nil {
 		return nil
@@ -23,7 +25,7 @@ func (r *Router) CheckHead(req *picker.PickRequest) error {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	endpoint := limitedEndpoint(path)
+	endpoint := limitedEndpoint(req.Method, path)
 	if endpoint == "" {
 		return nil
 	}
@@ -36,9 +38,15 @@ func (r *Router) CheckHead(req *picker.PickRequest) error {
 		Err: errors.New(front.RateLimitedText(r.rate.Limit(), wait)), RetryAfter: wait}
 }
 
-// limitedEndpoint is the endpoint label of a path the rate limit covers,
-// "" for one it does not.
-func limitedEndpoint(path string) string {
+// limitedEndpoint is the endpoint label of a request the rate limit
+// covers, "" for one it does not.
+func limitedEndpoint(method, path string) string {
+	if strings.HasPrefix(path, front.StoredPrefix) {
+		return "responses"
+	}
+	if method != http.MethodPost {
+		return ""
+	}
 	switch path {
 	case "/v1/chat/completions":
 		return "chat"
@@ -47,11 +55,5 @@ func limitedEndpoint(path string) string {
 	case "/v1/responses":
 		return "responses"
 	}
-	if e, ok := passEndpoints[path]; ok {
-		return e
-	}
-	if strings.HasPrefix(path, front.StoredPrefix) {
-		return "responses"
-	}
-	return ""
+	return passEndpoints[path]
 }

@@ -2,6 +2,7 @@ package fleetpick
 
 import (
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,4 +84,42 @@ func TestRateLimitInvalid(t *testing.T) {
 	_, err := New(newFleet(t, nil, fleet.Options{}), Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1}}})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.ErrorContains(t, err, "RateLimit: ")
+}
+
+// A request refused on its headers while Envoy is still sending its body
+// in chunks gets its 429 (pickertest's Envoy read the stream's end as an
+// error, a 500, in 18 of 20 runs).
+func TestRateLimitWhileBodySent(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		popts: Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1e-3, Burst: 1}}}})
+	f.envoy.Chunk = 16
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "hi"), "X-Forwarded-For", "192.0.2.1")
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	for range 5 {
+		resp = f.post("/v1/chat/completions", chatBody(testModel, false, strings.Repeat("x", 64<<10)), "X-Forwarded-For", "192.0.2.1")
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", b)
+	}
+}
+
+// A method other than POST on a prompt or pass-through endpoint gets 405
+// and spends nothing of the client's rate, as at the HTTP gateway (it
+// was limited: the GETs spent the burst).
+func TestRateLimitWrongMethod(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		popts: Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1e-3, Burst: 1}}}})
+	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings", "/v1/chat/completions"} {
+		req, err := http.NewRequest(http.MethodGet, f.http.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Forwarded-For", "192.0.2.1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "GET %s: %s", path, b)
+	}
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "hi"), "X-Forwarded-For", "192.0.2.1")
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the burst is whole: %s", b)
+	require.EqualValues(t, 0, f.counter("exa_gateway_rate_limited_total", nil))
 }

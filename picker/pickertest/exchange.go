@@ -159,6 +159,13 @@ func (x *Exchange) Request(r Request) (Routed, error) {
 		for off := 0; ; off += chunk {
 			end := min(off+chunk, len(r.Body))
 			if err := x.Send(RequestBody(r.Body[off:end], end == len(r.Body))); err != nil {
+				if errors.Is(err, io.EOF) {
+					// The picker answered before the body was whole
+					// (an immediate response at the headers) and ended
+					// the stream: its answer is there to read, as Envoy
+					// reads it.
+					return x.readRouted(false)
+				}
 				return Routed{}, err
 			}
 			if end == len(r.Body) {
