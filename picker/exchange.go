@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/sseagg"
@@ -197,6 +198,7 @@ func (x *exchange) handle(m *extprocv3.ProcessingRequest) (stop bool, err error)
 			return false, x.protocolError("request_headers arrived %s", phaseNames[x.ph])
 		}
 		x.hint(m.GetMetadataContext())
+		x.req.ClientAddress = sourceAddress(m.GetAttributes())
 		return x.requestHeaders(r.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
 		if x.ph != phaseBody {
@@ -585,3 +587,32 @@ func (x *exchange) done() {
 	}
 	x.tracker.Done(o)
 }
+
+// SourceAttribute is the ext_proc request attribute the picker reads as
+// the client's address (PickRequest.ClientAddress): Envoy sends it when
+// the filter's request_attributes include it.
+const SourceAttribute = "source.address"
+
+// sourceAddress is the string value of SourceAttribute in a request's
+// attributes, "" if none: under the ext_proc filter's name, else under
+// the first name in byte order that has it (the map is keyed by the
+// filter's configured name).
+func sourceAddress(attrs map[string]*structpb.Struct) string {
+	if len(attrs) == 0 {
+		return ""
+	}
+	of := func(s *structpb.Struct) string { return s.GetFields()[SourceAttribute].GetStringValue() }
+	if a := of(attrs[extProcFilter]); a != "" {
+		return a
+	}
+	best, found := "", ""
+	for name, s := range attrs {
+		if a := of(s); a != "" && (found == "" || name < best) {
+			best, found = name, a
+		}
+	}
+	return found
+}
+
+// extProcFilter is the ext_proc HTTP filter's name in Envoy.
+const extProcFilter = "envoy.filters.http.ext_proc"

@@ -9,6 +9,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // memStream is an ext_proc stream in memory: Recv returns msgs in turn,
@@ -92,6 +93,9 @@ func FuzzExchange(f *testing.F) {
 		respHeaders(false, ":status", "200"), respBody([]byte("{}"), false),
 		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}}))
 	f.Add(encodeMsgs(f, reqHeaders(false, subsetMD(f, "")), reqBody(body, true)))
+	withSource := reqHeaders(false, nil)
+	withSource.Attributes = map[string]*structpb.Struct{extProcFilter: {Fields: map[string]*structpb.Value{SourceAttribute: structpb.NewStringValue("192.0.2.1:80")}}}
+	f.Add(encodeMsgs(f, withSource, reqBody(body, true)))
 	f.Add(encodeMsgs(f, reqHeaders(false, nil), reqBody([]byte("!shed"), true)))
 	f.Add(encodeMsgs(f, reqHeaders(false, nil), reqBody([]byte("?"), true)))
 	f.Add(encodeMsgs(f, &extprocv3.ProcessingRequest{ProtocolConfig: &extprocv3.ProtocolConfiguration{

@@ -46,6 +46,12 @@ type PickRequest struct {
 	// Received is when the request headers reached the picker
 	// (Options.Clock): the start of the request's time to first token.
 	Received time.Time
+	// ClientAddress is the downstream peer's address as Envoy gives it
+	// in the ext_proc request attribute "source.address" ("ip:port"), which
+	// it sends with the request headers when the filter's
+	// request_attributes list it; "" when it sends none. Unlike
+	// X-Forwarded-For, a client cannot set it.
+	ClientAddress string
 	// CanAssemble says that the server would stream the request's answer
 	// from the engine and assemble it if the Pick allowed it
 	// (Pick.Assemble): Options.DisableUpstreamStream is off, Envoy's

@@ -139,7 +139,7 @@ from a Go client.`,
 	fl.registerRate(f,
 		"requests per second each client may send to the model endpoints on average (chat, completions, responses, embeddings, tokenize, detokenize, stored responses); one past it gets 429 rate_limited with Retry-After when its headers arrive, before its body is read (0 = no limit, the default; Envoy's local_ratelimit filter can do this in front instead)",
 		"requests a client idle long enough may send at once under --rate-limit (0 = --rate-limit rounded up, at least 1)",
-		"what tells clients apart for --rate-limit: ip (the address Envoy appends last to X-Forwarded-For, with use_remote_address; requests without the header share one rate, IPv6 by its /64) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id; a request without it counts by address)")
+		"what tells clients apart for --rate-limit: ip (Envoy's source.address request attribute when its ext_proc filter sends it (request_attributes: [source.address]), else the address Envoy appends last to X-Forwarded-For, with use_remote_address; requests with neither share one rate; IPv6 by its /64) or header:NAME (that header's value, e.g. header:Authorization or header:x-gateway-inference-fairness-id; a request without it counts by address)")
 	fl.registerTLS(f, tlsHelp{
 		serves:     "serve TLS",
 		selfSigned: "(ECDSA P-256, as GIE's picker does without --cert-path); clients must skip verification",

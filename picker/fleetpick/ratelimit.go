@@ -29,7 +29,7 @@ func (r *Router) CheckHead(req *picker.PickRequest) error {
 	if endpoint == "" {
 		return nil
 	}
-	ok, wait := r.rate.Allow(r.rate.Client(req.Header, clientOf(req.Header)), r.opts.Clock())
+	ok, wait := r.rate.Allow(r.rate.Client(req.Header, clientOf(req)), r.opts.Clock())
 	if ok {
 		return nil
 	}

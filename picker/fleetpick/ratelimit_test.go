@@ -1,6 +1,7 @@
 package fleetpick
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/picker"
+	"github.com/examlops/gateway/picker/pickertest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -122,4 +125,29 @@ func TestRateLimitWrongMethod(t *testing.T) {
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the burst is whole: %s", b)
 	require.EqualValues(t, 0, f.counter("exa_gateway_rate_limited_total", nil))
+}
+
+// With Envoy's source.address attribute the client is that address, not
+// X-Forwarded-For, which a client can set: a client changing its
+// X-Forwarded-For is still limited, another address has its own rate.
+func TestRateLimitBySourceAddress(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{
+		popts: Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1e-3, Burst: 1}}}})
+	send := func(src, xff string) int {
+		x, err := f.client.Open(context.Background())
+		require.NoError(t, err)
+		defer x.Close()
+		r, err := x.Request(pickertest.Request{Body: []byte(chatBody(testModel, false, "hi")),
+			Header: []picker.Header{{Name: "x-forwarded-for", Value: xff}}, Attributes: pickertest.SourceAttributes(src)})
+		require.NoError(t, err)
+		if r.Immediate != nil {
+			return int(r.Immediate.GetStatus().GetCode())
+		}
+		_, err = x.Respond(200, "application/json", []byte(`{}`))
+		require.NoError(t, err)
+		return 200
+	}
+	require.Equal(t, 200, send("192.0.2.1:1000", "10.0.0.1"))
+	require.Equal(t, 429, send("192.0.2.1:2000", "10.0.0.2"), "the same address under another X-Forwarded-For")
+	require.Equal(t, 200, send("192.0.2.2:1000", "10.0.0.1"), "another address, the first one's X-Forwarded-For")
 }

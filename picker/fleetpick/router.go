@@ -69,10 +69,11 @@ type Options struct {
 	// to a model endpoint (all but GET /v1/models) whose client is over
 	// it gets 429 rate_limited with Retry-After once its headers arrive,
 	// before its body is read (picker.HeadChecker). Clients are told apart
-	// by RateLimit.Key: header:NAME, or ip, the address Envoy appends last
-	// to X-Forwarded-For (with use_remote_address); requests without
-	// that header share one rate, as one client. The zero value limits
-	// nothing.
+	// by RateLimit.Key: header:NAME, or ip, Envoy's source.address
+	// request attribute (PickRequest.ClientAddress) when sent, else the
+	// address Envoy appends last to X-Forwarded-For (with
+	// use_remote_address); requests with neither share one rate, as one
+	// client. The zero value limits nothing.
 	RateLimit flow.RateLimit
 	// Logger: default slog.Default(). Clock, the time source of latency
 	// measurements: default time.Now.
@@ -291,7 +292,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	pr.tab = r.tableOf(st)
 	pr.sub = req.Subset
 	if kind == keys.Responses {
-		pr.client = clientOf(req.Header)
+		pr.client = clientOf(req)
 		if rq.PreviousResponseID != "" {
 			pr.prev = rq.PreviousResponseID
 			pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
@@ -301,13 +302,17 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 }
 
 // clientOf is the address of a request's client, as the data plane saw
-// it: the last address of its last X-Forwarded-For header (the one Envoy
-// appends for the peer it accepted the request from, with
-// use_remote_address); "" without one. front.ClientOf reduces it when an
-// id is learned.
-func clientOf(h picker.Headers) string {
+// it: the request attribute source.address when Envoy sends it
+// (PickRequest.ClientAddress), else the last address of its last
+// X-Forwarded-For header (the one Envoy appends for the peer it accepted
+// the request from, with use_remote_address); "" without either.
+// front.ClientOf reduces it when an id is learned.
+func clientOf(req *picker.PickRequest) string {
+	if req.ClientAddress != "" {
+		return req.ClientAddress
+	}
 	xff := ""
-	for _, hd := range h {
+	for _, hd := range req.Header {
 		if strings.EqualFold(hd.Name, "x-forwarded-for") {
 			xff = hd.Value
 		}

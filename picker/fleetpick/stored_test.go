@@ -158,18 +158,21 @@ func TestPickerLearnsIDFromHead(t *testing.T) {
 	}
 }
 
-// TestClientOf: a request's client is the last address of its last
-// X-Forwarded-For (Envoy's, appended last), any case of the name.
+// TestClientOf: a request's client is Envoy's source.address attribute
+// when it sends one, else the last address of its last X-Forwarded-For
+// (Envoy's, appended last; spaces trimmed), any case of the name.
 func TestClientOf(t *testing.T) {
 	for _, tc := range []struct {
 		h    picker.Headers
+		src  string
 		want string
 	}{
-		{picker.Headers{{Name: "x-forwarded-for", Value: "1.1.1.1, 10.0.0.7"}}, "10.0.0.7"},
-		{picker.Headers{{Name: "X-Forwarded-For", Value: "1.1.1.1"}, {Name: "x-forwarded-for", Value: "10.0.0.8"}}, "10.0.0.8"},
-		{picker.Headers{{Name: "x-session-id", Value: "s"}}, ""},
+		{picker.Headers{{Name: "x-forwarded-for", Value: "1.1.1.1, 10.0.0.7"}}, "", "10.0.0.7"},
+		{picker.Headers{{Name: "X-Forwarded-For", Value: "1.1.1.1"}, {Name: "x-forwarded-for", Value: "10.0.0.8"}}, "", "10.0.0.8"},
+		{picker.Headers{{Name: "x-session-id", Value: "s"}}, "", ""},
+		{picker.Headers{{Name: "x-forwarded-for", Value: "10.0.0.7"}}, "192.0.2.4:5151", "192.0.2.4:5151"},
 	} {
-		assert.Equal(t, tc.want, strings.TrimSpace(clientOf(tc.h)))
+		assert.Equal(t, tc.want, clientOf(&picker.PickRequest{Header: tc.h, ClientAddress: tc.src}))
 	}
 }
 

@@ -63,6 +63,10 @@ type Envoy struct {
 	// implements the protocol's fallback list does. Without it the value
 	// is used whole, as ORIGINAL_DST uses it (a list fails to connect).
 	Fallbacks bool
+	// SourceAddress sends each request's remote address as the request
+	// attribute source.address (SourceAttributes), as Envoy does when
+	// its ext_proc filter's request_attributes list it.
+	SourceAddress bool
 }
 
 func (e *Envoy) upstream() http.RoundTripper {
@@ -101,6 +105,9 @@ func (e *Envoy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if e.Metadata != nil {
 		req.Metadata = e.Metadata(r)
+	}
+	if e.SourceAddress {
+		req.Attributes = SourceAttributes(r.RemoteAddr)
 	}
 	routed, err := x.Request(req)
 	if err != nil {

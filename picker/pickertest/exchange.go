@@ -93,6 +93,9 @@ type Request struct {
 	// Metadata is the filter metadata sent with the headers (a subset
 	// hint: SubsetMetadata).
 	Metadata *corev3.Metadata
+	// Attributes are the request attributes sent with the headers, by
+	// filter name (SourceAttributes).
+	Attributes map[string]*structpb.Struct
 	// Body is the request body; nil sends the headers with end_of_stream.
 	Body []byte
 	// Chunk is the size of the body chunks; 0 means DefaultChunk.
@@ -148,7 +151,9 @@ func (x *Exchange) Request(r Request) (Routed, error) {
 	for _, h := range r.Header {
 		kv = append(kv, strings.ToLower(h.Name), h.Value)
 	}
-	if err := x.Send(RequestHeaders(r.Body == nil, r.Metadata, kv...)); err != nil {
+	m := RequestHeaders(r.Body == nil, r.Metadata, kv...)
+	m.Attributes = r.Attributes
+	if err := x.Send(m); err != nil {
 		return Routed{}, err
 	}
 	if r.Body != nil {
@@ -387,4 +392,12 @@ func ServedMetadata(endpoint string) *corev3.Metadata {
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{picker.DestinationNamespace: {Fields: map[string]*structpb.Value{
 		picker.ServedKey: structpb.NewStringValue(endpoint),
 	}}}}
+}
+
+// SourceAttributes are the request attributes Envoy's ext_proc filter
+// sends with request_attributes: [source.address]: the downstream peer's
+// address under the filter's name.
+func SourceAttributes(addr string) map[string]*structpb.Struct {
+	return map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+		picker.SourceAttribute: structpb.NewStringValue(addr)}}}
 }
