@@ -31,8 +31,9 @@ const maxPeerCABytes = 4 << 20
 
 // ReadPeerCA reads a peer CA file (Options.PeerCAFile): one or more PEM
 // CERTIFICATE blocks, each a certificate x509 parses, at most 4 MiB in
-// all. Any other block, or text that is not PEM, is an error naming the
-// file and the block.
+// all; text before or between blocks is skipped (comments). Any other
+// block, a block that is not valid PEM, or text after the last block is
+// an error naming the file (and the block).
 func ReadPeerCA(path string) (*x509.CertPool, error) {
 	f, err := os.Open(path)
 	if err != nil {

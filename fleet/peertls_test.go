@@ -70,8 +70,8 @@ func TestReadPeerCA(t *testing.T) {
 	assert.ErrorContains(t, err, "over 4194304 bytes")
 }
 
-// FuzzParsePeerCA: any bytes give a pool or an error, never a panic; a
-// pool holds a certificate for each block.
+// FuzzParsePeerCA: any bytes give a pool or an error, never a panic,
+// never both; a pool only from input with a PEM block.
 func FuzzParsePeerCA(f *testing.F) {
 	a := caPEM(f, "a")
 	f.Add(a)

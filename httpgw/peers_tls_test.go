@@ -85,11 +85,16 @@ func TestPeersByDNSOverTLS(t *testing.T) {
 	busy(t, b, testModel, 40, 2)
 	_, err := b.Snapshot().Models[testModel].Gateway.Route(gateway.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 	require.NoError(t, err)
+	_, err = a.Snapshot().Models[testModel].Gateway.Route(gateway.Key{11, 12, 13})
+	require.NoError(t, err)
 	a.ScrapeAll(ctx)
+	b.ScrapeAll(ctx)
 	assert.Equal(t, map[string]int{"r0": 10, "r1": 0}, peerLoad(t, a, testModel), "A hears B over TLS, verified for the name")
+	assert.Equal(t, map[string]int{"r0": 3, "r1": 0}, peerLoad(t, b, testModel), "B hears A")
 	page := metricsPage(t, aURL)
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_up{peer=%q} 1`, bURL))
 	assert.Contains(t, page, fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, aURL), "A reached itself over TLS too")
+	assert.Contains(t, metricsPage(t, bURL), fmt.Sprintf(`exa_gateway_peer_self{peer=%q} 1`, bURL), "and B itself")
 
 	// B presents a certificate that does not name NAME: A refuses it.
 	certB.Store(wrongName)

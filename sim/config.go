@@ -149,8 +149,8 @@ type Config struct {
 	// simulated gateway keeps its own limiter, as each gateway process
 	// does. A request over its tenant's rate is refused before routing
 	// (Result.RateLimited, counted in Dropped and in its tenant's shed).
-	// Its Key is not read: the tenant is the client's header and address;
-	// its MaxClients must be 0 (every tenant is kept, so that the run
+	// Its Key must be valid but changes nothing (the tenant is every
+	// header and the address); its MaxClients must be 0 (every tenant is kept, so that the run
 	// does not depend on which one a bounded limiter forgets). The zero
 	// value limits nothing.
 	RateLimit flow.RateLimit

@@ -11,7 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Config.RateLimit refuses, for every policy alike, exactly the requests
+// Config.RateLimit refuses, for cache_aware, round_robin and a peer
+// alike, exactly the requests
 // flow.Rate.Admit refuses when each tenant is a client of one gateway, at
 // the workload's arrival times; each tenant's refusals are its shed, and
 // every request is still accounted for. Two gateways keep a limiter each,
