@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/examlops/gateway/internal/memtest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -213,9 +214,13 @@ func TestMeasureRateLimiterMemory(t *testing.T) {
 // FuzzClient: any header value and remote address give a key, never a
 // panic; a request with the header is keyed by it alone, one without by
 // its address, the same for every port and, for IPv6, every address of
-// its /64.
+// its /64; and a remote address is keyed as the plain parse order
+// (host:port, then a bare address, then the string) keys it, which
+// Client reorders by the address's shape to spare a failed parse's
+// allocation.
 func FuzzClient(f *testing.F) {
-	for _, s := range [][2]string{{"", "10.0.0.1:1"}, {"sk-1", "[2001:db8::1]:443"}, {"", "[fe80::1%eth0]:1"}, {"", "not an address"}, {"", ""}, {"", "[::ffff:10.0.0.1]:2"}} {
+	for _, s := range [][2]string{{"", "10.0.0.1:1"}, {"sk-1", "[2001:db8::1]:443"}, {"", "[fe80::1%eth0]:1"}, {"", "not an address"}, {"", ""}, {"", "[::ffff:10.0.0.1]:2"},
+		{"", "192.0.2.1"}, {"", "2001:db8::1"}, {"", "fe80::1%eth0"}, {"", "::ffff:10.0.0.1"}, {"", "1:2"}, {"", "[::1]"}} {
 		f.Add(s[0], s[1])
 	}
 	l, err := NewRateLimiter(RateLimit{Rate: Rate{PerSecond: 1, Burst: 1}, Key: "header:X-Api-Key"})
@@ -228,6 +233,17 @@ func FuzzClient(f *testing.F) {
 			h.Set("X-Api-Key", key)
 		}
 		c := l.Client(h, remote)
+		if h.Get("X-Api-Key") == "" {
+			want := xxhash.Sum64String(remote)
+			if ap, err := netip.ParseAddrPort(remote); err == nil {
+				want = addrClient(ap.Addr())
+			} else if a, err := netip.ParseAddr(remote); err == nil {
+				want = addrClient(a)
+			}
+			if c != want {
+				t.Fatalf("%q: keyed %x, the plain parse order %x", remote, c, want)
+			}
+		}
 		if h.Get("X-Api-Key") != "" {
 			if c != l.Client(h, "elsewhere") {
 				t.Fatalf("key %q: the address changed its client", key)
@@ -250,4 +266,20 @@ func FuzzClient(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Client allocates nothing for an address with or without its port, of
+// either family, nor for a header's value.
+func TestClientAllocatesNothing(t *testing.T) {
+	l, err := NewRateLimiter(RateLimit{Rate: Rate{PerSecond: 1, Burst: 1}, Key: "header:X-Api-Key"})
+	require.NoError(t, err)
+	h, keyed := http.Header{}, http.Header{"X-Api-Key": {"sk-1"}}
+	for _, remote := range []string{"192.0.2.1", "192.0.2.1:80", "2001:db8::1", "[2001:db8::1]:443"} {
+		if n := testing.AllocsPerRun(100, func() { l.Client(h, remote) }); n != 0 {
+			t.Errorf("%s: %v allocations", remote, n)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { l.Client(keyed, "192.0.2.1") }); n != 0 {
+		t.Errorf("by header: %v allocations", n)
+	}
 }

@@ -29,7 +29,8 @@ func (r *Router) CheckHead(req *picker.PickRequest) error {
 	if endpoint == "" {
 		return nil
 	}
-	ok, wait := r.rate.Allow(r.rate.Client(req.Header, clientOf(req)), r.opts.Clock())
+	// &req.Header: a pointer boxes without allocating, the slice would not.
+	ok, wait := r.rate.Allow(r.rate.Client(&req.Header, clientOf(req)), r.opts.Clock())
 	if ok {
 		return nil
 	}

@@ -151,3 +151,19 @@ func TestRateLimitBySourceAddress(t *testing.T) {
 	require.Equal(t, 429, send("192.0.2.1:2000", "10.0.0.2"), "the same address under another X-Forwarded-For")
 	require.Equal(t, 200, send("192.0.2.2:1000", "10.0.0.1"), "another address, the first one's X-Forwarded-For")
 }
+
+// CheckHead allocates nothing for a request it admits, its client from
+// X-Forwarded-For (an address without a port) or from source.address
+// (it was 2: the header slice boxed, and a failed host:port parse).
+func TestCheckHeadAllocatesNothing(t *testing.T) {
+	r, err := New(newFleet(t, nil, fleet.Options{}), Options{RateLimit: flow.RateLimit{Rate: flow.Rate{PerSecond: 1e9, Burst: 1 << 30}},
+		Clock: func() time.Time { return time.Unix(1e9, 0) }})
+	require.NoError(t, err)
+	for _, req := range []*picker.PickRequest{
+		{Method: "POST", Path: "/v1/chat/completions", Header: picker.Headers{{Name: "x-forwarded-for", Value: "10.0.0.1, 192.0.2.1"}}},
+		{Method: "POST", Path: "/v1/embeddings", ClientAddress: "192.0.2.2:5000"},
+	} {
+		n := testing.AllocsPerRun(200, func() { require.NoError(t, r.CheckHead(req)) })
+		require.Zero(t, n, "%s", req.Path)
+	}
+}
