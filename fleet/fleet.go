@@ -417,7 +417,7 @@ func (s *Fleet) PeerToken() (tok []byte, required bool, err error) {
 	if s.opts.PeerTokenFile == "" {
 		return nil, false, nil
 	}
-	tok, err = s.peers.token.get(s.opts.PeerTokenFile)
+	tok, _, err = s.peers.token.get(s.opts.PeerTokenFile, "peer token file", ReadPeerToken)
 	// Logged when it becomes unreadable and when it is read again, not at
 	// every peer scrape and /metrics request (10 a second each).
 	switch {

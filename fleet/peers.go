@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -115,41 +114,11 @@ type peerTable struct {
 	mu    sync.Mutex
 	peers map[string]*peerState
 	dns   map[string]*dnsEntry
-	token tokenFile
+	token fileCache[[]byte] // the peer token (ReadPeerToken)
 	tls   peerTLS
 	// tokenFailing: the token file was last found unreadable (logged
 	// once, by PeerToken).
 	tokenFailing atomic.Bool
-}
-
-// tokenFile is a bearer token read from a file, re-read when the file's
-// size or modification time changes. Safe for concurrent use.
-type tokenFile struct {
-	mu   sync.Mutex
-	mod  time.Time
-	size int64
-	tok  []byte
-}
-
-// get returns the token in the file at path: its contents with
-// surrounding white space trimmed, which must be 1..maxPeerTokenBytes
-// bytes. An error names the file.
-func (t *tokenFile) get(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("peer token file: %w", err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.tok != nil && fi.ModTime().Equal(t.mod) && fi.Size() == t.size {
-		return t.tok, nil
-	}
-	tok, err := ReadPeerToken(path)
-	if err != nil {
-		return nil, err
-	}
-	t.tok, t.mod, t.size = tok, fi.ModTime(), fi.Size()
-	return tok, nil
 }
 
 // ReadPeerToken reads a peer token file (Options.PeerTokenFile): its
@@ -465,14 +434,18 @@ func (s *Fleet) scrapePeers(ctx context.Context) {
 		// verified for its own host; reached under several dns+https
 		// names, for the first of them in byte order, whatever order
 		// the table gives.
-		static := maps.Clone(bases)
+		// bases holds the listed ones until the second pass.
 		s.peers.mu.Lock()
 		for _, d := range s.peers.dns {
 			for _, b := range d.bases {
-				bases[b] = true
-				if n, ok := names[b]; d.name != "" && !static[b] && (!ok || d.name < n) {
+				if n, ok := names[b]; d.name != "" && !bases[b] && (!ok || d.name < n) {
 					names[b] = d.name
 				}
+			}
+		}
+		for _, d := range s.peers.dns {
+			for _, b := range d.bases {
+				bases[b] = true
 			}
 		}
 		s.peers.mu.Unlock()

@@ -7,13 +7,10 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/examlops/gateway/internal/httpclient"
 )
@@ -93,11 +90,11 @@ func parsePeerCA(b []byte) (*x509.CertPool, error) {
 // built with the last good PeerCAFile. Safe for concurrent use; the zero
 // value has none.
 type peerTLS struct {
+	file fileCache[*x509.CertPool] // PeerCAFile (ReadPeerCA)
+
 	mu      sync.Mutex
-	ca      *x509.CertPool // nil: the system roots
-	mod     time.Time      // PeerCAFile's, when ca was read
-	size    int64
-	failing bool // the file was last found unreadable (logged once)
+	ca      *x509.CertPool // the file's, which clients were built with; nil: the system roots
+	failing bool           // the file was last found unreadable (logged once)
 	clients map[string]*http.Client
 }
 
@@ -127,28 +124,13 @@ func (s *Fleet) refreshPeerCA() {
 // and modification time are those of its last good read, and records
 // whether it failed.
 func (s *Fleet) loadPeerCA() error {
-	path := s.opts.PeerCAFile
 	t := &s.peers.tls
-	fi, err := os.Stat(path)
-	if err != nil {
-		err = fmt.Errorf("peer CA file: %w", err)
-	}
-	t.mu.Lock()
-	if err == nil && t.ca != nil && fi.ModTime().Equal(t.mod) && fi.Size() == t.size {
-		t.failing = false
-		t.mu.Unlock()
-		return nil
-	}
-	t.mu.Unlock()
-	var pool *x509.CertPool
-	if err == nil {
-		pool, err = ReadPeerCA(path)
-	}
+	pool, changed, err := t.file.get(s.opts.PeerCAFile, "peer CA file", ReadPeerCA)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.failing = err != nil
-	if err == nil {
-		t.ca, t.mod, t.size = pool, fi.ModTime(), fi.Size()
+	if changed {
+		t.ca = pool
 		t.closeClients()
 	}
 	return err
@@ -183,8 +165,12 @@ func (s *Fleet) peerClient(base, name string) *http.Client {
 func (t *peerTLS) keepOnly(names map[string]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	keep := make(map[string]bool, len(names))
+	for _, n := range names {
+		keep[n] = true
+	}
 	for name, c := range t.clients {
-		if name != "" && !slices.Contains(slices.Collect(maps.Values(names)), name) {
+		if name != "" && !keep[name] {
 			c.CloseIdleConnections()
 			delete(t.clients, name)
 		}

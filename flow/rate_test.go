@@ -187,13 +187,7 @@ func TestMeasureRateLimiterMemory(t *testing.T) {
 	if os.Getenv("EXA_MEASURE") == "" {
 		t.Skip("measurement: set EXA_MEASURE=1")
 	}
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
-	before := heap()
+	before := memtest.LiveHeap()
 	l, err := NewRateLimiter(RateLimit{Rate: Rate{PerSecond: 1, Burst: 1}})
 	require.NoError(t, err)
 	now := time.Now()
@@ -204,7 +198,7 @@ func TestMeasureRateLimiterMemory(t *testing.T) {
 			l.Allow(uint64(i)*0x9e3779b97f4a7c15, now)
 		}
 	})
-	after := heap()
+	after := memtest.LiveHeap()
 	st := l.Stats()
 	t.Logf("%d clients kept of %d seen (%d forgotten): %.2f MiB, %.0f bytes a client; peak RSS over the flood +%.1f MiB", st.Clients, 4*DefaultRateClients, st.Forgotten,
 		float64(after-before)/(1<<20), float64(after-before)/float64(st.Clients), float64(rss)/(1<<20))

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -304,6 +305,37 @@ func twoAddressesOnePort(t *testing.T) (la, lb net.Listener) {
 	return la, lb
 }
 
+// dnsPeerGateway is a gateway of these tests' clocks (scrapes every
+// second, probes cut at 500 ms) with fo, serving on l (not at all when l
+// is nil; over TLS with cfg when it is not nil, without keep-alive, so
+// that each scrape handshakes anew), its model's replicas reps and its
+// one peer entry.
+func dnsPeerGateway(t *testing.T, l net.Listener, cfg *tls.Config, clock func() time.Time, fo fleet.Options, reps []config.Replica, entry string) *Server {
+	t.Helper()
+	fo.ScrapeInterval, fo.PeerScrapeInterval, fo.ProbeTimeout = time.Second, time.Second, 500*time.Millisecond
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: clock, Fleet: fo})
+	require.NoError(t, err)
+	if l != nil {
+		h := httptest.NewUnstartedServer(s)
+		h.Listener.Close()
+		h.Listener = l
+		if cfg == nil {
+			h.Start()
+		} else {
+			h.TLS = cfg
+			h.Config.SetKeepAlivesEnabled(false)
+			h.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+			h.StartTLS()
+		}
+		t.Cleanup(h.Close)
+	}
+	require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
+		testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: []string{entry}},
+	}}))
+	return s
+}
+
 // Two gateways share one peer list, a name that resolves to both (as a
 // Kubernetes headless Service resolves to its ready pods): each ignores
 // itself and hears the other. A failed lookup keeps the last addresses; a
@@ -317,19 +349,7 @@ func TestPeersByDNS(t *testing.T) {
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
 	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
 	mk := func(l net.Listener) *Server {
-		reg := prometheus.NewRegistry()
-		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: clock,
-			Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res}})
-		require.NoError(t, err)
-		h := httptest.NewUnstartedServer(s)
-		h.Listener.Close()
-		h.Listener = l
-		h.Start()
-		t.Cleanup(h.Close)
-		require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
-			testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: []string{fmt.Sprintf("dns+http://gw-peers.test:%d", port)}},
-		}}))
-		return s
+		return dnsPeerGateway(t, l, nil, clock, fleet.Options{Resolver: res}, reps, fmt.Sprintf("dns+http://gw-peers.test:%d", port))
 	}
 	a, b := mk(la), mk(lb)
 	aURL, bURL := fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.2:%d", port)

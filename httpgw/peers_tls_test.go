@@ -4,10 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
-	"log"
 	"net"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -18,7 +15,6 @@ import (
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/testca"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -54,26 +50,13 @@ func TestPeersByDNSOverTLS(t *testing.T) {
 	reps := []config.Replica{{Name: "r0", Address: engineMetrics(t)}, {Name: "r1", Address: engineMetrics(t)}}
 	entry := fmt.Sprintf("dns+https://%s:%d", name, port)
 	mk := func(l net.Listener, caFile string, cert *atomic.Pointer[tls.Certificate]) *Server {
-		reg := prometheus.NewRegistry()
-		s, err := New(Options{Registerer: reg, Gatherer: reg, Logger: quietLogger(), Clock: clock,
-			Fleet: fleet.Options{ScrapeInterval: time.Second, PeerScrapeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, Resolver: res, PeerCAFile: caFile}})
-		require.NoError(t, err)
+		var cfg *tls.Config
 		if l != nil {
-			h := httptest.NewUnstartedServer(s)
-			h.Listener.Close()
-			h.Listener = l
-			h.TLS = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }}
-			// A handshake a scrape: a certificate changed below is
-			// presented at once, not at B's next connection.
-			h.Config.SetKeepAlivesEnabled(false)
-			h.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
-			h.StartTLS()
-			t.Cleanup(h.Close)
+			// A handshake a scrape (dnsPeerGateway): a certificate
+			// changed below is presented at once.
+			cfg = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }}
 		}
-		require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{
-			testModel: {Mode: gateway.ModeCacheAware, Replicas: reps, Peers: []string{entry}},
-		}}))
-		return s
+		return dnsPeerGateway(t, l, cfg, clock, fleet.Options{Resolver: res, PeerCAFile: caFile}, reps, entry)
 	}
 	var certA, certB atomic.Pointer[tls.Certificate]
 	certA.Store(good)

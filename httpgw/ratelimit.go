@@ -1,9 +1,7 @@
 package httpgw
 
 import (
-	"math"
 	"net/http"
-	"strconv"
 
 	"github.com/examlops/gateway/internal/front"
 )
@@ -32,7 +30,7 @@ func (s *Server) overRate(w http.ResponseWriter, r *http.Request, fail failFunc)
 		return false
 	}
 	lim := s.rate.Limit()
-	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
+	w.Header().Set("Retry-After", front.RetryAfter(wait))
 	fail(http.StatusTooManyRequests, front.TypeRateLimit, CodeRateLimited, "", front.RateLimitedText(lim, wait))
 	return true
 }

@@ -14,11 +14,10 @@ import (
 // client's request rate) and, without the key and the bound on clients,
 // the simulator's (each tenant's).
 type rateFlags struct {
-	rateLimit         float64
-	rateBurst         int
-	rateClients       int
-	rateKey           string
-	rateKeyAndClients bool // --rate-limit-key and --rate-limit-clients registered
+	rateLimit   float64
+	rateBurst   int
+	rateClients int
+	rateKey     string
 }
 
 // registerRate registers the flags: limit and burst describe what is
@@ -30,7 +29,6 @@ func (r *rateFlags) registerRate(f *pflag.FlagSet, limit, burst, keyHelp string)
 	if keyHelp == "" {
 		return
 	}
-	r.rateKeyAndClients = true
 	f.StringVar(&r.rateKey, "rate-limit-key", "ip", keyHelp)
 	f.IntVar(&r.rateClients, "rate-limit-clients", flow.DefaultRateClients,
 		"most clients --rate-limit keeps at once (36 bytes each: 2.2 MiB at the default); past it one whose burst is whole again makes room")
@@ -52,13 +50,14 @@ func (r rateFlags) rateLimitOptions(cmd *cobra.Command) (flow.RateLimit, error) 
 		burst = max(1, int(math.Ceil(r.rateLimit)))
 	}
 	o := flow.RateLimit{Rate: flow.Rate{PerSecond: r.rateLimit, Burst: burst}}
-	if r.rateKeyAndClients {
+	keyed := cmd.Flags().Lookup("rate-limit-key") != nil // the fronts', not the simulator's
+	if keyed {
 		o.Key, o.MaxClients = r.rateKey, r.rateClients
 	}
 	if r.rateBurst < 0 {
 		return o, usagef("invalid --rate-limit-burst %q: must not be negative (0 = --rate-limit rounded up)", fmt.Sprint(r.rateBurst))
 	}
-	if r.rateKeyAndClients && r.rateClients < 1 {
+	if keyed && r.rateClients < 1 {
 		return o, usagef("invalid --rate-limit-clients %q: must be at least 1", fmt.Sprint(r.rateClients))
 	}
 	// Each flag checked on its own, so that the error names it.

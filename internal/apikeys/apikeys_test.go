@@ -162,20 +162,14 @@ func TestMeasureKeysMemory(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "keys")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
-	before := heap()
+	before := memtest.LiveHeap()
 	var f *File
 	rss := memtest.PeakRSS(func() {
 		var err error
 		f, err = Load(path, nil)
 		require.NoError(t, err)
 	})
-	after := heap()
+	after := memtest.LiveHeap()
 	t.Logf("%d keys, a file of %.1f MiB: %.2f MiB held; peak RSS while loading +%.1f MiB",
 		f.Len(), float64(b.Len())/(1<<20), float64(after-before)/(1<<20), float64(rss)/(1<<20))
 	runtime.KeepAlive(f)

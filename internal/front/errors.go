@@ -73,11 +73,12 @@ func WriteJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(b)
 }
 
-// RetryAfter is the Retry-After (in seconds) of a front's 429, whether
-// shed by admission control, refused by flow control or refused for a
-// latency objective no replica is predicted to meet: one scrape interval
-// (fleet.Options.ScrapeInterval) rounded up to a second, when the load the
-// request was refused for is next read; at least 1.
-func RetryAfter(scrapeInterval time.Duration) string {
-	return strconv.Itoa(max(1, int((scrapeInterval+time.Second-1)/time.Second)))
+// RetryAfter is the Retry-After (in seconds) of a front's 429: wait
+// rounded up to a second, at least 1. Shed by admission control, refused
+// by flow control or for a latency objective no replica is predicted to
+// meet, the wait is one scrape interval (fleet.Options.ScrapeInterval),
+// when the load the request was refused for is next read; over its
+// client's rate, the wait until one would be admitted.
+func RetryAfter(wait time.Duration) string {
+	return strconv.Itoa(max(1, int((wait+time.Second-1)/time.Second)))
 }

@@ -18,6 +18,15 @@ import (
 
 const heapObjects = "/memory/classes/heap/objects:bytes"
 
+// LiveHeap is the heap live after a collection (MemStats.HeapAlloc): the
+// difference of two calls is what was kept between them.
+func LiveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
 // PeakHeap runs f while sampling the live heap every 100µs, and returns
 // the largest sample above the heap live before f (0 if none was above).
 func PeakHeap(f func()) uint64 {

@@ -21,11 +21,7 @@ func (r *Router) CheckHead(req *picker.PickRequest) error {
 	if r.rate == nil {
 		return nil
 	}
-	path := req.Path
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
-	endpoint := limitedEndpoint(req.Method, path)
+	endpoint := limitedEndpoint(req.Method, pathOf(req))
 	if endpoint == "" {
 		return nil
 	}
@@ -48,13 +44,8 @@ func limitedEndpoint(method, path string) string {
 	if method != http.MethodPost {
 		return ""
 	}
-	switch path {
-	case "/v1/chat/completions":
-		return "chat"
-	case "/v1/completions":
-		return "completions"
-	case "/v1/responses":
-		return "responses"
+	if kind, ok := promptKind(path); ok {
+		return kind.String()
 	}
 	return passEndpoints[path]
 }

@@ -223,21 +223,13 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	if start.IsZero() {
 		start = r.opts.Clock()
 	}
-	path := req.Path
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
-	var kind keys.Endpoint
-	switch path {
-	case "/v1/chat/completions":
-		kind = keys.Chat
-	case "/v1/completions":
-		kind = keys.Completions
-	case "/v1/responses":
-		kind = keys.Responses
-	case "/v1/models":
+	path := pathOf(req)
+	kind, prompt := promptKind(path)
+	switch {
+	case prompt:
+	case path == "/v1/models":
 		return r.models(req)
-	case "/v1/embeddings", "/tokenize", "/detokenize":
+	case passEndpoints[path] != "":
 		return r.passThrough(req, path, start)
 	default:
 		if strings.HasPrefix(path, front.StoredPrefix) {
@@ -321,4 +313,24 @@ func clientOf(req *picker.PickRequest) string {
 		xff = xff[i+1:]
 	}
 	return strings.TrimSpace(xff) // "a, b": the list's spaces are not the address's
+}
+
+// pathOf is a request's path without its query.
+func pathOf(req *picker.PickRequest) string {
+	path, _, _ := strings.Cut(req.Path, "?")
+	return path
+}
+
+// promptKind is the kind of the endpoint at path routed by its prompt,
+// and whether path is one.
+func promptKind(path string) (keys.Endpoint, bool) {
+	switch path {
+	case "/v1/chat/completions":
+		return keys.Chat, true
+	case "/v1/completions":
+		return keys.Completions, true
+	case "/v1/responses":
+		return keys.Responses, true
+	}
+	return 0, false
 }
