@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -417,7 +418,7 @@ func (s *Fleet) PeerToken() (tok []byte, required bool, err error) {
 	if s.opts.PeerTokenFile == "" {
 		return nil, false, nil
 	}
-	tok, _, err = s.peers.token.get(s.opts.PeerTokenFile, "peer token file", ReadPeerToken)
+	tok, _, err = s.peers.token.get(s.opts.PeerTokenFile, "peer token file", ReadPeerToken, bytes.Equal)
 	// Logged when it becomes unreadable and when it is read again, not at
 	// every peer scrape and /metrics request (10 a second each).
 	switch {

@@ -125,7 +125,7 @@ func (s *Fleet) refreshPeerCA() {
 // whether it failed.
 func (s *Fleet) loadPeerCA() error {
 	t := &s.peers.tls
-	pool, changed, err := t.file.get(s.opts.PeerCAFile, "peer CA file", ReadPeerCA)
+	pool, changed, err := t.file.get(s.opts.PeerCAFile, "peer CA file", ReadPeerCA, (*x509.CertPool).Equal)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.failing = err != nil
