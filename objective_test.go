@@ -1,0 +1,45 @@
+package gateway
+
+import (
+	"testing"
+	"time"
+
+	"github.com/examlops/gateway/keys"
+	"github.com/stretchr/testify/require"
+)
+
+// teach feeds rs's learner, through learn, 60 streamed answers of a
+// replica taking a per block and b per token, so that both are published.
+func teach(rs *replicaState, a, b time.Duration) {
+	for range 60 {
+		ttft := 10 * a
+		rs.learn(10, 1, &DoneInfo{TTFT: ttft, Elapsed: ttft + 10*b, OutputTokens: 11})
+	}
+}
+
+// TestObjectiveBestEffortOnlyWhenNoneMeets: a request goes best effort
+// (FallbackSLO) only when no candidate is predicted to meet its TTFT
+// objective, whichever replicas are out of rotation. With a known slow
+// replica unhealthy, Pick judged the unknown candidate at the healthy
+// candidates' mean and RouteWith at the gateway's: the unknown one, met
+// by one and missed by the other, was chosen and flagged FallbackSLO
+// while the fast replica met the objective.
+func TestObjectiveBestEffortOnlyWhenNoneMeets(t *testing.T) {
+	g := mustNew(t, replicaNames(4), WithMode(ModeCacheAware))
+	list := g.snap.Load().list
+	teach(list[0], 100*time.Millisecond, time.Millisecond) // slow, about to leave rotation
+	teach(list[1], 10*time.Millisecond, time.Millisecond)
+	teach(list[2], 40*time.Millisecond, time.Millisecond)
+	// list[3] ("r3") stays unknown.
+	checkPoolSpeeds(t, g)
+	require.NoError(t, g.SetHealthy("r0", false))
+	// 3 blocks, none cached: 4 blocks of work on an idle replica. r1
+	// predicts 40 ms, r2 160 ms; r3 100 ms at the healthy candidates'
+	// mean, 200 ms at the gateway's.
+	for i := range 8 {
+		d, err := g.RouteWith(keys.AppendHashes(nil, []uint64{uint64(1000 + i), 1, 2}), Target{TTFT: 120 * time.Millisecond})
+		require.NoError(t, err)
+		require.Zero(t, d.Fallback&FallbackSLO, "request %d went best effort to %s (predicted %v) while r1 was predicted to meet 120ms", i, d.Replica, d.PredictedTTFT)
+		d.Done(DoneInfo{})
+	}
+}
