@@ -532,7 +532,10 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		rs:       rs,
 	}
 	work := pc.work(len(key))
-	d.PredictedTTFT = time.Duration(a * float64(work))
+	d.PredictedTTFT = math.MaxInt64 // past the longest Duration
+	if p := a * float64(work); p < math.MaxInt64 {
+		d.PredictedTTFT = time.Duration(p)
+	}
 	d.PredictedTPOT = pc.TokenTime
 	g.seq++
 	g.picked[rs.slot] = g.seq

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -42,4 +43,23 @@ func TestObjectiveBestEffortOnlyWhenNoneMeets(t *testing.T) {
 		require.Zero(t, d.Fallback&FallbackSLO, "request %d went best effort to %s (predicted %v) while r1 was predicted to meet 120ms", i, d.Replica, d.PredictedTTFT)
 		d.Done(DoneInfo{})
 	}
+}
+
+// TestPredictedTTFTSaturates: the predicted TTFT of a replica at the
+// slowest publishable time per block (2³²−1 ns) under the most peer
+// prefill UpdateLoad accepts is the longest Duration, not a negative one.
+// It was a*work converted to a Duration unchecked: past 2⁶³ ns it came out
+// as −2⁶³ on amd64, a prediction already over at routing.
+func TestPredictedTTFTSaturates(t *testing.T) {
+	g := mustNew(t, replicaNames(1), WithMode(ModeCacheAware))
+	rs := g.snap.Load().list[0]
+	sp := uint64(math.MaxUint32)<<32 | 1
+	shiftSum(&g.speeds, 0, sp>>32)
+	rs.speed.Store(sp)
+	require.NoError(t, g.UpdateLoad("r0", Load{PeerPrefill: maxRequestCount}))
+	d, err := g.RouteWith(keys.AppendHashes(nil, []uint64{1, 2, 3}), Target{TTFT: time.Second})
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(math.MaxInt64), d.PredictedTTFT)
+	require.NotZero(t, d.Fallback&FallbackSLO)
+	d.Done(DoneInfo{})
 }
