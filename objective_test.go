@@ -63,3 +63,28 @@ func TestPredictedTTFTSaturates(t *testing.T) {
 	require.NotZero(t, d.Fallback&FallbackSLO)
 	d.Done(DoneInfo{})
 }
+
+// TestObjectiveBestEffortStats: a request routed best effort for its own
+// objective is counted in ObjectiveBestEffort, not in SLOFallbacks (the
+// gateway-wide latency SLO's fallback), and the replicas that SLO left
+// out of its decision are still counted in SLOExcluded. Both counted from
+// the decision's FallbackSLO, which the two reasons share: an unmet
+// objective was counted as an SLO fallback, and its excluded replicas
+// went uncounted.
+func TestObjectiveBestEffortStats(t *testing.T) {
+	g := mustNew(t, replicaNames(3), WithMode(ModeCacheAware), WithSLOLatency(time.Second))
+	list := g.snap.Load().list
+	for _, rs := range list {
+		teach(rs, 10*time.Millisecond, time.Millisecond)
+	}
+	require.NoError(t, g.UpdateLoad("r2", Load{Latency: 2 * time.Second})) // over the SLO
+	d, err := g.RouteWith(keys.AppendHashes(nil, []uint64{1, 2, 3}), Target{TTFT: time.Millisecond})
+	require.NoError(t, err)
+	require.NotEqual(t, "r2", d.Replica)
+	require.Equal(t, FallbackSLO, d.Fallback&FallbackSLO, "no replica meets 1 ms")
+	d.Done(DoneInfo{})
+	st := g.Stats()
+	require.Equal(t, uint64(1), st.ObjectiveBestEffort)
+	require.Zero(t, st.SLOFallbacks, "no fallback for the latency SLO: r0 and r1 are within it")
+	require.Equal(t, uint64(1), st.SLOExcluded, "r2 was left out for the latency SLO")
+}
