@@ -500,6 +500,9 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if a == 0 {
 		a = ref
 	}
+	// every healthy replica breaches the latency SLO (fb's only reason
+	// yet; the objective's below shares its flag)
+	sloAll := fb&FallbackSLO != 0
 	if obj.set() && !tg.NoPrompt {
 		g.stats.objReq.Add(1)
 		if !obj.meets(pc, len(key), a) {
@@ -532,7 +535,10 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		rs:       rs,
 	}
 	work := pc.work(len(key))
-	d.PredictedTTFT = time.Duration(a * float64(work))
+	d.PredictedTTFT = math.MaxInt64 // past the longest Duration
+	if p := a * float64(work); p < math.MaxInt64 {
+		d.PredictedTTFT = time.Duration(p)
+	}
 	d.PredictedTPOT = pc.TokenTime
 	g.seq++
 	g.picked[rs.slot] = g.seq
@@ -556,7 +562,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if d.Hit {
 		rs.hits.Add(1)
 	}
-	g.stats.record(&d, excluded)
+	g.stats.record(&d, excluded, sloAll)
 	return d, nil
 }
 

@@ -369,6 +369,14 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// than the deadband, or a quarter slower: speed classes, between which
 	// a prefix's placement is priced over speedHorizon requests to come.
 	unknown, obj, classes := 1.0, objective{ttft: req.TTFT}, false
+	// oref is the time per block an unknown candidate is predicted at
+	// against the objective: the pool's mean, as the gateway's check of
+	// the chosen one takes it (RouteWith), also when ref is the
+	// candidates' own; theirs when no gateway set it.
+	oref := ref
+	if req.ref > 0 {
+		oref = req.ref
+	}
 	if ref > 0 || obj.set() {
 		// One pass for both: the fastest known speed and how many are
 		// known and priced faster or slower, and how many meet the
@@ -388,7 +396,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			}
 			// Only a candidate under the cap counts: were every one that
 			// meets the objective over it, filtering would leave none.
-			if obj.set() && (!capped || float64(c.InFlight+1) <= bound) && obj.meets(c, n, ref) {
+			if obj.set() && (!capped || float64(c.InFlight+1) <= bound) && obj.meets(c, n, oref) {
 				meet++
 			}
 		}
@@ -424,7 +432,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		if capped && float64(c.InFlight+1) > bound {
 			continue
 		}
-		if filter && !obj.meets(c, n, ref) {
+		if filter && !obj.meets(c, n, oref) {
 			continue
 		}
 		m := max(c.Matched, shared)

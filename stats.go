@@ -73,7 +73,10 @@ func (c *counters) attain(o *objective, info *DoneInfo) {
 	}
 }
 
-func (c *counters) record(d *Decision, excluded int) {
+// record counts decision d; excluded replicas were left out for the
+// latency SLO, and sloAll says every healthy one breached it (d's
+// FallbackSLO may be its objective's instead).
+func (c *counters) record(d *Decision, excluded int, sloAll bool) {
 	c.routed.Add(1)
 	if d.Hit {
 		c.hits.Add(1)
@@ -81,10 +84,10 @@ func (c *counters) record(d *Decision, excluded int) {
 	if d.Kind >= 0 && d.Kind < numKinds {
 		c.byKind[d.Kind].Add(1)
 	}
-	if excluded > 0 && d.Fallback&FallbackSLO == 0 {
+	if excluded > 0 && !sloAll {
 		c.sloExcluded.Add(uint64(excluded))
 	}
-	if d.Fallback&FallbackSLO != 0 {
+	if sloAll {
 		c.sloFallbacks.Add(1)
 	}
 	if d.Fallback&FallbackNoMatch != 0 {

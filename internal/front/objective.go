@@ -191,10 +191,13 @@ func ParseSLOHeader(name, value string) (time.Duration, error) {
 }
 
 // Unmet reports whether decision d, made for a request with objective
-// s, found no replica predicted to meet it (the library's FallbackSLO;
-// without an objective that flag is the gateway-wide SLO's, not the
-// request's).
-func Unmet(s SLO, d *gateway.Decision) bool { return s.Set() && d.Fallback&gateway.FallbackSLO != 0 }
+// s, found no replica predicted to meet it (the library's FallbackSLO,
+// with its replica's predictions missing s: that flag is also the
+// gateway-wide SLO's, when every replica breaches it).
+func Unmet(s SLO, d *gateway.Decision) bool {
+	return s.Set() && d.Fallback&gateway.FallbackSLO != 0 &&
+		(s.TTFT > 0 && d.PredictedTTFT > s.TTFT || s.TPOT > 0 && d.PredictedTPOT > s.TPOT)
+}
 
 // Refuse applies the rule to decision d, made for a request with
 // objective s: with Reject, a decision that is Unmet is released with

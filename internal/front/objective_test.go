@@ -249,3 +249,39 @@ func TestPrefillTarget(t *testing.T) {
 	assert.Equal(t, gateway.Target{Adapter: "a", Exclude: "e1", TTFT: time.Second}, PrefillTarget(d))
 	assert.Equal(t, 50*time.Millisecond, d.TPOT, "the decode target is not modified")
 }
+
+// TestRefuseOnlyTheObjective: a decision that fell back because every
+// replica breaches the gateway's latency SLO (WithSLOLatency), for a
+// request whose objective its replica is predicted to meet, is not
+// refused: FallbackSLO, which both reasons share, was read as the
+// objective's alone, and such a request was answered 429 "no replica is
+// predicted to meet the latency objective".
+func TestRefuseOnlyTheObjective(t *testing.T) {
+	g, err := gateway.New([]gateway.Replica{{Name: "r"}}, gateway.WithMode(gateway.ModeCacheAware), gateway.WithSLOLatency(time.Second))
+	require.NoError(t, err)
+	for i := range 40 { // publish a time per block, about 1 ms
+		d, err := g.RouteWith(gateway.Key{uint64(i + 1)}, gateway.Target{})
+		require.NoError(t, err)
+		d.Done(gateway.DoneInfo{TTFT: 2 * time.Millisecond, Elapsed: 4 * time.Millisecond, OutputTokens: 3})
+	}
+	require.NoError(t, g.UpdateLoad("r", gateway.Load{Latency: 2 * time.Second})) // over the latency SLO
+	o := Objectives{Unattainable: Reject}
+	for _, tc := range []struct {
+		slo    SLO
+		refuse bool
+	}{
+		{SLO{TTFT: time.Hour}, false},
+		{SLO{TPOT: time.Hour}, false},
+		{SLO{TTFT: time.Hour, TPOT: time.Hour}, false},
+		{SLO{TTFT: time.Nanosecond}, true},
+		{SLO{TTFT: time.Hour, TPOT: time.Nanosecond}, true},
+	} {
+		var tg gateway.Target
+		tc.slo.Apply(&tg)
+		d, err := g.RouteWith(gateway.Key{99, 100}, tg)
+		require.NoError(t, err)
+		require.NotZero(t, d.Fallback&gateway.FallbackSLO, "every replica breaches the latency SLO")
+		require.Equal(t, tc.refuse, o.Refuse(tc.slo, &d), "%+v, predicted ttft %v tpot %v", tc.slo, d.PredictedTTFT, d.PredictedTPOT)
+		d.Done(gateway.DoneInfo{})
+	}
+}
