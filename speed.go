@@ -61,6 +61,7 @@ type speedFit struct {
 	ww, wo, oo, wy, oy float64 // decayed sums of w², w·o, o², w·y, o·y
 	n                  float64 // decayed sample weight
 	nt                 float64 // decayed count of prefill-only samples (first tokens seen)
+	nd                 float64 // decayed count of decode-only samples
 	a, b               float64 // the fit: seconds per block, per token; 0 unknown
 }
 
@@ -72,7 +73,20 @@ func (f speedFit) add(w, o, y float64) speedFit {
 		return f
 	}
 	scale := y
-	if f.n >= speedMinSamples {
+	// The fit's prediction weighs and bounds a sample once the fit is in
+	// use, and a sample of one part alone (a first token, or the decode
+	// after it) once that part has had a sample of its own: a part that
+	// answers seen only at their end put near 0 would otherwise bound its
+	// first own sample to twice that and weigh it as if exact, and the
+	// fit take hundreds of samples to recover (TestSpeedFitConverges).
+	trusted := f.n >= speedMinSamples
+	switch {
+	case o == 0:
+		trusted = trusted && f.nt > 0
+	case w == 0:
+		trusted = trusted && f.nd > 0
+	}
+	if trusted {
 		if p := f.a*w + f.b*o; p > 0 {
 			y = min(max(y, p/speedClip), p*speedClip)
 			scale = p
@@ -91,8 +105,11 @@ func (f speedFit) add(w, o, y float64) speedFit {
 	f.wy = d*f.wy + k*w*y
 	f.oy = d*f.oy + k*o*y
 	f.n = d*f.n + 1
-	if o == 0 {
+	switch {
+	case o == 0:
 		f.nt = d*f.nt + 1
+	case w == 0:
+		f.nd = d*f.nd + 1
 	}
 	f.a, f.b = f.solve()
 	return f

@@ -493,3 +493,29 @@ func TestObjectiveWithLoadFactor(t *testing.T) {
 		assert.Equal(t, tt.want, cands[i].Name, tt.name)
 	}
 }
+
+// TestSpeedFitPartNearZeroRecovers: a time per token that answers seen
+// only at their end put near 0 (their prefill drowning their decode) is
+// learned from the decode samples that follow, not bounded to twice the
+// near-0 fit and weighed as if exact. The draw is one rapid found for
+// TestSpeedFitConverges: before the fix the fit's time per token was
+// 0.00011 s after 300 samples, against 0.0057 s.
+func TestSpeedFitPartNearZeroRecovers(t *testing.T) {
+	a, b := 0.1, 0.0057373046875
+	rng := rand.New(rand.NewPCG(0x3d120192c0d7, 1))
+	var f speedFit
+	within := -1
+	for i := range 300 {
+		f = feed(f, drawSample(rng, 0.5), a, b, 0.8+0.4*rng.Float64(), 0.8+0.4*rng.Float64())
+		if i == 3 {
+			require.Less(t, f.b, b/100, "the draw no longer puts the time per token near 0 first")
+		}
+		if within < 0 && math.Abs(f.b/b-1) <= 0.15 {
+			within = i
+		}
+	}
+	t.Logf("time per token within 15%% after sample %d", within)
+	require.GreaterOrEqual(t, within, 0, "fit b=%g, true %g", f.b, b)
+	require.Less(t, within, 20, "samples to learn the time per token")
+	require.InDelta(t, 1, f.b/b, 0.15)
+}
