@@ -85,11 +85,9 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 		s.Observe(a.ep, a.ep.Health.Success(false))
 	}
 	if c.aggregate && resp.StatusCode/100 == 2 && isEventStream(resp) {
-		s.relayAggregated(c, resp)
-	} else {
-		s.relay(c, resp)
+		return s.relayAggregated(c, resp)
 	}
-	return false, nil
+	return s.relay(c, resp)
 }
 
 // firstByteTimeout is the first-byte timeout: FirstByteTimeout for a
@@ -114,6 +112,23 @@ func (s *Server) startTimer(d time.Duration, cancel func()) (*atomic.Bool, func(
 		fired.Store(true)
 		cancel()
 	})
+}
+
+// retryTimedOut reports whether a failure err of the attempt, read after
+// the engine's head but before anything was sent to the client, is to be
+// retried on another replica: when the first-byte or the response timer
+// ran out (the engine failed, as one that sent no head within it) and
+// canRetry allows it. It then reports the engine's failure and the
+// attempt's end, as forward's caller expects of a retry.
+func (s *Server) retryTimedOut(c *call, err error) bool {
+	a := &c.attempt
+	fired := (a.timedOut != nil && a.timedOut.Load()) || (a.wholeTimedOut != nil && a.wholeTimedOut.Load())
+	if !a.canRetry || !fired || c.r.Context().Err() != nil {
+		return false
+	}
+	s.Observe(a.ep, a.ep.Health.Failure(false))
+	a.done(0, err)
+	return true
 }
 
 // replica names the attempt's replica in errors.
@@ -222,8 +237,10 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 }
 
 // relay sends the engine's answer to the client as it arrives, then
-// reports the attempt's end.
-func (s *Server) relay(c *call, resp *http.Response) {
+// reports the attempt's end. Like forward it returns retry=true, with the
+// cause, for a whole answer whose timer ran out before its first byte
+// (retryTimedOut).
+func (s *Server) relay(c *call, resp *http.Response) (retry bool, cause error) {
 	a := &c.attempt
 	sse := isEventStream(resp)
 	rc := http.NewResponseController(c.w)
@@ -275,7 +292,7 @@ func (s *Server) relay(c *call, resp *http.Response) {
 				// The client is gone; returning cancels the upstream request.
 				a.done(0, werr)
 				c.oc.code = front.CodeClientCanceled
-				return
+				return false, nil
 			}
 			if sse || complete {
 				_ = rc.Flush()
@@ -298,13 +315,16 @@ func (s *Server) relay(c *call, resp *http.Response) {
 				s.finish(c, resp.StatusCode)
 			}
 			c.oc.code = strconv.Itoa(resp.StatusCode)
-			return
+			return false, nil
 		case rerr != nil && !began:
+			if cause = fmt.Errorf("%s: %w", a.replica(), c.cause(rerr)); s.retryTimedOut(c, cause) {
+				return true, cause
+			}
 			s.failBeforeAnswer(c, rerr)
-			return
+			return false, nil
 		case rerr != nil:
 			s.failMidAnswer(c, rerr, sse, rc)
-			return
+			return false, nil
 		}
 	}
 }

@@ -98,8 +98,11 @@ func (s *Server) overBudget(c *call, need int64) {
 // upstreamStream, reports the first token at its first chunk, and answers
 // the client with the assembled answer once the stream ends. A stream that
 // is cut, carries an error event or cannot be assembled gets the client a
-// 502 (nothing was sent to it yet).
-func (s *Server) relayAggregated(c *call, resp *http.Response) {
+// 502 (nothing was sent to it yet); one whose first-byte or response timer
+// ran out is retried on another replica when the call may be (it returns
+// retry=true with the cause, as forward does; retryTimedOut), else gets
+// the client a 502 or 504.
+func (s *Server) relayAggregated(c *call, resp *http.Response) (retry bool, cause error) {
 	a := &c.attempt
 	g := sseagg.ForBodies(c.oc.kind == keys.Chat, s.opts.MaxBodyBytes)
 	bp := s.bufPool.Get().(*[]byte)
@@ -122,13 +125,13 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 			}
 			if err != nil {
 				s.failAggregated(c, err, !errors.Is(err, sseagg.ErrStreamEvent))
-				return
+				return false, nil
 			}
 			if need := assembledCharge * int64(g.Held()); need > c.hold.Held() {
 				need = sseagg.RoundStep(need)
 				if !c.hold.Grow(need) {
 					s.answerOverBudget(c, need-c.hold.Held())
-					return
+					return false, nil
 				}
 			}
 		}
@@ -136,14 +139,18 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 			break
 		}
 		if rerr != nil {
-			s.failAggregated(c, fmt.Errorf("%w: reading the stream: %w", sseagg.ErrAggregate, c.cause(rerr)), true)
-			return
+			err := fmt.Errorf("%w: reading the stream: %w", sseagg.ErrAggregate, c.cause(rerr))
+			if cause = fmt.Errorf("%s: %w", a.replica(), err); s.retryTimedOut(c, cause) {
+				return true, cause
+			}
+			s.failAggregated(c, err, true)
+			return false, nil
 		}
 	}
 	parts, n, err := g.Parts()
 	if err != nil {
 		s.failAggregated(c, err, true)
-		return
+		return false, nil
 	}
 	h := c.w.Header()
 	copyHeaders(h, resp.Header)
@@ -156,11 +163,12 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) {
 		if _, werr := c.w.Write(p); werr != nil {
 			a.done(0, werr)
 			c.oc.code = front.CodeClientCanceled
-			return
+			return false, nil
 		}
 	}
 	s.finish(c, resp.StatusCode)
 	c.oc.code = strconv.Itoa(resp.StatusCode)
+	return false, nil
 }
 
 // answerOverBudget ends a call whose answer outgrew the MaxAssembledBytes

@@ -23,8 +23,8 @@ const StreamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 // StreamUpstream reports whether the answer of a request of kind, read as
 // req from body, may be streamed from the engine and assembled for its
 // client: a chat or completions request whose client did not ask for a
-// stream. Bodies asking for beam search or best_of, which vLLM refuses to
-// stream, are left alone, and so are those whose answer is one token
+// stream. Bodies asking for beam search, best_of or prompt_logprobs, which
+// vLLM refuses to stream, are left alone, and so are those whose answer is one token
 // (max_tokens or max_completion_tokens 1): its first token is its end, so
 // streaming would tell the front nothing sooner and only cost the
 // stream's overhead. Bodies asking for several choices (an integer "n"
@@ -35,7 +35,8 @@ const StreamMembers = `"stream":true,"stream_options":{"include_usage":true}`
 func StreamUpstream(kind Endpoint, req *Request, body []byte) bool {
 	return req != nil && !req.Stream && req.MaxTokens != 1 && req.N <= 1 &&
 		(kind == Chat || kind == Completions) &&
-		!bytes.Contains(body, []byte(`"use_beam_search"`)) && !bytes.Contains(body, []byte(`"best_of"`))
+		!bytes.Contains(body, []byte(`"use_beam_search"`)) && !bytes.Contains(body, []byte(`"best_of"`)) &&
+		!bytes.Contains(body, []byte(`"prompt_logprobs"`))
 }
 
 // StreamBody returns a new body: the JSON object body with StreamMembers

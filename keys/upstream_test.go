@@ -25,6 +25,7 @@ func TestStreamUpstream(t *testing.T) {
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1}`, true},
 		{Completions, `{"model":"m","prompt":"p","best_of":2}`, false},
 		{Completions, `{"model":"m","prompt":"p","use_beam_search":true}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt_logprobs":1}`, false},
 		{Responses, `{"model":"m","input":"i"}`, false},
 	} {
 		req, err := Parse(tc.kind, []byte(tc.body))

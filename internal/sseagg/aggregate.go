@@ -384,6 +384,7 @@ func (g *Aggregator) chunk(b []byte) error {
 				return g.choice(b, pos)
 			})
 		case aggError:
+			r.Peek()
 			start := r.Offset()
 			if err := r.Skip(); err != nil {
 				return err
@@ -418,6 +419,7 @@ func clip(b []byte, n int) string {
 // uint reads a non-negative integer below maxAggChoices.
 func (g *Aggregator) uint(b []byte, what string) (int, error) {
 	r := &g.r
+	r.Peek() // the value starts after any white space
 	start := r.Offset()
 	if err := r.Skip(); err != nil {
 		return 0, err
@@ -591,6 +593,7 @@ func (g *Aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 // mergeNonEmpty is merge keeping the last value that is neither null nor
 // the empty string.
 func (g *Aggregator) mergeNonEmpty(m *aggMember, b []byte) error {
+	g.r.Peek() // the value starts after any white space
 	if bytes.HasPrefix(b[g.r.Offset():], []byte(`""`)) {
 		return g.r.Skip()
 	}

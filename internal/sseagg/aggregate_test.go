@@ -195,3 +195,24 @@ func TestPartsAndHeld(t *testing.T) {
 	require.NoError(t, json.Unmarshal(whole, &v))
 	assert.Equal(t, 65*len(piece), len(v.Choices[0].Message.Content))
 }
+
+// Chunks written with white space between tokens, as Python's json.dumps
+// writes them by default (llama-cpp-python's server streams so), assemble
+// as their compact form does: "index": 0 is an index, and "id": "" leaves
+// a tool call's id as it was.
+func TestAggregateWhiteSpace(t *testing.T) {
+	compact := sse(
+		`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"hi","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{"}}]},"finish_reason":null}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"","function":{"arguments":"}"}}]},"finish_reason":"tool_calls"}]}`,
+		`{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)
+	spaced := sse(
+		`{"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi", "tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{"}}]}, "finish_reason": null}]}`,
+		`{"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "", "function": {"arguments": "}"}}]}, "finish_reason": "tool_calls"}]}`,
+		`{"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}`)
+	want, err := aggregate(t, true, compact)
+	require.NoError(t, err)
+	got, err := aggregate(t, true, spaced)
+	require.NoError(t, err)
+	assert.JSONEq(t, string(want), string(got))
+	assert.Contains(t, string(got), `"id":"call_a"`)
+}
