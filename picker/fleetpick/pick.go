@@ -88,6 +88,8 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 		mcode = front.CodeShed429 // reason="shed", as the HTTP gateway counts it
 	case front.CodeSLOUnattainable:
 		mcode = front.CodeSLO429
+	case front.CodeClientCanceled: // gone while held (flow control), as the HTTP gateway counts it
+		mcode = front.CodeClientCanceled
 	}
 	mm.RequestsC(r.metrics, model, pr.kind, mcode).Inc()
 	if model != "" {
