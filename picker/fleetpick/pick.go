@@ -186,6 +186,9 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		}
 		if pr.ms != held { // bound to a table that has replicas (scale from zero)
 			ms, allow = pr.ms, pr.allow(false)
+			if pdGatewayMode(ms, pr.kind) { // only admitted: nothing to release
+				return pr.pdGatewayMode()
+			}
 		}
 	} else if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",
