@@ -15,7 +15,10 @@ import (
 // response's message, so it should name the field and value at fault.
 //
 // Pick must be safe for concurrent use. It must not keep req, or anything
-// req holds, after it returns.
+// req holds, after it returns. ctx ends with the ext_proc stream, or when
+// Options.RequestTimeout passes while Pick runs (context.Cause
+// ErrRequestTimeout; the request is then answered 408 if Pick fails): a
+// Pick that holds the request must return when it ends.
 type Router interface {
 	Pick(ctx context.Context, req *PickRequest) (Pick, error)
 }

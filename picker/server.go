@@ -202,7 +202,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		reqC = c
 	}
 	defer func() { stopResp() }()
-	return s.run(srv, func(x *exchange) (*extprocv3.ProcessingRequest, error) {
+	return s.run(srv, reqC, func(x *exchange) (*extprocv3.ProcessingRequest, error) {
 		var timeout <-chan time.Time
 		var terr error
 		switch x.ph {
@@ -247,14 +247,17 @@ func (s *Server) serve(st stream) error {
 		return err
 	}
 	defer s.reserved.Add(-StreamBytes)
-	return s.run(st, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
+	return s.run(st, nil, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
 }
 
-// run serves one stream, reading its messages with recv.
-func (s *Server) run(st stream, recv func(*exchange) (*extprocv3.ProcessingRequest, error)) (err error) {
+// run serves one stream, reading its messages with recv; reqC, if not
+// nil, fires when RequestTimeout passes (recv watches it while the request
+// phase reads messages, the exchange while the Router picks).
+func (s *Server) run(st stream, reqC <-chan time.Time, recv func(*exchange) (*extprocv3.ProcessingRequest, error)) (err error) {
 	s.streams.Add(1)
 	x := s.pool.Get().(*exchange)
 	x.reset(s, st)
+	x.reqC = reqC
 	defer func() {
 		x.finish(err)
 		x.release()
@@ -267,8 +270,7 @@ func (s *Server) run(st stream, recv func(*exchange) (*extprocv3.ProcessingReque
 		case rerr == io.EOF:
 			return nil
 		case rerr == errRequestTimedOut:
-			s.reqTimeouts.Add(1)
-			return x.immediate(fmt.Errorf("%w: the request phase (headers and body) did not end within RequestTimeout (%v)", ErrRequestTimeout, s.opts.RequestTimeout))
+			return x.immediate(s.requestTimedOut())
 		case rerr == errResponseTimedOut:
 			s.respTimeouts.Add(1)
 			return status.Errorf(codes.DeadlineExceeded, "picker: no response headers within ResponseTimeout (%v) of routing the request", s.opts.ResponseTimeout)
@@ -286,6 +288,13 @@ func (s *Server) run(st stream, recv func(*exchange) (*extprocv3.ProcessingReque
 			return herr
 		}
 	}
+}
+
+// requestTimedOut counts a stream whose request phase outlasted
+// RequestTimeout and returns the error it is answered with (408).
+func (s *Server) requestTimedOut() error {
+	s.reqTimeouts.Add(1)
+	return fmt.Errorf("%w: the request phase (headers and body) did not end within RequestTimeout (%v)", ErrRequestTimeout, s.opts.RequestTimeout)
 }
 
 // Defaults of GRPCLimits.

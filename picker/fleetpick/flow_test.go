@@ -1,8 +1,10 @@
 package fleetpick
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 )
 
@@ -109,4 +112,52 @@ func TestPickerFlowUsageLimit(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	})
+}
+
+// TestPickerFlowClientGoneCounted: a request whose client goes away while
+// it is held leaves the queue and is counted as the HTTP gateway counts
+// it, code 499 with reason client_canceled (front.OutcomeLabels), not a
+// bare 499 that no other front records.
+func TestPickerFlowClientGoneCounted(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
+		Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: time.Hour}, Retry: time.Millisecond}}})
+	e := f.engines[0]
+	release := e.Gate()
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	<-e.Gated()
+	queued := func(n int) {
+		require.Eventually(t, func() bool {
+			return fronttest.Gauge(t, f.reg, "exa_gateway_flow_queue_requests", map[string]string{"model": testModel}) == float64(n)
+		}, 10*time.Second, time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.http.URL+"/v1/chat/completions", strings.NewReader(chatBody(testModel, false, "s", "gone")))
+	require.NoError(t, err)
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	queued(1)
+	cancel()
+	<-gone
+	queued(0)
+	// The picker counts it once its Pick returns, after the client saw
+	// the stream end.
+	require.Eventually(t, func() bool {
+		return fronttest.Counter(t, f.reg, "exa_gateway_requests_total", map[string]string{"code": "499"}) == 1
+	}, 10*time.Second, time.Millisecond)
+	assert.Equal(t, 1.0, fronttest.Counter(t, f.reg, "exa_gateway_requests_total", map[string]string{"code": "499", "reason": front.CodeClientCanceled}))
+	assert.Equal(t, 1.0, fronttest.Counter(t, f.reg, "exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "client_gone"}))
+	release()
+	<-first
+	assert.Equal(t, int64(1), e.Requests(), "the held request reached no engine")
 }

@@ -88,6 +88,8 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 		mcode = front.CodeShed429 // reason="shed", as the HTTP gateway counts it
 	case front.CodeSLOUnattainable:
 		mcode = front.CodeSLO429
+	case front.CodeClientCanceled: // gone while held (flow control), as the HTTP gateway counts it
+		mcode = front.CodeClientCanceled
 	}
 	mm.RequestsC(r.metrics, model, pr.kind, mcode).Inc()
 	if model != "" {
@@ -184,6 +186,9 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 		}
 		if pr.ms != held { // bound to a table that has replicas (scale from zero)
 			ms, allow = pr.ms, pr.allow(false)
+			if pdGatewayMode(ms, pr.kind) { // only admitted: nothing to release
+				return pr.pdGatewayMode()
+			}
 		}
 	} else if a := r.opts.Admission; ms.Gateway.Saturated(pr.target(allow), a) {
 		return pr.fail(http.StatusTooManyRequests, front.TypeRateLimit, front.CodeShed, "",

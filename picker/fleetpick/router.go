@@ -273,9 +273,8 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 	case ms.NoReplicas && (r.flow == nil || pr.lora != nil): // with flow control it waits for a replica (hold)
 		return pr.fail(http.StatusServiceUnavailable, front.TypeUnavailable, "no_replicas", "model",
 			fmt.Errorf("%w: %w: model %q has no replicas configured", picker.ErrNoEndpoint, front.ErrNoReplicas, ms.Name))
-	case ms.PD != nil && !ms.PD.Sidecar && kind != keys.Responses:
-		return pr.fail(http.StatusInternalServerError, front.TypeServer, "pd_mode_gateway", "model",
-			fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", ms.Name, ms.Name))
+	case pdGatewayMode(ms, kind):
+		return pr.pdGatewayMode()
 	}
 	kp := r.keyer.Buffer()
 	pr.key, pr.fallback = r.keyer.Key(ctx, (*kp)[:0], ms, front.Input{Kind: kind, Body: body, Req: rq,
@@ -291,6 +290,20 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		}
 	}
 	return pr.route()
+}
+
+// pdGatewayMode reports whether a request of kind to ms is one a picker
+// cannot serve: a disaggregated model in P/D mode gateway (a Responses
+// API request is decoded co-located).
+func pdGatewayMode(ms *fleet.Model, kind keys.Endpoint) bool {
+	return ms.PD != nil && !ms.PD.Sidecar && kind != keys.Responses
+}
+
+// pdGatewayMode answers a request to a model in P/D mode gateway.
+func (pr *pickRequest) pdGatewayMode() (picker.Pick, error) {
+	name := pr.ms.Name
+	return pr.fail(http.StatusInternalServerError, front.TypeServer, "pd_mode_gateway", "model",
+		fmt.Errorf("gateway: model %q is disaggregated in P/D mode gateway, where the HTTP gateway runs the prefill request itself, which a picker cannot; serve it with `exa serve gateway`, or set its P/D mode to sidecar (exa serve routing set %s --pd-mode sidecar) with llm-d's pd-sidecar in front of each decode engine", name, name))
 }
 
 // clientOf is the address of a request's client, as the data plane saw
