@@ -409,6 +409,13 @@ func (m Model) Validate() error {
 			return &FieldError{Field: "decode_pool", Value: m.DecodePool, Reason: "must differ from prefill_pool"}
 		}
 	}
+	// The pool names, kept when disaggregation is off, name pools, whose
+	// names follow the rules of a pool's (validatePoolName).
+	for _, ref := range []struct{ field, name string }{{"prefill_pool", m.PrefillPool}, {"decode_pool", m.DecodePool}} {
+		if p := nameProblem(ref.name); ref.name != "" && p != "" {
+			return &FieldError{Field: ref.field, Value: ref.name, Reason: p}
+		}
+	}
 	if err := m.validatePD(); err != nil {
 		return err
 	}

@@ -515,3 +515,33 @@ func TestModelEngine(t *testing.T) {
 	assert.Equal(t, "auto", Model{}.EngineName())
 	assert.Equal(t, "sglang", Model{Engine: "sglang"}.EngineName())
 }
+
+// TestPoolReferenceNames: prefill_pool and decode_pool name pools, so they
+// follow the pool names' rules; a name no pool can have (surrounding
+// spaces, a control character, past MaxNameBytes) is refused naming the
+// field and the value, instead of leaving the model waiting for a pool
+// that can never be defined.
+func TestPoolReferenceNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		edit        func(*Model)
+	}{
+		{"prefill pool with spaces", "prefill_pool", func(m *Model) { m.PrefillPool = " prefill" }},
+		{"decode pool with a control character", "decode_pool", func(m *Model) { m.DecodePool = "de\x1b[2Jcode" }},
+		{"long prefill pool", "prefill_pool", func(m *Model) { m.PrefillPool = strings.Repeat("p", MaxNameBytes+1) }},
+		{"inactive decode pool with spaces", "decode_pool", func(m *Model) { m.Disaggregate = false; m.DecodePool = "decode " }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := sample().Clone()
+			tc.edit(&m)
+			err := m.Validate()
+			require.ErrorIs(t, err, ErrInvalid)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, tc.field, fe.Field)
+		})
+	}
+	_, err := Decode("routing.json", []byte(`{"models":{"M":{"disaggregate":true,"prefill_pool":"prefill\t","decode_pool":"decode"}}}`))
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), `models.M.prefill_pool "prefill\t" in routing.json`)
+}

@@ -177,15 +177,16 @@ func (m Model) validateIndex() error {
 			return err
 		}
 	}
+	// The bound before the duplicate search, quadratic in the length.
+	if len(m.KVEventsAllow) > MaxKVAllow {
+		return &FieldError{Field: "kv_events_allow", Value: fmt.Sprint(len(m.KVEventsAllow)), Reason: fmt.Sprintf("%d entries, at most %d (use CIDR prefixes)", len(m.KVEventsAllow), MaxKVAllow)}
+	}
 	for i, a := range m.KVEventsAllow {
 		for j := range i {
 			if m.KVEventsAllow[j] == a {
 				return &FieldError{Field: fmt.Sprintf("kv_events_allow[%d]", i), Value: a, Reason: fmt.Sprintf("listed twice (kv_events_allow[%d])", j)}
 			}
 		}
-	}
-	if len(m.KVEventsAllow) > MaxKVAllow {
-		return &FieldError{Field: "kv_events_allow", Value: fmt.Sprint(len(m.KVEventsAllow)), Reason: fmt.Sprintf("%d entries, at most %d (use CIDR prefixes)", len(m.KVEventsAllow), MaxKVAllow)}
 	}
 	check := func(field string, rs []Replica) error {
 		for i, r := range rs {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -231,4 +232,23 @@ func TestKVEventsReplay(t *testing.T) {
 			assert.Contains(t, fe.Reason, tc.reason)
 		})
 	}
+}
+
+// TestKVAllowBoundFirst: a kv_events_allow list past MaxKVAllow is refused
+// for its length before its entries are compared with each other, a search
+// quadratic in the list's length: a file listing a million addresses
+// otherwise kept Validate busy for minutes (40,000 took 1.8 s) before
+// being refused anyway. The list below ends in a repeat of its first
+// entry, which the bound must report instead.
+func TestKVAllowBoundFirst(t *testing.T) {
+	m := Model{}
+	for i := range MaxKVAllow {
+		m.KVEventsAllow = append(m.KVEventsAllow, fmt.Sprintf("10.0.%d.%d", i/256, i%256))
+	}
+	require.NoError(t, m.Validate(), "MaxKVAllow entries are allowed")
+	m.KVEventsAllow = append(m.KVEventsAllow, m.KVEventsAllow[0])
+	err := m.Validate()
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "kv_events_allow", fe.Field, "%v", err)
 }

@@ -3,8 +3,10 @@ package config
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,14 +28,89 @@ type shape struct {
 	// text, for a scalar: when the value is a string, the reason it is not
 	// acceptable, "" if it is.
 	text func(string) string
+	// kind, for a scalar: the JSON value its Go field takes; 0 for any.
+	kind scalarKind
+}
+
+// scalarKind is the kind of JSON scalar a field takes.
+type scalarKind int
+
+const (
+	_          scalarKind = iota
+	kindString            // a string
+	kindBool              // true or false
+	kindInt               // a whole number in int64's range (an int or int64 field)
+	kindFloat             // a number in float64's range
+)
+
+// want names what a scalar of kind k must be, for error messages.
+func (k scalarKind) want() string {
+	switch k {
+	case kindString:
+		return "a string"
+	case kindBool:
+		return "a boolean"
+	case kindInt:
+		return "a whole number"
+	case kindFloat:
+		return "a number"
+	}
+	return "a string, number or boolean"
+}
+
+// scalarProblem returns, for a scalar token (a string, json.Number or
+// bool) of the wrong kind for s or out of its range, what it is and what
+// is wanted; "" when it fits. encoding/json rejects the same values, but
+// names them without their model and index.
+func (s *shape) scalarProblem(at string, tok json.Token) string {
+	ok := true
+	switch v := tok.(type) {
+	case string:
+		ok = s.kind == 0 || s.kind == kindString
+	case bool:
+		ok = s.kind == 0 || s.kind == kindBool
+	case json.Number:
+		switch s.kind {
+		case kindString, kindBool:
+			ok = false
+		case kindInt:
+			_, err := strconv.ParseInt(string(v), 10, 64)
+			ok = err == nil
+		case kindFloat:
+			_, err := strconv.ParseFloat(string(v), 64)
+			ok = err == nil
+		}
+	}
+	if ok {
+		return ""
+	}
+	what := describeToken(tok)
+	switch v := tok.(type) {
+	case string:
+		what += " " + strconv.Quote(v)
+	case json.Number:
+		what = "the number " + string(v)
+	case bool:
+		what = "the boolean " + strconv.FormatBool(v)
+	}
+	want := s.kind.want()
+	if n, isNum := tok.(json.Number); isNum {
+		switch {
+		case s.kind == kindInt && !strings.ContainsAny(string(n), ".eE"):
+			want = fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64)
+		case s.kind == kindFloat:
+			want = "a number within float64's range"
+		}
+	}
+	return fmt.Sprintf("%s is %s, want %s", at, what, want)
 }
 
 // fileShape is the layout of [File].
 var fileShape = func() *shape {
-	scalar := &shape{}
-	replica := &shape{fields: map[string]*shape{"name": scalar, "address": scalar, "cache_blocks": scalar, "kv_events": scalar, "kv_events_replay": scalar, "pod": scalar}}
+	str, boolean, integer, float := &shape{kind: kindString}, &shape{kind: kindBool}, &shape{kind: kindInt}, &shape{kind: kindFloat}
+	replica := &shape{fields: map[string]*shape{"name": str, "address": str, "cache_blocks": integer, "kv_events": str, "kv_events_replay": str, "pod": str}}
 	replicas := &shape{elems: replica}
-	mode := &shape{text: func(s string) string {
+	mode := &shape{kind: kindString, text: func(s string) string {
 		var m gateway.Mode
 		if m.UnmarshalText([]byte(s)) != nil {
 			return "want " + modeChoices()
@@ -41,17 +118,17 @@ var fileShape = func() *shape {
 		return ""
 	}}
 	model := &shape{fields: map[string]*shape{
-		"mode": mode, "slo_latency_ms": scalar, "disaggregate": scalar,
-		"prefill_pool": scalar, "decode_pool": scalar, "pd_mode": scalar, "engine": scalar, "pd_min_uncached_tokens": scalar,
-		"index": scalar, "block_size": scalar, "kv_events_bind": scalar,
-		"adapters":        {elems: scalar},
-		"peers":           {elems: scalar},
-		"kv_events_allow": {elems: scalar},
-		"load_weights":    {fields: map[string]*shape{"queue": scalar, "kv": scalar, "latency": scalar}},
+		"mode": mode, "slo_latency_ms": integer, "disaggregate": boolean,
+		"prefill_pool": str, "decode_pool": str, "pd_mode": str, "engine": str, "pd_min_uncached_tokens": integer,
+		"index": str, "block_size": integer, "kv_events_bind": str,
+		"adapters":        {elems: str},
+		"peers":           {elems: str},
+		"kv_events_allow": {elems: str},
+		"load_weights":    {fields: map[string]*shape{"queue": float, "kv": float, "latency": float}},
 		"replicas":        replicas,
 		"pools":           {values: replicas},
 	}}
-	return &shape{fields: map[string]*shape{"version": scalar, "models": {values: model}}}
+	return &shape{fields: map[string]*shape{"version": integer, "models": {values: model}}}
 }()
 
 // what names the kind of JSON value s stands for, for error messages.
@@ -103,6 +180,9 @@ func walkShape(dec *json.Decoder, s *shape, path string) error {
 	case !isDelim && s.what() != (&shape{}).what():
 		return fmt.Errorf("%s is %s, want %s", at, describeToken(tok), s.what())
 	case !isDelim:
+		if p := s.scalarProblem(at, tok); p != "" {
+			return errors.New(p)
+		}
 		if str, ok := tok.(string); ok && s.text != nil {
 			if reason := s.text(str); reason != "" {
 				return &FieldError{Field: path, Value: str, Reason: reason}

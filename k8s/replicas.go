@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/examlops/gateway/config"
@@ -97,17 +98,32 @@ func rankName(pod string, idx int) string {
 // endpoint without a pod whose address is also a pod's name (an IPv4
 // address is a valid pod name) is named ADDRESS:PORT, which no pod name
 // can be, so that neither hides the other. Slices of the FQDN address type
-// are skipped (the picker needs IPs).
+// are skipped (the picker needs IPs). A pod listed in several slices
+// (an IPv4 and an IPv6 slice of a dual-stack Service) takes its address
+// from the first in a fixed order, IPv4 slices first, then by slice name,
+// whatever the order of slicesIn (a watch cache lists in no fixed order).
 func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.Replica {
 	type ep struct {
 		ip   string
 		port int32
 	}
+	order := make([]*discoveryv1.EndpointSlice, len(slicesIn))
+	for i := range slicesIn {
+		order[i] = &slicesIn[i]
+	}
+	slices.SortStableFunc(order, func(a, b *discoveryv1.EndpointSlice) int {
+		if a4, b4 := a.AddressType == discoveryv1.AddressTypeIPv4, b.AddressType == discoveryv1.AddressTypeIPv4; a4 != b4 {
+			if a4 {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	pods := map[string]bool{}
 	var bare []ep // endpoints without a target pod
 	var out []config.Replica
-	for i := range slicesIn {
-		s := &slicesIn[i]
+	for _, s := range order {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}

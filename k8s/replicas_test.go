@@ -143,3 +143,23 @@ func TestPoolReplicasLongPodName(t *testing.T) {
 	require.Equal(t, "p-rank-7", rankName("p", 7))
 	require.Equal(t, rankName(long("x"), 1), rankName(long("x"), 1))
 }
+
+// TestSliceReplicasDualStack: a dual-stack Service lists each pod in an
+// IPv4 slice and an IPv6 slice, which the watch cache returns in no fixed
+// order; the replicas must not depend on that order (each rebuild would
+// otherwise apply the pods' addresses flipping between families).
+func TestSliceReplicasDualStack(t *testing.T) {
+	yes := true
+	http, p8000 := "http", int32(8000)
+	slice := func(name string, typ discoveryv1.AddressType, addr string) discoveryv1.EndpointSlice {
+		return discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}, AddressType: typ,
+			Ports: []discoveryv1.EndpointPort{{Name: &http, Port: &p8000}},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: &yes},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "pod-a"}}}}
+	}
+	v4 := slice("svc-x7k2p", discoveryv1.AddressTypeIPv4, "10.0.0.1")
+	v6 := slice("svc-a9f3q", discoveryv1.AddressTypeIPv6, "fd00::1")
+	want := []config.Replica{{Name: "pod-a", Address: "http://10.0.0.1:8000"}}
+	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{v4, v6}, "http"))
+	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{v6, v4}, "http"))
+}
