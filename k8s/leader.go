@@ -199,7 +199,7 @@ func (l *Leader) Run(ctx context.Context) error {
 					<-term.Done()
 					l.set(term, false)
 				},
-				OnStoppedLeading: func() { l.set(nil, false) },
+				OnStoppedLeading: func() { l.set(context.TODO(), false) },
 				OnNewLeader: func(id string) {
 					l.mu.Lock()
 					l.holder = id
