@@ -68,10 +68,13 @@ type call struct {
 	w     http.ResponseWriter
 	r     *http.Request
 	start time.Time // when it arrived
-	body  []byte
-	req   *keys.Request
-	ms    *fleet.Model // the model's routing table
-	key   gateway.Key
+	// retried is the time its earlier tries took: the latency reported
+	// for a retry's replica leaves it out (finish).
+	retried time.Duration
+	body    []byte
+	req     *keys.Request
+	ms      *fleet.Model // the model's routing table
+	key     gateway.Key
 	// fallback, for a model on the exact index, is why the request was
 	// keyed without tokens (a fallback* value), -1 if it was not.
 	fallback int
@@ -263,7 +266,11 @@ func (s *Server) proxy(c *call) {
 			}
 			return
 		}
-		c.attempt = attempt{d: dec, routed: s.opts.Clock()}
+		now := s.opts.Clock()
+		if try > 0 {
+			c.retried += now.Sub(c.attempt.routed)
+		}
+		c.attempt = attempt{d: dec, routed: now}
 		d := &c.d
 		// The objective's rule applies to the first decision; a retry
 		// goes best effort.

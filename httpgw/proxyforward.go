@@ -150,9 +150,15 @@ func (a *attempt) done(lat time.Duration, err error) {
 // content chunks). A request with an objective is counted in
 // exa_gateway_slo_requests_total as its client saw it: from its arrival
 // at the gateway (flow control's queue and a P/D prefill included).
+// The latency sample is the client's time to the first byte, less the
+// time earlier tries took on other replicas (a retry's replica is not
+// charged with a hung engine's timeout).
 func (s *Server) finish(c *call, status int) {
 	a := &c.attempt
-	info := gateway.DoneInfo{Latency: a.ttfb}
+	info := gateway.DoneInfo{}
+	if a.ttfb > 0 {
+		info.Latency = max(a.ttfb-c.retried, 1)
+	}
 	ok := status/100 == 2
 	var now time.Time
 	if ok {
