@@ -138,6 +138,14 @@ func (f *FlowControl) Hold(ctx context.Context, model string, h Header, bytes in
 	}
 	start := f.now()
 	err = mf.ctl.Hold(ctx, flow.Request[func() bool]{Value: bind, Flow: id, Priority: prio, Bytes: bytes})
+	if err != nil && ctx.Err() != nil && outcome(err) == FlowClientGone {
+		// A context ended for a cause of its own, not by the client
+		// going (the picker's RequestTimeout): the request's time ran
+		// out in the queue.
+		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) && !errors.Is(c, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", flow.ErrExpired, c)
+		}
+	}
 	f.m.count(model, prio, outcome(err), f.now().Sub(start))
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,6 +158,42 @@ func TestPickerFlowClientGoneCounted(t *testing.T) {
 	}, 10*time.Second, time.Millisecond)
 	assert.Equal(t, 1.0, fronttest.Counter(t, f.reg, "exa_gateway_requests_total", map[string]string{"code": "499", "reason": front.CodeClientCanceled}))
 	assert.Equal(t, 1.0, fronttest.Counter(t, f.reg, "exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "client_gone"}))
+	release()
+	<-first
+	assert.Equal(t, int64(1), e.Requests(), "the held request reached no engine")
+}
+
+// TestPickerFlowRequestTimeoutCounted: a request held in the queue past
+// the picker's RequestTimeout is answered 408, and counted as a 408 and
+// as expired in the queue, not as a client gone (499, client_gone).
+func TestPickerFlowRequestTimeoutCounted(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{reqTimeout: 200 * time.Millisecond,
+		popts: Options{ShedAbove: 1, Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: time.Hour}, Retry: time.Millisecond}}})
+	e := f.engines[0]
+	var once sync.Once
+	gate := e.Gate()
+	release := func() { once.Do(gate) }
+	t.Cleanup(release) // before the fixture's, should an assertion stop the test
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	<-e.Gated()
+	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "held"))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode, "%s", b)
+	require.Eventually(t, func() bool {
+		return fronttest.Counter(t, f.reg, "exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "expired"}) == 1
+	}, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		return fronttest.Counter(t, f.reg, "exa_gateway_requests_total", map[string]string{"code": "408"}) == 1
+	}, 10*time.Second, time.Millisecond)
+	assert.Zero(t, fronttest.Counter(t, f.reg, "exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "client_gone"}))
+	assert.Zero(t, fronttest.Counter(t, f.reg, "exa_gateway_requests_total", map[string]string{"code": "499"}))
 	release()
 	<-first
 	assert.Equal(t, int64(1), e.Requests(), "the held request reached no engine")

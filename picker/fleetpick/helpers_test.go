@@ -83,8 +83,9 @@ type pickFixture struct {
 // pickSetup adjusts a pickFixture before it starts.
 type pickSetup struct {
 	popts      Options
-	maxFB      int  // picker.Options.MaxFallbacks
-	noUpstream bool // picker.Options.DisableUpstreamStream
+	maxFB      int           // picker.Options.MaxFallbacks
+	noUpstream bool          // picker.Options.DisableUpstreamStream
+	reqTimeout time.Duration // picker.Options.RequestTimeout
 	// clock, when set, is the picker's clock (picker.Options.Clock) in
 	// place of the frozen one.
 	clock     func() time.Time
@@ -142,7 +143,7 @@ func newPickFixture(t *testing.T, n int, mode gateway.Mode, eopts enginetest.Opt
 	if clock == nil {
 		clock = func() time.Time { return frozen }
 	}
-	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, DisableUpstreamStream: setup.noUpstream, Clock: clock})
+	pk, err := picker.New(f.picker, picker.Options{MaxFallbacks: setup.maxFB, DisableUpstreamStream: setup.noUpstream, Clock: clock, RequestTimeout: setup.reqTimeout})
 	require.NoError(t, err)
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()

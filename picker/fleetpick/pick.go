@@ -176,6 +176,11 @@ func (pr *pickRequest) route() (picker.Pick, error) {
 	if r.flow != nil {
 		held := ms
 		if err := pr.hold(allow); err != nil {
+			if errors.Is(err, picker.ErrRequestTimeout) {
+				// The picker answers 408 (its RequestTimeout ran out while
+				// the request was held): counted as such.
+				return pr.fail(http.StatusRequestTimeout, front.TypeInvalidRequest, "request_timeout", "", err)
+			}
 			status, typ, code, msg := front.FlowAnswer(ms.Name, err)
 			if status == http.StatusTooManyRequests {
 				err = fmt.Errorf("%w: %s", picker.ErrShed, msg)
