@@ -90,6 +90,9 @@ type Discovery struct {
 	last    *config.File     // last applied configuration
 	lastRep []config.Replica // its discovered replicas
 	applied atomic.Int64     // count of Applies made
+	// portMissing: the last listing had ready endpoints but no port
+	// named ServicePort (logged when it becomes so).
+	portMissing atomic.Bool
 }
 
 // New checks o and returns a Discovery that applies to apply.
@@ -280,6 +283,14 @@ func (d *Discovery) discover(ctx context.Context) ([]config.Replica, bool) {
 			d.o.Logger.Error("k8s: listing EndpointSlices failed", "err", err)
 			return nil, false
 		}
+		if ports, missing := missingPort(list.Items, d.o.ServicePort); missing {
+			if !d.portMissing.Swap(true) {
+				d.o.Logger.Warn("k8s: the Service's ready endpoints have no port of the name given; keeping the running configuration",
+					"namespace", d.o.Namespace, "service", d.o.Service, "service_port", d.o.ServicePort, "ports", ports)
+			}
+			return nil, false
+		}
+		d.portMissing.Store(false)
 		return SliceReplicas(list.Items, d.o.ServicePort), true
 	}
 	var pool giev1.InferencePool

@@ -319,12 +319,26 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 	other.ResourceVersion = ""
 	require.NoError(t, c.Create(ctx, other))
 	rec := newRecorder()
-	runDiscovery(t, Options{Config: cfg, Namespace: ns, Service: "svc", ServicePort: "http", Models: []string{"m"}}, rec)
+	d := runDiscovery(t, Options{Config: cfg, Namespace: ns, Service: "svc", ServicePort: "http", Models: []string{"m"}}, rec)
 	rec.await(t, "m", "e-a")
 	slice.Endpoints[1].Conditions.Ready = &yes
 	require.NoError(t, c.Update(ctx, slice))
 	f, _ := rec.await(t, "m", "e-a", "e-b")
 	require.Equal(t, "http://10.0.0.32:8000", f.Models["m"].Replicas[1].Address)
+	// The port renamed away from --service-port: ready endpoints, none on
+	// the port named; the running replicas are kept, not emptied.
+	cached(t, d.Synced)
+	n := d.Applied()
+	web := "web"
+	slice.Ports[0].Name = &web
+	require.NoError(t, c.Update(ctx, slice))
+	cached(t, func() bool {
+		var s discoveryv1.EndpointSlice
+		return d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "svc-1"}, &s) == nil && len(s.Ports) == 1 && *s.Ports[0].Name == web
+	})
+	d.rebuild(ctx)
+	require.Equal(t, n, d.Applied(), "no configuration applied for a misnamed port")
+	require.Len(t, d.Replicas(), 2)
 	require.NoError(t, c.Delete(ctx, slice))
 	rec.await(t, "m")
 }

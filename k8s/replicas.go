@@ -132,8 +132,7 @@ func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.R
 			continue
 		}
 		for _, e := range s.Endpoints {
-			if len(e.Addresses) == 0 || (e.Conditions.Ready != nil && !*e.Conditions.Ready) ||
-				(e.Conditions.Terminating != nil && *e.Conditions.Terminating) {
+			if !ready(&e) {
 				continue
 			}
 			addr := "http://" + net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(pnum)))
@@ -166,6 +165,55 @@ func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.R
 
 // slicePort returns the number of the slice's port named name ("" = its
 // first port), or 0 when it has none.
+// missingPort reports whether port names no port of the slices that have
+// a ready endpoint (SliceReplicas' rule) while some slice has one: a
+// misnamed --service-port, which would make every ready endpoint no
+// replica. ports lists the port names those slices have (sorted, at most
+// 16). "" names each slice's first port, never missing.
+func missingPort(list []discoveryv1.EndpointSlice, port string) (ports []string, missing bool) {
+	if port == "" {
+		return nil, false
+	}
+	names := map[string]bool{}
+	for i := range list {
+		s := &list[i]
+		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 || !hasReady(s) {
+			continue
+		}
+		if slicePort(s, port) != 0 {
+			return nil, false
+		}
+		missing = true
+		for _, p := range s.Ports {
+			if p.Name != nil && len(names) < 16 {
+				names[*p.Name] = true
+			}
+		}
+	}
+	for n := range names {
+		ports = append(ports, n)
+	}
+	slices.Sort(ports)
+	return ports, missing
+}
+
+// hasReady reports whether s has an endpoint SliceReplicas takes.
+func hasReady(s *discoveryv1.EndpointSlice) bool {
+	for i := range s.Endpoints {
+		if ready(&s.Endpoints[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// ready reports whether e is an endpoint SliceReplicas takes: an
+// address, ready (unset or true) and not terminating.
+func ready(e *discoveryv1.Endpoint) bool {
+	return len(e.Addresses) > 0 && (e.Conditions.Ready == nil || *e.Conditions.Ready) &&
+		(e.Conditions.Terminating == nil || !*e.Conditions.Terminating)
+}
+
 func slicePort(s *discoveryv1.EndpointSlice, name string) int32 {
 	for _, p := range s.Ports {
 		if p.Port == nil {

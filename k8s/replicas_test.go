@@ -163,3 +163,47 @@ func TestSliceReplicasDualStack(t *testing.T) {
 	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{v4, v6}, "http"))
 	require.Equal(t, want, SliceReplicas([]discoveryv1.EndpointSlice{v6, v4}, "http"))
 }
+
+// TestMissingPort: a port name that no slice with a ready endpoint has is
+// missing (a misnamed --service-port would make every endpoint no
+// replica); a slice without ready endpoints, of another address type, or
+// no slice at all, says nothing, and "" (each slice's first port) is never
+// missing.
+func TestMissingPort(t *testing.T) {
+	yes, no := true, false
+	p80, http, web := int32(80), "http", "web"
+	slice := func(name string, typ discoveryv1.AddressType, port *string, ready bool) discoveryv1.EndpointSlice {
+		s := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, AddressType: typ,
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}}}}
+		if ready {
+			s.Endpoints[0].Conditions.Ready = &yes
+		}
+		if port != nil {
+			s.Ports = []discoveryv1.EndpointPort{{Name: port, Port: &p80}}
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name    string
+		slices  []discoveryv1.EndpointSlice
+		port    string
+		missing bool
+		ports   []string
+	}{
+		{"named", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, &http, true)}, "http", false, nil},
+		{"misnamed", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, &web, true)}, "http", true, []string{"web"}},
+		{"one slice has it", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, &web, true), slice("b", discoveryv1.AddressTypeIPv6, &http, true)}, "http", false, nil},
+		{"no ready endpoint", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, &web, false)}, "http", false, nil},
+		{"FQDN only", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeFQDN, &web, true)}, "http", false, nil},
+		{"no slices", nil, "http", false, nil},
+		{"first port", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, &web, true)}, "", false, nil},
+		{"no ports", []discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, nil, true)}, "http", true, nil},
+	} {
+		ports, missing := missingPort(tc.slices, tc.port)
+		require.Equal(t, tc.missing, missing, tc.name)
+		require.Equal(t, tc.ports, ports, tc.name)
+		if missing {
+			require.Empty(t, SliceReplicas(tc.slices, tc.port), "%s: missing means no replica", tc.name)
+		}
+	}
+}
