@@ -115,9 +115,10 @@ type Model struct {
 	// Pools maps a pool name to its replicas; nil means no pools.
 	Pools map[string][]Replica `json:"pools,omitempty"`
 	// Index is approximate (the default when "") or exact: see
-	// [IndexExact]. A model on the exact index must be cache_aware, not
-	// disaggregated, and have a source of KV events for every replica:
-	// KVEventsBind or the replica's KVEvents.
+	// [IndexExact]. A model on the exact index must be cache_aware or
+	// disaggregated, and have a source of KV events for every replica
+	// (a disaggregated model's pool members too): KVEventsBind or the
+	// replica's KVEvents.
 	Index string `json:"index,omitempty"`
 	// BlockSize is the engines' KV block size in tokens, which the exact
 	// index keys requests with (vLLM's --block-size); 0 means

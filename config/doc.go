@@ -79,8 +79,9 @@
 //     the index's blocks, else the gateway's default).
 //   - pools: named replica pools, for example the prefill and decode pools.
 //   - index: approximate (the default) or exact: routing on the engines' own
-//     KV events (see docs/kv-events.md). exact needs mode cache_aware, no
-//     disaggregation, and an event source for every replica.
+//     KV events (see docs/kv-events.md). exact needs mode cache_aware (or
+//     disaggregation, whose pools it informs: docs/disaggregation.md) and
+//     an event source for every replica.
 //   - block_size: the engines' KV block size in tokens for the exact index,
 //     0..[MaxBlockSize] (0 or absent means 16).
 //   - kv_events_bind: a ZMQ endpoint (tcp://HOST:PORT, HOST the address
