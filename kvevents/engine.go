@@ -305,6 +305,10 @@ func (e *engine) stored(ev *Event) {
 	if len(e.blocks)+n > e.max {
 		e.st.Overflows++
 		e.clear(true)
+		if n > e.max {
+			e.drop(&e.st.DroppedLimit, fmt.Errorf("%w: BlockStored of %d blocks, over the engine's bound of %d (Target.MaxBlocks)", ErrLimit, n, e.max))
+			return
+		}
 	}
 	if ev.HasParent {
 		if _, ok := e.blocks[ev.Parent]; !ok {
