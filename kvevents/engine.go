@@ -129,7 +129,7 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 			e.st.Gaps++
 		}
 	}
-	if e.seen && seq > e.last+1 && e.replayGap(t, seq) {
+	if e.seen && seq > e.last && seq-e.last > 1 && e.replayGap(t, seq) { // not last+1: it wraps
 		if !e.resolved { // the replica went away during the replay
 			return
 		}
