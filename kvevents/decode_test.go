@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // got is a decoded event, copied out of the Decoder's buffers.
@@ -278,4 +279,49 @@ func TestDecodeDoesNotAllocate(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 	require.Positive(t, n)
+}
+
+// TestDecodeDuplicateMapKeys: a map-encoded event naming a field twice is
+// malformed. Before, each block_hashes or token_ids array was appended to
+// the last, so a payload could pass MaxBlocks and MaxTokens (and the
+// memory they bound in the Decoder's buffers) by repeating the key, each
+// array within the limit.
+func TestDecodeDuplicateMapKeys(t *testing.T) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const reps, per = 10, 4 // 40 blocks of 1 token, limits 4 blocks and 8 tokens
+	must(enc.EncodeArrayLen(2))
+	must(enc.EncodeFloat64(1))
+	must(enc.EncodeArrayLen(1))
+	must(enc.EncodeMapLen(3 + 2*reps))
+	must(enc.EncodeString("type"))
+	must(enc.EncodeString("BlockStored"))
+	must(enc.EncodeString("parent_block_hash"))
+	must(enc.EncodeNil())
+	must(enc.EncodeString("block_size"))
+	must(enc.EncodeInt(1))
+	for i := range reps {
+		for _, key := range []string{"block_hashes", "token_ids"} {
+			must(enc.EncodeString(key))
+			must(enc.EncodeArrayLen(per))
+			for j := range per {
+				must(enc.EncodeInt(int64(1 + i*per + j)))
+			}
+		}
+	}
+	d := NewDecoder(Limits{MaxBlocks: per, MaxTokens: 2 * per})
+	var hashes, tokens int
+	var evErr error
+	err := d.Decode(buf.Bytes(), func(ev *Event, err error) {
+		hashes, tokens, evErr = len(ev.Hashes), len(ev.Tokens), err
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, evErr, ErrMalformed, "an event with block_hashes and token_ids %d times each (%d hashes, %d tokens decoded)", reps, hashes, tokens)
+	require.LessOrEqual(t, hashes, per)
+	require.LessOrEqual(t, tokens, 2*per)
 }

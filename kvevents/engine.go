@@ -129,7 +129,7 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 			e.st.Gaps++
 		}
 	}
-	if e.seen && seq > e.last+1 && e.replayGap(t, seq) {
+	if e.seen && seq > e.last && seq-e.last > 1 && e.replayGap(t, seq) { // not last+1: it wraps
 		if !e.resolved { // the replica went away during the replay
 			return
 		}
@@ -305,6 +305,10 @@ func (e *engine) stored(ev *Event) {
 	if len(e.blocks)+n > e.max {
 		e.st.Overflows++
 		e.clear(true)
+		if n > e.max {
+			e.drop(&e.st.DroppedLimit, fmt.Errorf("%w: BlockStored of %d blocks, over the engine's bound of %d (Target.MaxBlocks)", ErrLimit, n, e.max))
+			return
+		}
 	}
 	if ev.HasParent {
 		if _, ok := e.blocks[ev.Parent]; !ok {

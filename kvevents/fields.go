@@ -114,6 +114,11 @@ func (d *Decoder) event() error {
 					r.skip(2)
 					continue
 				}
+				if seen&(1<<f) != 0 { // each would add to the last, past the limits
+					note(fmt.Errorf("%w: event has %s twice", ErrMalformed, fieldNames[f]))
+					r.skip(2)
+					continue
+				}
 				note(d.field(f))
 				seen |= 1 << f
 			}

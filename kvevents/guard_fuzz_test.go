@@ -121,3 +121,22 @@ func TestGuardTopics(t *testing.T) {
 		t.Fatalf("an over-long topic: %v", err)
 	}
 }
+
+// Command frames with MORE set continue the message for the library
+// (zmq4's Conn.read reads on while MORE is set, whatever the frame), so
+// they count towards a message's frames and bytes: before, the guard took
+// each command frame for a message of its own and let a peer chain them
+// into one message the library held whole, past MaxMessageBytes and the
+// frame limit.
+func TestGuardCommandFramesWithMore(t *testing.T) {
+	body := bytes.Repeat([]byte("c"), 200)
+	stream := zmtpStream()
+	for range 10 { // 10 frames of 200 bytes: 2,000 bytes, limits 4 frames and 1 KiB
+		stream = append(stream, 0x04|0x01, byte(len(body)))
+		stream = append(stream, body...)
+	}
+	stream = append(stream, 0x04, 0)
+	if _, err := guardRun(stream, nil); !errors.Is(err, errGuard) {
+		t.Fatalf("a message of command frames chained by MORE, over both limits: %v, want the guard to fail it", err)
+	}
+}

@@ -265,3 +265,28 @@ func TestReplayAfterReconnect(t *testing.T) {
 	require.Equal(t, uint64(3), st.ReplayedBatches)
 	require.Zero(t, st.Clears)
 }
+
+// TestReplayNotForRestartAfterLastSeq: a sequence number going back from
+// the last possible one (0xFFFFFFFFFFFFFFFF) is a restart, not a gap, and
+// is not replayed. Before, last+1 wrapped to 0 so any later number looked
+// past it: the restart was counted, and the replay endpoint asked for the
+// batches from 0.
+func TestReplayNotForRestartAfterLastSeq(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, func(tg *Target) { tg.Replay = "tcp://127.0.0.1:1" }), Limits{})
+	tr.SetReplay(ReplayOptions{})
+	asked := 0
+	tr.replayOf().dial = func(context.Context, string, []netip.Addr) (zmq4.Socket, error) {
+		asked++
+		return nil, errors.New("not dialled in this test")
+	}
+	payload := pack(t, arrayBatch(storedRun(1, 1)))
+	tr.Handle("tcp://*:5557", frames(replayTopic, ^uint64(0), payload))
+	tr.Handle("tcp://*:5557", frames(replayTopic, 3, payload))
+	st := statsOf(t, tr, replayTopic)
+	require.Equal(t, uint64(1), st.Restarts)
+	require.Zero(t, st.Gaps)
+	require.Zero(t, st.ReplayAttempts, "a restart replayed")
+	require.Zero(t, asked)
+	require.Equal(t, uint64(1), st.Skipped)
+}

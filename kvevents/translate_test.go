@@ -575,3 +575,19 @@ func TestTranslateConcurrent(t *testing.T) {
 		require.Len(t, idx.keys(fmt.Sprintf("pod-%d", g)), 200)
 	}
 }
+
+// TestTranslateOverflowOneEvent: an event of more blocks than the engine's
+// MaxBlocks clears it and stores none of them. Before, the engine was
+// cleared and then all the event's blocks were mapped, past the bound
+// (up to Limits.MaxBlocks per event whatever Target.MaxBlocks).
+func TestTranslateOverflowOneEvent(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, func(tg *Target) { tg.MaxBlocks = 4 }), Limits{})
+	f := newFeeder(t, tr)
+	f.send(topicA, arrayBatch(storedRun(1, 2)))
+	f.send(topicA, arrayBatch(storedRun(100, 6)))
+	st := statsOf(t, tr, topicA)
+	require.LessOrEqual(t, st.Mapped, 4, "the engine's map past its MaxBlocks")
+	require.LessOrEqual(t, len(idx.keys("10.0.0.1:8000")), 4)
+	require.Equal(t, uint64(1), st.Overflows)
+}

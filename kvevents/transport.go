@@ -504,14 +504,14 @@ func (c *guardConn) follow(b []byte) error {
 			c.hdr = c.hdr[:0]
 			command := flags&4 != 0
 			c.command = command
-			c.more = flags&1 != 0 && !command
-			if !command {
-				c.frames++
-				c.msgBytes += size
-				if c.frames > c.g.maxFrames {
-					c.g.st.oversize.Add(1)
-					return fmt.Errorf("%w: a message of more than %d frames", errGuard, c.g.maxFrames)
-				}
+			// The library reads on while MORE is set, after a command
+			// frame too, and holds every frame: all count.
+			c.more = flags&1 != 0
+			c.frames++
+			c.msgBytes += size
+			if c.frames > c.g.maxFrames {
+				c.g.st.oversize.Add(1)
+				return fmt.Errorf("%w: a message of more than %d frames", errGuard, c.g.maxFrames)
 			}
 			if size > uint64(c.g.maxMessage) || c.msgBytes > uint64(c.g.maxMessage) {
 				c.g.st.oversize.Add(1)
