@@ -434,11 +434,11 @@ func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
 	switch {
 	case tn+1 > int64(q.cfg.Total.MaxRequests):
 		return full("total", "requests", tn, int64(q.cfg.Total.MaxRequests))
-	case tb+r.Bytes > q.cfg.Total.MaxBytes:
+	case r.Bytes > q.cfg.Total.MaxBytes-tb: // not tb+r.Bytes, which may overflow
 		return full("total", "bytes", tb, q.cfg.Total.MaxBytes)
 	case bn+1 > int64(q.cfg.Band.MaxRequests):
 		return full("band", "requests", bn, int64(q.cfg.Band.MaxRequests))
-	case bb+r.Bytes > q.cfg.Band.MaxBytes:
+	case r.Bytes > q.cfg.Band.MaxBytes-bb:
 		return full("band", "bytes", bb, q.cfg.Band.MaxBytes)
 	}
 	return nil
@@ -483,7 +483,7 @@ func (q *Queue[T]) joins(b *band[T], id string) string {
 
 // fitsBand reports whether r fits its band's own limits; b is not nil.
 func (q *Queue[T]) fitsBand(r Request[T], b *band[T]) bool {
-	return b.n+1 <= q.cfg.Band.MaxRequests && b.bytes+r.Bytes <= q.cfg.Band.MaxBytes
+	return b.n+1 <= q.cfg.Band.MaxRequests && r.Bytes <= q.cfg.Band.MaxBytes-b.bytes
 }
 
 // longest returns the band's flow holding the most requests (the first in
