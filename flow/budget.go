@@ -93,7 +93,7 @@ func (b *Budget) fits(bytes, vb int64, vn, prio int) error {
 	switch {
 	case b.n-vn+1 > b.lim.MaxRequests:
 		return &FullError{Scope: "global", Resource: "requests", Priority: prio, Held: int64(b.n), Max: int64(b.lim.MaxRequests)}
-	case b.bytes-vb+bytes > b.lim.MaxBytes:
+	case bytes > b.lim.MaxBytes-(b.bytes-vb): // not b.bytes-vb+bytes, which may overflow
 		return &FullError{Scope: "global", Resource: "bytes", Priority: prio, Held: b.bytes, Max: b.lim.MaxBytes}
 	}
 	return nil

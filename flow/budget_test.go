@@ -256,7 +256,6 @@ func TestPropBudgetAcrossQueues(t *testing.T) {
 					if answered[want.v] != want.q {
 						t.Fatalf("%d, held by queue %d, answered by queue %d's function", want.v, want.q, answered[want.v])
 					}
-					m.drop(want.v)
 				default:
 					var fe *FullError
 					if !errors.As(err, &fe) || fe.Scope != "global" || len(gone) != 0 {
@@ -271,6 +270,11 @@ func TestPropBudgetAcrossQueues(t *testing.T) {
 				if err == nil {
 					r.h = h
 					m.add(r)
+				}
+				if wantOK {
+					// After r is added: a queue whose only request r
+					// displaces keeps its place among the members.
+					m.drop(want.v)
 				}
 			case 2: // a queue dispatches
 				qi := rapid.IntRange(0, nq-1).Draw(t, "q")
@@ -514,5 +518,30 @@ func TestLocalSwapKeepsMembership(t *testing.T) {
 	n, _ := b.Held()
 	assert.Equal(t, 2, n)
 	push(c, "c1", 2)
+	assert.Equal(t, []string{"a1", "a2"}, gone)
+}
+
+// A queue that gives up its only request past the budget for another of
+// its own (Budget.reclaim choosing it) never empties either, and keeps
+// its place among the budget's members, as in a local swap
+// (TestLocalSwapKeepsMembership): of equal candidates, the queue that
+// started holding first gives one up.
+func TestReclaimSwapKeepsMembership(t *testing.T) {
+	b, err := NewBudget(Limits{MaxRequests: 2})
+	require.NoError(t, err)
+	a := mustNew[string](t, Config{Budget: b})
+	bq := mustNew[string](t, Config{Budget: b})
+	c := mustNew[string](t, Config{Budget: b})
+	var gone []string
+	out := func(v string) { gone = append(gone, v) }
+	push := func(q *Queue[string], v string, prio int) {
+		_, err := q.Push(Request[string]{Value: v, Priority: prio}, t0, out)
+		require.NoError(t, err, v)
+	}
+	push(a, "a1", 0)
+	push(bq, "b1", 1)
+	push(a, "a2", 1) // past the budget: a1, the lowest band's, gives way
+	assert.Equal(t, []string{"a1"}, gone)
+	push(c, "c1", 2) // a2 and b1 are equal candidates: a started holding first
 	assert.Equal(t, []string{"a1", "a2"}, gone)
 }

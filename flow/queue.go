@@ -179,6 +179,10 @@ type Queue[T any] struct {
 	// pend are the requests whose room is kept while they reclaim room
 	// past the Budget (pushPastBudget).
 	pend []pending
+	// joined: a member of its Budget, from its first request held until
+	// it holds none and keeps no room (pend), so that a request taking
+	// the place of its only one keeps its place among the members.
+	joined bool
 	// scratch holds a band's flows while Next orders them.
 	scratch []*flowQ[T]
 	// spare and free keep an emptied band and up to maxFree dropped
@@ -330,6 +334,7 @@ func (q *Queue[T]) pushPastBudget(r Request[T], displaced func(T), full error) (
 	q.mu.Lock()
 	q.unpend(r.Priority, r.Bytes)
 	if !ok {
+		q.leaveIfIdle()
 		q.mu.Unlock()
 		return Handle[T]{}, full
 	}
@@ -339,6 +344,7 @@ func (q *Queue[T]) pushPastBudget(r Request[T], displaced func(T), full error) (
 		// Cannot happen while r's room was kept (q.pend); should it, the
 		// share goes back.
 		q.cfg.Budget.give(r.Bytes)
+		q.leaveIfIdle()
 		q.mu.Unlock()
 		return Handle[T]{}, err
 	}
@@ -434,11 +440,11 @@ func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
 	switch {
 	case tn+1 > int64(q.cfg.Total.MaxRequests):
 		return full("total", "requests", tn, int64(q.cfg.Total.MaxRequests))
-	case tb+r.Bytes > q.cfg.Total.MaxBytes:
+	case r.Bytes > q.cfg.Total.MaxBytes-tb: // not tb+r.Bytes, which may overflow
 		return full("total", "bytes", tb, q.cfg.Total.MaxBytes)
 	case bn+1 > int64(q.cfg.Band.MaxRequests):
 		return full("band", "requests", bn, int64(q.cfg.Band.MaxRequests))
-	case bb+r.Bytes > q.cfg.Band.MaxBytes:
+	case r.Bytes > q.cfg.Band.MaxBytes-bb:
 		return full("band", "bytes", bb, q.cfg.Band.MaxBytes)
 	}
 	return nil
@@ -483,7 +489,7 @@ func (q *Queue[T]) joins(b *band[T], id string) string {
 
 // fitsBand reports whether r fits its band's own limits; b is not nil.
 func (q *Queue[T]) fitsBand(r Request[T], b *band[T]) bool {
-	return b.n+1 <= q.cfg.Band.MaxRequests && b.bytes+r.Bytes <= q.cfg.Band.MaxBytes
+	return b.n+1 <= q.cfg.Band.MaxRequests && r.Bytes <= q.cfg.Band.MaxBytes-b.bytes
 }
 
 // longest returns the band's flow holding the most requests (the first in
@@ -542,8 +548,9 @@ func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	b.n++
 	q.bytes += r.Bytes
 	q.n++
-	if q.n == 1 {
+	if !q.joined {
 		q.cfg.Budget.join(q)
+		q.joined = true
 	}
 	return Handle[T]{it}
 }
@@ -799,6 +806,15 @@ func (q *Queue[T]) addBand(p int) *band[T] {
 	return b
 }
 
+// leaveIfIdle leaves the Budget's members if q holds no request and
+// keeps no room (pend). q.mu is held.
+func (q *Queue[T]) leaveIfIdle() {
+	if q.joined && q.n == 0 && len(q.pend) == 0 {
+		q.cfg.Budget.leave(q)
+		q.joined = false
+	}
+}
+
 // remove takes a held item out of the queue and gives its share of the
 // Budget back.
 func (q *Queue[T]) remove(it *item[T]) {
@@ -818,9 +834,7 @@ func (q *Queue[T]) unhold(it *item[T]) {
 	b.n--
 	q.bytes -= it.req.Bytes
 	q.n--
-	if q.n == 0 {
-		q.cfg.Budget.leave(q)
-	}
+	q.leaveIfIdle()
 	if len(f.items.s) > 0 {
 		return
 	}

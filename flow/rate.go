@@ -41,8 +41,9 @@ func (r Rate) Validate() error {
 }
 
 // interval is the time between two requests at PerSecond, in
-// nanoseconds, at least 1.
-func (r Rate) interval() int64 { return max(1, int64(1e9/r.PerSecond)) }
+// nanoseconds, at least 1: rounded up, since rounded down it admits more
+// than PerSecond (TestRateWindowBound).
+func (r Rate) interval() int64 { return max(1, int64(math.Ceil(1e9/r.PerSecond))) }
 
 // Admit decides a request at now (nanoseconds on any clock that does not
 // go back) of a client whose theoretical arrival time is tat (0, or any
