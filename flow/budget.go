@@ -51,8 +51,11 @@ type offer struct{ prio, n int }
 // NewBudget returns a budget of l's limits; a zero field takes its
 // default (DefaultMaxBytes, DefaultMaxRequests).
 func NewBudget(l Limits) (*Budget, error) {
-	if l.MaxBytes < 0 || l.MaxRequests < 0 {
-		return nil, fmt.Errorf("%w: budget %+v is negative", ErrInvalid, l)
+	switch {
+	case l.MaxBytes < 0:
+		return nil, fmt.Errorf("%w: budget MaxBytes %d is negative", ErrInvalid, l.MaxBytes)
+	case l.MaxRequests < 0:
+		return nil, fmt.Errorf("%w: budget MaxRequests %d is negative", ErrInvalid, l.MaxRequests)
 	}
 	if l.MaxBytes == 0 {
 		l.MaxBytes = DefaultMaxBytes

@@ -545,3 +545,20 @@ func TestReclaimSwapKeepsMembership(t *testing.T) {
 	push(c, "c1", 2) // a2 and b1 are equal candidates: a started holding first
 	assert.Equal(t, []string{"a1", "a2"}, gone)
 }
+
+// TestNewBudgetNamesField: a negative limit is refused naming the field
+// and its value, not the whole struct.
+func TestNewBudgetNamesField(t *testing.T) {
+	for _, tc := range []struct {
+		l    Limits
+		want string
+	}{
+		{Limits{MaxBytes: -1}, "MaxBytes -1"},
+		{Limits{MaxRequests: -2}, "MaxRequests -2"},
+		{Limits{MaxBytes: -3, MaxRequests: 5}, "MaxBytes -3"},
+	} {
+		_, err := NewBudget(tc.l)
+		require.ErrorIs(t, err, ErrInvalid)
+		require.Contains(t, err.Error(), tc.want)
+	}
+}
