@@ -578,7 +578,8 @@ func (g *Gateway) pickByLoad(cands []Candidate) int {
 }
 
 // maxInterned bounds how many adapter names a gateway interns; past it a
-// name is copied per request (an allocation) instead. At the bound, with
+// name is copied per request (an allocation) instead, as is a name longer
+// than MaxAdapterName, whatever the count. At the bound, with
 // names of MaxAdapterName bytes, the table holds 4.28 MiB
 // (EXA_MEASURE=1 go test -run TestInternedNamesMemory -v .).
 const maxInterned = 4096
@@ -593,7 +594,7 @@ func (g *Gateway) intern(name string) string {
 		return s
 	}
 	s := strings.Clone(name)
-	if len(g.names) < maxInterned {
+	if len(g.names) < maxInterned && len(s) <= MaxAdapterName {
 		if g.names == nil {
 			g.names = map[string]string{}
 		}
