@@ -551,6 +551,10 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	rs.assigned.Add(int64(len(key) - matched))
 	d.t, d.gen = newTicket()
 	d.t.work, d.t.load, d.t.stats, d.t.obj = work, pc.Outstanding()+1, &g.stats, obj
+	d.t.ttl = 0
+	if g.slo > 0 {
+		d.t.ttl = g.ttl
+	}
 	if tg.NoPrompt { // no Pick placed it: not the observer's
 		return d, nil
 	}
