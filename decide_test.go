@@ -358,3 +358,17 @@ func TestPropNoPrompt(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalid)
 	})
 }
+
+// TestSparesAllocsManyFallbacks: Spares asked for more fallbacks than the
+// usual few (here 12 of 16 replicas) allocates nothing either, when dst
+// has room for them.
+func TestSparesAllocsManyFallbacks(t *testing.T) {
+	g := mustNew(t, replicaNames(16), WithMode(ModeCacheAware))
+	for i := range 16 {
+		require.NoError(t, g.UpdateLoad(fmt.Sprintf("r%d", i), Load{QueueDepth: (16 - i) % 5, Running: i % 3}))
+	}
+	dst := make([]string, 0, 12)
+	dst = g.Spares(dst[:0], 12, Target{Exclude: "r1"})
+	require.Len(t, dst, 12)
+	require.Zero(t, testing.AllocsPerRun(100, func() { dst = g.Spares(dst[:0], 12, Target{Exclude: "r1"}) }))
+}

@@ -72,6 +72,9 @@ type ticket struct {
 	work, load int
 	obj        objective
 	stats      *counters
+	// ttl is the latency TTL, when the gateway has an SLO: a smoothed
+	// latency whose last sample is older restarts from Done's sample.
+	ttl time.Duration
 }
 
 const (
@@ -132,7 +135,7 @@ func (d Decision) Done(info DoneInfo) {
 				d.rs.lora.done(d.adapter)
 			}
 			if info.Err == nil && info.Latency > 0 {
-				d.rs.observeLatency(info.Latency, d.rs.clock())
+				d.rs.observeLatency(info.Latency, d.rs.clock(), d.t.ttl)
 			}
 			d.rs.learn(d.t.work, d.t.load, &info)
 			if d.t.obj.set() {

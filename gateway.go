@@ -551,6 +551,10 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	rs.assigned.Add(int64(len(key) - matched))
 	d.t, d.gen = newTicket()
 	d.t.work, d.t.load, d.t.stats, d.t.obj = work, pc.Outstanding()+1, &g.stats, obj
+	d.t.ttl = 0
+	if g.slo > 0 {
+		d.t.ttl = g.ttl
+	}
 	if tg.NoPrompt { // no Pick placed it: not the observer's
 		return d, nil
 	}
@@ -578,7 +582,8 @@ func (g *Gateway) pickByLoad(cands []Candidate) int {
 }
 
 // maxInterned bounds how many adapter names a gateway interns; past it a
-// name is copied per request (an allocation) instead. At the bound, with
+// name is copied per request (an allocation) instead, as is a name longer
+// than MaxAdapterName, whatever the count. At the bound, with
 // names of MaxAdapterName bytes, the table holds 4.28 MiB
 // (EXA_MEASURE=1 go test -run TestInternedNamesMemory -v .).
 const maxInterned = 4096
@@ -593,7 +598,7 @@ func (g *Gateway) intern(name string) string {
 		return s
 	}
 	s := strings.Clone(name)
-	if len(g.names) < maxInterned {
+	if len(g.names) < maxInterned && len(s) <= MaxAdapterName {
 		if g.names == nil {
 			g.names = map[string]string{}
 		}

@@ -216,6 +216,39 @@ func TestSLOExclusionAndTTL(t *testing.T) {
 	}
 }
 
+// TestSLOExpiredSampleMeasuredAfresh: once a replica's last latency
+// sample is older than the TTL it is eligible again and its next requests
+// measure it afresh (withLatencyTTL): a good sample then puts it back
+// within the SLO, rather than being blended with the expired bad one.
+func TestSLOExpiredSampleMeasuredAfresh(t *testing.T) {
+	clk := newFakeClock()
+	g := mustNew(t, replicaNames(2), WithSLOLatency(100*time.Millisecond), WithClock(clk.Now))
+	k := keys.PrefixKey("x", "", "")
+	only0 := Target{Allow: func(name string) bool { return name == "r0" }}
+	d, err := g.RouteWith(k, only0)
+	require.NoError(t, err)
+	d.Done(DoneInfo{Latency: time.Second})
+	for range 4 {
+		d, err := g.Route(k)
+		require.NoError(t, err)
+		require.Equal(t, "r1", d.Replica, "r0 breaches the SLO")
+		d.Done(DoneInfo{Latency: 10 * time.Millisecond})
+	}
+	clk.Advance(defaultLatencyTTL + time.Second) // r0's sample no longer counts
+	d, err = g.RouteWith(k, only0)
+	require.NoError(t, err)
+	d.Done(DoneInfo{Latency: 50 * time.Millisecond})
+	assert.Equal(t, 50*time.Millisecond, status(t, g, "r0").Load.Latency, "measured afresh")
+	seen := map[string]bool{}
+	for range 4 {
+		d, err := g.Route(k)
+		require.NoError(t, err)
+		seen[d.Replica] = true
+		d.Done(DoneInfo{Latency: 50 * time.Millisecond})
+	}
+	assert.True(t, seen["r0"], "r0 is within the SLO again: %v", seen)
+}
+
 // TestSLOFallbackStats: when every healthy replica breaches, decisions fall
 // back within the healthy set, are counted, and never pick the unhealthy.
 func TestSLOFallbackStats(t *testing.T) {

@@ -582,3 +582,21 @@ func TestInternedNamesMemory(t *testing.T) {
 	require.Len(t, g.names, maxInterned)
 	t.Logf("%d names of %d bytes: %.2f MiB", maxInterned, MaxAdapterName, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20))
 }
+
+// TestInternedNamesBounded: the interned adapter names stay within the
+// bound TestInternedNamesMemory measures (maxInterned names of at most
+// MaxAdapterName bytes) whatever names RouteWith is given: a longer name
+// is routed, but not kept.
+func TestInternedNamesBounded(t *testing.T) {
+	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware))
+	long := strings.Repeat("x", 64*MaxAdapterName)
+	d, err := g.RouteWith(keys.Salt(keys.PrefixKey("p", "", ""), long), Target{Adapter: long})
+	require.NoError(t, err)
+	d.Done(DoneInfo{})
+	bytes := 0
+	for name := range g.names {
+		require.LessOrEqual(t, len(name), MaxAdapterName, "interned a name of %d bytes", len(name))
+		bytes += len(name)
+	}
+	require.LessOrEqual(t, bytes, maxInterned*MaxAdapterName)
+}

@@ -183,12 +183,16 @@ func (rs *replicaState) outstanding() int {
 	return c.Outstanding()
 }
 
-// observeLatency folds a latency sample into the smoothed latency.
-func (rs *replicaState) observeLatency(d time.Duration, now time.Time) {
+// observeLatency folds a latency sample into the smoothed latency. With a
+// ttl (the gateway's latency TTL when it has an SLO, else 0), a smoothed
+// latency whose last sample is that old no longer counts, and the sample
+// replaces it: the replica is measured afresh (withLatencyTTL).
+func (rs *replicaState) observeLatency(d time.Duration, now time.Time, ttl time.Duration) {
+	expired := ttl > 0 && now.UnixNano()-rs.latencyAt.Load() >= int64(ttl)
 	for {
 		old := rs.latency.Load()
 		nv := int64(d)
-		if old > 0 {
+		if old > 0 && !expired {
 			nv = old + int64(latencyAlpha*float64(int64(d)-old))
 		}
 		if rs.latency.CompareAndSwap(old, nv) {

@@ -1,5 +1,11 @@
 package gateway
 
+import "sync"
+
+// sparesOuts pools the outstanding counts of Spares asked for more
+// fallbacks than its stack buffer holds, so that it does not allocate.
+var sparesOuts = sync.Pool{New: func() any { return new([]int) }}
+
 // Spares appends to dst the names of up to n eligible replicas (healthy
 // and within t), fewest outstanding requests first (Candidate.Outstanding),
 // then in the order the replicas were added, and returns it. A front
@@ -16,7 +22,16 @@ func (g *Gateway) Spares(dst []string, n int, t Target) []string {
 	// for the usual few fallbacks.
 	var buf [8]int
 	outs := buf[:0]
-	for _, rs := range g.snap.Load().list {
+	list := g.snap.Load().list
+	var pooled *[]int
+	if m := min(n, len(list)); m > len(buf) {
+		pooled = sparesOuts.Get().(*[]int)
+		if cap(*pooled) < m {
+			*pooled = make([]int, 0, m)
+		}
+		outs = (*pooled)[:0]
+	}
+	for _, rs := range list {
 		if !t.eligible(rs) {
 			continue
 		}
@@ -38,6 +53,9 @@ func (g *Gateway) Spares(dst []string, n int, t Target) []string {
 			k--
 		}
 		outs[k], dst[start+k] = o, rs.name
+	}
+	if pooled != nil {
+		sparesOuts.Put(pooled)
 	}
 	return dst
 }
