@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,7 +80,9 @@ type ticket struct {
 
 const (
 	flagFirst = 1
-	flagDone  = 2
+	// flagBusy: FirstToken is telling the Observer; Done waits for it, so
+	// that the Observer hears of the first token before the end.
+	flagBusy = 2
 )
 
 var tickets = sync.Pool{New: func() any { return new(ticket) }}
@@ -104,10 +107,15 @@ func (d Decision) FirstToken() {
 		if s>>2 != d.gen || s&3 != 0 {
 			return
 		}
-		if d.t.state.CompareAndSwap(s, s|flagFirst) {
+		next := s | flagFirst
+		if d.obs != nil {
+			next |= flagBusy
+		}
+		if d.t.state.CompareAndSwap(s, next) {
 			addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
 			if d.obs != nil {
 				d.obs.FirstToken(d.id)
+				d.t.state.And(^uint64(flagBusy))
 			}
 			return
 		}
@@ -123,8 +131,12 @@ func (d Decision) Done(info DoneInfo) {
 	}
 	for {
 		s := d.t.state.Load()
-		if s>>2 != d.gen || s&flagDone != 0 {
+		if s>>2 != d.gen {
 			return
+		}
+		if s&flagBusy != 0 { // FirstToken is telling the Observer (which must not block)
+			runtime.Gosched()
+			continue
 		}
 		if d.t.state.CompareAndSwap(s, (d.gen+1)<<2) {
 			if s&flagFirst == 0 {
