@@ -48,7 +48,8 @@ func (w LoadWeights) validate() error {
 // of queue depth (outstanding requests and queued prefill), KV-cache
 // utilisation and latency. Ties go to the replica sent the least prefill
 // work so far (AssignedPrefill), then to fewer in-flight requests, then to
-// the earlier candidate. Its decisions are of kind load_aware. The zero
+// one drawn from Request.Tie among those still equal (deterministic for a
+// given sequence of calls). Its decisions are of kind load_aware. The zero
 // value uses the default weights and is safe for concurrent use.
 type LoadAware struct {
 	// Weights of the signals; the zero value means the defaults.
