@@ -103,6 +103,9 @@ func New(replicas []Replica, opts ...Option) (*Gateway, error) {
 	g.obs, _ = g.policy.(Observer)
 	switch p := g.policy.(type) {
 	case *CacheAware:
+		if err := p.validate(); err != nil {
+			return nil, err
+		}
 		g.summing = true
 	case *RoundRobin:
 		g.fixed, g.kind = true, KindRoundRobin

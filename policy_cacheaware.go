@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/examlops/gateway/internal/hashtab"
@@ -241,6 +242,21 @@ type CacheAware struct {
 	// there has finished. Zero means the default, 1,024 (see
 	// docs/lora.md); a negative value means none.
 	AdapterWait float64
+}
+
+// validate refuses a weight that is not a finite number (NaN would make
+// every cost NaN and the choice arbitrary).
+func (p *CacheAware) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Externality", p.Externality}, {"WaitingWeight", p.WaitingWeight}, {"DecodeWeight", p.DecodeWeight},
+		{"LoadFactor", p.LoadFactor}, {"AdapterLoad", p.AdapterLoad}, {"AdapterWait", p.AdapterWait}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%w: CacheAware.%s %v, want a finite number", ErrInvalid, f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // Defaults of CacheAware, chosen with package sim on the Mooncake trace

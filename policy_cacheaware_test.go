@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -328,4 +329,26 @@ func holderCands(aOut int, block, token time.Duration) []Candidate {
 		cs[i].CacheBlocks, cs[i].BlockTime, cs[i].TokenTime = 1000, block, token
 	}
 	return cs
+}
+
+// TestCacheAwareWeightsFinite: New refuses a CacheAware whose weight is
+// NaN or infinite, naming the field and the value.
+func TestCacheAwareWeightsFinite(t *testing.T) {
+	for _, tc := range []struct {
+		p    CacheAware
+		want string
+	}{
+		{CacheAware{Externality: math.NaN()}, "CacheAware.Externality NaN"},
+		{CacheAware{WaitingWeight: math.Inf(1)}, "CacheAware.WaitingWeight +Inf"},
+		{CacheAware{DecodeWeight: math.Inf(-1)}, "CacheAware.DecodeWeight -Inf"},
+		{CacheAware{LoadFactor: math.NaN()}, "CacheAware.LoadFactor NaN"},
+		{CacheAware{AdapterLoad: math.NaN()}, "CacheAware.AdapterLoad NaN"},
+		{CacheAware{AdapterWait: math.Inf(1)}, "CacheAware.AdapterWait +Inf"},
+	} {
+		_, err := New(replicaNames(2), WithPolicy(&tc.p))
+		require.ErrorIs(t, err, ErrInvalid, tc.want)
+		require.Contains(t, err.Error(), tc.want)
+	}
+	_, err := New(replicaNames(2), WithPolicy(&CacheAware{Externality: -1, LoadFactor: 1.5}))
+	require.NoError(t, err, "finite values, negative ones included, are taken as before")
 }
