@@ -212,7 +212,8 @@ func (g *Gateway) SetHealthy(name string, healthy bool) error {
 }
 
 // UpdateLoad records the load signals a replica reports. Negative counts,
-// a NaN or out-of-range KV utilisation and a negative latency are errors
+// a NaN or out-of-range KV utilisation, a negative latency and an At
+// outside 1677–2262 (its Unix nanoseconds would overflow) are errors
 // wrapping ErrInvalid, and change nothing.
 func (g *Gateway) UpdateLoad(name string, l Load) error {
 	if err := l.validate(name); err != nil {

@@ -165,3 +165,21 @@ func TestUpdateLoadAt(t *testing.T) {
 	require.NoError(t, g.UpdateLoad("b", Load{QueueDepth: 9}))
 	assert.True(t, g.Saturated(Target{}, a), "a's load, reported an hour ahead, is a second old")
 }
+
+// TestUpdateLoadAtRange: a Load.At whose Unix nanoseconds overflow an
+// int64 (before 1677, after 2262) is refused naming it, and changes
+// nothing: before, a date before 1677 wrapped to a time far ahead, which
+// counted as now, so a load of 1600 was fresh.
+func TestUpdateLoadAtRange(t *testing.T) {
+	now := time.Unix(1000, 0)
+	g, err := New([]Replica{{Name: "a"}}, WithMode(ModeCacheAware), WithClock(func() time.Time { return now }))
+	require.NoError(t, err)
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 1}))
+	for _, at := range []time.Time{time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		err := g.UpdateLoad("a", Load{QueueDepth: 7, At: at})
+		require.ErrorIs(t, err, ErrInvalid, "%v", at)
+		require.Contains(t, err.Error(), "At "+at.String())
+		require.Equal(t, 1, g.Replicas()[0].Load.QueueDepth, "a refused load changes nothing")
+	}
+	require.NoError(t, g.UpdateLoad("a", Load{QueueDepth: 2, At: time.Unix(0, 0)}))
+}

@@ -79,9 +79,16 @@ func (l Load) validate(name string) error {
 		return fmt.Errorf("%w: replica %q: PeerPrefill %d is outside 0..%d", ErrInvalid, name, l.PeerPrefill, maxRequestCount)
 	case l.Latency < 0:
 		return fmt.Errorf("%w: replica %q: Latency %v is negative", ErrInvalid, name, l.Latency)
+	case !l.At.IsZero() && (l.At.Before(minLoadAt) || l.At.After(maxLoadAt)):
+		return fmt.Errorf("%w: replica %q: At %v is outside %v..%v", ErrInvalid, name, l.At, minLoadAt, maxLoadAt)
 	}
 	return nil
 }
+
+// The times Load.At may take: those whose Unix nanoseconds fit an int64
+// (1677 to 2262); one before would wrap to a time far ahead, which counts
+// as now.
+var minLoadAt, maxLoadAt = time.Unix(0, math.MinInt64).UTC(), time.Unix(0, math.MaxInt64).UTC()
 
 // ReplicaStatus is a point-in-time view of one replica, as Gateway.Replicas
 // returns it.
