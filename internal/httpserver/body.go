@@ -43,10 +43,12 @@ func (b *body) Read(p []byte) (int, error) {
 	}
 	if b.expect100 && !b.sentContinue {
 		b.sentContinue = true
-		if !b.w.wroteHead {
+		b.w.continueMu.Lock()
+		if !b.w.noContinue {
 			_, _ = b.c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 			_ = b.c.bw.Flush()
 		}
+		b.w.continueMu.Unlock()
 	}
 	n, err := b.readLocked(p)
 	if err == io.EOF {

@@ -164,7 +164,9 @@ func (c *conn) readRequest(first bool) (*http.Request, bool) {
 			// A new connection owes its first request at once, as
 			// with net/http: it gets no idle time.
 			c.setReadDeadline(now.Add(min(o.ReadHeaderTimeout, o.IdleTimeout)))
-		} else if c.rdl.IsZero() || c.rdl.Sub(now) < o.IdleTimeout-o.IdleTimeout/4 {
+		} else if left := c.rdl.Sub(now); c.rdl.IsZero() || left < o.IdleTimeout-o.IdleTimeout/4 || left > o.IdleTimeout {
+			// A deadline further than IdleTimeout (a body's, under
+			// a longer ReadTimeout) is brought in too.
 			c.setReadDeadline(now.Add(o.IdleTimeout))
 		}
 		if _, err := c.br.Peek(need); err != nil {

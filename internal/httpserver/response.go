@@ -6,6 +6,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -40,6 +41,14 @@ type response struct {
 	closeAfter       bool
 	keepAlive10      bool  // the head says Connection: keep-alive
 	err              error // write failure: the connection is closed after
+
+	// continueMu orders the 100 Continue that a read of an Expect:
+	// 100-continue body sends, from whatever goroutine, with the
+	// response's own writes; noContinue, guarded by it, is set once the
+	// final head is being written (no 100 Continue after it), as
+	// net/http's writeContinueMu does.
+	continueMu sync.Mutex
+	noContinue bool
 }
 
 var _ http.Flusher = (*response)(nil)
@@ -63,6 +72,10 @@ func (w *response) WriteHeader(code int) {
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
 		// An interim response has no body: the final response's framing
 		// fields are not its own.
+		if w.expect100() {
+			w.continueMu.Lock()
+			defer w.continueMu.Unlock()
+		}
 		w.writeStatusLine(code)
 		w.writeFields(w.header)
 		_, _ = w.c.bw.WriteString("\r\n")
@@ -214,6 +227,11 @@ func (w *response) writeStatusLine(code int) {
 // connection outlives it, as net/http's server does, then writes the
 // status line and header fields, then the body bytes held back.
 func (w *response) writeHead() {
+	if w.expect100() {
+		w.continueMu.Lock()
+		w.noContinue = true
+		w.continueMu.Unlock()
+	}
 	w.wroteHead = true
 	h := w.header
 	if w.sent != nil {
@@ -292,6 +310,10 @@ func (w *response) writeHead() {
 		w.c.pend = w.c.pend[:0]
 	}
 }
+
+// expect100 reports whether a read of the request body may send a 100
+// Continue.
+func (w *response) expect100() bool { return w.body != nil && w.body.expect100 }
 
 // hasCloseToken reports whether Connection field values list "close".
 func hasCloseToken(vv []string) bool {
