@@ -97,7 +97,9 @@ type Options struct {
 // keep-alive (HTTP/1.0 keep-alive too) with an idle timeout, read-header
 // and read timeouts, a head size limit (431), 100-continue (sent when the
 // handler first reads the body), Connection: close, OPTIONS * and
-// pipelining. It does not support TLS, HTTP/2, Hijack (upgrades, CONNECT
+// pipelining. Over a listener of *tls.Conn (tls.NewListener) it serves
+// HTTPS, the request's TLS set as net/http sets it; it does not terminate
+// TLS itself, nor support HTTP/2, Hijack (upgrades, CONNECT
 // tunnels), response trailers, Content-Type sniffing, a write timeout or
 // ResponseController's full duplex and deadlines; a request's context has
 // http.LocalAddrContextKey but not http.ServerContextKey. A handler panic
