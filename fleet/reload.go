@@ -347,7 +347,11 @@ func syncReplicas(gw *gateway.Gateway, want []gateway.Replica) error {
 	var added []gateway.Replica
 	for _, r := range want {
 		h, ok := have[r.Name]
-		if ok && h.Address == r.Address && (r.CacheBlocks == 0 || h.CacheBlocks == r.CacheBlocks) {
+		capacity := r.CacheBlocks
+		if capacity == 0 {
+			capacity = unsetCacheBlocks // as AddReplica gives it
+		}
+		if ok && h.Address == r.Address && h.CacheBlocks == capacity {
 			continue
 		}
 		if ok {
@@ -388,6 +392,17 @@ func syncReplicas(gw *gateway.Gateway, want []gateway.Replica) error {
 	}
 	return nil
 }
+
+// unsetCacheBlocks is the capacity a gateway gives a replica whose
+// CacheBlocks is 0 (the gateway's default), so that syncReplicas replaces
+// a kept replica whose configured capacity was unset.
+var unsetCacheBlocks = func() int {
+	gw, err := gateway.New([]gateway.Replica{{Name: "r"}})
+	if err != nil {
+		panic(err)
+	}
+	return gw.Replicas()[0].CacheBlocks
+}()
 
 // NormalizeAddress turns a configured replica address into a base URL:
 // "host:port" gets an http:// scheme and a trailing slash is dropped.

@@ -65,3 +65,27 @@ func applyModels(t *testing.T, s *Fleet, models map[string][]config.Replica) err
 	}
 	return s.Apply(f)
 }
+
+// A reload that unsets a replica's cache_blocks gives it the default
+// capacity (its engine reports none), as a fresh replica gets, rather than
+// keeping the capacity the old configuration set.
+func TestReloadUnsetCacheBlocksTakesDefault(t *testing.T) {
+	s, err := New(Options{Registerer: prometheus.NewRegistry(), Logger: quietLogger()})
+	require.NoError(t, err)
+	capacity := func() map[string]int {
+		out := map[string]int{}
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
+			out[r.Name] = r.CacheBlocks
+		}
+		return out
+	}
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "fresh", Address: "127.0.0.1:1"}}}))
+	def := capacity()["fresh"]
+	require.Positive(t, def)
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {
+		{Name: "fresh", Address: "127.0.0.1:1"}, {Name: "a", Address: "127.0.0.1:2", CacheBlocks: 100}}}))
+	require.Equal(t, 100, capacity()["a"])
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {
+		{Name: "fresh", Address: "127.0.0.1:1"}, {Name: "a", Address: "127.0.0.1:2"}}}))
+	assert.Equal(t, map[string]int{"fresh": def, "a": def}, capacity(), "cache_blocks unset: the default, as for a new replica")
+}

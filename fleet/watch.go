@@ -193,6 +193,11 @@ func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 					"source", c.Source.String(), "reason", c.Reason.String(), "detail", c.Detail,
 					"ejected", ejected, "engines", total, "max_ejection_percent", s.opts.MaxEjectionPercent)
 			}
+			// An Apply between the failure and this refusal read ep as
+			// ejected and marked its replicas unhealthy: mark them as
+			// ep now is, or no probe would bring them back.
+			healthy := ep.Health.Healthy()
+			s.eachReplicaOf(ep, func(m *Model, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
 			return
 		}
 		ep.Health.hold()

@@ -281,7 +281,7 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 			Help: "Client connections closed as they were accepted because --max-connections-per-client were open from their address."}, func() float64 { return float64(ln.RefusedSources()) }))
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if fl.otlpSampleRatio <= 0 || fl.otlpSampleRatio > 1 {
+	if !(fl.otlpSampleRatio > 0 && fl.otlpSampleRatio <= 1) { // NaN too
 		ln.Close()
 		return usagef("invalid --otlp-sample-ratio %v: want a share in (0, 1]", fl.otlpSampleRatio)
 	}
