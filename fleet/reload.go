@@ -10,6 +10,7 @@ import (
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/httpclient"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Apply installs a routing configuration. Requests already being served
@@ -117,13 +118,20 @@ func (s *Fleet) applyLocked(f *config.File) error {
 	return nil
 }
 
-// dropStaleSeries deletes the gauge series of engines that old had and
-// next does not, so /metrics stops reporting their last values. (The
+// dropStaleSeries deletes the series of engines that old had and next
+// does not (their health gauge and their counters by address), so that
+// /metrics stops reporting them and engines that come and go (pods, each
+// with a new address) do not grow the series without bound. (The
 // per-model series are counters, kept across reloads.)
 func (s *Fleet) dropStaleSeries(old, next *State) {
+	m := s.metrics
 	for addr := range old.Endpoints {
 		if _, ok := next.Endpoints[addr]; !ok {
-			s.metrics.healthy.DeleteLabelValues(addr)
+			m.healthy.DeleteLabelValues(addr)
+			m.readmissions.DeleteLabelValues(addr)
+			m.probeFails.DeleteLabelValues(addr)
+			m.scrapeErrors.DeleteLabelValues(addr)
+			m.ejections.DeletePartialMatch(prometheus.Labels{"address": addr})
 		}
 	}
 }

@@ -89,3 +89,42 @@ func TestReloadUnsetCacheBlocksTakesDefault(t *testing.T) {
 		{Name: "fresh", Address: "127.0.0.1:1"}, {Name: "a", Address: "127.0.0.1:2"}}}))
 	assert.Equal(t, map[string]int{"fresh": def, "a": def}, capacity(), "cache_blocks unset: the default, as for a new replica")
 }
+
+// TestReloadDropsRemovedEnginesSeries: an engine removed by a reload
+// leaves no series of its address (health, ejections, readmissions, probe
+// failures, scrape errors), so engines that come and go do not grow
+// /metrics; an engine kept keeps its counts.
+func TestReloadDropsRemovedEnginesSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	gone, kept := "http://127.0.0.1:1", "http://127.0.0.1:2"
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "g", Address: gone}, {Name: "k", Address: kept}}}))
+	for _, addr := range []string{gone, kept} {
+		s.metrics.healthy.WithLabelValues(addr).Set(1)
+		s.metrics.readmissions.WithLabelValues(addr).Inc()
+		s.metrics.probeFails.WithLabelValues(addr).Inc()
+		s.metrics.scrapeErrors.WithLabelValues(addr).Inc()
+		s.metrics.ejections.WithLabelValues(addr, "probe", "timeout").Inc()
+		s.metrics.ejections.WithLabelValues(addr, "traffic", "status").Inc()
+	}
+	series := func(addr string) int {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		n := 0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "address" && l.GetValue() == addr {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	require.Equal(t, 6, series(gone))
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "k", Address: kept}}}))
+	assert.Zero(t, series(gone), "the removed engine's series")
+	assert.Equal(t, 6, series(kept), "the kept engine's series")
+}
