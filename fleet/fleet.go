@@ -185,6 +185,9 @@ type Fleet struct {
 	state atomic.Pointer[State]
 
 	mu       sync.Mutex // serialises Apply, reloads and health transitions
+	// onApply are called after each configuration is published (OnApply);
+	// guarded by mu.
+	onApply []func(old, next *State)
 	fileInfo os.FileInfo
 	fileMod  time.Time
 	fileSize int64

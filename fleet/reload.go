@@ -108,6 +108,9 @@ func (s *Fleet) applyLocked(f *config.File) error {
 	}
 	s.closeDropped(old, next)
 	s.dropStaleSeries(old, next)
+	for _, f := range s.onApply {
+		f(old, next)
+	}
 	if ctx := s.running.Load(); ctx != nil && (*ctx).Err() == nil {
 		for addr, ep := range next.Endpoints {
 			if _, had := old.Endpoints[addr]; !had {
@@ -116,6 +119,17 @@ func (s *Fleet) applyLocked(f *config.File) error {
 		}
 	}
 	return nil
+}
+
+// OnApply adds f to the functions called after each configuration is
+// published, with the state it replaced: the fronts drop their series of
+// the replicas the new one lacks (front.Metrics.DropReplicas). f runs
+// under the lock that serialises Apply, so it must be quick and must not
+// call Apply or Reload. Safe for concurrent use.
+func (s *Fleet) OnApply(f func(old, next *State)) {
+	s.mu.Lock()
+	s.onApply = append(s.onApply, f)
+	s.mu.Unlock()
 }
 
 // dropStaleSeries deletes the series of engines that old had and next

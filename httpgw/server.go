@@ -304,6 +304,7 @@ func New(opts Options) (*Server, error) {
 			"gateway: no endpoint "+r.URL.Path+" (serving /v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{id}, /v1/embeddings, /tokenize, /detokenize, /v1/models, /health, /stats, /metrics, /healthz)")
 	})
 	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather))
+	s.Fleet.OnApply(s.metrics.DropReplicas) // removed replicas' series go
 	return s, nil
 }
 

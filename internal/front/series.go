@@ -114,6 +114,21 @@ func (mm *ModelMetrics) decisionsC(m *Metrics, model string, k gateway.Kind) pro
 	return mm.decisions[k].get(look)
 }
 
+// DropReplicas deletes the per-replica series (replica_requests_total)
+// of the replicas old's models had and next's do not, so that replicas
+// that come and go (pods) do not grow /metrics without bound. It is the
+// fronts' fleet.Fleet.OnApply hook.
+func (m *Metrics) DropReplicas(old, next *fleet.State) {
+	for name, om := range old.Models {
+		nm := next.Models[name]
+		for _, r := range om.Order {
+			if nm == nil || nm.ByName[r] == nil {
+				m.ReplicaReqs.DeleteLabelValues(name, r)
+			}
+		}
+	}
+}
+
 // ReplicaRequests is exa_gateway_replica_requests_total's series of a
 // replica of ms.
 func (m *Metrics) ReplicaRequests(ms *fleet.Model, replica string) prometheus.Counter {
