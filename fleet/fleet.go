@@ -184,10 +184,10 @@ type Fleet struct {
 
 	state atomic.Pointer[State]
 
-	mu       sync.Mutex // serialises Apply, reloads and health transitions
+	mu sync.Mutex // serialises Apply, reloads and health transitions
 	// onApply are called after each configuration is published (OnApply);
 	// guarded by mu.
-	onApply []func(old, next *State)
+	onApply  []func(old, next *State)
 	fileInfo os.FileInfo
 	fileMod  time.Time
 	fileSize int64
