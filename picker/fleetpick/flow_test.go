@@ -68,15 +68,7 @@ func TestPickerFlowDeadline(t *testing.T) {
 	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
 		Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: 20 * time.Millisecond}, Retry: time.Millisecond}}})
 	e := f.engines[0]
-	release := e.Gate()
-	first := make(chan struct{})
-	go func() {
-		defer close(first)
-		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}()
-	<-e.Gated()
+	release, first := busyEngine(t, f)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "late"))
 	b := readAll(t, resp)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b)
@@ -123,15 +115,7 @@ func TestPickerFlowClientGoneCounted(t *testing.T) {
 	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
 		Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: time.Hour}, Retry: time.Millisecond}}})
 	e := f.engines[0]
-	release := e.Gate()
-	first := make(chan struct{})
-	go func() {
-		defer close(first)
-		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}()
-	<-e.Gated()
+	release, first := busyEngine(t, f)
 	queued := func(n int) {
 		require.Eventually(t, func() bool {
 			return fronttest.Gauge(t, f.reg, "exa_gateway_flow_queue_requests", map[string]string{"model": testModel}) == float64(n)
@@ -170,18 +154,7 @@ func TestPickerFlowRequestTimeoutCounted(t *testing.T) {
 	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{reqTimeout: 200 * time.Millisecond,
 		popts: Options{ShedAbove: 1, Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: time.Hour}, Retry: time.Millisecond}}})
 	e := f.engines[0]
-	var once sync.Once
-	gate := e.Gate()
-	release := func() { once.Do(gate) }
-	t.Cleanup(release) // before the fixture's, should an assertion stop the test
-	first := make(chan struct{})
-	go func() {
-		defer close(first)
-		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}()
-	<-e.Gated()
+	release, first := busyEngine(t, f)
 	resp := f.post("/v1/chat/completions", chatBody(testModel, false, "s", "held"))
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -197,4 +170,27 @@ func TestPickerFlowRequestTimeoutCounted(t *testing.T) {
 	release()
 	<-first
 	assert.Equal(t, int64(1), e.Requests(), "the held request reached no engine")
+}
+
+// busyEngine gates f's first engine and sends it a streamed request, which
+// the engine holds until release: the replica is then full (ShedAbove 1),
+// so later requests are held in the queue. first is closed once that
+// request has ended. release may be called more than once, and is called
+// when the test ends, before the fixture's own cleanup.
+func busyEngine(t *testing.T, f *pickFixture) (release func(), first <-chan struct{}) {
+	t.Helper()
+	e := f.engines[0]
+	var once sync.Once
+	gate := e.Gate()
+	release = func() { once.Do(gate) }
+	t.Cleanup(release)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp := f.post("/v1/chat/completions", chatBody(testModel, true, "s", "first"))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	<-e.Gated()
+	return release, done
 }
