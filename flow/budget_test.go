@@ -497,53 +497,40 @@ func TestReclaimLooksAgain(t *testing.T) {
 	assert.Equal(t, []string{"f3", "g3"}, gone)
 }
 
-// A queue that swaps a held request for another of its own never empties,
-// and keeps its place among the budget's members: of equal candidates, the
-// queue that started holding first gives one up.
-func TestLocalSwapKeepsMembership(t *testing.T) {
-	b, err := NewBudget(Limits{MaxRequests: 2})
-	require.NoError(t, err)
-	a := mustNew[string](t, Config{Budget: b, Total: Limits{MaxRequests: 1}})
-	bq := mustNew[string](t, Config{Budget: b})
-	c := mustNew[string](t, Config{Budget: b})
-	var gone []string
-	out := func(v string) { gone = append(gone, v) }
-	push := func(q *Queue[string], v string, prio int) {
-		_, err := q.Push(Request[string]{Value: v, Priority: prio}, t0, out)
-		require.NoError(t, err, v)
+// A queue that swaps its only held request for another of its own, by its
+// own bound (a local swap) or past the budget (Budget.reclaim choosing
+// it), never empties, and keeps its place among the budget's members: of
+// equal candidates, the queue that started holding first gives one up.
+func TestSwapKeepsMembership(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		aTotal Limits // queue a's own bound
+	}{
+		{"local swap, a's own bound", Limits{MaxRequests: 1}},
+		{"reclaim past the budget", Limits{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := NewBudget(Limits{MaxRequests: 2})
+			require.NoError(t, err)
+			a := mustNew[string](t, Config{Budget: b, Total: tc.aTotal})
+			bq := mustNew[string](t, Config{Budget: b})
+			c := mustNew[string](t, Config{Budget: b})
+			var gone []string
+			out := func(v string) { gone = append(gone, v) }
+			push := func(q *Queue[string], v string, prio int) {
+				_, err := q.Push(Request[string]{Value: v, Priority: prio}, t0, out)
+				require.NoError(t, err, v)
+			}
+			push(a, "a1", 0)
+			push(bq, "b1", 1)
+			push(a, "a2", 1) // a1, the lowest band's, gives way to a2
+			n, _ := b.Held()
+			assert.Equal(t, 2, n)
+			assert.Equal(t, []string{"a1"}, gone)
+			push(c, "c1", 2) // a2 and b1 are equal candidates: a started holding first
+			assert.Equal(t, []string{"a1", "a2"}, gone)
+		})
 	}
-	push(a, "a1", 0)
-	push(bq, "b1", 1)
-	push(a, "a2", 1) // a's own bound: a2 takes a1's place
-	n, _ := b.Held()
-	assert.Equal(t, 2, n)
-	push(c, "c1", 2)
-	assert.Equal(t, []string{"a1", "a2"}, gone)
-}
-
-// A queue that gives up its only request past the budget for another of
-// its own (Budget.reclaim choosing it) never empties either, and keeps
-// its place among the budget's members, as in a local swap
-// (TestLocalSwapKeepsMembership): of equal candidates, the queue that
-// started holding first gives one up.
-func TestReclaimSwapKeepsMembership(t *testing.T) {
-	b, err := NewBudget(Limits{MaxRequests: 2})
-	require.NoError(t, err)
-	a := mustNew[string](t, Config{Budget: b})
-	bq := mustNew[string](t, Config{Budget: b})
-	c := mustNew[string](t, Config{Budget: b})
-	var gone []string
-	out := func(v string) { gone = append(gone, v) }
-	push := func(q *Queue[string], v string, prio int) {
-		_, err := q.Push(Request[string]{Value: v, Priority: prio}, t0, out)
-		require.NoError(t, err, v)
-	}
-	push(a, "a1", 0)
-	push(bq, "b1", 1)
-	push(a, "a2", 1) // past the budget: a1, the lowest band's, gives way
-	assert.Equal(t, []string{"a1"}, gone)
-	push(c, "c1", 2) // a2 and b1 are equal candidates: a started holding first
-	assert.Equal(t, []string{"a1", "a2"}, gone)
 }
 
 // TestNewBudgetNamesField: a negative limit is refused naming the field
