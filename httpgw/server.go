@@ -305,6 +305,7 @@ func New(opts Options) (*Server, error) {
 	})
 	s.mux.Handle("/metrics", front.MetricsHandler(s.Fleet, s.gather))
 	s.Fleet.OnApply(s.metrics.DropReplicas) // removed replicas' series go
+	s.Fleet.OnApply(s.flow.Retain)          // and removed models' queues
 	return s, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -192,6 +193,28 @@ func (f *FlowControl) Close() {
 	for _, mf := range ctls {
 		mf.cancel()
 		<-mf.done
+	}
+}
+
+// Retain stops the queues of the models next lacks (a reload removed
+// them): what they hold is answered as when the queue stops (flow.ErrClosed:
+// 503), and a later request of that name starts a new queue. It is the
+// fronts' fleet.Fleet.OnApply hook; nil (off) does nothing.
+func (f *FlowControl) Retain(_, next *fleet.State) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	var stop []*modelFlow
+	for name, mf := range f.ctls {
+		if next.Models[name] == nil {
+			stop = append(stop, mf)
+			delete(f.ctls, name)
+		}
+	}
+	f.mu.Unlock()
+	for _, mf := range stop {
+		mf.cancel() // its Run answers what it holds and ends
 	}
 }
 

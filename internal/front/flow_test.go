@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
 )
 
@@ -177,4 +178,49 @@ func TestFlowControlAcrossModels(t *testing.T) {
 	for range budget - quiet {
 		assert.ErrorIs(t, <-noisy, context.Canceled)
 	}
+}
+
+// TestFlowControlRetain: a reload that removes a model stops its queue:
+// what it holds is answered flow.ErrClosed at once, its goroutine ends,
+// and a later request of that name starts a new queue; a model kept keeps
+// its queue and what it holds.
+func TestFlowControlRetain(t *testing.T) {
+	f, err := NewFlowControl(flow.Options{Enabled: true, Queue: flow.Config{TTL: time.Hour}}, nil, nil)
+	require.NoError(t, err)
+	defer f.Close()
+	ctx := context.Background()
+	hold := func(model string) <-chan error {
+		out := make(chan error, 1)
+		go func() { out <- f.Hold(ctx, model, http.Header{}, 1024, func() bool { return false }) }()
+		return out
+	}
+	held := func(model string) int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if mf := f.ctls[model]; mf != nil {
+			return mf.ctl.Stats().Requests
+		}
+		return 0
+	}
+	gone, kept := hold("gone"), hold("kept")
+	require.Eventually(t, func() bool { return held("gone") == 1 && held("kept") == 1 }, 10*time.Second, time.Millisecond)
+	f.mu.Lock()
+	stopped := f.ctls["gone"].done
+	f.mu.Unlock()
+	f.Retain(nil, &fleet.State{Models: map[string]*fleet.Model{"kept": {Name: "kept"}}})
+	require.ErrorIs(t, <-gone, flow.ErrClosed)
+	<-stopped // its Run ended
+	assert.Equal(t, 1, held("kept"), "the kept model's queue holds its request")
+	select {
+	case err := <-kept:
+		t.Fatalf("the kept model's request was answered: %v", err)
+	default:
+	}
+	again := hold("gone")
+	require.Eventually(t, func() bool { return held("gone") == 1 }, 10*time.Second, time.Millisecond)
+	f.Close()
+	require.ErrorIs(t, <-again, flow.ErrClosed)
+	require.ErrorIs(t, <-kept, flow.ErrClosed)
+	var off *FlowControl
+	off.Retain(nil, &fleet.State{}) // off: nothing
 }

@@ -215,6 +215,7 @@ func New(fl *fleet.Fleet, opts Options) (*Router, error) {
 	r.pool.New = func() any { return new(tracker) }
 	r.tableOf(fl.Snapshot())
 	fl.OnApply(r.metrics.DropReplicas) // removed replicas' series go
+	fl.OnApply(r.flow.Retain)          // and removed models' queues
 	return r, nil
 }
 
