@@ -174,19 +174,15 @@ func (l *RateLimiter) Client(h Header, remote string) uint64 {
 			return xxhash.Sum64String(v) ^ 0x9e3779b97f4a7c15 // apart from addresses
 		}
 	}
-	// The parse the shape calls for goes first, since a failed one
-	// allocates its error: host:port has one colon or a bracket, a bare
-	// address none or several. The two accept disjoint strings, so the
-	// order changes nothing else.
-	portFirst := strings.HasPrefix(remote, "[") || strings.Count(remote, ":") == 1
-	for _, port := range [2]bool{portFirst, !portFirst} {
-		if port {
-			if ap, err := netip.ParseAddrPort(remote); err == nil {
-				return addrClient(ap.Addr())
-			}
-		} else if a, err := netip.ParseAddr(remote); err == nil {
-			return addrClient(a)
+	// Only the parse the shape calls for, since a failed one allocates
+	// its error: host:port has one colon or a bracket, a bare address
+	// none or several, so the other parse could not accept it either.
+	if strings.HasPrefix(remote, "[") || strings.Count(remote, ":") == 1 {
+		if ap, err := netip.ParseAddrPort(remote); err == nil {
+			return addrClient(ap.Addr())
 		}
+	} else if a, err := netip.ParseAddr(remote); err == nil {
+		return addrClient(a)
 	}
 	return xxhash.Sum64String(remote)
 }
