@@ -63,44 +63,35 @@ func (k scalarKind) want() string {
 // is wanted; "" when it fits. encoding/json rejects the same values, but
 // names them without their model and index.
 func (s *shape) scalarProblem(at string, tok json.Token) string {
-	ok := true
+	var ok bool
+	var what string
+	want := s.kind.want()
 	switch v := tok.(type) {
 	case string:
-		ok = s.kind == 0 || s.kind == kindString
+		ok, what = s.kind == 0 || s.kind == kindString, "a string "+strconv.Quote(v)
 	case bool:
-		ok = s.kind == 0 || s.kind == kindBool
+		ok, what = s.kind == 0 || s.kind == kindBool, "the boolean "+strconv.FormatBool(v)
 	case json.Number:
+		what = "the number " + string(v)
 		switch s.kind {
 		case kindString, kindBool:
-			ok = false
 		case kindInt:
 			_, err := strconv.ParseInt(string(v), 10, 64)
 			ok = err == nil
+			if !strings.ContainsAny(string(v), ".eE") {
+				want = fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64)
+			}
 		case kindFloat:
 			_, err := strconv.ParseFloat(string(v), 64)
-			ok = err == nil
+			ok, want = err == nil, "a number within float64's range"
+		default:
+			ok = true
 		}
+	default:
+		return ""
 	}
 	if ok {
 		return ""
-	}
-	what := describeToken(tok)
-	switch v := tok.(type) {
-	case string:
-		what += " " + strconv.Quote(v)
-	case json.Number:
-		what = "the number " + string(v)
-	case bool:
-		what = "the boolean " + strconv.FormatBool(v)
-	}
-	want := s.kind.want()
-	if n, isNum := tok.(json.Number); isNum {
-		switch {
-		case s.kind == kindInt && !strings.ContainsAny(string(n), ".eE"):
-			want = fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64)
-		case s.kind == kindFloat:
-			want = "a number within float64's range"
-		}
 	}
 	return fmt.Sprintf("%s is %s, want %s", at, what, want)
 }
