@@ -119,6 +119,12 @@ func TestModelValidate(t *testing.T) {
 		{"pd mode in capitals", func(m *Model) { m.PDMode = "Sidecar" }, "pd_mode"},
 		{"negative pd threshold", func(m *Model) { n := -1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
 		{"huge pd threshold", func(m *Model) { n := MaxPDMinUncachedTokens + 1; m.PDMinUncachedTokens = &n }, "pd_min_uncached_tokens"},
+		// prefill_pool and decode_pool name pools, so they follow the pool
+		// names' rules (TestPoolReferenceNames).
+		{"prefill pool with spaces", func(m *Model) { m.PrefillPool = " prefill" }, "prefill_pool"},
+		{"decode pool with a control character", func(m *Model) { m.DecodePool = "de\x1b[2Jcode" }, "decode_pool"},
+		{"long prefill pool", func(m *Model) { m.PrefillPool = strings.Repeat("p", MaxNameBytes+1) }, "prefill_pool"},
+		{"inactive decode pool with spaces", func(m *Model) { m.Disaggregate = false; m.DecodePool = "decode " }, "decode_pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := sample().Clone()
@@ -520,27 +526,9 @@ func TestModelEngine(t *testing.T) {
 // follow the pool names' rules; a name no pool can have (surrounding
 // spaces, a control character, past MaxNameBytes) is refused naming the
 // field and the value, instead of leaving the model waiting for a pool
-// that can never be defined.
+// that can never be defined: in a file as in Model.Validate.
 func TestPoolReferenceNames(t *testing.T) {
-	for _, tc := range []struct {
-		name, field string
-		edit        func(*Model)
-	}{
-		{"prefill pool with spaces", "prefill_pool", func(m *Model) { m.PrefillPool = " prefill" }},
-		{"decode pool with a control character", "decode_pool", func(m *Model) { m.DecodePool = "de\x1b[2Jcode" }},
-		{"long prefill pool", "prefill_pool", func(m *Model) { m.PrefillPool = strings.Repeat("p", MaxNameBytes+1) }},
-		{"inactive decode pool with spaces", "decode_pool", func(m *Model) { m.Disaggregate = false; m.DecodePool = "decode " }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := sample().Clone()
-			tc.edit(&m)
-			err := m.Validate()
-			require.ErrorIs(t, err, ErrInvalid)
-			var fe *FieldError
-			require.ErrorAs(t, err, &fe)
-			assert.Equal(t, tc.field, fe.Field)
-		})
-	}
+	// Model.Validate's cases are in TestModelValidate's table.
 	_, err := Decode("routing.json", []byte(`{"models":{"M":{"disaggregate":true,"prefill_pool":"prefill\t","decode_pool":"decode"}}}`))
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), `models.M.prefill_pool "prefill\t" in routing.json`)
