@@ -136,14 +136,7 @@ func TestFlowControlAcrossModels(t *testing.T) {
 	defer f.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	held := func(model string) int {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if mf := f.ctls[model]; mf != nil {
-			return mf.ctl.Stats().Requests
-		}
-		return 0
-	}
+	held := func(model string) int { return heldIn(f, model) }
 	hold := func(model, tenant string, out chan<- error) {
 		h := http.Header{}
 		h.Set(flow.HeaderFairnessID, tenant)
@@ -194,14 +187,7 @@ func TestFlowControlRetain(t *testing.T) {
 		go func() { out <- f.Hold(ctx, model, http.Header{}, 1024, func() bool { return false }) }()
 		return out
 	}
-	held := func(model string) int {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if mf := f.ctls[model]; mf != nil {
-			return mf.ctl.Stats().Requests
-		}
-		return 0
-	}
+	held := func(model string) int { return heldIn(f, model) }
 	gone, kept := hold("gone"), hold("kept")
 	require.Eventually(t, func() bool { return held("gone") == 1 && held("kept") == 1 }, 10*time.Second, time.Millisecond)
 	f.mu.Lock()
@@ -223,4 +209,14 @@ func TestFlowControlRetain(t *testing.T) {
 	require.ErrorIs(t, <-kept, flow.ErrClosed)
 	var off *FlowControl
 	off.Retain(nil, &fleet.State{}) // off: nothing
+}
+
+// heldIn is how many requests model's queue holds, 0 without a queue.
+func heldIn(f *FlowControl, model string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if mf := f.ctls[model]; mf != nil {
+		return mf.ctl.Stats().Requests
+	}
+	return 0
 }
