@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,14 +26,27 @@ type fakeTimer struct {
 	c chan time.Time
 }
 
-// fakeTimers replaces s.after: every timer made is sent on the returned
-// channel, and fires when the test sends on its c.
+// fakeTimers replaces s.after and s.afterFunc: every timer made is sent on
+// the returned channel, and fires when the test sends on its c.
 func fakeTimers(s *Server) chan fakeTimer {
 	made := make(chan fakeTimer, 1024)
 	s.after = func(d time.Duration) (<-chan time.Time, func() bool) {
 		c := make(chan time.Time, 1)
 		made <- fakeTimer{d, c}
 		return c, func() bool { return true }
+	}
+	s.afterFunc = func(d time.Duration, f func()) func() bool {
+		c, stopped := make(chan time.Time, 1), make(chan struct{})
+		made <- fakeTimer{d, c}
+		go func() {
+			select {
+			case <-c:
+				f()
+			case <-stopped:
+			}
+		}()
+		var once sync.Once
+		return func() bool { once.Do(func() { close(stopped) }); return true }
 	}
 	return made
 }

@@ -1,7 +1,6 @@
 package picker
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -46,10 +45,12 @@ const retainBodyBytes = 1 << 20
 // body — response headers, response body chunks up to end_of_stream, and
 // optional response trailers.
 type exchange struct {
-	s    *Server
-	st   stream
-	ph   phase
-	reqC <-chan time.Time // fires at RequestTimeout (Process); nil: no bound
+	s  *Server
+	st stream
+	ph phase
+	// reqPhase is the request phase's context and RequestTimeout's timer
+	// (Process), the Router's Pick's context.
+	reqPhase reqTimer
 
 	start    time.Time
 	req      PickRequest
@@ -156,7 +157,7 @@ func (x *exchange) release() {
 	x.releaseAssembly()
 	clear(x.req.Header[:cap(x.req.Header)])
 	x.req = PickRequest{Header: x.req.Header[:0]}
-	x.st, x.tracker, x.head, x.cause, x.hintErr, x.respHeaders, x.reqC = nil, nil, nil, nil, nil, nil, nil
+	x.st, x.tracker, x.head, x.cause, x.hintErr, x.respHeaders, x.reqPhase = nil, nil, nil, nil, nil, nil, reqTimer{}
 }
 
 // finish reports Done to the Tracker of a request whose stream ended
@@ -370,18 +371,19 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 	if hasBody {
 		x.prepareAssembly()
 	}
-	ctx, timedOut := x.pickContext()
-	p, err := x.s.router.Pick(ctx, &x.req)
-	late := timedOut()
+	p, err := x.s.router.Pick(x.reqPhase.ctx, &x.req)
 	x.req.Body = nil
 	if err != nil {
-		if late {
+		if x.reqPhase.timedOut() {
 			// The Router held the request (flow control's queue) past
 			// RequestTimeout, which bounds the request phase up to the
 			// answer, and gave up when its context ended.
 			return true, x.immediate(x.s.requestTimedOut())
 		}
 		return true, x.immediate(err)
+	}
+	if x.reqPhase.stop != nil {
+		x.reqPhase.stop() // routed: the context lasts as the stream's
 	}
 	x.tracker = p.Tracker
 	x.routed = x.s.opts.Clock()
@@ -425,36 +427,6 @@ func (x *exchange) route(hasBody, trailers bool) (bool, error) {
 		return false, x.st.Send(requestTrailersAnswer)
 	}
 	return false, nil
-}
-
-// pickContext returns the context of the Router's Pick: the stream's,
-// also ended when RequestTimeout passes while the Router picks (a Router
-// may hold the request, as flow control does, and must then let it go).
-// timedOut, called once when Pick has returned, stops the watch and
-// reports whether RequestTimeout passed.
-func (x *exchange) pickContext() (ctx context.Context, timedOut func() bool) {
-	ctx = x.st.Context()
-	reqC := x.reqC
-	if reqC == nil {
-		return ctx, func() bool { return false }
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop, fired := make(chan struct{}), make(chan bool, 1)
-	go func() {
-		select {
-		case <-reqC:
-			cancel(ErrRequestTimeout) // the cause a Router may read (context.Cause)
-			fired <- true
-		case <-stop:
-			fired <- false
-		}
-	}()
-	// Not cancelled once Pick has returned: like the stream's, the
-	// context lasts as long as the stream (a Router may keep it).
-	return ctx, func() bool {
-		close(stop)
-		return <-fired
-	}
 }
 
 // destination checks a Pick and returns the value of

@@ -39,6 +39,8 @@ type Server struct {
 
 	// after starts a timer (time.NewTimer's C and Stop); tests replace it.
 	after func(time.Duration) (<-chan time.Time, func() bool)
+	// afterFunc runs f after d (time.AfterFunc; its Stop); tests replace it.
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
 	reserved                       atomic.Int64 // MaxBufferedBytes in use: StreamBytes a stream, and the body buffers
 	buffered                       atomic.Int64 // body buffer bytes reserved (exchange.grow)
@@ -141,6 +143,7 @@ func New(r Router, opts Options) (*Server, error) {
 		t := time.NewTimer(d)
 		return t.C, t.Stop
 	}
+	s.afterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	s.SetServing(true)
 	return s, nil
 }
@@ -194,34 +197,56 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 		}
 	}()
-	var reqC, respC <-chan time.Time
-	stopResp := func() bool { return false }
+	// The request phase's context: the stream's, also ended with cause
+	// ErrRequestTimeout when RequestTimeout passes, which the receive
+	// below watches while headers and body come and the Router's Pick
+	// gets (a Router holding the request must let it go then).
+	var req reqTimer
+	req.ctx = srv.Context()
 	if s.opts.RequestTimeout > 0 {
-		c, stop := s.after(s.opts.RequestTimeout)
-		defer stop()
-		reqC = c
+		ctx, cancel := context.WithCancelCause(req.ctx)
+		req.ctx, req.stop = ctx, s.afterFunc(s.opts.RequestTimeout, func() { cancel(ErrRequestTimeout) })
+		defer cancel(nil)
+		defer req.stop()
 	}
+	var respC <-chan time.Time
+	stopResp := func() bool { return false }
 	defer func() { stopResp() }()
-	return s.run(srv, reqC, func(x *exchange) (*extprocv3.ProcessingRequest, error) {
-		var timeout <-chan time.Time
-		var terr error
+	return s.run(srv, req, func(x *exchange) (*extprocv3.ProcessingRequest, error) {
+		var reqDone <-chan struct{}
 		switch x.ph {
 		case phaseHeaders, phaseBody:
-			timeout, terr = reqC, errRequestTimedOut
+			reqDone = req.ctx.Done()
 		case phaseRouted:
 			if respC == nil && s.opts.ResponseTimeout > 0 {
 				respC, stopResp = s.after(s.opts.ResponseTimeout)
 			}
-			timeout, terr = respC, errResponseTimedOut
 		}
 		select {
 		case r := <-msgs:
 			return r.m, r.err
-		case <-timeout:
-			return nil, terr
+		case <-reqDone:
+			if req.timedOut() {
+				return nil, errRequestTimedOut
+			}
+			r := <-msgs // the stream ended: its Recv says how
+			return r.m, r.err
+		case <-respC:
+			return nil, errResponseTimedOut
 		}
 	})
 }
+
+// reqTimer is a stream's request phase: its context (the stream's, ended
+// with cause ErrRequestTimeout when RequestTimeout passes) and the
+// timer's stop, nil without one.
+type reqTimer struct {
+	ctx  context.Context
+	stop func() bool
+}
+
+// timedOut reports whether RequestTimeout has passed.
+func (r reqTimer) timedOut() bool { return context.Cause(r.ctx) == ErrRequestTimeout }
 
 // stream is the part of an ext_proc server stream the picker uses, so
 // tests and fuzzing can drive serve without gRPC.
@@ -247,17 +272,17 @@ func (s *Server) serve(st stream) error {
 		return err
 	}
 	defer s.reserved.Add(-StreamBytes)
-	return s.run(st, nil, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
+	return s.run(st, reqTimer{ctx: st.Context()}, func(*exchange) (*extprocv3.ProcessingRequest, error) { return st.Recv() })
 }
 
-// run serves one stream, reading its messages with recv; reqC, if not
-// nil, fires when RequestTimeout passes (recv watches it while the request
-// phase reads messages, the exchange while the Router picks).
-func (s *Server) run(st stream, reqC <-chan time.Time, recv func(*exchange) (*extprocv3.ProcessingRequest, error)) (err error) {
+// run serves one stream, reading its messages with recv; req is its
+// request phase (recv watches its end while headers and body come, the
+// exchange while the Router picks).
+func (s *Server) run(st stream, req reqTimer, recv func(*exchange) (*extprocv3.ProcessingRequest, error)) (err error) {
 	s.streams.Add(1)
 	x := s.pool.Get().(*exchange)
 	x.reset(s, st)
-	x.reqC = reqC
+	x.reqPhase = req
 	defer func() {
 		x.finish(err)
 		x.release()
