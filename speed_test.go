@@ -3,6 +3,8 @@ package gateway
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -518,4 +520,35 @@ func TestSpeedFitPartNearZeroRecovers(t *testing.T) {
 	require.GreaterOrEqual(t, within, 0, "fit b=%g, true %g", f.b, b)
 	require.Less(t, within, 20, "samples to learn the time per token")
 	require.InDelta(t, 1, f.b/b, 0.15)
+}
+
+// TestMeasureSpeedSteps prints how many samples the fit takes to predict
+// within 20% after a replica's speed steps by a factor (median, p90 and
+// most of 200 seeds, ±10% noise), with every first token seen and with
+// none (docs/limitations.md): EXA_MEASURE=1 go test -run
+// TestMeasureSpeedSteps -v .
+func TestMeasureSpeedSteps(t *testing.T) {
+	if os.Getenv("EXA_MEASURE") == "" {
+		t.Skip("set EXA_MEASURE=1 to measure")
+	}
+	for _, share := range []float64{1, 0} {
+		for _, k := range []float64{2, 4, 10, 0.5, 0.1} {
+			var ns []int
+			for seed := range 200 {
+				rng := rand.New(rand.NewPCG(uint64(seed), 3))
+				a, b := 1e-3+rng.Float64()*1e-2, 1e-3+rng.Float64()*2e-2
+				var f speedFit
+				for range 300 {
+					f = feed(f, drawSample(rng, share), a, b, 0.9+0.2*rng.Float64(), 0.9+0.2*rng.Float64())
+				}
+				n := 0
+				for ; n < 5000 && predictionError(f, rand.New(rand.NewPCG(9, 9)), k*a, k*b) > 0.2; n++ {
+					f = feed(f, drawSample(rng, share), k*a, k*b, 0.9+0.2*rng.Float64(), 0.9+0.2*rng.Float64())
+				}
+				ns = append(ns, n)
+			}
+			slices.Sort(ns)
+			t.Logf("first tokens seen %v, step %gx: samples to within 20%%: median %d, p90 %d, most %d", share == 1, k, ns[100], ns[180], ns[199])
+		}
+	}
 }
