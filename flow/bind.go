@@ -31,6 +31,24 @@ func Bind(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admi
 	return true, d, err == nil
 }
 
+// BindPinned is Bind for a request pinned to one replica (t allows it
+// alone; a Responses API request continuing the response that replica
+// stored, which no other engine holds). It waits while that replica is
+// eligible and has no room under a. When the replica is not eligible
+// (unhealthy, outside the subset, no longer configured), it lets the
+// request go unrouted at once (ok true, routed false): the caller routes
+// it again, gets gateway.ErrNoHealthyReplica and answers 503, as it
+// would without flow control. Holding it instead would keep a request
+// whose replica may never return until its deadline. It does not
+// allocate.
+func BindPinned(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admission) (ok bool, d gateway.Decision, routed bool) {
+	if gw.Saturated(t, a) {
+		return false, d, false
+	}
+	d, err := gw.RouteWith(key, t)
+	return true, d, err == nil
+}
+
 // ValidUsageLimit reports whether c is a usage limit Limit applies: in
 // (0, 1] (Options.UsageLimits; 1 is the limit of an unlisted priority).
 // Every configuration of usage limits is checked by it.

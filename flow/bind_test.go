@@ -109,3 +109,36 @@ func TestPropLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestBindPinned: a request pinned to a replica with no room waits; once
+// that replica is not eligible it goes unrouted at once (the caller
+// answers 503) instead of waiting for its deadline, even while other
+// replicas have room; with room it is routed there.
+func TestBindPinned(t *testing.T) {
+	gw, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}})
+	require.NoError(t, err)
+	a := gateway.Admission{QueueDepth: 2}
+	key := gateway.Key{1, 2, 3}
+	pin := gateway.Target{Allow: func(name string) bool { return name == "a" }}
+	require.NoError(t, gw.UpdateLoad("a", gateway.Load{QueueDepth: 5}))
+	ok, _, routed := BindPinned(gw, key, pin, a)
+	assert.False(t, ok, "its replica has no room: wait")
+	assert.False(t, routed)
+
+	require.NoError(t, gw.UpdateLoad("a", gateway.Load{}))
+	ok, d, routed := BindPinned(gw, key, pin, a)
+	require.True(t, ok)
+	require.True(t, routed)
+	assert.Equal(t, "a", d.Replica)
+	d.Done(gateway.DoneInfo{})
+
+	require.NoError(t, gw.SetHealthy("a", false))
+	ok, _, routed = BindPinned(gw, key, pin, a)
+	assert.True(t, ok, "its replica is not eligible: answered at once")
+	assert.False(t, routed)
+	ok, _, _ = Bind(gw, key, pin, a, false)
+	assert.False(t, ok, "Bind waits for it (scale from zero)")
+	for _, r := range gw.Replicas() {
+		assert.Zero(t, r.InFlight, r.Name)
+	}
+}

@@ -34,7 +34,9 @@ func (s *Server) retryAfter() string {
 // Bound means no replica lacks room under Options.Admission and the
 // library routes it; a model without a healthy replica, or configured
 // with none (a pool with no ready pod), holds its requests until one
-// comes (scale from zero) or their deadline. A disaggregated
+// comes (scale from zero) or their deadline; a continuation pinned to a
+// replica that is not eligible goes at once, to be answered 503
+// (flow.BindPinned). A disaggregated
 // model's request is only admitted there: its plan is made after.
 func (s *Server) hold(c *call) bool {
 	ms := c.ms
@@ -53,7 +55,15 @@ func (s *Server) hold(c *call) bool {
 			ms, c.ms = cur, cur
 			pd = ms.PD != nil && c.oc.kind != keys.Responses
 		}
-		ok, d, routed := flow.Bind(ms.Gateway, c.key, c.target(""), a, pd)
+		var ok, routed bool
+		var d gateway.Decision
+		if c.pin != "" {
+			// Its replica not eligible: answered at once, as without
+			// flow control (proxy).
+			ok, d, routed = flow.BindPinned(ms.Gateway, c.key, c.target(""), a)
+		} else {
+			ok, d, routed = flow.Bind(ms.Gateway, c.key, c.target(""), a, pd)
+		}
 		first, bound = d, routed
 		return ok
 	})

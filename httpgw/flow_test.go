@@ -15,6 +15,7 @@ import (
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/flow"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/fronttest"
 )
 
@@ -197,4 +198,37 @@ func TestFlowUsageLimit(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	})
+}
+
+// TestFlowPinnedReplicaNotEligible: with flow control on, a Responses API
+// continuation whose replica has been ejected is answered 503 at once, as
+// without flow control, rather than held until its deadline (it used to
+// get queue_timeout after its TTL).
+func TestFlowPinnedReplicaNotEligible(t *testing.T) {
+	f := newFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, flowOn(flow.Config{TTL: 50 * time.Millisecond}))
+	resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hello","instructions":"You are terse."}`)
+	out := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	replica := resp.Header.Get(HeaderReplica)
+	prev := front.ResponseID(out)
+	require.NotEmpty(t, prev)
+	other := 0
+	for i, e := range f.engines {
+		if e.Name() == replica {
+			e.SetHealthy(false)
+		} else {
+			other = i
+		}
+	}
+	for range fleet.DefaultEjectAfter {
+		f.srv.ProbeAll(t.Context())
+	}
+	resp = f.post("/v1/responses", `{"model":"`+testModel+`","input":"and now?","previous_response_id":"`+prev+`"}`)
+	out = readAll(t, resp)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", out)
+	assert.Contains(t, string(out), "no_healthy_replica", "answered at once, not held to its deadline")
+	assert.Contains(t, string(out), replica, "names the replica that stored it")
+	f.settle()
+	assert.Zero(t, f.counter("exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "expired"}))
+	assert.Zero(t, f.engines[other].Requests(), "no other engine holds the response")
 }

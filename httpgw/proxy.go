@@ -257,6 +257,9 @@ func (s *Server) proxy(c *call) {
 				status, code := failStatus(lastErr)
 				oc.fail(c.w, status, front.TypeServer, code, "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
+			case c.pin != "":
+				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
+					fmt.Sprintf("gateway: model %q: replica %q, which stored response %q, is not eligible (no other engine holds it)", ms.Name, c.pin, c.req.PreviousResponseID))
 			case c.lora != nil:
 				oc.fail(c.w, http.StatusServiceUnavailable, front.TypeUnavailable, "no_healthy_replica", "",
 					fmt.Sprintf("gateway: no healthy replica serving LoRA adapter %q of model %q", c.lora.Name, ms.Name))

@@ -194,3 +194,23 @@ func busyEngine(t *testing.T, f *pickFixture) (release func(), first <-chan stru
 	<-e.Gated()
 	return release, done
 }
+
+// TestPickerFlowPinnedReplicaNotEligible: with flow control on, a
+// Responses API continuation whose replica is down is answered 503 at
+// once, naming the response, as without flow control, rather than held
+// until its deadline (it used to get queue_timeout after its TTL).
+func TestPickerFlowPinnedReplicaNotEligible(t *testing.T) {
+	f := newPickFixture(t, 2, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{popts: Options{ShedAbove: 1,
+		Flow: flow.Options{Enabled: true, Queue: flow.Config{TTL: 20 * time.Millisecond}, Retry: time.Millisecond}}})
+	status, home, id, out := f.respond("remember this", "", false)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	ep := f.srv.Snapshot().Endpoints[f.engines[home].URL()]
+	f.srv.Observe(ep, ep.Health.Failure(true))
+	status, _, _, out = f.respond("while it is down", id, false)
+	assert.Equal(t, http.StatusServiceUnavailable, status, "%s", out)
+	assert.Contains(t, string(out), id, "answered at once, naming the response")
+	assert.NotContains(t, string(out), "queue_timeout")
+	f.settle()
+	assert.Zero(t, f.counter("exa_gateway_flow_requests_total", map[string]string{"model": testModel, "outcome": "expired"}))
+	assert.Zero(t, f.engines[1-home].PathRequests("/v1/responses"), "no other engine holds the response")
+}

@@ -310,7 +310,9 @@ func (pr *pickRequest) holdTarget(allow func(string) bool) gateway.Target {
 // request may go, its decision made at that moment (pr.first), holding
 // the ext_proc stream meanwhile. Bound means no replica lacks room under
 // Options.Admission and the library routes it; with no healthy replica
-// the request waits for one or its deadline. A disaggregated model's
+// the request waits for one or its deadline, but one pinned to a replica
+// that is not eligible goes at once, to be answered 503
+// (flow.BindPinned). A disaggregated model's
 // request is only admitted: its plan is made after.
 func (pr *pickRequest) hold(allow func(string) bool) error {
 	ms := pr.ms
@@ -332,7 +334,15 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 			pd = ms.PD != nil && pr.kind != keys.Responses
 			t = pr.holdTarget(pr.allow(false))
 		}
-		ok, d, routed := flow.Bind(ms.Gateway, pr.key, t, a, pd)
+		var ok, routed bool
+		var d gateway.Decision
+		if pr.pin != "" {
+			// Its replica not eligible: answered at once, as without
+			// flow control (routePinned).
+			ok, d, routed = flow.BindPinned(ms.Gateway, pr.key, t, a)
+		} else {
+			ok, d, routed = flow.Bind(ms.Gateway, pr.key, t, a, pd)
+		}
 		first, bound = d, routed
 		return ok
 	})
