@@ -220,14 +220,15 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting connections, closes idle ones and those that
 // finish their request in flight, and waits until none is left or ctx is
-// done (then it returns ctx's error and leaves the rest open; call Close).
+// done (then it returns ctx's error and leaves the rest open, their
+// clients' disconnects still watched; call Close).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeListeners()
-	defer s.stopWatchdog()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		if s.closeIdle() == 0 {
+			s.stopWatchdog()
 			return nil
 		}
 		select {

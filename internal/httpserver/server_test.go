@@ -597,3 +597,37 @@ func TestContextLocalAddr(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, addr, a.String())
 }
+
+// TestShutdownTimedOutKeepsWatch: a Shutdown whose context ends before the
+// requests in flight do leaves them running (until Close), and their
+// clients' disconnects are still noticed: the disconnect check goes on
+// (it used to stop with Shutdown's return, so a request whose check was
+// not yet due was never watched and its handler ran on after its client
+// left).
+func TestShutdownTimedOutKeepsWatch(t *testing.T) {
+	started, canceled := make(chan struct{}), make(chan error, 1)
+	s, err := New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		close(started)
+		select {
+		case <-r.Context().Done():
+			canceled <- r.Context().Err()
+		case <-time.After(waitLimit):
+			canceled <- errors.New("not canceled")
+		}
+	}), Options{Logger: quietLogger(), DisconnectCheckDelay: 50 * time.Millisecond})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	conn := dialRaw(t, ln.Addr().String())
+	_, err = io.WriteString(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody")
+	require.NoError(t, err)
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, s.Shutdown(ctx), context.Canceled, "the request is still in flight")
+	require.NoError(t, conn.Close())
+	require.ErrorIs(t, <-canceled, context.Canceled)
+}
