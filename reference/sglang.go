@@ -232,6 +232,9 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 		// prefix_match stamps the tenant it returns on the matched path
 		// whatever the match rate, a miss's included.
 		tn := p.tree.pickTenant(node)
+		if p.minLoad != nil {
+			tn = p.tree.cachedTenant(node) // SMG
+		}
 		if tn >= 0 {
 			p.tree.touch(node, tn, now)
 		}
