@@ -42,6 +42,8 @@ const (
 //     of more than CacheThreshold of the prompt goes to a worker holding
 //     the match (prefix_match: the first tenant in the node's map, an
 //     arbitrary but fixed order); a lower match takes the Miss path.
+//     Either way prefix_match stamps that worker's last access on the
+//     matched path.
 //   - Every EvictionInterval, each worker's tree is cut, least recently
 //     used leaves first, to MaxTreeChars characters (evict_tenant_by_size).
 //
@@ -227,9 +229,17 @@ func (p *SGLang) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 		if m == len(key) {
 			matched = tokens
 		}
+		// prefix_match stamps the tenant it returns on the matched path
+		// whatever the match rate, a miss's included.
+		tn := p.tree.pickTenant(node)
+		if p.minLoad != nil {
+			tn = p.tree.cachedTenant(node) // SMG
+		}
+		if tn >= 0 {
+			p.tree.touch(node, tn, now)
+		}
 		if float32(matched)/float32(tokens) > float32(thr) {
-			if i := p.indexOf(cands, p.tree.pickTenant(node)); i >= 0 {
-				p.tree.touch(node, p.tree.tenant(cands[i].Name), now)
+			if i := p.indexOf(cands, tn); i >= 0 {
 				pick = i
 				break
 			}

@@ -34,6 +34,7 @@ type sgNode struct {
 	tokens   int32
 	children int32
 	holders  []sgHolder
+	last     int32 // smg's last_tenant cache: the node's creator, -1 none
 }
 
 // sgHolder is a tenant on a node: its last access (ns) and how many of the
@@ -45,7 +46,7 @@ type sgHolder struct {
 }
 
 func newSGTree(r seeded) *sgTree {
-	return &sgTree{nodes: map[uint64]*sgNode{}, slot: map[string]int32{}, seeds: r}
+	return &sgTree{root: sgNode{last: -1}, nodes: map[uint64]*sgNode{}, slot: map[string]int32{}, seeds: r}
 }
 
 // tenant returns name's slot, adding it (with size 0, as init_workers
@@ -100,6 +101,21 @@ func (t *sgTree) pickTenant(n *sgNode) int32 {
 	return best
 }
 
+// cachedTenant is smg's pick for node n (kv_index string_tree.rs,
+// match_prefix_with_counts): the node's cached last tenant while it still
+// holds the node, else pickTenant's, which then becomes the cache. A node
+// caches its creator; later inserts for other tenants leave it.
+func (t *sgTree) cachedTenant(n *sgNode) int32 {
+	if n.last >= 0 && n.holder(n.last) != nil {
+		return n.last
+	}
+	s := t.pickTenant(n)
+	if s >= 0 {
+		n.last = s
+	}
+	return s
+}
+
 // touch stamps tenant's last access on n and every ancestor, as
 // prefix_match does for the tenant it returns.
 func (t *sgTree) touch(n *sgNode, tenant int32, now int64) {
@@ -126,7 +142,7 @@ func (t *sgTree) insert(key gateway.Key, tokens, bt int, tenant int32, now int64
 			if last := tokens - i*bt; i == len(key)-1 && last > 0 && last < bt {
 				size = last
 			}
-			c = &sgNode{parent: n, key: k, tokens: int32(size)}
+			c = &sgNode{parent: n, key: k, tokens: int32(size), last: tenant}
 			t.nodes[k] = c
 			n.children++
 		}
