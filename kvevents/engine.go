@@ -28,8 +28,13 @@ type engine struct {
 	seen   bool
 	last   uint64
 	blocks map[uint64]uint64 // engine hash → our key
-	keys   gateway.Key       // scratch
-	dec    *Decoder
+	// unindexed has bit g set while KV-cache group g (below 64) is known,
+	// from its last BlockStored naming its kind, not to be indexed (a
+	// sliding-window or Mamba group): its removals do not concern the
+	// blocks mapped, which another group holds under the same hashes.
+	unindexed uint64
+	keys      gateway.Key // scratch
+	dec       *Decoder
 
 	applyFn func(*Event, error)
 	st      EngineStats
@@ -117,6 +122,7 @@ func (e *engine) bind(tgt Target) {
 		e.max = DefaultMaxMapped
 	}
 	e.blocks = map[uint64]uint64{}
+	e.unindexed = 0
 	e.account()
 }
 
@@ -260,7 +266,7 @@ func (e *engine) apply(ev *Event, err error) {
 	case BlockStored:
 		e.stored(ev)
 	case BlockRemoved:
-		if !onGPU(ev.Medium) {
+		if !onGPU(ev.Medium) || e.unindexedGroup(ev) {
 			e.drop(&e.st.DroppedMedium, nil)
 			return
 		}
@@ -288,7 +294,24 @@ func (e *engine) apply(ev *Event, err error) {
 	}
 }
 
+// unindexedGroup reports whether the event's KV-cache group is known not
+// to be indexed. vLLM (block_pool.py, at vllm-project/vllm 0181ea3173e5)
+// keys cached blocks by hash and group: a hybrid model stores a block in
+// every group under one hash, and a sliding window removes it from its
+// group while the full-attention group still holds it. A group not heard
+// of, or no group (one group, older vLLM), may be the indexed one.
+func (e *engine) unindexedGroup(ev *Event) bool {
+	return ev.HasGroup && uint64(ev.Group) < 64 && e.unindexed&(1<<ev.Group) != 0
+}
+
 func (e *engine) stored(ev *Event) {
+	if ev.HasGroup && uint64(ev.Group) < 64 && len(ev.SpecKind) > 0 {
+		if fullAttention(ev.SpecKind) {
+			e.unindexed &^= 1 << ev.Group
+		} else {
+			e.unindexed |= 1 << ev.Group
+		}
+	}
 	switch {
 	case !onGPU(ev.Medium):
 		e.drop(&e.st.DroppedMedium, nil)

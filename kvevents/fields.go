@@ -170,7 +170,10 @@ func (d *Decoder) check(seen uint16) error {
 		if ev.BlockSize < 1 {
 			return fmt.Errorf("%w: BlockStored block_size %d, want at least 1", ErrMalformed, ev.BlockSize)
 		}
-		if len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+		// vLLM leaves out the null blocks of a sliding-window (or Mamba)
+		// group, whose token_ids still span every block: only an indexed
+		// group's tokens must match its hashes.
+		if fullAttention(ev.SpecKind) && len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
 			return fmt.Errorf("%w: BlockStored has %d token_ids for %d blocks of %d", ErrMalformed,
 				len(ev.Tokens), len(ev.Hashes), ev.BlockSize)
 		}
@@ -294,7 +297,21 @@ func (d *Decoder) field(f field) error {
 		if k != kNil && k != kInt {
 			return bad("nil or an integer")
 		}
-		r.skip(2)
+		if k == kNil || f == fSlidingWindow {
+			r.skip(2)
+			return nil
+		}
+		// Any integer is taken: one vLLM would not send (negative, past
+		// int64) is an adapter, and a group not known to be unindexed.
+		v, ok := r.int()
+		if f == fLoraID {
+			ev.LoRAID = v
+			if !ok {
+				ev.LoRAID = -1
+			}
+		} else {
+			ev.Group, ev.HasGroup = v, ok
+		}
 		return nil
 	case fMedium, fLoraName, fSpecKind:
 		if k == kNil {

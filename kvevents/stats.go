@@ -21,7 +21,7 @@ type EngineStats struct {
 	Events, Applied, Dropped uint64
 	// Why events were dropped: malformed; of an unknown type; over a
 	// limit; about another medium than the GPU or a non-full-attention
-	// KV-cache group; of another block size than the replica's requests;
+	// KV-cache group (a removal from one too); of another block size than the replica's requests;
 	// stored under a parent we do not know (orphans); refused by the index.
 	DroppedMalformed, DroppedUnknown, DroppedLimit, DroppedMedium,
 	DroppedBlockSize, DroppedOrphan, DroppedApply uint64

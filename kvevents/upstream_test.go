@@ -1,0 +1,84 @@
+package kvevents
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Events as recent vLLM sends them: vllm/distributed/kv_events.py and
+// vllm/v1/core/block_pool.py (BlockStored with group_idx and
+// kv_cache_spec_kind, BlockRemoved with group_idx) and
+// vllm/v1/core/kv_cache_utils.py (generate_block_hash_extra_keys: the LoRA
+// adapter's name, then multimodal identifiers, the cache salt and prompt
+// embeddings), read at vllm-project/vllm 0181ea3173e5.
+
+const repA = "10.0.0.1:8000" // topicA's replica
+
+// encodings runs fn with a batch and an event encoder of each encoding.
+func encodings(t *testing.T, fn func(t *testing.T, mapped bool, batch func(...any) any, enc func(stored) any)) {
+	for _, mapped := range []bool{false, true} {
+		name := "arrays"
+		if mapped {
+			name = "maps"
+		}
+		t.Run(name, func(t *testing.T) {
+			batch := func(evs ...any) any {
+				if mapped {
+					return mapBatch(evs...)
+				}
+				return arrayBatch(evs...)
+			}
+			enc := func(s stored) any {
+				if mapped {
+					return s.mapped()
+				}
+				return s.array()
+			}
+			fn(t, mapped, batch, enc)
+		})
+	}
+}
+
+// TestTranslateHybridGroups: a hybrid model stores each block in every
+// KV-cache group under the same hash, and removes it from each group on
+// its own (BlockRemoved's group_idx). Removing it from the sliding-window
+// group leaves it cached in the full-attention group, which is the one
+// indexed: the index keeps it until that group removes it.
+func TestTranslateHybridGroups(t *testing.T) {
+	encodings(t, func(t *testing.T, mapped bool, batch func(...any) any, enc func(stored) any) {
+		idx := newFakeIndex()
+		tr := NewTranslator(podResolver(idx, nil), Limits{})
+		f := newFeeder(t, tr)
+		prompt := seqTokens(1, 48)
+		full := stored{hashes: []uint64{1, 2, 3}, tokens: prompt, bs: 16, medium: "GPU", group: 0, kind: "full_attention"}
+		// vLLM skips a sliding-window group's null blocks: its hashes name
+		// the window's last blocks, its token_ids the whole range.
+		window := stored{hashes: []uint64{2, 3}, tokens: prompt, bs: 16, medium: "GPU", group: 1, kind: "sliding_window"}
+		f.send(topicA, batch(enc(full), enc(window)))
+		want := mustKey(t, "m", prompt)
+		require.Equal(t, sortedKey(want), idx.keys(repA))
+		st := statsOf(t, tr, topicA)
+		require.Zero(t, st.DroppedMalformed, "a sliding-window group's event is well formed: %s", st.LastError)
+		require.Equal(t, uint64(1), st.DroppedMedium, "the sliding-window group is not indexed")
+
+		f.send(topicA, batch(removedGroup(mapped, 1, 2, 3)))
+		require.Equal(t, sortedKey(want), idx.keys(repA), "blocks the window dropped are still in the full-attention group")
+		require.Equal(t, 3, statsOf(t, tr, topicA).Mapped)
+
+		f.send(topicA, batch(removedGroup(mapped, 0, 3)))
+		require.Equal(t, sortedKey(want[:2]), idx.keys(repA), "the full-attention group's removal applies")
+		f.send(topicA, batch(removedGroup(mapped, 7, 2)))
+		require.Equal(t, sortedKey(want[:1]), idx.keys(repA), "a group never heard of may be the indexed one: the removal applies")
+		odd := window
+		odd.group, odd.hashes = -1, []uint64{9}
+		f.send(topicA, batch(enc(odd), removedGroup(mapped, -1, 9), removedGroup(mapped, 1<<40, 9)))
+		require.Equal(t, sortedKey(want[:1]), idx.keys(repA), "groups vLLM would not name are taken, as unknown")
+		if mapped {
+			f.send(topicA, batch(removedMap("GPU", 1)))
+		} else {
+			f.send(topicA, batch(removedArray("GPU", 1)))
+		}
+		require.Empty(t, idx.keys(repA), "a removal without group_idx applies")
+	})
+}
