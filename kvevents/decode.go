@@ -110,6 +110,13 @@ type Decoder struct {
 	lora     [256]byte
 	medium   [32]byte
 	specKind [64]byte
+
+	// Of the event's extra_keys (extraKey): the first tuple of one string
+	// (nil if none), the index of the first entry neither nil nor that
+	// (-1 if none), and the buffers.
+	xLoRA       []byte
+	xOther      int
+	xName, xKey [256]byte
 }
 
 // NewDecoder returns a Decoder with the given limits.

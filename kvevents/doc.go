@@ -90,7 +90,9 @@
 //
 // # Limits
 //
-// Blocks with extra keys (multimodal inputs, cache salts) and blocks of
+// Blocks with extra keys (multimodal inputs, cache salts; the LoRA
+// adapter's name, vLLM's first extra key, is keyed from its root), blocks
+// of an adapter named by lora_id alone (vLLM before lora_name), and blocks of
 // KV-cache groups other than full attention (hybrid models) are not
 // indexed, nor blocks offloaded to another medium than the GPU. A hybrid
 // model stores a block in each group under one hash: its removal from a

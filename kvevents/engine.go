@@ -319,6 +319,12 @@ func (e *engine) stored(ev *Event) {
 	case !fullAttention(ev.SpecKind):
 		e.drop(&e.st.DroppedMedium, nil)
 		return
+	case ev.LoRAID != 0 && len(ev.LoRA) == 0:
+		// vLLM before lora_name hashed an adapter's blocks with its id:
+		// keyed from the model's root they would match the base model's
+		// requests, and requests name the adapter, not its id.
+		e.drop(&e.st.DroppedMedium, fmt.Errorf("BlockStored of lora_id %d without lora_name: the adapter's blocks cannot be keyed as its requests are", ev.LoRAID))
+		return
 	case ev.BlockSize != e.bs:
 		e.drop(&e.st.DroppedBlockSize, fmt.Errorf("%w: BlockStored block_size %d, the replica's requests are keyed in blocks of %d",
 			ErrMalformed, ev.BlockSize, e.bs))

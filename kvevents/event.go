@@ -54,7 +54,8 @@ type Event struct {
 	// engine does not say.
 	Medium []byte
 	// Plain is how many leading blocks carry no extra keys (multimodal
-	// hashes, cache salts): their content is their tokens alone. It is
+	// hashes, cache salts) but the LoRA adapter's name, when it is
+	// lora_name: their content is their tokens (and adapter) alone. It is
 	// len(Hashes) unless the event has extra_keys.
 	Plain int
 	// SpecKind is the KV-cache group's kind (kv_cache_spec_kind), empty
