@@ -100,7 +100,7 @@ func (d *Decoder) event() error {
 			key, ok := d.mapKey()
 			switch {
 			case !ok:
-				note(fmt.Errorf("%w: event has a non-string or over-long key", ErrMalformed))
+				note(fmt.Errorf("%w: event has a non-string key", ErrMalformed))
 				r.skip(2)
 			case string(key) == "type":
 				typed = true

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -81,4 +82,19 @@ func TestTranslateHybridGroups(t *testing.T) {
 		}
 		require.Empty(t, idx.keys(repA), "a removal without group_idx applies")
 	})
+}
+
+// TestDecodeLongUnknownKeys: a map key longer than any field known is an
+// unknown field, skipped like any other, in an event and in the batch.
+func TestDecodeLongUnknownKeys(t *testing.T) {
+	long := strings.Repeat("future_field_", 8)
+	ev := removedMap("GPU", 7)
+	ev[long] = []any{1, 2}
+	b := mapBatch(ev)
+	b[long] = "x"
+	evs, err := decodeAll(t, NewDecoder(Limits{}), pack(t, b))
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.NoError(t, evs[0].err)
+	require.Equal(t, []uint64{7}, evs[0].hashes)
 }
