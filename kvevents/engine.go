@@ -34,6 +34,7 @@ type engine struct {
 	// blocks mapped, which another group holds under the same hashes.
 	unindexed uint64
 	keys      gateway.Key // scratch
+	gone      gateway.Key // scratch: keys a stored event's hashes named before
 	dec       *Decoder
 
 	applyFn func(*Event, error)
@@ -372,14 +373,30 @@ func (e *engine) stored(ev *Event) {
 	off := len(ks)
 	ks = keys.AppendChained(ks, parent, ev.Tokens[:n*e.bs], e.bs)
 	e.keys = ks
+	// A hash stored again under another key (an engine whose hashes are
+	// not chained, as SGLang's hash(tuple(page_tokens)) was: one page at
+	// two places) no longer names its old key, which must leave the index
+	// with it, or no removal could ever reach it.
+	gone := e.gone[:0]
 	for i, h := range ev.Hashes[:n] {
+		if old, ok := e.blocks[h]; ok && old != ks[off+i] {
+			gone = append(gone, old)
+		}
 		e.blocks[h] = ks[off+i]
 	}
+	e.gone = gone
 	e.account()
 	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: ks}); err != nil {
 		e.drop(&e.st.DroppedApply, err)
 		e.applyFailed(err)
 		return
+	}
+	if len(gone) > 0 { // after the store: an old key may be one of ks
+		if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: gone}); err != nil {
+			e.drop(&e.st.DroppedApply, err)
+			e.applyFailed(err)
+			return
+		}
 	}
 	e.st.Applied++
 	e.st.StoredBlocks += uint64(n)

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,4 +98,28 @@ func TestDecodeLongUnknownKeys(t *testing.T) {
 	require.Len(t, evs, 1)
 	require.NoError(t, evs[0].err)
 	require.Equal(t, []uint64{7}, evs[0].hashes)
+}
+
+// TestTranslateHashReused: an engine whose hashes are not chained (SGLang's
+// python/sglang/srt/mem_cache/radix_cache.py _record_store_event hashed
+// each page as hash(tuple(page_tokens)) before its chained
+// hash_str_to_int64(node.hash_value)) stores one hash for the same page at
+// two places of two prompts. The index never keeps a key its
+// engine's map no longer names, which no removal could reach: the key the
+// hash named before leaves the index when the hash is stored anew under
+// another.
+func TestTranslateHashReused(t *testing.T) {
+	encodings(t, func(t *testing.T, _ bool, batch func(...any) any, enc func(stored) any) {
+		idx := newFakeIndex()
+		tr := NewTranslator(podResolver(idx, nil), Limits{})
+		f := newFeeder(t, tr)
+		page, other := seqTokens(1, 16), seqTokens(100, 16)
+		f.send(topicA, batch(enc(stored{hashes: []uint64{7}, tokens: page, bs: 16})))
+		f.send(topicA, batch(enc(stored{hashes: []uint64{8}, tokens: other, bs: 16}),
+			enc(stored{hashes: []uint64{7}, parent: uint64(8), tokens: page, bs: 16})))
+		second := mustKey(t, "m", append(slices.Clone(other), page...))
+		require.Equal(t, sortedKey(second), idx.keys(repA), "the first place of hash 7 left the index")
+		f.send(topicA, batch(removedArray("GPU", 7, 8)))
+		require.Empty(t, idx.keys(repA), "no key is left that no removal can reach")
+	})
 }
