@@ -234,10 +234,18 @@ var gpu = []byte("GPU")
 func onGPU(medium []byte) bool { return len(medium) == 0 || bytes.EqualFold(medium, gpu) }
 
 // fullAttention reports whether a KV-cache group of this kind holds
-// blocks a prompt prefix can reuse: unspecified, full or MLA attention.
-// Sliding-window and other groups of hybrid models are not indexed.
+// blocks a prompt prefix can reuse: unspecified, full, MLA or sink full
+// attention (vLLM's vllm/v1/kv_cache_interface.py get_kv_cache_spec_kind,
+// read in copies of recent vLLM rather than at a pinned commit:
+// SinkFullAttentionSpec is a FullAttentionSpec, cached by a subclass of
+// FullAttentionManager). Sliding-window
+// and other groups of hybrid models are not indexed.
 func fullAttention(kind []byte) bool {
-	return len(kind) == 0 || string(kind) == "full_attention" || string(kind) == "mla_attention"
+	switch string(kind) {
+	case "", "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
 }
 
 func (e *engine) apply(ev *Event, err error) {

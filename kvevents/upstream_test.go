@@ -123,3 +123,24 @@ func TestTranslateHashReused(t *testing.T) {
 		require.Empty(t, idx.keys(repA), "no key is left that no removal can reach")
 	})
 }
+
+// TestTranslateFullAttentionKinds: the kinds vLLM gives full-attention
+// groups (vllm/v1/kv_cache_interface.py get_kv_cache_spec_kind; a
+// SinkFullAttentionSpec is a FullAttentionSpec, its manager a
+// FullAttentionManager) are indexed; the others are not.
+func TestTranslateFullAttentionKinds(t *testing.T) {
+	for kind, indexed := range map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true,
+		"sliding_window": false, "sliding_window_mla": false, "mamba": false, "chunked_local_attention": false,
+		"encoder_only_attention": false, "cross_attention": false, "unknown": false} {
+		idx := newFakeIndex()
+		tr := NewTranslator(podResolver(idx, nil), Limits{})
+		f := newFeeder(t, tr)
+		prompt := seqTokens(1, 16)
+		f.send(topicA, arrayBatch(stored{hashes: []uint64{1}, tokens: prompt, bs: 16, medium: "GPU", group: 0, kind: kind}.array()))
+		if indexed {
+			require.Equal(t, sortedKey(mustKey(t, "m", prompt)), idx.keys(repA), kind)
+		} else {
+			require.Empty(t, idx.keys(repA), kind)
+		}
+	}
+}
