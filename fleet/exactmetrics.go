@@ -27,7 +27,7 @@ var (
 	descKVEvents    = kvDesc("kv_events_total", "KV events received, per engine.", engineLabels...)
 	descKVApplied   = kvDesc("kv_events_applied_total", "KV events applied to the index, per engine.", engineLabels...)
 	descKVDropped   = kvDesc("kv_events_dropped_total",
-		"KV events dropped, per engine and reason: malformed, unknown (event type), limit, medium (not the GPU or not full attention), block_size, orphan (parent unknown), apply (refused by the index).",
+		"KV events dropped, per engine and reason: malformed, unknown (event type), limit, medium (not indexed: not the GPU, not a full-attention group, or an adapter named by lora_id alone), block_size, orphan (parent unknown), apply (refused by the index).",
 		append(engineLabels, "reason")...)
 	descKVStored   = kvDesc("kv_blocks_stored_total", "Blocks stored in the index from KV events, per engine.", engineLabels...)
 	descKVRemoved  = kvDesc("kv_blocks_removed_total", "Blocks removed from the index by KV events, per engine.", engineLabels...)

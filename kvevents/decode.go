@@ -110,6 +110,13 @@ type Decoder struct {
 	lora     [256]byte
 	medium   [32]byte
 	specKind [64]byte
+
+	// Of the event's extra_keys (extraKey): the first tuple of one string
+	// (nil if none), the index of the first entry neither nil nor that
+	// (-1 if none), and the buffers.
+	xLoRA       []byte
+	xOther      int
+	xName, xKey [256]byte
 }
 
 // NewDecoder returns a Decoder with the given limits.
@@ -157,7 +164,7 @@ func (d *Decoder) Decode(payload []byte, fn func(*Event, error)) error {
 			switch {
 			case !ok:
 				if r.err == nil {
-					return fmt.Errorf("%w: batch has a non-string or over-long key", ErrMalformed)
+					return fmt.Errorf("%w: batch has a non-string key", ErrMalformed)
 				}
 			case string(key) == "ts":
 				if err := d.ts(); err != nil {
@@ -201,13 +208,17 @@ func (d *Decoder) ts() error {
 }
 
 // mapKey reads a map key into d.key. ok is false, the key consumed, when
-// it is not a string or too long to be one we know.
+// it is not a string; a string too long to be a key we know is an
+// unknown one, returned empty.
 func (d *Decoder) mapKey() ([]byte, bool) {
 	if k := d.r.kind(); k != kStr {
 		d.r.skip(1)
 		return nil, false
 	}
 	b, _, ok := d.r.str(d.key[:])
+	if !ok && d.r.err == nil {
+		return nil, true
+	}
 	return b, ok
 }
 

@@ -90,9 +90,14 @@
 //
 // # Limits
 //
-// Blocks with extra keys (multimodal inputs, cache salts) and blocks of
+// Blocks with extra keys (multimodal inputs, cache salts; the LoRA
+// adapter's name, vLLM's first extra key, is keyed from its root), blocks
+// of an adapter named by lora_id alone (vLLM before lora_name), and blocks of
 // KV-cache groups other than full attention (hybrid models) are not
-// indexed, nor blocks offloaded to another medium than the GPU. A gap the
+// indexed, nor blocks offloaded to another medium than the GPU. A hybrid
+// model stores a block in each group under one hash: its removal from a
+// group known (by its BlockStored's kv_cache_spec_kind) not to be indexed
+// leaves the block indexed while the full-attention group holds it. A gap the
 // engine's replay endpoint cannot fill (or without one), and a restart,
 // clear the engine, whose blocks stored before are then relearnt only as
 // the engine stores them anew (children of older blocks are orphans,

@@ -20,6 +20,8 @@ type stored struct {
 	lora   any // nil or string
 	medium any // nil or string
 	extra  []any
+	// loraID, group and kind (kv_cache_spec_kind) are sent when not nil.
+	loraID, group, kind any
 }
 
 func (s stored) array() []any {
@@ -27,9 +29,12 @@ func (s stored) array() []any {
 	for i, h := range s.hashes {
 		hs[i] = h
 	}
-	ev := []any{"BlockStored", hs, s.parent, s.tokens, s.bs, nil, s.medium, s.lora}
-	if s.extra != nil {
+	ev := []any{"BlockStored", hs, s.parent, s.tokens, s.bs, s.loraID, s.medium, s.lora}
+	if s.extra != nil || s.group != nil || s.kind != nil {
 		ev = append(ev, s.extra)
+	}
+	if s.group != nil || s.kind != nil {
+		ev = append(ev, s.group, s.kind)
 	}
 	return ev
 }
@@ -46,6 +51,11 @@ func (s stored) mapped() map[string]any {
 	}
 	if s.extra != nil {
 		m["extra_keys"] = s.extra
+	}
+	for k, v := range map[string]any{"lora_id": s.loraID, "group_idx": s.group, "kv_cache_spec_kind": s.kind} {
+		if v != nil {
+			m[k] = v
+		}
 	}
 	return m
 }
@@ -64,6 +74,17 @@ func removedMap(medium any, hashes ...uint64) map[string]any {
 		hs[i] = h
 	}
 	return map[string]any{"type": "BlockRemoved", "block_hashes": hs, "medium": medium}
+}
+
+// removedGroup is a BlockRemoved of KV-cache group group, on the GPU, as
+// vLLM sends it for hybrid models (arrays, or maps when mapped).
+func removedGroup(mapped bool, group int, hashes ...uint64) any {
+	if mapped {
+		m := removedMap("GPU", hashes...)
+		m["group_idx"] = group
+		return m
+	}
+	return append(removedArray("GPU", hashes...), group)
 }
 
 func clearedArray() []any            { return []any{"AllBlocksCleared"} }

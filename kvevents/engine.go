@@ -28,8 +28,14 @@ type engine struct {
 	seen   bool
 	last   uint64
 	blocks map[uint64]uint64 // engine hash → our key
-	keys   gateway.Key       // scratch
-	dec    *Decoder
+	// unindexed has bit g set while KV-cache group g (below 64) is known,
+	// from its last BlockStored naming its kind, not to be indexed (a
+	// sliding-window or Mamba group): its removals do not concern the
+	// blocks mapped, which another group holds under the same hashes.
+	unindexed uint64
+	keys      gateway.Key // scratch
+	gone      gateway.Key // scratch: keys a stored event's hashes named before
+	dec       *Decoder
 
 	applyFn func(*Event, error)
 	st      EngineStats
@@ -117,6 +123,7 @@ func (e *engine) bind(tgt Target) {
 		e.max = DefaultMaxMapped
 	}
 	e.blocks = map[uint64]uint64{}
+	e.unindexed = 0
 	e.account()
 }
 
@@ -227,10 +234,18 @@ var gpu = []byte("GPU")
 func onGPU(medium []byte) bool { return len(medium) == 0 || bytes.EqualFold(medium, gpu) }
 
 // fullAttention reports whether a KV-cache group of this kind holds
-// blocks a prompt prefix can reuse: unspecified, full or MLA attention.
-// Sliding-window and other groups of hybrid models are not indexed.
+// blocks a prompt prefix can reuse: unspecified, full, MLA or sink full
+// attention (vLLM's vllm/v1/kv_cache_interface.py get_kv_cache_spec_kind,
+// read in copies of recent vLLM rather than at a pinned commit:
+// SinkFullAttentionSpec is a FullAttentionSpec, cached by a subclass of
+// FullAttentionManager). Sliding-window
+// and other groups of hybrid models are not indexed.
 func fullAttention(kind []byte) bool {
-	return len(kind) == 0 || string(kind) == "full_attention" || string(kind) == "mla_attention"
+	switch string(kind) {
+	case "", "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
 }
 
 func (e *engine) apply(ev *Event, err error) {
@@ -260,7 +275,7 @@ func (e *engine) apply(ev *Event, err error) {
 	case BlockStored:
 		e.stored(ev)
 	case BlockRemoved:
-		if !onGPU(ev.Medium) {
+		if !onGPU(ev.Medium) || e.unindexedGroup(ev) {
 			e.drop(&e.st.DroppedMedium, nil)
 			return
 		}
@@ -288,13 +303,36 @@ func (e *engine) apply(ev *Event, err error) {
 	}
 }
 
+// unindexedGroup reports whether the event's KV-cache group is known not
+// to be indexed. vLLM (block_pool.py, at vllm-project/vllm 0181ea3173e5)
+// keys cached blocks by hash and group: a hybrid model stores a block in
+// every group under one hash, and a sliding window removes it from its
+// group while the full-attention group still holds it. A group not heard
+// of, or no group (one group, older vLLM), may be the indexed one.
+func (e *engine) unindexedGroup(ev *Event) bool {
+	return ev.HasGroup && uint64(ev.Group) < 64 && e.unindexed&(1<<ev.Group) != 0
+}
+
 func (e *engine) stored(ev *Event) {
+	if ev.HasGroup && uint64(ev.Group) < 64 && len(ev.SpecKind) > 0 {
+		if fullAttention(ev.SpecKind) {
+			e.unindexed &^= 1 << ev.Group
+		} else {
+			e.unindexed |= 1 << ev.Group
+		}
+	}
 	switch {
 	case !onGPU(ev.Medium):
 		e.drop(&e.st.DroppedMedium, nil)
 		return
 	case !fullAttention(ev.SpecKind):
 		e.drop(&e.st.DroppedMedium, nil)
+		return
+	case ev.LoRAID != 0 && len(ev.LoRA) == 0:
+		// vLLM before lora_name hashed an adapter's blocks with its id:
+		// keyed from the model's root they would match the base model's
+		// requests, and requests name the adapter, not its id.
+		e.drop(&e.st.DroppedMedium, fmt.Errorf("BlockStored of lora_id %d without lora_name: the adapter's blocks cannot be keyed as its requests are", ev.LoRAID))
 		return
 	case ev.BlockSize != e.bs:
 		e.drop(&e.st.DroppedBlockSize, fmt.Errorf("%w: BlockStored block_size %d, the replica's requests are keyed in blocks of %d",
@@ -343,14 +381,30 @@ func (e *engine) stored(ev *Event) {
 	off := len(ks)
 	ks = keys.AppendChained(ks, parent, ev.Tokens[:n*e.bs], e.bs)
 	e.keys = ks
+	// A hash stored again under another key (an engine whose hashes are
+	// not chained, as SGLang's hash(tuple(page_tokens)) was: one page at
+	// two places) no longer names its old key, which must leave the index
+	// with it, or no removal could ever reach it.
+	gone := e.gone[:0]
 	for i, h := range ev.Hashes[:n] {
+		if old, ok := e.blocks[h]; ok && old != ks[off+i] {
+			gone = append(gone, old)
+		}
 		e.blocks[h] = ks[off+i]
 	}
+	e.gone = gone
 	e.account()
 	if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksStored, Blocks: ks}); err != nil {
 		e.drop(&e.st.DroppedApply, err)
 		e.applyFailed(err)
 		return
+	}
+	if len(gone) > 0 { // after the store: an old key may be one of ks
+		if err := e.tgt.Index.ApplyEvent(e.tgt.Replica, gateway.CacheEvent{Kind: gateway.BlocksRemoved, Blocks: gone}); err != nil {
+			e.drop(&e.st.DroppedApply, err)
+			e.applyFailed(err)
+			return
+		}
 	}
 	e.st.Applied++
 	e.st.StoredBlocks += uint64(n)

@@ -47,16 +47,25 @@ type Event struct {
 	BlockSize int
 	// LoRA is the adapter name (lora_name), empty for the base model.
 	LoRA []byte
+	// LoRAID is the adapter's id (lora_id), 0 for the base model or when
+	// absent. vLLM before lora_name named the adapter by it alone.
+	LoRAID int64
 	// Medium is where the blocks live ("GPU", "CPU"...), empty when the
 	// engine does not say.
 	Medium []byte
 	// Plain is how many leading blocks carry no extra keys (multimodal
-	// hashes, cache salts): their content is their tokens alone. It is
+	// hashes, cache salts) but the LoRA adapter's name, when it is
+	// lora_name: their content is their tokens (and adapter) alone. It is
 	// len(Hashes) unless the event has extra_keys.
 	Plain int
 	// SpecKind is the KV-cache group's kind (kv_cache_spec_kind), empty
 	// when absent: "full_attention", "sliding_window"...
 	SpecKind []byte
+	// Group is the KV-cache group (group_idx) the blocks are stored in or
+	// removed from, when HasGroup: a hybrid model's groups hold the same
+	// block hashes, each stored and removed on its own.
+	Group    int64
+	HasGroup bool
 }
 
 // Blocks returns how many blocks the event concerns.

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 )
@@ -57,6 +58,7 @@ func kindByTag(tag []byte) Kind {
 func (d *Decoder) event() error {
 	r, ev := d.r, &d.ev
 	*ev = Event{Hashes: ev.Hashes[:0], Tokens: ev.Tokens[:0], Plain: -1}
+	d.xLoRA, d.xOther = nil, -1
 	var seen uint16 // fields present, by bit
 	var first error
 	note := func(err error) {
@@ -98,7 +100,7 @@ func (d *Decoder) event() error {
 			key, ok := d.mapKey()
 			switch {
 			case !ok:
-				note(fmt.Errorf("%w: event has a non-string or over-long key", ErrMalformed))
+				note(fmt.Errorf("%w: event has a non-string key", ErrMalformed))
 				r.skip(2)
 			case string(key) == "type":
 				typed = true
@@ -138,6 +140,51 @@ func (d *Decoder) event() error {
 	return d.check(seen)
 }
 
+// What a block's extra keys are (extraKey).
+const (
+	keyNone  = iota // nil: none
+	keyLoRA         // one string, the first such of the event
+	keyOther        // anything else
+)
+
+// extraKey reads one block's entry of extra_keys, a tuple. vLLM
+// (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys, at
+// vllm-project/vllm 0181ea3173e5) puts the LoRA adapter's name first,
+// then multimodal identifiers, the cache salt (first block only) and
+// prompt embedding hashes: a tuple of one string, the same in every
+// block, is the adapter's name when the event's lora_name is that string
+// (check), which d.xLoRA keeps.
+func (d *Decoder) extraKey() int {
+	r := d.r
+	switch r.kind() {
+	case kNil:
+		r.skip(3)
+		return keyNone
+	case kArray:
+	default:
+		r.skip(3)
+		return keyOther
+	}
+	m := r.arrayLen()
+	if m != 1 || r.kind() != kStr {
+		for j := 0; j < m && r.err == nil; j++ {
+			r.skip(4)
+		}
+		return keyOther
+	}
+	b, _, ok := r.str(d.xKey[:])
+	switch {
+	case !ok:
+		return keyOther
+	case d.xLoRA == nil:
+		d.xLoRA = d.xName[:copy(d.xName[:], b)]
+		return keyLoRA
+	case bytes.Equal(b, d.xLoRA):
+		return keyLoRA
+	}
+	return keyOther
+}
+
 // readTag reads an event's type tag into d.tag.
 func (d *Decoder) readTag() ([]byte, error) {
 	if k := d.r.kind(); k != kStr {
@@ -170,7 +217,10 @@ func (d *Decoder) check(seen uint16) error {
 		if ev.BlockSize < 1 {
 			return fmt.Errorf("%w: BlockStored block_size %d, want at least 1", ErrMalformed, ev.BlockSize)
 		}
-		if len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+		// vLLM leaves out the null blocks of a sliding-window (or Mamba)
+		// group, whose token_ids still span every block: only an indexed
+		// group's tokens must match its hashes.
+		if fullAttention(ev.SpecKind) && len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
 			return fmt.Errorf("%w: BlockStored has %d token_ids for %d blocks of %d", ErrMalformed,
 				len(ev.Tokens), len(ev.Hashes), ev.BlockSize)
 		}
@@ -178,6 +228,11 @@ func (d *Decoder) check(seen uint16) error {
 		if err := need(fHashes); err != nil {
 			return err
 		}
+	}
+	if len(ev.LoRA) > 0 && d.xLoRA != nil && bytes.Equal(d.xLoRA, ev.LoRA) {
+		// Blocks whose only extra key is the adapter's name are keyed
+		// from its root, as requests for it are.
+		ev.Plain = d.xOther
 	}
 	if ev.Plain < 0 || ev.Plain > len(ev.Hashes) {
 		ev.Plain = len(ev.Hashes)
@@ -294,7 +349,21 @@ func (d *Decoder) field(f field) error {
 		if k != kNil && k != kInt {
 			return bad("nil or an integer")
 		}
-		r.skip(2)
+		if k == kNil || f == fSlidingWindow {
+			r.skip(2)
+			return nil
+		}
+		// Any integer is taken: one vLLM would not send (negative, past
+		// int64) is an adapter, and a group not known to be unindexed.
+		v, ok := r.int()
+		if f == fLoraID {
+			ev.LoRAID = v
+			if !ok {
+				ev.LoRAID = -1
+			}
+		} else {
+			ev.Group, ev.HasGroup = v, ok
+		}
 		return nil
 	case fMedium, fLoraName, fSpecKind:
 		if k == kNil {
@@ -337,10 +406,17 @@ func (d *Decoder) field(f field) error {
 		}
 		n := r.arrayLen()
 		for i := 0; i < n && r.err == nil; i++ {
-			if r.kind() != kNil && ev.Plain < 0 {
-				ev.Plain = i
+			switch d.extraKey() {
+			case keyOther:
+				if d.xOther < 0 {
+					d.xOther = i
+				}
+				fallthrough
+			case keyLoRA:
+				if ev.Plain < 0 {
+					ev.Plain = i
+				}
 			}
-			r.skip(3)
 		}
 		return nil
 	}

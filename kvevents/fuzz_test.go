@@ -21,6 +21,10 @@ func fuzzSeeds(t fataler) [][]byte {
 		pack(t, arrayBatch(root.array(), child.array(), removedArray("GPU", 1, 3), clearedArray())),
 		pack(t, mapBatch(root.mapped(), child.mapped(), sha.mapped(), removedMap(nil, 2), clearedMap())),
 		pack(t, arrayBatch([]any{"BlockStored", []any{1}, nil, seqTokens(0, 4), 4, nil, "GPU", nil, nil, 0, "full_attention", nil})),
+		pack(t, mapBatch(stored{hashes: []uint64{5}, parent: uint64(2), tokens: seqTokens(1, 8), bs: 4, lora: "a", loraID: 1,
+			extra: []any{[]any{"a"}, []any{"a", "salt"}}}.mapped(), removedGroup(true, 1, 5))),
+		pack(t, arrayBatch(stored{hashes: []uint64{6}, tokens: seqTokens(1, 8), bs: 4, group: 1, kind: "sliding_window"}.array(),
+			removedGroup(false, 1, 2), stored{hashes: []uint64{7}, tokens: seqTokens(1, 4), bs: 4, loraID: 2}.array())),
 		pack(t, arrayBatch([]any{"BlockMoved", 1}, []any{"BlockRemoved", "x"}, "event")),
 		pack(t, mapBatch(map[string]any{"type": 5}, map[any]any{1: 2})),
 		pack(t, []any{1.0}),
@@ -49,7 +53,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			switch ev.Kind {
 			case BlockStored:
-				if ev.BlockSize < 1 || len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+				if ev.BlockSize < 1 || fullAttention(ev.SpecKind) && len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
 					t.Fatalf("inconsistent BlockStored: %d tokens, %d hashes, block size %d", len(ev.Tokens), len(ev.Hashes), ev.BlockSize)
 				}
 				if ev.HasParent && ev.Parent == 0 {

@@ -20,8 +20,9 @@ type EngineStats struct {
 	// Dropped the others, broken down below.
 	Events, Applied, Dropped uint64
 	// Why events were dropped: malformed; of an unknown type; over a
-	// limit; about another medium than the GPU or a non-full-attention
-	// KV-cache group; of another block size than the replica's requests;
+	// limit; not indexed: about another medium than the GPU or a
+	// non-full-attention KV-cache group (a removal from one too), or a
+	// LoRA adapter named by lora_id alone; of another block size than the replica's requests;
 	// stored under a parent we do not know (orphans); refused by the index.
 	DroppedMalformed, DroppedUnknown, DroppedLimit, DroppedMedium,
 	DroppedBlockSize, DroppedOrphan, DroppedApply uint64
