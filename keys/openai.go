@@ -241,7 +241,7 @@ func (d *requestReader) input() error {
 				return r.Skip()
 			}
 			start := r.Offset()
-			m, terr, err := d.message(i)
+			m, terr, err := d.message("input", i)
 			if terr != nil && d.typeErr[fieldInput] == nil {
 				d.typeErr[fieldInput] = terr
 			}
@@ -287,7 +287,7 @@ func (d *requestReader) member(name string) error {
 			err = r.Skip()
 		default:
 			err = r.Array(func() error {
-				m, terr, err := d.message(len(req.Messages))
+				m, terr, err := d.message("messages", len(req.Messages))
 				if terr != nil && d.typeErr[fieldMessages] == nil {
 					d.typeErr[fieldMessages] = terr
 				}
@@ -349,19 +349,20 @@ func (d *requestReader) optString(f int, name string) (s string, ok bool, err er
 	return s, true, err
 }
 
-// message reads one chat message (element i of "messages"). typeErr
-// reports a message that is not an object or whose role is not a string.
-func (d *requestReader) message(i int) (m Message, typeErr, err error) {
+// message reads one chat message: element i of the array field
+// ("messages", or a responses request's "input"). typeErr reports a
+// message that is not an object or whose role is not a string.
+func (d *requestReader) message(field string, i int) (m Message, typeErr, err error) {
 	r := &d.r
 	if r.Peek() != '{' {
-		return m, fieldErr(fmt.Sprintf("messages[%d]", i), fmt.Sprintf("messages[%d] must be an object", i)), r.Skip()
+		return m, fieldErr(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s[%d] must be an object", field, i)), r.Skip()
 	}
 	err = r.Object(func(key string) error {
 		switch key {
 		case "role":
 			typeErr, m.Role = nil, ""
 			if r.Peek() != '"' {
-				typeErr = fieldErr(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("messages[%d].role must be a string", i))
+				typeErr = fieldErr(fmt.Sprintf("%s[%d].role", field, i), fmt.Sprintf("%s[%d].role must be a string", field, i))
 				return r.Skip()
 			}
 			var err error

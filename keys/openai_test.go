@@ -103,3 +103,22 @@ func TestDecodeRequestFields(t *testing.T) {
 		})
 	}
 }
+
+// TestItemErrorsNameTheirField: a bad item of a responses "input" is an
+// error naming it as "input[i]", as a bad chat message is named
+// "messages[i]" (found in review: a responses item's role was reported as
+// "messages[i].role", a field the body does not have).
+func TestItemErrorsNameTheirField(t *testing.T) {
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":[1]}]}`, "messages[1].role", "messages[1].role must be a string"},
+		{`{"model":"m","messages":[5]}`, "messages[0]", "messages[0] must be an object"},
+		{`{"model":"m","input":[{"role":"user","content":"x"},{"role":5}]}`, "input[1].role", "input[1].role must be a string"},
+		{`{"model":"m","input":[5]}`, "input[0]", "input[0] must be an object"},
+	} {
+		_, err := Decode([]byte(tc.body))
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tc.body)
+		assert.Equal(t, tc.field, fe.Field, tc.body)
+		assert.Equal(t, tc.msg, fe.Msg, tc.body)
+	}
+}
