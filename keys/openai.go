@@ -27,7 +27,7 @@ type Request struct {
 	Model    string
 	HasModel bool
 	// Messages are the chat messages (or the responses input items), their
-	// content reduced to text.
+	// content reduced to text, an assistant's tool_calls after it.
 	Messages []Message
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
@@ -350,10 +350,13 @@ func (d *requestReader) optString(f int, name string) (s string, ok bool, err er
 }
 
 // message reads one chat message: element i of the array field
-// ("messages", or a responses request's "input"). typeErr reports a
-// message that is not an object or whose role is not a string.
+// ("messages", or a responses request's "input"), its text the content
+// (see content) followed by the JSON text of its "tool_calls", if any.
+// typeErr reports a message that is not an object or whose role is not a
+// string.
 func (d *requestReader) message(field string, i int) (m Message, typeErr, err error) {
 	r := &d.r
+	var calls string
 	if r.Peek() != '{' {
 		return m, fieldErr(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s[%d] must be an object", field, i)), r.Skip()
 	}
@@ -372,9 +375,22 @@ func (d *requestReader) message(field string, i int) (m Message, typeErr, err er
 			var err error
 			m.Text, err = d.content()
 			return err
+		case "tool_calls":
+			// An assistant's calls, which the engine renders into the
+			// prompt: kept as their JSON text, after the content.
+			if r.Null() {
+				calls = ""
+				return nil
+			}
+			var err error
+			calls, err = r.Raw()
+			return err
 		}
 		return r.Skip()
 	})
+	if calls != "" {
+		m.Text += calls
+	}
 	return m, typeErr, err
 }
 

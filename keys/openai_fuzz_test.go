@@ -209,6 +209,9 @@ func messageStd(raw json.RawMessage) (Message, error) {
 	if c, ok := fields["content"]; ok {
 		m.Text = contentStd(c)
 	}
+	if c, ok := fields["tool_calls"]; ok && !isNull(c) {
+		m.Text += string(c)
+	}
 	return m, nil
 }
 
@@ -329,6 +332,7 @@ var decodeSeeds = []string{
 	`{"model":"m","messages":[{"role":"user","content":{"a":1}},{"role":"tool","content":42}]}`,
 	`{"model":"m","messages":[{"role":null,"content":"x"}]}`,
 	`{"model":"m","messages":[{"content":"no role"}]}`,
+	`{"model":"m","messages":[{"role":"assistant","content":"a","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","tool_calls":[1],"tool_calls":null}]}`,
 	`{"model":"m","messages":[1]}`,
 	`{"model":"m","messages":{}}`,
 	`{"model":"m","messages":null}`,

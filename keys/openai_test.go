@@ -122,3 +122,30 @@ func TestItemErrorsNameTheirField(t *testing.T) {
 		assert.Equal(t, tc.msg, fe.Msg, tc.body)
 	}
 }
+
+// TestToolCallsAreKeyed: an assistant message's "tool_calls" are part of
+// the prompt an engine renders, so two conversations that differ only in
+// a call's arguments get different keys from that message on, and a
+// message with calls differs from one without (found in review: the calls
+// were dropped, so both conversations below had one key, while a
+// responses request's function_call items were keyed by their JSON).
+func TestToolCallsAreKeyed(t *testing.T) {
+	body := func(args string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"weather?"},` +
+			`{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"w","arguments":"{\"city\":\"` + args + `\"}"}}]},` +
+			`{"role":"tool","tool_call_id":"1","content":"sunny"}]}`
+	}
+	key := func(b string) Key {
+		req, err := Parse(Chat, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	paris, london := key(body("Paris")), key(body("London"))
+	assert.Equal(t, paris[0], london[0], "the user message is shared")
+	assert.NotEqual(t, paris[len(paris)-1], london[len(london)-1], "the calls differ")
+	assert.Equal(t, paris, key(body("Paris")))
+	noCalls := key(`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null},{"role":"tool","tool_call_id":"1","content":"sunny"}]}`)
+	assert.NotEqual(t, paris[len(paris)-1], noCalls[len(noCalls)-1])
+	nullCalls := key(`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":null},{"role":"tool","tool_call_id":"1","content":"sunny"}]}`)
+	assert.Equal(t, noCalls, nullCalls, "null calls are none")
+}
