@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -42,11 +43,12 @@ type Request struct {
 	PreviousResponseID string
 	// MaxTokens is the answer's length limit, as vLLM reads it:
 	// "max_completion_tokens" when it is an integer, else "max_tokens"
-	// when it is; 0 when neither is.
+	// when it is; 0 when neither is. A number of integral value (2.0)
+	// counts as an integer, as vLLM reads it too.
 	MaxTokens int
 	// N is the "n" field (how many choices to generate) when it is a
-	// non-negative integer; 0 when it is absent or anything else (the
-	// engine reads or refuses it).
+	// non-negative integer (2.0 too, as for MaxTokens); 0 when it is
+	// absent or anything else (the engine reads or refuses it).
 	N int
 
 	hasInput bool // "input" is present and not null
@@ -496,12 +498,19 @@ func (d *requestReader) prompt() (string, error) {
 }
 
 // tokenLimit reads a JSON value as a token limit: a non-negative integer
-// that fits an int; ok is false for anything else (null, a float, a
-// string), which leaves the limit to the engine.
+// that fits an int, or a number of integral value written with a fraction
+// or an exponent (2.0, 1e3), which vLLM's pydantic models read as that
+// integer; ok is false for anything else (null, 2.5, a string), which
+// leaves the limit to the engine.
 func tokenLimit(raw []byte) (n int, ok bool) {
-	n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
-	if err != nil || n < 0 {
+	s := bytes.TrimSpace(raw)
+	n, err := strconv.Atoi(string(s))
+	if err == nil {
+		return max(n, 0), n >= 0
+	}
+	f, err := strconv.ParseFloat(string(s), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) || f >= 1<<53 {
 		return 0, false
 	}
-	return n, true
+	return int(f), true
 }

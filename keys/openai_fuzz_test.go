@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,11 +79,15 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 		if !ok {
 			return 0, false
 		}
-		var n int
-		if json.Unmarshal(raw, &n) != nil || n < 0 || isNull(raw) || !isInteger(raw) {
-			return 0, false
+		var f float64
+		if json.Unmarshal(raw, &f) != nil || f < 0 || isNull(raw) || f != math.Trunc(f) || f >= 1<<53 {
+			var n int // an integer past float64's precision
+			if json.Unmarshal(raw, &n) != nil || n < 0 || !isInteger(raw) {
+				return 0, false
+			}
+			return n, true
 		}
-		return n, true
+		return int(f), true
 	}
 	req.N, _ = limit("n")
 	if n, ok := limit("max_completion_tokens"); ok {
@@ -359,6 +364,7 @@ var decodeSeeds = []string{
 	`{"model":"m","input":[-1,0]}`, `{"model":"m","input":[[1],2]}`, `{"model":"m","input":[99999999999999999999]}`, `{"model":"m","input":[true]}`,
 	`{"model":"m","input":[[[1]]]}`, `{"model":"m","input":[1e3]}`, `{"model":"m","input":[null]}`, `{"model":"m","input":"x","input":[1,2]}`,
 	`{"model":"m","n":3}`, `{"model":"m","n":3,"n":"x"}`, `{"model":"m","n":-1}`, `{"model":"m","n":2.0}`, `{"model":"m","n":null}`,
+	`{"model":"m","n":2.5,"max_tokens":1e3}`, `{"model":"m","n":-0.0,"max_completion_tokens":9007199254740993}`, `{"model":"m","max_tokens":1e400}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,
