@@ -236,11 +236,15 @@ func (d *requestReader) input() error {
 		return err
 	case '[':
 		d.req.hasInput = true
+		i := 0
 		return r.Array(func() error {
-			i := len(d.items)
+			defer func() { i++ }()
 			if r.Peek() != '{' {
-				d.typeErr[fieldInput] = fieldErr(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
-				return r.Skip()
+				terr, err := d.badValue(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
+				if d.typeErr[fieldInput] == nil {
+					d.typeErr[fieldInput] = terr
+				}
+				return err
 			}
 			start := r.Offset()
 			m, terr, err := d.message("input", i)
@@ -254,8 +258,38 @@ func (d *requestReader) input() error {
 			return err
 		})
 	}
-	d.typeErr[fieldInput] = fieldErr("input", "field \"input\" must be a string or an array")
-	return r.Skip()
+	var err error
+	d.typeErr[fieldInput], err = d.badValue("input", `field "input" must be a string or an array`)
+	return err
+}
+
+// badValue skips the next value, of the wrong type for field, and returns
+// the error saying so: msg, then the value as found (describe).
+func (d *requestReader) badValue(field, msg string) (typeErr, err error) {
+	r := &d.r
+	start := r.Offset()
+	if err := r.Skip(); err != nil {
+		return nil, err
+	}
+	return fieldErr(field, msg+", not "+describe(r.Since(start))), nil
+}
+
+// describe names a JSON value (raw, its text) for an error: its text when
+// short, else its kind.
+func describe(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) <= 40 {
+		return string(raw)
+	}
+	switch raw[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	}
+	return "a number"
 }
 
 // member reads the value of the top-level member name.
@@ -275,8 +309,7 @@ func (d *requestReader) member(name string) error {
 			req.Stream, err = r.Bool()
 		default:
 			if !r.Null() {
-				d.typeErr[fieldStream] = fieldErr(name, "field \"stream\" must be true or false")
-				err = r.Skip()
+				d.typeErr[fieldStream], err = d.badValue(name, `field "stream" must be true or false`)
 			}
 		}
 	case "messages":
@@ -285,8 +318,7 @@ func (d *requestReader) member(name string) error {
 		switch {
 		case r.Null():
 		case r.Peek() != '[':
-			d.typeErr[fieldMessages] = fieldErr(name, "field \"messages\" must be an array")
-			err = r.Skip()
+			d.typeErr[fieldMessages], err = d.badValue(name, `field "messages" must be an array`)
 		default:
 			err = r.Array(func() error {
 				m, terr, err := d.message("messages", len(req.Messages))
@@ -344,8 +376,8 @@ func (d *requestReader) optString(f int, name string) (s string, ok bool, err er
 	case d.r.Null():
 		return "", false, nil
 	case d.r.Peek() != '"':
-		d.typeErr[f] = fieldErr(name, fmt.Sprintf("field %q must be a string", name))
-		return "", false, d.r.Skip()
+		d.typeErr[f], err = d.badValue(name, fmt.Sprintf("field %q must be a string", name))
+		return "", false, err
 	}
 	s, err = d.r.String()
 	return s, true, err
@@ -360,17 +392,18 @@ func (d *requestReader) message(field string, i int) (m Message, typeErr, err er
 	r := &d.r
 	var calls string
 	if r.Peek() != '{' {
-		return m, fieldErr(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s[%d] must be an object", field, i)), r.Skip()
+		typeErr, err = d.badValue(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s[%d] must be an object", field, i))
+		return m, typeErr, err
 	}
 	err = r.Object(func(key string) error {
 		switch key {
 		case "role":
 			typeErr, m.Role = nil, ""
-			if r.Peek() != '"' {
-				typeErr = fieldErr(fmt.Sprintf("%s[%d].role", field, i), fmt.Sprintf("%s[%d].role must be a string", field, i))
-				return r.Skip()
-			}
 			var err error
+			if r.Peek() != '"' {
+				typeErr, err = d.badValue(fmt.Sprintf("%s[%d].role", field, i), fmt.Sprintf("%s[%d].role must be a string", field, i))
+				return err
+			}
 			m.Role, err = r.String()
 			return err
 		case "content":

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -107,13 +108,17 @@ func TestDecodeRequestFields(t *testing.T) {
 // TestItemErrorsNameTheirField: a bad item of a responses "input" is an
 // error naming it as "input[i]", as a bad chat message is named
 // "messages[i]" (found in review: a responses item's role was reported as
-// "messages[i].role", a field the body does not have).
+// "messages[i].role", a field the body does not have), and the value
+// found; an item that is not an object counts for the indexes after it.
 func TestItemErrorsNameTheirField(t *testing.T) {
 	for _, tc := range []struct{ body, field, msg string }{
-		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":[1]}]}`, "messages[1].role", "messages[1].role must be a string"},
-		{`{"model":"m","messages":[5]}`, "messages[0]", "messages[0] must be an object"},
-		{`{"model":"m","input":[{"role":"user","content":"x"},{"role":5}]}`, "input[1].role", "input[1].role must be a string"},
-		{`{"model":"m","input":[5]}`, "input[0]", "input[0] must be an object"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":[1]}]}`, "messages[1].role", "messages[1].role must be a string, not [1]"},
+		{`{"model":"m","messages":[5]}`, "messages[0]", "messages[0] must be an object, not 5"},
+		{`{"model":"m","input":[{"role":"user","content":"x"},{"role":5}]}`, "input[1].role", "input[1].role must be a string, not 5"},
+		{`{"model":"m","input":[5]}`, "input[0]", "input[0] must be an object, not 5"},
+		{`{"model":"m","input":[{"role":"user"},"a",{"role":5}]}`, "input[1]", `input[1] must be an object, not "a"`},
+		{`{"model":"m","input":[{"role":"user"},{"role":"user"},{"role":5},true]}`, "input[2].role", "input[2].role must be a string, not 5"},
+		{`{"model":"m","input":[{"role":"user"},5,{"role":"user"},6]}`, "input[1]", "input[1] must be an object, not 5"},
 	} {
 		_, err := Decode([]byte(tc.body))
 		var fe *FieldError
@@ -148,4 +153,27 @@ func TestToolCallsAreKeyed(t *testing.T) {
 	assert.NotEqual(t, paris[len(paris)-1], noCalls[len(noCalls)-1])
 	nullCalls := key(`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":null},{"role":"tool","tool_call_id":"1","content":"sunny"}]}`)
 	assert.Equal(t, noCalls, nullCalls, "null calls are none")
+}
+
+// TestTypeErrorsNameTheValue: a field of the wrong type is an error that
+// names the field and the value found, as written when it is short, else
+// by its kind (found in review: the errors named the field alone).
+func TestTypeErrorsNameTheValue(t *testing.T) {
+	long := strings.Repeat("x", 50)
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"model":5}`, "model", `field "model" must be a string, not 5`},
+		{`{"model":"m","stream":"yes"}`, "stream", `field "stream" must be true or false, not "yes"`},
+		{`{"model":"m","stream":1}`, "stream", `field "stream" must be true or false, not 1`},
+		{`{"model":"m","messages":{"role":"user"}}`, "messages", `field "messages" must be an array, not {"role":"user"}`},
+		{`{"model":"m","user":["` + long + `"]}`, "user", `field "user" must be a string, not an array`},
+		{`{"model":"m","messages":["` + long + `"]}`, "messages[0]", `messages[0] must be an object, not a string`},
+		{`{"model":"m","input":{"` + long + `":1}}`, "input", `field "input" must be a string or an array, not an object`},
+		{`{"model":"m","instructions":false}`, "instructions", `field "instructions" must be a string, not false`},
+	} {
+		_, err := Decode([]byte(tc.body))
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tc.body)
+		assert.Equal(t, tc.field, fe.Field, tc.body)
+		assert.Equal(t, tc.msg, fe.Msg, tc.body)
+	}
 }
