@@ -177,3 +177,22 @@ func TestTypeErrorsNameTheValue(t *testing.T) {
 		assert.Equal(t, tc.msg, fe.Msg, tc.body)
 	}
 }
+
+// TestAppendKeyOfNoTextAllocatesNothing: the key of a request without
+// text, which names its model, is built without allocating when dst has
+// room, as AppendKey documents, whatever the model name's length, and is
+// the key of the model name's segment (found in review: the name was
+// concatenated, an allocation for a name past 31 bytes, such as
+// "meta-llama/Meta-Llama-3.1-70B-Instruct").
+func TestAppendKeyOfNoTextAllocatesNothing(t *testing.T) {
+	for _, model := range []string{"m", "meta-llama/Meta-Llama-3.1-70B-Instruct", strings.Repeat("m", 255), strings.Repeat("m", 300)} {
+		req, err := Parse(Chat, []byte(`{"model":"`+model+`","messages":[{"role":"user","content":""}]}`))
+		require.NoError(t, err)
+		buf := make(Key, 0, 16)
+		key := req.AppendKey(defaultHasher, buf, "", "")
+		assert.Equal(t, defaultHasher.AppendSegment(nil, SegmentOther, "\x00"+model), key, model)
+		if len(model) < 256 {
+			assert.Zero(t, testing.AllocsPerRun(10, func() { key = req.AppendKey(defaultHasher, buf[:0], "", "") }), model)
+		}
+	}
+}
