@@ -430,10 +430,11 @@ func (d *requestReader) message(field string, i int) (m Message, typeErr, err er
 }
 
 // content reads a message content as text: a string as is, null as "", a
-// list of parts as its text parts ({"type": "text", "text": "..."})
-// concatenated (a responses request's "input_text" and "output_text" parts
-// alike), other objects in it (images…) as their JSON text so that
-// different images give different keys, anything else as its JSON text.
+// list of parts as its text parts ({"type": "text", "text": "..."}, or a
+// plain string, which vLLM takes as one) concatenated (a responses
+// request's "input_text" and "output_text" parts alike), other objects in
+// it (images…) as their JSON text so that different images give different
+// keys, anything else as its JSON text.
 func (d *requestReader) content() (string, error) {
 	r := &d.r
 	switch r.Peek() {
@@ -465,7 +466,11 @@ func (d *requestReader) content() (string, error) {
 // content).
 func (d *requestReader) part() (string, error) {
 	r := &d.r
-	if r.Peek() != '{' {
+	switch r.Peek() {
+	case '"': // a plain text part, as vLLM reads one
+		return r.String()
+	case '{':
+	default:
 		return "", r.Skip()
 	}
 	start := r.Offset()

@@ -221,8 +221,9 @@ func messageStd(raw json.RawMessage) (Message, error) {
 }
 
 // contentStd is content's text: a string as is, null as "", a list of
-// parts as its text parts ({"type": "text", "text": "..."}, other objects
-// as their JSON; other elements nothing), anything else as its JSON.
+// parts as its text parts ({"type": "text", "text": "..."} or a string,
+// other objects as their JSON; other elements nothing), anything else as
+// its JSON.
 func contentStd(raw json.RawMessage) string {
 	var s string
 	switch {
@@ -237,6 +238,10 @@ func contentStd(raw json.RawMessage) string {
 	}
 	var sb strings.Builder
 	for _, p := range parts {
+		if json.Unmarshal(p, &s) == nil && !isNull(p) {
+			sb.WriteString(s)
+			continue
+		}
 		var fields map[string]json.RawMessage
 		if json.Unmarshal(p, &fields) != nil || fields == nil {
 			continue

@@ -196,3 +196,20 @@ func TestAppendKeyOfNoTextAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainStringPartsAreText: a content list's plain string elements are
+// text parts, as vLLM reads them (chat_utils: "Handle plain text parts"),
+// so ["hello"] is keyed as [{"type":"text","text":"hello"}] and two lists
+// of different strings get different keys (found in review: they were
+// dropped, so every such message had no text).
+func TestPlainStringPartsAreText(t *testing.T) {
+	text := func(content string) string {
+		req, err := Parse(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":`+content+`}]}`))
+		require.NoError(t, err, content)
+		return req.Messages[0].Text
+	}
+	assert.Equal(t, "hello", text(`["hello"]`))
+	assert.Equal(t, text(`[{"type":"text","text":"hello"}]`), text(`["hello"]`))
+	assert.Equal(t, `hello{"type":"image_url","image_url":{"url":"x"}}world`, text(`["hello",{"type":"image_url","image_url":{"url":"x"}},"world"]`))
+	assert.NotEqual(t, text(`["hello"]`), text(`["bye"]`))
+}
