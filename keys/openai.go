@@ -42,8 +42,8 @@ type Request struct {
 	// the conversation it continues.
 	PreviousResponseID string
 	// MaxTokens is the answer's length limit, as vLLM reads it:
-	// "max_completion_tokens" when it is an integer, else "max_tokens"
-	// when it is; 0 when neither is. A number of integral value (2.0)
+	// "max_completion_tokens" when it is a positive integer, else
+	// "max_tokens" when it is an integer; 0 when neither is. A number of integral value (2.0)
 	// counts as an integer, as vLLM reads it too.
 	MaxTokens int
 	// N is the "n" field (how many choices to generate) when it is a
@@ -199,7 +199,7 @@ func decode(body []byte, embeddings bool) (*Request, error) {
 		}
 	}
 	switch {
-	case d.hasMaxCompletion:
+	case d.hasMaxCompletion && d.maxCompletion != 0:
 		d.req.MaxTokens = d.maxCompletion
 	case d.hasMaxTokens:
 		d.req.MaxTokens = d.maxTokens

@@ -90,7 +90,7 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 		return int(f), true
 	}
 	req.N, _ = limit("n")
-	if n, ok := limit("max_completion_tokens"); ok {
+	if n, ok := limit("max_completion_tokens"); ok && n != 0 {
 		req.MaxTokens = n
 	} else if n, ok := limit("max_tokens"); ok {
 		req.MaxTokens = n
@@ -369,7 +369,7 @@ var decodeSeeds = []string{
 	`{"model":"m","input":[-1,0]}`, `{"model":"m","input":[[1],2]}`, `{"model":"m","input":[99999999999999999999]}`, `{"model":"m","input":[true]}`,
 	`{"model":"m","input":[[[1]]]}`, `{"model":"m","input":[1e3]}`, `{"model":"m","input":[null]}`, `{"model":"m","input":"x","input":[1,2]}`,
 	`{"model":"m","n":3}`, `{"model":"m","n":3,"n":"x"}`, `{"model":"m","n":-1}`, `{"model":"m","n":2.0}`, `{"model":"m","n":null}`,
-	`{"model":"m","n":2.5,"max_tokens":1e3}`, `{"model":"m","n":-0.0,"max_completion_tokens":9007199254740993}`, `{"model":"m","max_tokens":1e400}`,
+	`{"model":"m","n":2.5,"max_tokens":1e3}`, `{"model":"m","n":-0.0,"max_completion_tokens":9007199254740993}`, `{"model":"m","max_tokens":1e400}`, `{"model":"m","max_completion_tokens":0,"max_tokens":3}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,
