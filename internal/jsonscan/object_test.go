@@ -65,6 +65,10 @@ func FuzzRewrite(f *testing.F) {
 			if !json.Valid(m.Raw) || !json.Valid(m.RawName) {
 				t.Fatalf("%q: member %q: name %q or value %q is not JSON", b, m.Name, m.RawName, m.Raw)
 			}
+			var name string
+			if err := json.Unmarshal(m.RawName, &name); err != nil || name != m.Name {
+				t.Fatalf("%q: member named %q, its name %s decodes to %q (%v)", b, m.Name, m.RawName, name, err)
+			}
 		}
 		var before, after map[string]any
 		if json.Unmarshal(b, &before) != nil {
