@@ -96,7 +96,10 @@ func (r *Reader) expect(c byte) error {
 // Object reads an object, calling member for each member with its
 // (decoded) name; member must consume the member's value.
 func (r *Reader) Object(member func(name string) error) error {
-	return r.ObjectBytes(func(name []byte) error { return member(string(name)) })
+	// object, not ObjectBytes: Object stays within the inlining budget, so
+	// that where it is inlined with a known member the name's string
+	// need not be allocated.
+	return r.object(func(name []byte) error { return member(string(name)) }, true)
 }
 
 // ObjectBytes is Object with each member's decoded name given as bytes,
