@@ -1,5 +1,7 @@
 package keys
 
+import "unsafe"
+
 // Header names a front reads to build a request's key, beside its body.
 const (
 	// HeaderSessionID names the conversation a request belongs to. It
@@ -20,7 +22,8 @@ const (
 // key is PrefixKey's, and every chat turn extends the key of the turn
 // before. A request with none of these (an empty prompt) gets a one-block
 // key naming the model, so that it can still be routed. Both fronts key
-// requests with it. It does not allocate when dst has room.
+// requests with it. It does not allocate when dst has room (and, for a
+// request without text, its model name is shorter than 256 bytes).
 func (r *Request) AppendKey(h *Hasher, dst Key, session, rag string) Key {
 	start := len(dst)
 	for i := range r.Messages {
@@ -43,7 +46,14 @@ func (r *Request) AppendKey(h *Hasher, dst Key, session, rag string) Key {
 	dst = h.AppendSegment(dst, SegmentPrompt, r.Prompt)
 	if len(dst) == start {
 		// The leading NUL keeps it apart from any ordinary message text.
-		dst = h.AppendSegment(dst, SegmentOther, "\x00"+r.Model)
+		// The text is put together on the stack: a concatenation would
+		// allocate for a model name past 31 bytes.
+		var buf [256]byte
+		if len(r.Model) >= len(buf) {
+			return h.AppendSegment(dst, SegmentOther, "\x00"+r.Model)
+		}
+		b := append(append(buf[:0], 0), r.Model...)
+		dst = h.AppendSegment(dst, SegmentOther, unsafe.String(&b[0], len(b)))
 	}
 	return dst
 }

@@ -57,15 +57,13 @@ func (d *requestReader) embeddingsInput() error {
 			case c == '[':
 				got = embedTokenLists
 			default:
-				d.inputErr(fmt.Sprintf("input[%d]", i), "must be a string, a token id or an array of token ids")
-				return r.Skip()
+				return d.badInput(fmt.Sprintf("input[%d]", i), "must be a string, a token id or an array of token ids")
 			}
 			if form == embedUnknown {
 				form = got
 			}
 			if got != form {
-				d.inputErr(fmt.Sprintf("input[%d]", i), "must be "+embedForms[form]+", as input[0] is")
-				return r.Skip()
+				return d.badInput(fmt.Sprintf("input[%d]", i), "must be "+embedForms[form]+" as input[0] is")
 			}
 			switch form {
 			case embedStrings:
@@ -81,8 +79,7 @@ func (d *requestReader) embeddingsInput() error {
 			})
 		})
 	}
-	d.inputErr("input", "must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
-	return r.Skip()
+	return d.badInput("input", "must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
 }
 
 // tokenID reads one token id of an embeddings input (field names it): an
@@ -91,22 +88,25 @@ func (d *requestReader) tokenID(field string) error {
 	r := &d.r
 	c := r.Peek()
 	if c != '-' && (c < '0' || c > '9') {
-		d.inputErr(field, "must be an integer (a token id)")
-		return r.Skip()
+		return d.badInput(field, "must be an integer (a token id)")
 	}
 	start := r.Offset()
 	if err := r.Skip(); err != nil {
 		return err
 	}
-	if _, err := strconv.ParseInt(string(r.Since(start)), 10, 64); err != nil {
-		d.inputErr(field, "must be an integer (a token id)")
+	if _, err := strconv.ParseInt(string(r.Since(start)), 10, 64); err != nil && d.typeErr[fieldInput] == nil {
+		d.typeErr[fieldInput] = fieldErr(field, field+" must be an integer (a token id), not "+describe(r.Since(start)))
 	}
 	return nil
 }
 
-// inputErr records the first type error of "input", at field.
-func (d *requestReader) inputErr(field, msg string) {
+// badInput skips the next value, of the wrong type for field (in
+// "input"), and records the error saying so (badValue) if it is the
+// first of "input".
+func (d *requestReader) badInput(field, msg string) error {
+	terr, err := d.badValue(field, field+" "+msg)
 	if d.typeErr[fieldInput] == nil {
-		d.typeErr[fieldInput] = fieldErr(field, field+" "+msg)
+		d.typeErr[fieldInput] = terr
 	}
+	return err
 }

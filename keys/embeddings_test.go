@@ -20,12 +20,12 @@ func TestDecodeEmbeddings(t *testing.T) {
 		{`{"model":"m","input":[]}`, "", ""},
 		{`{"input":["a"]}`, "", ""},
 		{`{"model":"m","input":null}`, "", ""},
-		{`{"model":"m","input":["a",1]}`, "input[1]", "input[1] must be a string, as input[0] is"},
-		{`{"model":"m","input":[1,[2]]}`, "input[1]", "input[1] must be an integer (a token id), as input[0] is"},
-		{`{"model":"m","input":[[1],[2,"x"]]}`, "input[1][1]", "input[1][1] must be an integer (a token id)"},
-		{`{"model":"m","input":[1.5]}`, "input[0]", "input[0] must be an integer (a token id)"},
-		{`{"model":"m","input":[{"a":1}]}`, "input[0]", "input[0] must be a string, a token id or an array of token ids"},
-		{`{"model":"m","input":5}`, "input", "input must be a string, an array of strings, an array of token ids or an array of arrays of token ids"},
+		{`{"model":"m","input":["a",1]}`, "input[1]", "input[1] must be a string as input[0] is, not 1"},
+		{`{"model":"m","input":[1,[2]]}`, "input[1]", "input[1] must be an integer (a token id) as input[0] is, not [2]"},
+		{`{"model":"m","input":[[1],[2,"x"]]}`, "input[1][1]", "input[1][1] must be an integer (a token id), not \"x\""},
+		{`{"model":"m","input":[1.5]}`, "input[0]", "input[0] must be an integer (a token id), not 1.5"},
+		{`{"model":"m","input":[{"a":1}]}`, "input[0]", "input[0] must be a string, a token id or an array of token ids, not {\"a\":1}"},
+		{`{"model":"m","input":5}`, "input", "input must be a string, an array of strings, an array of token ids or an array of arrays of token ids, not 5"},
 		{`{"model":"m","input":5,"input":"ok"}`, "", ""},
 	} {
 		req, err := DecodeEmbeddings([]byte(tc.body))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -27,7 +28,7 @@ type Request struct {
 	Model    string
 	HasModel bool
 	// Messages are the chat messages (or the responses input items), their
-	// content reduced to text.
+	// content reduced to text, an assistant's tool_calls after it.
 	Messages []Message
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
@@ -41,12 +42,13 @@ type Request struct {
 	// the conversation it continues.
 	PreviousResponseID string
 	// MaxTokens is the answer's length limit, as vLLM reads it:
-	// "max_completion_tokens" when it is an integer, else "max_tokens"
-	// when it is; 0 when neither is.
+	// "max_completion_tokens" when it is a positive integer, else
+	// "max_tokens" when it is an integer; 0 when neither is. A number of integral value (2.0)
+	// counts as an integer, as vLLM reads it too.
 	MaxTokens int
 	// N is the "n" field (how many choices to generate) when it is a
-	// non-negative integer; 0 when it is absent or anything else (the
-	// engine reads or refuses it).
+	// non-negative integer (2.0 too, as for MaxTokens); 0 when it is
+	// absent or anything else (the engine reads or refuses it).
 	N int
 
 	hasInput bool // "input" is present and not null
@@ -197,7 +199,7 @@ func decode(body []byte, embeddings bool) (*Request, error) {
 		}
 	}
 	switch {
-	case d.hasMaxCompletion:
+	case d.hasMaxCompletion && d.maxCompletion != 0:
 		d.req.MaxTokens = d.maxCompletion
 	case d.hasMaxTokens:
 		d.req.MaxTokens = d.maxTokens
@@ -234,14 +236,18 @@ func (d *requestReader) input() error {
 		return err
 	case '[':
 		d.req.hasInput = true
+		i := 0
 		return r.Array(func() error {
-			i := len(d.items)
+			defer func() { i++ }()
 			if r.Peek() != '{' {
-				d.typeErr[fieldInput] = fieldErr(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
-				return r.Skip()
+				terr, err := d.badValue(fmt.Sprintf("input[%d]", i), fmt.Sprintf("input[%d] must be an object", i))
+				if d.typeErr[fieldInput] == nil {
+					d.typeErr[fieldInput] = terr
+				}
+				return err
 			}
 			start := r.Offset()
-			m, terr, err := d.message(i)
+			m, terr, err := d.message("input", i)
 			if terr != nil && d.typeErr[fieldInput] == nil {
 				d.typeErr[fieldInput] = terr
 			}
@@ -252,8 +258,38 @@ func (d *requestReader) input() error {
 			return err
 		})
 	}
-	d.typeErr[fieldInput] = fieldErr("input", "field \"input\" must be a string or an array")
-	return r.Skip()
+	var err error
+	d.typeErr[fieldInput], err = d.badValue("input", `field "input" must be a string or an array`)
+	return err
+}
+
+// badValue skips the next value, of the wrong type for field, and returns
+// the error saying so: msg, then the value as found (describe).
+func (d *requestReader) badValue(field, msg string) (typeErr, err error) {
+	r := &d.r
+	start := r.Offset()
+	if err := r.Skip(); err != nil {
+		return nil, err
+	}
+	return fieldErr(field, msg+", not "+describe(r.Since(start))), nil
+}
+
+// describe names a JSON value (raw, its text) for an error: its text when
+// short, else its kind.
+func describe(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) <= 40 {
+		return string(raw)
+	}
+	switch raw[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	}
+	return "a number"
 }
 
 // member reads the value of the top-level member name.
@@ -273,8 +309,7 @@ func (d *requestReader) member(name string) error {
 			req.Stream, err = r.Bool()
 		default:
 			if !r.Null() {
-				d.typeErr[fieldStream] = fieldErr(name, "field \"stream\" must be true or false")
-				err = r.Skip()
+				d.typeErr[fieldStream], err = d.badValue(name, `field "stream" must be true or false`)
 			}
 		}
 	case "messages":
@@ -283,11 +318,10 @@ func (d *requestReader) member(name string) error {
 		switch {
 		case r.Null():
 		case r.Peek() != '[':
-			d.typeErr[fieldMessages] = fieldErr(name, "field \"messages\" must be an array")
-			err = r.Skip()
+			d.typeErr[fieldMessages], err = d.badValue(name, `field "messages" must be an array`)
 		default:
 			err = r.Array(func() error {
-				m, terr, err := d.message(len(req.Messages))
+				m, terr, err := d.message("messages", len(req.Messages))
 				if terr != nil && d.typeErr[fieldMessages] == nil {
 					d.typeErr[fieldMessages] = terr
 				}
@@ -342,46 +376,65 @@ func (d *requestReader) optString(f int, name string) (s string, ok bool, err er
 	case d.r.Null():
 		return "", false, nil
 	case d.r.Peek() != '"':
-		d.typeErr[f] = fieldErr(name, fmt.Sprintf("field %q must be a string", name))
-		return "", false, d.r.Skip()
+		d.typeErr[f], err = d.badValue(name, fmt.Sprintf("field %q must be a string", name))
+		return "", false, err
 	}
 	s, err = d.r.String()
 	return s, true, err
 }
 
-// message reads one chat message (element i of "messages"). typeErr
-// reports a message that is not an object or whose role is not a string.
-func (d *requestReader) message(i int) (m Message, typeErr, err error) {
+// message reads one chat message: element i of the array field
+// ("messages", or a responses request's "input"), its text the content
+// (see content) followed by the JSON text of its "tool_calls", if any.
+// typeErr reports a message that is not an object or whose role is not a
+// string.
+func (d *requestReader) message(field string, i int) (m Message, typeErr, err error) {
 	r := &d.r
+	var calls string
 	if r.Peek() != '{' {
-		return m, fieldErr(fmt.Sprintf("messages[%d]", i), fmt.Sprintf("messages[%d] must be an object", i)), r.Skip()
+		typeErr, err = d.badValue(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s[%d] must be an object", field, i))
+		return m, typeErr, err
 	}
 	err = r.Object(func(key string) error {
 		switch key {
 		case "role":
 			typeErr, m.Role = nil, ""
-			if r.Peek() != '"' {
-				typeErr = fieldErr(fmt.Sprintf("messages[%d].role", i), fmt.Sprintf("messages[%d].role must be a string", i))
-				return r.Skip()
-			}
 			var err error
+			if r.Peek() != '"' {
+				typeErr, err = d.badValue(fmt.Sprintf("%s[%d].role", field, i), fmt.Sprintf("%s[%d].role must be a string", field, i))
+				return err
+			}
 			m.Role, err = r.String()
 			return err
 		case "content":
 			var err error
 			m.Text, err = d.content()
 			return err
+		case "tool_calls":
+			// An assistant's calls, which the engine renders into the
+			// prompt: kept as their JSON text, after the content.
+			if r.Null() {
+				calls = ""
+				return nil
+			}
+			var err error
+			calls, err = r.Raw()
+			return err
 		}
 		return r.Skip()
 	})
+	if calls != "" {
+		m.Text += calls
+	}
 	return m, typeErr, err
 }
 
 // content reads a message content as text: a string as is, null as "", a
-// list of parts as its text parts ({"type": "text", "text": "..."})
-// concatenated (a responses request's "input_text" and "output_text" parts
-// alike), other objects in it (images…) as their JSON text so that
-// different images give different keys, anything else as its JSON text.
+// list of parts as its text parts ({"type": "text", "text": "..."}, or a
+// plain string, which vLLM takes as one) concatenated (a responses
+// request's "input_text" and "output_text" parts alike), other objects in
+// it (images…) as their JSON text so that different images give different
+// keys, anything else as its JSON text.
 func (d *requestReader) content() (string, error) {
 	r := &d.r
 	switch r.Peek() {
@@ -413,7 +466,11 @@ func (d *requestReader) content() (string, error) {
 // content).
 func (d *requestReader) part() (string, error) {
 	r := &d.r
-	if r.Peek() != '{' {
+	switch r.Peek() {
+	case '"': // a plain text part, as vLLM reads one
+		return r.String()
+	case '{':
+	default:
 		return "", r.Skip()
 	}
 	start := r.Offset()
@@ -479,12 +536,19 @@ func (d *requestReader) prompt() (string, error) {
 }
 
 // tokenLimit reads a JSON value as a token limit: a non-negative integer
-// that fits an int; ok is false for anything else (null, a float, a
-// string), which leaves the limit to the engine.
+// that fits an int, or a number of integral value written with a fraction
+// or an exponent (2.0, 1e3), which vLLM's pydantic models read as that
+// integer; ok is false for anything else (null, 2.5, a string), which
+// leaves the limit to the engine.
 func tokenLimit(raw []byte) (n int, ok bool) {
-	n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
-	if err != nil || n < 0 {
+	s := bytes.TrimSpace(raw)
+	n, err := strconv.Atoi(string(s))
+	if err == nil {
+		return max(n, 0), n >= 0
+	}
+	f, err := strconv.ParseFloat(string(s), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) || f >= 1<<53 {
 		return 0, false
 	}
-	return n, true
+	return int(f), true
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,14 +79,18 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 		if !ok {
 			return 0, false
 		}
-		var n int
-		if json.Unmarshal(raw, &n) != nil || n < 0 || isNull(raw) || !isInteger(raw) {
-			return 0, false
+		var f float64
+		if json.Unmarshal(raw, &f) != nil || f < 0 || isNull(raw) || f != math.Trunc(f) || f >= 1<<53 {
+			var n int // an integer past float64's precision
+			if json.Unmarshal(raw, &n) != nil || n < 0 || !isInteger(raw) {
+				return 0, false
+			}
+			return n, true
 		}
-		return n, true
+		return int(f), true
 	}
 	req.N, _ = limit("n")
-	if n, ok := limit("max_completion_tokens"); ok {
+	if n, ok := limit("max_completion_tokens"); ok && n != 0 {
 		req.MaxTokens = n
 	} else if n, ok := limit("max_tokens"); ok {
 		req.MaxTokens = n
@@ -209,12 +214,16 @@ func messageStd(raw json.RawMessage) (Message, error) {
 	if c, ok := fields["content"]; ok {
 		m.Text = contentStd(c)
 	}
+	if c, ok := fields["tool_calls"]; ok && !isNull(c) {
+		m.Text += string(c)
+	}
 	return m, nil
 }
 
 // contentStd is content's text: a string as is, null as "", a list of
-// parts as its text parts ({"type": "text", "text": "..."}, other objects
-// as their JSON; other elements nothing), anything else as its JSON.
+// parts as its text parts ({"type": "text", "text": "..."} or a string,
+// other objects as their JSON; other elements nothing), anything else as
+// its JSON.
 func contentStd(raw json.RawMessage) string {
 	var s string
 	switch {
@@ -229,6 +238,10 @@ func contentStd(raw json.RawMessage) string {
 	}
 	var sb strings.Builder
 	for _, p := range parts {
+		if json.Unmarshal(p, &s) == nil && !isNull(p) {
+			sb.WriteString(s)
+			continue
+		}
 		var fields map[string]json.RawMessage
 		if json.Unmarshal(p, &fields) != nil || fields == nil {
 			continue
@@ -329,6 +342,7 @@ var decodeSeeds = []string{
 	`{"model":"m","messages":[{"role":"user","content":{"a":1}},{"role":"tool","content":42}]}`,
 	`{"model":"m","messages":[{"role":null,"content":"x"}]}`,
 	`{"model":"m","messages":[{"content":"no role"}]}`,
+	`{"model":"m","messages":[{"role":"assistant","content":"a","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","tool_calls":[1],"tool_calls":null}]}`,
 	`{"model":"m","messages":[1]}`,
 	`{"model":"m","messages":{}}`,
 	`{"model":"m","messages":null}`,
@@ -355,6 +369,7 @@ var decodeSeeds = []string{
 	`{"model":"m","input":[-1,0]}`, `{"model":"m","input":[[1],2]}`, `{"model":"m","input":[99999999999999999999]}`, `{"model":"m","input":[true]}`,
 	`{"model":"m","input":[[[1]]]}`, `{"model":"m","input":[1e3]}`, `{"model":"m","input":[null]}`, `{"model":"m","input":"x","input":[1,2]}`,
 	`{"model":"m","n":3}`, `{"model":"m","n":3,"n":"x"}`, `{"model":"m","n":-1}`, `{"model":"m","n":2.0}`, `{"model":"m","n":null}`,
+	`{"model":"m","n":2.5,"max_tokens":1e3}`, `{"model":"m","n":-0.0,"max_completion_tokens":9007199254740993}`, `{"model":"m","max_tokens":1e400}`, `{"model":"m","max_completion_tokens":0,"max_tokens":3}`,
 	`[]`, `null`, `"s"`, `{}`, ``, `{`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth) + `}`,
 	`{"model":"m","x":` + strings.Repeat("[", jsonscan.MaxDepth-1) + strings.Repeat("]", jsonscan.MaxDepth-1) + `}`,

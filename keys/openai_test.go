@@ -2,6 +2,8 @@ package keys
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -102,4 +104,143 @@ func TestDecodeRequestFields(t *testing.T) {
 			assert.Equal(t, tt.want, *got)
 		})
 	}
+}
+
+// TestItemErrorsNameTheirField: a bad item of a responses "input" is an
+// error naming it as "input[i]", as a bad chat message is named
+// "messages[i]" (found in review: a responses item's role was reported as
+// "messages[i].role", a field the body does not have), and the value
+// found; an item that is not an object counts for the indexes after it.
+func TestItemErrorsNameTheirField(t *testing.T) {
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":[1]}]}`, "messages[1].role", "messages[1].role must be a string, not [1]"},
+		{`{"model":"m","messages":[5]}`, "messages[0]", "messages[0] must be an object, not 5"},
+		{`{"model":"m","input":[{"role":"user","content":"x"},{"role":5}]}`, "input[1].role", "input[1].role must be a string, not 5"},
+		{`{"model":"m","input":[5]}`, "input[0]", "input[0] must be an object, not 5"},
+		{`{"model":"m","input":[{"role":"user"},"a",{"role":5}]}`, "input[1]", `input[1] must be an object, not "a"`},
+		{`{"model":"m","input":[{"role":"user"},{"role":"user"},{"role":5},true]}`, "input[2].role", "input[2].role must be a string, not 5"},
+		{`{"model":"m","input":[{"role":"user"},5,{"role":"user"},6]}`, "input[1]", "input[1] must be an object, not 5"},
+	} {
+		_, err := Decode([]byte(tc.body))
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tc.body)
+		assert.Equal(t, tc.field, fe.Field, tc.body)
+		assert.Equal(t, tc.msg, fe.Msg, tc.body)
+	}
+}
+
+// TestToolCallsAreKeyed: an assistant message's "tool_calls" are part of
+// the prompt an engine renders, so two conversations that differ only in
+// a call's arguments get different keys from that message on, and a
+// message with calls differs from one without (found in review: the calls
+// were dropped, so both conversations below had one key, while a
+// responses request's function_call items were keyed by their JSON).
+func TestToolCallsAreKeyed(t *testing.T) {
+	body := func(args string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"weather?"},` +
+			`{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"w","arguments":"{\"city\":\"` + args + `\"}"}}]},` +
+			`{"role":"tool","tool_call_id":"1","content":"sunny"}]}`
+	}
+	key := func(b string) Key {
+		req, err := Parse(Chat, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	paris, london := key(body("Paris")), key(body("London"))
+	assert.Equal(t, paris[0], london[0], "the user message is shared")
+	assert.NotEqual(t, paris[len(paris)-1], london[len(london)-1], "the calls differ")
+	assert.Equal(t, paris, key(body("Paris")))
+	noCalls := key(`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null},{"role":"tool","tool_call_id":"1","content":"sunny"}]}`)
+	assert.NotEqual(t, paris[len(paris)-1], noCalls[len(noCalls)-1])
+	nullCalls := key(`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":null},{"role":"tool","tool_call_id":"1","content":"sunny"}]}`)
+	assert.Equal(t, noCalls, nullCalls, "null calls are none")
+}
+
+// TestTypeErrorsNameTheValue: a field of the wrong type is an error that
+// names the field and the value found, as written when it is short, else
+// by its kind (found in review: the errors named the field alone).
+func TestTypeErrorsNameTheValue(t *testing.T) {
+	long := strings.Repeat("x", 50)
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"model":5}`, "model", `field "model" must be a string, not 5`},
+		{`{"model":"m","stream":"yes"}`, "stream", `field "stream" must be true or false, not "yes"`},
+		{`{"model":"m","stream":1}`, "stream", `field "stream" must be true or false, not 1`},
+		{`{"model":"m","messages":{"role":"user"}}`, "messages", `field "messages" must be an array, not {"role":"user"}`},
+		{`{"model":"m","user":["` + long + `"]}`, "user", `field "user" must be a string, not an array`},
+		{`{"model":"m","messages":["` + long + `"]}`, "messages[0]", `messages[0] must be an object, not a string`},
+		{`{"model":"m","input":{"` + long + `":1}}`, "input", `field "input" must be a string or an array, not an object`},
+		{`{"model":"m","instructions":false}`, "instructions", `field "instructions" must be a string, not false`},
+	} {
+		_, err := Decode([]byte(tc.body))
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tc.body)
+		assert.Equal(t, tc.field, fe.Field, tc.body)
+		assert.Equal(t, tc.msg, fe.Msg, tc.body)
+	}
+}
+
+// TestAppendKeyOfNoTextAllocatesNothing: the key of a request without
+// text, which names its model, is built without allocating when dst has
+// room, as AppendKey documents, whatever the model name's length, and is
+// the key of the model name's segment (found in review: the name was
+// concatenated, an allocation for a name past 31 bytes, such as
+// "meta-llama/Meta-Llama-3.1-70B-Instruct").
+func TestAppendKeyOfNoTextAllocatesNothing(t *testing.T) {
+	for _, model := range []string{"m", "meta-llama/Meta-Llama-3.1-70B-Instruct", strings.Repeat("m", 255), strings.Repeat("m", 300)} {
+		req, err := Parse(Chat, []byte(`{"model":"`+model+`","messages":[{"role":"user","content":""}]}`))
+		require.NoError(t, err)
+		buf := make(Key, 0, 16)
+		key := req.AppendKey(defaultHasher, buf, "", "")
+		assert.Equal(t, defaultHasher.AppendSegment(nil, SegmentOther, "\x00"+model), key, model)
+		if len(model) < 256 {
+			assert.Zero(t, testing.AllocsPerRun(10, func() { key = req.AppendKey(defaultHasher, buf[:0], "", "") }), model)
+		}
+	}
+}
+
+// TestPlainStringPartsAreText: a content list's plain string elements are
+// text parts, as vLLM reads them (chat_utils: "Handle plain text parts"),
+// so ["hello"] is keyed as [{"type":"text","text":"hello"}] and two lists
+// of different strings get different keys (found in review: they were
+// dropped, so every such message had no text).
+func TestPlainStringPartsAreText(t *testing.T) {
+	text := func(content string) string {
+		req, err := Parse(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":`+content+`}]}`))
+		require.NoError(t, err, content)
+		return req.Messages[0].Text
+	}
+	assert.Equal(t, "hello", text(`["hello"]`))
+	assert.Equal(t, text(`[{"type":"text","text":"hello"}]`), text(`["hello"]`))
+	assert.Equal(t, `hello{"type":"image_url","image_url":{"url":"x"}}world`, text(`["hello",{"type":"image_url","image_url":{"url":"x"}},"world"]`))
+	assert.NotEqual(t, text(`["hello"]`), text(`["bye"]`))
+}
+
+// TestDecodeMemberNamesAllocateNothing: Decode's allocations do not grow
+// with the number of members of a message or of a content part (their
+// names are read without being copied to the heap) (found in review: a
+// jsonscan change pushed Reader.Object past the inlining budget, and every
+// such name was then copied to the heap: BenchmarkDecodeRequest went from
+// 11 to 15 allocations for a small chat).
+func TestDecodeMemberNamesAllocateNothing(t *testing.T) {
+	body := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"`)
+		for i := range n {
+			fmt.Fprintf(&b, `,"part_member_%03d":{"nested":%d}`, i, i)
+		}
+		b.WriteString(`}]`)
+		for i := range n {
+			fmt.Fprintf(&b, `,"message_member_%03d":%d`, i, i)
+		}
+		b.WriteString(`}]}`)
+		return []byte(b.String())
+	}
+	allocs := func(b []byte) float64 {
+		return testing.AllocsPerRun(20, func() {
+			if _, err := Decode(b); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	assert.Equal(t, allocs(body(1)), allocs(body(100)))
 }

@@ -23,6 +23,15 @@ func TestStreamUpstream(t *testing.T) {
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, true},
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}`, false},
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1}`, true},
+		// vLLM's pydantic models read an integral number as an integer.
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2.0}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2e0}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1.0}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1.0}`, true},
+		// vLLM takes max_completion_tokens or, when it is 0 or null, max_tokens.
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0,"max_tokens":1}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":null,"max_tokens":1}`, false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5,"max_tokens":1}`, true},
 		{Completions, `{"model":"m","prompt":"p","best_of":2}`, false},
 		{Completions, `{"model":"m","prompt":"p","use_beam_search":true}`, false},
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt_logprobs":1}`, false},

@@ -36,7 +36,7 @@ func TestRewrite(t *testing.T) {
 // object with those members removed and the tail's added.
 func FuzzRewrite(f *testing.F) {
 	for _, s := range []string{`{"a":1,"b": 2.50 ,"a":[3]}`, ` { "\u0061" : 1 , "b":{"a":1} } `, `{}`, `[]`, `{"a":1}x`,
-		`{"a"}`, `{"a":"\ud800"}`, `{"b":{"c":[1,{"d":null}]},"e":"\"a\""}`, ``, `{"a":1,}`} {
+		`{"a"}`, `{"a":"\ud800"}`, `{"\u0062":{"\u0061":1}}`, `{"b":{"c":[1,{"d":null}]},"e":"\"a\""}`, ``, `{"a":1,}`} {
 		f.Add([]byte(s))
 	}
 	drop := func(name []byte) bool { return string(name) == "a" }
@@ -64,6 +64,10 @@ func FuzzRewrite(f *testing.F) {
 		for _, m := range ms {
 			if !json.Valid(m.Raw) || !json.Valid(m.RawName) {
 				t.Fatalf("%q: member %q: name %q or value %q is not JSON", b, m.Name, m.RawName, m.Raw)
+			}
+			var name string
+			if err := json.Unmarshal(m.RawName, &name); err != nil || name != m.Name {
+				t.Fatalf("%q: member named %q, its name %s decodes to %q (%v)", b, m.Name, m.RawName, name, err)
 			}
 		}
 		var before, after map[string]any
@@ -100,4 +104,24 @@ func TestRewriteAllocatesItsResultAlone(t *testing.T) {
 	assert.Equal(t, 1.0, allocs)
 	assert.LessOrEqual(t, cap(out), len(body)+len(`"stream":true`)+2)
 	assert.True(t, json.Valid(out))
+}
+
+// TestMemberNameOutlivesItsValue: a member name written with escapes is
+// decoded into the Reader's scratch buffer, and skipping its value must
+// not overwrite it (found in review: a nested escaped name did, so
+// Members named {"\u0078tream":{"\u0061":1}} "atream", and Rewrite
+// dropped a member named "xtream" when asked to drop "stream", or kept a
+// "stream" it was asked to drop).
+func TestMemberNameOutlivesItsValue(t *testing.T) {
+	body := []byte(`{"\u0078tream":{"\u0073":1},"\u0073tream":[{"\u0061b":2}],"b":3}`)
+	ms, err := Members(body)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range ms {
+		names = append(names, m.Name)
+	}
+	assert.Equal(t, []string{"xtream", "stream", "b"}, names)
+	out, err := Rewrite(body, func(name []byte) bool { return string(name) == "stream" }, `"stream":true`)
+	require.NoError(t, err)
+	assert.Equal(t, `{"\u0078tream":{"\u0073":1},"b":3,"stream":true}`, string(out))
 }

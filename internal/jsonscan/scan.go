@@ -96,13 +96,23 @@ func (r *Reader) expect(c byte) error {
 // Object reads an object, calling member for each member with its
 // (decoded) name; member must consume the member's value.
 func (r *Reader) Object(member func(name string) error) error {
-	return r.ObjectBytes(func(name []byte) error { return member(string(name)) })
+	// object, not ObjectBytes: Object stays within the inlining budget, so
+	// that where it is inlined with a known member the name's string
+	// need not be allocated.
+	return r.object(func(name []byte) error { return member(string(name)) }, true)
 }
 
 // ObjectBytes is Object with each member's decoded name given as bytes,
 // valid only until member reads on (it is not copied, so reading an object
 // allocates nothing).
 func (r *Reader) ObjectBytes(member func(name []byte) error) error {
+	return r.object(member, true)
+}
+
+// object reads an object, giving member each name decoded, or nil
+// without decode (Skip): a skipped value then leaves the scratch buffer,
+// and so a member name decoded into it before the value, alone.
+func (r *Reader) object(member func(name []byte) error, decode bool) error {
 	if err := r.expect('{'); err != nil {
 		return err
 	}
@@ -118,7 +128,7 @@ func (r *Reader) ObjectBytes(member func(name []byte) error) error {
 		if r.Peek() != '"' {
 			return r.Errorf("want a member name")
 		}
-		key, err := r.strBytes(true)
+		key, err := r.strBytes(decode)
 		if err != nil {
 			return err
 		}
@@ -174,7 +184,7 @@ func (r *Reader) Array(elem func() error) error {
 func (r *Reader) Skip() error {
 	switch c := r.Peek(); {
 	case c == '{':
-		return r.ObjectBytes(func([]byte) error { return r.Skip() })
+		return r.object(func([]byte) error { return r.Skip() }, false)
 	case c == '[':
 		return r.Array(r.Skip)
 	case c == '"':
@@ -406,20 +416,23 @@ func (r *Reader) strSlow(start, i int, decode bool) ([]byte, error) {
 		if i+1 >= len(b) {
 			break
 		}
+		// The escaped rune, appended only when decoding: a skipped string
+		// leaves the scratch buffer (and a member name decoded into it)
+		// alone.
+		var esc rune
 		switch e := b[i+1]; e {
 		case '"', '\\', '/':
-			out = append(out, e)
-			i += 2
+			esc, i = rune(e), i+2
 		case 'b':
-			out, i = append(out, '\b'), i+2
+			esc, i = '\b', i+2
 		case 'f':
-			out, i = append(out, '\f'), i+2
+			esc, i = '\f', i+2
 		case 'n':
-			out, i = append(out, '\n'), i+2
+			esc, i = '\n', i+2
 		case 'r':
-			out, i = append(out, '\r'), i+2
+			esc, i = '\r', i+2
 		case 't':
-			out, i = append(out, '\t'), i+2
+			esc, i = '\t', i+2
 		case 'u':
 			r1, ok := hex4(b, i+2)
 			if !ok {
@@ -439,10 +452,13 @@ func (r *Reader) strSlow(start, i int, decode bool) ([]byte, error) {
 				}
 				r1 = dec
 			}
-			out = utf8.AppendRune(out, r1)
+			esc = r1
 		default:
 			r.i = i
 			return nil, r.Errorf("invalid escape \\%c", e)
+		}
+		if decode {
+			out = utf8.AppendRune(out, esc)
 		}
 	}
 	r.i = len(b)
