@@ -137,6 +137,7 @@ type engine struct {
 	queued     int   // requests held in the gateways' queues
 	expAt      int64 // the expiry event scheduled, 0 none
 	gieSat     float64
+	scraped    int64 // when the load was last scraped (refresh), ns
 	gieTicking bool
 	freed      bool // a request completed in the step just ended, or released pending prefill a room rule counts
 	// lateMax and lateMin: the most and least time an expired request
@@ -368,6 +369,7 @@ func (e *engine) refresh() {
 			}
 		}
 	}
+	e.scraped = e.now
 	if e.front == frontGIE {
 		e.gieSat = e.gieSaturation()
 	}
