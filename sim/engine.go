@@ -137,6 +137,7 @@ type engine struct {
 	queued     int   // requests held in the gateways' queues
 	expAt      int64 // the expiry event scheduled, 0 none
 	gieSat     float64
+	scraped    int64 // when the load was last scraped (refresh), ns
 	gieTicking bool
 	freed      bool // a request completed in the step just ended, or released pending prefill a room rule counts
 	// lateMax and lateMin: the most and least time an expired request
@@ -368,6 +369,7 @@ func (e *engine) refresh() {
 			}
 		}
 	}
+	e.scraped = e.now
 	if e.front == frontGIE {
 		e.gieSat = e.gieSaturation()
 	}
@@ -762,11 +764,16 @@ func (e *engine) complete(r *replica, s *seq) {
 		e.event(r, gateway.BlocksStored, e.stored)
 	}
 	// What the front measures: from routing to the first token (if the
-	// client streams) and to the end, and the answer's length.
+	// client streams) and to the end, and the answer's length; its
+	// latency sample is from arrival to the answer's first byte, which
+	// for a client that does not stream is its end.
 	info := gateway.DoneInfo{Latency: time.Duration(s.ttft), Elapsed: time.Duration(e.now - s.routed), OutputTokens: s.out}
 	if !s.quiet {
 		info.TTFT = time.Duration(s.ttft - (s.routed - s.arrival))
-	} else if s.gw.tracker != nil {
+	} else {
+		info.Latency = time.Duration(e.now - s.arrival)
+	}
+	if s.quiet && s.gw.tracker != nil {
 		// A blind peer's front sees the answer's first byte now.
 		s.d.FirstToken()
 	}

@@ -26,8 +26,10 @@ import (
 //     (detector.go, config.go), the default detector (config/loader/
 //     defaults.go): the pool's saturation is the mean over its endpoints
 //     of max(waiting queue / 5, KV utilisation / 0.8) from the last
-//     scrape (an endpoint whose metrics are older than 200 ms counts 1;
-//     the simulated scrapes never are). It is the mean: one idle replica
+//     scrape (an endpoint whose metrics are older than 200 ms counts 1:
+//     with Config.RefreshInterval above 200 ms, every endpoint's are
+//     from 200 ms after a scrape to the next, and the controller holds
+//     everything then). It is the mean: one idle replica
 //     beside saturated ones does not open the gate, unlike
 //     gateway.Admission, where one replica with room does.
 //   - flowcontrol/registry/config.go: fairness global-strict-fairness-policy
@@ -54,6 +56,7 @@ const (
 	gieKVThreshold  = 0.8
 	gieBandMaxBytes = 1_000_000_000
 	gieTick         = time.Millisecond
+	gieStaleness    = 200 * time.Millisecond // DefaultMetricsStalenessThreshold
 )
 
 // gieQueueConfig is GIE's registry defaults in a flow.Config.
@@ -92,7 +95,7 @@ func (e *engine) gieSaturation() float64 {
 // request, the global strict pick of the highest band, if the pool is
 // below saturation.
 func (e *engine) gieCycle(gi int) {
-	if e.queued == 0 || e.gieSat >= 1 {
+	if !e.gieOpen() {
 		return
 	}
 	s, ok := e.gws[gi].fq.Next(func(*seq) bool { return true })
@@ -103,11 +106,18 @@ func (e *engine) gieCycle(gi int) {
 	e.dispatch(s, s.heldBase())
 }
 
+// gieOpen reports whether a dispatch cycle can dispatch: requests held,
+// and the pool below saturation as of the last scrape, unless that scrape
+// is older than GIE's staleness threshold, when every endpoint counts 1.
+func (e *engine) gieOpen() bool {
+	return e.queued > 0 && e.gieSat < 1 && e.now-e.scraped <= int64(gieStaleness)
+}
+
 // gieTick schedules the next tick of the dispatch ticker while it can
-// dispatch (requests held, the pool below saturation); the saturation
-// changes only at a scrape, which calls it again.
+// dispatch (gieOpen); the saturation changes only at a scrape, which
+// calls it again.
 func (e *engine) gieTick() {
-	if e.gieTicking || e.queued == 0 || e.gieSat >= 1 {
+	if e.gieTicking || !e.gieOpen() {
 		return
 	}
 	e.gieTicking = true
