@@ -608,8 +608,7 @@ func (e *engine) plan(ri int) {
 		}
 		r.waiting.pop()
 		chunks += e.lora.admit(r, s, e.now)
-		r.cache.admit(s.key, s.slots, m, s.private)
-		e.flushEvictions(r)
+		r.cache.admit(s.key, s.slots, m, s.private) // its evictions are told of at the step's end
 		s.committed, s.published = m, m
 		cached := min(m*e.bt, s.in-1)
 		s.pos, s.left = cached, s.in-cached
@@ -655,6 +654,10 @@ func (e *engine) stepEnd(ri int) {
 	if r.step > r.work {
 		e.stallSteps(ri)
 	}
+	// The blocks the step's admissions evicted, told of with the step's
+	// other KV events, after it ran, as vLLM v1 publishes them
+	// (Scheduler.update_from_output).
+	e.flushEvictions(r)
 	if r.nChunk > 0 {
 		keep := r.prefill[:0]
 		for i, s := range r.prefill {
