@@ -15,12 +15,13 @@ import (
 // And the engine's KV blocks are keyed by adapter: the same prompt under
 // two adapters is two caches.
 //
-// So a request for an adapter is routed with RouteAdapter, its Key salted
-// with keys.Salt (or, on the exact index, keyed from the adapter's root as
-// the engines' events are), and each replica's adapter state is fed with
-// UpdateAdapters from its engine's vllm:lora_requests_info. Policies see
-// the request's adapter (Request.Adapter) and each replica's state for it
-// (Candidate.LoRA); CacheAware prices it.
+// So a request for an adapter is routed with RouteWith, Target.Adapter
+// naming it, its Key salted with keys.Salt (or, on the exact index, keyed
+// from the adapter's root as the engines' events are), and each replica's
+// adapter state is fed with UpdateAdapters from its engine's
+// vllm:lora_requests_info. Policies see the request's adapter
+// (Request.Adapter) and each replica's state for it (Candidate.LoRA);
+// CacheAware prices it.
 
 // Limits of an AdapterReport; a larger report is a broken one.
 const (

@@ -366,8 +366,8 @@ func readHeld(r io.Reader, limit int64, hold *budget.Hold) ([]byte, error) {
 	return b, err
 }
 
-// newUUID returns a random (version 4) UUID, the form of request IDs
-// llm-d's sidecar sends.
+// newUUID returns a random (version 4) UUID for a split request's
+// x-request-id (llm-d's sidecar sends a time-based one, uuid.NewUUID).
 func newUUID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
