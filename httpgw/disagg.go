@@ -103,7 +103,7 @@ func (s *Server) proxyPD(c *call) {
 	}
 	pre := plan.Prefill
 	if pd.Sidecar {
-		hp := pd.HostPort[pre.Replica]
+		hp := pd.PrefillHostPort(&pre)
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
 		h.Set(HeaderDisagg, "split"+note)
 		setPrefillHeaders(c, &pre)
