@@ -380,12 +380,19 @@ func buildAdapterTable(st *State) *adapterTable {
 				case r == nil || r.refused || (r.Model != ms && match && !r.parentMatch):
 					r = &AdapterRoute{Name: a, Model: ms, Eligible: map[string]bool{}, parentMatch: match}
 					t.byName[a] = r
-				case r.Model != ms || r.Eligible == nil:
+				case r.Model != ms:
 					continue
 				}
 				r.Eligible[rname] = true
 			}
 		}
+	}
+	// An allowed adapter that no engine lists (or only engines whose
+	// model refuses it) is the first allowing model's, over all its
+	// replicas: after every model's engines, so that one listing it wins
+	// whichever sorts first.
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		ms := st.Models[name]
 		for _, a := range ms.Cfg.Adapters {
 			if _, isModel := st.Models[a]; isModel {
 				continue

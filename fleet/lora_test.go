@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
@@ -185,4 +186,30 @@ func TestParseModelEntryParent(t *testing.T) {
 	require.Equal(t, []string{"a", "m"}, []string{id, parent})
 	_, _, err = parseModelEntry(json.RawMessage(`{"id":7,"parent":"m"}`))
 	require.ErrorContains(t, err, "not an object with a string id")
+}
+
+// TestAdapterTableListedBeatsAllowed: an adapter that one model's engines
+// list belongs to that model, whichever sorts first, rather than to a
+// model whose allow-list names it but whose engines do not list it (the
+// rule for an allowed adapter applies when no engine lists it).
+func TestAdapterTableListedBeatsAllowed(t *testing.T) {
+	for _, names := range [][2]string{{"A", "B"}, {"B", "A"}} {
+		allows, lists := names[0], names[1]
+		other := NewEndpoint("http://x")
+		other.lora.served.Store(&servedAdapters{parents: map[string]string{"y": "base"}})
+		serving := NewEndpoint("http://z")
+		serving.lora.served.Store(&servedAdapters{parents: map[string]string{"x": "base"}})
+		st := &State{Models: map[string]*Model{
+			allows: {Name: allows, Cfg: config.Model{Adapters: []string{"x", "y"}}, Order: []string{"r1"}, ByName: map[string]*Endpoint{"r1": other}},
+			lists:  {Name: lists, Order: []string{"r2"}, ByName: map[string]*Endpoint{"r2": serving}},
+		}}
+		st.Adapters = buildAdapterTable(st)
+		r, err := st.AdapterRoute("x")
+		require.NoError(t, err)
+		require.Equal(t, lists, r.Model.Name, "x: %s allows it, %s's engines list it", allows, lists)
+		require.Equal(t, map[string]bool{"r2": true}, r.Eligible)
+		r, err = st.AdapterRoute("y")
+		require.NoError(t, err)
+		require.Equal(t, allows, r.Model.Name)
+	}
 }
