@@ -83,6 +83,16 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	e.seen = append(e.seen, pdSeen{body: body, hdr: r.Header.Clone()})
 	e.mu.Unlock()
+	// vLLM refuses a request whose min_tokens exceeds its max_tokens
+	// (SamplingParams._verify_args), a prefill's 1 included.
+	minT, _ := body["min_tokens"].(json.Number)
+	maxT, _ := body["max_tokens"].(json.Number)
+	if lo, err := minT.Int64(); err == nil {
+		if hi, err := maxT.Int64(); err == nil && lo > hi {
+			http.Error(w, fmt.Sprintf(`{"error":{"message":"min_tokens must be less than or equal to max_tokens=%d, got %d."}}`, hi, lo), http.StatusBadRequest)
+			return
+		}
+	}
 	if st := e.status.Load(); st != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(int(st))
@@ -327,6 +337,33 @@ func TestPDGatewayModeSequence(t *testing.T) {
 			assert.Equal(t, uint64(1), f.histCount("exa_gateway_disagg_phase_seconds", map[string]string{"phase": "prefill"}))
 			assert.Equal(t, uint64(1), f.histCount("exa_gateway_disagg_phase_seconds", map[string]string{"phase": "decode_first_byte"}))
 			assert.Equal(t, uint64(1), f.histCount("exa_gateway_disagg_phase_seconds", map[string]string{"phase": "decode"}))
+		})
+	}
+}
+
+// A client's min_tokens does not reach the prefill request, whose
+// max_tokens is 1: vLLM would refuse it with 400 (min_tokens above
+// max_tokens), which the gateway relays, where the same request decoded
+// co-located is answered. The decode request keeps it.
+func TestPDMinTokens(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			var body map[string]any
+			require.NoError(t, json.Unmarshal([]byte(pdBody(stream, "tell me a long story")), &body))
+			body["min_tokens"] = 5
+			b, err := json.Marshal(body)
+			require.NoError(t, err)
+			f := newPDFixture(t, 1, 1, nil)
+			resp := f.post("/v1/chat/completions", string(b))
+			ans := readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", ans)
+			assert.Equal(t, "tell me a long story", answerText(t, ans))
+			assert.Regexp(t, `^split; uncached=\d+$`, resp.Header.Get(HeaderDisagg))
+			pre, dec := f.prefill[0].requests(), f.decode[0].requests()
+			require.Len(t, pre, 1)
+			require.Len(t, dec, 1)
+			assert.NotContains(t, pre[0].body, "min_tokens")
+			assert.Equal(t, json.Number("5"), dec[0].body["min_tokens"])
 		})
 	}
 }
