@@ -107,8 +107,11 @@ func (s *Server) proxyPD(c *call) {
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
 		h.Set(HeaderDisagg, "split"+note)
 		setPrefillHeaders(c, &pre)
-		// The sidecar runs the prefill; the gateway cannot tell when it
-		// ends, so it releases the decision when the request does.
+		// The sidecar runs the prefill; the gateway cannot see it end,
+		// but the sidecar's answer comes after it: the prefill's pending
+		// blocks are released then (forward), the decision when the
+		// request ends.
+		c.sidecarPrefill = &pre
 		defer pre.Done(gateway.DoneInfo{})
 		s.proxy(c)
 		return

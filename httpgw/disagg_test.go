@@ -573,6 +573,40 @@ func TestPDSidecarMode(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Split)
 }
 
+// Behind a sidecar the gateway cannot see the prefill end, but the decode
+// replica's first byte comes after it: from then on the prefill replica no
+// longer counts the request's blocks as pending prefill (which the plan's
+// queue rule and the prefill pool's choice read), while the decode
+// streams on; its decision ends with the request.
+func TestPDSidecarReleasesPrefill(t *testing.T) {
+	f := newPDFixture(t, 1, 1, func(m *config.Model) { m.PDMode = config.PDModeSidecar })
+	release := make(chan struct{})
+	f.decode[0].srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a \"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	pre := f.srv.Snapshot().Models[testModel].PD.Plan.Prefill
+	resp := f.post("/v1/chat/completions", pdBody(true, "tell me a long story"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Regexp(t, `^split; `, resp.Header.Get(HeaderDisagg))
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "data: ")
+	st := pre.Replicas()[0]
+	assert.Zero(t, st.PendingPrefill, "the decode's first byte came: the prefill is over")
+	assert.Equal(t, 1, st.InFlight, "its decision ends with the request")
+	close(release)
+	readAll(t, resp)
+	f.settle()
+	assert.Zero(t, pre.Replicas()[0].InFlight)
+}
+
 // A reload that keeps the routing options keeps both pools' gateways and
 // the decider's counters; pools named but not defined answer 503.
 func TestPDReload(t *testing.T) {

@@ -89,6 +89,10 @@ type call struct {
 	// after the client's are copied (P/D: x-request-id,
 	// x-prefiller-host-port).
 	upHeader func(http.Header)
+	// sidecarPrefill, when set, is the prefill decision of a request split
+	// behind a sidecar (disagg.go), whose prefill is over once the
+	// sidecar answers.
+	sidecarPrefill *gateway.Decision
 	// pin, when set, is the one replica the call may go to: the one
 	// holding the response a Responses API request continues
 	// (responses.go).
