@@ -573,6 +573,21 @@ func TestPDSidecarMode(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Split)
 }
 
+// A Responses API request of a disaggregated model is decoded co-located,
+// and a client's own x-prefiller-host-port does not reach the sidecar
+// either, as the picker removes it.
+func TestPDResponsesDropsPrefillHeader(t *testing.T) {
+	f := newPDFixture(t, 1, 1, func(m *config.Model) { m.PDMode = config.PDModeSidecar })
+	resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","messages":[{"role":"user","content":"hi"}]}`,
+		headerPrefillerHostPort, "evil:1")
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	dec := f.decode[0].requests()
+	require.Len(t, dec, 1)
+	assert.Empty(t, dec[0].hdr.Values(headerPrefillerHostPort), "a client's prefill header is dropped")
+	assert.Empty(t, f.prefill[0].requests())
+}
+
 // Behind a sidecar the gateway cannot see the prefill end, but the decode
 // replica's first byte comes after it: from then on the prefill replica no
 // longer counts the request's blocks as pending prefill (which the plan's

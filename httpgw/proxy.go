@@ -166,6 +166,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 		s.proxyPD(c) // a responses request is decoded co-located
 		return
 	}
+	if c.ms.PD != nil {
+		// A client's own prefill header never reaches a sidecar (proxyPD).
+		c.upHeader = func(h http.Header) { h.Del(headerPrefillerHostPort) }
+	}
 	s.proxy(c)
 }
 
