@@ -11,8 +11,9 @@ import "fmt"
 // could start at once); a split request's prefill replica is then chosen
 // over the prefill pool. Each pool's gateway keeps its own
 // policy (cache-aware for prefill, where a cached prefix saves compute,
-// and load-aware for decode is usual). The HTTP gateway, the endpoint
-// picker and the simulator all plan through it. A PD is a value: its
+// and load-aware for decode is usual). The HTTP gateway and the endpoint
+// picker plan through it, as examples/disagg does; the simulator does not
+// model disaggregation. A PD is a value: its
 // gateways are safe for concurrent use, and so is Route.
 type PD struct {
 	// Decode is the decode pool's gateway. Required.
@@ -22,7 +23,9 @@ type PD struct {
 	Prefill *Gateway
 	// MinUncached is the fewest prompt tokens not cached on the decode
 	// replica for which a request is split, as llm-d's prefix-based
-	// decider's threshold. 0, as there, lets every request split.
+	// decider's threshold (nonCachedTokens). 0 lets every request split,
+	// unlike there, where 0 disables the split (v0.7.1,
+	// pkg/plugins/profile/prefix_based_pd_decider.go).
 	MinUncached int
 }
 

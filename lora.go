@@ -15,12 +15,13 @@ import (
 // And the engine's KV blocks are keyed by adapter: the same prompt under
 // two adapters is two caches.
 //
-// So a request for an adapter is routed with RouteAdapter, its Key salted
-// with keys.Salt (or, on the exact index, keyed from the adapter's root as
-// the engines' events are), and each replica's adapter state is fed with
-// UpdateAdapters from its engine's vllm:lora_requests_info. Policies see
-// the request's adapter (Request.Adapter) and each replica's state for it
-// (Candidate.LoRA); CacheAware prices it.
+// So a request for an adapter is routed with RouteWith, Target.Adapter
+// naming it, its Key salted with keys.Salt (or, on the exact index, keyed
+// from the adapter's root as the engines' events are), and each replica's
+// adapter state is fed with UpdateAdapters from its engine's
+// vllm:lora_requests_info. Policies see the request's adapter
+// (Request.Adapter) and each replica's state for it (Candidate.LoRA);
+// CacheAware prices it.
 
 // Limits of an AdapterReport; a larger report is a broken one.
 const (
@@ -110,8 +111,9 @@ type LoRAState struct {
 	Routed int
 	// Loaded says the adapter is probably in one of the replica's slots:
 	// reported running, routed there and not done, or among the last
-	// MaxLoras adapters (one if unknown) routed there or reported running,
-	// which an engine's least-recently-used slots still hold.
+	// MaxLoras adapters (one if unknown, 64 at most) routed there or
+	// reported running, which an engine's least-recently-used slots still
+	// hold.
 	Loaded bool
 	// Active counts the distinct adapters holding or waiting for a slot
 	// there: those the report lists as running or waiting, and those with
@@ -177,7 +179,7 @@ type loraState struct {
 
 	mu     sync.Mutex
 	routed map[string]int
-	recent []string // most recent first, at most max(MaxLoras, 1)
+	recent []string // most recent first, at most max(MaxLoras, 1) and 64
 	// union is |report's running ∪ waiting ∪ adapters with routed > 0|,
 	// kept current by every change.
 	union int
@@ -191,6 +193,9 @@ func (l *loraState) report(a *AdapterReport) {
 	for _, n := range a.Running {
 		l.touch(n, a.MaxLoras)
 	}
+	// A report with fewer slots than the last, and nothing running to
+	// touch, leaves no more adapters last used than it has slots.
+	l.trim(a.MaxLoras)
 	l.recount()
 }
 
@@ -210,16 +215,21 @@ func (l *loraState) recount() {
 }
 
 // touch moves name to the front of recent, which keeps max(slots, 1)
-// names; mu held.
+// names (trim); mu held.
 func (l *loraState) touch(name string, slots int) {
-	keep := min(max(slots, 1), 64)
 	if i := slices.Index(l.recent, name); i >= 0 {
 		copy(l.recent[1:i+1], l.recent[:i])
 		l.recent[0] = name
 	} else {
 		l.recent = slices.Insert(l.recent, 0, name)
 	}
-	if len(l.recent) > keep {
+	l.trim(slots)
+}
+
+// trim cuts recent to the max(slots, 1) most recent names, 64 at most
+// (a report's MaxLoras may reach MaxAdapterSlots); mu held.
+func (l *loraState) trim(slots int) {
+	if keep := min(max(slots, 1), 64); len(l.recent) > keep {
 		clear(l.recent[keep:])
 		l.recent = l.recent[:keep]
 	}

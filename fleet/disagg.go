@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"net/url"
 	"slices"
 	"sync/atomic"
 
@@ -44,11 +45,30 @@ type Disagg struct {
 	// converts unmatched approximate key blocks into tokens, exactBS
 	// (0 on the approximate index) unmatched blocks of engine tokens.
 	MinUncached, tokensPerBlock, exactBS int
-	// HostPort maps a prefill replica to the host:port the sidecar is
-	// given; prefillNames holds the prefill replicas' names.
-	HostPort     map[string]string
+	// hostPort maps a prefill replica's address (its endpoint's base, as
+	// the prefill pool's decisions carry it) to the host:port the sidecar
+	// is given (PrefillHostPort); PrefillNames holds the prefill
+	// replicas' names.
+	hostPort     map[string]string
 	PrefillNames map[string]bool
 	Counters     *DisaggCounters
+}
+
+// PrefillHostPort returns the host:port of the prefill replica of d, the
+// one a sidecar is given in x-prefiller-host-port: its address's. The
+// prefill pool's gateway is kept across reloads, so a plan made with the
+// state from before one (a request held by flow control, say) may name a
+// replica that the reload added or moved: the address d carries is then
+// read. Safe for concurrent use.
+func (pd *Disagg) PrefillHostPort(d *gateway.Decision) string {
+	if hp, ok := pd.hostPort[d.Address]; ok {
+		return hp
+	}
+	u, err := url.Parse(d.Address)
+	if err != nil { // not reached: a replica's address is a valid URL
+		return ""
+	}
+	return u.Host
 }
 
 // bytesPerToken is the decider's estimate of prompt bytes per token, as

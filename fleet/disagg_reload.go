@@ -38,7 +38,7 @@ func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPl
 		Sidecar:        cfg.PDModeName() == config.PDModeSidecar,
 		MinUncached:    cfg.MinUncachedTokens(),
 		tokensPerBlock: max(1, s.opts.BlockSize/bytesPerToken),
-		HostPort:       make(map[string]string, len(pwant)),
+		hostPort:       make(map[string]string, len(pwant)),
 		PrefillNames:   make(map[string]bool, len(pwant)),
 		exactBS:        ms.ExactBlockSize,
 		Counters:       new(DisaggCounters),
@@ -49,7 +49,7 @@ func (s *Fleet) planPD(name string, cfg config.Model, old, next *State) (modelPl
 		if err != nil { // config.ValidateAddress accepted it, so url.Parse does
 			return modelPlan{}, &config.FieldError{Field: "models." + name + ".pools." + cfg.PrefillPool, Value: r.Address, Reason: err.Error()}
 		}
-		pd.HostPort[r.Name] = u.Host
+		pd.hostPort[r.Address] = u.Host
 	}
 	var opts []gateway.Option
 	if cfg.SLOLatencyMS > 0 {

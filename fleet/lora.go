@@ -30,10 +30,11 @@ import (
 // optional allow-list (config.Model.Adapters) restricts it to the adapters
 // named there; an allowed adapter that no engine lists is routed over all
 // the model's replicas (engines that load adapters on demand). An adapter
-// listed by engines of two models belongs to the model named as its
-// parent, else to the first model by name. A name that is neither gets
-// 404 naming it. The body is forwarded unchanged: the engine reads the
-// adapter from its "model".
+// listed by engines of two models belongs to the model one of its own
+// engines names as its parent, else to the first model by name; it is
+// routed over all that model's replicas listing it. A name that is
+// neither gets 404 naming it. The body is forwarded unchanged: the engine
+// reads the adapter from its "model".
 //
 // State: every scrape reads vllm:lora_requests_info into each replica's
 // gateway.AdapterReport, which the policies see (gateway.Candidate.LoRA).
@@ -359,33 +360,44 @@ func buildAdapterTable(st *State) *adapterTable {
 		for _, a := range ms.Cfg.Adapters {
 			allow[a] = true
 		}
+		// The model's replicas listing each adapter, and whether one of
+		// them names the model as its parent: the model's claim, decided
+		// once over all its replicas.
+		listed, named := map[string]map[string]bool{}, map[string]bool{}
 		for _, rname := range ms.Order {
 			sv := ms.ByName[rname].lora.served.Load()
 			if sv == nil {
 				continue
 			}
-			for _, a := range slices.Sorted(maps.Keys(sv.parents)) {
+			for a, parent := range sv.parents {
 				if _, isModel := st.Models[a]; isModel {
 					continue
 				}
-				r := t.byName[a]
-				if len(allow) > 0 && !allow[a] {
-					if r == nil {
-						t.byName[a] = &AdapterRoute{Name: a, Model: ms, refused: true}
-					}
-					continue
+				if listed[a] == nil {
+					listed[a] = map[string]bool{}
 				}
-				match := sv.parents[a] == ms.Name
-				switch {
-				case r == nil || r.refused || (r.Model != ms && match && !r.parentMatch):
-					r = &AdapterRoute{Name: a, Model: ms, Eligible: map[string]bool{}, parentMatch: match}
-					t.byName[a] = r
-				case r.Model != ms || r.Eligible == nil:
-					continue
-				}
-				r.Eligible[rname] = true
+				listed[a][rname] = true
+				named[a] = named[a] || parent == ms.Name
 			}
 		}
+		for _, a := range slices.Sorted(maps.Keys(listed)) {
+			r := t.byName[a]
+			switch {
+			case len(allow) > 0 && !allow[a]:
+				if r == nil {
+					t.byName[a] = &AdapterRoute{Name: a, Model: ms, refused: true}
+				}
+			case r == nil || r.refused || (named[a] && !r.parentMatch):
+				t.byName[a] = &AdapterRoute{Name: a, Model: ms, Eligible: listed[a], parentMatch: named[a]}
+			}
+		}
+	}
+	// An allowed adapter that no engine lists (or only engines whose
+	// model refuses it) is the first allowing model's, over all its
+	// replicas: after every model's engines, so that one listing it wins
+	// whichever sorts first.
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		ms := st.Models[name]
 		for _, a := range ms.Cfg.Adapters {
 			if _, isModel := st.Models[a]; isModel {
 				continue

@@ -1,15 +1,21 @@
 package fleet
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
 func loraPage(series ...string) string {
@@ -185,4 +191,124 @@ func TestParseModelEntryParent(t *testing.T) {
 	require.Equal(t, []string{"a", "m"}, []string{id, parent})
 	_, _, err = parseModelEntry(json.RawMessage(`{"id":7,"parent":"m"}`))
 	require.ErrorContains(t, err, "not an object with a string id")
+}
+
+// TestAdapterTableListedBeatsAllowed: an adapter that one model's engines
+// list belongs to that model, whichever sorts first, rather than to a
+// model whose allow-list names it but whose engines do not list it (the
+// rule for an allowed adapter applies when no engine lists it).
+func TestAdapterTableListedBeatsAllowed(t *testing.T) {
+	for _, names := range [][2]string{{"A", "B"}, {"B", "A"}} {
+		allows, lists := names[0], names[1]
+		other := NewEndpoint("http://x")
+		other.lora.served.Store(&servedAdapters{parents: map[string]string{"y": "base"}})
+		serving := NewEndpoint("http://z")
+		serving.lora.served.Store(&servedAdapters{parents: map[string]string{"x": "base"}})
+		st := &State{Models: map[string]*Model{
+			allows: {Name: allows, Cfg: config.Model{Adapters: []string{"x", "y"}}, Order: []string{"r1"}, ByName: map[string]*Endpoint{"r1": other}},
+			lists:  {Name: lists, Order: []string{"r2"}, ByName: map[string]*Endpoint{"r2": serving}},
+		}}
+		st.Adapters = buildAdapterTable(st)
+		r, err := st.AdapterRoute("x")
+		require.NoError(t, err)
+		require.Equal(t, lists, r.Model.Name, "x: %s allows it, %s's engines list it", allows, lists)
+		require.Equal(t, map[string]bool{"r2": true}, r.Eligible)
+		r, err = st.AdapterRoute("y")
+		require.NoError(t, err)
+		require.Equal(t, allows, r.Model.Name)
+	}
+}
+
+// TestPropAdapterTable: buildAdapterTable resolves every name as
+// docs/lora.md says, checked against an oracle over random models,
+// engines' lists (parents included) and allow-lists. A configured model's
+// name is never an adapter. An adapter that engines of models allowing it
+// list belongs to the first such model by name that one of its engines
+// names as the parent, else to the first such model, and is routed over
+// that model's replicas listing it. One that no allowing model's engines
+// list belongs to the first model whose allow-list names it, over all its
+// replicas; else, listed only by refusing models' engines, it is refused
+// (404 naming the allow-list); else unknown (404).
+func TestPropAdapterTable(t *testing.T) {
+	models := []string{"A", "B", "C"}
+	adapters := []string{"x", "y", "A"}
+	rapid.Check(t, func(t *rapid.T) {
+		st := &State{Models: map[string]*Model{}}
+		lists := map[string]map[string]map[string]string{} // model → replica → adapter → parent
+		for _, m := range rapid.SliceOfNDistinct(rapid.SampledFrom(models), 1, 3, rapid.ID[string]).Draw(t, "models") {
+			ms := &Model{Name: m, ByName: map[string]*Endpoint{}}
+			ms.Cfg.Adapters = rapid.SliceOfDistinct(rapid.SampledFrom([]string{"x", "y"}), rapid.ID[string]).Draw(t, "allow")
+			lists[m] = map[string]map[string]string{}
+			for i := range rapid.IntRange(1, 2).Draw(t, "replicas") {
+				rname := fmt.Sprintf("%s%d", m, i)
+				parents := map[string]string{}
+				for _, a := range adapters {
+					if p := rapid.SampledFrom([]string{"", "A", "B", "C", "base"}).Draw(t, "parent"); p != "" {
+						parents[a] = p
+					}
+				}
+				ep := NewEndpoint("http://" + rname)
+				ep.lora.served.Store(&servedAdapters{parents: parents})
+				ms.Order, ms.ByName[rname] = append(ms.Order, rname), ep
+				lists[m][rname] = parents
+			}
+			st.Models[m] = ms
+		}
+		st.Adapters = buildAdapterTable(st)
+		names := slices.Sorted(maps.Keys(st.Models))
+		for _, a := range adapters {
+			r, err := st.AdapterRoute(a)
+			if st.Models[a] != nil {
+				require.ErrorIs(t, err, ErrModelNotFound, "%s is a model", a)
+				continue
+			}
+			allowed := func(m string) bool {
+				return len(st.Models[m].Cfg.Adapters) == 0 || slices.Contains(st.Models[m].Cfg.Adapters, a)
+			}
+			owner, parentOwner, refused, allowing := "", "", "", ""
+			for _, m := range names {
+				listed, named := false, false
+				for _, parents := range lists[m] {
+					if p, ok := parents[a]; ok {
+						listed, named = true, named || p == m
+					}
+				}
+				switch {
+				case listed && !allowed(m):
+					refused = cmp.Or(refused, m)
+				case listed:
+					owner = cmp.Or(owner, m)
+					if named {
+						parentOwner = cmp.Or(parentOwner, m)
+					}
+				}
+				if slices.Contains(st.Models[m].Cfg.Adapters, a) {
+					allowing = cmp.Or(allowing, m)
+				}
+			}
+			owner = cmp.Or(parentOwner, owner)
+			switch {
+			case owner != "":
+				require.NoError(t, err, a)
+				require.Equal(t, owner, r.Model.Name, "%s: lists %v", a, lists)
+				want := map[string]bool{}
+				for rname, parents := range lists[owner] {
+					if _, ok := parents[a]; ok {
+						want[rname] = true
+					}
+				}
+				require.Equal(t, want, r.Eligible, a)
+			case allowing != "":
+				require.NoError(t, err, a)
+				require.Equal(t, allowing, r.Model.Name, a)
+				require.Nil(t, r.Eligible, "%s: no engine lists it: all the model's replicas", a)
+			case refused != "":
+				require.ErrorIs(t, err, ErrModelNotFound, a)
+				require.ErrorContains(t, err, "allow-list", a)
+			default:
+				require.ErrorIs(t, err, ErrModelNotFound, a)
+				require.ErrorContains(t, err, "neither a configured model nor a LoRA adapter", a)
+			}
+		}
+	})
 }

@@ -103,12 +103,15 @@ func (s *Server) proxyPD(c *call) {
 	}
 	pre := plan.Prefill
 	if pd.Sidecar {
-		hp := pd.HostPort[pre.Replica]
+		hp := pd.PrefillHostPort(&pre)
 		c.upHeader = func(h http.Header) { h.Set(headerPrefillerHostPort, hp) }
 		h.Set(HeaderDisagg, "split"+note)
 		setPrefillHeaders(c, &pre)
-		// The sidecar runs the prefill; the gateway cannot tell when it
-		// ends, so it releases the decision when the request does.
+		// The sidecar runs the prefill; the gateway cannot see it end,
+		// but the sidecar's answer comes after it: the prefill's pending
+		// blocks are released then (forward), the decision when the
+		// request ends.
+		c.sidecarPrefill = &pre
 		defer pre.Done(gateway.DoneInfo{})
 		s.proxy(c)
 		return
@@ -366,8 +369,8 @@ func readHeld(r io.Reader, limit int64, hold *budget.Hold) ([]byte, error) {
 	return b, err
 }
 
-// newUUID returns a random (version 4) UUID, the form of request IDs
-// llm-d's sidecar sends.
+// newUUID returns a random (version 4) UUID for a split request's
+// x-request-id (llm-d's sidecar sends a time-based one, uuid.NewUUID).
 func newUUID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)

@@ -83,6 +83,16 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	e.seen = append(e.seen, pdSeen{body: body, hdr: r.Header.Clone()})
 	e.mu.Unlock()
+	// vLLM refuses a request whose min_tokens exceeds its max_tokens
+	// (SamplingParams._verify_args), a prefill's 1 included.
+	minT, _ := body["min_tokens"].(json.Number)
+	maxT, _ := body["max_tokens"].(json.Number)
+	if lo, err := minT.Int64(); err == nil {
+		if hi, err := maxT.Int64(); err == nil && lo > hi {
+			http.Error(w, fmt.Sprintf(`{"error":{"message":"min_tokens must be less than or equal to max_tokens=%d, got %d."}}`, hi, lo), http.StatusBadRequest)
+			return
+		}
+	}
 	if st := e.status.Load(); st != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(int(st))
@@ -331,6 +341,33 @@ func TestPDGatewayModeSequence(t *testing.T) {
 	}
 }
 
+// A client's min_tokens does not reach the prefill request, whose
+// max_tokens is 1: vLLM would refuse it with 400 (min_tokens above
+// max_tokens), which the gateway relays, where the same request decoded
+// co-located is answered. The decode request keeps it.
+func TestPDMinTokens(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			var body map[string]any
+			require.NoError(t, json.Unmarshal([]byte(pdBody(stream, "tell me a long story")), &body))
+			body["min_tokens"] = 5
+			b, err := json.Marshal(body)
+			require.NoError(t, err)
+			f := newPDFixture(t, 1, 1, nil)
+			resp := f.post("/v1/chat/completions", string(b))
+			ans := readAll(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", ans)
+			assert.Equal(t, "tell me a long story", answerText(t, ans))
+			assert.Regexp(t, `^split; uncached=\d+$`, resp.Header.Get(HeaderDisagg))
+			pre, dec := f.prefill[0].requests(), f.decode[0].requests()
+			require.Len(t, pre, 1)
+			require.Len(t, dec, 1)
+			assert.NotContains(t, pre[0].body, "min_tokens")
+			assert.Equal(t, json.Number("5"), dec[0].body["min_tokens"])
+		})
+	}
+}
+
 // The decider splits a request only when enough of its prompt is not
 // cached on its decode replica; /stats and /metrics report the share.
 func TestPDDecider(t *testing.T) {
@@ -534,6 +571,55 @@ func TestPDSidecarMode(t *testing.T) {
 	st := f.stats().Models[testModel].Disaggregation
 	assert.Equal(t, config.PDModeSidecar, st.Mode)
 	assert.Equal(t, uint64(1), st.Split)
+}
+
+// A Responses API request of a disaggregated model is decoded co-located,
+// and a client's own x-prefiller-host-port does not reach the sidecar
+// either, as the picker removes it.
+func TestPDResponsesDropsPrefillHeader(t *testing.T) {
+	f := newPDFixture(t, 1, 1, func(m *config.Model) { m.PDMode = config.PDModeSidecar })
+	resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","messages":[{"role":"user","content":"hi"}]}`,
+		headerPrefillerHostPort, "evil:1")
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	dec := f.decode[0].requests()
+	require.Len(t, dec, 1)
+	assert.Empty(t, dec[0].hdr.Values(headerPrefillerHostPort), "a client's prefill header is dropped")
+	assert.Empty(t, f.prefill[0].requests())
+}
+
+// Behind a sidecar the gateway cannot see the prefill end, but the decode
+// replica's first byte comes after it: from then on the prefill replica no
+// longer counts the request's blocks as pending prefill (which the plan's
+// queue rule and the prefill pool's choice read), while the decode
+// streams on; its decision ends with the request.
+func TestPDSidecarReleasesPrefill(t *testing.T) {
+	f := newPDFixture(t, 1, 1, func(m *config.Model) { m.PDMode = config.PDModeSidecar })
+	release := make(chan struct{})
+	f.decode[0].srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a \"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	pre := f.srv.Snapshot().Models[testModel].PD.Plan.Prefill
+	resp := f.post("/v1/chat/completions", pdBody(true, "tell me a long story"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Regexp(t, `^split; `, resp.Header.Get(HeaderDisagg))
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "data: ")
+	st := pre.Replicas()[0]
+	assert.Zero(t, st.PendingPrefill, "the decode's first byte came: the prefill is over")
+	assert.Equal(t, 1, st.InFlight, "its decision ends with the request")
+	close(release)
+	readAll(t, resp)
+	f.settle()
+	assert.Zero(t, pre.Replicas()[0].InFlight)
 }
 
 // A reload that keeps the routing options keeps both pools' gateways and

@@ -13,7 +13,10 @@ import (
 //
 //   - the prefill request is the client's body with "stream": false, no
 //     "stream_options", "max_tokens" and "max_completion_tokens" 1, and
-//     "kv_transfer_params" asking for a remote decode;
+//     "kv_transfer_params" asking for a remote decode; and, unlike the
+//     sidecar's, no "min_tokens", which vLLM refuses above max_tokens
+//     (SamplingParams._verify_args): a request with min_tokens 2 or more
+//     would get 400 split and its answer co-located;
 //   - the decode request is the client's body (streamed or not, its
 //     limits untouched) with the prefill answer's "kv_transfer_params".
 //
@@ -31,6 +34,7 @@ const (
 	fieldStreamOptions       = "stream_options"
 	fieldMaxTokens           = "max_tokens"
 	fieldMaxCompletionTokens = "max_completion_tokens"
+	fieldMinTokens           = "min_tokens"
 )
 
 // prefillTail is what the prefill request ends with, after the client's
@@ -66,7 +70,7 @@ func rewrite(b []byte, drop func(name []byte) bool, tail string) ([]byte, error)
 func prefillBody(body []byte) ([]byte, error) {
 	return rewrite(body, func(name []byte) bool {
 		switch string(name) {
-		case fieldStreamName, fieldStreamOptions, fieldMaxTokens, fieldMaxCompletionTokens, fieldKVTransferParams:
+		case fieldStreamName, fieldStreamOptions, fieldMaxTokens, fieldMaxCompletionTokens, fieldMinTokens, fieldKVTransferParams:
 			return true
 		}
 		return false

@@ -34,6 +34,12 @@ func TestPrefillAndDecodeBodies(t *testing.T) {
 			decode:  `{"max_tokens":1,"m\u0061x_tokens":2,"seed":18446744073709551615,"max_completion_tokens":3,"kv_transfer_params":{"a":1}}`,
 		},
 		{name: "empty object", body: `{}`, prefill: `{` + prefillTail + `}`, decode: `{"kv_transfer_params":{"a":1}}`},
+		{
+			name:    "min_tokens stays off the prefill",
+			body:    `{"model":"m","min_tokens":5,"max_tokens":50}`,
+			prefill: `{"model":"m",` + prefillTail + `}`,
+			decode:  `{"model":"m","min_tokens":5,"max_tokens":50,"kv_transfer_params":{"a":1}}`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,7 +139,7 @@ func FuzzPDBodies(f *testing.F) {
 		for k, v := range want {
 			wantP[k] = v
 		}
-		for _, k := range []string{"stream_options"} {
+		for _, k := range []string{"stream_options", "min_tokens"} {
 			delete(wantP, k)
 		}
 		tail, _ := canonical(t, []byte("{"+prefillTail+"}"))

@@ -89,6 +89,10 @@ type call struct {
 	// after the client's are copied (P/D: x-request-id,
 	// x-prefiller-host-port).
 	upHeader func(http.Header)
+	// sidecarPrefill, when set, is the prefill decision of a request split
+	// behind a sidecar (disagg.go), whose prefill is over once the
+	// sidecar answers.
+	sidecarPrefill *gateway.Decision
 	// pin, when set, is the one replica the call may go to: the one
 	// holding the response a Responses API request continues
 	// (responses.go).
@@ -161,6 +165,10 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	if c.ms.PD != nil && kind != keys.Responses {
 		s.proxyPD(c) // a responses request is decoded co-located
 		return
+	}
+	if c.ms.PD != nil {
+		// A client's own prefill header never reaches a sidecar (proxyPD).
+		c.upHeader = func(h http.Header) { h.Del(headerPrefillerHostPort) }
 	}
 	s.proxy(c)
 }

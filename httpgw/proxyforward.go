@@ -73,6 +73,12 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 		return retry, cause
 	}
 	defer resp.Body.Close()
+	if c.sidecarPrefill != nil {
+		// pd-sidecar answers with the decode request's answer, sent once
+		// the prefill's came: the prefill replica's pending prefill is
+		// released now, the decision when the request ends.
+		c.sidecarPrefill.FirstToken()
+	}
 	if resp.StatusCode >= 500 {
 		s.Observe(a.ep, a.ep.Health.Failure(false))
 		if a.canRetry {

@@ -59,7 +59,7 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 	what := "colocated"
 	switch {
 	case plan.Split:
-		prefill.Value = pd.HostPort[plan.Prefill.Replica]
+		prefill.Value = pd.PrefillHostPort(&plan.Prefill)
 		what = "split"
 		resp = append(resp, picker.Header{Name: front.HeaderPrefillReplica, Value: plan.Prefill.Replica},
 			picker.Header{Name: front.HeaderPrefillDecision, Value: front.DescribeDecision(ms, pr.fallback, &plan.Prefill)})

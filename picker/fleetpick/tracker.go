@@ -86,6 +86,12 @@ func (t *tracker) relearn(served string) {
 func (t *tracker) FirstToken() {
 	r := t.r
 	t.d.FirstToken()
+	if t.pre != nil {
+		// The sidecar's prefill is over before the decode's first token:
+		// the prefill replica's pending prefill shrinks now, not when the
+		// decode ends (Done releases the rest of its decision).
+		t.pre.FirstToken()
+	}
 	r.flow.FirstToken(t.ms.Name, r.opts.Admission) // a held request may have room
 	if t.pass != "" {
 		return
@@ -141,8 +147,9 @@ func (t *tracker) Done(o picker.Outcome) {
 	}
 	if t.pre != nil {
 		// The sidecar ran the prefill; the picker cannot tell when it
-		// ended, so its decision is released with the request, as the
-		// HTTP gateway's sidecar mode releases it.
+		// ended, so its decision (its pending prefill released at the
+		// first token) is released with the request, as the HTTP
+		// gateway's sidecar mode releases it.
 		t.pre.Done(gateway.DoneInfo{})
 	}
 	if t.pass != "" {
