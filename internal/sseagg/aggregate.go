@@ -147,6 +147,7 @@ type Aggregator struct {
 	held int
 
 	line    []byte // a partial line, across feeds
+	cr      bool   // the last line ended with a CR (an LF next is its end too)
 	data    []byte // the current event's data
 	hasData bool
 
@@ -214,8 +215,31 @@ func (g *Aggregator) appendTracked(dst *[]byte, b ...byte) {
 // oversized chunk, an error event) ends the aggregation.
 func (g *Aggregator) Feed(b []byte) error {
 	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
+		if g.cr {
+			// The last line ended with a CR: an LF right after it (here,
+			// at the start of the next read) ends the same line.
+			g.cr = false
+			if b[0] == '\n' {
+				b = b[1:]
+				continue
+			}
+		}
+		// A line ends at CRLF, LF or a lone CR. The LF is looked for
+		// first (one fast scan), then a CR before it.
+		i, next := bytes.IndexByte(b, '\n'), 0
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
+		}
+		switch j := bytes.IndexByte(seg, '\r'); {
+		case j >= 0 && j == i-1:
+			i, next = j, i+1 // CRLF
+		case j >= 0:
+			i, next = j, j+1 // a lone CR, or one last in b (an LF may follow)
+			g.cr = true
+		case i >= 0:
+			next = i + 1
+		default:
 			if len(g.line)+len(b) > g.lineLimit {
 				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
@@ -232,8 +256,8 @@ func (g *Aggregator) Feed(b []byte) error {
 		} else if i > g.lineLimit {
 			return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 		}
-		b = b[i+1:]
-		err := g.onLine(bytes.TrimSuffix(line, []byte("\r")))
+		b = b[next:]
+		err := g.onLine(line)
 		g.line = g.line[:0]
 		if err != nil {
 			return err
@@ -242,8 +266,8 @@ func (g *Aggregator) Feed(b []byte) error {
 	return nil
 }
 
-// onLine reads one SSE line (the WHATWG event-stream rules: data lines
-// joined by newlines, an empty line ends the event, comments and other
+// onLine reads one SSE line (the WHATWG event-stream rules: lines ended
+// by CRLF, LF or CR (Feed), data lines joined by newlines, an empty line ends the event, comments and other
 // fields ignored).
 func (g *Aggregator) onLine(line []byte) error {
 	if len(line) == 0 {
@@ -636,7 +660,7 @@ func (g *Aggregator) Answer() ([]byte, error) {
 // as the Aggregator is and it is not fed again. It is an error if the
 // stream did not end with [DONE] or carried no chunk.
 func (g *Aggregator) Parts() (parts [][]byte, n int, err error) {
-	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
+	if !g.done && len(g.line) > 0 && g.onLine(g.line) == nil {
 		g.line = g.line[:0] // a last line without its newline
 	}
 	if !g.done && g.hasData && string(bytes.TrimSpace(g.data)) == "[DONE]" {

@@ -216,3 +216,39 @@ func TestAggregateWhiteSpace(t *testing.T) {
 	assert.JSONEq(t, string(want), string(got))
 	assert.Contains(t, string(got), `"id":"call_a"`)
 }
+
+// A line ends at CRLF, LF or a lone CR, as the WHATWG event-stream rules
+// say, however the stream is cut into reads (a CRLF cut between two reads
+// is one line end, not two).
+func TestAggregateLineEnds(t *testing.T) {
+	events := []string{
+		": c",
+		`data: {"id":"x","object":"chat.completion.chunk",`,
+		`data: "choices":[{"index":0,"delta":{"content":"ab"}}]}`,
+		"",
+		`data:{"choices":[{"index":0,"delta":{"content":"c"},"finish_reason":"stop"}]}`,
+		"",
+		"data: [DONE]",
+		"",
+	}
+	want := `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"abc"},"logprobs":null,"finish_reason":"stop"}]}`
+	for _, end := range []string{"\n", "\r\n", "\r"} {
+		stream := strings.Join(events, end)
+		for i := 0; i <= len(stream); i++ {
+			g := New(true, 1<<20, 1<<16)
+			require.NoError(t, g.Feed([]byte(stream[:i])))
+			require.NoError(t, g.Feed([]byte(stream[i:])))
+			got, err := g.Answer()
+			require.NoError(t, err, "line end %q, split at %d", end, i)
+			require.Equal(t, want, string(got), "line end %q, split at %d", end, i)
+		}
+	}
+	// A CR then an LF in the next read is one line end: the event goes
+	// on past it.
+	g := New(true, 1<<20, 1<<16)
+	for _, p := range []string{"data: {\"choices\":\r", "\ndata: []}\r", "\n\r", "\ndata: [DONE]\r", "\n\r", "\n"} {
+		require.NoError(t, g.Feed([]byte(p)))
+	}
+	_, err := g.Answer()
+	require.NoError(t, err)
+}
