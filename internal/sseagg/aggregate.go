@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unsafe"
 
 	"github.com/examlops/gateway/internal/jsonscan"
 )
@@ -211,6 +212,15 @@ func (g *Aggregator) appendTracked(dst *[]byte, b ...byte) {
 	g.held += cap(*dst) - c
 }
 
+// appendHeld appends v to *s, counting a change of the slice's capacity
+// in g.held: the weight of the members, choices and tool calls, which
+// outweighs their bytes in an answer of many small pieces.
+func appendHeld[T any](g *Aggregator, s *[]T, v T) {
+	c := cap(*s)
+	*s = append(*s, v)
+	g.held += (cap(*s) - c) * int(unsafe.Sizeof(v))
+}
+
 // Feed reads the next bytes of the stream. An error (a malformed or
 // oversized chunk, an error event) ends the aggregation.
 func (g *Aggregator) Feed(b []byte) error {
@@ -332,8 +342,8 @@ func (g *Aggregator) find(ms *[]aggMember, name []byte) *aggMember {
 		}
 	}
 	g.size += len(name) + 48
-	g.held += len(name) + 48
-	*ms = append(*ms, aggMember{name: string(name)})
+	g.held += len(name)
+	appendHeld(g, ms, aggMember{name: string(name)})
 	return &(*ms)[len(*ms)-1]
 }
 
@@ -524,8 +534,7 @@ func (g *Aggregator) choiceAt(idx int) *aggChoice {
 		}
 	}
 	g.size += 64 // a choice's own weight, so that many empty ones count
-	g.held += 64
-	g.choices = append(g.choices, aggChoice{index: idx})
+	appendHeld(g, &g.choices, aggChoice{index: idx})
 	return &g.choices[len(g.choices)-1]
 }
 
@@ -581,8 +590,7 @@ func (g *Aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 			return fmt.Errorf("%w: more than %d tool calls", ErrAggregate, maxAggChoices)
 		}
 		g.size += 64
-		g.held += 64
-		ch.tools = append(ch.tools, aggTool{index: idx})
+		appendHeld(g, &ch.tools, aggTool{index: idx})
 		tc = &ch.tools[len(ch.tools)-1]
 	}
 	err = r.ObjectBytes(func(name []byte) error {
