@@ -53,6 +53,12 @@ const (
 // index outside [0, maxAggChoices) is an error.
 const maxAggChoices = 1 << 12
 
+// maxAggMembers bounds the distinct members of one object the Aggregator
+// merges member by member (the top level, a choice, a chat delta, a
+// logprobs object), so that finding a member, a scan, stays cheap; an
+// engine's have a dozen or so.
+const maxAggMembers = 1 << 8
+
 // ErrAggregate marks a stream the gateway could not assemble into an
 // answer; the client gets a 502.
 var ErrAggregate = errors.New("the engine's stream cannot be assembled into an answer")
@@ -334,17 +340,31 @@ func (g *Aggregator) grow(n int) error {
 }
 
 // find returns the member named name of ms, adding it if absent (and
-// counting its weight: the next merge checks the limit).
-func (g *Aggregator) find(ms *[]aggMember, name []byte) *aggMember {
+// counting its weight: the next merge checks the limit); an error past
+// maxAggMembers.
+func (g *Aggregator) find(ms *[]aggMember, name []byte) (*aggMember, error) {
 	for i := range *ms {
 		if (*ms)[i].name == string(name) {
-			return &(*ms)[i]
+			return &(*ms)[i], nil
 		}
+	}
+	if len(*ms) >= maxAggMembers {
+		return nil, fmt.Errorf("%w: an object has more than %d members", ErrAggregate, maxAggMembers)
 	}
 	g.size += len(name) + 48
 	g.held += len(name)
 	appendHeld(g, ms, aggMember{name: string(name)})
-	return &(*ms)[len(*ms)-1]
+	return &(*ms)[len(*ms)-1], nil
+}
+
+// mergeInto merges the next value of b into the member named name of ms
+// (find, then merge).
+func (g *Aggregator) mergeInto(ms *[]aggMember, name, b []byte, join int) error {
+	m, err := g.find(ms, name)
+	if err != nil {
+		return err
+	}
+	return g.merge(m, b, join)
 }
 
 // lookup returns the member named name of ms, nil if absent.
@@ -411,7 +431,11 @@ func (g *Aggregator) chunk(b []byte) error {
 			if r.Null() {
 				return nil
 			}
-			g.find(&g.top, []byte(aggChoices)).kind = kindRaw // placed where first seen
+			m, err := g.find(&g.top, []byte(aggChoices))
+			if err != nil {
+				return err
+			}
+			m.kind = kindRaw // placed where first seen
 			pos := 0
 			return r.Array(func() error {
 				defer func() { pos++ }()
@@ -426,7 +450,7 @@ func (g *Aggregator) chunk(b []byte) error {
 			evErr = fmt.Errorf("%w: %s", ErrStreamEvent, clip(b[start:r.Offset()], 1024))
 			return nil
 		}
-		return g.merge(g.find(&g.top, name), b, kindRaw)
+		return g.mergeInto(&g.top, name, b, kindRaw)
 	})
 	if err == nil && !r.End() {
 		err = r.Errorf("data after the chunk")
@@ -513,11 +537,11 @@ func (g *Aggregator) choice(b []byte, pos int) error {
 		case string(name) == aggLogprobs:
 			return g.logprobs(ch, b)
 		case string(name) == "text" && !g.chat:
-			return g.merge(g.find(&ch.other, name), b, kindString)
+			return g.mergeInto(&ch.other, name, b, kindString)
 		case string(name) == "token_ids":
-			return g.merge(g.find(&ch.other, name), b, kindArray)
+			return g.mergeInto(&ch.other, name, b, kindArray)
 		}
-		return g.merge(g.find(&ch.other, name), b, kindRaw)
+		return g.mergeInto(&ch.other, name, b, kindRaw)
 	})
 	if err != nil {
 		return err
@@ -543,7 +567,7 @@ func (g *Aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 	r := &g.r
 	switch string(name) {
 	case "content", "reasoning_content", "reasoning", "refusal":
-		return g.merge(g.find(&ch.msg, name), b, kindString)
+		return g.mergeInto(&ch.msg, name, b, kindString)
 	case aggToolCalls:
 		if r.Null() {
 			return nil
@@ -554,7 +578,7 @@ func (g *Aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 			return g.toolCall(ch, b, pos)
 		})
 	}
-	return g.merge(g.find(&ch.msg, name), b, kindRaw)
+	return g.mergeInto(&ch.msg, name, b, kindRaw)
 }
 
 // toolCall reads one element of a delta's tool_calls (pos is its place in
@@ -640,7 +664,7 @@ func (g *Aggregator) logprobs(ch *aggChoice, b []byte) error {
 		return nil
 	case r.Peek() == '{' && (ch.lpObj || ch.lpRaw.kind == kindNone):
 		ch.lpObj = true
-		return r.ObjectBytes(func(name []byte) error { return g.merge(g.find(&ch.lpMembers, name), b, kindArray) })
+		return r.ObjectBytes(func(name []byte) error { return g.mergeInto(&ch.lpMembers, name, b, kindArray) })
 	}
 	ch.lpObj = false
 	ch.lpMembers = ch.lpMembers[:0]
