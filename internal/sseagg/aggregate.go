@@ -155,6 +155,7 @@ type Aggregator struct {
 
 	line    []byte // a partial line, across feeds
 	cr      bool   // the last line ended with a CR (an LF next is its end too)
+	started bool   // a line was read (a BOM is ignored before the first only)
 	data    []byte // the current event's data
 	hasData bool
 
@@ -283,9 +284,14 @@ func (g *Aggregator) Feed(b []byte) error {
 }
 
 // onLine reads one SSE line (the WHATWG event-stream rules: lines ended
-// by CRLF, LF or CR (Feed), data lines joined by newlines, an empty line ends the event, comments and other
-// fields ignored).
+// by CRLF, LF or CR (Feed), data lines joined by newlines, an empty line
+// ends the event, comments and other fields ignored, as is a byte order
+// mark at the stream's start).
 func (g *Aggregator) onLine(line []byte) error {
+	if !g.started {
+		g.started = true
+		line = bytes.TrimPrefix(line, []byte("\ufeff"))
+	}
 	if len(line) == 0 {
 		if !g.hasData {
 			return nil

@@ -285,3 +285,26 @@ func TestAggregateMembersBound(t *testing.T) {
 	_, err := aggregate(t, true, sse(`{`+choice+obj("k", maxAggMembers-2)+`}`, `{`+choice+obj("k", maxAggMembers-2)+`}`))
 	require.NoError(t, err)
 }
+
+// A byte order mark at the start of the stream is ignored, as the WHATWG
+// event-stream rules say, however the stream is cut into reads; one
+// anywhere else is part of its line.
+func TestAggregateBOM(t *testing.T) {
+	body := sse(`{"id":"x","choices":[{"index":0,"delta":{"content":"a"}}]}`, `{"choices":[{"index":0,"delta":{"content":"b"}}]}`)
+	want, err := aggregate(t, true, body)
+	require.NoError(t, err)
+	stream := "\ufeff" + body
+	for i := 0; i <= len(stream); i++ {
+		g := New(true, 1<<20, 1<<16)
+		require.NoError(t, g.Feed([]byte(stream[:i])))
+		require.NoError(t, g.Feed([]byte(stream[i:])))
+		got, err := g.Answer()
+		require.NoError(t, err, "split at %d", i)
+		require.Equal(t, string(want), string(got), "split at %d", i)
+	}
+	// A second mark, or one after the first line, is not ignored: that
+	// line's field is not "data".
+	got, err := aggregate(t, true, "\ufeff\ufeff"+body)
+	require.NoError(t, err)
+	assert.NotContains(t, string(got), `"content":"ab"`)
+}
