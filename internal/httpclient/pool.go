@@ -83,6 +83,7 @@ type Pool struct {
 
 type poolConn struct {
 	c    net.Conn
+	raw  syscall.RawConn // c's socket, nil if it has none
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	used time.Time
@@ -116,6 +117,9 @@ func (r countReader) Read(p []byte) (int, error) {
 
 func newPoolConn(c net.Conn) *poolConn {
 	pc := &poolConn{c: c, bw: bufio.NewWriterSize(c, 16<<10), limit: noLimit}
+	if sc, ok := c.(syscall.Conn); ok {
+		pc.raw, _ = sc.SyscallConn()
+	}
 	pc.br = bufio.NewReaderSize(countReader{pc}, 16<<10)
 	return pc
 }
@@ -388,7 +392,28 @@ func (b *poolBody) finish() {
 	b.pc.c.Close()
 }
 
+// get returns an idle connection to host that can carry a request, and
+// true; nil and false if there is none. A connection with bytes to read
+// while idle (an answer nobody asked for, such as the 408 some servers
+// send before closing an idle connection, or the peer's close) is closed
+// instead: its next bytes would be taken for the next request's answer
+// (http.Transport likewise closes an idle connection that speaks).
 func (p *Pool) get(host string) (*poolConn, bool) {
+	for {
+		pc := p.pop(host)
+		if pc == nil {
+			return nil, false
+		}
+		if pc.raw == nil || !unread(pc.raw) {
+			return pc, true
+		}
+		pc.c.Close()
+	}
+}
+
+// pop takes the most recently used idle connection to host that has not
+// been idle for idleTime, closing those that have; nil if none.
+func (p *Pool) pop(host string) *poolConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.idle[host]
@@ -397,12 +422,12 @@ func (p *Pool) get(host string) (*poolConn, bool) {
 		list = list[:len(list)-1]
 		if p.now().Sub(pc.used) < p.idleTime {
 			p.idle[host] = list
-			return pc, true
+			return pc
 		}
 		pc.c.Close()
 	}
 	p.idle[host] = list
-	return nil, false
+	return nil
 }
 
 func (p *Pool) put(host string, pc *poolConn) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unsafe"
 
 	"github.com/examlops/gateway/internal/jsonscan"
 )
@@ -51,6 +52,12 @@ const (
 // maxAggChoices bounds the choices of one answer (a request's "n"); an
 // index outside [0, maxAggChoices) is an error.
 const maxAggChoices = 1 << 12
+
+// maxAggMembers bounds the distinct members of one object the Aggregator
+// merges member by member (the top level, a choice, a chat delta, a
+// logprobs object), so that finding a member, a scan, stays cheap; an
+// engine's have a dozen or so.
+const maxAggMembers = 1 << 8
 
 // ErrAggregate marks a stream the gateway could not assemble into an
 // answer; the client gets a 502.
@@ -147,6 +154,8 @@ type Aggregator struct {
 	held int
 
 	line    []byte // a partial line, across feeds
+	cr      bool   // the last line ended with a CR (an LF next is its end too)
+	started bool   // a line was read (a BOM is ignored before the first only)
 	data    []byte // the current event's data
 	hasData bool
 
@@ -210,12 +219,44 @@ func (g *Aggregator) appendTracked(dst *[]byte, b ...byte) {
 	g.held += cap(*dst) - c
 }
 
+// appendHeld appends v to *s, counting a change of the slice's capacity
+// in g.held: the weight of the members, choices and tool calls, which
+// outweighs their bytes in an answer of many small pieces.
+func appendHeld[T any](g *Aggregator, s *[]T, v T) {
+	c := cap(*s)
+	*s = append(*s, v)
+	g.held += (cap(*s) - c) * int(unsafe.Sizeof(v))
+}
+
 // Feed reads the next bytes of the stream. An error (a malformed or
 // oversized chunk, an error event) ends the aggregation.
 func (g *Aggregator) Feed(b []byte) error {
 	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
+		if g.cr {
+			// The last line ended with a CR: an LF right after it (here,
+			// at the start of the next read) ends the same line.
+			g.cr = false
+			if b[0] == '\n' {
+				b = b[1:]
+				continue
+			}
+		}
+		// A line ends at CRLF, LF or a lone CR. The LF is looked for
+		// first (one fast scan), then a CR before it.
+		i, next := bytes.IndexByte(b, '\n'), 0
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
+		}
+		switch j := bytes.IndexByte(seg, '\r'); {
+		case j >= 0 && j == i-1:
+			i, next = j, i+1 // CRLF
+		case j >= 0:
+			i, next = j, j+1 // a lone CR, or one last in b (an LF may follow)
+			g.cr = true
+		case i >= 0:
+			next = i + 1
+		default:
 			if len(g.line)+len(b) > g.lineLimit {
 				return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 			}
@@ -232,8 +273,8 @@ func (g *Aggregator) Feed(b []byte) error {
 		} else if i > g.lineLimit {
 			return fmt.Errorf("%w: an SSE line exceeds %d bytes", ErrAggregate, g.lineLimit)
 		}
-		b = b[i+1:]
-		err := g.onLine(bytes.TrimSuffix(line, []byte("\r")))
+		b = b[next:]
+		err := g.onLine(line)
 		g.line = g.line[:0]
 		if err != nil {
 			return err
@@ -242,10 +283,15 @@ func (g *Aggregator) Feed(b []byte) error {
 	return nil
 }
 
-// onLine reads one SSE line (the WHATWG event-stream rules: data lines
-// joined by newlines, an empty line ends the event, comments and other
-// fields ignored).
+// onLine reads one SSE line (the WHATWG event-stream rules: lines ended
+// by CRLF, LF or CR (Feed), data lines joined by newlines, an empty line
+// ends the event, comments and other fields ignored, as is a byte order
+// mark at the stream's start).
 func (g *Aggregator) onLine(line []byte) error {
+	if !g.started {
+		g.started = true
+		line = bytes.TrimPrefix(line, []byte("\ufeff"))
+	}
 	if len(line) == 0 {
 		if !g.hasData {
 			return nil
@@ -300,17 +346,31 @@ func (g *Aggregator) grow(n int) error {
 }
 
 // find returns the member named name of ms, adding it if absent (and
-// counting its weight: the next merge checks the limit).
-func (g *Aggregator) find(ms *[]aggMember, name []byte) *aggMember {
+// counting its weight: the next merge checks the limit); an error past
+// maxAggMembers.
+func (g *Aggregator) find(ms *[]aggMember, name []byte) (*aggMember, error) {
 	for i := range *ms {
 		if (*ms)[i].name == string(name) {
-			return &(*ms)[i]
+			return &(*ms)[i], nil
 		}
 	}
+	if len(*ms) >= maxAggMembers {
+		return nil, fmt.Errorf("%w: an object has more than %d members", ErrAggregate, maxAggMembers)
+	}
 	g.size += len(name) + 48
-	g.held += len(name) + 48
-	*ms = append(*ms, aggMember{name: string(name)})
-	return &(*ms)[len(*ms)-1]
+	g.held += len(name)
+	appendHeld(g, ms, aggMember{name: string(name)})
+	return &(*ms)[len(*ms)-1], nil
+}
+
+// mergeInto merges the next value of b into the member named name of ms
+// (find, then merge).
+func (g *Aggregator) mergeInto(ms *[]aggMember, name, b []byte, join int) error {
+	m, err := g.find(ms, name)
+	if err != nil {
+		return err
+	}
+	return g.merge(m, b, join)
 }
 
 // lookup returns the member named name of ms, nil if absent.
@@ -377,7 +437,11 @@ func (g *Aggregator) chunk(b []byte) error {
 			if r.Null() {
 				return nil
 			}
-			g.find(&g.top, []byte(aggChoices)).kind = kindRaw // placed where first seen
+			m, err := g.find(&g.top, []byte(aggChoices))
+			if err != nil {
+				return err
+			}
+			m.kind = kindRaw // placed where first seen
 			pos := 0
 			return r.Array(func() error {
 				defer func() { pos++ }()
@@ -392,7 +456,7 @@ func (g *Aggregator) chunk(b []byte) error {
 			evErr = fmt.Errorf("%w: %s", ErrStreamEvent, clip(b[start:r.Offset()], 1024))
 			return nil
 		}
-		return g.merge(g.find(&g.top, name), b, kindRaw)
+		return g.mergeInto(&g.top, name, b, kindRaw)
 	})
 	if err == nil && !r.End() {
 		err = r.Errorf("data after the chunk")
@@ -479,11 +543,11 @@ func (g *Aggregator) choice(b []byte, pos int) error {
 		case string(name) == aggLogprobs:
 			return g.logprobs(ch, b)
 		case string(name) == "text" && !g.chat:
-			return g.merge(g.find(&ch.other, name), b, kindString)
+			return g.mergeInto(&ch.other, name, b, kindString)
 		case string(name) == "token_ids":
-			return g.merge(g.find(&ch.other, name), b, kindArray)
+			return g.mergeInto(&ch.other, name, b, kindArray)
 		}
-		return g.merge(g.find(&ch.other, name), b, kindRaw)
+		return g.mergeInto(&ch.other, name, b, kindRaw)
 	})
 	if err != nil {
 		return err
@@ -500,8 +564,7 @@ func (g *Aggregator) choiceAt(idx int) *aggChoice {
 		}
 	}
 	g.size += 64 // a choice's own weight, so that many empty ones count
-	g.held += 64
-	g.choices = append(g.choices, aggChoice{index: idx})
+	appendHeld(g, &g.choices, aggChoice{index: idx})
 	return &g.choices[len(g.choices)-1]
 }
 
@@ -510,7 +573,7 @@ func (g *Aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 	r := &g.r
 	switch string(name) {
 	case "content", "reasoning_content", "reasoning", "refusal":
-		return g.merge(g.find(&ch.msg, name), b, kindString)
+		return g.mergeInto(&ch.msg, name, b, kindString)
 	case aggToolCalls:
 		if r.Null() {
 			return nil
@@ -521,7 +584,7 @@ func (g *Aggregator) delta(ch *aggChoice, name []byte, b []byte) error {
 			return g.toolCall(ch, b, pos)
 		})
 	}
-	return g.merge(g.find(&ch.msg, name), b, kindRaw)
+	return g.mergeInto(&ch.msg, name, b, kindRaw)
 }
 
 // toolCall reads one element of a delta's tool_calls (pos is its place in
@@ -557,8 +620,7 @@ func (g *Aggregator) toolCall(ch *aggChoice, b []byte, pos int) error {
 			return fmt.Errorf("%w: more than %d tool calls", ErrAggregate, maxAggChoices)
 		}
 		g.size += 64
-		g.held += 64
-		ch.tools = append(ch.tools, aggTool{index: idx})
+		appendHeld(g, &ch.tools, aggTool{index: idx})
 		tc = &ch.tools[len(ch.tools)-1]
 	}
 	err = r.ObjectBytes(func(name []byte) error {
@@ -608,7 +670,7 @@ func (g *Aggregator) logprobs(ch *aggChoice, b []byte) error {
 		return nil
 	case r.Peek() == '{' && (ch.lpObj || ch.lpRaw.kind == kindNone):
 		ch.lpObj = true
-		return r.ObjectBytes(func(name []byte) error { return g.merge(g.find(&ch.lpMembers, name), b, kindArray) })
+		return r.ObjectBytes(func(name []byte) error { return g.mergeInto(&ch.lpMembers, name, b, kindArray) })
 	}
 	ch.lpObj = false
 	ch.lpMembers = ch.lpMembers[:0]
@@ -636,7 +698,7 @@ func (g *Aggregator) Answer() ([]byte, error) {
 // as the Aggregator is and it is not fed again. It is an error if the
 // stream did not end with [DONE] or carried no chunk.
 func (g *Aggregator) Parts() (parts [][]byte, n int, err error) {
-	if !g.done && len(g.line) > 0 && g.onLine(bytes.TrimSuffix(g.line, []byte("\r"))) == nil {
+	if !g.done && len(g.line) > 0 && g.onLine(g.line) == nil {
 		g.line = g.line[:0] // a last line without its newline
 	}
 	if !g.done && g.hasData && string(bytes.TrimSpace(g.data)) == "[DONE]" {

@@ -22,6 +22,7 @@ func FuzzAggregate(f *testing.F) {
 		sse(`{"id":"t","object":"text_completion","choices":[{"index":1,"text":"b","logprobs":{"tokens":["b"],"text_offset":[0]}},{"index":0,"text":"a"}]}`),
 		sse(`{"error":{"message":"boom"}}`),
 		": comment\r\ndata: {\"choices\":\r\ndata: []}\r\n\r\ndata: [DONE]",
+		": comment\rdata: {\"choices\":\rdata: []}\r\rdata: [DONE]\r\r",
 		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":1}},{\"index\":0,\"delta\":{\"content\":\"s\"}}]}\n\ndata: [DONE]\n\n",
 		"data: {\"choices\":null,\"usage\":null,\"x\":[1,{\"y\":null}]}\n\ndata: [DONE]\n\n",
 		"data: [DONE]\n\n",

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sseagg
+
+const raceEnabled = false
