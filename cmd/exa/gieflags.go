@@ -128,6 +128,11 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	if g.leaderElection && !fl.disc.enabled() {
 		return usagef("--ha-enable-leader-election needs --pool-name or --service: the Lease is named after the pool")
 	}
+	for _, name := range []string{"leader-lease-duration", "leader-renew-deadline", "leader-retry-period"} {
+		if f.Changed(name) && !g.leaderElection {
+			return usagef("invalid --%s %q: needs --ha-enable-leader-election", name, f.Lookup(name).Value.String())
+		}
+	}
 	if l := g.leader; g.leaderElection {
 		if err := k8s.CheckLeaseTimes(l.lease, l.renew, l.retry); err != nil {
 			return usagef("invalid --leader-lease-duration %q, --leader-renew-deadline %q, --leader-retry-period %q: want lease duration > renew deadline > 1.2 x retry period > 0",

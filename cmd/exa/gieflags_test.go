@@ -46,7 +46,7 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		{[]string{"--refresh-metrics-interval", "0s"}, `invalid --refresh-metrics-interval "0s": must be positive`},
 		{[]string{"--pool-group", "inference.networking.x-k8s.io"}, `invalid --pool-group "inference.networking.x-k8s.io": only inference.networking.k8s.io`},
 		{[]string{"--pool-name", "p", "--service", "s"}, `invalid --service "s": --pool-name "p" is set`},
-		{[]string{"--pool-model", " m"}, `invalid --pool-model " m"`},
+		{[]string{"--pool-name", "p", "--pool-model", " m"}, `invalid --pool-model " m": gateway: invalid model " m": must not start or end with spaces`},
 		{[]string{"--grpc-port", "70000"}, `invalid --grpc-port "70000": want a port`},
 		{[]string{"--grpc-health-port", "-1"}, `invalid --grpc-health-port "-1": want a port`},
 		{[]string{"--grpc-port", "9002", "--listen", "127.0.0.1:0"}, `invalid --grpc-port "9002": --listen is set too`},
