@@ -1,6 +1,7 @@
 package charttest
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,4 +45,37 @@ func TestChartModelNamesVerbatim(t *testing.T) {
 		c, _ := container(t, map[string]any{"models": []any{name}, "pool": map[string]any{"name": "p"}})
 		require.Contains(t, c["args"], "--pool-model="+name)
 	}
+}
+
+// With more than one picker replica the chart elects a leader, as GIE's
+// chart does (--ha-enable-leader-election and a Role on Leases), so that
+// one picker, with one cache state, takes the traffic; with one replica,
+// or in mode gateway (peers share state instead), it does not.
+func TestChartPickerReplicasElectLeader(t *testing.T) {
+	leases := map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"},
+		"verbs": []any{"get", "list", "watch", "create", "update", "patch", "delete"}}
+	for _, tt := range []struct {
+		vals  map[string]any
+		elect bool
+	}{
+		{map[string]any{"replicas": 3, "models": []any{"llama"}}, true},
+		{map[string]any{"replicas": 1, "models": []any{"llama"}}, false},
+		{map[string]any{"models": []any{"llama"}}, false},
+		{map[string]any{"mode": "gateway", "replicas": 3, "models": []any{"llama"}, "service": map[string]any{"name": "vllm"}}, false},
+	} {
+		c, objs := container(t, tt.vals)
+		require.Equal(t, tt.elect, contains(c["args"].([]any), "--ha-enable-leader-election"), "%v", tt.vals)
+		role := objs["Role/exa-"+modeOf(tt.vals)]
+		require.NotNil(t, role)
+		require.Equal(t, tt.elect, contains(role["rules"].([]any), leases), "%v: rules %v", tt.vals, role["rules"])
+	}
+}
+
+func contains(list []any, v any) bool {
+	for _, x := range list {
+		if reflect.DeepEqual(x, v) {
+			return true
+		}
+	}
+	return false
 }
