@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
 )
 
 // container returns the exa container of the chart rendered with vals,
@@ -78,4 +81,23 @@ func contains(list []any, v any) bool {
 		}
 	}
 	return false
+}
+
+// Values the picker would refuse at start fail the render instead of
+// crash-looping the pod.
+func TestChartRefusesWhatThePickerWould(t *testing.T) {
+	for _, tt := range []struct {
+		vals map[string]any
+		want string
+	}{
+		// --secure-serving=false --cert-path=...: "invalid --cert-path".
+		{map[string]any{"picker": map[string]any{"secureServing": false, "certSecret": "tls"}}, "picker.certSecret (--cert-path) needs picker.secureServing"},
+	} {
+		ch, err := loader.Load(chartDir)
+		require.NoError(t, err)
+		rv, err := chartutil.ToRenderValues(ch, tt.vals, chartutil.ReleaseOptions{Name: "exa", Namespace: "llm"}, nil)
+		require.NoError(t, err)
+		_, err = engine.Render(ch, rv)
+		require.ErrorContains(t, err, tt.want)
+	}
 }
