@@ -13,12 +13,17 @@ import (
 // container returns the exa container of the chart rendered with vals,
 // and the objects by kind and name.
 func container(t *testing.T, vals map[string]any) (map[string]any, map[string]map[string]any) {
+	return containerAs(t, vals, "exa")
+}
+
+// containerAs is container for the release named release.
+func containerAs(t *testing.T, vals map[string]any, release string) (map[string]any, map[string]map[string]any) {
 	t.Helper()
 	objs := map[string]map[string]any{}
-	for _, o := range objects(t, render(t, vals)) {
+	for _, o := range objects(t, renderAs(t, vals, release, "llm")) {
 		objs[o.GetKind()+"/"+o.GetName()] = o.Object
 	}
-	dep := objs["Deployment/exa-"+modeOf(vals)]
+	dep := objs["Deployment/"+release+"-"+modeOf(vals)]
 	require.NotNil(t, dep, "no Deployment among %v", keys(objs))
 	pod := dep["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	return pod["containers"].([]any)[0].(map[string]any), objs
