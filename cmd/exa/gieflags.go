@@ -217,17 +217,22 @@ func routingOrGIEConfig(path string) (bool, error) {
 	return classifyConfig(path, data)
 }
 
-// classifyConfig is routingOrGIEConfig on the file's bytes.
+// classifyConfig is routingOrGIEConfig on the file's bytes. GIE reads the
+// file as YAML, so its configuration may be JSON too: a JSON object of
+// kind EndpointPickerConfig is GIE's.
 func classifyConfig(path string, data []byte) (bool, error) {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' && json.Valid(t) {
+		if json.Unmarshal(t, &head) == nil && head.Kind == "EndpointPickerConfig" {
+			return false, nil
+		}
 		if _, err := config.Decode(path, data); err != nil {
 			return false, err
 		}
 		return true, nil
-	}
-	var head struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
 	}
 	if err := yaml.Unmarshal(data, &head); err != nil || head.Kind != "EndpointPickerConfig" {
 		return false, usagef("invalid --config-file %q: neither a routing configuration (JSON) nor GIE's EndpointPickerConfig (kind %q)", path, head.Kind)

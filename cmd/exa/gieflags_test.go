@@ -142,3 +142,21 @@ func TestStaticBuildVersion(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.Empty(t, strings.TrimSpace(string(out)), "packages exa cannot build without cgo")
 }
+
+// GIE reads --config-file with sigs.k8s.io/yaml, so its
+// EndpointPickerConfig may be written as JSON: it is GIE's configuration
+// (plugins ignored) then too, not a routing configuration refused for
+// its unknown fields.
+func TestClassifyConfigGIEAsJSON(t *testing.T) {
+	for _, data := range []string{
+		`{"apiVersion":"inference.networking.x-k8s.io/v1alpha1","kind":"EndpointPickerConfig","plugins":[{"type":"queue-scorer"}]}`,
+		" {\"kind\": \"EndpointPickerConfig\"}\n",
+	} {
+		own, err := classifyConfig("epp.json", []byte(data))
+		require.NoError(t, err, data)
+		assert.False(t, own, data)
+	}
+	own, err := classifyConfig("r.json", []byte(`{"version":1,"models":{"m":{"mode":"cache_aware"}}}`))
+	require.NoError(t, err)
+	assert.True(t, own)
+}
