@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -193,4 +195,40 @@ func TestPickerGIEMetricOptions(t *testing.T) {
 	want.Port = 9400
 	require.NotNil(t, fl.gie.engineMetrics)
 	assert.Equal(t, want, *fl.gie.engineMetrics)
+}
+
+// The EndpointPickerConfig settings that change what GIE's picker
+// scrapes, which this picker does not read, are logged rather than
+// dropped in silence: a metrics-data-source scheme or path other than
+// GIE's defaults, and a core-metrics-extractor defaultEngine other than
+// vllm when no metric flag carries the same choice (GIE's chart passes
+// none with inferenceExtension.latencyPredictor.enabled). The chart's
+// default renders log nothing.
+func TestPickerGIEConfigUnreadLogged(t *testing.T) {
+	for _, r := range gieChartRenders(t) {
+		var fl pickerFlags
+		cmd := pickerCommand(&fl)
+		require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
+		require.NoError(t, fl.gie.apply(cmd, &fl))
+		assert.Empty(t, fl.gieUnread, "%s/%d", r.ModelServerType, r.Replicas)
+	}
+	// The trtllm-serve plugins file without the chart's metric flags, its
+	// metrics page moved.
+	var plugins string
+	for _, r := range gieChartRenders(t) {
+		if r.ModelServerType == "trtllm-serve" {
+			plugins = strings.Replace(r.PluginsFile, `path: "/metrics"`, `path: "/prometheus/metrics"`, 1)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "default-plugins.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(plugins), 0o600))
+	var fl pickerFlags
+	cmd := pickerCommand(&fl)
+	require.NoError(t, cmd.ParseFlags([]string{"--pool-name", "pool", "--config-file", path}))
+	require.NoError(t, fl.gie.apply(cmd, &fl))
+	assert.Equal(t, []string{`metrics-data-source path "/prometheus/metrics"`, `core-metrics-extractor defaultEngine "trtllm-serve"`}, fl.gieUnread)
+	var logs bytes.Buffer
+	fl.logIgnored(slog.New(slog.NewTextHandler(&logs, nil)))
+	assert.Contains(t, logs.String(), `not read here`)
+	assert.Contains(t, logs.String(), `core-metrics-extractor defaultEngine \"trtllm-serve\"`)
 }
