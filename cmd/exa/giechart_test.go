@@ -232,3 +232,28 @@ func TestPickerGIEConfigUnreadLogged(t *testing.T) {
 	assert.Contains(t, logs.String(), `not read here`)
 	assert.Contains(t, logs.String(), `core-metrics-extractor defaultEngine \"trtllm-serve\"`)
 }
+
+// GIE's chart gives its epp container args and no command, so with this
+// image (ENTRYPOINT /exa, or ko's) the process gets GIE's picker flags
+// with no subcommand: exa then runs `serve picker`. Each chart render,
+// pointed at a missing kubeconfig, gets as far as the picker's cluster
+// connection (every flag parsed and checked); exa's own invocations keep
+// their meaning.
+func TestGIEChartArgsWithoutCommand(t *testing.T) {
+	for _, r := range gieChartRenders(t) {
+		args := append(r.chartArgs(t, t.TempDir()), "--kubeconfig", "/nonexistent/kubeconfig", "--admin-listen", "", "--grpc-health-port", "0", "--grpc-port", "0")
+		res := exa(t, newConfig(t), args...)
+		assert.Equal(t, 2, res.code, "%s/%d: %s", r.ModelServerType, r.Replicas, res.stderr)
+		// JSON logs (--zap-encoder json): the quotes are escaped.
+		assert.Contains(t, res.stderr, `exa: invalid --kubeconfig \"/nonexistent/kubeconfig\"`, "%s/%d", r.ModelServerType, r.Replicas)
+	}
+	r := exa(t, newConfig(t), "--version")
+	assert.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "exa version")
+	r = exa(t, newConfig(t), "--bogus")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "unknown flag: --bogus")
+	r = exa(t, newConfig(t), "--help")
+	assert.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "Usage:")
+}
