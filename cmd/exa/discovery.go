@@ -42,10 +42,30 @@ func (d *discoveryFlags) register(f *pflag.FlagSet) {
 // enabled reports whether discovery was asked for.
 func (d *discoveryFlags) enabled() bool { return d.poolName != "" || d.service != "" }
 
-// validate returns a usage error for conflicting discovery flags.
+// validate returns a usage error for conflicting discovery flags, and for
+// --pool-model, --pool-namespace, --kubeconfig and --service-port set
+// where discovery would not read them.
 func (d *discoveryFlags) validate() error {
 	if d.poolName != "" && d.service != "" {
 		return usagef("invalid --service %q: --pool-name %q is set; discover from one source", d.service, d.poolName)
+	}
+	// Flags that only discovery reads: without it they would be ignored.
+	if d.servicePort != "" && d.service == "" {
+		return usagef("invalid --service-port %q: needs --service (an InferencePool's ports are its targetPorts)", d.servicePort)
+	}
+	if !d.enabled() {
+		first := ""
+		if len(d.poolModels) > 0 {
+			first = d.poolModels[0]
+		}
+		for _, f := range []struct {
+			name, v string
+			set     bool
+		}{{"pool-model", first, len(d.poolModels) > 0}, {"pool-namespace", d.poolNamespace, d.poolNamespace != ""}, {"kubeconfig", d.kubeconfig, d.kubeconfig != ""}} {
+			if f.set {
+				return usagef("invalid --%s %q: needs --pool-name or --service (without discovery the replicas come from the configuration file)", f.name, f.v)
+			}
+		}
 	}
 	if d.poolGroup != k8s.DefaultPoolGroup {
 		return usagef("invalid --pool-group %q: only %s (InferencePool v1) is supported", d.poolGroup, k8s.DefaultPoolGroup)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -193,4 +195,65 @@ func TestPickerGIEMetricOptions(t *testing.T) {
 	want.Port = 9400
 	require.NotNil(t, fl.gie.engineMetrics)
 	assert.Equal(t, want, *fl.gie.engineMetrics)
+}
+
+// The EndpointPickerConfig settings that change what GIE's picker
+// scrapes, which this picker does not read, are logged rather than
+// dropped in silence: a metrics-data-source scheme or path other than
+// GIE's defaults, and a core-metrics-extractor defaultEngine other than
+// vllm when no metric flag carries the same choice (GIE's chart passes
+// none with inferenceExtension.latencyPredictor.enabled). The chart's
+// default renders log nothing.
+func TestPickerGIEConfigUnreadLogged(t *testing.T) {
+	for _, r := range gieChartRenders(t) {
+		var fl pickerFlags
+		cmd := pickerCommand(&fl)
+		require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
+		require.NoError(t, fl.gie.apply(cmd, &fl))
+		assert.Empty(t, fl.gieUnread, "%s/%d", r.ModelServerType, r.Replicas)
+	}
+	// The trtllm-serve plugins file without the chart's metric flags, its
+	// metrics page moved.
+	var plugins string
+	for _, r := range gieChartRenders(t) {
+		if r.ModelServerType == "trtllm-serve" {
+			plugins = strings.Replace(r.PluginsFile, `path: "/metrics"`, `path: "/prometheus/metrics"`, 1)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "default-plugins.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(plugins), 0o600))
+	var fl pickerFlags
+	cmd := pickerCommand(&fl)
+	require.NoError(t, cmd.ParseFlags([]string{"--pool-name", "pool", "--config-file", path}))
+	require.NoError(t, fl.gie.apply(cmd, &fl))
+	assert.Equal(t, []string{`metrics-data-source path "/prometheus/metrics"`, `core-metrics-extractor defaultEngine "trtllm-serve"`}, fl.gieUnread)
+	var logs bytes.Buffer
+	fl.logIgnored(slog.New(slog.NewTextHandler(&logs, nil)))
+	assert.Contains(t, logs.String(), `not read here`)
+	assert.Contains(t, logs.String(), `core-metrics-extractor defaultEngine \"trtllm-serve\"`)
+}
+
+// GIE's chart gives its epp container args and no command, so with this
+// image (ENTRYPOINT /exa, or ko's) the process gets GIE's picker flags
+// with no subcommand: exa then runs `serve picker`. Each chart render,
+// pointed at a missing kubeconfig, gets as far as the picker's cluster
+// connection (every flag parsed and checked); exa's own invocations keep
+// their meaning.
+func TestGIEChartArgsWithoutCommand(t *testing.T) {
+	for _, r := range gieChartRenders(t) {
+		args := append(r.chartArgs(t, t.TempDir()), "--kubeconfig", "/nonexistent/kubeconfig", "--admin-listen", "", "--grpc-health-port", "0", "--grpc-port", "0")
+		res := exa(t, newConfig(t), args...)
+		assert.Equal(t, 2, res.code, "%s/%d: %s", r.ModelServerType, r.Replicas, res.stderr)
+		// JSON logs (--zap-encoder json): the quotes are escaped.
+		assert.Contains(t, res.stderr, `exa: invalid --kubeconfig \"/nonexistent/kubeconfig\"`, "%s/%d", r.ModelServerType, r.Replicas)
+	}
+	r := exa(t, newConfig(t), "--version")
+	assert.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "exa version")
+	r = exa(t, newConfig(t), "--bogus")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "unknown flag: --bogus")
+	r = exa(t, newConfig(t), "--help")
+	assert.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "Usage:")
 }

@@ -128,6 +128,11 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	if g.leaderElection && !fl.disc.enabled() {
 		return usagef("--ha-enable-leader-election needs --pool-name or --service: the Lease is named after the pool")
 	}
+	for _, name := range []string{"leader-lease-duration", "leader-renew-deadline", "leader-retry-period"} {
+		if f.Changed(name) && !g.leaderElection {
+			return usagef("invalid --%s %q: needs --ha-enable-leader-election", name, f.Lookup(name).Value.String())
+		}
+	}
 	if l := g.leader; g.leaderElection {
 		if err := k8s.CheckLeaseTimes(l.lease, l.renew, l.retry); err != nil {
 			return usagef("invalid --leader-lease-duration %q, --leader-renew-deadline %q, --leader-retry-period %q: want lease duration > renew deadline > 1.2 x retry period > 0",
@@ -188,7 +193,7 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 		if f.Changed("config") {
 			return usagef("invalid --config-file %q: --config is set too; use one", g.configFile)
 		}
-		own, err := routingOrGIEConfig(g.configFile)
+		own, data, err := routingOrGIEConfig(g.configFile)
 		if err != nil {
 			return err
 		}
@@ -196,33 +201,72 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 			fl.config = g.configFile
 		} else {
 			fl.gieConfigIgnored = true // logged by logIgnored
+			fl.gieUnread = gieUnread(data, g.engineMetrics != nil)
 		}
 	}
 	return nil
 }
 
 // routingOrGIEConfig reports whether the file at path is a routing
-// configuration (true) or GIE's EndpointPickerConfig (false); anything
-// else is a usage error naming the file.
-func routingOrGIEConfig(path string) (bool, error) {
+// configuration (true) or GIE's EndpointPickerConfig (false), and returns
+// its bytes; anything else is a usage error naming the file.
+func routingOrGIEConfig(path string) (bool, []byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return false, usagef("invalid --config-file %q: %v", path, err)
+		return false, nil, usagef("invalid --config-file %q: %v", path, err)
 	}
-	return classifyConfig(path, data)
+	own, err := classifyConfig(path, data)
+	return own, data, err
 }
 
-// classifyConfig is routingOrGIEConfig on the file's bytes.
+// gieUnread returns the settings of GIE's EndpointPickerConfig data that
+// change what GIE's picker scrapes and that this picker, which reads the
+// metric flags instead, does not: a metrics-data-source scheme or path
+// other than GIE's defaults (http, /metrics) and, unless metricFlags (a
+// metric flag is set), a core-metrics-extractor defaultEngine other than
+// vllm (GIE's chart passes no metric flag with its latency predictor).
+func gieUnread(data []byte, metricFlags bool) []string {
+	var c struct {
+		Plugins []struct {
+			Type       string         `json:"type"`
+			Parameters map[string]any `json:"parameters"`
+		} `json:"plugins"`
+	}
+	if yaml.Unmarshal(data, &c) != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range c.Plugins {
+		for _, s := range []struct{ plugin, param, def string }{
+			{"metrics-data-source", "scheme", "http"}, {"metrics-data-source", "path", "/metrics"},
+			{"core-metrics-extractor", "defaultEngine", "vllm"},
+		} {
+			v, ok := p.Parameters[s.param]
+			if p.Type != s.plugin || !ok || fmt.Sprint(v) == s.def || s.param == "defaultEngine" && metricFlags {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s %s %q", s.plugin, s.param, fmt.Sprint(v)))
+		}
+	}
+	return out
+}
+
+// classifyConfig is routingOrGIEConfig on the file's bytes. GIE reads the
+// file as YAML, so its configuration may be JSON too: a JSON object of
+// kind EndpointPickerConfig is GIE's.
 func classifyConfig(path string, data []byte) (bool, error) {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' && json.Valid(t) {
+		if json.Unmarshal(t, &head) == nil && head.Kind == "EndpointPickerConfig" {
+			return false, nil
+		}
 		if _, err := config.Decode(path, data); err != nil {
 			return false, err
 		}
 		return true, nil
-	}
-	var head struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
 	}
 	if err := yaml.Unmarshal(data, &head); err != nil || head.Kind != "EndpointPickerConfig" {
 		return false, usagef("invalid --config-file %q: neither a routing configuration (JSON) nor GIE's EndpointPickerConfig (kind %q)", path, head.Kind)
@@ -278,5 +322,9 @@ func (fl *pickerFlags) logIgnored(logger *slog.Logger) {
 	if fl.gieConfigIgnored {
 		logger.Warn("GIE EndpointPickerConfig given with --config-file: its plugins are ignored; routing comes from the routing configuration and --pool-model",
 			"file", fl.gie.configFile)
+	}
+	if len(fl.gieUnread) > 0 {
+		logger.Warn("GIE EndpointPickerConfig sets how engines are scraped, not read here: the engines' metric names and path come from the metric flags (--total-queued-requests-metric, --model-server-metrics-path, ...), else are detected (docs/kubernetes.md)",
+			"file", fl.gie.configFile, "settings", fl.gieUnread)
 	}
 }

@@ -16,10 +16,12 @@ func FuzzClassifyConfig(f *testing.F) {
 		`{}`, `{"version":1,"models":{"m":{"mode":"nope"}}}`, `{`,
 		"apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins: []\n",
 		"kind: Deployment\n", "", "\x00", "kind: [", "- a\n- b\n",
+		"kind: EndpointPickerConfig\nplugins:\n- type: metrics-data-source\n  parameters: {path: [1], scheme: null}\n- type: core-metrics-extractor\n  parameters: 3\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		_ = gieUnread(data, false) // never a panic
 		own, err := classifyConfig("fuzz", data)
 		if err != nil {
 			var ue *usageError

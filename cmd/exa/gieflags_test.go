@@ -46,7 +46,7 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		{[]string{"--refresh-metrics-interval", "0s"}, `invalid --refresh-metrics-interval "0s": must be positive`},
 		{[]string{"--pool-group", "inference.networking.x-k8s.io"}, `invalid --pool-group "inference.networking.x-k8s.io": only inference.networking.k8s.io`},
 		{[]string{"--pool-name", "p", "--service", "s"}, `invalid --service "s": --pool-name "p" is set`},
-		{[]string{"--pool-model", " m"}, `invalid --pool-model " m"`},
+		{[]string{"--pool-name", "p", "--pool-model", " m"}, `invalid --pool-model " m": gateway: invalid model " m": must not start or end with spaces`},
 		{[]string{"--grpc-port", "70000"}, `invalid --grpc-port "70000": want a port`},
 		{[]string{"--grpc-health-port", "-1"}, `invalid --grpc-health-port "-1": want a port`},
 		{[]string{"--grpc-port", "9002", "--listen", "127.0.0.1:0"}, `invalid --grpc-port "9002": --listen is set too`},
@@ -141,4 +141,22 @@ func TestStaticBuildVersion(t *testing.T) {
 	out, err = list.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Empty(t, strings.TrimSpace(string(out)), "packages exa cannot build without cgo")
+}
+
+// GIE reads --config-file with sigs.k8s.io/yaml, so its
+// EndpointPickerConfig may be written as JSON: it is GIE's configuration
+// (plugins ignored) then too, not a routing configuration refused for
+// its unknown fields.
+func TestClassifyConfigGIEAsJSON(t *testing.T) {
+	for _, data := range []string{
+		`{"apiVersion":"inference.networking.x-k8s.io/v1alpha1","kind":"EndpointPickerConfig","plugins":[{"type":"queue-scorer"}]}`,
+		" {\"kind\": \"EndpointPickerConfig\"}\n",
+	} {
+		own, err := classifyConfig("epp.json", []byte(data))
+		require.NoError(t, err, data)
+		assert.False(t, own, data)
+	}
+	own, err := classifyConfig("r.json", []byte(`{"version":1,"models":{"m":{"mode":"cache_aware"}}}`))
+	require.NoError(t, err)
+	assert.True(t, own)
 }

@@ -9,6 +9,8 @@
 //	exa serve routing simulate MODEL [flags] compare policies in simulation
 //	exa serve routing stats MODEL            configuration and routing statistics
 //	exa serve gateway [flags]                run the OpenAI-compatible HTTP gateway
+//	exa serve picker [flags]                 serve the routing to Envoy as an endpoint picker
+//	exa --pool-name POOL [picker flags]      the same, as GIE's chart starts its picker
 //	exa completion bash|zsh|fish|powershell  shell completion script
 //
 // The configuration file is $EXA_CONFIG when set, else routing.json in the
@@ -25,6 +27,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/spf13/cobra"
 )
 
 func main() {
@@ -34,6 +38,7 @@ func main() {
 // run executes the command line args and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	root := rootCmd
+	args = gieInvocation(root, args)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -43,6 +48,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	errorLine(stderr, jsonLogs(cmd), "exa: "+oneLine(strings.TrimPrefix(err.Error(), "gateway: ")))
 	return exitCode(err)
+}
+
+// gieInvocation returns args, preceded by "serve picker" when they start
+// with a flag of `exa serve picker` that exa itself does not have: GIE's
+// InferencePool chart gives its endpoint picker's container arguments and
+// no command, so with this image the process gets GIE's picker flags
+// alone (docs/kubernetes.md).
+func gieInvocation(root *cobra.Command, args []string) []string {
+	if len(args) == 0 || !strings.HasPrefix(args[0], "--") {
+		return args
+	}
+	name, _, _ := strings.Cut(strings.TrimPrefix(args[0], "--"), "=")
+	picker, _, err := root.Find([]string{"serve", "picker"})
+	if err != nil || picker.Name() != "picker" || root.Flags().Lookup(name) != nil || name == "help" || name == "version" {
+		return args
+	}
+	if picker.Flags().Lookup(name) == nil {
+		return args
+	}
+	return append([]string{"serve", "picker"}, args...)
 }
 
 // oneLine folds a message onto one line.

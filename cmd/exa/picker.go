@@ -43,6 +43,7 @@ type pickerFlags struct {
 	conns                           pickerConnFlags
 	gie                             gieFlags
 	gieConfigIgnored                bool
+	gieUnread                       []string // settings of the ignored file that change GIE's scrapes (logged)
 	slo                             sloFlags // --slo-*
 }
 

@@ -55,6 +55,8 @@ var values = map[string]map[string]any{
 	"gateway-secure": {"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm"},
 		"gateway": map[string]any{"tlsSecret": "gw-tls", "apiKeysSecret": "gw-keys",
 			"rateLimit": map[string]any{"perSecond": 5, "burst": 20, "key": "header:Authorization"}}},
+	// Three pickers electing a leader on the pool's Lease.
+	"picker-ha": {"mode": "picker", "replicas": 3, "models": []any{"llama"}, "pool": map[string]any{"name": "llama"}},
 	// The picker with mutual TLS: a client CA Secret and an allowed SAN.
 	"picker-mtls": {"mode": "picker", "models": []any{"llama"}, "pool": map[string]any{"name": "llama"},
 		"picker": map[string]any{"clientCASecret": "envoy-client-ca", "clientSANs": []any{"spiffe://cluster.local/ns/gw/sa/envoy"},
@@ -85,7 +87,7 @@ func renderAs(t *testing.T, vals map[string]any, release, ns string) map[string]
 // defaults, the tests' own and every documented `helm install`.
 func appliedSets(t *testing.T) []docSet {
 	sets := []docSet{{where: "values.yaml defaults", release: "exa", values: map[string]any{}}}
-	for _, name := range []string{"picker", "gateway", "picker-mtls", "gateway-peers", "gateway-peers-tls", "gateway-secure"} {
+	for _, name := range []string{"picker", "gateway", "picker-mtls", "picker-ha", "gateway-peers", "gateway-peers-tls", "gateway-secure"} {
 		sets = append(sets, docSet{where: "chart_test.go " + name, release: "exa", values: values[name]})
 	}
 	return append(sets, docSets(t)...)
