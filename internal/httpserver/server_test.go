@@ -330,17 +330,8 @@ func TestDisconnectCancelsContext(t *testing.T) {
 		{"long delay, body", time.Millisecond * 50, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			started, canceled := make(chan struct{}), make(chan error, 1)
-			addr, _ := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.ReadAll(r.Body)
-				close(started)
-				select {
-				case <-r.Context().Done():
-					canceled <- r.Context().Err()
-				case <-time.After(waitLimit):
-					canceled <- errors.New("not canceled")
-				}
-			}), Options{DisconnectCheckDelay: tt.delay})
+			h, started, canceled := awaitCancel()
+			addr, _ := startServer(t, h, Options{DisconnectCheckDelay: tt.delay})
 			conn, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
 			_, err = io.WriteString(conn, tt.raw)
@@ -605,17 +596,8 @@ func TestContextLocalAddr(t *testing.T) {
 // not yet due was never watched and its handler ran on after its client
 // left).
 func TestShutdownTimedOutKeepsWatch(t *testing.T) {
-	started, canceled := make(chan struct{}), make(chan error, 1)
-	s, err := New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		close(started)
-		select {
-		case <-r.Context().Done():
-			canceled <- r.Context().Err()
-		case <-time.After(waitLimit):
-			canceled <- errors.New("not canceled")
-		}
-	}), Options{Logger: quietLogger(), DisconnectCheckDelay: 50 * time.Millisecond})
+	h, started, canceled := awaitCancel()
+	s, err := New(h, Options{Logger: quietLogger(), DisconnectCheckDelay: 50 * time.Millisecond})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -630,4 +612,21 @@ func TestShutdownTimedOutKeepsWatch(t *testing.T) {
 	require.ErrorIs(t, s.Shutdown(ctx), context.Canceled, "the request is still in flight")
 	require.NoError(t, conn.Close())
 	require.ErrorIs(t, <-canceled, context.Canceled)
+}
+
+// awaitCancel returns a handler of one request that reads its body, closes
+// started and sends its context's error on canceled once the context ends
+// (an error if it has not within waitLimit).
+func awaitCancel() (http.Handler, chan struct{}, chan error) {
+	started, canceled := make(chan struct{}), make(chan error, 1)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		close(started)
+		select {
+		case <-r.Context().Done():
+			canceled <- r.Context().Err()
+		case <-time.After(waitLimit):
+			canceled <- errors.New("not canceled")
+		}
+	}), started, canceled
 }
