@@ -136,6 +136,9 @@ func AdmissionText(a gateway.Admission) string {
 	if a.Outstanding > 0 {
 		add(fmt.Sprintf("outstanding >= %d", a.Outstanding))
 	}
+	if a.PendingPrefill > 0 {
+		add(fmt.Sprintf("pending prefill >= %d blocks", a.PendingPrefill))
+	}
 	if a.Staleness > 0 {
 		add(fmt.Sprintf("load older than %v", a.Staleness))
 	}

@@ -36,3 +36,12 @@ func TestFillAdmission(t *testing.T) {
 	require.NoError(t, FillAdmission(&a, time.Second))
 	require.Zero(t, a.Staleness, "pending prefill is the front's own count: never stale")
 }
+
+// TestAdmissionText: a shed request's message names every threshold set,
+// pending prefill's too (a rule of --shed-pending-prefill alone named
+// none: "no eligible replica has room ()").
+func TestAdmissionText(t *testing.T) {
+	require.Equal(t, "pending prefill >= 64 blocks", AdmissionText(gateway.Admission{PendingPrefill: 64}))
+	require.Equal(t, "queue >= 5, KV cache >= 0.8, outstanding >= 3, pending prefill >= 2 blocks, load older than 1s",
+		AdmissionText(gateway.Admission{QueueDepth: 5, KVUtilization: 0.8, Outstanding: 3, PendingPrefill: 2, Staleness: time.Second}))
+}
