@@ -136,20 +136,32 @@ func AdmissionText(a gateway.Admission) string {
 	if a.Outstanding > 0 {
 		add(fmt.Sprintf("outstanding >= %d", a.Outstanding))
 	}
+	if a.PendingPrefill > 0 {
+		add(fmt.Sprintf("pending prefill >= %d blocks", a.PendingPrefill))
+	}
 	if a.Staleness > 0 {
 		add(fmt.Sprintf("load older than %v", a.Staleness))
 	}
 	return s
 }
 
-// FillAdmission checks a's thresholds and, when one is set and Staleness
-// is 0, sets Staleness to three scrape intervals: load older than that
-// counts as no room (unless every replica's is: admission then fails
-// open). Its errors name the field and value.
+// FillAdmission checks a's thresholds (none negative, KVUtilization in
+// 0..1) and, when a load threshold is set and Staleness is 0, sets
+// Staleness to three scrape intervals: load older than that counts as no
+// room (unless every replica's is: admission then fails open). Its errors
+// name the field and value.
 func FillAdmission(a *gateway.Admission, scrapeInterval time.Duration) error {
+	for _, f := range [...]struct {
+		name string
+		v    int64
+	}{{"QueueDepth", int64(a.QueueDepth)}, {"Outstanding", int64(a.Outstanding)}, {"PendingPrefill", int64(a.PendingPrefill)}} {
+		if f.v < 0 {
+			return fmt.Errorf("Admission.%s %d is negative", f.name, f.v)
+		}
+	}
 	switch {
-	case a.QueueDepth < 0 || a.Outstanding < 0 || a.Staleness < 0:
-		return fmt.Errorf("Admission %+v has a negative threshold", *a)
+	case a.Staleness < 0:
+		return fmt.Errorf("Admission.Staleness %v is negative", a.Staleness)
 	case !(a.KVUtilization >= 0 && a.KVUtilization <= 1):
 		return fmt.Errorf("Admission.KVUtilization %v is outside 0..1", a.KVUtilization)
 	case (a.QueueDepth > 0 || a.KVUtilization > 0 || a.Outstanding > 0) && a.Staleness == 0:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
@@ -337,16 +338,17 @@ func (g *flowGauges) Collect(ch chan<- prometheus.Metric) {
 		stats[model] = mf.ctl.Stats()
 	}
 	f.mu.Unlock()
-	prios := map[int]bool{0: true}
+	configured := map[int]bool{0: true}
 	for _, p := range *f.objectives.Load() {
-		prios[p] = true
+		configured[p] = true
 	}
 	for model, s := range stats {
 		held := map[int]flow.BandStats{}
 		for _, b := range s.Bands {
 			held[b.Priority] = b
 		}
-		for p := range held { // a band of objectives since replaced
+		prios := maps.Clone(configured)
+		for p := range held { // a band of objectives since replaced: this model's alone
 			prios[p] = true
 		}
 		for p := range prios {

@@ -220,3 +220,49 @@ func heldIn(f *FlowControl, model string) int {
 	}
 	return 0
 }
+
+// TestFlowGaugesPerModel: a band a model's queue still holds after the
+// objectives that made it were replaced is reported for that model
+// alone, at every scrape; another model reports the configured
+// priorities only (the series do not depend on the order the models are
+// read in).
+func TestFlowGaugesPerModel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f, err := NewFlowControl(flow.Options{Enabled: true, Objectives: map[string]int{"hi": 7}, Queue: flow.Config{TTL: time.Hour}}, nil, reg)
+	require.NoError(t, err)
+	defer f.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan error, 2)
+	hold := func(model, objective string) {
+		h := http.Header{}
+		h.Set(flow.HeaderObjective, objective)
+		go func() { out <- f.Hold(ctx, model, h, 1, func() bool { return false }) }()
+	}
+	hold("a", "hi")
+	hold("b", "")
+	require.Eventually(t, func() bool { return heldIn(f, "a") == 1 && heldIn(f, "b") == 1 }, 10*time.Second, time.Millisecond)
+	f.SetObjectives(nil) // band 7 is now held by "a" only, and configured nowhere
+	want := map[string]float64{"a/0": 0, "a/7": 1, "b/0": 1}
+	for range 64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() != "exa_gateway_flow_queue_requests" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				l := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					l[lp.GetName()] = lp.GetValue()
+				}
+				got[l["model"]+"/"+l["priority"]] = m.GetGauge().GetValue()
+			}
+		}
+		require.Equal(t, want, got)
+	}
+	cancel()
+	<-out
+	<-out
+}

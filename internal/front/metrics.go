@@ -115,7 +115,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	const ns = "exa_gateway"
 	m := &Metrics{
 		Requests: RequestCounter{prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
-			Help: "Requests received, by model, endpoint (chat, completions, embeddings, tokenize, detokenize, models, other), code (the HTTP status; 499 when the client went away) and reason (empty, or how an answer ended early: client_canceled, stream_error, aborted, stream_ended; or why it was refused: shed, slo_unattainable)."},
+			Help: "Requests received, by model, endpoint (chat, completions, responses, embeddings, tokenize, detokenize, models, other), code (the HTTP status; 499 when the client went away) and reason (empty, or how an answer ended early: client_canceled, stream_error, aborted, stream_ended; or why it was refused: shed, slo_unattainable)."},
 			[]string{"model", "endpoint", "code", "reason"})},
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decisions_total",
 			Help: "Routing decisions by model and kind (affinity, load_aware, round_robin)."}, []string{"model", "kind"}),

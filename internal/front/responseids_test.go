@@ -128,7 +128,7 @@ func TestEvicteeProperty(t *testing.T) {
 // its client and last use: never more than its capacity; a full table
 // forgets the least recently used id of a client evictee allows (one
 // holding the most, the adder counted with its new id); nothing else is
-// forgotten.
+// forgotten; a client is kept only while it holds ids.
 func TestResponseIDsModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		capacity := rapid.IntRange(1, 12).Draw(t, "capacity")
@@ -199,6 +199,18 @@ func TestResponseIDsModel(t *testing.T) {
 			}
 			if r.Len() != len(model) || r.Len() > capacity {
 				t.Fatalf("table holds %d, model %d, capacity %d", r.Len(), len(model), capacity)
+			}
+			// The clients kept are those holding ids: a client is
+			// forgotten with its last id, so their number is bounded by
+			// the ids', however many clients come and go.
+			holding := 0
+			for _, n := range counts() {
+				if n > 0 {
+					holding++
+				}
+			}
+			if len(r.clients) != holding {
+				t.Fatalf("table keeps %d clients, %d hold ids", len(r.clients), holding)
 			}
 		}
 	})
