@@ -631,8 +631,33 @@ func (k *kvRuntime) close() {
 // forgotten); replicas newly attached to an engine heard before (a model
 // switched to the exact index, a rebuilt gateway, a replica whose address
 // or capacity changed) get the blocks its index holds, which the engine
-// will not announce again.
+// will not announce again. Replicas an engine heard before no longer
+// updates (the engine gone or refused, or the replica moved to another
+// engine) lose their blocks, which none of its events would remove: the
+// reset's own clear reaches only the replicas the new table attaches.
 func (k *kvRuntime) reconcile(old, next *kvTable) {
+	detach := map[string][]kvAttach{}
+	for id, oe := range old.engines {
+		if id != oe.id {
+			continue // another name of the engine
+		}
+		ne := next.engines[id]
+		for _, a := range oe.attach {
+			if ne == nil || ne.err != "" || !slices.ContainsFunc(ne.attach, func(b kvAttach) bool { return b.gw == a.gw && b.replica == a.replica }) {
+				detach[id] = append(detach[id], a)
+			}
+		}
+	}
+	if len(detach) > 0 {
+		// With the engine's messages held back (Replay), so that none of
+		// its events reaches the replica after it is cleared.
+		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return detach[tg.Replica] != nil },
+			func(_ kvevents.Source, tg kvevents.Target, _ gateway.Key) {
+				for _, a := range detach[tg.Replica] {
+					_ = a.gw.ApplyEvent(a.replica, gateway.CacheEvent{Kind: gateway.AllCleared})
+				}
+			})
+	}
 	fill := map[string][]kvAttach{}
 	for id, oe := range old.engines {
 		ne := next.engines[id]
