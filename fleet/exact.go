@@ -297,7 +297,9 @@ func buildKVTable(models map[string]*Model) *kvTable {
 		}
 	}
 	for alias, id := range hostNames {
-		t.engines[alias] = t.engines[id]
+		if t.engines[alias] == nil { // a replica's explicit pod keeps its name
+			t.engines[alias] = t.engines[id]
+		}
 	}
 	return t
 }
