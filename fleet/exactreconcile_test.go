@@ -78,3 +78,35 @@ func TestExactReconcileClearsDetachedReplicas(t *testing.T) {
 	require.Contains(t, s.Snapshot().KV.engines[kvID(bind, "p3")].err, "block sizes")
 	require.Equal(t, map[string]int{"a": 1, "b": 0}, cached())
 }
+
+// TestExactMetricsOneSeriesPerSource: a reload that gives an engine a new
+// id (a second replica on its relay endpoint: the endpoint no longer
+// names it alone) leaves its old, reset state in the Translator's figures
+// beside the new one, both under the same endpoint and topic; /metrics
+// shows them as one series each, summed, instead of failing the gather
+// with a series collected twice.
+func TestExactMetricsOneSeriesPerSource(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	relay := freeTCP(t)
+	a := config.Replica{Name: "a", Address: "http://127.0.0.1:8000", Pod: "pa", KVEvents: relay, CacheBlocks: 100}
+	b := config.Replica{Name: "b", Address: "http://127.0.0.1:8001", Pod: "pb", KVEvents: relay, CacheBlocks: 100}
+	file := func(reps ...config.Replica) *config.File {
+		return &config.File{Version: 1, Models: map[string]config.Model{testModel: {
+			Mode: gateway.ModeCacheAware, Index: config.IndexExact, Replicas: reps}}}
+	}
+	require.NoError(t, s.Apply(file(a)))
+	s.kv.tr.Handle(relay, storedMsg(t, "kv@pa@"+testModel, 0, 7))
+	require.NoError(t, s.Apply(file(a, b)))
+	s.kv.tr.Handle(relay, storedMsg(t, "kv@pa@"+testModel, 1, 8))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "exa_gateway_kv_messages_total" {
+			require.Len(t, mf.GetMetric(), 1)
+			require.Equal(t, 2.0, mf.GetMetric()[0].GetCounter().GetValue(), "both states' messages")
+		}
+	}
+}
