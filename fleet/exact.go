@@ -630,9 +630,10 @@ func (k *kvRuntime) close() {
 // reconcile brings the Translator in line with a new table, once it is
 // published: engines gone, or whose block size or chain root changed,
 // are reset (their blocks leave every index and their state is
-// forgotten); replicas newly attached to an engine heard before (a model
-// switched to the exact index, a rebuilt gateway, a replica whose address
-// or capacity changed) get the blocks its index holds, which the engine
+// forgotten; the gone ones leave the Translator, figures and all);
+// replicas newly attached to an engine heard before (a model switched to
+// the exact index, a rebuilt gateway, a replica whose address or
+// capacity changed) get the blocks its index holds, which the engine
 // will not announce again. Replicas an engine heard before no longer
 // updates (the engine gone or refused, or the replica moved to another
 // engine) lose their blocks, which none of its events would remove: the
@@ -677,6 +678,9 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
 			max(ne.maxBlocks, 0) != tg.MaxBlocks || ne.replay != tg.Replay
 	})
+	// Engines gone for good (pods replaced, each under a new id) leave the
+	// Translator, figures and all: else they would fill its MaxEngines.
+	k.tr.Remove(func(id string) bool { return next.engines[id] == nil })
 	if len(fill) > 0 {
 		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return fill[tg.Replica] != nil },
 			func(_ kvevents.Source, tg kvevents.Target, keys gateway.Key) {

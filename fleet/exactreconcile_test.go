@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/binary"
+	"fmt"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/kvevents"
 )
 
 // storedMsg is a KV-event message of one BlockStored event of one
@@ -79,34 +81,69 @@ func TestExactReconcileClearsDetachedReplicas(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 1, "b": 0}, cached())
 }
 
-// TestExactMetricsOneSeriesPerSource: a reload that gives an engine a new
-// id (a second replica on its relay endpoint: the endpoint no longer
-// names it alone) leaves its old, reset state in the Translator's figures
-// beside the new one, both under the same endpoint and topic; /metrics
-// shows them as one series each, summed, instead of failing the gather
-// with a series collected twice.
+// TestExactMetricsOneSeriesPerSource: an engine's state outlives its
+// reset (an ejection) while its engine is configured, so after a reload
+// that resolves its topic to another engine (here a replica's explicit
+// pod that is the first engine's host) two states carry the same
+// endpoint and topic; /metrics shows them as one series each, summed,
+// instead of failing the gather with a series collected twice.
 func TestExactMetricsOneSeriesPerSource(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s, err := New(Options{Registerer: reg, Logger: quietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	relay := freeTCP(t)
-	a := config.Replica{Name: "a", Address: "http://127.0.0.1:8000", Pod: "pa", KVEvents: relay, CacheBlocks: 100}
-	b := config.Replica{Name: "b", Address: "http://127.0.0.1:8001", Pod: "pb", KVEvents: relay, CacheBlocks: 100}
+	bind := freeTCP(t)
 	file := func(reps ...config.Replica) *config.File {
 		return &config.File{Version: 1, Models: map[string]config.Model{testModel: {
-			Mode: gateway.ModeCacheAware, Index: config.IndexExact, Replicas: reps}}}
+			Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}}}
 	}
+	a := config.Replica{Name: "a", Address: "http://127.0.0.1:8000", CacheBlocks: 100}
 	require.NoError(t, s.Apply(file(a)))
-	s.kv.tr.Handle(relay, storedMsg(t, "kv@pa@"+testModel, 0, 7))
-	require.NoError(t, s.Apply(file(a, b)))
-	s.kv.tr.Handle(relay, storedMsg(t, "kv@pa@"+testModel, 1, 8))
+	topic := "kv@127.0.0.1@" + testModel // a's engine by its host alone
+	s.kv.tr.Handle(bind, storedMsg(t, topic, 0, 7))
+	st := s.Snapshot()
+	require.Equal(t, 1, s.kv.resetEngines(st.KV, st.Models[testModel].ByName["a"]))
+	require.NoError(t, s.Apply(file(a, config.Replica{Name: "c", Address: "http://127.0.0.2:8000", Pod: "127.0.0.1", CacheBlocks: 100})))
+	s.kv.tr.Handle(bind, storedMsg(t, topic, 0, 8))
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
+	found := false
 	for _, mf := range mfs {
 		if mf.GetName() == "exa_gateway_kv_messages_total" {
+			found = true
 			require.Len(t, mf.GetMetric(), 1)
 			require.Equal(t, 2.0, mf.GetMetric()[0].GetCounter().GetValue(), "both states' messages")
 		}
 	}
+	require.True(t, found)
+}
+
+// TestExactEnginesComeAndGo: engines that reloads remove (pods replaced,
+// each with a new address) leave the Translator: they neither fill
+// kvevents.MaxEngines, after which no new engine would be heard, nor keep
+// their series on /metrics.
+func TestExactEnginesComeAndGo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Logger: quietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	bind := freeTCP(t)
+	const per = 64
+	for round := range kvevents.MaxEngines/per + 1 {
+		reps := make([]config.Replica, per)
+		for i := range reps {
+			reps[i] = config.Replica{Name: fmt.Sprintf("r%d", i), Address: fmt.Sprintf("http://10.%d.%d.%d:8000", round/200, round%200, i+1), CacheBlocks: 100}
+		}
+		require.NoError(t, s.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {
+			Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}}}))
+		for i, r := range reps {
+			s.kv.tr.Handle(bind, storedMsg(t, "kv@"+r.Address[len("http://"):]+"@"+testModel, 0, uint64(i)))
+		}
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
+			require.Equal(t, 1, r.CachedBlocks, "round %d: %s heard", round, r.Name)
+		}
+	}
+	engines, glob := s.kv.tr.Stats()
+	require.Len(t, engines, per, "only the configured engines")
+	require.Zero(t, glob.Unresolved)
 }
