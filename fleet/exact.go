@@ -673,9 +673,18 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 			}
 		}
 	}
+	// An engine a name no longer leads to (its host alone, now shared;
+	// a pod now another replica's) is reset too, so that the Translator
+	// resolves its sources afresh rather than send them on to it.
+	moved := map[string]bool{}
+	for name, oe := range old.engines {
+		if ne := next.engines[name]; ne == nil || ne.id != oe.id {
+			moved[oe.id] = true
+		}
+	}
 	k.tr.Reset(func(src kvevents.Source, tg kvevents.Target) bool {
 		ne := next.engines[tg.Replica]
-		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
+		return ne == nil || moved[tg.Replica] || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
 			max(ne.maxBlocks, 0) != tg.MaxBlocks || ne.replay != tg.Replay
 	})
 	// Engines gone for good (pods replaced, each under a new id) leave the

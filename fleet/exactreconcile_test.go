@@ -147,3 +147,38 @@ func TestExactEnginesComeAndGo(t *testing.T) {
 	require.Len(t, engines, per, "only the configured engines")
 	require.Zero(t, glob.Unresolved)
 }
+
+// TestExactReconcileNameMoves: a reload that takes a name away from an
+// engine (its host alone, once a second engine shares the host) resets
+// it, so that messages under that name are resolved afresh instead of
+// reaching it through the Translator's cache of sources.
+func TestExactReconcileNameMoves(t *testing.T) {
+	s, err := New(Options{Registerer: prometheus.NewRegistry(), Logger: quietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	bind := freeTCP(t)
+	file := func(reps ...config.Replica) *config.File {
+		return &config.File{Version: 1, Models: map[string]config.Model{testModel: {
+			Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: reps}}}
+	}
+	cached := func() map[string]int {
+		out := map[string]int{}
+		for _, r := range s.Snapshot().Models[testModel].Gateway.Replicas() {
+			out[r.Name] = r.CachedBlocks
+		}
+		return out
+	}
+	a := config.Replica{Name: "a", Address: "http://127.0.0.1:8000", CacheBlocks: 100}
+	b := config.Replica{Name: "b", Address: "http://127.0.0.1:8001", CacheBlocks: 100}
+	topic := "kv@127.0.0.1@" + testModel // a's engine by its host alone
+	require.NoError(t, s.Apply(file(a)))
+	s.kv.tr.Handle(bind, storedMsg(t, topic, 0, 7))
+	require.Equal(t, map[string]int{"a": 1}, cached())
+
+	require.NoError(t, s.Apply(file(a, b))) // the host names neither now
+	require.Equal(t, map[string]int{"a": 0, "b": 0}, cached(), "a, heard by that name only, is reset")
+	s.kv.tr.Handle(bind, storedMsg(t, topic, 1, 8))
+	require.Equal(t, map[string]int{"a": 0, "b": 0}, cached(), "the name resolves to no engine")
+	_, glob := s.kv.tr.Stats()
+	require.Equal(t, uint64(1), glob.Unresolved)
+}
