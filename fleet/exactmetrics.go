@@ -116,9 +116,10 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	engines, glob := s.kv.tr.Stats()
 	// Two engine states may carry one source (endpoint and topic): one
-	// reset when a reload gave its engine another id, and the one its
-	// messages resolve to now. Their figures are summed into one series
-	// each: a series collected twice fails the whole gather.
+	// reset (an ejection) and kept while its engine is configured, and
+	// the one a reload now resolves the source to. Their figures are
+	// summed into one series each: a series collected twice fails the
+	// whole gather.
 	type series struct {
 		d      *prometheus.Desc
 		t      prometheus.ValueType
