@@ -297,7 +297,9 @@ func buildKVTable(models map[string]*Model) *kvTable {
 		}
 	}
 	for alias, id := range hostNames {
-		t.engines[alias] = t.engines[id]
+		if t.engines[alias] == nil { // a replica's explicit pod keeps its name
+			t.engines[alias] = t.engines[id]
+		}
 	}
 	return t
 }
@@ -628,11 +630,37 @@ func (k *kvRuntime) close() {
 // reconcile brings the Translator in line with a new table, once it is
 // published: engines gone, or whose block size or chain root changed,
 // are reset (their blocks leave every index and their state is
-// forgotten); replicas newly attached to an engine heard before (a model
-// switched to the exact index, a rebuilt gateway, a replica whose address
-// or capacity changed) get the blocks its index holds, which the engine
-// will not announce again.
+// forgotten; the gone ones leave the Translator, figures and all);
+// replicas newly attached to an engine heard before (a model switched to
+// the exact index, a rebuilt gateway, a replica whose address or
+// capacity changed) get the blocks its index holds, which the engine
+// will not announce again. Replicas an engine heard before no longer
+// updates (the engine gone or refused, or the replica moved to another
+// engine) lose their blocks, which none of its events would remove: the
+// reset's own clear reaches only the replicas the new table attaches.
 func (k *kvRuntime) reconcile(old, next *kvTable) {
+	detach := map[string][]kvAttach{}
+	for id, oe := range old.engines {
+		if id != oe.id {
+			continue // another name of the engine
+		}
+		ne := next.engines[id]
+		for _, a := range oe.attach {
+			if ne == nil || ne.err != "" || !slices.ContainsFunc(ne.attach, func(b kvAttach) bool { return b.gw == a.gw && b.replica == a.replica }) {
+				detach[id] = append(detach[id], a)
+			}
+		}
+	}
+	if len(detach) > 0 {
+		// With the engine's messages held back (Replay), so that none of
+		// its events reaches the replica after it is cleared.
+		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return detach[tg.Replica] != nil },
+			func(_ kvevents.Source, tg kvevents.Target, _ gateway.Key) {
+				for _, a := range detach[tg.Replica] {
+					_ = a.gw.ApplyEvent(a.replica, gateway.CacheEvent{Kind: gateway.AllCleared})
+				}
+			})
+	}
 	fill := map[string][]kvAttach{}
 	for id, oe := range old.engines {
 		ne := next.engines[id]
@@ -645,11 +673,23 @@ func (k *kvRuntime) reconcile(old, next *kvTable) {
 			}
 		}
 	}
+	// An engine a name no longer leads to (its host alone, now shared;
+	// a pod now another replica's) is reset too, so that the Translator
+	// resolves its sources afresh rather than send them on to it.
+	moved := map[string]bool{}
+	for name, oe := range old.engines {
+		if ne := next.engines[name]; ne == nil || ne.id != oe.id {
+			moved[oe.id] = true
+		}
+	}
 	k.tr.Reset(func(src kvevents.Source, tg kvevents.Target) bool {
 		ne := next.engines[tg.Replica]
-		return ne == nil || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
+		return ne == nil || moved[tg.Replica] || ne.err != "" || ne.bs != tg.BlockSize || cmp.Or(ne.model, src.Model) != tg.Model ||
 			max(ne.maxBlocks, 0) != tg.MaxBlocks || ne.replay != tg.Replay
 	})
+	// Engines gone for good (pods replaced, each under a new id) leave the
+	// Translator, figures and all: else they would fill its MaxEngines.
+	k.tr.Remove(func(id string) bool { return next.engines[id] == nil })
 	if len(fill) > 0 {
 		k.tr.Replay(func(_ kvevents.Source, tg kvevents.Target) bool { return fill[tg.Replica] != nil },
 			func(_ kvevents.Source, tg kvevents.Target, keys gateway.Key) {

@@ -195,3 +195,24 @@ func tokenizeSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	}
 	return got
 }
+
+// TestExactKVTableExplicitPod: a replica's explicit pod that is another
+// replica's host (two engines on one host, one naming itself by its
+// POD_IP) names that replica's engine; the host does not become another
+// name of the engine on the host's other port.
+func TestExactKVTableExplicitPod(t *testing.T) {
+	gw, err := gateway.New([]gateway.Replica{{Name: "a"}, {Name: "b"}})
+	require.NoError(t, err)
+	const bind = "tcp://*:5557"
+	cfg := config.Model{Mode: gateway.ModeCacheAware, Index: config.IndexExact, KVEventsBind: bind, Replicas: []config.Replica{
+		{Name: "a", Address: "http://10.0.0.5:8000", Pod: "10.0.0.5"},
+		{Name: "b", Address: "http://10.0.0.5:8001"},
+	}}
+	m := &Model{Name: testModel, Cfg: cfg, Gateway: gw, ByName: map[string]*Endpoint{}}
+	for _, r := range cfg.Replicas {
+		m.ByName[r.Name] = NewEndpoint(NormalizeAddress(r.Address))
+	}
+	tab := buildKVTable(map[string]*Model{testModel: m})
+	require.Equal(t, []string{testModel + "/a"}, tab.replicasOf(kvID(bind, "10.0.0.5")))
+	require.Equal(t, []string{testModel + "/b"}, tab.replicasOf(kvID(bind, "10.0.0.5:8001")))
+}

@@ -115,30 +115,57 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	engines, glob := s.kv.tr.Stats()
+	// Two engine states may carry one source (endpoint and topic): one
+	// reset (an ejection) and kept while its engine is configured, and
+	// the one a reload now resolves the source to. Their figures are
+	// summed into one series each: a series collected twice fails the
+	// whole gather.
+	type series struct {
+		d      *prometheus.Desc
+		t      prometheus.ValueType
+		labels [3]string
+		n      int
+	}
+	var order []series
+	sums := map[series]float64{}
+	sum := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		k := series{d: d, t: t, n: len(labels)}
+		copy(k.labels[:], labels)
+		if _, ok := sums[k]; !ok {
+			order = append(order, k)
+		}
+		sums[k] += v
+	}
+	sumCounter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		sum(d, prometheus.CounterValue, float64(v), labels...)
+	}
 	for i := range engines {
 		e := &engines[i]
 		l := []string{e.Source.Endpoint, e.Source.Topic}
-		counter(descKVMessages, e.Messages, l...)
-		counter(descKVMalformed, e.MalformedMessages, l...)
-		counter(descKVEvents, e.Events, l...)
-		counter(descKVApplied, e.Applied, l...)
+		sumCounter(descKVMessages, e.Messages, l...)
+		sumCounter(descKVMalformed, e.MalformedMessages, l...)
+		sumCounter(descKVEvents, e.Events, l...)
+		sumCounter(descKVApplied, e.Applied, l...)
 		for _, d := range droppedBy(e) {
-			counter(descKVDropped, d.n, e.Source.Endpoint, e.Source.Topic, d.reason)
+			sumCounter(descKVDropped, d.n, e.Source.Endpoint, e.Source.Topic, d.reason)
 		}
-		counter(descKVStored, e.StoredBlocks, l...)
-		counter(descKVRemoved, e.RemovedBlocks, l...)
-		counter(descKVGaps, e.Gaps, l...)
-		counter(descKVRestarts, e.Restarts, l...)
-		counter(descKVOverflow, e.Overflows, l...)
-		counter(descKVBudget, e.BudgetClears, l...)
-		counter(descKVClears, e.Clears, l...)
-		counter(descKVSkipped, e.Skipped, l...)
-		counter(descKVRejected, e.Rejected, l...)
-		counter(descKVResets, e.Resets, l...)
-		counter(descKVReplays, e.ReplaySucceeded, e.Source.Endpoint, e.Source.Topic, "succeeded")
-		counter(descKVReplays, e.ReplayFailed, e.Source.Endpoint, e.Source.Topic, "failed")
-		counter(descKVReplayed, e.ReplayedBatches, l...)
-		gauge(descKVMapped, float64(e.Mapped), l...)
+		sumCounter(descKVStored, e.StoredBlocks, l...)
+		sumCounter(descKVRemoved, e.RemovedBlocks, l...)
+		sumCounter(descKVGaps, e.Gaps, l...)
+		sumCounter(descKVRestarts, e.Restarts, l...)
+		sumCounter(descKVOverflow, e.Overflows, l...)
+		sumCounter(descKVBudget, e.BudgetClears, l...)
+		sumCounter(descKVClears, e.Clears, l...)
+		sumCounter(descKVSkipped, e.Skipped, l...)
+		sumCounter(descKVRejected, e.Rejected, l...)
+		sumCounter(descKVResets, e.Resets, l...)
+		sumCounter(descKVReplays, e.ReplaySucceeded, e.Source.Endpoint, e.Source.Topic, "succeeded")
+		sumCounter(descKVReplays, e.ReplayFailed, e.Source.Endpoint, e.Source.Topic, "failed")
+		sumCounter(descKVReplayed, e.ReplayedBatches, l...)
+		sum(descKVMapped, prometheus.GaugeValue, float64(e.Mapped), l...)
+	}
+	for _, k := range order {
+		ch <- prometheus.MustNewConstMetric(k.d, k.t, sums[k], k.labels[:k.n]...)
 	}
 	gauge(descKVAll, float64(glob.Mapped))
 	gauge(descKVAllMax, float64(glob.MaxMapped))

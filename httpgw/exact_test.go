@@ -195,19 +195,19 @@ func TestExactReload(t *testing.T) {
 	require.Equal(t, 3, held("m2", "e0"), "and follows the engine's events")
 	require.Equal(t, 3, held(testModel, "e0"))
 
-	// e1 leaves the configuration: its engine is reset.
+	// e1 leaves the configuration: its engine is reset and forgotten,
+	// its blocks and figures with it.
 	only := ef.cfg
 	only.Replicas = ef.cfg.Replicas[:1]
+	engines, glob := ef.srv.KVStats()
+	require.Len(t, engines, 2)
+	require.Equal(t, int64(5), glob.Mapped)
 	require.NoError(t, ef.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: only, "m2": second}}))
-	var e1 kvevents.EngineStats
-	engines, _ := ef.srv.KVStats()
+	engines, glob = ef.srv.KVStats()
 	for _, e := range engines {
-		if e.Source.Pod == ef.pod(1) {
-			e1 = e
-		}
+		require.NotEqual(t, ef.pod(1), e.Source.Pod, "e1's engine is forgotten")
 	}
-	require.Equal(t, uint64(1), e1.Resets)
-	require.Zero(t, e1.Mapped)
+	require.Equal(t, int64(3), glob.Mapped, "e1's blocks left the count")
 
 	// e0 is ejected: its blocks leave both models' indexes.
 	ep := ef.srv.Snapshot().Models[testModel].ByName["e0"]

@@ -381,6 +381,37 @@ func (t *Translator) Reset(match func(Source, Target) bool) int {
 	return len(gone)
 }
 
+// Remove resets, as Reset does, every engine whose Target.Replica gone
+// reports true, and then forgets it with its figures (EngineStats): call
+// it when engines leave the configuration for good (pods replaced, each
+// under its own id), so that they neither count towards MaxEngines,
+// past which no new engine is heard, nor keep their series. It returns
+// how many engines it removed.
+func (t *Translator) Remove(gone func(replica string) bool) int {
+	t.mu.Lock()
+	ids := map[*engine]string{}
+	for id, e := range t.engines {
+		if gone(id) {
+			ids[e] = id
+		}
+	}
+	t.mu.Unlock()
+	for e, id := range ids {
+		e.mu.Lock()
+		e.clear(false)
+		e.resolved, e.seen, e.blocks = false, false, nil
+		e.account()
+		t.forget(map[*engine]bool{e: true})
+		t.mu.Lock()
+		if t.engines[id] == e {
+			delete(t.engines, id)
+		}
+		t.mu.Unlock()
+		e.unlock()
+	}
+	return len(ids)
+}
+
 // Replay calls fn, for every resolved engine for which match returns true
 // (all if match is nil), with the keys of the blocks its index holds for
 // it, in no particular order, then returns how many engines it replayed.

@@ -164,6 +164,20 @@ func TestMapModel(t *testing.T) {
 				if ok {
 					require.Equal(t, want, got)
 				}
+				// Prefix over a chain of keys: the leading ones held.
+				ks := []uint64{k, key(t), key(t)}
+				vals := make([]int, len(ks))
+				n := 0
+				for n < len(ks) {
+					if _, held := model[ks[n]]; !held {
+						break
+					}
+					n++
+				}
+				require.Equal(t, n, m.Prefix(ks, vals))
+				for j := range n {
+					require.Equal(t, model[ks[j]], vals[j])
+				}
 			}
 			require.Equal(t, len(model), m.Len())
 		}
