@@ -103,7 +103,7 @@ func TestCLIDocFlags(t *testing.T) {
 	}
 	collect(rootCmd)
 	prose := doc[:i] + doc[j:]
-	for _, m := range regexp.MustCompile("--([a-z][a-z0-9-]*)(\\*?)").FindAllStringSubmatch(prose, -1) {
+	for _, m := range regexp.MustCompile(`--([a-z][a-z0-9-]*)(\*?)`).FindAllStringSubmatch(prose, -1) {
 		name, prefix := m[1], m[2] == "*"
 		found := all[name]
 		for f := range all {

@@ -156,7 +156,7 @@ func FillAdmission(a *gateway.Admission, scrapeInterval time.Duration) error {
 		v    int64
 	}{{"QueueDepth", int64(a.QueueDepth)}, {"Outstanding", int64(a.Outstanding)}, {"PendingPrefill", int64(a.PendingPrefill)}} {
 		if f.v < 0 {
-			return fmt.Errorf("Admission.%s %d is negative", f.name, f.v)
+			return fmt.Errorf("%s %d is negative", "Admission."+f.name, f.v)
 		}
 	}
 	switch {
