@@ -112,7 +112,7 @@ func TestDecodeRequestFields(t *testing.T) {
 // "messages[i].role", a field the body does not have), and the value
 // found; an item that is not an object counts for the indexes after it.
 func TestItemErrorsNameTheirField(t *testing.T) {
-	for _, tc := range []struct{ body, field, msg string }{
+	requireFieldErrors(t, []fieldErrorCase{
 		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":[1]}]}`, "messages[1].role", "messages[1].role must be a string, not [1]"},
 		{`{"model":"m","messages":[5]}`, "messages[0]", "messages[0] must be an object, not 5"},
 		{`{"model":"m","input":[{"role":"user","content":"x"},{"role":5}]}`, "input[1].role", "input[1].role must be a string, not 5"},
@@ -120,13 +120,7 @@ func TestItemErrorsNameTheirField(t *testing.T) {
 		{`{"model":"m","input":[{"role":"user"},"a",{"role":5}]}`, "input[1]", `input[1] must be an object, not "a"`},
 		{`{"model":"m","input":[{"role":"user"},{"role":"user"},{"role":5},true]}`, "input[2].role", "input[2].role must be a string, not 5"},
 		{`{"model":"m","input":[{"role":"user"},5,{"role":"user"},6]}`, "input[1]", "input[1] must be an object, not 5"},
-	} {
-		_, err := Decode([]byte(tc.body))
-		var fe *FieldError
-		require.ErrorAs(t, err, &fe, tc.body)
-		assert.Equal(t, tc.field, fe.Field, tc.body)
-		assert.Equal(t, tc.msg, fe.Msg, tc.body)
-	}
+	})
 }
 
 // TestToolCallsAreKeyed: an assistant message's "tool_calls" are part of
@@ -161,7 +155,7 @@ func TestToolCallsAreKeyed(t *testing.T) {
 // by its kind (found in review: the errors named the field alone).
 func TestTypeErrorsNameTheValue(t *testing.T) {
 	long := strings.Repeat("x", 50)
-	for _, tc := range []struct{ body, field, msg string }{
+	requireFieldErrors(t, []fieldErrorCase{
 		{`{"model":5}`, "model", `field "model" must be a string, not 5`},
 		{`{"model":"m","stream":"yes"}`, "stream", `field "stream" must be true or false, not "yes"`},
 		{`{"model":"m","stream":1}`, "stream", `field "stream" must be true or false, not 1`},
@@ -170,13 +164,7 @@ func TestTypeErrorsNameTheValue(t *testing.T) {
 		{`{"model":"m","messages":["` + long + `"]}`, "messages[0]", `messages[0] must be an object, not a string`},
 		{`{"model":"m","input":{"` + long + `":1}}`, "input", `field "input" must be a string or an array, not an object`},
 		{`{"model":"m","instructions":false}`, "instructions", `field "instructions" must be a string, not false`},
-	} {
-		_, err := Decode([]byte(tc.body))
-		var fe *FieldError
-		require.ErrorAs(t, err, &fe, tc.body)
-		assert.Equal(t, tc.field, fe.Field, tc.body)
-		assert.Equal(t, tc.msg, fe.Msg, tc.body)
-	}
+	})
 }
 
 // TestAppendKeyOfNoTextAllocatesNothing: the key of a request without
@@ -243,4 +231,20 @@ func TestDecodeMemberNamesAllocateNothing(t *testing.T) {
 		})
 	}
 	assert.Equal(t, allocs(body(1)), allocs(body(100)))
+}
+
+// fieldErrorCase is a body Decode refuses, with the field and message of
+// its FieldError.
+type fieldErrorCase struct{ body, field, msg string }
+
+// requireFieldErrors checks each case's FieldError.
+func requireFieldErrors(t *testing.T, cases []fieldErrorCase) {
+	t.Helper()
+	for _, tc := range cases {
+		_, err := Decode([]byte(tc.body))
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tc.body)
+		assert.Equal(t, tc.field, fe.Field, tc.body)
+		assert.Equal(t, tc.msg, fe.Msg, tc.body)
+	}
 }

@@ -98,14 +98,7 @@ func TestAggregateSplitReads(t *testing.T) {
 	want, err := aggregate(t, true, stream)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"abc"},"logprobs":null,"finish_reason":"stop"}]}`, string(want))
-	for i := 0; i <= len(stream); i++ {
-		g := New(true, 1<<20, 1<<16)
-		require.NoError(t, g.Feed([]byte(stream[:i])))
-		require.NoError(t, g.Feed([]byte(stream[i:])))
-		got, err := g.Answer()
-		require.NoError(t, err, "split at %d", i)
-		require.Equal(t, string(want), string(got), "split at %d", i)
-	}
+	requireEverySplit(t, stream, string(want))
 }
 
 func TestAggregateErrors(t *testing.T) {
@@ -235,14 +228,7 @@ func TestAggregateLineEnds(t *testing.T) {
 	want := `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"abc"},"logprobs":null,"finish_reason":"stop"}]}`
 	for _, end := range []string{"\n", "\r\n", "\r"} {
 		stream := strings.Join(events, end)
-		for i := 0; i <= len(stream); i++ {
-			g := New(true, 1<<20, 1<<16)
-			require.NoError(t, g.Feed([]byte(stream[:i])))
-			require.NoError(t, g.Feed([]byte(stream[i:])))
-			got, err := g.Answer()
-			require.NoError(t, err, "line end %q, split at %d", end, i)
-			require.Equal(t, want, string(got), "line end %q, split at %d", end, i)
-		}
+		t.Run(fmt.Sprintf("%q", end), func(t *testing.T) { requireEverySplit(t, stream, want) })
 	}
 	// A CR then an LF in the next read is one line end: the event goes
 	// on past it.
@@ -294,17 +280,24 @@ func TestAggregateBOM(t *testing.T) {
 	want, err := aggregate(t, true, body)
 	require.NoError(t, err)
 	stream := "\ufeff" + body
+	requireEverySplit(t, stream, string(want))
+	// A second mark, or one after the first line, is not ignored: that
+	// line's field is not "data".
+	got, err := aggregate(t, true, "\ufeff\ufeff"+body)
+	require.NoError(t, err)
+	assert.NotContains(t, string(got), `"content":"ab"`)
+}
+
+// requireEverySplit checks that stream, fed to a chat Aggregator in two
+// reads cut at every byte, assembles into want each time.
+func requireEverySplit(t *testing.T, stream, want string) {
+	t.Helper()
 	for i := 0; i <= len(stream); i++ {
 		g := New(true, 1<<20, 1<<16)
 		require.NoError(t, g.Feed([]byte(stream[:i])))
 		require.NoError(t, g.Feed([]byte(stream[i:])))
 		got, err := g.Answer()
 		require.NoError(t, err, "split at %d", i)
-		require.Equal(t, string(want), string(got), "split at %d", i)
+		require.Equal(t, want, string(got), "split at %d", i)
 	}
-	// A second mark, or one after the first line, is not ignored: that
-	// line's field is not "data".
-	got, err := aggregate(t, true, "\ufeff\ufeff"+body)
-	require.NoError(t, err)
-	assert.NotContains(t, string(got), `"content":"ab"`)
 }
