@@ -97,7 +97,8 @@ func TestPropPDPlan(t *testing.T) {
 			}
 		}
 		healthyDecode := false
-		for i, st := range dg.Replicas() {
+		before := dg.Replicas()
+		for i, st := range before {
 			healthyDecode = healthyDecode || (st.Healthy && din[i])
 		}
 
@@ -112,7 +113,8 @@ func TestPropPDPlan(t *testing.T) {
 		require.True(t, dst.Healthy && din[di], "decode replica %s is healthy and allowed", plan.Decode.Replica)
 		require.Equal(t, dheld[di], plan.Decode.Matched)
 		require.Equal(t, (len(key)-dheld[di])*tpb, plan.Uncached)
-		colocated := dst.PendingPrefill + dst.Load.PeerPrefill // this request's included
+		// The decode replica's queued prefill with this request's.
+		colocated := before[di].PendingPrefill + before[di].Load.PeerPrefill + len(key) - dheld[di]
 		switch {
 		case plan.Uncached < pd.MinUncached:
 			require.False(t, plan.Split)
@@ -133,6 +135,16 @@ func TestPropPDPlan(t *testing.T) {
 		if !plan.Split {
 			require.Equal(t, Decision{}, plan.Prefill)
 		}
+		// A co-located request's uncached blocks are pending on its decode
+		// replica; a split one's are not (its prefill replica does them).
+		pending := before[di].PendingPrefill + len(key) - dheld[di]
+		if plan.Split {
+			pending = before[di].PendingPrefill
+		}
+		require.Equal(t, pending, dst.PendingPrefill, "decode replica's pending prefill, split %v", plan.Split)
+		plan.Decode.FirstToken()
+		plan.Decode.Done(DoneInfo{})
+		require.Equal(t, before[di].PendingPrefill, dg.Replicas()[di].PendingPrefill, "after its first token and end")
 	})
 }
 

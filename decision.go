@@ -36,6 +36,7 @@ type Decision struct {
 	t       *ticket
 	gen     uint64
 	adapter string   // counted against rs until Done
+	handed  bool     // prefill runs elsewhere: nothing pending here (handOff)
 	obs     Observer // the policy, if it observes its decisions
 	id      uint64   // the request's id for obs
 }
@@ -112,7 +113,7 @@ func (d Decision) FirstToken() {
 			next |= flagBusy
 		}
 		if d.t.state.CompareAndSwap(s, next) {
-			addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
+			d.release()
 			if d.obs != nil {
 				d.obs.FirstToken(d.id)
 				d.t.state.And(^uint64(flagBusy))
@@ -140,7 +141,7 @@ func (d Decision) Done(info DoneInfo) {
 		}
 		if d.t.state.CompareAndSwap(s, (d.gen+1)<<2) {
 			if s&flagFirst == 0 {
-				addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
+				d.release()
 			}
 			addClamped(&d.rs.inflight, -1)
 			if d.adapter != "" {
@@ -160,6 +161,26 @@ func (d Decision) Done(info DoneInfo) {
 			return
 		}
 	}
+}
+
+// release takes d's uncached blocks out of its replica's pending prefill,
+// unless handOff already did.
+func (d *Decision) release() {
+	if !d.handed {
+		addClamped(&d.rs.pending, -int64(d.Blocks-d.Matched))
+	}
+}
+
+// handOff records that d's prefill runs on another replica, as for the
+// decode side of a split request (PD.Route): its uncached blocks leave
+// the replica's pending prefill at once rather than at its first token,
+// and its Done teaches the replica's speed nothing of prefill (that first
+// token follows a KV cache handed over, not prefill work here). Called
+// before d is returned, so no report can race it.
+func (d *Decision) handOff() {
+	d.release()
+	d.handed = true
+	d.t.work = 0
 }
 
 // Kind is the kind of a routing decision. The zero value is

@@ -32,7 +32,10 @@ type PD struct {
 // PDDecision is the plan for one request of a disaggregated model. The
 // caller reports each side's progress on its own Decision.
 type PDDecision struct {
-	// Decode is the decision over the decode pool.
+	// Decode is the decision over the decode pool. A split request's
+	// uncached blocks are not pending prefill on its replica (the prefill
+	// replica does that work), and its first token teaches that replica's
+	// speed only the time per output token after it.
 	Decode Decision
 	// Split says the prefill runs on Prefill's replica and the KV cache is
 	// handed to Decode's; else the decode replica prefills (co-located)
@@ -97,6 +100,7 @@ func (p *PD) Route(key Key, tokensPerBlock int, decode, prefill Target) (PDDecis
 		return out, nil
 	}
 	out.Split, out.Prefill = true, pre
+	out.Decode.handOff()
 	return out, nil
 }
 

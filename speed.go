@@ -246,8 +246,9 @@ func (l *speedLearner) withdraw() {
 }
 
 // learn folds a finished request's observations into rs's fit and
-// publishes it. work is the request's prefill work in blocks (see above),
-// load the requests outstanding at the replica when it was routed, itself
+// publishes it. work is the request's prefill work in blocks (see above;
+// 0 when its prefill ran on another replica: then only the time between
+// first token and end teaches anything), load the requests outstanding at the replica when it was routed, itself
 // included (speedload.go).
 func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 	if info.Err != nil {
@@ -259,7 +260,9 @@ func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 	f := l.fit
 	switch {
 	case info.TTFT > 0:
-		f = f.add(w, 0, info.TTFT.Seconds())
+		if work > 0 { // 0: prefill ran elsewhere (Decision.handOff)
+			f = f.add(w, 0, info.TTFT.Seconds())
+		}
 		if info.Elapsed > info.TTFT && o > 0 {
 			y := (info.Elapsed - info.TTFT).Seconds()
 			f = f.add(0, o, y)
@@ -267,7 +270,7 @@ func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 			shiftSum(l.growths, l.load.packed(), lf.packed())
 			l.load = lf
 		}
-	case info.Elapsed > 0 && info.OutputTokens > 0:
+	case info.Elapsed > 0 && info.OutputTokens > 0 && work > 0:
 		f = f.add(w, o, info.Elapsed.Seconds())
 	}
 	old := l.fit.packed()

@@ -444,6 +444,40 @@ func TestGatewayLearnsSpeeds(t *testing.T) {
 	require.ErrorContains(t, err, "Target.TTFT -1ns")
 }
 
+// TestPDSplitTeachesDecodeOnly: the decode side of a split request
+// (PD.Route) teaches its replica the time per output token after its first
+// token, and nothing of prefill: that first token follows the prefill on
+// another replica and the KV cache's transfer. Seen only at its end, it
+// teaches nothing at all.
+func TestPDSplitTeachesDecodeOnly(t *testing.T) {
+	pd := PD{Decode: mustNew(t, replicaNames(1), WithMode(ModeLoadAware)), Prefill: mustNew(t, replicaNames(1), WithMode(ModeCacheAware)), MinUncached: 1}
+	speed := func() (time.Duration, time.Duration) {
+		st := pd.Decode.Replicas()[0]
+		return st.BlockTime, st.TokenTime
+	}
+	for i := range 100 { // seen only at their ends
+		plan, err := pd.Route(keys.AppendHashes(nil, []uint64{uint64(i), 1, 2, 3}), 16, Target{}, Target{})
+		require.NoError(t, err)
+		require.True(t, plan.Split)
+		plan.Prefill.Done(DoneInfo{TTFT: 400 * time.Millisecond, Elapsed: 400 * time.Millisecond, OutputTokens: 1})
+		plan.Decode.Done(DoneInfo{Elapsed: time.Second, OutputTokens: 11})
+	}
+	a, b := speed()
+	require.Zero(t, a, "block time from ends of split requests")
+	require.Zero(t, b, "token time from ends of split requests")
+	for i := range 100 { // streamed: a 10 ms token time after the first token
+		plan, err := pd.Route(keys.AppendHashes(nil, []uint64{uint64(1000 + i), 1, 2, 3}), 16, Target{}, Target{})
+		require.NoError(t, err)
+		require.True(t, plan.Split)
+		plan.Prefill.Done(DoneInfo{TTFT: 400 * time.Millisecond, Elapsed: 400 * time.Millisecond, OutputTokens: 1})
+		plan.Decode.Done(DoneInfo{TTFT: 500 * time.Millisecond, Elapsed: 600 * time.Millisecond, OutputTokens: 11})
+	}
+	a, b = speed()
+	require.Zero(t, a, "block time from first tokens of split requests")
+	require.InDelta(t, float64(10*time.Millisecond), float64(b), float64(time.Millisecond), "token time")
+	require.NotZero(t, pd.Prefill.Replicas()[0].BlockTime, "the prefill replica learns its prefill")
+}
+
 // TestRouteAllocsWithSpeeds: routing with learned speeds and an objective
 // allocates nothing.
 func TestRouteAllocsWithSpeeds(t *testing.T) {
