@@ -14,7 +14,9 @@ const (
 )
 
 // AppendKey appends the prefix key of r to dst, in h's blocks: its system
-// (and developer) messages in order, then the session (the
+// (and developer) messages in order, then its tool definitions (Tools, in
+// the system segment: most chat templates render them beside the system
+// prompt, before the conversation), then the session (the
 // HeaderSessionID value session, else the body's "user"), then the RAG
 // context (the HeaderRAGContext value rag), then the rest of the
 // conversation (or the completions prompt) in order, each part a segment
@@ -31,6 +33,7 @@ func (r *Request) AppendKey(h *Hasher, dst Key, session, rag string) Key {
 			dst = h.AppendSegment(dst, SegmentSystem, m.Text)
 		}
 	}
+	dst = h.AppendSegment(dst, SegmentSystem, r.Tools)
 	if session == "" {
 		session = r.User
 	}

@@ -30,6 +30,10 @@ type Request struct {
 	// Messages are the chat messages (or the responses input items), their
 	// content reduced to text, an assistant's tool_calls after it.
 	Messages []Message
+	// Tools is the JSON text of the "tools" member (the tool definitions
+	// a chat template renders into the prompt, beside the system prompt
+	// in most models' templates), as sent; "" when absent or null.
+	Tools string
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
 	Prompt    string
@@ -354,6 +358,11 @@ func (d *requestReader) member(name string) error {
 		start := r.Offset()
 		err = r.Skip()
 		req.N, _ = tokenLimit(r.Since(start))
+	case "tools":
+		req.Tools = ""
+		if !r.Null() {
+			req.Tools, err = r.Raw()
+		}
 	case "previous_response_id":
 		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
 	case "prompt":

@@ -69,6 +69,9 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 	if raw, ok := top["prompt"]; ok && !isNull(raw) {
 		req.Prompt, req.HasPrompt = promptStd(raw), true
 	}
+	if raw, ok := top["tools"]; ok && !isNull(raw) {
+		req.Tools = string(raw)
+	}
 	if raw, ok := top["previous_response_id"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &req.PreviousResponseID); err != nil {
 			return nil, fieldErr("previous_response_id", "previous_response_id must be a string")
@@ -343,6 +346,7 @@ var decodeSeeds = []string{
 	`{"model":"m","messages":[{"role":null,"content":"x"}]}`,
 	`{"model":"m","messages":[{"content":"no role"}]}`,
 	`{"model":"m","messages":[{"role":"assistant","content":"a","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","tool_calls":[1],"tool_calls":null}]}`,
+	`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"a"}],"tools" : null,"tools":[ 1 , "x" ]}`,
 	`{"model":"m","messages":[1]}`,
 	`{"model":"m","messages":{}}`,
 	`{"model":"m","messages":null}`,

@@ -150,6 +150,43 @@ func TestToolCallsAreKeyed(t *testing.T) {
 	assert.Equal(t, noCalls, nullCalls, "null calls are none")
 }
 
+// TestToolsAreKeyed: a request's tool definitions ("tools") are rendered
+// into the prompt by the chat template, beside the system prompt in most
+// models' templates, so they are keyed after the system messages and
+// before the conversation: two requests that differ only in their tools
+// share the system prompt's blocks and no more (before, "tools" was
+// skipped and they had one key); null tools are none; a responses
+// request's tools count alike.
+func TestToolsAreKeyed(t *testing.T) {
+	system := strings.Repeat("You are a helpful agent. ", 20) // several blocks
+	body := func(tools string) string {
+		return `{"model":"m","tools":` + tools + `,"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"weather in Paris?"}]}`
+	}
+	tool := func(name string) string {
+		return `[{"type":"function","function":{"name":"` + name + `","parameters":{"type":"object"}}}]`
+	}
+	key := func(e Endpoint, b string) Key {
+		req, err := Parse(e, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	sys := defaultHasher.AppendSegment(nil, SegmentSystem, system)
+	weather, search := key(Chat, body(tool("weather"))), key(Chat, body(tool("search")))
+	none, null := key(Chat, `{"model":"m","messages":[{"role":"system","content":"`+system+`"},{"role":"user","content":"weather in Paris?"}]}`), key(Chat, body("null"))
+	assert.Equal(t, none, null, "null tools are none")
+	for _, k := range []Key{weather, search, none} {
+		require.Greater(t, len(k), len(sys))
+		assert.Equal(t, sys, k[:len(sys)], "the system prompt's blocks come first")
+	}
+	assert.NotEqual(t, weather[len(sys)], search[len(sys)], "different tools part after the system prompt")
+	assert.NotEqual(t, weather[len(sys)], none[len(sys)], "tools or none")
+	assert.Equal(t, weather, key(Chat, body(tool("weather"))))
+	resp := func(tools string) Key {
+		return key(Responses, `{"model":"m","instructions":"`+system+`","tools":`+tools+`,"input":"weather in Paris?"}`)
+	}
+	assert.NotEqual(t, resp(tool("weather")), resp(tool("search")), "a responses request's tools")
+}
+
 // TestTypeErrorsNameTheValue: a field of the wrong type is an error that
 // names the field and the value found, as written when it is short, else
 // by its kind (found in review: the errors named the field alone).
