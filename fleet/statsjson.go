@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway/config"
 )
@@ -30,6 +31,8 @@ type EngineStats struct {
 	// Load is the last load scraped from its /metrics; absent before the
 	// first successful scrape.
 	Load *EngineLoad `json:"load,omitempty"`
+	// LoadAt is when Load was scraped; absent (zero) with Load.
+	LoadAt time.Time `json:"load_at,omitzero"`
 	// ScrapeError is the last scrape's error, "" when it succeeded.
 	ScrapeError string `json:"scrape_error,omitempty"`
 	// Engine is the engine type (vllm, sglang, trtllm) whose metric
@@ -100,6 +103,7 @@ func (s *Fleet) Stats() Stats {
 		es.Engine, es.LoadWarning = s.engineOf(ep)
 		if has {
 			es.Load = &EngineLoad{Waiting: l.QueueDepth, Running: l.Running, KVUtilization: l.KVUtilization}
+			es.LoadAt = l.At
 		}
 		if es.Models == nil {
 			es.Models = []string{}

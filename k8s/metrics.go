@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"net/url"
+	"time"
 
 	"github.com/examlops/gateway/fleet"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,7 +15,7 @@ var (
 	descReadyPods = prometheus.NewDesc("inference_pool_ready_pods",
 		"The number of ready pods in the inference server pool (GIE's metric; pods discovered ready).", []string{"name"}, nil)
 	descAvgKV = prometheus.NewDesc("inference_pool_average_kv_cache_utilization",
-		"The average kv cache utilization for an inference server pool (GIE's metric; over the pool's engines last scraped).", []string{"name"}, nil)
+		"The average kv cache utilization for an inference server pool (GIE's metric; over the pool's engines with fresh metrics).", []string{"name"}, nil)
 	descAvgQueue = prometheus.NewDesc("inference_pool_average_queue_size",
 		"The average number of requests pending in the model server queue (GIE's metric; vllm:num_requests_waiting).", []string{"name"}, nil)
 	descAvgRunning = prometheus.NewDesc("inference_pool_average_running_requests",
@@ -29,20 +30,32 @@ var (
 // PoolCollector exports GIE's inference_pool_* and inference_objective_*
 // series for a discovered pool, computed at scrape time from the gateway's
 // statistics and the discovery's replicas: no cost on the request path.
-// Pool averages are over the pool's engines with a scraped load; with
-// none they are not exported. Safe for concurrent use.
+// Pool averages are over the pool's engines whose load was scraped within
+// the staleness threshold, as GIE's are (--metrics-staleness-threshold,
+// v1.5.0 pkg/epp/backend/metrics/logger.go refreshPrometheusMetrics);
+// with none they are not exported. Safe for concurrent use.
 type PoolCollector struct {
-	pool  string
-	stats func() fleet.Stats
-	reps  func() []string // addresses of the discovered replicas
+	pool      string
+	stats     func() fleet.Stats
+	reps      func() []string // addresses of the discovered replicas
+	staleness time.Duration
+	now       func() time.Time
 }
+
+// DefaultMetricsStaleness is GIE's default --metrics-staleness-threshold
+// (v1.5.0 pkg/epp/server/options.go).
+const DefaultMetricsStaleness = 2 * time.Second
 
 var _ prometheus.Collector = (*PoolCollector)(nil)
 
 // NewPoolCollector returns the collector of pool (its name label), reading
-// stats and the discovery d's replicas.
-func NewPoolCollector(pool string, stats func() fleet.Stats, d *Discovery) *PoolCollector {
-	return &PoolCollector{pool: pool, stats: stats, reps: func() []string {
+// stats and the discovery d's replicas; its averages count the engines
+// scraped within staleness (0: DefaultMetricsStaleness).
+func NewPoolCollector(pool string, stats func() fleet.Stats, d *Discovery, staleness time.Duration) *PoolCollector {
+	if staleness <= 0 {
+		staleness = DefaultMetricsStaleness
+	}
+	return &PoolCollector{pool: pool, stats: stats, staleness: staleness, now: time.Now, reps: func() []string {
 		var out []string
 		for _, r := range d.Replicas() {
 			out = append(out, r.Address)
@@ -71,9 +84,10 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descReadyPods, prometheus.GaugeValue, float64(len(pods)), c.pool)
 	st := c.stats()
+	now := c.now()
 	var n, kv, waiting, running float64
 	for _, e := range st.Engines {
-		if !inPool[e.Address] || e.Load == nil {
+		if !inPool[e.Address] || e.Load == nil || now.Sub(e.LoadAt) > c.staleness {
 			continue
 		}
 		n++

@@ -26,6 +26,9 @@ type discoveryFlags struct {
 	service, servicePort               string
 	poolModels                         []string
 	kubeconfig                         string
+	// staleness is the picker's --metrics-staleness-threshold (GIE's
+	// flag), 0 elsewhere: the pool series then take GIE's default.
+	staleness time.Duration
 }
 
 // register declares the discovery flags on f.
@@ -153,7 +156,7 @@ func (d *discoveryFlags) start(path string, reload time.Duration, fl *fleet.Flee
 		if name == "" {
 			name = d.service
 		}
-		if err := reg.Register(k8s.NewPoolCollector(name, fl.Stats, disc)); err != nil {
+		if err := reg.Register(k8s.NewPoolCollector(name, fl.Stats, disc, d.staleness)); err != nil {
 			return nil, nil, err
 		}
 	}

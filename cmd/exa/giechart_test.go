@@ -184,13 +184,18 @@ func TestPickerGIEMetricFlagsScrape(t *testing.T) {
 
 // GIE's other metric flags: --refresh-metrics-interval sets the scrape
 // interval, --model-server-metrics-port the port scraped (GIE's names
-// then, vLLM's), and --model-server-metrics-scheme http is accepted.
+// then, vLLM's), --metrics-staleness-threshold the pool series' staleness,
+// and --model-server-metrics-scheme http,
+// --refresh-prometheus-metrics-interval and
+// --model-server-metrics-https-insecure-skip-verify are accepted.
 func TestPickerGIEMetricOptions(t *testing.T) {
 	var fl pickerFlags
 	cmd := pickerCommand(&fl)
-	require.NoError(t, cmd.ParseFlags([]string{"--refresh-metrics-interval", "250ms", "--model-server-metrics-port", "9400", "--model-server-metrics-scheme", "http"}))
+	require.NoError(t, cmd.ParseFlags([]string{"--refresh-metrics-interval", "250ms", "--model-server-metrics-port", "9400", "--model-server-metrics-scheme", "http",
+		"--metrics-staleness-threshold", "3s", "--refresh-prometheus-metrics-interval", "1s", "--model-server-metrics-https-insecure-skip-verify=false"}))
 	require.NoError(t, fl.gie.apply(cmd, &fl))
 	assert.Equal(t, 250*time.Millisecond, fl.scrape)
+	assert.Equal(t, 3*time.Second, fl.disc.staleness, "the pool series' staleness")
 	want := fleet.DefaultEngineMetrics()
 	want.Port = 9400
 	require.NotNil(t, fl.gie.engineMetrics)

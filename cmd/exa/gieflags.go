@@ -47,6 +47,12 @@ type gieFlags struct {
 	scrapePort     int
 	metricsScheme  string
 	refreshMetrics time.Duration
+	// metricsInsecure, refreshPool and staleness are
+	// --model-server-metrics-https-insecure-skip-verify,
+	// --refresh-prometheus-metrics-interval and
+	// --metrics-staleness-threshold (giemetrics.go).
+	metricsInsecure        bool
+	refreshPool, staleness time.Duration
 	// engineMetrics is what the metric flags name, nil when none is set
 	// (the engines' types are then detected).
 	engineMetrics *fleet.EngineMetrics

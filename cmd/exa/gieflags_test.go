@@ -44,6 +44,8 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		{[]string{"--model-server-metrics-scheme", "https"}, `invalid --model-server-metrics-scheme "https": only http is supported`},
 		{[]string{"--refresh-metrics-interval", "1s", "--scrape-interval", "1s"}, `invalid --refresh-metrics-interval "1s": --scrape-interval is set too`},
 		{[]string{"--refresh-metrics-interval", "0s"}, `invalid --refresh-metrics-interval "0s": must be positive`},
+		{[]string{"--refresh-prometheus-metrics-interval", "0s"}, `invalid --refresh-prometheus-metrics-interval "0s": must be positive`},
+		{[]string{"--metrics-staleness-threshold", "-1s"}, `invalid --metrics-staleness-threshold "-1s": must be positive`},
 		{[]string{"--pool-group", "inference.networking.x-k8s.io"}, `invalid --pool-group "inference.networking.x-k8s.io": only inference.networking.k8s.io`},
 		{[]string{"--pool-name", "p", "--service", "s"}, `invalid --service "s": --pool-name "p" is set`},
 		{[]string{"--pool-name", "p", "--pool-model", " m"}, `invalid --pool-model " m": gateway: invalid model " m": must not start or end with spaces`},

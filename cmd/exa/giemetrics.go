@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway/fleet"
 	"github.com/spf13/pflag"
@@ -37,6 +38,11 @@ func (g *gieFlags) registerMetrics(f *pflag.FlagSet) {
 	_ = f.MarkHidden("model-server-metrics-port")
 	_ = f.MarkHidden("model-server-metrics-scheme")
 	f.DurationVar(&g.refreshMetrics, "refresh-metrics-interval", fleet.DefaultScrapeInterval, "GIE: same as --scrape-interval")
+	// GIE's defaults (v1.5.0 pkg/epp/server/options.go): true, 5s, 2s.
+	f.BoolVar(&g.metricsInsecure, "model-server-metrics-https-insecure-skip-verify", true, "GIE: accepted; only http metrics pages are scraped, so there is nothing to verify")
+	_ = f.MarkHidden("model-server-metrics-https-insecure-skip-verify") // deprecated in GIE
+	f.DurationVar(&g.refreshPool, "refresh-prometheus-metrics-interval", 5*time.Second, "GIE: accepted; the inference_pool_* series are computed when /metrics is scraped")
+	f.DurationVar(&g.staleness, "metrics-staleness-threshold", 2*time.Second, "GIE: the inference_pool_average_* series count only engines whose metrics were scraped within this long")
 }
 
 // applyMetrics sets fl's engine metrics and scrape interval from GIE's
@@ -69,6 +75,12 @@ func (g *gieFlags) applyMetrics(f *pflag.FlagSet, fl *pickerFlags) error {
 	if set {
 		g.engineMetrics = &m
 	}
+	for name, d := range map[string]time.Duration{"refresh-prometheus-metrics-interval": g.refreshPool, "metrics-staleness-threshold": g.staleness} {
+		if d <= 0 {
+			return usagef("invalid --%s %q: must be positive", name, d.String())
+		}
+	}
+	fl.disc.staleness = g.staleness
 	if f.Changed("refresh-metrics-interval") {
 		if f.Changed("scrape-interval") {
 			return usagef("invalid --refresh-metrics-interval %q: --scrape-interval is set too; use one", g.refreshMetrics.String())
