@@ -34,6 +34,7 @@ type gieFlags struct {
 	secureServing                         bool
 	certPath, configFile                  string
 	zapEncoder                            string
+	zap                                   gieLogFlags
 	verbosity                             int
 	bools                                 map[string]*bool
 	// leaderElection is --ha-enable-leader-election, with the lease
@@ -98,6 +99,7 @@ func (g *gieFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&g.configFile, "config-file", "", "GIE: a routing configuration (as --config), or GIE's EndpointPickerConfig, whose plugins are ignored (logged)")
 	f.StringVar(&g.zapEncoder, "zap-encoder", "", "GIE: log encoding, json or console (same as --log-format)")
 	f.IntVarP(&g.verbosity, "v", "v", 0, "GIE: log verbosity; 4 or more logs at debug (same as --log-level debug)")
+	g.zap.register(f)
 	g.bools = map[string]*bool{}
 	for name, b := range gieBools {
 		g.bools[name] = f.Bool(name, b.ok, fmt.Sprintf("GIE flag; only %v is supported", b.ok))
@@ -194,6 +196,12 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	}
 	if f.Changed("v") && !f.Changed("log-level") && g.verbosity >= 4 {
 		fl.logLevel = "debug"
+	}
+	switch level, err := g.zap.apply(f); {
+	case err != nil:
+		return err
+	case level != "":
+		fl.logLevel = level
 	}
 	if g.configFile != "" {
 		if f.Changed("config") {

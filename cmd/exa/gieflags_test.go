@@ -55,6 +55,11 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		{[]string{"--secure-serving=false", "--cert-path", "/x"}, `invalid --cert-path "/x": --secure-serving is false`},
 		{[]string{"--cert-path", "/x", "--tls-self-signed"}, `--secure-serving/--cert-path and --tls-cert/--tls-key/--tls-self-signed cannot be used together`},
 		{[]string{"--zap-encoder", "yaml"}, `invalid --zap-encoder "yaml": want json or console`},
+		{[]string{"--zap-log-level", "warn"}, `invalid --zap-log-level "warn": want debug, info, error, panic or an integer > 0`},
+		{[]string{"--zap-log-level", "0"}, `invalid --zap-log-level "0"`},
+		{[]string{"--zap-log-level", "debug", "--log-level", "info"}, `invalid --zap-log-level "debug": --log-level is set too`},
+		{[]string{"--zap-stacktrace-level", "debug"}, `invalid --zap-stacktrace-level "debug": want info, error or panic`},
+		{[]string{"--zap-time-encoding", "unix"}, `invalid --zap-time-encoding "unix"`},
 		{[]string{"--log-format", "xml"}, `invalid --log-format "xml": want text or json`},
 		{[]string{"--config-file", junk}, `invalid --config-file "` + junk + `": neither a routing configuration (JSON) nor GIE's EndpointPickerConfig (kind "Deployment")`},
 		{[]string{"--config-file", gieCfg, "--config", gieCfg}, `invalid --config-file "` + gieCfg + `": --config is set too`},
@@ -161,4 +166,29 @@ func TestClassifyConfigGIEAsJSON(t *testing.T) {
 	own, err := classifyConfig("r.json", []byte(`{"version":1,"models":{"m":{"mode":"cache_aware"}}}`))
 	require.NoError(t, err)
 	assert.True(t, own)
+}
+
+// GIE's zap flags: --zap-log-level maps onto --log-level (a verbosity as
+// -v, and over -v, as in GIE); the others are checked and accepted.
+func TestGIEZapLogLevel(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "info"},
+		{[]string{"--zap-log-level", "debug"}, "debug"},
+		{[]string{"--zap-log-level", "INFO"}, "info"},
+		{[]string{"--zap-log-level", "panic"}, "error"},
+		{[]string{"--zap-log-level", "4"}, "debug"},
+		{[]string{"--zap-log-level", "2"}, "info"},
+		{[]string{"-v", "5", "--zap-log-level", "error"}, "error"},
+		{[]string{"-v", "5"}, "debug"},
+		{[]string{"--zap-devel=false", "--zap-stacktrace-level", "panic", "--zap-time-encoding", "RFC3339Nano"}, "info"},
+	} {
+		var fl pickerFlags
+		cmd := pickerCommand(&fl)
+		require.NoError(t, cmd.ParseFlags(tt.args), "%q", tt.args)
+		require.NoError(t, fl.gie.apply(cmd, &fl), "%q", tt.args)
+		assert.Equal(t, tt.want, fl.logLevel, "%q", tt.args)
+	}
 }
