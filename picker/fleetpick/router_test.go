@@ -518,3 +518,26 @@ func TestPickerAdapters(t *testing.T) {
 	require.Len(t, list.Data, 3)
 	f.waitIdle()
 }
+
+// TestPickerAllow: every 405 the picker answers carries Allow, the
+// methods the path accepts, as the HTTP gateway's do (and as RFC 9110
+// requires of a 405): POST on the prompt and pass-through endpoints,
+// GET, DELETE on a stored response, GET, HEAD on /v1/models.
+func TestPickerAllow(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
+	for _, tc := range []struct{ method, path, body, allow string }{
+		{http.MethodGet, "/v1/chat/completions", "", "POST"},
+		{http.MethodPut, "/v1/completions", chatBody(testModel, false, "s", "u"), "POST"},
+		{http.MethodGet, "/v1/embeddings", "", "POST"},
+		{http.MethodPut, "/v1/responses/resp_x", "", "GET, DELETE"},
+		{http.MethodPost, "/v1/models", "{}", "GET, HEAD"},
+	} {
+		resp, e, body := f.do(tc.method, tc.path, tc.body)
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
+		require.Equal(t, -1, e, "%s %s answered by the picker", tc.method, tc.path)
+		require.Equal(t, tc.allow, resp.Header.Get("Allow"), "%s %s: Allow", tc.method, tc.path)
+		eb := decodeError(t, []byte(body))
+		require.NotNil(t, eb.Code, body)
+		require.Equal(t, "method_not_allowed", *eb.Code, "%s %s", tc.method, tc.path)
+	}
+}
