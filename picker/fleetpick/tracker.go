@@ -138,11 +138,18 @@ func (t *tracker) Done(o picker.Outcome) {
 	case t.pass != "":
 		t.d.Done(gateway.DoneInfo{})
 	default:
-		t.d.Done(gateway.DoneInfo{Latency: o.Latency, TTFT: o.TTFT, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
+		ttft := o.TTFT
+		if t.kind == keys.Responses {
+			// A Responses API stream opens with events sent before its
+			// first token (response.created): its first chunk is not
+			// the first token, which stays unseen, as in the HTTP gateway.
+			ttft = 0
+		}
+		t.d.Done(gateway.DoneInfo{Latency: o.Latency, TTFT: ttft, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
 		if t.slo.Set() && o.Status/100 == 2 {
 			// Counted as the client saw it: from the request's arrival
 			// at the picker (flow control's queue included).
-			r.metrics.CountSeen(t.ms.Name, t.slo, o.Latency, o.TTFT > 0, r.opts.Clock().Sub(t.start), o.OutputTokens)
+			r.metrics.CountSeen(t.ms.Name, t.slo, o.Latency, ttft > 0, r.opts.Clock().Sub(t.start), o.OutputTokens)
 		}
 	}
 	if t.pre != nil {
