@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -540,4 +541,32 @@ func TestPickerAllow(t *testing.T) {
 		require.NotNil(t, eb.Code, body)
 		require.Equal(t, "method_not_allowed", *eb.Code, "%s %s", tc.method, tc.path)
 	}
+}
+
+// A request whose stream ended before its response did (the client went
+// away, or Envoy reset it: the picker cannot tell which) counts neither
+// for nor against its engine's passive health, whatever status its
+// response headers had: as the HTTP gateway counts nothing for a client
+// gone, and a failure only for an engine it saw fail. Before, it counted
+// a success, clearing the engine's consecutive failures.
+func TestStreamEndedNoHealthSuccess(t *testing.T) {
+	const addr = "http://10.0.0.1:8000"
+	fl := pickServer(t, gateway.ModeCacheAware, addr)
+	r, err := New(fl, Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	ep := fl.Snapshot().Endpoints[addr]
+	fl.Observe(ep, ep.Health.Failure(false))
+	require.Equal(t, 1, ep.Health.Failures())
+	for _, status := range []int{0, 200} {
+		pk, err := r.Pick(context.Background(), &picker.PickRequest{Method: "POST", Path: "/v1/chat/completions",
+			Body: []byte(chatBody(testModel, true, "s", "u"))})
+		require.NoError(t, err)
+		pk.Tracker.Done(picker.Outcome{Err: errors.New("picker: ext_proc stream ended before the response did"), Status: status})
+		require.Equal(t, 1, ep.Health.Failures(), "status %d: the engine's consecutive failures", status)
+	}
+	pk, err := r.Pick(context.Background(), &picker.PickRequest{Method: "POST", Path: "/v1/chat/completions",
+		Body: []byte(chatBody(testModel, true, "s", "u"))})
+	require.NoError(t, err)
+	pk.Tracker.Done(picker.Outcome{Status: 200})
+	require.Zero(t, ep.Health.Failures(), "an answer that ended well is a success")
 }

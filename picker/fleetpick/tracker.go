@@ -107,7 +107,9 @@ func (t *tracker) Done(o picker.Outcome) {
 	}
 	// Passive health: a 5xx counts against the engine that answered, as
 	// in the HTTP gateway; a fallback that served means the endpoint
-	// picked failed first.
+	// picked failed first. An answer that did not end well (its stream
+	// ended early: the client gone or a reset, which the picker cannot
+	// tell apart) is no success.
 	served := t.ep
 	if o.Served != "" && o.Served != t.endpoint {
 		if t.ep != nil {
@@ -118,7 +120,7 @@ func (t *tracker) Done(o picker.Outcome) {
 	if served != nil && o.Status > 0 {
 		if o.Status >= 500 {
 			r.fl.Observe(served, served.Health.Failure(false))
-		} else {
+		} else if o.Err == nil {
 			r.fl.Observe(served, served.Health.Success(false))
 		}
 	}
