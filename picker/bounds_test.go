@@ -269,6 +269,51 @@ func TestResponseTimeout(t *testing.T) {
 	}
 }
 
+// TestResponseTimeoutEndsAtHeaders: ResponseTimeout bounds the wait for
+// the response headers only: once they have come, a response body that
+// streams on past it (a long generation) is relayed to its end, not cut
+// with DeadlineExceeded.
+func TestResponseTimeoutEndsAtHeaders(t *testing.T) {
+	gw := newGateway(t, 2)
+	s, err := New(newRouter(t, gw, 0), Options{ResponseTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := fakeTimers(s)
+	h := serveServer(t, s)
+	e := h.open(t)
+	if r := e.request(nil, chat("sys", "s1", "hi"), 0); r.dest == "" {
+		t.Fatalf("not routed: %+v", r)
+	}
+	<-made // RequestTimeout's
+	tm := <-made
+	if tm.d != time.Minute {
+		t.Fatalf("second timer %v, want ResponseTimeout", tm.d)
+	}
+	e.send(respHeaders(false, ":status", "200", "content-type", "text/event-stream"))
+	if e.recv().GetResponseHeaders() == nil {
+		t.Fatal("no response headers answer")
+	}
+	tm.c <- time.Time{} // ResponseTimeout passes while the body streams
+	for i, last := range []bool{false, false, true} {
+		e.send(respBody([]byte("data: {}\n\n"), last))
+		m, err := e.stream.Recv()
+		if err != nil {
+			t.Fatalf("chunk %d: the stream ended with %v after the response headers came", i, err)
+		}
+		if m.GetResponseBody() == nil {
+			t.Fatalf("chunk %d: answer %v, want a response body", i, m)
+		}
+	}
+	waitInFlight(t, gw)
+	if err := e.stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitStats(t, s, "the stream to end", func(st Stats) bool { return st.Streams == 0 }); st.ResponseTimeouts != 0 {
+		t.Fatalf("stats %+v, want no response timeout", st)
+	}
+}
+
 // TestGRPCOptions: the transport limits apply; MaxConcurrentStreams
 // makes a connection's stream beyond it wait.
 func TestGRPCOptions(t *testing.T) {

@@ -47,8 +47,8 @@
 // 429, ErrBadRequest 400, ErrUnknownModel 404, others 500; a body over
 // MaxBodyBytes 413. Bodies are OpenAI error objects, as the HTTP gateway's.
 // Every 429 carries Retry-After. A *StatusError chooses the status, type,
-// code, param and Retry-After itself (the HTTP gateway's Router answers
-// exactly as the HTTP gateway does).
+// code, param, Retry-After and a 405's Allow itself (the HTTP gateway's
+// Router answers exactly as the HTTP gateway does).
 //
 // # Router answers beyond an endpoint
 //

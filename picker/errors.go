@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/examlops/gateway/internal/front"
@@ -56,6 +57,9 @@ type StatusError struct {
 	// gateway answers (front.RetryAfter). Zero: 1 s. Another status
 	// carries Retry-After only when it is positive.
 	RetryAfter time.Duration
+	// Allow, for a 405, is the Allow header: the methods the path
+	// accepts ("POST"), which a 405 must carry (RFC 9110). "" sends none.
+	Allow string
 }
 
 func (e *StatusError) Error() string {
@@ -107,6 +111,16 @@ func retryAfter(err error, status int) string {
 		return ""
 	}
 	return front.RetryAfter(d)
+}
+
+// allowOf is the Allow header of the immediate response of err with
+// status, "" for none: a StatusError's, for a 405.
+func allowOf(err error, status int) string {
+	var se *StatusError
+	if status == http.StatusMethodNotAllowed && errors.As(err, &se) && !strings.ContainsAny(se.Allow, "\r\n\x00") {
+		return se.Allow
+	}
+	return ""
 }
 
 // errorParam is the request field a StatusError names, "" if none.

@@ -143,7 +143,8 @@ func TestPickHeadersMutation(t *testing.T) {
 // TestStatusError: a Router's StatusError chooses the status and the
 // OpenAI error object; an out-of-range status falls back to the
 // sentinels' mapping; every 429 carries Retry-After (1 s unless the
-// StatusError's RetryAfter says), another status only when it says.
+// StatusError's RetryAfter says), another status only when it says; a
+// 405 carries its Allow.
 func TestStatusError(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -196,6 +197,26 @@ func TestStatusError(t *testing.T) {
 				t.Fatalf("body %s", im.GetBody())
 			}
 		})
+	}
+	// A 405's Allow is sent; another status's, or one with CR or LF, not.
+	for _, tc := range []struct {
+		err   *StatusError
+		allow string
+	}{
+		{&StatusError{Status: 405, Allow: "POST", Err: errors.New("x")}, "POST"},
+		{&StatusError{Status: 405, Allow: "GET, HEAD", Err: errors.New("x")}, "GET, HEAD"},
+		{&StatusError{Status: 400, Allow: "POST", Err: errors.New("x")}, ""},
+		{&StatusError{Status: 405, Allow: "POST\r\nx: y", Err: errors.New("x")}, ""},
+	} {
+		allow := ""
+		for _, o := range immediateResponse(tc.err).GetImmediateResponse().GetHeaders().GetSetHeaders() {
+			if o.GetHeader().GetKey() == "allow" {
+				allow = string(o.GetHeader().GetRawValue())
+			}
+		}
+		if allow != tc.allow {
+			t.Errorf("status %d Allow %q: header %q, want %q", tc.err.Status, tc.err.Allow, allow, tc.allow)
+		}
 	}
 	if !errors.Is(&StatusError{Status: 404, Err: ErrUnknownModel}, ErrUnknownModel) {
 		t.Fatal("StatusError does not unwrap")

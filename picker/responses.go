@@ -118,7 +118,8 @@ func sendChunks(st stream, body []byte, eos bool, msg func([]byte, bool) *extpro
 }
 
 // immediateResponse ends a request with the error's HTTP status and an
-// OpenAI-style JSON error body; a 429 with Retry-After (retryAfter).
+// OpenAI-style JSON error body; a 429 with Retry-After (retryAfter), a
+// 405 with its StatusError's Allow.
 func immediateResponse(err error) *extprocv3.ProcessingResponse {
 	code, typ, errCode := errorStatus(err)
 	details := "picker_error"
@@ -130,6 +131,9 @@ func immediateResponse(err error) *extprocv3.ProcessingResponse {
 	}}
 	if ra := retryAfter(err, code); ra != "" {
 		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(ra)}})
+	}
+	if a := allowOf(err, code); a != "" {
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(a)}})
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

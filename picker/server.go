@@ -221,6 +221,13 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			if respC == nil && s.opts.ResponseTimeout > 0 {
 				respC, stopResp = s.after(s.opts.ResponseTimeout)
 			}
+		default:
+			// The response headers came: ResponseTimeout bounds only
+			// the wait for them, not a body that streams on.
+			if respC != nil {
+				stopResp()
+				respC = nil
+			}
 		}
 		select {
 		case r := <-msgs:

@@ -1,6 +1,7 @@
 package fleetpick
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 
@@ -10,13 +11,18 @@ import (
 
 // models answers GET /v1/models with the HTTP gateway's own answer
 // (front.ServeModels), which the picker sends the client
-// (picker.Pick.Reply).
+// (picker.Pick.Reply); another method gets its 405, with Allow.
 func (r *Router) models(req *picker.PickRequest) (picker.Pick, error) {
 	w := &replyWriter{h: http.Header{}}
 	hr := &http.Request{Method: req.Method, URL: &url.URL{Path: "/v1/models"}, Header: http.Header{}, Host: req.Authority}
 	front.ServeModels(w, hr, r.fl, r.metrics)
 	if w.code == 0 {
 		w.code = http.StatusOK
+	}
+	if w.code == http.StatusMethodNotAllowed {
+		// An immediate response with its Allow header (counted above).
+		return picker.Pick{}, &picker.StatusError{Status: w.code, Type: front.TypeInvalidRequest, Code: "method_not_allowed",
+			Allow: w.h.Get("Allow"), Err: errors.New("gateway: /v1/models accepts GET only")}
 	}
 	if req.Method == http.MethodHead {
 		w.body = nil

@@ -34,7 +34,11 @@ func (r *Router) passThrough(req *picker.PickRequest, path string, start time.Ti
 		if pr.ms != nil {
 			model = pr.ms.Name
 		}
-		return pr.passFail(model, endpoint, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err})
+		se := &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err}
+		if status == http.StatusMethodNotAllowed {
+			se.Allow = http.MethodPost
+		}
+		return pr.passFail(model, endpoint, se)
 	}
 	if req.Method != http.MethodPost {
 		return fail(http.StatusMethodNotAllowed, front.TypeInvalidRequest, "method_not_allowed", "", errors.New("gateway: "+path+" accepts POST only, not "+req.Method))

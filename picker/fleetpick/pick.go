@@ -75,7 +75,7 @@ func (pr *pickRequest) adapter() string {
 
 // fail counts a request the picker answers with an error and returns the
 // error, which answers as the HTTP gateway would: a 429 with Retry-After
-// of one scrape interval (Router.retryAfter).
+// of one scrape interval (Router.retryAfter), a 405 with Allow: POST.
 func (pr *pickRequest) fail(status int, typ, code, param string, err error) (picker.Pick, error) {
 	r, model := pr.r, ""
 	var mm *front.ModelMetrics
@@ -95,7 +95,11 @@ func (pr *pickRequest) fail(status int, typ, code, param string, err error) (pic
 	if model != "" {
 		mm.DurationO(r.metrics, model, pr.kind).Observe(r.opts.Clock().Sub(pr.start).Seconds())
 	}
-	return picker.Pick{}, &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err, RetryAfter: r.retryAfter(status)}
+	se := &picker.StatusError{Status: status, Type: typ, Code: code, Param: param, Err: err, RetryAfter: r.retryAfter(status)}
+	if status == http.StatusMethodNotAllowed { // the prompt endpoints accept POST only
+		se.Allow = http.MethodPost
+	}
+	return picker.Pick{}, se
 }
 
 // retryAfter is the Retry-After of an answer with status: one scrape

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -517,4 +518,55 @@ func TestPickerAdapters(t *testing.T) {
 	require.NoError(t, json.Unmarshal(readAll(t, resp), &list))
 	require.Len(t, list.Data, 3)
 	f.waitIdle()
+}
+
+// TestPickerAllow: every 405 the picker answers carries Allow, the
+// methods the path accepts, as the HTTP gateway's do (and as RFC 9110
+// requires of a 405): POST on the prompt and pass-through endpoints,
+// GET, DELETE on a stored response, GET, HEAD on /v1/models.
+func TestPickerAllow(t *testing.T) {
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{})
+	for _, tc := range []struct{ method, path, body, allow string }{
+		{http.MethodGet, "/v1/chat/completions", "", "POST"},
+		{http.MethodPut, "/v1/completions", chatBody(testModel, false, "s", "u"), "POST"},
+		{http.MethodGet, "/v1/embeddings", "", "POST"},
+		{http.MethodPut, "/v1/responses/resp_x", "", "GET, DELETE"},
+		{http.MethodPost, "/v1/models", "{}", "GET, HEAD"},
+	} {
+		resp, e, body := f.do(tc.method, tc.path, tc.body)
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
+		require.Equal(t, -1, e, "%s %s answered by the picker", tc.method, tc.path)
+		require.Equal(t, tc.allow, resp.Header.Get("Allow"), "%s %s: Allow", tc.method, tc.path)
+		eb := decodeError(t, []byte(body))
+		require.NotNil(t, eb.Code, body)
+		require.Equal(t, "method_not_allowed", *eb.Code, "%s %s", tc.method, tc.path)
+	}
+}
+
+// A request whose stream ended before its response did (the client went
+// away, or Envoy reset it: the picker cannot tell which) counts neither
+// for nor against its engine's passive health, whatever status its
+// response headers had: as the HTTP gateway counts nothing for a client
+// gone, and a failure only for an engine it saw fail. Before, it counted
+// a success, clearing the engine's consecutive failures.
+func TestStreamEndedNoHealthSuccess(t *testing.T) {
+	const addr = "http://10.0.0.1:8000"
+	fl := pickServer(t, gateway.ModeCacheAware, addr)
+	r, err := New(fl, Options{Logger: quietLogger()})
+	require.NoError(t, err)
+	ep := fl.Snapshot().Endpoints[addr]
+	fl.Observe(ep, ep.Health.Failure(false))
+	require.Equal(t, 1, ep.Health.Failures())
+	for _, status := range []int{0, 200} {
+		pk, err := r.Pick(context.Background(), &picker.PickRequest{Method: "POST", Path: "/v1/chat/completions",
+			Body: []byte(chatBody(testModel, true, "s", "u"))})
+		require.NoError(t, err)
+		pk.Tracker.Done(picker.Outcome{Err: errors.New("picker: ext_proc stream ended before the response did"), Status: status})
+		require.Equal(t, 1, ep.Health.Failures(), "status %d: the engine's consecutive failures", status)
+	}
+	pk, err := r.Pick(context.Background(), &picker.PickRequest{Method: "POST", Path: "/v1/chat/completions",
+		Body: []byte(chatBody(testModel, true, "s", "u"))})
+	require.NoError(t, err)
+	pk.Tracker.Done(picker.Outcome{Status: 200})
+	require.Zero(t, ep.Health.Failures(), "an answer that ended well is a success")
 }

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
 )
@@ -234,4 +236,59 @@ func TestPickerObjectiveCounted(t *testing.T) {
 	f.waitIdle()
 	require.Equal(t, 1.0, f.counter("exa_gateway_slo_requests_total", map[string]string{"model": testModel, "objective": "ttft", "outcome": "met"}))
 	require.Zero(t, f.counter("exa_gateway_slo_requests_total", map[string]string{"outcome": "missed"}))
+}
+
+// doneRecorder is a routing policy that records what each decision's Done
+// teaches the library.
+type doneRecorder struct {
+	gateway.RoundRobin
+	mu    sync.Mutex
+	infos []gateway.DoneInfo
+}
+
+func (r *doneRecorder) Routed(uint64, string) {}
+func (r *doneRecorder) FirstToken(uint64)     {}
+func (r *doneRecorder) Done(_ uint64, info gateway.DoneInfo) {
+	r.mu.Lock()
+	r.infos = append(r.infos, info)
+	r.mu.Unlock()
+}
+
+func (r *doneRecorder) last(t *testing.T) gateway.DoneInfo {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NotEmpty(t, r.infos)
+	return r.infos[len(r.infos)-1]
+}
+
+// A Responses API stream opens with events sent before its first token
+// (response.created), so its first chunk is not its first token: as the
+// HTTP gateway does, the picker teaches the library no TTFT from it (its
+// Elapsed and output tokens, yes), and counts no TTFT objective for it.
+// A chat stream's first chunk is its first token.
+func TestPickerResponsesStreamTTFTUnseen(t *testing.T) {
+	var ms atomic.Int64
+	clock := func() time.Time { return time.Unix(1e9, 0).Add(time.Duration(ms.Add(1)) * time.Millisecond) }
+	rec := &doneRecorder{}
+	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{clock: clock,
+		fleet: func(o *fleet.Options) { o.GatewayOptions = []gateway.Option{gateway.WithPolicy(rec)} }})
+
+	resp := f.post("/v1/chat/completions", chatBody(testModel, true, "sys", "hi"))
+	b := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	f.waitIdle()
+	require.Positive(t, rec.last(t).TTFT, "a chat stream's first chunk is its first token")
+
+	resp = f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","stream":true}`, "X-Slo-Ttft-Ms", "60000")
+	b = readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	require.Contains(t, string(b), "response.created")
+	f.waitIdle()
+	info := rec.last(t)
+	require.NoError(t, info.Err)
+	require.Zero(t, info.TTFT, "a Responses API stream's first chunk (response.created) is not its first token")
+	require.Positive(t, info.Elapsed)
+	require.Positive(t, info.OutputTokens)
+	require.Zero(t, f.counter("exa_gateway_slo_requests_total", map[string]string{"objective": "ttft"}), "no first token seen, no TTFT objective counted")
 }

@@ -56,7 +56,7 @@ func (pr *pickRequest) storedFail(e *front.StoredError) (picker.Pick, error) {
 	if pr.ms != nil {
 		model = pr.ms.Name
 	}
-	return pr.passFail(model, endpoint, &picker.StatusError{Status: e.Status, Type: e.Type, Code: e.Code, Param: e.Param, Err: e.Err})
+	return pr.passFail(model, endpoint, &picker.StatusError{Status: e.Status, Type: e.Type, Code: e.Code, Param: e.Param, Err: e.Err, Allow: e.Allow})
 }
 
 // passFail counts a request without a prompt that the picker answers

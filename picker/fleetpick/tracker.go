@@ -107,7 +107,9 @@ func (t *tracker) Done(o picker.Outcome) {
 	}
 	// Passive health: a 5xx counts against the engine that answered, as
 	// in the HTTP gateway; a fallback that served means the endpoint
-	// picked failed first.
+	// picked failed first. An answer that did not end well (its stream
+	// ended early: the client gone or a reset, which the picker cannot
+	// tell apart) is no success.
 	served := t.ep
 	if o.Served != "" && o.Served != t.endpoint {
 		if t.ep != nil {
@@ -118,7 +120,7 @@ func (t *tracker) Done(o picker.Outcome) {
 	if served != nil && o.Status > 0 {
 		if o.Status >= 500 {
 			r.fl.Observe(served, served.Health.Failure(false))
-		} else {
+		} else if o.Err == nil {
 			r.fl.Observe(served, served.Health.Success(false))
 		}
 	}
@@ -138,11 +140,18 @@ func (t *tracker) Done(o picker.Outcome) {
 	case t.pass != "":
 		t.d.Done(gateway.DoneInfo{})
 	default:
-		t.d.Done(gateway.DoneInfo{Latency: o.Latency, TTFT: o.TTFT, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
+		ttft := o.TTFT
+		if t.kind == keys.Responses {
+			// A Responses API stream opens with events sent before its
+			// first token (response.created): its first chunk is not
+			// the first token, which stays unseen, as in the HTTP gateway.
+			ttft = 0
+		}
+		t.d.Done(gateway.DoneInfo{Latency: o.Latency, TTFT: ttft, Elapsed: o.Elapsed, OutputTokens: o.OutputTokens})
 		if t.slo.Set() && o.Status/100 == 2 {
 			// Counted as the client saw it: from the request's arrival
 			// at the picker (flow control's queue included).
-			r.metrics.CountSeen(t.ms.Name, t.slo, o.Latency, o.TTFT > 0, r.opts.Clock().Sub(t.start), o.OutputTokens)
+			r.metrics.CountSeen(t.ms.Name, t.slo, o.Latency, ttft > 0, r.opts.Clock().Sub(t.start), o.OutputTokens)
 		}
 	}
 	if t.pre != nil {
