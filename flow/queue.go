@@ -16,6 +16,7 @@ const (
 	// FCFS: first come, first served (GIE's default, fcfs-ordering-policy).
 	FCFS Order = iota
 	// EDF: earliest deadline first; equal deadlines in arrival order.
+	// Deadlines after the year 2262 (or before 1678) count as equal.
 	EDF
 )
 
@@ -540,7 +541,7 @@ func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	q.seq++
 	it := &item[T]{req: r, gone: gone, seq: q.seq, flow: f}
 	if q.cfg.Order == EDF {
-		it.key = r.Deadline.UnixNano()
+		it.key = edfKey(r.Deadline)
 	}
 	f.items.push(it)
 	q.exp.push(it)
@@ -554,6 +555,21 @@ func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	}
 	return Handle[T]{it}
 }
+
+// edfKey is EDF's key of a deadline: its Unix time in nanoseconds,
+// saturated, since UnixNano wraps past the years 1678 and 2262 (a
+// "never" deadline of the year 9999 would go first).
+func edfKey(d time.Time) int64 {
+	switch {
+	case d.Before(minKey):
+		return math.MinInt64
+	case d.After(maxKey):
+		return math.MaxInt64
+	}
+	return d.UnixNano()
+}
+
+var minKey, maxKey = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
 
 // Next removes and returns the request to dispatch now, if one held has
 // room: bands in priority order; in each, flows in the Fairness order, each
