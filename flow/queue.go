@@ -118,10 +118,16 @@ type FullError struct {
 	// size before the push.
 	Priority  int
 	Held, Max int64
+	// Bytes is the request's size when Resource is "bytes", else 0.
+	Bytes int64
 }
 
 func (e *FullError) Error() string {
-	return fmt.Sprintf("flow: queue full: %s %s (priority %d): %d held of %d", e.Scope, e.Resource, e.Priority, e.Held, e.Max)
+	s := fmt.Sprintf("flow: queue full: %s %s (priority %d): %d held of %d", e.Scope, e.Resource, e.Priority, e.Held, e.Max)
+	if e.Resource == "bytes" {
+		s += fmt.Sprintf(", the request %d", e.Bytes)
+	}
+	return s
 }
 
 // Unwrap makes errors.Is(err, ErrFull) hold.
@@ -436,7 +442,11 @@ func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
 		}
 	}
 	full := func(scope, res string, held, max int64) error {
-		return &FullError{Scope: scope, Resource: res, Priority: r.Priority, Held: held, Max: max}
+		e := &FullError{Scope: scope, Resource: res, Priority: r.Priority, Held: held, Max: max}
+		if res == "bytes" {
+			e.Bytes = r.Bytes
+		}
+		return e
 	}
 	switch {
 	case tn+1 > int64(q.cfg.Total.MaxRequests):
