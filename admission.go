@@ -23,10 +23,13 @@ import (
 // A front answers a shed request with 429 (or 503) and Retry-After.
 type Admission struct {
 	// QueueDepth: a replica whose engine reports this many waiting
-	// requests or more has no room. GIE's default is 5. 0: not checked.
+	// requests or more has no room. GIE's threshold counts the other way
+	// (room while waiting ≤ QueueDepthThreshold): its default of 5 is a
+	// QueueDepth of 6 here. 0: not checked.
 	QueueDepth int
 	// KVUtilization: a replica whose KV cache is this full (0..1) or more
-	// has no room. GIE's default is 0.8. 0: not checked.
+	// has no room (GIE: room while KV ≤ its threshold, default 0.8; only
+	// a cache exactly at it differs). 0: not checked.
 	KVUtilization float64
 	// Outstanding: a replica with this many requests outstanding or more
 	// (Candidate.Outstanding) has no room. 0: not checked.

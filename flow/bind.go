@@ -13,16 +13,19 @@ import (
 // go when no eligible replica lacks room under a (gw.Saturated is false)
 // and, unless admitOnly (a disaggregated model's request, whose plan is
 // made after), the library routes it then (late binding): d, with routed
-// true, whose Done the caller owes. No healthy replica means not yet
-// (scale from zero); another routing error lets it go unrouted (routed
-// false), for the caller to answer when it routes it again. It does not
-// allocate.
+// true, whose Done the caller owes. No healthy replica within t means not
+// yet (scale from zero), admitOnly or not; another routing error lets it
+// go unrouted (routed false), for the caller to answer when it routes it
+// again. It does not allocate.
 func Bind(gw *gateway.Gateway, key gateway.Key, t gateway.Target, a gateway.Admission, admitOnly bool) (ok bool, d gateway.Decision, routed bool) {
 	if gw.Saturated(t, a) {
 		return false, d, false
 	}
 	if admitOnly {
-		return true, d, false
+		// No eligible replica (Saturated is then false): not yet, as for
+		// a request routed here; its plan would fail at once.
+		var one [1]string
+		return len(gw.Spares(one[:0], 1, t)) > 0, d, false
 	}
 	d, err := gw.RouteWith(key, t)
 	if errors.Is(err, gateway.ErrNoHealthyReplica) {

@@ -45,6 +45,10 @@ func TestBind(t *testing.T) {
 	require.NoError(t, gw.SetHealthy("b", false))
 	ok, _, _ = Bind(gw, key, gateway.Target{}, a, false)
 	assert.False(t, ok, "no healthy replica: wait (scale from zero)")
+	ok, _, _ = Bind(gw, key, gateway.Target{}, a, true)
+	assert.False(t, ok, "admitted only, no healthy replica: wait too")
+	ok, _, _ = Bind(gw, key, gateway.Target{}, gateway.Admission{}, true)
+	assert.False(t, ok, "admitted only, no healthy replica, no thresholds: wait too")
 }
 
 func TestBindDoesNotAllocate(t *testing.T) {
@@ -60,6 +64,12 @@ func TestBindDoesNotAllocate(t *testing.T) {
 		d.Done(gateway.DoneInfo{})
 	})
 	assert.Zero(t, allocs)
+	allocs = testing.AllocsPerRun(100, func() {
+		if ok, _, _ := Bind(gw, key, gateway.Target{}, a, true); !ok {
+			t.Fatal("not admitted")
+		}
+	})
+	assert.Zero(t, allocs, "admitted only")
 }
 
 // TestPropLimit: a usage limit only tightens: wherever a replica has room

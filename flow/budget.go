@@ -97,7 +97,7 @@ func (b *Budget) fits(bytes, vb int64, vn, prio int) error {
 	case b.n-vn+1 > b.lim.MaxRequests:
 		return &FullError{Scope: "global", Resource: "requests", Priority: prio, Held: int64(b.n), Max: int64(b.lim.MaxRequests)}
 	case bytes > b.lim.MaxBytes-(b.bytes-vb): // not b.bytes-vb+bytes, which may overflow
-		return &FullError{Scope: "global", Resource: "bytes", Priority: prio, Held: b.bytes, Max: b.lim.MaxBytes}
+		return &FullError{Scope: "global", Resource: "bytes", Priority: prio, Held: b.bytes, Max: b.lim.MaxBytes, Bytes: bytes}
 	}
 	return nil
 }

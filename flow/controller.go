@@ -85,6 +85,9 @@ func (c *Controller[T]) Hold(ctx context.Context, r Request[T]) error {
 		return ErrClosed
 	default:
 	}
+	if err := ctx.Err(); err != nil {
+		return err // gone before it was held: it must displace no one
+	}
 	w := &waiter[T]{v: r.Value, answer: make(chan error, 1)}
 	h, err := c.q.Push(Request[*waiter[T]]{Value: w, Flow: r.Flow, Priority: r.Priority, Bytes: r.Bytes, Deadline: r.Deadline}, c.now(),
 		func(d *waiter[T]) { d.answer <- ErrDisplaced })

@@ -147,6 +147,23 @@ func TestControllerAnswersEveryHeldRequest(t *testing.T) {
 	assert.ErrorIs(t, ctl.Hold(context.Background(), Request[int]{Value: 8}), ErrClosed)
 }
 
+// A request whose client has gone before it is held is not pushed: it
+// displaces no one from a full queue (it displaced the flood's newest,
+// then left).
+func TestControllerGoneBeforeHeldDisplacesNoOne(t *testing.T) {
+	ctl, _ := startController(t, Config{Total: Limits{MaxRequests: 2}}, &slots{})
+	errs := make(chan error, 2)
+	for v := 1; v <= 2; v++ {
+		go func() { errs <- ctl.Hold(context.Background(), Request[int]{Value: v, Flow: "noisy"}) }()
+		waitHeld(t, ctl, v)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, ctl.Hold(ctx, Request[int]{Value: 3, Flow: "quiet"}), context.Canceled)
+	assert.Equal(t, 2, ctl.Stats().Requests, "the flood's requests are all still held")
+	assert.Empty(t, errs)
+}
+
 // Many clients at once, with slots freed as requests end: every request
 // is answered, bound ones never more than the slots.
 func TestControllerConcurrent(t *testing.T) {

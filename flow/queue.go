@@ -16,6 +16,7 @@ const (
 	// FCFS: first come, first served (GIE's default, fcfs-ordering-policy).
 	FCFS Order = iota
 	// EDF: earliest deadline first; equal deadlines in arrival order.
+	// Deadlines after the year 2262 (or before 1678) count as equal.
 	EDF
 )
 
@@ -117,10 +118,16 @@ type FullError struct {
 	// size before the push.
 	Priority  int
 	Held, Max int64
+	// Bytes is the request's size when Resource is "bytes", else 0.
+	Bytes int64
 }
 
 func (e *FullError) Error() string {
-	return fmt.Sprintf("flow: queue full: %s %s (priority %d): %d held of %d", e.Scope, e.Resource, e.Priority, e.Held, e.Max)
+	s := fmt.Sprintf("flow: queue full: %s %s (priority %d): %d held of %d", e.Scope, e.Resource, e.Priority, e.Held, e.Max)
+	if e.Resource == "bytes" {
+		s += fmt.Sprintf(", the request %d", e.Bytes)
+	}
+	return s
 }
 
 // Unwrap makes errors.Is(err, ErrFull) hold.
@@ -435,7 +442,11 @@ func (q *Queue[T]) fits(r Request[T], b *band[T], without *item[T]) error {
 		}
 	}
 	full := func(scope, res string, held, max int64) error {
-		return &FullError{Scope: scope, Resource: res, Priority: r.Priority, Held: held, Max: max}
+		e := &FullError{Scope: scope, Resource: res, Priority: r.Priority, Held: held, Max: max}
+		if res == "bytes" {
+			e.Bytes = r.Bytes
+		}
+		return e
 	}
 	switch {
 	case tn+1 > int64(q.cfg.Total.MaxRequests):
@@ -540,7 +551,7 @@ func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	q.seq++
 	it := &item[T]{req: r, gone: gone, seq: q.seq, flow: f}
 	if q.cfg.Order == EDF {
-		it.key = r.Deadline.UnixNano()
+		it.key = edfKey(r.Deadline)
 	}
 	f.items.push(it)
 	q.exp.push(it)
@@ -554,6 +565,21 @@ func (q *Queue[T]) hold(r Request[T], b *band[T], gone func(T)) Handle[T] {
 	}
 	return Handle[T]{it}
 }
+
+// edfKey is EDF's key of a deadline: its Unix time in nanoseconds,
+// saturated, since UnixNano wraps past the years 1678 and 2262 (a
+// "never" deadline of the year 9999 would go first).
+func edfKey(d time.Time) int64 {
+	switch {
+	case d.Before(minKey):
+		return math.MinInt64
+	case d.After(maxKey):
+		return math.MaxInt64
+	}
+	return d.UnixNano()
+}
+
+var minKey, maxKey = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
 
 // Next removes and returns the request to dispatch now, if one held has
 // room: bands in priority order; in each, flows in the Fairness order, each

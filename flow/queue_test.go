@@ -73,7 +73,7 @@ func TestPushRefusals(t *testing.T) {
 	_, err = q.Push(Request[int]{Value: 2, Bytes: 11}, t0, nil)
 	require.ErrorAs(t, err, &fe)
 	require.ErrorIs(t, err, ErrFull)
-	assert.Equal(t, FullError{Scope: "band", Resource: "bytes", Priority: 0, Held: 50, Max: 60}, *fe)
+	assert.Equal(t, FullError{Scope: "band", Resource: "bytes", Priority: 0, Held: 50, Max: 60, Bytes: 11}, *fe)
 	_, err = q.Push(Request[int]{Value: 2, Bytes: 10}, t0, nil)
 	require.NoError(t, err)
 	_, err = q.Push(Request[int]{Value: 3}, t0, nil)
@@ -82,7 +82,7 @@ func TestPushRefusals(t *testing.T) {
 	assert.Equal(t, "requests", fe.Resource)
 	_, err = q.Push(Request[int]{Value: 3, Priority: 1, Bytes: 41}, t0, nil)
 	require.ErrorAs(t, err, &fe)
-	assert.Equal(t, FullError{Scope: "total", Resource: "bytes", Priority: 1, Held: 60, Max: 100}, *fe)
+	assert.Equal(t, FullError{Scope: "total", Resource: "bytes", Priority: 1, Held: 60, Max: 100, Bytes: 41}, *fe)
 	_, err = q.Push(Request[int]{Value: 3, Priority: 1}, t0, nil)
 	require.NoError(t, err)
 	_, err = q.Push(Request[int]{Value: 4, Priority: 2}, t0, nil)
@@ -121,6 +121,33 @@ func TestStrictPriorityAndOrder(t *testing.T) {
 			assert.Equal(t, tc.want, drain(q, always))
 			assert.Equal(t, Stats{Bands: []BandStats{}}, q.Stats())
 		})
+	}
+}
+
+// EDF orders deadlines past UnixNano's range too: a request whose
+// deadline is the year 9999 (a "never") goes after one due in a second,
+// and one due in the year 1000 before it (UnixNano wrapped: the year 9999
+// went first).
+func TestEDFFarDeadlines(t *testing.T) {
+	for _, f := range []Fairness{RoundRobin, GlobalStrict} {
+		q := mustNew[string](t, Config{Order: EDF, Fairness: f})
+		for _, r := range []Request[string]{
+			{Value: "9999", Flow: "a", Deadline: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)},
+			{Value: "soon", Flow: "a", Deadline: t0.Add(time.Second)},
+			{Value: "1000", Flow: "a", Deadline: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		} {
+			_, err := q.Push(r, t0, nil)
+			require.NoError(t, err)
+		}
+		var got []string
+		for {
+			v, ok := q.Next(func(string) bool { return true })
+			if !ok {
+				break
+			}
+			got = append(got, v)
+		}
+		assert.Equal(t, []string{"1000", "soon", "9999"}, got, "fairness %d", f)
 	}
 }
 
@@ -305,11 +332,12 @@ type mreq struct {
 	h        Handle[int]
 }
 
-func (m *model) key(r mreq, order Order) int64 {
-	if order == EDF {
-		return r.deadline.UnixNano()
+// before reports whether r comes before c in their flow's order.
+func (m *model) before(r, c mreq, order Order) bool {
+	if order == EDF && !r.deadline.Equal(c.deadline) {
+		return r.deadline.Before(c.deadline)
 	}
-	return 0
+	return r.seq < c.seq
 }
 
 // heads returns, per (band, flow), the request that comes first in it.
@@ -318,7 +346,7 @@ func (m *model) heads(order Order, flowOf func(mreq) string) map[[2]string]mreq 
 	for _, r := range m.held {
 		k := [2]string{fmt.Sprint(r.prio), flowOf(r)}
 		c, ok := h[k]
-		if !ok || m.key(r, order) < m.key(c, order) || (m.key(r, order) == m.key(c, order) && r.seq < c.seq) {
+		if !ok || m.before(r, c, order) {
 			h[k] = r
 		}
 	}
@@ -369,7 +397,7 @@ func (m *model) victims(cfg Config, r mreq, own string, assigned map[int]string)
 		k := [2]string{fmt.Sprint(o.prio), assigned[o.v]}
 		length[k]++
 		l, ok := last[k]
-		if !ok || m.key(l, cfg.Order) < m.key(o, cfg.Order) || (m.key(l, cfg.Order) == m.key(o, cfg.Order) && l.seq < o.seq) {
+		if !ok || m.before(l, o, cfg.Order) {
 			last[k] = o
 		}
 		if o.prio < lowest {
@@ -452,8 +480,11 @@ func TestPropQueueMatchesModel(t *testing.T) {
 				r := mreq{v: seq, prio: rapid.IntRange(-1, 2).Draw(t, "prio"), flow: rapid.SampledFrom([]string{"a", "b", "c", "d", "e", ""}).Draw(t, "flow"),
 					bytes: rapid.Int64Range(0, 120).Draw(t, "bytes"), seq: seq}
 				var dl time.Time
-				if rapid.Bool().Draw(t, "hasDeadline") {
+				switch rapid.IntRange(0, 5).Draw(t, "deadline") {
+				case 0, 1, 2:
 					dl = now.Add(time.Duration(rapid.IntRange(0, 20).Draw(t, "dl")) * time.Second)
+				case 3: // past UnixNano's range
+					dl = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 				}
 				var gone []int
 				var onDisplace func(int)
@@ -548,7 +579,7 @@ func TestPropQueueMatchesModel(t *testing.T) {
 				}
 				if cfg.Fairness == GlobalStrict {
 					for _, h := range heads {
-						if h.prio == bestPrio && room(h.v) && (m.key(h, cfg.Order) < m.key(got, cfg.Order) || (m.key(h, cfg.Order) == m.key(got, cfg.Order) && h.seq < got.seq)) {
+						if h.prio == bestPrio && room(h.v) && m.before(h, got, cfg.Order) {
 							t.Fatalf("global strict gave %d before %d", v, h.v)
 						}
 					}
@@ -686,7 +717,7 @@ func TestBudgetShared(t *testing.T) {
 	var fe *FullError
 	_, err = qb.Push(Request[int]{Value: 3, Bytes: 30}, t0, nil)
 	require.ErrorAs(t, err, &fe)
-	assert.Equal(t, FullError{Scope: "global", Resource: "bytes", Held: 80, Max: 100}, *fe)
+	assert.Equal(t, FullError{Scope: "global", Resource: "bytes", Held: 80, Max: 100, Bytes: 30}, *fe)
 	_, err = qa.Push(Request[int]{Value: 4, Bytes: 20}, t0, nil)
 	require.NoError(t, err)
 	_, err = qa.Push(Request[int]{Value: 5}, t0, nil)
