@@ -41,8 +41,11 @@ func TestPoolObjectives(t *testing.T) {
 			map[string]int{"chat": 10}, 0},
 		{"unset priority is 0, negative kept", []v1alpha2.InferenceObjective{objective("default", "pool", nil, 1), objective("batch", "pool", p(-1), 1)}, 4,
 			map[string]int{"default": 0, "batch": -1}, 0},
-		{"deleting and other group ignored, no group is the pool's", []v1alpha2.InferenceObjective{deleting, otherGroup, noGroup}, 4,
-			map[string]int{"nogroup": 3}, 0},
+		// GIE's reconciler takes an objective only when its poolRef's
+		// group is the pool's; "" (written out: the CRD defaults an
+		// absent group) is the core group, which has no InferencePool.
+		{"deleting, other group and empty group ignored", []v1alpha2.InferenceObjective{deleting, otherGroup, noGroup}, 4,
+			map[string]int{}, 0},
 		{"past max the oldest kept, then by name", []v1alpha2.InferenceObjective{
 			objective("new", "pool", p(1), 30), objective("b", "pool", p(2), 10), objective("a", "pool", p(3), 10), objective("mid", "pool", p(4), 20)}, 3,
 			map[string]int{"a": 3, "b": 2, "mid": 4}, 1},
