@@ -243,6 +243,7 @@ func TestDiscoveryPoolFollowsPods(t *testing.T) {
 		return apierrors.IsNotFound(d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &giev1.InferencePool{})) &&
 			d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sim-d"}, &p) == nil && PodReady(&p)
 	})
+	d.Replicas() // a rebuild in progress has counted its Apply once this returns
 	n := d.Applied()
 	d.rebuild(ctx)
 	require.Equal(t, n, d.Applied())
@@ -327,7 +328,10 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 	require.Equal(t, "http://10.0.0.32:8000", f.Models["m"].Replicas[1].Address)
 	// The port renamed away from --service-port: ready endpoints, none on
 	// the port named; the running replicas are kept, not emptied.
-	cached(t, d.Synced)
+	// The recorder sees the configuration inside Apply, before Applied
+	// counts it (Synced was already true from the first Apply); rebuild
+	// holds d.mu until then, and Replicas takes it.
+	require.Len(t, d.Replicas(), 2)
 	n := d.Applied()
 	web := "web"
 	slice.Ports[0].Name = &web
