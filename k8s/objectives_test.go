@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"sort"
 	"testing"
 	"time"
@@ -74,6 +76,28 @@ func TestWatchObjectivesRejects(t *testing.T) {
 	} {
 		require.ErrorContains(t, WatchObjectives(context.Background(), tc.o, tc.set), tc.want)
 	}
+}
+
+// TestWatchObjectivesNoCRD: an API server that does not serve
+// InferenceObjectives (GIE's CRDs not installed; here a stub whose
+// discovery lists no group) is ErrNoObjectiveKind, at once, and set is
+// never called: the CLI then logs a warning and keeps --objective's.
+func TestWatchObjectivesNoCRD(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api":
+			_, _ = w.Write([]byte(`{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]}`))
+		case "/apis":
+			_, _ = w.Write([]byte(`{"kind":"APIGroupList","apiVersion":"v1","groups":[]}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	err := WatchObjectives(context.Background(), ObjectiveOptions{Config: &rest.Config{Host: srv.URL}, Namespace: "n", Pool: "p"},
+		func(map[string]int) { t.Error("objectives set without the kind") })
+	require.ErrorIs(t, err, ErrNoObjectiveKind)
 }
 
 // objectiveSets records what WatchObjectives sets.
