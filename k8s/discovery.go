@@ -86,13 +86,18 @@ type Discovery struct {
 	kick   chan struct{}
 	synced atomic.Bool
 
-	mu      sync.Mutex       // serialises rebuilds; guards last and lastRep
-	last    *config.File     // last applied configuration
-	lastRep []config.Replica // its discovered replicas
-	applied atomic.Int64     // count of Applies made
+	mu       sync.Mutex       // serialises rebuilds; guards last, lastRep, baseErr and applyErr
+	last     *config.File     // last applied configuration
+	lastRep  []config.Replica // its discovered replicas
+	baseErr  string           // the base configuration's last read error, "" after a good read
+	applyErr string           // the last Apply's error, "" after an Apply made
+	applied  atomic.Int64     // count of Applies made
 	// portMissing: the last listing had ready endpoints but no port
 	// named ServicePort (logged when it becomes so).
 	portMissing atomic.Bool
+	// poolMissing: the InferencePool was not found at the last rebuild
+	// (logged when it becomes so).
+	poolMissing atomic.Bool
 }
 
 // New checks o and returns a Discovery that applies to apply.
@@ -249,9 +254,14 @@ func (d *Discovery) rebuild(ctx context.Context) {
 	if d.o.Base != nil {
 		b, err := d.o.Base()
 		if err != nil {
-			d.o.Logger.Error("k8s: reading the base configuration failed; keeping the running configuration", "err", err)
+			// Logged once per distinct error: every reload tick rebuilds.
+			if msg := err.Error(); msg != d.baseErr {
+				d.baseErr = msg
+				d.o.Logger.Error("k8s: reading the base configuration failed; keeping the running configuration", "err", err)
+			}
 			return
 		}
+		d.baseErr = ""
 		base = b
 	}
 	if len(reps) > gateway.MaxReplicas {
@@ -264,9 +274,14 @@ func (d *Discovery) rebuild(ctx context.Context) {
 		return
 	}
 	if err := d.apply.Apply(next); err != nil {
-		d.o.Logger.Error("k8s: applying the discovered replicas failed; keeping the running configuration", "err", err, "replicas", len(reps))
+		// Retried at each rebuild, logged once per distinct error.
+		if msg := err.Error(); msg != d.applyErr {
+			d.applyErr = msg
+			d.o.Logger.Error("k8s: applying the discovered replicas failed; keeping the running configuration", "err", err, "replicas", len(reps))
+		}
 		return
 	}
+	d.applyErr = ""
 	d.applied.Add(1)
 	d.o.Logger.Info("k8s: replicas applied", "replicas", len(reps), "models", len(next.Models))
 	d.last, d.lastRep = next, reps
@@ -296,12 +311,17 @@ func (d *Discovery) discover(ctx context.Context) ([]config.Replica, bool) {
 	var pool giev1.InferencePool
 	if err := d.cache.Get(ctx, types.NamespacedName{Namespace: d.o.Namespace, Name: d.o.Pool}, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			d.o.Logger.Warn("k8s: InferencePool not found; keeping the running configuration", "namespace", d.o.Namespace, "pool", d.o.Pool)
+			// Logged when it becomes so: every pod event of the
+			// namespace and every reload tick rebuilds.
+			if !d.poolMissing.Swap(true) {
+				d.o.Logger.Warn("k8s: InferencePool not found; keeping the running configuration", "namespace", d.o.Namespace, "pool", d.o.Pool)
+			}
 		} else {
 			d.o.Logger.Error("k8s: reading the InferencePool failed", "err", err)
 		}
 		return nil, false
 	}
+	d.poolMissing.Store(false)
 	var pods corev1.PodList
 	if err := d.cache.List(ctx, &pods, client.InNamespace(d.o.Namespace),
 		client.MatchingLabelsSelector{Selector: PoolSelector(&pool)}); err != nil {

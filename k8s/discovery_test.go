@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -243,6 +245,7 @@ func TestDiscoveryPoolFollowsPods(t *testing.T) {
 		return apierrors.IsNotFound(d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &giev1.InferencePool{})) &&
 			d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sim-d"}, &p) == nil && PodReady(&p)
 	})
+	d.Replicas() // a rebuild in progress has counted its Apply once this returns
 	n := d.Applied()
 	d.rebuild(ctx)
 	require.Equal(t, n, d.Applied())
@@ -327,7 +330,10 @@ func TestDiscoveryServiceEndpointSlices(t *testing.T) {
 	require.Equal(t, "http://10.0.0.32:8000", f.Models["m"].Replicas[1].Address)
 	// The port renamed away from --service-port: ready endpoints, none on
 	// the port named; the running replicas are kept, not emptied.
-	cached(t, d.Synced)
+	// The recorder sees the configuration inside Apply, before Applied
+	// counts it (Synced was already true from the first Apply); rebuild
+	// holds d.mu until then, and Replicas takes it.
+	require.Len(t, d.Replicas(), 2)
 	n := d.Applied()
 	web := "web"
 	slice.Ports[0].Name = &web
@@ -361,4 +367,90 @@ func TestNewRejects(t *testing.T) {
 	}
 	_, err := New(Options{Config: cfg, Namespace: "n", Pool: "p"}, nil)
 	require.ErrorContains(t, err, "nil Applier")
+}
+
+// logBuffer collects log lines; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+// TestDiscoveryFailuresLoggedOnce: a pool that does not exist (yet) and
+// a base configuration that cannot be read keep the running
+// configuration and are logged once each time they begin, not at every
+// rebuild: every pod event of the namespace and every reload tick (1 s)
+// rebuilds.
+func TestDiscoveryFailuresLoggedOnce(t *testing.T) {
+	cfg, c := apiServer(t)
+	ctx := context.Background()
+	ns := newNamespace(t, c)
+	var logs logBuffer
+	var baseErr atomic.Bool
+	rec := newRecorder()
+	d := runDiscovery(t, Options{Config: cfg, Namespace: ns, Pool: "pool", Models: []string{"m"}, Debounce: -1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Base: func() (*config.File, error) {
+			if baseErr.Load() {
+				return nil, errors.New("corrupt file")
+			}
+			return nil, nil
+		}}, rec)
+	const missing, unreadable = "InferencePool not found", "reading the base configuration failed"
+	cached(t, func() bool { return logs.count(missing) > 0 }) // Run's first rebuild
+	for range 3 {
+		d.rebuild(ctx)
+	}
+	require.Equal(t, 1, logs.count(missing), "a missing pool logged at every rebuild")
+
+	require.NoError(t, c.Create(ctx, makePool(ns, 8000)))
+	startPod(t, c, ns, "sim-a", "sim", "127.0.0.41")
+	rec.await(t, "m", "sim-a")
+	baseErr.Store(true)
+	for range 3 {
+		d.rebuild(ctx)
+	}
+	require.Equal(t, 1, logs.count(unreadable), "an unreadable base logged at every rebuild")
+	baseErr.Store(false)
+	d.rebuild(ctx)
+	baseErr.Store(true)
+	d.rebuild(ctx)
+	require.Equal(t, 2, logs.count(unreadable), "a new failure after a good read is logged")
+	baseErr.Store(false)
+	// A refused Apply is retried at each rebuild, logged once.
+	rec.fail.Store(true)
+	startPod(t, c, ns, "sim-b", "sim", "127.0.0.42")
+	cached(t, func() bool {
+		var p corev1.Pod
+		return d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sim-b"}, &p) == nil && PodReady(&p)
+	})
+	for range 3 {
+		d.rebuild(ctx)
+	}
+	require.Equal(t, 1, logs.count("applying the discovered replicas failed"), "a refused Apply logged at every rebuild")
+	rec.fail.Store(false)
+	d.rebuild(ctx)
+	rec.await(t, "m", "sim-a", "sim-b")
+
+	// Deleted, the pool is missing again: logged once more.
+	require.NoError(t, c.Delete(ctx, makePool(ns, 8000)))
+	cached(t, func() bool {
+		return apierrors.IsNotFound(d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool"}, &giev1.InferencePool{}))
+	})
+	for range 3 {
+		d.rebuild(ctx)
+	}
+	require.Equal(t, 2, logs.count(missing))
+	require.Len(t, d.Replicas(), 2, "the running replicas kept")
 }

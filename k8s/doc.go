@@ -9,9 +9,10 @@
 //     inference.networking.k8s.io/v1): the pool's spec.selector picks Pods
 //     in its namespace, and every ready Pod (condition Ready true, not being
 //     deleted, with a pod IP) becomes one replica per spec.targetPorts
-//     entry, as GIE's endpoint picker v1.5.0 does
+//     entry (those its annotation inference.networking.k8s.io/active-ports
+//     lists, when it has one), as GIE's endpoint picker v1.5.0 does
 //     (pkg/epp/datastore/datastore.go: one endpoint per pod and target
-//     port, named POD-rank-I when the pool has several ports);
+//     port, named POD-rank-I; here a pool of one port names it POD);
 //   - a Service's EndpointSlices (label kubernetes.io/service-name): every
 //     ready endpoint becomes a replica on the slice's port.
 //

@@ -182,3 +182,26 @@ func FuzzPoolObjectives(f *testing.F) {
 		}
 	})
 }
+
+// FuzzActivePorts: any active-ports annotation gives a subset of the
+// pool's target ports, each with its rank, never a panic.
+func FuzzActivePorts(f *testing.F) {
+	f.Add("8000,8001")
+	f.Add(" 8002 ,x,-1,9000,")
+	f.Add("+8001\x00")
+	f.Fuzz(func(t *testing.T, annotation string) {
+		pod := testPod("a", "ns", "sim", "10.0.0.1", true)
+		pod.Annotations = map[string]string{ActivePortsAnnotation: annotation}
+		reps := PoolReplicas(testPool(8000, 8001, 8002), []corev1.Pod{pod})
+		if len(reps) > 3 {
+			t.Fatalf("%d replicas from 3 ports: %v", len(reps), reps)
+		}
+		for _, r := range reps {
+			rank := strings.TrimPrefix(r.Name, "a-rank-")
+			if len(rank) != 1 || r.Address != "http://10.0.0.1:800"+rank {
+				t.Fatalf("replica %+v", r)
+			}
+		}
+		checkReplicas(t, reps)
+	})
+}

@@ -76,7 +76,8 @@ type Leader struct {
 
 	mu      sync.Mutex
 	leading bool
-	holder  string // the last leader observed
+	term    context.Context // the term leading was set for
+	holder  string          // the last leader observed
 }
 
 // NewLeader checks o and returns a Leader; Run campaigns. An invalid
@@ -169,14 +170,35 @@ func (l *Leader) Holder() string {
 }
 
 // set records leadership (leading true only while term, the term's
-// context, is live) or its end.
+// context, is live) or the end of term. A term's goroutine that runs
+// late, after the next term began, thus cannot end the next one.
 func (l *Leader) set(term context.Context, leading bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if leading && term.Err() != nil || l.leading == leading {
+	if !leading && term != l.term {
+		return
+	}
+	l.change(term, leading)
+}
+
+// stopped records the end of whatever term is current: OnStoppedLeading,
+// which client-go calls before any later term begins.
+func (l *Leader) stopped() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.change(l.term, false)
+}
+
+// change records leadership and reports a change; l.mu is held.
+func (l *Leader) change(term context.Context, leading bool) {
+	if l.leading == leading || leading && term.Err() != nil {
 		return
 	}
 	l.leading = leading
+	l.term = nil
+	if leading {
+		l.term = term
+	}
 	l.opts.Logger.Info("k8s: leader election", "leading", leading, "identity", l.opts.Identity,
 		"lease", l.opts.Namespace+"/"+l.opts.Name)
 	if l.opts.OnChange != nil {
@@ -199,7 +221,7 @@ func (l *Leader) Run(ctx context.Context) error {
 					<-term.Done()
 					l.set(term, false)
 				},
-				OnStoppedLeading: func() { l.set(context.TODO(), false) },
+				OnStoppedLeading: l.stopped,
 				OnNewLeader: func(id string) {
 					l.mu.Lock()
 					l.holder = id

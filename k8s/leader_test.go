@@ -159,3 +159,32 @@ func TestNewLeaderRejects(t *testing.T) {
 	assert.Regexp(t, `^.+_[0-9a-f]{16}$`, l.Identity())
 	assert.Equal(t, "epp-llm-pool.gateway-api-inference-extension.sigs.k8s.io", LeaseName("llm", "pool"))
 }
+
+// TestLeaderLateTermGoroutine: client-go runs OnStartedLeading in a
+// goroutine of its own, which may run late; a term's goroutine that
+// wakes only after the next term began must not end the new term (the
+// Lease held, Leading false: no replica ready) nor report it.
+func TestLeaderLateTermGoroutine(t *testing.T) {
+	var changes []bool
+	l := &Leader{opts: LeaderOptions{Logger: quiet(), OnChange: func(leading bool) { changes = append(changes, leading) }}}
+	term1, end1 := context.WithCancel(context.Background())
+	term2, end2 := context.WithCancel(context.Background())
+	defer end2()
+	// Term 1 ended (lost) before its goroutine ran; client-go called
+	// OnStoppedLeading, then the candidate won term 2.
+	end1()
+	l.stopped()
+	l.set(term2, true)
+	// Term 1's goroutine runs now: its start is refused, and its end
+	// (term1 is done) must leave term 2 alone.
+	l.set(term1, true)
+	l.set(term1, false)
+	require.True(t, l.Leading(), "a late goroutine of an ended term ended the current one")
+	require.Equal(t, []bool{true}, changes)
+	// Term 2 ends: its own goroutine and OnStoppedLeading end it once.
+	end2()
+	l.set(term2, false)
+	l.stopped()
+	require.False(t, l.Leading())
+	require.Equal(t, []bool{true, false}, changes)
+}

@@ -27,7 +27,8 @@ import (
 // metadata.name is what a request names in x-gateway-inference-objective,
 // spec.priority its priority (unset is 0), spec.poolRef the pool it
 // belongs to. The objectives of a pool are those whose poolRef names it
-// in the InferencePool's group and are not being deleted, as GIE's
+// in the InferencePool's group (the CRD's default for an absent group; an
+// explicit "" is the core group) and are not being deleted, as GIE's
 // reconciler keeps them (pkg/epp/controller/inferenceobjective_reconciler.go).
 
 // MaxObjectives is the most objectives of one pool WatchObjectives passes
@@ -182,7 +183,7 @@ func WatchObjectives(ctx context.Context, o ObjectiveOptions, set func(map[strin
 }
 
 // PoolObjectives returns the objectives among items that belong to pool
-// (spec.poolRef names it, in the InferencePool's group or none; not being
+// (spec.poolRef names it, in the InferencePool's group; not being
 // deleted), name to priority (unset is 0), at most max of them (max > 0):
 // the oldest by creation time, then name. dropped counts those left out.
 func PoolObjectives(pool string, items []v1alpha2.InferenceObjective, max int) (m map[string]int, dropped int) {
@@ -190,7 +191,7 @@ func PoolObjectives(pool string, items []v1alpha2.InferenceObjective, max int) (
 	for i := range items {
 		o := &items[i]
 		ref := o.Spec.PoolRef
-		if string(ref.Name) != pool || (ref.Group != "" && string(ref.Group) != DefaultPoolGroup) || o.DeletionTimestamp != nil {
+		if string(ref.Name) != pool || string(ref.Group) != DefaultPoolGroup || o.DeletionTimestamp != nil {
 			continue
 		}
 		mine = append(mine, o)

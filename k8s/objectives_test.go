@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"sort"
 	"testing"
 	"time"
@@ -41,8 +43,11 @@ func TestPoolObjectives(t *testing.T) {
 			map[string]int{"chat": 10}, 0},
 		{"unset priority is 0, negative kept", []v1alpha2.InferenceObjective{objective("default", "pool", nil, 1), objective("batch", "pool", p(-1), 1)}, 4,
 			map[string]int{"default": 0, "batch": -1}, 0},
-		{"deleting and other group ignored, no group is the pool's", []v1alpha2.InferenceObjective{deleting, otherGroup, noGroup}, 4,
-			map[string]int{"nogroup": 3}, 0},
+		// GIE's reconciler takes an objective only when its poolRef's
+		// group is the pool's; "" (written out: the CRD defaults an
+		// absent group) is the core group, which has no InferencePool.
+		{"deleting, other group and empty group ignored", []v1alpha2.InferenceObjective{deleting, otherGroup, noGroup}, 4,
+			map[string]int{}, 0},
 		{"past max the oldest kept, then by name", []v1alpha2.InferenceObjective{
 			objective("new", "pool", p(1), 30), objective("b", "pool", p(2), 10), objective("a", "pool", p(3), 10), objective("mid", "pool", p(4), 20)}, 3,
 			map[string]int{"a": 3, "b": 2, "mid": 4}, 1},
@@ -71,6 +76,28 @@ func TestWatchObjectivesRejects(t *testing.T) {
 	} {
 		require.ErrorContains(t, WatchObjectives(context.Background(), tc.o, tc.set), tc.want)
 	}
+}
+
+// TestWatchObjectivesNoCRD: an API server that does not serve
+// InferenceObjectives (GIE's CRDs not installed; here a stub whose
+// discovery lists no group) is ErrNoObjectiveKind, at once, and set is
+// never called: the CLI then logs a warning and keeps --objective's.
+func TestWatchObjectivesNoCRD(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api":
+			_, _ = w.Write([]byte(`{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]}`))
+		case "/apis":
+			_, _ = w.Write([]byte(`{"kind":"APIGroupList","apiVersion":"v1","groups":[]}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	err := WatchObjectives(context.Background(), ObjectiveOptions{Config: &rest.Config{Host: srv.URL}, Namespace: "n", Pool: "p"},
+		func(map[string]int) { t.Error("objectives set without the kind") })
+	require.ErrorIs(t, err, ErrNoObjectiveKind)
 }
 
 // objectiveSets records what WatchObjectives sets.

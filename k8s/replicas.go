@@ -3,6 +3,7 @@ package k8s
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -44,12 +45,40 @@ func PoolSelector(pool *giev1.InferencePool) labels.Selector {
 	return labels.SelectorFromSet(set)
 }
 
+// ActivePortsAnnotation is the pod annotation that narrows the target
+// ports of its pool the pod serves, as GIE v1.5.0's datastore reads it
+// (pkg/epp/datastore/datastore.go, extractActivePorts): a comma-separated
+// list of port numbers ("8000,8001"); entries that are not a number or not
+// a target port are ignored, and an empty value means none. Without it
+// the pod serves every target port.
+const ActivePortsAnnotation = "inference.networking.k8s.io/active-ports"
+
+// activePorts returns the target ports p serves (see
+// [ActivePortsAnnotation]); nil means all of them.
+func activePorts(p *corev1.Pod) map[int]bool {
+	v, ok := p.Annotations[ActivePortsAnnotation]
+	if !ok {
+		return nil
+	}
+	active := map[int]bool{}
+	for s := range strings.SplitSeq(v, ",") {
+		var n int
+		// As GIE parses each entry: the leading number, sign allowed.
+		if _, err := fmt.Sscanf(strings.TrimSpace(s), "%d", &n); err == nil && n > 0 {
+			active[n] = true
+		}
+	}
+	return active
+}
+
 // PoolReplicas returns the replicas of a pool: for each ready pod in the
-// pool's namespace matching its selector, one replica per target port,
-// named after the pod (POD-rank-I when the pool has several target ports,
-// as GIE names its endpoints; see rankName for a pod name too long for
-// that) with address http://POD_IP:PORT. The list is sorted by name. pods
-// may hold pods of other namespaces or labels; they are skipped.
+// pool's namespace matching its selector, one replica per target port it
+// serves (all, unless its [ActivePortsAnnotation] narrows them), named
+// after the pod (POD-rank-I when the pool has several target ports, I the
+// port's index in targetPorts, as GIE names its endpoints; see rankName
+// for a pod name too long for that) with address http://POD_IP:PORT. The
+// list is sorted by name. pods may hold pods of other namespaces or
+// labels; they are skipped.
 func PoolReplicas(pool *giev1.InferencePool, pods []corev1.Pod) []config.Replica {
 	sel := PoolSelector(pool)
 	var out []config.Replica
@@ -58,7 +87,11 @@ func PoolReplicas(pool *giev1.InferencePool, pods []corev1.Pod) []config.Replica
 		if p.Namespace != pool.Namespace || !sel.Matches(labels.Set(p.Labels)) || !PodReady(p) {
 			continue
 		}
+		active := activePorts(p)
 		for idx, port := range pool.Spec.TargetPorts {
+			if active != nil && !active[int(port.Number)] {
+				continue
+			}
 			name := p.Name
 			if len(pool.Spec.TargetPorts) > 1 {
 				name = rankName(name, idx)

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -207,3 +208,40 @@ func TestMissingPort(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolReplicasActivePorts: a pod's annotation
+// inference.networking.k8s.io/active-ports narrows the pool's target ports
+// it serves, as GIE v1.5.0's datastore reads it (extractActivePorts): a
+// comma-separated list of port numbers, spaces allowed; entries that are
+// not a target port or not a number are ignored; an empty value means no
+// port. The rank of a replica stays its port's index in targetPorts.
+func TestPoolReplicasActivePorts(t *testing.T) {
+	pool := testPool(8000, 8001, 8002)
+	for _, tc := range []struct {
+		annotation *string
+		want       []string
+	}{
+		{nil, []string{"a-rank-0", "a-rank-1", "a-rank-2"}},
+		{ptr(""), nil},
+		{ptr("8001"), []string{"a-rank-1"}},
+		{ptr("8002, 8000 "), []string{"a-rank-0", "a-rank-2"}},
+		{ptr("8000,invalid,-1,9000,8000"), []string{"a-rank-0"}},
+	} {
+		pod := testPod("a", "ns", "sim", "10.0.0.1", true)
+		if tc.annotation != nil {
+			pod.Annotations = map[string]string{"inference.networking.k8s.io/active-ports": *tc.annotation}
+		}
+		var names []string
+		for _, r := range PoolReplicas(pool, []corev1.Pod{pod}) {
+			names = append(names, r.Name)
+			require.True(t, strings.HasSuffix(r.Address, ":"+strconv.Itoa(8000+int(r.Name[len(r.Name)-1]-'0'))), "%+v", r)
+		}
+		require.Equal(t, tc.want, names, "annotation %q", pod.Annotations)
+	}
+	// One target port: the pod serves it unless the annotation leaves it out.
+	pod := testPod("a", "ns", "sim", "10.0.0.1", true)
+	pod.Annotations = map[string]string{"inference.networking.k8s.io/active-ports": "9000"}
+	require.Empty(t, PoolReplicas(testPool(8000), []corev1.Pod{pod}))
+}
+
+func ptr[T any](v T) *T { return &v }
