@@ -59,6 +59,13 @@ type Options struct {
 	// ServicePort names the EndpointSlice port to use; "" means each
 	// slice's first port.
 	ServicePort string
+	// Selector, with TargetPorts, is GIE's standalone mode
+	// (--endpoint-selector, --endpoint-target-ports): the ready pods of
+	// Namespace matching these labels are the replicas, one per target
+	// port, as for a pool of that spec with no InferencePool object
+	// (ParseSelector, ParsePorts). nil when Pool or Service is used.
+	Selector    map[string]string
+	TargetPorts []int
 	// Models are the models the discovered replicas serve; nil means every
 	// model of the base configuration that is not disaggregated.
 	Models []string
@@ -100,6 +107,17 @@ type Discovery struct {
 	poolMissing atomic.Bool
 }
 
+// sources counts the discovery sources set.
+func sources(set ...bool) int {
+	n := 0
+	for _, b := range set {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
 // New checks o and returns a Discovery that applies to apply.
 func New(o Options, apply Applier) (*Discovery, error) {
 	switch {
@@ -107,10 +125,23 @@ func New(o Options, apply Applier) (*Discovery, error) {
 		return nil, errors.New("k8s: no API server configuration")
 	case o.Namespace == "":
 		return nil, errors.New("k8s: invalid namespace \"\": must be set")
-	case (o.Pool == "") == (o.Service == ""):
-		return nil, fmt.Errorf("k8s: invalid pool %q and service %q: set exactly one", o.Pool, o.Service)
+	case sources(o.Pool != "", o.Service != "", o.Selector != nil) != 1:
+		return nil, fmt.Errorf("k8s: invalid pool %q, service %q and selector %v: set exactly one", o.Pool, o.Service, o.Selector)
+	case o.Selector != nil && len(o.Selector) == 0:
+		return nil, errors.New("k8s: invalid selector {}: want at least one label")
+	case o.Selector != nil && (len(o.TargetPorts) == 0 || len(o.TargetPorts) > MaxTargetPorts):
+		return nil, fmt.Errorf("k8s: invalid target ports %v: want 1 to %d with a selector", o.TargetPorts, MaxTargetPorts)
+	case o.Selector == nil && len(o.TargetPorts) > 0:
+		return nil, fmt.Errorf("k8s: invalid target ports %v: only with a selector (a pool's are its targetPorts)", o.TargetPorts)
 	case apply == nil:
 		return nil, errors.New("k8s: nil Applier")
+	}
+	seen := map[int]bool{}
+	for _, p := range o.TargetPorts {
+		if p < 1 || p > 65535 || seen[p] {
+			return nil, fmt.Errorf("k8s: invalid target ports %v: %d is not a port (1-65535) or is listed twice", o.TargetPorts, p)
+		}
+		seen[p] = true
 	}
 	if o.PoolGroup == "" {
 		o.PoolGroup = DefaultPoolGroup
@@ -181,8 +212,11 @@ func (d *Discovery) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	objs := []client.Object{&corev1.Pod{}, &giev1.InferencePool{}}
-	if d.o.Service != "" {
+	switch {
+	case d.o.Service != "":
 		objs = []client.Object{&discoveryv1.EndpointSlice{}}
+	case d.o.Selector != nil:
+		objs = []client.Object{&corev1.Pod{}}
 	}
 	h := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { d.Resync() },
@@ -207,7 +241,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("k8s: watches did not sync: %w", ctx.Err())
 	}
-	d.o.Logger.Info("k8s: watching", "namespace", d.o.Namespace, "pool", d.o.Pool, "service", d.o.Service)
+	d.o.Logger.Info("k8s: watching", "namespace", d.o.Namespace, "pool", d.o.Pool, "service", d.o.Service, "selector", d.o.Selector, "target_ports", d.o.TargetPorts)
 	d.rebuild(ctx)
 	var timer *time.Timer
 	for {
@@ -308,6 +342,9 @@ func (d *Discovery) discover(ctx context.Context) ([]config.Replica, bool) {
 		d.portMissing.Store(false)
 		return SliceReplicas(list.Items, d.o.ServicePort), true
 	}
+	if d.o.Selector != nil {
+		return d.podReplicas(ctx, standalonePool(d.o.Namespace, d.o.Selector, d.o.TargetPorts))
+	}
 	var pool giev1.InferencePool
 	if err := d.cache.Get(ctx, types.NamespacedName{Namespace: d.o.Namespace, Name: d.o.Pool}, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -322,11 +359,16 @@ func (d *Discovery) discover(ctx context.Context) ([]config.Replica, bool) {
 		return nil, false
 	}
 	d.poolMissing.Store(false)
+	return d.podReplicas(ctx, &pool)
+}
+
+// podReplicas lists the replicas of pool from the pod cache.
+func (d *Discovery) podReplicas(ctx context.Context, pool *giev1.InferencePool) ([]config.Replica, bool) {
 	var pods corev1.PodList
 	if err := d.cache.List(ctx, &pods, client.InNamespace(d.o.Namespace),
-		client.MatchingLabelsSelector{Selector: PoolSelector(&pool)}); err != nil {
+		client.MatchingLabelsSelector{Selector: PoolSelector(pool)}); err != nil {
 		d.o.Logger.Error("k8s: listing pods failed", "err", err)
 		return nil, false
 	}
-	return PoolReplicas(&pool, pods.Items), true
+	return PoolReplicas(pool, pods.Items), true
 }

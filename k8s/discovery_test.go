@@ -357,8 +357,8 @@ func TestNewRejects(t *testing.T) {
 	}{
 		{Options{Namespace: "n", Pool: "p"}, "no API server"},
 		{Options{Config: cfg, Pool: "p"}, `namespace ""`},
-		{Options{Config: cfg, Namespace: "n"}, `pool "" and service ""`},
-		{Options{Config: cfg, Namespace: "n", Pool: "p", Service: "s"}, `pool "p" and service "s"`},
+		{Options{Config: cfg, Namespace: "n"}, `pool "", service "" and selector map[]: set exactly one`},
+		{Options{Config: cfg, Namespace: "n", Pool: "p", Service: "s"}, `pool "p", service "s" and selector map[]: set exactly one`},
 		{Options{Config: cfg, Namespace: "n", Pool: "p", PoolGroup: "inference.networking.x-k8s.io"}, `pool group "inference.networking.x-k8s.io"`},
 		{Options{Config: cfg, Namespace: "n", Pool: "p", Models: []string{" m"}}, `" m"`},
 	} {

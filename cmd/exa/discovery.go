@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"regexp"
 	"time"
 
 	"github.com/examlops/gateway"
@@ -26,6 +27,11 @@ type discoveryFlags struct {
 	service, servicePort               string
 	poolModels                         []string
 	kubeconfig                         string
+	// selector and ports are GIE's standalone mode, the picker's
+	// --endpoint-selector and --endpoint-target-ports (gieflags.go): the
+	// pods matching selector; nil otherwise.
+	selector map[string]string
+	ports    []int
 	// staleness is the picker's --metrics-staleness-threshold (GIE's
 	// flag), 0 elsewhere: the pool series then take GIE's default.
 	staleness time.Duration
@@ -43,7 +49,29 @@ func (d *discoveryFlags) register(f *pflag.FlagSet) {
 }
 
 // enabled reports whether discovery was asked for.
-func (d *discoveryFlags) enabled() bool { return d.poolName != "" || d.service != "" }
+func (d *discoveryFlags) enabled() bool {
+	return d.poolName != "" || d.service != "" || d.selector != nil
+}
+
+// sourceName names what discovery reads, for the pool's metric series and
+// its Lease: the pool, the Service, or in standalone mode the picker's
+// Deployment, from $POD_NAME as GIE v1.5.0 names it (cmd/epp/runner
+// extractDeploymentName; GIE's chart sets POD_NAME), else "standalone".
+func (d *discoveryFlags) sourceName() string {
+	switch {
+	case d.poolName != "":
+		return d.poolName
+	case d.service != "":
+		return d.service
+	}
+	if m := deploymentOfPod.FindStringSubmatch(os.Getenv("POD_NAME")); m != nil {
+		return m[1]
+	}
+	return "standalone"
+}
+
+// deploymentOfPod is GIE's pattern of a Deployment's pod name.
+var deploymentOfPod = regexp.MustCompile(`^(.+)-[a-z0-9]+-[a-z0-9]+$`)
 
 // validate returns a usage error for conflicting discovery flags, and for
 // --pool-model, --pool-namespace, --kubeconfig and --service-port set
@@ -51,6 +79,9 @@ func (d *discoveryFlags) enabled() bool { return d.poolName != "" || d.service !
 func (d *discoveryFlags) validate() error {
 	if d.poolName != "" && d.service != "" {
 		return usagef("invalid --service %q: --pool-name %q is set; discover from one source", d.service, d.poolName)
+	}
+	if d.selector != nil && (d.poolName != "" || d.service != "") {
+		return usagef("invalid --endpoint-selector: --pool-name %q or --service %q is set; discover from one source", d.poolName, d.service)
 	}
 	// Flags that only discovery reads: without it they would be ignored.
 	if d.servicePort != "" && d.service == "" {
@@ -144,7 +175,7 @@ func (d *discoveryFlags) start(path string, reload time.Duration, fl *fleet.Flee
 		models = d.poolModels
 	}
 	disc, err = k8s.New(k8s.Options{Config: rc, Namespace: d.namespace(), Pool: d.poolName, PoolGroup: d.poolGroup,
-		Service: d.service, ServicePort: d.servicePort, Models: models,
+		Service: d.service, ServicePort: d.servicePort, Selector: d.selector, TargetPorts: d.ports, Models: models,
 		Template: config.Model{Mode: gateway.ModeCacheAware},
 		Base:     func() (*config.File, error) { return config.Load(path) },
 		Logger:   logger}, fl)
@@ -152,10 +183,7 @@ func (d *discoveryFlags) start(path string, reload time.Duration, fl *fleet.Flee
 		return nil, nil, usagef("%v", err)
 	}
 	if reg != nil {
-		name := d.poolName
-		if name == "" {
-			name = d.service
-		}
+		name := d.sourceName()
 		if err := reg.Register(k8s.NewPoolCollector(name, fl.Stats, disc, d.staleness)); err != nil {
 			return nil, nil, err
 		}

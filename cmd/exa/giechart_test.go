@@ -36,7 +36,11 @@ type gieChartRender struct {
 }
 
 func gieChartRenders(t *testing.T) []gieChartRender {
-	b, err := os.ReadFile("testdata/gie-chart-v1.5.0.json")
+	return readChartRenders(t, "testdata/gie-chart-v1.5.0.json")
+}
+
+func readChartRenders(t *testing.T, path string) []gieChartRender {
+	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var rs []gieChartRender
 	require.NoError(t, json.Unmarshal(b, &rs))
@@ -111,6 +115,36 @@ func TestPickerGIEChartArgs(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
+}
+
+// Every argument list GIE's standalone chart renders without an
+// InferencePool (every modelServerType, 1 and 3 replicas) is accepted:
+// discovery from the pods labelled app=vllm on port 8000 (GIE's
+// standalone mode), GIE's ports and TLS, leader election with more than
+// one replica, the Lease and pool series named after the picker's
+// Deployment (from $POD_NAME, as GIE names it).
+func TestPickerGIEStandaloneChartArgs(t *testing.T) {
+	t.Setenv("POD_NAME", "epp-6d8f7b9c5-x2x9q")
+	for _, r := range readChartRenders(t, "testdata/gie-standalone-chart-v1.5.0.json") {
+		t.Run(fmt.Sprintf("%s/%d", r.ModelServerType, r.Replicas), func(t *testing.T) {
+			var fl pickerFlags
+			cmd := pickerCommand(&fl)
+			require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
+			require.NoError(t, fl.gie.apply(cmd, &fl))
+			require.NoError(t, fl.validate())
+			require.NoError(t, fl.disc.validate())
+			assert.True(t, fl.disc.enabled())
+			assert.Equal(t, map[string]string{"app": "vllm"}, fl.disc.selector)
+			assert.Equal(t, []int{8000}, fl.disc.ports)
+			assert.Equal(t, "epp", fl.disc.sourceName())
+			assert.Equal(t, ":9002", fl.listen)
+			assert.True(t, fl.tlsSelfSigned)
+			assert.Equal(t, r.Replicas > 1, fl.gie.leaderElection)
+			assert.Equal(t, r.ModelServerType != "vllm", fl.gie.engineMetrics != nil)
+		})
+	}
+	t.Setenv("POD_NAME", "")
+	assert.Equal(t, "standalone", (&discoveryFlags{selector: map[string]string{"app": "x"}}).sourceName())
 }
 
 // The metric flags GIE's chart gives a trtllm-serve pool are honoured by

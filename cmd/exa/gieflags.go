@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,9 +35,13 @@ type gieFlags struct {
 	secureServing                         bool
 	certPath, configFile                  string
 	zapEncoder                            string
-	zap                                   gieLogFlags
-	verbosity                             int
-	bools                                 map[string]*bool
+	// endpointSelector and endpointPorts are GIE's standalone mode
+	// (applyStandalone).
+	endpointSelector string
+	endpointPorts    []string
+	zap              gieLogFlags
+	verbosity        int
+	bools            map[string]*bool
 	// leaderElection is --ha-enable-leader-election, with the lease
 	// timings in leader (leaderflags.go).
 	leaderElection bool
@@ -70,9 +75,7 @@ const (
 // here: setting one is a usage error saying why (rather than cobra's
 // "unknown flag").
 var gieUnsupported = map[string]string{
-	"endpoint-selector":     "discovery is from an InferencePool (--pool-name) or a Service (--service)",
-	"endpoint-target-ports": "the ports come from the InferencePool's targetPorts",
-	"config-text":           "GIE plugin configurations do not apply; routing comes from --config",
+	"config-text": "GIE plugin configurations do not apply; routing comes from --config",
 }
 
 // gieBools are GIE's boolean flags accepted only with the value that
@@ -110,6 +113,8 @@ func (g *gieFlags) register(f *pflag.FlagSet) {
 		_ = f.MarkHidden(name)
 	}
 	g.registerMetrics(f)
+	f.StringVar(&g.endpointSelector, "endpoint-selector", "", "GIE's standalone mode: discover the replicas from the ready pods with these labels (key=value,...), with no InferencePool; needs --endpoint-target-ports")
+	f.StringSliceVar(&g.endpointPorts, "endpoint-target-ports", nil, "GIE's standalone mode: the pods' target ports (1 to 8; comma-separated or repeated), one replica each")
 	f.BoolVar(&g.leaderElection, "ha-enable-leader-election", false,
 		"GIE: elect one leader among the picker replicas with a Lease; only the leader reports ready (docs/kubernetes.md); needs --pool-name or --service")
 	g.leader.register(f)
@@ -133,8 +138,13 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 	if err := g.applyMetrics(f, fl); err != nil {
 		return err
 	}
+	if f.Changed("endpoint-selector") || f.Changed("endpoint-target-ports") {
+		if err := g.applyStandalone(fl); err != nil {
+			return err
+		}
+	}
 	if g.leaderElection && !fl.disc.enabled() {
-		return usagef("--ha-enable-leader-election needs --pool-name or --service: the Lease is named after the pool")
+		return usagef("--ha-enable-leader-election needs --pool-name, --service or --endpoint-selector: the Lease is named after the pool")
 	}
 	for _, name := range []string{"leader-lease-duration", "leader-renew-deadline", "leader-retry-period"} {
 		if f.Changed(name) && !g.leaderElection {
@@ -147,7 +157,7 @@ func (g *gieFlags) apply(cmd *cobra.Command, fl *pickerFlags) error {
 				l.lease.String(), l.renew.String(), l.retry.String())
 		}
 	}
-	gie := fl.disc.poolName != ""
+	gie := fl.disc.poolName != "" || fl.disc.selector != nil
 	for _, p := range []struct {
 		gieName, own string
 		v            int
@@ -341,4 +351,27 @@ func (fl *pickerFlags) logIgnored(logger *slog.Logger) {
 		logger.Warn("GIE EndpointPickerConfig sets how engines are scraped, not read here: the engines' metric names and path come from the metric flags (--total-queued-requests-metric, --model-server-metrics-path, ...), else are detected (docs/kubernetes.md)",
 			"file", fl.gie.configFile, "settings", fl.gieUnread)
 	}
+}
+
+// applyStandalone reads GIE's standalone mode (--endpoint-selector and
+// --endpoint-target-ports, checked as GIE v1.5.0's Options.Validate does)
+// into fl's discovery.
+func (g *gieFlags) applyStandalone(fl *pickerFlags) error {
+	ports := strings.Join(g.endpointPorts, ",")
+	switch {
+	case g.endpointSelector == "":
+		return usagef("invalid --endpoint-target-ports %q: needs --endpoint-selector", ports)
+	case len(g.endpointPorts) == 0:
+		return usagef("invalid --endpoint-selector %q: needs --endpoint-target-ports", g.endpointSelector)
+	}
+	sel, err := k8s.ParseSelector(g.endpointSelector)
+	if err != nil {
+		return usagef("invalid --endpoint-selector %q: %v", g.endpointSelector, err)
+	}
+	p, err := k8s.ParsePorts(ports)
+	if err != nil {
+		return usagef("invalid --endpoint-target-ports %q: %v", ports, err)
+	}
+	fl.disc.selector, fl.disc.ports = sel, p
+	return nil
 }

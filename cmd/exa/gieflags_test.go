@@ -33,11 +33,15 @@ func TestPickerGIEBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--ha-enable-leader-election"}, `--ha-enable-leader-election needs --pool-name or --service`},
+		{[]string{"--ha-enable-leader-election"}, `--ha-enable-leader-election needs --pool-name, --service or --endpoint-selector`},
 		{[]string{"--pool-name", "p", "--ha-enable-leader-election", "--leader-lease-duration", "5s"}, `invalid --leader-lease-duration "5s", --leader-renew-deadline "10s", --leader-retry-period "2s": want lease duration > renew deadline`},
 		{[]string{"--tracing=true"}, `invalid --tracing "true"`},
 		{[]string{"--metrics-endpoint-auth=true"}, `invalid --metrics-endpoint-auth "true"`},
-		{[]string{"--endpoint-selector", "app=x"}, `--endpoint-selector (a GIE endpoint-picker flag) is not supported`},
+		{[]string{"--endpoint-selector", "app=x"}, `invalid --endpoint-selector "app=x": needs --endpoint-target-ports`},
+		{[]string{"--endpoint-target-ports", "8000"}, `invalid --endpoint-target-ports "8000": needs --endpoint-selector`},
+		{[]string{"--endpoint-selector", "app", "--endpoint-target-ports", "8000"}, `invalid --endpoint-selector "app": k8s: invalid endpoint selector "app"`},
+		{[]string{"--endpoint-selector", "app=x", "--endpoint-target-ports", "8000,0"}, `invalid --endpoint-target-ports "8000,0": k8s: invalid endpoint target ports "8000,0": "0" is not a port`},
+		{[]string{"--endpoint-selector", "app=x", "--endpoint-target-ports", "8000", "--pool-name", "p"}, `invalid --endpoint-selector: --pool-name "p" or --service "" is set`},
 		{[]string{"--total-queued-requests-metric", "m{"}, `invalid --total-queued-requests-metric "m{": invalid metric spec "m{": missing or malformed label block`},
 		{[]string{"--model-server-metrics-path", "metrics"}, `invalid --model-server-metrics-path "metrics": want an absolute path`},
 		{[]string{"--model-server-metrics-port", "70000"}, `invalid --model-server-metrics-port "70000": want a port`},

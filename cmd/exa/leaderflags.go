@@ -43,10 +43,7 @@ func (fl *pickerFlags) startLeader(reg prometheus.Registerer, logger *slog.Logge
 	if err != nil {
 		return nil, nil, err
 	}
-	ns, pool := fl.disc.namespace(), fl.disc.poolName
-	if pool == "" {
-		pool = fl.disc.service
-	}
+	ns, pool := fl.disc.namespace(), fl.disc.sourceName()
 	l := fl.gie.leader
 	el, err := k8s.NewLeader(k8s.LeaderOptions{Config: rc, Namespace: ns, Name: k8s.LeaseName(ns, pool),
 		LeaseDuration: l.lease, RenewDeadline: l.renew, RetryPeriod: l.retry, Logger: logger, OnChange: onChange})

@@ -343,9 +343,9 @@ func runPicker(cmd *cobra.Command, fl pickerFlags) error {
 		ln.Addr(), security, adminURL, path, len(flt.Stats().Models)),
 		"address", ln.Addr().String(), "security", security, "admin", adminURL, "config", path, "models", len(flt.Stats().Models))
 	if fl.disc.enabled() {
-		announce(cmd.OutOrStdout(), js, fmt.Sprintf("exa: picker discovering replicas (pool %q, service %q, namespace %q), gRPC health on %s",
-			fl.disc.poolName, fl.disc.service, fl.disc.namespace(), healthAddr),
-			"pool", fl.disc.poolName, "service", fl.disc.service, "namespace", fl.disc.namespace(), "health", healthAddr)
+		announce(cmd.OutOrStdout(), js, fmt.Sprintf("exa: picker discovering replicas (pool %q, service %q, selector %q, namespace %q), gRPC health on %s",
+			fl.disc.poolName, fl.disc.service, fl.gie.endpointSelector, fl.disc.namespace(), healthAddr),
+			"pool", fl.disc.poolName, "service", fl.disc.service, "selector", fl.gie.endpointSelector, "namespace", fl.disc.namespace(), "health", healthAddr)
 	} else if healthAddr != "none" {
 		announce(cmd.OutOrStdout(), js, "exa: picker gRPC health on "+healthAddr, "health", healthAddr)
 	}

@@ -20,6 +20,25 @@ import (
 // runs each argument list through `exa serve picker`'s flags.
 const gieArgsGolden = "../../../cmd/exa/testdata/gie-chart-v1.5.0.json"
 
+// gieStandaloneGolden holds them as GIE's standalone chart renders them
+// without an InferencePool (--endpoint-selector, --endpoint-target-ports).
+const gieStandaloneGolden = "../../../cmd/exa/testdata/gie-standalone-chart-v1.5.0.json"
+
+// checkGolden compares renders with the golden file path, which
+// EXA_UPDATE_GOLDEN=1 rewrites.
+func checkGolden(t *testing.T, path string, renders []gieRender) {
+	t.Helper()
+	b, err := json.MarshalIndent(renders, "", "  ")
+	require.NoError(t, err)
+	b = append(b, '\n')
+	if os.Getenv("EXA_UPDATE_GOLDEN") != "" {
+		require.NoError(t, os.WriteFile(path, b, 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(b), "GIE's chart renders other arguments; EXA_UPDATE_GOLDEN=1 rewrites %s", path)
+}
+
 // gieRender is one rendering of GIE's chart: the epp container's args and
 // the ConfigMap's default-plugins.yaml.
 type gieRender struct {
@@ -36,18 +55,38 @@ type gieRender struct {
 // inferencePool.modelServers.matchLabels.app=vllm` would.
 func renderGIE(t *testing.T, modelServerType string, replicas int) gieRender {
 	t.Helper()
+	return renderGIEChart(t, "inferencepool", modelServerType, replicas, map[string]any{
+		"inferencePool":      map[string]any{"modelServerType": modelServerType, "modelServers": map[string]any{"matchLabels": map[string]any{"app": "vllm"}}},
+		"inferenceExtension": map[string]any{"replicas": replicas},
+	})
+}
+
+// renderStandalone renders GIE v1.5.0's standalone chart
+// (config/charts/standalone: the picker with an Envoy sidecar) without an
+// InferencePool, as `helm install epp --namespace llm --set
+// inferenceExtension.endpointsServer.createInferencePool=false --set
+// inferenceExtension.endpointsServer.endpointSelector=app=vllm --set
+// inferenceExtension.endpointsServer.modelServerType=TYPE` would.
+func renderStandalone(t *testing.T, modelServerType string, replicas int) gieRender {
+	t.Helper()
+	return renderGIEChart(t, "standalone", modelServerType, replicas, map[string]any{
+		"inferenceExtension": map[string]any{"replicas": replicas, "endpointsServer": map[string]any{
+			"createInferencePool": false, "endpointSelector": "app=vllm", "modelServerType": modelServerType}},
+	})
+}
+
+// renderGIEChart renders GIE's chart name with its epplib dependency,
+// from the module cache, with vals.
+func renderGIEChart(t *testing.T, name, modelServerType string, replicas int, vals map[string]any) gieRender {
+	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
 	require.NoError(t, err)
 	charts := filepath.Join(strings.TrimSpace(string(out)), "config", "charts")
-	ch, err := loader.Load(filepath.Join(charts, "inferencepool"))
+	ch, err := loader.Load(filepath.Join(charts, name))
 	require.NoError(t, err)
 	lib, err := loader.Load(filepath.Join(charts, "epplib"))
 	require.NoError(t, err)
 	ch.AddDependency(lib)
-	vals := map[string]any{
-		"inferencePool":      map[string]any{"modelServerType": modelServerType, "modelServers": map[string]any{"matchLabels": map[string]any{"app": "vllm"}}},
-		"inferenceExtension": map[string]any{"replicas": replicas},
-	}
 	require.NoError(t, chartutil.ProcessDependenciesWithMerge(ch, vals))
 	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "pool", Namespace: "llm", IsInstall: true}, nil)
 	require.NoError(t, err)
@@ -82,21 +121,20 @@ func renderGIE(t *testing.T, modelServerType string, replicas int) gieRender {
 // cmd/exa's TestPickerGIEChartArgs feeds to `exa serve picker`).
 // EXA_UPDATE_GOLDEN=1 rewrites the file.
 func TestGIEChartArgs(t *testing.T) {
-	var got []gieRender
+	var got, standalone []gieRender
 	for _, typ := range []string{"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"} {
 		for _, n := range []int{1, 3} {
 			got = append(got, renderGIE(t, typ, n))
+			standalone = append(standalone, renderStandalone(t, typ, n))
 		}
 	}
-	b, err := json.MarshalIndent(got, "", "  ")
-	require.NoError(t, err)
-	b = append(b, '\n')
-	if os.Getenv("EXA_UPDATE_GOLDEN") != "" {
-		require.NoError(t, os.WriteFile(gieArgsGolden, b, 0o644))
+	checkGolden(t, gieArgsGolden, got)
+	checkGolden(t, gieStandaloneGolden, standalone)
+	for _, r := range standalone {
+		joined := strings.Join(r.Args, " ")
+		require.Contains(t, joined, "--endpoint-selector app=vllm --endpoint-target-ports 8000", "%s/%d", r.ModelServerType, r.Replicas)
+		require.NotContains(t, joined, "--pool-name", "%s/%d", r.ModelServerType, r.Replicas)
 	}
-	want, err := os.ReadFile(gieArgsGolden)
-	require.NoError(t, err)
-	require.Equal(t, string(want), string(b), "GIE's chart renders other arguments; EXA_UPDATE_GOLDEN=1 rewrites %s", gieArgsGolden)
 	for _, r := range got {
 		joined := strings.Join(r.Args, " ")
 		require.Equal(t, r.Replicas > 1, strings.Contains(joined, "--ha-enable-leader-election"), "%s/%d", r.ModelServerType, r.Replicas)
