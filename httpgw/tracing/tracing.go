@@ -104,8 +104,10 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 
 // Handler returns next traced with tp: a server span per request, child
 // of the client's traceparent when it sends one, whose context replaces
-// the traceparent the engine receives (restored on the caller's request
-// afterwards). A no-op provider (Setup without an endpoint) returns next
+// the trace context the engine receives (restored on the caller's request
+// afterwards): the client's tracestate reaches the engine only with a
+// valid traceparent, and its baggage only as the propagator re-writes
+// it. A no-op provider (Setup without an endpoint) returns next
 // itself.
 func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 	if _, off := tp.(noop.TracerProvider); off || tp == nil {
@@ -117,7 +119,11 @@ func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 		ctx, span := tracer.Start(ctx, "exa.gateway "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 		defer span.End()
+		// The engine gets the trace context the propagator writes and
+		// nothing else: a tracestate that came without a valid
+		// traceparent is discarded (W3C trace context, processing model).
 		saved := saveTraceHeaders(r.Header)
+		saved.clear(r.Header)
 		propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r.WithContext(ctx))
@@ -184,6 +190,13 @@ func saveTraceHeaders(h http.Header) traceHeaders {
 		}
 	}
 	return saved
+}
+
+// clear removes the trace-context headers from h.
+func (traceHeaders) clear(h http.Header) {
+	for _, k := range traceHeaderNames {
+		delete(h, k)
+	}
 }
 
 func (t traceHeaders) restore(h http.Header) {

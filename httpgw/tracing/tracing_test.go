@@ -129,3 +129,36 @@ func TestDecisionAttributes(t *testing.T) {
 	}
 	assert.NotContains(t, got, "exa.decision.blocks")
 }
+
+// W3C trace context (§4.3, processing model): a tracestate that comes
+// without a valid traceparent (none, version ff, all-zero ids, uppercase
+// hex) is discarded; the engine gets the gateway's new trace and no
+// tracestate, and the caller's request keeps what the client sent.
+func TestHandlerDropsOrphanTracestate(t *testing.T) {
+	eng := enginetest.New(enginetest.Options{Model: "m1"})
+	defer eng.Close()
+	exp := tracetest.NewInMemoryExporter()
+	h := Handler(gatewayOver(t, eng), sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)))
+	for _, parent := range []string{
+		"",
+		"ff-" + clientTrace + "-00f067aa0ba902b7-01",
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+		"00-" + clientTrace + "-0000000000000000-01",
+		"00-" + strings.ToUpper(clientTrace) + "-00f067aa0ba902b7-01",
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+			strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello there"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		if parent != "" {
+			req.Header.Set("Traceparent", parent)
+		}
+		req.Header.Set("Tracestate", "congo=t61rcWkgMzE")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		hdr, _ := eng.LastRequest()
+		assert.NotContains(t, hdr.Get("Traceparent"), clientTrace, "traceparent %q", parent)
+		assert.Empty(t, hdr.Values("Tracestate"), "traceparent %q: the engine got the client's tracestate without its traceparent", parent)
+		assert.Equal(t, "congo=t61rcWkgMzE", req.Header.Get("Tracestate"), "the caller's request is restored")
+	}
+}
