@@ -246,7 +246,7 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 		s.Observe(ep, ep.Health.Success(false))
 	}
 	h := pc.w.Header()
-	copyHeaders(h, resp.Header)
+	s.copyAnswerHeaders(h, resp.Header)
 	h.Set(HeaderReplica, d.Replica)
 	pc.w.WriteHeader(resp.StatusCode)
 	pc.code = strconv.Itoa(resp.StatusCode)

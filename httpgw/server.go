@@ -178,8 +178,9 @@ type Options struct {
 	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
 	// for any) whose cross-origin requests the gateway allows: their
 	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
-	// requests are answered (204). Nil (the default) means CORS is off:
-	// no CORS headers, and OPTIONS gets 405.
+	// requests are answered (204); an engine's own Access-Control-*
+	// headers are then not relayed. Nil (the default) means CORS is off:
+	// the gateway adds no CORS headers, and OPTIONS gets 405.
 	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
