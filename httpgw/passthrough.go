@@ -2,12 +2,14 @@ package httpgw
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
@@ -161,7 +163,8 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 		d, ep := passPick(s.Snapshot(), ms, failed)
 		if ep == nil {
 			if try > 0 {
-				pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "",
+				status, code := failStatus(lastErr)
+				pc.fail(status, front.TypeServer, code, "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 				return
 			}
@@ -199,12 +202,21 @@ func passPick(st *fleet.State, ms *fleet.Model, skip string) (gateway.Decision, 
 
 // passSend forwards the call to ep, the engine of decision d, which it
 // completes (with no latency: a pass-through request's says nothing of
-// a prompt's). It returns retry=true, with the cause, when ep failed
-// before answering and canRetry allows another try; otherwise it has
-// answered the client.
+// a prompt's). Options.ResponseTimeout bounds the answer as a whole, as
+// a non-streamed inference answer's (an SSE answer only until its head).
+// It returns retry=true, with the
+// cause, when ep failed before answering (its time included) and
+// canRetry allows another try; otherwise it has answered the client.
 func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
 	defer d.Done(gateway.DoneInfo{})
-	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
+	ctx, cancel := context.WithCancel(pc.r.Context())
+	defer cancel()
+	timeout, timedOut, stop := max(s.opts.ResponseTimeout, 0), (*atomic.Bool)(nil), noTimer
+	if timeout > 0 {
+		timedOut, stop = s.startTimer(timeout, cancel)
+	}
+	defer stop()
+	out, err := upstreamRequest(ctx, ep, pc.r.URL, body)
 	if err != nil {
 		pc.fail(http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
 		return false, nil
@@ -228,14 +240,21 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 			return false, nil
 		}
 		s.Observe(ep, ep.Health.Failure(isDialError(err)))
+		if timedOut != nil && timedOut.Load() {
+			err = fmt.Errorf("%w (%v)", errResponseTimeout, timeout)
+		}
 		err = fmt.Errorf("engine %s: %w", ep.Base, err)
 		if canRetry {
 			return true, err
 		}
-		pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		status, code := failStatus(err)
+		pc.fail(status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 		return false, nil
 	}
 	defer resp.Body.Close()
+	if isEventStream(resp) {
+		stop() // a stream (a stored response retrieved with stream=true) is not bounded as a whole
+	}
 	if resp.StatusCode >= 500 {
 		s.Observe(ep, ep.Health.Failure(false))
 		if canRetry {
@@ -259,6 +278,7 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 		}
 		// A body cannot carry an error once begun: pass on what was
 		// written and cut the connection (see failMidAnswer).
+		s.Observe(ep, ep.Health.Failure(false))
 		_ = http.NewResponseController(pc.w).Flush()
 		pc.code = front.CodeAborted
 		panic(http.ErrAbortHandler)

@@ -109,7 +109,10 @@ type Options struct {
 	// is retried once on another replica, else the client gets 504
 	// (upstream_timeout); a relayed answer already begun is cut. Set it
 	// above the longest such generation. Default DefaultResponseTimeout
-	// (10 minutes), negative means no bound.
+	// (10 minutes), negative means no bound. It bounds the pass-through
+	// and stored-response requests' answers alike (an SSE answer until its
+	// head): 504 upstream_timeout, or a retry on another replica for a
+	// pass-through request.
 	ResponseTimeout time.Duration
 	// UpstreamStream says whether a chat or completions request whose
 	// client does not stream is streamed from the engine (its body gets
