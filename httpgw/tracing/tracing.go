@@ -106,8 +106,7 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 // of the client's traceparent when it sends one, whose context replaces
 // the trace context the engine receives (restored on the caller's request
 // afterwards): the client's tracestate reaches the engine only with a
-// valid traceparent, and its baggage only as the propagator re-writes
-// it. A no-op provider (Setup without an endpoint) returns next
+// valid traceparent. A no-op provider (Setup without an endpoint) returns next
 // itself.
 func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 	if _, off := tp.(noop.TracerProvider); off || tp == nil {
@@ -120,8 +119,8 @@ func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 		defer span.End()
 		// The engine gets the trace context the propagator writes and
-		// nothing else: a tracestate that came without a valid
-		// traceparent is discarded (W3C trace context, processing model).
+		// no other: a tracestate that came without a valid traceparent
+		// is discarded (W3C trace context, processing model).
 		saved := saveTraceHeaders(r.Header)
 		saved.clear(r.Header)
 		propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
@@ -192,11 +191,12 @@ func saveTraceHeaders(h http.Header) traceHeaders {
 	return saved
 }
 
-// clear removes the trace-context headers from h.
+// clear removes the client's trace context (traceparent, tracestate)
+// from h; its baggage, which does not depend on it, stays for the
+// propagator to re-write or leave.
 func (traceHeaders) clear(h http.Header) {
-	for _, k := range traceHeaderNames {
-		delete(h, k)
-	}
+	delete(h, "Traceparent")
+	delete(h, "Tracestate")
 }
 
 func (t traceHeaders) restore(h http.Header) {
