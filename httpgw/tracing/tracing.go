@@ -17,8 +17,8 @@
 // exa.decision (X-Exa-Decision as is), exa.decision.kind, and
 // exa.decision.matched_blocks / exa.decision.blocks (its "matched=M/N"),
 // exa.disagg (X-Exa-Disagg) and exa.prefill_replica
-// (X-Exa-Prefill-Replica) for disaggregated models. A 5xx answer sets the
-// span's status to Error.
+// (X-Exa-Prefill-Replica) for disaggregated models. A 5xx answer, or one
+// the gateway aborted (cut mid-answer), sets the span's status to Error.
 //
 // Cost: off, nothing (Handler returns the gateway's handler). On, the
 // wrapper adds 7.3–9.1 µs, 30 allocations and 3.4 KB per request
@@ -125,9 +125,19 @@ func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 		saved.clear(r.Header)
 		propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
 		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			// Also when the handler aborts the answer (panics with
+			// http.ErrAbortHandler, an engine failed mid-answer): the
+			// span then says so, and the panic goes on to the server.
+			p := recover()
+			saved.restore(r.Header)
+			annotate(span, sw.code, w.Header())
+			if p != nil {
+				span.SetStatus(codes.Error, fmt.Sprint("answer aborted: ", p))
+				panic(p)
+			}
+		}()
 		next.ServeHTTP(sw, r.WithContext(ctx))
-		saved.restore(r.Header)
-		annotate(span, sw.code, w.Header())
 	})
 }
 

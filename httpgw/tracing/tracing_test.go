@@ -162,3 +162,31 @@ func TestHandlerDropsOrphanTracestate(t *testing.T) {
 		assert.Equal(t, "congo=t61rcWkgMzE", req.Header.Get("Tracestate"), "the caller's request is restored")
 	}
 }
+
+// An answer the gateway aborts (http.ErrAbortHandler: an engine that
+// failed mid-answer, its connection cut) still gets its span's attributes,
+// and an Error status; the panic goes on to the server, which cuts the
+// connection.
+func TestHandlerAbortedSpan(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	h := Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(httpgw.HeaderReplica, "e0")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"id":`))
+		panic(http.ErrAbortHandler)
+	}), tp)
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{}`))
+	req.Header.Set("Traceparent", "00-"+clientTrace+"-00f067aa0ba902b7-01")
+	func() {
+		defer func() { assert.Equal(t, http.ErrAbortHandler, recover(), "the abort goes on to the server") }()
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	assert.Equal(t, "00-"+clientTrace+"-00f067aa0ba902b7-01", req.Header.Get("Traceparent"), "the caller's request is restored")
+	spans := exp.GetSpans().Snapshots()
+	require.Len(t, spans, 1)
+	a := attrs(spans[0])
+	assert.Equal(t, "e0", a["exa.replica"].AsString())
+	assert.Equal(t, int64(200), a["http.response.status_code"].AsInt64())
+	assert.Equal(t, codes.Error, spans[0].Status().Code, "a cut answer is an error")
+}
