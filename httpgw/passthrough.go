@@ -271,8 +271,11 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 	pc.code = strconv.Itoa(resp.StatusCode)
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
-	if _, err := io.CopyBuffer(writerOnly{pc.w}, resp.Body, *bp); err != nil {
-		if pc.r.Context().Err() != nil {
+	cw := &clientWriter{w: pc.w}
+	if _, err := io.CopyBuffer(cw, resp.Body, *bp); err != nil {
+		if cw.err != nil || pc.r.Context().Err() != nil {
+			// The client is gone (a write to it failed, which may come
+			// before its context ends): not the engine's failure.
 			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
@@ -286,9 +289,21 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 	return false, nil
 }
 
-// writerOnly hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
-// uses the pooled buffer.
-type writerOnly struct{ io.Writer }
+// clientWriter hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
+// uses the pooled buffer, and keeps the error of a write to the client,
+// so that a client gone is told from an engine that failed.
+type clientWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *clientWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
 
 // withSoleModel returns the one model the gateway serves and body with
 // "model" set to it, appended as the object's last member, so that it

@@ -1,8 +1,10 @@
 package httpgw
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,7 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/httpgw/enginetest"
+	"github.com/examlops/gateway/internal/front"
 )
 
 // TestPassThroughResponseTimeout: ResponseTimeout bounds the answer of a
@@ -103,5 +107,31 @@ func TestPassThroughResponseTimeout(t *testing.T) {
 			}
 			assert.Positive(t, hits.Load(), "the hung engine was asked")
 		})
+	}
+}
+
+// goneWriter is a client that went away: its writes fail, though its
+// request's context has not ended (yet).
+type goneWriter struct{ h http.Header }
+
+func (g *goneWriter) Header() http.Header       { return g.h }
+func (g *goneWriter) WriteHeader(int)           {}
+func (g *goneWriter) Write([]byte) (int, error) { return 0, errors.New("write: broken pipe") }
+
+// A pass-through answer the client is gone for (a write to it fails
+// before its context ends) is counted as client_canceled and ends the
+// handler; it is not an engine's failure (no abort, no health failure).
+func TestPassThroughClientGoneOnWrite(t *testing.T) {
+	f := newFixture(t, 1, gateway.ModeRoundRobin, enginetest.Options{})
+	req := httptest.NewRequest(http.MethodPost, "/v1/embeddings", strings.NewReader(`{"model":"m1","input":"x"}`))
+	var panicked any
+	func() {
+		defer func() { panicked = recover() }()
+		f.srv.ServeHTTP(&goneWriter{h: http.Header{}}, req)
+	}()
+	require.Nil(t, panicked, "the handler returns: nothing to abort")
+	assert.Equal(t, 1.0, f.counter("exa_gateway_requests_total", map[string]string{"endpoint": "embeddings", "code": "499", "reason": front.CodeClientCanceled}))
+	for _, ep := range f.srv.Snapshot().Models[testModel].ByName {
+		assert.True(t, ep.Health.Healthy(), "the engine is not blamed")
 	}
 }
