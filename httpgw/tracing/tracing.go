@@ -114,6 +114,12 @@ func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 	}
 	tracer := tp.Tracer("github.com/examlops/gateway/httpgw/tracing")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		saved := saveTraceHeaders(r.Header)
+		if ts := r.Header["Tracestate"]; len(ts) > 1 {
+			// Several tracestate lines are one list (W3C trace context
+			// 3.3.1.1); the propagator reads the first line only.
+			r.Header["Tracestate"] = []string{strings.Join(ts, ",")}
+		}
 		ctx := propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := tracer.Start(ctx, "exa.gateway "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
@@ -121,7 +127,6 @@ func Handler(next http.Handler, tp trace.TracerProvider) http.Handler {
 		// The engine gets the trace context the propagator writes and
 		// no other: a tracestate that came without a valid traceparent
 		// is discarded (W3C trace context, processing model).
-		saved := saveTraceHeaders(r.Header)
 		saved.clear(r.Header)
 		propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
 		sw := &statusWriter{ResponseWriter: w}

@@ -190,3 +190,24 @@ func TestHandlerAbortedSpan(t *testing.T) {
 	assert.Equal(t, int64(200), a["http.response.status_code"].AsInt64())
 	assert.Equal(t, codes.Error, spans[0].Status().Code, "a cut answer is an error")
 }
+
+// W3C trace context 3.3.1.1: a tracestate sent as several header lines is
+// one list, its lines combined; the engine gets every member.
+func TestHandlerCombinesTracestateLines(t *testing.T) {
+	eng := enginetest.New(enginetest.Options{Model: "m1"})
+	defer eng.Close()
+	h := Handler(gatewayOver(t, eng), sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter())))
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello there"}]}`))
+	req.Header.Set("Traceparent", "00-"+clientTrace+"-00f067aa0ba902b7-01")
+	req.Header.Add("Tracestate", "congo=t61rcWkgMzE")
+	req.Header.Add("Tracestate", "rojo=00f067aa0ba902b7")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	hdr, _ := eng.LastRequest()
+	ts := strings.Join(hdr.Values("Tracestate"), ",")
+	assert.Contains(t, ts, "congo=t61rcWkgMzE")
+	assert.Contains(t, ts, "rojo=00f067aa0ba902b7")
+	assert.Equal(t, []string{"congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7"}, req.Header.Values("Tracestate"), "the caller's request is restored")
+}
