@@ -11,8 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -210,4 +212,63 @@ func TestHandlerCombinesTracestateLines(t *testing.T) {
 	assert.Contains(t, ts, "congo=t61rcWkgMzE")
 	assert.Contains(t, ts, "rojo=00f067aa0ba902b7")
 	assert.Equal(t, []string{"congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7"}, req.Header.Values("Tracestate"), "the caller's request is restored")
+}
+
+// FuzzHandlerTraceHeaders: whatever trace-context headers a client sends,
+// Handler does not panic, the next handler sees one valid W3C traceparent
+// of the gateway's span (version 00, lowercase hex, ids not all zero) and
+// a tracestate only alongside a valid client traceparent, and the
+// caller's headers are restored as they came.
+func FuzzHandlerTraceHeaders(f *testing.F) {
+	f.Add("00-"+clientTrace+"-00f067aa0ba902b7-01", "congo=t61rcWkgMzE", "rojo=1", "k=v")
+	f.Add("ff-"+clientTrace+"-00f067aa0ba902b7-01", "congo=t61rcWkgMzE", "", "")
+	f.Add("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "a=b", "", "")
+	f.Add("00-"+strings.ToUpper(clientTrace)+"-00f067aa0ba902b7-01", "", "", "")
+	f.Add("cc-"+clientTrace+"-00f067aa0ba902b7-09-future", "x@y=z", ",,", "%%")
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+	valid := func(v string) bool {
+		if len(v) != 55 || !strings.HasPrefix(v, "00-") || v[35] != '-' || v[52] != '-' {
+			return false
+		}
+		for i, c := range v {
+			if i == 2 || i == 35 || i == 52 {
+				continue
+			}
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+		return v[3:35] != strings.Repeat("0", 32) && v[36:52] != strings.Repeat("0", 16)
+	}
+	f.Fuzz(func(t *testing.T, parent, state1, state2, baggage string) {
+		in := http.Header{}
+		for k, v := range map[string]string{"Traceparent": parent, "Baggage": baggage} {
+			if v != "" {
+				in[k] = []string{v}
+			}
+		}
+		for _, v := range []string{state1, state2} {
+			if v != "" {
+				in["Tracestate"] = append(in["Tracestate"], v)
+			}
+		}
+		var seen http.Header
+		h := Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			seen = r.Header.Clone()
+		}), tp)
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header = in.Clone()
+		h.ServeHTTP(httptest.NewRecorder(), req)
+		require.Len(t, seen.Values("Traceparent"), 1)
+		require.True(t, valid(seen.Get("Traceparent")), "sent %q", seen.Get("Traceparent"))
+		h2 := http.Header{}
+		h2.Set("Traceparent", parent)
+		clientCtx := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(h2)))
+		if !clientCtx.IsValid() {
+			require.Empty(t, seen.Values("Tracestate"), "a tracestate without a valid traceparent")
+		} else {
+			require.Equal(t, clientCtx.TraceID(), trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(seen))).TraceID())
+		}
+		require.Equal(t, in, req.Header, "the caller's headers are restored")
+	})
 }
