@@ -135,3 +135,20 @@ func TestPassThroughClientGoneOnWrite(t *testing.T) {
 		assert.True(t, ep.Health.Healthy(), "the engine is not blamed")
 	}
 }
+
+// The caller's request is restored after ServeHTTP (its X-Forwarded-For
+// as it came) also when the answer is aborted: a plain answer the engine
+// cut mid-body panics with http.ErrAbortHandler, which reaches the caller.
+func TestForwardedForRestoredOnAbort(t *testing.T) {
+	f := newFixtureOpts(t, 1, gateway.ModeRoundRobin, enginetest.Options{Chunks: 4}, Options{UpstreamStream: UpstreamStreamOff})
+	f.engines[0].BreakStreams(2)
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody(testModel, false, "sys", "hi")))
+	req.Header.Set("X-Forwarded-For", "203.0.113.7")
+	var panicked any
+	func() {
+		defer func() { panicked = recover() }()
+		f.srv.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	require.Equal(t, http.ErrAbortHandler, panicked, "the cut answer is aborted")
+	assert.Equal(t, []string{"203.0.113.7"}, req.Header.Values("X-Forwarded-For"))
+}

@@ -411,8 +411,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ff := appendForwardedFor(r)
+	defer ff.restore(r) // also when an answer is aborted (http.ErrAbortHandler)
 	s.mux.ServeHTTP(w, r)
-	ff.restore(r)
 }
 
 // Close closes the idle connections of the default engine transport (a
