@@ -76,7 +76,7 @@ func Setup(ctx context.Context, o Options) (trace.TracerProvider, func(context.C
 	if o.Endpoint == "" {
 		return noop.NewTracerProvider(), func(context.Context) error { return nil }, nil
 	}
-	if o.SampleRatio < 0 || o.SampleRatio > 1 {
+	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) { // NaN too
 		return nil, nil, fmt.Errorf("%w: SampleRatio %v, want 0..1", ErrOptions, o.SampleRatio)
 	}
 	if o.SampleRatio == 0 {

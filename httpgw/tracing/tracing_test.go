@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -109,6 +110,11 @@ func TestSetupOff(t *testing.T) {
 
 	_, _, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", SampleRatio: 2})
 	require.ErrorIs(t, err, ErrOptions)
+	for _, bad := range []float64{-0.5, math.NaN(), math.Inf(1)} {
+		_, _, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", SampleRatio: bad})
+		require.ErrorIs(t, err, ErrOptions, "SampleRatio %v", bad)
+		assert.Contains(t, err.Error(), "SampleRatio", "the error names the field")
+	}
 	tp, shutdown, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", Insecure: true})
 	require.NoError(t, err, "the exporter connects lazily")
 	assert.NotNil(t, tp)
