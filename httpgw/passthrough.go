@@ -84,6 +84,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ms, ok := st.Models[name]
+	target := gateway.Target{NoPrompt: true}
 	if !ok {
 		rt, err := st.AdapterRoute(name)
 		if err != nil {
@@ -91,6 +92,10 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ms = rt.Model
+		if eligible := rt.Eligible; eligible != nil {
+			// An adapter goes to the replicas whose engines serve it.
+			target.Allow = func(name string) bool { return eligible[name] }
+		}
 	}
 	pc.model = ms.Name
 	if ms.NoReplicas || len(ms.Order) == 0 {
@@ -98,11 +103,11 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
-	if s.saturated(w, ms, gateway.Target{NoPrompt: true}) {
+	if s.saturated(w, ms, target) {
 		pc.code = front.CodeShed429
 		return
 	}
-	s.passForward(pc, ms, body)
+	s.passForward(pc, ms, target, body)
 }
 
 // passModel returns the model a pass-through body names and the body to
@@ -152,15 +157,17 @@ func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error, h
 }
 
 // passForward sends the call to the replica of ms the routing library
-// chooses for a request without a prompt (gateway.Target.NoPrompt: by load
-// alone, counted in flight with the model's other requests) and relays its
-// answer, retrying once on another replica when the first fails before
-// answering (a transport error or a 5xx).
-func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
+// chooses for a request without a prompt (target, gateway.Target.NoPrompt:
+// by load alone, counted in flight with the model's other requests; for an
+// adapter, among the replicas serving it) and relays its answer, retrying
+// once on another replica when the first fails before answering (a
+// transport error, a 5xx or the response timeout).
+func (s *Server) passForward(pc *passCall, ms *fleet.Model, target gateway.Target, body []byte) {
 	var failed string
 	var lastErr error
 	for try := 0; try < 2; try++ {
-		d, ep := passPick(s.Snapshot(), ms, failed)
+		target.Exclude = failed
+		d, ep := passPick(s.Snapshot(), ms, target)
 		if ep == nil {
 			if try > 0 {
 				status, code := failStatus(lastErr)
@@ -180,15 +187,15 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 	}
 }
 
-// passPick routes a pass-through request of ms by the library
-// (gateway.Target.NoPrompt), leaving out the replica skip; the engine is
-// nil when no replica is eligible. For a disaggregated model it is the
-// decode pool's gateway that routes.
-func passPick(st *fleet.State, ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) {
+// passPick routes a pass-through request of ms by the library to target
+// (gateway.Target.NoPrompt, leaving out the replica that failed); the
+// engine is nil when no replica is eligible. For a disaggregated model it
+// is the decode pool's gateway that routes.
+func passPick(st *fleet.State, ms *fleet.Model, target gateway.Target) (gateway.Decision, *fleet.Endpoint) {
 	if ms.Gateway == nil {
 		return gateway.Decision{}, nil
 	}
-	d, err := ms.Gateway.RouteWith(nil, gateway.Target{NoPrompt: true, Exclude: skip})
+	d, err := ms.Gateway.RouteWith(nil, target)
 	if err != nil {
 		return gateway.Decision{}, nil
 	}
