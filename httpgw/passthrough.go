@@ -92,8 +92,10 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ms = rt.Model
+		// An adapter goes to the replicas whose engines serve it, its
+		// name the library's to see, as the picker routes it.
+		target.Adapter = rt.Name
 		if eligible := rt.Eligible; eligible != nil {
-			// An adapter goes to the replicas whose engines serve it.
 			target.Allow = func(name string) bool { return eligible[name] }
 		}
 	}
