@@ -242,3 +242,22 @@ func TestExactAdapterKeys(t *testing.T) {
 	require.Equal(t, "e0", rep)
 	require.Equal(t, "affinity; matched=2/3; index=exact", dec)
 }
+
+// A pass-through request naming an adapter (embeddings, tokenize with a
+// LoRA adapter's tokenizer) goes only to the replicas whose engines serve
+// it, as an inference request does: adapter b is served by e0 alone, so
+// every one of them reaches e0 and is answered 200, none gets e1's 404.
+func TestAdapterPassThroughGoesToItsReplicas(t *testing.T) {
+	f := loraFixture(t, config.Model{Mode: gateway.ModeCacheAware})
+	for i := range 12 {
+		path := "/v1/embeddings"
+		body := `{"model":"b","input":"x` + string(rune('a'+i)) + `"}`
+		if i%2 == 1 {
+			path, body = "/tokenize", `{"model":"b","prompt":"hello `+string(rune('a'+i))+`"}`
+		}
+		resp := f.post(path, body)
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "request %d to %s: %s", i, path, b)
+		require.Equal(t, "e0", resp.Header.Get(HeaderReplica), "request %d to %s", i, path)
+	}
+}

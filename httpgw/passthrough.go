@@ -2,12 +2,14 @@ package httpgw
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/fleet"
@@ -82,6 +84,7 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ms, ok := st.Models[name]
+	target := gateway.Target{NoPrompt: true}
 	if !ok {
 		rt, err := st.AdapterRoute(name)
 		if err != nil {
@@ -89,6 +92,12 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ms = rt.Model
+		// An adapter goes to the replicas whose engines serve it, its
+		// name the library's to see, as the picker routes it.
+		target.Adapter = rt.Name
+		if eligible := rt.Eligible; eligible != nil {
+			target.Allow = func(name string) bool { return eligible[name] }
+		}
 	}
 	pc.model = ms.Name
 	if ms.NoReplicas || len(ms.Order) == 0 {
@@ -96,11 +105,11 @@ func (s *Server) servePassThrough(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%v: model %q has no replicas configured", ErrNoReplicas, ms.Name))
 		return
 	}
-	if s.saturated(w, ms, gateway.Target{NoPrompt: true}) {
+	if s.saturated(w, ms, target) {
 		pc.code = front.CodeShed429
 		return
 	}
-	s.passForward(pc, ms, body)
+	s.passForward(pc, ms, target, body)
 }
 
 // passModel returns the model a pass-through body names and the body to
@@ -150,18 +159,21 @@ func defaultModel(st *fleet.State, kind keys.Endpoint, body []byte, err error, h
 }
 
 // passForward sends the call to the replica of ms the routing library
-// chooses for a request without a prompt (gateway.Target.NoPrompt: by load
-// alone, counted in flight with the model's other requests) and relays its
-// answer, retrying once on another replica when the first fails before
-// answering (a transport error or a 5xx).
-func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
+// chooses for a request without a prompt (target, gateway.Target.NoPrompt:
+// by load alone, counted in flight with the model's other requests; for an
+// adapter, among the replicas serving it) and relays its answer, retrying
+// once on another replica when the first fails before answering (a
+// transport error, a 5xx or the response timeout).
+func (s *Server) passForward(pc *passCall, ms *fleet.Model, target gateway.Target, body []byte) {
 	var failed string
 	var lastErr error
 	for try := 0; try < 2; try++ {
-		d, ep := passPick(s.Snapshot(), ms, failed)
+		target.Exclude = failed
+		d, ep := passPick(s.Snapshot(), ms, target)
 		if ep == nil {
 			if try > 0 {
-				pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "",
+				status, code := failStatus(lastErr)
+				pc.fail(status, front.TypeServer, code, "",
 					fmt.Sprintf("%v: model %q: %v; no other healthy replica to retry on", ErrUpstream, ms.Name, lastErr))
 				return
 			}
@@ -177,15 +189,15 @@ func (s *Server) passForward(pc *passCall, ms *fleet.Model, body []byte) {
 	}
 }
 
-// passPick routes a pass-through request of ms by the library
-// (gateway.Target.NoPrompt), leaving out the replica skip; the engine is
-// nil when no replica is eligible. For a disaggregated model it is the
-// decode pool's gateway that routes.
-func passPick(st *fleet.State, ms *fleet.Model, skip string) (gateway.Decision, *fleet.Endpoint) {
+// passPick routes a pass-through request of ms by the library to target
+// (gateway.Target.NoPrompt, leaving out the replica that failed); the
+// engine is nil when no replica is eligible. For a disaggregated model it
+// is the decode pool's gateway that routes.
+func passPick(st *fleet.State, ms *fleet.Model, target gateway.Target) (gateway.Decision, *fleet.Endpoint) {
 	if ms.Gateway == nil {
 		return gateway.Decision{}, nil
 	}
-	d, err := ms.Gateway.RouteWith(nil, gateway.Target{NoPrompt: true, Exclude: skip})
+	d, err := ms.Gateway.RouteWith(nil, target)
 	if err != nil {
 		return gateway.Decision{}, nil
 	}
@@ -199,12 +211,21 @@ func passPick(st *fleet.State, ms *fleet.Model, skip string) (gateway.Decision, 
 
 // passSend forwards the call to ep, the engine of decision d, which it
 // completes (with no latency: a pass-through request's says nothing of
-// a prompt's). It returns retry=true, with the cause, when ep failed
-// before answering and canRetry allows another try; otherwise it has
-// answered the client.
+// a prompt's). Options.ResponseTimeout bounds the answer as a whole, as
+// a non-streamed inference answer's (an SSE answer only until its head).
+// It returns retry=true, with the
+// cause, when ep failed before answering (its time included) and
+// canRetry allows another try; otherwise it has answered the client.
 func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, body []byte, canRetry bool) (bool, error) {
 	defer d.Done(gateway.DoneInfo{})
-	out, err := upstreamRequest(pc.r.Context(), ep, pc.r.URL, body)
+	ctx, cancel := context.WithCancel(pc.r.Context())
+	defer cancel()
+	timeout, timedOut, stop := max(s.opts.ResponseTimeout, 0), (*atomic.Bool)(nil), noTimer
+	if timeout > 0 {
+		timedOut, stop = s.startTimer(timeout, cancel)
+	}
+	defer stop()
+	out, err := upstreamRequest(ctx, ep, pc.r.URL, body)
 	if err != nil {
 		pc.fail(http.StatusBadGateway, front.TypeServer, "bad_upstream_address", "", fmt.Sprintf("%v: %s: %v", ErrUpstream, ep.Base, err))
 		return false, nil
@@ -228,14 +249,21 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 			return false, nil
 		}
 		s.Observe(ep, ep.Health.Failure(isDialError(err)))
+		if timedOut != nil && timedOut.Load() {
+			err = fmt.Errorf("%w (%v)", errResponseTimeout, timeout)
+		}
 		err = fmt.Errorf("engine %s: %w", ep.Base, err)
 		if canRetry {
 			return true, err
 		}
-		pc.fail(http.StatusBadGateway, front.TypeServer, "upstream_error", "", fmt.Sprintf("%v: %v", ErrUpstream, err))
+		status, code := failStatus(err)
+		pc.fail(status, front.TypeServer, code, "", fmt.Sprintf("%v: %v", ErrUpstream, err))
 		return false, nil
 	}
 	defer resp.Body.Close()
+	if isEventStream(resp) {
+		stop() // a stream (a stored response retrieved with stream=true) is not bounded as a whole
+	}
 	if resp.StatusCode >= 500 {
 		s.Observe(ep, ep.Health.Failure(false))
 		if canRetry {
@@ -246,19 +274,23 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 		s.Observe(ep, ep.Health.Success(false))
 	}
 	h := pc.w.Header()
-	copyHeaders(h, resp.Header)
+	s.copyAnswerHeaders(h, resp.Header)
 	h.Set(HeaderReplica, d.Replica)
 	pc.w.WriteHeader(resp.StatusCode)
 	pc.code = strconv.Itoa(resp.StatusCode)
 	bp := s.bufPool.Get().(*[]byte)
 	defer s.bufPool.Put(bp)
-	if _, err := io.CopyBuffer(writerOnly{pc.w}, resp.Body, *bp); err != nil {
-		if pc.r.Context().Err() != nil {
+	cw := &clientWriter{w: pc.w}
+	if _, err := io.CopyBuffer(cw, resp.Body, *bp); err != nil {
+		if cw.err != nil || pc.r.Context().Err() != nil {
+			// The client is gone (a write to it failed, which may come
+			// before its context ends): not the engine's failure.
 			pc.code = front.CodeClientCanceled
 			return false, nil
 		}
 		// A body cannot carry an error once begun: pass on what was
 		// written and cut the connection (see failMidAnswer).
+		s.Observe(ep, ep.Health.Failure(false))
 		_ = http.NewResponseController(pc.w).Flush()
 		pc.code = front.CodeAborted
 		panic(http.ErrAbortHandler)
@@ -266,9 +298,21 @@ func (s *Server) passSend(pc *passCall, d gateway.Decision, ep *fleet.Endpoint, 
 	return false, nil
 }
 
-// writerOnly hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
-// uses the pooled buffer.
-type writerOnly struct{ io.Writer }
+// clientWriter hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
+// uses the pooled buffer, and keeps the error of a write to the client,
+// so that a client gone is told from an engine that failed.
+type clientWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *clientWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
 
 // withSoleModel returns the one model the gateway serves and body with
 // "model" set to it, appended as the object's last member, so that it

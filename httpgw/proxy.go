@@ -385,32 +385,37 @@ func isHopHeader(k string) bool {
 	return false
 }
 
-// copyHeaders copies end-to-end headers from src to dst. The copied values
-// share one new backing array.
+// copyHeaders copies end-to-end headers from src to dst: not the
+// hop-by-hop ones, nor those that any of src's Connection lines names.
+// The copied values share one new backing array.
 func copyHeaders(dst, src http.Header) {
-	var conn []string
-	if c := src.Get("Connection"); c != "" {
-		conn = strings.Split(c, ",")
-	}
+	conn := src["Connection"]
 	n := 0
 	for _, vv := range src {
 		n += len(vv)
 	}
 	vals := make([]string, 0, n)
-next:
 	for k, vv := range src {
-		if isHopHeader(k) {
+		if isHopHeader(k) || (len(conn) > 0 && connectionNames(conn, k)) {
 			continue
-		}
-		for _, c := range conn {
-			if strings.EqualFold(k, strings.TrimSpace(c)) {
-				continue next
-			}
 		}
 		i := len(vals)
 		vals = append(vals, vv...)
 		dst[k] = vals[i:len(vals):len(vals)]
 	}
+}
+
+// connectionNames reports whether the Connection field lines conn name
+// the header k (RFC 9110 7.6.1: each line a comma-separated list).
+func connectionNames(conn []string, k string) bool {
+	for _, line := range conn {
+		for name := range strings.SplitSeq(line, ",") {
+			if strings.EqualFold(k, strings.TrimSpace(name)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isDialError reports whether err is a failure to connect (the engine is

@@ -344,7 +344,7 @@ func (s *Server) relay(c *call, resp *http.Response) (retry bool, cause error) {
 // beginAnswer writes the head of the engine's answer to the client.
 func (s *Server) beginAnswer(c *call, resp *http.Response) {
 	h := c.w.Header()
-	copyHeaders(h, resp.Header)
+	s.copyAnswerHeaders(h, resp.Header)
 	h.Set(HeaderReplica, c.attempt.d.Replica)
 	h.Set(HeaderDecision, front.DescribeDecision(c.ms, c.fallback, &c.attempt.d))
 	c.w.WriteHeader(resp.StatusCode)

@@ -109,7 +109,10 @@ type Options struct {
 	// is retried once on another replica, else the client gets 504
 	// (upstream_timeout); a relayed answer already begun is cut. Set it
 	// above the longest such generation. Default DefaultResponseTimeout
-	// (10 minutes), negative means no bound.
+	// (10 minutes), negative means no bound. It bounds the pass-through
+	// and stored-response requests' answers alike (an SSE answer until its
+	// head): 504 upstream_timeout, or a retry on another replica for a
+	// pass-through request.
 	ResponseTimeout time.Duration
 	// UpstreamStream says whether a chat or completions request whose
 	// client does not stream is streamed from the engine (its body gets
@@ -178,8 +181,9 @@ type Options struct {
 	// CORSOrigins are the browser origins (scheme://host[:port], or "*"
 	// for any) whose cross-origin requests the gateway allows: their
 	// answers carry Access-Control-Allow-Origin and preflight OPTIONS
-	// requests are answered (204). Nil (the default) means CORS is off:
-	// no CORS headers, and OPTIONS gets 405.
+	// requests are answered (204); an engine's own Access-Control-*
+	// headers are then not relayed. Nil (the default) means CORS is off:
+	// the gateway adds no CORS headers, and OPTIONS gets 405.
 	CORSOrigins []string
 	// TokenizeTimeout bounds one request's tokenization; a request whose
 	// tokenization fails or times out is routed as if nothing were cached
@@ -407,8 +411,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ff := appendForwardedFor(r)
+	defer ff.restore(r) // also when an answer is aborted (http.ErrAbortHandler)
 	s.mux.ServeHTTP(w, r)
-	ff.restore(r)
 }
 
 // Close closes the idle connections of the default engine transport (a

@@ -117,6 +117,41 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// copyAnswerHeaders copies the end-to-end headers of an engine's answer
+// to the client's (copyHeaders). With Options.CORSOrigins set, the
+// gateway's CORS answer (cors) is the one the browser gets: the engine's
+// own Access-Control-* headers are dropped (vLLM's middleware allows any
+// origin by default, which would undo the gateway's list) and its Vary
+// values are added to the gateway's Vary: Origin.
+func (s *Server) copyAnswerHeaders(dst, src http.Header) {
+	if len(s.opts.CORSOrigins) == 0 {
+		copyHeaders(dst, src)
+		return
+	}
+	var own http.Header
+	for k, vv := range dst {
+		if k == "Vary" || strings.HasPrefix(k, "Access-Control-") {
+			if own == nil {
+				own = http.Header{}
+			}
+			own[k] = vv
+		}
+	}
+	copyHeaders(dst, src)
+	engineVary := dst["Vary"]
+	for k := range dst {
+		if strings.HasPrefix(http.CanonicalHeaderKey(k), "Access-Control-") {
+			delete(dst, k)
+		}
+	}
+	for k, vv := range own {
+		dst[k] = vv
+	}
+	if len(own["Vary"]) > 0 && len(engineVary) > 0 {
+		dst["Vary"] = append(slices.Clip(own["Vary"]), engineVary...)
+	}
+}
+
 // ValidCORSOrigin checks an Options.CORSOrigins entry: "*", or
 // scheme://host[:port] with scheme http or https and nothing after the
 // host, as browsers send it in Origin.

@@ -153,7 +153,7 @@ func (s *Server) relayAggregated(c *call, resp *http.Response) (retry bool, caus
 		return false, nil
 	}
 	h := c.w.Header()
-	copyHeaders(h, resp.Header)
+	s.copyAnswerHeaders(h, resp.Header)
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(n))
 	h.Set(HeaderReplica, a.d.Replica)

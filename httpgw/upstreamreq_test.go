@@ -104,6 +104,21 @@ func TestCopyHeadersDropsHopHeaders(t *testing.T) {
 	assert.Equal(t, []string{"a", "b"}, src["X-Multi"], "source untouched")
 }
 
+// A header named in any Connection field line is hop-by-hop (RFC 9110
+// 7.6.1: Connection may be sent as several lines, as net/http's server
+// keeps them), not only in the first.
+func TestCopyHeadersDropsHeadersOfEveryConnectionLine(t *testing.T) {
+	src := http.Header{
+		"Connection": {"keep-alive", "X-Private, X-Other"},
+		"X-Private":  {"secret"},
+		"X-Other":    {"o"},
+		"X-Kept":     {"k"},
+	}
+	dst := http.Header{}
+	copyHeaders(dst, src)
+	assert.Equal(t, http.Header{"X-Kept": {"k"}}, dst)
+}
+
 func TestIsHopHeader(t *testing.T) {
 	for _, tt := range []struct {
 		key string

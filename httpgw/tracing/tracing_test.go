@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,8 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -107,6 +110,11 @@ func TestSetupOff(t *testing.T) {
 
 	_, _, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", SampleRatio: 2})
 	require.ErrorIs(t, err, ErrOptions)
+	for _, bad := range []float64{-0.5, math.NaN(), math.Inf(1)} {
+		_, _, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", SampleRatio: bad})
+		require.ErrorIs(t, err, ErrOptions, "SampleRatio %v", bad)
+		assert.Contains(t, err.Error(), "SampleRatio", "the error names the field")
+	}
 	tp, shutdown, err = Setup(context.Background(), Options{Endpoint: "127.0.0.1:4317", Insecure: true})
 	require.NoError(t, err, "the exporter connects lazily")
 	assert.NotNil(t, tp)
@@ -128,4 +136,145 @@ func TestDecisionAttributes(t *testing.T) {
 		got[string(kv.Key)] = kv.Value
 	}
 	assert.NotContains(t, got, "exa.decision.blocks")
+}
+
+// W3C trace context (§4.3, processing model): a tracestate that comes
+// without a valid traceparent (none, version ff, all-zero ids, uppercase
+// hex) is discarded; the engine gets the gateway's new trace and no
+// tracestate, and the caller's request keeps what the client sent.
+func TestHandlerDropsOrphanTracestate(t *testing.T) {
+	eng := enginetest.New(enginetest.Options{Model: "m1"})
+	defer eng.Close()
+	exp := tracetest.NewInMemoryExporter()
+	h := Handler(gatewayOver(t, eng), sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)))
+	for _, parent := range []string{
+		"",
+		"ff-" + clientTrace + "-00f067aa0ba902b7-01",
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+		"00-" + clientTrace + "-0000000000000000-01",
+		"00-" + strings.ToUpper(clientTrace) + "-00f067aa0ba902b7-01",
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+			strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello there"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		if parent != "" {
+			req.Header.Set("Traceparent", parent)
+		}
+		req.Header.Set("Tracestate", "congo=t61rcWkgMzE")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		hdr, _ := eng.LastRequest()
+		assert.NotContains(t, hdr.Get("Traceparent"), clientTrace, "traceparent %q", parent)
+		assert.Empty(t, hdr.Values("Tracestate"), "traceparent %q: the engine got the client's tracestate without its traceparent", parent)
+		assert.Equal(t, "congo=t61rcWkgMzE", req.Header.Get("Tracestate"), "the caller's request is restored")
+	}
+}
+
+// An answer the gateway aborts (http.ErrAbortHandler: an engine that
+// failed mid-answer, its connection cut) still gets its span's attributes,
+// and an Error status; the panic goes on to the server, which cuts the
+// connection.
+func TestHandlerAbortedSpan(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	h := Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(httpgw.HeaderReplica, "e0")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"id":`))
+		panic(http.ErrAbortHandler)
+	}), tp)
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{}`))
+	req.Header.Set("Traceparent", "00-"+clientTrace+"-00f067aa0ba902b7-01")
+	func() {
+		defer func() { assert.Equal(t, http.ErrAbortHandler, recover(), "the abort goes on to the server") }()
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	assert.Equal(t, "00-"+clientTrace+"-00f067aa0ba902b7-01", req.Header.Get("Traceparent"), "the caller's request is restored")
+	spans := exp.GetSpans().Snapshots()
+	require.Len(t, spans, 1)
+	a := attrs(spans[0])
+	assert.Equal(t, "e0", a["exa.replica"].AsString())
+	assert.Equal(t, int64(200), a["http.response.status_code"].AsInt64())
+	assert.Equal(t, codes.Error, spans[0].Status().Code, "a cut answer is an error")
+}
+
+// W3C trace context 3.3.1.1: a tracestate sent as several header lines is
+// one list, its lines combined; the engine gets every member.
+func TestHandlerCombinesTracestateLines(t *testing.T) {
+	eng := enginetest.New(enginetest.Options{Model: "m1"})
+	defer eng.Close()
+	h := Handler(gatewayOver(t, eng), sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter())))
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello there"}]}`))
+	req.Header.Set("Traceparent", "00-"+clientTrace+"-00f067aa0ba902b7-01")
+	req.Header.Add("Tracestate", "congo=t61rcWkgMzE")
+	req.Header.Add("Tracestate", "rojo=00f067aa0ba902b7")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	hdr, _ := eng.LastRequest()
+	ts := strings.Join(hdr.Values("Tracestate"), ",")
+	assert.Contains(t, ts, "congo=t61rcWkgMzE")
+	assert.Contains(t, ts, "rojo=00f067aa0ba902b7")
+	assert.Equal(t, []string{"congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7"}, req.Header.Values("Tracestate"), "the caller's request is restored")
+}
+
+// FuzzHandlerTraceHeaders: whatever trace-context headers a client sends,
+// Handler does not panic, the next handler sees one valid W3C traceparent
+// of the gateway's span (version 00, lowercase hex, ids not all zero) and
+// a tracestate only alongside a valid client traceparent, and the
+// caller's headers are restored as they came.
+func FuzzHandlerTraceHeaders(f *testing.F) {
+	f.Add("00-"+clientTrace+"-00f067aa0ba902b7-01", "congo=t61rcWkgMzE", "rojo=1", "k=v")
+	f.Add("ff-"+clientTrace+"-00f067aa0ba902b7-01", "congo=t61rcWkgMzE", "", "")
+	f.Add("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "a=b", "", "")
+	f.Add("00-"+strings.ToUpper(clientTrace)+"-00f067aa0ba902b7-01", "", "", "")
+	f.Add("cc-"+clientTrace+"-00f067aa0ba902b7-09-future", "x@y=z", ",,", "%%")
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+	valid := func(v string) bool {
+		if len(v) != 55 || !strings.HasPrefix(v, "00-") || v[35] != '-' || v[52] != '-' {
+			return false
+		}
+		for i, c := range v {
+			if i == 2 || i == 35 || i == 52 {
+				continue
+			}
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+		return v[3:35] != strings.Repeat("0", 32) && v[36:52] != strings.Repeat("0", 16)
+	}
+	f.Fuzz(func(t *testing.T, parent, state1, state2, baggage string) {
+		in := http.Header{}
+		for k, v := range map[string]string{"Traceparent": parent, "Baggage": baggage} {
+			if v != "" {
+				in[k] = []string{v}
+			}
+		}
+		for _, v := range []string{state1, state2} {
+			if v != "" {
+				in["Tracestate"] = append(in["Tracestate"], v)
+			}
+		}
+		var seen http.Header
+		h := Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			seen = r.Header.Clone()
+		}), tp)
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header = in.Clone()
+		h.ServeHTTP(httptest.NewRecorder(), req)
+		require.Len(t, seen.Values("Traceparent"), 1)
+		require.True(t, valid(seen.Get("Traceparent")), "sent %q", seen.Get("Traceparent"))
+		h2 := http.Header{}
+		h2.Set("Traceparent", parent)
+		clientCtx := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(h2)))
+		if !clientCtx.IsValid() {
+			require.Empty(t, seen.Values("Tracestate"), "a tracestate without a valid traceparent")
+		} else {
+			require.Equal(t, clientCtx.TraceID(), trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(seen))).TraceID())
+		}
+		require.Equal(t, in, req.Header, "the caller's headers are restored")
+	})
 }
