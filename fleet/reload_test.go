@@ -1,8 +1,12 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
+	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -127,4 +131,54 @@ func TestReloadDropsRemovedEnginesSeries(t *testing.T) {
 	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "k", Address: kept}}}))
 	assert.Zero(t, series(gone), "the removed engine's series")
 	assert.Equal(t, 6, series(kept), "the kept engine's series")
+}
+
+// addressSeries counts the series of reg labelled with address addr.
+func addressSeries(t *testing.T, reg *prometheus.Registry, addr string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	n := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "address" && l.GetValue() == addr {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestRemovedEngineInFlightLeavesNoSeries: a scrape and a probe in flight
+// when a reload removes their engine, and a failure a request to it
+// reports after, count nothing: dropStaleSeries ran at the reload, and a
+// series created after it would stay for good (pods that come and go
+// would grow /metrics without bound).
+func TestRemovedEngineInFlightLeavesNoSeries(t *testing.T) {
+	arrived, release := make(chan struct{}, 2), make(chan struct{})
+	srv := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Registerer: reg, Logger: quietLogger(), ProbeTimeout: time.Minute, EjectAfter: 1, MaxEjectionPercent: 100})
+	require.NoError(t, err)
+	kept := "http://127.0.0.1:2"
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "g", Address: srv.URL}, {Name: "k", Address: kept}}}))
+	gone := s.Snapshot().Endpoints[srv.URL]
+	require.NotNil(t, gone)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.scrapeEngines(context.Background()) }()
+	go func() { defer wg.Done(); s.ProbeAll(context.Background()) }()
+	<-arrived
+	<-arrived
+	require.NoError(t, applyModels(t, s, map[string][]config.Replica{testModel: {{Name: "k", Address: kept}}}))
+	close(release)
+	wg.Wait()
+	s.Observe(gone, gone.Health.Failure(true)) // a request's answer, after
+	assert.Zero(t, addressSeries(t, reg, srv.URL), "series of the removed engine")
 }
