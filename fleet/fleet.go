@@ -104,7 +104,8 @@ type Options struct {
 	EjectionTime time.Duration
 	// MaxEjectionPercent caps outlier ejection, as Envoy's
 	// max_ejection_percent: an ejection that would leave more than this
-	// share of a model's engines ejected is refused (EjectionAllowed);
+	// share of a model's engines, or of a disaggregated model's decode
+	// pool, ejected is refused (EjectionAllowed);
 	// 100 = no cap. Default DefaultMaxEjectionPercent (50); 1 to 100.
 	MaxEjectionPercent int
 	// Tokenizer tokenizes the requests of models on the exact index;
