@@ -203,6 +203,9 @@ type Fleet struct {
 
 	// newGateway builds a model's gateway: gateway.New, replaced by tests.
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
+	// readConfig reads the configuration file for Reload: os.ReadFile,
+	// replaced by tests.
+	readConfig func(string) ([]byte, error)
 
 	// kv is the exact index's machinery (exact.go); tokTurn spreads
 	// tokenization over a model's replicas.
@@ -245,6 +248,7 @@ func New(opts Options) (*Fleet, error) {
 		control:      &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
 		log:          opts.Logger,
 		newGateway:   gateway.New,
+		readConfig:   os.ReadFile,
 		scrapeBudget: budget.New(scrapeBudgetBytes),
 		listBudget:   budget.New(listBudgetBytes),
 	}

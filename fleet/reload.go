@@ -468,7 +468,13 @@ func (s *Fleet) Reload() (bool, error) {
 	if unchanged {
 		return false, nil
 	}
-	f, err := config.Load(path)
+	f, err := s.loadConfig(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Gone since the Stat (removed, or by a writer that removes it
+		// before writing it again): a missing file, not the empty
+		// configuration; the next Reload looks again.
+		return false, nil
+	}
 	s.mu.Lock()
 	first := !s.fileSeen
 	s.fileSeen, s.fileInfo, s.fileMod, s.fileSize = true, fi, fi.ModTime(), fi.Size()
@@ -500,4 +506,16 @@ func (s *Fleet) applyCounted(f *config.File) error {
 	}
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	return nil
+}
+
+// loadConfig reads and decodes the configuration file as config.Load
+// does, with s.readConfig, except that a missing file is an error
+// wrapping fs.ErrNotExist (config.Load reads it as the empty
+// configuration).
+func (s *Fleet) loadConfig(path string) (*config.File, error) {
+	data, err := s.readConfig(path)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: read config: %w", err)
+	}
+	return config.Decode(path, data)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -181,4 +183,44 @@ func TestRemovedEngineInFlightLeavesNoSeries(t *testing.T) {
 	wg.Wait()
 	s.Observe(gone, gone.Health.Failure(true)) // a request's answer, after
 	assert.Zero(t, addressSeries(t, reg, srv.URL), "series of the removed engine")
+}
+
+// A configuration file that is gone between Reload's look at it and its
+// read (a writer that removes it before writing it again, or an operator
+// removing it) keeps the running configuration, as a file found missing
+// after a load does: it is not read as the empty configuration, which
+// would drop every model.
+func TestReloadFileGoneMidway(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routing.json")
+	write := func(models map[string][]config.Replica) {
+		f := &config.File{Version: config.Version, Models: map[string]config.Model{}}
+		for name, reps := range models {
+			f.Models[name] = config.Model{Replicas: reps}
+		}
+		b, err := config.Encode(f)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+	}
+	write(map[string][]config.Replica{testModel: {{Name: "a", Address: "127.0.0.1:1"}}})
+	s, err := New(Options{ConfigPath: path, Registerer: prometheus.NewRegistry(), Logger: quietLogger()})
+	require.NoError(t, err)
+	require.Contains(t, s.Snapshot().Models, testModel)
+
+	write(map[string][]config.Replica{testModel: {{Name: "a", Address: "127.0.0.1:1"}, {Name: "b", Address: "127.0.0.1:2"}}})
+	s.readConfig = func(p string) ([]byte, error) {
+		require.NoError(t, os.Remove(p)) // after Reload's stat
+		return os.ReadFile(p)
+	}
+	changed, err := s.Reload()
+	require.NoError(t, err)
+	assert.False(t, changed)
+	require.Contains(t, s.Snapshot().Models, testModel, "the running configuration stays")
+
+	// Written again, it is read.
+	s.readConfig = os.ReadFile
+	write(map[string][]config.Replica{testModel: {{Name: "a", Address: "127.0.0.1:1"}, {Name: "b", Address: "127.0.0.1:2"}}})
+	changed, err = s.Reload()
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Len(t, s.Snapshot().Models[testModel].Order, 2)
 }
