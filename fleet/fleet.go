@@ -193,6 +193,11 @@ type Fleet struct {
 	fileMod  time.Time
 	fileSize int64
 	fileSeen bool
+	// fileDigest is the SHA-256 of the contents last read; fileRacy
+	// records that they were read within racyWindow of the file's
+	// modification time, so that the next Reload reads them again.
+	fileDigest [32]byte
+	fileRacy   bool
 	// fileMissing records that the file was found missing before any
 	// load, and the empty configuration applied.
 	fileMissing bool

@@ -224,3 +224,41 @@ func TestReloadFileGoneMidway(t *testing.T) {
 	assert.True(t, changed)
 	assert.Len(t, s.Snapshot().Models[testModel].Order, 2)
 }
+
+// A rewrite in place that leaves the file's size and modification time
+// as they were (two writes in one tick of the file system's clock, the
+// first loaded between them) is still loaded: a file loaded within
+// racyWindow of its modification time is read again at the next Reload,
+// and applied when its contents differ. Contents that do not differ are
+// not applied again.
+func TestReloadRacyRewrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routing.json")
+	write := func(addr string, mod time.Time) {
+		f := &config.File{Version: config.Version, Models: map[string]config.Model{testModel: {Replicas: []config.Replica{{Name: "a", Address: addr}}}}}
+		b, err := config.Encode(f)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		require.NoError(t, os.Chtimes(path, mod, mod))
+	}
+	// An hour ahead: within racyWindow however long the test takes (a
+	// time in the future is as racy as one just past).
+	mod := time.Now().Add(time.Hour).Truncate(time.Second)
+	write("127.0.0.1:1", mod)
+	loads := 0
+	s, err := New(Options{ConfigPath: path, Registerer: prometheus.NewRegistry(), Logger: quietLogger(), OnReload: func(ReloadResult) { loads++ }})
+	require.NoError(t, err)
+	addr := func() string { return s.Snapshot().Models[testModel].ByName["a"].Base }
+	require.Equal(t, "http://127.0.0.1:1", addr())
+
+	write("127.0.0.1:2", mod) // same size, same time
+	changed, err := s.Reload()
+	require.NoError(t, err)
+	assert.True(t, changed, "the rewrite is read")
+	assert.Equal(t, "http://127.0.0.1:2", addr())
+	assert.Equal(t, 2, loads)
+
+	changed, err = s.Reload() // read again (still racy), the same contents
+	require.NoError(t, err)
+	assert.False(t, changed)
+	assert.Equal(t, 2, loads, "the same contents are not applied again")
+}
