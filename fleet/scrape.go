@@ -48,7 +48,9 @@ func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
 //
 // QueueDepth is the sum of the waiting series (vllm:num_requests_waiting,
 // sglang:num_queue_reqs, nv_trt_llm_request_metrics{request_type="waiting"})
-// over their series (one per model, rank or GPU), Running the sum of the
+// over their series (one per model, rank or GPU; of SGLang's, the totals,
+// priority="" or no priority label, not their breakdown by priority),
+// Running the sum of the
 // running ones (vllm:num_requests_running, sglang:num_running_reqs,
 // nv_trt_llm_request_metrics{request_type="scheduled"}), KVUtilization the
 // largest KV-cache usage (vllm:kv_cache_usage_perc, or from older vLLM
