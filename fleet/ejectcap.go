@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"strconv"
+
+	"github.com/examlops/gateway"
 )
 
 // DefaultMaxEjectionPercent is Options.MaxEjectionPercent's default: at
@@ -107,24 +109,33 @@ func isTimeout(err error) bool {
 
 // allowEjection decides, under s.mu, whether ep's ejection stands: for
 // every model that uses ep, the engines of that model already ejected
-// (counted ones) plus ep stay within MaxEjectionPercent.
+// (counted ones) plus ep stay within MaxEjectionPercent, and so do those
+// of a disaggregated model's decode pool when ep decodes there: an empty
+// decode pool leaves the model nothing to serve on (an empty prefill pool
+// decodes co-located, docs/disaggregation.md).
 func (s *Fleet) allowEjection(ep *Endpoint) (ok bool, ejected, total int) {
 	for _, m := range s.state.Load().Models {
-		seen := map[*Endpoint]bool{}
-		uses := false
-		n := 0
-		for _, e := range m.ByName {
-			if seen[e] {
-				continue
-			}
-			seen[e] = true
-			uses = uses || e == ep
-			if e != ep && e.Health.counted() {
-				n++
-			}
+		pools := []*gateway.Gateway{nil} // nil: all the model's engines
+		if m.PD != nil {
+			pools = append(pools, m.Gateway) // its decode pool's
 		}
-		if uses && !EjectionAllowed(n, len(seen), s.opts.MaxEjectionPercent) {
-			return false, n, len(seen)
+		for _, pool := range pools {
+			seen := map[*Endpoint]bool{}
+			uses := false
+			n := 0
+			for name, e := range m.ByName {
+				if seen[e] || pool != nil && m.gatewayOf(name) != pool {
+					continue
+				}
+				seen[e] = true
+				uses = uses || e == ep
+				if e != ep && e.Health.counted() {
+					n++
+				}
+			}
+			if uses && !EjectionAllowed(n, len(seen), s.opts.MaxEjectionPercent) {
+				return false, n, len(seen)
+			}
 		}
 	}
 	return true, 0, 0

@@ -47,3 +47,34 @@ func TestRefusedEjectionAfterApplyKeepsReplicaIn(t *testing.T) {
 	assert.True(t, replicaHealthy(t, s, testModel, "a"), "a's replica is routable once b is back")
 	assert.True(t, replicaHealthy(t, s, testModel, "b"))
 }
+
+// A disaggregated model's cap holds for its decode pool too: with two
+// prefill and two decode engines, half of its engines may go out, but not
+// both decode engines (the model would have nothing to decode on and
+// answer 503); both prefill ones may (requests then decode co-located).
+func TestEjectionCapDecodePool(t *testing.T) {
+	s, err := New(Options{Registerer: prometheus.NewRegistry(), Logger: quietLogger(), EjectAfter: 1, EjectionTime: -1})
+	require.NoError(t, err)
+	zero := 0
+	require.NoError(t, s.Apply(&config.File{Version: config.Version, Models: map[string]config.Model{testModel: {
+		Disaggregate: true, PrefillPool: "prefill", DecodePool: "decode", PDMinUncachedTokens: &zero,
+		Pools: map[string][]config.Replica{
+			"prefill": {{Name: "p0", Address: "127.0.0.1:1"}, {Name: "p1", Address: "127.0.0.1:2"}},
+			"decode":  {{Name: "d0", Address: "127.0.0.1:3"}, {Name: "d1", Address: "127.0.0.1:4"}},
+		},
+	}}}))
+	ep := func(name string) *Endpoint { return s.Snapshot().Models[testModel].ByName[name] }
+	eject := func(name string) bool {
+		e := ep(name)
+		s.Observe(e, e.Health.Failure(true))
+		return !e.Health.Healthy()
+	}
+	require.True(t, eject("decode/d0"), "1 of 4 engines, 1 of 2 decode ones")
+	assert.False(t, eject("decode/d1"), "the decode pool's last engine stays in")
+	require.True(t, eject("prefill/p0"), "2 of 4 engines")
+	assert.False(t, eject("prefill/p1"), "3 of 4 engines")
+	s.Observe(ep("decode/d0"), ep("decode/d0").Health.Success(true))
+	s.Observe(ep("decode/d0"), ep("decode/d0").Health.Success(true))
+	require.True(t, ep("decode/d0").Health.Healthy(), "readmitted")
+	assert.True(t, eject("prefill/p1"), "2 of 4 engines, both prefill ones")
+}

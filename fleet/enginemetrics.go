@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/examlops/gateway/config"
 )
 
 // EngineCustom is the engine type /stats shows for an engine read with
@@ -25,7 +27,9 @@ type EngineMetrics struct {
 	// running-request count and the KV-cache usage (0..1), each a metric
 	// spec in GIE's form: "name" or "name{label=value,...}" (see
 	// ParseMetricSpec). The samples matching a spec are summed (counts)
-	// or the largest taken (usage); "" reads zero.
+	// or the largest taken (usage); "" reads zero. SGLang's count
+	// families named without labels read their totals, not their
+	// breakdown by priority (as ParseEngineMetricsFor does).
 	Queued, Running, KVUsage string
 	// LoRAInfo is the series of vLLM's LoRA info form (labels
 	// max_lora, running_lora_adapters, waiting_lora_adapters); "" reads
@@ -82,7 +86,7 @@ func (m EngineMetrics) compile() (*customNames, error) {
 		}
 		specs[i] = s
 	}
-	c.load.waiting, c.load.running = specs[0].series(), specs[1].series()
+	c.load.waiting, c.load.running = totalsOf(specs[0].series()), totalsOf(specs[1].series())
 	if specs[2].Family != "" {
 		c.load.kv = []series{specs[2].series()}
 	}
@@ -202,6 +206,23 @@ func ParseMetricSpec(spec string) (MetricSpec, error) {
 func unquote(s string) string {
 	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
 		return s[1 : len(s)-1]
+	}
+	return s
+}
+
+// totalsOf returns s, selecting the totals only (engineNames' labels)
+// when it names, with no label of its own, a count family that also
+// holds a breakdown of them: SGLang's, by priority.
+func totalsOf(s series) series {
+	for _, n := range engineNames {
+		if n.engine != config.EngineSGLang || len(s.labels) > 0 {
+			continue
+		}
+		for _, known := range []series{n.waiting, n.running} {
+			if s.family == known.family {
+				s.labels = known.labels
+			}
+		}
 	}
 	return s
 }

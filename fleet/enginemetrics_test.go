@@ -160,6 +160,24 @@ func TestEngineMetricsScrape(t *testing.T) {
 	}
 }
 
+// GIE's SGLang flags name SGLang's count families with no labels; with
+// priority scheduling those hold the totals and their breakdown by
+// priority, and the totals are read, as with the built-in names.
+func TestEngineMetricsSGLangPriority(t *testing.T) {
+	c, err := sglangFlags.compile()
+	require.NoError(t, err)
+	res, err := parseEngineScrapeAs(strings.NewReader(sglangPriorityPage), config.EngineAuto, c)
+	require.NoError(t, err)
+	assert.Equal(t, EngineCustom, res.engine)
+	assert.Equal(t, gateway.Load{QueueDepth: 5, Running: 7, KVUtilization: 0.5}, res.load)
+	// A spec naming the label reads what it names.
+	c, err = EngineMetrics{Queued: "sglang:num_queue_reqs{priority=None}", Running: "sglang:num_running_reqs{priority=0}"}.compile()
+	require.NoError(t, err)
+	res, err = parseEngineScrapeAs(strings.NewReader(sglangPriorityPage), config.EngineAuto, c)
+	require.NoError(t, err)
+	assert.Equal(t, gateway.Load{QueueDepth: 5, Running: 4}, res.load)
+}
+
 func mustParse(t *testing.T, page string) gateway.Load {
 	l, found, err := ParseEngineMetricsFor(strings.NewReader(page), config.EngineTRTLLM)
 	require.NoError(t, err)

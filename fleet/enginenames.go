@@ -11,7 +11,8 @@ import (
 )
 
 // series selects the samples of one metric family, those that carry
-// every label given with its value.
+// every label given with its value; as in a Prometheus selector, a label
+// given with the value "" selects the samples without it too.
 type series struct {
 	family string
 	labels []labelValue
@@ -55,9 +56,13 @@ var engineNames = []engineSeries{
 		waiting: series{family: "vllm:num_requests_waiting"},
 		running: series{family: "vllm:num_requests_running"},
 		kv:      []series{{family: "vllm:kv_cache_usage_perc"}, {family: "vllm:gpu_cache_usage_perc"}}},
+	// SGLang with priority scheduling writes each count as a total,
+	// priority="", and its breakdown by priority="N" (sglang
+	// python/sglang/srt/observability/metrics_collector.py,
+	// _log_gauge_queue_count): the totals are read.
 	{engine: config.EngineSGLang,
-		waiting: series{family: "sglang:num_queue_reqs"},
-		running: series{family: "sglang:num_running_reqs"},
+		waiting: series{family: "sglang:num_queue_reqs", labels: []labelValue{{"priority", ""}}},
+		running: series{family: "sglang:num_running_reqs", labels: []labelValue{{"priority", ""}}},
 		kv:      []series{{family: "sglang:token_usage"}}},
 	{engine: config.EngineTRTLLM,
 		waiting: series{family: "nv_trt_llm_request_metrics", labels: []labelValue{{"request_type", "waiting"}}},
@@ -95,7 +100,7 @@ func (n *engineSeries) load(fams map[string]*dto.MetricFamily) gateway.Load {
 // match reports whether sample m is one of the selected series.
 func (s series) match(m *dto.Metric) bool {
 	for _, want := range s.labels {
-		found := false
+		found := want.value == "" // absent reads as ""
 		for _, lp := range m.GetLabel() {
 			if lp.GetName() == want.name {
 				found = lp.GetValue() == want.value

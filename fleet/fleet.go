@@ -104,7 +104,8 @@ type Options struct {
 	EjectionTime time.Duration
 	// MaxEjectionPercent caps outlier ejection, as Envoy's
 	// max_ejection_percent: an ejection that would leave more than this
-	// share of a model's engines ejected is refused (EjectionAllowed);
+	// share of a model's engines, or of a disaggregated model's decode
+	// pool, ejected is refused (EjectionAllowed);
 	// 100 = no cap. Default DefaultMaxEjectionPercent (50); 1 to 100.
 	MaxEjectionPercent int
 	// Tokenizer tokenizes the requests of models on the exact index;
@@ -192,6 +193,11 @@ type Fleet struct {
 	fileMod  time.Time
 	fileSize int64
 	fileSeen bool
+	// fileDigest is the SHA-256 of the contents last read; fileRacy
+	// records that they were read within racyWindow of the file's
+	// modification time, so that the next Reload reads them again.
+	fileDigest [32]byte
+	fileRacy   bool
 	// fileMissing records that the file was found missing before any
 	// load, and the empty configuration applied.
 	fileMissing bool
@@ -202,6 +208,9 @@ type Fleet struct {
 
 	// newGateway builds a model's gateway: gateway.New, replaced by tests.
 	newGateway func([]gateway.Replica, ...gateway.Option) (*gateway.Gateway, error)
+	// readConfig reads the configuration file for Reload: os.ReadFile,
+	// replaced by tests.
+	readConfig func(string) ([]byte, error)
 
 	// kv is the exact index's machinery (exact.go); tokTurn spreads
 	// tokenization over a model's replicas.
@@ -244,6 +253,7 @@ func New(opts Options) (*Fleet, error) {
 		control:      &http.Client{Transport: opts.Transport, CheckRedirect: noRedirect, Timeout: opts.ProbeTimeout},
 		log:          opts.Logger,
 		newGateway:   gateway.New,
+		readConfig:   os.ReadFile,
 		scrapeBudget: budget.New(scrapeBudgetBytes),
 		listBudget:   budget.New(listBudgetBytes),
 	}

@@ -223,7 +223,7 @@ func scrapePeer(ctx context.Context, client *http.Client, base string, token []b
 	defer h.Release()
 	c, id, err := parsePeerPending(filterFamilies(resp.Body, peerFamilies, &h), keep)
 	if err != nil {
-		return nil, "", fmt.Errorf("parse: %v", err)
+		return nil, "", fmt.Errorf("parse: %s", clipError(err))
 	}
 	return c, id, nil
 }

@@ -1,11 +1,13 @@
 package fleet
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -437,8 +439,10 @@ func NormalizeAddress(addr string) string {
 }
 
 // Reload loads the configuration file (Options.ConfigPath) if it changed
-// since the last load (a new file, as an atomic rename makes, or a new size or modification time) and applies
-// it. It reports whether it applied a new configuration. A corrupt or
+// since the last load (a new file, as an atomic rename makes, or a new size or modification time, or
+// new contents when the last load was within racyWindow of the file's
+// modification time, as a rewrite in the same tick of the file system's
+// clock leaves both as they were) and applies it. It reports whether it applied a new configuration. A corrupt or
 // invalid file is an error and the running configuration stays; so does a
 // file that disappears after it was loaded. Run calls Reload every
 // ReloadInterval; tests and embedders may call it directly.
@@ -463,16 +467,40 @@ func (s *Fleet) Reload() (bool, error) {
 		return false, fmt.Errorf("gateway: config %s: %w", path, err)
 	}
 	s.mu.Lock()
-	unchanged := s.fileSeen && s.fileInfo != nil && os.SameFile(s.fileInfo, fi) && fi.ModTime().Equal(s.fileMod) && fi.Size() == s.fileSize
+	same := s.fileSeen && s.fileInfo != nil && os.SameFile(s.fileInfo, fi) && fi.ModTime().Equal(s.fileMod) && fi.Size() == s.fileSize
+	racy := s.fileRacy
 	s.mu.Unlock()
-	if unchanged {
+	if same && !racy {
 		return false, nil
 	}
-	f, err := config.Load(path)
+	data, err := s.readConfig(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Gone since the Stat (removed, or by a writer that removes it
+		// before writing it again): a missing file, not the empty
+		// configuration; the next Reload looks again.
+		return false, nil
+	}
+	var digest [32]byte // none for a failed read
+	if err == nil {
+		digest = sha256.Sum256(data)
+	}
 	s.mu.Lock()
 	first := !s.fileSeen
+	if same && err == nil && digest == s.fileDigest {
+		// Read again only because the last read was racy: as it was.
+		s.fileRacy = time.Since(fi.ModTime()) < racyWindow
+		s.mu.Unlock()
+		return false, nil
+	}
 	s.fileSeen, s.fileInfo, s.fileMod, s.fileSize = true, fi, fi.ModTime(), fi.Size()
+	s.fileDigest, s.fileRacy = digest, time.Since(fi.ModTime()) < racyWindow
 	s.mu.Unlock()
+	var f *config.File
+	if err != nil {
+		err = fmt.Errorf("gateway: read config: %w", err)
+	} else {
+		f, err = config.Decode(path, data)
+	}
 	failed := "gateway: config reload failed; keeping the running configuration"
 	if first {
 		failed = "gateway: config load failed"

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
@@ -22,6 +23,11 @@ var ErrScrape = errors.New("gateway: scrape engine metrics")
 
 // maxMetricsBytes bounds the /metrics page read from an engine.
 const maxMetricsBytes = 8 << 20
+
+// maxErrorBytes bounds the text of a page's parse error kept in a scrape
+// error: the parser quotes the token it fails on, up to a whole line of
+// the page, and the error is kept per engine (/stats) and logged.
+const maxErrorBytes = 256
 
 // ParseEngineMetrics parses a Prometheus text exposition, as an engine
 // serves it at /metrics, into a gateway.Load, detecting the engine's type
@@ -42,7 +48,9 @@ func ParseEngineMetrics(r io.Reader) (gateway.Load, error) {
 //
 // QueueDepth is the sum of the waiting series (vllm:num_requests_waiting,
 // sglang:num_queue_reqs, nv_trt_llm_request_metrics{request_type="waiting"})
-// over their series (one per model, rank or GPU), Running the sum of the
+// over their series (one per model, rank or GPU; of SGLang's, the totals,
+// priority="" or no priority label, not their breakdown by priority),
+// Running the sum of the
 // running ones (vllm:num_requests_running, sglang:num_running_reqs,
 // nv_trt_llm_request_metrics{request_type="scheduled"}), KVUtilization the
 // largest KV-cache usage (vllm:kv_cache_usage_perc, or from older vLLM
@@ -205,7 +213,17 @@ func scrape(ctx context.Context, client *http.Client, base, engine string, custo
 	defer h.Release()
 	res, err := parseEngineScrapeAs(filterFamilies(resp.Body, custom.pageFamilies(), &h), engine, custom)
 	if err != nil {
-		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %v", ErrScrape, base, err)
+		return scrapeResult{}, fmt.Errorf("%w: %s: parse: %s", ErrScrape, base, clipError(err))
 	}
 	return res, nil
+}
+
+// clipError returns err's text, at most maxErrorBytes of it (cut at a
+// character, "..." added).
+func clipError(err error) string {
+	msg := err.Error()
+	if len(msg) <= maxErrorBytes {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:maxErrorBytes], "") + "..."
 }

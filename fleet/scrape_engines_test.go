@@ -65,6 +65,39 @@ func TestParseEngineMetricsFor(t *testing.T) {
 	assert.Contains(t, err.Error(), `"tgi"`)
 }
 
+// sglangPriorityPage is an SGLang page with priority scheduling: running
+// 7 (4 + 3 by priority), waiting 5 (5 under priority "None").
+const sglangPriorityPage = `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="",tp_rank="0"} 7.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="0",tp_rank="0"} 4.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="1",tp_rank="0"} 3.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="",tp_rank="0"} 5.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="None",tp_rank="0"} 5.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",priority="",tp_rank="0"} 0.5
+`
+
+// SGLang with --enable-priority-scheduling writes each count twice: the
+// total with priority="" and a breakdown by priority="N"
+// (python/sglang/srt/observability/metrics_collector.py,
+// _log_gauge_queue_count). The load is the total, not total and
+// breakdown summed; a page without the label (the default) is summed as
+// before, over ranks.
+func TestParseEngineMetricsSGLangPriority(t *testing.T) {
+	for _, engine := range []string{config.EngineAuto, config.EngineSGLang} {
+		l, found, err := ParseEngineMetricsFor(strings.NewReader(sglangPriorityPage), engine)
+		require.NoError(t, err)
+		assert.Equal(t, config.EngineSGLang, found)
+		assert.Equal(t, gateway.Load{QueueDepth: 5, Running: 7, KVUtilization: 0.5}, l, engine)
+	}
+	// Without priority scheduling: no priority label, every rank's
+	// series summed.
+	l, _, err := ParseEngineMetricsFor(strings.NewReader("sglang:num_queue_reqs{dp_rank=\"0\"} 2\nsglang:num_queue_reqs{dp_rank=\"1\"} 3\n"), config.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 5, l.QueueDepth)
+}
+
 // FuzzParseEngineMetricsFor feeds mutated pages to each engine type's
 // parser: no panic, errors wrap ErrScrape, loads in range, and the type
 // found is the one asked for (or, for auto, a known one) or none.

@@ -92,6 +92,25 @@ func TestScrapeErrorForm(t *testing.T) {
 	}
 }
 
+// A page's parse error quotes the token the parser fails on, which may
+// be most of a kept line (up to maxKeptBytes): the error keeps at most
+// maxErrorBytes of it, since it is kept per engine (/stats shows it) and
+// per peer, and logged.
+func TestScrapeErrorBounded(t *testing.T) {
+	long := strings.Repeat("y", 900<<10)
+	srv := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "vllm:num_requests_waiting 1 "+long+"\n"+MetricPendingPrefill+"{model=\"m\",replica=\"r\"} 1 "+long+"\n")
+	}))
+	_, err := scrape(context.Background(), srv.Client(), srv.URL, "", nil, budget.New(scrapeBudgetBytes))
+	require.ErrorIs(t, err, ErrScrape)
+	assert.Contains(t, err.Error(), "expected integer as timestamp")
+	assert.LessOrEqual(t, len(err.Error()), len(srv.URL)+maxErrorBytes+100, "%.200s", err)
+	_, _, err = scrapePeer(context.Background(), srv.Client(), srv.URL, nil, budget.New(scrapeBudgetBytes), nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "expected integer as timestamp")
+	assert.LessOrEqual(t, len(err.Error()), maxErrorBytes+100, "%.200s", err)
+}
+
 // Real pages: the llm-d inference simulator's (v0.10.2, the e2e engine,
 // captured idle after one request and busy with 2 running and 3 waiting)
 // and a vLLM-style page (several engines per server, float values, other

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Run runs the background loops until ctx is done: configuration reloads
@@ -81,7 +83,7 @@ func (s *Fleet) ProbeAll(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.metrics.probeFails.WithLabelValues(ep.Base).Inc()
+		s.countAt(s.metrics.probeFails, ep)
 		s.Observe(ep, ep.Health.probeFailure(cause))
 	})
 }
@@ -127,7 +129,7 @@ func (s *Fleet) scrapeEngines(ctx context.Context) {
 		ep.setLoad(l, err)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.metrics.scrapeErrors.WithLabelValues(ep.Base).Inc()
+				s.countAt(s.metrics.scrapeErrors, ep)
 			}
 			return
 		}
@@ -183,6 +185,11 @@ func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.configured(ep) {
+		// A reload removed it (a request or probe begun before): no
+		// replica to mark, and no series of its address to count again.
+		return
+	}
 	switch ev {
 	case healthEjected:
 		c := ep.Health.Cause()
@@ -215,4 +222,19 @@ func (s *Fleet) Observe(ep *Endpoint, ev HealthEvent) {
 	}
 	healthy := ep.Health.Healthy()
 	s.eachReplicaOf(ep, func(m *Model, name string) { _ = m.gatewayOf(name).SetHealthy(name, healthy) })
+}
+
+// configured reports whether ep is an engine of the current state; s.mu
+// held, so that no Apply removes it (and its series) meanwhile.
+func (s *Fleet) configured(ep *Endpoint) bool { return s.state.Load().Endpoints[ep.Base] == ep }
+
+// countAt counts one in c's series of ep's address, unless a reload
+// removed ep while it was being probed or scraped: dropStaleSeries
+// deleted that series, and counting it again would keep it for good.
+func (s *Fleet) countAt(c *prometheus.CounterVec, ep *Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.configured(ep) {
+		c.WithLabelValues(ep.Base).Inc()
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/examlops/gateway/config"
+	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -527,7 +528,8 @@ func TestPDFallbacks(t *testing.T) {
 		assert.Len(t, f.prefill[0].requests(), 2, "the prefill is not run again")
 	})
 	t.Run("decode pool down", func(t *testing.T) {
-		f := newPDFixture(t, 1, 1, nil)
+		// No ejection cap: the cap keeps a decode pool's last engine in.
+		f := newPDFixtureOpts(t, 1, 1, nil, Options{UpstreamStream: UpstreamStreamOff, Fleet: fleet.Options{MaxEjectionPercent: 100}})
 		f.decode[0].srv.Close()
 		resp := f.post("/v1/chat/completions", pdBody(false, "hello"))
 		readAll(t, resp)
