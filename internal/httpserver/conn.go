@@ -51,6 +51,9 @@ type conn struct {
 	// lastPost: the previous request was a POST, after which up to four
 	// stray CR or LF bytes are skipped, as net/http's server does.
 	lastPost bool
+	// ambiguous: the request being served has ambiguous framing
+	// (hostFields.ambiguousFraming); the connection closes after it.
+	ambiguous bool
 	// lingerClose asks close to end the connection gently: bytes sent by
 	// the client may be left unread.
 	lingerClose bool
@@ -216,6 +219,7 @@ func (c *conn) readRequest(first bool) (*http.Request, bool) {
 		c.writeError(code, reason)
 		return nil, false
 	}
+	c.ambiguous = host.ambiguousFraming(req)
 	// A body still to come from the client must arrive within
 	// ReadTimeout of the head's start; a body already buffered is not
 	// read from the connection.

@@ -267,6 +267,11 @@ func (w *response) writeHead() {
 			}
 		}
 	}
+	if w.c.ambiguous {
+		// After the body is settled, so that the handler sees what it
+		// would see from net/http.
+		w.closeAfter = true
+	}
 	framed := !w.noBody && !hasCL
 	if framed && w.req.ProtoAtLeast(1, 1) {
 		w.chunked = true
