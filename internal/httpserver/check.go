@@ -8,10 +8,23 @@ import (
 )
 
 // hostFields is what a request head says of its Host field, which
-// http.ReadRequest does not keep.
+// http.ReadRequest does not keep, and of its framing fields, which it
+// drops in some cases (Content-Length beside a chunked Transfer-Encoding,
+// Transfer-Encoding on HTTP/1.0).
 type hostFields struct {
 	n     int  // how many Host fields the head has
 	valid bool // the first one's value is a valid Host value
+	te    bool // the head has a Transfer-Encoding field
+	cl    bool // the head has a Content-Length field
+}
+
+// ambiguousFraming reports whether a request's framing may be read
+// otherwise by an intermediary (request smuggling): Transfer-Encoding
+// beside Content-Length, or on HTTP/1.0, which net/http ignores (issue
+// 12785). RFC 9112 §6.1 and §6.3: the server "MUST close the connection
+// after responding to such a request"; net/http does not.
+func (hf hostFields) ambiguousFraming(req *http.Request) bool {
+	return hf.te && (hf.cl || !req.ProtoAtLeast(1, 1))
 }
 
 // checkRequest applies to a request read by http.ReadRequest the checks
@@ -45,7 +58,8 @@ func checkRequest(req *http.Request, host hostFields) (int, string) {
 }
 
 // scanHost reads the Host fields of a request head (request line, fields,
-// up to the empty line) as net/textproto reads fields: a line ends at LF,
+// up to the empty line), and notes whether it has Transfer-Encoding and
+// Content-Length fields, as net/textproto reads fields: a line ends at LF,
 // less one CR before it; a line starting with a space or tab continues
 // the field before it (obs-fold: joined by one space, each line trimmed
 // of spaces and tabs); the field name is what precedes the first colon,
@@ -74,7 +88,9 @@ func scanHost(head []byte) hostFields {
 			continue
 		}
 		inFirst = false
-		if len(line) < 5 || line[4] != ':' || !asciiEqualFold(line[:4], "host") {
+		if !isField(line, "host") {
+			hf.te = hf.te || isField(line, "transfer-encoding")
+			hf.cl = hf.cl || isField(line, "content-length")
 			continue
 		}
 		hf.n++
@@ -90,6 +106,12 @@ func scanHost(head []byte) hostFields {
 		hf.valid = httpguts.ValidHostHeader(string(bytes.TrimLeft(first[5:], " \t")))
 	}
 	return hf
+}
+
+// isField reports whether line is a field named name (lower-case ASCII),
+// in any case.
+func isField(line []byte, name string) bool {
+	return len(line) > len(name) && line[len(name)] == ':' && asciiEqualFold(line[:len(name)], name)
 }
 
 // nextLine splits b after its first line, which it returns without its

@@ -15,7 +15,8 @@ import (
 // http.ReadRequest reads the head with): whenever textproto reads a
 // request line and header fields from the input, headEnd finds the bytes
 // textproto consumed, and scanHost the same number of Host fields and the
-// same validity of the first one's value.
+// same validity of the first one's value, and whether there are
+// Transfer-Encoding and Content-Length fields.
 func FuzzHeadScan(f *testing.F) {
 	for _, s := range []string{
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -28,6 +29,8 @@ func FuzzHeadScan(f *testing.F) {
 		"\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\n\r",
+		"POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\nContent-Length:\r\n\r\n",
+		"POST / HTTP/1.1\r\nX: a\r\n Transfer-Encoding: chunked\r\nContent-Length : 1\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -47,6 +50,10 @@ func FuzzHeadScan(f *testing.F) {
 		hf := scanHost(in[:consumed])
 		hosts := m["Host"]
 		assert.Equal(t, len(hosts), hf.n, "Host fields")
+		_, te := m["Transfer-Encoding"]
+		_, cl := m["Content-Length"]
+		assert.Equal(t, te, hf.te, "Transfer-Encoding field")
+		assert.Equal(t, cl, hf.cl, "Content-Length field")
 		if len(hosts) == 1 {
 			assert.Equal(t, httpguts.ValidHostHeader(hosts[0]), hf.valid, "Host value %q valid", hosts[0])
 		}

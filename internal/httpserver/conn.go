@@ -35,12 +35,14 @@ type conn struct {
 	remote string
 	// ctx is the parent of the requests' contexts: it holds the local
 	// address (http.LocalAddrContextKey), as net/http's does.
-	ctx  context.Context
-	r    connReader
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	idle atomic.Bool // waiting for a request's first byte
-	rdl  time.Time   // the read deadline set on nc (zero: none)
+	ctx context.Context
+	r   connReader
+	br  *bufio.Reader
+	bw  *bufio.Writer
+	// idle: waiting for a request's first byte, or a next request's
+	// first four (net/http's StateIdle); Shutdown closes the connection.
+	idle atomic.Bool
+	rdl  time.Time // the read deadline set on nc (zero: none)
 	// busySince is when the request being served was read (time since
 	// the server's epoch, plus 1), 0 between requests.
 	busySince atomic.Int64
@@ -51,6 +53,9 @@ type conn struct {
 	// lastPost: the previous request was a POST, after which up to four
 	// stray CR or LF bytes are skipped, as net/http's server does.
 	lastPost bool
+	// ambiguous: the request being served has ambiguous framing
+	// (hostFields.ambiguousFraming); the connection closes after it.
+	ambiguous bool
 	// lingerClose asks close to end the connection gently: bytes sent by
 	// the client may be left unread.
 	lingerClose bool
@@ -156,7 +161,7 @@ func (c *conn) readRequest(first bool) (*http.Request, bool) {
 	if c.br.Buffered() < need {
 		// Read deadlines are moved only when needed: each move re-arms a
 		// runtime timer, which can wake the network poller.
-		c.idle.Store(c.br.Buffered() == 0)
+		c.idle.Store(true)
 		if c.s.shutdown.Load() {
 			return nil, false
 		}
@@ -216,6 +221,7 @@ func (c *conn) readRequest(first bool) (*http.Request, bool) {
 		c.writeError(code, reason)
 		return nil, false
 	}
+	c.ambiguous = host.ambiguousFraming(req)
 	// A body still to come from the client must arrive within
 	// ReadTimeout of the head's start; a body already buffered is not
 	// read from the connection.

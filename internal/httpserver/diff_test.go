@@ -49,6 +49,12 @@ import (
 //     server sends a Content-Length): only the status code is compared.
 //  3. Content-Type sniffing: net/http guesses a Content-Type for an answer
 //     without one; this server sends none. diffHandler always sets one.
+//  4. A request of ambiguous framing (Transfer-Encoding beside
+//     Content-Length, or on HTTP/1.0): this server closes the connection
+//     after its answer, as RFC 9112 §6.1 and §6.3 require; net/http reads
+//     on, and serves what follows as further requests (the bytes an
+//     intermediary may have read as the body: smuggling). The handler
+//     sees the request as with net/http (acceptAmbiguousClose).
 //
 // Not compared, because this server does not have them (see Server):
 // Hijack (upgrades, CONNECT tunnels), response trailers,
@@ -298,7 +304,27 @@ func diffOne(lean, std *diffServer, input []byte) string {
 	wg.Go(func() { l = lean.exchange(input, field) })
 	wg.Go(func() { s = std.exchange(input, field) })
 	wg.Wait()
+	acceptAmbiguousClose(input, &l, &s)
 	return compareResults(l, s)
+}
+
+// acceptAmbiguousClose applies accepted difference 4 to an exchange whose
+// input has a Transfer-Encoding field: when this server's last answer is
+// the handler's, announces the close, and net/http's answer in its place
+// does not, net/http's later calls and answers are dropped and the close
+// is compared as net/http's. What comes before is compared as usual.
+func acceptAmbiguousClose(input []byte, l, s *diffResult) {
+	if !bytes.Contains(bytes.ToLower(input), []byte("transfer-encoding")) {
+		return
+	}
+	n := len(l.Resps)
+	if n == 0 || n > len(s.Resps) || len(l.Calls) > len(s.Calls) {
+		return
+	}
+	if last := &l.Resps[n-1]; last.Handler && last.Close && s.Resps[n-1].Handler && !s.Resps[n-1].Close {
+		last.Close = false
+		s.Resps, s.Calls = s.Resps[:n], s.Calls[:len(l.Calls)]
+	}
 }
 
 func compareResults(l, s diffResult) string {

@@ -3,6 +3,7 @@ package httpserver
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -239,4 +240,29 @@ func TestHeaderAfterWriteHeader(t *testing.T) {
 			assert.Empty(t, resp.Header.Values("X-Late"))
 		})
 	}
+}
+
+// Shutdown closes a kept-alive connection that waits for its next request
+// with the first bytes of it already read (sent with the previous
+// request), as net/http's Shutdown closes it (StateIdle until four bytes
+// came). Before, such a connection counted as busy: Shutdown waited for
+// its IdleTimeout, an hour here.
+func TestShutdownClosesPartlyReadNext(t *testing.T) {
+	addr, s := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}), Options{IdleTimeout: time.Hour})
+	conn := dialRaw(t, addr)
+	defer conn.Close()
+	_, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\nGE")
+	require.NoError(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	assert.Equal(t, "ok", string(readAll(t, resp)))
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	require.NoError(t, s.Shutdown(ctx), "Shutdown waited for a connection between requests")
+	_, err = br.ReadByte()
+	assert.ErrorIs(t, err, io.EOF)
 }

@@ -103,10 +103,16 @@ func (w *response) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	if len(p) == 0 {
+		return 0, nil // as net/http, whatever the status
+	}
 	if w.noBody {
 		if w.req.Method == http.MethodHead && bodyAllowed(w.status) {
 			// Not sent, but counted: a short answer's length is
-			// announced, as with net/http.
+			// announced, and a declared one holds, as with net/http.
+			if w.contentLength >= 0 && w.headWritten+int64(len(p)) > w.contentLength {
+				return 0, http.ErrContentLength
+			}
 			w.headWritten += int64(len(p))
 			if !w.wroteHead && w.headWritten > pendMax {
 				w.writeHead()
@@ -266,6 +272,11 @@ func (w *response) writeHead() {
 				w.c.lingerClose = true
 			}
 		}
+	}
+	if w.c.ambiguous {
+		// After the body is settled, so that the handler sees what it
+		// would see from net/http.
+		w.closeAfter = true
 	}
 	framed := !w.noBody && !hasCL
 	if framed && w.req.ProtoAtLeast(1, 1) {

@@ -5,7 +5,10 @@
 // It reads each request with http.ReadRequest and then applies the checks
 // net/http's server adds (header names and values, Host, protocol version,
 // Expect, OPTIONS *), answers malformed input with the same status codes
-// (400, 431, 501, 505, 417), and writes the response itself. Its tests
+// (400, 431, 501, 505, 417), and writes the response itself. Stricter
+// than net/http, it closes the connection after a request of ambiguous
+// framing (Transfer-Encoding beside Content-Length, or on HTTP/1.0), as
+// RFC 9112 §6.1 and §6.3 require. Its tests
 // include a differential fuzz test against net/http's server
 // (FuzzDifferential); the differences it accepts are listed in
 // diff_test.go.

@@ -69,9 +69,6 @@ func TestStrictLikeNetHTTP(t *testing.T) {
 		{name: "HTTP/3.0", raw: "GET /a HTTP/3.0\r\n" + h + "\r\n", status: []int{505}},
 		{name: "chunked body with trailer", raw: "POST /a HTTP/1.1\r\n" + h + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",
 			status: []int{200}, calls: []string{"POST /a"}, bodies: []string{"abc"}},
-		{name: "CL.TE: chunked wins, the rest is the next request",
-			raw:    "POST /a HTTP/1.1\r\n" + h + "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /b HTTP/1.1\r\n" + h + "\r\n",
-			status: []int{200, 200}, calls: []string{"POST /a", "GET /b"}, bodies: []string{"", ""}},
 		{name: "two differing Content-Lengths", raw: "POST /a HTTP/1.1\r\n" + h + "Content-Length: 3\r\nContent-Length: 5\r\n\r\nabcde", status: []int{400}},
 	}
 	for _, tt := range tests {
@@ -96,6 +93,56 @@ func TestStrictLikeNetHTTP(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// RFC 9112 §6.1 and §6.3: a request with both Transfer-Encoding and
+// Content-Length, or an HTTP/1.0 request with Transfer-Encoding, has
+// framing that an intermediary may read otherwise (the smuggling of
+// CL.TE and TE.CL); the server "MUST close the connection after
+// responding". This server does; net/http serves the rest of the
+// connection as further requests (accepted difference 4 of diff_test.go).
+func TestAmbiguousFramingCloses(t *testing.T) {
+	lean, std := startBoth(t, "tcp", func(string) string { return "127.0.0.1:0" }, 0)
+	const h = "Host: x\r\n"
+	const next = "GET /b HTTP/1.1\r\n" + h + "\r\n"
+	for _, tt := range []struct{ name, raw, body string }{
+		{"CL.TE", "POST /a HTTP/1.1\r\n" + h + "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + next, ""},
+		{"TE.CL", "POST /a HTTP/1.1\r\n" + h + "Transfer-Encoding: chunked\r\ncontent-length: 3\r\n\r\n1\r\nx\r\n0\r\n\r\n" + next, "x"},
+		// net/http ignores Transfer-Encoding on HTTP/1.0 (issue 12785):
+		// the body is empty and its chunks would be the next request.
+		{"HTTP/1.0 with Transfer-Encoding", "POST /a HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" + next, ""},
+		{"HTTP/1.0 with both", "POST /a HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-encoding: chunked\r\nContent-Length: 0\r\n\r\n" + next, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want := diffCall{Method: "POST", RequestURI: "/a", Body: tt.body}
+			for _, srv := range []*diffServer{lean, std} {
+				res := srv.exchange([]byte(tt.raw), "")
+				require.False(t, res.TimedOut, srv.name)
+				require.Empty(t, res.ParseErr, srv.name)
+				require.NotEmpty(t, res.Calls, srv.name)
+				got := diffCall{Method: res.Calls[0].Method, RequestURI: res.Calls[0].RequestURI, Body: res.Calls[0].Body}
+				assert.Equal(t, want, got, srv.name)
+				require.NotEmpty(t, res.Resps, srv.name)
+				assert.Equal(t, http.StatusOK, res.Resps[0].Status, srv.name)
+				if srv == std {
+					assert.Len(t, res.Calls, 2, "net/http serves GET /b")
+					continue
+				}
+				assert.Len(t, res.Calls, 1, "GET /b served after a request of ambiguous framing")
+				assert.Len(t, res.Resps, 1, "statuses %s", statuses(res.Resps))
+				assert.True(t, res.Resps[0].Close, "the answer does not announce the close")
+			}
+		})
+	}
+	// Transfer-Encoding alone on HTTP/1.1, Content-Length alone on
+	// HTTP/1.0: the connection is kept.
+	for _, raw := range []string{
+		"POST /a HTTP/1.1\r\n" + h + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + next,
+		"POST /a HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nx" + next,
+	} {
+		res := lean.exchange([]byte(raw), "")
+		assert.Len(t, res.Calls, 2, "%q", raw)
 	}
 }
 
