@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -351,4 +352,19 @@ func TestCacheAwareWeightsFinite(t *testing.T) {
 	}
 	_, err := New(replicaNames(2), WithPolicy(&CacheAware{Externality: -1, LoadFactor: 1.5}))
 	require.NoError(t, err, "finite values, negative ones included, are taken as before")
+}
+
+// TestCacheAwareLoadFactorRange: a LoadFactor other than 0 (no cap) or at
+// least 1 is refused by New, naming the field and the value: below 1 the
+// policy set no cap at all, silently, where a tighter one was asked for.
+func TestCacheAwareLoadFactorRange(t *testing.T) {
+	for _, lf := range []float64{0.5, 0.999, -1} {
+		_, err := New(replicaNames(2), WithPolicy(&CacheAware{LoadFactor: lf}))
+		require.ErrorIs(t, err, ErrInvalid, "LoadFactor %v", lf)
+		require.ErrorContains(t, err, fmt.Sprintf("CacheAware.LoadFactor %v", lf))
+	}
+	for _, lf := range []float64{0, 1, 1.25} {
+		_, err := New(replicaNames(2), WithPolicy(&CacheAware{LoadFactor: lf}))
+		require.NoError(t, err, "LoadFactor %v", lf)
+	}
 }
