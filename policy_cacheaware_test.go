@@ -368,3 +368,27 @@ func TestCacheAwareLoadFactorRange(t *testing.T) {
 		require.NoError(t, err, "LoadFactor %v", lf)
 	}
 }
+
+// TestCacheAwareAddedReplicaTakesItsShare: a replica never sent work (one
+// just added) in a pool whose replicas all hold the shared system prompt
+// is priced as holding it too (it will after one request), so it takes
+// the next request at equal load, rather than none until the others'
+// queues outweigh that prompt's prefill; not when the prompt is longer
+// than the rest of the request, nor on the exact index, which knows it
+// holds nothing.
+func TestCacheAwareAddedReplicaTakesItsShare(t *testing.T) {
+	cands := func(system int) []Candidate {
+		cs := []Candidate{{Name: "new", CacheBlocks: 64}}
+		for _, n := range []string{"a", "b", "c"} {
+			cs = append(cs, Candidate{Name: n, Matched: system, AssignedPrefill: 8, CacheBlocks: 64})
+		}
+		return cs
+	}
+	cs := cands(2)
+	assert.Equal(t, "new", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name, "priced as holding the 2-block prompt")
+	req := caReq(8, cs)
+	req.exact = true
+	assert.NotEqual(t, "new", cs[(&CacheAware{}).Pick(req, cs)].Name, "exact index: priced as holding nothing")
+	cs = cands(5)
+	assert.NotEqual(t, "new", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name, "a 5-block prompt of 8 is longer than the rest")
+}
