@@ -226,6 +226,18 @@ func TestPropSpares(t *testing.T) {
 	})
 }
 
+// TestSparesTiesKeepTableOrder: when more eligible replicas tie than n
+// admits, the first in table order are kept; a later one equal to the last
+// kept does not displace it (TestPropSpares, at its default 100 checks,
+// passed with that rule broken; at 2,000 it failed).
+func TestSparesTiesKeepTableOrder(t *testing.T) {
+	g := mustNew(t, replicaNames(4))
+	require.Equal(t, []string{"r0", "r1"}, g.Spares(nil, 2, Target{}))
+	require.NoError(t, g.UpdateLoad("r0", Load{Running: 1}))
+	require.Equal(t, []string{"r1", "r2"}, g.Spares(nil, 2, Target{}))
+	require.Equal(t, []string{"r1", "r2", "r3", "r0"}, g.Spares(nil, 9, Target{}))
+}
+
 func nilIfEmpty(s []string) []string {
 	if len(s) == 0 {
 		return nil

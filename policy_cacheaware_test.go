@@ -392,3 +392,18 @@ func TestCacheAwareAddedReplicaTakesItsShare(t *testing.T) {
 	cs = cands(5)
 	assert.NotEqual(t, "new", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name, "a 5-block prompt of 8 is longer than the rest")
 }
+
+// TestCacheAwareFreeCacheCredit: each uncached block costs
+// freeCacheCredit more where it evicts another's (CacheBlocks −
+// AssignedPrefill exhausted), so a replica with room wins over a full one
+// holding a block more of the prompt: full 2·7 + 0.5·7 = 17.5 against
+// 2·8 = 16; with room at both, the block decides (14 against 16).
+func TestCacheAwareFreeCacheCredit(t *testing.T) {
+	cs := []Candidate{
+		{Name: "full", Matched: 1, CacheBlocks: 64, AssignedPrefill: 64},
+		{Name: "room", CacheBlocks: 64, AssignedPrefill: 1},
+	}
+	assert.Equal(t, "room", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name)
+	cs[0].CacheBlocks = 128
+	assert.Equal(t, "full", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name)
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
@@ -54,4 +55,42 @@ func TestPropTieOnlyAmongEquals(t *testing.T) {
 			t.Fatalf("chose %d, want %d", got, best)
 		}
 	})
+}
+
+// lastPickedPolicy picks the candidate named want and records every
+// candidate's LastPicked.
+type lastPickedPolicy struct {
+	want string
+	seen map[string]uint64
+}
+
+func (p *lastPickedPolicy) Pick(_ *Request, cands []Candidate) int {
+	best := 0
+	for i, c := range cands {
+		p.seen[c.Name] = c.LastPicked
+		if c.Name == p.want {
+			best = i
+		}
+	}
+	return best
+}
+
+// TestLastPickedOfAddedReplica: a replica added in the slot a removed one
+// freed has never been chosen (LastPicked 0), so the tie order does not
+// take it for the removed replica, chosen recently.
+func TestLastPickedOfAddedReplica(t *testing.T) {
+	p := &lastPickedPolicy{want: "r1", seen: map[string]uint64{}}
+	g := mustNew(t, replicaNames(2), WithPolicy(p))
+	for range 3 {
+		d, err := g.Route(Key{1})
+		require.NoError(t, err)
+		require.Equal(t, "r1", d.Replica)
+	}
+	require.NoError(t, g.RemoveReplica("r1"))
+	require.NoError(t, g.AddReplica(Replica{Name: "r2"}))
+	p.want = "r0"
+	_, err := g.Route(Key{1})
+	require.NoError(t, err)
+	require.Zero(t, p.seen["r2"], "the added replica was never chosen")
+	require.Zero(t, p.seen["r0"])
 }
