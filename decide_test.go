@@ -371,6 +371,27 @@ func TestPropNoPrompt(t *testing.T) {
 	})
 }
 
+// TestNoPromptTeachesNoSpeed: a request without a prompt (an embeddings
+// or tokenize call) has no prefill or decode to time: whatever its Done
+// reports, it teaches the replica no speed, which a request of w blocks
+// would be priced by (its work taken as the prefill queued there plus
+// one block).
+func TestNoPromptTeachesNoSpeed(t *testing.T) {
+	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware))
+	for range 300 {
+		d, err := g.RouteWith(nil, Target{NoPrompt: true})
+		require.NoError(t, err)
+		d.Done(DoneInfo{Latency: 10 * time.Millisecond, TTFT: 10 * time.Millisecond, Elapsed: 50 * time.Millisecond, OutputTokens: 5})
+	}
+	for _, st := range g.Replicas() {
+		require.Zero(t, st.BlockTime, "%s", st.Name)
+		require.Zero(t, st.TokenTime, "%s", st.Name)
+	}
+	checkPoolSpeeds(t, g)
+	require.Zero(t, g.speeds.Load())
+	require.Zero(t, g.growths.Load())
+}
+
 // TestSparesAllocsManyFallbacks: Spares asked for more fallbacks than the
 // usual few (here 12 of 16 replicas) allocates nothing either, when dst
 // has room for them.
