@@ -94,3 +94,22 @@ func TestLastPickedOfAddedReplica(t *testing.T) {
 	require.Zero(t, p.seen["r2"], "the added replica was never chosen")
 	require.Zero(t, p.seen["r0"])
 }
+
+// TestLoadAwareTieOrder: at equal load scores LoadAware prefers the
+// replica sent less prefill work so far, then the one with fewer
+// requests in flight, whatever Request.Tie draws and wherever it stands.
+func TestLoadAwareTieOrder(t *testing.T) {
+	var p LoadAware
+	for tie := range uint64(64) {
+		cs := []Candidate{{Name: "more", AssignedPrefill: 9}, {Name: "less", AssignedPrefill: 3}, {Name: "most", AssignedPrefill: 12}}
+		require.Equal(t, "less", cs[p.Pick(&Request{Key: Key{1}, Tie: tie}, cs)].Name, "tie %d", tie)
+		// Equal work sent, equal load score (queue depth normalised by the
+		// largest; in flight counts only through Outstanding, here the
+		// engines' larger counts): fewer in flight wins.
+		cs = []Candidate{
+			{Name: "busier", InFlight: 2, Load: Load{QueueDepth: 4}},
+			{Name: "idler", InFlight: 1, Load: Load{QueueDepth: 4}},
+		}
+		require.Equal(t, "idler", cs[p.Pick(&Request{Key: Key{1}, Tie: tie}, cs)].Name, "tie %d", tie)
+	}
+}
