@@ -238,6 +238,18 @@ func TestPropSpares(t *testing.T) {
 	})
 }
 
+// TestSparesTiesKeepTableOrder: when more eligible replicas tie than n
+// admits, the first in table order are kept; a later one equal to the last
+// kept does not displace it (TestPropSpares, at its default 100 checks,
+// passed with that rule broken; at 2,000 it failed).
+func TestSparesTiesKeepTableOrder(t *testing.T) {
+	g := mustNew(t, replicaNames(4))
+	require.Equal(t, []string{"r0", "r1"}, g.Spares(nil, 2, Target{}))
+	require.NoError(t, g.UpdateLoad("r0", Load{Running: 1}))
+	require.Equal(t, []string{"r1", "r2"}, g.Spares(nil, 2, Target{}))
+	require.Equal(t, []string{"r1", "r2", "r3", "r0"}, g.Spares(nil, 9, Target{}))
+}
+
 func nilIfEmpty(s []string) []string {
 	if len(s) == 0 {
 		return nil
@@ -369,6 +381,27 @@ func TestPropNoPrompt(t *testing.T) {
 		_, err = g.RouteWith(nil, Target{})
 		require.ErrorIs(t, err, ErrInvalid)
 	})
+}
+
+// TestNoPromptTeachesNoSpeed: a request without a prompt (an embeddings
+// or tokenize call) has no prefill or decode to time: whatever its Done
+// reports, it teaches the replica no speed, which a request of w blocks
+// would be priced by (its work taken as the prefill queued there plus
+// one block).
+func TestNoPromptTeachesNoSpeed(t *testing.T) {
+	g := mustNew(t, replicaNames(2), WithMode(ModeCacheAware))
+	for range 300 {
+		d, err := g.RouteWith(nil, Target{NoPrompt: true})
+		require.NoError(t, err)
+		d.Done(DoneInfo{Latency: 10 * time.Millisecond, TTFT: 10 * time.Millisecond, Elapsed: 50 * time.Millisecond, OutputTokens: 5})
+	}
+	for _, st := range g.Replicas() {
+		require.Zero(t, st.BlockTime, "%s", st.Name)
+		require.Zero(t, st.TokenTime, "%s", st.Name)
+	}
+	checkPoolSpeeds(t, g)
+	require.Zero(t, g.speeds.Load())
+	require.Zero(t, g.growths.Load())
 }
 
 // TestSparesAllocsManyFallbacks: Spares asked for more fallbacks than the

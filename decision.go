@@ -68,7 +68,8 @@ type DoneInfo struct {
 type ticket struct {
 	state atomic.Uint64
 	// Set by RouteWith before the Decision is returned, read by Done:
-	// the request's prefill work in blocks (Candidate.work), the
+	// the request's prefill work in blocks (Candidate.work; 0 for a
+	// request without a prompt, which teaches no speed), the
 	// requests outstanding at the replica with it (speedload.go) and its
 	// objective.
 	work, load int
@@ -150,7 +151,9 @@ func (d Decision) Done(info DoneInfo) {
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock(), d.t.ttl)
 			}
-			d.rs.learn(d.t.work, d.t.load, &info)
+			if d.t.work > 0 { // 0: a request without a prompt (Target.NoPrompt)
+				d.rs.learn(d.t.work, d.t.load, &info)
+			}
 			if d.t.obj.set() {
 				d.t.stats.attain(&d.t.obj, &info)
 			}

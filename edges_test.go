@@ -99,6 +99,16 @@ func TestRoundRobinPickEmpty(t *testing.T) {
 	require.Equal(t, 0, p.Pick(&Request{Key: Key{1}}, []Candidate{{Name: "a"}}))
 }
 
+// TestPickEmpty: every built-in policy called directly with no candidates
+// (a Gateway never does; a policy wrapping one may) returns an invalid
+// index, as RoundRobin does, never one a caller would index cands with.
+func TestPickEmpty(t *testing.T) {
+	for _, p := range []Policy{&RoundRobin{}, &CacheAware{}, &LoadAware{}, &LoadAware{Weights: LoadWeights{KV: 1}}} {
+		require.Equal(t, -1, p.Pick(&Request{Key: Key{1}}, nil), "%T", p)
+		require.Equal(t, -1, p.Pick(&Request{Key: Key{1}}, []Candidate{}), "%T", p)
+	}
+}
+
 // TestPropNoPanics: random sequences of replica changes, health changes,
 // load reports, cache events and routes, on every policy and on a
 // disaggregated pair, never panic; Route fails exactly when no replica is

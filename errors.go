@@ -14,7 +14,7 @@ var (
 	// not known, or a Policy that picked no candidate. Nothing is changed.
 	ErrInvalid = errors.New("gateway: invalid argument")
 	// ErrNoHealthyReplica is returned by Route when no replica is healthy
-	// (or allowed, for RouteWithin).
+	// (or allowed by the Target, for RouteWith).
 	ErrNoHealthyReplica = errors.New("gateway: no healthy replica")
 	// ErrUnknownReplica is returned when an update names a replica the
 	// gateway does not have.

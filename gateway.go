@@ -311,8 +311,9 @@ type Target struct {
 	// LoadAware's defaults. Such a request counts in flight (and so in
 	// every later decision's load) until its Done, like any other, but
 	// not in Stats, which describe prompts, nor in the index, and the
-	// policy's Observer does not hear of it (no Pick placed it). Default
-	// false: key must not be empty.
+	// policy's Observer does not hear of it (no Pick placed it); its Done
+	// teaches the replica no speed (speed.go), as it has no prefill or
+	// decode to time. Default false: key must not be empty.
 	NoPrompt bool
 	// TTFT and TPOT are the request's latency objective: the time to
 	// first token and per output token it asks for (llm-d's x-slo-ttft-ms
@@ -560,6 +561,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		d.t.ttl = g.ttl
 	}
 	if tg.NoPrompt { // no Pick placed it: not the observer's
+		d.t.work = 0 // no prefill or decode to time: teaches no speed
 		return d, nil
 	}
 	if g.obs != nil {

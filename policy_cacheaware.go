@@ -231,7 +231,8 @@ type CacheAware struct {
 	// Zero means the default, 4; a negative value means none.
 	DecodeWeight float64
 	// LoadFactor, when at least 1, caps each replica's in-flight requests
-	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap.
+	// at ⌈LoadFactor × the mean⌉. Zero, the default, sets no cap; any
+	// other value below 1 is refused by New.
 	LoadFactor float64
 	// AdapterLoad is the cost, in blocks of prefill, of loading a
 	// request's LoRA adapter into a free slot. Zero means the default, 16
@@ -245,7 +246,8 @@ type CacheAware struct {
 }
 
 // validate refuses a weight that is not a finite number (NaN would make
-// every cost NaN and the choice arbitrary).
+// every cost NaN and the choice arbitrary), and a LoadFactor below 1 other
+// than 0, which would set no cap.
 func (p *CacheAware) validate() error {
 	for _, f := range []struct {
 		name string
@@ -255,6 +257,9 @@ func (p *CacheAware) validate() error {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
 			return fmt.Errorf("%w: CacheAware.%s %v, want a finite number", ErrInvalid, f.name, f.v)
 		}
+	}
+	if p.LoadFactor != 0 && p.LoadFactor < 1 { // Pick would set no cap at all
+		return fmt.Errorf("%w: CacheAware.LoadFactor %v, want 0 (no cap) or at least 1", ErrInvalid, p.LoadFactor)
 	}
 	return nil
 }

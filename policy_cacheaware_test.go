@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -351,4 +352,58 @@ func TestCacheAwareWeightsFinite(t *testing.T) {
 	}
 	_, err := New(replicaNames(2), WithPolicy(&CacheAware{Externality: -1, LoadFactor: 1.5}))
 	require.NoError(t, err, "finite values, negative ones included, are taken as before")
+}
+
+// TestCacheAwareLoadFactorRange: a LoadFactor other than 0 (no cap) or at
+// least 1 is refused by New, naming the field and the value: below 1 the
+// policy set no cap at all, silently, where a tighter one was asked for.
+func TestCacheAwareLoadFactorRange(t *testing.T) {
+	for _, lf := range []float64{0.5, 0.999, -1} {
+		_, err := New(replicaNames(2), WithPolicy(&CacheAware{LoadFactor: lf}))
+		require.ErrorIs(t, err, ErrInvalid, "LoadFactor %v", lf)
+		require.ErrorContains(t, err, fmt.Sprintf("CacheAware.LoadFactor %v", lf))
+	}
+	for _, lf := range []float64{0, 1, 1.25} {
+		_, err := New(replicaNames(2), WithPolicy(&CacheAware{LoadFactor: lf}))
+		require.NoError(t, err, "LoadFactor %v", lf)
+	}
+}
+
+// TestCacheAwareAddedReplicaTakesItsShare: a replica never sent work (one
+// just added) in a pool whose replicas all hold the shared system prompt
+// is priced as holding it too (it will after one request), so it takes
+// the next request at equal load, rather than none until the others'
+// queues outweigh that prompt's prefill; not when the prompt is longer
+// than the rest of the request, nor on the exact index, which knows it
+// holds nothing.
+func TestCacheAwareAddedReplicaTakesItsShare(t *testing.T) {
+	cands := func(system int) []Candidate {
+		cs := []Candidate{{Name: "new", CacheBlocks: 64}}
+		for _, n := range []string{"a", "b", "c"} {
+			cs = append(cs, Candidate{Name: n, Matched: system, AssignedPrefill: 8, CacheBlocks: 64})
+		}
+		return cs
+	}
+	cs := cands(2)
+	assert.Equal(t, "new", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name, "priced as holding the 2-block prompt")
+	req := caReq(8, cs)
+	req.exact = true
+	assert.NotEqual(t, "new", cs[(&CacheAware{}).Pick(req, cs)].Name, "exact index: priced as holding nothing")
+	cs = cands(5)
+	assert.NotEqual(t, "new", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name, "a 5-block prompt of 8 is longer than the rest")
+}
+
+// TestCacheAwareFreeCacheCredit: each uncached block costs
+// freeCacheCredit more where it evicts another's (CacheBlocks −
+// AssignedPrefill exhausted), so a replica with room wins over a full one
+// holding a block more of the prompt: full 2·7 + 0.5·7 = 17.5 against
+// 2·8 = 16; with room at both, the block decides (14 against 16).
+func TestCacheAwareFreeCacheCredit(t *testing.T) {
+	cs := []Candidate{
+		{Name: "full", Matched: 1, CacheBlocks: 64, AssignedPrefill: 64},
+		{Name: "room", CacheBlocks: 64, AssignedPrefill: 1},
+	}
+	assert.Equal(t, "room", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name)
+	cs[0].CacheBlocks = 128
+	assert.Equal(t, "full", cs[(&CacheAware{}).Pick(caReq(8, cs), cs)].Name)
 }

@@ -58,8 +58,13 @@ type LoadAware struct {
 
 var _ Policy = (*LoadAware)(nil)
 
-// Pick returns the least loaded candidate.
+// Pick returns the least loaded candidate. Given no candidates (which a
+// Gateway never does) it returns -1, which Route rejects with an error
+// wrapping ErrInvalid.
 func (p *LoadAware) Pick(req *Request, cands []Candidate) int {
+	if len(cands) == 0 {
+		return -1
+	}
 	return leastLoaded(cands, p.Weights, req.Tie)
 }
 

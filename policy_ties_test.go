@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
@@ -54,4 +55,61 @@ func TestPropTieOnlyAmongEquals(t *testing.T) {
 			t.Fatalf("chose %d, want %d", got, best)
 		}
 	})
+}
+
+// lastPickedPolicy picks the candidate named want and records every
+// candidate's LastPicked.
+type lastPickedPolicy struct {
+	want string
+	seen map[string]uint64
+}
+
+func (p *lastPickedPolicy) Pick(_ *Request, cands []Candidate) int {
+	best := 0
+	for i, c := range cands {
+		p.seen[c.Name] = c.LastPicked
+		if c.Name == p.want {
+			best = i
+		}
+	}
+	return best
+}
+
+// TestLastPickedOfAddedReplica: a replica added in the slot a removed one
+// freed has never been chosen (LastPicked 0), so the tie order does not
+// take it for the removed replica, chosen recently.
+func TestLastPickedOfAddedReplica(t *testing.T) {
+	p := &lastPickedPolicy{want: "r1", seen: map[string]uint64{}}
+	g := mustNew(t, replicaNames(2), WithPolicy(p))
+	for range 3 {
+		d, err := g.Route(Key{1})
+		require.NoError(t, err)
+		require.Equal(t, "r1", d.Replica)
+	}
+	require.NoError(t, g.RemoveReplica("r1"))
+	require.NoError(t, g.AddReplica(Replica{Name: "r2"}))
+	p.want = "r0"
+	_, err := g.Route(Key{1})
+	require.NoError(t, err)
+	require.Zero(t, p.seen["r2"], "the added replica was never chosen")
+	require.Zero(t, p.seen["r0"])
+}
+
+// TestLoadAwareTieOrder: at equal load scores LoadAware prefers the
+// replica sent less prefill work so far, then the one with fewer
+// requests in flight, whatever Request.Tie draws and wherever it stands.
+func TestLoadAwareTieOrder(t *testing.T) {
+	var p LoadAware
+	for tie := range uint64(64) {
+		cs := []Candidate{{Name: "more", AssignedPrefill: 9}, {Name: "less", AssignedPrefill: 3}, {Name: "most", AssignedPrefill: 12}}
+		require.Equal(t, "less", cs[p.Pick(&Request{Key: Key{1}, Tie: tie}, cs)].Name, "tie %d", tie)
+		// Equal work sent, equal load score (queue depth normalised by the
+		// largest; in flight counts only through Outstanding, here the
+		// engines' larger counts): fewer in flight wins.
+		cs = []Candidate{
+			{Name: "busier", InFlight: 2, Load: Load{QueueDepth: 4}},
+			{Name: "idler", InFlight: 1, Load: Load{QueueDepth: 4}},
+		}
+		require.Equal(t, "idler", cs[p.Pick(&Request{Key: Key{1}, Tie: tie}, cs)].Name, "tie %d", tie)
+	}
 }

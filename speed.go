@@ -26,8 +26,8 @@ import (
 // (each sample weighs one over its predicted length squared); each
 // sample's weight
 // decays by speedDecay per later sample, so the fit follows a replica
-// whose speed drifts or steps, and its state is seven numbers whatever
-// the traffic. A sample beyond speedClip times the fit's prediction (or
+// whose speed drifts or steps, and its state is ten numbers whatever
+// the traffic (speedFit: five sums, three decayed counts and the fit). A sample beyond speedClip times the fit's prediction (or
 // below its inverse) counts as that bound, so one stalled request moves
 // the fit by a bounded step. Until speedMinSamples samples have weight,
 // the replica's speed is unknown, and the router prices it as it would
