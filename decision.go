@@ -68,8 +68,9 @@ type DoneInfo struct {
 type ticket struct {
 	state atomic.Uint64
 	// Set by RouteWith before the Decision is returned, read by Done:
-	// the request's prefill work in blocks (Candidate.work; 0 for a
-	// request without a prompt, which teaches no speed), the
+	// the request's prefill work in blocks (Candidate.work; -1 for a
+	// request without a prompt, which teaches no speed; 0 for one whose
+	// prefill ran on another replica, handOff), the
 	// requests outstanding at the replica with it (speedload.go) and its
 	// objective.
 	work, load int
@@ -151,7 +152,7 @@ func (d Decision) Done(info DoneInfo) {
 			if info.Err == nil && info.Latency > 0 {
 				d.rs.observeLatency(info.Latency, d.rs.clock(), d.t.ttl)
 			}
-			if d.t.work > 0 { // 0: a request without a prompt (Target.NoPrompt)
+			if d.t.work >= 0 { // -1: a request without a prompt (Target.NoPrompt); 0: its prefill ran elsewhere (handOff)
 				d.rs.learn(d.t.work, d.t.load, &info)
 			}
 			if d.t.obj.set() {

@@ -561,7 +561,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		d.t.ttl = g.ttl
 	}
 	if tg.NoPrompt { // no Pick placed it: not the observer's
-		d.t.work = 0 // no prefill or decode to time: teaches no speed
+		d.t.work = -1 // no prefill or decode to time: teaches no speed
 		return d, nil
 	}
 	if g.obs != nil {
