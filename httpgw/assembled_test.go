@@ -2,6 +2,7 @@ package httpgw
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -158,4 +159,38 @@ func TestAssembledBudgetPrefill(t *testing.T) {
 			assert.Zero(t, f.counter("exa_gateway_ejections_total", nil), "the budget is not the replica's failure")
 		})
 	}
+}
+
+// TestAnswerNotCompressed: the gateway reads every prompt answer (its
+// first token, its usage, and a non-streaming client's assembly), so the
+// client's Accept-Encoding does not reach the engine; an engine that
+// compresses when asked (as a proxy or a server with gzip on would)
+// still gives a whole answer. Before, the client's gzip was forwarded and
+// the assembly failed on the compressed stream.
+func TestAnswerNotCompressed(t *testing.T) {
+	var asked atomic.Int64
+	srv := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		sse := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"` + testModel +
+			`","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			asked.Add(1)
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = zw.Write([]byte(sse))
+			_ = zw.Close()
+			return
+		}
+		_, _ = w.Write([]byte(sse))
+	}))
+	f := rawFixture(t, Options{}, srv.URL)
+	for _, stream := range []bool{false, true} {
+		resp := f.post("/v1/chat/completions", chatBody(testModel, stream, "sys", "hi"), "Accept-Encoding", "gzip")
+		b := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "stream %v: %.300s", stream, b)
+		assert.Empty(t, resp.Header.Get("Content-Encoding"), "stream %v", stream)
+		assert.Contains(t, string(b), "hello", "stream %v", stream)
+	}
+	assert.Zero(t, asked.Load(), "requests that asked the engine for gzip")
 }

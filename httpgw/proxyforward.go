@@ -221,6 +221,9 @@ func (s *Server) send(ctx context.Context, c *call) (resp *http.Response, retry 
 	// The gateway has read the whole body: the engine must not be asked
 	// to confirm it first.
 	out.Header.Del("Expect")
+	// The gateway reads the answer (its first token, its usage, a
+	// non-streaming client's assembly): it must come as it is.
+	out.Header.Del("Accept-Encoding")
 	if c.upHeader != nil {
 		c.upHeader(out.Header)
 	}

@@ -73,5 +73,5 @@ func (pr *pickRequest) routePD(allow func(string) bool) (picker.Pick, error) {
 		t.pre = &t.preD
 	}
 	return picker.Pick{Endpoint: endpoint, Fallbacks: pr.fallbacks(allow, dd.Replica),
-		Headers: []picker.Header{prefill}, ResponseHeaders: resp, Tracker: t}, nil
+		Headers: []picker.Header{prefill, identity[0]}, ResponseHeaders: resp, Tracker: t}, nil
 }

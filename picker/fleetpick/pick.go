@@ -356,15 +356,24 @@ func (pr *pickRequest) hold(allow func(string) bool) error {
 	return err
 }
 
-// pdHeaders are the upstream headers of a request routed co-located: for
-// a disaggregated model (a Responses API request), a client's own
-// x-prefiller-host-port removed; none for another model.
+// pdHeaders are the upstream headers of a request routed co-located: the
+// client's Accept-Encoding removed (the picker reads the answer: its
+// first token, its usage, an assembly; it must come as it is), and for
+// a disaggregated model (a Responses API request) a client's own
+// x-prefiller-host-port.
 func (pr *pickRequest) pdHeaders() []picker.Header {
 	if pr.ms.PD == nil {
-		return nil
+		return identity
 	}
-	return []picker.Header{{Name: prefillHeader}}
+	return identityNoPrefill
 }
+
+// identity and identityNoPrefill are pdHeaders' lists, shared: a Pick's
+// Headers are only read.
+var (
+	identity          = []picker.Header{{Name: "accept-encoding"}}
+	identityNoPrefill = []picker.Header{{Name: prefillHeader}, {Name: "accept-encoding"}}
+)
 
 // endpoint returns the engine decision d is to be sent to and its
 // endpoint, or why there is none.

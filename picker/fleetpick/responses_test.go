@@ -167,7 +167,7 @@ func TestPickerResponsesDisaggregated(t *testing.T) {
 	require.Equal(t, f.endpoint(0), r.Endpoint, "the decode replica")
 	_, set := r.Header("x-prefiller-host-port")
 	require.False(t, set)
-	require.Equal(t, []string{"x-prefiller-host-port"}, r.Remove)
+	require.Equal(t, []string{"x-prefiller-host-port", "accept-encoding"}, r.Remove)
 	_, err = x.Respond(200, "application/json", []byte(`{"id":"resp_d0_1"}`))
 	require.NoError(t, err)
 	require.NoError(t, x.Close())

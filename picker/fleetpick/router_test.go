@@ -465,7 +465,7 @@ func TestPickerDisaggregated(t *testing.T) {
 	require.NoError(t, err)
 	_, set := r.Header("x-prefiller-host-port")
 	require.False(t, set)
-	require.Equal(t, []string{"x-prefiller-host-port"}, r.Remove)
+	require.Equal(t, []string{"x-prefiller-host-port", "accept-encoding"}, r.Remove)
 	_, err = x.Respond(200, "application/json", []byte(`{}`))
 	require.NoError(t, err)
 	require.NoError(t, x.Close())
