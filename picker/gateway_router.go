@@ -17,7 +17,7 @@ type KeyFunc func(dst gateway.Key, req *PickRequest) (gateway.Key, error)
 
 // GatewayRouter is a Router over one *gateway.Gateway: the key function
 // turns a request into a prefix key, the gateway routes it within the
-// subset hint (Gateway.RouteWithin), and the chosen replica's Address gives
+// subset hint (Gateway.RouteWith, Target.Allow), and the chosen replica's Address gives
 // the endpoint. Any gateway will do, whatever its policy. It is safe for
 // concurrent use; calls are serialised, as Gateway.Route's are.
 type GatewayRouter struct {

@@ -72,7 +72,7 @@ func (s *serveFlags) register(f *pflag.FlagSet, h serveHelp) {
 	f.StringVar(&s.pprofListen, "pprof-listen", "", h.pprofListen)
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.IntVar(&s.admission.QueueDepth, "shed-queue-depth", 0,
-		"admission control: shed a request (429 with Retry-After) when every eligible replica of its model has this many requests waiting or more, as GIE's saturation detector (GIE's default 5; 0 = not checked)")
+		"admission control: shed a request (429 with Retry-After) when every eligible replica of its model has this many requests waiting or more, as GIE's saturation detector (which has room while waiting ≤ its threshold: GIE's default 5 is 6 here; 0 = not checked)")
 	f.Float64Var(&s.admission.KVUtilization, "shed-kv", 0, "admission control: ... or its KV cache this full (0..1; GIE's default 0.8; 0 = not checked)")
 	f.IntVar(&s.admission.Outstanding, "shed-outstanding", 0, "admission control: ... or this many requests outstanding (0 = not checked)")
 	f.IntVar(&s.admission.PendingPrefill, "shed-pending-prefill", 0,
