@@ -142,7 +142,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind key
 	}
 	c.slo = slo
 	if kind == keys.Responses && c.req.PreviousResponseID != "" {
-		c.pin, _ = s.respIDs.Owner(c.req.PreviousResponseID, c.ms.Name)
+		c.pin, _ = front.StoredOwner(s.Snapshot(), &s.respIDs, c.req.PreviousResponseID, c.ms.Name)
 	}
 	kp := s.keyer.Buffer()
 	c.key, c.fallback = s.keyer.Key(r.Context(), (*kp)[:0], c.ms, front.Input{Kind: kind, Body: c.body, Req: c.req,

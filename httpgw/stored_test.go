@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
@@ -106,6 +107,43 @@ func TestStoredResponses(t *testing.T) {
 	resp, body := f.do(http.MethodGet, "/v1/responses/"+id, "")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
 	assert.Contains(t, body, `replica \"`+owner+`\"`)
+}
+
+// TestStoredReplicaRemoved: the replica that stored a response removed
+// from the configuration, its id is forgotten: GET answers 404
+// response_not_found naming the replica, and a continuation
+// (previous_response_id) is routed as any other request, to a configured
+// replica. Before, both got 503 no_healthy_replica until the id aged out,
+// which clients retry.
+func TestStoredReplicaRemoved(t *testing.T) {
+	f := newFixture(t, 3, gateway.ModeRoundRobin, enginetest.Options{})
+	store := func() (id, owner string) {
+		resp := f.post("/v1/responses", `{"model":"`+testModel+`","input":"hello"}`)
+		out := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+		return front.ResponseID(out), resp.Header.Get(HeaderReplica)
+	}
+	id, owner := store()
+	id2, owner2 := store()
+	for owner2 != owner {
+		id2, owner2 = store()
+	}
+	var reps []config.Replica
+	for _, e := range f.engines {
+		if e.Name() != owner {
+			reps = append(reps, config.Replica{Name: e.Name(), Address: e.URL()})
+		}
+	}
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeRoundRobin, Replicas: reps}}}))
+	resp, body := f.do(http.MethodGet, "/v1/responses/"+id, "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	assert.Contains(t, body, "response_not_found")
+	assert.Contains(t, body, `replica \"`+owner+`\"`)
+	resp = f.post("/v1/responses", `{"model":"`+testModel+`","input":"more","previous_response_id":"`+id2+`"}`)
+	out := readAll(t, resp)
+	assert.NotEqual(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", out)
+	assert.NotEqual(t, owner, resp.Header.Get(HeaderReplica))
+	assert.NotEmpty(t, resp.Header.Get(HeaderReplica), "%s", out)
 }
 
 // TestStoredCORS: a browser may delete a stored response: the preflight

@@ -81,12 +81,18 @@ func ParseStored(method, path string) (StoredRequest, *StoredError) {
 // request without a prompt, allowing that replica alone and only if
 // allow, when not nil, accepts it for the model): the model, the decision (whose Done
 // the caller owes) and its engine. An id ids does not know gets a 404
-// naming it (response_not_found); a replica not eligible (unhealthy,
-// outside allow, no longer configured), a 503 naming it.
+// naming it (response_not_found), as does one whose replica is no
+// longer configured (the id is forgotten: no engine can answer it); a
+// replica not eligible (unhealthy, outside allow), a 503 naming it.
 func RouteStored(st *fleet.State, ids *ResponseIDs, sr StoredRequest, allow func(ms *fleet.Model, replica string) bool) (*fleet.Model, gateway.Decision, *fleet.Endpoint, *StoredError) {
 	model, replica, ok := "", "", len(sr.ID) <= maxStoredID
 	if ok {
 		model, replica, ok = ids.Lookup(sr.ID)
+	}
+	if ok && !configured(st, model, replica) {
+		ids.Forget(sr.ID)
+		return nil, gateway.Decision{}, nil, &StoredError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "response_not_found", Param: "response_id",
+			Err: fmt.Errorf("gateway: response %q not found: replica %q of model %q, which stored it, is no longer configured", sr.ID, replica, model)}
 	}
 	if !ok {
 		return nil, gateway.Decision{}, nil, &StoredError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "response_not_found", Param: "response_id",
@@ -112,4 +118,28 @@ func RouteStored(st *fleet.State, ids *ResponseIDs, sr StoredRequest, allow func
 		return ms, gateway.Decision{}, nil, unavailable(errors.New("it is no longer configured"))
 	}
 	return ms, d, ep, nil
+}
+
+// StoredOwner returns the replica of model that stored response id, for a
+// request continuing it (previous_response_id), when ids knows it and that
+// replica is still configured in st; an id whose replica is gone is
+// forgotten, so the request is routed as any other and the engine answers
+// for the unknown id, rather than 503 until the id ages out.
+func StoredOwner(st *fleet.State, ids *ResponseIDs, id, model string) (string, bool) {
+	replica, ok := ids.Owner(id, model)
+	if ok && !configured(st, model, replica) {
+		ids.Forget(id)
+		return "", false
+	}
+	return replica, ok
+}
+
+// configured reports whether replica is in model's table in st.
+func configured(st *fleet.State, model, replica string) bool {
+	ms := st.Models[model]
+	if ms == nil {
+		return false
+	}
+	_, ok := ms.ByName[replica]
+	return ok
 }

@@ -112,6 +112,42 @@ func TestPickerResponsesPinIneligible(t *testing.T) {
 	require.Equal(t, home, got)
 }
 
+// TestPickerResponsesReplicaRemoved: the replica that stored a response
+// removed from the configuration, a continuation is routed as any other
+// request (to a configured replica, which answers for the id it does not
+// hold, vLLM's 404) and GET answers 404, as from the HTTP
+// gateway; before, both got 503 until the id aged out.
+func TestPickerResponsesReplicaRemoved(t *testing.T) {
+	f := newPickFixture(t, 3, gateway.ModeRoundRobin, enginetest.Options{}, pickSetup{})
+	status, home, id, out := f.respond("remember this", "", false)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	var reps []config.Replica
+	for i, e := range f.engines {
+		if i != home {
+			reps = append(reps, config.Replica{Name: e.Name(), Address: e.URL()})
+		}
+	}
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeRoundRobin, Replicas: reps}}}))
+	status, got, _, out := f.respond("more", id, false)
+	// Another engine answers, for an id it does not hold: vLLM's 404.
+	require.Equal(t, http.StatusNotFound, status, "%s", out)
+	require.Contains(t, string(out), "not found")
+	require.GreaterOrEqual(t, got, 0, "answered by an engine")
+	require.NotEqual(t, home, got)
+	status, home, id, out = f.respond("and this", "", false)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	reps = reps[:0]
+	for i, e := range f.engines {
+		if i != home {
+			reps = append(reps, config.Replica{Name: e.Name(), Address: e.URL()})
+		}
+	}
+	require.NoError(t, f.srv.Apply(&config.File{Version: 1, Models: map[string]config.Model{testModel: {Mode: gateway.ModeRoundRobin, Replicas: reps}}}))
+	resp, _, body := f.do(http.MethodGet, "/v1/responses/"+id, "")
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s", body)
+	require.Contains(t, body, "no longer configured")
+}
+
 // TestPickerResponsesBadInput: a malformed Responses API body gets the
 // HTTP gateway's answer: status, code and param alike (400 naming the
 // field), the gateway's message within the picker's, and reaches no

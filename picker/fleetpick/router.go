@@ -288,7 +288,7 @@ func (r *Router) Pick(ctx context.Context, req *picker.PickRequest) (picker.Pick
 		pr.client = clientOf(req)
 		if rq.PreviousResponseID != "" {
 			pr.prev = rq.PreviousResponseID
-			pr.pin, _ = r.respIDs.Owner(pr.prev, ms.Name)
+			pr.pin, _ = front.StoredOwner(st, &r.respIDs, pr.prev, ms.Name)
 		}
 	}
 	return pr.route()
