@@ -254,7 +254,7 @@ func (rs *replicaState) learn(work, load int, info *DoneInfo) {
 	if info.Err != nil {
 		return
 	}
-	w, o := float64(work), float64(max(info.OutputTokens-1, 0))
+	w, o := float64(work), float64(max(info.OutputTokens, 1)-1) // not OutputTokens-1: math.MinInt would wrap
 	l := rs.learner
 	l.mu.Lock()
 	f := l.fit

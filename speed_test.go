@@ -478,6 +478,19 @@ func TestPDSplitTeachesDecodeOnly(t *testing.T) {
 	require.NotZero(t, pd.Prefill.Replicas()[0].BlockTime, "the prefill replica learns its prefill")
 }
 
+// TestSpeedIgnoresNegativeTokens: a Done whose OutputTokens is negative,
+// math.MinInt included, teaches no time per output token (before,
+// OutputTokens-1 wrapped to math.MaxInt and fed the fit a sample).
+func TestSpeedIgnoresNegativeTokens(t *testing.T) {
+	g := mustNew(t, replicaNames(1), WithMode(ModeCacheAware))
+	for i := range 200 {
+		d, err := g.Route(keys.AppendHashes(nil, []uint64{uint64(i), 1}))
+		require.NoError(t, err)
+		d.Done(DoneInfo{TTFT: 10 * time.Millisecond, Elapsed: time.Second, OutputTokens: math.MinInt})
+	}
+	require.Zero(t, g.Replicas()[0].TokenTime)
+}
+
 // TestRouteAllocsWithSpeeds: routing with learned speeds and an objective
 // allocates nothing.
 func TestRouteAllocsWithSpeeds(t *testing.T) {
