@@ -119,7 +119,7 @@ func TestCacheAwareCost(t *testing.T) {
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "every candidate holds the prefix: the load guard, in blocks")
 		cs = holderCands(14, 7*time.Millisecond, 7500*time.Microsecond)
 		for i := 4; i < len(cs); i++ {
-			cs[i].BlockTime = 14 * time.Millisecond // half the pool twice as slow: speed classes
+			cs[i].BlockTime, cs[i].TokenTime = 14*time.Millisecond, 15*time.Millisecond // half the pool twice as slow: speed classes
 		}
 		assert.NotEqual(t, 0, (&CacheAware{}).Pick(caReq(17, cs), cs), "between speed classes: in blocks")
 	})

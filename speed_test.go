@@ -245,15 +245,23 @@ func TestCacheAwareAmortisesSpeed(t *testing.T) {
 		want   string
 	}{{0, "slow"}, {0.001, "fast"}, {0.01, "fast"}} {
 		cands := []Candidate{
-			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
-			{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, TokenTime: 40 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "fast", BlockTime: 10 * time.Millisecond, TokenTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
 		}
 		req := caReq(8, cands)
 		req.Demand = tt.demand
 		assert.Equal(t, tt.want, cands[p.Pick(req, cands)].Name, "demand %v", tt.demand)
 		// Equal speeds: the prefix stays, however hot.
-		cands[0].BlockTime = cands[1].BlockTime
+		cands[0].BlockTime, cands[0].TokenTime = cands[1].BlockTime, cands[1].TokenTime
 		assert.Equal(t, "slow", cands[p.Pick(req, cands)].Name, "equal speeds, demand %v", tt.demand)
+		// Slower per block alone, as a fixed cost per request makes the
+		// holder of a hot prefix look: not a class, the prefix stays for
+		// a hot prefix too (a request's own price may still move it when
+		// nothing is hot).
+		cands[0].BlockTime = 20 * time.Millisecond
+		if tt.demand > 0 {
+			assert.Equal(t, "slow", cands[p.Pick(req, cands)].Name, "slower per block only, demand %v", tt.demand)
+		}
 	}
 }
 
@@ -270,9 +278,9 @@ func TestCacheAwareAmortisesOnlyBetweenClasses(t *testing.T) {
 	}{{8, 1, false}, {8, 2, true}, {8, 4, true}, {5, 1, false}, {4, 1, true}, {2, 1, true}} {
 		var cands []Candidate
 		for i := range tt.n {
-			c := Candidate{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6}
+			c := Candidate{Name: "fast", BlockTime: 10 * time.Millisecond, TokenTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6}
 			if i < tt.slow {
-				c.Name, c.BlockTime = "slow", 20*time.Millisecond
+				c.Name, c.BlockTime, c.TokenTime = "slow", 20*time.Millisecond, 40*time.Millisecond
 			}
 			cands = append(cands, c)
 		}

@@ -78,8 +78,8 @@ func TestCacheAwareLongerHorizon(t *testing.T) {
 		want    string
 	}{{0, "slow"}, {growths(0.5), "slow"}, {growths(0.01), "fast"}} {
 		cands := []Candidate{
-			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
-			{Name: "fast", BlockTime: 10 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "slow", Matched: 6, BlockTime: 20 * time.Millisecond, TokenTime: 40 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "fast", BlockTime: 10 * time.Millisecond, TokenTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
 		}
 		req := caReq(8, cands)
 		req.Demand, req.growths = 0.0003, tt.growths
