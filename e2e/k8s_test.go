@@ -137,7 +137,13 @@ func TestKubernetesPicker(t *testing.T) {
 		done    [4]atomic.Int64 // requests each worker has had answered
 		stopReq = make(chan struct{})
 		wg      sync.WaitGroup
+		stopped sync.Once
 	)
+	// stop stops the workers; the cleanup stops them too when the test
+	// fails first (they would otherwise spin on the killed processes,
+	// thousands of failed requests a second, through the later tests).
+	stop := func() { stopped.Do(func() { close(stopReq) }); wg.Wait() }
+	t.Cleanup(stop)
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
@@ -214,8 +220,7 @@ func TestKubernetesPicker(t *testing.T) {
 	waitFor(t, 30*time.Second, "more requests after the scale-down", func() bool {
 		return servedBy(ep(1)) > b1+10 && servedBy(ep(2)) > b2+10 && servedBy("gateway") > bg+20
 	})
-	close(stopReq)
-	wg.Wait()
+	stop()
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, failed, "requests lost across scale-up and scale-down (%d sent)", sent.Load())
