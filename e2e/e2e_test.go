@@ -212,20 +212,6 @@ func TestEngineKilledMidRun(t *testing.T) {
 	victim := c.sims[2]
 	reqs := workload(2, 240)
 	var killed atomic.Bool
-	ejectedSeen := make(chan struct{})
-	go func() {
-		// Wait (bounded) for the kill, then for the ejection, then restart.
-		for i := 0; i < 600 && !killed.Load(); i++ {
-			time.Sleep(50 * time.Millisecond)
-		}
-		for i := 0; i < 400; i++ {
-			if h, _ := c.gw.engineHealthy(t, victim.url()); !h {
-				close(ejectedSeen)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
 	// Answers of 48 tokens at 1 ms each keep streams open when the engine
 	// dies, so some are cut mid-way.
 	rs := runWorkload(c.gw.url, reqs, workers, 48, func(done int) {
@@ -234,11 +220,12 @@ func TestEngineKilledMidRun(t *testing.T) {
 		}
 	})
 	require.True(t, killed.Load())
-	select {
-	case <-ejectedSeen:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the killed engine was not ejected")
-	}
+	// The engine stays dead until restarted below, so its ejection is
+	// awaited here, on the test's goroutine.
+	waitFor(t, 20*time.Second, "the gateway to eject the killed engine "+victim.url(), func() bool {
+		h, _ := c.gw.engineHealthy(t, victim.url())
+		return !h
+	})
 	var ok, clearErr int
 	for i, r := range rs {
 		require.True(t, r.clear(), "request %d got neither a response nor a clear error: status %d, done %v, error %q, net %v",

@@ -136,8 +136,12 @@ func (s *sim) start() {
 
 func (s *sim) kill() { s.p.kill() }
 
+// adminClient reads health, /stats and /metrics: a process that hangs
+// fails the test that asks instead of holding it to go test's timeout.
+var adminClient = &http.Client{Timeout: 10 * time.Second}
+
 func get(url string) int {
-	resp, err := http.Get(url)
+	resp, err := adminClient.Get(url)
 	if err != nil {
 		return 0
 	}
@@ -211,7 +215,7 @@ func startGateway(t *testing.T, cfg string, extra ...string) *gatewayProc {
 
 func (g *gatewayProc) stats(t *testing.T) fleet.Stats {
 	t.Helper()
-	resp, err := http.Get(g.url + "/stats")
+	resp, err := adminClient.Get(g.url + "/stats")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var st fleet.Stats
@@ -242,7 +246,7 @@ func (g *gatewayProc) metric(t *testing.T, name string, labels map[string]string
 // format).
 func metricFamilies(t *testing.T, base string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	resp, err := adminClient.Get(base + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	p := expfmt.NewTextParser(model.UTF8Validation)
