@@ -71,7 +71,7 @@ func startProc(t *testing.T, name string, env []string, bin string, args ...stri
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = procAttr()
 	require.NoError(t, cmd.Start(), "start %s", name)
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
