@@ -237,6 +237,11 @@ func TestGIESideBySide(t *testing.T) {
 			gie.p90.Round(time.Millisecond), exa.p90.Round(time.Millisecond), gie.mean.Round(time.Millisecond), exa.mean.Round(time.Millisecond))
 		if kv == 2048 {
 			require.Zero(t, gie.errs+exa.errs, "failures with every prompt fitting in cache")
+			// Every prompt fits on every engine: both reach the
+			// workload's ceiling (docs/results.md, 85.5%). Speed classes
+			// read from the time per block alone took exa to 76-79%.
+			require.GreaterOrEqual(t, exa.hits/exa.queries, gie.hits/gie.queries-0.01,
+				"exa's engine prefix-cache hit rate within a point of GIE's with every prompt fitting")
 		}
 	}
 }
