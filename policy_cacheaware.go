@@ -180,10 +180,12 @@ import (
 // sums them itself) costs f·(cost+1) − 1, f its time over the mean: the
 // cost plus the step that yields the token, at its speed. Within the
 // deadband f is 1, so the exact ties of equal replicas stay ties; with no
-// speed known nothing changes. Where the pool has speed classes (a quarter
+// speed known nothing changes, nor where the known times per output
+// token are all within the deadband of one another (a pool equal in
+// decode: its differences per block are a fit's bias, see uniform in
+// Pick). Where the pool has speed classes (a quarter
 // of the known replicas priced faster than the deadband, or a quarter
-// slower, in time per token as in time per block), a candidate off the
-// deadband also costs
+// slower), a candidate off the deadband also costs
 //
 //	(f−1)·Demand·speedHorizon·((1+λ)·(len(Key) − MaxMatched) + 1)
 //
@@ -388,16 +390,21 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 	// chosen replica (FallbackSLO).
 	//
 	// classes: at least a quarter of the known replicas are priced faster
-	// than the deadband, or a quarter slower, in their time per block and
-	// per token alike: speed classes, between which a prefix's placement
-	// is priced over speedHorizon requests to come. The time per block
-	// alone is not enough: fitted without a fixed cost per request, it is
-	// larger where requests bring little prefill, at the replica holding a
-	// hot prefix; on real engines (e2e's TestGIESideBySide, three equal
-	// llm-d-inference-sim engines) classes read from it moved hot
-	// prefixes off their holders, and the engines' prefix-cache hits fell
-	// from 85.5% of the prompt tokens to 76-79%.
-	unknown, obj, classes := 1.0, objective{ttft: req.TTFT}, false
+	// than the deadband, or a quarter slower: speed classes, between which
+	// a prefix's placement is priced over speedHorizon requests to come.
+	//
+	// uniform: two or more times per token are known and all within the
+	// deadband of one another. Such a pool's times per block are not
+	// priced (no slowness, no classes): fitted without a fixed cost per
+	// request, a time per block is larger where requests bring little
+	// prefill (the holder of a hot prefix) and smaller where they bring
+	// much, while a replica really slower is so in decode too. On real
+	// engines (e2e's TestGIESideBySide, three equal llm-d-inference-sim
+	// engines) pricing those times moved hot prefixes off their holders:
+	// 76-79% of the prompt tokens hit against GIE's 85.5%, and 38-54 of
+	// 192 requests failed for want of KV cache at 64 blocks (0-16 before
+	// the picker learned speeds).
+	unknown, obj, classes, uniform := 1.0, objective{ttft: req.TTFT}, false, false
 	// oref is the time per block an unknown candidate is predicted at
 	// against the objective: the pool's mean, as the gateway's check of
 	// the chosen one takes it (RouteWith), also when ref is the
@@ -412,30 +419,21 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 		// objective.
 		fastest, hi := math.Inf(1), ref*speedDeadband
 		known, fast, slow, meet := 0, 0, 0, 0
-		// A speed class is slower or faster in decode too (cfast, cslow:
-		// time per token off the deadband from the candidates' mean,
-		// tref, the same way as the time per block): the time per block
-		// alone is biased by a fixed cost per request, which makes the
-		// replica holding a hot prefix, whose requests have little
-		// prefill, look slow per block (see classes).
-		tref := tokenRef(cands)
-		cfast, cslow := 0, 0
+		// tmin, tmax: the spread of the known times per token (see
+		// uniform).
+		tmin, tmax, tn := math.Inf(1), 0.0, 0
 		for i := range cands {
 			c := &cands[i]
 			if b := float64(c.BlockTime); b > 0 {
 				fastest = min(fastest, b)
 				known++
-				t := float64(c.TokenTime)
 				if b*speedDeadband <= ref {
 					fast++
-					if t > 0 && t*speedDeadband <= tref {
-						cfast++
-					}
 				} else if b >= hi {
 					slow++
-					if t >= tref*speedDeadband {
-						cslow++
-					}
+				}
+				if t := float64(c.TokenTime); t > 0 {
+					tmin, tmax, tn = min(tmin, t), max(tmax, t), tn+1
 				}
 			}
 			// Only a candidate under the cap counts: were every one that
@@ -448,7 +446,8 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			unknown = f
 		}
 		filter = meet > 0 && meet < len(cands)
-		classes = ref > 0 && tref > 0 && (cfast > 0 && 4*cfast >= known || cslow > 0 && 4*cslow >= known)
+		uniform = tn >= 2 && tmax < tmin*speedDeadband
+		classes = ref > 0 && !uniform && (fast > 0 && 4*fast >= known || slow > 0 && 4*slow >= known)
 	}
 	// horizon: how many requests to come a placement is priced over
 	// between speed classes, read from the pool's growths only there.
@@ -518,7 +517,7 @@ func (p *CacheAware) Pick(req *Request, cands []Candidate) int {
 			// Priced in predicted time: the cost plus the step that
 			// yields the token, at the replica's speed.
 			f := unknown
-			if c.BlockTime > 0 {
+			if c.BlockTime > 0 && !uniform {
 				f = slowness(c, ref)
 			}
 			if f != 1 {
@@ -715,20 +714,4 @@ func (a *adapterPrice) replicates(c *Candidate) bool {
 	l := &c.LoRA
 	return l.Empty > 0 && !l.Loaded && !l.Waiting && a.empty >= 2 && a.seen >= demandWindow &&
 		float64(a.mine+1) <= float64(a.routed)/float64(max(a.inflight, demandPrior))*float64(a.reps)
-}
-
-// tokenRef is the mean time per output token (nanoseconds) of the
-// candidates whose time per block and per token are known, 0 if none.
-func tokenRef(cands []Candidate) float64 {
-	sum, n := 0.0, 0
-	for i := range cands {
-		if c := &cands[i]; c.BlockTime > 0 && c.TokenTime > 0 {
-			sum += float64(c.TokenTime)
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
 }

@@ -654,3 +654,25 @@ func TestSpeedFitPrefillNearZeroRecovers(t *testing.T) {
 	require.Less(t, within, 20, "samples to learn the time per block")
 	require.InDelta(t, 1, f.a/a, 0.15, "fit a=%g, true %g", f.a, a)
 }
+
+// TestCacheAwareUniformDecodeNotPriced: in a pool whose times per output
+// token agree (within the deadband), a replica's larger time per block is
+// not priced: fitted without a fixed cost per request, it is what the
+// holder of a prefix shows, its requests bringing little prefill. The
+// holder keeps the request there; slower in decode too, it is priced
+// slow and the request goes to the faster replica (e2e's
+// TestGIESideBySide: 85.5% of prompt tokens hit, against 79% and less
+// when such times were priced).
+func TestCacheAwareUniformDecodeNotPriced(t *testing.T) {
+	var p CacheAware
+	mk := func(holderTokens time.Duration) []Candidate {
+		return []Candidate{
+			{Name: "holder", Matched: 6, BlockTime: 40 * time.Millisecond, TokenTime: holderTokens, CacheBlocks: 64, AssignedPrefill: 6},
+			{Name: "other", BlockTime: 10 * time.Millisecond, TokenTime: 20 * time.Millisecond, CacheBlocks: 64, AssignedPrefill: 6},
+		}
+	}
+	cands := mk(20 * time.Millisecond)
+	assert.Equal(t, "holder", cands[p.Pick(caReq(8, cands), cands)].Name, "equal in decode")
+	cands = mk(40 * time.Millisecond)
+	assert.Equal(t, "other", cands[p.Pick(caReq(8, cands), cands)].Name, "slower in decode too")
+}
