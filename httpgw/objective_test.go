@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,30 +33,6 @@ func (c *stepClock) Now() time.Time {
 	return time.Unix(1e9, 0).Add(time.Duration(c.n.Add(1)) * 10 * time.Millisecond)
 }
 
-// doneRecorder is a round-robin policy that records what each Done told
-// the library.
-type doneRecorder struct {
-	gateway.RoundRobin
-	mu    sync.Mutex
-	infos []gateway.DoneInfo
-}
-
-func (r *doneRecorder) Routed(uint64, string) {}
-func (r *doneRecorder) FirstToken(uint64)     {}
-func (r *doneRecorder) Done(_ uint64, info gateway.DoneInfo) {
-	r.mu.Lock()
-	r.infos = append(r.infos, info)
-	r.mu.Unlock()
-}
-
-func (r *doneRecorder) last(t *testing.T) gateway.DoneInfo {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	require.NotEmpty(t, r.infos)
-	return r.infos[len(r.infos)-1]
-}
-
 // Every answered inference request tells the library what the gateway
 // saw of it: the first token (streamed, or streamed from the engine for a
 // client that did not stream), the end, and the output tokens (the
@@ -77,7 +52,7 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 		{"not streamed, relayed whole: its usage, no first token", UpstreamStreamOff, false, false, chunks},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := &doneRecorder{}
+			rec := &fronttest.DoneRecorder{}
 			f := newFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{Chunks: chunks}, func(o *Options) {
 				o.Clock = (&stepClock{}).Now
 				o.UpstreamStream = tc.upstream
@@ -94,7 +69,7 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 				require.Equal(t, http.StatusOK, resp.StatusCode)
 			}
 			f.settle()
-			info := rec.last(t)
+			info := rec.Last(t)
 			require.NoError(t, info.Err)
 			assert.Equal(t, tc.wantToken, info.OutputTokens)
 			assert.Positive(t, info.Elapsed)
@@ -114,7 +89,7 @@ func TestDoneInfoReachesLibrary(t *testing.T) {
 			readAll(t, resp)
 			require.Equal(t, http.StatusOK, resp.StatusCode)
 			f.settle()
-			ri := rec.last(t)
+			ri := rec.Last(t)
 			assert.Equal(t, 1, ri.OutputTokens, "the fake engine's output_tokens")
 			assert.Zero(t, ri.TTFT)
 			assert.Positive(t, ri.Elapsed)

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/internal/front"
 	"github.com/examlops/gateway/internal/testport"
 	"github.com/examlops/gateway/kvevents"
@@ -181,4 +182,30 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// DoneRecorder is a round-robin policy that records what each Done told
+// the library (a gateway.Observer), for the fronts' tests. Safe for
+// concurrent use.
+type DoneRecorder struct {
+	gateway.RoundRobin
+	mu    sync.Mutex
+	infos []gateway.DoneInfo
+}
+
+func (r *DoneRecorder) Routed(uint64, string) {}
+func (r *DoneRecorder) FirstToken(uint64)     {}
+func (r *DoneRecorder) Done(_ uint64, info gateway.DoneInfo) {
+	r.mu.Lock()
+	r.infos = append(r.infos, info)
+	r.mu.Unlock()
+}
+
+// Last returns the last DoneInfo recorded; the test fails if none was.
+func (r *DoneRecorder) Last(t *testing.T) gateway.DoneInfo {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NotEmpty(t, r.infos)
+	return r.infos[len(r.infos)-1]
 }

@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/examlops/gateway/fleet"
 	"github.com/examlops/gateway/httpgw/enginetest"
 	"github.com/examlops/gateway/internal/front"
+	"github.com/examlops/gateway/internal/fronttest"
 )
 
 // fakeTimer is Router.afterFunc for tests: it records each timer started,
@@ -238,30 +238,6 @@ func TestPickerObjectiveCounted(t *testing.T) {
 	require.Zero(t, f.counter("exa_gateway_slo_requests_total", map[string]string{"outcome": "missed"}))
 }
 
-// doneRecorder is a routing policy that records what each decision's Done
-// teaches the library.
-type doneRecorder struct {
-	gateway.RoundRobin
-	mu    sync.Mutex
-	infos []gateway.DoneInfo
-}
-
-func (r *doneRecorder) Routed(uint64, string) {}
-func (r *doneRecorder) FirstToken(uint64)     {}
-func (r *doneRecorder) Done(_ uint64, info gateway.DoneInfo) {
-	r.mu.Lock()
-	r.infos = append(r.infos, info)
-	r.mu.Unlock()
-}
-
-func (r *doneRecorder) last(t *testing.T) gateway.DoneInfo {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	require.NotEmpty(t, r.infos)
-	return r.infos[len(r.infos)-1]
-}
-
 // A Responses API stream opens with events sent before its first token
 // (response.created), so its first chunk is not its first token: as the
 // HTTP gateway does, the picker teaches the library no TTFT from it (its
@@ -270,7 +246,7 @@ func (r *doneRecorder) last(t *testing.T) gateway.DoneInfo {
 func TestPickerResponsesStreamTTFTUnseen(t *testing.T) {
 	var ms atomic.Int64
 	clock := func() time.Time { return time.Unix(1e9, 0).Add(time.Duration(ms.Add(1)) * time.Millisecond) }
-	rec := &doneRecorder{}
+	rec := &fronttest.DoneRecorder{}
 	f := newPickFixture(t, 1, gateway.ModeCacheAware, enginetest.Options{}, pickSetup{clock: clock,
 		fleet: func(o *fleet.Options) { o.GatewayOptions = []gateway.Option{gateway.WithPolicy(rec)} }})
 
@@ -278,14 +254,14 @@ func TestPickerResponsesStreamTTFTUnseen(t *testing.T) {
 	b := readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	f.waitIdle()
-	require.Positive(t, rec.last(t).TTFT, "a chat stream's first chunk is its first token")
+	require.Positive(t, rec.Last(t).TTFT, "a chat stream's first chunk is its first token")
 
 	resp = f.post("/v1/responses", `{"model":"`+testModel+`","input":"hi","stream":true}`, "X-Slo-Ttft-Ms", "60000")
 	b = readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	require.Contains(t, string(b), "response.created")
 	f.waitIdle()
-	info := rec.last(t)
+	info := rec.Last(t)
 	require.NoError(t, info.Err)
 	require.Zero(t, info.TTFT, "a Responses API stream's first chunk (response.created) is not its first token")
 	require.Positive(t, info.Elapsed)
