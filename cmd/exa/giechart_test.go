@@ -48,6 +48,19 @@ func readChartRenders(t *testing.T, path string) []gieChartRender {
 	return rs
 }
 
+// pickerFlags parses r's args as `exa serve picker` does and checks
+// that they are accepted.
+func (r gieChartRender) pickerFlags(t *testing.T) *pickerFlags {
+	t.Helper()
+	fl := &pickerFlags{}
+	cmd := pickerCommand(fl)
+	require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
+	require.NoError(t, fl.gie.apply(cmd, fl))
+	require.NoError(t, fl.validate())
+	require.NoError(t, fl.disc.validate())
+	return fl
+}
+
 // chartArgs returns r's args with the plugins file written to dir in
 // place of the chart's /config mount.
 func (r gieChartRender) chartArgs(t *testing.T, dir string) []string {
@@ -78,12 +91,7 @@ func TestPickerGIEChartArgs(t *testing.T) {
 	}
 	for _, r := range gieChartRenders(t) {
 		t.Run(fmt.Sprintf("%s/%d", r.ModelServerType, r.Replicas), func(t *testing.T) {
-			var fl pickerFlags
-			cmd := pickerCommand(&fl)
-			require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
-			require.NoError(t, fl.gie.apply(cmd, &fl))
-			require.NoError(t, fl.validate())
-			require.NoError(t, fl.disc.validate())
+			fl := r.pickerFlags(t)
 			assert.Equal(t, "pool", fl.disc.poolName)
 			assert.Equal(t, "llm", fl.disc.namespace())
 			assert.Equal(t, ":9002", fl.listen)
@@ -127,12 +135,7 @@ func TestPickerGIEStandaloneChartArgs(t *testing.T) {
 	t.Setenv("POD_NAME", "epp-6d8f7b9c5-x2x9q")
 	for _, r := range readChartRenders(t, "testdata/gie-standalone-chart-v1.5.0.json") {
 		t.Run(fmt.Sprintf("%s/%d", r.ModelServerType, r.Replicas), func(t *testing.T) {
-			var fl pickerFlags
-			cmd := pickerCommand(&fl)
-			require.NoError(t, cmd.ParseFlags(r.chartArgs(t, t.TempDir())))
-			require.NoError(t, fl.gie.apply(cmd, &fl))
-			require.NoError(t, fl.validate())
-			require.NoError(t, fl.disc.validate())
+			fl := r.pickerFlags(t)
 			assert.True(t, fl.disc.enabled())
 			assert.Equal(t, map[string]string{"app": "vllm"}, fl.disc.selector)
 			assert.Equal(t, []int{8000}, fl.disc.ports)

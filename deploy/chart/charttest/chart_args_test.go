@@ -1,13 +1,9 @@
 package charttest
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 )
 
 // chartArgsGolden holds the exa container's arguments for every value set
@@ -42,13 +38,5 @@ func TestChartArgsGolden(t *testing.T) {
 		}
 		got = append(got, r)
 	}
-	b, err := json.MarshalIndent(got, "", "  ")
-	require.NoError(t, err)
-	b = append(b, '\n')
-	if os.Getenv("EXA_UPDATE_GOLDEN") != "" {
-		require.NoError(t, os.WriteFile(chartArgsGolden, b, 0o644))
-	}
-	want, err := os.ReadFile(chartArgsGolden)
-	require.NoError(t, err)
-	require.Equal(t, string(want), string(b), "the chart renders other arguments; EXA_UPDATE_GOLDEN=1 rewrites %s", chartArgsGolden)
+	checkGolden(t, chartArgsGolden, "the chart", got)
 }

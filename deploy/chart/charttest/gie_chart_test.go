@@ -24,9 +24,9 @@ const gieArgsGolden = "../../../cmd/exa/testdata/gie-chart-v1.5.0.json"
 // without an InferencePool (--endpoint-selector, --endpoint-target-ports).
 const gieStandaloneGolden = "../../../cmd/exa/testdata/gie-standalone-chart-v1.5.0.json"
 
-// checkGolden compares renders with the golden file path, which
+// checkGolden compares renders (of chart) with the golden file path, which
 // EXA_UPDATE_GOLDEN=1 rewrites.
-func checkGolden(t *testing.T, path string, renders []gieRender) {
+func checkGolden(t *testing.T, path, chart string, renders any) {
 	t.Helper()
 	b, err := json.MarshalIndent(renders, "", "  ")
 	require.NoError(t, err)
@@ -36,7 +36,7 @@ func checkGolden(t *testing.T, path string, renders []gieRender) {
 	}
 	want, err := os.ReadFile(path)
 	require.NoError(t, err)
-	require.Equal(t, string(want), string(b), "GIE's chart renders other arguments; EXA_UPDATE_GOLDEN=1 rewrites %s", path)
+	require.Equal(t, string(want), string(b), "%s renders other arguments; EXA_UPDATE_GOLDEN=1 rewrites %s", chart, path)
 }
 
 // gieRender is one rendering of GIE's chart: the epp container's args and
@@ -128,8 +128,8 @@ func TestGIEChartArgs(t *testing.T) {
 			standalone = append(standalone, renderStandalone(t, typ, n))
 		}
 	}
-	checkGolden(t, gieArgsGolden, got)
-	checkGolden(t, gieStandaloneGolden, standalone)
+	checkGolden(t, gieArgsGolden, "GIE's chart", got)
+	checkGolden(t, gieStandaloneGolden, "GIE's standalone chart", standalone)
 	for _, r := range standalone {
 		joined := strings.Join(r.Args, " ")
 		require.Contains(t, joined, "--endpoint-selector app=vllm --endpoint-target-ports 8000", "%s/%d", r.ModelServerType, r.Replicas)
