@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/keys"
@@ -404,6 +406,30 @@ func TestEncodeDecodeProperty(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, string(data), string(again))
 	})
+}
+
+// TestStatsReplicaSpeeds: a gateway's record shows each replica's learned
+// time per block and per token in milliseconds once known, and omits
+// them while unknown.
+func TestStatsReplicaSpeeds(t *testing.T) {
+	g, err := gateway.New([]gateway.Replica{{Name: "a"}}, gateway.WithMode(gateway.ModeCacheAware))
+	require.NoError(t, err)
+	rec := StatsFromGateway("m", SourceGateway, gateway.ModeCacheAware, g.Stats(), g.Replicas())
+	data, err := json.Marshal(rec)
+	require.NoError(t, err)
+	assert.NotContains(t, string(data), "time_ms", "unknown speeds are omitted")
+	for i := range 60 {
+		d, err := g.Route(keys.PrefixKey("sys", fmt.Sprint(i), ""))
+		require.NoError(t, err)
+		d.Done(gateway.DoneInfo{TTFT: 20 * time.Millisecond, Elapsed: 120 * time.Millisecond, OutputTokens: 11})
+	}
+	rec = StatsFromGateway("m", SourceGateway, gateway.ModeCacheAware, g.Stats(), g.Replicas())
+	require.Len(t, rec.Replicas, 1)
+	assert.InDelta(t, 10, rec.Replicas[0].TokenTimeMS, 0.01, "100 ms over 10 tokens after the first")
+	assert.Greater(t, rec.Replicas[0].BlockTimeMS, 0.0)
+	data, err = json.Marshal(rec)
+	require.NoError(t, err)
+	assert.Contains(t, string(data), `"token_time_ms":10`)
 }
 
 func TestStatsStore(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/examlops/gateway"
 )
@@ -129,6 +130,12 @@ type ReplicaStats struct {
 	// that have not ended (gateway.ReplicaStatus.InFlight); 0 (omitted)
 	// for simulations and idle replicas.
 	InFlight int `json:"in_flight,omitempty"`
+	// BlockTimeMS and TokenTimeMS, for a gateway, are the replica's
+	// learned time per block of prefill and per output token, in
+	// milliseconds (gateway.ReplicaStatus.BlockTime, TokenTime); 0
+	// (omitted) while unknown and for simulations.
+	BlockTimeMS float64 `json:"block_time_ms,omitempty"`
+	TokenTimeMS float64 `json:"token_time_ms,omitempty"`
 }
 
 // StatsDocument is the body of the HTTP gateway's GET /stats: statistics
@@ -164,7 +171,7 @@ func StatsFromGateway(model, source string, mode gateway.Mode, s gateway.Stats, 
 	}
 	for _, r := range rs {
 		out.Replicas = append(out.Replicas, ReplicaStats{Name: r.Name, Routed: r.Routed, Hits: r.Hits, Share: fraction(r.Routed, total), Healthy: r.Healthy,
-			InFlight: r.InFlight})
+			InFlight: r.InFlight, BlockTimeMS: ms(r.BlockTime), TokenTimeMS: ms(r.TokenTime)})
 	}
 	slices.SortFunc(out.Replicas, func(a, b ReplicaStats) int {
 		if a.Name < b.Name {
@@ -288,3 +295,6 @@ func DecodeGatewayStats(body []byte, model string) (RoutingStats, error) {
 	rec.Model = model
 	return rec, nil
 }
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -213,7 +213,7 @@ func TestGIESideBySide(t *testing.T) {
 		// against the engine's own cache of kv blocks (16 tokens each).
 		return pp.envoy(t, false), func() {
 			for _, r := range pp.stats(t).Models[simModel].Replicas {
-				t.Logf("%s replica %s: routed %d, index full hits %d, index holds %d blocks (64-byte key blocks)", name, r.Name, r.Routed, r.Hits, r.CachedBlocks)
+				t.Logf("%s replica %s: routed %d, index full hits %d, index holds %d blocks (64-byte key blocks), learned %.3g ms per block, %.3g ms per token", name, r.Name, r.Routed, r.Hits, r.CachedBlocks, r.BlockTimeMS, r.TokenTimeMS)
 			}
 			pp.p.kill()
 		}
