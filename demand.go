@@ -51,13 +51,33 @@ type demand struct {
 // observe counts a request whose longest prefix held by a candidate ends
 // in block mk[longest-1] (mk holds placed hashes) and returns that
 // prefix's share of recent requests, 0..1 (0 when longest is 0), taken of
-// at least demandPrior requests.
+// at least demandPrior requests. The halving due before the next request
+// is done after counting this one, so that peek never has one to do.
 func (d *demand) observe(mk Key, longest int) float64 {
+	d.total++
+	share := 0.0
+	if longest > 0 {
+		if i, ok := d.slot(mk[longest-1]); i >= 0 {
+			if !ok {
+				d.keys[i] = mk[longest-1]
+			}
+			d.counts[i]++
+			share = d.ratio(d.counts[i])
+		}
+	}
 	if d.n++; d.n == demandWindow {
 		d.n = 0
+	}
+	if d.n == demandWindow-1 { // every demandWindow requests
 		d.halve()
 	}
-	d.total++
+	return share
+}
+
+// peek returns what observe(mk, longest) would, without counting: Route
+// hands it to the policy and counts the request only once the policy's
+// pick is valid, so that a call that fails leaves the counts as they were.
+func (d *demand) peek(mk Key, longest int) float64 {
 	if longest == 0 {
 		return 0
 	}
@@ -65,11 +85,11 @@ func (d *demand) observe(mk Key, longest int) float64 {
 	if i < 0 {
 		return 0
 	}
-	if !ok {
-		d.keys[i] = mk[longest-1]
+	c := uint32(1)
+	if ok {
+		c += d.counts[i]
 	}
-	d.counts[i]++
-	return d.ratio(d.counts[i])
+	return shareOf(c, d.total+1)
 }
 
 // share is observe without counting: mk[:longest]'s share so far.
@@ -130,6 +150,9 @@ func (d *demand) halve() {
 }
 
 // ratio is the share of a prefix counted c times.
-func (d *demand) ratio(c uint32) float64 {
-	return float64(min(c, d.total)) / float64(max(d.total, demandPrior))
+func (d *demand) ratio(c uint32) float64 { return shareOf(c, d.total) }
+
+// shareOf is the share of a prefix counted c times of total requests.
+func shareOf(c, total uint32) float64 {
+	return float64(min(c, total)) / float64(max(total, demandPrior))
 }

@@ -309,7 +309,9 @@ func TestDemandBoundedWhenSecretKnown(t *testing.T) {
 	var d demand
 	for i := range 5 * demandWindow {
 		m := uint64(i%1500 + 1) // home slot 0
+		peeked := d.peek(Key{m}, 1)
 		share := d.observe(Key{m}, 1)
+		require.Equal(t, share, peeked, "peek is observe without counting")
 		if i < demandProbe { // the first run of slots counts them
 			require.Positive(t, share)
 		}
@@ -365,8 +367,20 @@ func TestPropDemandIsExact(t *testing.T) {
 				require.Equal(t, want, d.share(Key{m}, longest))
 				continue
 			}
-			if n++; n == demandWindow {
-				n = 0
+			total++
+			peeked := d.peek(Key{m}, longest)
+			got := d.observe(Key{m}, longest)
+			want := 0.0
+			if longest == 1 {
+				model[m]++
+				want = float64(min(model[m], total)) / float64(max(total, demandPrior))
+			}
+			require.Equal(t, want, got)
+			require.Equal(t, got, peeked, "peek is observe without counting")
+			// The halving due before the next request, which observe does
+			// after counting this one.
+			if n++; n == demandWindow-1 {
+				n = -1
 				total /= 2
 				for k, c := range model {
 					if c/2 == 0 {
@@ -376,14 +390,6 @@ func TestPropDemandIsExact(t *testing.T) {
 					}
 				}
 			}
-			total++
-			got := d.observe(Key{m}, longest)
-			want := 0.0
-			if longest == 1 {
-				model[m]++
-				want = float64(min(model[m], total)) / float64(max(total, demandPrior))
-			}
-			require.Equal(t, want, got)
 		}
 		checkDemand(t, &d)
 		require.Equal(t, total, d.total)

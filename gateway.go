@@ -488,13 +488,16 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	if tg.NoPrompt {
 		pick = g.pickByLoad(cands)
 	} else {
-		share := g.demand.observe(mk, maxMatched)
+		share := g.demand.peek(mk, maxMatched) // counted once the pick is valid
 		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, growths: g.growths.Load()}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
 	}
 	if pick < 0 || pick >= len(cands) {
 		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
+	}
+	if !tg.NoPrompt {
+		g.demand.observe(mk, maxMatched)
 	}
 	rs := owner[pick]
 	pc := &cands[pick]

@@ -16,7 +16,10 @@ const (
 // AppendKey appends the prefix key of r to dst, in h's blocks: its system
 // (and developer) messages in order, then its tool definitions (Tools, in
 // the system segment: most chat templates render them beside the system
-// prompt, before the conversation), then the session (the
+// prompt, before the conversation), then its chat template arguments
+// (ChatTemplateKwargs, in the system segment too: a template may read them
+// anywhere, from its system header on, so the conversation after them is
+// not shared across different ones), then the session (the
 // HeaderSessionID value session, else the body's "user"), then the RAG
 // context (the HeaderRAGContext value rag), then the rest of the
 // conversation (or the completions prompt) in order, each part a segment
@@ -34,6 +37,7 @@ func (r *Request) AppendKey(h *Hasher, dst Key, session, rag string) Key {
 		}
 	}
 	dst = h.AppendSegment(dst, SegmentSystem, r.Tools)
+	dst = h.AppendSegment(dst, SegmentSystem, r.ChatTemplateKwargs)
 	if session == "" {
 		session = r.User
 	}

@@ -17,9 +17,10 @@
 //   - LoRA: Salt salts a text key with an adapter's name.
 //   - OpenAI bodies: Parse reads a chat, completions or responses body (one
 //     pass, the whole body's JSON syntax checked, the rules of Python's json
-//     module), and Request.AppendKey keys it: system messages, session,
-//     RAG context, then the conversation. The HTTP gateway and the endpoint
-//     picker both call them.
+//     module), and Request.AppendKey keys it: system messages, tool
+//     definitions and chat template arguments, session, RAG context,
+//     then the conversation. The HTTP gateway and the endpoint picker
+//     both call them.
 //
 // Block sizes carry their unit in their name: bytes for text, tokens for
 // token ids. A size below 1 is an error wrapping ErrInvalid. Everything is

@@ -34,6 +34,12 @@ type Request struct {
 	// a chat template renders into the prompt, beside the system prompt
 	// in most models' templates), as sent; "" when absent or null.
 	Tools string
+	// ChatTemplateKwargs is the JSON text of the "chat_template_kwargs"
+	// member (variables vLLM hands the chat template, such as
+	// {"enable_thinking": false}, which may change the rendered prompt
+	// wherever the template reads them), as sent; "" when absent, null or
+	// an empty object (which vLLM takes as none).
+	ChatTemplateKwargs string
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
 	Prompt    string
@@ -363,6 +369,14 @@ func (d *requestReader) member(name string) error {
 		if !r.Null() {
 			req.Tools, err = r.Raw()
 		}
+	case "chat_template_kwargs":
+		req.ChatTemplateKwargs = ""
+		if !r.Null() {
+			req.ChatTemplateKwargs, err = r.Raw()
+			if isEmptyObject(req.ChatTemplateKwargs) {
+				req.ChatTemplateKwargs = ""
+			}
+		}
 	case "previous_response_id":
 		req.PreviousResponseID, _, err = d.optString(fieldPrevious, name)
 	case "prompt":
@@ -375,6 +389,16 @@ func (d *requestReader) member(name string) error {
 		err = r.Skip()
 	}
 	return err
+}
+
+// isEmptyObject reports whether raw, the JSON text of one value, is an
+// object without members.
+func isEmptyObject(raw string) bool {
+	raw = strings.TrimLeft(raw, " \t\r\n")
+	if raw == "" || raw[0] != '{' {
+		return false
+	}
+	return strings.Trim(raw[1:], " \t\r\n") == "}"
 }
 
 // optString reads the value of the top-level member name (field f), which

@@ -72,6 +72,12 @@ func decodeStdAs(body []byte, embeddings bool) (*Request, error) {
 	if raw, ok := top["tools"]; ok && !isNull(raw) {
 		req.Tools = string(raw)
 	}
+	if raw, ok := top["chat_template_kwargs"]; ok && !isNull(raw) {
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) != nil || len(members) > 0 {
+			req.ChatTemplateKwargs = string(raw) // {} is none
+		}
+	}
 	if raw, ok := top["previous_response_id"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &req.PreviousResponseID); err != nil {
 			return nil, fieldErr("previous_response_id", "previous_response_id must be a string")
@@ -347,6 +353,11 @@ var decodeSeeds = []string{
 	`{"model":"m","messages":[{"content":"no role"}]}`,
 	`{"model":"m","messages":[{"role":"assistant","content":"a","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","tool_calls":[1],"tool_calls":null}]}`,
 	`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"a"}],"tools" : null,"tools":[ 1 , "x" ]}`,
+	`{"model":"m","chat_template_kwargs":{"enable_thinking":false},"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"a"}]}`,
+	`{"model":"m","chat_template_kwargs":{"a":1},"messages":[{"role":"user","content":"a"}],"chat_template_kwargs" : null,"chat_template_kwargs":{ "b" : [ 1 ] }}`,
+	`{"model":"m","chat_template_kwargs":{"a":1},"chat_template_kwargs":{ }}`, `{"model":"m","chat_template_kwargs":{"a":1},"chat_template_kwargs":{}}`,
+	`{"model":"m","chat_template_kwargs":[],"prompt":"p"}`, `{"model":"m","chat_template_kwargs":"x"}`, `{"model":"m","chat_template_kwargs":5}`,
+	`{"model":"m","chat_template_kwargs":{"a":{}}}`, "{\"model\":\"m\",\"chat_template_kwargs\":{\t\r\n}}",
 	`{"model":"m","messages":[1]}`,
 	`{"model":"m","messages":{}}`,
 	`{"model":"m","messages":null}`,

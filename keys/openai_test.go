@@ -187,6 +187,43 @@ func TestToolsAreKeyed(t *testing.T) {
 	assert.NotEqual(t, resp(tool("weather")), resp(tool("search")), "a responses request's tools")
 }
 
+// TestChatTemplateKwargsAreKeyed: vLLM hands a chat request's
+// "chat_template_kwargs" to the chat template as variables (merged over
+// its tools and add_generation_prompt), so they can change the rendered
+// prompt wherever the template reads them: {"enable_thinking": false}
+// changes a Qwen3 prompt's end, other templates' system header. They are
+// keyed beside the tools, after the system messages and the tools and
+// before the conversation: two requests that differ only in them share
+// the system prompt's and the tools' blocks and no more (before, the
+// member was skipped and they had one key). null and {} are none, as vLLM
+// merges them (chat_template_kwargs or {}).
+func TestChatTemplateKwargsAreKeyed(t *testing.T) {
+	system := strings.Repeat("You are a helpful agent. ", 20) // several blocks
+	const tools = `[{"type":"function","function":{"name":"weather","parameters":{"type":"object"}}}]`
+	body := func(kwargs string) string {
+		return `{"model":"m","chat_template_kwargs":` + kwargs + `,"tools":` + tools + `,"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"weather in Paris?"}]}`
+	}
+	key := func(b string) Key {
+		req, err := Parse(Chat, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	head := defaultHasher.AppendSegment(defaultHasher.AppendSegment(nil, SegmentSystem, system), SegmentSystem, tools)
+	off, on := key(body(`{"enable_thinking":false}`)), key(body(`{"enable_thinking":true}`))
+	none := key(`{"model":"m","tools":` + tools + `,"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"weather in Paris?"}]}`)
+	assert.NotEqual(t, off, on, "requests differing only in chat_template_kwargs have different keys")
+	assert.NotEqual(t, off, none, "chat_template_kwargs or none")
+	assert.Equal(t, none, key(body("null")), "null chat_template_kwargs are none")
+	assert.Equal(t, none, key(body("{ }")), "empty chat_template_kwargs are none")
+	for _, k := range []Key{off, on, none} {
+		require.Greater(t, len(k), len(head))
+		assert.Equal(t, head, k[:len(head)], "the system prompt's and the tools' blocks come first")
+	}
+	assert.NotEqual(t, off[len(head)], on[len(head)], "different kwargs part after the tools")
+	assert.NotEqual(t, off[len(head)], none[len(head)], "kwargs or none")
+	assert.Equal(t, off, key(body(`{"enable_thinking":false}`)))
+}
+
 // TestTypeErrorsNameTheValue: a field of the wrong type is an error that
 // names the field and the value found, as written when it is short, else
 // by its kind (found in review: the errors named the field alone).

@@ -116,8 +116,8 @@ func Words(prefix string, n int) string {
 }
 
 // FrontBodies are requests as users send them, each to its path: plain
-// text, content as parts, several system messages, tools, images, a
-// completions prompt, and Responses API input.
+// text, content as parts, several system messages, tools, chat template
+// arguments, images, a completions prompt, and Responses API input.
 var FrontBodies = []struct {
 	Path, Body, Session string
 }{
@@ -125,6 +125,7 @@ var FrontBodies = []struct {
 	{"/v1/chat/completions", `{"model":"m1","messages":[{"role":"system","content":"You are terse."},{"role":"system","content":"Answer in French."},{"role":"user","content":"hi"}]}`, "s1"},
 	{"/v1/chat/completions", `{"model":"m1","messages":[{"role":"developer","content":[{"type":"text","text":"You are terse."}]},{"role":"user","content":[{"type":"text","text":"describe"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`, ""},
 	{"/v1/chat/completions", `{"model":"m1","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"call f"},{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]},{"role":"tool","content":"{\"ok\":true}"}]}`, "s1"},
+	{"/v1/chat/completions", `{"model":"m1","chat_template_kwargs":{"enable_thinking":false},"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"call f"}]}`, "s1"},
 	{"/v1/chat/completions", `{"model":"m1","user":"u7","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}]}`, ""},
 	{"/v1/completions", `{"model":"m1","prompt":["You are terse.","hi"]}`, ""},
 	{"/v1/completions", `{"model":"m1","prompt":[1,2,3,4]}`, ""},
