@@ -26,8 +26,9 @@ import (
 // (each sample weighs one over its predicted length squared); each
 // sample's weight
 // decays by speedDecay per later sample, so the fit follows a replica
-// whose speed drifts or steps, and its state is ten numbers whatever
-// the traffic (speedFit: five sums, three decayed counts and the fit). A sample beyond speedClip times the fit's prediction (or
+// whose speed drifts or steps, and its state is twelve numbers whatever
+// the traffic (speedFit: five sums, three decayed counts, the fit, and
+// how far off it was from the first tokens, speedMaxResidual). A sample beyond speedClip times the fit's prediction (or
 // below its inverse) counts as that bound, so one stalled request moves
 // the fit by a bounded step. Until speedMinSamples samples have weight,
 // the replica's speed is unknown, and the router prices it as it would
@@ -53,6 +54,19 @@ const (
 	// (see slowness), so that noise in the fits of equal replicas does not
 	// break the exact ties the tie order settles.
 	speedDeadband = 1.3
+	// speedMaxResidual: the time per block is published only while it
+	// explains the first tokens it is fitted to, the root mean square of
+	// their log residuals (how many times off the fit was, before each
+	// one) at most 1.25, a typical factor of 3.5. On engines whose first
+	// token is not prefill work ahead of it (llm-d-inference-sim prefills
+	// each request apart, behind a fixed cost) the fit is 4.4-8.0 times
+	// off (1.48-2.08 after 30 first tokens, e2e's TestGIESideBySide), and
+	// pricing it moved hot prefixes off their holders; in the simulator
+	// it is 0.28-1.08 (docs/results.md, "Pools equal in decode").
+	speedMaxResidual = 1.25
+	// speedResidualClip bounds one first token's log residual to a factor
+	// of 10, so that a few stalled requests do not hide a speed.
+	speedResidualClip = 2.302585092994046 // ln 10
 )
 
 // speedFit is the state of one replica's fit. Its methods are pure: add
@@ -63,6 +77,9 @@ type speedFit struct {
 	nt                 float64 // decayed count of prefill-only samples (first tokens seen)
 	nd                 float64 // decayed count of decode-only samples
 	a, b               float64 // the fit: seconds per block, per token; 0 unknown
+	// rr is the decayed sum of the squared log residuals of first tokens
+	// (see speedMaxResidual), nr their decayed count.
+	rr, nr float64
 }
 
 // add returns f with the sample y seconds for w blocks of prefill work and
@@ -85,6 +102,13 @@ func (f speedFit) add(w, o, y float64) speedFit {
 		trusted = trusted && f.nt > 0
 	case w == 0:
 		trusted = trusted && f.nd > 0
+	}
+	if trusted && o == 0 && f.a > 0 {
+		// How far the fit was from this first token, before it learns
+		// from it: a factor, its log bounded to speedResidualClip.
+		l := min(math.Abs(math.Log(y/(f.a*w))), speedResidualClip)
+		f.rr = speedDecay*f.rr + l*l
+		f.nr = speedDecay*f.nr + 1
 	}
 	if trusted {
 		if p := f.a*w + f.b*o; p > 0 {
@@ -147,13 +171,14 @@ func (f speedFit) solve() (a, b float64) {
 // mostly decode, and the prefill they imply is too uncertain to
 // route by (on the Mooncake trace, 4 replicas, no client streaming, its
 // predicted TTFT was 0.49–6.0× the true one from the 10th to the 90th
-// percentile; docs/results.md).
+// percentile; docs/results.md), and only while it explains the first
+// tokens (speedMaxResidual).
 func (f speedFit) packed() uint64 {
 	if f.n < speedMinSamples {
 		return 0
 	}
 	a := f.a
-	if f.nt < speedMinTTFT {
+	if f.nt < speedMinTTFT || f.rr > speedMaxResidual*speedMaxResidual*f.nr {
 		a = 0
 	}
 	return uint64(nanos32(a))<<32 | uint64(nanos32(f.b))
