@@ -134,10 +134,12 @@ func (p *sharedLoad) refreshed(e *engine, gw int) {
 func (p *sharedLoad) peers(dst []float64, capped bool) []float64 {
 	clear(dst)
 	mean := 0
-	for _, st := range p.e.gws[p.gw].g.Replicas() {
-		mean += st.PendingPrefill
+	if capped { // only then: uncapped, it is called from Pick, under this gateway's lock
+		for _, st := range p.e.gws[p.gw].g.Replicas() {
+			mean += st.PendingPrefill
+		}
+		mean = (mean + len(p.e.reps) - 1) / len(p.e.reps)
 	}
-	mean = (mean + len(p.e.reps) - 1) / len(p.e.reps)
 	for j := range p.e.gws {
 		if j == p.gw {
 			continue
