@@ -12,7 +12,8 @@ import "time"
 // order replicas were added). Pick must not block, must not modify req or
 // cands nor keep them after it returns, and must be safe for concurrent
 // use. An index outside cands fails the Route call with an error wrapping
-// ErrInvalid.
+// ErrInvalid. Pick runs under its gateway's lock: it must not call that
+// Gateway's methods (Replicas, Stats, Route...), which would wait for it.
 //
 // The gateway labels each decision itself (Decision.Kind and Fallback),
 // from the chosen candidate's Matched against Request.MaxMatched.
