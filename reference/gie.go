@@ -132,14 +132,7 @@ func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (window+bt-1)/bt))]
 	for i := range cands {
-		capTokens := p.LRUTokens
-		if capTokens <= 0 {
-			capTokens = cands[i].CacheBlocks * bt
-		}
-		if capTokens <= 0 {
-			capTokens = gieFallbackLRU
-		}
-		p.idx.server(cands[i].Name, capTokens/bt)
+		p.idx.server(cands[i].Name, gieCapacity(p.LRUTokens, cands[i].CacheBlocks, bt))
 	}
 	p.idx.match(hashes)
 	var lora func(i int) float64
@@ -185,6 +178,20 @@ func maxScore(cands []gateway.Candidate, prefix, extra func(i int) float64, wq, 
 		}
 	}
 	return t.draw(r)
+}
+
+// gieCapacity is a server's index capacity in blocks of bt tokens:
+// lruTokens when set, else the engine's cacheBlocks (autoTune), else the
+// indexer's default of 31,250 blocks of 16 tokens (approximateprefix
+// makeserver).
+func gieCapacity(lruTokens, cacheBlocks, bt int) int {
+	switch {
+	case lruTokens > 0:
+		return lruTokens / bt
+	case cacheBlocks > 0:
+		return cacheBlocks
+	}
+	return gieFallbackLRU / bt
 }
 
 // prefixScore is matched blocks over total, clipped to 0..1, and 0 for a

@@ -2,6 +2,7 @@ package reference
 
 import (
 	"testing"
+	"time"
 
 	"github.com/examlops/gateway"
 	"github.com/stretchr/testify/assert"
@@ -21,6 +22,18 @@ func TestGIEEmptyPromptScoresNoPrefix(t *testing.T) {
 // default LRU of 31,250 blocks (approximateprefix makeserver), not 1.
 func TestGIEIndexFallbackCapacity(t *testing.T) {
 	p := NewGIE(1)
+	cs := cands(1)
+	cs[0].CacheBlocks = 0
+	route(p, 1, 0, keyFrom(1, 8), cs)
+	route(p, 2, 0, keyFrom(1, 8), cs)
+	assert.Equal(t, 8, p.Predicted(), "the prompt is still indexed")
+}
+
+// llm-d runs the same approximate prefix producer: its index too falls
+// back to 31,250 blocks for a server reporting no capacity.
+func TestLLMDPredictedIndexFallbackCapacity(t *testing.T) {
+	p := NewLLMDPredicted(1, false)
+	p.SetClock(func() time.Time { return t0 })
 	cs := cands(1)
 	cs[0].CacheBlocks = 0
 	route(p, 1, 0, keyFrom(1, 8), cs)

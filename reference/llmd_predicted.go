@@ -358,7 +358,7 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (gieMaxPrefixTokens+bt-1)/bt))]
 	for i := range cands {
-		p.idx.server(cands[i].Name, cands[i].CacheBlocks)
+		p.idx.server(cands[i].Name, gieCapacity(0, cands[i].CacheBlocks, bt))
 	}
 	p.idx.match(hashes)
 	ttftSLO, tpotSLO := objectiveMs(req)
