@@ -15,10 +15,7 @@ import (
 //   - Overlap is the blocks of the prompt a worker holds according to the
 //     router's indexer, which by default (use_kv_events true) is fed the
 //     engines' KV events: an exact index. The simulator runs this policy
-//     on the gateway's exact index, so Candidate.Matched is that overlap,
-//     capped at the prompt's full blocks: the router hashes only those
-//     (compute_block_hash_for_seq), so a partial last block is uncached
-//     to it wherever it is, and is never among the active blocks.
+//     on the gateway's exact index, so Candidate.Matched is that overlap.
 //   - The router tracks, per worker, the requests it sent there: their
 //     prompt blocks, each counted once however many requests share it
 //     (router_assume_kv_reuse), and, until their first token, their
@@ -178,15 +175,14 @@ func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	if isl <= 0 {
 		isl = len(req.Key) * bt
 	}
-	// The router hashes full blocks only: a partial last block is never
-	// matched nor made active, and a prompt shorter than a block has none.
-	seq := req.Key[:min(len(req.Key), isl/bt)]
+	// The router hashes full blocks only.
+	seq := req.Key[:min(len(req.Key), max(1, isl/bt))]
 	p.best = p.best[:0]
 	bestCost := 0.0
 	for i := range cands {
 		c := &cands[i]
 		w := p.worker(c.Name)
-		newTokens := max(0, isl-min(c.Matched, len(seq))*bt)
+		newTokens := max(0, isl-c.Matched*bt)
 		prefill := float64(newTokens+w.activeTokens) / float64(bt)
 		decode := len(w.unique)
 		for _, b := range seq {
@@ -221,7 +217,7 @@ func (p *Dynamo) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	w := p.worker(c.Name)
 	p.placed = nil
 	if a.ID != 0 || a.Tokens > 0 {
-		p.placed = &dynRequest{w: w, blocks: append([]uint64(nil), seq...), prefill: max(0, isl-min(c.Matched, len(seq))*bt), prefilling: true}
+		p.placed = &dynRequest{w: w, blocks: append([]uint64(nil), seq...), prefill: max(0, isl-c.Matched*bt), prefilling: true}
 	}
 	return best
 }
