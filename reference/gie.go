@@ -132,11 +132,7 @@ func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (window+bt-1)/bt))]
 	for i := range cands {
-		capTokens := p.LRUTokens
-		if capTokens <= 0 {
-			capTokens = cands[i].CacheBlocks * bt
-		}
-		p.idx.server(cands[i].Name, capTokens/bt)
+		p.idx.server(cands[i].Name, gieCapacity(p.LRUTokens, cands[i].CacheBlocks, bt))
 	}
 	p.idx.match(hashes)
 	var lora func(i int) float64
@@ -144,7 +140,7 @@ func (p *GIE) Pick(req *gateway.Request, cands []gateway.Candidate) int {
 		lora = func(i int) float64 { return p.LoRAWeight * gieLoRAScore(req.Adapter, &cands[i].LoRA) }
 	}
 	best := maxScore(cands, func(i int) float64 {
-		return float64(p.idx.count[p.idx.slot[cands[i].Name]]) / float64(len(hashes))
+		return prefixScore(p.idx.count[p.idx.slot[cands[i].Name]], len(hashes))
 	}, lora, wq, wkv, wp, &p.ties, p.rng)
 	s := p.idx.slot[cands[best].Name]
 	p.predicted = p.idx.count[s]
@@ -182,6 +178,30 @@ func maxScore(cands []gateway.Candidate, prefix, extra func(i int) float64, wq, 
 		}
 	}
 	return t.draw(r)
+}
+
+// gieCapacity is a server's index capacity in blocks of bt tokens:
+// lruTokens when set, else the engine's cacheBlocks (autoTune), else the
+// indexer's default of 31,250 blocks of 16 tokens (approximateprefix
+// makeserver).
+func gieCapacity(lruTokens, cacheBlocks, bt int) int {
+	switch {
+	case lruTokens > 0:
+		return lruTokens / bt
+	case cacheBlocks > 0:
+		return cacheBlocks
+	}
+	return gieFallbackLRU / bt
+}
+
+// prefixScore is matched blocks over total, clipped to 0..1, and 0 for a
+// prompt of no blocks (TotalBlocks 0 in GIE's prefix scorer, totalBlocks
+// 0 in llm-d's precise one) rather than NaN.
+func prefixScore(matched, total int) float64 {
+	if total <= 0 {
+		return 0
+	}
+	return min(1, float64(matched)/float64(total))
 }
 
 func def64(v, d float64) float64 {
@@ -234,7 +254,6 @@ func (p *LLMDPrecise) Pick(req *gateway.Request, cands []gateway.Candidate) int 
 		p.rng = newSeeded(p.Seed, 0x11d)
 		p.ready = true
 	}
-	n := float64(len(req.Key))
-	best := maxScore(cands, func(i int) float64 { return min(1, float64(cands[i].Matched)/n) }, nil, wq, wkv, wp, &p.ties, p.rng)
+	best := maxScore(cands, func(i int) float64 { return prefixScore(cands[i].Matched, len(req.Key)) }, nil, wq, wkv, wp, &p.ties, p.rng)
 	return best
 }

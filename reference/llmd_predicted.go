@@ -48,7 +48,10 @@ import (
 //     TTFT only, both). |headroom| is normalized to 0..1 within the group
 //     and blended, a weight dropped where its range is 0, and the score
 //     is (⌊(1 − blend)·100⌋ + 1)/100: the candidate nearest its SLO (with
-//     no SLO: the lowest prediction) scores 1.01, the farthest 0.01;
+//     no SLO: the lowest prediction) scores 1.01, the farthest 0.01; the
+//     scheduler profile clamps it to 0..1 and weighs it 1
+//     (pkg/epp/scheduling/scheduler_profile.go, enforceScoreRange), so
+//     1.01 and 1.00 reach the picker alike as 1;
 //   - the picker (picker/weightedrandom): A-Res, key U^(1/score), the
 //     largest key wins: a draw weighted by score, not the best score;
 //   - the predictor (training_server.py, prediction_server.py, the
@@ -355,7 +358,7 @@ func (p *LLMDPredicted) Pick(req *gateway.Request, cands []gateway.Candidate) in
 	bt := max(a.BlockTokens, 1)
 	hashes := req.Key[:min(len(req.Key), max(1, (gieMaxPrefixTokens+bt-1)/bt))]
 	for i := range cands {
-		p.idx.server(cands[i].Name, cands[i].CacheBlocks)
+		p.idx.server(cands[i].Name, gieCapacity(0, cands[i].CacheBlocks, bt))
 	}
 	p.idx.match(hashes)
 	ttftSLO, tpotSLO := objectiveMs(req)
@@ -537,8 +540,9 @@ func (p *LLMDPredicted) scoreBucket(keep []int, in func(i int) bool) {
 	}
 }
 
-// pickWeighted is weighted-random-picker: the largest U^(1/score), or a
-// uniform draw when no score is positive.
+// pickWeighted is weighted-random-picker over the profile's weighted
+// scores, each clamped to 0..1: the largest U^(1/score), or a uniform
+// draw when no score is positive.
 func (p *LLMDPredicted) pickWeighted(keep []int) int {
 	best, bestKey, any := keep[0], -1.0, false
 	for k := range keep {
@@ -556,7 +560,7 @@ func (p *LLMDPredicted) pickWeighted(keep []int) int {
 			if u == 0 {
 				u = 1e-10
 			}
-			key = math.Pow(u, 1/p.score[k])
+			key = math.Pow(u, 1/min(p.score[k], 1))
 		}
 		if key > bestKey {
 			best, bestKey = i, key

@@ -334,3 +334,18 @@ func TestLLMDTrainingHeap(t *testing.T) {
 	assert.Less(t, heap, 20e6)
 	runtime.KeepAlive(tr)
 }
+
+// The scheduler profile clamps each scorer's score to 0..1 before
+// weighing it (enforceScoreRange, pkg/epp/scheduling/scheduler_profile.go
+// at 520af478), so the latency scorer's 1.01 reaches the weighted-random
+// picker as 1: it draws exactly as between two scores of 1.
+func TestLLMDPickerSeesClampedScores(t *testing.T) {
+	a, b := NewLLMDPredicted(3, false), NewLLMDPredicted(3, false)
+	a.init()
+	b.init()
+	keep := []int{0, 1}
+	for i := range 10000 {
+		a.score, b.score = []float64{1.01, 1}, []float64{1, 1}
+		require.Equal(t, b.pickWeighted(keep), a.pickWeighted(keep), "draw %d", i)
+	}
+}
