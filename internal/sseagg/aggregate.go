@@ -184,7 +184,8 @@ const LimitFactor = 4
 // (32 MiB at the fronts' default 8 MiB), with SSE lines of at most
 // maxBody, each capped at 1 TiB.
 func ForBodies(chat bool, maxBody int64) *Aggregator {
-	return New(chat, int(min(maxBody*LimitFactor, 1<<40)), int(min(maxBody, 1<<40)))
+	// Capped before it is multiplied, so that a huge maxBody cannot wrap.
+	return New(chat, int(min(maxBody, 1<<40/LimitFactor)*LimitFactor), int(min(maxBody, 1<<40)))
 }
 
 // Step is the step in which a front reserves memory for an answer being

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -299,5 +300,19 @@ func requireEverySplit(t *testing.T, stream, want string) {
 		got, err := g.Answer()
 		require.NoError(t, err, "split at %d", i)
 		require.Equal(t, want, string(got), "split at %d", i)
+	}
+}
+
+// ForBodies caps its bounds at 1 TiB however large the body bound: one
+// past a quarter of the int64 range does not wrap the answer's bound
+// (four times it) to a negative number that refuses every answer.
+func TestForBodiesHuge(t *testing.T) {
+	for _, maxBody := range []int64{1 << 40, 1 << 61, 1 << 62, math.MaxInt64} {
+		g := ForBodies(true, maxBody)
+		require.NoError(t, g.Feed([]byte(sse(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`))), "maxBody %d", maxBody)
+		_, err := g.Answer()
+		require.NoError(t, err, "maxBody %d", maxBody)
+		assert.Equal(t, 1<<40, g.limit, "maxBody %d", maxBody)
+		assert.Equal(t, 1<<40, g.lineLimit, "maxBody %d", maxBody)
 	}
 }
