@@ -91,6 +91,12 @@ func TestCLIDocFlags(t *testing.T) {
 	sim, _, err := rootCmd.Find([]string{"serve", "routing", "simulate"})
 	require.NoError(t, err)
 	require.Equal(t, m[1], fmt.Sprint(len(flagNames(sim.LocalNonPersistentFlags()))), "%s: simulate's flag count", cliDoc)
+	// README.md says it too.
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m = regexp.MustCompile("`simulate\\s+--help` gives each of its (\\d+) flags").FindStringSubmatch(string(readme))
+	require.NotNil(t, m, "README.md: no count of simulate's flags")
+	require.Equal(t, fmt.Sprint(len(flagNames(sim.LocalNonPersistentFlags()))), m[1], "README.md: simulate's flag count")
 
 	all := map[string]bool{"help": true} // cobra adds --help as a command runs
 	var collect func(c *cobra.Command)

@@ -169,6 +169,9 @@ func runGateway(cmd *cobra.Command, fl gatewayFlags) error {
 	if fl.maxAssembled <= 0 {
 		return usagef("invalid --max-assembled-bytes %q: must be positive", fmt.Sprint(fl.maxAssembled))
 	}
+	if fl.maxBody > 1<<40 { // httpgw's bound; also keeps 4 × it below from wrapping
+		return usagef("invalid --max-body-bytes %q: at most %d (1 TiB)", fmt.Sprint(fl.maxBody), int64(1)<<40)
+	}
 	if fl.maxRequest < 0 || fl.maxRequest > 0 && fl.maxRequest < 4*fl.maxBody {
 		return usagef("invalid --max-request-bytes %q: must be 0 (the default) or at least 4 × --max-body-bytes (%d)", fmt.Sprint(fl.maxRequest), 4*fl.maxBody)
 	}

@@ -12,8 +12,8 @@ import (
 )
 
 // TestGatewayBadEngineFlags: a bad --engine-client, a negative engine
-// timeout or a budget that is not positive is a usage error naming the flag, reported before anything
-// listens.
+// timeout, a budget that is not positive or a body bound past 1 TiB is a
+// usage error naming the flag, reported before anything listens.
 func TestGatewayBadEngineFlags(t *testing.T) {
 	for _, tt := range []struct {
 		args []string
@@ -27,6 +27,9 @@ func TestGatewayBadEngineFlags(t *testing.T) {
 		{[]string{"--max-connections-per-client", "-1"}, `invalid --max-connections-per-client "-1": must not be negative`},
 		{[]string{"--max-request-bytes", "-1"}, `invalid --max-request-bytes "-1": must be 0 (the default) or at least 4 × --max-body-bytes (33554432)`},
 		{[]string{"--max-request-bytes", "1000", "--max-body-bytes", "251"}, `invalid --max-request-bytes "1000": must be 0 (the default) or at least 4 × --max-body-bytes (1004)`},
+		{[]string{"--max-body-bytes", "1099511627777"}, `invalid --max-body-bytes "1099511627777": at most 1099511627776 (1 TiB)`},
+		// 4 × --max-body-bytes would wrap past the int64 range.
+		{[]string{"--max-body-bytes", "3000000000000000000", "--max-request-bytes", "5"}, `invalid --max-body-bytes "3000000000000000000": at most 1099511627776 (1 TiB)`},
 	} {
 		t.Run(tt.args[0], func(t *testing.T) {
 			r := exa(t, newConfig(t), append([]string{"serve", "gateway", "--listen", "127.0.0.1:0"}, tt.args...)...)

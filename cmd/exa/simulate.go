@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -274,8 +275,8 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			return cfg, usagef("invalid --%s %d: want 1..%d (the limit bounds the simulation's run time and memory)", fl.name, fl.v, maxSimRequests)
 		}
 	}
-	if sf.rate < 0 || sf.rate != sf.rate {
-		return cfg, usagef("invalid --rate %v: want a rate >= 0 requests per second", sf.rate)
+	if !(sf.rate >= 0 && sf.rate <= math.MaxFloat64) { // NaN and +Inf too
+		return cfg, usagef("invalid --rate %v: want a finite rate >= 0 requests per second", sf.rate)
 	}
 	lora := sf.trace == "" && !changed("shared-prefix-requests") && sf.workload == "lora"
 	if err := loraSimFlags(cmd, sf, lora, &cfg); err != nil {
@@ -285,8 +286,8 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 	var err error
 	switch {
 	case sf.trace != "":
-		if sf.traceSpeed <= 0 {
-			return cfg, usagef("invalid --trace-speed %v: want a positive factor", sf.traceSpeed)
+		if !(sf.traceSpeed > 0 && sf.traceSpeed <= math.MaxFloat64) { // NaN and +Inf too
+			return cfg, usagef("invalid --trace-speed %v: want a finite positive factor", sf.traceSpeed)
 		}
 		cfg.Workload, err = sim.TraceFile(sf.trace, sim.TraceOptions{Speed: sf.traceSpeed, Rate: sf.rate, Limit: sf.requests})
 		if err != nil {

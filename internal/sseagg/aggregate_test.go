@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -168,7 +169,7 @@ func TestPartsAndHeld(t *testing.T) {
 
 	parts, n, err := g.Parts()
 	require.NoError(t, err)
-	content := &g.choices[0].msg[0]
+	content := &g.choices[0].msg.ms[0]
 	require.Len(t, content.full, 65*len(piece)/blockSize, "the content is held in blocks")
 	byRef := map[*byte]bool{}
 	var joined []byte
@@ -299,5 +300,74 @@ func requireEverySplit(t *testing.T, stream, want string) {
 		got, err := g.Answer()
 		require.NoError(t, err, "split at %d", i)
 		require.Equal(t, want, string(got), "split at %d", i)
+	}
+}
+
+// ForBodies caps its bounds at 1 TiB however large the body bound: one
+// past a quarter of the int64 range does not wrap the answer's bound
+// (four times it) to a negative number that refuses every answer.
+func TestForBodiesHuge(t *testing.T) {
+	for _, maxBody := range []int64{1 << 40, 1 << 61, 1 << 62, math.MaxInt64} {
+		g := ForBodies(true, maxBody)
+		require.NoError(t, g.Feed([]byte(sse(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`))), "maxBody %d", maxBody)
+		_, err := g.Answer()
+		require.NoError(t, err, "maxBody %d", maxBody)
+		assert.Equal(t, 1<<40, g.limit, "maxBody %d", maxBody)
+		assert.Equal(t, 1<<40, g.lineLimit, "maxBody %d", maxBody)
+	}
+}
+
+// Past indexAfter choices, tool calls and members are found through maps:
+// a stream of 20 choices, each with 10 tool calls, and 12 top-level
+// members, all named in reverse order in every round, is assembled as a
+// scan would assemble it.
+func TestAggregateManyIndexes(t *testing.T) {
+	const choices, tools, members, rounds = 20, 10, 12, 3
+	var chunks []string
+	for r := range rounds {
+		for i := choices - 1; i >= 0; i-- {
+			var tc []string
+			for k := tools - 1; k >= 0; k-- {
+				tc = append(tc, fmt.Sprintf(`{"index":%d,"id":"call_%d_%d","function":{"name":"%s","arguments":"a%dr%d"}}`,
+					k, i, k, map[bool]string{true: "f", false: ""}[r == 0], k, r))
+			}
+			var top []string
+			for j := members - 1; j >= 0; j-- {
+				top = append(top, fmt.Sprintf(`"x_%d":%d`, j, r))
+			}
+			chunks = append(chunks, fmt.Sprintf(`{%s,"choices":[{"index":%d,"delta":{"content":"c%dr%d","tool_calls":[%s]}}]}`,
+				strings.Join(top, ","), i, i, r, strings.Join(tc, ",")))
+		}
+	}
+	got, err := aggregate(t, true, sse(chunks...))
+	require.NoError(t, err)
+	var answer struct {
+		Choices []struct {
+			Index   int
+			Message struct {
+				Content   string
+				ToolCalls []struct {
+					ID       string
+					Function struct{ Name, Arguments string }
+				} `json:"tool_calls"`
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(got, &answer), "%s", got)
+	var top map[string]any
+	require.NoError(t, json.Unmarshal(got, &top))
+	for j := range members {
+		assert.Equal(t, float64(rounds-1), top[fmt.Sprintf("x_%d", j)], "x_%d", j)
+	}
+	require.Len(t, answer.Choices, choices)
+	for i, c := range answer.Choices {
+		assert.Equal(t, i, c.Index)
+		assert.Equal(t, fmt.Sprintf("c%dr0c%dr1c%dr2", i, i, i), c.Message.Content)
+		require.Len(t, c.Message.ToolCalls, tools)
+		for k, tc := range c.Message.ToolCalls {
+			assert.Equal(t, fmt.Sprintf("call_%d_%d", i, k), tc.ID)
+			assert.Equal(t, "f", tc.Function.Name)
+			assert.Equal(t, fmt.Sprintf("a%dr0a%dr1a%dr2", k, k, k), tc.Function.Arguments)
+		}
 	}
 }

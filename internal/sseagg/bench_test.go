@@ -60,3 +60,54 @@ func BenchmarkAggregate(b *testing.B) {
 		_ = lines
 	})
 }
+
+// BenchmarkAggregateLookups times events that make the Aggregator find a
+// choice, a tool call or a member among the most it holds (4,096 choices,
+// 4,096 tool calls of one choice, 256 members), as a hostile engine's
+// stream can: the figure to set against BenchmarkAggregate's MB/s.
+func BenchmarkAggregateLookups(b *testing.B) {
+	var choices, choiceEv, tools, toolEv, members, memberEv strings.Builder
+	for i := range maxAggChoices {
+		fmt.Fprintf(&choices, "data: {\"choices\":[{\"index\":%d}]}\n\n", i)
+	}
+	choiceEv.WriteString(`data: {"choices":[`)
+	tools.WriteString(`data: {"choices":[{"index":0,"delta":{"tool_calls":[`)
+	toolEv.WriteString(`data: {"choices":[{"index":0,"delta":{"tool_calls":[`)
+	for i := range maxAggChoices {
+		sep := map[bool]string{true: "", false: ","}[i == 0]
+		fmt.Fprintf(&choiceEv, `%s{"index":%d}`, sep, maxAggChoices-1)
+		fmt.Fprintf(&tools, `%s{"index":%d}`, sep, i)
+		fmt.Fprintf(&toolEv, `%s{"index":%d}`, sep, maxAggChoices-1)
+	}
+	choiceEv.WriteString("]}\n\n")
+	tools.WriteString("]}}]}\n\n")
+	toolEv.WriteString("]}}]}\n\n")
+	// "choices" and 255 members, the last of them looked up again and again.
+	members.WriteString(`data: {"choices":[]`)
+	memberEv.WriteString(`data: {"m_254":1`)
+	for i := range maxAggMembers - 1 {
+		fmt.Fprintf(&members, `,"m_%03d":1`, i)
+		memberEv.WriteString(`,"m_254":1`)
+	}
+	members.WriteString("}\n\n")
+	memberEv.WriteString("}\n\n")
+	for _, bb := range []struct{ name, setup, event string }{
+		{"choices", choices.String(), choiceEv.String()},
+		{"tool_calls", tools.String(), toolEv.String()},
+		{"members", members.String(), memberEv.String()},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			g := New(true, 32<<20, 8<<20)
+			if err := g.Feed([]byte(bb.setup)); err != nil {
+				b.Fatal(err)
+			}
+			ev := []byte(bb.event)
+			b.SetBytes(int64(len(ev)))
+			for b.Loop() {
+				if err := g.Feed(ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -93,6 +93,15 @@ func TestHeldCoversStructures(t *testing.T) {
 		{"choices with members", func(i int) string {
 			return fmt.Sprintf(`{"index":%d,"delta":{"content":"x","role":"assistant"},"logprobs":{"content":[1]},"finish_reason":"stop","stop_reason":null}`, i)
 		}, maxAggChoices},
+		{"choices with many members", func(i int) string {
+			// Past indexAfter: each choice's members are found through a map.
+			var b strings.Builder
+			fmt.Fprintf(&b, `{"index":%d,"delta":{"content":"x"}`, i)
+			for j := range 24 {
+				fmt.Fprintf(&b, `,"member_%d":%d`, j, j)
+			}
+			return b.String() + "}"
+		}, 1024},
 		{"tool calls", func(i int) string {
 			return fmt.Sprintf(`{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"a","type":"function","function":{"name":"f","arguments":"x"}}]}}`, i)
 		}, maxAggChoices},
