@@ -32,13 +32,15 @@ type Request struct {
 	Messages []Message
 	// Tools is the JSON text of the "tools" member (the tool definitions
 	// a chat template renders into the prompt, beside the system prompt
-	// in most models' templates), as sent; "" when absent or null.
+	// in most models' templates), as sent; "" when absent or null, and in
+	// a request Parse reads as Completions, whose engine ignores it.
 	Tools string
 	// ChatTemplateKwargs is the JSON text of the "chat_template_kwargs"
 	// member (variables vLLM hands the chat template, such as
 	// {"enable_thinking": false}, which may change the rendered prompt
 	// wherever the template reads them), as sent; "" when absent, null or
-	// an empty object (which vLLM takes as none).
+	// an empty object (which vLLM takes as none), and in a request Parse
+	// reads as Completions or Responses, whose engine ignores it.
 	ChatTemplateKwargs string
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
@@ -138,10 +140,12 @@ func Parse(e Endpoint, body []byte) (*Request, error) {
 		if !req.HasPrompt {
 			return nil, fieldErr("prompt", "field \"prompt\" is required")
 		}
+		req.Tools, req.ChatTemplateKwargs = "", "" // no chat template renders them
 	case Responses:
 		if !req.hasInput {
 			return nil, fieldErr("input", "field \"input\" is required")
 		}
+		req.ChatTemplateKwargs = "" // not a member of vLLM's ResponsesRequest
 	}
 	return req, nil
 }

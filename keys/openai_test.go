@@ -224,6 +224,30 @@ func TestChatTemplateKwargsAreKeyed(t *testing.T) {
 	assert.Equal(t, off, key(body(`{"enable_thinking":false}`)))
 }
 
+// TestIgnoredTemplateMembersAreNotKeyed: members an endpoint's engine
+// ignores do not change its key. vLLM's CompletionRequest has neither
+// "tools" nor "chat_template_kwargs", and its ResponsesRequest no
+// "chat_template_kwargs" (vllm/entrypoints/openai/protocol.py: extra
+// fields are allowed and ignored), so their prompts are rendered without
+// them; the exact index's tokenization (internal/front.ReadTokenizeInput)
+// drops them too. Before, they were keyed as for a chat request, so the
+// same completions prompt with and without them had no block in common.
+func TestIgnoredTemplateMembersAreNotKeyed(t *testing.T) {
+	const kwargs, tools = `"chat_template_kwargs":{"enable_thinking":false}`, `"tools":[{"type":"function","function":{"name":"f"}}]`
+	key := func(e Endpoint, b string) Key {
+		req, err := Parse(e, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	prompt := strings.Repeat("Once upon a time. ", 10)
+	plain := key(Completions, `{"model":"m","prompt":"`+prompt+`"}`)
+	assert.Equal(t, plain, key(Completions, `{"model":"m",`+kwargs+`,"prompt":"`+prompt+`"}`), "a completions request's chat_template_kwargs")
+	assert.Equal(t, plain, key(Completions, `{"model":"m",`+tools+`,"prompt":"`+prompt+`"}`), "a completions request's tools")
+	resp := `{"model":"m","instructions":"be brief","input":"` + prompt + `"`
+	assert.Equal(t, key(Responses, resp+`}`), key(Responses, resp+`,`+kwargs+`}`), "a responses request's chat_template_kwargs")
+	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+tools+`}`), "a responses request's tools are rendered")
+}
+
 // TestTypeErrorsNameTheValue: a field of the wrong type is an error that
 // names the field and the value found, as written when it is short, else
 // by its kind (found in review: the errors named the field alone).
