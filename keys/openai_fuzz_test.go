@@ -320,7 +320,7 @@ func sameRequest(t *testing.T, body []byte) {
 // embeddings is set.
 func sameRequestAs(t *testing.T, body []byte, embeddings bool) {
 	t.Helper()
-	got, gerr := decode(body, embeddings)
+	got, gerr := decode(body, embeddings, false)
 	want, werr := decodeStdAs(body, embeddings)
 	if (gerr == nil) != (werr == nil) {
 		t.Fatalf("body %q (embeddings %v): decode error %v, encoding/json error %v", body, embeddings, gerr, werr)

@@ -248,6 +248,34 @@ func TestIgnoredTemplateMembersAreNotKeyed(t *testing.T) {
 	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+tools+`}`), "a responses request's tools are rendered")
 }
 
+// TestOtherEndpointsMembersAreNotKeyed: a body is keyed by the members
+// its endpoint's engine reads. vLLM's ChatCompletionRequest has no
+// "prompt", "instructions" or "input", its CompletionRequest no
+// "messages" (extra fields are ignored): before, a chat body's
+// "instructions" became a system message of its key, its "input"
+// replaced its messages, its "prompt" was keyed after them, and a
+// completions body's "messages" before its prompt.
+func TestOtherEndpointsMembersAreNotKeyed(t *testing.T) {
+	key := func(e Endpoint, b string) Key {
+		req, err := Parse(e, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	const msgs = `"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"weather in Paris?"}]`
+	chat := key(Chat, `{"model":"m",`+msgs+`}`)
+	for _, extra := range []string{`"instructions":"be long"`, `"input":"weather in Rome?"`, `"prompt":"weather in Rome?"`} {
+		assert.Equal(t, chat, key(Chat, `{"model":"m",`+extra+`,`+msgs+`}`), "a chat body's %s", extra)
+		assert.Equal(t, chat, key(Chat, `{"model":"m",`+msgs+`,`+extra+`}`), "a chat body's %s, last", extra)
+	}
+	const prompt = `"prompt":"Once upon a time"`
+	completions := key(Completions, `{"model":"m",`+prompt+`}`)
+	for _, extra := range []string{msgs, `"instructions":"be long"`, `"input":"weather in Rome?"`} {
+		assert.Equal(t, completions, key(Completions, `{"model":"m",`+extra+`,`+prompt+`}`), "a completions body's %s", extra)
+	}
+	resp := key(Responses, `{"model":"m","instructions":"be brief","input":"weather in Paris?"}`)
+	assert.Equal(t, resp, key(Responses, `{"model":"m",`+msgs+`,"instructions":"be brief","input":"weather in Paris?"}`), "a responses body's messages")
+}
+
 // TestTypeErrorsNameTheValue: a field of the wrong type is an error that
 // names the field and the value found, as written when it is short, else
 // by its kind (found in review: the errors named the field alone).
