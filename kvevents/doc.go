@@ -18,7 +18,7 @@
 //
 // Engine hashes are not trusted as keys (their function and seed vary):
 // the Translator rehashes each stored block's token ids into the chained
-// keys of AppendKey, keeping per engine a map from its block hashes to our
+// keys of keys.AppendExact, keeping per engine a map from its block hashes to our
 // keys to find parents and removals, as llm-d's kv-cache manager and
 // Dynamo do. A sequence gap or restart, an unreadable payload or removal,
 // or the map reaching its bound clears the engine's blocks from the index:

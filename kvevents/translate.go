@@ -95,7 +95,7 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // under another chain root or block size (a topic naming another model)
 // is refused and counted (Rejected).
 //
-// A stored event's blocks are keyed from their token ids (see AppendKey):
+// A stored event's blocks are keyed from their token ids (see keys.AppendExact):
 // the first chained on the parent's key, or on Root of the LoRA adapter or
 // model name when the event starts a chain. An event whose parent is not
 // in the map (an orphan: its ancestors were stored before we listened, or
