@@ -33,7 +33,8 @@ type Target struct {
 	Index   Index
 	Replica string
 	// Model is the name keys chain from for events without a LoRA
-	// adapter: the model name requests use. Empty means Source.Model.
+	// adapter: the model name requests use. Empty means Source.Model;
+	// a source with neither is refused (counted Unresolved).
 	Model string
 	// BlockSize is the number of tokens per block requests are keyed
 	// with; events of another block size are dropped. Zero means
@@ -335,6 +336,11 @@ func (t *Translator) resolveTarget(src Source) (Target, error) {
 	tgt, err := t.resolve(src)
 	if err == nil {
 		err = tgt.validate()
+	}
+	if err == nil && tgt.Model == "" && src.Model == "" {
+		// Its blocks would chain from the root of "", which no
+		// request's key does.
+		err = fmt.Errorf("kvevents: target of replica %q has no Model, and topic %q names none (want kv@POD@MODEL)", tgt.Replica, src.Topic)
 	}
 	if err != nil {
 		t.mu.Lock()

@@ -591,3 +591,25 @@ func TestTranslateOverflowOneEvent(t *testing.T) {
 	require.LessOrEqual(t, len(idx.keys("10.0.0.1:8000")), 4)
 	require.Equal(t, uint64(1), st.Overflows)
 }
+
+// TestTranslateTargetWithoutModel: a source whose Target names no Model
+// and whose topic names none (plain vLLM's empty topic) is refused and
+// counted as unresolved, its error naming the field: its blocks would
+// chain from the root of the empty name, which no request's key does, so
+// the index would hold them matching nothing (found in review: they were
+// applied, silently useless).
+func TestTranslateTargetWithoutModel(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(func(Source) (Target, error) { return Target{Index: idx, Replica: "r"}, nil }, Limits{})
+	payload := pack(t, arrayBatch(stored{hashes: []uint64{1}, tokens: seqTokens(1, 16), bs: 16}.array()))
+	tr.Handle("tcp://engine:5557", frames("", 1, payload))
+	engines, glob := tr.Stats()
+	require.Empty(t, idx.keys("r"), "no block keyed from the empty model name")
+	require.Empty(t, engines)
+	require.EqualValues(t, 1, glob.Unresolved)
+	require.Contains(t, glob.LastError, "no Model")
+
+	tr = NewTranslator(func(Source) (Target, error) { return Target{Index: idx, Replica: "r", Model: "m"}, nil }, Limits{})
+	tr.Handle("tcp://engine:5557", frames("", 1, payload))
+	require.Equal(t, sortedKey(mustKey(t, "m", seqTokens(1, 16))), idx.keys("r"), "a Target's Model names the root")
+}
