@@ -40,7 +40,7 @@ type Request struct {
 	// {"enable_thinking": false}, which may change the rendered prompt
 	// wherever the template reads them), as sent; "" when absent, null or
 	// an empty object (which vLLM takes as none), and in a request Parse
-	// reads as Completions or Responses, whose engine ignores it.
+	// reads as Completions, whose engine ignores it.
 	ChatTemplateKwargs string
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
@@ -120,7 +120,7 @@ var ErrSyntax = errors.New("body is not a valid JSON request")
 // of the endpoint ignores the others): a chat body's messages, tools
 // and template arguments, not its "prompt", "instructions" or "input";
 // a completions body's prompt alone; a responses body's instructions,
-// input and tools.
+// input, tools and template arguments.
 func Parse(e Endpoint, body []byte) (*Request, error) {
 	req, err := decode(body, false, e == Chat)
 	if err != nil {
@@ -153,7 +153,6 @@ func Parse(e Endpoint, body []byte) (*Request, error) {
 		if !req.hasInput {
 			return nil, fieldErr("input", "field \"input\" is required")
 		}
-		req.ChatTemplateKwargs = "" // not a member of vLLM's ResponsesRequest
 	}
 	return req, nil
 }

@@ -226,12 +226,14 @@ func TestChatTemplateKwargsAreKeyed(t *testing.T) {
 
 // TestIgnoredTemplateMembersAreNotKeyed: members an endpoint's engine
 // ignores do not change its key. vLLM's CompletionRequest has neither
-// "tools" nor "chat_template_kwargs", and its ResponsesRequest no
-// "chat_template_kwargs" (vllm/entrypoints/openai/protocol.py: extra
-// fields are allowed and ignored), so their prompts are rendered without
-// them; the exact index's tokenization (internal/front.ReadTokenizeInput)
-// drops them too. Before, they were keyed as for a chat request, so the
-// same completions prompt with and without them had no block in common.
+// "tools" nor "chat_template_kwargs" (vllm/entrypoints/openai/protocol.py:
+// extra fields are allowed and ignored; no chat template renders a
+// completions prompt), so its prompt is the same without them; the exact
+// index's tokenization (internal/front.ReadTokenizeInput) drops them too.
+// Before, they were keyed as for a chat request, so the same completions
+// prompt with and without them had no block in common. A responses
+// request's tools and template arguments are rendered (vLLM's
+// ResponsesRequest.build_chat_params) and keyed.
 func TestIgnoredTemplateMembersAreNotKeyed(t *testing.T) {
 	const kwargs, tools = `"chat_template_kwargs":{"enable_thinking":false}`, `"tools":[{"type":"function","function":{"name":"f"}}]`
 	key := func(e Endpoint, b string) Key {
@@ -244,7 +246,7 @@ func TestIgnoredTemplateMembersAreNotKeyed(t *testing.T) {
 	assert.Equal(t, plain, key(Completions, `{"model":"m",`+kwargs+`,"prompt":"`+prompt+`"}`), "a completions request's chat_template_kwargs")
 	assert.Equal(t, plain, key(Completions, `{"model":"m",`+tools+`,"prompt":"`+prompt+`"}`), "a completions request's tools")
 	resp := `{"model":"m","instructions":"be brief","input":"` + prompt + `"`
-	assert.Equal(t, key(Responses, resp+`}`), key(Responses, resp+`,`+kwargs+`}`), "a responses request's chat_template_kwargs")
+	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+kwargs+`}`), "a responses request's chat_template_kwargs are rendered")
 	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+tools+`}`), "a responses request's tools are rendered")
 }
 
