@@ -408,7 +408,9 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		sameRequest(t, body)
 		if bytes.Count(body, []byte("\"")) > 0 {
-			_, _ = Parse(Chat, body) // must not panic
+			for _, e := range []Endpoint{Chat, Completions, Responses} {
+				_, _ = Parse(e, body) // must not panic
+			}
 		}
 	})
 }
