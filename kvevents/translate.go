@@ -250,6 +250,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	if err != nil {
 		return nil
 	}
+again:
 	t.mu.Lock()
 	e = t.engines[tgt.Replica]
 	if e == nil {
@@ -265,6 +266,13 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	}
 	t.mu.Unlock()
 	e.mu.Lock()
+	t.mu.Lock()
+	removed := t.engines[tgt.Replica] != e // by Remove, while e.mu was awaited
+	t.mu.Unlock()
+	if removed {
+		e.unlock()
+		goto again
+	}
 	if e.resolved && !e.same(src, tgt) {
 		e.refuse(fmt.Sprintf("source %q on %s: the engine is heard as %q on %s, with model %q and block size %d",
 			src.Topic, endpoint, e.src.Topic, e.src.Endpoint, e.tgt.Model, e.bs))
@@ -404,18 +412,24 @@ func (t *Translator) Remove(gone func(replica string) bool) int {
 	t.mu.Unlock()
 	for e, id := range ids {
 		e.mu.Lock()
-		e.clear(false)
-		e.resolved, e.seen, e.blocks = false, false, nil
-		e.account()
-		t.forget(map[*engine]bool{e: true})
-		t.mu.Lock()
-		if t.engines[id] == e {
-			delete(t.engines, id)
-		}
-		t.mu.Unlock()
+		t.remove(e, id)
 		e.unlock()
 	}
 	return len(ids)
+}
+
+// remove clears engine e, replica id, forgets its sources and drops it
+// from the engines; e.mu held.
+func (t *Translator) remove(e *engine, id string) {
+	e.clear(false)
+	e.resolved, e.seen, e.blocks = false, false, nil
+	e.account()
+	t.forget(map[*engine]bool{e: true})
+	t.mu.Lock()
+	if t.engines[id] == e {
+		delete(t.engines, id)
+	}
+	t.mu.Unlock()
 }
 
 // Replay calls fn, for every resolved engine for which match returns true
