@@ -28,8 +28,10 @@
 // message that shows a gap is not applied: nothing vouches for it. With
 // Translator.SetReplay, a gap of an engine whose Target names a Replay
 // endpoint (vLLM's replay_endpoint) is first asked of that endpoint: the
-// missed batches, if it still holds them all, are applied in order before
-// the message that showed the gap, and nothing is cleared (replay.go).
+// missed batches, if it still holds them all and gives back the last one
+// applied unchanged (else the engine restarted), are applied in order
+// before the message that showed the gap, and nothing is cleared
+// (replay.go).
 //
 // # Trust
 //
