@@ -14,7 +14,7 @@ import (
 // null is no input. The input is checked, not kept: a pass-through
 // request has no prefix key.
 func DecodeEmbeddings(body []byte) (*Request, error) {
-	return decode(body, true)
+	return decode(body, true, false)
 }
 
 // The forms of an embeddings input array, set by its first element.

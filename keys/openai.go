@@ -32,13 +32,15 @@ type Request struct {
 	Messages []Message
 	// Tools is the JSON text of the "tools" member (the tool definitions
 	// a chat template renders into the prompt, beside the system prompt
-	// in most models' templates), as sent; "" when absent or null.
+	// in most models' templates), as sent; "" when absent or null, and in
+	// a request Parse reads as Completions, whose engine ignores it.
 	Tools string
 	// ChatTemplateKwargs is the JSON text of the "chat_template_kwargs"
 	// member (variables vLLM hands the chat template, such as
 	// {"enable_thinking": false}, which may change the rendered prompt
 	// wherever the template reads them), as sent; "" when absent, null or
-	// an empty object (which vLLM takes as none).
+	// an empty object (which vLLM takes as none), and in a request Parse
+	// reads as Completions, whose engine ignores it.
 	ChatTemplateKwargs string
 	// Prompt is the completions prompt as text; HasPrompt is false when
 	// it is absent or null.
@@ -113,9 +115,14 @@ var ErrSyntax = errors.New("body is not a valid JSON request")
 // those the endpoint needs: "model" (a non-empty string), and "messages"
 // (a non-empty array) for Chat, "prompt" for Completions, "input" for
 // Responses. A body that is not one JSON object is an error wrapping
-// ErrSyntax; a missing or mistyped field, a *FieldError naming it.
+// ErrSyntax; a missing or mistyped field, a *FieldError naming it. The
+// Request holds only what the endpoint's engine reads (vLLM's request
+// of the endpoint ignores the others): a chat body's messages, tools
+// and template arguments, not its "prompt", "instructions" or "input";
+// a completions body's prompt alone; a responses body's instructions,
+// input, tools and template arguments.
 func Parse(e Endpoint, body []byte) (*Request, error) {
-	req, err := Decode(body)
+	req, err := decode(body, false, e == Chat)
 	if err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
@@ -134,10 +141,14 @@ func Parse(e Endpoint, body []byte) (*Request, error) {
 		if len(req.Messages) == 0 {
 			return nil, fieldErr("messages", "field \"messages\" is required and must not be empty")
 		}
+		req.Prompt, req.HasPrompt = "", false // not a member of vLLM's ChatCompletionRequest
 	case Completions:
 		if !req.HasPrompt {
 			return nil, fieldErr("prompt", "field \"prompt\" is required")
 		}
+		// No chat template renders these: vLLM's CompletionRequest has
+		// none of them.
+		req.Messages, req.Tools, req.ChatTemplateKwargs = nil, "", ""
 	case Responses:
 		if !req.hasInput {
 			return nil, fieldErr("input", "field \"input\" is required")
@@ -186,12 +197,14 @@ type requestReader struct {
 // tokenize; see also DecodeEmbeddings) that name a model or not. Its errors are Parse's, but for
 // ErrSyntax, which it does not wrap.
 func Decode(body []byte) (*Request, error) {
-	return decode(body, false)
+	return decode(body, false, false)
 }
 
 // decode is Decode, reading "input" as an embeddings input when
-// embeddings is set (DecodeEmbeddings).
-func decode(body []byte, embeddings bool) (*Request, error) {
+// embeddings is set (DecodeEmbeddings), and a chat request's body when
+// chat is set: its "instructions" and "input", which vLLM's chat
+// endpoint ignores, are then not made its messages.
+func decode(body []byte, embeddings, chat bool) (*Request, error) {
 	d := &requestReader{embeddings: embeddings}
 	d.r.Reset(body)
 	if d.r.Peek() != '{' {
@@ -214,7 +227,7 @@ func decode(body []byte, embeddings bool) (*Request, error) {
 	case d.hasMaxTokens:
 		d.req.MaxTokens = d.maxTokens
 	}
-	if d.hasInstructions || d.req.hasInput && !d.embeddings {
+	if !chat && (d.hasInstructions || d.req.hasInput && !d.embeddings) {
 		// A responses request: its instructions open the conversation as a
 		// system message, then its input items. (A chat body has neither,
 		// and "messages" of a body with both is replaced.)

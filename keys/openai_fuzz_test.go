@@ -320,7 +320,7 @@ func sameRequest(t *testing.T, body []byte) {
 // embeddings is set.
 func sameRequestAs(t *testing.T, body []byte, embeddings bool) {
 	t.Helper()
-	got, gerr := decode(body, embeddings)
+	got, gerr := decode(body, embeddings, false)
 	want, werr := decodeStdAs(body, embeddings)
 	if (gerr == nil) != (werr == nil) {
 		t.Fatalf("body %q (embeddings %v): decode error %v, encoding/json error %v", body, embeddings, gerr, werr)
@@ -408,7 +408,9 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		sameRequest(t, body)
 		if bytes.Count(body, []byte("\"")) > 0 {
-			_, _ = Parse(Chat, body) // must not panic
+			for _, e := range []Endpoint{Chat, Completions, Responses} {
+				_, _ = Parse(e, body) // must not panic
+			}
 		}
 	})
 }

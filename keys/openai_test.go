@@ -224,6 +224,60 @@ func TestChatTemplateKwargsAreKeyed(t *testing.T) {
 	assert.Equal(t, off, key(body(`{"enable_thinking":false}`)))
 }
 
+// TestIgnoredTemplateMembersAreNotKeyed: members an endpoint's engine
+// ignores do not change its key. vLLM's CompletionRequest has neither
+// "tools" nor "chat_template_kwargs" (vllm/entrypoints/openai/protocol.py:
+// extra fields are allowed and ignored; no chat template renders a
+// completions prompt), so its prompt is the same without them; the exact
+// index's tokenization (internal/front.ReadTokenizeInput) drops them too.
+// Before, they were keyed as for a chat request, so the same completions
+// prompt with and without them had no block in common. A responses
+// request's tools and template arguments are rendered (vLLM's
+// ResponsesRequest.build_chat_params) and keyed.
+func TestIgnoredTemplateMembersAreNotKeyed(t *testing.T) {
+	const kwargs, tools = `"chat_template_kwargs":{"enable_thinking":false}`, `"tools":[{"type":"function","function":{"name":"f"}}]`
+	key := func(e Endpoint, b string) Key {
+		req, err := Parse(e, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	prompt := strings.Repeat("Once upon a time. ", 10)
+	plain := key(Completions, `{"model":"m","prompt":"`+prompt+`"}`)
+	assert.Equal(t, plain, key(Completions, `{"model":"m",`+kwargs+`,"prompt":"`+prompt+`"}`), "a completions request's chat_template_kwargs")
+	assert.Equal(t, plain, key(Completions, `{"model":"m",`+tools+`,"prompt":"`+prompt+`"}`), "a completions request's tools")
+	resp := `{"model":"m","instructions":"be brief","input":"` + prompt + `"`
+	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+kwargs+`}`), "a responses request's chat_template_kwargs are rendered")
+	assert.NotEqual(t, key(Responses, resp+`}`), key(Responses, resp+`,`+tools+`}`), "a responses request's tools are rendered")
+}
+
+// TestOtherEndpointsMembersAreNotKeyed: a body is keyed by the members
+// its endpoint's engine reads. vLLM's ChatCompletionRequest has no
+// "prompt", "instructions" or "input", its CompletionRequest no
+// "messages" (extra fields are ignored): before, a chat body's
+// "instructions" became a system message of its key, its "input"
+// replaced its messages, its "prompt" was keyed after them, and a
+// completions body's "messages" before its prompt.
+func TestOtherEndpointsMembersAreNotKeyed(t *testing.T) {
+	key := func(e Endpoint, b string) Key {
+		req, err := Parse(e, []byte(b))
+		require.NoError(t, err, b)
+		return req.AppendKey(defaultHasher, nil, "", "")
+	}
+	const msgs = `"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"weather in Paris?"}]`
+	chat := key(Chat, `{"model":"m",`+msgs+`}`)
+	for _, extra := range []string{`"instructions":"be long"`, `"input":"weather in Rome?"`, `"prompt":"weather in Rome?"`} {
+		assert.Equal(t, chat, key(Chat, `{"model":"m",`+extra+`,`+msgs+`}`), "a chat body's %s", extra)
+		assert.Equal(t, chat, key(Chat, `{"model":"m",`+msgs+`,`+extra+`}`), "a chat body's %s, last", extra)
+	}
+	const prompt = `"prompt":"Once upon a time"`
+	completions := key(Completions, `{"model":"m",`+prompt+`}`)
+	for _, extra := range []string{msgs, `"instructions":"be long"`, `"input":"weather in Rome?"`} {
+		assert.Equal(t, completions, key(Completions, `{"model":"m",`+extra+`,`+prompt+`}`), "a completions body's %s", extra)
+	}
+	resp := key(Responses, `{"model":"m","instructions":"be brief","input":"weather in Paris?"}`)
+	assert.Equal(t, resp, key(Responses, `{"model":"m",`+msgs+`,"instructions":"be brief","input":"weather in Paris?"}`), "a responses body's messages")
+}
+
 // TestTypeErrorsNameTheValue: a field of the wrong type is an error that
 // names the field and the value found, as written when it is short, else
 // by its kind (found in review: the errors named the field alone).

@@ -148,6 +148,8 @@ func TestDecodeBadEvents(t *testing.T) {
 		{"parent a bool", []any{"BlockStored", []any{1}, true, seqTokens(0, 16), 16}, ErrMalformed, "parent_block_hash is a bool"},
 		{"token negative", []any{"BlockStored", []any{1}, nil, append([]any{-1}, anys(seqTokens(0, 15))...), 16}, ErrMalformed, "token_ids[0] is -1"},
 		{"token too big", []any{"BlockStored", []any{1}, nil, append([]any{uint64(1) << 32}, anys(seqTokens(0, 15))...), 16}, ErrMalformed, "token_ids[0] is 4294967296"},
+		{"token past int64", []any{"BlockStored", []any{1}, nil, append([]any{uint64(1) << 63}, anys(seqTokens(0, 15))...), 16}, ErrMalformed, "token_ids[0] is 9223372036854775808,"},
+		{"block size past int64", []any{"BlockStored", []any{1}, nil, []any{}, uint64(1) << 63}, ErrMalformed, "block_size is 9223372036854775808,"},
 		{"token a string", []any{"BlockStored", []any{1}, nil, []any{"a"}, 1}, ErrMalformed, "token_ids[0] is a string"},
 		{"token nil", []any{"BlockStored", []any{1}, nil, []any{nil}, 1}, ErrMalformed, "token_ids[0] is a nil"},
 		{"block size zero", []any{"BlockStored", []any{1}, nil, []any{}, 0}, ErrMalformed, "block_size is 0"},

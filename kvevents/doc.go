@@ -18,7 +18,7 @@
 //
 // Engine hashes are not trusted as keys (their function and seed vary):
 // the Translator rehashes each stored block's token ids into the chained
-// keys of AppendKey, keeping per engine a map from its block hashes to our
+// keys of keys.AppendExact, keeping per engine a map from its block hashes to our
 // keys to find parents and removals, as llm-d's kv-cache manager and
 // Dynamo do. A sequence gap or restart, an unreadable payload or removal,
 // or the map reaching its bound clears the engine's blocks from the index:
@@ -28,8 +28,10 @@
 // message that shows a gap is not applied: nothing vouches for it. With
 // Translator.SetReplay, a gap of an engine whose Target names a Replay
 // endpoint (vLLM's replay_endpoint) is first asked of that endpoint: the
-// missed batches, if it still holds them all, are applied in order before
-// the message that showed the gap, and nothing is cleared (replay.go).
+// missed batches, if it still holds them all and gives back the last one
+// applied unchanged (else the engine restarted), are applied in order
+// before the message that showed the gap, and nothing is cleared
+// (replay.go).
 //
 // # Trust
 //

@@ -25,9 +25,13 @@ type engine struct {
 	bs       int
 	max      int
 
-	seen   bool
-	last   uint64
-	blocks map[uint64]uint64 // engine hash → our key
+	seen bool
+	last uint64
+	// lastSum is the XXH64 of message last's payload, kept while the
+	// engine has a Replay endpoint: a replay starts with that batch, to
+	// tell a gap from a restart (replayGap).
+	lastSum uint64
+	blocks  map[uint64]uint64 // engine hash → our key
 	// unindexed has bit g set while KV-cache group g (below 64) is known,
 	// from its last BlockStored naming its kind, not to be indexed (a
 	// sliding-window or Mamba group): its removals do not concern the
@@ -145,10 +149,12 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 		// follow anything; the engine starts over from the next message.
 		e.clear(true)
 		e.last = seq
+		e.sum(t, payload)
 		e.st.Skipped++
 		return
 	}
 	e.seen, e.last = true, seq
+	e.sum(t, payload)
 	if err := e.dec.Decode(payload, e.applyFn); err != nil {
 		e.st.MalformedMessages++
 		e.st.LastError = err.Error()
@@ -156,18 +162,31 @@ func (e *engine) handle(t *Translator, seq uint64, payload []byte) {
 	}
 }
 
+// sum keeps the XXH64 of the payload of message e.last, when a replay
+// may need it.
+func (e *engine) sum(t *Translator, payload []byte) {
+	if e.tgt.Replay != "" && t.replayOf() != nil {
+		e.lastSum = xxhash.Sum64(payload)
+	}
+}
+
 // replayGap asks the engine's replay endpoint for the batches between the
 // last applied and seq, and applies them in order. It returns false,
 // having applied nothing, when the engine has no replay endpoint, replay
 // is off, or the endpoint could not give exactly the missing batches in
-// time (counted ReplayFailed); the caller then clears the engine.
+// time (counted ReplayFailed); the caller then clears the engine. The
+// endpoint must first give again the last batch heard, unchanged: an
+// engine that restarted numbers its batches from 0 again, and the first
+// heard of its new life may be past the last of the old one, which looks
+// like a gap; its replay is then of the new life, whose cache does not
+// hold the old one's blocks.
 func (e *engine) replayGap(t *Translator, seq uint64) bool {
 	r := t.replayOf()
 	if r == nil || e.tgt.Replay == "" {
 		return false
 	}
 	e.st.ReplayAttempts++
-	got, err := r.fetch(e.tgt.Replay, e.tgt.ReplayFrom, e.last+1, seq-1)
+	got, err := r.fetch(e.tgt.Replay, e.tgt.ReplayFrom, e.last+1, seq-1, e.lastSum)
 	if err != nil {
 		e.st.ReplayFailed++
 		e.st.LastError = err.Error()
@@ -179,6 +198,7 @@ func (e *engine) replayGap(t *Translator, seq uint64) bool {
 			return true
 		}
 		e.last = b.seq
+		e.sum(t, b.payload)
 		e.st.ReplayedBatches++
 		if err := e.dec.Decode(b.payload, e.applyFn); err != nil {
 			// As for a live message: events after the fault are lost.

@@ -330,7 +330,7 @@ func (d *Decoder) field(f field) error {
 			}
 			v, ok := r.int()
 			if (!ok || v < 0 || v > math.MaxUint32) && first == nil && r.err == nil {
-				first = fmt.Errorf("%w: token_ids[%d] is %d, want 0..%d", ErrMalformed, i, v, uint32(math.MaxUint32))
+				first = fmt.Errorf("%w: token_ids[%d] is %s, want 0..%d", ErrMalformed, i, intText(v, ok), uint32(math.MaxUint32))
 			}
 			ev.Tokens = append(ev.Tokens, uint32(v))
 		}
@@ -341,7 +341,7 @@ func (d *Decoder) field(f field) error {
 		}
 		v, ok := r.int()
 		if !ok || v < 1 || v > int64(d.lim.MaxTokens) {
-			return fmt.Errorf("%w: block_size is %d, want 1..%d", ErrMalformed, v, d.lim.MaxTokens)
+			return fmt.Errorf("%w: block_size is %s, want 1..%d", ErrMalformed, intText(v, ok), d.lim.MaxTokens)
 		}
 		ev.BlockSize = int(v)
 		return nil
@@ -361,8 +361,8 @@ func (d *Decoder) field(f field) error {
 			if !ok {
 				ev.LoRAID = -1
 			}
-		} else {
-			ev.Group, ev.HasGroup = v, ok
+		} else if ok {
+			ev.Group, ev.HasGroup = v, true
 		}
 		return nil
 	case fMedium, fLoraName, fSpecKind:

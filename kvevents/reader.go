@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -165,7 +166,8 @@ func (r *reader) uint() uint64 {
 }
 
 // int returns an integer value, or ok false (the value consumed) when it
-// does not fit an int64: a uint64 above MaxInt64.
+// does not fit an int64: a uint64 above MaxInt64, whose bits v then
+// holds (intText writes it).
 func (r *reader) int() (v int64, ok bool) {
 	if r.err != nil {
 		return 0, false
@@ -176,10 +178,15 @@ func (r *reader) int() (v int64, ok bool) {
 		r.fail(err)
 		return 0, false
 	}
-	if c == msgpcode.Uint64 && u > math.MaxInt64 {
-		return 0, false
+	return int64(u), !(c == msgpcode.Uint64 && u > math.MaxInt64)
+}
+
+// intText writes int's value for an error message.
+func intText(v int64, ok bool) string {
+	if !ok {
+		return strconv.FormatUint(uint64(v), 10)
 	}
-	return int64(u), true
+	return strconv.FormatInt(v, 10)
 }
 
 // str reads a string or byte string into dst if it fits, else skips

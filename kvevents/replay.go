@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 )
 
@@ -163,11 +164,13 @@ type batch struct {
 
 // fetch asks endpoint for the batches from first to last inclusive and
 // returns them in order, or an error if the endpoint cannot give exactly
-// those within the options' bounds. from, when not empty, lists the
-// addresses the endpoint must answer from.
-func (r *replayer) fetch(endpoint string, from []netip.Addr, first, last uint64) ([]batch, error) {
+// those within the options' bounds. It asks from the batch before first,
+// which must be the one heard, its payload's XXH64 prev (not returned,
+// nor counted in the bounds): else the engine restarted. from, when not
+// empty, lists the addresses the endpoint must answer from.
+func (r *replayer) fetch(endpoint string, from []netip.Addr, first, last, prev uint64) ([]batch, error) {
 	n := last - first + 1
-	if last < first || n > uint64(r.o.MaxBatches) {
+	if last < first || first == 0 || n > uint64(r.o.MaxBatches) {
 		return nil, fmt.Errorf("%w: a gap of %d batches, over the bound of %d", ErrReplay, n, r.o.MaxBatches)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.Timeout)
@@ -178,13 +181,13 @@ func (r *replayer) fetch(endpoint string, from []netip.Addr, first, last uint64)
 	}
 	defer sock.Close()
 	var req [8]byte
-	binary.BigEndian.PutUint64(req[:], first)
+	binary.BigEndian.PutUint64(req[:], first-1)
 	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
 		return nil, fmt.Errorf("%w: request to %s: %v", ErrReplay, endpoint, err)
 	}
 	out := make([]batch, 0, min(n, 64))
 	bytes := 0
-	for next := first; next <= last; {
+	for next := first - 1; next <= last; {
 		msg, err := sock.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -200,6 +203,12 @@ func (r *replayer) fetch(endpoint string, from []netip.Addr, first, last uint64)
 			return nil, fmt.Errorf("%w: %s ended the replay before batch %d (its buffer no longer holds it)", ErrReplay, endpoint, next)
 		case seq != next:
 			return nil, fmt.Errorf("%w: %s replayed batch %d where %d was due (its buffer no longer holds it)", ErrReplay, endpoint, seq, next)
+		case seq == first-1:
+			if xxhash.Sum64(payload) != prev {
+				return nil, fmt.Errorf("%w: %s's batch %d is not the one applied (the engine restarted)", ErrReplay, endpoint, seq)
+			}
+			next++
+			continue
 		}
 		bytes += len(payload)
 		if bytes > r.o.MaxBytes {

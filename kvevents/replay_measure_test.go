@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // The replay figures of docs/kv-events.md ("Replay"), measured with
@@ -54,8 +56,8 @@ func TestMeasureReplay(t *testing.T) {
 		}
 	})
 	t.Run("memory", func(t *testing.T) {
-		// At the byte bound: 1024 batches of 32 KiB.
-		stream := make([]batch, 1024)
+		// At the byte bound: 1024 batches of 32 KiB, after the one heard.
+		stream := make([]batch, 1025)
 		for i := range stream {
 			stream[i] = batch{seq: uint64(i + 1), payload: make([]byte, 32<<10)}
 		}
@@ -63,7 +65,7 @@ func TestMeasureReplay(t *testing.T) {
 		r := &replayer{o: ReplayOptions{}.withDefaults()}
 		r.dial = r.dialDealer
 		before := heapNow()
-		got, err := r.fetch(rs.endpoint, lo, 1, 1024)
+		got, err := r.fetch(rs.endpoint, lo, 2, 1025, xxhash.Sum64(stream[0].payload))
 		if err != nil {
 			t.Fatal(err)
 		}

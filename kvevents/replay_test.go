@@ -136,7 +136,7 @@ func TestReplayFillsGap(t *testing.T) {
 			})
 			got, st := runReplay(t, stream, gapAt2to4, rs.endpoint, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, ReplayOptions{})
 			require.Equal(t, want, got)
-			require.Equal(t, uint64(2), <-rs.requests, "asks from the last applied + 1")
+			require.Equal(t, uint64(1), <-rs.requests, "asks from the last applied, to check it")
 			require.Equal(t, uint64(1), st.Gaps)
 			require.Equal(t, uint64(1), st.ReplayAttempts)
 			require.Equal(t, uint64(1), st.ReplaySucceeded)
@@ -163,13 +163,13 @@ func TestReplayFailures(t *testing.T) {
 		wantErr string
 	}{
 		{name: "buffer no longer holds the range", host: "127.0.0.1", from: lo,
-			server: func(rs *replayServer) { rs.buf = rs.buf[3:] }, wantErr: "where 2 was due"},
+			server: func(rs *replayServer) { rs.buf = rs.buf[3:] }, wantErr: "where 1 was due"},
 		{name: "buffer empty", host: "127.0.0.1", from: lo,
-			server: func(rs *replayServer) { rs.buf = nil }, wantErr: "ended the replay before batch 2"},
+			server: func(rs *replayServer) { rs.buf = nil }, wantErr: "ended the replay before batch 1"},
 		{name: "replayed sequence has a gap", host: "127.0.0.1", from: lo,
 			server: func(rs *replayServer) { rs.buf = append(rs.buf[:2:2], rs.buf[3:]...) }, wantErr: "batch 4 where 3 was due"},
 		{name: "slow replay", host: "127.0.0.1", from: lo, o: ReplayOptions{Timeout: 300 * time.Millisecond},
-			server: func(rs *replayServer) { rs.hold = true }, wantErr: "no batch 2 within 300ms"},
+			server: func(rs *replayServer) { rs.hold = true }, wantErr: "no batch 1 within 300ms"},
 		{name: "another host", host: "127.0.0.2", from: lo, wantErr: "not the engine's host"},
 		{name: "over the batch bound", host: "127.0.0.1", from: lo, o: ReplayOptions{MaxBatches: 2}, wantErr: "a gap of 3 batches"},
 		{name: "over the byte bound", host: "127.0.0.1", from: lo, o: ReplayOptions{MaxBytes: 40}, wantErr: "over 40 bytes"},
@@ -289,4 +289,42 @@ func TestReplayNotForRestartAfterLastSeq(t *testing.T) {
 	require.Zero(t, st.ReplayAttempts, "a restart replayed")
 	require.Zero(t, asked)
 	require.Equal(t, uint64(1), st.Skipped)
+}
+
+// TestReplayRestartThatLooksLikeAGap: an engine that restarts numbers its
+// batches from 0 again; when the subscriber missed the new incarnation's
+// first batches, the first it hears may be past the last it applied from
+// the old one, which looks like a gap. The replay endpoint then serves
+// the new incarnation's batches, and applying them kept the old
+// incarnation's blocks, which the restarted engine no longer holds and
+// will never remove (found in review). The replay now asks from the last
+// batch applied and checks it is the one applied: here it is not, so the
+// engine is cleared as for a restart.
+func TestReplayRestartThatLooksLikeAGap(t *testing.T) {
+	old := []batch{
+		{seq: 1, payload: pack(t, arrayBatch(storedRun(1, 2)))},
+		{seq: 2, payload: pack(t, arrayBatch(storedRun(3, 1)))},
+	}
+	restarted := make([]batch, 4)
+	for i := range restarted { // the new incarnation's batches 1 to 4
+		restarted[i] = batch{seq: uint64(i + 1), payload: pack(t, arrayBatch(storedRun(uint64(100+10*i), 1)))}
+	}
+	rs := newReplayServer(t, "127.0.0.1", restarted, nil)
+	idx := newFakeIndex()
+	tr := NewTranslator(podResolver(idx, func(tg *Target) { tg.Replay = rs.endpoint }), Limits{})
+	tr.SetReplay(ReplayOptions{})
+	for _, b := range old {
+		tr.Handle("tcp://*:5557", frames(replayTopic, b.seq, b.payload))
+	}
+	oldKeys := idx.keys("pod")
+	require.Len(t, oldKeys, 3)
+	tr.Handle("tcp://*:5557", frames(replayTopic, 4, restarted[3].payload)) // 1-3 of the new incarnation missed
+
+	for _, k := range oldKeys {
+		require.NotContains(t, idx.keys("pod"), k, "a block of the engine before its restart")
+	}
+	st := statsOf(t, tr, replayTopic)
+	require.Equal(t, uint64(1), st.ReplayFailed)
+	require.Contains(t, st.LastError, "batch 2 is not the one applied")
+	require.Equal(t, uint64(1), st.Clears)
 }

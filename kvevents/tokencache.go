@@ -81,6 +81,10 @@ type tokenCall struct {
 	done   chan struct{}
 	tokens []uint32
 	err    error
+	// gone: the call failed with its caller's context ended, a failure
+	// of that caller alone, which its waiters do not share (they ask
+	// again).
+	gone bool
 }
 
 // NewCachedTokenizer caches inner's results.
@@ -114,12 +118,25 @@ func keyOf(r TokenizeRequest) cacheKey {
 }
 
 // Tokenize implements Tokenizer. The returned slice is shared with the
-// cache: callers must not modify it (appending is fine).
+// cache: callers must not modify it (appending is fine). A call shared
+// with a caller that goes away (its context ends) is asked again by the
+// others.
 func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]uint32, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
 	k := keyOf(req)
+	for {
+		tokens, again, err := c.tokenize(ctx, req, k)
+		if !again {
+			return tokens, err
+		}
+	}
+}
+
+// tokenize is one attempt of Tokenize; again reports that the call it
+// waited for failed for its caller alone (tokenCall.gone).
+func (c *CachedTokenizer) tokenize(ctx context.Context, req TokenizeRequest, k cacheKey) (tokens []uint32, again bool, err error) {
 	now := c.now()
 	c.mu.Lock()
 	if el, ok := c.m[k]; ok {
@@ -128,7 +145,7 @@ func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]
 			c.lru.MoveToFront(el)
 			c.st.Hits++
 			c.mu.Unlock()
-			return e.tokens, nil
+			return e.tokens, false, nil
 		}
 		c.drop(el)
 	}
@@ -137,9 +154,12 @@ func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]
 		c.mu.Unlock()
 		select {
 		case <-call.done:
-			return call.tokens, call.err
+			if call.gone && ctx.Err() == nil {
+				return nil, true, nil
+			}
+			return call.tokens, false, call.err
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 	}
 	c.st.Misses++
@@ -147,14 +167,14 @@ func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]
 	c.inflight[k] = call
 	c.mu.Unlock()
 
-	tokens, err := c.inner.Tokenize(ctx, req)
+	tokens, err = c.inner.Tokenize(ctx, req)
 	if cap(tokens) > len(tokens)+len(tokens)/8 {
 		// An answer read into a grown buffer: the entry keeps only
 		// what it counts.
 		tokens = slices.Clone(tokens)
 	}
 	tokens = tokens[:len(tokens):len(tokens)]
-	call.tokens, call.err = tokens, err
+	call.tokens, call.err, call.gone = tokens, err, err != nil && ctx.Err() != nil
 	c.mu.Lock()
 	delete(c.inflight, k)
 	if err == nil && len(tokens)+entryCost <= c.maxTokens/16 {
@@ -167,7 +187,7 @@ func (c *CachedTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]
 	}
 	c.mu.Unlock()
 	close(call.done)
-	return tokens, err
+	return tokens, false, err
 }
 
 func (c *CachedTokenizer) drop(el *list.Element) {

@@ -15,7 +15,7 @@ import (
 )
 
 // Tokenizer turns a request's prompt into the token ids its engine will
-// compute, so the request can be keyed (AppendKey) as the engine's events
+// compute, so the request can be keyed (keys.AppendExact) as the engine's events
 // are. The engine applies its own chat template, which is why the default
 // asks the engine itself (HTTPTokenizer); embedders with an in-process
 // tokenizer that reproduces the engine's exactly may supply their own.

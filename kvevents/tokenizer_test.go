@@ -297,3 +297,73 @@ func TestCachedTokenizerSharesCalls(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "a waiter leaves when its context ends")
 	close(inner2.gate)
 }
+
+// ctxTokenizer answers one token per prompt byte once gate is closed, or
+// fails with its context's error when that context ends first, as
+// HTTPTokenizer's request does.
+type ctxTokenizer struct {
+	calls atomic.Int64
+	gate  chan struct{}
+}
+
+func (c *ctxTokenizer) Tokenize(ctx context.Context, req TokenizeRequest) ([]uint32, error) {
+	c.calls.Add(1)
+	select {
+	case <-c.gate:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %v", ErrTokenize, ctx.Err()) // as HTTPTokenizer wraps it: %v
+	}
+	out := make([]uint32, 0, len(req.Prompt))
+	for _, b := range []byte(req.Prompt) {
+		out = append(out, uint32(b))
+	}
+	return out, nil
+}
+
+// TestCachedTokenizerCallerGoneFailsNoWaiter: when the caller whose call
+// the others share goes away (its client disconnects: its context ends),
+// that call fails for it alone; a waiter whose own context is live asks
+// again rather than failing with the other caller's cancellation (found
+// in review: every waiter got "context canceled" and its request was
+// keyed without tokens).
+func TestCachedTokenizerCallerGoneFailsNoWaiter(t *testing.T) {
+	inner := &ctxTokenizer{gate: make(chan struct{})}
+	c := NewCachedTokenizer(inner, CacheOptions{})
+	req := TokenizeRequest{Model: "m", Prompt: "same"}
+	leaderCtx, cancel := context.WithCancel(context.Background())
+	leader := make(chan error, 1)
+	go func() {
+		_, err := c.Tokenize(leaderCtx, req)
+		leader <- err
+	}()
+	for c.Stats().Misses == 0 {
+		runtime.Gosched()
+	}
+	type result struct {
+		toks []uint32
+		err  error
+	}
+	waiter := make(chan result, 1)
+	go func() {
+		toks, err := c.Tokenize(context.Background(), req)
+		waiter <- result{toks, err}
+	}()
+	for c.Stats().Shared == 0 {
+		runtime.Gosched()
+	}
+	cancel()
+	require.ErrorIs(t, <-leader, ErrTokenize, "the caller that went away fails")
+	for inner.calls.Load() < 2 { // the waiter asks again, or fails
+		select {
+		case r := <-waiter:
+			t.Fatalf("the waiter, its context live, got %v, %v", r.toks, r.err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	close(inner.gate)
+	r := <-waiter
+	require.NoError(t, r.err)
+	require.Equal(t, []uint32{'s', 'a', 'm', 'e'}, r.toks)
+	require.EqualValues(t, 2, inner.calls.Load())
+}

@@ -33,7 +33,8 @@ type Target struct {
 	Index   Index
 	Replica string
 	// Model is the name keys chain from for events without a LoRA
-	// adapter: the model name requests use. Empty means Source.Model.
+	// adapter: the model name requests use. Empty means Source.Model;
+	// a source with neither is refused (counted Unresolved).
 	Model string
 	// BlockSize is the number of tokens per block requests are keyed
 	// with; events of another block size are dropped. Zero means
@@ -95,7 +96,7 @@ func ParseTopic(topic string) (pod, model string, ok bool) {
 // under another chain root or block size (a topic naming another model)
 // is refused and counted (Rejected).
 //
-// A stored event's blocks are keyed from their token ids (see AppendKey):
+// A stored event's blocks are keyed from their token ids (see keys.AppendExact):
 // the first chained on the parent's key, or on Root of the LoRA adapter or
 // model name when the event starts a chain. An event whose parent is not
 // in the map (an orphan: its ancestors were stored before we listened, or
@@ -249,6 +250,7 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	if err != nil {
 		return nil
 	}
+again:
 	t.mu.Lock()
 	e = t.engines[tgt.Replica]
 	if e == nil {
@@ -264,6 +266,13 @@ func (t *Translator) engine(endpoint string, topic []byte) *engine {
 	}
 	t.mu.Unlock()
 	e.mu.Lock()
+	t.mu.Lock()
+	removed := t.engines[tgt.Replica] != e // by Remove, while e.mu was awaited
+	t.mu.Unlock()
+	if removed {
+		e.unlock()
+		goto again
+	}
 	if e.resolved && !e.same(src, tgt) {
 		e.refuse(fmt.Sprintf("source %q on %s: the engine is heard as %q on %s, with model %q and block size %d",
 			src.Topic, endpoint, e.src.Topic, e.src.Endpoint, e.tgt.Model, e.bs))
@@ -336,6 +345,11 @@ func (t *Translator) resolveTarget(src Source) (Target, error) {
 	if err == nil {
 		err = tgt.validate()
 	}
+	if err == nil && tgt.Model == "" && src.Model == "" {
+		// Its blocks would chain from the root of "", which no
+		// request's key does.
+		err = fmt.Errorf("kvevents: target of replica %q has no Model, and topic %q names none (want kv@POD@MODEL)", tgt.Replica, src.Topic)
+	}
 	if err != nil {
 		t.mu.Lock()
 		t.glob.Unresolved++
@@ -398,18 +412,24 @@ func (t *Translator) Remove(gone func(replica string) bool) int {
 	t.mu.Unlock()
 	for e, id := range ids {
 		e.mu.Lock()
-		e.clear(false)
-		e.resolved, e.seen, e.blocks = false, false, nil
-		e.account()
-		t.forget(map[*engine]bool{e: true})
-		t.mu.Lock()
-		if t.engines[id] == e {
-			delete(t.engines, id)
-		}
-		t.mu.Unlock()
+		t.remove(e, id)
 		e.unlock()
 	}
 	return len(ids)
+}
+
+// remove clears engine e, replica id, forgets its sources and drops it
+// from the engines; e.mu held.
+func (t *Translator) remove(e *engine, id string) {
+	e.clear(false)
+	e.resolved, e.seen, e.blocks = false, false, nil
+	e.account()
+	t.forget(map[*engine]bool{e: true})
+	t.mu.Lock()
+	if t.engines[id] == e {
+		delete(t.engines, id)
+	}
+	t.mu.Unlock()
 }
 
 // Replay calls fn, for every resolved engine for which match returns true

@@ -3,9 +3,12 @@ package kvevents
 import (
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -590,4 +593,72 @@ func TestTranslateOverflowOneEvent(t *testing.T) {
 	require.LessOrEqual(t, st.Mapped, 4, "the engine's map past its MaxBlocks")
 	require.LessOrEqual(t, len(idx.keys("10.0.0.1:8000")), 4)
 	require.Equal(t, uint64(1), st.Overflows)
+}
+
+// TestTranslateTargetWithoutModel: a source whose Target names no Model
+// and whose topic names none (plain vLLM's empty topic) is refused and
+// counted as unresolved, its error naming the field: its blocks would
+// chain from the root of the empty name, which no request's key does, so
+// the index would hold them matching nothing (found in review: they were
+// applied, silently useless).
+func TestTranslateTargetWithoutModel(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(func(Source) (Target, error) { return Target{Index: idx, Replica: "r"}, nil }, Limits{})
+	payload := pack(t, arrayBatch(stored{hashes: []uint64{1}, tokens: seqTokens(1, 16), bs: 16}.array()))
+	tr.Handle("tcp://engine:5557", frames("", 1, payload))
+	engines, glob := tr.Stats()
+	require.Empty(t, idx.keys("r"), "no block keyed from the empty model name")
+	require.Empty(t, engines)
+	require.EqualValues(t, 1, glob.Unresolved)
+	require.Contains(t, glob.LastError, "no Model")
+
+	tr = NewTranslator(func(Source) (Target, error) { return Target{Index: idx, Replica: "r", Model: "m"}, nil }, Limits{})
+	tr.Handle("tcp://engine:5557", frames("", 1, payload))
+	require.Equal(t, sortedKey(mustKey(t, "m", seqTokens(1, 16))), idx.keys("r"), "a Target's Model names the root")
+}
+
+// TestTranslateRemoveWhileResolving: a message of a new source of an
+// engine that Remove drops while the message waits for the engine's lock
+// (its state found, not yet locked) goes to a new engine of the replica,
+// one the Translator tracks: before, it revived the removed engine
+// outside the Translator's engines, where neither Stats, Reset, Remove nor
+// the MaxMapped bound reached it, so Reset left its blocks in the index
+// for good (found in review).
+func TestTranslateRemoveWhileResolving(t *testing.T) {
+	idx := newFakeIndex()
+	tr := NewTranslator(func(Source) (Target, error) { return Target{Index: idx, Replica: "r", Model: "m"}, nil }, Limits{})
+	tr.Handle("ep", frames("t1", 1, pack(t, arrayBatch(stored{hashes: []uint64{1}, tokens: seqTokens(1, 16), bs: 16}.array()))))
+	e := tr.engines["r"]
+	require.NotNil(t, e)
+
+	e.mu.Lock() // as Remove holds it: the next message of a new source waits for it
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.Handle("ep", frames("t2", 1, pack(t, arrayBatch(stored{hashes: []uint64{2}, tokens: seqTokens(100, 16), bs: 16}.array()))))
+	}()
+	waitLocked(t, "(*Translator).engine")
+	tr.remove(e, "r") // Remove's work, done while the message waits
+	e.unlock()
+	<-done
+
+	require.NotEmpty(t, idx.keys("r"), "the message was applied")
+	engines, _ := tr.Stats()
+	require.Len(t, engines, 1, "the engine that applied it is tracked")
+	require.Equal(t, 1, tr.Reset(nil))
+	require.Empty(t, idx.keys("r"), "Reset clears what it applied")
+}
+
+// waitLocked waits until a goroutine blocks on a mutex inside fn.
+func waitLocked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(30 * time.Second); ; runtime.Gosched() {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "sync.(*Mutex).Lock") && strings.Contains(g, fn) {
+				return
+			}
+		}
+		require.False(t, time.Now().After(deadline), "no goroutine blocked in %s", fn)
+	}
 }
