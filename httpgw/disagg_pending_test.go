@@ -116,18 +116,29 @@ func TestPDDecodeRetryHandsOff(t *testing.T) {
 					assert.Zero(t, st.PendingPrefill, "the retry's replica does not prefill a split request")
 				}
 			}
+			pre := f.srv.Snapshot().Models[testModel].PD.Plan.Prefill.Replicas()[0]
+			if sidecar {
+				// The retry's sidecar reruns the prefill: the failed
+				// sidecar's 5xx does not end it.
+				assert.Positive(t, pre.PendingPrefill, "the retry's sidecar prefills on the prefill replica")
+			} else {
+				assert.Zero(t, pre.PendingPrefill, "the prefill ran before the decode")
+			}
 			close(release)
 			resp := <-done
 			readAll(t, resp)
 			require.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Regexp(t, `^split; `, resp.Header.Get(HeaderDisagg))
 			assert.Equal(t, retry, resp.Header.Get(HeaderReplica))
+			pre = f.srv.Snapshot().Models[testModel].PD.Plan.Prefill.Replicas()[0]
+			assert.Zero(t, pre.PendingPrefill)
 			assert.Equal(t, 1.0, f.fallbacks("decode_retry"))
 			f.settle()
 			for _, st := range gw.Replicas() {
 				assert.Zero(t, st.PendingPrefill)
 				assert.Zero(t, st.InFlight)
 			}
+			assert.Zero(t, f.srv.Snapshot().Models[testModel].PD.Plan.Prefill.Replicas()[0].InFlight)
 		})
 	}
 }
