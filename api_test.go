@@ -12,8 +12,10 @@ import (
 
 // maxExported bounds the package's public API: exported top-level names
 // and the exported methods of exported types, counted with go/ast as the
-// issue that set it counts them (struct fields aside).
-const maxExported = 80
+// issue that set it counts them (struct fields aside). 82: 80 and the two
+// P/D plan's re-plans after a failure (PDDecision.Colocate,
+// PD.RouteDecode).
+const maxExported = 82
 
 // TestAPISize: the package exports at most maxExported names, so that its
 // go doc stays a short read.

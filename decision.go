@@ -72,8 +72,10 @@ type ticket struct {
 	// request without a prompt, which teaches no speed; 0 for one whose
 	// prefill ran on another replica, handOff), the
 	// requests outstanding at the replica with it (speedload.go) and its
-	// objective.
+	// objective. handedWork is the work handOff took out (colocate puts
+	// it back).
 	work, load int
+	handedWork int
 	obj        objective
 	stats      *counters
 	// ttl is the latency TTL, when the gateway has an SLO: a smoothed
@@ -184,7 +186,21 @@ func (d *Decision) release() {
 func (d *Decision) handOff() {
 	d.release()
 	d.handed = true
-	d.t.work = 0
+	d.t.handedWork, d.t.work = d.t.work, 0
+}
+
+// colocate undoes handOff, for a split request decoded co-located after
+// all (PDDecision.Colocate): its uncached blocks are pending on the
+// replica again, until its first token, and its Done teaches the
+// replica's prefill. It does nothing once d was reported on, or when d
+// was not handed off.
+func (d *Decision) colocate() {
+	if !d.handed || d.t == nil || d.t.state.Load() != d.gen<<2 {
+		return
+	}
+	d.handed = false
+	d.t.work = d.t.handedWork
+	d.rs.pending.Add(int64(d.Blocks - d.Matched))
 }
 
 // Kind is the kind of a routing decision. The zero value is

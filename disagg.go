@@ -104,6 +104,40 @@ func (p *PD) Route(key Key, tokensPerBlock int, decode, prefill Target) (PDDecis
 	return out, nil
 }
 
+// Colocate makes a split plan co-located after all, for a front whose
+// prefill failed and that sends the request to the decode replica with its
+// own body, to prefill there: the request's uncached blocks are pending
+// prefill on that replica again, until its first token, and Decode's Done
+// teaches the replica's prefill speed, as for a plan Route did not split.
+// Split is cleared; Prefill is left for the caller to report on. Call it
+// before any report on Decode (after one it changes only Split); it does
+// nothing to a plan that is not split.
+func (pd *PDDecision) Colocate() {
+	if !pd.Split {
+		return
+	}
+	pd.Split = false
+	pd.Decode.colocate()
+}
+
+// RouteDecode routes the decode side of a split request again, over the
+// decode pool within t: a retry after its decode replica failed (t.Exclude
+// naming it), with the KV cache still handed over from the prefill side.
+// As for Route's Decode, the request's uncached blocks are not pending
+// prefill on the replica chosen and its Done teaches only the time per
+// output token. Its errors are the decode pool's RouteWith's.
+func (p *PD) RouteDecode(key Key, t Target) (Decision, error) {
+	if p == nil || p.Decode == nil {
+		return Decision{}, fmt.Errorf("%w: PD.Decode is nil", ErrInvalid)
+	}
+	d, err := p.Decode.RouteWith(key, t)
+	if err != nil {
+		return d, err
+	}
+	d.handOff()
+	return d, nil
+}
+
 // leastQueued returns the least prefill queued on an eligible replica
 // (healthy and within t), PendingPrefill + Load.PeerPrefill in blocks;
 // false when no replica is eligible. It takes no lock.

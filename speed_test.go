@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -720,4 +721,49 @@ func TestSpeedFitHidesUnexplainedBlockTime(t *testing.T) {
 			assert.Equal(t, tt.publish, block > 0, "time per block %v, rms log residual %.2f", block, math.Sqrt(f.rr/f.nr))
 		})
 	}
+}
+
+// TestPDColocateAndRouteDecode: a split plan made co-located (its prefill
+// failed) counts its uncached blocks as pending prefill on the decode
+// replica again and teaches that replica's prefill speed; a decode routed
+// again for a split request (RouteDecode) is handed off as Route's.
+func TestPDColocateAndRouteDecode(t *testing.T) {
+	pd := PD{Decode: mustNew(t, replicaNames(2), WithMode(ModeLoadAware)), Prefill: mustNew(t, replicaNames(1), WithMode(ModeCacheAware))}
+	pending := func(name string) int {
+		for _, st := range pd.Decode.Replicas() {
+			if st.Name == name {
+				return st.PendingPrefill
+			}
+		}
+		return -1
+	}
+	for i := range 100 {
+		plan, err := pd.Route(keys.AppendHashes(nil, []uint64{uint64(i), 1, 2, 3}), 16, Target{}, Target{})
+		require.NoError(t, err)
+		require.True(t, plan.Split)
+		require.Zero(t, pending(plan.Decode.Replica))
+		plan.Prefill.Done(DoneInfo{Err: errors.New("prefill failed")})
+		plan.Colocate()
+		require.False(t, plan.Split)
+		require.Equal(t, 4, pending(plan.Decode.Replica), "the decode replica prefills it")
+		plan.Colocate() // once only
+		require.Equal(t, 4, pending(plan.Decode.Replica))
+		plan.Decode.Done(DoneInfo{TTFT: 400 * time.Millisecond, Elapsed: 500 * time.Millisecond, OutputTokens: 11})
+		require.Zero(t, pending(plan.Decode.Replica))
+
+		r, err := pd.RouteDecode(keys.AppendHashes(nil, []uint64{uint64(i), 1, 2, 3}), Target{Exclude: plan.Decode.Replica})
+		require.NoError(t, err)
+		require.NotEqual(t, plan.Decode.Replica, r.Replica)
+		require.Zero(t, pending(r.Replica), "a retried split decode does not prefill")
+		r.Done(DoneInfo{TTFT: 4 * time.Second, Elapsed: 5 * time.Second, OutputTokens: 11})
+	}
+	for _, st := range pd.Decode.Replicas() {
+		require.NotZero(t, st.BlockTime, "%s learns its prefill from co-located fallbacks", st.Name)
+		require.Less(t, st.BlockTime, time.Second, "%s learns no prefill from retried split decodes", st.Name)
+		require.Zero(t, st.InFlight)
+	}
+	var none PDDecision
+	none.Colocate() // not split: nothing
+	_, err := (*PD)(nil).RouteDecode(nil, Target{})
+	require.ErrorIs(t, err, ErrInvalid)
 }

@@ -111,12 +111,12 @@ func (s *Server) proxyPD(c *call) {
 		// but the sidecar's answer comes after it: the prefill's pending
 		// blocks are released then (forward), the decision when the
 		// request ends.
-		c.sidecarPrefill = &pre
+		c.sidecarPrefill, c.handed = &pre, true
 		defer pre.Done(gateway.DoneInfo{})
 		s.proxy(c)
 		return
 	}
-	proceed, handed := s.prefill(c, plan, pt, note)
+	proceed, handed := s.prefill(c, &plan, pt, note)
 	if !proceed {
 		return
 	}
@@ -157,8 +157,10 @@ func (s *Server) maxPrefillAnswer() int64 { return 2*s.opts.MaxBodyBytes + 1<<20
 // decode) and prefill reports proceed only. A 4xx answer is relayed to the
 // client, as the sidecar does, and prefill reports neither; nor for a
 // client that went away. Every prefill decision is released with Done, and
-// when prefill does not report proceed the call's decode decision is too.
-func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, note string) (proceed, handed bool) {
+// when prefill does not report proceed the call's decode decision is too;
+// a fallback makes plan co-located (PDDecision.Colocate), its decode
+// replica prefilling the request.
+func (s *Server) prefill(c *call, plan *gateway.PDDecision, t gateway.Target, note string) (proceed, handed bool) {
 	ms := c.ms
 	body, err := makeBody(&c.in, len(c.body)+len(prefillTail)+2, func() ([]byte, error) { return prefillBody(c.body) })
 	if errors.Is(err, budget.ErrSpent) {
@@ -166,6 +168,7 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 	}
 	if err != nil { // not reached but past MaxRequestBytes: admit parsed the body as an object
 		plan.Prefill.Done(gateway.DoneInfo{Err: err})
+		plan.Colocate()
 		s.pdFallback(c, fleet.PDPrefillFailed, note, err)
 		return true, false
 	}
@@ -192,6 +195,7 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 			}
 			c.w.Header().Set(HeaderDisagg, "split"+note)
 			setPrefillHeaders(c, &pre)
+			c.handed = true
 			return true, true
 		case prefillGone:
 			c.first.Done(gateway.DoneInfo{Err: res.err})
@@ -222,6 +226,7 @@ func (s *Server) prefill(c *call, plan gateway.PDDecision, t gateway.Target, not
 			}
 			res.err = fmt.Errorf("%w; not retried: %w", res.err, err)
 		}
+		plan.Colocate()
 		s.pdFallback(c, res.reason, note, res.err)
 		return true, false
 	}

@@ -93,6 +93,10 @@ type call struct {
 	// behind a sidecar (disagg.go), whose prefill is over once the
 	// sidecar answers.
 	sidecarPrefill *gateway.Decision
+	// handed says the request is split and its KV cache comes from a
+	// prefill replica: a retried decode is routed by the P/D plan too
+	// (gateway.PD.RouteDecode), which does not count its prefill there.
+	handed bool
 	// pin, when set, is the one replica the call may go to: the one
 	// holding the response a Responses API request continues
 	// (responses.go).
@@ -252,9 +256,12 @@ func (s *Server) proxy(c *call) {
 		// health checks may not have ejected yet.
 		var dec gateway.Decision
 		var err error
-		if try == 0 && c.first != nil {
+		switch {
+		case try == 0 && c.first != nil:
 			dec = *c.first
-		} else {
+		case c.handed:
+			dec, err = ms.PD.Plan.RouteDecode(c.key, c.target(failed))
+		default:
 			dec, err = ms.Gateway.RouteWith(c.key, c.target(failed))
 		}
 		if err != nil {

@@ -73,12 +73,6 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 		return retry, cause
 	}
 	defer resp.Body.Close()
-	if c.sidecarPrefill != nil {
-		// pd-sidecar answers with the decode request's answer, sent once
-		// the prefill's came: the prefill replica's pending prefill is
-		// released now, the decision when the request ends.
-		c.sidecarPrefill.FirstToken()
-	}
 	if resp.StatusCode >= 500 {
 		s.Observe(a.ep, a.ep.Health.Failure(false))
 		if a.canRetry {
@@ -89,6 +83,14 @@ func (s *Server) forward(c *call) (retry bool, cause error) {
 		}
 	} else {
 		s.Observe(a.ep, a.ep.Health.Success(false))
+	}
+	if c.sidecarPrefill != nil {
+		// pd-sidecar answers with the decode request's answer, sent once
+		// the prefill's came: the prefill replica's pending prefill is
+		// released now, the decision when the request ends. Not on an
+		// answer retried on another decode replica, whose sidecar runs
+		// the prefill again.
+		c.sidecarPrefill.FirstToken()
 	}
 	if c.aggregate && resp.StatusCode/100 == 2 && isEventStream(resp) {
 		return s.relayAggregated(c, resp)
