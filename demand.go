@@ -51,19 +51,53 @@ type demand struct {
 // observe counts a request whose longest prefix held by a candidate ends
 // in block mk[longest-1] (mk holds placed hashes) and returns that
 // prefix's share of recent requests, 0..1 (0 when longest is 0), taken of
-// at least demandPrior requests. The halving due before the next request
-// is done after counting this one, so that peek never has one to do.
+// at least demandPrior requests: peek, then count.
 func (d *demand) observe(mk Key, longest int) float64 {
+	share, at := d.peek(mk, longest)
+	d.count(at)
+	return share
+}
+
+// demandAt is where peek found a request's prefix: the slot counting it
+// (found) or the empty slot it would take, -1 for none (no prefix, or no
+// slot within demandProbe), and the prefix's placed hash.
+type demandAt struct {
+	i     int
+	found bool
+	key   uint64
+}
+
+// peek returns what observe(mk, longest) would, without counting, and
+// where count is to count it: Route hands the share to the policy and
+// counts the request only once the policy's pick is valid, so that a call
+// that fails leaves the counts as they were. Nothing may change d between
+// the two.
+func (d *demand) peek(mk Key, longest int) (float64, demandAt) {
+	if longest == 0 {
+		return 0, demandAt{i: -1}
+	}
+	at := demandAt{key: mk[longest-1]}
+	at.i, at.found = d.slot(at.key)
+	if at.i < 0 {
+		return 0, at
+	}
+	c := uint32(1)
+	if at.found {
+		c += d.counts[at.i]
+	}
+	return shareOf(c, d.total+1), at
+}
+
+// count counts the request peek found at at. The halving due before the
+// next request is done after counting this one, so that peek never has
+// one to do.
+func (d *demand) count(at demandAt) {
 	d.total++
-	share := 0.0
-	if longest > 0 {
-		if i, ok := d.slot(mk[longest-1]); i >= 0 {
-			if !ok {
-				d.keys[i] = mk[longest-1]
-			}
-			d.counts[i]++
-			share = d.ratio(d.counts[i])
+	if at.i >= 0 {
+		if !at.found {
+			d.keys[at.i] = at.key
 		}
+		d.counts[at.i]++
 	}
 	if d.n++; d.n == demandWindow {
 		d.n = 0
@@ -71,25 +105,6 @@ func (d *demand) observe(mk Key, longest int) float64 {
 	if d.n == demandWindow-1 { // every demandWindow requests
 		d.halve()
 	}
-	return share
-}
-
-// peek returns what observe(mk, longest) would, without counting: Route
-// hands it to the policy and counts the request only once the policy's
-// pick is valid, so that a call that fails leaves the counts as they were.
-func (d *demand) peek(mk Key, longest int) float64 {
-	if longest == 0 {
-		return 0
-	}
-	i, ok := d.slot(mk[longest-1])
-	if i < 0 {
-		return 0
-	}
-	c := uint32(1)
-	if ok {
-		c += d.counts[i]
-	}
-	return shareOf(c, d.total+1)
 }
 
 // share is observe without counting: mk[:longest]'s share so far.

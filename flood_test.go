@@ -309,7 +309,7 @@ func TestDemandBoundedWhenSecretKnown(t *testing.T) {
 	var d demand
 	for i := range 5 * demandWindow {
 		m := uint64(i%1500 + 1) // home slot 0
-		peeked := d.peek(Key{m}, 1)
+		peeked, _ := d.peek(Key{m}, 1)
 		share := d.observe(Key{m}, 1)
 		require.Equal(t, share, peeked, "peek is observe without counting")
 		if i < demandProbe { // the first run of slots counts them
@@ -368,7 +368,7 @@ func TestPropDemandIsExact(t *testing.T) {
 				continue
 			}
 			total++
-			peeked := d.peek(Key{m}, longest)
+			peeked, _ := d.peek(Key{m}, longest)
 			got := d.observe(Key{m}, longest)
 			want := 0.0
 			if longest == 1 {

@@ -485,10 +485,12 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	ref := poolMean(g.speeds.Load())
 	var pick int
+	var at demandAt
 	if tg.NoPrompt {
 		pick = g.pickByLoad(cands)
 	} else {
-		share := g.demand.peek(mk, maxMatched) // counted once the pick is valid
+		var share float64
+		share, at = g.demand.peek(mk, maxMatched) // counted once the pick is valid
 		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, growths: g.growths.Load()}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
@@ -497,7 +499,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
 	}
 	if !tg.NoPrompt {
-		g.demand.observe(mk, maxMatched)
+		g.demand.count(at)
 	}
 	rs := owner[pick]
 	pc := &cands[pick]
