@@ -106,3 +106,25 @@ func TestChartRefusesWhatThePickerWould(t *testing.T) {
 		require.ErrorContains(t, err, tt.want)
 	}
 }
+
+// The container gets NAMESPACE and POD_NAME from the downward API, as GIE's
+// chart gives its picker: the leader election's holder identity is
+// $POD_NAME and a random suffix (docs/kubernetes.md, Leader election); the
+// host name it falls back to is cut at 63 bytes, which a Deployment's pod
+// name may pass.
+func TestChartPodEnv(t *testing.T) {
+	for _, vals := range []map[string]any{
+		{"replicas": 3, "models": []any{"llama"}},
+		{"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm"}},
+	} {
+		c, _ := container(t, vals)
+		env := map[string]any{}
+		for _, e := range c["env"].([]any) {
+			e := e.(map[string]any)
+			env[e["name"].(string)] = e["valueFrom"]
+		}
+		for name, field := range map[string]string{"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"} {
+			require.Equal(t, map[string]any{"fieldRef": map[string]any{"fieldPath": field}}, env[name], "%v: env %s", vals, name)
+		}
+	}
+}
