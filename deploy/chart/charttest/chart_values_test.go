@@ -8,6 +8,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/strvals"
 )
 
 // container returns the exa container of the chart rendered with vals,
@@ -127,4 +128,18 @@ func TestChartPodEnv(t *testing.T) {
 			require.Equal(t, map[string]any{"fieldRef": map[string]any{"fieldPath": field}}, env[name], "%v: env %s", vals, name)
 		}
 	}
+}
+
+// pool.selector's values reach the InferencePool as strings, as the CRD's
+// matchLabels want them, whatever type Helm's --set gives them
+// (`--set pool.selector.version=1` is a number, `...gpu=true` a
+// boolean); GIE's chart quotes them likewise.
+func TestChartPoolSelectorValuesAreStrings(t *testing.T) {
+	vals := map[string]any{}
+	require.NoError(t, strvals.ParseInto("models[0]=llama,pool.create=true,pool.selector.app=vllm,pool.selector.version=1,pool.selector.gpu=true", vals))
+	_, objs := container(t, vals)
+	pool := objs["InferencePool/exa"]
+	require.NotNil(t, pool, "no InferencePool among %v", keys(objs))
+	sel := pool["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"]
+	require.Equal(t, map[string]any{"app": "vllm", "version": "1", "gpu": "true"}, sel)
 }
