@@ -62,7 +62,7 @@ func TestChartModelNamesVerbatim(t *testing.T) {
 // or in mode gateway (peers share state instead), it does not.
 func TestChartPickerReplicasElectLeader(t *testing.T) {
 	leases := map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"},
-		"verbs": []any{"get", "list", "watch", "create", "update", "patch", "delete"}}
+		"verbs": []any{"get", "create", "update"}}
 	for _, tt := range []struct {
 		vals  map[string]any
 		elect bool
