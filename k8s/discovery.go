@@ -105,6 +105,9 @@ type Discovery struct {
 	// poolMissing: the InferencePool was not found at the last rebuild
 	// (logged when it becomes so).
 	poolMissing atomic.Bool
+	// tooMany: the last listing had more than gateway.MaxReplicas
+	// replicas (logged when it becomes so).
+	tooMany atomic.Bool
 }
 
 // sources counts the discovery sources set.
@@ -299,8 +302,13 @@ func (d *Discovery) rebuild(ctx context.Context) {
 		base = b
 	}
 	if len(reps) > gateway.MaxReplicas {
-		d.o.Logger.Error("k8s: more replicas than a model may have; keeping the first", "replicas", len(reps), "max", gateway.MaxReplicas)
+		// Logged when it becomes so: every event and reload tick rebuilds.
+		if !d.tooMany.Swap(true) {
+			d.o.Logger.Error("k8s: more replicas than a model may have; keeping the first", "replicas", len(reps), "max", gateway.MaxReplicas)
+		}
 		reps = reps[:gateway.MaxReplicas]
+	} else {
+		d.tooMany.Store(false)
 	}
 	next := Merge(base, d.o.Models, d.o.Template, reps)
 	if d.last != nil && reflect.DeepEqual(d.last, next) {

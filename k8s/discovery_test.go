@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/examlops/gateway"
 	"github.com/examlops/gateway/config"
 	"github.com/examlops/gateway/internal/k8stest"
 	"github.com/stretchr/testify/require"
@@ -453,4 +454,51 @@ func TestDiscoveryFailuresLoggedOnce(t *testing.T) {
 	}
 	require.Equal(t, 2, logs.count(missing))
 	require.Len(t, d.Replicas(), 2, "the running replicas kept")
+}
+
+// TestDiscoveryTooManyReplicasLoggedOnce: more ready endpoints than a
+// model may have (gateway.MaxReplicas) keep the first and are logged
+// when that begins, not at every rebuild (every event of the Service's
+// slices and every reload tick rebuilds), as the other failures are.
+func TestDiscoveryTooManyReplicasLoggedOnce(t *testing.T) {
+	cfg, c := apiServer(t)
+	ctx := context.Background()
+	ns := newNamespace(t, c)
+	yes := true
+	port, name := int32(8000), "http"
+	const perSlice, slices = 1000, 5 // the API server's most endpoints a slice
+	var made []*discoveryv1.EndpointSlice
+	for s := range slices {
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: fmt.Sprintf("svc-%d", s), Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}}}
+		for i := range perSlice {
+			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 1+s, i/250, 1+i%250)},
+				Conditions: discoveryv1.EndpointConditions{Ready: &yes}})
+		}
+		require.NoError(t, c.Create(ctx, slice))
+		made = append(made, slice)
+	}
+	var logs logBuffer
+	rec := newRecorder()
+	d := runDiscovery(t, Options{Config: cfg, Namespace: ns, Service: "svc", Models: []string{"m"}, Debounce: -1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, rec)
+	const tooMany = "more replicas than a model may have"
+	cached(t, func() bool { return len(d.Replicas()) == gateway.MaxReplicas })
+	for range 3 {
+		d.rebuild(ctx)
+	}
+	require.Equal(t, 1, logs.count(tooMany), "too many replicas logged at every rebuild")
+	// Fewer again, then too many once more: logged again.
+	last := made[slices-1]
+	require.NoError(t, c.Delete(ctx, last))
+	cached(t, func() bool { return len(d.Replicas()) == (slices-1)*perSlice })
+	d.rebuild(ctx)
+	require.Equal(t, 1, logs.count(tooMany))
+	last.ResourceVersion, last.UID = "", ""
+	require.NoError(t, c.Create(ctx, last))
+	cached(t, func() bool { return len(d.Replicas()) == gateway.MaxReplicas })
+	d.rebuild(ctx)
+	require.Equal(t, 2, logs.count(tooMany))
 }

@@ -111,10 +111,11 @@ func NewLeader(o LeaderOptions) (*Leader, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	// Each request is bounded by the renew deadline, as controller-runtime
-	// bounds its leader election client.
+	// Each request is bounded by half the renew deadline (at least 1 s),
+	// as controller-runtime bounds its leader election client: one hung
+	// renewal leaves time to retry before the term is given up.
 	cfg := rest.CopyConfig(o.Config)
-	cfg.Timeout = o.RenewDeadline
+	cfg.Timeout = max(o.RenewDeadline/2, time.Second)
 	client, err := coordinationv1.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("k8s: leader election: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -187,4 +188,23 @@ func TestLeaderLateTermGoroutine(t *testing.T) {
 	l.stopped()
 	require.False(t, l.Leading())
 	require.Equal(t, []bool{true, false}, changes)
+}
+
+// TestLeaderRequestTimeout: as controller-runtime's leader election
+// client (pkg/leaderelection, max(RenewDeadline/2, 1s)), each request is
+// bounded by half the renew deadline, so that one hung renewal leaves
+// time to retry before the leader gives up its term.
+func TestLeaderRequestTimeout(t *testing.T) {
+	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
+	for _, tt := range []struct{ lease, renew, retry, want time.Duration }{
+		{0, 0, 0, 5 * time.Second}, // the defaults: 15s, 10s, 2s
+		{4 * time.Second, 3 * time.Second, 500 * time.Millisecond, 1500 * time.Millisecond},
+		{3 * time.Second, 1500 * time.Millisecond, time.Second, time.Second},
+	} {
+		l, err := NewLeader(LeaderOptions{Config: cfg, Namespace: "n", Name: "l", Logger: quiet(),
+			LeaseDuration: tt.lease, RenewDeadline: tt.renew, RetryPeriod: tt.retry})
+		require.NoError(t, err)
+		rc := l.lock.Client.(*coordclient.CoordinationV1Client).RESTClient().(*rest.RESTClient)
+		assert.Equal(t, tt.want, rc.Client.Timeout, "renew deadline %v", tt.renew)
+	}
 }

@@ -126,7 +126,8 @@ func rankName(pod string, idx int) string {
 // SliceReplicas returns the replicas of a Service's EndpointSlices: every
 // ready endpoint (conditions.ready unset or true, not terminating) on the
 // port named port ("" = each slice's first port), named after its target
-// pod, else its address, sorted by name. A pod listed twice (as in two
+// pod (when that is a valid replica name: the API server does not check
+// it), else its address, sorted by name. A pod listed twice (as in two
 // slices while they change) is one replica, and so is an address. An
 // endpoint without a pod whose address is also a pod's name (an IPv4
 // address is a valid pod name) is named ADDRESS:PORT, which no pod name
@@ -169,7 +170,10 @@ func SliceReplicas(slicesIn []discoveryv1.EndpointSlice, port string) []config.R
 				continue
 			}
 			addr := "http://" + net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(pnum)))
-			if e.TargetRef == nil || e.TargetRef.Name == "" {
+			// The API server does not validate targetRef: a name no
+			// replica may have would make the whole configuration be
+			// refused, so that endpoint is named by its address.
+			if e.TargetRef == nil || config.ValidateName(e.TargetRef.Name) != nil {
 				bare = append(bare, ep{e.Addresses[0], pnum})
 				continue
 			}

@@ -245,3 +245,28 @@ func TestPoolReplicasActivePorts(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestSliceReplicasBadTargetName: the API server does not validate an
+// EndpointSlice endpoint's targetRef, so anyone who may write a slice of
+// the Service can give one a name no replica may have (surrounding
+// spaces, control characters, invalid UTF-8, past config.MaxNameBytes). That endpoint is named by its
+// address instead, so that it cannot make the configuration of every
+// discovered replica be refused.
+func TestSliceReplicasBadTargetName(t *testing.T) {
+	yes := true
+	http, p8000 := "http", int32(8000)
+	for _, name := range []string{" pod", "pod ", "pod\x00", "pod\nb", "pod\xff", strings.Repeat("p", config.MaxNameBytes+1)} {
+		s := discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: &http, Port: &p8000}},
+			Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "pod-a"}},
+				{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: name}},
+			}}
+		reps := SliceReplicas([]discoveryv1.EndpointSlice{s}, "http")
+		require.Equal(t, []config.Replica{
+			{Name: "10.0.0.2", Address: "http://10.0.0.2:8000"},
+			{Name: "pod-a", Address: "http://10.0.0.1:8000"},
+		}, reps, "target %q", name)
+		checkReplicas(t, reps)
+	}
+}

@@ -113,7 +113,9 @@ func (f *FlowControl) Admission(a gateway.Admission, h Header) gateway.Admission
 
 // SetObjectives replaces the objectives (name to priority), as when
 // Kubernetes' InferenceObjectives change; m is not modified after. Nil
-// means none.
+// means none. The requests and queue-time series of priorities no
+// objective has any more (0 aside) are dropped, so that objectives
+// changing over time do not grow the series.
 func (f *FlowControl) SetObjectives(m map[string]int) {
 	if f == nil {
 		return
@@ -122,6 +124,7 @@ func (f *FlowControl) SetObjectives(m map[string]int) {
 		m = map[string]int{}
 	}
 	f.objectives.Store(&m)
+	f.m.drop(m)
 }
 
 // Hold holds a request of model with header h and size bytes until bind
@@ -298,6 +301,15 @@ type flowMetrics struct {
 	queueTime *prometheus.HistogramVec
 	size      *prometheus.Desc
 	bytes     *prometheus.Desc
+	counted   *countedPriorities
+}
+
+// countedPriorities are the priorities that have requests and queue-time
+// series; mu also orders a count against drop, so that a series counted
+// while its priority is dropped is dropped at the next change.
+type countedPriorities struct {
+	mu sync.Mutex
+	p  map[int]bool
 }
 
 func newFlowMetrics(f *FlowControl) flowMetrics {
@@ -310,8 +322,9 @@ func newFlowMetrics(f *FlowControl) flowMetrics {
 		queueTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "flow_queue_duration_seconds",
 			Help: "Time requests spent in flow control's queue, by model, priority and outcome.", Buckets: LatencyBuckets},
 			[]string{"model", "priority", "outcome"}),
-		size:  prometheus.NewDesc(ns+"_flow_queue_requests", "Requests held in flow control's queue, by model and priority: the demand waiting for capacity (an autoscaling signal).", []string{"model", "priority"}, nil),
-		bytes: prometheus.NewDesc(ns+"_flow_queue_bytes", "Bytes of the requests held in flow control's queue, by model and priority.", []string{"model", "priority"}, nil),
+		size:    prometheus.NewDesc(ns+"_flow_queue_requests", "Requests held in flow control's queue, by model and priority: the demand waiting for capacity (an autoscaling signal).", []string{"model", "priority"}, nil),
+		bytes:   prometheus.NewDesc(ns+"_flow_queue_bytes", "Bytes of the requests held in flow control's queue, by model and priority.", []string{"model", "priority"}, nil),
+		counted: &countedPriorities{p: map[int]bool{}},
 	}
 }
 
@@ -321,8 +334,33 @@ func (m *flowMetrics) collectors() []prometheus.Collector {
 
 func (m *flowMetrics) count(model string, prio int, outcome string, held time.Duration) {
 	p := strconv.Itoa(prio)
+	m.counted.mu.Lock()
+	defer m.counted.mu.Unlock()
+	m.counted.p[prio] = true
 	m.requests.WithLabelValues(model, p, outcome).Inc()
 	m.queueTime.WithLabelValues(model, p, outcome).Observe(held.Seconds())
+}
+
+// drop deletes the requests and queue-time series of the priorities
+// counted that neither objectives nor 0 has.
+func (m *flowMetrics) drop(objectives map[string]int) {
+	if m.counted == nil { // NewFlowControl's first SetObjectives
+		return
+	}
+	keep := map[int]bool{0: true}
+	for _, p := range objectives {
+		keep[p] = true
+	}
+	m.counted.mu.Lock()
+	defer m.counted.mu.Unlock()
+	for p := range m.counted.p {
+		if !keep[p] {
+			l := prometheus.Labels{"priority": strconv.Itoa(p)}
+			m.requests.DeletePartialMatch(l)
+			m.queueTime.DeletePartialMatch(l)
+			delete(m.counted.p, p)
+		}
+	}
 }
 
 // flowGauges reads the queues' sizes at each scrape.

@@ -266,3 +266,40 @@ func TestFlowGaugesPerModel(t *testing.T) {
 	<-out
 	<-out
 }
+
+// TestFlowSeriesFollowObjectives: the requests and queue-time series of a
+// priority no objective has any more are dropped when the objectives
+// change, so objectives that change over time (InferenceObjectives, which
+// a cluster user writes) do not grow the series without bound: at most
+// the configured priorities and 0 remain.
+func TestFlowSeriesFollowObjectives(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f, err := NewFlowControl(flow.Options{Enabled: true}, nil, reg)
+	require.NoError(t, err)
+	defer f.Close()
+	h := http.Header{}
+	h.Set(flow.HeaderObjective, "o")
+	for p := 1; p <= 50; p++ {
+		f.SetObjectives(map[string]int{"o": p})
+		require.NoError(t, f.Hold(context.Background(), "m", h, 1, func() bool { return true }))
+		require.NoError(t, f.Hold(context.Background(), "m", http.Header{}, 1, func() bool { return true }))
+	}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	prios := map[string]map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "exa_gateway_flow_requests_total" && mf.GetName() != "exa_gateway_flow_queue_duration_seconds" {
+			continue
+		}
+		prios[mf.GetName()] = map[string]bool{}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "priority" {
+					prios[mf.GetName()][lp.GetValue()] = true
+				}
+			}
+		}
+	}
+	want := map[string]bool{"0": true, "50": true}
+	assert.Equal(t, map[string]map[string]bool{"exa_gateway_flow_requests_total": want, "exa_gateway_flow_queue_duration_seconds": want}, prios)
+}

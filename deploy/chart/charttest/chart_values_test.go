@@ -8,6 +8,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/strvals"
 )
 
 // container returns the exa container of the chart rendered with vals,
@@ -61,7 +62,7 @@ func TestChartModelNamesVerbatim(t *testing.T) {
 // or in mode gateway (peers share state instead), it does not.
 func TestChartPickerReplicasElectLeader(t *testing.T) {
 	leases := map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"},
-		"verbs": []any{"get", "list", "watch", "create", "update", "patch", "delete"}}
+		"verbs": []any{"get", "create", "update"}}
 	for _, tt := range []struct {
 		vals  map[string]any
 		elect bool
@@ -105,4 +106,40 @@ func TestChartRefusesWhatThePickerWould(t *testing.T) {
 		_, err = engine.Render(ch, rv)
 		require.ErrorContains(t, err, tt.want)
 	}
+}
+
+// The container gets NAMESPACE and POD_NAME from the downward API, as GIE's
+// chart gives its picker: the leader election's holder identity is
+// $POD_NAME and a random suffix (docs/kubernetes.md, Leader election); the
+// host name it falls back to is cut at 63 bytes, which a Deployment's pod
+// name may pass.
+func TestChartPodEnv(t *testing.T) {
+	for _, vals := range []map[string]any{
+		{"replicas": 3, "models": []any{"llama"}},
+		{"mode": "gateway", "models": []any{"llama"}, "service": map[string]any{"name": "vllm"}},
+	} {
+		c, _ := container(t, vals)
+		env := map[string]any{}
+		for _, e := range c["env"].([]any) {
+			e := e.(map[string]any)
+			env[e["name"].(string)] = e["valueFrom"]
+		}
+		for name, field := range map[string]string{"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"} {
+			require.Equal(t, map[string]any{"fieldRef": map[string]any{"fieldPath": field}}, env[name], "%v: env %s", vals, name)
+		}
+	}
+}
+
+// pool.selector's values reach the InferencePool as strings, as the CRD's
+// matchLabels want them, whatever type Helm's --set gives them
+// (`--set pool.selector.version=1` is a number, `...gpu=true` a
+// boolean); GIE's chart quotes them likewise.
+func TestChartPoolSelectorValuesAreStrings(t *testing.T) {
+	vals := map[string]any{}
+	require.NoError(t, strvals.ParseInto("models[0]=llama,pool.create=true,pool.selector.app=vllm,pool.selector.version=1,pool.selector.gpu=true", vals))
+	_, objs := container(t, vals)
+	pool := objs["InferencePool/exa"]
+	require.NotNil(t, pool, "no InferencePool among %v", keys(objs))
+	sel := pool["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"]
+	require.Equal(t, map[string]any{"app": "vllm", "version": "1", "gpu": "true"}, sel)
 }
