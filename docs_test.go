@@ -1,0 +1,64 @@
+package gateway
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// metricDef matches the ways the sources name an exa_gateway_ metric:
+// Opts with Namespace ns ("exa_gateway"), a full name, ns+"_name", and
+// the exact index's kvDesc.
+var metricDef = regexp.MustCompile(`Namespace: ns, Name: "([a-z_]+)"|"exa_gateway_([a-z_]+)"|ns\+"_([a-z_]+)"|kvDesc\("([a-z_]+)"`)
+
+// TestMetricsDocumented: every exa_gateway_ metric the gateway and the
+// picker define is in docs/metrics.md, whose list claims to be all of
+// them, and every exa_picker_ metric is in docs/picker.md.
+func TestMetricsDocumented(t *testing.T) {
+	docs := map[string]string{}
+	for _, page := range []string{"docs/metrics.md", "docs/picker.md", "docs/kubernetes.md"} {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs[page] = string(b)
+	}
+	picker := regexp.MustCompile(`"(exa_picker_[a-z_]+)"`)
+	found := 0
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range metricDef.FindAllStringSubmatch(string(b), -1) {
+			name := m[1] + m[2] + m[3] + m[4]
+			found++
+			if !regexp.MustCompile(`(^|[^a-z_])` + name + `([^a-z_]|$)`).MatchString(docs["docs/metrics.md"]) {
+				t.Errorf("%s defines exa_gateway_%s, which docs/metrics.md does not list", path, name)
+			}
+		}
+		for _, m := range picker.FindAllStringSubmatch(string(b), -1) {
+			if !strings.Contains(docs["docs/picker.md"], m[1]) && !strings.Contains(docs["docs/kubernetes.md"], m[1]) {
+				t.Errorf("%s defines %s, which neither docs/picker.md nor docs/kubernetes.md names", path, m[1])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 50 {
+		t.Fatalf("only %d metric definitions found: the pattern is broken", found)
+	}
+}
