@@ -62,3 +62,25 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatalf("only %d metric definitions found: the pattern is broken", found)
 	}
 }
+
+// TestReadmeIndexesDocs: README.md, the docs' index (its Layout table),
+// links every page under docs/, so that no page is reachable only by
+// chance from another.
+func TestReadmeIndexesDocs(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, _ := filepath.Glob("docs/*.md")
+	more, _ := filepath.Glob("docs/*/README.md")
+	pages = append(pages, more...)
+	if len(pages) < 10 {
+		t.Fatalf("only %d pages under docs/", len(pages))
+	}
+	text := outsideFences(string(readme))
+	for _, p := range pages {
+		if !strings.Contains(text, "]("+filepath.ToSlash(p)+")") && !strings.Contains(text, "]("+filepath.ToSlash(p)+"#") {
+			t.Errorf("README.md does not link %s", p)
+		}
+	}
+}
