@@ -84,3 +84,31 @@ func TestReadmeIndexesDocs(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeLayout: the README's Layout table names every top-level
+// directory and every package under internal/.
+func TestReadmeLayout(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(readme), "\n## Layout\n")
+	if !ok {
+		t.Fatal("README.md has no ## Layout")
+	}
+	layout, _, _ = strings.Cut(layout, "\n## ")
+	top, _ := filepath.Glob("*")
+	internal, _ := filepath.Glob("internal/*")
+	for _, dir := range append(top, internal...) {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || dir == ".git" || filepath.Base(dir) == "testdata" {
+			continue // testdata/: fuzzing's, gitignored
+		}
+		want := "`" + dir + "/" // a top-level directory: `sim/`, `cmd/exa/`, `.ci/run`
+		if strings.HasPrefix(dir, "internal"+string(filepath.Separator)) {
+			want = "`" + filepath.Base(dir) + "`"
+		}
+		if !strings.Contains(layout, want) {
+			t.Errorf("README.md's Layout does not name %s", dir)
+		}
+	}
+}
