@@ -112,3 +112,32 @@ func TestReadmeLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsNoProseFences: no list item of the docs continues inside an
+// unindented ``` fence without a language, which GitHub shows as a code
+// block that ends the list (the
+// way docs/gateway.md's Endpoints and Prefix key lists once rendered:
+// each item's text after its first lines in monospace, links dead).
+func TestDocsNoProseFences(t *testing.T) {
+	pages, _ := filepath.Glob("docs/*.md")
+	item := regexp.MustCompile(`^\s*(-|\*|\d+\.)\s|^\s{2,}\S`)
+	for _, page := range append([]string{"README.md"}, pages...) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		in, prev := false, ""
+		for i, l := range lines {
+			if strings.HasPrefix(strings.TrimSpace(l), "```") {
+				if !in && l == "```" && item.MatchString(prev) {
+					t.Errorf("%s:%d: a list item continues in a code fence: %q", page, i+1, prev)
+				}
+				in = !in
+			}
+			if strings.TrimSpace(l) != "" && !in {
+				prev = l
+			}
+		}
+	}
+}
