@@ -157,7 +157,7 @@ deterministic for a seed.`,
 	f.StringVar(&sf.trace, "trace", "", "replay a Mooncake-format JSONL trace file instead of a generated workload")
 	f.Float64Var(&sf.traceSpeed, "trace-speed", 1, "replay the trace this many times faster than recorded")
 	f.Uint64Var(&sf.seed, "seed", 1, "random seed of the workload and the randomised policies")
-	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"); cache_aware and round_robin are always included")
+	f.StringSliceVar(&sf.policies, "policies", nil, "policies to compare, comma-separated (default all: "+strings.Join(policyNames(), ",")+"; also accepted: "+strings.Join(policyNamesAccepted()[len(policyNames()):], ",")+"); cache_aware and round_robin are always included")
 	f.StringVar(&sf.preset, "preset", sim.DefaultPresetName, "replica cost model: "+strings.Join(sim.PresetNames(), ", "))
 	f.StringVar(&sf.index, "index", "approximate", "router cache index: approximate (learned from routing) or exact (fed by the engines' cache events)")
 	f.IntVar(&sf.gateways, "gateways", 1, fmt.Sprintf("number of gateway replicas sharing the traffic at random, 1..%d, each with its own index and in-flight counts (with --index exact, each fed every engine's cache events)", sim.MaxGateways))
@@ -200,7 +200,7 @@ deterministic for a seed.`,
 	_ = cmd.RegisterFlagCompletionFunc("flow-control", cobra.FixedCompletions([]string{"off", "on"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-fairness", cobra.FixedCompletions([]string{"round-robin", "global-strict"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("flow-order", cobra.FixedCompletions([]string{"fcfs", "edf"}, cobra.ShellCompDirectiveNoFileComp))
-	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNames(), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("policies", cobra.FixedCompletions(policyNamesAccepted(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("preset", cobra.FixedCompletions(sim.PresetNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("index", cobra.FixedCompletions([]string{"approximate", "exact"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("progress", cobra.FixedCompletions([]string{"auto", "always", "never"}, cobra.ShellCompDirectiveNoFileComp))
@@ -212,11 +212,12 @@ deterministic for a seed.`,
 	return cmd
 }
 
-// loraPolicyNames is policyNames and the policies only --workload lora
-// runs by default (gie_lora), which --policies accepts for any workload.
-func loraPolicyNames() []string {
+// policyNamesAccepted returns the names --policies accepts (those
+// sim.PolicyByName knows): the default set, gie_lora, gie_flow and
+// llm-d's predicted-latency policies.
+func policyNamesAccepted() []string {
 	var names []string
-	for _, p := range sim.LoRAPolicies() {
+	for _, p := range append(append(sim.LoRAPolicies(), sim.GIEFlowPolicy()), sim.LLMDPredictedPolicies()...) {
 		names = append(names, p.Name)
 	}
 	return names
@@ -413,7 +414,7 @@ func buildSimConfig(cmd *cobra.Command, sf *simFlags, model string, m config.Mod
 			p = strings.TrimSpace(p)
 			pol, err := sim.PolicyByName(p)
 			if err != nil {
-				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(loraPolicyNames(), ", "))
+				return cfg, usagef("invalid --policies %q: want names from %s", p, strings.Join(policyNamesAccepted(), ", "))
 			}
 			if !slices.Contains(names, pol.Name) {
 				names = append(names, pol.Name)

@@ -218,6 +218,8 @@ func TestSimulateBadInput(t *testing.T) {
 		{"requests and shared-prefix", []string{"JPCP", "--requests", "9", "--shared-prefix-requests", "5"}, `--requests and --shared-prefix-requests cannot be used together`},
 		{"trace and workload", []string{"JPCP", "--trace", "x", "--workload", "chat"}, `--trace and --workload cannot be used together`},
 		{"unknown policy", []string{"JPCP", "--policies", "cache_aware,fastest"}, `invalid --policies "fastest"`},
+		// The names it accepts beyond the default set are listed too.
+		{"unknown policy lists all", []string{"JPCP", "--policies", "fastest"}, `gie_lora, gie_flow, llmd_predicted, llmd_predicted_e2e`},
 		{"unknown preset", []string{"JPCP", "--preset", "tpu"}, `invalid --preset "tpu"`},
 		{"unknown index", []string{"JPCP", "--index", "psychic"}, `invalid --index "psychic"`},
 		{"zero gateways", []string{"JPCP", "--gateways", "0"}, `invalid --gateways 0: want 1..64`},
