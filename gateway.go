@@ -31,9 +31,12 @@ type Gateway struct {
 	mu     sync.Mutex // guards idx, the scratch below, and table changes
 	idx    *index
 	demand demand
-	seq    uint64 // requests routed; stamps picked
-	match  []int32
-	picked []uint64 // by replica slot: seq when last routed there, 0 if never
+	// demandAt is where the request being routed is counted in demand,
+	// once its pick is valid (RouteWith).
+	demandAt demandAt
+	seq      uint64 // requests routed; stamps picked
+	match    []int32
+	picked   []uint64 // by replica slot: seq when last routed there, 0 if never
 	// loraSet says the last Route filled the candidates' LoRA state,
 	// which a route for the base model must clear.
 	loraSet bool
@@ -485,12 +488,11 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 	}
 	ref := poolMean(g.speeds.Load())
 	var pick int
-	var at demandAt
 	if tg.NoPrompt {
 		pick = g.pickByLoad(cands)
 	} else {
 		var share float64
-		share, at = g.demand.peek(mk, maxMatched) // counted once the pick is valid
+		share, g.demandAt = g.demand.peek(mk, maxMatched) // counted once the pick is valid
 		g.req = Request{Key: key, MaxMatched: maxMatched, Demand: share, Adapter: adapter, Tie: g.seq, TTFT: tg.TTFT, TPOT: tg.TPOT, exact: g.index == indexExact, sum: sum, ref: ref, growths: g.growths.Load()}
 		pick = g.policy.Pick(&g.req, cands)
 		g.req.Key = nil
@@ -499,7 +501,7 @@ func (g *Gateway) RouteWith(key Key, tg Target) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: policy %T chose candidate %d of %d", ErrInvalid, g.policy, pick, len(cands))
 	}
 	if !tg.NoPrompt {
-		g.demand.count(at)
+		g.demand.count(g.demandAt)
 	}
 	rs := owner[pick]
 	pc := &cands[pick]
