@@ -521,9 +521,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	s.d = d
 	s.quiet = gw.blind && e.nonStreamed(s.id)
 	s.routed = e.now
-	if e.cfg.PredictedRelease {
+	if e.cfg.PredictedRelease && e.own {
 		// The fronts' rule: a first token they cannot see releases the
 		// request's pending prefill when the prefill is predicted over.
+		// A peer's front has no such rule: it hears the first token it
+		// cannot see at the end.
 		fronts.ReleaseAtPrediction(d, !s.quiet, e.afterFunc)
 	}
 	r.requests++
