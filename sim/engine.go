@@ -464,7 +464,7 @@ func (e *engine) arrive(req *Request) {
 	}
 	s.gw = gw
 	if e.front == frontShed && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
-		e.shed(s, "saturated")
+		e.shed(s, reasonSaturated)
 		return
 	}
 	s.user = req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)]

@@ -128,11 +128,14 @@ func (e *engine) displaced(s *seq) {
 	e.shed(s, "displaced")
 }
 
+// reasonSaturated is the reason of a request Config.Admission sheds.
+const reasonSaturated = "saturated"
+
 // shed counts s as shed for reason and frees it.
 func (e *engine) shed(s *seq, reason string) {
 	e.res.Dropped++
 	e.res.Shed++
-	if e.front != frontShed {
+	if reason != reasonSaturated { // Admission's sheds are not broken down
 		if e.res.ShedReasons == nil {
 			e.res.ShedReasons = map[string]int{}
 		}
