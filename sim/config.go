@@ -112,8 +112,9 @@ type Config struct {
 	// request's pending prefill when its prefill is predicted over
 	// (Decision.PredictedTTFT, known once first tokens of other requests
 	// at its replica were seen) instead of at completion, as both fronts
-	// do for answers they relay whole. Default false; exa simulate sets it
-	// from --predicted-release (default true).
+	// do for answers they relay whole. The gateway's own policies only:
+	// a peer's front hears such a first token at the end. Default false;
+	// exa simulate sets it from --predicted-release (default true).
 	PredictedRelease bool
 	// CacheAtSchedule has each simulated engine cache a prefill's blocks
 	// when the step that computes them is scheduled, as vLLM v1 does

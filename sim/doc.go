@@ -98,9 +98,9 @@
 //
 // Policies default to DefaultPolicies(): the gateway's own modes
 // (round_robin, load_aware, cache_aware) and the reference policies of
-// package reference (sglang, sglang_cli, sglang_treesize, dynamo, gie,
-// llmd_precise, chwbl, p2c, prefix_affinity), each Policy.Source naming
-// what it follows.
+// package reference (sglang, sglang_cli, sglang_treesize, smg, smg_events,
+// dynamo, gie, llmd_precise, chwbl, p2c, prefix_affinity), each
+// Policy.Source naming what it follows.
 // LoRAPolicies adds gie_lora (GIE's profile with its lora-affinity-scorer)
 // for workloads that name adapters; LLMDPredictedPolicies gives
 // llmd_predicted and llmd_predicted_e2e (llm-d's predicted-latency

@@ -57,3 +57,14 @@ func TestExportedFieldsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestPackageDocNamesDefaultPolicies: the package doc's list of the
+// default policies names every one DefaultPolicies returns.
+func TestPackageDocNamesDefaultPolicies(t *testing.T) {
+	file, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	doc := file.Doc.Text()
+	for _, p := range DefaultPolicies() {
+		assert.Regexp(t, `\b`+p.Name+`\b`, doc, "the package doc does not name %s", p.Name)
+	}
+}

@@ -17,8 +17,9 @@ import (
 )
 
 // Test hooks: checkInvariants verifies every replica's cache after each
-// step; noMacro simulates decode one step per event.
-var checkInvariants, noMacro bool
+// step; noMacro simulates decode one step per event; noSkip ticks the
+// load refreshes through idle gaps (nextTick).
+var checkInvariants, noMacro, noSkip bool
 
 // errShed is the error a request shed by a full queue reports to the gateway.
 var errShed = errors.New("gateway: sim: shed, queue full")
@@ -305,7 +306,7 @@ func (e *engine) run(st Stream, tick func()) error {
 		if ev.rep == evPeers {
 			e.sharePeers()
 			if have || e.inflight > 0 || e.queued > 0 {
-				e.push(e.now+int64(e.cfg.PeerRefreshInterval), event{rep: evPeers})
+				e.push(e.nextTick(e.cfg.PeerRefreshInterval, have, int64(req.Arrival)), event{rep: evPeers})
 			}
 			e.afterEvent()
 			continue
@@ -317,7 +318,7 @@ func (e *engine) run(st Stream, tick func()) error {
 		if ev.rep < 0 {
 			e.refresh()
 			if have || e.inflight > 0 || e.queued > 0 {
-				e.push(e.now+int64(e.cfg.RefreshInterval), event{rep: -1})
+				e.push(e.nextTick(e.cfg.RefreshInterval, have, int64(req.Arrival)), event{rep: -1})
 			}
 			e.afterEvent()
 			e.stallRun()
@@ -334,6 +335,36 @@ func (e *engine) run(st Stream, tick func()) error {
 		}
 	}
 	return nil
+}
+
+// nextTick returns when a periodic event due every d (a load refresh, a
+// share of the peers' pending prefill) fires next: now+d or, while the
+// cluster is idle until the next arrival (nothing in flight or held, no
+// release timer, no replica stepping), its last tick at or before that
+// arrival. The ticks skipped would each push the same idle load, so the
+// run is the same; but a long gap between two arrivals (a trace's) costs
+// no tick per interval.
+func (e *engine) nextTick(d time.Duration, have bool, arrival int64) int64 {
+	next := e.now + int64(d)
+	if noSkip || !have || next >= arrival || !e.idle() {
+		return next
+	}
+	return e.now + (arrival-e.now)/int64(d)*int64(d)
+}
+
+// idle reports whether nothing can happen before the next arrival but
+// periodic ticks and speed changes: no request in flight or held, no
+// release timer and no replica stepping.
+func (e *engine) idle() bool {
+	if e.inflight > 0 || e.queued > 0 || len(e.releases) > 0 {
+		return false
+	}
+	for _, r := range e.reps {
+		if r.busy {
+			return false
+		}
+	}
+	return true
 }
 
 // refresh pushes every replica's load, as scraped now, to every gateway,
@@ -433,7 +464,7 @@ func (e *engine) arrive(req *Request) {
 	}
 	s.gw = gw
 	if e.front == frontShed && gw.g.Saturated(gateway.Target{}, e.cfg.Admission) {
-		e.shed(s, "saturated")
+		e.shed(s, reasonSaturated)
 		return
 	}
 	s.user = req.Blocks[min(max(req.UserBlock, 0), len(req.Blocks)-1)]
@@ -490,9 +521,11 @@ func (e *engine) dispatch(s *seq, base gateway.Key) {
 	s.d = d
 	s.quiet = gw.blind && e.nonStreamed(s.id)
 	s.routed = e.now
-	if e.cfg.PredictedRelease {
+	if e.cfg.PredictedRelease && e.own {
 		// The fronts' rule: a first token they cannot see releases the
 		// request's pending prefill when the prefill is predicted over.
+		// A peer's front has no such rule: it hears the first token it
+		// cannot see at the end.
 		fronts.ReleaseAtPrediction(d, !s.quiet, e.afterFunc)
 	}
 	r.requests++

@@ -3,7 +3,9 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/examlops/gateway/flow"
@@ -70,8 +72,8 @@ func validFlow(c *Config) error {
 	if _, err := flow.New[*seq](c.FlowControl.Queue); err != nil {
 		return fmt.Errorf("%w: FlowControl.Queue: %w", ErrInvalidConfig, err)
 	}
-	for p, l := range c.FlowControl.UsageLimits {
-		if !flow.ValidUsageLimit(l) {
+	for _, p := range slices.Sorted(maps.Keys(c.FlowControl.UsageLimits)) { // the same error every run
+		if l := c.FlowControl.UsageLimits[p]; !flow.ValidUsageLimit(l) {
 			return fmt.Errorf("%w: FlowControl.UsageLimits[%d] %v, want (0, 1]", ErrInvalidConfig, p, l)
 		}
 	}
@@ -128,11 +130,14 @@ func (e *engine) displaced(s *seq) {
 	e.shed(s, "displaced")
 }
 
+// reasonSaturated is the reason of a request Config.Admission sheds.
+const reasonSaturated = "saturated"
+
 // shed counts s as shed for reason and frees it.
 func (e *engine) shed(s *seq, reason string) {
 	e.res.Dropped++
 	e.res.Shed++
-	if e.front != frontShed {
+	if reason != reasonSaturated { // Admission's sheds are not broken down
 		if e.res.ShedReasons == nil {
 			e.res.ShedReasons = map[string]int{}
 		}

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"math"
 	"testing"
 	"time"
 
@@ -275,5 +276,17 @@ func TestTenantsWorkload(t *testing.T) {
 		c.Base = base
 		_, err := Tenants(c)
 		assert.ErrorIs(t, err, ErrInvalidConfig, fmt.Sprintf("%+v", c))
+	}
+}
+
+// TestFlowUsageLimitsErrorDeterministic: of several invalid usage limits
+// the error names the lowest priority's, the same every run (it named
+// whichever the map's random order gave first).
+func TestFlowUsageLimitsErrorDeterministic(t *testing.T) {
+	fc := FlowControl{Enabled: true, UsageLimits: map[int]float64{3: 2, -1: 0, 7: math.NaN(), 5: 1.5}}
+	for range 32 {
+		_, err := Run(Config{Workload: mustShared(t), Replicas: 1, Admission: gateway.Admission{QueueDepth: 1}, FlowControl: fc})
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.Contains(t, err.Error(), "FlowControl.UsageLimits[-1] 0,")
 	}
 }

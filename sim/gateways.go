@@ -173,6 +173,12 @@ func routerStats(rs []router) gateway.Stats {
 		st.NoHealthy += o.NoHealthy
 		st.Blocks += o.Blocks
 		st.MatchedBlocks += o.MatchedBlocks
+		st.ObjectiveRequests += o.ObjectiveRequests
+		st.ObjectiveBestEffort += o.ObjectiveBestEffort
+		st.TTFTMet += o.TTFTMet
+		st.TTFTMissed += o.TTFTMissed
+		st.TPOTMet += o.TPOTMet
+		st.TPOTMissed += o.TPOTMissed
 		for k, v := range o.ByKind {
 			if st.ByKind == nil {
 				st.ByKind = map[string]uint64{}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/examlops/gateway"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -170,4 +172,32 @@ func reportJSON(t *testing.T, r *Report) string {
 	var b strings.Builder
 	require.NoError(t, r.WriteJSON(&b))
 	return b.String()
+}
+
+// Result.Router sums every gateway's Stats, the objective counts too:
+// with every request carrying its objectives, each routed request is an
+// objective request and each completed one is counted met or missed
+// (its TPOT when it has more than one output token).
+func TestGatewaysRouterStatsSumObjectives(t *testing.T) {
+	w, err := SLOClasses(300, 40, nil)
+	require.NoError(t, err)
+	cfg := Config{Workload: w, Replicas: 3, Preset: smallPreset(), Seed: 5, Gateways: 3, ObjectiveHeaders: true,
+		UpstreamStream: true, Policies: []Policy{{Name: "cache_aware", Mode: gateway.ModeCacheAware}}}
+	rep, err := Run(cfg)
+	require.NoError(t, err)
+	r := rep.Results[0]
+	st := r.Router
+	require.Positive(t, r.Completed)
+	assert.Equal(t, st.Routed, st.ObjectiveRequests, "every routed request asked with its objectives, at every gateway")
+	assert.EqualValues(t, r.Completed, st.TTFTMet+st.TTFTMissed, "every completion's TTFT counted, at every gateway")
+	st0, err := w.Open(cfg.Seed)
+	require.NoError(t, err)
+	multi := 0 // completions with a TPOT to measure
+	for req := (Request{}); st0.Next(&req) == nil; {
+		if req.OutputTokens > 1 {
+			multi++
+		}
+	}
+	assert.EqualValues(t, multi, st.TPOTMet+st.TPOTMissed, "every completion's TPOT counted, at every gateway")
+	assert.LessOrEqual(t, st.ObjectiveBestEffort, st.ObjectiveRequests)
 }

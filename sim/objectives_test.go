@@ -229,3 +229,18 @@ func TestObjectivesReject(t *testing.T) {
 		assert.Equal(t, own.Shed, own.ShedReasons[fronts.CodeSLOUnattainable])
 	}
 }
+
+// TestObjectivesRejectUnderAdmission: behind Config.Admission too, the
+// requests the reject rule sheds are counted by their reason; they were
+// counted in Shed alone, ShedReasons nil, so that the JSON could not tell
+// them from the admission rule's.
+func TestObjectivesRejectUnderAdmission(t *testing.T) {
+	tight := Class{Name: "tight", Priority: 1, SLO: time.Microsecond, TPOT: time.Microsecond, Share: 1}
+	w := smallTenants(t, 300, 60, TenantsConfig{Classes: []Class{tight}})
+	rep, err := Run(Config{Workload: w, Replicas: 2, Policies: []Policy{cacheAware}, ObjectiveHeaders: true, Unattainable: fronts.Reject,
+		Admission: gateway.Admission{QueueDepth: 1000}}) // never saturated here
+	require.NoError(t, err)
+	own := rep.Results[0]
+	require.Positive(t, own.Shed)
+	assert.Equal(t, map[string]int{fronts.CodeSLOUnattainable: own.Shed}, own.ShedReasons)
+}

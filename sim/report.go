@@ -98,17 +98,20 @@ type Result struct {
 	Requests int `json:"requests"`
 	// Completed is the number of requests that produced their last token.
 	Completed int `json:"completed"`
-	// Dropped is the number of requests shed: by Config.Admission (Shed),
-	// or because the replica they were routed to had Config.MaxQueue
-	// requests waiting.
+	// Dropped is the number of requests shed: by the front (Shed), by
+	// Config.RateLimit (RateLimited), or because the replica they were
+	// routed to had Config.MaxQueue requests waiting.
 	Dropped int `json:"dropped"`
-	// Shed is the number of the Dropped requests that Config.Admission
-	// shed before routing.
+	// Shed is the number of the Dropped requests the front shed before
+	// they reached a replica: Config.Admission's, a flow-control queue's
+	// and Config.Unattainable's reject rule's (ShedReasons).
 	Shed int `json:"shed"`
 	// ShedReasons counts the Shed requests of a flow-control front by
 	// reason: "full: total requests" (or band, bytes: the queue's bound),
-	// "displaced" (pushed out by a newcomer), "sheddable"; nil without
-	// flow control.
+	// "displaced" (pushed out by a newcomer), "sheddable"; and, behind
+	// any front, those Config.Unattainable's reject rule shed,
+	// "slo_unattainable". Config.Admission's sheds are not broken down.
+	// Nil when none of these.
 	ShedReasons map[string]int `json:"shed_reasons,omitempty"`
 	// RateLimited is the number of the Dropped requests Config.RateLimit
 	// refused; 0 without.

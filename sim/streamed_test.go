@@ -2,9 +2,12 @@ package sim
 
 import (
 	"math"
+	"time"
 
 	"testing"
 
+	"github.com/examlops/gateway"
+	"github.com/examlops/gateway/reference"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,5 +45,57 @@ func TestNonStreamed(t *testing.T) {
 		_, err := Run(Config{Workload: w, NonStreamed: bad, Policies: pols[:1]})
 		assert.ErrorIs(t, err, ErrInvalidConfig)
 		assert.ErrorContains(t, err, "NonStreamed")
+	}
+}
+
+// blindPeer is a peer that follows its requests behind a front blind to
+// a non-streamed answer's first token (Policy.BlindToUnstreamed): it
+// notes, per request, when it heard the first token and when the end.
+type blindPeer struct {
+	gateway.RoundRobin
+	now         func() time.Time
+	first       map[uint64]time.Time
+	early, done int
+}
+
+func (p *blindPeer) SetClock(now func() time.Time) { p.now = now }
+func (p *blindPeer) Arrive(reference.Arrival)      {}
+func (p *blindPeer) Routed(uint64, string)         {}
+func (p *blindPeer) FirstToken(id uint64)          { p.first[id] = p.now() }
+func (p *blindPeer) Done(id uint64, info gateway.DoneInfo) {
+	// The front saw no first token (TTFT 0): the peer must have heard it
+	// at the answer's first byte, its end, now.
+	if at, ok := p.first[id]; ok && info.TTFT == 0 {
+		p.done++
+		if at.Before(p.now()) {
+			p.early++
+		}
+	}
+	delete(p.first, id)
+}
+
+// TestPredictedReleaseIsTheGatewaysFront: Config.PredictedRelease is the
+// gateway's own fronts' rule. A peer behind a front blind to non-streamed
+// first tokens hears them at the answer's end, as without it; it used to
+// be told of them at the gateway's predicted TTFT (the release timer's
+// FirstToken reached its Decision's observer), which changed llm-d's
+// predicted-latency rows with --streamed 0.5 (trace ×2 on 4 replicas:
+// TTFT mean 134 → 105 s with --predicted-release).
+func TestPredictedReleaseIsTheGatewaysFront(t *testing.T) {
+	var peers []*blindPeer
+	pol := Policy{Name: "blind_peer", Source: "a test peer", BlindToUnstreamed: true, New: func(uint64) gateway.Policy {
+		p := &blindPeer{first: map[uint64]time.Time{}}
+		peers = append(peers, p)
+		return p
+	}}
+	for _, up := range []bool{true, false} {
+		peers = nil
+		cfg := Config{Workload: fixture(t, TraceOptions{Speed: 2}), Replicas: 4, Seed: 1, Policies: []Policy{pol},
+			NonStreamed: 0.5, UpstreamStream: up, PredictedRelease: true}
+		_, err := Run(cfg)
+		require.NoError(t, err)
+		require.Len(t, peers, 1)
+		require.Positive(t, peers[0].done, "the test needs non-streamed requests")
+		assert.Zero(t, peers[0].early, "upstream stream %v: non-streamed first tokens heard before the end, of %d", up, peers[0].done)
 	}
 }
