@@ -66,7 +66,7 @@ const (
 	speedMaxResidual = 1.25
 	// speedResidualClip bounds one first token's log residual to a factor
 	// of 10, so that a few stalled requests do not hide a speed.
-	speedResidualClip = 2.302585092994046 // ln 10
+	speedResidualClip = math.Ln10
 )
 
 // speedFit is the state of one replica's fit. Its methods are pure: add

@@ -23,15 +23,21 @@ func holdDecode(e *pdEngine) (entered, release chan struct{}) {
 			return
 		}
 		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		holdThenAnswer(w, r, release)
 	})
 	return entered, release
+}
+
+// holdThenAnswer holds a request until release is closed (or its client
+// goes), then answers it with one streamed word.
+func holdThenAnswer(w http.ResponseWriter, r *http.Request, release chan struct{}) {
+	select {
+	case <-release:
+	case <-r.Context().Done():
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
 }
 
 // A split request whose prefill failed is decoded co-located: its decode
@@ -95,13 +101,7 @@ func TestPDDecodeRetryHandsOff(t *testing.T) {
 						return
 					}
 					entered <- "decode/" + e.name
-					select {
-					case <-release:
-					case <-r.Context().Done():
-						return
-					}
-					w.Header().Set("Content-Type", "text/event-stream")
-					fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+					holdThenAnswer(w, r, release)
 				})
 			}
 			done := make(chan *http.Response, 1)

@@ -9,7 +9,6 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // access is one request the service account may or may not make.
@@ -23,13 +22,7 @@ type access struct{ verb, group, resource string }
 // with several pickers, get, create and update on Leases (client-go's
 // LeaseLock, releasing included) and nothing more on them.
 func TestChartRoleGrantsWhatTheCodeUses(t *testing.T) {
-	env := &envtest.Environment{BinaryAssetsDirectory: assetsDir(t), CRDDirectoryPaths: []string{gieCRDs(t)}, ErrorIfCRDPathMissing: true}
-	t.Setenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", envOr("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", "120s"))
-	cfg, err := env.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{})
-	require.NoError(t, err)
+	c := startAPIServer(t)
 	ctx := context.Background()
 	watch := func(group, resource string) []access {
 		return []access{{"get", group, resource}, {"list", group, resource}, {"watch", group, resource}}

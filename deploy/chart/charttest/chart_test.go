@@ -263,15 +263,7 @@ func TestChartRenders(t *testing.T) {
 // with GIE's CRDs: the InferencePool passes the CRD's validation, the
 // Deployment, Service and RBAC the API server's.
 func TestChartApplies(t *testing.T) {
-	assets := assetsDir(t)
-	crds := gieCRDs(t)
-	t.Setenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", envOr("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", "120s"))
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{})
-	require.NoError(t, err)
+	c := startAPIServer(t)
 	ctx := context.Background()
 	for i, set := range appliedSets(t) {
 		ns := fmt.Sprintf("ns-%d", i)
@@ -317,4 +309,18 @@ func gieCRDs(t *testing.T) string {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
 	require.NoError(t, err)
 	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")
+}
+
+// startAPIServer starts a real API server with GIE's CRDs for the test and
+// returns a client of it.
+func startAPIServer(t *testing.T) client.Client {
+	t.Helper()
+	t.Setenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", envOr("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT", "120s"))
+	env := &envtest.Environment{BinaryAssetsDirectory: assetsDir(t), CRDDirectoryPaths: []string{gieCRDs(t)}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	return c
 }
